@@ -1,0 +1,1 @@
+"""kern-manifest."""
