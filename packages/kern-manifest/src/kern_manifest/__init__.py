@@ -1,1 +1,89 @@
-"""kern-manifest."""
+"""kern-manifest: the kern manifest format (docs/manifest.md) as typed, frozen dataclasses, a safe
+integer-expression language, and a verifier that reports every fault with its JSON path.
+
+Standard library only.
+
+    from kern_manifest import load_manifest
+    m = load_manifest("manifests/qwen3-4b.json")      # parse + verify
+    m.buffers["hidden"].nbytes_at_max(m.vars)
+    m.programs["decode"].vars_read(m)                 # the graph capture key
+"""
+
+from __future__ import annotations
+
+import os
+
+from .errors import ExprError, Fault, ManifestError, ManifestParseError, ManifestVerifyError
+from .expr import Expr
+from .frozen import FrozenMap, canonical_json
+from .model import (
+    DTYPE_BYTES,
+    EXTERNS,
+    FORMAT,
+    Algo,
+    AnyLaunch,
+    ArgWiring,
+    Buffer,
+    Call,
+    CallArg,
+    DerivedSegment,
+    ExprWiring,
+    ExternLaunch,
+    InterleaveSegment,
+    Launch,
+    LiteralWiring,
+    Manifest,
+    Module,
+    NullWiring,
+    Op,
+    OpArg,
+    PackField,
+    PackLiteralField,
+    PackPointerField,
+    PackTensorMapField,
+    PackWiring,
+    Program,
+    ProgramCall,
+    RankGroup,
+    RankWiring,
+    Ref,
+    RowsSegment,
+    ScratchWiring,
+    Segment,
+    State,
+    TensorMap,
+    TensorSegment,
+    Topology,
+    Var,
+    Wiring,
+    dtype_size,
+    encoding_size,
+    var_max,
+    var_min,
+)
+from .parse import parse_manifest
+from .verify import find_faults, verify
+
+
+def load_manifest(path: str | os.PathLike[str]) -> Manifest:
+    """Read, parse and verify the manifest at `path`. Raises `ManifestParseError` (not JSON, wrong JSON
+    types; also an unreadable file, with path `$`) or `ManifestVerifyError` (all faults)."""
+    try:
+        with open(path, "rb") as f:
+            text = f.read()
+    except OSError as exc:
+        raise ManifestParseError("$", f"cannot read manifest {os.fspath(path)!r}: {exc.strerror or exc}") from None
+    manifest = parse_manifest(text)
+    verify(manifest)
+    return manifest
+
+
+__all__ = [
+    "DTYPE_BYTES", "EXTERNS", "FORMAT", "Algo", "AnyLaunch", "ArgWiring", "Buffer", "Call", "CallArg",
+    "DerivedSegment", "Expr", "ExprError", "ExprWiring", "ExternLaunch", "Fault", "FrozenMap", "InterleaveSegment",
+    "Launch", "LiteralWiring", "Manifest", "ManifestError", "ManifestParseError", "ManifestVerifyError", "Module",
+    "NullWiring", "Op", "OpArg", "PackField", "PackLiteralField", "PackPointerField", "PackTensorMapField",
+    "PackWiring", "Program", "ProgramCall", "RankGroup", "RankWiring", "Ref", "RowsSegment", "ScratchWiring",
+    "Segment", "State", "TensorMap", "TensorSegment", "Topology", "Var", "Wiring", "canonical_json", "dtype_size",
+    "encoding_size", "find_faults", "load_manifest", "parse_manifest", "var_max", "var_min", "verify",
+]
