@@ -1,0 +1,95 @@
+"""`kern-manifest check FILE`: verify a manifest and print what it declares, or every fault (exit 1)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import TextIO
+
+from .errors import ManifestParseError, ManifestVerifyError
+from .model import ExternLaunch, Manifest
+from .parse import parse_manifest
+from .verify import verify
+
+
+def _bytes(n: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
+def summary(m: Manifest) -> str:
+    """A short human summary of a verified manifest: vars, modules, buffers by kind (bytes at var max),
+    states, ops, programs (call counts, graph capture keys)."""
+    lines = [f"{m.name}  ({m.format}, digest {m.digest[:12]})"]
+    lines.append("vars: " + ", ".join(f"{n}=[{v.min}, {v.max}]" for n, v in m.vars.items()))
+    lines.append(f"modules ({len(m.modules)}): " + ", ".join(mod.cubin_filename for mod in m.modules.values()))
+    by_kind: dict[str, list[tuple[str, int]]] = {}
+    for name, buf in m.buffers.items():
+        by_kind.setdefault(buf.kind, []).append((name, buf.nbytes_at_max(m.vars)))
+    lines.append("buffers (bytes at var max):")
+    for kind, items in by_kind.items():
+        total = sum(n for _, n in items)
+        lines.append(f"  {kind:<9} {len(items):>4} buffer(s) {_bytes(total):>10}   "
+                     + ", ".join(name for name, _ in items[:6]) + (" ..." if len(items) > 6 else ""))
+    if m.states:
+        lines.append("states:")
+        for name, st in m.states.items():
+            detail = {"fixed": f"{st.bytes} B", "paged": f"{st.bytes_per_token} B/token, {st.page_tokens} tokens/page",
+                      "per_seq": f"{st.bytes_per_seq} B/seq"}[st.kind]
+            lines.append(f"  {name}: {st.kind}, {detail}")
+    kernels = sum(1 for op in m.ops.values() for launch in op.launches if not isinstance(launch, ExternLaunch))
+    externs = sum(1 for op in m.ops.values() for launch in op.launches if isinstance(launch, ExternLaunch))
+    lines.append(f"ops ({len(m.ops)}, {kernels} kernel launch(es), {externs} extern): " + ", ".join(m.ops))
+    lines.append("programs:")
+    for name, prog in m.programs.items():
+        calls = prog.num_calls(m)
+        if prog.graph:
+            key = ", ".join(sorted(prog.vars_read(m))) or "none"
+            how = f"graph ({calls} calls -> 1 graph launch), capture key: {key}"
+        else:
+            how = f"{calls} call(s)"
+        lines.append(f"  {name} [{prog.kind}]: {how}")
+    if m.topology.groups:
+        lines.append("topology: " + ", ".join(f"{n} x{g.size}" for n, g in m.topology.groups.items()))
+    return "\n".join(lines)
+
+
+def check(path: str, out: TextIO, err: TextIO) -> int:
+    """Parse and verify `path`; print the summary (exit 0) or the faults (exit 1)."""
+    try:
+        with open(path, "rb") as f:
+            text = f.read()
+    except OSError as exc:
+        print(f"{path}: cannot read: {exc.strerror or exc}", file=err)
+        return 1
+    try:
+        manifest = parse_manifest(text)
+        verify(manifest)
+    except ManifestParseError as exc:
+        print(f"{path}: parse error at {exc.path}: {exc.message}", file=err)
+        return 1
+    except ManifestVerifyError as exc:
+        print(f"{path}: {len(exc.faults)} fault(s)", file=err)
+        for fault in exc.faults:
+            print(f"  {fault.path}: {fault.message}", file=err)
+        return 1
+    print(summary(manifest), file=out)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="kern-manifest", description="kern manifest tools (docs/manifest.md)")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_check = sub.add_parser("check", help="verify a manifest and summarise it, or list its faults (exit 1)")
+    p_check.add_argument("file", help="manifest JSON file")
+    args = parser.parse_args(argv)
+    if args.command == "check":
+        return check(args.file, sys.stdout, sys.stderr)
+    raise AssertionError(f"unhandled command {args.command}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
