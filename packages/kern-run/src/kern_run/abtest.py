@@ -1,0 +1,95 @@
+"""`kern test`: A/B logits on sampled prompts.
+
+A is the target (its manifest, graph decode, its chunk). A generates `steps` greedy tokens per prompt;
+then both sides are teacher-forced over prompt + A's tokens (prefill of the prompt but its last token
+in chunks, then one decode step per position) and their logits compared step by step. B is one of:
+
+- `eager`: the same loaded runtime, decode replayed launch by launch (must be token-identical),
+- `chunk1`: the same runtime, prefill in chunks of 1 token,
+- a manifest path: another manifest on the same weights (loaded after A is closed; when the runtime
+  offers `into_resident`/`load_over` the weights could be shared, not yet used here),
+- `transformers`: `Qwen3ForCausalLM` on the same checkpoint (kern_run.reference).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .compare import Comparison, compare_logits, table
+from .config import RunConfig
+from .generate import GenerateOptions, Generator
+from .session import open_generator, prepare
+from .text import TextCodec
+
+PROMPTS = (
+    "The capital of France is",
+    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+    "人工智能的发展历史可以追溯到",
+    "In 1969, the Apollo 11 mission",
+)
+
+
+@dataclass(frozen=True)
+class AbRequest:
+    against: str = "eager"  # eager | chunk1 | transformers | path to a manifest
+    prompts: int = 4
+    steps: int = 32
+    seed: int = 0
+    random_prompt_tokens: int = 200  # length of the sampled random-token prompts
+    margin_tol: float | None = None  # default: 0 for same-runtime modes, 0.1 otherwise
+
+
+def sample_prompts(codec: TextCodec, count: int, seed: int, random_tokens: int, max_tokens: int) -> list[list[int]]:
+    """Fixed natural prompts first, then seeded random-token prompts (ids below the special tokens)."""
+    prompts = [codec.encode(p) for p in PROMPTS[:count]]
+    rng = np.random.default_rng(seed)
+    while len(prompts) < count:
+        length = int(min(max_tokens, random_tokens * (1 + len(prompts) - len(PROMPTS))))
+        prompts.append(rng.integers(0, 151643, size=max(length, 2)).tolist())
+    return [p[:max_tokens] for p in prompts]
+
+
+def run_ab(cfg: RunConfig, req: AbRequest, log: Any) -> tuple[list[Comparison], str]:
+    """The comparisons (one per prompt) and a printable table. Raises RefusalError / KernError."""
+    prep = prepare(cfg)
+    same_runtime = req.against in ("eager", "chunk1")
+    tol = req.margin_tol if req.margin_tol is not None else (0.0 if same_runtime else 0.1)
+    work: list[tuple[list[int], list[int], np.ndarray, np.ndarray | None]] = []
+    with open_generator(prep, log) as gen:
+        prompts = sample_prompts(prep.codec, req.prompts, req.seed, req.random_prompt_tokens,
+                                 gen.max_positions - req.steps)
+        for prompt in prompts:
+            result = gen.generate(prompt, GenerateOptions(req.steps, prep.chunk, stop_at_eos=False))
+            ids = prompt + result.tokens[:-1]
+            start = len(prompt) - 1
+            logits_a, _ = gen.teacher_forced(ids, start, prep.chunk)
+            logits_b = None
+            if same_runtime:
+                chunk_b = 1 if req.against == "chunk1" else prep.chunk
+                logits_b, _ = gen.teacher_forced(ids, start, chunk_b, eager=req.against == "eager")
+            work.append((prompt, result.tokens, logits_a, logits_b))
+    if req.against == "transformers":
+        from .reference import HfReference
+
+        ref = HfReference(cfg.weights, cfg.gpu)
+        work = [(p, t, a, ref.logits(p + t[:-1], len(p) - 1)) for p, t, a, _ in work]
+        ref.close()
+    elif not same_runtime:
+        log.info("loading B after A is closed: the weights are read twice (no into_resident/load_over used)")
+        prep_b = prepare(replace(cfg, manifest=Path(req.against), chunk=None))
+        with open_generator(prep_b, log) as gen_b:
+            work = [(p, t, a, gen_b.teacher_forced(p + t[:-1], len(p) - 1, prep_b.chunk)[0]) for p, t, a, _ in work]
+    comparisons = []
+    rows = []
+    for i, (prompt, tokens, a, b) in enumerate(work):
+        c = compare_logits(a, b, tol)  # type: ignore[arg-type]
+        comparisons.append(c)
+        fd = c.first_divergence
+        rows.append((str(i), str(len(prompt)), str(len(tokens)), f"{c.max_abs:.4f}", f"{c.max_rel:.2e}",
+                     f"{100 * c.top1_agreement:.1f}%", "-" if fd is None else str(fd), str(len(c.hard_mismatches))))
+    text = table(rows, ("prompt", "tokens", "steps", "max|err|", "max rel", "top1", "first div", "hard"))
+    return comparisons, f"A = {cfg.manifest.name} (graph, chunk {prep.chunk}), B = {req.against}, margin tol {tol}\n{text}"

@@ -1,0 +1,198 @@
+"""The `kern` command line: thin wrappers that parse options into a config and call one function.
+
+    kern run [--target T] [--prompt P] [--steps N] [--chunk C] [--capacity K] [--eager] [--gpu G] ...
+    kern test [--against eager|chunk1|transformers|MANIFEST] [--prompts N] [--steps N]
+    kern inspect MANIFEST
+    kern manifest check MANIFEST
+    kern kernels [ARGS...]          (tools/build_kernels.py)
+
+Refusals (docs/caller.md) print one line on stderr and exit non-zero; a traceback only with
+`--log-level debug`.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+
+from .config import find_toml, resolve_config
+from .errors import RefusalError
+from .log import resolve_level, setup_logging
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="kern: run LLM inference from a manifest.")
+manifest_app = typer.Typer(no_args_is_help=True, help="Manifest tools.")
+app.add_typer(manifest_app, name="manifest")
+
+TargetOpt = Annotated[Optional[str], typer.Option("--target", "-t", help="kern.toml target (default: its `default`)")]
+ConfigOpt = Annotated[Optional[Path], typer.Option("--config", help="kern.toml path (default: $KERN_TOML or search up)")]
+ManifestOpt = Annotated[Optional[Path], typer.Option("--manifest", help="manifest JSON")]
+KernelsOpt = Annotated[Optional[Path], typer.Option("--kernels", help="kernels directory (<module>-<sha12>.cubin)")]
+WeightsOpt = Annotated[Optional[Path], typer.Option("--weights", help="HF checkpoint directory or .safetensors file")]
+ChunkOpt = Annotated[Optional[int], typer.Option("--chunk", help="prefill chunk in tokens (default 512, clamped)")]
+CapacityOpt = Annotated[Optional[int], typer.Option("--capacity", help="KV capacity in tokens (default 4096)")]
+GpuOpt = Annotated[Optional[int], typer.Option("--gpu", help="CUDA device ordinal")]
+LogOpt = Annotated[Optional[str], typer.Option("--log-level", help="debug|info|warning|error (default $KERN_LOG or info)")]
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(part.strip() for part in str(exc).splitlines() if part.strip())
+    return text or type(exc).__name__
+
+
+def _kern_errors() -> tuple[type[BaseException], ...]:
+    errors: list[type[BaseException]] = [RefusalError]
+    try:
+        from kern_runtime import KernError
+
+        errors.append(KernError)
+    except ImportError:
+        pass
+    try:
+        from kern_manifest import ManifestError
+
+        errors.append(ManifestError)
+    except ImportError:
+        pass
+    return tuple(errors)
+
+
+def _guarded(command: str, level: str, fn: Any) -> Any:
+    """Run `fn()`; a kern error becomes one stderr line and a non-zero exit (traceback only at debug)."""
+    try:
+        return fn()
+    except _kern_errors() as exc:
+        if level == "debug":
+            raise
+        kind = "" if isinstance(exc, RefusalError) else f"{type(exc).__name__}: "
+        print(f"kern {command}: {kind}{_one_line(exc)}", file=sys.stderr)
+        raise typer.Exit(getattr(exc, "exit_code", 1)) from None
+    except KeyboardInterrupt:
+        print(f"kern {command}: interrupted", file=sys.stderr)
+        raise typer.Exit(130) from None
+
+
+def _overrides(manifest: Path | None, kernels: Path | None, weights: Path | None, gpu: int | None,
+               capacity: int | None, chunk: int | None) -> dict[str, Any]:
+    return {"manifest": manifest, "kernels": kernels, "weights": weights, "gpu": gpu, "capacity": capacity,
+            "chunk": chunk}
+
+
+@app.command()
+def run(
+    prompt: Annotated[str, typer.Option("--prompt", "-p", help="prompt text")] = "The capital of France is",
+    steps: Annotated[int, typer.Option("--steps", "-n", help="tokens to generate at most")] = 128,
+    eager: Annotated[bool, typer.Option("--eager", help="replay decode launch by launch (no CUDA graph)")] = False,
+    ignore_eos: Annotated[bool, typer.Option("--ignore-eos", help="do not stop at EOS")] = False,
+    target: TargetOpt = None, config: ConfigOpt = None, manifest: ManifestOpt = None, kernels: KernelsOpt = None,
+    weights: WeightsOpt = None, chunk: ChunkOpt = None, capacity: CapacityOpt = None, gpu: GpuOpt = None,
+    log_level: LogOpt = None,
+) -> None:
+    """Generate greedily from a prompt; stdout carries only the generated text."""
+    from .run import RunRequest, run_target
+
+    level = resolve_level(log_level)
+    log = setup_logging(level)
+
+    def go() -> None:
+        cfg = resolve_config(find_toml(config), target, _overrides(manifest, kernels, weights, gpu, capacity, chunk))
+        if steps < 0:
+            raise RefusalError(f"--steps {steps} must be >= 0")
+        run_target(cfg, RunRequest(prompt, steps, eager, ignore_eos), log)
+
+    _guarded("run", level, go)
+
+
+@app.command("test")
+def test_cmd(
+    against: Annotated[str, typer.Option("--against", help="eager | chunk1 | transformers | path to manifest B")] = "eager",
+    prompts: Annotated[int, typer.Option("--prompts", help="number of sampled prompts")] = 4,
+    steps: Annotated[int, typer.Option("--steps", "-n", help="greedy steps per prompt")] = 32,
+    seed: Annotated[int, typer.Option("--seed")] = 0,
+    margin_tol: Annotated[Optional[float], typer.Option("--margin-tol", help="top-2 margin under which a top-1 "
+                                                        "disagreement is not a mismatch")] = None,
+    target: TargetOpt = None, config: ConfigOpt = None, manifest: ManifestOpt = None, kernels: KernelsOpt = None,
+    weights: WeightsOpt = None, chunk: ChunkOpt = None, capacity: CapacityOpt = None, gpu: GpuOpt = None,
+    log_level: LogOpt = None,
+) -> None:
+    """A/B: the target against eager decode, chunk-1 prefill, another manifest or transformers."""
+    from .abtest import AbRequest, run_ab
+
+    level = resolve_level(log_level)
+    log = setup_logging(level)
+
+    def go() -> int:
+        cfg = resolve_config(find_toml(config), target, _overrides(manifest, kernels, weights, gpu, capacity, chunk))
+        comparisons, report = run_ab(cfg, AbRequest(against, prompts, steps, seed, margin_tol=margin_tol), log)
+        print(report)
+        return sum(len(c.hard_mismatches) for c in comparisons)
+
+    hard = _guarded("test", level, go)
+    if hard:
+        print(f"kern test: {hard} top-1 mismatch(es) outside the margin tolerance", file=sys.stderr)
+        raise typer.Exit(1)
+
+
+@app.command()
+def inspect(
+    manifest: Annotated[Path, typer.Argument(help="manifest JSON")],
+    log_level: LogOpt = None,
+) -> None:
+    """Print what a manifest declares (no GPU needed)."""
+    from .preflight import read_manifest
+    from .summary import manifest_lines
+
+    level = resolve_level(log_level)
+
+    def go() -> None:
+        facts = read_manifest(manifest)
+        for line in manifest_lines(facts.raw):
+            print(line)
+
+    _guarded("inspect", level, go)
+
+
+@manifest_app.command("check")
+def manifest_check(
+    manifest: Annotated[Path, typer.Argument(help="manifest JSON")],
+    log_level: LogOpt = None,
+) -> None:
+    """Parse and verify a manifest with kern_manifest; every fault with its JSON path."""
+    level = resolve_level(log_level)
+
+    def go() -> None:
+        from kern_manifest import ManifestVerifyError, load_manifest
+
+        try:
+            m = load_manifest(manifest)
+        except ManifestVerifyError as exc:
+            for fault in exc.faults:
+                print(f"{fault.path}: {fault.message}")
+            raise typer.Exit(1) from None
+        print(f"{manifest}: ok ({m.name if hasattr(m, 'name') else ''})")
+
+    _guarded("manifest check", level, go)
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def kernels(ctx: typer.Context) -> None:
+    """Build the cubins and kernels/kernels.json: runs tools/build_kernels.py with the given arguments."""
+    toml = find_toml()
+    root = toml.parent if toml else Path.cwd()
+    script = root / "tools" / "build_kernels.py"
+    if not script.is_file():
+        print(f"kern kernels: {script} not found: run from the kern repository", file=sys.stderr)
+        raise typer.Exit(2)
+    raise typer.Exit(subprocess.call([sys.executable, str(script), *ctx.args], cwd=root))
+
+
+def main() -> None:  # `python -m kern_run.cli`
+    app()
+
+
+if __name__ == "__main__":
+    main()

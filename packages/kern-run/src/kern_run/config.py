@@ -1,0 +1,119 @@
+"""Targets from kern.toml, overridden by flags, resolved into one frozen `RunConfig`.
+
+kern.toml (found through `--config`, `$KERN_TOML`, or the current directory and its parents):
+
+    default = "qwen3-4b"
+    [targets.qwen3-4b]
+    manifest = "manifests/qwen3-4b.json"   # paths relative to kern.toml's directory
+    kernels = "kernels"
+    weights = "weights/qwen3-4b"
+    gpu = 0
+    capacity = 4096                         # KV capacity in tokens (pages for this many tokens)
+    chunk = 512                             # prefill chunk in tokens (<= the manifest's tokens var max)
+
+A flag given on the command line overrides the target's field; a target may be absent when flags give
+manifest, kernels and weights.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError
+
+TOML_NAME = "kern.toml"
+TARGET_KEYS = frozenset({"manifest", "kernels", "weights", "gpu", "capacity", "chunk"})
+DEFAULT_CAPACITY_TOKENS = 4096
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything one `kern run` needs. `chunk` None: the default (512, clamped to the tokens var max)."""
+
+    manifest: Path
+    kernels: Path
+    weights: Path
+    gpu: int = 0
+    capacity_tokens: int = DEFAULT_CAPACITY_TOKENS
+    chunk: int | None = None
+    target: str | None = None
+
+
+def find_toml(explicit: Path | None = None, start: Path | None = None) -> Path | None:
+    """The kern.toml to use: `explicit`, else $KERN_TOML, else the first in `start` (cwd) or a parent."""
+    if explicit is not None:
+        if not explicit.is_file():
+            raise ConfigError(f"--config {explicit}: no such file")
+        return explicit
+    env = os.environ.get("KERN_TOML")
+    if env:
+        if not Path(env).is_file():
+            raise ConfigError(f"KERN_TOML={env}: no such file")
+        return Path(env)
+    here = (start or Path.cwd()).resolve()
+    for d in (here, *here.parents):
+        if (d / TOML_NAME).is_file():
+            return d / TOML_NAME
+    return None
+
+
+def load_targets(path: Path) -> tuple[str | None, dict[str, dict[str, Any]]]:
+    """(default target name, {name: fields with paths made absolute}). Raises ConfigError."""
+    try:
+        raw = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    base = path.resolve().parent
+    targets: dict[str, dict[str, Any]] = {}
+    for name, fields in (raw.get("targets") or {}).items():
+        if not isinstance(fields, dict):
+            raise ConfigError(f"{path}: [targets.{name}] must be a table")
+        unknown = set(fields) - TARGET_KEYS
+        if unknown:
+            raise ConfigError(f"{path}: [targets.{name}] has unknown keys {sorted(unknown)} (known: {sorted(TARGET_KEYS)})")
+        out = dict(fields)
+        for key in ("manifest", "kernels", "weights"):
+            if key in out:
+                out[key] = (base / str(out[key])).resolve() if not Path(str(out[key])).is_absolute() else Path(out[key])
+        targets[name] = out
+    default = raw.get("default")
+    if default is not None and default not in targets:
+        raise ConfigError(f"{path}: default = {default!r} names no [targets.*] table (have {sorted(targets)})")
+    return default, targets
+
+
+def resolve_config(toml_path: Path | None, target: str | None, overrides: dict[str, Any]) -> RunConfig:
+    """Merge the target (explicit `target`, else the file's default) with flag `overrides` (None = not given).
+
+    Raises ConfigError naming the missing field or unknown target.
+    """
+    fields: dict[str, Any] = {}
+    chosen = None
+    if toml_path is not None:
+        default, targets = load_targets(toml_path)
+        chosen = target or default
+        if chosen is not None:
+            if chosen not in targets:
+                raise ConfigError(f"target {chosen!r} is not in {toml_path} (have {sorted(targets)})")
+            fields.update(targets[chosen])
+    elif target is not None:
+        raise ConfigError(f"--target {target}: no kern.toml found (pass --config or run from the repository)")
+    for key, value in overrides.items():
+        if value is not None:
+            fields[key] = Path(value) if key in ("manifest", "kernels", "weights") else value
+    missing = [k for k in ("manifest", "kernels", "weights") if k not in fields]
+    if missing:
+        where = f"target {chosen!r} in {toml_path}" if chosen else "no kern.toml target"
+        raise ConfigError(f"{where} gives no {', '.join(missing)}: pass --{' --'.join(missing)}")
+    for key in ("gpu", "capacity", "chunk"):
+        if key in fields and fields[key] is not None and (not isinstance(fields[key], int) or fields[key] < (0 if key == "gpu" else 1)):
+            raise ConfigError(f"{key} = {fields[key]!r} must be an integer >= {0 if key == 'gpu' else 1}")
+    return RunConfig(
+        manifest=Path(fields["manifest"]), kernels=Path(fields["kernels"]), weights=Path(fields["weights"]),
+        gpu=int(fields.get("gpu", 0)), capacity_tokens=int(fields.get("capacity", DEFAULT_CAPACITY_TOKENS)),
+        chunk=fields.get("chunk"), target=chosen,
+    )

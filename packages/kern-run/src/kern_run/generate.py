@@ -1,0 +1,239 @@
+"""The Qwen3 caller contract (docs/caller.md) over a loaded kern runtime: `Generator`.
+
+One sequence (bs=1). Prefill: the first n-1 prompt tokens in chunks of `chunk` tokens through the
+`prefill` program (fills the KV cache only). The last prompt token goes through `decode`, which yields
+the first generated token; every further token is one `decode` step. Sampling is greedy on the GPU
+(two-stage argmax in the manifest): each step reads back 8 bytes (`next_token`, i64[1]).
+
+Per prefill chunk `[start, stop)` (length L) the caller writes prefixes of the inputs:
+    token_ids[:L] = ids[start:stop]           positions[:L] = start..stop-1
+    slot_mapping[:L] = slot(start..stop-1)     seq_lens = [stop]      cu_seqlens_q = [0, L]
+and issues `prefill` with tokens=L. Per decode step at position p with token t:
+    token_ids = [t]  positions = [p]  slot_mapping = [slot(p)]  seq_lens = [p + 1]
+and issues `decode` with tokens=1 (captured once as a CUDA graph unless eager). The block table is
+written once per sequence. `slot(p) = page_ids[p // page_tokens] * page_tokens + p % page_tokens`.
+
+Pages: this first caller gives its one sequence the identity pages 0..k-1 of the runtime's KV pool
+(kern-pool's leases come with batching); the block table row is padded with the last page id, entries
+past the sequence's length are never read.
+
+The next step is issued before the previous token is detokenized and printed, so host work overlaps
+the GPU's step instead of adding to the step boundary.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
+
+import numpy as np
+
+from .errors import InputError
+from .preflight import ManifestFacts
+
+
+class RuntimeLike(Protocol):
+    """The part of `kern_runtime.Runtime` the caller uses (a fake implements it in CPU tests)."""
+
+    page_tokens: int
+    num_pages: int
+
+    def write_input(self, name: str, array: np.ndarray) -> None: ...
+    def issue(self, program: str, values: dict[str, int], eager: bool = False) -> None: ...
+    def read_output(self, name: str) -> np.ndarray: ...
+    def read_buffer(self, name: str) -> np.ndarray: ...
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class GenerateOptions:
+    """`max_new_tokens`: generated tokens at most; `chunk`: prefill chunk (tokens); `eager`: no graph."""
+
+    max_new_tokens: int
+    chunk: int
+    eager: bool = False
+    stop_at_eos: bool = True
+
+
+@dataclass
+class Timings:
+    """Wall-clock seconds measured by the caller (host side, after the synchronising readback)."""
+
+    prefill_tokens: int = 0
+    prefill_s: float = 0.0  # first prefill issue -> first generated token read back (TTFT)
+    decode_steps: int = 0  # decode steps after the first token
+    decode_s: float = 0.0
+
+    @property
+    def prefill_tokens_per_s(self) -> float:
+        return self.prefill_tokens / self.prefill_s if self.prefill_s > 0 else 0.0
+
+    @property
+    def decode_ms_per_token(self) -> float:
+        return 1e3 * self.decode_s / self.decode_steps if self.decode_steps else 0.0
+
+
+@dataclass(frozen=True)
+class GenerateResult:
+    prompt_ids: list[int]
+    tokens: list[int]  # generated ids (the stop token included when stopped by EOS)
+    stop_reason: str  # "eos" | "steps" | "context"
+    timings: Timings = field(default_factory=Timings)
+
+
+def bf16_to_f32(array: np.ndarray) -> np.ndarray:
+    """A bf16 array as the runtime returns it (uint16 bits, ml_dtypes bfloat16, or float) -> float32."""
+    if array.dtype == np.uint16 or array.dtype == np.int16:
+        return (array.astype(np.uint32) << 16).view(np.float32)
+    if array.dtype.name == "bfloat16":
+        return array.astype(np.float32)
+    return np.asarray(array, dtype=np.float32)
+
+
+class Generator:
+    """Drives one sequence through a runtime loaded from a Qwen3 manifest. Not thread-safe."""
+
+    def __init__(self, runtime: RuntimeLike, facts: ManifestFacts, eos_ids: frozenset[int] = frozenset()) -> None:
+        self.rt = runtime
+        self.facts = facts
+        self.eos_ids = eos_ids
+        self.page_tokens = int(getattr(runtime, "page_tokens", facts.page_tokens))
+        pool_tokens = int(getattr(runtime, "num_pages", facts.pages_per_seq)) * self.page_tokens
+        self.max_positions = min(pool_tokens, facts.max_context)  # positions 0..max_positions-1 fit
+        self._pages_written = 0
+
+    # ---------------------------------------------------------------- loading
+
+    @classmethod
+    def open(cls, manifest: Any, kernels: Any, weights: Any, facts: ManifestFacts, gpu: int = 0,
+             capacity_tokens: int = 4096, eos_ids: frozenset[int] = frozenset(),
+             progress: Callable[[int, int], None] | None = None) -> "Generator":
+        """Load the runtime (verify, kernels, weights, once programs). Raises kern_runtime.KernError."""
+        from kern_runtime import Capacity, Runtime, SafetensorsTensors
+
+        tensors = SafetensorsTensors.open(str(weights))
+        rt = Runtime.load(str(manifest), str(kernels), tensors, gpu=gpu,
+                          capacity=Capacity(tokens=capacity_tokens, seqs=1), progress=progress)
+        return cls(rt, facts, eos_ids)
+
+    def close(self) -> None:
+        self.rt.close()
+
+    def __enter__(self) -> "Generator":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---------------------------------------------------------------- the contract
+
+    def slot(self, position: int) -> int:
+        """KV slot of `position` with identity pages."""
+        return position  # identity pages: page p // page_tokens, offset p % page_tokens
+
+    def _write_block_table(self, num_tokens: int) -> None:
+        pages = -(-num_tokens // self.page_tokens)
+        if pages <= self._pages_written:
+            return
+        row = np.arange(self.facts.pages_per_seq, dtype=np.int32)  # i32[pages_per_seq]: identity page ids
+        row[pages:] = pages - 1  # padding: never read (past seq_lens)
+        self.rt.write_input("block_table", row.reshape(1, -1))
+        self._pages_written = pages
+
+    def prefill(self, ids: list[int], chunk: int, start: int = 0) -> None:
+        """Run `ids` (absolute positions start..start+len-1) through `prefill` in chunks of `chunk`."""
+        if not 1 <= chunk <= self.facts.tokens_max:
+            raise InputError(f"chunk {chunk} outside the manifest's tokens var [1, {self.facts.tokens_max}]")
+        for lo in range(0, len(ids), chunk):
+            piece = np.asarray(ids[lo:lo + chunk], dtype=np.int32)  # i32[L]
+            pos0 = start + lo
+            length = len(piece)
+            positions = np.arange(pos0, pos0 + length, dtype=np.int32)  # i32[L]
+            self.rt.write_input("token_ids", piece)
+            self.rt.write_input("positions", positions)
+            self.rt.write_input("slot_mapping", positions)  # identity pages: slot == position
+            self.rt.write_input("seq_lens", np.asarray([pos0 + length], dtype=np.int32))
+            self.rt.write_input("cu_seqlens_q", np.asarray([0, length], dtype=np.int32))
+            self.rt.issue("prefill", {"tokens": length, "seqs": 1})
+
+    def _decode_issue(self, token: int, position: int, eager: bool) -> None:
+        self.rt.write_input("token_ids", np.asarray([token], dtype=np.int32))
+        self.rt.write_input("positions", np.asarray([position], dtype=np.int32))
+        self.rt.write_input("slot_mapping", np.asarray([self.slot(position)], dtype=np.int32))
+        self.rt.write_input("seq_lens", np.asarray([position + 1], dtype=np.int32))
+        self.rt.issue("decode", {"tokens": 1, "seqs": 1}, eager=eager)
+
+    def _next_token(self) -> int:
+        return int(self.rt.read_output("next_token")[0])  # i64[1]: 8-byte readback, synchronises
+
+    def check_fits(self, num_prompt_tokens: int) -> None:
+        if num_prompt_tokens > self.max_positions:
+            raise InputError(f"the prompt is {num_prompt_tokens} tokens, the KV pool and context hold "
+                             f"{self.max_positions}: shorten it or raise --capacity")
+
+    def generate(self, prompt_ids: list[int], opts: GenerateOptions,
+                 on_token: Callable[[int], None] | None = None) -> GenerateResult:
+        """Greedy generation. `on_token(id)` is called for every generated id, while the next step runs.
+
+        Stops at an EOS id (when `opts.stop_at_eos`), after `opts.max_new_tokens`, or when the context
+        is full. Raises InputError when the prompt does not fit.
+        """
+        n = len(prompt_ids)
+        if n == 0:
+            raise InputError("empty prompt")
+        self.check_fits(n)
+        budget = min(opts.max_new_tokens, self.max_positions - n + 1)  # last position written: n - 1 + budget - 1
+        self._write_block_table(min(n + budget, self.max_positions))
+        timings = Timings(prefill_tokens=n - 1)
+        tokens: list[int] = []
+        if budget <= 0:
+            return GenerateResult(list(prompt_ids), tokens, "steps" if opts.max_new_tokens <= 0 else "context", timings)
+        t0 = time.perf_counter()
+        if n > 1:
+            self.prefill(prompt_ids[:-1], opts.chunk)
+        self._decode_issue(prompt_ids[-1], n - 1, opts.eager)
+        token = self._next_token()
+        t1 = time.perf_counter()
+        timings.prefill_s = t1 - t0
+        while True:
+            tokens.append(token)
+            if opts.stop_at_eos and token in self.eos_ids:
+                stop_reason = "eos"  # the stop token is kept in `tokens`, not passed to on_token
+                break
+            if len(tokens) >= budget:
+                stop_reason = "steps" if budget == opts.max_new_tokens else "context"
+                if on_token is not None:
+                    on_token(token)
+                break
+            self._decode_issue(token, n - 1 + len(tokens), opts.eager)  # the next step runs on the GPU ...
+            if on_token is not None:
+                on_token(token)  # ... while the host detokenizes and prints this token
+            token = self._next_token()
+        timings.decode_steps = len(tokens) - 1
+        timings.decode_s = time.perf_counter() - t1
+        return GenerateResult(list(prompt_ids), tokens, stop_reason, timings)
+
+    def teacher_forced(self, ids: list[int], prefill_tokens: int = 0, chunk: int | None = None,
+                       eager: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """Logits at every position from `prefill_tokens` on, feeding `ids` (not the model's choices).
+
+        The first `prefill_tokens` ids go through chunked `prefill`; then each remaining id i goes through
+        one `decode` step at position i. Returns (logits f32[m, vocab], argmax i64[m]) with
+        m = len(ids) - prefill_tokens: row j predicts the token after ids[prefill_tokens + j]; argmax is the
+        GPU's `next_token` of that step.
+        Raises InputError when ids do not fit.
+        """
+        n = len(ids)
+        if not 0 <= prefill_tokens < n:
+            raise InputError(f"prefill_tokens {prefill_tokens} must lie in [0, {n})")
+        self.check_fits(n)
+        self._write_block_table(n)
+        if prefill_tokens:
+            self.prefill(ids[:prefill_tokens], chunk or min(512, self.facts.tokens_max))
+        rows, argmax = [], []
+        for pos in range(prefill_tokens, n):
+            self._decode_issue(ids[pos], pos, eager)
+            argmax.append(self._next_token())
+            rows.append(bf16_to_f32(np.asarray(self.rt.read_buffer("logits"))).reshape(-1))  # f32[vocab]
+        return np.stack(rows), np.asarray(argmax, dtype=np.int64)

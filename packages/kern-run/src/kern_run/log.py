@@ -1,0 +1,32 @@
+"""structlog to stderr: level from --log-level, else $KERN_LOG, else info. stdout stays for generated text."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+import structlog
+
+LEVELS = ("debug", "info", "warning", "error")
+
+
+def resolve_level(flag: str | None) -> str:
+    """The effective level name: the flag, else $KERN_LOG, else "info". Unknown names fall back to info."""
+    level = (flag or os.environ.get("KERN_LOG") or "info").lower()
+    return level if level in LEVELS else "info"
+
+
+def setup_logging(level: str) -> structlog.stdlib.BoundLogger:
+    """Configure structlog once for this process (the CLI entry point) and return the `kern` logger."""
+    structlog.configure(
+        processors=[
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="%H:%M:%S", utc=False),
+            structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty()),
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper())),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        cache_logger_on_first_use=False,
+    )
+    return structlog.get_logger("kern")

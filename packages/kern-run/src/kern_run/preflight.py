@@ -1,0 +1,224 @@
+"""Checks made before anything touches the GPU, each failing with one line that says what to fix.
+
+The runtime checks the same facts at load (KernelArtifactError, WeightArtifactError); checking them here
+first means the refusal is the same with or without a device, takes milliseconds instead of a weight
+load, and is tested on CPU machines. Order in `kern run`: device, manifest, chunk, kernels, weights,
+prompt.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError, InputError, KernelsError, NoDeviceError, WeightsError
+
+DEFAULT_CHUNK = 512
+SAFETENSORS_DTYPES = {"BF16": "bf16", "F16": "f16", "F32": "f32", "F64": "f64", "I8": "i8", "U8": "u8",
+                      "I16": "i16", "I32": "i32", "U32": "u32", "I64": "i64", "U64": "u64",
+                      "F8_E4M3": "fp8_e4m3", "F8_E5M2": "fp8_e5m2"}
+
+
+# ---------------------------------------------------------------- device
+
+
+def probe_device(gpu: int) -> int:
+    """Number of CUDA devices; raises NoDeviceError when there is none or `gpu` is out of range."""
+    try:
+        from cuda.bindings import driver
+    except ImportError as exc:
+        raise NoDeviceError(f"no CUDA: cuda-bindings is not importable ({exc}); kern run needs an NVIDIA GPU") from None
+    try:
+        (err,) = driver.cuInit(0)
+        if err != driver.CUresult.CUDA_SUCCESS:
+            raise NoDeviceError(f"no CUDA device: cuInit returned {err.name}; kern run needs an NVIDIA GPU and driver")
+        err, count = driver.cuDeviceGetCount()
+    except NoDeviceError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - no libcuda at all raises from inside cuda-bindings
+        raise NoDeviceError(f"no CUDA device: the CUDA driver library cannot be loaded ({type(exc).__name__}); "
+                            "kern needs an NVIDIA GPU and driver") from None
+    if err != driver.CUresult.CUDA_SUCCESS or count == 0:
+        raise NoDeviceError("no CUDA device visible (check CUDA_VISIBLE_DEVICES); kern run needs an NVIDIA GPU")
+    if not 0 <= gpu < count:
+        raise NoDeviceError(f"--gpu {gpu} but {count} CUDA device(s) are visible: pass --gpu 0..{count - 1}")
+    return count
+
+
+# ---------------------------------------------------------------- manifest
+
+
+@dataclass(frozen=True)
+class ManifestFacts:
+    """What the caller needs from a manifest before loading it."""
+
+    raw: dict[str, Any]
+    tokens_max: int
+    page_tokens: int
+    pages_per_seq: int
+
+    @property
+    def max_context(self) -> int:
+        return self.page_tokens * self.pages_per_seq
+
+
+def read_manifest(path: Path) -> ManifestFacts:
+    """Parse the manifest JSON and pull the caller contract's facts. Raises ConfigError."""
+    try:
+        raw = json.loads(Path(path).read_text())
+    except OSError as exc:
+        raise ConfigError(f"manifest {path}: {exc.strerror or exc}; generate it with tools/gen_qwen3.py") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"manifest {path} is not JSON ({exc})") from None
+    try:
+        tokens_max = int(raw["vars"]["tokens"]["max"])
+        paged = [s for s in raw.get("states", {}).values() if s.get("kind") == "paged"]
+        page_tokens = int(paged[0]["page_tokens"]) if paged else 16
+        bt_shape = raw["buffers"]["block_table"]["shape"]
+        pages_per_seq = int(bt_shape[-1])
+        for name in ("token_ids", "positions", "slot_mapping", "seq_lens", "cu_seqlens_q", "next_token"):
+            raw["buffers"][name]
+        for name in ("prefill", "decode"):
+            raw["programs"][name]
+    except (KeyError, IndexError, TypeError, ValueError) as exc:
+        raise ConfigError(f"manifest {path} does not follow the Qwen3 caller contract (docs/caller.md): "
+                          f"missing or malformed {exc}") from None
+    return ManifestFacts(raw, tokens_max, page_tokens, pages_per_seq)
+
+
+def resolve_chunk(requested: int | None, facts: ManifestFacts) -> int:
+    """Prefill chunk length: default 512 clamped to the tokens var max; an explicit larger one is refused."""
+    if requested is None:
+        return min(DEFAULT_CHUNK, facts.tokens_max)
+    if requested < 1:
+        raise InputError(f"--chunk {requested} must be >= 1")
+    if requested > facts.tokens_max:
+        raise InputError(f"--chunk {requested} exceeds the manifest's tokens var max {facts.tokens_max}: "
+                         f"pass --chunk <= {facts.tokens_max} (or regenerate with --chunk-max)")
+    return requested
+
+
+# ---------------------------------------------------------------- kernels
+
+
+def check_kernels(facts: ManifestFacts, kernels_dir: Path) -> None:
+    """Every pinned module is `<kernels_dir>/<module>-<sha12>.cubin` with that sha256. Raises KernelsError."""
+    if not kernels_dir.is_dir():
+        raise KernelsError(f"kernels directory {kernels_dir} does not exist: run `kern kernels` "
+                           "(tools/build_kernels.py) or pass --kernels")
+    for module, sha in sorted(facts.raw.get("modules", {}).items()):
+        path = kernels_dir / f"{module}-{sha[:12]}.cubin"
+        if not path.is_file():
+            raise KernelsError(f"kernels directory {kernels_dir} lacks {path.name} (module {module!r} pinned at "
+                               f"sha256 {sha[:12]}...): run `kern kernels` or pass the --kernels it was built into")
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        if digest != sha:
+            raise KernelsError(f"{path} has sha256 {digest[:12]}..., the manifest pins {sha[:12]}...: "
+                               "rebuild kernels or regenerate the manifest")
+
+
+# ---------------------------------------------------------------- weights
+
+
+def read_safetensors_header(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """name -> (kern dtype, shape) from one .safetensors file's header. Raises WeightsError."""
+    try:
+        with open(path, "rb") as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(n))
+    except (OSError, struct.error, json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise WeightsError(f"{path} is not a readable safetensors file ({exc})") from None
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        out[name] = (SAFETENSORS_DTYPES.get(info["dtype"], info["dtype"].lower()), tuple(info["shape"]))
+    return out
+
+
+def checkpoint_tensors(weights: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """name -> (dtype, shape) of a checkpoint: a dir (with or without the index json) or a .safetensors file."""
+    if weights.is_file():
+        files = [weights]
+    elif weights.is_dir():
+        index = weights / "model.safetensors.index.json"
+        if index.is_file():
+            names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+            files = [weights / n for n in names]
+        else:
+            files = sorted(weights.glob("*.safetensors"))
+        if not files:
+            raise WeightsError(f"weights directory {weights} holds no .safetensors files: make one with "
+                               "tools/make_checkpoint.py or pass --weights")
+    else:
+        raise WeightsError(f"weights {weights} do not exist: make them with `python tools/make_checkpoint.py "
+                           f"--shape <shape> --out {weights}` or pass --weights")
+    tensors: dict[str, tuple[str, tuple[int, ...]]] = {}
+    for path in files:
+        for name, info in read_safetensors_header(path).items():
+            if name in tensors:
+                raise WeightsError(f"tensor {name!r} appears in two shards of {weights}")
+            tensors[name] = info
+    return tensors
+
+
+def _static(dim: Any) -> int | None:
+    return dim if isinstance(dim, int) else (int(dim) if isinstance(dim, str) and dim.isdigit() else None)
+
+
+def check_weights(facts: ManifestFacts, tensors: dict[str, tuple[str, tuple[int, ...]]], weights: Path) -> None:
+    """Every bind segment's tensor exists with the buffer's dtype and trailing dims, and rows tile. Raises WeightsError."""
+    for bname, buf in sorted(facts.raw["buffers"].items()):
+        if buf.get("kind") != "weight":
+            continue
+        shape = [_static(d) for d in buf["shape"]]
+        row_width = shape[1:]
+        rows = 0
+        for seg in buf.get("bind", []):
+            if seg.get("derived"):
+                rows = None
+                break
+            names = seg["interleave"] if "interleave" in seg else [seg["tensor"]]
+            for tname in names:
+                if tname not in tensors:
+                    raise WeightsError(f"checkpoint {weights} has no tensor {tname!r} (bound into buffer {bname!r}): "
+                                       "the checkpoint does not match the manifest")
+                dtype, tshape = tensors[tname]
+                if dtype != buf["dtype"]:
+                    raise WeightsError(f"tensor {tname!r} is {dtype}, buffer {bname!r} wants {buf['dtype']}: "
+                                       "convert the checkpoint or regenerate the manifest")
+                if list(tshape[1:]) != row_width and None not in row_width:
+                    raise WeightsError(f"tensor {tname!r} has shape {list(tshape)}, buffer {bname!r} wants rows of "
+                                       f"{row_width} (buffer shape {buf['shape']}): wrong model for this manifest")
+            if "rows" in seg and "interleave" not in seg:
+                rows += seg["rows"][1] - seg["rows"][0]
+            elif "interleave" in seg:
+                rows += sum(tensors[t][1][0] for t in names)
+            else:
+                rows += tensors[names[0]][1][0]
+        if rows is not None and shape[0] is not None and rows != shape[0]:
+            raise WeightsError(f"buffer {bname!r} has {shape[0]} rows but its bound tensors give {rows} "
+                               f"(first: {names[0]!r}): wrong model for this manifest")
+
+
+def kv_bytes_per_token(facts: ManifestFacts) -> int:
+    return sum(int(s.get("bytes_per_token", 0)) for s in facts.raw.get("states", {}).values())
+
+
+def check_prompt(prompt_tokens: int, capacity_tokens: int, facts: ManifestFacts) -> None:
+    """The prompt must fit the KV capacity and the manifest's context. Raises InputError."""
+    limit = min(capacity_tokens, facts.max_context)
+    if prompt_tokens > limit:
+        what = "--capacity" if capacity_tokens <= facts.max_context else "the manifest's max context"
+        raise InputError(f"the prompt is {prompt_tokens} tokens, more than {what} ({limit} tokens): "
+                         f"shorten it or raise --capacity (<= {facts.max_context})")
+
+
+def weight_bytes(tensors: dict[str, tuple[str, tuple[int, ...]]]) -> int:
+    sizes = {"bf16": 2, "f16": 2, "f32": 4, "f64": 8, "i8": 1, "u8": 1, "i32": 4, "i64": 8}
+    return sum(math.prod(shape) * sizes.get(dtype, 1) for dtype, shape in tensors.values())

@@ -1,0 +1,54 @@
+"""The Hugging Face transformers reference: `Qwen3ForCausalLM` on the same checkpoint, teacher-forced.
+
+Imported only by `kern test --against transformers`, the parity tests and tools/parity.py (torch and
+transformers are on the GPU machine, not dependencies of kern-run).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+
+class HfReference:
+    """`Qwen3ForCausalLM.from_pretrained(weights, bf16)` on one GPU; logits for given ids, teacher-forced."""
+
+    def __init__(self, weights: Path, gpu: int = 0, attn_implementation: str = "eager") -> None:
+        import torch
+        from transformers import Qwen3ForCausalLM
+
+        self.torch = torch
+        self.device = torch.device(f"cuda:{gpu}")
+        kwargs = {"attn_implementation": attn_implementation}
+        try:
+            model = Qwen3ForCausalLM.from_pretrained(str(weights), dtype=torch.bfloat16, **kwargs)
+        except TypeError:  # transformers 4.x spells it torch_dtype
+            model = Qwen3ForCausalLM.from_pretrained(str(weights), torch_dtype=torch.bfloat16, **kwargs)
+        self.model = model.to(self.device).eval()
+
+    def logits(self, ids: list[int], start: int = 0) -> np.ndarray:
+        """f32[len(ids) - start, vocab]: row j is the model's (bf16) logits after ids[: start + j + 1]."""
+        torch = self.torch
+        with torch.inference_mode():
+            input_ids = torch.tensor([ids], dtype=torch.long, device=self.device)
+            keep = len(ids) - start
+            try:
+                out = self.model(input_ids=input_ids, logits_to_keep=keep, use_cache=False)
+            except TypeError:
+                out = self.model(input_ids=input_ids, use_cache=False)
+            logits = out.logits[0, -keep:, :]  # bf16[keep, vocab]
+            return logits.float().cpu().numpy()
+
+    def greedy(self, ids: list[int], steps: int) -> list[int]:
+        """`steps` greedy tokens after `ids` (transformers' generate, no sampling, EOS ignored)."""
+        torch = self.torch
+        with torch.inference_mode():
+            input_ids = torch.tensor([ids], dtype=torch.long, device=self.device)
+            out = self.model.generate(input_ids, max_new_tokens=steps, min_new_tokens=steps, do_sample=False,
+                                      temperature=None, top_p=None, top_k=None)
+            return out[0, len(ids):].tolist()
+
+    def close(self) -> None:
+        del self.model
+        self.torch.cuda.empty_cache()

@@ -1,0 +1,89 @@
+"""Open a target for generation: preflight refusals, then the runtime load with progress and a summary.
+
+`open_generator` is what `kern run`, `kern test`, the parity tests and the benches share: every check
+that can fail without a GPU runs first (docs/caller.md "Refusals"), then the runtime loads.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from .config import RunConfig
+from .generate import Generator
+from .preflight import (
+    ManifestFacts, check_kernels, check_weights, checkpoint_tensors, probe_device, read_manifest, resolve_chunk,
+    weight_bytes,
+)
+from .summary import manifest_lines, runtime_lines
+from .text import TextCodec, load_codec
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A target that passed preflight: manifest facts, tokenizer, chunk, checkpoint size."""
+
+    cfg: RunConfig
+    facts: ManifestFacts
+    codec: TextCodec
+    chunk: int
+    weight_bytes: int
+
+
+def prepare(cfg: RunConfig, check_device: bool = True) -> Prepared:
+    """Every refusal that needs no GPU (and the device probe first). Raises RefusalError subclasses."""
+    if check_device:
+        probe_device(cfg.gpu)
+    facts = read_manifest(cfg.manifest)
+    chunk = resolve_chunk(cfg.chunk, facts)
+    check_kernels(facts, cfg.kernels)
+    tensors = checkpoint_tensors(cfg.weights)
+    check_weights(facts, tensors, cfg.weights)
+    codec = load_codec(cfg.weights)
+    return Prepared(cfg, facts, codec, chunk, weight_bytes(tensors))
+
+
+def progress_reporter(enabled: bool) -> tuple[Callable[[int, int], None] | None, Callable[[], None]]:
+    """(callback(bytes_done, bytes_total), close) drawing a rich bar on stderr; (None, noop) when disabled."""
+    if not enabled:
+        return None, lambda: None
+    from rich.console import Console
+    from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
+
+    bar = Progress("weights", BarColumn(), DownloadColumn(), TransferSpeedColumn(), console=Console(stderr=True),
+                   transient=True)
+    bar.start()
+    task = bar.add_task("load", total=None)
+
+    def update(done: int, total: int) -> None:
+        bar.update(task, completed=done, total=total)
+
+    return update, bar.stop
+
+
+def open_generator(prep: Prepared, log: Any, show_progress: bool | None = None) -> Generator:
+    """Load the runtime for a prepared target, log the declaration summary and the weight load rate."""
+    for line in manifest_lines(prep.facts.raw):
+        log.info(line)
+    if show_progress is None:
+        show_progress = sys.stderr.isatty()
+    progress, stop_progress = progress_reporter(show_progress)
+    t0 = time.perf_counter()
+    try:
+        gen = Generator.open(prep.cfg.manifest, prep.cfg.kernels, prep.cfg.weights, prep.facts, gpu=prep.cfg.gpu,
+                             capacity_tokens=prep.cfg.capacity_tokens, eos_ids=prep.codec.eos_ids, progress=progress)
+    finally:
+        stop_progress()
+    secs = time.perf_counter() - t0
+    stats = getattr(gen.rt, "weight_load_stats", None)
+    nbytes, wsecs = stats if stats else (prep.weight_bytes, secs)
+    log.info(f"weights: {nbytes / 1e9:.2f} GB in {wsecs:.2f} s = {nbytes / 1e9 / max(wsecs, 1e-9):.1f} GB/s; "
+             f"runtime ready in {secs:.2f} s")
+    describe = getattr(gen.rt, "describe", None)
+    if describe is not None:
+        for line in runtime_lines(describe()):
+            log.debug(line)
+    log.info(f"kv pool: {gen.max_positions} positions ({getattr(gen.rt, 'num_pages', '?')} pages of {gen.page_tokens})")
+    return gen

@@ -1,0 +1,99 @@
+"""Tokenizer and stop tokens of a Hugging Face checkpoint directory, and streaming detokenization.
+
+The tokenizer is `tokenizer.json` next to the weights, loaded with the `tokenizers` library. Stop tokens
+are the union of `eos_token_id` in generation_config.json and config.json (an int or a list).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import InputError
+
+
+def checkpoint_dir(weights: Path) -> Path:
+    """The directory holding config/tokenizer files: `weights` itself, or a weights file's directory."""
+    return weights if weights.is_dir() else weights.parent
+
+
+@dataclass(frozen=True)
+class TextCodec:
+    """A loaded tokenizer plus the checkpoint's stop token ids."""
+
+    tokenizer: object  # tokenizers.Tokenizer
+    eos_ids: frozenset[int]
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of `text` (no special tokens added; Qwen adds no BOS)."""
+        return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+
+def eos_ids_of(ckpt: Path) -> frozenset[int]:
+    """Stop token ids from generation_config.json and config.json (either may be missing)."""
+    ids: set[int] = set()
+    for name in ("generation_config.json", "config.json"):
+        path = ckpt / name
+        if not path.is_file():
+            continue
+        value = json.loads(path.read_text()).get("eos_token_id")
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, list):
+            ids.update(int(v) for v in value)
+    return frozenset(ids)
+
+
+def load_codec(weights: Path) -> TextCodec:
+    """TextCodec of the checkpoint at `weights`. Raises InputError when tokenizer.json is missing."""
+    from tokenizers import Tokenizer
+
+    ckpt = checkpoint_dir(weights)
+    path = ckpt / "tokenizer.json"
+    if not path.is_file():
+        raise InputError(f"no tokenizer.json next to the weights ({path}); make_checkpoint.py writes one, "
+                         "or copy the model's tokenizer.json there")
+    return TextCodec(Tokenizer.from_file(str(path)), eos_ids_of(ckpt))
+
+
+class StreamDecoder:
+    """Incremental detokenization: `push(id)` returns the new complete text (maybe "").
+
+    Byte-level BPE can split one UTF-8 character across tokens, so text is emitted only once the
+    decoded suffix no longer ends in U+FFFD; decoding restarts from a few tokens back (`prefix`) so each
+    push costs O(window), not O(generated).
+    """
+
+    def __init__(self, codec: TextCodec) -> None:
+        self._codec = codec
+        self._ids: list[int] = []
+        self._prefix = 0  # ids[prefix:read] decode to text already emitted (context for the next piece)
+        self._read = 0
+
+    def push(self, token_id: int) -> str:
+        self._ids.append(token_id)
+        before = self._codec.decode(self._ids[self._prefix:self._read])
+        after = self._codec.decode(self._ids[self._prefix:])
+        if after.endswith("\ufffd") or len(after) <= len(before):
+            return ""
+        self._prefix = self._read
+        self._read = len(self._ids)
+        return after[len(before):]
+
+    def flush(self) -> str:
+        """Whatever is still held back (e.g. a final incomplete character, rendered as U+FFFD)."""
+        before = self._codec.decode(self._ids[self._prefix:self._read])
+        after = self._codec.decode(self._ids[self._prefix:])
+        self._prefix = self._read = len(self._ids)
+        return after[len(before):] if len(after) > len(before) else ""
+
+
+def checked_prompt(codec: TextCodec, prompt: str) -> list[int]:
+    ids = codec.encode(prompt)
+    if not ids:
+        raise InputError("the prompt encodes to no tokens: pass a non-empty --prompt")
+    return ids

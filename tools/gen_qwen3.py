@@ -1,0 +1,507 @@
+#!/usr/bin/env python3
+"""Generate the kern manifest of a Qwen3 dense model from its config.json and kernels/kernels.json.
+
+The manifest (docs/manifest.md) is everything model-specific; this generator is where Qwen3 lives:
+
+- vars: `tokens` [1, chunk_max] (rows of a prefill chunk; 1 in decode), `seqs` [1, 1].
+- buffers: the caller's inputs (token_ids, positions, slot_mapping, block_table, seq_lens,
+  cu_seqlens_q), the workspace of one layer, `logits` and the output `next_token`; per layer the
+  weights, with q/k/v and gate/up concatenated in their binds (whole-tensor segments) and o/down/norms
+  bound whole; `embed`; `lm_head` only when the embeddings are not tied (tied: the lm_head GEMM reads
+  `embed` itself); `rope` (cos|sin table) derived by the `load` once program.
+- states: one paged KV state per layer, `[2][page_tokens][Hkv][D]` bf16 per page (docs/kernels.md).
+- ops: our kernels, each launch's `params` copied from kernels.json (the ABI read from the cubin) and
+  checked here against the kernel contract's signature; GEMMs through `extern:cublaslt_bf16_tn`.
+- programs: `load` (once: rope table), `prefill` (a chunk of `tokens` tokens; fills the KV cache only,
+  so the last layer stops after writing its K/V), `decode` (graph: one token per sequence, logits,
+  two-stage argmax into `next_token`).
+
+Decode issues 10 launches per layer (add_rmsnorm, qkv GEMM, qk_norm_rope_kv, attention partial +
+reduce, o GEMM, add_rmsnorm, gate_up GEMM, silu_mul, down GEMM): the minimum this kernel set allows,
+the residual add being fused into the norms and q/k norm + RoPE + KV write being one kernel.
+
+Output is deterministic: same config, kernels.json and options -> the same bytes (sorted keys, fixed
+indentation, the digest of docs/manifest.md). The output is verified with kern_manifest when that
+package is importable (`--no-verify` skips it).
+
+Usage:
+    python tools/gen_qwen3.py --config /tmp/qwen3-4b/config.json --kernels kernels/kernels.json --out manifests/qwen3-4b.json
+    python tools/gen_qwen3.py --shape qwen3-4b --kernels kernels/kernels.json --out manifests/qwen3-4b.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+FORMAT = "kern-manifest/1"
+GENERATOR = "tools/gen_qwen3.py"
+GENERATOR_VERSION = 1
+
+# The kernel contract (docs/kernels.md): entry -> (module, parameter types). "p" is a pointer (8 bytes),
+# "i32"/"f32" 4 bytes, "i64" 8 bytes. kernels.json's params (read from the cubin) must match these.
+KERNEL_SIGNATURES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "kern_embed_gather": ("embed", ("p", "p", "p", "i32", "i32", "i32")),
+    "kern_add_rmsnorm": ("norm", ("p", "p", "p", "p", "i32", "i32", "f32")),
+    "kern_rope_table": ("rope", ("p", "i32", "i32", "f32")),
+    "kern_qk_norm_rope_kv": ("rope", ("p",) * 8 + ("i32",) * 7 + ("f32",)),
+    "kern_attn_decode_partial": ("attention", ("p",) * 6 + ("i32",) * 7 + ("f32",)),
+    "kern_attn_decode_reduce": ("attention", ("p",) * 4 + ("i32",) * 4),
+    "kern_attn_prefill": ("attention", ("p",) * 6 + ("i32",) * 5 + ("f32",)),
+    "kern_silu_mul": ("act", ("p", "p", "i32", "i32")),
+    "kern_argmax_partial": ("argmax", ("p", "i32", "i32", "p", "p", "i32")),
+    "kern_argmax_final": ("argmax", ("p", "p", "i32", "p")),
+}
+TYPE_BYTES = {"p": 8, "i32": 4, "f32": 4, "i64": 8}
+
+
+class GenError(Exception):
+    """The inputs (config.json, kernels.json, options) cannot make a manifest; the message says why."""
+
+
+# ---------------------------------------------------------------- inputs
+
+
+@dataclass(frozen=True)
+class Qwen3Config:
+    """The fields of a Qwen3 config.json the manifest depends on."""
+
+    hidden: int
+    layers: int
+    q_heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    tied: bool
+    rope_theta: float
+    eps: float
+    max_position_embeddings: int
+
+    @classmethod
+    def from_json(cls, cfg: dict[str, Any]) -> "Qwen3Config":
+        """From a config.json object. Raises GenError for a model this generator does not cover."""
+        if cfg.get("model_type") != "qwen3":
+            raise GenError(f"config model_type is {cfg.get('model_type')!r}; this generator makes qwen3 manifests")
+        if cfg.get("rope_scaling") not in (None, {}):
+            raise GenError(f"rope_scaling {cfg['rope_scaling']!r} is not supported (plain RoPE only)")
+        if cfg.get("use_sliding_window"):
+            raise GenError("use_sliding_window is true; sliding-window attention is not supported")
+        if cfg.get("attention_bias"):
+            raise GenError("attention_bias is true; Qwen3 projections without bias only")
+        try:
+            out = cls(
+                hidden=int(cfg["hidden_size"]), layers=int(cfg["num_hidden_layers"]),
+                q_heads=int(cfg["num_attention_heads"]), kv_heads=int(cfg["num_key_value_heads"]),
+                head_dim=int(cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]),
+                intermediate=int(cfg["intermediate_size"]), vocab=int(cfg["vocab_size"]),
+                tied=bool(cfg.get("tie_word_embeddings", False)),
+                rope_theta=float(cfg.get("rope_theta", (cfg.get("rope_parameters") or {}).get("rope_theta", 1e6))),
+                eps=float(cfg["rms_norm_eps"]), max_position_embeddings=int(cfg.get("max_position_embeddings", 40960)),
+            )
+        except KeyError as exc:
+            raise GenError(f"config.json lacks {exc.args[0]!r}") from None
+        if out.q_heads % out.kv_heads:
+            raise GenError(f"num_attention_heads {out.q_heads} is not a multiple of num_key_value_heads {out.kv_heads}")
+        return out
+
+
+@dataclass(frozen=True)
+class GenOptions:
+    """Generator options. `max_context` bounds positions (rope rows) and block-table width."""
+
+    name: str
+    chunk_max: int = 512  # tokens var max: the largest prefill chunk
+    max_context: int = 40960  # positions 0..max_context-1
+    page_tokens: int = 16
+    split_tokens: int = 256  # decode attention: context tokens per split (multiple of page_tokens)
+    argmax_chunks: int = 64  # two-stage argmax: first-stage blocks per row
+    seqs_max: int = 1
+
+
+@dataclass(frozen=True)
+class KernelAbi:
+    """kernels.json: module -> sha256, and entry -> (module, params [[offset, size], ...])."""
+
+    modules: dict[str, str]
+    entries: dict[str, tuple[str, list[list[int]]]]
+    digest: str
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> "KernelAbi":
+        """Raises GenError naming the entry whose ABI does not match the kernel contract."""
+        if raw.get("format") != "kern-kernels/1":
+            raise GenError(f"kernels.json format is {raw.get('format')!r}, expected 'kern-kernels/1'")
+        modules: dict[str, str] = {}
+        entries: dict[str, tuple[str, list[list[int]]]] = {}
+        for mod_name, mod in sorted(raw.get("modules", {}).items()):
+            modules[mod_name] = mod["sha256"]
+            for entry, info in sorted(mod.get("entries", {}).items()):
+                contract_module = KERNEL_SIGNATURES.get(entry, (mod_name,))[0]
+                if entry in entries and entries[entry][0] == contract_module:
+                    continue  # an entry name in two modules: the contract's module wins
+                entries[entry] = (mod_name, [[int(o), int(s)] for o, s in info["params"]])
+        for entry, (want_module, types) in KERNEL_SIGNATURES.items():
+            if entry not in entries:
+                raise GenError(f"kernels.json has no entry {entry!r} (expected in module {want_module!r}); "
+                               "rebuild with tools/build_kernels.py")
+            params = entries[entry][1]
+            sizes = [s for _, s in params]
+            want = [TYPE_BYTES[t] for t in types]
+            if sizes != want:
+                raise GenError(f"kernels.json entry {entry!r} has param sizes {sizes}, the kernel contract "
+                               f"(docs/kernels.md) says {want} for {types}")
+        canonical = json.dumps(raw, sort_keys=True, separators=(",", ":")).encode()
+        return cls(modules, entries, hashlib.sha256(canonical).hexdigest())
+
+
+def stub_kernels_json() -> dict[str, Any]:
+    """A kernels.json with the contract's ABI (naturally aligned params) and fake hashes, for tests."""
+    modules: dict[str, Any] = {}
+    for entry, (module, types) in sorted(KERNEL_SIGNATURES.items()):
+        params, offset = [], 0
+        for t in types:
+            size = TYPE_BYTES[t]
+            offset = (offset + size - 1) // size * size
+            params.append([offset, size])
+            offset += size
+        mod = modules.setdefault(module, {
+            "file": f"{module}-{hashlib.sha256(module.encode()).hexdigest()[:12]}.cubin",
+            "sha256": hashlib.sha256(module.encode()).hexdigest(), "source": f"kernels-src/{module}.cu",
+            "flags": [], "entries": {},
+        })
+        mod["entries"][entry] = {"params": params, "registers": 32, "constants": {}}
+    return {"format": "kern-kernels/1", "toolchain": "stub", "arch": "sm_90", "modules": modules}
+
+
+# ---------------------------------------------------------------- building blocks
+
+
+def _ptr(name: str) -> dict[str, str]:
+    return {"name": name, "kind": "ptr"}
+
+
+def _int(name: str) -> dict[str, str]:
+    return {"name": name, "kind": "int"}
+
+
+def _wiring_types(args: list[dict[str, Any]]) -> list[str]:
+    """The contract type of each wiring (pointer wirings forward ptr args / scratch / null)."""
+    out = []
+    for w in args:
+        if "scratch" in w or "null" in w or ("arg" in w and "type" not in w):
+            out.append("p")
+        elif "f32" in w:
+            out.append("f32")
+        elif "i32" in w or w.get("type") == "i32":
+            out.append("i32")
+        elif "i64" in w or w.get("type") == "i64":
+            out.append("i64")
+        else:
+            raise AssertionError(f"wiring {w} has no contract type")  # a bug in this generator
+    return out
+
+
+class Builder:
+    """Accumulates modules, buffers, states, ops and program calls into one manifest object."""
+
+    def __init__(self, abi: KernelAbi) -> None:
+        self.abi = abi
+        self.used_modules: set[str] = set()
+        self.buffers: dict[str, Any] = {}
+        self.states: dict[str, Any] = {}
+        self.ops: dict[str, Any] = {}
+
+    def launch(self, entry: str, grid: list[Any], block: list[Any], args: list[dict[str, Any]],
+               shared_mem: Any = 0) -> dict[str, Any]:
+        """A kernel launch of `entry`, its params from kernels.json; checks the wiring against the contract."""
+        module, params = self.abi.entries[entry]
+        types = KERNEL_SIGNATURES[entry][1]
+        got = _wiring_types(args)
+        assert got == list(types), f"{entry}: wiring types {got} != contract {types}"  # a bug in this generator
+        self.used_modules.add(module)
+        return {"module": module, "entry": entry, "grid": grid, "block": block, "shared_mem": shared_mem,
+                "params": params, "args": args}
+
+    def op(self, name: str, args: list[dict[str, str]], launches: list[dict[str, Any]],
+           scratch: dict[str, Any] | None = None) -> None:
+        op: dict[str, Any] = {"args": args, "launches": launches}
+        if scratch:
+            op["scratch"] = scratch
+        self.ops[name] = op
+
+    def buffer(self, name: str, kind: str, dtype: str, shape: list[Any], bind: list[dict[str, Any]] | None = None) -> None:
+        buf: dict[str, Any] = {"kind": kind, "dtype": dtype, "shape": shape}
+        if bind is not None:
+            buf["bind"] = bind
+        self.buffers[name] = buf
+
+
+def _call(op: str, **args: Any) -> dict[str, Any]:
+    return {"op": op, "args": args}
+
+
+# ---------------------------------------------------------------- the manifest
+
+
+def build_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: GenOptions, config_digest: str = "") -> dict[str, Any]:
+    """The Qwen3 manifest object (with its digest). Raises GenError for inconsistent options."""
+    if opts.max_context > cfg.max_position_embeddings:
+        raise GenError(f"--max-context {opts.max_context} exceeds max_position_embeddings {cfg.max_position_embeddings}")
+    if opts.split_tokens % opts.page_tokens:
+        raise GenError(f"split_tokens {opts.split_tokens} is not a multiple of page_tokens {opts.page_tokens}")
+    if not 1 <= opts.chunk_max <= opts.max_context:
+        raise GenError(f"chunk_max {opts.chunk_max} must lie in [1, max_context {opts.max_context}]")
+    H, D, Hq, Hkv, I, V = cfg.hidden, cfg.head_dim, cfg.q_heads, cfg.kv_heads, cfg.intermediate, cfg.vocab
+    q_dim, kv_dim = Hq * D, Hkv * D
+    qkv_dim = q_dim + 2 * kv_dim
+    max_pos = opts.max_context
+    page_tokens = opts.page_tokens
+    pages_per_seq = -(-opts.max_context // page_tokens)
+    num_slots = opts.seqs_max * pages_per_seq * page_tokens
+    num_splits = -(-opts.max_context // opts.split_tokens)
+    argmax_chunk = -(-V // opts.argmax_chunks)
+    scale = 1.0 / (D ** 0.5)
+    b = Builder(abi)
+
+    # ---- buffers: caller inputs and outputs
+    b.buffer("token_ids", "input", "i32", ["tokens"])
+    b.buffer("positions", "input", "i32", ["tokens"])
+    b.buffer("slot_mapping", "input", "i32", ["tokens"])
+    b.buffer("block_table", "input", "i32", ["seqs", pages_per_seq])
+    b.buffer("seq_lens", "input", "i32", ["seqs"])
+    b.buffer("cu_seqlens_q", "input", "i32", ["seqs + 1"])
+    b.buffer("next_token", "output", "i64", ["seqs"])
+    # ---- workspace (one layer's activations; `residual` is the residual stream)
+    b.buffer("residual", "workspace", "bf16", ["tokens", H])
+    b.buffer("hidden", "workspace", "bf16", ["tokens", H])  # o / down projection output (the delta)
+    b.buffer("normed", "workspace", "bf16", ["tokens", H])
+    b.buffer("qkv", "workspace", "bf16", ["tokens", qkv_dim])
+    b.buffer("q", "workspace", "bf16", ["tokens", q_dim])
+    b.buffer("attn_out", "workspace", "bf16", ["tokens", q_dim])
+    b.buffer("gate_up", "workspace", "bf16", ["tokens", 2 * I])
+    b.buffer("act", "workspace", "bf16", ["tokens", I])
+    b.buffer("logits", "workspace", "bf16", ["seqs", V])
+    # ---- weights
+    b.buffer("embed", "weight", "bf16", [V, H], [{"tensor": "model.embed_tokens.weight"}])
+    if not cfg.tied:
+        b.buffer("lm_head", "weight", "bf16", [V, H], [{"tensor": "lm_head.weight"}])
+    b.buffer("final_norm", "weight", "bf16", [H], [{"tensor": "model.norm.weight"}])
+    b.buffer("rope", "weight", "f32", [max_pos, D], [{"derived": True}])
+    for layer in range(cfg.layers):
+        p = f"model.layers.{layer}."
+        b.buffer(f"ln_in.{layer}", "weight", "bf16", [H], [{"tensor": p + "input_layernorm.weight"}])
+        b.buffer(f"w_qkv.{layer}", "weight", "bf16", [qkv_dim, H], [
+            {"tensor": p + "self_attn.q_proj.weight"}, {"tensor": p + "self_attn.k_proj.weight"},
+            {"tensor": p + "self_attn.v_proj.weight"}])
+        b.buffer(f"q_norm.{layer}", "weight", "bf16", [D], [{"tensor": p + "self_attn.q_norm.weight"}])
+        b.buffer(f"k_norm.{layer}", "weight", "bf16", [D], [{"tensor": p + "self_attn.k_norm.weight"}])
+        b.buffer(f"w_o.{layer}", "weight", "bf16", [H, q_dim], [{"tensor": p + "self_attn.o_proj.weight"}])
+        b.buffer(f"ln_post.{layer}", "weight", "bf16", [H], [{"tensor": p + "post_attention_layernorm.weight"}])
+        b.buffer(f"w_gate_up.{layer}", "weight", "bf16", [2 * I, H], [
+            {"tensor": p + "mlp.gate_proj.weight"}, {"tensor": p + "mlp.up_proj.weight"}])
+        b.buffer(f"w_down.{layer}", "weight", "bf16", [H, I], [{"tensor": p + "mlp.down_proj.weight"}])
+        b.states[f"kv.{layer}"] = {"kind": "paged", "bytes_per_token": 2 * kv_dim * 2, "page_tokens": page_tokens}
+
+    # ---- ops
+    tokens_i32 = {"expr": "tokens", "type": "i32"}
+    b.op("rope_table", [_ptr("table")], [b.launch(
+        "kern_rope_table", [max_pos, 1, 1], [D // 2, 1, 1],
+        [{"arg": "table"}, {"i32": max_pos}, {"i32": D}, {"f32": cfg.rope_theta}])])
+    b.op("embed", [_ptr("table"), _ptr("ids"), _ptr("out")], [b.launch(
+        "kern_embed_gather", ["tokens", 1, 1], [256, 1, 1],
+        [{"arg": "table"}, {"arg": "ids"}, {"arg": "out"}, tokens_i32, {"i32": H}, {"i32": V}])])
+    b.op("rmsnorm", [_ptr("residual"), _ptr("w"), _ptr("out")], [b.launch(
+        "kern_add_rmsnorm", ["tokens", 1, 1], [256, 1, 1],
+        [{"arg": "residual"}, {"null": 8}, {"arg": "w"}, {"arg": "out"}, tokens_i32, {"i32": H}, {"f32": cfg.eps}])])
+    b.op("add_rmsnorm", [_ptr("residual"), _ptr("delta"), _ptr("w"), _ptr("out")], [b.launch(
+        "kern_add_rmsnorm", ["tokens", 1, 1], [256, 1, 1],
+        [{"arg": "residual"}, {"arg": "delta"}, {"arg": "w"}, {"arg": "out"}, tokens_i32, {"i32": H},
+         {"f32": cfg.eps}])])
+    b.op("qk_norm_rope_kv",
+         [_ptr("qkv"), _ptr("q_norm"), _ptr("k_norm"), _ptr("rope"), _ptr("positions"), _ptr("slots"),
+          _ptr("q_out"), _ptr("kv")],
+         [b.launch("kern_qk_norm_rope_kv", ["tokens", Hq + Hkv, 1], [D, 1, 1],
+                   [{"arg": "qkv"}, {"arg": "q_norm"}, {"arg": "k_norm"}, {"arg": "rope"}, {"arg": "positions"},
+                    {"arg": "slots"}, {"arg": "q_out"}, {"arg": "kv"}, tokens_i32, {"i32": Hq}, {"i32": Hkv},
+                    {"i32": D}, {"i32": page_tokens}, {"i32": max_pos}, {"i32": num_slots}, {"f32": cfg.eps}])])
+    b.op("attn_prefill",
+         [_ptr("q"), _ptr("kv"), _ptr("block_table"), _ptr("cu_seqlens_q"), _ptr("seq_lens"), _ptr("out")],
+         [b.launch("kern_attn_prefill", ["cdiv(tokens, 16)", Hkv, "seqs"], [128, 1, 1],
+                   [{"arg": "q"}, {"arg": "kv"}, {"arg": "block_table"}, {"arg": "cu_seqlens_q"}, {"arg": "seq_lens"},
+                    {"arg": "out"}, {"i32": Hq}, {"i32": Hkv}, {"i32": D}, {"i32": page_tokens},
+                    {"i32": pages_per_seq}, {"f32": scale}])])
+    b.op("attn_decode",
+         [_ptr("q"), _ptr("kv"), _ptr("block_table"), _ptr("seq_lens"), _ptr("out")],
+         [b.launch("kern_attn_decode_partial", [Hkv, num_splits, "seqs"], [128, 1, 1],
+                   [{"arg": "q"}, {"arg": "kv"}, {"arg": "block_table"}, {"arg": "seq_lens"},
+                    {"scratch": "part_out"}, {"scratch": "part_ml"}, {"i32": Hq}, {"i32": Hkv}, {"i32": D},
+                    {"i32": page_tokens}, {"i32": pages_per_seq}, {"i32": opts.split_tokens},
+                    {"i32": num_splits}, {"f32": scale}]),
+          b.launch("kern_attn_decode_reduce", [Hq, "seqs", 1], [D, 1, 1],
+                   [{"scratch": "part_out"}, {"scratch": "part_ml"}, {"arg": "seq_lens"}, {"arg": "out"},
+                    {"i32": Hq}, {"i32": D}, {"i32": opts.split_tokens}, {"i32": num_splits}])],
+         scratch={"part_out": f"seqs * {Hq * num_splits * D * 4}", "part_ml": f"seqs * {Hq * num_splits * 2 * 4}"})
+    b.op("silu_mul", [_ptr("gate_up"), _ptr("out")], [b.launch(
+        "kern_silu_mul", ["tokens", -(-I // 1024), 1], [256, 1, 1],
+        [{"arg": "gate_up"}, {"arg": "out"}, tokens_i32, {"i32": I}])])
+    b.op("gemm", [_ptr("a"), _ptr("w"), _ptr("c"), _int("m"), _int("n"), _int("k")], [{
+        "extern": "cublaslt_bf16_tn",
+        "args": [{"arg": "a"}, {"arg": "w"}, {"arg": "c"}, {"arg": "m", "type": "i64"},
+                 {"arg": "n", "type": "i64"}, {"arg": "k", "type": "i64"}]}])
+    b.op("argmax", [_ptr("logits"), _ptr("out")],
+         [b.launch("kern_argmax_partial", [opts.argmax_chunks, "seqs", 1], [256, 1, 1],
+                   [{"arg": "logits"}, {"i32": V}, {"i32": argmax_chunk}, {"scratch": "part_val"},
+                    {"scratch": "part_idx"}, {"i32": opts.argmax_chunks}]),
+          b.launch("kern_argmax_final", ["seqs", 1, 1], [256, 1, 1],
+                   [{"scratch": "part_val"}, {"scratch": "part_idx"}, {"i32": opts.argmax_chunks}, {"arg": "out"}])],
+         scratch={"part_val": f"seqs * {opts.argmax_chunks * 4}", "part_idx": f"seqs * {opts.argmax_chunks * 4}"})
+
+    # ---- programs
+    def layer_calls(layer: int, decode: bool) -> list[dict[str, Any]]:
+        calls = []
+        if layer == 0:
+            calls.append(_call("rmsnorm", residual="residual", w="ln_in.0", out="normed"))
+        else:
+            calls.append(_call("add_rmsnorm", residual="residual", delta="hidden", w=f"ln_in.{layer}", out="normed"))
+        calls.append(_call("gemm", a="normed", w=f"w_qkv.{layer}", c="qkv", m="tokens", n=qkv_dim, k=H))
+        calls.append(_call("qk_norm_rope_kv", qkv="qkv", q_norm=f"q_norm.{layer}", k_norm=f"k_norm.{layer}",
+                           rope="rope", positions="positions", slots="slot_mapping", q_out="q", kv=f"kv.{layer}"))
+        if not decode and layer == cfg.layers - 1:
+            return calls  # prefill fills the KV cache only: the last layer's attention output is never read
+        if decode:
+            calls.append(_call("attn_decode", q="q", kv=f"kv.{layer}", block_table="block_table",
+                               seq_lens="seq_lens", out="attn_out"))
+        else:
+            calls.append(_call("attn_prefill", q="q", kv=f"kv.{layer}", block_table="block_table",
+                               cu_seqlens_q="cu_seqlens_q", seq_lens="seq_lens", out="attn_out"))
+        calls += [
+            _call("gemm", a="attn_out", w=f"w_o.{layer}", c="hidden", m="tokens", n=H, k=q_dim),
+            _call("add_rmsnorm", residual="residual", delta="hidden", w=f"ln_post.{layer}", out="normed"),
+            _call("gemm", a="normed", w=f"w_gate_up.{layer}", c="gate_up", m="tokens", n=2 * I, k=H),
+            _call("silu_mul", gate_up="gate_up", out="act"),
+            _call("gemm", a="act", w=f"w_down.{layer}", c="hidden", m="tokens", n=H, k=I),
+        ]
+        return calls
+
+    embed_call = _call("embed", table="embed", ids="token_ids", out="residual")
+    prefill = [embed_call] + [c for layer in range(cfg.layers) for c in layer_calls(layer, decode=False)]
+    decode = [embed_call] + [c for layer in range(cfg.layers) for c in layer_calls(layer, decode=True)]
+    decode += [
+        _call("add_rmsnorm", residual="residual", delta="hidden", w="final_norm", out="normed"),
+        # lm_head: the tied embedding matrix is read in place (no copy); m = seqs (one row per sequence)
+        _call("gemm", a="normed", w="embed" if cfg.tied else "lm_head", c="logits", m="seqs", n=V, k=H),
+        _call("argmax", logits="logits", out="next_token"),
+    ]
+    programs = {
+        "load": {"kind": "once", "calls": [_call("rope_table", table="rope")]},
+        "prefill": {"kind": "run", "calls": prefill},
+        "decode": {"kind": "run", "graph": True, "calls": decode},
+    }
+
+    manifest: dict[str, Any] = {
+        "format": FORMAT,
+        "name": opts.name,
+        "meta": {
+            "generator": GENERATOR, "generator_version": GENERATOR_VERSION, "family": "qwen3",
+            "config_sha256": config_digest, "kernels_json_sha256": abi.digest,
+            "model": {"hidden": H, "layers": cfg.layers, "q_heads": Hq, "kv_heads": Hkv, "head_dim": D,
+                      "intermediate": I, "vocab": V, "tied": cfg.tied, "rope_theta": cfg.rope_theta, "eps": cfg.eps},
+            "caller": {"contract": "qwen3-chunked-prefill/1", "page_tokens": page_tokens,
+                       "pages_per_seq": pages_per_seq, "max_context": opts.max_context, "chunk_max": opts.chunk_max,
+                       "decode_split_tokens": opts.split_tokens},
+        },
+        "vars": {"tokens": {"min": 1, "max": opts.chunk_max}, "seqs": {"min": 1, "max": opts.seqs_max}},
+        "modules": {m: abi.modules[m] for m in sorted(b.used_modules)},
+        "buffers": b.buffers,
+        "states": b.states,
+        "ops": b.ops,
+        "programs": programs,
+    }
+    manifest["digest"] = manifest_digest(manifest)
+    return manifest
+
+
+def manifest_digest(manifest: dict[str, Any]) -> str:
+    """docs/manifest.md "Digest": sha256 of the canonical JSON without the digest key."""
+    body = {k: v for k, v in manifest.items() if k != "digest"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()).hexdigest()
+
+
+def dumps(manifest: dict[str, Any]) -> str:
+    """The committed text form: sorted keys, one-space indent, trailing newline (deterministic)."""
+    return json.dumps(manifest, indent=1, sort_keys=True, ensure_ascii=True) + "\n"
+
+
+def verify_with_kern_manifest(text: str) -> str:
+    """Verify with kern_manifest if it offers a verifier; returns a note. Raises its errors on faults."""
+    try:
+        import kern_manifest
+    except ImportError:
+        return "kern_manifest not importable: not verified"
+    parse = getattr(kern_manifest, "parse_manifest", None)
+    verify = getattr(kern_manifest, "verify", None)
+    if parse is None or verify is None:
+        return "kern_manifest has no parse_manifest/verify yet: not verified"
+    verify(parse(text))
+    return "verified with kern_manifest"
+
+
+def config_from_args(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
+    if args.config:
+        text = Path(args.config).read_text()
+        return json.loads(text), hashlib.sha256(text.encode()).hexdigest()
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from make_checkpoint import SHAPES, config_json
+
+    cfg = config_json(SHAPES[args.shape])
+    text = json.dumps(cfg, indent=2, sort_keys=True) + "\n"  # what make_checkpoint writes
+    return cfg, hashlib.sha256(text.encode()).hexdigest()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Generate a Qwen3 kern manifest.")
+    src = parser.add_mutually_exclusive_group(required=True)
+    src.add_argument("--config", type=Path, help="a Qwen3 config.json")
+    src.add_argument("--shape", choices=["qwen3-4b", "qwen3-0.6b", "tiny"], help="a make_checkpoint.py shape")
+    parser.add_argument("--kernels", type=Path, default=Path("kernels/kernels.json"), help="kernels.json (the ABI)")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--name", help="manifest name (default: the shape, or the config's directory name)")
+    parser.add_argument("--chunk-max", type=int, default=512, help="tokens var max (largest prefill chunk)")
+    parser.add_argument("--max-context", type=int, default=None, help="positions per sequence (default 40960; tiny 4096)")
+    parser.add_argument("--no-verify", action="store_true", help="skip verification with kern_manifest")
+    args = parser.parse_args(argv)
+    try:
+        raw_cfg, cfg_digest = config_from_args(args)
+        cfg = Qwen3Config.from_json(raw_cfg)
+        kernels_raw = json.loads(args.kernels.read_text())
+        abi = KernelAbi.from_json(kernels_raw)
+        name = args.name or args.shape or Path(args.config).resolve().parent.name
+        max_context = args.max_context or (4096 if args.shape == "tiny" else min(40960, cfg.max_position_embeddings))
+        manifest = build_manifest(cfg, abi, GenOptions(name, args.chunk_max, max_context), cfg_digest)
+    except (GenError, OSError, json.JSONDecodeError) as exc:
+        print(f"gen_qwen3: {exc}", file=sys.stderr)
+        return 1
+    text = dumps(manifest)
+    note = "not verified (--no-verify)"
+    if not args.no_verify:
+        try:
+            note = verify_with_kern_manifest(text)
+        except Exception as exc:  # noqa: BLE001 - kern_manifest's errors name the JSON path; print them whole
+            print(f"gen_qwen3: the generated manifest does not verify: {exc}", file=sys.stderr)
+            return 1
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(text)
+    n_decode = sum(1 for _ in manifest["programs"]["decode"]["calls"])
+    print(f"gen_qwen3: wrote {args.out} ({len(text)} bytes, digest {manifest['digest'][:12]}, "
+          f"decode {n_decode} calls, {note})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
