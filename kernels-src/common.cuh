@@ -1,0 +1,80 @@
+// Shared helpers for kern's kernels: bf16 <-> f32, 8-wide loads/stores with a scalar fallback, and
+// block-wide reductions. Header only; every kernel source includes it. Kept deliberately plain.
+#pragma once
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+#define KERN_DEV __device__ __forceinline__
+
+KERN_DEV float bf2f(__nv_bfloat16 x) { return __bfloat162float(x); }
+KERN_DEV __nv_bfloat16 f2bf(float x) { return __float2bfloat16_rn(x); }
+// Round an fp32 value to bf16 precision and back (the rounding point of a bf16 tensor op).
+KERN_DEV float round_bf(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
+
+KERN_DEV bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+// 8 consecutive bf16 at p (16-byte aligned) -> 8 floats, one 16-byte load.
+KERN_DEV void load8_vec(const __nv_bfloat16* p, float (&v)[8]) {
+    const uint4 raw = *reinterpret_cast<const uint4*>(p);
+    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const float2 f = __bfloat1622float2(h[i]);
+        v[2 * i] = f.x;
+        v[2 * i + 1] = f.y;
+    }
+}
+
+// 8 floats -> 8 bf16 at p (16-byte aligned), one 16-byte store. Rounds to nearest even.
+KERN_DEV void store8_vec(__nv_bfloat16* p, const float (&v)[8]) {
+    uint4 raw;
+    __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&raw);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
+    *reinterpret_cast<uint4*>(p) = raw;
+}
+
+// Elements [i0, i0 + 8) of a row of n bf16: vector load when `vec` (caller guarantees i0 + 8 <= n and
+// 16-byte alignment), else element by element with elements at or past n read as 0.
+KERN_DEV void load8(const __nv_bfloat16* row, int i0, int n, bool vec, float (&v)[8]) {
+    if (vec) {
+        load8_vec(row + i0, v);
+    } else {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] = (i0 + i < n) ? bf2f(row[i0 + i]) : 0.0f;
+    }
+}
+
+KERN_DEV float warp_sum(float x) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+    return x;
+}
+
+KERN_DEV float warp_max(float x) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+    return x;
+}
+
+// Sum of x over the whole block (any blockDim.x up to 1024, partial last warp allowed); every thread
+// gets the same result, summed in a fixed order (deterministic). Must be reached by every thread of
+// the block. `scratch` holds 32 floats.
+KERN_DEV float block_sum(float x, float* scratch) {
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const int num_warps = (blockDim.x + 31) >> 5;
+    const int lanes_here = min(32, (int)blockDim.x - warp * 32);  // threads in this warp
+    const unsigned mask = lanes_here == 32 ? 0xffffffffu : ((1u << lanes_here) - 1u);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float y = __shfl_down_sync(mask, x, o);
+        if (lane + o < lanes_here) x += y;  // a source lane outside the warp's threads is ignored
+    }
+    __syncthreads();  // scratch may still be read by a previous call
+    if (lane == 0) scratch[warp] = x;
+    __syncthreads();
+    float total = 0.0f;
+    for (int w = 0; w < num_warps; ++w) total += scratch[w];  // same order in every thread
+    return total;
+}

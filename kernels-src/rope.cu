@@ -1,0 +1,88 @@
+// RoPE table and the fused q/k head RMSNorm + neox RoPE + paged K/V write.
+#include "common.cuh"
+
+// kern_rope_table: rope[p, :] = [cos(p*f_i), i < D/2] ++ [sin(p*f_i), i < D/2], f_i = 1/theta^(2i/D),
+// all fp32 (as transformers computes inv_freq and the angles), each value rounded to bf16 precision
+// (transformers casts cos/sin to the model dtype). grid (max_pos,1,1), block (head_dim/2,1,1).
+extern "C" __global__ void kern_rope_table(float* rope,  // [max_pos, head_dim]
+                                           int32_t max_pos, int32_t head_dim, float theta) {
+    const int p = blockIdx.x;
+    const int half = head_dim / 2;
+    if (p >= max_pos) return;
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        // transformers: inv_freq = 1.0 / (base ** (arange(0, dim, 2).float() / dim))
+        const float expo = (float)(2 * i) / (float)head_dim;
+        const float inv_freq = 1.0f / powf(theta, expo);
+        const float angle = (float)p * inv_freq;
+        float* row = rope + (int64_t)p * head_dim;
+        row[i] = round_bf(cosf(angle));
+        row[half + i] = round_bf(sinf(angle));
+    }
+}
+
+// kern_qk_norm_rope_kv: grid (n_tokens, num_q_heads + num_kv_heads, 1), block (head_dim,1,1).
+// Thread d owns element d of one head. Rounding follows transformers (Qwen3 attention, bf16 model):
+//   n = bf16(w * bf16(x * rsqrt(mean(x^2) + eps)))                         (Qwen3RMSNorm)
+//   y = bf16(bf16(n * cos) + bf16(rotate_half(n) * sin))                   (apply_rotary_pos_emb)
+// with cos/sin the bf16-valued table entries for positions[t]. V is copied unchanged.
+extern "C" __global__ void __launch_bounds__(1024) kern_qk_norm_rope_kv(
+    const __nv_bfloat16* qkv,       // [n_tokens, (Hq + 2*Hkv) * D]
+    const __nv_bfloat16* q_norm_w,  // [D]
+    const __nv_bfloat16* k_norm_w,  // [D]
+    const float* rope,              // [max_pos, D]
+    const int32_t* positions,       // [n_tokens]
+    const int32_t* slot_mapping,    // [n_tokens]
+    __nv_bfloat16* q_out,           // [n_tokens, Hq, D]
+    __nv_bfloat16* kv_cache,        // pages of [2][page_tokens][Hkv][D]
+    int32_t n_tokens, int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim, int32_t page_tokens,
+    int32_t max_pos, int32_t num_slots, float eps) {
+    __shared__ float scratch[32];
+    __shared__ float normed[1024];  // the head after RMSNorm (bf16-valued), for rotate_half
+    const int t = blockIdx.x;
+    const int h = blockIdx.y;
+    const int D = head_dim;
+    const int d = threadIdx.x;
+    // Uniform early exits (the whole block takes the same branch before any barrier).
+    if (t >= n_tokens || h >= num_q_heads + num_kv_heads || D <= 0 || D > 1024 || (D & 1) || page_tokens <= 0)
+        return;
+    const int32_t pos = positions[t];
+    if (pos < 0 || pos >= max_pos) return;
+    const bool is_q = h < num_q_heads;
+    const int j = h - num_q_heads;  // kv head when !is_q
+    int64_t slot = 0;
+    if (!is_q) {
+        slot = slot_mapping[t];
+        if (slot < 0 || slot >= num_slots) return;
+    }
+    const int row_elems = (num_q_heads + 2 * num_kv_heads) * D;
+    const __nv_bfloat16* row = qkv + (int64_t)t * row_elems;
+    const __nv_bfloat16* x_ptr = is_q ? row + (int64_t)h * D : row + (int64_t)(num_q_heads + j) * D;
+    const __nv_bfloat16* w_ptr = is_q ? q_norm_w : k_norm_w;
+
+    const bool active = d < D;
+    const float x = active ? bf2f(x_ptr[d]) : 0.0f;
+    const float total = block_sum(x * x, scratch);
+    const float rs = rsqrtf(total / (float)D + eps);
+    const float n = active ? round_bf(bf2f(w_ptr[d]) * round_bf(x * rs)) : 0.0f;
+    if (active) normed[d] = n;
+    __syncthreads();
+    if (!active) return;  // no barrier follows
+    const int half = D / 2;
+    const float* rope_row = rope + (int64_t)pos * D;
+    const float c = rope_row[d < half ? d : d - half];
+    const float s = rope_row[half + (d < half ? d : d - half)];
+    const float rot = d < half ? -normed[d + half] : normed[d - half];
+    const __nv_bfloat16 y = f2bf(round_bf(n * c) + round_bf(rot * s));
+
+    if (is_q) {
+        q_out[((int64_t)t * num_q_heads + h) * D + d] = y;
+    } else {
+        const int64_t page = slot / page_tokens;
+        const int64_t off = slot % page_tokens;
+        const int64_t token_elems = (int64_t)num_kv_heads * D;
+        __nv_bfloat16* k_dst = kv_cache + ((page * 2 + 0) * page_tokens + off) * token_elems + (int64_t)j * D;
+        __nv_bfloat16* v_dst = kv_cache + ((page * 2 + 1) * page_tokens + off) * token_elems + (int64_t)j * D;
+        k_dst[d] = y;
+        v_dst[d] = row[(int64_t)(num_q_heads + num_kv_heads + j) * D + d];
+    }
+}

@@ -1,0 +1,122 @@
+"""CPU tests of the kernel build tool (tools/build_kernels.py) and its ABI parser (tools/kernel_abi.py),
+plus a check that the committed kernels/kernels.json matches the contract in docs/kernels.md."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO_ROOT))
+
+from tools import build_kernels  # noqa: E402
+from tools.kernel_abi import KernelAbiError, parse_kparam_info, parse_res_usage  # noqa: E402
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+# Parameter sizes per entry, from the signatures in docs/kernels.md (p = pointer 8, i = int32 4,
+# f = float 4, q = int64 8). Offsets follow C alignment.
+CONTRACT = {
+    "kern_embed_gather": "pppiii",
+    "kern_add_rmsnorm": "ppppiif",
+    "kern_rope_table": "piif",
+    "kern_qk_norm_rope_kv": "ppppppppiiiiiiif",
+    "kern_attn_decode_partial": "ppppppiiiiiiif",
+    "kern_attn_decode_reduce": "ppppiiii",
+    "kern_attn_prefill": "ppppppiiiiif",
+    "kern_silu_mul": "ppii",
+    "kern_argmax_partial": "piippi",
+    "kern_argmax_final": "ppip",
+}
+
+
+def c_layout(kinds: str) -> list[list[int]]:
+    size = {"p": 8, "i": 4, "f": 4, "q": 8}
+    out, offset = [], 0
+    for kind in kinds:
+        s = size[kind]
+        offset = (offset + s - 1) // s * s
+        out.append([offset, s])
+        offset += s
+    return out
+
+
+def test_parse_kparam_info_fixture():
+    params = parse_kparam_info((FIXTURES / "tiny.elf.txt").read_text())
+    # kern_tiny(const float*, int32_t, double, int8_t, float*)
+    assert params["kern_tiny"] == [[0, 8], [8, 4], [16, 8], [24, 1], [32, 8]]
+    assert params["kern_tiny_noargs"] == []
+
+
+def test_parse_res_usage_fixture():
+    usage = parse_res_usage((FIXTURES / "tiny.res.txt").read_text())
+    assert usage["kern_tiny"]["REG"] == 12
+    assert usage["kern_tiny"]["SHARED"] == 0
+    assert usage["kern_tiny_noargs"]["REG"] == 4
+    assert usage["kern_tiny"]["CONSTANT[0]"] == 568
+
+
+def test_parse_kparam_rejects_gap_and_duplicate():
+    section = ".nv.info.k\n"
+    rec = "\tValue:\tIndex : 0x0\tOrdinal : {o}\tOffset  : {off}\tSize    : 0x8\n"
+    with pytest.raises(KernelAbiError, match="not 0..1"):
+        parse_kparam_info(section + rec.format(o="0x0", off="0x0") + rec.format(o="0x2", off="0x8"))
+    with pytest.raises(KernelAbiError, match="twice"):
+        parse_kparam_info(section + rec.format(o="0x0", off="0x0") + rec.format(o="0x0", off="0x8"))
+    with pytest.raises(KernelAbiError, match="overlaps"):
+        parse_kparam_info(section + rec.format(o="0x0", off="0x0") + rec.format(o="0x1", off="0x4"))
+
+
+def test_committed_kernels_json_matches_contract_and_files():
+    doc = json.loads((REPO_ROOT / "kernels" / "kernels.json").read_text())
+    assert doc["format"] == "kern-kernels/1"
+    assert doc["arch"] == "sm_90"
+    entries = {}
+    for name, module in doc["modules"].items():
+        path = REPO_ROOT / "kernels" / module["file"]
+        assert module["file"] == f"{name}-{module['sha256'][:12]}.cubin"
+        assert path.is_file(), f"{path} missing"
+        assert hashlib.sha256(path.read_bytes()).hexdigest() == module["sha256"], f"{path} hash mismatch"
+        assert module["source"] == f"kernels-src/{name}.cu"
+        for entry, info in module["entries"].items():
+            entries[entry] = info
+            assert info["local"] == 0 or entry == "kern_rope_table", f"{entry}: {info['local']} local bytes (spills?)"
+    for entry, kinds in CONTRACT.items():
+        assert entry in entries, f"{entry} missing from kernels.json"
+        assert entries[entry]["params"] == c_layout(kinds), f"{entry}: ABI differs from docs/kernels.md"
+
+
+def _toolchain_or_skip():
+    try:
+        return build_kernels.find_toolchain()
+    except build_kernels.BuildError as exc:
+        pytest.skip(f"no CUDA toolchain here: {exc}")
+
+
+def test_real_build_of_tiny_kernel_is_reproducible_and_append_only(tmp_path):
+    tc = _toolchain_or_skip()
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "tiny.cu").write_text((FIXTURES / "tiny.cu").read_text())
+    out = tmp_path / "out"
+    out.mkdir()
+    stale = out / "tiny-000000000000.cubin"  # an old build: must survive
+    stale.write_bytes(b"old")
+    work1, work2 = tmp_path / "w1", tmp_path / "w2"
+    work1.mkdir()
+    work2.mkdir()
+    doc1 = build_kernels.build_all(src, out, tc, work1)
+    doc2 = build_kernels.build_all(src, out, tc, work2)
+    assert doc1 == doc2, "two builds of the same source differ"
+    module = doc1["modules"]["tiny"]
+    assert (out / module["file"]).is_file() and stale.read_bytes() == b"old"
+    assert module["entries"]["kern_tiny"]["params"] == [[0, 8], [8, 4], [16, 8], [24, 1], [32, 8]]
+    assert module["entries"]["kern_tiny_noargs"]["params"] == []
+    assert module["flags"] == list(build_kernels.FLAGS)
+    build_kernels.write_json(doc1, out / "kernels.json")
+    assert json.loads((out / "kernels.json").read_text()) == doc1
+    assert build_kernels.check(src, out, tc) == []

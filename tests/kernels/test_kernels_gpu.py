@@ -1,0 +1,362 @@
+"""GPU tests of kern's kernels: each entry launched from its BUILT cubin (kernels/kernels.json) through
+cuda.bindings.driver and compared with tools/reference_kernels.py on fresh random inputs.
+
+Outputs are poisoned (0xFF bytes: NaN) before each launch, so an unwritten element fails; every device
+buffer has poisoned guard regions, checked after each test, so an out-of-bounds write fails.
+Run on the GPU machine:  KERN_REQUIRE_GPU=1 python -m pytest tests/kernels -q
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from tools import reference_kernels as ref  # noqa: E402
+
+BF = np.uint16  # device representation of bf16
+
+
+@pytest.fixture(scope="module")
+def gpu():
+    from gpu_helpers import Gpu
+
+    g = Gpu()
+    yield g
+    g.free_all()
+
+
+@pytest.fixture
+def dev(gpu):
+    """The Gpu; after the test, every buffer's guards must be intact, then all buffers are freed."""
+    yield gpu
+    try:
+        gpu.check_all_guards()
+    finally:
+        gpu.free_all()
+
+
+def rand_bf16(rng, shape, scale=1.0):
+    """bf16-valued float32 array (normal * scale)."""
+    return ref.bf16_round((rng.standard_normal(shape) * scale).astype(np.float32))
+
+
+def cdiv(a, b):
+    return -(-a // b)
+
+
+def assert_close(name, out, expect, rel=1e-2, elem_rel=2.0**-6, elem_abs=1e-6):
+    """||out-ref||/||ref|| < rel, and |out-ref| <= elem_rel*|ref| + elem_abs*max|ref| per element; no NaN."""
+    out = np.asarray(out, dtype=np.float64)
+    expect = np.asarray(expect, dtype=np.float64)
+    assert out.shape == expect.shape, (name, out.shape, expect.shape)
+    nan = np.isnan(out) & ~np.isnan(expect)
+    assert not nan.any(), f"{name}: {nan.sum()} NaN elements (unwritten?), first at {np.argwhere(nan)[0].tolist()}"
+    denom = np.linalg.norm(expect)
+    err = np.linalg.norm(out - expect) / (denom if denom > 0 else 1.0)
+    assert err < rel, f"{name}: relative error {err:.3e} >= {rel}"
+    scale = np.abs(expect).max() if expect.size else 0.0
+    bad = np.abs(out - expect) > elem_rel * np.abs(expect) + elem_abs * scale
+    if bad.any():
+        i = tuple(np.argwhere(bad)[0])
+        raise AssertionError(
+            f"{name}: {bad.sum()} of {bad.size} elements off, first {list(i)}: got {out[i]!r} want {expect[i]!r} (rel err {err:.2e})"
+        )
+
+
+# ------------------------------------------------------------------------------------------ embed
+
+
+@pytest.mark.parametrize("n_tokens,hidden,vocab", [(5, 64, 50), (7, 2560, 1000), (4, 37, 20)])
+def test_embed_gather(dev, n_tokens, hidden, vocab):
+    rng = np.random.default_rng(1000 + hidden)
+    table = rand_bf16(rng, (vocab, hidden))
+    ids = rng.integers(0, vocab, n_tokens).astype(np.int32)
+    ids[0] = vocab - 1
+    ids[1] = -1  # out of range: zeros
+    ids[-1] = vocab  # out of range: zeros
+    d_table, d_ids = dev.array(ref.bf16_bits(table)), dev.array(ids)
+    d_out = dev.alloc(n_tokens * hidden * 2)
+    d_out.poison()
+    dev.kernel("kern_embed_gather").launch(
+        (n_tokens,), (256,), [("p", d_table.ptr), ("p", d_ids.ptr), ("p", d_out.ptr), ("i", n_tokens), ("i", hidden), ("i", vocab)]
+    )
+    out = ref.from_bf16_bits(d_out.download(BF, (n_tokens, hidden)))
+    np.testing.assert_array_equal(out, ref.embed_gather(table, ids))
+
+
+# ------------------------------------------------------------------------------------------- norm
+
+
+@pytest.mark.parametrize("with_delta", [True, False])
+@pytest.mark.parametrize("n_tokens,hidden", [(1, 64), (3, 2560), (17, 2560), (5, 37), (2, 4096)])
+def test_add_rmsnorm(dev, n_tokens, hidden, with_delta):
+    rng = np.random.default_rng(hidden * 7 + n_tokens)
+    row_scale = np.array([1e-3, 1.0, 50.0] * n_tokens)[:n_tokens, None]  # variance extremes per row
+    residual = ref.bf16_round((rng.standard_normal((n_tokens, hidden)) * row_scale).astype(np.float32))
+    delta = rand_bf16(rng, (n_tokens, hidden)) * np.float32(row_scale) if with_delta else None
+    if delta is not None:
+        delta = ref.bf16_round(delta)
+    weight = ref.bf16_round((1.0 + 0.2 * rng.standard_normal(hidden)).astype(np.float32))
+    eps = 1e-6
+    d_res = dev.array(ref.bf16_bits(residual))
+    d_delta = dev.array(ref.bf16_bits(delta)) if delta is not None else None
+    d_w = dev.array(ref.bf16_bits(weight))
+    d_out = dev.alloc(n_tokens * hidden * 2)
+    d_out.poison()
+    dev.kernel("kern_add_rmsnorm").launch(
+        (n_tokens,),
+        (256,),
+        [("p", d_res.ptr), ("p", d_delta.ptr if d_delta else 0), ("p", d_w.ptr), ("p", d_out.ptr),
+         ("i", n_tokens), ("i", hidden), ("f", eps)],
+    )
+    want_res, want_out = ref.add_rmsnorm(residual, delta, weight, eps)
+    got_res = ref.from_bf16_bits(d_res.download(BF, (n_tokens, hidden)))
+    np.testing.assert_array_equal(got_res, want_res, err_msg="residual (bf16(residual + delta)) differs")
+    got = ref.from_bf16_bits(d_out.download(BF, (n_tokens, hidden)))
+    for t in range(n_tokens):  # per row: rows have very different scales
+        assert_close(f"rmsnorm row {t}", got[t], want_out[t])
+
+
+# ------------------------------------------------------------------------------------------- rope
+
+
+@pytest.mark.parametrize("max_pos,head_dim,theta", [(64, 32, 10000.0), (4096, 128, 1000000.0)])
+def test_rope_table(dev, max_pos, head_dim, theta):
+    d_rope = dev.alloc(max_pos * head_dim * 4)
+    d_rope.poison()
+    dev.kernel("kern_rope_table").launch(
+        (max_pos,), (head_dim // 2,), [("p", d_rope.ptr), ("i", max_pos), ("i", head_dim), ("f", theta)]
+    )
+    got = d_rope.download(np.float32, (max_pos, head_dim))
+    want = ref.rope_table(max_pos, head_dim, theta)
+    assert not np.isnan(got).any(), "rope table has unwritten (NaN) entries"
+    # One bf16 ulp of a value <= 1 is <= 2^-8; allow a rounding flip when cos/sin sit near a tie, and
+    # the fp32 angle's own error at large positions (p * f_i rounded in fp32, as in transformers).
+    diff = np.abs(got.astype(np.float64) - want)
+    assert diff.max() <= 2.0**-7, f"rope table max |diff| {diff.max():.3e} at {np.unravel_index(diff.argmax(), diff.shape)}"
+    assert (diff > 0).mean() < 0.01, f"{(diff > 0).mean():.2%} of rope entries differ from the reference"
+
+
+@pytest.mark.parametrize(
+    "hq,hkv,head_dim,page_tokens", [(4, 2, 32, 4), (4, 2, 64, 16), (4, 2, 128, 16), (32, 8, 128, 16)]
+)
+def test_qk_norm_rope_kv(dev, hq, hkv, head_dim, page_tokens):
+    rng = np.random.default_rng(hq * 1000 + head_dim + page_tokens)
+    n_tokens, max_pos, num_pages, eps = 11, 512, 6, 1e-6
+    num_slots = num_pages * page_tokens
+    width = (hq + 2 * hkv) * head_dim
+    qkv = rand_bf16(rng, (n_tokens, width), scale=3.0)
+    q_w = ref.bf16_round((1.0 + 0.3 * rng.standard_normal(head_dim)).astype(np.float32))
+    k_w = ref.bf16_round((1.0 + 0.3 * rng.standard_normal(head_dim)).astype(np.float32))
+    rope = ref.rope_table(max_pos, head_dim, 1000000.0)
+    positions = rng.integers(0, max_pos, n_tokens).astype(np.int32)
+    positions[0], positions[1] = max_pos - 1, 0
+    positions[2] = max_pos  # out of range: no writes at all for this token
+    slots = rng.permutation(num_slots)[:n_tokens].astype(np.int32)
+    slots[3] = num_slots  # out of range: q written, K/V not
+    slots[4] = -5
+    slots[5] = num_slots - 1  # last slot of the last page
+    cache = rand_bf16(rng, (num_pages, 2, page_tokens, hkv, head_dim))  # prior contents must survive
+    d_qkv, d_qw, d_kw = dev.array(ref.bf16_bits(qkv)), dev.array(ref.bf16_bits(q_w)), dev.array(ref.bf16_bits(k_w))
+    d_rope, d_pos, d_slots = dev.array(rope), dev.array(positions), dev.array(slots)
+    d_q = dev.alloc(n_tokens * hq * head_dim * 2)
+    d_q.poison()
+    d_cache = dev.array(ref.bf16_bits(cache))
+    dev.kernel("kern_qk_norm_rope_kv").launch(
+        (n_tokens, hq + hkv),
+        (head_dim,),
+        [("p", d_qkv.ptr), ("p", d_qw.ptr), ("p", d_kw.ptr), ("p", d_rope.ptr), ("p", d_pos.ptr), ("p", d_slots.ptr),
+         ("p", d_q.ptr), ("p", d_cache.ptr), ("i", n_tokens), ("i", hq), ("i", hkv), ("i", head_dim),
+         ("i", page_tokens), ("i", max_pos), ("i", num_slots), ("f", eps)],
+    )
+    want_q = np.full((n_tokens, hq, head_dim), np.nan, dtype=np.float32)
+    want_cache = cache.copy()
+    ref.qk_norm_rope_kv(qkv, q_w, k_w, rope, positions, slots, want_q, want_cache, hq, hkv, head_dim, eps)
+    got_q = ref.from_bf16_bits(d_q.download(BF, (n_tokens, hq, head_dim)))
+    assert np.isnan(got_q[2]).all(), "q of a token with an out-of-range position was written"
+    keep = [t for t in range(n_tokens) if t != 2]
+    assert_close("q_out", got_q[keep], want_q[keep])
+    got_cache = ref.from_bf16_bits(d_cache.download(BF, cache.shape))
+    written = np.zeros(cache.shape[:3], dtype=bool)  # [page, k/v, offset]
+    for t in keep:
+        if 0 <= slots[t] < num_slots:
+            written[slots[t] // page_tokens, :, slots[t] % page_tokens] = True
+    np.testing.assert_array_equal(got_cache[~written], cache[~written], err_msg="cache slots not addressed were modified")
+    assert_close("kv_cache written slots", got_cache[written], want_cache[written])
+    v_written = written.copy()
+    v_written[:, 0] = False
+    np.testing.assert_array_equal(got_cache[v_written], want_cache[v_written], err_msg="V copy not exact")
+
+
+# -------------------------------------------------------------------------------------------- act
+
+
+@pytest.mark.parametrize("n_tokens,inter", [(1, 64), (5, 9728), (3, 37), (2, 1030)])
+def test_silu_mul(dev, n_tokens, inter):
+    rng = np.random.default_rng(inter + n_tokens)
+    gate_up = rand_bf16(rng, (n_tokens, 2 * inter), scale=4.0)
+    d_in = dev.array(ref.bf16_bits(gate_up))
+    d_out = dev.alloc(n_tokens * inter * 2)
+    d_out.poison()
+    dev.kernel("kern_silu_mul").launch(
+        (n_tokens, cdiv(inter, 1024)), (256,), [("p", d_in.ptr), ("p", d_out.ptr), ("i", n_tokens), ("i", inter)]
+    )
+    got = ref.from_bf16_bits(d_out.download(BF, (n_tokens, inter)))
+    assert_close("silu_mul", got, ref.silu_mul(gate_up), elem_rel=2.0**-7)
+
+
+# -------------------------------------------------------------------------------------- attention
+
+
+def make_paged_cache(rng, num_pages, page_tokens, hkv, head_dim, seq_lens, bt_stride):
+    """Random cache and a shuffled (non-identity) block table giving each sequence its own pages."""
+    cache = rand_bf16(rng, (num_pages, 2, page_tokens, hkv, head_dim))
+    perm = rng.permutation(num_pages)
+    block_table = np.full((len(seq_lens), bt_stride), -1, dtype=np.int32)
+    used = 0
+    for s, n in enumerate(seq_lens):
+        need = cdiv(n, page_tokens)
+        block_table[s, :need] = perm[used : used + need]
+        used += need
+    assert used <= num_pages
+    return cache, block_table
+
+
+ATTN_CONFIGS = [(4, 2, 32, 4), (4, 2, 64, 16), (4, 2, 128, 16), (8, 1, 128, 16), (32, 8, 128, 16)]
+
+
+@pytest.mark.parametrize("hq,hkv,head_dim,page_tokens", ATTN_CONFIGS)
+@pytest.mark.parametrize("split_tokens", [64, 96, 512])
+def test_attn_decode(dev, hq, hkv, head_dim, page_tokens, split_tokens):
+    rng = np.random.default_rng(hq * 31 + head_dim + page_tokens + split_tokens)
+    seq_lens = np.array([1, page_tokens - 1, page_tokens, page_tokens + 1, 3000, 200], dtype=np.int32)
+    seqs = len(seq_lens)
+    bt_stride = cdiv(int(seq_lens.max()), page_tokens) + 2
+    num_pages = sum(cdiv(int(n), page_tokens) for n in seq_lens) + 3
+    cache, block_table = make_paged_cache(rng, num_pages, page_tokens, hkv, head_dim, seq_lens, bt_stride)
+    q = rand_bf16(rng, (seqs, hq, head_dim))
+    q[-1] *= 8.0  # a peaky softmax for the last sequence
+    q = ref.bf16_round(q)
+    scale = head_dim**-0.5
+    num_splits = cdiv(int(seq_lens.max()), split_tokens) + 1  # one split past every context
+    d_q, d_cache = dev.array(ref.bf16_bits(q)), dev.array(ref.bf16_bits(cache))
+    d_bt, d_lens = dev.array(block_table), dev.array(seq_lens)
+    d_po = dev.alloc(seqs * hq * num_splits * head_dim * 4)
+    d_ml = dev.alloc(seqs * hq * num_splits * 2 * 4)
+    d_out = dev.alloc(seqs * hq * head_dim * 2)
+    for b in (d_po, d_ml, d_out):
+        b.poison()
+    dev.kernel("kern_attn_decode_partial").launch(
+        (hkv, num_splits, seqs),
+        (128,),
+        [("p", d_q.ptr), ("p", d_cache.ptr), ("p", d_bt.ptr), ("p", d_lens.ptr), ("p", d_po.ptr), ("p", d_ml.ptr),
+         ("i", hq), ("i", hkv), ("i", head_dim), ("i", page_tokens), ("i", bt_stride), ("i", split_tokens),
+         ("i", num_splits), ("f", scale)],
+    )
+    ml = d_ml.download(np.float32, (seqs, hq, num_splits, 2))
+    po = d_po.download(np.float32, (seqs, hq, num_splits, head_dim))
+    assert not np.isnan(ml).any(), "part_ml has unwritten entries"
+    assert not np.isnan(po).any(), "part_out has unwritten entries"
+    for s, n in enumerate(seq_lens):
+        empty = np.arange(num_splits) * split_tokens >= n
+        assert (ml[s, :, empty, 0] == -np.inf).all() and (ml[s, :, empty, 1] == 0).all(), f"seq {s}: empty split ml"
+        assert (ml[s, :, ~empty, 1] >= 1.0 - 1e-6).all(), f"seq {s}: non-empty split with sum of exp < 1"
+    dev.kernel("kern_attn_decode_reduce").launch(
+        (hq, seqs),
+        (head_dim,),
+        [("p", d_po.ptr), ("p", d_ml.ptr), ("p", d_lens.ptr), ("p", d_out.ptr), ("i", hq), ("i", head_dim),
+         ("i", split_tokens), ("i", num_splits)],
+    )
+    got = ref.from_bf16_bits(d_out.download(BF, (seqs, hq * head_dim)))
+    want = ref.attn_decode(q, cache, block_table, seq_lens, scale)
+    for s in range(seqs):
+        assert_close(f"decode seq {s} (ctx {seq_lens[s]})", got[s], want[s], elem_rel=2.0**-6, elem_abs=4e-3)
+
+
+@pytest.mark.parametrize("hq,hkv,head_dim,page_tokens", ATTN_CONFIGS)
+def test_attn_prefill(dev, hq, hkv, head_dim, page_tokens):
+    rng = np.random.default_rng(hq * 17 + head_dim + page_tokens)
+    # (cached prefix, chunk length): fresh prompt, chunk after a prefix, long prefix, single token,
+    # chunks ending on / just past page boundaries, a chunk longer than one 16-row query tile.
+    plan = [(0, 37), (50, 20), (3000, 17), (7, 1), (page_tokens - 1, 1), (0, page_tokens), (page_tokens, 33), (0, 130)]
+    q_lens = np.array([c for _, c in plan], dtype=np.int32)
+    seq_lens = np.array([p + c for p, c in plan], dtype=np.int32)
+    seqs = len(plan)
+    cu_seqlens = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+    total = int(cu_seqlens[-1])
+    bt_stride = cdiv(int(seq_lens.max()), page_tokens) + 1
+    num_pages = sum(cdiv(int(n), page_tokens) for n in seq_lens) + 2
+    cache, block_table = make_paged_cache(rng, num_pages, page_tokens, hkv, head_dim, seq_lens, bt_stride)
+    q = rand_bf16(rng, (total, hq, head_dim))
+    q[cu_seqlens[1] : cu_seqlens[2]] *= 6.0  # peaky rows
+    q = ref.bf16_round(q)
+    scale = head_dim**-0.5
+    d_q, d_cache = dev.array(ref.bf16_bits(q)), dev.array(ref.bf16_bits(cache))
+    d_bt, d_cu, d_lens = dev.array(block_table), dev.array(cu_seqlens), dev.array(seq_lens)
+    d_out = dev.alloc(total * hq * head_dim * 2)
+    d_out.poison()
+    dev.kernel("kern_attn_prefill").launch(
+        (cdiv(int(q_lens.max()), 16), hkv, seqs),
+        (128,),
+        [("p", d_q.ptr), ("p", d_cache.ptr), ("p", d_bt.ptr), ("p", d_cu.ptr), ("p", d_lens.ptr), ("p", d_out.ptr),
+         ("i", hq), ("i", hkv), ("i", head_dim), ("i", page_tokens), ("i", bt_stride), ("f", scale)],
+    )
+    got = ref.from_bf16_bits(d_out.download(BF, (total, hq * head_dim)))
+    want = ref.attn_prefill(q, cache, block_table, cu_seqlens, seq_lens, scale)
+    for s in range(seqs):
+        lo, hi = cu_seqlens[s], cu_seqlens[s + 1]
+        assert_close(f"prefill seq {s} (prefix {plan[s][0]}, chunk {plan[s][1]})", got[lo:hi], want[lo:hi],
+                     elem_rel=2.0**-5, elem_abs=8e-3)
+
+
+# ----------------------------------------------------------------------------------------- argmax
+
+
+def run_argmax(dev, logits, chunk):
+    rows, n = logits.shape
+    num_chunks = cdiv(n, chunk) + 1  # one empty chunk past the end
+    d_logits = dev.array(ref.bf16_bits(logits))
+    d_val, d_idx, d_out = dev.alloc(rows * num_chunks * 4), dev.alloc(rows * num_chunks * 4), dev.alloc(rows * 8)
+    for b in (d_val, d_idx, d_out):
+        b.poison()
+    dev.kernel("kern_argmax_partial").launch(
+        (num_chunks, rows), (256,),
+        [("p", d_logits.ptr), ("i", n), ("i", chunk), ("p", d_val.ptr), ("p", d_idx.ptr), ("i", num_chunks)],
+    )
+    dev.kernel("kern_argmax_final").launch(
+        (rows,), (256,), [("p", d_val.ptr), ("p", d_idx.ptr), ("i", num_chunks), ("p", d_out.ptr)]
+    )
+    return d_out.download(np.int64, (rows,))
+
+
+@pytest.mark.parametrize("n,chunk", [(151936, 1024), (151936, 4096), (1000, 100), (37, 8), (37, 5)])
+def test_argmax(dev, n, chunk):
+    rng = np.random.default_rng(n + chunk)
+    rows = 6
+    logits = rand_bf16(rng, (rows, n), scale=3.0)
+    # row 0: plain. row 1: a tie of the max at two places (smallest wins). row 2: NaNs incl. at the max's
+    # spot and first. row 3: all NaN (-> 0). row 4: all -inf (-> 0). row 5: -0.0 / +0.0 tie as the max.
+    top = logits[1].max() + 1.0
+    a, b = sorted(rng.choice(n, 2, replace=False))
+    logits[1, b] = top
+    logits[1, a] = top
+    logits[2, rng.choice(n, max(1, n // 10), replace=False)] = np.nan
+    logits[2, 0] = np.nan
+    logits[2, int(np.nanargmax(logits[2]))] = np.nan
+    logits[3] = np.nan
+    logits[4] = -np.inf
+    logits[5] = -np.abs(logits[5]) - 1.0
+    i, j = sorted(rng.choice(n, 2, replace=False))
+    logits[5, i], logits[5, j] = -0.0, 0.0
+    got = run_argmax(dev, logits, chunk)
+    want = ref.argmax(logits)
+    assert want[1] == a and want[5] == i
+    np.testing.assert_array_equal(got, want, err_msg=f"argmax rows differ: got {got.tolist()} want {want.tolist()}")

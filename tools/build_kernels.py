@@ -1,0 +1,231 @@
+"""Build kern's own kernels: kernels-src/*.cu -> kernels/<module>-<sha12>.cubin + kernels/kernels.json.
+
+Usage (from anywhere):
+    python tools/build_kernels.py            # build, add new cubins, rewrite kernels/kernels.json
+    python tools/build_kernels.py --check    # rebuild into a temp dir; fail unless hashes and ABI
+                                             # equal the committed kernels/kernels.json
+
+Each `kernels-src/<module>.cu` (headers `*.cuh` are included, not built) becomes one module compiled with
+`nvcc` FLAGS. The `kernels/` directory is append-only: a cubin already there is never rewritten or
+deleted, so old manifests keep loading. Each entry's parameter layout is read from the cubin itself
+(`cuobjdump -elf`, EIATTR_KPARAM_INFO), registers / shared / local bytes from `cuobjdump -res-usage`.
+Format: docs/kernels.md. Builds are reproducible: the same sources and toolchain give the same bytes
+(checked by --check; nvcc embeds no paths or timestamps in a -cubin without -G/-lineinfo).
+
+Tools: NVCC / CUOBJDUMP environment variables, else PATH, else $CUDA_HOME/bin and /usr/local/cuda/bin.
+(`cuobjdump` also comes as the `nvidia-cuda-cuobjdump` wheel: nvidia/cu13/bin/cuobjdump.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: make `tools` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tools.kernel_abi import parse_kparam_info, parse_res_usage  # noqa: E402
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+FORMAT = "kern-kernels/1"
+ARCH = "sm_90"
+# -cubin for one machine-code target; no -G / -lineinfo (they embed paths); fixed language standard.
+FLAGS = ("-cubin", f"-arch={ARCH}", "-O3", "-std=c++17")
+
+
+class BuildError(RuntimeError):
+    """A tool is missing, a compile failed, or a rebuild differs from what is committed."""
+
+
+@dataclass(frozen=True)
+class Toolchain:
+    nvcc: str
+    cuobjdump: str
+    version: str  # e.g. "Cuda compilation tools, release 13.0, V13.0.88"
+
+
+def _find_tool(name: str, env_var: str) -> str | None:
+    explicit = os.environ.get(env_var)
+    if explicit:
+        return explicit if Path(explicit).is_file() else None
+    found = shutil.which(name)
+    if found:
+        return found
+    for base in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+        if base and (Path(base) / "bin" / name).is_file():
+            return str(Path(base) / "bin" / name)
+    return None
+
+
+def find_toolchain() -> Toolchain:
+    """Locate nvcc and cuobjdump; raise BuildError naming what is missing."""
+    nvcc = _find_tool("nvcc", "NVCC")
+    cuobjdump = _find_tool("cuobjdump", "CUOBJDUMP")
+    if nvcc is None:
+        raise BuildError("nvcc not found (set NVCC=/path/to/nvcc or put it on PATH)")
+    if cuobjdump is None:
+        raise BuildError(
+            "cuobjdump not found (set CUOBJDUMP=/path/to/cuobjdump, put it on PATH, or install the "
+            "nvidia-cuda-cuobjdump wheel: nvidia/cu13/bin/cuobjdump)"
+        )
+    out = _run([nvcc, "--version"])
+    version = next((line.strip() for line in out.splitlines() if "release" in line), out.strip().splitlines()[-1])
+    return Toolchain(nvcc=nvcc, cuobjdump=cuobjdump, version=version)
+
+
+def _run(cmd: list[str], cwd: Path | None = None) -> str:
+    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise BuildError(f"{' '.join(cmd)} failed (exit {proc.returncode}):\n{proc.stdout}{proc.stderr}")
+    return proc.stdout
+
+
+def compile_module(tc: Toolchain, source: Path, out_cubin: Path) -> None:
+    """nvcc FLAGS source -o out_cubin, run from the source's directory with a relative source name."""
+    _run([tc.nvcc, *FLAGS, "-o", str(out_cubin), source.name], cwd=source.parent)
+
+
+def describe_cubin(tc: Toolchain, cubin: Path) -> dict[str, dict]:
+    """Entries of a cubin: {entry: {"params": [[offset, size], ...], "registers", "shared", "local",
+    "constants": {}}} from cuobjdump. Raises BuildError if an entry lacks resource usage."""
+    params = parse_kparam_info(_run([tc.cuobjdump, "-elf", str(cubin)]))
+    usage = parse_res_usage(_run([tc.cuobjdump, "-res-usage", str(cubin)]))
+    entries: dict[str, dict] = {}
+    for entry in sorted(set(params) | set(usage)):
+        if entry not in usage:
+            raise BuildError(f"{cubin.name}: entry {entry} has no resource usage line")
+        res = usage[entry]
+        entries[entry] = {
+            "params": params.get(entry, []),
+            "registers": res.get("REG", 0),
+            "shared": res.get("SHARED", 0),
+            "local": res.get("LOCAL", 0) + res.get("STACK", 0),
+            "constants": {},
+        }
+    return entries
+
+
+def sha256_file(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def build_all(src_dir: Path, out_dir: Path, tc: Toolchain, work_dir: Path, modules: list[str] | None = None) -> dict:
+    """Compile every src_dir/*.cu (or only the named modules) into work_dir, copy new cubins into
+    out_dir (never overwriting or deleting), and return the kernels.json document (not written)."""
+    sources = sorted(src_dir.glob("*.cu"))
+    if modules is not None:
+        missing = sorted(set(modules) - {s.stem for s in sources})
+        if missing:
+            raise BuildError(f"no source for module(s) {missing} in {src_dir}")
+        sources = [s for s in sources if s.stem in modules]
+    if not sources:
+        raise BuildError(f"no *.cu sources in {src_dir}")
+
+    def one(source: Path) -> tuple[str, dict]:
+        module = source.stem
+        tmp_cubin = work_dir / f"{module}.cubin"
+        compile_module(tc, source, tmp_cubin)
+        digest = sha256_file(tmp_cubin)
+        file_name = f"{module}-{digest[:12]}.cubin"
+        final = out_dir / file_name
+        if final.exists():
+            if sha256_file(final) != digest:
+                raise BuildError(f"{final} exists with different contents (sha12 collision or tampering)")
+        else:
+            shutil.copyfile(tmp_cubin, final)
+        try:
+            rel_source = source.resolve().relative_to(REPO_ROOT).as_posix()
+        except ValueError:
+            rel_source = source.as_posix()
+        return module, {
+            "file": file_name,
+            "sha256": digest,
+            "source": rel_source,
+            "flags": list(FLAGS),
+            "entries": describe_cubin(tc, tmp_cubin),
+        }
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with ThreadPoolExecutor(max_workers=min(8, len(sources))) as pool:
+        modules = dict(pool.map(one, sources))
+    return {"format": FORMAT, "toolchain": tc.version, "arch": ARCH, "modules": dict(sorted(modules.items()))}
+
+
+def write_json(doc: dict, path: Path) -> None:
+    """Indented JSON with each [offset, size] pair and each flag list kept on one line."""
+    text = json.dumps(doc, indent=2)
+    text = re.sub(r"\[\s*(-?\d+),\s*(-?\d+)\s*\]", r"[\1, \2]", text)
+    text = re.sub(r'"flags": \[[^\]]*\]', lambda m: '"flags": ' + json.dumps(json.loads(m.group(0)[9:])), text)
+    path.write_text(text + "\n")
+
+
+def check(src_dir: Path, kernels_dir: Path, tc: Toolchain, modules: list[str] | None = None) -> list[str]:
+    """Rebuild into a temp dir and compare with the committed kernels.json; return the differences."""
+    committed = json.loads((kernels_dir / "kernels.json").read_text())
+    if modules is not None:
+        committed["modules"] = {k: v for k, v in committed.get("modules", {}).items() if k in modules}
+    problems: list[str] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp_path = Path(tmp)
+        (tmp_path / "out").mkdir()
+        (tmp_path / "work").mkdir()
+        fresh = build_all(src_dir, tmp_path / "out", tc, tmp_path / "work", modules)
+    if committed.get("toolchain") != fresh["toolchain"]:
+        problems.append(f"toolchain: committed {committed.get('toolchain')!r}, here {fresh['toolchain']!r}")
+    old_modules, new_modules = committed.get("modules", {}), fresh["modules"]
+    for name in sorted(set(old_modules) | set(new_modules)):
+        old, new = old_modules.get(name), new_modules.get(name)
+        if old is None or new is None:
+            problems.append(f"module {name}: {'not committed' if old is None else 'no source any more'}")
+            continue
+        if old["sha256"] != new["sha256"]:
+            problems.append(f"module {name}: committed sha256 {old['sha256'][:12]}, rebuilt {new['sha256'][:12]}")
+        if old["entries"] != new["entries"]:
+            problems.append(f"module {name}: entry metadata differs from the rebuild")
+        cubin = kernels_dir / old["file"]
+        if not cubin.exists():
+            problems.append(f"module {name}: {cubin} missing")
+        elif sha256_file(cubin) != old["sha256"]:
+            problems.append(f"module {name}: {cubin} does not hash to the committed sha256")
+    return problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--src", type=Path, default=REPO_ROOT / "kernels-src", help="kernel sources (*.cu)")
+    parser.add_argument("--out", type=Path, default=REPO_ROOT / "kernels", help="cubins + kernels.json")
+    parser.add_argument("--check", action="store_true", help="verify the committed build is reproducible")
+    parser.add_argument("--modules", help="comma-separated module names to build (default: every *.cu)")
+    args = parser.parse_args(argv)
+    modules = [m for m in args.modules.split(",") if m] if args.modules else None
+    try:
+        tc = find_toolchain()
+        if args.check:
+            problems = check(args.src, args.out, tc, modules)
+            for problem in problems:
+                print(f"MISMATCH {problem}", file=sys.stderr)
+            print("kernels: check " + ("FAILED" if problems else "ok") + f" ({tc.version})")
+            return 1 if problems else 0
+        with tempfile.TemporaryDirectory() as work:
+            doc = build_all(args.src, args.out, tc, Path(work), modules)
+        write_json(doc, args.out / "kernels.json")
+        for name, module in doc["modules"].items():
+            print(f"{name:10s} {module['file']}  entries: {', '.join(module['entries'])}")
+        return 0
+    except BuildError as exc:
+        print(f"build_kernels: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,198 @@
+"""numpy references for kern's kernels (kernels-src/, contract in docs/kernels.md).
+
+Each reference computes in float64 (or float32 where the model computes in float32), rounding to bf16
+exactly where the kernel (and transformers' Qwen3 in bf16) rounds. bf16 values travel as float32 arrays
+holding bf16-representable numbers; `bf16_bits` / `from_bf16_bits` convert to and from the uint16 device
+representation. Import-light (numpy only) so CPU and GPU tests share it.
+
+KV cache arrays: [num_pages, 2, page_tokens, Hkv, D] (K then V per page), the device layout.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+# -------------------------------------------------------------------------------------- bf16 helpers
+
+
+def bf16_bits(x: np.ndarray) -> np.ndarray:
+    """float32 -> bf16 bits (uint16), round to nearest even; NaN stays a (quiet) NaN."""
+    f = np.ascontiguousarray(x, dtype=np.float32)
+    u = f.view(np.uint32).astype(np.uint64)
+    rounded = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    nan = np.isnan(f)
+    if nan.any():
+        rounded = np.where(nan, ((u >> 16) | 0x0040).astype(np.uint16), rounded)
+    return rounded
+
+
+def from_bf16_bits(b: np.ndarray) -> np.ndarray:
+    """bf16 bits (uint16) -> float32."""
+    return (np.asarray(b, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+def bf16_round(x: np.ndarray) -> np.ndarray:
+    """Round to bf16 precision (RNE), returned as float32."""
+    return from_bf16_bits(bf16_bits(np.asarray(x, dtype=np.float32)))
+
+
+def _bf(x: np.ndarray) -> np.ndarray:
+    """Round a float64 intermediate the way a bf16 op does: to fp32 first is exact enough, then bf16."""
+    return bf16_round(np.asarray(x, dtype=np.float64).astype(np.float32)).astype(np.float64)
+
+
+# ------------------------------------------------------------------------------------------ kernels
+
+
+def embed_gather(table: np.ndarray, token_ids: np.ndarray) -> np.ndarray:
+    """table [vocab, hidden], token_ids [n] -> [n, hidden]; ids outside [0, vocab) give zero rows."""
+    vocab, hidden = table.shape
+    ids = np.asarray(token_ids, dtype=np.int64)
+    ok = (ids >= 0) & (ids < vocab)
+    out = np.zeros((ids.shape[0], hidden), dtype=np.float32)
+    out[ok] = table[ids[ok]]
+    return out
+
+
+def add_rmsnorm(residual: np.ndarray, delta: np.ndarray | None, weight: np.ndarray, eps: float):
+    """residual/delta [n, hidden], weight [hidden] (bf16 values). Returns (new_residual, out), both
+    bf16-valued float32: r = bf16(residual + delta) (or residual), out = bf16(w * bf16(r * rsqrt(mean r^2 + eps)))."""
+    r = residual.astype(np.float64)
+    if delta is not None:
+        r = _bf(r + delta.astype(np.float64))
+    rs = 1.0 / np.sqrt(np.mean(r * r, axis=-1, keepdims=True) + eps)
+    out = _bf(weight.astype(np.float64) * _bf(r * rs))
+    return r.astype(np.float32), out.astype(np.float32)
+
+
+def rope_table(max_pos: int, head_dim: int, theta: float) -> np.ndarray:
+    """[max_pos, head_dim] float32: [cos(p f_i)] ++ [sin(p f_i)], f_i = 1/theta^(2i/D) in fp32 as
+    transformers computes it, each value rounded to bf16 precision."""
+    half = head_dim // 2
+    expo = (np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / np.float32(head_dim)).astype(np.float32)
+    inv_freq = (np.float32(1.0) / np.power(np.float32(theta), expo, dtype=np.float32)).astype(np.float32)
+    angle = (np.arange(max_pos, dtype=np.float32)[:, None] * inv_freq[None, :half]).astype(np.float32)
+    cos = np.cos(angle.astype(np.float64))
+    sin = np.sin(angle.astype(np.float64))
+    return bf16_round(np.concatenate([cos, sin], axis=1).astype(np.float32))
+
+
+def _head_norm_rope(x: np.ndarray, w: np.ndarray, cos: np.ndarray, sin: np.ndarray, eps: float) -> np.ndarray:
+    """x [..., D] bf16 values -> bf16(bf16(n*cos) + bf16(rotate_half(n)*sin)), n = Qwen3 RMSNorm of x."""
+    x = x.astype(np.float64)
+    rs = 1.0 / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
+    n = _bf(w.astype(np.float64) * _bf(x * rs))
+    half = x.shape[-1] // 2
+    rot = np.concatenate([-n[..., half:], n[..., :half]], axis=-1)
+    return _bf(_bf(n * cos) + _bf(rot * sin))
+
+
+def qk_norm_rope_kv(qkv, q_norm_w, k_norm_w, rope, positions, slot_mapping, q_out, kv_cache,
+                    num_q_heads, num_kv_heads, head_dim, eps):
+    """In-place reference of kern_qk_norm_rope_kv on numpy arrays.
+
+    qkv [n, (Hq + 2 Hkv) D]; rope [max_pos, D]; q_out [n, Hq, D] and kv_cache [pages, 2, pt, Hkv, D]
+    are updated in place (rows with an out-of-range position, or K/V with an out-of-range slot, are
+    left untouched).
+    """
+    hq, hkv, d = num_q_heads, num_kv_heads, head_dim
+    max_pos = rope.shape[0]
+    pages, _, page_tokens = kv_cache.shape[:3]
+    num_slots = pages * page_tokens
+    half = d // 2
+    for t in range(qkv.shape[0]):
+        pos = int(positions[t])
+        if not 0 <= pos < max_pos:
+            continue
+        cos = np.concatenate([rope[pos, :half], rope[pos, :half]]).astype(np.float64)
+        sin = np.concatenate([rope[pos, half:], rope[pos, half:]]).astype(np.float64)
+        row = qkv[t]
+        q = row[: hq * d].reshape(hq, d)
+        k = row[hq * d : (hq + hkv) * d].reshape(hkv, d)
+        v = row[(hq + hkv) * d :].reshape(hkv, d)
+        q_out[t] = _head_norm_rope(q, q_norm_w, cos, sin, eps)
+        slot = int(slot_mapping[t])
+        if 0 <= slot < num_slots:
+            page, off = divmod(slot, page_tokens)
+            kv_cache[page, 0, off] = _head_norm_rope(k, k_norm_w, cos, sin, eps)
+            kv_cache[page, 1, off] = v
+
+
+def silu_mul(gate_up: np.ndarray) -> np.ndarray:
+    """gate_up [n, 2I] -> bf16(bf16(silu(gate)) * up), [n, I]."""
+    inter = gate_up.shape[1] // 2
+    g = gate_up[:, :inter].astype(np.float64)
+    u = gate_up[:, inter:].astype(np.float64)
+    return _bf(_bf(g / (1.0 + np.exp(-g))) * u).astype(np.float32)
+
+
+def gather_kv(kv_cache: np.ndarray, block_table_row: np.ndarray, num_tokens: int):
+    """K, V of one sequence's first num_tokens tokens: two [num_tokens, Hkv, D] float64 arrays."""
+    page_tokens = kv_cache.shape[2]
+    tok = np.arange(num_tokens)
+    pages = np.asarray(block_table_row, dtype=np.int64)[tok // page_tokens]
+    offs = tok % page_tokens
+    return kv_cache[pages, 0, offs].astype(np.float64), kv_cache[pages, 1, offs].astype(np.float64)
+
+
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, positions: np.ndarray, scale: float) -> np.ndarray:
+    """Causal GQA attention in float64: q [n, Hq, D] at absolute positions [n]; k, v [ctx, Hkv, D];
+    query i attends to keys [0, positions[i]]. Returns [n, Hq * D]."""
+    n, hq, d = q.shape
+    hkv = k.shape[1]
+    group = hq // hkv
+    kk = np.repeat(k, group, axis=1)  # [ctx, Hq, D]
+    vv = np.repeat(v, group, axis=1)
+    scores = np.einsum("nhd,chd->hnc", q.astype(np.float64), kk) * scale  # [Hq, n, ctx]
+    ctx = k.shape[0]
+    mask = np.arange(ctx)[None, :] > np.asarray(positions)[:, None]  # [n, ctx]
+    scores = np.where(mask[None], -np.inf, scores)
+    scores -= scores.max(axis=-1, keepdims=True)
+    p = np.exp(scores)
+    p /= p.sum(axis=-1, keepdims=True)
+    out = np.einsum("hnc,chd->nhd", p, vv)
+    return out.reshape(n, hq * d)
+
+
+def attn_decode(q, kv_cache, block_table, seq_lens, scale):
+    """q [seqs, Hq, D] -> [seqs, Hq * D] float64; sequence s attends to its seq_lens[s] cached tokens."""
+    seqs, hq, d = q.shape
+    out = np.zeros((seqs, hq * d))
+    for s in range(seqs):
+        n_ctx = int(seq_lens[s])
+        if n_ctx <= 0:
+            continue
+        k, v = gather_kv(kv_cache, block_table[s], n_ctx)
+        out[s] = attention(q[s : s + 1], k, v, np.array([n_ctx - 1]), scale)[0]
+    return out
+
+
+def attn_prefill(q, kv_cache, block_table, cu_seqlens_q, seq_lens, scale):
+    """q [total, Hq, D] -> [total, Hq * D] float64; the chunk's rows of sequence s sit at the last
+    q_len positions of its seq_lens[s] tokens, all read from the cache."""
+    total, hq, d = q.shape
+    out = np.zeros((total, hq * d))
+    for s in range(len(seq_lens)):
+        lo, hi = int(cu_seqlens_q[s]), int(cu_seqlens_q[s + 1])
+        n_ctx = int(seq_lens[s])
+        if hi <= lo:
+            continue
+        k, v = gather_kv(kv_cache, block_table[s], n_ctx)
+        positions = n_ctx - (hi - lo) + np.arange(hi - lo)
+        out[lo:hi] = attention(q[lo:hi], k, v, positions, scale)
+    return out
+
+
+def argmax(logits: np.ndarray) -> np.ndarray:
+    """logits [rows, n] -> int64 [rows]: first index of the largest non-NaN value (NaN never wins;
+    -0.0 == +0.0 ties); an all-NaN row gives 0. Same as a CPU scan `if v > best` from the first number."""
+    x = np.asarray(logits, dtype=np.float32)
+    out = np.zeros(x.shape[0], dtype=np.int64)
+    for r in range(x.shape[0]):
+        row = x[r]
+        ok = ~np.isnan(row)
+        if not ok.any():
+            continue
+        best = row[ok].max()
+        out[r] = int(np.flatnonzero(ok & (row == best))[0])
+    return out
