@@ -1,0 +1,85 @@
+"""`kern-pool` command line: `kern-pool simulate TRACE [options]`. Parses options, calls simulate."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+from .simulate import SWEEP_TOKENS, SimConfig, SimResult, plot_sweep, simulate, sweep, trace_kind
+
+
+def _tokens(text: str) -> float:
+    if text.lower() in ("inf", "infinity", "all"):
+        return math.inf
+    value = float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"capacity must be > 0 tokens, got {text}")
+    return value
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="kern-pool", description="kern-pool: host-side KV pool tools")
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("simulate", help="replay a Mooncake-format trace through Pool + Prefix")
+    s.add_argument("trace", type=Path, help="JSONL trace (timestamp, input_length, output_length, hash_ids)")
+    s.add_argument("--capacity", type=_tokens, default=3e6, help="device pool tokens (default 3e6; 'inf' = all fit)")
+    s.add_argument("--host-tokens", type=int, default=0, help="host tier tokens (default 0: no host tier)")
+    s.add_argument("--page-tokens", type=int, default=512, help="tokens per page (default 512 = trace blocks)")
+    s.add_argument("--limit", type=int, default=None, help="replay only the first N requests")
+    s.add_argument("--reserve-output", action="store_true", help="lease room for output tokens as well")
+    s.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    s.add_argument("--sweep", action="store_true", help="sweep capacities 1e4..5e7 and inf")
+    s.add_argument("--png", type=Path, default=None, help="with --sweep: write the curve here (needs [plot])")
+    return p
+
+
+def _line(r: SimResult) -> str:
+    cap = "inf" if math.isinf(r.capacity_tokens) else f"{r.capacity_tokens:.0e}"
+    return (f"{cap:>6} {r.pool_pages:>8} {r.hit_rate:>8.3f} {r.request_hit_rate:>8.3f} {r.evictions:>9} "
+            f"{r.parks:>6} {r.wakes:>6} {r.peak_pages:>8} {r.refused_exceeds + r.refused_busy:>8}")
+
+
+HEADER = f"{'tokens':>6} {'pages':>8} {'hit_tok':>8} {'hit_req':>8} {'evictions':>9} {'parks':>6} {'wakes':>6} {'peak_pg':>8} {'refused':>8}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if not args.trace.is_file():
+        print(f"kern-pool: trace {args.trace} not found", file=sys.stderr)
+        return 2
+    cfg = SimConfig(args.capacity, args.host_tokens, args.page_tokens, args.limit, args.reserve_output)
+    if args.sweep:
+        results = []
+        if not args.json:
+            print(HEADER)
+        for r in sweep(args.trace, cfg, SWEEP_TOKENS):
+            results.append(r)
+            if not args.json:
+                print(_line(r), flush=True)
+        if args.json:
+            print(json.dumps([r.to_json() for r in results], indent=1))
+        if args.png is not None:
+            try:
+                plot_sweep(results, trace_kind(args.trace), args.png)
+            except RuntimeError as e:
+                print(f"kern-pool: {e}", file=sys.stderr)
+                return 3
+            print(f"wrote {args.png}", file=sys.stderr)
+        return 0
+    r = simulate(args.trace, cfg)
+    if args.json:
+        print(json.dumps(r.to_json(), indent=1))
+    else:
+        print(HEADER)
+        print(_line(r))
+        print(f"requests {r.requests}, input tokens {r.input_tokens}, hit tokens {r.hit_tokens} "
+              f"(host {r.host_hit_tokens}), parked drops {r.parked_drops}, hits dropped under pressure "
+              f"{r.dropped_hits} tokens")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,223 @@
+"""Handles the pool hands out: `Lease` (a live sequence) and `Checkpoint` (a kept prefix).
+
+A handle owns its references: closing it (explicitly, through `with`, or when it is dropped) returns
+them; a second close is a checked no-op that returns False. Chain nodes (`_Node`) hold one sealed page
+each and a reference to the node before it, so a sequence's checkpoints of any depth share one chain.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import TYPE_CHECKING, Any
+
+from .errors import Closed, Misuse
+from .plans import Copies
+
+if TYPE_CHECKING:
+    from .pool import Pool
+
+_NO_COPIES = Copies()
+
+
+class _Node:
+    """A sealed page in a shared chain: page `page_id` at page index `index` of its sequence.
+
+    `refs` counts direct holders: child nodes, leases whose chain ends here, checkpoints whose chain
+    ends here. `host` is a weak reference to the node's copy on the host tier (None when not parked).
+    """
+
+    __slots__ = ("page_id", "parent", "index", "refs", "host", "__weakref__")
+
+    def __init__(self, page_id: int, parent: _Node | None, index: int) -> None:
+        self.page_id = page_id
+        self.parent = parent
+        self.index = index
+        self.refs = 1
+        self.host: weakref.ref[Any] | None = None
+
+
+def node_at(tail: _Node | None, index: int) -> _Node | None:
+    """The node at page index `index` of the chain ending at `tail` (None for index -1)."""
+    if index < 0:
+        return None
+    node = tail
+    while node is not None and node.index > index:
+        node = node.parent
+    assert node is not None and node.index == index, "kern bug: chain shorter than its handle says"
+    return node
+
+
+def chain_pages(tail: _Node | None) -> list[int]:
+    """Page ids of the chain ending at `tail`, first page first."""
+    out: list[int] = []
+    node = tail
+    while node is not None:
+        out.append(node.page_id)
+        node = node.parent
+    out.reverse()
+    return out
+
+
+class Lease:
+    """A live sequence: sealed chain pages + its own pages + (where the model has per-seq state) one slot.
+
+    `prefix_tokens`: tokens inherited from a checkpoint / parent (never written by this lease).
+    `plan`: the `Copies` to execute before the first use. Positions below `frozen_tokens` (the prefix,
+    sealed pages, checkpointed lengths) are refused by `slot(pos)`.
+    """
+
+    __slots__ = (
+        "_pool", "_chain", "_pages", "_origins", "seq_slot_id", "prefix_tokens", "_frozen",
+        "_closed", "_hold", "plan", "paged", "__weakref__",
+    )
+
+    def __init__(self, pool: Pool, paged: bool) -> None:
+        self._pool = pool
+        self.paged = paged
+        self._chain: _Node | None = None
+        self._pages: list[int] = []
+        self._origins: dict[int, Any] | None = None
+        self.seq_slot_id: int | None = None
+        self.prefix_tokens = 0
+        self._frozen = 0
+        self._closed = False
+        self._hold: Any = None
+        self.plan = _NO_COPIES
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def sealed_pages(self) -> int:
+        """Pages at the front that are sealed into a shared chain (never written again)."""
+        return self._chain.index + 1 if self._chain is not None else 0
+
+    @property
+    def num_pages(self) -> int:
+        return self.sealed_pages + len(self._pages)
+
+    @property
+    def capacity_tokens(self) -> int:
+        """Tokens the lease's pages hold: `num_pages * page_tokens`."""
+        return self.num_pages * self._pool.page_tokens
+
+    @property
+    def frozen_tokens(self) -> int:
+        return max(self._frozen, self.sealed_pages * self._pool.page_tokens)
+
+    def page_ids(self) -> list[int]:
+        """Page ids in sequence order (the block-table row). Raises `Closed` after close."""
+        self._check()
+        return chain_pages(self._chain) + self._pages
+
+    def slot(self, pos: int) -> int:
+        """Slot-mapping value for writing position `pos`: `page_id * page_tokens + pos % page_tokens`.
+
+        Raises `Misuse` for a position before `frozen_tokens` (the prefix, a sealed page, a
+        checkpointed length), beyond the reserved pages, or on a slot-only lease; `Closed` after close.
+        """
+        self._check()
+        if not self.paged:
+            raise Misuse("slot(pos) on a slot-only lease: it has no pages")
+        if pos < self.frozen_tokens:
+            raise Misuse(f"position {pos} is below {self.frozen_tokens}: inherited, sealed or checkpointed")
+        page_tokens = self._pool.page_tokens
+        index = pos // page_tokens - self.sealed_pages
+        if index >= len(self._pages):
+            raise Misuse(f"position {pos} is beyond the lease's {self.capacity_tokens} tokens: grow it first")
+        return self._pages[index] * page_tokens + pos % page_tokens
+
+    def grow(self, num_tokens: int) -> None:
+        """Reserve pages for `num_tokens` tokens in total (see `Pool.grow`)."""
+        self._pool.grow(self, num_tokens)
+
+    def close(self) -> bool:
+        """Return every page, node and slot reference. True if this call released them."""
+        if self._closed:
+            return False
+        self._pool._release_lease(self)
+        return True
+
+    def _check(self) -> None:
+        if self._closed:
+            raise Closed("lease is closed (released or retired)")
+
+    def __enter__(self) -> Lease:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if not self._closed:
+            self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"{self.num_pages} pages, slot {self.seq_slot_id}"
+        return f"Lease(prefix={self.prefix_tokens}, {state})"
+
+
+class Checkpoint:
+    """A kept prefix of `num_tokens` tokens: a shared chain of full pages, the partial last page
+    (`tail_page_id`, shared, read only below `num_tokens`) and its own slot copy (`seq_slot_id`).
+
+    Only its holder releases it (`close`); the pool never evicts a checkpoint. `has_slot` is False for
+    pure-KV checkpoints, which `lease_from` may also resume at a shorter length.
+    """
+
+    __slots__ = (
+        "_pool", "_chain", "tail_page_id", "seq_slot_id", "num_tokens", "paged", "_closed", "plan",
+        "__weakref__",
+    )
+
+    def __init__(self, pool: Pool, num_tokens: int, paged: bool) -> None:
+        self._pool = pool
+        self.num_tokens = num_tokens
+        self.paged = paged
+        self._chain: _Node | None = None
+        self.tail_page_id: int | None = None
+        self.seq_slot_id: int | None = None
+        self._closed = False
+        self.plan = _NO_COPIES
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def has_slot(self) -> bool:
+        return self.seq_slot_id is not None
+
+    @property
+    def num_pages(self) -> int:
+        return (self._chain.index + 1 if self._chain is not None else 0) + (self.tail_page_id is not None)
+
+    def page_ids(self) -> list[int]:
+        """Page ids in sequence order. Raises `Closed` after close."""
+        if self._closed:
+            raise Closed("checkpoint is closed")
+        pages = chain_pages(self._chain)
+        if self.tail_page_id is not None:
+            pages.append(self.tail_page_id)
+        return pages
+
+    def close(self) -> bool:
+        """Return the chain, tail page and slot references. True if this call released them."""
+        if self._closed:
+            return False
+        self._pool._release_checkpoint(self)
+        return True
+
+    def __enter__(self) -> Checkpoint:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if not self._closed:
+            self.close()
+
+    def __repr__(self) -> str:
+        return f"Checkpoint({self.num_tokens} tokens{', closed' if self._closed else ''})"

@@ -1,0 +1,400 @@
+"""Host tier accounting: pinned host pages and slots, parked chains, park / wake plans.
+
+A host page holds one page of every paged state end to end, a host slot one slot of every per-seq
+state; the executor lays host pages first, then host slots, in one pinned allocation, and kern-pool
+only counts unit ids. Parked pages form chains like device pages (one `HostNode` per full page);
+device chain nodes keep a weak link to their host copy, so parking the next turn of a session copies
+only its new pages, and a woken session parked again copies no full page at all.
+
+Flow: `room(checkpoint)` reserves host units (or refuses, handing the checkpoint back), `park(room)`
+returns a `Parked` with the device->host plan (the device pages return when it `land()`s),
+`wake(parked, num_tokens, tokens)` returns a `Waking` whose lease is usable only after `land()`.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+from .errors import Busy, Closed, ExceedsPool, Misuse, NotLanded
+from .handles import Checkpoint, Lease, _Node
+from .plans import Copies, HostCopies, PageCopy, SlotCopy
+from .pool import Pool
+from .sizing import Layout
+
+
+def host_split(host_bytes: int, layout: Layout, turn_tokens: int) -> tuple[int, int]:
+    """Split `host_bytes` of pinned memory into (host pages, host slots).
+
+    One unit = `ceil(turn_tokens / page_tokens)` pages plus one slot (one per-seq state copy per
+    session turn); without per-seq states every byte goes to pages, without paged states to slots.
+    Raises `Misuse` for a non-positive turn length.
+    """
+    if turn_tokens <= 0:
+        raise Misuse(f"turn_tokens must be > 0, got {turn_tokens}")
+    page_bytes, slot_bytes = sum(layout.page_bytes), sum(layout.slot_bytes)
+    if not slot_bytes:
+        return host_bytes // page_bytes, 0
+    if not page_bytes:
+        return 0, host_bytes // slot_bytes
+    turn_pages = -(-turn_tokens // layout.page_tokens)
+    units = host_units(host_bytes, layout, turn_tokens)
+    return units * turn_pages, units
+
+
+def host_units(host_bytes: int, layout: Layout, turn_tokens: int) -> int:
+    """Whole (turn pages + one slot) units in `host_bytes` (pages alone without per-seq states)."""
+    if turn_tokens <= 0:
+        raise Misuse(f"turn_tokens must be > 0, got {turn_tokens}")
+    page_bytes, slot_bytes = sum(layout.page_bytes), sum(layout.slot_bytes)
+    turn_pages = -(-turn_tokens // layout.page_tokens) if page_bytes else 0
+    unit = turn_pages * page_bytes + slot_bytes
+    return host_bytes // unit
+
+
+class HostNode:
+    """A parked full page: host page `page_id`, the node before it, and its direct holders `refs`."""
+
+    __slots__ = ("page_id", "parent", "refs", "alive", "__weakref__")
+
+    def __init__(self, page_id: int, parent: HostNode | None) -> None:
+        self.page_id = page_id
+        self.parent = parent
+        self.refs = 1
+        self.alive = True
+
+
+def _live_host(node: _Node) -> HostNode | None:
+    ref = node.host
+    if ref is None:
+        return None
+    host_node = ref()
+    return host_node if host_node is not None and host_node.alive else None
+
+
+class Room:
+    """Host units reserved for parking one checkpoint; `close()` gives them back unused."""
+
+    __slots__ = ("_host", "checkpoint", "_pages", "_slot", "_shared", "_new", "_closed")
+
+    def __init__(self, host: Host, checkpoint: Checkpoint, pages: list[int], slot: int | None,
+                 shared: HostNode | None, new: list[_Node]) -> None:
+        self._host = host
+        self.checkpoint = checkpoint
+        self._pages = pages
+        self._slot = slot
+        self._shared = shared
+        self._new = new
+        self._closed = False
+
+    @property
+    def num_host_pages(self) -> int:
+        return len(self._pages)
+
+    def close(self) -> bool:
+        if self._closed:
+            return False
+        self._closed = True
+        self._host._reserved -= len(self._pages) + (self._slot is not None)
+        self._host._free_pages.extend(reversed(self._pages))
+        if self._slot is not None:
+            self._host._free_slots.append(self._slot)
+        self._pages, self._slot = [], None
+        return True
+
+    def __enter__(self) -> Room:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Parked:
+    """A checkpoint's copy on the host: `num_tokens`, `has_slot`, host page ids, `plan` (device->host).
+
+    Until `land()` it also holds the device checkpoint (the copy reads its pages); landing closes it.
+    `close()` returns the host units (and the checkpoint if still held).
+    """
+
+    __slots__ = ("_host", "num_tokens", "_chain", "tail_page_id", "slot_id", "_has_slot", "plan",
+                 "_checkpoint", "_closed", "__weakref__")
+
+    def __init__(self, host: Host, num_tokens: int, has_slot: bool) -> None:
+        self._host = host
+        self.num_tokens = num_tokens
+        self._has_slot = has_slot
+        self._chain: HostNode | None = None
+        self.tail_page_id: int | None = None
+        self.slot_id: int | None = None
+        self.plan = HostCopies("park")
+        self._checkpoint: Checkpoint | None = None
+        self._closed = False
+
+    @property
+    def has_slot(self) -> bool:
+        return self._has_slot
+
+    @property
+    def landed(self) -> bool:
+        return self._checkpoint is None
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def host_page_ids(self) -> list[int]:
+        out: list[int] = []
+        node = self._chain
+        while node is not None:
+            out.append(node.page_id)
+            node = node.parent
+        out.reverse()
+        if self.tail_page_id is not None:
+            out.append(self.tail_page_id)
+        return out
+
+    def land(self) -> None:
+        """The executor reports the park copies done: the device checkpoint is released."""
+        cp, self._checkpoint = self._checkpoint, None
+        if cp is not None:
+            cp.close()
+
+    def close(self) -> bool:
+        if self._closed:
+            return False
+        self._closed = True
+        self.land()
+        self._host._release_parked(self)
+        return True
+
+    def __enter__(self) -> Parked:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if not self._closed:
+            self.close()
+
+    def __repr__(self) -> str:
+        return f"Parked({self.num_tokens} tokens{', closed' if self._closed else ''})"
+
+
+class Waking:
+    """A lease being filled from the host. `plan` is host->device; `lease` raises `NotLanded` until
+    the executor reports `land()`. `close()` before taking the lease releases it."""
+
+    __slots__ = ("_lease", "plan", "_landed", "_taken")
+
+    def __init__(self, lease: Lease, plan: HostCopies) -> None:
+        self._lease = lease
+        self.plan = plan
+        self._landed = False
+        self._taken = False
+
+    @property
+    def landed(self) -> bool:
+        return self._landed
+
+    def land(self) -> None:
+        self._landed = True
+
+    @property
+    def lease(self) -> Lease:
+        if not self._landed:
+            raise NotLanded("wake copies have not landed: the lease is not usable yet")
+        self._taken = True
+        return self._lease
+
+    def close(self) -> bool:
+        if self._taken:
+            return False
+        self._taken = True
+        return self._lease.close()
+
+
+class Host:
+    """Pinned host tier of `num_pages` host pages and `num_slots` host slots for one pool."""
+
+    def __init__(self, pool: Pool, num_pages: int, num_slots: int = 0) -> None:
+        if num_pages < 0 or num_slots < 0:
+            raise Misuse(f"host sizes must be >= 0, got {num_pages} pages, {num_slots} slots")
+        self.pool = pool
+        self.num_pages = num_pages
+        self.num_slots = num_slots
+        self._free_pages = list(range(num_pages - 1, -1, -1))
+        self._free_slots = list(range(num_slots - 1, -1, -1))
+        self._parked: weakref.WeakSet[Parked] = weakref.WeakSet()
+        self._reserved = 0  # host units held by open rooms
+
+    @classmethod
+    def from_bytes(cls, pool: Pool, host_bytes: int, turn_tokens: int) -> Host:
+        """A host tier of `host_bytes` split by `host_split`."""
+        pages, slots = host_split(host_bytes, pool.layout, turn_tokens)
+        return cls(pool, pages, slots)
+
+    @property
+    def free_pages(self) -> int:
+        return len(self._free_pages)
+
+    @property
+    def free_slots(self) -> int:
+        return len(self._free_slots)
+
+    def room(self, checkpoint: Checkpoint) -> Room:
+        """Reserve host units for `checkpoint`: pages not already on the host (weak links) + slot.
+
+        Raises `Busy` (host full: drop a parked entry; `err.checkpoint` is the untouched checkpoint),
+        `ExceedsPool` (it can never fit on the host), `Closed`.
+        """
+        if checkpoint.closed:
+            raise Closed("room() for a closed checkpoint")
+        new: list[_Node] = []
+        node = checkpoint._chain
+        shared = None
+        while node is not None:
+            shared = _live_host(node)
+            if shared is not None:
+                break
+            new.append(node)
+            node = node.parent
+        new.reverse()
+        n_pages = len(new) + (checkpoint.tail_page_id is not None)
+        n_slots = 1 if checkpoint.has_slot else 0
+        if n_pages > self.num_pages or n_slots > self.num_slots:
+            raise ExceedsPool(f"{n_pages} host pages + {n_slots} slots exceed the host's {self.num_pages} + {self.num_slots}")
+        if n_pages > len(self._free_pages) or n_slots > len(self._free_slots):
+            raise Busy(f"host full: need {n_pages} pages + {n_slots} slots, free {len(self._free_pages)} + "
+                       f"{len(self._free_slots)}", checkpoint=checkpoint)
+        pages = [self._free_pages.pop() for _ in range(n_pages)]
+        slot = self._free_slots.pop() if n_slots else None
+        self._reserved += n_pages + n_slots
+        return Room(self, checkpoint, pages, slot, shared, new)
+
+    def park(self, room: Room) -> Parked:
+        """Copy the room's checkpoint to the host. The plan lists only pages not already there."""
+        if room._closed:
+            raise Closed("park() with a closed room")
+        cp = room.checkpoint
+        if cp.closed:
+            room.close()
+            raise Closed("the checkpoint was closed after room()")
+        parked = Parked(self, cp.num_tokens, cp.has_slot)
+        pages = list(room._pages)
+        copies: list[PageCopy] = []
+        chain = room._shared
+        if chain is not None:
+            chain.refs += 1
+        for dev in room._new:
+            host_page = pages.pop(0)
+            chain = HostNode(host_page, chain)  # the new node holds its parent's reference
+            dev.host = weakref.ref(chain)
+            copies.append(PageCopy(dev.page_id, host_page))
+        parked._chain = chain
+        if cp.tail_page_id is not None:
+            parked.tail_page_id = pages.pop(0)
+            copies.append(PageCopy(cp.tail_page_id, parked.tail_page_id))
+        slot_copies: tuple[SlotCopy, ...] = ()
+        if room._slot is not None:
+            parked.slot_id = room._slot
+            slot_copies = (SlotCopy(cp.seq_slot_id, room._slot),)  # type: ignore[arg-type]
+        assert not pages, "kern bug: room reserved more host pages than the park used"
+        self._reserved -= len(room._pages) + (room._slot is not None)
+        room._pages, room._slot, room._closed = [], None, True
+        parked.plan = HostCopies("park", tuple(copies), slot_copies)
+        parked._checkpoint = cp
+        self._parked.add(parked)
+        return parked
+
+    def park_now(self, checkpoint: Checkpoint) -> Parked:
+        """room + park + land in one step (copies ordered on the compute stream): the device pages
+        return at once. Raises like `room`."""
+        parked = self.park(self.room(checkpoint))
+        parked.land()
+        return parked
+
+    def wake(self, parked: Parked, num_tokens: int, lease_tokens: int, *, hold: Any = None) -> Waking:
+        """Lease `lease_tokens` tokens of pages and fill the first `num_tokens` from `parked`.
+
+        Only the pages covering `num_tokens` are copied (a partial hit wakes only what it needs), each
+        page from its host copy. `hold` is closed with the lease. Raises `Closed`, `Misuse`, and the
+        pool's refusals (a refusal changes nothing).
+        """
+        if parked.closed:
+            raise Closed("wake() of a closed parked entry")
+        if not 0 <= num_tokens <= parked.num_tokens or lease_tokens < num_tokens:
+            raise Misuse(f"wake {num_tokens} of {parked.num_tokens} tokens into a lease of {lease_tokens}")
+        if num_tokens < parked.num_tokens and parked.has_slot:
+            raise Misuse("a parked entry with per-seq state wakes only at its full length")
+        lease = self.pool.lease(lease_tokens)
+        P = self.pool.page_tokens
+        full, partial = divmod(num_tokens, P)
+        nodes: list[HostNode] = []
+        node = parked._chain
+        while node is not None:
+            nodes.append(node)
+            node = node.parent
+        nodes.reverse()
+        host_pages = [n.page_id for n in nodes] + ([parked.tail_page_id] if parked.tail_page_id is not None else [])
+        dev_pages = lease.page_ids()
+        needed = full + (1 if partial else 0)
+        copies = tuple(PageCopy(host_pages[i], dev_pages[i]) for i in range(needed))
+        slot_copies: tuple[SlotCopy, ...] = ()
+        if parked.slot_id is not None and lease.seq_slot_id is not None:
+            slot_copies = (SlotCopy(parked.slot_id, lease.seq_slot_id),)
+            lease.plan = Copies()
+        lease._origins = {i: nodes[i] for i in range(full)}
+        lease.prefix_tokens = lease._frozen = num_tokens
+        lease._hold = hold
+        return Waking(lease, HostCopies("wake", copies, slot_copies))
+
+    def _release_parked(self, parked: Parked) -> None:
+        node = parked._chain
+        parked._chain = None
+        while node is not None:
+            node.refs -= 1
+            assert node.refs >= 0, "kern bug: host node released more often than held"
+            if node.refs:
+                break
+            node.alive = False
+            self._free_pages.append(node.page_id)
+            node = node.parent
+        if parked.tail_page_id is not None:
+            self._free_pages.append(parked.tail_page_id)
+            parked.tail_page_id = None
+        if parked.slot_id is not None:
+            self._free_slots.append(parked.slot_id)
+            parked.slot_id = None
+
+    def check(self) -> None:
+        """Assert host accounting (kern bugs): node refs = holders, every unit free xor held once."""
+        held_pages: list[int] = []
+        held_slots: list[int] = []
+        refs: dict[int, int] = {}
+        nodes: dict[int, HostNode] = {}
+        for p in list(self._parked):
+            if p.closed:
+                continue
+            if p._chain is not None:
+                refs[id(p._chain)] = refs.get(id(p._chain), 0) + 1
+            node = p._chain
+            while node is not None and id(node) not in nodes:
+                assert node.alive, "kern bug: parked chain holds a dead host node"
+                nodes[id(node)] = node
+                held_pages.append(node.page_id)
+                if node.parent is not None:
+                    refs[id(node.parent)] = refs.get(id(node.parent), 0) + 1
+                node = node.parent
+            if p.tail_page_id is not None:
+                held_pages.append(p.tail_page_id)
+            if p.slot_id is not None:
+                held_slots.append(p.slot_id)
+        for key, node in nodes.items():
+            assert node.refs == refs.get(key, 0), "kern bug: host node refs differ from holders"
+        for held, free in ((held_pages, self._free_pages), (held_slots, self._free_slots)):
+            assert len(set(free)) == len(free), "kern bug: duplicate free host unit"
+            assert len(set(held)) == len(held), "kern bug: host unit held twice"
+            assert not set(held) & set(free), "kern bug: host unit both free and held"
+        total = len(held_pages) + len(self._free_pages) + len(held_slots) + len(self._free_slots) + self._reserved
+        assert total == self.num_pages + self.num_slots, "kern bug: host units leaked"

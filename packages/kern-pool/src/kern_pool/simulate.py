@@ -1,0 +1,270 @@
+"""Trace replay: Mooncake-format requests through Pool + Prefix (+ Host) at a given capacity.
+
+Each request is served in file order, one at a time, with no timing (as in the FAST'25 paper's
+Figure 9 and the helper baseline in traces/README.md): look the prompt up, lease from the hit (or wake
+it from the host), evict coldest entries while the pool says `Busy`, then retire the lease at the
+prompt length and insert the checkpoint. Tokens are synthesized from `hash_ids` so that prefix sharing
+is exact: block i of a request is `(hash_ids[i], 0, 0, ...)` (512 tokens, the last block truncated to
+`input_length`); two requests share a token prefix exactly as far as their leading hash ids agree.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from .errors import Busy, ExceedsPool, Remapping
+from .host import Host
+from .pool import Pool
+from .prefix import Prefix, Resident
+from .sizing import Capacity, Layout, PooledState
+
+TRACE_BLOCK_TOKENS = 512  # tokens per hash id in the Mooncake traces
+QWEN3_4B_BYTES_PER_TOKEN = 36 * 8 * 128 * 2 * 2  # layers * kv heads * head_dim * (K, V) * bf16 = 144 KiB
+
+# Published (FAST'25 Figure 9, read off the plot, +-0.02) and helper-baseline (traces/README.md) points:
+# capacity in tokens -> hit rate by tokens. math.inf stands for "everything fits".
+PUBLISHED = {
+    "conversation": ((1e4, .045), (1e5, .07), (1e6, .09), (2e6, .12), (3e6, .165), (1e7, .33), (5e7, .40), (1e9, .40)),
+    "synthetic": ((1e4, .00), (1e5, .012), (1e6, .15), (2e6, .23), (3e6, .30), (1e7, .59), (5e7, .66), (1e9, .66)),
+}
+BASELINE = {
+    "conversation": ((1e4, .026), (1e5, .043), (1e6, .054), (2e6, .086), (3e6, .138), (5e6, .210), (1e7, .291),
+                     (2e7, .358), (5e7, .371), (math.inf, .374)),
+    "synthetic": ((1e4, .000), (1e5, .012), (1e6, .142), (2e6, .232), (3e6, .315), (5e6, .428), (1e7, .577),
+                  (2e7, .651), (5e7, .651), (math.inf, .651)),
+}
+SWEEP_TOKENS = (1e4, 1e5, 1e6, 2e6, 3e6, 5e6, 1e7, 2e7, 5e7, math.inf)
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    input_length: int
+    output_length: int
+    hash_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    """One replay. `capacity_tokens`: device pool tokens (math.inf: everything fits); `host_tokens`:
+    host tier tokens (0: none); `page_tokens`: pool page size; `limit`: first N requests only;
+    `reserve_output`: lease room for the output tokens too (the checkpoint still keeps the prompt)."""
+
+    capacity_tokens: float
+    host_tokens: int = 0
+    page_tokens: int = TRACE_BLOCK_TOKENS
+    limit: int | None = None
+    reserve_output: bool = False
+    bytes_per_token: int = QWEN3_4B_BYTES_PER_TOKEN
+
+
+@dataclass(frozen=True, slots=True)
+class SimResult:
+    """Counts of one replay; rates are derived properties."""
+
+    trace: str
+    capacity_tokens: float
+    pool_pages: int
+    host_pages: int
+    page_tokens: int
+    requests: int
+    input_tokens: int
+    hit_tokens: int
+    host_hit_tokens: int
+    hit_requests: int
+    evictions: int
+    parks: int
+    wakes: int
+    parked_drops: int
+    peak_pages: int
+    refused_exceeds: int
+    refused_busy: int
+    dropped_hits: int
+
+    @property
+    def hit_rate(self) -> float:
+        """Hit tokens / input tokens (the paper's and the helper's measure)."""
+        return self.hit_tokens / self.input_tokens if self.input_tokens else 0.0
+
+    @property
+    def request_hit_rate(self) -> float:
+        return self.hit_requests / self.requests if self.requests else 0.0
+
+    def to_json(self) -> dict[str, object]:
+        out: dict[str, object] = asdict(self)
+        if math.isinf(self.capacity_tokens):
+            out["capacity_tokens"] = "inf"
+        out["hit_rate"] = round(self.hit_rate, 6)
+        out["request_hit_rate"] = round(self.request_hit_rate, 6)
+        return out
+
+
+def read_trace(path: Path, limit: int | None = None) -> list[Request]:
+    """Requests of a Mooncake JSONL trace, in file order (first `limit` lines when given)."""
+    out: list[Request] = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if limit is not None and len(out) >= limit:
+                break
+            if line.strip():
+                d = json.loads(line)
+                out.append(Request(int(d["input_length"]), int(d.get("output_length", 0)), tuple(d["hash_ids"])))
+    return out
+
+
+def synth_tokens(req: Request, block_tokens: int = TRACE_BLOCK_TOKENS) -> tuple[int, ...]:
+    """Token ids for a request: block i is (hash_ids[i], 0, ..., 0), cut to `input_length` tokens."""
+    pad = (0,) * (block_tokens - 1)
+    toks: list[int] = []
+    for h in req.hash_ids:
+        toks.append(h)
+        toks.extend(pad)
+    del toks[req.input_length:]
+    return tuple(toks)
+
+
+def trace_kind(path: Path) -> str | None:
+    """'conversation' / 'synthetic' from the file name, for picking the reference points."""
+    name = path.name.lower()
+    return next((k for k in PUBLISHED if k in name), None)
+
+
+def _build(cfg: SimConfig, requests: list[Request]) -> tuple[Pool, Host | None]:
+    cap = cfg.capacity_tokens
+    if math.isinf(cap):
+        cap = sum(r.input_length + (r.output_length if cfg.reserve_output else 0) for r in requests) + cfg.page_tokens
+    state = PooledState("kv", bytes_per_token=cfg.bytes_per_token, page_tokens=cfg.page_tokens)
+    layout = Layout.from_capacity([state], Capacity(tokens=int(cap), seqs=1))
+    pool = Pool(layout)
+    host = Host(pool, cfg.host_tokens // cfg.page_tokens) if cfg.host_tokens else None
+    return pool, host
+
+
+def simulate(path: Path, cfg: SimConfig, requests: list[Request] | None = None) -> SimResult:
+    """Replay the trace at `path` (or the given `requests`) under `cfg`. Deterministic."""
+    reqs = requests if requests is not None else read_trace(path, cfg.limit)
+    pool, host = _build(cfg, reqs)
+    prefix: Prefix = Prefix()
+    c = dict(hit_tokens=0, host_hit_tokens=0, hit_requests=0, evictions=0, parks=0, wakes=0, parked_drops=0,
+             peak_pages=0, refused_exceeds=0, refused_busy=0, dropped_hits=0, input_tokens=0)
+
+    def park(cp):  # type: ignore[no-untyped-def]
+        assert host is not None
+        while True:
+            try:
+                parked = host.park_now(cp)
+            except Busy:
+                if not prefix.evict_parked():
+                    return None
+                c["parked_drops"] += 1
+                continue
+            except ExceedsPool:
+                return None
+            c["parks"] += 1
+            return parked
+
+    park_fn = park if host is not None else None
+    for req in reqs:
+        toks = synth_tokens(req)
+        n = len(toks)
+        c["input_tokens"] += n
+        want = n + (req.output_length if cfg.reserve_output else 0)
+        hit = prefix.lookup(toks)
+        got = hit.num_tokens if hit is not None else 0
+        lease = None
+        while True:
+            try:
+                if hit is None:
+                    lease = pool.lease(want)
+                elif hit.tier is Resident:
+                    lease = pool.lease_from(hit.kept, want, prefix_tokens=got, hold=hit)
+                else:
+                    assert host is not None
+                    waking = host.wake(hit.kept, got, want, hold=hit)
+                    waking.land()
+                    lease = waking.lease
+                    c["wakes"] += 1
+                break
+            except Remapping as r:
+                pool.land(r.plan)
+            except Busy:
+                if prefix.evict(park_fn) is not None:
+                    c["evictions"] += 1
+                elif hit is not None:  # only the held hit blocks: serve without it
+                    hit.close()
+                    hit = None
+                    c["dropped_hits"] += got
+                    got = 0
+                else:
+                    c["refused_busy"] += 1
+                    break
+            except ExceedsPool:
+                c["refused_exceeds"] += 1
+                break
+        if got:
+            c["hit_tokens"] += got
+            c["hit_requests"] += 1
+            if hit is not None and hit.tier is not Resident:
+                c["host_hit_tokens"] += got
+        if lease is None:
+            if hit is not None:
+                hit.close()
+            continue
+        c["peak_pages"] = max(c["peak_pages"], pool.held_pages)
+        cp = pool.retire(lease, n)
+        assert cp is not None
+        prefix.insert(toks, cp)
+    return SimResult(
+        trace=path.name,
+        capacity_tokens=cfg.capacity_tokens,
+        pool_pages=pool.leasable_pages,
+        host_pages=host.num_pages if host else 0,
+        page_tokens=cfg.page_tokens,
+        requests=len(reqs),
+        **c,
+    )
+
+
+def sweep(path: Path, cfg: SimConfig, capacities: tuple[float, ...] = SWEEP_TOKENS) -> Iterator[SimResult]:
+    """`simulate` at each capacity (the trace is read once)."""
+    reqs = read_trace(path, cfg.limit)
+    for cap in capacities:
+        yield simulate(path, SimConfig(cap, cfg.host_tokens, cfg.page_tokens, cfg.limit, cfg.reserve_output,
+                                       cfg.bytes_per_token), reqs)
+
+
+def plot_sweep(results: list[SimResult], kind: str | None, out_png: Path) -> None:
+    """Hit rate vs capacity (log x) beside the published and baseline points. Needs matplotlib
+    (`pip install 'kern-pool[plot]'`); raises `RuntimeError` with that hint when it is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise RuntimeError("plotting needs matplotlib: pip install 'kern-pool[plot]'") from e
+    finite = [r.capacity_tokens for r in results if not math.isinf(r.capacity_tokens)]
+    inf_x = (max(finite) if finite else 1e7) * 4
+
+    def x(v: float) -> float:
+        return inf_x if math.isinf(v) else v
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ax.plot([x(r.capacity_tokens) for r in results], [r.hit_rate for r in results], "o-", label="kern-pool (this run)")
+    if kind is not None:
+        pub = PUBLISHED[kind]
+        ax.plot([p[0] for p in pub], [p[1] for p in pub], "s--", label="FAST'25 Fig. 9 (read off, +-0.02)")
+        base = BASELINE[kind]
+        ax.plot([x(p[0]) for p in base], [p[1] for p in base], "^:", label="helper baseline (block LRU)")
+    ax.set_xscale("log")
+    ax.set_xlabel("cache capacity (tokens; rightmost = everything fits)")
+    ax.set_ylabel("prefix hit rate (tokens)")
+    ax.set_title(f"{results[0].trace if results else ''}")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=120)
+    plt.close(fig)

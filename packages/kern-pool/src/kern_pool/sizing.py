@@ -1,0 +1,210 @@
+"""Block size, capacity and the layout of the pooled states.
+
+Source of the rules: the original runtime spec (state memory, K1b) and ARCHITECTURE.md section 5.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .errors import ExceedsPool, Misuse
+
+MIB = 1 << 20
+GIB = 1 << 30
+GRANULARITY_BYTES = 2 * MIB  # cuMemGetAllocationGranularity on current NVIDIA GPUs
+MAX_BLOCK_BYTES = 64 * MIB  # driver cost of a pool operation is per block: keep blocks few
+HEADROOM_BYTES = 1 * GIB  # left free when `Capacity.tokens is None`
+
+
+def block_bytes_for(
+    object_bytes: Sequence[int],
+    granularity_bytes: int = GRANULARITY_BYTES,
+    cap_bytes: int = MAX_BLOCK_BYTES,
+) -> int:
+    """Physical block size in bytes for pooled objects of the given sizes.
+
+    A whole multiple of `granularity_bytes`, at most half the smallest object, at most `cap_bytes`.
+    When the smallest object is under two granularities an object spans at most two blocks anyway, so
+    the cap is taken. Raises `Misuse` for an empty or non-positive size list or a cap that is not a
+    multiple of the granularity.
+    """
+    if not object_bytes or min(object_bytes) <= 0:
+        raise Misuse(f"object sizes must be positive and non-empty, got {list(object_bytes)}")
+    if granularity_bytes <= 0 or cap_bytes < granularity_bytes or cap_bytes % granularity_bytes:
+        raise Misuse(f"cap {cap_bytes} B must be a positive multiple of the granularity {granularity_bytes} B")
+    smallest = min(object_bytes)
+    if smallest < 2 * granularity_bytes:
+        return cap_bytes
+    return min(cap_bytes, (smallest // 2) // granularity_bytes * granularity_bytes)
+
+
+@dataclass(frozen=True, slots=True)
+class PooledState:
+    """A pooled state: paged (`bytes_per_token` > 0, page unit `page_tokens`) or per-seq (`bytes_per_seq` > 0)."""
+
+    name: str
+    bytes_per_token: int = 0
+    bytes_per_seq: int = 0
+    page_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        if (self.bytes_per_token > 0) == (self.bytes_per_seq > 0):
+            raise Misuse(f"state {self.name!r}: exactly one of bytes_per_token / bytes_per_seq must be > 0")
+        if self.bytes_per_token > 0 and self.page_tokens <= 0:
+            raise Misuse(f"paged state {self.name!r}: page_tokens must be > 0, got {self.page_tokens}")
+        if self.bytes_per_token < 0 or self.bytes_per_seq < 0:
+            raise Misuse(f"state {self.name!r}: negative byte sizes")
+
+    @property
+    def paged(self) -> bool:
+        return self.bytes_per_token > 0
+
+
+@dataclass(frozen=True, slots=True)
+class Capacity:
+    """What the caller wants to hold at once: `tokens` of paged state (None: fill free memory) and `seqs` sequences."""
+
+    tokens: int | None
+    seqs: int
+
+    def __post_init__(self) -> None:
+        if self.seqs < 0 or (self.tokens is not None and self.tokens < 0):
+            raise Misuse(f"capacity must be non-negative, got tokens={self.tokens} seqs={self.seqs}")
+
+
+def _blocks_covering(num_objects: int, object_bytes: int, block_bytes: int) -> int:
+    """Blocks needed for objects 0..num_objects-1 laid end to end from offset 0."""
+    return -(-num_objects * object_bytes // block_bytes)
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """Pooled memory: object sizes per state, block size and counts. Everything is an integer.
+
+    `page_bytes[i]` is one page (`page_tokens` tokens) of paged state i; `slot_bytes[j]` one slot of
+    per-seq state j. `states` lists state names pages first, then slots (the `state_index` of a
+    `BlockMove`). `num_blocks` physical blocks of `block_bytes` exist; at start pages
+    `0..initial_pages-1` and slots `0..initial_slots-1` are mapped (page 0 and slot 0 are scratch).
+    Each state reserves `num_blocks * block_bytes` of virtual range, enough for every block at once.
+    """
+
+    page_tokens: int
+    page_bytes: tuple[int, ...]
+    slot_bytes: tuple[int, ...]
+    block_bytes: int
+    num_blocks: int
+    initial_pages: int
+    initial_slots: int
+    states: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.page_bytes and not self.slot_bytes:
+            raise Misuse("a layout needs at least one pooled state")
+        if self.page_bytes and (self.page_tokens <= 0 or self.initial_pages < 1):
+            raise Misuse(f"paged layout needs page_tokens > 0 and >= 1 page (scratch), got {self.page_tokens}, {self.initial_pages}")
+        if self.slot_bytes and self.initial_slots < 1:
+            raise Misuse(f"per-seq layout needs >= 1 slot (scratch), got {self.initial_slots}")
+        if not self.page_bytes and self.initial_pages:
+            raise Misuse("pages without paged states")
+        if not self.slot_bytes and self.initial_slots:
+            raise Misuse("slots without per-seq states")
+        used = sum(_blocks_covering(self.initial_pages, b, self.block_bytes) for b in self.page_bytes)
+        used += sum(_blocks_covering(self.initial_slots, b, self.block_bytes) for b in self.slot_bytes)
+        if used > self.num_blocks:
+            raise Misuse(f"initial objects need {used} blocks, only {self.num_blocks} exist")
+        if not self.states:
+            names = tuple(f"page{i}" for i in range(len(self.page_bytes))) + tuple(
+                f"slot{j}" for j in range(len(self.slot_bytes))
+            )
+            object.__setattr__(self, "states", names)
+
+    @property
+    def paged(self) -> bool:
+        return bool(self.page_bytes)
+
+    @property
+    def has_slots(self) -> bool:
+        return bool(self.slot_bytes)
+
+    @property
+    def va_bytes_per_state(self) -> int:
+        """Virtual range each state reserves (never moved): room for every physical block."""
+        return self.num_blocks * self.block_bytes
+
+    @classmethod
+    def simple(cls, page_tokens: int, pages: int, slots: int = 0, *, blocks_per_page: int = 1) -> Layout:
+        """A test / simulator layout: one paged state, optionally one per-seq state of one block per slot.
+
+        `pages` and `slots` are the leasable counts; the scratch page / slot are added on top, and the
+        block budget is exactly what they need (block = page when `blocks_per_page` is 1).
+        """
+        block = MIB
+        n_pages = pages + 1
+        n_slots = slots + 1 if slots else 0
+        return cls(
+            page_tokens=page_tokens,
+            page_bytes=(block * blocks_per_page,),
+            slot_bytes=(block,) if slots else (),
+            block_bytes=block,
+            num_blocks=n_pages * blocks_per_page + n_slots,
+            initial_pages=n_pages,
+            initial_slots=n_slots,
+        )
+
+    @classmethod
+    def from_capacity(
+        cls,
+        states: Sequence[PooledState],
+        capacity: Capacity,
+        *,
+        free_bytes: int | None = None,
+        granularity_bytes: int = GRANULARITY_BYTES,
+        cap_bytes: int = MAX_BLOCK_BYTES,
+        headroom_bytes: int = HEADROOM_BYTES,
+    ) -> Layout:
+        """Size the pool for `capacity`.
+
+        tokens are aligned down to the largest page unit (the block-table stride); slots are
+        `seqs + 2` (slot 0 of them is the scratch slot); one scratch page is added on top of the
+        tokens. Budget bytes = tokens * sum(bytes_per_token) + (seqs + 2) * sum(bytes_per_seq)
+        (+ one scratch page), rounded up to whole blocks per state on its own. `tokens=None` fills
+        `free_bytes - headroom_bytes`. Raises `Misuse` for bad inputs, `ExceedsPool` when free memory
+        does not hold even one page.
+        """
+        paged = [s for s in states if s.paged]
+        per_seq = [s for s in states if not s.paged]
+        if not states:
+            raise Misuse("no pooled states")
+        page_tokens = max((s.page_tokens for s in paged), default=0)
+        page_bytes = tuple(s.bytes_per_token * page_tokens for s in paged)
+        slot_bytes = tuple(s.bytes_per_seq for s in per_seq)
+        block = block_bytes_for(page_bytes + slot_bytes, granularity_bytes, cap_bytes)
+        n_slots = capacity.seqs + 2 if per_seq else 0
+        tokens = capacity.tokens
+        if tokens is None:
+            if free_bytes is None:
+                raise Misuse("Capacity.tokens is None: pass free_bytes (what the device reports free)")
+            per_token = sum(s.bytes_per_token for s in paged)
+            left = free_bytes - headroom_bytes - n_slots * sum(slot_bytes)
+            tokens = left // per_token if per_token else 0
+            if paged and tokens < 2 * page_tokens:
+                raise ExceedsPool(f"{free_bytes} B free less {headroom_bytes} B headroom holds no page")
+        if paged:
+            tokens = tokens // page_tokens * page_tokens
+        n_pages = tokens // page_tokens + 1 if paged else 0
+        arena_blocks = [_blocks_covering(n_pages, b, block) for b in page_bytes]
+        arena_blocks += [_blocks_covering(n_slots, b, block) for b in slot_bytes]
+        # Objects that fit in each state's whole-block arena (>= what was asked, often a few more).
+        pages = min((n * block // b for n, b in zip(arena_blocks, page_bytes)), default=0)
+        slots = min((n * block // b for n, b in zip(arena_blocks[len(page_bytes):], slot_bytes)), default=0)
+        return cls(
+            page_tokens=page_tokens if paged else 0,
+            page_bytes=page_bytes,
+            slot_bytes=slot_bytes,
+            block_bytes=block,
+            num_blocks=sum(arena_blocks),
+            initial_pages=pages,
+            initial_slots=slots,
+            states=tuple(s.name for s in paged) + tuple(s.name for s in per_seq),
+        )
