@@ -1,0 +1,165 @@
+"""kern-runtime's error types: one base class, variants named by who must act.
+
+| class                  | who acts          | raised for                                                      |
+|------------------------|-------------------|-----------------------------------------------------------------|
+| `ManifestParseError`   | manifest provider | the manifest is not valid JSON / not the kern-manifest/1 shape   |
+| `ManifestVerifyError`  | manifest provider | the verifier rejected it (the message carries the JSON path)     |
+| `ManifestError`        | manifest provider | a manifest fact only the runtime can check (fix the generator)   |
+| `KernelArtifactError`  | kernel builder    | missing/mismatched cubin, ABI mismatch, inapplicable algo pin    |
+| `WeightArtifactError`  | checkpoint owner  | the checkpoint does not match the manifest's binds               |
+| `ApiError`             | caller            | unknown program/buffer, wrong kind, var out of range, bad input  |
+| `CallError`            | depends on cause  | a failure at a position in a call table; wraps the cause         |
+| `CudaError`            | operator          | execution failure not tied to one driver call                    |
+| `DriverError`          | operator          | a CUDA driver call failed (carries call and result name)         |
+| `BlasError`            | operator          | a cuBLASLt call failed (carries call and status name)            |
+
+kern-manifest is stdlib-only and sits below kern-runtime, so its exceptions cannot inherit from
+`KernError`. The runtime therefore re-raises manifest failures as its own `ManifestParseError` /
+`ManifestVerifyError`, which subclass *both* `KernError` and the matching kern_manifest class:
+`except KernError` and `except kern_manifest.ManifestVerifyError` both catch what `Runtime.load`
+raises. Code that calls kern_manifest directly (the CLI's `inspect`) can catch everything either
+package raises with `except KERN_ERRORS`.
+"""
+
+from __future__ import annotations
+
+
+class KernError(Exception):
+    """Base of every error kern-runtime raises on purpose."""
+
+
+def _manifest_base(name: str) -> type[BaseException]:
+    """The kern_manifest exception class `name`, or `Exception` if kern_manifest lacks it.
+
+    Resolved at import time of this module only (no mutable state); kern_manifest is pure Python.
+    """
+    try:
+        import kern_manifest
+    except ImportError:  # pragma: no cover - kern_manifest is a hard dependency
+        return Exception
+    base = getattr(kern_manifest, name, None)
+    if isinstance(base, type) and issubclass(base, BaseException):
+        return base
+    errors_mod = getattr(kern_manifest, "errors", None)
+    base = getattr(errors_mod, name, None) if errors_mod is not None else None
+    if isinstance(base, type) and issubclass(base, BaseException):
+        return base
+    return Exception
+
+
+_ManifestParseBase = _manifest_base("ManifestParseError")
+_ManifestVerifyBase = _manifest_base("ManifestVerifyError")
+
+
+def _mro_bases(*bases: type) -> tuple[type, ...]:
+    """`bases` without duplicates and without plain `Exception` when a more specific base is present."""
+    out: list[type] = []
+    for base in bases:
+        if base is Exception and len(bases) > 1:
+            continue
+        if base not in out:
+            out.append(base)
+    return tuple(out)
+
+
+class ManifestParseError(*_mro_bases(KernError, _ManifestParseBase)):  # type: ignore[misc]
+    """The manifest could not be parsed (JSON or shape). Subclasses kern_manifest's parse error."""
+
+
+class ManifestVerifyError(*_mro_bases(KernError, _ManifestVerifyBase)):  # type: ignore[misc]
+    """The manifest verifier rejected the manifest; the message names the JSON path."""
+
+
+class ManifestError(KernError):
+    """A manifest fact only the runtime can check is wrong (e.g. an unknown extern name)."""
+
+
+class KernelArtifactError(KernError):
+    """A pinned cubin is missing or does not match, a kernel's ABI does not match the manifest, or a
+    pinned cuBLASLt algorithm does not apply."""
+
+
+class WeightArtifactError(KernError):
+    """The checkpoint does not match the manifest (missing tensor, dtype/shape mismatch, duplicate)."""
+
+
+class ApiError(KernError):
+    """The caller misused the API: unknown program/buffer, wrong kind, var out of range, bad array."""
+
+
+class CallError(KernError):
+    """A failure at a position in a program's call table.
+
+    Attributes: `program` (name), `call_index` (0-based position in the flattened call table),
+    `op` (op name), `cause` (the underlying exception, also chained as `__cause__`).
+    """
+
+    def __init__(self, program: str, call_index: int, op: str, cause: BaseException) -> None:
+        self.program = program
+        self.call_index = call_index
+        self.op = op
+        self.cause = cause
+        super().__init__(f"program {program!r} call #{call_index} (op {op!r}): {type(cause).__name__}: {cause}")
+
+    def __reduce__(self):  # pickling keeps the structured fields
+        return (type(self), (self.program, self.call_index, self.op, self.cause))
+
+
+class CudaError(KernError):
+    """A CUDA execution failure not tied to a single driver call (e.g. no device)."""
+
+
+class DriverError(CudaError):
+    """A CUDA driver call failed. Attributes: `call` (e.g. "cuMemAlloc"), `result` (e.g.
+    "CUDA_ERROR_OUT_OF_MEMORY"), `code` (int), `explanation` (the driver's error string)."""
+
+    def __init__(self, call: str, result: str, code: int, explanation: str = "") -> None:
+        self.call = call
+        self.result = result
+        self.code = code
+        self.explanation = explanation
+        tail = f": {explanation}" if explanation else ""
+        super().__init__(f"{call} failed with {result} ({code}){tail}")
+
+    def __reduce__(self):
+        return (type(self), (self.call, self.result, self.code, self.explanation))
+
+
+class BlasError(CudaError):
+    """A cuBLASLt call failed. Attributes: `call`, `result` (status name), `code` (int)."""
+
+    def __init__(self, call: str, result: str, code: int) -> None:
+        self.call = call
+        self.result = result
+        self.code = code
+        super().__init__(f"{call} failed with {result} ({code})")
+
+    def __reduce__(self):
+        return (type(self), (self.call, self.result, self.code))
+
+
+def _manifest_error_bases() -> tuple[type[BaseException], ...]:
+    bases: list[type[BaseException]] = [KernError]
+    for base in (_ManifestParseBase, _ManifestVerifyBase, _manifest_base("ManifestError")):
+        if base is not Exception and base not in bases:
+            bases.append(base)
+    return tuple(bases)
+
+
+KERN_ERRORS: tuple[type[BaseException], ...] = _manifest_error_bases()
+"""Every error class either kern package raises on purpose: `except KERN_ERRORS:`."""
+
+__all__ = [
+    "KERN_ERRORS",
+    "ApiError",
+    "BlasError",
+    "CallError",
+    "CudaError",
+    "DriverError",
+    "KernError",
+    "KernelArtifactError",
+    "ManifestError",
+    "ManifestParseError",
+    "ManifestVerifyError",
+    "WeightArtifactError",
+]

@@ -1,0 +1,102 @@
+"""CUDA graphs of programs: keys and the capture cache.
+
+A graph program is captured once per key `(program, ((var, value), ...))` over only the vars its
+launches read; every other var is normalised to its minimum before the program runs, so two calls
+differing only in vars the program does not read share one graph. Capture happens on the runtime's
+own non-blocking stream (never the legacy NULL stream), replay is one `cuGraphLaunch`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+from .driver import call, cu
+from .errors import ApiError
+from .spec import VarSpec
+
+GraphKey = tuple[str, tuple[tuple[str, int], ...]]
+
+
+def normalise_vars(values: Mapping[str, int], vars_: Mapping[str, VarSpec], reads: frozenset[str],
+                   program: str) -> dict[str, int]:
+    """Full var values for a run of `program`: given values for the vars it reads (each in range),
+    every other var at its min.
+
+    Raises ApiError for an unknown var, a value out of [min, max] or a read var left out.
+    """
+    out = {}
+    for name, value in values.items():
+        spec = vars_.get(name)
+        if spec is None:
+            raise ApiError(f"program {program!r}: unknown var {name!r}; the manifest declares {sorted(vars_)}")
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ApiError(f"program {program!r}: var {name!r} = {value!r} is not an integer")
+        if not spec.min <= value <= spec.max:
+            raise ApiError(f"program {program!r}: var {name!r} = {value} is outside [{spec.min}, {spec.max}]")
+    for name, spec in vars_.items():
+        if name in reads:
+            if name not in values:
+                raise ApiError(f"program {program!r} reads var {name!r}: pass it (range [{spec.min}, {spec.max}])")
+            out[name] = int(values[name])
+        else:
+            out[name] = spec.min
+    return out
+
+
+def graph_key(program: str, values: Mapping[str, int], reads: frozenset[str]) -> GraphKey:
+    """The capture key: the program and the values of only the vars it reads, sorted by name."""
+    return (program, tuple(sorted((name, int(values[name])) for name in reads)))
+
+
+class GraphCache:
+    """Instantiated graphs by key. `replay(key, capture, stream)`: launch the graph for `key`,
+    capturing it first with `capture()` (which enqueues the program's launches on `stream`)."""
+
+    def __init__(self) -> None:
+        self._execs: dict[GraphKey, Any] = {}
+
+    def __contains__(self, key: GraphKey) -> bool:
+        return key in self._execs
+
+    def __len__(self) -> int:
+        return len(self._execs)
+
+    def keys(self) -> list[GraphKey]:
+        return list(self._execs)
+
+    def capture(self, key: GraphKey, enqueue: Callable[[], None], stream: Any) -> Any:
+        """Capture `enqueue()` on `stream` (global mode) and instantiate it. On failure the
+        capture is ended and nothing is kept."""
+        driver = cu()
+        call("cuStreamBeginCapture", stream, driver.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL)
+        graph = None
+        try:
+            enqueue()
+        except BaseException:
+            try:
+                graph = call("cuStreamEndCapture", stream)
+            finally:
+                if graph is not None:
+                    call("cuGraphDestroy", graph)
+            raise
+        graph = call("cuStreamEndCapture", stream)
+        try:
+            exec_ = call("cuGraphInstantiate", graph, 0)
+        finally:
+            call("cuGraphDestroy", graph)
+        self._execs[key] = exec_
+        return exec_
+
+    def replay(self, key: GraphKey, enqueue: Callable[[], None], stream: Any) -> bool:
+        """Launch the graph of `key`, capturing it first if new. Returns True when it was captured now."""
+        exec_ = self._execs.get(key)
+        captured = exec_ is None
+        if captured:
+            exec_ = self.capture(key, enqueue, stream)
+        call("cuGraphLaunch", exec_, stream)
+        return captured
+
+    def close(self) -> None:
+        while self._execs:
+            _, exec_ = self._execs.popitem()
+            call("cuGraphExecDestroy", exec_)

@@ -1,0 +1,133 @@
+"""Pinned cubins: find and hash exactly the files the manifest names, load them, resolve entries.
+
+On disk a module is `<kernels_dir>/<module>-<sha12>.cubin` (sha12: first 12 hex digits of its
+sha256). `read_pinned_modules` opens only those paths, hashes each whole file and refuses a missing
+or mismatching one with a `KernelArtifactError` naming module, expected hash and path. No other file
+of the directory is read (or listed).
+
+Entry resolution: a launch's entry is looked up in its own module only. Every function of that
+name is a candidate (Triton modules can hold several same-named constexpr instances); its parameter
+layout from `cuFuncGetParamInfo` must equal the manifest's `params`, and that picks the instance.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from .driver import call, check, cu
+from .errors import DriverError, KernelArtifactError
+
+Layout = tuple[tuple[int, int], ...]
+
+
+def module_path(kernels_dir: str | os.PathLike[str], module: str, sha256: str) -> Path:
+    """`<kernels_dir>/<module>-<sha12>.cubin`."""
+    return Path(kernels_dir) / f"{module}-{sha256[:12].lower()}.cubin"
+
+
+def read_pinned_modules(kernels_dir: str | os.PathLike[str], modules: Mapping[str, str]) -> dict[str, bytes]:
+    """module name -> cubin bytes, each verified against its pinned sha256.
+
+    Raises KernelArtifactError (module, expected sha256, path) for a missing, unreadable or
+    mismatching file.
+    """
+    images: dict[str, bytes] = {}
+    for module, expected in modules.items():
+        path = module_path(kernels_dir, module, expected)
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            raise KernelArtifactError(f"module {module!r}: {path} is missing (manifest pins sha256 {expected})") from None
+        except OSError as exc:
+            raise KernelArtifactError(f"module {module!r}: cannot read {path} (pinned sha256 {expected}): {exc}") from exc
+        got = hashlib.sha256(data).hexdigest()
+        if got != expected.lower():
+            raise KernelArtifactError(f"module {module!r}: {path} has sha256 {got}, the manifest pins {expected}")
+        images[module] = data
+    return images
+
+
+def choose_instance(candidates: Sequence[tuple[Any, Layout]], expected: Layout, where: str) -> Any:
+    """The one candidate function whose parameter layout equals `expected`.
+
+    `candidates`: (function, layout) for every function with the entry's name.
+    Raises KernelArtifactError when none matches (listing what the module has) or when several
+    match (the manifest cannot tell them apart).
+    """
+    if not candidates:
+        raise KernelArtifactError(f"{where}: no function of that name in the module")
+    matches = [fn for fn, layout in candidates if tuple(layout) == tuple(expected)]
+    if len(matches) == 1:
+        return matches[0]
+    found = "; ".join(str([list(p) for p in layout]) for _, layout in candidates)
+    if not matches:
+        raise KernelArtifactError(
+            f"{where}: ABI mismatch: the manifest's params {[list(p) for p in expected]} match none of the "
+            f"{len(candidates)} instance(s) in the module: {found}"
+        )
+    raise KernelArtifactError(f"{where}: {len(matches)} instances have the manifest's params {[list(p) for p in expected]}; ambiguous")
+
+
+# ---------------------------------------------------------------- driver side
+
+
+def param_layout(function: Any) -> Layout:
+    """[(offset, size)] of every parameter of `function`, via cuFuncGetParamInfo until
+    CUDA_ERROR_INVALID_VALUE (past the last parameter)."""
+    driver = cu()
+    out = []
+    index = 0
+    while True:
+        result = driver.cuFuncGetParamInfo(function, index)
+        if int(result[0]) == int(driver.CUresult.CUDA_ERROR_INVALID_VALUE):
+            break
+        offset, size = check("cuFuncGetParamInfo", result)
+        out.append((int(offset), int(size)))
+        index += 1
+    return tuple(out)
+
+
+def functions_named(module: Any, entry: str) -> list[Any]:
+    """Every function of `module` whose name is `entry` (cuModuleEnumerateFunctions + cuFuncGetName);
+    falls back to cuModuleGetFunction where enumeration is unavailable."""
+    try:
+        count = int(call("cuModuleGetFunctionCount", module))
+        functions = call("cuModuleEnumerateFunctions", count, module)
+    except (DriverError, AttributeError):
+        try:
+            return [call("cuModuleGetFunction", module, entry.encode())]
+        except DriverError:
+            return []
+    out = []
+    for fn in functions:
+        name = call("cuFuncGetName", fn)
+        name = name.decode() if isinstance(name, (bytes, bytearray)) else str(name)
+        if name == entry:
+            out.append(fn)
+    return out
+
+
+def load_module(image: bytes, label: str, ledger) -> Any:
+    """cuModuleLoadData; the ledger unloads it on close."""
+    try:
+        module = call("cuModuleLoadData", image)
+    except DriverError as exc:
+        raise KernelArtifactError(f"module {label!r}: the driver refused the cubin: {exc}") from exc
+    ledger.on_close(f"module {label}", lambda: call("cuModuleUnload", module))
+    return module
+
+
+def resolve_function(module: Any, entry: str, expected: Layout, where: str) -> Any:
+    """The instance of `entry` in `module` whose layout is `expected` (KernelArtifactError otherwise)."""
+    candidates = [(fn, param_layout(fn)) for fn in functions_named(module, entry)]
+    return choose_instance(candidates, expected, f"{where}: entry {entry!r}")
+
+
+def raise_shared_limit(function: Any, shared_mem_bytes: int) -> None:
+    """Allow `shared_mem_bytes` of dynamic shared memory (needed above 48 KiB)."""
+    driver = cu()
+    call("cuFuncSetAttribute", function,
+         driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, int(shared_mem_bytes))

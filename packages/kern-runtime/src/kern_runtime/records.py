@@ -1,0 +1,330 @@
+"""Launch records: a program's calls compiled, once, into what replay needs.
+
+For each call of a program and each launch of the call's op, `compile_program` builds a record:
+
+- `KernelRecord`: the resolved CUfunction, a `ParamBlock` with every constant parameter already
+  staged, and the list of parameters that depend on vars (`dynamic`), re-encoded by `patch(values)`
+  only when the var values change. Grid, block, shared memory and cluster dims are expressions
+  evaluated by `patch` as well.
+- `ExternRecord`: a built-in op (cuBLASLt GEMM, NCCL collective) with its arguments resolved to
+  integers (pointers and sizes) by `patch`.
+
+Pointers resolve as `base(target) + call offset + wiring offset` where targets are buffers, states
+and derive sources (`AddressBook`). Everything here is pure Python over integers: the CPU tests
+build records against fake addresses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+from kern_manifest import Expr
+
+from .errors import ApiError, ManifestError
+from .params import ParamBlock, encode_pointer, encode_scalar
+from .spec import (
+    ArgWiring, CallSpec, ExprWiring, ExternLaunch, IntArg, KernelLaunch, LiteralWiring, NullWiring,
+    OpSpec, PackWiring, PtrArg, RankWiring, ScratchWiring, Spec, Wiring,
+)
+
+Values = Mapping[str, int]
+ValueFn = Callable[[Values], Any]
+TensorMapEncoder = Callable[[int, Mapping[str, Any], Values], bytes]
+"""(global address, the tensormap field's JSON, var values) -> 128 bytes of a CUtensorMap."""
+
+EXTERN_ARITY: dict[str, tuple[int, int]] = {
+    "cublaslt_bf16_tn": (6, 8), "cublaslt_bf16_tn_acc": (6, 8), "cublas_bf16_tn_f32": (6, 7),
+    "cublaslt_fp8_tn": (8, 9), "cublaslt_fp8_tn_f32": (8, 9),
+}
+NCCL_EXTERNS = frozenset(
+    f"nccl_{coll}_{dt}" for coll in ("allreduce", "allgather", "reducescatter", "alltoall") for dt in ("f32", "bf16")
+)
+
+
+@dataclass(frozen=True)
+class AddressBook:
+    """Where names live. `targets`: buffer / state / derive-source name -> base address;
+    `scratch`: (op, scratch name) -> address; `ranks`: topology group -> this process's index."""
+
+    targets: Mapping[str, int]
+    scratch: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    ranks: Mapping[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """A wiring resolved in its call: `fn(values)` gives the value; `reads` the vars it needs.
+    `kind`: ptr (int address) | int | float | bytes."""
+
+    kind: str
+    fn: ValueFn
+    reads: frozenset[str]
+
+    @property
+    def constant(self) -> bool:
+        return not self.reads
+
+
+def _const(kind: str, value: Any) -> Resolved:
+    return Resolved(kind, lambda v: value, frozenset())
+
+
+def _plus(base: int, *offsets: Expr | None) -> Resolved:
+    exprs = [o for o in offsets if o is not None]
+    reads = frozenset().union(*(e.vars for e in exprs)) if exprs else frozenset()
+    if not reads:
+        total = base + sum(e.eval({}) for e in exprs)
+        return _const("ptr", total)
+    return Resolved("ptr", lambda v: base + sum(e.eval(v) for e in exprs), reads)
+
+
+def _expr_value(expr: Expr, kind: str = "int") -> Resolved:
+    if not expr.vars:
+        return _const(kind, expr.eval({}))
+    return Resolved(kind, expr.eval, expr.vars)
+
+
+def resolve_pointer_arg(name: str, call: CallSpec, op: OpSpec, book: AddressBook, offset: Expr | None) -> Resolved:
+    """Pointer interface argument `name` of `call` plus wiring `offset`. Raises ManifestError."""
+    arg = call.args.get(name)
+    if not isinstance(arg, PtrArg):
+        raise ManifestError(f"{call.path}.args.{name}: op {op.name!r} wires it as a pointer, but the call gives {arg!r}")
+    base = book.targets.get(arg.target)
+    if base is None:
+        raise ManifestError(f"{call.path}.args.{name}: {arg.target!r} is not a buffer, state or source")
+    return _plus(base, arg.offset, offset)
+
+
+def resolve_wiring(wiring: Wiring, call: CallSpec, op: OpSpec, book: AddressBook, encoder: TensorMapEncoder | None,
+                   path: str) -> Resolved:
+    """Resolve one launch wiring in `call`. Raises ManifestError for a wiring that cannot apply."""
+    if isinstance(wiring, ArgWiring):
+        kind = op.arg_kind(wiring.arg)
+        if kind == "ptr":
+            return resolve_pointer_arg(wiring.arg, call, op, book, wiring.offset)
+        arg = call.args.get(wiring.arg)
+        if not isinstance(arg, IntArg):
+            raise ManifestError(f"{path}: op {op.name!r} has no argument {wiring.arg!r}")
+        return _expr_value(arg.expr)
+    if isinstance(wiring, ScratchWiring):
+        address = book.scratch.get((op.name, wiring.scratch))
+        if address is None:
+            raise ManifestError(f"{path}: op {op.name!r} declares no scratch {wiring.scratch!r}")
+        return _const("ptr", address)
+    if isinstance(wiring, LiteralWiring):
+        return _const("float" if wiring.type in ("f32", "f64") else "int", wiring.value)
+    if isinstance(wiring, ExprWiring):
+        return _expr_value(wiring.expr)
+    if isinstance(wiring, RankWiring):
+        if wiring.group not in book.ranks:
+            raise ApiError(f"{path}: rank in group {wiring.group!r} is unknown: pass ranks={{{wiring.group!r}: i}} to load")
+        return _const("int", book.ranks[wiring.group])
+    if isinstance(wiring, NullWiring):
+        return _const("bytes", bytes(wiring.nbytes))
+    if isinstance(wiring, PackWiring):
+        return _resolve_pack(wiring, call, op, book, encoder, path)
+    raise AssertionError(f"unhandled wiring {wiring!r}")  # a bug in kern
+
+
+def _resolve_pack(pack: PackWiring, call: CallSpec, op: OpSpec, book: AddressBook, encoder: TensorMapEncoder | None,
+                  path: str) -> Resolved:
+    parts: list[tuple[int, str, Any]] = []  # (offset, how, payload)
+    reads: set[str] = set()
+    for i, f in enumerate(pack.fields):
+        fpath = f"{path}.pack.fields[{i}]"
+        if f.kind == "tensormap":
+            assert f.tensormap is not None
+            tm = f.tensormap
+            offset = Expr(tm["offset"], fpath + ".tensormap.offset") if tm.get("offset") is not None else None
+            ptr = resolve_pointer_arg(tm["arg"], call, op, book, offset)
+            reads |= ptr.reads
+            for key in ("dims", "strides"):
+                for j, value in enumerate(tm.get(key, []) or []):
+                    reads |= Expr(value, f"{fpath}.tensormap.{key}[{j}]").vars
+            if encoder is None:
+                raise ManifestError(f"{fpath}: tensormap fields need a CUDA device to encode")
+            if f.offset + 128 > pack.nbytes:
+                raise ManifestError(f"{fpath}: a 128-byte tensormap at offset {f.offset} overflows the {pack.nbytes}-byte pack")
+            parts.append((f.offset, "tensormap", (ptr, tm)))
+        elif f.kind == "arg":
+            ptr = resolve_pointer_arg(f.arg or "", call, op, book, None)
+            reads |= ptr.reads
+            parts.append((f.offset, "ptr", ptr))
+        else:
+            value = f.value
+            if isinstance(value, Expr):
+                reads |= value.vars
+            parts.append((f.offset, f.type, value))
+
+    def build(values: Values) -> bytes:
+        out = bytearray(pack.nbytes)
+        for offset, how, payload in parts:
+            if how == "tensormap":
+                ptr, tm = payload
+                data = encoder(ptr.fn(values), tm, values)  # type: ignore[misc]
+            elif how == "ptr":
+                data = encode_pointer(payload.fn(values))
+            else:
+                value = payload.eval(values) if isinstance(payload, Expr) else payload
+                data = encode_scalar(how, value)
+            if offset + len(data) > pack.nbytes:
+                raise ManifestError(f"{path}: pack field at offset {offset} ({len(data)} bytes) overflows {pack.nbytes} bytes")
+            out[offset : offset + len(data)] = data
+        return bytes(out)
+
+    frozen_reads = frozenset(reads)
+    if not frozen_reads:
+        data = build({})
+        return _const("bytes", data)
+    return Resolved("bytes", build, frozen_reads)
+
+
+def encode_for_param(resolved: Resolved, wiring: Wiring, size: int, path: str) -> Callable[[Values], bytes]:
+    """A function giving the parameter bytes of `resolved` for a `size`-byte kernel parameter."""
+    if resolved.kind == "ptr":
+        if size != 8:
+            raise ManifestError(f"{path}: a pointer wiring fills 8 bytes, the kernel parameter has {size}")
+        return lambda v: encode_pointer(resolved.fn(v))
+    if resolved.kind == "bytes":
+        def raw(v: Values) -> bytes:
+            data = resolved.fn(v)
+            if len(data) != size:
+                raise ManifestError(f"{path}: wiring gives {len(data)} bytes, the kernel parameter has {size}")
+            return data
+        return raw
+    type_name = getattr(wiring, "type", None)
+    if isinstance(wiring, LiteralWiring):
+        type_name = wiring.type
+    if type_name is None:
+        type_name = {4: "i32", 8: "i64"}.get(size)
+        if resolved.kind == "float":
+            type_name = {4: "f32", 8: "f64"}.get(size)
+        if type_name is None:
+            raise ManifestError(f"{path}: cannot encode a scalar into a {size}-byte parameter")
+    from .spec import LITERAL_TYPES
+
+    if LITERAL_TYPES[type_name] != size:
+        raise ManifestError(f"{path}: {type_name} is {LITERAL_TYPES[type_name]} bytes, the kernel parameter has {size}")
+    return lambda v: encode_scalar(type_name, resolved.fn(v))
+
+
+# ---------------------------------------------------------------- records
+
+
+def _when_reads(when: tuple[tuple[str, Expr, Expr], ...]) -> frozenset[str]:
+    out: set[str] = set()
+    for var, lo, hi in when:
+        out |= {var} | lo.vars | hi.vars
+    return frozenset(out)
+
+
+def when_holds(when: tuple[tuple[str, Expr, Expr], ...], values: Values) -> bool:
+    """True when every `(var, lo, hi)` of `when` has `lo <= values[var] <= hi`."""
+    return all(lo.eval(values) <= values[var] <= hi.eval(values) for var, lo, hi in when)
+
+
+def _dims(exprs: tuple[Expr, ...] | None, values: Values) -> tuple[int, ...] | None:
+    return None if exprs is None else tuple(e.eval(values) for e in exprs)
+
+
+@dataclass
+class KernelRecord:
+    """One kernel launch of one call. After `patch(values)`: `active`, `grid`, `block`,
+    `shared_mem_bytes`, `cluster` hold the launch configuration and `params` the staged block."""
+
+    call_index: int
+    op: str
+    launch: KernelLaunch
+    function: Any  # CUfunction (an int handle in CPU tests)
+    params: ParamBlock
+    dynamic: list[tuple[int, Callable[[Values], bytes]]]
+    reads: frozenset[str]
+    active: bool = True
+    grid: tuple[int, ...] = (1, 1, 1)
+    block: tuple[int, ...] = (1, 1, 1)
+    shared_mem_bytes: int = 0
+    cluster: tuple[int, ...] | None = None
+
+    def patch(self, values: Values) -> None:
+        """Re-evaluate what depends on vars. Raises ApiError for a non-positive grid/block dim."""
+        launch = self.launch
+        self.active = when_holds(launch.when, values)
+        if not self.active:
+            return
+        self.grid = _dims(launch.grid, values)  # type: ignore[assignment]
+        self.block = _dims(launch.block, values)  # type: ignore[assignment]
+        self.shared_mem_bytes = launch.shared_mem.eval(values)
+        self.cluster = _dims(launch.cluster, values)
+        for dim in (*self.grid, *self.block):
+            if dim <= 0:
+                raise ApiError(f"{launch.path}: grid {self.grid} / block {self.block} has a non-positive dim at {dict(values)}")
+        for index, fn in self.dynamic:
+            self.params.write(index, fn(values))
+
+
+@dataclass
+class ExternRecord:
+    """One built-in launch of one call: `args` (after `patch`) are the integer argument values."""
+
+    call_index: int
+    op: str
+    launch: ExternLaunch
+    resolved: tuple[Resolved, ...]
+    reads: frozenset[str]
+    active: bool = True
+    args: tuple[int, ...] = ()
+
+    def patch(self, values: Values) -> None:
+        self.active = when_holds(self.launch.when, values)
+        if self.active:
+            self.args = tuple(int(r.fn(values)) for r in self.resolved)
+
+
+Record = KernelRecord | ExternRecord
+FunctionLookup = Callable[[str, int], Any]
+"""(op name, launch index) -> CUfunction resolved at load."""
+
+
+def compile_call(call_index: int, call: CallSpec, spec: Spec, book: AddressBook, functions: FunctionLookup,
+                 encoder: TensorMapEncoder | None = None) -> list[Record]:
+    """Records for every launch of `call`. Raises ManifestError / ApiError for wiring faults."""
+    op = spec.ops[call.op]
+    records: list[Record] = []
+    for li, launch in enumerate(op.launches):
+        if isinstance(launch, ExternLaunch):
+            lo, hi = EXTERN_ARITY.get(launch.extern, (4, 4))
+            if launch.extern not in EXTERN_ARITY and launch.extern not in NCCL_EXTERNS:
+                raise ManifestError(f"{launch.path}: unknown extern {launch.extern!r}")
+            if not lo <= len(launch.args) <= hi:
+                raise ManifestError(f"{launch.path}: extern {launch.extern} takes {lo}..{hi} args, got {len(launch.args)}")
+            resolved = tuple(
+                resolve_wiring(w, call, op, book, None, f"{launch.path}.args[{i}]") for i, w in enumerate(launch.args)
+            )
+            reads = frozenset().union(*(r.reads for r in resolved), _when_reads(launch.when))
+            records.append(ExternRecord(call_index, op.name, launch, resolved, reads))
+            continue
+        if len(launch.args) != len(launch.params):
+            raise ManifestError(f"{launch.path}: {len(launch.args)} args wire {len(launch.params)} params")
+        block = ParamBlock([size for _, size in launch.params])
+        dynamic: list[tuple[int, Callable[[Values], bytes]]] = []
+        reads: set[str] = set(_when_reads(launch.when))
+        for expr in (*launch.grid, *launch.block, launch.shared_mem, *(launch.cluster or ())):
+            reads |= expr.vars
+        for pi, (wiring, (_, size)) in enumerate(zip(launch.args, launch.params)):
+            wpath = f"{launch.path}.args[{pi}]"
+            resolved = resolve_wiring(wiring, call, op, book, encoder, wpath)
+            encode = encode_for_param(resolved, wiring, size, wpath)
+            if resolved.constant:
+                block.write(pi, encode({}))
+            else:
+                dynamic.append((pi, encode))
+                reads |= resolved.reads
+        records.append(KernelRecord(call_index, op.name, launch, functions(op.name, li), block, dynamic,
+                                    frozenset(reads)))
+    return records
+
+
+def program_reads(records: list[Record]) -> frozenset[str]:
+    """The vars a program's launches read (the graph key's vars)."""
+    return frozenset().union(*(r.reads for r in records)) if records else frozenset()

@@ -1,0 +1,142 @@
+"""`SafetensorsTensors`: a Hugging Face checkpoint read by headers up front, bytes on demand.
+
+Accepted layouts (`SafetensorsTensors.open(path)`):
+- a directory with `model.safetensors.index.json` (its `weight_map` names the shards),
+- a directory of `*.safetensors` files (no index),
+- one `.safetensors` file, or a list of files.
+
+Only the headers are read at open (8-byte little-endian header length + JSON). Tensor bytes are
+`FileBlob`s the loader reads with `os.pread`. A tensor name present in two shards is a
+`WeightArtifactError` naming both files.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import struct
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from ..dtypes import SAFETENSORS_DTYPE, item_bytes
+from ..errors import WeightArtifactError
+from .tensors import Blob, FileBlob, TensorMeta
+
+INDEX_NAME = "model.safetensors.index.json"
+MAX_HEADER_BYTES = 100 * 1024 * 1024
+
+
+def read_safetensors_header(path: str | os.PathLike[str]) -> dict[str, tuple[TensorMeta, int, int]]:
+    """Parse one file's header: name -> (meta, absolute byte offset, nbytes).
+
+    Raises WeightArtifactError for a truncated/invalid header, an unknown dtype, or a byte range
+    that disagrees with dtype x shape or lies past the end of the file.
+    """
+    path = os.fspath(path)
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(8)
+            if len(head) != 8:
+                raise WeightArtifactError(f"{path}: not a safetensors file (shorter than 8 bytes)")
+            (header_bytes,) = struct.unpack("<Q", head)
+            if header_bytes > MAX_HEADER_BYTES:
+                raise WeightArtifactError(f"{path}: header length {header_bytes} exceeds {MAX_HEADER_BYTES} bytes")
+            raw = fh.read(header_bytes)
+            file_bytes = os.fstat(fh.fileno()).st_size
+    except OSError as exc:
+        raise WeightArtifactError(f"{path}: cannot read: {exc}") from exc
+    if len(raw) != header_bytes:
+        raise WeightArtifactError(f"{path}: header truncated ({len(raw)} of {header_bytes} bytes)")
+    try:
+        header = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise WeightArtifactError(f"{path}: header is not JSON: {exc}") from exc
+    data_start = 8 + header_bytes
+    out: dict[str, tuple[TensorMeta, int, int]] = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            st_dtype, shape, (begin, end) = entry["dtype"], entry["shape"], entry["data_offsets"]
+        except (KeyError, TypeError, ValueError):
+            raise WeightArtifactError(f"{path}: tensor {name!r} has a malformed header entry {entry!r}") from None
+        dtype = SAFETENSORS_DTYPE.get(st_dtype)
+        if dtype is None:
+            raise WeightArtifactError(f"{path}: tensor {name!r} has unsupported dtype {st_dtype!r}")
+        meta = TensorMeta(dtype, tuple(int(d) for d in shape))
+        nbytes = int(end) - int(begin)
+        if nbytes != math.prod(meta.shape) * item_bytes(dtype):
+            raise WeightArtifactError(
+                f"{path}: tensor {name!r} {st_dtype}{list(meta.shape)} spans {nbytes} bytes, expected {meta.nbytes}"
+            )
+        if data_start + int(end) > file_bytes:
+            raise WeightArtifactError(f"{path}: tensor {name!r} ends at byte {data_start + int(end)}, past the file end {file_bytes}")
+        out[name] = (meta, data_start + int(begin), nbytes)
+    return out
+
+
+class SafetensorsTensors:
+    """Tensors of a safetensors checkpoint. Construct with `SafetensorsTensors.open(path)`."""
+
+    def __init__(self, files: Sequence[str | os.PathLike[str]]) -> None:
+        self.files: tuple[str, ...] = tuple(os.fspath(f) for f in files)
+        if not self.files:
+            raise WeightArtifactError("no safetensors files given")
+        self._entries: dict[str, tuple[TensorMeta, str, int, int]] = {}
+        for path in self.files:
+            for name, (meta, offset, nbytes) in read_safetensors_header(path).items():
+                seen = self._entries.get(name)
+                if seen is not None:
+                    raise WeightArtifactError(f"tensor {name!r} is present in two shards: {seen[1]} and {path}")
+                self._entries[name] = (meta, path, offset, nbytes)
+
+    @classmethod
+    def open(cls, path: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> "SafetensorsTensors":
+        """Open a checkpoint directory (with or without index json), one file, or a list of files.
+
+        Raises WeightArtifactError when nothing is found or a shard named by the index is missing.
+        """
+        if isinstance(path, (list, tuple)):
+            return cls(list(path))
+        root = Path(path)
+        if root.is_file():
+            return cls([root])
+        if not root.is_dir():
+            raise WeightArtifactError(f"{root}: no such checkpoint file or directory")
+        index = root / INDEX_NAME
+        if index.is_file():
+            try:
+                weight_map = json.loads(index.read_text())["weight_map"]
+            except (OSError, KeyError, TypeError, json.JSONDecodeError) as exc:
+                raise WeightArtifactError(f"{index}: unreadable index ({type(exc).__name__}: {exc})") from exc
+            shards = sorted(set(weight_map.values()))
+            missing = [s for s in shards if not (root / s).is_file()]
+            if missing:
+                raise WeightArtifactError(f"{index}: shards named by the index are missing: {missing}")
+            return cls([root / s for s in shards])
+        files = sorted(root.glob("*.safetensors"))
+        if not files:
+            raise WeightArtifactError(f"{root}: no {INDEX_NAME} and no *.safetensors files")
+        return cls(files)
+
+    def names(self) -> Iterable[str]:
+        return list(self._entries)
+
+    def meta(self, name: str) -> TensorMeta | None:
+        entry = self._entries.get(name)
+        return entry[0] if entry else None
+
+    def blob(self, name: str) -> Blob:
+        entry = self._entries.get(name)
+        if entry is None:
+            raise WeightArtifactError(f"checkpoint has no tensor {name!r}")
+        _, path, offset, nbytes = entry
+        return FileBlob(path, offset, nbytes)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(e[3] for e in self._entries.values())
+
+    def __len__(self) -> int:
+        return len(self._entries)
