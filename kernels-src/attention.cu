@@ -138,6 +138,7 @@ extern "C" __global__ void __launch_bounds__(DEC_THREADS) kern_attn_decode_parti
                 const float alpha = exp2f(m_old - base);
                 sc[g][lane] = p0;
                 sc[g][lane + 32] = p1;
+                __syncwarp();  // every lane has read m_run[g] / l_run[g] before lane 0 rewrites them
                 if (lane == 0) {
                     m_run[g] = m_new;
                     l_run[g] = l_run[g] * alpha + psum;

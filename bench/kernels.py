@@ -1,0 +1,162 @@
+"""Micro-benchmark of kern's kernels at Qwen3-4B shapes: device time per launch vs the bytes-moved floor.
+
+Each case is captured into a CUDA graph of REPS back-to-back launches (so Python launch cost is not
+measured) and timed by CUDA events over several replays; the median per launch is reported. Where the
+working set would fit in L2 (50 MB), launches rotate over several input sets.
+Floor = fewest bytes each launch must move (inputs read once, outputs written once) / 4.3 TB/s (measured
+H200 copy rate, shared/design/GPU-MACHINE.md). Prefill attention also reports TFLOP/s.
+
+    python bench/kernels.py            # on the GPU machine
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests" / "kernels"))
+
+from cuda.bindings import driver as cu  # noqa: E402
+from gpu_helpers import Gpu, check  # noqa: E402
+
+from tools import reference_kernels as ref  # noqa: E402
+
+PEAK_BYTES_PER_S = 4.3e12
+HIDDEN, HQ, HKV, D, INTER, VOCAB = 2560, 32, 8, 128, 9728, 151936
+PAGE = 16
+REPS, REPLAYS = 20, 15
+
+
+def cdiv(a, b):
+    return -(-a // b)
+
+
+def rand_bits(rng, shape, scale=1.0):
+    return ref.bf16_bits((rng.standard_normal(shape) * scale).astype(np.float32))
+
+
+def time_graph(stream, launches) -> float:
+    """Median microseconds per launch of `launches` (callables taking a stream), captured REPS times."""
+    check(cu.cuStreamBeginCapture(stream, cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL), "BeginCapture")
+    for i in range(REPS):
+        launches[i % len(launches)](stream)
+    graph = check(cu.cuStreamEndCapture(stream), "EndCapture")
+    exe = check(cu.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
+    start, end = check(cu.cuEventCreate(0), "cuEventCreate"), check(cu.cuEventCreate(0), "cuEventCreate")
+    for _ in range(3):
+        check(cu.cuGraphLaunch(exe, stream), "cuGraphLaunch")
+    times = []
+    for _ in range(REPLAYS):
+        check(cu.cuEventRecord(start, stream), "cuEventRecord")
+        check(cu.cuGraphLaunch(exe, stream), "cuGraphLaunch")
+        check(cu.cuEventRecord(end, stream), "cuEventRecord")
+        check(cu.cuEventSynchronize(end), "cuEventSynchronize")
+        times.append(check(cu.cuEventElapsedTime(start, end), "cuEventElapsedTime") * 1000.0 / REPS)
+    check(cu.cuGraphExecDestroy(exe), "cuGraphExecDestroy")
+    check(cu.cuGraphDestroy(graph), "cuGraphDestroy")
+    return statistics.median(times)
+
+
+def main() -> int:
+    gpu = Gpu()
+    stream = check(cu.cuStreamCreate(1), "cuStreamCreate")  # non-blocking: capturable
+    rng = np.random.default_rng(0)
+    rows = []
+
+    def bench(name, kernel, grid, block, arg_sets, nbytes, flops=0.0):
+        k = gpu.kernel(kernel)
+        launches = [lambda st, a=a: k.launch(grid, block, a, stream=st, sync=False) for a in arg_sets]
+        us = time_graph(stream, launches)
+        floor_us = nbytes / PEAK_BYTES_PER_S * 1e6
+        rows.append((name, us, nbytes, floor_us, flops / (us * 1e-6) / 1e12 if flops else None))
+
+    def arr(data):
+        return gpu.array(data).ptr
+
+    # embed / rmsnorm / silu / qk-norm-rope at 1 and 512 tokens
+    table = arr(rand_bits(rng, (VOCAB, HIDDEN)))
+    rope = arr(ref.rope_table(4096, D, 1e6))
+    for n in (1, 512):
+        ids = arr(rng.integers(0, VOCAB, n).astype(np.int32))
+        out = gpu.alloc(n * HIDDEN * 2).ptr
+        bench(f"embed_gather n={n}", "kern_embed_gather", (n,), (256,),
+              [[("p", table), ("p", ids), ("p", out), ("i", n), ("i", HIDDEN), ("i", VOCAB)]], n * HIDDEN * 4 + n * 4)
+        sets = [[("p", arr(rand_bits(rng, (n, HIDDEN)))), ("p", arr(rand_bits(rng, (n, HIDDEN)))),
+                 ("p", arr(rand_bits(rng, (HIDDEN,)))), ("p", gpu.alloc(n * HIDDEN * 2).ptr),
+                 ("i", n), ("i", HIDDEN), ("f", 1e-6)] for _ in range(4 if n > 1 else 1)]
+        bench(f"add_rmsnorm n={n}", "kern_add_rmsnorm", (n,), (256,), sets, n * HIDDEN * 2 * 4 + HIDDEN * 2)
+        sets = [[("p", arr(rand_bits(rng, (n, 2 * INTER)))), ("p", gpu.alloc(n * INTER * 2).ptr), ("i", n), ("i", INTER)]
+                for _ in range(4 if n > 1 else 1)]
+        bench(f"silu_mul n={n}", "kern_silu_mul", (n, cdiv(INTER, 1024)), (256,), sets, n * INTER * 2 * 3)
+        width = (HQ + 2 * HKV) * D
+        num_pages = cdiv(n, PAGE) + 1
+        sets = [[("p", arr(rand_bits(rng, (n, width)))), ("p", arr(rand_bits(rng, (D,)))), ("p", arr(rand_bits(rng, (D,)))),
+                 ("p", rope), ("p", arr(np.arange(n, dtype=np.int32))), ("p", arr(np.arange(n, dtype=np.int32))),
+                 ("p", gpu.alloc(n * HQ * D * 2).ptr), ("p", gpu.alloc(num_pages * PAGE * 2 * HKV * D * 2).ptr),
+                 ("i", n), ("i", HQ), ("i", HKV), ("i", D), ("i", PAGE), ("i", 4096), ("i", num_pages * PAGE), ("f", 1e-6)]
+                for _ in range(4 if n > 1 else 1)]
+        bench(f"qk_norm_rope_kv n={n}", "kern_qk_norm_rope_kv", (n, HQ + HKV), (D,), sets,
+              n * (width * 2 + HQ * D * 2 + 2 * HKV * D * 2 + D * 4) + 4 * D)
+
+    # decode attention, one sequence; 8 sequences' worth of distinct pages rotate to defeat L2
+    for ctx, split in ((128, 64), (4096, 256)):
+        pages_per_seq = cdiv(ctx, PAGE)
+        n_sets = 8
+        cache = gpu.alloc(n_sets * pages_per_seq * PAGE * 2 * HKV * D * 2)
+        check(cu.cuMemsetD16(cache.ptr, 0x3C00, cache.nbytes // 2), "cuMemsetD16")  # bf16 1.0 (not zeros)
+        num_splits = cdiv(ctx, split)
+        q = arr(rand_bits(rng, (1, HQ, D)))
+        lens = arr(np.array([ctx], dtype=np.int32))
+        po, ml = gpu.alloc(HQ * num_splits * D * 4).ptr, gpu.alloc(HQ * num_splits * 8).ptr
+        sets = [[("p", q), ("p", cache.ptr), ("p", arr(np.arange(i * pages_per_seq, (i + 1) * pages_per_seq, dtype=np.int32))),
+                 ("p", lens), ("p", po), ("p", ml), ("i", HQ), ("i", HKV), ("i", D), ("i", PAGE), ("i", pages_per_seq),
+                 ("i", split), ("i", num_splits), ("f", D**-0.5)] for i in range(n_sets)]
+        kv_bytes = ctx * HKV * D * 2 * 2
+        bench(f"attn_decode_partial ctx={ctx} splits={num_splits}", "kern_attn_decode_partial", (HKV, num_splits, 1), (128,),
+              sets, kv_bytes + HQ * D * 2 + HQ * num_splits * (D + 2) * 4)
+        out = gpu.alloc(HQ * D * 2).ptr
+        bench(f"attn_decode_reduce ctx={ctx}", "kern_attn_decode_reduce", (HQ, 1), (D,),
+              [[("p", po), ("p", ml), ("p", lens), ("p", out), ("i", HQ), ("i", D), ("i", split), ("i", num_splits)]],
+              HQ * num_splits * (D + 2) * 4 + HQ * D * 2)
+
+    # prefill attention: a 512-token chunk with no prefix, one after a 1536-token prefix, a whole 2048 prompt
+    for prefix, chunk in ((0, 512), (1536, 512), (0, 2048)):
+        ctx = prefix + chunk
+        pages = cdiv(ctx, PAGE)
+        cache = gpu.alloc(pages * PAGE * 2 * HKV * D * 2)
+        cache.upload(rand_bits(rng, (pages * PAGE * 2 * HKV * D,)))
+        args = [("p", arr(rand_bits(rng, (chunk, HQ, D)))), ("p", cache.ptr), ("p", arr(rng.permutation(pages).astype(np.int32))),
+                ("p", arr(np.array([0, chunk], dtype=np.int32))), ("p", arr(np.array([ctx], dtype=np.int32))),
+                ("p", gpu.alloc(chunk * HQ * D * 2).ptr), ("i", HQ), ("i", HKV), ("i", D), ("i", PAGE), ("i", pages),
+                ("f", D**-0.5)]
+        pairs = chunk * prefix + chunk * (chunk + 1) / 2  # (query, key) pairs attended
+        bench(f"attn_prefill prefix={prefix} chunk={chunk}", "kern_attn_prefill", (cdiv(chunk, 16), HKV, 1), (128,), [args],
+              ctx * HKV * D * 4 + chunk * HQ * D * 4, flops=4.0 * HQ * D * pairs)
+
+    # argmax over the vocabulary, one row
+    chunk = 1024
+    num_chunks = cdiv(VOCAB, chunk)
+    pv, pi, o = gpu.alloc(num_chunks * 4).ptr, gpu.alloc(num_chunks * 4).ptr, gpu.alloc(8).ptr
+    logits = arr(rand_bits(rng, (VOCAB,)))
+    bench(f"argmax_partial n={VOCAB} chunks={num_chunks}", "kern_argmax_partial", (num_chunks, 1), (256,),
+          [[("p", logits), ("i", VOCAB), ("i", chunk), ("p", pv), ("p", pi), ("i", num_chunks)]], VOCAB * 2 + num_chunks * 8)
+    bench("argmax_final", "kern_argmax_final", (1,), (256,), [[("p", pv), ("p", pi), ("i", num_chunks), ("p", o)]],
+          num_chunks * 8 + 8)
+
+    print(f"{'kernel':46s} {'us':>9s} {'MB moved':>9s} {'floor us':>9s} {'% 4.3TB/s':>10s} {'TFLOP/s':>8s}")
+    for name, us, nbytes, floor_us, tflops in rows:
+        tf = f"{tflops:8.1f}" if tflops else ""
+        print(f"{name:46s} {us:9.2f} {nbytes / 1e6:9.3f} {floor_us:9.2f} {100 * floor_us / us:9.1f}% {tf:>8s}")
+    prefill_2k = next(us for name, us, *_ in rows if name == "attn_prefill prefix=0 chunk=2048")
+    print(f"2048-token prompt, 36 layers of attn_prefill: {36 * prefill_2k / 1000:.2f} ms (target well under 30 ms)")
+    gpu.free_all()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
