@@ -1,0 +1,116 @@
+"""SafetensorsTensors: headers only, layouts, duplicates; host-placement loads with pread (no GPU)."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+from kern_runtime import FileBlob, SafetensorsTensors, TensorMeta, WeightArtifactError, plan_bind
+from kern_runtime.spec import BufferSpec, InterleaveSegment, TensorSegment
+from kern_runtime.weights.loader import Target, WeightLoader
+from kern_runtime.weights.safetensors import read_safetensors_header
+from kern_manifest import Expr
+
+
+def write_bf16_file(path: Path, tensors: dict[str, np.ndarray]) -> None:
+    """A safetensors file with BF16 tensors given as uint16 bits (numpy has no bfloat16)."""
+    header, blobs, offset = {}, [], 0
+    for name, bits in tensors.items():
+        raw = np.ascontiguousarray(bits, dtype="<u2").tobytes()
+        header[name] = {"dtype": "BF16", "shape": list(bits.shape), "data_offsets": [offset, offset + len(raw)]}
+        blobs.append(raw)
+        offset += len(raw)
+    text = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+
+
+def make_sharded(root: Path) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(1)
+    arrays = {
+        "a": rng.standard_normal((3, 4)).astype(np.float32),
+        "b": rng.standard_normal((5, 4)).astype(np.float32),
+        "ids": np.arange(6, dtype=np.int32),
+    }
+    save_file({"a": arrays["a"], "ids": arrays["ids"]}, str(root / "model-00001-of-00002.safetensors"))
+    save_file({"b": arrays["b"]}, str(root / "model-00002-of-00002.safetensors"))
+    index = {"metadata": {}, "weight_map": {"a": "model-00001-of-00002.safetensors", "ids": "model-00001-of-00002.safetensors",
+                                            "b": "model-00002-of-00002.safetensors"}}
+    (root / "model.safetensors.index.json").write_text(json.dumps(index))
+    return arrays
+
+
+def test_sharded_directory_reads_headers(tmp_path: Path) -> None:
+    arrays = make_sharded(tmp_path)
+    t = SafetensorsTensors.open(tmp_path)
+    assert sorted(t.names()) == ["a", "b", "ids"]
+    assert t.meta("a") == TensorMeta("f32", (3, 4))
+    assert t.meta("ids") == TensorMeta("i32", (6,))
+    assert t.meta("zzz") is None
+    blob = t.blob("b")
+    assert isinstance(blob, FileBlob) and blob.nbytes == 5 * 4 * 4
+    with open(blob.path, "rb") as fh:
+        fh.seek(blob.offset)
+        np.testing.assert_array_equal(np.frombuffer(fh.read(blob.nbytes), np.float32).reshape(5, 4), arrays["b"])
+
+
+def test_single_file_list_and_plain_directory(tmp_path: Path) -> None:
+    make_sharded(tmp_path)
+    files = sorted(tmp_path.glob("*.safetensors"))
+    assert sorted(SafetensorsTensors.open(files[1]).names()) == ["b"]
+    assert sorted(SafetensorsTensors.open(files).names()) == ["a", "b", "ids"]
+    (tmp_path / "model.safetensors.index.json").unlink()
+    assert sorted(SafetensorsTensors.open(tmp_path).names()) == ["a", "b", "ids"]
+
+
+def test_duplicate_tensor_in_two_shards_is_refused(tmp_path: Path) -> None:
+    save_file({"x": np.zeros(2, np.float32)}, str(tmp_path / "one.safetensors"))
+    save_file({"x": np.ones(2, np.float32)}, str(tmp_path / "two.safetensors"))
+    with pytest.raises(WeightArtifactError, match=r"tensor 'x' is present in two shards: .*one.safetensors and .*two.safetensors"):
+        SafetensorsTensors.open(tmp_path)
+
+
+def test_missing_shard_and_bad_files(tmp_path: Path) -> None:
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": "gone.safetensors"}}))
+    with pytest.raises(WeightArtifactError, match="missing: \\['gone.safetensors'\\]"):
+        SafetensorsTensors.open(tmp_path)
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(b"\x03")
+    with pytest.raises(WeightArtifactError, match="shorter than 8 bytes"):
+        read_safetensors_header(bad)
+    with pytest.raises(WeightArtifactError, match="no such checkpoint"):
+        SafetensorsTensors.open(tmp_path / "nothing")
+
+
+def test_header_size_mismatch_is_refused(tmp_path: Path) -> None:
+    text = json.dumps({"t": {"dtype": "F32", "shape": [4], "data_offsets": [0, 12]}}).encode()
+    path = tmp_path / "x.safetensors"
+    path.write_bytes(struct.pack("<Q", len(text)) + text + bytes(12))
+    with pytest.raises(WeightArtifactError, match="spans 12 bytes, expected 16"):
+        read_safetensors_header(path)
+
+
+def test_host_placement_load_from_sharded_bf16_with_interleave(tmp_path: Path) -> None:
+    """The loader's CPU path (host-placement buffer): pread + strided scatter, checked byte for byte."""
+    rng = np.random.default_rng(2)
+    gate = rng.integers(0, 2**16, (6, 8), dtype=np.uint16)
+    up = rng.integers(0, 2**16, (6, 8), dtype=np.uint16)
+    emb = rng.integers(0, 2**16, (5, 8), dtype=np.uint16)
+    write_bf16_file(tmp_path / "s1.safetensors", {"gate": gate, "emb": emb})
+    write_bf16_file(tmp_path / "s2.safetensors", {"up": up})
+    tensors = SafetensorsTensors.open(tmp_path)
+    buf = BufferSpec("gate_up", "weight", "bf16", (Expr(17), Expr(8)), placement="host",
+                     bind=(TensorSegment("emb", (0, 5)), InterleaveSegment(("gate", "up"), 2)))
+    plan = plan_bind(buf, tensors.meta)
+    host = np.zeros(17 * 8, dtype=np.uint16)
+    seen = []
+    loader = WeightLoader(tensors, None, staging_bytes=64, progress=lambda done, total: seen.append((done, total)))
+    nbytes, _ = loader.run([Target(plan, 0, host.ctypes.data)])
+    want = np.concatenate([emb, gate[0:2], up[0:2], gate[2:4], up[2:4], gate[4:6], up[4:6]])
+    np.testing.assert_array_equal(host.reshape(17, 8), want)
+    assert nbytes == 17 * 8 * 2
+    assert seen[-1] == (nbytes, nbytes)
