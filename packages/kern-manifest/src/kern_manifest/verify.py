@@ -697,10 +697,9 @@ class _Verifier:
                     self.fault(key_path(index_path(key_path(path, "launches"), i), "when"),
                                f"'when' overlaps launch {j} at {at}; ranges of one group must not overlap")
                     break
-            else:
-                group.append((i, box))
-                if self.uncovered(group) is None:
-                    group.clear()
+            group.append((i, box))  # even when it overlaps: a hole is then only reported if there is one
+            if self.uncovered(group) is None:
+                group.clear()
         close()
 
     def uncovered(self, group: list[tuple[int, dict[str, tuple[int, int]]]]) -> str | None:
