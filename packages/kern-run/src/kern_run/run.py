@@ -26,8 +26,9 @@ class RunRequest:
     ignore_eos: bool = False
 
 
-def run_target(cfg: RunConfig, req: RunRequest, log: Any, out: TextIO = sys.stdout) -> GenerateResult:
-    """Preflight, load, generate, stream. Raises RefusalError / kern_runtime.KernError."""
+def run_target(cfg: RunConfig, req: RunRequest, log: Any, out: TextIO | None = None) -> GenerateResult:
+    """Preflight, load, generate, stream to `out` (default: stdout). Raises RefusalError / kern_runtime.KernError."""
+    out = out if out is not None else sys.stdout
     prep = prepare(cfg)
     prompt_ids = checked_prompt(prep.codec, req.prompt)
     check_prompt(len(prompt_ids), cfg.capacity_tokens, prep.facts)

@@ -1,0 +1,159 @@
+"""Helpers for kern-run's CPU tests (imported by conftest.py and the tests; a unique module name)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tools"))
+
+import gen_qwen3  # noqa: E402
+import make_checkpoint  # noqa: E402
+
+
+def byte_tokenizer(path: Path, eos_token: str = "<|endoftext|>") -> Path:
+    """A byte-level BPE tokenizer.json with no merges (one token per byte) plus one special token.
+
+    Ids 0..255 are the bytes in GPT-2's byte-to-unicode order; `eos_token` is id 256.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    byte_map = make_checkpoint_byte_map()
+    vocab = {ch: i for i, ch in enumerate(byte_map)}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([eos_token])
+    tok.save(str(path))
+    return path
+
+
+def make_checkpoint_byte_map() -> list[str]:
+    sys.path.insert(0, str(ROOT / "tools"))
+    from qwen_tokenizer_json import bytes_to_unicode
+
+    m = bytes_to_unicode()
+    return [m[b] for b in range(256)]
+
+
+@pytest.fixture(scope="session")
+def tiny_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The `tiny` checkpoint (seed 0) with the byte-level test tokenizer and eos id 256."""
+    out = tmp_path_factory.mktemp("ckpt") / "qwen3-tiny"
+    make_checkpoint.write_checkpoint(out, make_checkpoint.SHAPES["tiny"], seed=0, with_tokenizer=False,
+                                     log=lambda *_: None)
+    byte_tokenizer(out / "tokenizer.json")
+    gen = json.loads((out / "generation_config.json").read_text())
+    gen["eos_token_id"] = [256]
+    (out / "generation_config.json").write_text(json.dumps(gen))
+    cfg = json.loads((out / "config.json").read_text())
+    cfg["eos_token_id"] = 256
+    (out / "config.json").write_text(json.dumps(cfg))
+    return out
+
+
+def stub_kernels(dir_: Path) -> Path:
+    """A kernels dir whose cubins are fake bytes and whose kernels.json pins their real sha256."""
+    raw = gen_qwen3.stub_kernels_json()
+    dir_.mkdir(parents=True, exist_ok=True)
+    for name, mod in raw["modules"].items():
+        content = f"fake cubin {name}".encode()
+        mod["sha256"] = hashlib.sha256(content).hexdigest()
+        mod["file"] = f"{name}-{mod['sha256'][:12]}.cubin"
+        (dir_ / mod["file"]).write_bytes(content)
+    (dir_ / "kernels.json").write_text(json.dumps(raw, indent=1, sort_keys=True))
+    return dir_
+
+
+@pytest.fixture(scope="session")
+def kernels_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return stub_kernels(tmp_path_factory.mktemp("kernels"))
+
+
+def make_manifest(path: Path, kernels: Path, shape: str = "tiny", untied: bool = False, chunk_max: int = 64,
+                  max_context: int = 1024) -> Path:
+    cfg_json = make_checkpoint.config_json(make_checkpoint.SHAPES[shape])
+    cfg_json["tie_word_embeddings"] = not untied
+    cfg = gen_qwen3.Qwen3Config.from_json(cfg_json)
+    abi = gen_qwen3.KernelAbi.from_json(json.loads((kernels / "kernels.json").read_text()))
+    manifest = gen_qwen3.build_manifest(cfg, abi, gen_qwen3.GenOptions(shape, chunk_max, max_context))
+    path.write_text(gen_qwen3.dumps(manifest))
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_manifest(tmp_path_factory: pytest.TempPathFactory, kernels_dir: Path) -> Path:
+    return make_manifest(tmp_path_factory.mktemp("manifest") / "qwen3-tiny.json", kernels_dir)
+
+
+class FakeRuntime:
+    """Records the caller's calls; its "model" predicts next = (token * 7 + position + 1) % 250 + 3.
+
+    Prefill fills a fake KV cache (position -> token) so decode can check the caller prefilled every
+    earlier position before it; logits are one-hot-ish at the predicted id.
+    """
+
+    def __init__(self, page_tokens: int = 16, num_pages: int = 64, vocab: int = 300) -> None:
+        self.page_tokens = page_tokens
+        self.num_pages = num_pages
+        self.vocab = vocab
+        self.inputs: dict[str, np.ndarray] = {}
+        self.calls: list[tuple[str, dict[str, int], bool]] = []
+        self.kv: dict[int, int] = {}
+        self.next_token = np.zeros(1, np.int64)
+        self.logits = np.zeros((1, vocab), np.float32)
+        self.closed = False
+        self.weight_load_stats = (1000, 0.001)
+
+    def write_input(self, name: str, array: np.ndarray) -> None:
+        assert array.dtype == np.int32, (name, array.dtype)
+        self.inputs[name] = np.array(array)
+
+    @staticmethod
+    def predict(token: int, position: int) -> int:
+        return (token * 7 + position + 1) % 250 + 3
+
+    def issue(self, program: str, values: dict[str, int], eager: bool = False) -> None:
+        n = values["tokens"]
+        self.calls.append((program, dict(values), eager))
+        ids, pos, slots = (self.inputs[k][:n] for k in ("token_ids", "positions", "slot_mapping"))
+        assert list(slots) == list(pos), "identity pages: slot == position"
+        assert int(self.inputs["seq_lens"][0]) == int(pos[-1]) + 1
+        for t, p in zip(ids, pos):
+            self.kv[int(p)] = int(t)
+        if program == "prefill":
+            assert list(self.inputs["cu_seqlens_q"][:2]) == [0, n]
+        else:
+            assert n == 1
+            p = int(pos[0])
+            assert all(q in self.kv for q in range(p)), f"decode at {p} before positions {set(range(p)) - set(self.kv)}"
+            nxt = self.predict(int(ids[0]), p)
+            self.next_token[0] = nxt
+            self.logits[:] = 0
+            self.logits[0, nxt] = 1.0
+
+    def read_output(self, name: str) -> np.ndarray:
+        assert name == "next_token"
+        return self.next_token.copy()
+
+    def read_buffer(self, name: str) -> np.ndarray:
+        assert name == "logits"
+        return self.logits.copy()
+
+    def describe(self) -> dict:
+        return {"graphs": {"decode": 1}}
+
+    def close(self) -> None:
+        self.closed = True
+
+    def __enter__(self) -> "FakeRuntime":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

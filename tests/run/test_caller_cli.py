@@ -1,0 +1,187 @@
+"""`kern` CLI: targets, refusals (one line, non-zero exit, no traceback), and a full run on a fake runtime."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+import kern_run.session as session
+from kern_run import preflight
+from kern_run.cli import app
+from kern_run.config import resolve_config
+from kern_run.errors import ConfigError, NoDeviceError, WeightsError
+from kern_run.generate import Generator
+from kern_run.text import load_codec
+from kern_run_testutil import FakeRuntime, make_manifest
+
+
+@pytest.fixture(autouse=True)
+def no_repo_targets(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Isolate from the repository's kern.toml: an empty one (no default target)."""
+    empty = tmp_path / "empty-kern.toml"
+    empty.write_text("")
+    monkeypatch.setenv("KERN_TOML", str(empty))
+
+
+def _invoke(*args: str):
+    return CliRunner().invoke(app, list(args))
+
+
+def _refused(result, code: int, *needles: str) -> None:
+    assert result.exit_code == code, (result.exit_code, result.stdout, result.stderr)
+    lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, result.stderr
+    assert "Traceback" not in result.stderr and result.stdout == ""
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+@pytest.fixture
+def with_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(session, "probe_device", lambda gpu: 1)
+
+
+@pytest.fixture
+def fake_runtime(monkeypatch: pytest.MonkeyPatch) -> list[FakeRuntime]:
+    made: list[FakeRuntime] = []
+
+    def open_fake(manifest, kernels, weights, facts, gpu=0, capacity_tokens=4096, eos_ids=frozenset(), progress=None):
+        rt = FakeRuntime(num_pages=capacity_tokens // 16)
+        made.append(rt)
+        return Generator(rt, facts, eos_ids)
+
+    monkeypatch.setattr(Generator, "open", staticmethod(open_fake))
+    return made
+
+
+def _base(tiny_manifest: Path, kernels_dir: Path, tiny_ckpt: Path) -> list[str]:
+    return ["run", "--manifest", str(tiny_manifest), "--kernels", str(kernels_dir), "--weights", str(tiny_ckpt),
+            "--log-level", "info"]
+
+
+def test_no_cuda_device_on_this_machine() -> None:
+    try:
+        preflight.probe_device(0)
+    except NoDeviceError:
+        pass
+    else:
+        pytest.skip("a CUDA device is visible here")
+    result = _invoke("run", "--prompt", "hi", "--manifest", "m.json", "--kernels", "k", "--weights", "w")
+    _refused(result, 3, "no CUDA device")
+
+
+def test_probe_device_branches(monkeypatch: pytest.MonkeyPatch) -> None:
+    import types
+
+    class Result:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+    ok, no_dev = Result("CUDA_SUCCESS"), Result("CUDA_ERROR_NO_DEVICE")
+    fake = types.SimpleNamespace(CUresult=types.SimpleNamespace(CUDA_SUCCESS=ok))
+    bindings = pytest.importorskip("cuda.bindings")
+    monkeypatch.setattr(bindings, "driver", fake, raising=False)
+    monkeypatch.setitem(__import__("sys").modules, "cuda.bindings.driver", fake)
+    fake.cuInit = lambda flags: (no_dev,)
+    with pytest.raises(NoDeviceError, match="CUDA_ERROR_NO_DEVICE"):
+        preflight.probe_device(0)
+    fake.cuInit = lambda flags: (ok,)
+    fake.cuDeviceGetCount = lambda: (ok, 2)
+    assert preflight.probe_device(1) == 2
+    with pytest.raises(NoDeviceError, match="--gpu 2 but 2"):
+        preflight.probe_device(2)
+
+
+def test_missing_and_mismatched_cubin(with_device, tiny_manifest: Path, kernels_dir: Path, tiny_ckpt: Path,
+                                      tmp_path: Path) -> None:
+    broken = tmp_path / "kernels"
+    shutil.copytree(kernels_dir, broken)
+    victim = sorted(broken.glob("attention-*.cubin"))[0]
+    victim.unlink()
+    args = _base(tiny_manifest, broken, tiny_ckpt)
+    _refused(_invoke(*args), 2, victim.name, "kern kernels")
+    victim.write_bytes(b"something else")
+    _refused(_invoke(*args), 2, victim.name, "sha256")
+
+
+def test_weights_that_do_not_match(with_device, kernels_dir: Path, tiny_ckpt: Path, tmp_path: Path) -> None:
+    untied = make_manifest(tmp_path / "untied.json", kernels_dir, untied=True)
+    _refused(_invoke(*_base(untied, kernels_dir, tiny_ckpt)), 2, "lm_head.weight")
+    bigger = make_manifest(tmp_path / "big.json", kernels_dir, shape="qwen3-0.6b")
+    _refused(_invoke(*_base(bigger, kernels_dir, tiny_ckpt)), 2, "wrong model")
+    _refused(_invoke(*_base(bigger, kernels_dir, tmp_path / "nowhere")), 2, "make_checkpoint.py")
+
+
+def test_wrong_dtype(tiny_manifest: Path, tiny_ckpt: Path) -> None:
+    facts = preflight.read_manifest(tiny_manifest)
+    tensors = preflight.checkpoint_tensors(tiny_ckpt)
+    tensors["model.norm.weight"] = ("f32", tensors["model.norm.weight"][1])
+    with pytest.raises(WeightsError, match="model.norm.weight.*f32.*bf16"):
+        preflight.check_weights(facts, tensors, tiny_ckpt)
+
+
+def test_prompt_longer_than_capacity(with_device, fake_runtime, tiny_manifest: Path, kernels_dir: Path,
+                                     tiny_ckpt: Path) -> None:
+    result = _invoke(*_base(tiny_manifest, kernels_dir, tiny_ckpt), "--capacity", "16", "--prompt", "x" * 40)
+    _refused(result, 2, "40 tokens", "--capacity")
+    assert fake_runtime == []  # refused before loading
+
+
+def test_chunk_larger_than_tokens_var(with_device, tiny_manifest: Path, kernels_dir: Path, tiny_ckpt: Path) -> None:
+    result = _invoke(*_base(tiny_manifest, kernels_dir, tiny_ckpt), "--chunk", "65")
+    _refused(result, 2, "--chunk 65", "64")
+
+
+def test_run_streams_only_text(with_device, fake_runtime, tiny_manifest: Path, kernels_dir: Path,
+                               tiny_ckpt: Path) -> None:
+    result = _invoke(*_base(tiny_manifest, kernels_dir, tiny_ckpt), "--prompt", "Hello, kern", "--steps", "12",
+                     "--chunk", "4")
+    assert result.exit_code == 0, result.stderr
+    rt = fake_runtime[0]
+    decodes = [c for c in rt.calls if c[0] == "decode"]
+    prefills = [c[1]["tokens"] for c in rt.calls if c[0] == "prefill"]
+    assert prefills == [4, 4, 2] and len(decodes) == 12
+    codec = load_codec(tiny_ckpt)
+    prompt = codec.encode("Hello, kern")
+    tokens, tok = [], prompt[-1]
+    for pos in range(len(prompt) - 1, len(prompt) + 11):
+        tok = FakeRuntime.predict(tok, pos)
+        tokens.append(tok)
+    assert result.stdout == codec.decode(tokens) + "\n"
+    assert "ms/token" in result.stderr and "12 tokens generated" in result.stderr
+    assert "graph: 45 launches -> 1 graph launch per step" in result.stderr
+
+
+def test_targets_and_overrides(tmp_path: Path) -> None:
+    toml = tmp_path / "kern.toml"
+    toml.write_text('default = "a"\n[targets.a]\nmanifest = "m.json"\nkernels = "k"\nweights = "/w"\ncapacity = 100\n'
+                    '[targets.b]\nmanifest = "n.json"\nkernels = "k"\nweights = "w2"\ngpu = 1\nchunk = 8\n')
+    cfg = resolve_config(toml, None, {"chunk": None})
+    assert (cfg.target, cfg.manifest, cfg.weights, cfg.capacity_tokens, cfg.chunk) == (
+        "a", tmp_path / "m.json", Path("/w"), 100, None)
+    cfg = resolve_config(toml, "b", {"chunk": 16, "weights": Path("x")})
+    assert (cfg.gpu, cfg.chunk, cfg.weights, cfg.capacity_tokens) == (1, 16, Path("x"), 4096)
+    with pytest.raises(ConfigError, match="'c' is not in"):
+        resolve_config(toml, "c", {})
+    with pytest.raises(ConfigError, match="--manifest"):
+        resolve_config(None, None, {"kernels": Path("k"), "weights": Path("w")})
+    toml.write_text('[targets.a]\nmanifest = "m"\nbogus = 1\n')
+    with pytest.raises(ConfigError, match="bogus"):
+        resolve_config(toml, "a", {})
+
+
+def test_inspect_prints_summary(tiny_manifest: Path) -> None:
+    result = _invoke("inspect", str(tiny_manifest))
+    assert result.exit_code == 0
+    assert "kern_attn_decode_partial in attention" in result.stdout
+    assert "program decode (run): 40 calls, 45 launches" in result.stdout
+    _refused(_invoke("inspect", "/nonexistent.json"), 2, "gen_qwen3.py")
+
+
+def test_manifest_check(tiny_manifest: Path) -> None:
+    pytest.importorskip("kern_manifest")
+    result = _invoke("manifest", "check", str(tiny_manifest))
+    assert result.exit_code == 0, result.stdout + result.stderr

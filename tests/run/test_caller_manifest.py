@@ -1,0 +1,145 @@
+"""tools/gen_qwen3.py against the stub ABI (and the committed manifests against kernels/kernels.json)."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+import gen_qwen3 as gq
+import make_checkpoint as mc
+from kern_run_testutil import ROOT, make_manifest
+
+from kern_run.preflight import check_weights, checkpoint_tensors, read_manifest
+from kern_run.errors import WeightsError
+
+
+def _manifest(shape: str = "qwen3-4b", tied: bool = True, **opts) -> dict:
+    cfg_json = mc.config_json(mc.SHAPES[shape])
+    cfg_json["tie_word_embeddings"] = tied
+    abi = gq.KernelAbi.from_json(gq.stub_kernels_json())
+    return gq.build_manifest(gq.Qwen3Config.from_json(cfg_json), abi, gq.GenOptions(shape, **opts))
+
+
+def test_verifies_with_kern_manifest() -> None:
+    km = pytest.importorskip("kern_manifest")
+    for shape in ("qwen3-4b", "tiny"):
+        km.verify(km.parse_manifest(gq.dumps(_manifest(shape))))
+
+
+def test_deterministic_bytes() -> None:
+    assert gq.dumps(_manifest()) == gq.dumps(_manifest())
+    assert gq.dumps(_manifest()) != gq.dumps(_manifest(chunk_max=256))
+
+
+def test_decode_has_ten_launches_per_layer() -> None:
+    m = _manifest()
+    launches = [len(m["ops"][c["op"]]["launches"]) for c in m["programs"]["decode"]["calls"]]
+    # embed + 36 x 10 + final norm + lm_head + argmax (2)
+    assert sum(launches) == 1 + 36 * 10 + 1 + 1 + 2
+    ops = Counter(c["op"] for c in m["programs"]["decode"]["calls"])
+    assert ops["gemm"] == 36 * 4 + 1 and ops["attn_decode"] == 36 and ops["argmax"] == 1
+    assert m["programs"]["decode"]["graph"] is True
+    assert m["programs"]["load"] == {"kind": "once", "calls": [{"op": "rope_table", "args": {"table": "rope"}}]}
+
+
+def test_prefill_fills_kv_only() -> None:
+    m = _manifest()
+    calls = m["programs"]["prefill"]["calls"]
+    assert not any(c["op"] in ("argmax", "attn_decode") for c in calls)
+    assert not any(c["args"].get("c") == "logits" for c in calls)
+    assert calls[-1]["op"] == "qk_norm_rope_kv" and calls[-1]["args"]["kv"] == "kv.35"
+    assert sum(c["op"] == "attn_prefill" for c in calls) == 35
+    assert "graph" not in m["programs"]["prefill"]
+
+
+def test_buffers_binds_states() -> None:
+    m = _manifest()
+    b = m["buffers"]
+    assert b["w_qkv.3"]["shape"] == [4096 + 2 * 1024, 2560]
+    assert [s["tensor"] for s in b["w_qkv.3"]["bind"]] == [
+        f"model.layers.3.self_attn.{x}_proj.weight" for x in "qkv"]
+    assert [s["tensor"] for s in b["w_gate_up.0"]["bind"]] == [
+        "model.layers.0.mlp.gate_proj.weight", "model.layers.0.mlp.up_proj.weight"]
+    assert b["rope"] == {"kind": "weight", "dtype": "f32", "shape": [40960, 128], "bind": [{"derived": True}]}
+    assert b["block_table"]["shape"] == ["seqs", 2560] and b["next_token"]["dtype"] == "i64"
+    assert "lm_head" not in b
+    lm = [c for c in m["programs"]["decode"]["calls"] if c["args"].get("c") == "logits"]
+    assert lm == [{"op": "gemm", "args": {"a": "normed", "w": "embed", "c": "logits", "m": "seqs", "n": 151936,
+                                          "k": 2560}}]
+    assert m["states"]["kv.0"] == {"kind": "paged", "bytes_per_token": 2 * 8 * 128 * 2, "page_tokens": 16}
+    assert len(m["states"]) == 36
+
+
+def test_untied_binds_lm_head() -> None:
+    m = _manifest(tied=False)
+    assert m["buffers"]["lm_head"]["bind"] == [{"tensor": "lm_head.weight"}]
+    lm = [c for c in m["programs"]["decode"]["calls"] if c["args"].get("c") == "logits"]
+    assert lm[0]["args"]["w"] == "lm_head"
+
+
+def test_abi_mismatch_is_refused() -> None:
+    raw = gq.stub_kernels_json()
+    raw["modules"]["norm"]["entries"]["kern_add_rmsnorm"]["params"][4] = [32, 8]
+    with pytest.raises(gq.GenError, match="kern_add_rmsnorm"):
+        gq.KernelAbi.from_json(raw)
+    raw = gq.stub_kernels_json()
+    del raw["modules"]["argmax"]["entries"]["kern_argmax_final"]
+    with pytest.raises(gq.GenError, match="kern_argmax_final"):
+        gq.KernelAbi.from_json(raw)
+
+
+def test_params_come_from_kernels_json() -> None:
+    raw = gq.stub_kernels_json()
+    raw["modules"]["act"]["entries"]["kern_silu_mul"]["params"] = [[0, 8], [16, 8], [32, 4], [40, 4]]
+    m = gq.build_manifest(gq.Qwen3Config.from_json(mc.config_json(mc.SHAPES["tiny"])), gq.KernelAbi.from_json(raw),
+                          gq.GenOptions("tiny", max_context=4096))
+    assert m["ops"]["silu_mul"]["launches"][0]["params"] == [[0, 8], [16, 8], [32, 4], [40, 4]]
+
+
+def test_runtime_spec_parses() -> None:
+    spec_mod = pytest.importorskip("kern_runtime.spec")
+    raw = _manifest("tiny", max_context=4096)
+    spec = spec_mod.spec_from_json(raw)
+    assert spec.digest == raw["digest"]
+    assert len(spec.programs["decode"].calls) == len(raw["programs"]["decode"]["calls"])
+
+
+def test_manifest_matches_checkpoint(tiny_ckpt: Path, tiny_manifest: Path, tmp_path: Path, kernels_dir: Path) -> None:
+    facts = read_manifest(tiny_manifest)
+    tensors = checkpoint_tensors(tiny_ckpt)
+    check_weights(facts, tensors, tiny_ckpt)
+    wrong = read_manifest(make_manifest(tmp_path / "m.json", kernels_dir, shape="qwen3-0.6b", max_context=1024))
+    with pytest.raises(WeightsError, match="shape"):
+        check_weights(wrong, tensors, tiny_ckpt)
+
+
+def test_cli_writes_and_rejects(tmp_path: Path, kernels_dir: Path) -> None:
+    out = tmp_path / "m.json"
+    assert gq.main(["--shape", "tiny", "--kernels", str(kernels_dir / "kernels.json"), "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["vars"]["tokens"] == {"min": 1, "max": 512}
+    bad = tmp_path / "cfg.json"
+    bad.write_text(json.dumps({**mc.config_json(mc.SHAPES["tiny"]), "model_type": "llama"}))
+    assert gq.main(["--config", str(bad), "--kernels", str(kernels_dir / "kernels.json"), "--out", str(out)]) == 1
+
+
+COMMITTED = {"qwen3-4b.json": ("qwen3-4b", None), "qwen3-0.6b.json": ("qwen3-0.6b", None),
+             "qwen3-tiny.json": ("tiny", "qwen3-tiny")}
+
+
+@pytest.mark.parametrize("fname", sorted(COMMITTED))
+def test_committed_manifest_is_current(fname: str, tmp_path: Path) -> None:
+    """manifests/*.json must be what the generator makes from the current kernels/kernels.json."""
+    kernels_json = ROOT / "kernels" / "kernels.json"
+    committed = ROOT / "manifests" / fname
+    if not kernels_json.is_file() or not committed.is_file():
+        pytest.skip("kernels/kernels.json or the committed manifest does not exist yet")
+    shape, name = COMMITTED[fname]
+    out = tmp_path / fname
+    args = ["--shape", shape, "--kernels", str(kernels_json), "--out", str(out), "--no-verify"]
+    if name:
+        args += ["--name", name]
+    assert gq.main(args) == 0
+    assert out.read_text() == committed.read_text(), f"regenerate: python tools/gen_qwen3.py {' '.join(args)}"
