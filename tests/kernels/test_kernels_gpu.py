@@ -162,7 +162,8 @@ def test_qk_norm_rope_kv(dev, hq, hkv, head_dim, page_tokens):
     positions = rng.integers(0, max_pos, n_tokens).astype(np.int32)
     positions[0], positions[1] = max_pos - 1, 0
     positions[2] = max_pos  # out of range: no writes at all for this token
-    slots = rng.permutation(num_slots)[:n_tokens].astype(np.int32)
+    # distinct slots (two tokens writing one slot would race); the last slot is placed explicitly below
+    slots = rng.permutation(num_slots - 1)[:n_tokens].astype(np.int32)
     slots[3] = num_slots  # out of range: q written, K/V not
     slots[4] = -5
     slots[5] = num_slots - 1  # last slot of the last page
