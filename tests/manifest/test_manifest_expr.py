@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kern_manifest import Expr, ExprError, ManifestParseError
+from kern_manifest import Expr, ExprError, ManifestParseError, parse_expr
 
 VARS = {"tokens": 37, "seqs": 3, "pages": 0, "big": 2**62}
 
@@ -53,6 +53,7 @@ def test_integer_literal_and_written_form() -> None:
     assert Expr("a+1") != Expr("a + 1")  # equality is by written form (what the digest hashes)
     assert Expr(1) != Expr("1")
     assert Expr("a + 1") == Expr("a + 1") and hash(Expr("a + 1")) == hash(Expr("a + 1"))
+    assert parse_expr("a + 1", "$.x") == Expr("a + 1")
 
 
 @pytest.mark.parametrize("source, position, words", [

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 
 from .errors import ExprError, Fault, ManifestError, ManifestParseError, ManifestVerifyError
-from .expr import Expr
+from .expr import Expr, parse_expr
 from .frozen import FrozenMap, canonical_json
 from .model import (
     DTYPE_BYTES,
@@ -85,5 +85,5 @@ __all__ = [
     "NullWiring", "Op", "OpArg", "PackField", "PackLiteralField", "PackPointerField", "PackTensorMapField",
     "PackWiring", "Program", "ProgramCall", "RankGroup", "RankWiring", "Ref", "RowsSegment", "ScratchWiring",
     "Segment", "State", "TensorMap", "TensorSegment", "Topology", "Var", "Wiring", "canonical_json", "dtype_size",
-    "encoding_size", "find_faults", "load_manifest", "parse_manifest", "var_max", "var_min", "verify",
+    "encoding_size", "find_faults", "load_manifest", "parse_expr", "parse_manifest", "var_max", "var_min", "verify",
 ]

@@ -35,11 +35,15 @@ def summary(m: Manifest) -> str:
         lines.append(f"  {kind:<9} {len(items):>4} buffer(s) {_bytes(total):>10}   "
                      + ", ".join(name for name, _ in items[:6]) + (" ..." if len(items) > 6 else ""))
     if m.states:
-        lines.append("states:")
+        lines.append(f"states ({len(m.states)}):")
+        groups: dict[str, list[str]] = {}
         for name, st in m.states.items():
             detail = {"fixed": f"{st.bytes} B", "paged": f"{st.bytes_per_token} B/token, {st.page_tokens} tokens/page",
                       "per_seq": f"{st.bytes_per_seq} B/seq"}[st.kind]
-            lines.append(f"  {name}: {st.kind}, {detail}")
+            groups.setdefault(f"{st.kind}, {detail}", []).append(name)
+        for detail, names in groups.items():
+            shown = ", ".join(names[:4]) + (f" ... ({len(names)})" if len(names) > 4 else "")
+            lines.append(f"  {shown}: {detail}")
     kernels = sum(1 for op in m.ops.values() for launch in op.launches if not isinstance(launch, ExternLaunch))
     externs = sum(1 for op in m.ops.values() for launch in op.launches if isinstance(launch, ExternLaunch))
     lines.append(f"ops ({len(m.ops)}, {kernels} kernel launch(es), {externs} extern): " + ", ".join(m.ops))

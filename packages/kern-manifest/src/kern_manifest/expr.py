@@ -256,3 +256,8 @@ class Expr:
 
     def __str__(self) -> str:
         return self.source
+
+
+def parse_expr(source: int | str, path: str = "$") -> Expr:
+    """`Expr(source, path)`: parse an integer expression (raises `ManifestParseError` on bad syntax)."""
+    return Expr(source, path)

@@ -1,0 +1,88 @@
+"""Shared machinery of the verifier: fault collection and corner evaluation of expressions."""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from .errors import ExprError, Fault
+from .expr import Expr
+from .frozen import key_path
+from .model import EXTERNS, Manifest
+
+NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]*")
+VAR_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+SHA256 = re.compile(r"[0-9a-f]{64}")
+MAX_CORNER_VARS = 12  # 4096 corners
+F32_MAX = 3.4028234663852886e38
+MAX_BLOCK_THREADS = 1024
+MAX_GRID = (2**31 - 1, 65535, 65535)
+MAX_TENSORMAP_RANK = 5
+MAX_TENSORMAP_BOX = 256
+STATE_FIELDS = {"fixed": ("bytes",), "paged": ("bytes_per_token", "page_tokens"), "per_seq": ("bytes_per_seq",)}
+EXTERN_INT_ROLES = {  # extern -> {position: role} for integer arguments that must be >= 1
+    name: {i: "mnk" for i in range(len(req)) if req[i] == "i"} for name, (req, _) in EXTERNS.items()
+    if not name.startswith("nccl_")
+}
+
+TOP_KEYS = ("format", "name", "meta", "vars", "modules", "buffers", "states", "ops", "programs", "topology", "digest")
+
+
+class VerifierBase:
+    """Holds the manifest and the faults found so far; helpers every check uses."""
+
+    def __init__(self, m: Manifest) -> None:
+        self.m = m
+        self.faults: list[Fault] = []
+
+    # -------------------------------------------------------------------------------- helpers
+
+    def fault(self, path: str, message: str) -> None:
+        self.faults.append(Fault(path, message))
+
+    def unknown(self, extra: Mapping[str, Any], path: str, known: Iterable[str]) -> None:
+        for key in extra:
+            self.fault(key_path(path, key), f"unknown key {key!r}; allowed here: {', '.join(known)}")
+
+    def name(self, name: str, path: str, what: str) -> None:
+        if not NAME.fullmatch(name):
+            self.fault(path, f"{what} name {name!r} must match [A-Za-z_][A-Za-z0-9_.-]*")
+
+    def corners(self, names: frozenset[str]) -> list[dict[str, int]]:
+        ordered = sorted(names)
+        ranges = [sorted({self.m.vars[n].min, self.m.vars[n].max}) for n in ordered]
+        return [dict(zip(ordered, combo)) for combo in itertools.product(*ranges)]
+
+    def values(self, e: Expr, path: str, what: str, lo: int | None = None, hi: int | None = None,
+               hint: str = "") -> list[tuple[dict[str, int], int]] | None:
+        """Evaluate `e` at every corner; record faults for undeclared vars, evaluation errors, and values
+        outside [lo, hi]. Returns (corner, value) pairs, or None when it cannot be evaluated."""
+        missing = sorted(v for v in e.vars if v not in self.m.vars)
+        if missing:
+            self.fault(path, f"{what} {e.source!r} reads undeclared var(s) {', '.join(missing)}; declare them in "
+                             f"$.vars or fix the expression")
+            return None
+        if len(e.vars) > MAX_CORNER_VARS:
+            self.fault(path, f"{what} {e.source!r} reads {len(e.vars)} vars; at most {MAX_CORNER_VARS} are supported")
+            return None
+        out = []
+        for corner in self.corners(e.vars):
+            at = ", ".join(f"{k}={v}" for k, v in corner.items())
+            where = f" at {at}" if at else ""
+            try:
+                value = e.eval(corner)
+            except ExprError as exc:
+                self.fault(path, f"{what} {e.source!r}{where}: {exc.message}")
+                return None
+            if (lo is not None and value < lo) or (hi is not None and value > hi):
+                bounds = f">= {lo}" if hi is None else (f"<= {hi}" if lo is None else f"in [{lo}, {hi}]")
+                self.fault(path, f"{what} {e.source!r} is {value}{where}; it must be {bounds}{hint}")
+                return None
+            out.append((corner, value))
+        return out
+
+    def max_value(self, e: Expr, path: str, what: str, lo: int | None = None, hi: int | None = None) -> int | None:
+        vals = self.values(e, path, what, lo, hi)
+        return None if vals is None else max(v for _, v in vals)

@@ -1,0 +1,417 @@
+"""Verifier checks of ops: launches, ABI params and wirings, packs and tensor maps, extern ops, and the
+`when` partition of each op's launches."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Any
+
+from .errors import ExprError
+from .expr import Expr
+from .frozen import index_path, key_path
+from .model import (
+    DTYPE_BYTES,
+    EXTERNS,
+    INT_ENCODINGS,
+    TENSORMAP_BYTES,
+    ArgWiring,
+    ExprWiring,
+    ExternLaunch,
+    Launch,
+    LiteralWiring,
+    NullWiring,
+    Op,
+    PackLiteralField,
+    PackPointerField,
+    PackTensorMapField,
+    PackWiring,
+    RankWiring,
+    ScratchWiring,
+    TensorMap,
+    Wiring,
+)
+from .verify_base import (
+    EXTERN_INT_ROLES,
+    F32_MAX,
+    MAX_BLOCK_THREADS,
+    MAX_GRID,
+    MAX_TENSORMAP_BOX,
+    MAX_TENSORMAP_RANK,
+    VerifierBase,
+)
+
+
+class OpChecks(VerifierBase):
+    # -------------------------------------------------------------------------------- ops
+
+    def check_op(self, op: Op, path: str) -> None:
+        self.name(op.name, path, "op")
+        self.unknown(op.extra, path, ("args", "scratch", "launches"))
+        seen: set[str] = set()
+        for i, arg in enumerate(op.args):
+            apath = index_path(key_path(path, "args"), i)
+            self.unknown(arg.extra, apath, ("name", "kind"))
+            self.name(arg.name, key_path(apath, "name"), "argument")
+            if arg.name in seen:
+                self.fault(key_path(apath, "name"), f"argument {arg.name!r} is declared twice")
+            seen.add(arg.name)
+            if arg.kind not in ("ptr", "int"):
+                self.fault(key_path(apath, "kind"), f"unknown argument kind {arg.kind!r}; use ptr or int")
+        scratch_bytes: dict[str, int | None] = {}
+        for name, e in op.scratch.items():
+            spath = key_path(key_path(path, "scratch"), name)
+            self.name(name, spath, "scratch")
+            scratch_bytes[name] = self.max_value(e, spath, "scratch size", lo=0)
+        if not op.launches:
+            self.fault(key_path(path, "launches"), "an op needs at least one launch")
+        for i, launch in enumerate(op.launches):
+            lpath = index_path(key_path(path, "launches"), i)
+            if isinstance(launch, ExternLaunch):
+                self.check_extern(op, launch, lpath, scratch_bytes)
+            else:
+                self.check_launch(op, launch, lpath, scratch_bytes)
+        self.check_when_partition(op, path)
+
+    def check_launch(self, op: Op, launch: Launch, path: str, scratch: dict[str, int | None]) -> None:
+        self.unknown(launch.extra, path, ("module", "entry", "grid", "block", "shared_mem", "cluster", "pdl", "params",
+                                          "args", "when"))
+        if launch.module not in self.m.modules:
+            self.fault(key_path(path, "module"), f"unknown module {launch.module!r}; declare it in $.modules "
+                                                 f"(known: {', '.join(self.m.modules) or 'none'})")
+        if not launch.entry:
+            self.fault(key_path(path, "entry"), "entry (the kernel's symbol name) is empty")
+        for key, dims, floor in (("grid", launch.grid, 1), ("block", launch.block, 1), ("cluster", launch.cluster, 1)):
+            if dims is None:
+                continue
+            kpath = key_path(path, key)
+            if len(dims) != 3:
+                self.fault(kpath, f"{key} has {len(dims)} dimensions; write exactly 3 (x, y, z)")
+                continue
+            maxima = []
+            for j, e in enumerate(dims):
+                hi = MAX_GRID[j] if key == "grid" else None
+                maxima.append(self.max_value(e, index_path(kpath, j), f"{key} dimension", lo=floor, hi=hi))
+            if key == "block" and None not in maxima and math.prod(maxima) > MAX_BLOCK_THREADS:
+                self.fault(kpath, f"block has up to {math.prod(maxima)} threads; CUDA allows {MAX_BLOCK_THREADS}")
+        self.values(launch.shared_mem, key_path(path, "shared_mem"), "shared_mem", lo=0)
+        ppath = key_path(path, "params")
+        end = 0
+        for j, (offset, size) in enumerate(launch.params):
+            if size < 1 or offset < 0:
+                self.fault(index_path(ppath, j), f"param [{offset}, {size}]: offset must be >= 0 and size >= 1")
+            elif offset < end:
+                self.fault(index_path(ppath, j), f"param [{offset}, {size}] starts at byte {offset}, before the "
+                                                 f"previous param ends (byte {end}); params are ascending and do not "
+                                                 "overlap")
+            end = max(end, offset + size)
+        apath = key_path(path, "args")
+        if len(launch.args) != len(launch.params):
+            self.fault(apath, f"{len(launch.args)} wirings for {len(launch.params)} params; give one wiring per param")
+        for j, wiring in enumerate(launch.args):
+            wpath = index_path(apath, j)
+            nbytes = self.check_wiring(op, wiring, wpath, scratch, extern=False)
+            if j < len(launch.params) and nbytes is not None and nbytes != launch.params[j][1]:
+                self.fault(wpath, f"wiring is {nbytes} bytes but param {j} is {launch.params[j][1]} bytes")
+        self.check_when(launch.when, key_path(path, "when"))
+
+    def check_wiring(self, op: Op, w: Wiring, path: str, scratch: dict[str, int | None], extern: bool) -> int | None:
+        """Check one wiring; returns its byte size (None when unknown)."""
+        if isinstance(w, ArgWiring):
+            self.unknown(w.extra, path, ("arg", "offset", "type"))
+            arg = op.arg(w.arg)
+            if arg is None:
+                self.fault(key_path(path, "arg"), f"unknown argument {w.arg!r}; the op declares "
+                                                  f"{', '.join(a.name for a in op.args) or 'none'}")
+                return w.nbytes
+            if arg.kind == "ptr":
+                if w.type is not None:
+                    self.fault(key_path(path, "type"), f"{w.arg!r} is a ptr argument; remove 'type' (pointers are 8 "
+                                                       "bytes)")
+                if w.offset is not None:
+                    self.values(w.offset, key_path(path, "offset"), "byte offset", lo=0)
+                return 8
+            if w.offset is not None:
+                self.fault(key_path(path, "offset"), f"{w.arg!r} is an int argument; 'offset' only applies to ptr")
+            if w.type is None:
+                if not extern:
+                    self.fault(path, f"{w.arg!r} is an int argument: say how to encode it with 'type' "
+                                     "(i32, u32, i64 or u64)")
+                return None
+            if w.type not in INT_ENCODINGS:
+                self.fault(key_path(path, "type"), f"unknown int encoding {w.type!r}; use i32, u32, i64 or u64")
+                return None
+            return w.nbytes
+        if isinstance(w, ScratchWiring):
+            self.unknown(w.extra, path, ("scratch", "offset"))
+            if w.scratch not in op.scratch:
+                self.fault(key_path(path, "scratch"), f"unknown scratch {w.scratch!r}; declare it in the op's "
+                                                      "'scratch'")
+            elif w.offset is not None:
+                hi = scratch.get(w.scratch)
+                self.values(w.offset, key_path(path, "offset"), "scratch offset", lo=0, hi=hi,
+                            hint=" (the scratch size at var max)")
+            return 8
+        if isinstance(w, LiteralWiring):
+            self.unknown(w.extra, path, (w.type,))
+            self.check_literal(w.type, w.value, key_path(path, w.type))
+            return w.nbytes
+        if isinstance(w, ExprWiring):
+            self.unknown(w.extra, path, ("expr", "type"))
+            if w.type is None:
+                if not extern:
+                    self.fault(path, "say how to encode the expression with 'type' (i32, u32, i64 or u64)")
+                self.values(w.expr, key_path(path, "expr"), "expression")
+                return None
+            if w.type not in INT_ENCODINGS:
+                self.fault(key_path(path, "type"), f"unknown int encoding {w.type!r}; use i32, u32, i64 or u64")
+                return None
+            _, lo, hi = INT_ENCODINGS[w.type]
+            self.values(w.expr, key_path(path, "expr"), "expression", lo=lo, hi=hi, hint=f" to fit {w.type}")
+            return w.nbytes
+        if isinstance(w, RankWiring):
+            self.unknown(w.extra, path, ("rank", "type"))
+            if w.rank not in self.m.topology.groups:
+                self.fault(key_path(path, "rank"), f"unknown topology group {w.rank!r}; declare it in $.topology")
+            if w.type is None:
+                if not extern:
+                    self.fault(path, "say how to encode the rank with 'type' (i32, u32, i64 or u64)")
+                return None
+            if w.type not in INT_ENCODINGS:
+                self.fault(key_path(path, "type"), f"unknown int encoding {w.type!r}; use i32, u32, i64 or u64")
+                return None
+            return w.nbytes
+        if isinstance(w, NullWiring):
+            self.unknown(w.extra, path, ("null",))
+            if w.nbytes < 1:
+                self.fault(key_path(path, "null"), f"null wiring of {w.nbytes} bytes; give the param's size (>= 1)")
+                return None
+            return w.nbytes
+        assert isinstance(w, PackWiring), w
+        self.unknown(w.extra, path, ("pack",))
+        ppath = key_path(path, "pack")
+        self.unknown(w.pack_extra, ppath, ("size", "fields"))
+        if w.size < 1:
+            self.fault(key_path(ppath, "size"), f"pack size is {w.size}; it must be >= 1")
+            return None
+        spans: list[tuple[int, int, int]] = []
+        for k, f in enumerate(w.fields):
+            fpath = index_path(key_path(ppath, "fields"), k)
+            nbytes = self.check_pack_field(op, f, fpath)
+            if nbytes is None:
+                continue
+            if f.offset < 0 or f.offset + nbytes > w.size:
+                self.fault(key_path(fpath, "offset"), f"field of {nbytes} bytes at offset {f.offset} does not fit in "
+                                                      f"the {w.size}-byte pack")
+                continue
+            for start, stop, other in spans:
+                if f.offset < stop and start < f.offset + nbytes:
+                    self.fault(key_path(fpath, "offset"), f"field [{f.offset}, {f.offset + nbytes}) overlaps field "
+                                                          f"{other} [{start}, {stop})")
+            spans.append((f.offset, f.offset + nbytes, k))
+        return w.size
+
+    def check_pack_field(self, op: Op, f: Any, path: str) -> int | None:
+        if isinstance(f, PackPointerField):
+            self.unknown(f.extra, path, ("offset", "arg"))
+            self.ptr_arg(op, f.arg, key_path(path, "arg"))
+            return f.nbytes
+        if isinstance(f, PackLiteralField):
+            self.unknown(f.extra, path, ("offset", f.type))
+            self.check_literal(f.type, f.value, key_path(path, f.type))
+            return f.nbytes
+        assert isinstance(f, PackTensorMapField), f
+        self.unknown(f.extra, path, ("offset", "tensormap"))
+        if f.offset % 64:
+            self.fault(key_path(path, "offset"), f"a tensor map is 64-byte aligned; offset {f.offset} is not a "
+                                                 "multiple of 64")
+        self.check_tensormap(op, f.tensormap, key_path(path, "tensormap"))
+        return TENSORMAP_BYTES
+
+    def check_tensormap(self, op: Op, t: TensorMap, path: str) -> None:
+        self.unknown(t.extra, path, ("arg", "offset", "dtype", "dims", "strides", "box", "elem_strides", "interleave",
+                                     "swizzle", "l2_promotion", "oob_fill"))
+        self.ptr_arg(op, t.arg, key_path(path, "arg"))
+        if t.dtype not in DTYPE_BYTES:
+            self.fault(key_path(path, "dtype"), f"unknown dtype {t.dtype!r}; use one of {', '.join(DTYPE_BYTES)}")
+        rank = len(t.dims)
+        if not 1 <= rank <= MAX_TENSORMAP_RANK:
+            self.fault(key_path(path, "dims"), f"tensor map rank {rank}; it must be 1..{MAX_TENSORMAP_RANK}")
+            return
+        for key, items, want in (("strides", t.strides, rank - 1), ("box", t.box, rank),
+                                 ("elem_strides", t.elem_strides, rank)):
+            if items is not None and len(items) != want:
+                self.fault(key_path(path, key), f"{key} has {len(items)} entries; a rank-{rank} map needs {want}")
+        for j, e in enumerate(t.dims):
+            self.values(e, index_path(key_path(path, "dims"), j), "tensor map dimension", lo=1)
+        for j, e in enumerate(t.strides):
+            self.values(e, index_path(key_path(path, "strides"), j), "tensor map stride (bytes)", lo=1)
+        for j, b in enumerate(t.box):
+            if not 1 <= b <= MAX_TENSORMAP_BOX:
+                self.fault(index_path(key_path(path, "box"), j), f"box size {b}; it must be 1..{MAX_TENSORMAP_BOX}")
+        for j, s in enumerate(t.elem_strides or ()):
+            if not 1 <= s <= 8:
+                self.fault(index_path(key_path(path, "elem_strides"), j), f"element stride {s}; it must be 1..8")
+        if t.offset is not None:
+            self.values(t.offset, key_path(path, "offset"), "byte offset", lo=0)
+
+    def ptr_arg(self, op: Op, name: str, path: str) -> None:
+        arg = op.arg(name)
+        if arg is None:
+            self.fault(path, f"unknown argument {name!r}; the op declares {', '.join(a.name for a in op.args) or 'none'}")
+        elif arg.kind != "ptr":
+            self.fault(path, f"{name!r} is an {arg.kind} argument; a pointer is needed here")
+
+    def check_literal(self, enc: str, value: int | float, path: str) -> None:
+        if enc in INT_ENCODINGS:
+            _, lo, hi = INT_ENCODINGS[enc]
+            if not lo <= value <= hi:
+                self.fault(path, f"{value} does not fit {enc} [{lo}, {hi}]")
+        elif enc == "f32" and abs(value) > F32_MAX:
+            self.fault(path, f"{value} overflows f32")
+
+    def check_extern(self, op: Op, launch: ExternLaunch, path: str, scratch: dict[str, int | None]) -> None:
+        self.unknown(launch.extra, path, ("extern", "args", "algo", "when"))
+        spec = EXTERNS.get(launch.name)
+        if spec is None:
+            self.fault(key_path(path, "extern"), f"unknown extern op {launch.extern!r}; known: {', '.join(EXTERNS)}")
+        apath = key_path(path, "args")
+        for j, w in enumerate(launch.args):
+            self.check_wiring(op, w, index_path(apath, j), scratch, extern=True)
+        if launch.algo is not None:
+            gpath = key_path(path, "algo")
+            self.unknown(launch.algo.extra, gpath, ("id", "tile", "stages", "split_k", "reduction", "swizzle", "custom",
+                                                    "inner_shape", "cluster_shape"))
+            if not launch.name.startswith("cublaslt_"):
+                self.fault(gpath, f"'algo' pins a cuBLASLt algorithm; {launch.name!r} is not a cuBLASLt extern")
+            for key in ("id", "tile", "stages", "split_k", "reduction", "swizzle", "custom", "inner_shape",
+                        "cluster_shape"):
+                value = getattr(launch.algo, key)
+                if value is not None and not 0 <= value <= 2**31 - 1:
+                    self.fault(key_path(gpath, key), f"{key} is {value}; cuBLASLt attributes are >= 0 and fit int32")
+        self.check_when(launch.when, key_path(path, "when"))
+        if spec is None:
+            return
+        required, optional = spec
+        if not len(required) <= len(launch.args) <= len(required) + len(optional):
+            want = str(len(required)) if not optional else f"{len(required)} to {len(required) + len(optional)}"
+            self.fault(apath, f"{launch.name} takes {want} arguments, got {len(launch.args)}")
+        for j, (w, role) in enumerate(zip(launch.args, required + optional)):
+            wpath = index_path(apath, j)
+            if role == "p":
+                is_ptr = isinstance(w, ScratchWiring) or (
+                    isinstance(w, ArgWiring) and (a := op.arg(w.arg)) is not None and a.kind == "ptr")
+                if not is_ptr and not (isinstance(w, ArgWiring) and op.arg(w.arg) is None):
+                    self.fault(wpath, f"argument {j} of {launch.name} is a pointer: wire a ptr argument or a scratch")
+            elif role == "i":
+                is_int = isinstance(w, ExprWiring) or (isinstance(w, LiteralWiring) and w.type in INT_ENCODINGS) or (
+                    isinstance(w, ArgWiring) and (a := op.arg(w.arg)) is not None and a.kind == "int")
+                if not is_int and not (isinstance(w, ArgWiring) and op.arg(w.arg) is None):
+                    self.fault(wpath, f"argument {j} of {launch.name} is an integer: wire an int argument, an 'expr' "
+                                      "or an integer literal")
+                elif isinstance(w, (ExprWiring, LiteralWiring)) and role == "i" and j in EXTERN_INT_ROLES.get(
+                        launch.name, {}) and j < len(required):
+                    e = w.expr if isinstance(w, ExprWiring) else Expr(int(w.value))
+                    self.values(e, wpath, "GEMM dimension", lo=1)
+                    if launch.name.startswith("cublaslt_fp8") and j == len(required) - 1:
+                        for corner, value in self.values(e, wpath, "k") or ():
+                            if value % 16:
+                                self.fault(wpath, f"fp8 GEMMs need k % 16 == 0; k is {value}")
+                                break
+            elif role == "r" and not isinstance(w, RankWiring):
+                self.fault(wpath, f"argument {j} of {launch.name} names the topology group: write {{\"rank\": group}}")
+
+    # -------------------------------------------------------------------------------- when
+
+    def check_when(self, when: Any, path: str) -> None:
+        if when is None:
+            return
+        if not when:
+            self.fault(path, "'when' is empty; remove it or name a var range")
+        for var, (lo, hi) in when.items():
+            vpath = key_path(path, var)
+            if var not in self.m.vars:
+                self.fault(vpath, f"'when' names undeclared var {var!r}")
+                continue
+            if not lo.is_const or not hi.is_const:
+                self.fault(vpath, "'when' bounds must be constant expressions (no vars), so launch selection is fixed "
+                                  "by the selecting var alone")
+                continue
+            try:
+                a, b = lo.eval({}), hi.eval({})
+            except ExprError as exc:
+                self.fault(vpath, f"'when' bound: {exc}")
+                continue
+            v = self.m.vars[var]
+            if not v.min <= a <= b <= v.max:
+                self.fault(vpath, f"'when' range [{a}, {b}] must satisfy {v.min} <= lo <= hi <= {v.max} "
+                                  f"(the range of {var!r})")
+
+    def when_box(self, when: Any) -> dict[str, tuple[int, int]] | None:
+        box = {}
+        for var, (lo, hi) in when.items():
+            if var not in self.m.vars or not lo.is_const or not hi.is_const:
+                return None
+            try:
+                a, b = lo.eval({}), hi.eval({})
+            except ExprError:
+                return None
+            v = self.m.vars[var]
+            if not v.min <= a <= b <= v.max:
+                return None
+            box[var] = (a, b)
+        return box or None
+
+    def check_when_partition(self, op: Op, path: str) -> None:
+        """Launches with `when` come in groups: a group is a run of consecutive `when` launches over the same
+        var set, closed as soon as their ranges cover the var box (or by a launch without `when`, a launch
+        over other vars, or the end of the op). Inside a group no two ranges may overlap, and a closed
+        group must cover every point."""
+        group: list[tuple[int, dict[str, tuple[int, int]]]] = []
+
+        def close() -> None:
+            if group:
+                hole = self.uncovered(group)
+                if hole is not None:
+                    first = index_path(key_path(path, "launches"), group[0][0])
+                    idx = ", ".join(str(i) for i, _ in group)
+                    self.fault(key_path(first, "when"), f"the 'when' ranges of launches {idx} leave {hole} uncovered; "
+                                                        "every var value needs exactly one launch")
+                group.clear()
+
+        for i, launch in enumerate(op.launches):
+            if launch.when is None:
+                close()
+                continue
+            box = self.when_box(launch.when)
+            if box is None:
+                close()
+                continue
+            if group and set(group[0][1]) != set(box):
+                close()
+            for j, other in group:
+                if all(max(box[v][0], other[v][0]) <= min(box[v][1], other[v][1]) for v in box):
+                    at = ", ".join(f"{v}=[{max(box[v][0], other[v][0])}, {min(box[v][1], other[v][1])}]" for v in box)
+                    self.fault(key_path(index_path(key_path(path, "launches"), i), "when"),
+                               f"'when' overlaps launch {j} at {at}; ranges of one group must not overlap")
+                    break
+            group.append((i, box))  # even when it overlaps: a hole is then only reported if there is one
+            if self.uncovered(group) is None:
+                group.clear()
+        close()
+
+    def uncovered(self, group: list[tuple[int, dict[str, tuple[int, int]]]]) -> str | None:
+        """A description of one point-range no box covers, or None when the boxes cover the var box."""
+        names = sorted(group[0][1])
+        cuts = []
+        for n in names:
+            v = self.m.vars[n]
+            points = {v.min, v.max + 1}
+            for _, box in group:
+                points |= {box[n][0], box[n][1] + 1}
+            cuts.append(sorted(p for p in points if v.min <= p <= v.max + 1))
+        for cell in itertools.product(*[list(zip(c, c[1:])) for c in cuts]):
+            if not any(all(box[n][0] <= cell[k][0] and cell[k][1] - 1 <= box[n][1] for k, n in enumerate(names))
+                       for _, box in group):
+                return ", ".join(f"{n}={a}" if a == b - 1 else f"{n}={a}..{b - 1}" for n, (a, b) in zip(names, cell))
+        return None
