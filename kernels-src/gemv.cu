@@ -1,0 +1,331 @@
+// Decode-speed GEMV (M = 1): y[n] = W[n, k] @ x[k], W row-major bf16, fp32 accumulation, with the
+// elementwise work around the projection folded in (RMSNorm prologue, SiLU-and-mul prologue, residual-add
+// epilogue). Selected for tokens == 1 only; prefill keeps cuBLASLt. Contract: docs/kernels-gemv.md.
+//
+// Shape of every entry (one body, four prologue/epilogue pairs):
+//   1. each warp issues the 16-byte loads of the first kUnroll chunks of its first W row (weights: no
+//      dependency on the previous kernel), then `griddepcontrol.wait` (programmatic dependent launch; a
+//      no-op without the launch attribute), then `griddepcontrol.launch_dependents`;
+//   2. the block stages the input vector x (bf16, zero padded to a multiple of 8) in shared memory,
+//      computing it from its sources (RMSNorm of the residual, SiLU(gate) * up, or a plain copy);
+//   3. rows are dealt to warps round-robin over the whole grid, block-interleaved:
+//        warp w of block b owns rows  w * gridDim.x + b + i * (gridDim.x * warps_per_block),  i = 0, 1, ...
+//      so every block (every SM, with a grid of a whole number of blocks per SM) gets the same number of
+//      rows to within one, whatever n is; a warp streams its row in 16-byte chunks (lane l takes chunks
+//      l, l + 32, ...), kUnroll chunks in flight per lane, x chunk from shared memory, fp32 FMA, then a
+//      butterfly warp reduction; lane 0 writes the epilogue.
+// The launch is any grid (>= 1 block) of blockDim.x = 32 * warps threads (1 <= warps <= 32).
+//
+// Vector path: k % 8 == 0 and every global pointer 16-byte aligned (the host generator checks both).
+// Otherwise the same code runs with element-by-element loads, bounds-checked against k, so any k in
+// >= 1 is computed correctly (slowly) and nothing outside the arrays is read. Dynamic shared memory:
+// 16 * ceil(k / 8) bytes (x); a launch that gives less, a block size that is not whole warps, or n, k < 1
+// make every block return at once without reading or writing anything.
+#include "common.cuh"
+
+#ifndef KERN_GEMV_UNROLL
+#define KERN_GEMV_UNROLL 8  // 16-byte W chunks in flight per lane (bench/gemv.py --sweep compiles others)
+#endif
+
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+constexpr int kUnroll = KERN_GEMV_UNROLL;
+constexpr int kMaxThreads = 1024;  // __launch_bounds__: keeps the kernel at <= 64 registers
+constexpr int kChunk = 8;          // bf16 per 16-byte chunk
+
+// ---- programmatic dependent launch (sm_90); both are no-ops when launched without the attribute ----
+KERN_DEV void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+KERN_DEV void pdl_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+
+// ---- loads ----
+// L2 policy for weights: read once per step, so evict first (keeps activations / KV lines in L2).
+KERN_DEV uint64_t weight_policy() {
+    uint64_t policy;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+    return policy;
+}
+
+// One 16-byte weight chunk, streamed: non-coherent (read-only) path, no L1 allocation, L2 evict-first.
+KERN_DEV uint4 ldg_weight(const bf16* p, uint64_t policy) {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p), "l"(policy));
+    return v;
+}
+
+// The same chunk through the coherent path, for the loads issued before griddepcontrol.wait: ptxas
+// schedules a .nc load freely across the wait (seen: the whole prefetch landed after it, SASS ACQBULK),
+// while a coherent load stays before it. Same caching hints, so the same traffic.
+KERN_DEV uint4 ldg_weight_early(const bf16* p, uint64_t policy) {
+    uint4 v;
+    asm volatile("ld.global.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p), "l"(policy)
+                 : "memory");
+    return v;
+}
+
+// Element j of a row of `len` bf16 as its 16 bits, 0 (= +0.0) at or past `len`. L2-coherent load (the slow
+// path reads weights and activations alike through it).
+KERN_DEV uint32_t bf16_bits(const bf16* row, int j, int len) {
+    return j < len ? static_cast<uint32_t>(__bfloat16_as_ushort(__ldcg(row + j))) : 0u;
+}
+
+enum class Src { kWeight, kWeightEarly, kActivation };
+
+// Chunk c (elements [8c, 8c + 8)) of a bf16 row of `len` elements, as 8 packed bf16 (element 8c in the low
+// half of .x). VEC: one 16-byte load (caller guarantees len % 8 == 0, 16-byte alignment, 8c < len).
+// Otherwise element by element; elements at or past `len` read as +0.0.
+template <bool VEC, Src SRC>
+KERN_DEV uint4 load_chunk(const bf16* row, int c, int len, uint64_t policy) {
+    if (VEC) {
+        if (SRC == Src::kWeight) return ldg_weight(row + c * kChunk, policy);
+        if (SRC == Src::kWeightEarly) return ldg_weight_early(row + c * kChunk, policy);
+        return __ldcg(reinterpret_cast<const uint4*>(row) + c);  // activations: L2, never a stale L1 line
+    }
+    const int j = c * kChunk;
+    uint4 v;
+    v.x = bf16_bits(row, j + 0, len) | (bf16_bits(row, j + 1, len) << 16);
+    v.y = bf16_bits(row, j + 2, len) | (bf16_bits(row, j + 3, len) << 16);
+    v.z = bf16_bits(row, j + 4, len) | (bf16_bits(row, j + 5, len) << 16);
+    v.w = bf16_bits(row, j + 6, len) | (bf16_bits(row, j + 7, len) << 16);
+    return v;
+}
+
+// bf16 -> f32 is exact: the bf16 bits are the high half of the f32.
+KERN_DEV float lo_f(uint32_t u) { return __uint_as_float(u << 16); }
+KERN_DEV float hi_f(uint32_t u) { return __uint_as_float(u & 0xffff0000u); }
+
+KERN_DEV void unpack8(uint4 v, float (&f)[8]) {
+    f[0] = lo_f(v.x); f[1] = hi_f(v.x);
+    f[2] = lo_f(v.y); f[3] = hi_f(v.y);
+    f[4] = lo_f(v.z); f[5] = hi_f(v.z);
+    f[6] = lo_f(v.w); f[7] = hi_f(v.w);
+}
+
+// 8 floats -> 8 packed bf16, round to nearest even.
+KERN_DEV uint32_t pack2(float a, float b) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);  // .x = a (low half)
+    return *reinterpret_cast<const uint32_t*>(&h);
+}
+KERN_DEV uint4 pack8(const float (&f)[8]) {
+    return make_uint4(pack2(f[0], f[1]), pack2(f[2], f[3]), pack2(f[4], f[5]), pack2(f[6], f[7]));
+}
+
+// acc + sum_i w[i] * x[i] over one chunk, in element order.
+KERN_DEV float dot8(uint4 w, uint4 x, float acc) {
+    acc = fmaf(lo_f(w.x), lo_f(x.x), acc);
+    acc = fmaf(hi_f(w.x), hi_f(x.x), acc);
+    acc = fmaf(lo_f(w.y), lo_f(x.y), acc);
+    acc = fmaf(hi_f(w.y), hi_f(x.y), acc);
+    acc = fmaf(lo_f(w.z), lo_f(x.z), acc);
+    acc = fmaf(hi_f(w.z), hi_f(x.z), acc);
+    acc = fmaf(lo_f(w.w), lo_f(x.w), acc);
+    acc = fmaf(hi_f(w.w), hi_f(x.w), acc);
+    return acc;
+}
+
+// One batch of a W row: wv[u] = chunk c0 + 32u (this lane's chunks, 512 bytes apart across the warp's
+// loads), or 0 past the row's k8 = ceil(k / 8) chunks. All kUnroll loads are issued before any is used.
+template <bool VEC, Src SRC>
+KERN_DEV void load_batch(const bf16* wrow, int c0, int k, uint64_t policy, uint4 (&wv)[kUnroll]) {
+    const int k8 = (k + kChunk - 1) / kChunk;
+    const bf16* p = wrow + static_cast<size_t>(c0) * kChunk;  // VEC: one base pointer, constant offsets
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+        const int c = c0 + 32 * u;
+        if (c >= k8) {
+            wv[u] = make_uint4(0u, 0u, 0u, 0u);
+        } else if (VEC) {
+            wv[u] = load_chunk<true, SRC>(p + 32 * u * kChunk, 0, k, policy);
+        } else {
+            wv[u] = load_chunk<false, SRC>(wrow, c, k, policy);
+        }
+    }
+}
+
+// ---- the body shared by every entry ----
+// `stage_x(xs, k8)`: every thread of the block; fills xs[0 .. k8) (16-byte chunks of x, zero padded) and
+// must end with __syncthreads(). It runs after griddepcontrol.wait, so it may read the previous kernel's
+// output. `epilogue(row, dot)`: lane 0 of the warp owning `row`, dot = the fp32 sum W[row] . x.
+template <bool VEC, class StageX, class Epilogue>
+KERN_DEV void gemv_body(const bf16* __restrict__ w, int n, int k, StageX stage_x, Epilogue epilogue) {
+    extern __shared__ uint4 xs[];  // [round_up(k, 8) / 8] chunks of 8 bf16
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const int warps = blockDim.x >> 5;
+    const int k8 = (k + kChunk - 1) / kChunk;           // chunks per row
+    const int first_row = warp * gridDim.x + blockIdx.x;  // block-interleaved deal (header comment)
+    const int row_stride = warps * gridDim.x;
+    const uint64_t policy = weight_policy();
+
+    // 1. First W chunks of the first row: weights only, so they may overlap the previous kernel's tail.
+    uint4 wv[kUnroll];
+    if (first_row < n) {
+        load_batch<VEC, Src::kWeightEarly>(w + static_cast<size_t>(first_row) * k, lane, k, policy, wv);
+    } else {
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) wv[u] = make_uint4(0u, 0u, 0u, 0u);
+    }
+    pdl_wait();  // everything below may read what the previous kernel in the stream wrote
+    pdl_launch_dependents();
+
+    // 2. x into shared memory.
+    stage_x(xs, k8);
+
+    // 3. Rows.
+    for (int row = first_row; row < n; row += row_stride) {
+        const bf16* wrow = w + static_cast<size_t>(row) * k;
+        float acc = 0.0f;
+        for (int base = 0; base < k8; base += 32 * kUnroll) {
+            // The first batch of the first row is already loaded.
+            if (row != first_row || base != 0) load_batch<VEC, Src::kWeight>(wrow, base + lane, k, policy, wv);
+            const uint4* xp = xs + base + lane;  // this lane's x chunks: xp[32 * u]
+#pragma unroll
+            for (int u = 0; u < kUnroll; ++u) {
+                if (base + lane + 32 * u < k8) acc = dot8(wv[u], xp[32 * u], acc);
+            }
+        }
+        acc = warp_sum(acc);
+        if (lane == 0) epilogue(row, acc);
+    }
+}
+
+KERN_DEV uint32_t dynamic_smem_bytes() {
+    uint32_t bytes;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(bytes));
+    return bytes;
+}
+
+// Launch-shape guard shared by the entries: a partial warp would break the full-mask shuffles, and x
+// (16 * ceil(k / 8) bytes) must fit the dynamic shared memory the launch gave. Uniform over the grid, so
+// every block returns having read and written nothing.
+KERN_DEV bool bad_launch(int n, int k) {
+    if ((blockDim.x & 31) != 0 || n <= 0 || k <= 0) return true;
+    return dynamic_smem_bytes() < 16u * static_cast<uint32_t>((k + kChunk - 1) / kChunk);
+}
+
+// x = the input vector, copied (kern_gemv; gemv_residual).
+template <bool VEC>
+KERN_DEV void stage_copy(uint4* xs, int k8, const bf16* x, int k) {
+    for (int c = threadIdx.x; c < k8; c += blockDim.x) xs[c] = load_chunk<VEC, Src::kActivation>(x, c, k, 0);
+    __syncthreads();
+}
+
+// x = bf16(norm_w * bf16(r * rsqrt(mean(r^2) + eps))), transformers' Qwen3RMSNorm rounding, fp32 math
+// (the same function as kern_add_rmsnorm with delta = null; only the summation order differs).
+template <bool VEC>
+KERN_DEV void stage_rmsnorm(uint4* xs, int k8, const bf16* residual, const bf16* norm_w, int k, float eps) {
+    __shared__ float scratch[32];
+    float sum_sq = 0.0f;
+    for (int c = threadIdx.x; c < k8; c += blockDim.x) {
+        const uint4 raw = load_chunk<VEC, Src::kActivation>(residual, c, k, 0);
+        float r[8];
+        unpack8(raw, r);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) sum_sq = fmaf(r[i], r[i], sum_sq);  // padding is 0: adds nothing
+        xs[c] = raw;  // r, kept for the second pass (same thread reads it back)
+    }
+    const float inv_rms = rsqrtf(block_sum(sum_sq, scratch) / static_cast<float>(k) + eps);
+    for (int c = threadIdx.x; c < k8; c += blockDim.x) {
+        float r[8], g[8];
+        unpack8(xs[c], r);
+        unpack8(load_chunk<VEC, Src::kActivation>(norm_w, c, k, 0), g);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) r[i] = g[i] * round_bf(r[i] * inv_rms);  // padding: 0 * 0
+        xs[c] = pack8(r);
+    }
+    __syncthreads();
+}
+
+// x[j] = bf16(bf16(silu(gate[j])) * up[j]), gate_up row = [gate: k][up: k], with kern_silu_mul's exact fp32
+// formula silu(g) = g / (1 + expf(-g)) (IEEE division). Two elements per step (one 4-byte word of gate and
+// of up): the division's slow path needs registers, and the prefetched W batch holds 32 of the 64.
+KERN_DEV float silu_bf(float g) { return round_bf(g / (1.0f + expf(-g))); }
+
+template <bool VEC>
+KERN_DEV void stage_silu_mul(uint4* xs, int k8, const bf16* gate_up, int k) {
+    if (VEC) {  // k % 8 == 0: k / 2 whole words, no padding
+        const uint32_t* gate2 = reinterpret_cast<const uint32_t*>(gate_up);
+        const uint32_t* up2 = reinterpret_cast<const uint32_t*>(gate_up + k);
+        uint32_t* xs2 = reinterpret_cast<uint32_t*>(xs);
+        for (int p = threadIdx.x; p < k / 2; p += blockDim.x) {
+            const uint32_t g = __ldcg(gate2 + p), u = __ldcg(up2 + p);
+            xs2[p] = pack2(silu_bf(lo_f(g)) * lo_f(u), silu_bf(hi_f(g)) * hi_f(u));
+        }
+    } else {  // element by element, zero padded to k8 * 8
+        uint16_t* xs1 = reinterpret_cast<uint16_t*>(xs);
+        for (int j = threadIdx.x; j < k8 * kChunk; j += blockDim.x) {
+            const float x = j < k ? silu_bf(bf2f(__ldcg(gate_up + j))) * bf2f(__ldcg(gate_up + k + j)) : 0.0f;
+            xs1[j] = __bfloat16_as_ushort(f2bf(x));
+        }
+    }
+    __syncthreads();
+}
+
+// residual[row] = bf16(residual[row] + bf16(dot)): the projection is rounded to bf16, then added in bf16.
+KERN_DEV void add_to_residual(bf16* residual, int row, float dot) {
+    const float r = bf2f(__ldcg(residual + row));
+    residual[row] = f2bf(r + round_bf(dot));
+}
+
+}  // namespace
+
+// y[n] = W[n, k] @ x[k].
+extern "C" __global__ void __launch_bounds__(kMaxThreads)
+kern_gemv(const bf16* __restrict__ w, const bf16* __restrict__ x, bf16* __restrict__ y, int32_t n, int32_t k) {
+    if (bad_launch(n, k)) return;
+    auto stage = [=](uint4* xs, int k8) {
+        if (k % kChunk == 0 && aligned16(x)) stage_copy<true>(xs, k8, x, k); else stage_copy<false>(xs, k8, x, k);
+    };
+    auto store = [=](int row, float dot) { y[row] = f2bf(dot); };
+    if (k % kChunk == 0 && aligned16(w)) gemv_body<true>(w, n, k, stage, store);
+    else gemv_body<false>(w, n, k, stage, store);
+}
+
+// y[n] = W[n, k] @ rmsnorm(residual[k]) * norm_w.
+extern "C" __global__ void __launch_bounds__(kMaxThreads)
+kern_gemv_rmsnorm(const bf16* __restrict__ w, const bf16* __restrict__ residual, const bf16* __restrict__ norm_w,
+                  bf16* __restrict__ y, int32_t n, int32_t k, float eps) {
+    if (bad_launch(n, k)) return;
+    auto stage = [=](uint4* xs, int k8) {
+        if (k % kChunk == 0 && aligned16(residual) && aligned16(norm_w))
+            stage_rmsnorm<true>(xs, k8, residual, norm_w, k, eps);
+        else
+            stage_rmsnorm<false>(xs, k8, residual, norm_w, k, eps);
+    };
+    auto store = [=](int row, float dot) { y[row] = f2bf(dot); };
+    if (k % kChunk == 0 && aligned16(w)) gemv_body<true>(w, n, k, stage, store);
+    else gemv_body<false>(w, n, k, stage, store);
+}
+
+// residual[n] = bf16(residual + bf16(W[n, k] @ x[k])). x must not alias residual.
+extern "C" __global__ void __launch_bounds__(kMaxThreads)
+kern_gemv_residual(const bf16* __restrict__ w, const bf16* __restrict__ x, bf16* __restrict__ residual, int32_t n,
+                   int32_t k) {
+    if (bad_launch(n, k)) return;
+    auto stage = [=](uint4* xs, int k8) {
+        if (k % kChunk == 0 && aligned16(x)) stage_copy<true>(xs, k8, x, k); else stage_copy<false>(xs, k8, x, k);
+    };
+    auto add = [=](int row, float dot) { add_to_residual(residual, row, dot); };
+    if (k % kChunk == 0 && aligned16(w)) gemv_body<true>(w, n, k, stage, add);
+    else gemv_body<false>(w, n, k, stage, add);
+}
+
+// residual[n] = bf16(residual + bf16(W[n, k] @ (bf16(silu(gate)) * up))), gate_up = [gate: k][up: k].
+// gate_up must not alias residual.
+extern "C" __global__ void __launch_bounds__(kMaxThreads)
+kern_gemv_silu_residual(const bf16* __restrict__ w, const bf16* __restrict__ gate_up, bf16* __restrict__ residual,
+                        int32_t n, int32_t k) {
+    if (bad_launch(n, k)) return;
+    auto stage = [=](uint4* xs, int k8) {
+        if (k % kChunk == 0 && aligned16(gate_up)) stage_silu_mul<true>(xs, k8, gate_up, k);
+        else stage_silu_mul<false>(xs, k8, gate_up, k);
+    };
+    auto add = [=](int row, float dot) { add_to_residual(residual, row, dot); };
+    if (k % kChunk == 0 && aligned16(w)) gemv_body<true>(w, n, k, stage, add);
+    else gemv_body<false>(w, n, k, stage, add);
+}
