@@ -40,42 +40,34 @@ class Allocation:
 
 
 class Ledger:
-    """Owns allocations; `close()` frees them last-first. Not thread-safe (load is single-threaded)."""
+    """Owns allocations and other undos; `close()` runs them last-first. Not thread-safe."""
 
     def __init__(self) -> None:
-        self._items: list[Allocation] = []
-        self._other: list[tuple[str, Callable[[], None]]] = []
-        self._order: list[object] = []
+        self._undo: list[Allocation | tuple[str, Callable[[], None]]] = []
 
     def adopt(self, allocation: Allocation) -> Allocation:
-        self._items.append(allocation)
-        self._order.append(allocation)
+        self._undo.append(allocation)
         return allocation
 
     def on_close(self, label: str, fn: Callable[[], None]) -> None:
         """Register a non-memory undo (destroy a stream, unload a module, ...)."""
-        entry = (label, fn)
-        self._other.append(entry)
-        self._order.append(entry)
+        self._undo.append((label, fn))
 
     def detach(self, allocation: Allocation) -> Allocation:
         """Stop owning `allocation` (it moves to another owner, e.g. a Resident)."""
-        self._items.remove(allocation)
-        self._order.remove(allocation)
+        self._undo.remove(allocation)
         return allocation
 
     def close(self) -> None:
         """Free everything last-first. Raises the first failure after trying every undo."""
         first: BaseException | None = None
-        while self._order:
-            item = self._order.pop()
+        while self._undo:
+            item = self._undo.pop()
             try:
                 if isinstance(item, Allocation):
-                    self._items.remove(item)
                     item.free()
                 else:
-                    self._other.remove(item)  # type: ignore[arg-type]
-                    item[1]()  # type: ignore[index]
+                    item[1]()
             except BaseException as exc:  # noqa: BLE001 - keep freeing, report the first
                 first = first or exc
         if first is not None:

@@ -29,6 +29,7 @@ from .driver import call, cu
 from .dtypes import item_bytes, numpy_dtype
 from .errors import (
     ApiError, CallError, KernError, KernelArtifactError, ManifestParseError, ManifestVerifyError,
+    WeightArtifactError,
 )
 from .graphs import GraphCache, graph_key, normalise_vars
 from .launch import launch_kernel
@@ -393,8 +394,6 @@ class Runtime:
         for src, tensor in program.sources.items():
             meta = tensors.meta(tensor)
             if meta is None:
-                from .errors import WeightArtifactError
-
                 raise WeightArtifactError(f"checkpoint has no tensor {tensor!r} (source {src!r} of derive program {name!r})")
             offsets[src] = total
             total += -(-meta.nbytes // 256) * 256

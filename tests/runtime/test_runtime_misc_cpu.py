@@ -81,3 +81,29 @@ def test_tiled_args() -> None:
     assert a.dims == (128, 40) and a.strides == (256,) and a.elem_strides == (1, 1) and a.enums == {"swizzle": "128B"}
     with pytest.raises(KernError, match="multiples of 16"):
         tiled_args(dict(tm, strides=[250]), {"tokens": 1})
+
+
+def test_ledger_frees_last_first_and_keeps_going_after_a_failure() -> None:
+    from kern_runtime.memory import Allocation, Ledger
+
+    freed: list[str] = []
+
+    def alloc(label: str, fail: bool = False) -> Allocation:
+        def undo() -> None:
+            freed.append(label)
+            if fail:
+                raise RuntimeError(f"{label} failed to free")
+        return Allocation(label, 0, 0, undo=[undo])
+
+    ledger = Ledger()
+    a, b = ledger.adopt(alloc("a")), ledger.adopt(alloc("b", fail=True))
+    ledger.on_close("stream", lambda: freed.append("stream"))
+    kept = ledger.adopt(alloc("kept"))
+    ledger.detach(kept)
+    with pytest.raises(RuntimeError, match="b failed to free"):
+        ledger.close()
+    assert freed == ["stream", "b", "a"]
+    kept.free()
+    kept.free()  # idempotent
+    assert freed == ["stream", "b", "a", "kept"]
+    del a, b
