@@ -409,7 +409,7 @@ def build_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: GenOptions, config_di
         "name": opts.name,
         "meta": {
             "generator": GENERATOR, "generator_version": GENERATOR_VERSION, "family": "qwen3",
-            "config_sha256": config_digest, "kernels_json_sha256": abi.digest,
+            "config_sha256": config_digest,
             "model": {"hidden": H, "layers": cfg.layers, "q_heads": Hq, "kv_heads": Hkv, "head_dim": D,
                       "intermediate": I, "vocab": V, "tied": cfg.tied, "rope_theta": cfg.rope_theta, "eps": cfg.eps},
             "caller": {"contract": "qwen3-chunked-prefill/1", "page_tokens": page_tokens,
