@@ -228,12 +228,12 @@ class Pool:
             raise Misuse(f"prefix_tokens {length} outside 0..{source.num_tokens} of the checkpoint")
         if length < source.num_tokens and source.has_slot:
             raise Misuse(f"checkpoint with per-seq state resumes only at its length {source.num_tokens}, not {length}")
-        if num_tokens < length:
-            raise Misuse(f"num_tokens {num_tokens} is below the prefix {length}")
         if not source.paged:
             if num_tokens:
-                raise Misuse("lease_from a slot-only checkpoint cannot reserve tokens")
+                raise Misuse("lease_from a slot-only checkpoint cannot reserve tokens (pass 0)")
             return self._slot_only_from(source.seq_slot_id, length, hold)
+        if num_tokens < length:
+            raise Misuse(f"num_tokens {num_tokens} is below the prefix {length}")
         P = self.page_tokens
         full, partial = divmod(length, P)
         src_partial = None
@@ -253,12 +253,12 @@ class Pool:
         """
         self._own(parent)
         self._check_len(parent, prefix_tokens)
-        if num_tokens < prefix_tokens:
-            raise Misuse(f"num_tokens {num_tokens} is below the prefix {prefix_tokens}")
         if not parent.paged:
             if num_tokens:
-                raise Misuse("fork of a slot-only lease cannot reserve tokens")
+                raise Misuse("fork of a slot-only lease cannot reserve tokens (pass 0)")
             return self._slot_only_from(parent.seq_slot_id, prefix_tokens, None)
+        if num_tokens < prefix_tokens:
+            raise Misuse(f"num_tokens {num_tokens} is below the prefix {prefix_tokens}")
         P = self.page_tokens
         full, partial = divmod(prefix_tokens, P)
         n_pages = self._pages_for(num_tokens)
