@@ -123,7 +123,10 @@ class FakeRuntime:
         n = values["tokens"]
         self.calls.append((program, dict(values), eager))
         ids, pos, slots = (self.inputs[k][:n] for k in ("token_ids", "positions", "slot_mapping"))
-        assert list(slots) == list(pos), "identity pages: slot == position"
+        pages = self.inputs["block_table"][0]
+        want = [pages[p // self.page_tokens] * self.page_tokens + p % self.page_tokens for p in pos]
+        assert list(slots) == want, "slot = page_ids[p // page_tokens] * page_tokens + p % page_tokens"
+        assert 0 not in pages[:(int(pos[-1]) // self.page_tokens) + 1], "page 0 is the runtime's scratch page"
         assert int(self.inputs["seq_lens"][0]) == int(pos[-1]) + 1
         for t, p in zip(ids, pos):
             self.kv[int(p)] = int(t)

@@ -41,7 +41,7 @@ def test_chunked_prefill_then_decode(facts: ManifestFacts, chunk: int) -> None:
     decodes = [c for c in rt.calls if c[0] == "decode"]
     assert len(decodes) == 5 and all(c[1] == {"tokens": 1, "seqs": 1} and c[2] is False for c in decodes)
     assert rt.calls[:len(prefills)] == prefills  # all prefill before any decode
-    assert list(rt.inputs["block_table"][0, :7]) == list(range(7))  # 105 positions -> pages 0..6
+    assert list(rt.inputs["block_table"][0, :8]) == [1, 2, 3, 4, 5, 6, 7, 7]  # 105 positions -> 7 pages, padded
     assert rt.inputs["block_table"].shape == (1, facts.pages_per_seq)
     assert result.timings.prefill_tokens == 99 and result.timings.decode_steps == 4
 
@@ -63,11 +63,11 @@ def test_stops_at_eos_and_context(facts: ManifestFacts) -> None:
     first = want.index(eos)
     assert result.stop_reason == "eos" and result.tokens == want[:first + 1]
     assert streamed == want[:first]  # the stop token is not streamed
-    small = FakeRuntime(num_pages=1)  # 16 positions in the pool
+    small = FakeRuntime(num_pages=2)  # scratch page + 1 page: 16 positions
     result = Generator(small, facts).generate(list(range(10)), GenerateOptions(50, 64))
     assert result.stop_reason == "context" and len(result.tokens) == 7  # positions 9..15 write KV
     with pytest.raises(InputError, match="17 tokens"):
-        Generator(FakeRuntime(num_pages=1), facts).generate(list(range(17)), GenerateOptions(1, 64))
+        Generator(FakeRuntime(num_pages=2), facts).generate(list(range(17)), GenerateOptions(1, 64))
 
 
 def test_streaming_callback_sees_every_token(facts: ManifestFacts) -> None:
@@ -104,3 +104,23 @@ def test_stream_decoder_holds_partial_utf8(tmp_path: Path) -> None:
     assert "".join(pieces) + stream.flush() == text
     assert all("\ufffd" not in p for p in pieces)
     assert pieces[ids.index(ids[1]) + 1] == "é"  # emitted once its second byte arrived
+
+
+def test_pages_from_kern_pool_lease(facts: ManifestFacts) -> None:
+    """With the runtime's pool layout, pages come from a kern_pool lease (never the scratch page 0)."""
+    from kern_runtime import Capacity, plan_pool, spec_from_json
+
+    spec = spec_from_json(facts.raw)
+    layout = plan_pool(spec.states, Capacity(tokens=256, seqs=1), 2 << 20)
+    rt = FakeRuntime(num_pages=layout.num_pages)
+    rt.pool = layout
+    gen = Generator(rt, facts)
+    assert gen.pages.source == "kern_pool lease"
+    assert gen.max_positions == min((layout.num_pages - 1) * 16, facts.max_context)
+    result = gen.generate(list(range(40)), GenerateOptions(8, 16))
+    assert result.tokens == _expected(list(range(40)), 8)
+    row = rt.inputs["block_table"][0]
+    assert 0 not in row[:3] and len(set(row[:3])) == 3
+    gen.generate(list(range(30)), GenerateOptions(4, 16))  # the previous lease was returned
+    with pytest.raises(InputError, match="fit"):
+        gen.teacher_forced(list(range(gen.max_positions + 1)))

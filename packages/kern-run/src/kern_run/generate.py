@@ -13,9 +13,11 @@ and issues `prefill` with tokens=L. Per decode step at position p with token t:
 and issues `decode` with tokens=1 (captured once as a CUDA graph unless eager). The block table is
 written once per sequence. `slot(p) = page_ids[p // page_tokens] * page_tokens + p % page_tokens`.
 
-Pages: this first caller gives its one sequence the identity pages 0..k-1 of the runtime's KV pool
-(kern-pool's leases come with batching); the block table row is padded with the last page id, entries
-past the sequence's length are never read.
+Pages: the sequence's pages come from a kern_pool `Pool` over the runtime's pool layout (`rt.pool.layout`):
+one `Lease` per generation, grown to prompt + steps tokens; its `page_ids()` are the block-table row and
+`slot(p)` its slot mapping. A runtime without a pool layout (the CPU tests' fake) gets identity pages
+1..k (page 0 is the runtime's scratch page). The block-table row is padded with the last page id:
+entries past the sequence's length are never read.
 
 The next step is issued before the previous token is detokenized and printed, so host work overlaps
 the GPU's step instead of adding to the step boundary.
@@ -91,6 +93,50 @@ def bf16_to_f32(array: np.ndarray) -> np.ndarray:
     return np.asarray(array, dtype=np.float32)
 
 
+class SeqPages:
+    """One sequence's KV pages: a kern_pool lease when the runtime exposes its pool layout, else identity.
+
+    `max_tokens`: tokens one sequence can hold; `reserve(n)` returns the page ids (block-table row)
+    covering n tokens; `release()` returns them. Raises InputError when the pool cannot hold n tokens.
+    """
+
+    def __init__(self, runtime: Any, page_tokens: int) -> None:
+        self.page_tokens = page_tokens
+        layout = getattr(getattr(runtime, "pool", None), "layout", None)
+        self._pool = None
+        self._lease = None
+        if layout is not None:
+            from kern_pool import Pool
+
+            self._pool = Pool(layout)
+            self.max_tokens = self._pool.leasable_pages * page_tokens
+            self.source = "kern_pool lease"
+        else:
+            self.max_tokens = max(0, int(getattr(runtime, "num_pages", 0) or 0) - 1) * page_tokens
+            self.source = "identity pages 1..k"
+
+    def reserve(self, num_tokens: int) -> list[int]:
+        if self._pool is None:
+            if num_tokens > self.max_tokens:
+                raise InputError(f"{num_tokens} tokens do not fit the KV pool ({self.max_tokens} tokens)")
+            return list(range(1, 1 + -(-num_tokens // self.page_tokens)))
+        from kern_pool import PoolError
+
+        try:
+            if self._lease is None:
+                self._lease = self._pool.lease(num_tokens)
+            else:
+                self._pool.grow(self._lease, num_tokens)
+        except PoolError as exc:
+            raise InputError(f"{num_tokens} tokens do not fit the KV pool: {exc}") from None
+        return self._lease.page_ids()
+
+    def release(self) -> None:
+        if self._lease is not None:
+            self._lease.close()
+            self._lease = None
+
+
 class Generator:
     """Drives one sequence through a runtime loaded from a Qwen3 manifest. Not thread-safe."""
 
@@ -98,10 +144,10 @@ class Generator:
         self.rt = runtime
         self.facts = facts
         self.eos_ids = eos_ids
-        self.page_tokens = int(getattr(runtime, "page_tokens", facts.page_tokens))
-        pool_tokens = int(getattr(runtime, "num_pages", facts.pages_per_seq)) * self.page_tokens
-        self.max_positions = min(pool_tokens, facts.max_context)  # positions 0..max_positions-1 fit
-        self._pages_written = 0
+        self.page_tokens = int(getattr(runtime, "page_tokens", None) or facts.page_tokens)
+        self.pages = SeqPages(runtime, self.page_tokens)
+        self.max_positions = min(self.pages.max_tokens, facts.max_context)  # positions 0..max_positions-1 fit
+        self._page_ids: list[int] = []
 
     # ---------------------------------------------------------------- loading
 
@@ -118,6 +164,7 @@ class Generator:
         return cls(rt, facts, eos_ids)
 
     def close(self) -> None:
+        self.pages.release()
         self.rt.close()
 
     def __enter__(self) -> "Generator":
@@ -129,17 +176,22 @@ class Generator:
     # ---------------------------------------------------------------- the contract
 
     def slot(self, position: int) -> int:
-        """KV slot of `position` with identity pages."""
-        return position  # identity pages: page p // page_tokens, offset p % page_tokens
+        """KV slot of `position`: page_ids[p // page_tokens] * page_tokens + p % page_tokens."""
+        return self._page_ids[position // self.page_tokens] * self.page_tokens + position % self.page_tokens
 
-    def _write_block_table(self, num_tokens: int) -> None:
-        pages = -(-num_tokens // self.page_tokens)
-        if pages <= self._pages_written:
-            return
-        row = np.arange(self.facts.pages_per_seq, dtype=np.int32)  # i32[pages_per_seq]: identity page ids
-        row[pages:] = pages - 1  # padding: never read (past seq_lens)
+    def slots(self, start: int, stop: int) -> np.ndarray:
+        """i32[stop - start]: slots of positions start..stop-1."""
+        pos = np.arange(start, stop)
+        pages = np.asarray(self._page_ids, dtype=np.int64)[pos // self.page_tokens]
+        return (pages * self.page_tokens + pos % self.page_tokens).astype(np.int32)
+
+    def _begin(self, num_tokens: int) -> None:
+        """A new sequence of up to `num_tokens` tokens: fresh pages, block table written once."""
+        self.pages.release()
+        self._page_ids = self.pages.reserve(num_tokens)
+        row = np.full(self.facts.pages_per_seq, self._page_ids[-1], dtype=np.int32)  # i32[pages_per_seq]
+        row[:len(self._page_ids)] = self._page_ids  # padding past the sequence: never read
         self.rt.write_input("block_table", row.reshape(1, -1))
-        self._pages_written = pages
 
     def prefill(self, ids: list[int], chunk: int, start: int = 0) -> None:
         """Run `ids` (absolute positions start..start+len-1) through `prefill` in chunks of `chunk`."""
@@ -152,7 +204,7 @@ class Generator:
             positions = np.arange(pos0, pos0 + length, dtype=np.int32)  # i32[L]
             self.rt.write_input("token_ids", piece)
             self.rt.write_input("positions", positions)
-            self.rt.write_input("slot_mapping", positions)  # identity pages: slot == position
+            self.rt.write_input("slot_mapping", self.slots(pos0, pos0 + length))
             self.rt.write_input("seq_lens", np.asarray([pos0 + length], dtype=np.int32))
             self.rt.write_input("cu_seqlens_q", np.asarray([0, length], dtype=np.int32))
             self.rt.issue("prefill", {"tokens": length, "seqs": 1})
@@ -184,7 +236,7 @@ class Generator:
             raise InputError("empty prompt")
         self.check_fits(n)
         budget = min(opts.max_new_tokens, self.max_positions - n + 1)  # last position written: n - 1 + budget - 1
-        self._write_block_table(min(n + budget, self.max_positions))
+        self._begin(min(n + max(budget, 0), self.max_positions))
         timings = Timings(prefill_tokens=n - 1)
         tokens: list[int] = []
         if budget <= 0:
@@ -228,7 +280,7 @@ class Generator:
         if not 0 <= prefill_tokens < n:
             raise InputError(f"prefill_tokens {prefill_tokens} must lie in [0, {n})")
         self.check_fits(n)
-        self._write_block_table(n)
+        self._begin(n)
         if prefill_tokens:
             self.prefill(ids[:prefill_tokens], chunk or min(512, self.facts.tokens_max))
         rows, argmax = [], []
