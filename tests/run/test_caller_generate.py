@@ -122,5 +122,5 @@ def test_pages_from_kern_pool_lease(facts: ManifestFacts) -> None:
     row = rt.inputs["block_table"][0]
     assert 0 not in row[:3] and len(set(row[:3])) == 3
     gen.generate(list(range(30)), GenerateOptions(4, 16))  # the previous lease was returned
-    with pytest.raises(InputError, match="fit"):
+    with pytest.raises(InputError, match="hold 1024"):
         gen.teacher_forced(list(range(gen.max_positions + 1)))
