@@ -282,8 +282,9 @@ def test_rmsnorm_prologue_matches_norm_kernel(dev, kernels, sms) -> None:
     run(kernels["kern_gemv"], launch, [("p", case.w.ptr), ("p", x.ptr), ("p", y.ptr), ("i", n), ("i", k)])
     sync("kern_gemv")
     composed = from_bf16_bits(y.download(np.uint16, n)).astype(np.float64)
-    # x can differ in a rare element by one bf16 ulp (sum-of-squares order): compare to bf16 rounding
-    bound = 2.0**-7 * np.abs(composed) + 2.0**-14 * case.dot_abs
+    # x can differ in a rare element by one bf16 ulp (sum-of-squares order), and then y by one bf16 ulp
+    # (<= 2^-7 relative): allow two
+    bound = 2.0**-6 * np.abs(composed) + 2.0**-14 * case.dot_abs
     bad = np.flatnonzero(np.abs(fused - composed) > bound)
     assert bad.size == 0, f"fused RMSNorm GEMV != kern_add_rmsnorm + kern_gemv at rows {bad[:8].tolist()}"
 
