@@ -48,7 +48,8 @@ def with_device(monkeypatch: pytest.MonkeyPatch) -> None:
 def fake_runtime(monkeypatch: pytest.MonkeyPatch) -> list[FakeRuntime]:
     made: list[FakeRuntime] = []
 
-    def open_fake(manifest, kernels, weights, facts, gpu=0, capacity_tokens=4096, eos_ids=frozenset(), progress=None):
+    def open_fake(manifest, kernels, weights, facts, gpu=0, capacity_tokens=4096, eos_ids=frozenset(), progress=None,
+                  resident=None):
         rt = FakeRuntime(num_pages=capacity_tokens // 16)
         made.append(rt)
         return Generator(rt, facts, eos_ids)
@@ -185,3 +186,20 @@ def test_manifest_check(tiny_manifest: Path) -> None:
     pytest.importorskip("kern_manifest")
     result = _invoke("manifest", "check", str(tiny_manifest))
     assert result.exit_code == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("against", ["eager", "chunk1"])
+def test_kern_test_same_runtime(with_device, fake_runtime, tiny_manifest: Path, kernels_dir: Path,
+                                tiny_ckpt: Path, against: str) -> None:
+    result = _invoke("test", "--manifest", str(tiny_manifest), "--kernels", str(kernels_dir), "--weights",
+                     str(tiny_ckpt), "--against", against, "--prompts", "5", "--steps", "6")
+    assert result.exit_code == 0, result.stderr
+    rows = result.stdout.strip().splitlines()
+    assert rows[0].startswith(f"A = qwen3-tiny.json (graph, chunk 64), B = {against}")
+    assert len(rows) == 2 + 5 and all(r.split()[-3:] == ["100.0%", "-", "0"] for r in rows[2:])
+    rt = fake_runtime[0]
+    assert rt.closed
+    if against == "chunk1":
+        assert any(c[0] == "prefill" and c[1]["tokens"] == 1 for c in rt.calls)
+    else:
+        assert any(c[0] == "decode" and c[2] for c in rt.calls)

@@ -6,8 +6,8 @@ in chunks, then one decode step per position) and their logits compared step by 
 
 - `eager`: the same loaded runtime, decode replayed launch by launch (must be token-identical),
 - `chunk1`: the same runtime, prefill in chunks of 1 token,
-- a manifest path: another manifest on the same weights (loaded after A is closed; when the runtime
-  offers `into_resident`/`load_over` the weights could be shared, not yet used here),
+- a manifest path: another manifest on the same weights; A's device weights are kept with
+  `Runtime.into_resident()` and B loads over them (identical weight buffers are not read again),
 - `transformers`: `Qwen3ForCausalLM` on the same checkpoint (kern_run.reference).
 """
 
@@ -59,7 +59,8 @@ def run_ab(cfg: RunConfig, req: AbRequest, log: Any) -> tuple[list[Comparison], 
     same_runtime = req.against in ("eager", "chunk1")
     tol = req.margin_tol if req.margin_tol is not None else (0.0 if same_runtime else 0.1)
     work: list[tuple[list[int], list[int], np.ndarray, np.ndarray | None]] = []
-    with open_generator(prep, log) as gen:
+    gen = open_generator(prep, log)
+    try:
         prompts = sample_prompts(prep.codec, req.prompts, req.seed, req.random_prompt_tokens,
                                  gen.max_positions - req.steps)
         for prompt in prompts:
@@ -72,6 +73,11 @@ def run_ab(cfg: RunConfig, req: AbRequest, log: Any) -> tuple[list[Comparison], 
                 chunk_b = 1 if req.against == "chunk1" else prep.chunk
                 logits_b, _ = gen.teacher_forced(ids, start, chunk_b, eager=req.against == "eager")
             work.append((prompt, result.tokens, logits_a, logits_b))
+    except BaseException:
+        gen.close()
+        raise
+    if req.against in ("eager", "chunk1", "transformers"):
+        gen.close()
     if req.against == "transformers":
         from .reference import HfReference
 
@@ -79,9 +85,13 @@ def run_ab(cfg: RunConfig, req: AbRequest, log: Any) -> tuple[list[Comparison], 
         work = [(p, t, a, ref.logits(p + t[:-1], len(p) - 1)) for p, t, a, _ in work]
         ref.close()
     elif not same_runtime:
-        log.info("loading B after A is closed: the weights are read twice (no into_resident/load_over used)")
         prep_b = prepare(replace(cfg, manifest=Path(req.against), chunk=None))
-        with open_generator(prep_b, log) as gen_b:
+        gen.pages.release()
+        resident = gen.rt.into_resident() if hasattr(gen.rt, "into_resident") else None
+        if resident is None:
+            gen.close()
+            log.info("loading B after A is closed: the weights are read twice")
+        with open_generator(prep_b, log, resident=resident) as gen_b:
             work = [(p, t, a, gen_b.teacher_forced(p + t[:-1], len(p) - 1, prep_b.chunk)[0]) for p, t, a, _ in work]
     comparisons = []
     rows = []

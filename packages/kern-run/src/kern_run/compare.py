@@ -44,6 +44,12 @@ class Comparison:
         """Index of the first step whose top-1 ids differ (None: never)."""
         return next((i for i, s in enumerate(self.steps) if s.top1_a != s.top1_b), None)
 
+    def mismatches_beyond_error(self, factor: float = 2.0) -> list[int]:
+        """Steps whose top-1 ids differ although B's top-2 margin exceeds `factor` x that step's max |a - b|
+        (and the fixed tolerance): the error measured at that step cannot explain the different choice."""
+        return [i for i, s in enumerate(self.steps)
+                if s.top1_a != s.top1_b and s.margin_b > max(self.margin_tol, factor * s.max_abs)]
+
     @property
     def hard_mismatches(self) -> list[int]:
         """Steps whose top-1 ids differ although B's top-2 margin exceeds the tolerance."""
@@ -73,3 +79,15 @@ def table(rows: list[tuple[str, ...]], header: tuple[str, ...]) -> str:
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     fmt = "  ".join(f"{{:>{w}}}" for w in widths)
     return "\n".join(fmt.format(*map(str, r)) for r in [header, *rows])
+
+
+def teacher_forced_vs(gen, reference, ids: list[int], prefill_tokens: int, chunk: int, margin_tol: float = 0.0,
+                      eager: bool = False) -> tuple[Comparison, np.ndarray]:
+    """kern (`gen`, a Generator) against `reference.logits(ids, start)` over positions prefill_tokens..len-1.
+
+    Returns the comparison (a = kern, b = reference) and kern's GPU argmax per step. Both sides see the
+    same ids (teacher forcing), so an early different choice does not derail the rest.
+    """
+    logits, argmax = gen.teacher_forced(ids, prefill_tokens, chunk, eager)
+    ref = reference.logits(ids, prefill_tokens)
+    return compare_logits(logits, ref, margin_tol), argmax

@@ -154,13 +154,17 @@ class Generator:
     @classmethod
     def open(cls, manifest: Any, kernels: Any, weights: Any, facts: ManifestFacts, gpu: int = 0,
              capacity_tokens: int = 4096, eos_ids: frozenset[int] = frozenset(),
-             progress: Callable[[int, int], None] | None = None) -> "Generator":
-        """Load the runtime (verify, kernels, weights, once programs). Raises kern_runtime.KernError."""
+             progress: Callable[[int, int], None] | None = None, resident: Any = None) -> "Generator":
+        """Load the runtime (verify, kernels, weights, once programs). Raises kern_runtime.KernError.
+
+        `resident`: weights kept by an earlier runtime's `into_resident()` (loaded over, not re-read).
+        """
         from kern_runtime import Capacity, Runtime, SafetensorsTensors
 
         tensors = SafetensorsTensors.open(str(weights))
+        extra = {"resident": resident} if resident is not None else {}
         rt = Runtime.load(str(manifest), str(kernels), tensors, gpu=gpu,
-                          capacity=Capacity(tokens=capacity_tokens, seqs=1), progress=progress)
+                          capacity=Capacity(tokens=capacity_tokens, seqs=1), progress=progress, **extra)
         return cls(rt, facts, eos_ids)
 
     def close(self) -> None:

@@ -63,8 +63,11 @@ def progress_reporter(enabled: bool) -> tuple[Callable[[int, int], None] | None,
     return update, bar.stop
 
 
-def open_generator(prep: Prepared, log: Any, show_progress: bool | None = None) -> Generator:
-    """Load the runtime for a prepared target, log the declaration summary and the weight load rate."""
+def open_generator(prep: Prepared, log: Any, show_progress: bool | None = None, resident: Any = None) -> Generator:
+    """Load the runtime for a prepared target, log the declaration summary and the weight load rate.
+
+    `resident`: device weights kept by `Runtime.into_resident()` of an earlier runtime on the same GPU.
+    """
     for line in manifest_lines(prep.facts.raw):
         log.info(line)
     if show_progress is None:
@@ -73,7 +76,8 @@ def open_generator(prep: Prepared, log: Any, show_progress: bool | None = None) 
     t0 = time.perf_counter()
     try:
         gen = Generator.open(prep.cfg.manifest, prep.cfg.kernels, prep.cfg.weights, prep.facts, gpu=prep.cfg.gpu,
-                             capacity_tokens=prep.cfg.capacity_tokens, eos_ids=prep.codec.eos_ids, progress=progress)
+                             capacity_tokens=prep.cfg.capacity_tokens, eos_ids=prep.codec.eos_ids, progress=progress,
+                             resident=resident)
     finally:
         stop_progress()
     secs = time.perf_counter() - t0
