@@ -314,10 +314,14 @@ class Pool:
         pages_objs, slots_objs = self._pages, self._slots
         if n_pages > len(pages_objs.free) or n_slots > len(slots_objs.free):
             self._refuse(n_pages, n_slots, total_pages)
-        pages = [pages_objs.free.pop() for _ in range(n_pages)]
+        free = pages_objs.free
+        pages = free[len(free) - n_pages:] if n_pages else []
+        del free[len(free) - n_pages:]
+        pages.reverse()  # the same order as popping one by one: lowest ids first
         slots = [slots_objs.free.pop() for _ in range(n_slots)]
+        refs = pages_objs.refs
         for p in pages:
-            pages_objs.refs[p] = 1
+            refs[p] = 1
         for s in slots:
             slots_objs.refs[s] = 1
         return pages, slots
