@@ -169,6 +169,24 @@ def write_json(doc: dict, path: Path) -> None:
     path.write_text(text + "\n")
 
 
+def merge_partial(metadata_path: Path, partial: dict) -> dict:
+    """A `--modules` build rebuilt only some modules: keep every other module's committed entry.
+
+    Raises BuildError when the committed metadata was made by another toolchain (mixing toolchains in one
+    kernels.json would break the reproducibility check)."""
+    if not metadata_path.exists():
+        return partial
+    committed = json.loads(metadata_path.read_text())
+    if committed.get("toolchain") != partial["toolchain"]:
+        raise BuildError(
+            f"{metadata_path} was built with {committed.get('toolchain')!r}, this toolchain is "
+            f"{partial['toolchain']!r}: rebuild every module (omit --modules)"
+        )
+    merged = dict(committed.get("modules", {}))
+    merged.update(partial["modules"])
+    return {**partial, "modules": dict(sorted(merged.items()))}
+
+
 def check(src_dir: Path, kernels_dir: Path, tc: Toolchain, modules: list[str] | None = None) -> list[str]:
     """Rebuild into a temp dir and compare with the committed kernels.json; return the differences."""
     committed = json.loads((kernels_dir / "kernels.json").read_text())
@@ -218,6 +236,8 @@ def main(argv: list[str] | None = None) -> int:
             return 1 if problems else 0
         with tempfile.TemporaryDirectory() as work:
             doc = build_all(args.src, args.out, tc, Path(work), modules)
+        if modules is not None:
+            doc = merge_partial(args.out / "kernels.json", doc)
         write_json(doc, args.out / "kernels.json")
         for name, module in doc["modules"].items():
             print(f"{name:10s} {module['file']}  entries: {', '.join(module['entries'])}")
