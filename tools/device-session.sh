@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# One consolidated GPU-machine call: run the named steps in order, each under a time limit, logging to
+# $OUT/<step>.log, and print a summary table last. Steps never stop the session (a failing step is
+# reported). Usage (from the repo root, on the GPU machine):
+#   bash tools/device-session.sh runtime kernels gemv tiny parity-tiny ckpt-4b run-4b parity-4b bench-load
+set -u
+root="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$root"
+source tools/gpu-env.sh
+OUT="${OUT:-/tmp/kern-out}"; mkdir -p "$OUT"
+W="${KERN_WEIGHTS:-/tmp/kern-weights}"; mkdir -p "$W"
+summary=()
+step() {  # step NAME LIMIT_S COMMAND...
+  local name=$1 limit=$2; shift 2
+  local t0=$(date +%s.%N)
+  echo "=== $name: $*"
+  timeout "$limit" bash -c "$*" >"$OUT/$name.log" 2>&1
+  local rc=$? t1=$(date +%s.%N)
+  tail -n "${KERN_TAIL:-25}" "$OUT/$name.log"
+  summary+=("$(printf '%-14s rc=%-4s %6.1fs  %s' "$name" "$rc" "$(echo "$t1 - $t0" | bc)" "$(grep -E 'passed|failed|error' "$OUT/$name.log" | tail -n1 | cut -c1-90)")")
+}
+export KERN_REQUIRE_GPU=1
+for s in "$@"; do
+  case "$s" in
+    runtime)     step runtime 150 "python3 -m pytest tests/runtime -q -x -p no:cacheprovider -m gpu" ;;
+    kernels)     step kernels 150 "python3 -m pytest tests/kernels -q -p no:cacheprovider" ;;
+    gemv-bench)  step gemv-bench 180 "python3 bench/gemv.py" ;;
+    kern-bench)  step kern-bench 120 "python3 bench/kernels.py" ;;
+    tiny)        step tiny 120 "python3 tools/make_checkpoint.py --shape tiny --out $W/qwen3-tiny && python3 -m kern_run.cli run --target tiny --weights $W/qwen3-tiny --prompt 'The capital of France is' --steps 32 --log-level info" ;;
+    parity-tiny) step parity-tiny 200 "KERN_TINY_WEIGHTS=$W/qwen3-tiny python3 -m pytest tests/parity -q -x -p no:cacheprovider" ;;
+    ckpt-4b)     step ckpt-4b 120 "python3 tools/make_checkpoint.py --shape qwen3-4b --out $W/qwen3-4b" ;;
+    run-4b)      step run-4b 150 "python3 -m kern_run.cli run --weights $W/qwen3-4b --prompt 'The capital of France is' --steps 128 --log-level info && python3 -m kern_run.cli run --weights $W/qwen3-4b --prompt 'The capital of France is' --steps 32 --eager" ;;
+    parity-4b)   step parity-4b 300 "python3 tools/parity.py --shape qwen3-4b --ckpt $W/qwen3-4b" ;;
+    bench-load)  step bench-load 180 "python3 bench/load.py --gib 4" ;;
+    *) echo "unknown step $s"; summary+=("$s: unknown step") ;;
+  esac
+done
+echo; echo "===== summary"; printf '%s\n' "${summary[@]}"
