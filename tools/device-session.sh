@@ -17,7 +17,7 @@ step() {  # step NAME LIMIT_S COMMAND...
   timeout "$limit" bash -c "$*" >"$OUT/$name.log" 2>&1
   local rc=$? t1=$(date +%s.%N)
   tail -n "${KERN_TAIL:-25}" "$OUT/$name.log"
-  summary+=("$(printf '%-14s rc=%-4s %6.1fs  %s' "$name" "$rc" "$(echo "$t1 - $t0" | bc)" "$(grep -E 'passed|failed|error' "$OUT/$name.log" | tail -n1 | cut -c1-90)")")
+  summary+=("$(printf '%-14s rc=%-4s %6.1fs  %s' "$name" "$rc" "$(python3 -c "print($t1 - $t0)")" "$(grep -E 'passed|failed|error' "$OUT/$name.log" | tail -n1 | cut -c1-90)")")
 }
 export KERN_REQUIRE_GPU=1
 for s in "$@"; do
