@@ -1,13 +1,25 @@
 // Paged attention over kern's KV layout (see docs/kernels.md): page p holds [2][page_tokens][Hkv][D] bf16.
 //
 // Decode (one query token per sequence): kern_attn_decode_partial splits each sequence's context into
-// splits of split_tokens; a block (kv head, split, seq) computes, for every q head of the GQA group, the
-// unnormalised softmax-weighted V sum of its split plus (max, sum of exp); kern_attn_decode_reduce merges
-// the splits. fp32 CUDA-core math, 16-byte K/V loads.
+// num_splits splits whose length is derived ON DEVICE from seq_lens (decode_split_len below), so one launch
+// shape (fixed grid, as captured in a CUDA graph) serves every context length; a block (kv head, split, seq)
+// computes, for every q head of the GQA group, the unnormalised softmax-weighted V sum of its split plus
+// (max, sum of exp); kern_attn_decode_reduce merges the splits. fp32 CUDA-core math. Each warp owns an
+// interleaved share of the split's tokens and keeps its own online softmax: it issues the 16-byte K and V
+// loads of a whole tile (8 token slots per lane) before using any, reduces the q.k partial dot products with
+// a butterfly reduce-scatter (30 shuffles for 32 scores instead of 128), and needs no block barrier until
+// the final cross-warp merge in shared memory.
 //
 // Prefill (chunked, causal, reads everything from the paged cache): kern_attn_prefill, one block per
-// (16 query tokens, kv head, seq); the K/V tile in shared memory is shared by the 16 query tokens and all
-// q heads of the GQA group; bf16 mma.sync (m16n8k16) with fp32 accumulation, online softmax in fp32.
+// (16 query tokens x 4 q heads of one kv head; 32 x 2 or 64 x 1 for groups of 2 or 1), 4 warps of
+// 16 query rows each; bf16 mma.sync (m16n8k16) with fp32 accumulation, online softmax in exp2 units with
+// the scale folded into one FFMA. 64-token K/V tiles stream into shared memory with cp.async, K and V
+// overlapped (V of tile t loads during S = Q K^T, K of tile t+1 during O += P V), fragments read with
+// ldmatrix (V with .trans), the causal mask applied only to tiles that cross the diagonal, tiles past a
+// warp's last query skipped, and the heaviest blocks (last query rows) scheduled first.
+//
+// All three entries start with griddepcontrol.wait and then griddepcontrol.launch_dependents (both no-ops
+// without programmatic dependent launch), so they may be launched with PDL.
 //
 // Block-table entries that are negative, or past bt_stride, read as masked (decode) / zero (prefill);
 // page ids are otherwise trusted (these kernels only read the cache; there is no page-count bound).
@@ -17,31 +29,320 @@
 
 #define LOG2E 1.4426950408889634f
 #define LN2 0.6931471805599453f
+#define FULL_MASK 0xffffffffu
 
-// Pointer to K (part 0) or V (part 1) of token `tok` of sequence `s`, kv head `kvh`; nullptr when the
-// block table has no valid page for it.
-KERN_DEV const __nv_bfloat16* kv_token_ptr(const __nv_bfloat16* kv_cache, const int32_t* block_table, int s,
-                                           int bt_stride, int page_tokens, int64_t token_elems, int kvh, int D,
-                                           int64_t tok, int part) {
-    const int64_t pi = tok / page_tokens;
-    if (pi >= bt_stride) return nullptr;
-    const int64_t page = block_table[(int64_t)s * bt_stride + pi];
-    if (page < 0) return nullptr;
-    const int64_t off = tok % page_tokens;
-    return kv_cache + ((page * 2 + part) * page_tokens + off) * token_elems + (int64_t)kvh * D;
+KERN_DEV void attn_pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+KERN_DEV void attn_pdl_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+
+// bf16 pair (low half first) -> two floats, exact.
+KERN_DEV float bf_lo(uint32_t u) { return __uint_as_float(u << 16); }
+KERN_DEV float bf_hi(uint32_t u) { return __uint_as_float(u & 0xffff0000u); }
+
+KERN_DEV void raw8_to_f32(const uint4& r, float (&v)[8]) {
+    v[0] = bf_lo(r.x);
+    v[1] = bf_hi(r.x);
+    v[2] = bf_lo(r.y);
+    v[3] = bf_hi(r.y);
+    v[4] = bf_lo(r.z);
+    v[5] = bf_hi(r.z);
+    v[6] = bf_lo(r.w);
+    v[7] = bf_hi(r.w);
+}
+
+// Elements [i0, i0 + 8) of a bf16 row of n elements as 8 packed bf16: one 16-byte load when `vec`
+// (caller guarantees i0 + 8 <= n and 16-byte alignment), else element loads with zeros at or past n.
+KERN_DEV uint4 load_raw8(const __nv_bfloat16* row, int i0, int n, bool vec) {
+    if (vec) return *reinterpret_cast<const uint4*>(row + i0);
+    uint32_t w[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const uint32_t lo = (i0 + 2 * i < n) ? (uint32_t)__bfloat16_as_ushort(row[i0 + 2 * i]) : 0u;
+        const uint32_t hi = (i0 + 2 * i + 1 < n) ? (uint32_t)__bfloat16_as_ushort(row[i0 + 2 * i + 1]) : 0u;
+        w[i] = lo | (hi << 16);
+    }
+    return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
 // ---------------------------------------------------------------------------------------------------
 // Decode
 // ---------------------------------------------------------------------------------------------------
 #define DEC_THREADS 128
-#define DEC_TILE 64   // context tokens per softmax step
-#define DEC_MAX_G 8   // q heads per pass (larger groups run in several passes)
+#define DEC_WARPS (DEC_THREADS / 32)
+#define DEC_GP 4      // q heads per pass (larger groups run in several passes)
+#define DEC_J 8       // token slots per lane per tile: DEC_J K and DEC_J V 16-byte loads in flight
+#define DEC_NV (DEC_J * DEC_GP)  // scores per lane per tile
+#define DEC_GRAN 16   // split lengths are rounded up to a multiple of this
 #define DEC_MAX_D 256
 
+// Effective split length of a sequence of seq_len tokens: split_tokens is the MINIMUM split length; a
+// context longer than num_splits * split_tokens gets splits of cdiv(seq_len, num_splits) rounded up to a
+// multiple of DEC_GRAN, so the num_splits splits always cover the whole context. The reduce uses the same.
+KERN_DEV int64_t decode_split_len(int seq_len, int split_tokens, int num_splits) {
+    const int64_t per = ((int64_t)max(seq_len, 0) + num_splits - 1) / num_splits;
+    return max((int64_t)split_tokens, (per + DEC_GRAN - 1) / DEC_GRAN * DEC_GRAN);
+}
+
+// Butterfly reduce-scatter of N values over the TPT lanes of a lane group (TPT a power of two <= 32,
+// N a multiple of TPT): afterwards v[i] (i < N / TPT) holds the group's sum of original value
+// (lane % TPT) * (N / TPT) + i. log2(TPT) steps of halving: N/2 + N/4 + ... shuffles.
+template <int O, int N>
+KERN_DEV void reduce_scatter_step(float (&v)[N], int lane) {
+    if constexpr (O >= 1) {
+        constexpr int HN = N / 2;
+        const bool up = (lane & O) != 0;
+        float w[HN];
+#pragma unroll
+        for (int i = 0; i < HN; ++i) {
+            const float send = up ? v[i] : v[i + HN];
+            const float keep = up ? v[i + HN] : v[i];
+            w[i] = keep + __shfl_xor_sync(FULL_MASK, send, O);
+        }
+        reduce_scatter_step<O / 2, HN>(w, lane);
+#pragma unroll
+        for (int i = 0; i < HN; ++i) v[i] = w[i];
+    }
+}
+template <int TPT, int N>
+KERN_DEV void reduce_scatter(float (&v)[N], int lane) {
+    static_assert(N % TPT == 0, "values must split evenly over the lane group");
+    reduce_scatter_step<TPT / 2, N>(v, lane);
+}
+
+struct DecodeSmem {
+    float q[DEC_GP][DEC_MAX_D];                   // q * scale * log2(e) of the pass's heads
+    float red[DEC_WARPS][DEC_GP][DEC_MAX_D];     // per-warp V accumulators for the final merge
+    float sc[DEC_WARPS][8][DEC_NV + 4];           // per-warp score all-gather (TPW <= 8 token groups)
+    float ml[DEC_WARPS][DEC_GP][2];               // per-warp (m, l), log2 units
+};
+
+// Thread layout: TPT lanes per token (lane c of a token owns head dims [8c, 8c + 8)), TPW = 32 / TPT
+// tokens per warp load instruction. Tile of TILE = 4 warps * DEC_J * TPW tokens; token slot j of lane
+// (token group h, chunk c) of warp w is token tile0 + (j * 4 + w) * TPW + h, so even a short split spreads
+// over every warp.
+template <int TPT>
+KERN_DEV void decode_body(DecodeSmem& sm, const __nv_bfloat16* q, const __nv_bfloat16* kv_cache,
+                          const int32_t* block_table, float* part_out, float* part_ml, int num_q_heads,
+                          int num_kv_heads, int D, int page_tokens, int bt_stride, int num_splits, float scale,
+                          int s, int kvh, int x, int begin, int end) {
+    constexpr int TPW = 32 / TPT;
+    constexpr int TILE = DEC_WARPS * DEC_J * TPW;
+    constexpr int NR = DEC_NV / TPT;  // scores per lane after the reduce-scatter
+    const int G = num_q_heads / num_kv_heads;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int h = lane / TPT, c = lane % TPT;
+    const int C = (D + 7) / 8;
+    const bool cok = c < C;
+    const bool vec = (D % 8 == 0) && aligned16(kv_cache);
+    const int64_t token_elems = (int64_t)num_kv_heads * D;
+    const int64_t v_off = (int64_t)page_tokens * token_elems;  // V part of a token: K pointer + v_off
+    const float sl2 = scale * LOG2E;
+    const int32_t* bt_row = block_table + (int64_t)s * bt_stride;
+
+    const __nv_bfloat16* kbase = kv_cache + (int64_t)kvh * D + c * 8;  // this lane's chunk of token row 0
+
+    // K row index (page * 2 * page_tokens + offset in page) of each token slot of the tile at t0, or -1
+    // (past the split, no page): the same for every lane of a token group (lanes with c >= C skip their
+    // loads). Slot j is token t0 + (j * 4 + warp) * TPW + h: one division per tile, then steps.
+    constexpr int STEP = DEC_WARPS * TPW;
+    const int step_pi = STEP / page_tokens, step_r = STEP - step_pi * page_tokens;
+    auto slot_rows = [&](int t0, int32_t (&rows)[DEC_J]) {
+        int tok = t0 + warp * TPW + h;
+        int pi = tok / page_tokens;
+        int r = tok - pi * page_tokens;
+#pragma unroll
+        for (int j = 0; j < DEC_J; ++j) {
+            const bool ok = tok < end && pi < bt_stride;
+            const int page = ok ? bt_row[pi] : -1;
+            rows[j] = page >= 0 ? page * 2 * page_tokens + r : -1;
+            tok += STEP;
+            pi += step_pi;
+            r += step_r;
+            if (r >= page_tokens) {
+                r -= page_tokens;
+                ++pi;
+            }
+        }
+    };
+    auto load_k = [&](int32_t r) -> uint4 {
+        return (r >= 0 && cok) ? load_raw8(kbase + (int64_t)r * token_elems, 0, D - c * 8, vec)
+                               : make_uint4(0u, 0u, 0u, 0u);
+    };
+    auto load_v = [&](int32_t r) -> uint4 {
+        return (r >= 0 && cok) ? load_raw8(kbase + (int64_t)r * token_elems + v_off, 0, D - c * 8, vec)
+                               : make_uint4(0u, 0u, 0u, 0u);
+    };
+
+    for (int g0 = 0; g0 < G; g0 += DEC_GP) {
+        const int gn = min(DEC_GP, G - g0);
+        if (g0 > 0) __syncthreads();  // the previous pass is done with sm.q / sm.red / sm.ml
+        // q * scale * log2(e) of the pass's heads (scores come out in log2 units), zero past D / gn.
+        for (int i = tid; i < DEC_GP * DEC_MAX_D; i += DEC_THREADS) {
+            const int g = i / DEC_MAX_D, d = i % DEC_MAX_D;
+            sm.q[g][d] = (g < gn && d < D) ? bf2f(q[((int64_t)s * num_q_heads + kvh * G + g0 + g) * D + d]) * sl2 : 0.0f;
+        }
+        __syncthreads();
+        float m[DEC_GP], l[DEC_GP], acc[DEC_GP][8];
+#pragma unroll
+        for (int g = 0; g < DEC_GP; ++g) {
+            m[g] = -CUDART_INF_F;  // warp-uniform running max (log2 units)
+            l[g] = 0.0f;           // this lane's token group's running sum of exp
+#pragma unroll
+            for (int e = 0; e < 8; ++e) acc[g][e] = 0.0f;
+        }
+
+        int32_t off[DEC_J];
+        uint4 kr[DEC_J], vr[DEC_J];
+        slot_rows(begin, off);
+#pragma unroll
+        for (int j = 0; j < DEC_J; ++j) kr[j] = load_k(off[j]);
+#pragma unroll
+        for (int j = 0; j < DEC_J; ++j) vr[j] = load_v(off[j]);
+
+        for (int t0 = begin; t0 < end; t0 += TILE) {
+            int32_t offn[DEC_J];  // next tile's rows: the block-table reads overlap this tile's math
+            slot_rows(t0 + TILE, offn);
+
+            // Partial q.k over this lane's 8 dims, then the token group's sum (reduce-scatter + all-gather).
+            float sv[DEC_NV];
+#pragma unroll
+            for (int j = 0; j < DEC_J; ++j) {
+                float kf[8];
+                raw8_to_f32(kr[j], kf);
+#pragma unroll
+                for (int g = 0; g < DEC_GP; ++g) {
+                    const float4 qa = *reinterpret_cast<const float4*>(&sm.q[g][c * 8]);
+                    const float4 qb = *reinterpret_cast<const float4*>(&sm.q[g][c * 8 + 4]);
+                    float d = qa.x * kf[0];
+                    d = fmaf(qa.y, kf[1], d);
+                    d = fmaf(qa.z, kf[2], d);
+                    d = fmaf(qa.w, kf[3], d);
+                    d = fmaf(qb.x, kf[4], d);
+                    d = fmaf(qb.y, kf[5], d);
+                    d = fmaf(qb.z, kf[6], d);
+                    d = fmaf(qb.w, kf[7], d);
+                    sv[j * DEC_GP + g] = d;
+                }
+            }
+            reduce_scatter<TPT, DEC_NV>(sv, lane);
+            float* row = &sm.sc[warp][h][0];
+            __syncwarp();  // every lane has read the previous tile's scores
+#pragma unroll
+            for (int i = 0; i < NR; ++i) row[c * NR + i] = sv[i];
+            __syncwarp();
+            float p[DEC_NV];
+#pragma unroll
+            for (int i = 0; i < DEC_NV; i += 4) {
+                const float4 v4 = *reinterpret_cast<const float4*>(row + i);
+                p[i] = v4.x;
+                p[i + 1] = v4.y;
+                p[i + 2] = v4.z;
+                p[i + 3] = v4.w;
+            }
+            // K registers are free: the next tile's K loads fly during the softmax and P.V below.
+#pragma unroll
+            for (int j = 0; j < DEC_J; ++j) kr[j] = load_k(offn[j]);
+            // Online softmax per head over the warp's tile tokens (masked slots: -inf).
+#pragma unroll
+            for (int g = 0; g < DEC_GP; ++g) {
+                float mx = -CUDART_INF_F;
+#pragma unroll
+                for (int j = 0; j < DEC_J; ++j) {
+                    if (off[j] < 0) p[j * DEC_GP + g] = -CUDART_INF_F;
+                    mx = fmaxf(mx, p[j * DEC_GP + g]);
+                }
+#pragma unroll
+                for (int o = TPT; o < 32; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, o));
+                const float m_new = fmaxf(m[g], mx);
+                const float base = (m_new == -CUDART_INF_F) ? 0.0f : m_new;
+                const float alpha = exp2f(m[g] - base);
+                m[g] = m_new;
+                float sum = 0.0f;
+#pragma unroll
+                for (int j = 0; j < DEC_J; ++j) {
+                    const float e = exp2f(p[j * DEC_GP + g] - base);
+                    p[j * DEC_GP + g] = e;
+                    sum += e;
+                }
+                l[g] = l[g] * alpha + sum;
+#pragma unroll
+                for (int e = 0; e < 8; ++e) acc[g][e] *= alpha;
+            }
+            // acc += p v over the lane's token slots.
+#pragma unroll
+            for (int j = 0; j < DEC_J; ++j) {
+                float vf[8];
+                raw8_to_f32(vr[j], vf);
+#pragma unroll
+                for (int g = 0; g < DEC_GP; ++g) {
+#pragma unroll
+                    for (int e = 0; e < 8; ++e) acc[g][e] = fmaf(p[j * DEC_GP + g], vf[e], acc[g][e]);
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < DEC_J; ++j) vr[j] = load_v(offn[j]);
+#pragma unroll
+            for (int j = 0; j < DEC_J; ++j) off[j] = offn[j];
+        }
+
+        // Merge the warp's token groups (same c, different h), then the warps through shared memory.
+#pragma unroll
+        for (int o = TPT; o < 32; o <<= 1) {
+#pragma unroll
+            for (int g = 0; g < DEC_GP; ++g) {
+                l[g] += __shfl_xor_sync(FULL_MASK, l[g], o);
+#pragma unroll
+                for (int e = 0; e < 8; ++e) acc[g][e] += __shfl_xor_sync(FULL_MASK, acc[g][e], o);
+            }
+        }
+        if (h == 0 && cok) {
+#pragma unroll
+            for (int g = 0; g < DEC_GP; ++g) {
+#pragma unroll
+                for (int e = 0; e < 8; ++e)
+                    if (c * 8 + e < D) sm.red[warp][g][c * 8 + e] = acc[g][e];
+            }
+        }
+        if (lane == 0) {
+#pragma unroll
+            for (int g = 0; g < DEC_GP; ++g) {
+                sm.ml[warp][g][0] = m[g];
+                sm.ml[warp][g][1] = l[g];
+            }
+        }
+        __syncthreads();
+        for (int i = tid; i < gn * D; i += DEC_THREADS) {
+            const int g = i / D, d = i - g * D;
+            float mm = -CUDART_INF_F;
+#pragma unroll
+            for (int w = 0; w < DEC_WARPS; ++w) mm = fmaxf(mm, sm.ml[w][g][0]);
+            float o = 0.0f;
+            if (mm != -CUDART_INF_F) {
+#pragma unroll
+                for (int w = 0; w < DEC_WARPS; ++w) o += exp2f(sm.ml[w][g][0] - mm) * sm.red[w][g][d];
+            }
+            const int hq = kvh * G + g0 + g;
+            part_out[(((int64_t)s * num_q_heads + hq) * num_splits + x) * D + d] = o;
+        }
+        if (tid < gn) {
+            const int g = tid;
+            float mm = -CUDART_INF_F;
+#pragma unroll
+            for (int w = 0; w < DEC_WARPS; ++w) mm = fmaxf(mm, sm.ml[w][g][0]);
+            float ll = 0.0f;
+            if (mm != -CUDART_INF_F) {
+#pragma unroll
+                for (int w = 0; w < DEC_WARPS; ++w) ll += exp2f(sm.ml[w][g][0] - mm) * sm.ml[w][g][1];
+            }
+            const int hq = kvh * G + g0 + g;
+            float* ml = part_ml + (((int64_t)s * num_q_heads + hq) * num_splits + x) * 2;
+            ml[0] = mm * LN2;  // back to natural-log units (-inf stays -inf)
+            ml[1] = ll;
+        }
+    }
+}
+
 // grid (num_kv_heads, num_splits, seqs), block (128,1,1).
-// Thread layout: TPT threads per context token (TPT = pow2 >= cdiv(D, 8), at least 4), thread c of a
-// token owns head dims [8c, 8c+8); NG = 128 / TPT token groups. Scores live in shared memory per tile.
+// Split x of sequence s covers tokens [x * L, min((x + 1) * L, seq_len)), L = decode_split_len(...).
 // part_out[s, hq, x, :] = sum_j exp(s_j - m) v_j (f32), part_ml[s, hq, x] = (m, sum_j exp(s_j - m)),
 // m the max of scale * q.k over the split (natural-log units); an empty split gives (-inf, 0), zeros.
 extern "C" __global__ void __launch_bounds__(DEC_THREADS) kern_attn_decode_partial(
@@ -53,182 +354,78 @@ extern "C" __global__ void __launch_bounds__(DEC_THREADS) kern_attn_decode_parti
     float* part_ml,                 // [seqs, Hq, num_splits, 2]
     int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim, int32_t page_tokens, int32_t bt_stride,
     int32_t split_tokens, int32_t num_splits, float scale) {
-    __shared__ float qs[DEC_MAX_G][DEC_MAX_D];   // q of the pass's heads, zero past D
-    __shared__ float sc[DEC_MAX_G][DEC_TILE];    // scores, then probabilities, of the tile
-    __shared__ float red[DEC_MAX_G][DEC_MAX_D];  // cross-group sum of the V accumulators
-    __shared__ float m_run[DEC_MAX_G], l_run[DEC_MAX_G], alpha_s[DEC_MAX_G];
-
+    __shared__ __align__(16) DecodeSmem sm;
+    attn_pdl_wait();
+    attn_pdl_launch_dependents();
     const int kvh = blockIdx.x, x = blockIdx.y, s = blockIdx.z;
     const int D = head_dim;
     if (num_kv_heads <= 0 || kvh >= num_kv_heads || x >= num_splits || num_q_heads % num_kv_heads != 0 ||
         D <= 0 || D > DEC_MAX_D || page_tokens <= 0 || split_tokens <= 0)
         return;
-    const int G = num_q_heads / num_kv_heads;
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int C = (D + 7) / 8;  // 8-wide chunks per head row
-    int TPT = 4;
-    while (TPT < C) TPT *= 2;  // <= 32 since D <= 256
-    const int NG = DEC_THREADS / TPT;  // divides DEC_TILE
-    const int grp = tid / TPT, c = tid % TPT;
-    const bool vec = (D % 8 == 0) && aligned16(kv_cache);
-    const int64_t token_elems = (int64_t)num_kv_heads * D;
-    const float sl2 = scale * LOG2E;  // scores kept in log2 units inside the kernel
-    const int64_t seq_len = seq_lens[s];
-    const int64_t begin = (int64_t)x * split_tokens;
-    const int64_t end = min(begin + split_tokens, seq_len);
-
-    for (int g0 = 0; g0 < G; g0 += DEC_MAX_G) {
-        const int gn = min(DEC_MAX_G, G - g0);
-        __syncthreads();  // the previous pass is done with shared memory
-        for (int i = tid; i < DEC_MAX_G * DEC_MAX_D; i += DEC_THREADS) {
-            const int g = i / DEC_MAX_D, d = i % DEC_MAX_D;
-            const int hq = kvh * G + g0 + g;
-            qs[g][d] = (g < gn && d < D) ? bf2f(q[((int64_t)s * num_q_heads + hq) * D + d]) : 0.0f;
-        }
-        if (tid < DEC_MAX_G) {
-            m_run[tid] = -CUDART_INF_F;
-            l_run[tid] = 0.0f;
-        }
-        float acc[DEC_MAX_G][8];
-#pragma unroll
-        for (int g = 0; g < DEC_MAX_G; ++g)
-#pragma unroll
-            for (int e = 0; e < 8; ++e) acc[g][e] = 0.0f;
-        __syncthreads();
-
-        for (int64_t tile0 = begin; tile0 < end; tile0 += DEC_TILE) {
-            // A: scores of the tile's tokens. Trip count is the same for every thread (NG | DEC_TILE),
-            // so the shuffles below always run with the full warp.
-            for (int jl = grp; jl < DEC_TILE; jl += NG) {
-                const int64_t tok = tile0 + jl;
-                const __nv_bfloat16* krow = nullptr;
-                if (tok < end)
-                    krow = kv_token_ptr(kv_cache, block_table, s, bt_stride, page_tokens, token_elems, kvh, D, tok, 0);
-                float kv[8];
-#pragma unroll
-                for (int e = 0; e < 8; ++e) kv[e] = 0.0f;
-                if (krow != nullptr && c < C) load8(krow, c * 8, D, vec, kv);
-                float dot[DEC_MAX_G];
-#pragma unroll
-                for (int g = 0; g < DEC_MAX_G; ++g) {
-                    dot[g] = 0.0f;
-                    if (c < C) {
-#pragma unroll
-                        for (int e = 0; e < 8; ++e) dot[g] += qs[g][c * 8 + e] * kv[e];
-                    }
-                }
-#pragma unroll
-                for (int g = 0; g < DEC_MAX_G; ++g)
-                    for (int o = TPT / 2; o > 0; o >>= 1) dot[g] += __shfl_xor_sync(0xffffffffu, dot[g], o);
-                if (c == 0) {
-#pragma unroll
-                    for (int g = 0; g < DEC_MAX_G; ++g)
-                        if (g < gn) sc[g][jl] = krow != nullptr ? dot[g] * sl2 : -CUDART_INF_F;
-                }
-            }
-            __syncthreads();
-            // B: online-softmax update, one warp per head.
-            for (int g = warp; g < gn; g += DEC_THREADS / 32) {
-                const float v0 = sc[g][lane], v1 = sc[g][lane + 32];
-                const float m_old = m_run[g];
-                const float m_new = fmaxf(m_old, warp_max(fmaxf(v0, v1)));
-                const float base = (m_new == -CUDART_INF_F) ? 0.0f : m_new;
-                const float p0 = exp2f(v0 - base), p1 = exp2f(v1 - base);
-                const float psum = warp_sum(p0 + p1);
-                const float alpha = exp2f(m_old - base);
-                sc[g][lane] = p0;
-                sc[g][lane + 32] = p1;
-                __syncwarp();  // every lane has read m_run[g] / l_run[g] before lane 0 rewrites them
-                if (lane == 0) {
-                    m_run[g] = m_new;
-                    l_run[g] = l_run[g] * alpha + psum;
-                    alpha_s[g] = alpha;
-                }
-            }
-            __syncthreads();
-            // C: acc = acc * alpha + sum_j p_j v_j over this thread's tokens and dims.
-#pragma unroll
-            for (int g = 0; g < DEC_MAX_G; ++g) {
-                if (g < gn) {
-                    const float a = alpha_s[g];
-#pragma unroll
-                    for (int e = 0; e < 8; ++e) acc[g][e] *= a;
-                }
-            }
-            if (c < C) {
-                for (int jl = grp; jl < DEC_TILE; jl += NG) {
-                    const int64_t tok = tile0 + jl;
-                    if (tok >= end) break;
-                    const __nv_bfloat16* vrow =
-                        kv_token_ptr(kv_cache, block_table, s, bt_stride, page_tokens, token_elems, kvh, D, tok, 1);
-                    if (vrow == nullptr) continue;
-                    float v[8];
-                    load8(vrow, c * 8, D, vec, v);
-#pragma unroll
-                    for (int g = 0; g < DEC_MAX_G; ++g) {
-                        if (g < gn) {
-                            const float p = sc[g][jl];
-#pragma unroll
-                            for (int e = 0; e < 8; ++e) acc[g][e] += p * v[e];
-                        }
-                    }
-                }
-            }
-            __syncthreads();  // sc and alpha_s are rewritten by the next tile
-        }
-
-        // Sum the token groups' accumulators in a fixed order (deterministic).
-        for (int gi = 0; gi < NG; ++gi) {
-            if (grp == gi && c < C) {
-#pragma unroll
-                for (int g = 0; g < DEC_MAX_G; ++g) {
-                    if (g < gn) {
-#pragma unroll
-                        for (int e = 0; e < 8; ++e) {
-                            const int d = c * 8 + e;
-                            if (d < D) red[g][d] = (gi == 0 ? 0.0f : red[g][d]) + acc[g][e];
-                        }
-                    }
-                }
-            }
-            __syncthreads();
-        }
-        for (int i = tid; i < gn * D; i += DEC_THREADS) {
-            const int g = i / D, d = i % D;
-            const int hq = kvh * G + g0 + g;
-            part_out[(((int64_t)s * num_q_heads + hq) * num_splits + x) * D + d] = red[g][d];
-        }
-        if (tid < gn) {
-            const int hq = kvh * G + g0 + tid;
-            float* ml = part_ml + (((int64_t)s * num_q_heads + hq) * num_splits + x) * 2;
-            ml[0] = m_run[tid] * LN2;  // back to natural-log units (-inf stays -inf)
-            ml[1] = l_run[tid];
-        }
-    }
+    const int seq_len = max(seq_lens[s], 0);
+    const int64_t len = decode_split_len(seq_len, split_tokens, num_splits);
+    const int begin = (int)min((int64_t)x * len, (int64_t)seq_len);
+    const int end = (int)min((int64_t)x * len + len, (int64_t)seq_len);
+    const int C = (D + 7) / 8;
+    if (C <= 4)
+        decode_body<4>(sm, q, kv_cache, block_table, part_out, part_ml, num_q_heads, num_kv_heads, D, page_tokens,
+                       bt_stride, num_splits, scale, s, kvh, x, begin, end);
+    else if (C <= 8)
+        decode_body<8>(sm, q, kv_cache, block_table, part_out, part_ml, num_q_heads, num_kv_heads, D, page_tokens,
+                       bt_stride, num_splits, scale, s, kvh, x, begin, end);
+    else if (C <= 16)
+        decode_body<16>(sm, q, kv_cache, block_table, part_out, part_ml, num_q_heads, num_kv_heads, D, page_tokens,
+                        bt_stride, num_splits, scale, s, kvh, x, begin, end);
+    else
+        decode_body<32>(sm, q, kv_cache, block_table, part_out, part_ml, num_q_heads, num_kv_heads, D, page_tokens,
+                        bt_stride, num_splits, scale, s, kvh, x, begin, end);
 }
 
 // grid (num_q_heads, seqs, 1), block (head_dim,1,1): out[s, h*D + d] = sum_x w_x o_x[d] / sum_x w_x l_x,
-// w_x = exp(m_x - max_x m_x), over the splits that cover the context; a context of 0 tokens gives zeros.
+// w_x = exp(m_x - max_x m_x), over the splits x < cdiv(seq_len, L) (L the same effective split length as
+// the partial kernel's); a context of 0 tokens gives zeros.
 extern "C" __global__ void kern_attn_decode_reduce(const float* part_out,  // [seqs, Hq, num_splits, D]
                                                    const float* part_ml,   // [seqs, Hq, num_splits, 2]
                                                    const int32_t* seq_lens,  // [seqs]
                                                    __nv_bfloat16* out,       // [seqs, Hq * D]
                                                    int32_t num_q_heads, int32_t head_dim, int32_t split_tokens,
                                                    int32_t num_splits) {
+    __shared__ float wmax[32];
+    attn_pdl_wait();
+    attn_pdl_launch_dependents();
     const int h = blockIdx.x, s = blockIdx.y, d = threadIdx.x;
     const int D = head_dim;
-    if (h >= num_q_heads || d >= D || split_tokens <= 0 || num_splits <= 0) return;
-    const int64_t seq_len = max(seq_lens[s], 0);
-    const int n_used = (int)min((int64_t)num_splits, (seq_len + split_tokens - 1) / split_tokens);
+    if (h >= num_q_heads || split_tokens <= 0 || num_splits <= 0) return;  // uniform over the block
+    const int seq_len = max(seq_lens[s], 0);
+    const int64_t len = decode_split_len(seq_len, split_tokens, num_splits);
+    const int n_used = (int)min((int64_t)num_splits, (seq_len + len - 1) / len);
     const int64_t base = ((int64_t)s * num_q_heads + h) * num_splits;
+    const float2* ml = reinterpret_cast<const float2*>(part_ml) + base;  // part_ml is [.., 2] f32: 8-byte rows
+    // Block-wide max of the used splits' m (every thread takes part: blockDim may exceed D).
+    float m_loc = -CUDART_INF_F;
+    for (int x = threadIdx.x; x < n_used; x += blockDim.x) m_loc = fmaxf(m_loc, ml[x].x);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    const int lanes_here = min(32, (int)blockDim.x - warp * 32);  // a partial last warp is allowed
+    const unsigned mask = lanes_here == 32 ? FULL_MASK : ((1u << lanes_here) - 1u);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float y = __shfl_down_sync(mask, m_loc, o);
+        if (lane + o < lanes_here) m_loc = fmaxf(m_loc, y);
+    }
+    if (lane == 0) wmax[warp] = m_loc;
+    __syncthreads();
     float m_max = -CUDART_INF_F;
-    for (int x = 0; x < n_used; ++x) m_max = fmaxf(m_max, part_ml[(base + x) * 2]);
+    for (int w = 0; w < nw; ++w) m_max = fmaxf(m_max, wmax[w]);
+    if (d >= D) return;
     float l_sum = 0.0f, o_sum = 0.0f;
     if (m_max != -CUDART_INF_F) {
+        const float* po = part_out + base * D + d;
+#pragma unroll 8
         for (int x = 0; x < n_used; ++x) {
-            const float w = expf(part_ml[(base + x) * 2] - m_max);  // -inf -> 0
-            l_sum += w * part_ml[(base + x) * 2 + 1];
-            o_sum += w * part_out[(base + x) * D + d];
+            const float2 v = ml[x];
+            const float w = exp2f((v.x - m_max) * LOG2E);  // -inf -> 0
+            l_sum = fmaf(w, v.y, l_sum);
+            o_sum = fmaf(w, po[(int64_t)x * D], o_sum);
         }
     }
     out[((int64_t)s * num_q_heads + h) * D + d] = f2bf(l_sum > 0.0f ? o_sum / l_sum : 0.0f);
@@ -238,10 +435,10 @@ extern "C" __global__ void kern_attn_decode_reduce(const float* part_out,  // [s
 // Prefill
 // ---------------------------------------------------------------------------------------------------
 #define PF_THREADS 128
-#define PF_BQ 16              // query tokens per block (one mma M tile per q head)
+#define PF_WARPS (PF_THREADS / 32)
 #define PF_BN 64              // context tokens per K/V tile
 #define PF_MAX_D 128          // head_dim must be a multiple of 16 and at most this
-#define PF_LD (PF_MAX_D + 8)  // shared row stride in bf16 (272 bytes: conflict-free fragment reads)
+#define PF_LD (PF_MAX_D + 8)  // shared row stride in bf16 (272 bytes: conflict-free ldmatrix rows)
 
 KERN_DEV void mma_bf16_16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
                              uint32_t b1) {
@@ -252,68 +449,124 @@ KERN_DEV void mma_bf16_16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+KERN_DEV void ldsm_x4(uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3, const void* p) {
+    const unsigned a = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(a)
+                 : "memory");
+}
+
+KERN_DEV void ldsm_x4_trans(uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3, const void* p) {
+    const unsigned a = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(a)
+                 : "memory");
+}
+
+// 16 bytes global -> shared, asynchronously; src_bytes = 0 fills zeros (gmem is then not read).
+KERN_DEV void cp_async16(void* smem, const void* gmem, int src_bytes) {
+    const unsigned a = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(a), "l"(gmem), "r"(src_bytes) : "memory");
+}
+KERN_DEV void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+KERN_DEV void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+
 KERN_DEV uint32_t pack_bf16x2(float lo, float hi) {
     const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // .x (lo) in the low 16 bits
     return *reinterpret_cast<const uint32_t*>(&v);
 }
 
-KERN_DEV uint32_t pack_raw(__nv_bfloat16 lo, __nv_bfloat16 hi) {
-    return (uint32_t)__bfloat16_as_ushort(lo) | ((uint32_t)__bfloat16_as_ushort(hi) << 16);
+struct PrefillSmem {
+    __nv_bfloat16 k[PF_BN][PF_LD];
+    __nv_bfloat16 v[PF_BN][PF_LD];
+    int64_t off[2][PF_BN];  // per tile token: element offset of its K row (kv head 0), or -1 if absent
+};
+
+// Copy part (0 = K, 1 = V) of the tile whose token element offsets are in offs[] (-1: absent) into dst.
+// Thread (r0 = tid / 16, c = tid % 16) copies the 16-byte chunk c of tokens r0 + 8 i; with vec,
+// asynchronously (cp.async, zero fill for absent tokens), else by element loads and plain stores. Chunks
+// in [C, CP) (head dims past D, up to the compiled width) are zero filled.
+KERN_DEV void prefill_copy(__nv_bfloat16 (*dst)[PF_LD], const int64_t* offs, const __nv_bfloat16* part_base,
+                           int C, int CP, bool vec, int tid) {
+    const int c = tid & 15, r0 = tid >> 4;
+    if (c >= CP) return;
+    const __nv_bfloat16* base = part_base + c * 8;
+    if (c >= C) {
+#pragma unroll
+        for (int i = 0; i < PF_BN / 8; ++i) *reinterpret_cast<uint4*>(&dst[r0 + 8 * i][c * 8]) = make_uint4(0u, 0u, 0u, 0u);
+    } else if (vec) {
+#pragma unroll
+        for (int i = 0; i < PF_BN / 8; ++i) {
+            const int r = r0 + 8 * i;
+            const int64_t off = offs[r];
+            cp_async16(&dst[r][c * 8], off >= 0 ? base + off : part_base, off >= 0 ? 16 : 0);
+        }
+    } else {
+        for (int i = 0; i < PF_BN / 8; ++i) {
+            const int r = r0 + 8 * i;
+            const int64_t off = offs[r];
+            float f[8];
+#pragma unroll
+            for (int e = 0; e < 8; ++e) f[e] = off >= 0 ? bf2f(base[off + e]) : 0.0f;
+            store8_vec(&dst[r][c * 8], f);
+        }
+    }
 }
 
-// grid (cdiv(max_q_tokens, 16), num_kv_heads, seqs), block (128,1,1). Warp w handles q head
-// g0 + w of the group (passes of 4 heads), 16 query rows: one mma M tile. Fragment layouts are those
-// of PTX mma.m16n8k16 (.bf16): lane = 4*gid + tig; A regs (row gid | gid+8, cols 2tig.. | 2tig+8..);
-// B regs (k rows 2tig.. | 2tig+8.., col gid); C regs (row gid: c0,c1 | row gid+8: c2,c3; cols 2tig, 2tig+1).
-extern "C" __global__ void __launch_bounds__(PF_THREADS) kern_attn_prefill(
-    const __nv_bfloat16* q,         // [total_q_tokens, Hq, D]
-    const __nv_bfloat16* kv_cache,  // paged
-    const int32_t* block_table,     // [seqs, bt_stride]
-    const int32_t* cu_seqlens_q,    // [seqs + 1]
-    const int32_t* seq_lens,        // [seqs]
-    __nv_bfloat16* out,             // [total_q_tokens, Hq * D]
-    int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim, int32_t page_tokens, int32_t bt_stride,
-    float scale) {
-    __shared__ __align__(16) __nv_bfloat16 Ks[PF_BN][PF_LD];
-    __shared__ __align__(16) __nv_bfloat16 Vs[PF_BN][PF_LD];
-
-    const int qt = blockIdx.x, kvh = blockIdx.y, s = blockIdx.z;
-    const int D = head_dim;
-    if (num_kv_heads <= 0 || kvh >= num_kv_heads || num_q_heads % num_kv_heads != 0 || D <= 0 ||
-        D > PF_MAX_D || D % 16 != 0 || page_tokens <= 0)
-        return;
-    const int G = num_q_heads / num_kv_heads;
-    const int q_start = cu_seqlens_q[s];
-    const int q_len = cu_seqlens_q[s + 1] - q_start;
-    const int row0 = qt * PF_BQ;
-    if (row0 >= q_len) return;  // uniform over the block
-    const int rows_here = min(PF_BQ, q_len - row0);
-    const int64_t seq_len = seq_lens[s];
-    const int64_t ctx0 = seq_len - q_len;  // absolute position of query row 0 of this sequence
-    const int64_t kv_end = max((int64_t)0, min(seq_len, ctx0 + row0 + rows_here));
-
+// Warp w: q head g0 + (w % hpb), query rows row0 + (w / hpb) * 16 + [0, 16): one mma M tile. Fragment
+// layouts are those of PTX mma.m16n8k16 (.bf16): lane = 4*gid + tig; A regs (row gid | gid+8, cols
+// 2tig.. | 2tig+8..); B regs (k rows 2tig.. | 2tig+8.., col gid); C regs (row gid: c0,c1 | row gid+8:
+// c2,c3; cols 2tig, 2tig+1). NK * 16 >= D is the compiled head width: dims past D are zero in Q and in
+// the K/V tiles, so the math is exact for any D up to it; only the output columns < D are written.
+template <int NK>
+KERN_DEV void prefill_body(PrefillSmem& sm, const __nv_bfloat16* q, const __nv_bfloat16* kv_cache,
+                           const int32_t* bt_row, __nv_bfloat16* out, int num_q_heads, int num_kv_heads, int D,
+                           int page_tokens, int bt_stride, float scale, int kvh, int q_start, int q_len,
+                           int ctx0, int row0, int kv_end, int hpb, int slabs, int G) {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int gid = lane >> 2, tig = lane & 3;
-    const int row_a = row0 + gid, row_b = row0 + gid + 8;  // query rows (within the sequence) held
-    const bool valid_a = row_a < q_len, valid_b = row_b < q_len;
-    const int64_t pos_a = ctx0 + row_a, pos_b = ctx0 + row_b;
-    const int nk16 = D / 16;  // k-steps of Q.K^T
-    const int nd8 = D / 8;    // n-tiles of P.V
-    const int C = D / 8;      // 16-byte chunks per head row
+    const int nk = D / 16;  // k-steps of Q.K^T holding data (Q is zero past them)
+    const int C = D / 8;
     const bool vec = aligned16(kv_cache);
     const int64_t token_elems = (int64_t)num_kv_heads * D;
+    const int64_t head_off = (int64_t)kvh * D;
     const float sl2 = scale * LOG2E;
 
-    for (int g0 = 0; g0 < G; g0 += PF_THREADS / 32) {
-        const int g = g0 + warp;
-        const bool active = g < G;  // warp-uniform
+    const int slab = warp / hpb;
+    const int wr0 = row0 + slab * 16;                 // this warp's first query row (within the sequence)
+    const bool rows_ok = slab < slabs && wr0 < q_len;  // warp-uniform
+    const int row_a = wr0 + gid, row_b = wr0 + gid + 8;
+    const bool valid_a = row_a < q_len, valid_b = row_b < q_len;
+    const int pos_a = ctx0 + row_a, pos_b = ctx0 + row_b;  // absolute positions (may be negative)
+    // Tokens this warp needs: [0, w_end); tiles wholly at or below w_first need no causal mask.
+    const int w_first = ctx0 + wr0;
+    const int w_end = rows_ok ? max(0, min(kv_end, ctx0 + min(wr0 + 16, q_len))) : 0;
+
+    // Offset table of the tile at kv0 (thread t < 64 handles token kv0 + t); the block-table read is issued
+    // by token_page and consumed by token_off, so its latency can hide behind other work.
+    auto token_page = [&](int kv0, int& pi) -> int {
+        const int tok = kv0 + tid;
+        pi = tok / page_tokens;
+        return (tid < PF_BN && tok < kv_end && pi < bt_stride) ? bt_row[pi] : -1;
+    };
+    auto token_off = [&](int kv0, int pi, int page) -> int64_t {
+        return page >= 0 ? ((int64_t)page * 2 * page_tokens + (kv0 + tid - pi * page_tokens)) * token_elems : -1;
+    };
+    const __nv_bfloat16* k_base = kv_cache + head_off;                                   // K of token row 0
+    const __nv_bfloat16* v_base = k_base + (int64_t)page_tokens * token_elems;           // V of token row 0
+
+    for (int g0 = 0; g0 < G; g0 += hpb) {
+        const int g = g0 + warp % hpb;
+        const bool active = rows_ok && g < G;  // warp-uniform
         const int hq = kvh * G + g;
 
-        uint32_t qa[PF_MAX_D / 16][4];
+        uint32_t qa[NK][4];
 #pragma unroll
-        for (int kk = 0; kk < PF_MAX_D / 16; ++kk) {
+        for (int kk = 0; kk < NK; ++kk) {
             qa[kk][0] = qa[kk][1] = qa[kk][2] = qa[kk][3] = 0u;
-            if (active && kk < nk16) {
+            if (active && kk < nk) {
                 const int col = kk * 16 + tig * 2;
                 const __nv_bfloat16* qa_row = q + ((int64_t)(q_start + row_a) * num_q_heads + hq) * D;
                 const __nv_bfloat16* qb_row = q + ((int64_t)(q_start + row_b) * num_q_heads + hq) * D;
@@ -327,111 +580,133 @@ extern "C" __global__ void __launch_bounds__(PF_THREADS) kern_attn_prefill(
                 }
             }
         }
-        float o[PF_MAX_D / 8][4];
+        float o[2 * NK][4];
 #pragma unroll
-        for (int dt = 0; dt < PF_MAX_D / 8; ++dt) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
-        float m_a = -CUDART_INF_F, m_b = -CUDART_INF_F, l_a = 0.0f, l_b = 0.0f;
+        for (int dt = 0; dt < 2 * NK; ++dt) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
+        float m_a = -CUDART_INF_F, m_b = -CUDART_INF_F, l_a = 0.0f, l_b = 0.0f;  // m in scaled log2 units
 
-        for (int64_t kv0 = 0; kv0 < kv_end; kv0 += PF_BN) {
-            __syncthreads();  // every warp is done with the previous tile
-            for (int i = tid; i < PF_BN * C; i += PF_THREADS) {
-                const int r = i / C, cc = i % C;
-                const int64_t tok = kv0 + r;
-                float kf[8], vf[8];
+        __syncthreads();  // a previous pass is done with the tiles and row tables
+        {
+            int pi;
+            const int page = token_page(0, pi);
+            if (tid < PF_BN) sm.off[0][tid] = token_off(0, pi, page);
+        }
+        __syncthreads();
+        if (kv_end > 0) prefill_copy(sm.k, sm.off[0], k_base, C, 2 * NK, vec, tid);
+        cp_async_commit();
+
+        int buf = 0;
+        for (int kv0 = 0; kv0 < kv_end; kv0 += PF_BN, buf ^= 1) {
+            cp_async_wait_all();
+            __syncthreads();  // K tile visible to all; every warp is done with the previous V tile
+            prefill_copy(sm.v, sm.off[buf], v_base, C, 2 * NK, vec, tid);
+            cp_async_commit();
+            int next_pi;
+            const int next_page = token_page(kv0 + PF_BN, next_pi);  // block-table read overlaps the math below
+            const bool compute = active && kv0 < w_end;    // warp-uniform
+
+            uint32_t pa[PF_BN / 16][4];  // P as bf16 A fragments
+            if (compute) {
+                // S = Q K^T for this warp's 16 rows x 64 tokens.
+                float sacc[PF_BN / 8][4];
 #pragma unroll
-                for (int e = 0; e < 8; ++e) kf[e] = vf[e] = 0.0f;
-                if (tok < kv_end) {
-                    const __nv_bfloat16* kp =
-                        kv_token_ptr(kv_cache, block_table, s, bt_stride, page_tokens, token_elems, kvh, D, tok, 0);
-                    if (kp != nullptr) {
-                        const __nv_bfloat16* vp = kp + (int64_t)page_tokens * token_elems;  // V part, same token
-                        load8(kp, cc * 8, D, vec, kf);
-                        load8(vp, cc * 8, D, vec, vf);
+                for (int nt = 0; nt < PF_BN / 8; ++nt) sacc[nt][0] = sacc[nt][1] = sacc[nt][2] = sacc[nt][3] = 0.0f;
+#pragma unroll
+                for (int kk = 0; kk < NK; ++kk) {
+                    {
+#pragma unroll
+                        for (int np = 0; np < PF_BN / 16; ++np) {
+                            // matrices: (tokens np*16+[0,8), dims kk*16+[0,8)), (same tokens, +8 dims),
+                            // (tokens np*16+8+[0,8), dims kk*16+[0,8)), (same, +8 dims)
+                            const int mi = lane >> 3;
+                            const __nv_bfloat16* p = &sm.k[np * 16 + (mi >> 1) * 8 + (lane & 7)][kk * 16 + (mi & 1) * 8];
+                            uint32_t b0, b1, b2, b3;
+                            ldsm_x4(b0, b1, b2, b3, p);
+                            mma_bf16_16816(sacc[2 * np], qa[kk][0], qa[kk][1], qa[kk][2], qa[kk][3], b0, b1);
+                            mma_bf16_16816(sacc[2 * np + 1], qa[kk][0], qa[kk][1], qa[kk][2], qa[kk][3], b2, b3);
+                        }
                     }
                 }
-                store8_vec(&Ks[r][cc * 8], kf);
-                store8_vec(&Vs[r][cc * 8], vf);
-            }
-            __syncthreads();
-            if (!active) continue;  // no barrier until the loop head, which every warp reaches
-
-            // S = Q K^T for this warp's 16 rows x 64 tokens.
-            float sacc[PF_BN / 8][4];
+                // Causal mask, only on tiles that reach past the warp's first query position.
+                if (kv0 + PF_BN - 1 > w_first) {
 #pragma unroll
-            for (int nt = 0; nt < PF_BN / 8; ++nt) {
-                sacc[nt][0] = sacc[nt][1] = sacc[nt][2] = sacc[nt][3] = 0.0f;
+                    for (int nt = 0; nt < PF_BN / 8; ++nt) {
 #pragma unroll
-                for (int kk = 0; kk < PF_MAX_D / 16; ++kk) {
-                    if (kk < nk16) {
-                        const __nv_bfloat16* kr = &Ks[nt * 8 + gid][kk * 16 + tig * 2];
-                        const uint32_t b0 = *reinterpret_cast<const uint32_t*>(kr);
-                        const uint32_t b1 = *reinterpret_cast<const uint32_t*>(kr + 8);
-                        mma_bf16_16816(sacc[nt], qa[kk][0], qa[kk][1], qa[kk][2], qa[kk][3], b0, b1);
+                        for (int e = 0; e < 4; ++e) {
+                            const int key = kv0 + nt * 8 + tig * 2 + (e & 1);
+                            if (key > ((e < 2) ? pos_a : pos_b)) sacc[nt][e] = -CUDART_INF_F;
+                        }
                     }
                 }
-            }
-            // Scale into log2 units and mask: causal, chunk bounds, rows past the sequence's queries.
-            float mx_a = -CUDART_INF_F, mx_b = -CUDART_INF_F;
+                float mx_a = -CUDART_INF_F, mx_b = -CUDART_INF_F;
 #pragma unroll
-            for (int nt = 0; nt < PF_BN / 8; ++nt) {
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int64_t key = kv0 + nt * 8 + tig * 2 + (e & 1);
-                    const bool ok = (e < 2) ? (valid_a && key <= pos_a) : (valid_b && key <= pos_b);
-                    sacc[nt][e] = (ok && key < kv_end) ? sacc[nt][e] * sl2 : -CUDART_INF_F;
+                for (int nt = 0; nt < PF_BN / 8; ++nt) {
+                    mx_a = fmaxf(mx_a, fmaxf(sacc[nt][0], sacc[nt][1]));
+                    mx_b = fmaxf(mx_b, fmaxf(sacc[nt][2], sacc[nt][3]));
                 }
-                mx_a = fmaxf(mx_a, fmaxf(sacc[nt][0], sacc[nt][1]));
-                mx_b = fmaxf(mx_b, fmaxf(sacc[nt][2], sacc[nt][3]));
+                // A row's 64 scores sit in the 4 lanes of a quad.
+                mx_a = fmaxf(mx_a, __shfl_xor_sync(FULL_MASK, mx_a, 1));
+                mx_a = fmaxf(mx_a, __shfl_xor_sync(FULL_MASK, mx_a, 2));
+                mx_b = fmaxf(mx_b, __shfl_xor_sync(FULL_MASK, mx_b, 1));
+                mx_b = fmaxf(mx_b, __shfl_xor_sync(FULL_MASK, mx_b, 2));
+                const float mn_a = fmaxf(m_a, mx_a * sl2), mn_b = fmaxf(m_b, mx_b * sl2);  // scale > 0
+                const float base_a = (mn_a == -CUDART_INF_F) ? 0.0f : mn_a;
+                const float base_b = (mn_b == -CUDART_INF_F) ? 0.0f : mn_b;
+                const float alpha_a = exp2f(m_a - base_a), alpha_b = exp2f(m_b - base_b);
+                float sum_a = 0.0f, sum_b = 0.0f;
+#pragma unroll
+                for (int nt = 0; nt < PF_BN / 8; ++nt) {
+                    sacc[nt][0] = exp2f(fmaf(sacc[nt][0], sl2, -base_a));
+                    sacc[nt][1] = exp2f(fmaf(sacc[nt][1], sl2, -base_a));
+                    sacc[nt][2] = exp2f(fmaf(sacc[nt][2], sl2, -base_b));
+                    sacc[nt][3] = exp2f(fmaf(sacc[nt][3], sl2, -base_b));
+                    sum_a += sacc[nt][0] + sacc[nt][1];
+                    sum_b += sacc[nt][2] + sacc[nt][3];
+                }
+                sum_a += __shfl_xor_sync(FULL_MASK, sum_a, 1);
+                sum_a += __shfl_xor_sync(FULL_MASK, sum_a, 2);
+                sum_b += __shfl_xor_sync(FULL_MASK, sum_b, 1);
+                sum_b += __shfl_xor_sync(FULL_MASK, sum_b, 2);
+                l_a = l_a * alpha_a + sum_a;
+                l_b = l_b * alpha_b + sum_b;
+                m_a = mn_a;
+                m_b = mn_b;
+#pragma unroll
+                for (int dt = 0; dt < 2 * NK; ++dt) {
+                    o[dt][0] *= alpha_a;
+                    o[dt][1] *= alpha_a;
+                    o[dt][2] *= alpha_b;
+                    o[dt][3] *= alpha_b;
+                }
+#pragma unroll
+                for (int kk = 0; kk < PF_BN / 16; ++kk) {
+                    pa[kk][0] = pack_bf16x2(sacc[2 * kk][0], sacc[2 * kk][1]);
+                    pa[kk][1] = pack_bf16x2(sacc[2 * kk][2], sacc[2 * kk][3]);
+                    pa[kk][2] = pack_bf16x2(sacc[2 * kk + 1][0], sacc[2 * kk + 1][1]);
+                    pa[kk][3] = pack_bf16x2(sacc[2 * kk + 1][2], sacc[2 * kk + 1][3]);
+                }
             }
-            // A row's 64 scores sit in the 4 lanes of a quad.
-            mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, 1));
-            mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, 2));
-            mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, 1));
-            mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, 2));
-            const float mn_a = fmaxf(m_a, mx_a), mn_b = fmaxf(m_b, mx_b);
-            const float base_a = (mn_a == -CUDART_INF_F) ? 0.0f : mn_a;
-            const float base_b = (mn_b == -CUDART_INF_F) ? 0.0f : mn_b;
-            const float alpha_a = exp2f(m_a - base_a), alpha_b = exp2f(m_b - base_b);
-            float sum_a = 0.0f, sum_b = 0.0f;
+            if (tid < PF_BN) sm.off[buf ^ 1][tid] = token_off(kv0 + PF_BN, next_pi, next_page);
+            cp_async_wait_all();
+            __syncthreads();  // V tile and the next row table visible; every warp is done with the K tile
+            if (kv0 + PF_BN < kv_end)
+                prefill_copy(sm.k, sm.off[buf ^ 1], k_base, C, 2 * NK, vec, tid);
+            cp_async_commit();
+            if (compute) {
+                // O += P V: V fragments with ldmatrix.trans (matrices: tokens kk*16+[0,8) | +8, dims
+                // dp*16+[0,8) | +8).
 #pragma unroll
-            for (int nt = 0; nt < PF_BN / 8; ++nt) {
-                sacc[nt][0] = exp2f(sacc[nt][0] - base_a);
-                sacc[nt][1] = exp2f(sacc[nt][1] - base_a);
-                sacc[nt][2] = exp2f(sacc[nt][2] - base_b);
-                sacc[nt][3] = exp2f(sacc[nt][3] - base_b);
-                sum_a += sacc[nt][0] + sacc[nt][1];
-                sum_b += sacc[nt][2] + sacc[nt][3];
-            }
-            sum_a += __shfl_xor_sync(0xffffffffu, sum_a, 1);
-            sum_a += __shfl_xor_sync(0xffffffffu, sum_a, 2);
-            sum_b += __shfl_xor_sync(0xffffffffu, sum_b, 1);
-            sum_b += __shfl_xor_sync(0xffffffffu, sum_b, 2);
-            l_a = l_a * alpha_a + sum_a;
-            l_b = l_b * alpha_b + sum_b;
-            m_a = mn_a;
-            m_b = mn_b;
+                for (int kk = 0; kk < PF_BN / 16; ++kk) {
 #pragma unroll
-            for (int dt = 0; dt < PF_MAX_D / 8; ++dt) {
-                o[dt][0] *= alpha_a;
-                o[dt][1] *= alpha_a;
-                o[dt][2] *= alpha_b;
-                o[dt][3] *= alpha_b;
-            }
-            // O += P V: P (bf16) from the S accumulators as A fragments, V fragments from shared memory.
-#pragma unroll
-            for (int kk = 0; kk < PF_BN / 16; ++kk) {
-                const uint32_t a0 = pack_bf16x2(sacc[2 * kk][0], sacc[2 * kk][1]);
-                const uint32_t a1 = pack_bf16x2(sacc[2 * kk][2], sacc[2 * kk][3]);
-                const uint32_t a2 = pack_bf16x2(sacc[2 * kk + 1][0], sacc[2 * kk + 1][1]);
-                const uint32_t a3 = pack_bf16x2(sacc[2 * kk + 1][2], sacc[2 * kk + 1][3]);
-                const int k0 = kk * 16 + tig * 2;
-#pragma unroll
-                for (int dt = 0; dt < PF_MAX_D / 8; ++dt) {
-                    if (dt < nd8) {
-                        const int n = dt * 8 + gid;
-                        const uint32_t b0 = pack_raw(Vs[k0][n], Vs[k0 + 1][n]);
-                        const uint32_t b1 = pack_raw(Vs[k0 + 8][n], Vs[k0 + 9][n]);
-                        mma_bf16_16816(o[dt], a0, a1, a2, a3, b0, b1);
+                    for (int dp = 0; dp < NK; ++dp) {
+                        {
+                            const int mi = lane >> 3;
+                            const __nv_bfloat16* p = &sm.v[kk * 16 + (mi & 1) * 8 + (lane & 7)][dp * 16 + (mi >> 1) * 8];
+                            uint32_t b0, b1, b2, b3;
+                            ldsm_x4_trans(b0, b1, b2, b3, p);
+                            mma_bf16_16816(o[2 * dp], pa[kk][0], pa[kk][1], pa[kk][2], pa[kk][3], b0, b1);
+                            mma_bf16_16816(o[2 * dp + 1], pa[kk][0], pa[kk][1], pa[kk][2], pa[kk][3], b2, b3);
+                        }
                     }
                 }
             }
@@ -443,8 +718,8 @@ extern "C" __global__ void __launch_bounds__(PF_THREADS) kern_attn_prefill(
             __nv_bfloat16* oa = out + ((int64_t)(q_start + row_a) * num_q_heads + hq) * D;
             __nv_bfloat16* ob = out + ((int64_t)(q_start + row_b) * num_q_heads + hq) * D;
 #pragma unroll
-            for (int dt = 0; dt < PF_MAX_D / 8; ++dt) {
-                if (dt < nd8) {
+            for (int dt = 0; dt < 2 * NK; ++dt) {
+                if (dt < 2 * nk) {
                     const int col = dt * 8 + tig * 2;
                     if (valid_a)
                         *reinterpret_cast<uint32_t*>(oa + col) = pack_bf16x2(o[dt][0] * inv_a, o[dt][1] * inv_a);
@@ -454,4 +729,44 @@ extern "C" __global__ void __launch_bounds__(PF_THREADS) kern_attn_prefill(
             }
         }
     }
+}
+
+// grid (>= cdiv(max_q_tokens, 16), num_kv_heads, seqs), block (128,1,1). A block covers 16 * slabs query
+// rows of one sequence for hpb q heads at a time (hpb * slabs = 4 warps): groups of 1, 2, 4 take one pass
+// (64, 32, 16 rows), other groups passes of 4 heads over 16 rows. Blocks are taken in reverse order of
+// blockIdx.x so the longest (last rows, most context) start first; blocks past the sequence's rows exit.
+extern "C" __global__ void __launch_bounds__(PF_THREADS, 3) kern_attn_prefill(
+    const __nv_bfloat16* q,         // [total_q_tokens, Hq, D]
+    const __nv_bfloat16* kv_cache,  // paged
+    const int32_t* block_table,     // [seqs, bt_stride]
+    const int32_t* cu_seqlens_q,    // [seqs + 1]
+    const int32_t* seq_lens,        // [seqs]
+    __nv_bfloat16* out,             // [total_q_tokens, Hq * D]
+    int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim, int32_t page_tokens, int32_t bt_stride,
+    float scale) {
+    __shared__ __align__(16) PrefillSmem sm;
+    attn_pdl_wait();
+    attn_pdl_launch_dependents();
+    const int kvh = blockIdx.y, s = blockIdx.z;
+    const int D = head_dim;
+    if (num_kv_heads <= 0 || kvh >= num_kv_heads || num_q_heads % num_kv_heads != 0 || D <= 0 || D > PF_MAX_D ||
+        D % 16 != 0 || page_tokens <= 0 || !(scale > 0.0f))
+        return;
+    const int G = num_q_heads / num_kv_heads;
+    const int hpb = (G <= PF_WARPS && PF_WARPS % G == 0) ? G : PF_WARPS;  // q heads per pass
+    const int slabs = PF_WARPS / hpb;                                       // 16-row slabs per block
+    const int qt = gridDim.x - 1 - blockIdx.x;
+    const int q_start = cu_seqlens_q[s];
+    const int q_len = cu_seqlens_q[s + 1] - q_start;
+    const int row0 = qt * 16 * slabs;
+    if (row0 >= q_len) return;  // uniform over the block
+    const int rows_here = min(16 * slabs, q_len - row0);
+    const int seq_len = max(seq_lens[s], 0);  // a negative length reads as 0: every row writes zeros
+    const int ctx0 = seq_len - q_len;  // absolute position of query row 0 of this sequence (may be negative)
+    const int kv_end = max(0, min(seq_len, ctx0 + row0 + rows_here));
+    const int32_t* bt_row = block_table + (int64_t)s * bt_stride;
+    // One compiled width (128) for every D: narrower heads run on zero-padded dims (Qwen3 uses D = 128;
+    // a second instantiation for D <= 64 pushed the shared register allocation into spills).
+    prefill_body<PF_MAX_D / 16>(sm, q, kv_cache, bt_row, out, num_q_heads, num_kv_heads, D, page_tokens, bt_stride,
+                                scale, kvh, q_start, q_len, ctx0, row0, kv_end, hpb, slabs, G);
 }

@@ -154,6 +154,51 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, positions: np.ndarray
     return out.reshape(n, hq * d)
 
 
+DECODE_SPLIT_GRANULE = 16  # kern_attn_decode_partial rounds a split length up to a multiple of this
+
+
+def decode_split_len(seq_len: int, split_tokens: int, num_splits: int) -> int:
+    """Effective split length of kern_attn_decode_partial / _reduce for a context of seq_len tokens:
+    split_tokens is the minimum; a longer context gets cdiv(seq_len, num_splits) rounded up to a multiple
+    of DECODE_SPLIT_GRANULE, so num_splits splits always cover it."""
+    per = -(-max(int(seq_len), 0) // num_splits)
+    g = DECODE_SPLIT_GRANULE
+    return max(int(split_tokens), -(-per // g) * g)
+
+
+def attn_decode_partials(q, kv_cache, block_table, seq_lens, scale, split_tokens, num_splits):
+    """Reference of kern_attn_decode_partial in float64: (part_out [seqs, Hq, num_splits, D],
+    part_ml [seqs, Hq, num_splits, 2]). Split x of sequence s covers tokens [x L, min((x+1) L, n)),
+    L = decode_split_len(n, ...); part_ml = (m, l) with m = max_j scale q.k_j (natural log units),
+    l = sum_j exp(scale q.k_j - m), part_out = sum_j exp(scale q.k_j - m) v_j; empty splits (-inf, 0), 0."""
+    seqs, hq, d = q.shape
+    hkv = kv_cache.shape[3]
+    group = hq // hkv
+    po = np.zeros((seqs, hq, num_splits, d))
+    ml = np.zeros((seqs, hq, num_splits, 2))
+    ml[..., 0] = -np.inf
+    for s in range(seqs):
+        n_ctx = max(int(seq_lens[s]), 0)
+        if n_ctx == 0:
+            continue
+        length = decode_split_len(n_ctx, split_tokens, num_splits)
+        k, v = gather_kv(kv_cache, block_table[s], n_ctx)
+        kk = np.repeat(k, group, axis=1)  # [ctx, Hq, D]
+        vv = np.repeat(v, group, axis=1)
+        scores = np.einsum("hd,chd->hc", q[s].astype(np.float64), kk) * scale  # [Hq, ctx]
+        for x in range(num_splits):
+            lo, hi = x * length, min((x + 1) * length, n_ctx)
+            if lo >= hi:
+                continue
+            sc = scores[:, lo:hi]
+            m = sc.max(axis=1)
+            p = np.exp(sc - m[:, None])
+            ml[s, :, x, 0] = m
+            ml[s, :, x, 1] = p.sum(axis=1)
+            po[s, :, x] = np.einsum("hc,chd->hd", p, vv[lo:hi])
+    return po, ml
+
+
 def attn_decode(q, kv_cache, block_table, seq_lens, scale):
     """q [seqs, Hq, D] -> [seqs, Hq * D] float64; sequence s attends to its seq_lens[s] cached tokens."""
     seqs, hq, d = q.shape

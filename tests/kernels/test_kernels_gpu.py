@@ -234,23 +234,25 @@ def make_paged_cache(rng, num_pages, page_tokens, hkv, head_dim, seq_lens, bt_st
     return cache, block_table
 
 
-ATTN_CONFIGS = [(4, 2, 32, 4), (4, 2, 64, 16), (4, 2, 128, 16), (8, 1, 128, 16), (32, 8, 128, 16)]
+ATTN_CONFIGS = [(4, 2, 32, 4), (4, 2, 64, 16), (4, 2, 128, 16), (8, 1, 128, 16), (32, 8, 128, 16), (4, 2, 96, 16)]
+# prefill also: groups of 1 (64 query rows per block) and 3 (a pass of 4 warps with one idle)
+PREFILL_CONFIGS = ATTN_CONFIGS + [(4, 4, 128, 16), (6, 2, 64, 16)]
 
 
-@pytest.mark.parametrize("hq,hkv,head_dim,page_tokens", ATTN_CONFIGS)
-@pytest.mark.parametrize("split_tokens", [64, 96, 512])
-def test_attn_decode(dev, hq, hkv, head_dim, page_tokens, split_tokens):
-    rng = np.random.default_rng(hq * 31 + head_dim + page_tokens + split_tokens)
-    seq_lens = np.array([1, page_tokens - 1, page_tokens, page_tokens + 1, 3000, 200], dtype=np.int32)
+def run_attn_decode(dev, rng, hq, hkv, head_dim, page_tokens, seq_lens, split_tokens, num_splits):
+    """Launch kern_attn_decode_partial + kern_attn_decode_reduce with one fixed launch shape (num_splits,
+    split_tokens: as a captured graph would) over sequences of the given lengths; check the partials
+    against ref.attn_decode_partials (split lengths derived from seq_lens, empty splits (-inf, 0) and
+    zero rows) and the output against ref.attn_decode."""
+    seq_lens = np.asarray(seq_lens, dtype=np.int32)
     seqs = len(seq_lens)
-    bt_stride = cdiv(int(seq_lens.max()), page_tokens) + 2
+    bt_stride = cdiv(max(int(seq_lens.max()), 1), page_tokens) + 2
     num_pages = sum(cdiv(int(n), page_tokens) for n in seq_lens) + 3
     cache, block_table = make_paged_cache(rng, num_pages, page_tokens, hkv, head_dim, seq_lens, bt_stride)
     q = rand_bf16(rng, (seqs, hq, head_dim))
     q[-1] *= 8.0  # a peaky softmax for the last sequence
     q = ref.bf16_round(q)
     scale = head_dim**-0.5
-    num_splits = cdiv(int(seq_lens.max()), split_tokens) + 1  # one split past every context
     d_q, d_cache = dev.array(ref.bf16_bits(q)), dev.array(ref.bf16_bits(cache))
     d_bt, d_lens = dev.array(block_table), dev.array(seq_lens)
     d_po = dev.alloc(seqs * hq * num_splits * head_dim * 4)
@@ -269,10 +271,22 @@ def test_attn_decode(dev, hq, hkv, head_dim, page_tokens, split_tokens):
     po = d_po.download(np.float32, (seqs, hq, num_splits, head_dim))
     assert not np.isnan(ml).any(), "part_ml has unwritten entries"
     assert not np.isnan(po).any(), "part_out has unwritten entries"
+    want_po, want_ml = ref.attn_decode_partials(q, cache, block_table, seq_lens, scale, split_tokens, num_splits)
     for s, n in enumerate(seq_lens):
-        empty = np.arange(num_splits) * split_tokens >= n
+        length = ref.decode_split_len(int(n), split_tokens, num_splits)
+        empty = np.arange(num_splits) * length >= n
+        assert np.array_equal(empty, np.isinf(want_ml[s, 0, :, 0])), f"seq {s}: reference split layout"
+        assert num_splits * length >= n, f"seq {s}: splits do not cover the context"
         assert (ml[s, :, empty, 0] == -np.inf).all() and (ml[s, :, empty, 1] == 0).all(), f"seq {s}: empty split ml"
-        assert (ml[s, :, ~empty, 1] >= 1.0 - 1e-6).all(), f"seq {s}: non-empty split with sum of exp < 1"
+        assert (po[s, :, empty] == 0).all(), f"seq {s}: empty split part_out not zero"
+        if (~empty).any():
+            assert (ml[s, :, ~empty, 1] >= 1.0 - 1e-6).all(), f"seq {s}: non-empty split with sum of exp < 1"
+            got_m, want_m = ml[s, :, ~empty, 0].astype(np.float64), want_ml[s, :, ~empty, 0]
+            assert np.all(np.abs(got_m - want_m) <= 1e-4 * (1.0 + np.abs(want_m))), f"seq {s}: split max m differs"
+            assert_close(f"decode seq {s} (ctx {n}) split sums l", ml[s, :, ~empty, 1], want_ml[s, :, ~empty, 1],
+                         rel=1e-3, elem_rel=1e-3, elem_abs=0.0)
+            assert_close(f"decode seq {s} (ctx {n}) part_out", po[s][:, ~empty], want_po[s][:, ~empty],
+                         rel=1e-3, elem_rel=1e-3, elem_abs=1e-4)
     dev.kernel("kern_attn_decode_reduce").launch(
         (hq, seqs),
         (head_dim,),
@@ -282,15 +296,43 @@ def test_attn_decode(dev, hq, hkv, head_dim, page_tokens, split_tokens):
     got = ref.from_bf16_bits(d_out.download(BF, (seqs, hq * head_dim)))
     want = ref.attn_decode(q, cache, block_table, seq_lens, scale)
     for s in range(seqs):
+        if seq_lens[s] <= 0:
+            assert (got[s] == 0).all(), f"decode seq {s} (ctx 0): output not zero"
+            continue
         assert_close(f"decode seq {s} (ctx {seq_lens[s]})", got[s], want[s], elem_rel=2.0**-6, elem_abs=4e-3)
 
 
 @pytest.mark.parametrize("hq,hkv,head_dim,page_tokens", ATTN_CONFIGS)
+@pytest.mark.parametrize("split_tokens", [64, 96, 512])
+def test_attn_decode(dev, hq, hkv, head_dim, page_tokens, split_tokens):
+    rng = np.random.default_rng(hq * 31 + head_dim + page_tokens + split_tokens)
+    seq_lens = [1, page_tokens - 1, page_tokens, page_tokens + 1, 3000, 200]
+    num_splits = cdiv(max(seq_lens), split_tokens) + 1  # one split past every context
+    run_attn_decode(dev, rng, hq, hkv, head_dim, page_tokens, seq_lens, split_tokens, num_splits)
+
+
+# (split_tokens = minimum split length, num_splits = launch constant): contexts much longer than
+# num_splits * split_tokens (splits grow to cdiv(n, num_splits) rounded up to 16), much shorter (only the
+# first split is used), a single split, the generator's shape (32 splits of at least 16 tokens).
+DECODE_SPLITS = [(16, 32), (16, 1), (64, 4), (512, 40), (32, 7), (96, 3)]
+
+
+@pytest.mark.parametrize("hq,hkv,head_dim,page_tokens", [(32, 8, 128, 16), (4, 2, 32, 4), (8, 1, 128, 16), (4, 2, 64, 16)])
+@pytest.mark.parametrize("split_tokens,num_splits", DECODE_SPLITS)
+def test_attn_decode_split_semantics(dev, hq, hkv, head_dim, page_tokens, split_tokens, num_splits):
+    rng = np.random.default_rng(hq * 7 + head_dim + page_tokens + split_tokens * 3 + num_splits)
+    seq_lens = [1, page_tokens - 1, page_tokens + 1, 3000, 0, 129, 4096, 200]
+    run_attn_decode(dev, rng, hq, hkv, head_dim, page_tokens, seq_lens, split_tokens, num_splits)
+
+
+@pytest.mark.parametrize("hq,hkv,head_dim,page_tokens", PREFILL_CONFIGS)
 def test_attn_prefill(dev, hq, hkv, head_dim, page_tokens):
     rng = np.random.default_rng(hq * 17 + head_dim + page_tokens)
     # (cached prefix, chunk length): fresh prompt, chunk after a prefix, long prefix, single token,
     # chunks ending on / just past page boundaries, a chunk longer than one 16-row query tile.
-    plan = [(0, 37), (50, 20), (3000, 17), (7, 1), (page_tokens - 1, 1), (0, page_tokens), (page_tokens, 33), (0, 130)]
+    # A longer chunk after a prefix crosses many 64-token K/V tiles, masked and unmasked.
+    plan = [(0, 37), (50, 20), (3000, 17), (7, 1), (page_tokens - 1, 1), (0, page_tokens), (page_tokens, 33), (0, 130),
+            (100, 300)]
     q_lens = np.array([c for _, c in plan], dtype=np.int32)
     seq_lens = np.array([p + c for p, c in plan], dtype=np.int32)
     seqs = len(plan)
