@@ -17,6 +17,7 @@ from .errors import (
     ManifestError, ManifestParseError, ManifestVerifyError, WeightArtifactError,
 )
 from .params import ParamBlock, encode_pointer, encode_scalar
+from .pooled import Checkpoint, Lease, Waking
 from .runtime import ReadbackHandle, Resident, Runtime, load_spec
 from .spec import Spec, spec_from_json
 from .weights import (
@@ -30,4 +31,5 @@ __all__ = [
     "ManifestError", "ManifestParseError", "ManifestVerifyError", "ParamBlock", "PoolLayout", "ReadbackHandle",
     "Resident", "Runtime", "SafetensorsTensors", "Spec", "TensorMeta", "Tensors", "WeightArtifactError",
     "encode_pointer", "encode_scalar", "load_spec", "plan_bind", "plan_pool", "spec_from_json",
+    "Checkpoint", "Lease", "Waking",
 ]

@@ -35,6 +35,7 @@ from .graphs import GraphCache, graph_key, normalise_vars
 from .launch import launch_kernel
 from .memory import Allocation, Ledger, vmm_granularity_bytes
 from .modules import load_module, raise_shared_limit, read_pinned_modules, resolve_function
+from .pooled import PoolMethods, PoolState
 from .records import (
     NCCL_EXTERNS, AddressBook, ExternRecord, KernelRecord, Record, compile_call, program_reads, when_holds,
 )
@@ -146,7 +147,7 @@ class ReadbackHandle:
 # ---------------------------------------------------------------- the runtime
 
 
-class Runtime:
+class Runtime(PoolMethods):
     """A loaded manifest on one GPU. Build with `Runtime.load`; close with `close()` (or `with`)."""
 
     def __init__(self) -> None:  # use Runtime.load
@@ -170,6 +171,7 @@ class Runtime:
         self._input_staging: dict[str, tuple[Allocation, Any]] = {}
         self._readback_free: list[tuple[Allocation, Any]] = []
         self._ranks: dict[str, int] = {}
+        self._pooled_state: PoolState | None = None  # pool API (pooled.py)
 
     # ------------------------------------------------------------ load
 
@@ -296,11 +298,12 @@ class Runtime:
                 free_bytes, _ = call("cuMemGetInfo")
             self.pool = plan_pool(spec.states, capacity, granularity, int(free_bytes) if free_bytes is not None else None)
             assert self.pool is not None
-            for name, mapped in self.pool.mapped_bytes.items():
-                alloc = self._ledger.vmm(max(self.pool.reserve_bytes, mapped), mapped, self.pool.block_bytes, self.gpu,
-                                         f"state {name}")
-                call("cuMemsetD8Async", alloc.address, 0, mapped, self.stream)
-                self._states[name] = alloc
+            # one arena for every pooled state, mapped where kern_pool says, zeroed (remap.py, pooled.py)
+            ps = PoolState.create(self.pool.layout, self.gpu, self.context, self.stream)
+            self._ledger.on_close("pooled states", ps.close)
+            self._pooled_state = ps
+            for i, name in enumerate(self.pool.layout.states):
+                self._states[name] = Allocation(f"state {name}", ps.arena.state_base(i), self.pool.mapped_bytes[name])
         if any(isinstance(l, ExternLaunch) and l.extern in EXTERN_GEMMS for op in spec.ops.values() for l in op.launches):
             workspace = self._ledger.device(WORKSPACE_BYTES, "cuBLASLt workspace")
             self._blas = Blas(workspace.address)

@@ -1,0 +1,536 @@
+"""The runtime's pool API: leases, checkpoints, forks, remaps and the host tier, executed on the device.
+
+The runtime owns one kern_pool `Pool` over its layout; every request goes to the pool (which decides)
+and the returned plan is executed before the call returns:
+
+* handle plans (`Copies`: zero pages / slots, copy pages / slots) on the compute stream, coalesced
+  into runs (pool_exec.py), so every later launch sees them done;
+* remap plans on a background thread (remap.py). A request the free lists cannot serve raises
+  kern_pool's `Remapping` with the plan; the runtime starts it at once and, with `wait=True` (the
+  default), blocks in `settle()` and asks again, so the caller sees only `Busy` / `ExceedsPool` /
+  `Misuse`; with `wait=False` it re-raises `Remapping` and the plan is collected (new objects zeroed
+  on the stream, `Pool.land`) at the next `lease` / `checkpoint` / `lease_from` / `fork` / `wake`;
+* host copies (host_tier.py) on the transfer stream, or on the compute stream for `park_now` /
+  `wake_now`.
+
+Handles here wrap kern_pool's (`Lease.inner`, `Checkpoint.inner`); closing or dropping one returns
+its pages and slot to the pool at once: launches already enqueued that use them still run first,
+because every later reuse (zeroing, copies, launches, wakes) is ordered after them on the streams.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+import numpy as np
+
+import kern_pool
+from kern_pool import Busy, Layout, Pool, Remapping
+
+from .driver import call, cu
+from .errors import ApiError
+from .host_tier import (
+    HostGeometry, PinnedHost, event_done, gpu_pci_bus_id, host_copies, issue_copies, new_event, numa_target,
+)
+from .pool_exec import ClassGeometry, execute, plan_ops, zero_ops
+from .remap import Arena, RemapWorker
+
+T = TypeVar("T")
+MAX_PLANS_PER_REQUEST = 4  # a request needs at most one plan; a few more tolerate plans left by others
+
+
+class Lease:
+    """A live sequence on the device: its page ids (block-table row), slot mapping and per-seq slot.
+
+    Wraps a kern_pool `Lease` (`inner`); see docs/pool.md for the semantics of each field.
+    """
+
+    __slots__ = ("_rt", "inner", "__weakref__")
+
+    def __init__(self, rt: Any, inner: kern_pool.Lease) -> None:
+        self._rt = rt
+        self.inner = inner
+
+    def page_ids(self) -> list[int]:
+        """Page ids in sequence order (the block-table row)."""
+        return self.inner.page_ids()
+
+    def slot(self, pos: int) -> int:
+        """Slot-mapping value of position `pos`: page_id * page_tokens + pos % page_tokens (kern_pool refusals)."""
+        return self.inner.slot(pos)
+
+    @property
+    def seq_slot_id(self) -> int | None:
+        return self.inner.seq_slot_id
+
+    @property
+    def prefix_tokens(self) -> int:
+        return self.inner.prefix_tokens
+
+    @property
+    def frozen_tokens(self) -> int:
+        return self.inner.frozen_tokens
+
+    @property
+    def paged(self) -> bool:
+        return self.inner.paged
+
+    @property
+    def num_pages(self) -> int:
+        return self.inner.num_pages
+
+    @property
+    def capacity_tokens(self) -> int:
+        return self.inner.capacity_tokens
+
+    @property
+    def closed(self) -> bool:
+        return self.inner.closed
+
+    def slots(self, start: int, stop: int) -> np.ndarray:
+        """i32[stop - start]: slot-mapping values of positions start..stop-1 (same refusals as `slot`)."""
+        if stop > start:
+            self.inner.slot(start)  # refuses frozen / out-of-range positions
+            self.inner.slot(stop - 1)
+        pages = np.asarray(self.inner.page_ids(), dtype=np.int64)
+        pos = np.arange(start, stop)
+        P = self.inner._pool.page_tokens
+        return (pages[pos // P] * P + pos % P).astype(np.int32)
+
+    def grow(self, num_tokens: int, *, wait: bool = True) -> None:
+        """Reserve pages for `num_tokens` tokens in total (refusals as `Runtime.lease`)."""
+        self._rt._pool_request(lambda pool: pool.grow(self.inner, num_tokens), wait)
+
+    def seq_line(self, table: np.ndarray, row: int) -> np.ndarray:
+        """Write this lease's page ids into `table[row]` (i32[rows, width]), the rest of the row the
+        scratch page; returns the row. Raises ApiError when the pages exceed the width."""
+        ids = self.inner.page_ids()
+        line = table[row]
+        if len(ids) > line.shape[0]:
+            raise ApiError(f"lease holds {len(ids)} pages; block-table row {row} has room for {line.shape[0]}")
+        line[: len(ids)] = ids
+        line[len(ids):] = self.inner._pool.scratch_page_id or 0
+        return line
+
+    def close(self) -> bool:
+        return self.inner.close()
+
+    def __enter__(self) -> Lease:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"runtime {self.inner!r}"
+
+
+class Checkpoint:
+    """A kept prefix on the device (wraps a kern_pool `Checkpoint`; `Prefix` can keep it)."""
+
+    __slots__ = ("inner", "__weakref__")
+
+    def __init__(self, inner: kern_pool.Checkpoint) -> None:
+        self.inner = inner
+
+    @property
+    def num_tokens(self) -> int:
+        return self.inner.num_tokens
+
+    @property
+    def has_slot(self) -> bool:
+        return self.inner.has_slot
+
+    @property
+    def paged(self) -> bool:
+        return self.inner.paged
+
+    @property
+    def seq_slot_id(self) -> int | None:
+        return self.inner.seq_slot_id
+
+    @property
+    def closed(self) -> bool:
+        return self.inner.closed
+
+    def page_ids(self) -> list[int]:
+        return self.inner.page_ids()
+
+    def close(self) -> bool:
+        return self.inner.close()
+
+    def __enter__(self) -> Checkpoint:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"runtime {self.inner!r}"
+
+
+class Waking:
+    """Pages being filled from the host on the transfer stream; `Runtime.awake` hands out the lease
+    once the copies have landed. `close()` before that waits for the copies, then releases the pages."""
+
+    __slots__ = ("_rt", "inner", "_event", "__weakref__")
+
+    def __init__(self, rt: Any, inner: kern_pool.Waking, event: Any) -> None:
+        self._rt, self.inner, self._event = rt, inner, event
+
+    @property
+    def landed(self) -> bool:
+        if self.inner.landed:
+            return True
+        if self._event is not None and event_done(self._event):
+            self._land()
+        return self.inner.landed
+
+    def _land(self) -> None:
+        if self._event is not None:
+            call("cuEventDestroy", self._event)
+            self._event = None
+        self.inner.land()
+
+    def wait(self) -> None:
+        """Block until the copies have landed."""
+        if self._event is not None:
+            call("cuEventSynchronize", self._event)
+            self._land()
+
+    def close(self) -> bool:
+        self.wait()
+        return self.inner.close()
+
+
+class _HostState:
+    def __init__(self, pool: Pool, memory: PinnedHost, geometry: HostGeometry, stream: Any, max_pitch: int) -> None:
+        self.host = kern_pool.Host(pool, geometry.num_pages, geometry.num_slots)
+        self.memory = memory
+        self.geometry = geometry
+        self.stream = stream
+        self.max_pitch = max_pitch
+        self.parks: list[tuple[kern_pool.Parked, Any]] = []  # in flight, with their copy events
+
+    def copies(self, plan: kern_pool.HostCopies, pages: ClassGeometry, slots: ClassGeometry) -> list[Any]:
+        return host_copies(plan, pages, slots, self.geometry, self.memory.address, self.max_pitch)
+
+    def poll(self, block: bool = False) -> None:
+        """Land every park whose copies finished (all of them when `block`)."""
+        keep = []
+        for parked, event in self.parks:
+            if block:
+                call("cuEventSynchronize", event)
+            if block or event_done(event):
+                call("cuEventDestroy", event)
+                parked.land()
+            else:
+                keep.append((parked, event))
+        self.parks = keep
+
+    def close(self) -> None:
+        self.poll(block=True)
+        call("cuStreamSynchronize", self.stream)
+        call("cuStreamDestroy", self.stream)
+        self.memory.close()
+
+
+class PoolState:
+    """Everything the runtime keeps for its pooled states (see the module docstring)."""
+
+    def __init__(self, layout: Layout, arena: Arena, context: Any, device_ordinal: int) -> None:
+        self.layout = layout
+        self.pool = Pool(layout)
+        self.arena = arena
+        self.worker = RemapWorker(arena, context)
+        self.device_ordinal = device_ordinal
+        n_paged = len(layout.page_bytes)
+        self.pages = ClassGeometry(tuple(arena.state_base(i) for i in range(n_paged)), layout.page_bytes)
+        self.slots = ClassGeometry(tuple(arena.state_base(n_paged + j) for j in range(len(layout.slot_bytes))),
+                                   layout.slot_bytes)
+        self.host: _HostState | None = None
+
+    @classmethod
+    def create(cls, layout: Layout, device_ordinal: int, context: Any, stream: Any) -> PoolState:
+        """Reserve + map the pooled states (zeroed on `stream`)."""
+        mapping = Pool(layout).mapping()
+        arena = Arena.create(layout, device_ordinal, mapping)
+        try:
+            for m in mapping:
+                call("cuMemsetD8Async", arena.block_address(m), 0, arena.block_bytes, stream)
+        except BaseException:
+            arena.close()
+            raise
+        return cls(layout, arena, context, device_ordinal)
+
+    def run(self, copies: kern_pool.Copies, stream: Any) -> None:
+        if not copies.empty:
+            execute(plan_ops(copies, self.pages, self.slots), stream)
+
+    def start_remap(self, plan: kern_pool.RemapPlan, stream: Any) -> None:
+        if self.worker.plan is plan:
+            return
+        if self.worker.busy:  # a finished plan not collected yet
+            self.collect(stream, block=True)
+        self.worker.start(plan, stream)
+
+    def collect(self, stream: Any, block: bool = False) -> bool:
+        """Land a finished remap plan (the new objects zeroed on `stream` first) and finished parks.
+        True when a remap plan landed."""
+        landed = False
+        if self.worker.busy and (block or self.worker.done()):
+            plan = self.worker.finish()
+            execute(zero_ops(plan.zero_pages, self.pages) + zero_ops(plan.zero_slots, self.slots), stream)
+            self.pool.land(plan)
+            landed = True
+        if self.host is not None:
+            self.host.poll(block)
+        return landed
+
+    def close(self) -> None:
+        try:
+            if self.worker.busy:
+                self.worker.finish()
+            if self.host is not None:
+                self.host.close()
+        finally:
+            self.arena.close()
+
+
+class PoolMethods:
+    """Mixin of `Runtime`: the pool API. Needs `self.stream`, `self._pooled_state`, `self._activate()`."""
+
+    stream: Any
+    context: Any
+    gpu: int
+    _pooled_state: PoolState | None
+
+    def _activate(self) -> None: ...  # provided by Runtime
+
+    # ------------------------------------------------------------ plumbing
+
+    def _ps(self) -> PoolState:
+        self._activate()
+        ps = self._pooled_state
+        if ps is None:
+            raise ApiError("the manifest declares no paged or per-seq states: there is no pool")
+        return ps
+
+    def _pool_request(self, fn: Callable[[Pool], T], wait: bool) -> T:
+        ps = self._ps()
+        ps.collect(self.stream)
+        for _ in range(MAX_PLANS_PER_REQUEST):
+            try:
+                return fn(ps.pool)
+            except Remapping as exc:
+                ps.start_remap(exc.plan, self.stream)
+                if not wait:
+                    raise
+                ps.collect(self.stream, block=True)
+        raise AssertionError("kern bug: a request kept asking for remap plans")
+
+    @property
+    def kern_pool(self) -> Pool:
+        """The kern_pool `Pool` deciding this runtime's pages and slots (read-only use: counts, check())."""
+        return self._ps().pool
+
+    @property
+    def scratch_slot_id(self) -> int | None:
+        """Per-seq slot padded rows index (0); None without per-seq states."""
+        ps = self._pooled_state
+        return ps.pool.scratch_slot_id if ps is not None else None
+
+    def settle(self) -> None:
+        """Block until the remap plan in flight has landed (new objects zeroed) and every park in
+        flight has landed (its device pages returned)."""
+        self._ps().collect(self.stream, block=True)
+
+    def state_object_address(self, state: str, object_id: int) -> int:
+        """Device address of page / slot `object_id` of pooled state `state` (tests, tools)."""
+        ps = self._ps()
+        if state not in ps.layout.states:
+            raise ApiError(f"{state!r} is not a pooled state; pooled: {list(ps.layout.states)}")
+        i = ps.layout.states.index(state)
+        n_paged = len(ps.layout.page_bytes)
+        size = ps.layout.page_bytes[i] if i < n_paged else ps.layout.slot_bytes[i - n_paged]
+        return ps.arena.state_base(i) + object_id * size
+
+    # ------------------------------------------------------------ leases and checkpoints
+
+    def lease(self, num_tokens: int, *, wait: bool = True) -> Lease:
+        """A fresh sequence: pages for `num_tokens` tokens and (with per-seq states) a zeroed slot.
+
+        Raises kern_pool `Busy` (evict something), `ExceedsPool`, `Misuse`, and `Remapping` only with
+        `wait=False`. The zeroing is enqueued on the compute stream before this returns.
+        """
+        lease = self._pool_request(lambda pool: pool.lease(num_tokens), wait)
+        self._pooled_state.run(lease.plan, self.stream)  # type: ignore[union-attr]
+        return Lease(self, lease)
+
+    def lease_slot(self, *, wait: bool = True) -> Lease:
+        """A slot-only lease (no pages), its slot zeroed on the compute stream."""
+        lease = self._pool_request(lambda pool: pool.lease_slot(), wait)
+        self._pooled_state.run(lease.plan, self.stream)  # type: ignore[union-attr]
+        return Lease(self, lease)
+
+    def checkpoint(self, lease: Lease, num_tokens: int, *, wait: bool = True) -> Checkpoint:
+        """Keep the first `num_tokens` tokens of `lease` (which keeps running); the slot is copied on
+        the compute stream, after every launch already enqueued (so checkpoint at the lease's current
+        position when it has per-seq state)."""
+        cp = self._pool_request(lambda pool: pool.checkpoint(lease.inner, num_tokens), wait)
+        self._pooled_state.run(cp.plan, self.stream)  # type: ignore[union-attr]
+        return Checkpoint(cp)
+
+    def retire(self, lease: Lease, num_tokens: int) -> Checkpoint | None:
+        """End `lease`, keeping its first `num_tokens` tokens without a copy (None if already closed)."""
+        ps = self._ps()
+        ps.collect(self.stream)
+        cp = ps.pool.retire(lease.inner, num_tokens)
+        return Checkpoint(cp) if cp is not None else None
+
+    def lease_from(self, checkpoint: Checkpoint, num_tokens: int, *, prefix_tokens: int | None = None,
+                   hold: Any = None, wait: bool = True) -> Lease:
+        """A new sequence resuming `checkpoint` (at `prefix_tokens`, default all of it) with pages for
+        `num_tokens` tokens; a mid-page prefix copies that page, the slot is copied (compute stream)."""
+        lease = self._pool_request(
+            lambda pool: pool.lease_from(checkpoint.inner, num_tokens, prefix_tokens=prefix_tokens, hold=hold), wait)
+        self._pooled_state.run(lease.plan, self.stream)  # type: ignore[union-attr]
+        return Lease(self, lease)
+
+    def fork(self, parent: Lease, prefix_tokens: int, num_tokens: int, *, wait: bool = True) -> Lease:
+        """A new sequence sharing the first `prefix_tokens` tokens of the live `parent`."""
+        lease = self._pool_request(lambda pool: pool.fork(parent.inner, prefix_tokens, num_tokens), wait)
+        self._pooled_state.run(lease.plan, self.stream)  # type: ignore[union-attr]
+        return Lease(self, lease)
+
+    def block_table(self, leases: Sequence[Lease | None], width: int, rows: int | None = None) -> np.ndarray:
+        """i32[rows, width]: row r is `leases[r]`'s page ids (`seq_line`); rows past the leases and
+        None entries are all scratch page (padding of a captured program)."""
+        rows = len(leases) if rows is None else rows
+        if rows < len(leases):
+            raise ApiError(f"{len(leases)} leases for {rows} block-table rows")
+        scratch = self._ps().pool.scratch_page_id or 0
+        table = np.full((rows, width), scratch, dtype=np.int32)
+        for r, lease in enumerate(leases):
+            if lease is not None:
+                lease.seq_line(table, r)
+        return table
+
+    # ------------------------------------------------------------ host tier
+
+    def reserve_host(self, pages: int, slots: int = 0) -> int:
+        """One pinned allocation for `pages` host pages and `slots` host slots (state-major layout,
+        host_tier.py), NUMA-preferred to the GPU's node on multi-node machines; a transfer stream.
+        Returns the bytes allocated. Raises ApiError when called twice."""
+        ps = self._ps()
+        if ps.host is not None:
+            raise ApiError("reserve_host() was already called: the host tier is allocated once")
+        geometry = HostGeometry(pages, slots, ps.layout.page_bytes, ps.layout.slot_bytes)
+        device = call("cuDeviceGet", self.gpu)
+        node = numa_target(gpu_pci_bus_id(device))
+        memory = PinnedHost(geometry.total_bytes, node)
+        try:
+            stream = call("cuStreamCreate", 1)  # non-blocking: never synchronises with the NULL stream
+            max_pitch = int(call("cuDeviceGetAttribute", cu().CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MAX_PITCH, device))
+        except BaseException:
+            memory.close()
+            raise
+        ps.host = _HostState(ps.pool, memory, geometry, stream, max_pitch)
+        return geometry.total_bytes
+
+    def _hs(self) -> tuple[PoolState, _HostState]:
+        ps = self._ps()
+        if ps.host is None:
+            raise ApiError("no host tier: call reserve_host(pages, slots) first")
+        return ps, ps.host
+
+    @property
+    def host_tier(self) -> kern_pool.Host:
+        """kern_pool's `Host` accounting of the host tier (counts; read-only use)."""
+        return self._hs()[1].host
+
+    @property
+    def host_memory(self) -> PinnedHost:
+        """The pinned allocation (tests read it through `.view()`)."""
+        return self._hs()[1].memory
+
+    def room(self, checkpoint: Checkpoint) -> kern_pool.Room:
+        """Reserve host units for `checkpoint`. Raises `Busy` (err.checkpoint is `checkpoint`, untouched),
+        `ExceedsPool`."""
+        ps, hs = self._hs()
+        ps.collect(self.stream)
+        try:
+            return hs.host.room(checkpoint.inner)
+        except Busy as exc:
+            raise Busy(str(exc), checkpoint=checkpoint) from None
+
+    def _transfer_after_compute(self, hs: _HostState) -> None:
+        event = new_event()
+        call("cuEventRecord", event, self.stream)
+        call("cuStreamWaitEvent", hs.stream, event, 0)
+        call("cuEventDestroy", event)  # the wait keeps what it needs
+
+    def park(self, room: kern_pool.Room) -> kern_pool.Parked:
+        """Copy the room's checkpoint to the host on the transfer stream (after everything queued on
+        the compute stream). The checkpoint's device pages return when the copy lands (`landed`,
+        `settle`, or any later pool call that finds it done)."""
+        ps, hs = self._hs()
+        parked = hs.host.park(room)
+        copies = hs.copies(parked.plan, ps.pages, ps.slots)
+        self._transfer_after_compute(hs)
+        issue_copies(copies, hs.stream)
+        event = new_event()
+        call("cuEventRecord", event, hs.stream)
+        hs.parks.append((parked, event))
+        return parked
+
+    def park_now(self, checkpoint: Checkpoint) -> kern_pool.Parked:
+        """room + park on the compute stream: the checkpoint's pages return at once (later launches
+        are ordered after the copy). Raises like `room`."""
+        ps, hs = self._hs()
+        ps.collect(self.stream)
+        try:
+            parked = hs.host.park(hs.host.room(checkpoint.inner))
+        except Busy as exc:
+            raise Busy(str(exc), checkpoint=checkpoint) from None
+        issue_copies(hs.copies(parked.plan, ps.pages, ps.slots), self.stream)
+        parked.land()
+        return parked
+
+    def wake(self, parked: kern_pool.Parked, num_tokens: int, lease_tokens: int, *, hold: Any = None,
+             wait: bool = True) -> Waking:
+        """Lease `lease_tokens` tokens of pages and fill the first `num_tokens` from `parked` on the
+        transfer stream (after everything queued on the compute stream). `awake` hands out the lease."""
+        ps, hs = self._hs()
+        inner = self._pool_request(lambda pool: hs.host.wake(parked, num_tokens, lease_tokens, hold=hold), wait)
+        self._transfer_after_compute(hs)
+        ps.run(inner._lease.plan, hs.stream)  # zero a slot the host does not fill
+        issue_copies(hs.copies(inner.plan, ps.pages, ps.slots), hs.stream)
+        event = new_event()
+        call("cuEventRecord", event, hs.stream)
+        return Waking(self, inner, event)
+
+    def landed(self, item: kern_pool.Parked | Waking) -> bool:
+        """Non-blocking: have the copies of a park or a wake landed? (A landed park returns its pages.)"""
+        ps, hs = self._hs()
+        if isinstance(item, Waking):
+            return item.landed
+        hs.poll()
+        return item.landed
+
+    def awake(self, waking: Waking) -> Lease | None:
+        """The woken lease once its copies have landed, else None (never blocks)."""
+        if not waking.landed:
+            return None
+        return Lease(self, waking.inner.lease)
+
+    def wake_now(self, parked: kern_pool.Parked, num_tokens: int, lease_tokens: int, *, hold: Any = None,
+                 wait: bool = True) -> Lease:
+        """`wake` with the copies on the compute stream: the lease is usable at once."""
+        ps, hs = self._hs()
+        inner = self._pool_request(lambda pool: hs.host.wake(parked, num_tokens, lease_tokens, hold=hold), wait)
+        ps.run(inner._lease.plan, self.stream)
+        issue_copies(hs.copies(inner.plan, ps.pages, ps.slots), self.stream)
+        inner.land()
+        return Lease(self, inner.lease)
