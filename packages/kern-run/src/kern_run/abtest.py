@@ -44,12 +44,14 @@ class AbRequest:
 
 
 def sample_prompts(codec: TextCodec, count: int, seed: int, random_tokens: int, max_tokens: int) -> list[list[int]]:
-    """Fixed natural prompts first, then seeded random-token prompts (ids below the special tokens)."""
+    """Fixed natural prompts first, then seeded random-token prompts (ids of the tokenizer's base
+    vocabulary, below its added special tokens: 151643 for Qwen's BPE, the trained size for others)."""
     prompts = [codec.encode(p) for p in PROMPTS[:count]]
     rng = np.random.default_rng(seed)
+    base_vocab = codec.tokenizer.get_vocab_size(with_added_tokens=False)
     while len(prompts) < count:
         length = int(min(max_tokens, random_tokens * (1 + len(prompts) - len(PROMPTS))))
-        prompts.append(rng.integers(0, 151643, size=max(length, 2)).tolist())
+        prompts.append(rng.integers(0, base_vocab, size=max(length, 2)).tolist())
     return [p[:max_tokens] for p in prompts]
 
 
