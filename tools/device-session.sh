@@ -2,7 +2,7 @@
 # One consolidated GPU-machine call: run the named steps in order, each under a time limit, logging to
 # $OUT/<step>.log, and print a summary table last. Steps never stop the session (a failing step is
 # reported). Usage (from the repo root, on the GPU machine):
-#   bash tools/device-session.sh runtime kernels gemv tiny parity-tiny ckpt-4b run-4b parity-4b bench-load
+#   bash tools/device-session.sh runtime kernels gemv tiny parity-tiny ckpt-4b run-4b parity-4b bench-load pool-gpu bench-park
 set -u
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
@@ -32,6 +32,8 @@ for s in "$@"; do
     run-4b)      step run-4b 150 "python3 -m kern_run.cli run --weights $W/qwen3-4b --prompt 'The capital of France is' --steps 128 --log-level info && python3 -m kern_run.cli run --weights $W/qwen3-4b --prompt 'The capital of France is' --steps 32 --eager" ;;
     parity-4b)   step parity-4b 300 "python3 tools/parity.py --shape qwen3-4b --ckpt $W/qwen3-4b" ;;
     bench-load)  step bench-load 180 "python3 bench/load.py --gib 4" ;;
+    pool-gpu)    step pool-gpu 240 "python3 -m pytest tests/runtime/test_pool_gpu.py tests/run/test_prefix_gpu.py -q -x -p no:cacheprovider" ;;
+    bench-park)  step bench-park 120 "python3 bench/park_wake.py" ;;
     *) echo "unknown step $s"; summary+=("$s: unknown step") ;;
   esac
 done
