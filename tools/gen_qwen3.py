@@ -14,11 +14,17 @@ The manifest (docs/manifest.md) is everything model-specific; this generator is 
   checked here against the kernel contract's signature; GEMMs through `extern:cublaslt_bf16_tn`.
 - programs: `load` (once: rope table), `prefill` (a chunk of `tokens` tokens; fills the KV cache only,
   so the last layer stops after writing its K/V), `decode` (graph: one token per sequence, logits,
-  two-stage argmax into `next_token`).
+  two-stage argmax into `next_token`, then `kern_decode_advance` writes the next step's inputs and
+  the token ring on the device: docs/caller.md "Decode on the device").
 
-Decode issues 10 launches per layer (add_rmsnorm, qkv GEMM, qk_norm_rope_kv, attention partial +
-reduce, o GEMM, add_rmsnorm, gate_up GEMM, silu_mul, down GEMM): the minimum this kernel set allows,
-the residual add being fused into the norms and q/k norm + RoPE + KV write being one kernel.
+Prefill issues 10 launches per layer (add_rmsnorm, qkv GEMM, qk_norm_rope_kv, attention, o GEMM,
+add_rmsnorm, gate_up GEMM, silu_mul, down GEMM) with cuBLASLt GEMMs. Decode (`--decode gemv`, the
+default, bs = 1) issues 7: the M = 1 GEMVs of kernels-src/gemv.cu fold the RMSNorms into the qkv /
+gate_up / lm_head prologues and the residual adds into the o / down epilogues (the residual stream is
+updated in place), so decode has its own ops (`decode_gemv_ops`, `decode_gemv_calls`); the launches
+whose kernels wait with griddepcontrol.wait before touching a predecessor's output (PDL_ENTRIES) carry
+`pdl: true`. `--decode gemm` keeps the prefill-shaped decode (10 launches per layer, cuBLASLt). Why
+separate ops rather than `when` on one op: docs/perf.md.
 
 Output is deterministic: same config, kernels.json and options -> the same bytes (sorted keys, fixed
 indentation, the digest of docs/manifest.md). The output is verified with kern_manifest when that
@@ -41,7 +47,7 @@ from typing import Any
 
 FORMAT = "kern-manifest/1"
 GENERATOR = "tools/gen_qwen3.py"
-GENERATOR_VERSION = 1
+GENERATOR_VERSION = 2
 
 # The kernel contract (docs/kernels.md): entry -> (module, parameter types). "p" is a pointer (8 bytes),
 # "i32"/"f32" 4 bytes, "i64" 8 bytes. kernels.json's params (read from the cubin) must match these.
@@ -56,7 +62,19 @@ KERNEL_SIGNATURES: dict[str, tuple[str, tuple[str, ...]]] = {
     "kern_silu_mul": ("act", ("p", "p", "i32", "i32")),
     "kern_argmax_partial": ("argmax", ("p", "i32", "i32", "p", "p", "i32")),
     "kern_argmax_final": ("argmax", ("p", "p", "i32", "p")),
+    "kern_gemv_rmsnorm": ("gemv", ("p", "p", "p", "p", "i32", "i32", "f32")),
+    "kern_gemv_residual": ("gemv", ("p", "p", "p", "i32", "i32")),
+    "kern_gemv_silu_residual": ("gemv", ("p", "p", "p", "i32", "i32")),
+    "kern_decode_advance": ("step", ("p",) * 7 + ("i32",) * 5),
 }
+# Entries that execute griddepcontrol.wait before reading anything a predecessor writes and before writing
+# anything (docs/kernels-gemv.md, docs/kernels.md "Programmatic dependent launch"); only these may carry
+# `pdl: true`. tests/run/test_decode_pdl_sass.py checks every pdl launch of the committed manifests against
+# the SASS of the committed cubin (ACQBULK present) when cuobjdump is available.
+PDL_ENTRIES = frozenset({
+    "kern_gemv_rmsnorm", "kern_gemv_residual", "kern_gemv_silu_residual",
+    "kern_attn_decode_partial", "kern_attn_decode_reduce", "kern_attn_prefill",
+})
 TYPE_BYTES = {"p": 8, "i32": 4, "f32": 4, "i64": 8}
 
 
@@ -119,9 +137,28 @@ class GenOptions:
     chunk_max: int = 512  # tokens var max: the largest prefill chunk
     max_context: int = 40960  # positions 0..max_context-1
     page_tokens: int = 16
-    split_tokens: int = 256  # decode attention: context tokens per split (multiple of page_tokens)
+    split_tokens: int = 16  # decode attention: MINIMUM context tokens per split (multiple of page_tokens)
     argmax_chunks: int = 64  # two-stage argmax: first-stage blocks per row
     seqs_max: int = 1
+    decode: str = "gemv"  # decode projections: "gemv" (M = 1 GEMVs, fused norms/residuals) or "gemm" (cuBLASLt)
+    decode_splits: int = 0  # decode attention splits (launch constant); 0: auto (decode_num_splits)
+    sms: int = 132  # multiprocessors of the target GPU (H200): GEMV grids and the auto split count
+    pdl: bool = True  # mark launches of PDL_ENTRIES with `pdl: true` (decode program only)
+    ring_len: int = 64  # token ring (host-mapped output) entries per sequence
+
+
+def decode_num_splits(cfg: "Qwen3Config", opts: GenOptions) -> int:
+    """Decode attention splits: the given number, else the smallest power of two with kv_heads * splits >=
+    the SM count (capped at 64 and at the splits the longest context can use). The split length itself is
+    derived on the device from seq_lens (docs/kernels.md "Decode splits"), so one captured grid serves every
+    context length."""
+    cap = -(-opts.max_context // opts.split_tokens)
+    if opts.decode_splits:
+        return min(opts.decode_splits, cap)
+    want, splits = -(-opts.sms // cfg.kv_heads), 1
+    while splits < want and splits < 64:
+        splits *= 2
+    return max(1, min(splits, cap))
 
 
 @dataclass(frozen=True)
@@ -218,15 +255,20 @@ class Builder:
         self.ops: dict[str, Any] = {}
 
     def launch(self, entry: str, grid: list[Any], block: list[Any], args: list[dict[str, Any]],
-               shared_mem: Any = 0) -> dict[str, Any]:
-        """A kernel launch of `entry`, its params from kernels.json; checks the wiring against the contract."""
+               shared_mem: Any = 0, pdl: bool = False) -> dict[str, Any]:
+        """A kernel launch of `entry`, its params from kernels.json; checks the wiring against the contract.
+        `pdl`: launch with programmatic dependent launch (only entries of PDL_ENTRIES)."""
         module, params = self.abi.entries[entry]
         types = KERNEL_SIGNATURES[entry][1]
         got = _wiring_types(args)
         assert got == list(types), f"{entry}: wiring types {got} != contract {types}"  # a bug in this generator
+        assert not pdl or entry in PDL_ENTRIES, f"{entry} does not wait for its predecessor: never pdl"
         self.used_modules.add(module)
-        return {"module": module, "entry": entry, "grid": grid, "block": block, "shared_mem": shared_mem,
-                "params": params, "args": args}
+        out = {"module": module, "entry": entry, "grid": grid, "block": block, "shared_mem": shared_mem,
+               "params": params, "args": args}
+        if pdl:
+            out["pdl"] = True
+        return out
 
     def op(self, name: str, args: list[dict[str, str]], launches: list[dict[str, Any]],
            scratch: dict[str, Any] | None = None) -> None:
@@ -235,10 +277,13 @@ class Builder:
             op["scratch"] = scratch
         self.ops[name] = op
 
-    def buffer(self, name: str, kind: str, dtype: str, shape: list[Any], bind: list[dict[str, Any]] | None = None) -> None:
+    def buffer(self, name: str, kind: str, dtype: str, shape: list[Any], bind: list[dict[str, Any]] | None = None,
+               placement: str | None = None) -> None:
         buf: dict[str, Any] = {"kind": kind, "dtype": dtype, "shape": shape}
         if bind is not None:
             buf["bind"] = bind
+        if placement is not None:
+            buf["placement"] = placement
         self.buffers[name] = buf
 
 
@@ -264,7 +309,11 @@ def build_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: GenOptions, config_di
     page_tokens = opts.page_tokens
     pages_per_seq = -(-opts.max_context // page_tokens)
     num_slots = opts.seqs_max * pages_per_seq * page_tokens
-    num_splits = -(-opts.max_context // opts.split_tokens)
+    if opts.decode not in ("gemv", "gemm"):
+        raise GenError(f"decode {opts.decode!r}: use 'gemv' (M = 1 GEMVs) or 'gemm' (cuBLASLt)")
+    if opts.decode == "gemv" and opts.seqs_max != 1:
+        raise GenError(f"--decode gemv computes one row (bs = 1) but seqs max is {opts.seqs_max}: use --decode gemm")
+    num_splits = decode_num_splits(cfg, opts)
     argmax_chunk = -(-V // opts.argmax_chunks)
     scale = 1.0 / (D ** 0.5)
     b = Builder(abi)
@@ -277,6 +326,9 @@ def build_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: GenOptions, config_di
     b.buffer("seq_lens", "input", "i32", ["seqs"])
     b.buffer("cu_seqlens_q", "input", "i32", ["seqs + 1"])
     b.buffer("next_token", "output", "i64", ["seqs"])
+    # written by kern_decode_advance at (position + 1) % ring_len; host-mapped so the caller reads it
+    # without a copy once the step's event has completed (docs/caller.md "Decode on the device")
+    b.buffer("token_ring", "output", "i64", ["seqs", opts.ring_len], placement="host")
     # ---- workspace (one layer's activations; `residual` is the residual stream)
     b.buffer("residual", "workspace", "bf16", ["tokens", H])
     b.buffer("hidden", "workspace", "bf16", ["tokens", H])  # o / down projection output (the delta)
@@ -342,10 +394,10 @@ def build_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: GenOptions, config_di
                    [{"arg": "q"}, {"arg": "kv"}, {"arg": "block_table"}, {"arg": "seq_lens"},
                     {"scratch": "part_out"}, {"scratch": "part_ml"}, {"i32": Hq}, {"i32": Hkv}, {"i32": D},
                     {"i32": page_tokens}, {"i32": pages_per_seq}, {"i32": opts.split_tokens},
-                    {"i32": num_splits}, {"f32": scale}]),
+                    {"i32": num_splits}, {"f32": scale}], pdl=opts.pdl),
           b.launch("kern_attn_decode_reduce", [Hq, "seqs", 1], [D, 1, 1],
                    [{"scratch": "part_out"}, {"scratch": "part_ml"}, {"arg": "seq_lens"}, {"arg": "out"},
-                    {"i32": Hq}, {"i32": D}, {"i32": opts.split_tokens}, {"i32": num_splits}])],
+                    {"i32": Hq}, {"i32": D}, {"i32": opts.split_tokens}, {"i32": num_splits}], pdl=opts.pdl)],
          scratch={"part_out": f"seqs * {Hq * num_splits * D * 4}", "part_ml": f"seqs * {Hq * num_splits * 2 * 4}"})
     b.op("silu_mul", [_ptr("gate_up"), _ptr("out")], [b.launch(
         "kern_silu_mul", ["tokens", -(-I // 1024), 1], [256, 1, 1],
@@ -391,13 +443,19 @@ def build_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: GenOptions, config_di
 
     embed_call = _call("embed", table="embed", ids="token_ids", out="residual")
     prefill = [embed_call] + [c for layer in range(cfg.layers) for c in layer_calls(layer, decode=False)]
-    decode = [embed_call] + [c for layer in range(cfg.layers) for c in layer_calls(layer, decode=True)]
-    decode += [
-        _call("add_rmsnorm", residual="residual", delta="hidden", w="final_norm", out="normed"),
-        # lm_head: the tied embedding matrix is read in place (no copy); m = seqs (one row per sequence)
-        _call("gemm", a="normed", w="embed" if cfg.tied else "lm_head", c="logits", m="seqs", n=V, k=H),
-        _call("argmax", logits="logits", out="next_token"),
-    ]
+    decode_advance_op(b, opts, pages_per_seq)
+    if opts.decode == "gemv":
+        decode_gemv_ops(b, cfg, opts)
+        decode = [embed_call] + decode_gemv_calls(cfg)
+    else:
+        decode = [embed_call] + [c for layer in range(cfg.layers) for c in layer_calls(layer, decode=True)]
+        decode += [
+            _call("add_rmsnorm", residual="residual", delta="hidden", w="final_norm", out="normed"),
+            # lm_head: the tied embedding matrix is read in place (no copy); m = seqs (one row per sequence)
+            _call("gemm", a="normed", w="embed" if cfg.tied else "lm_head", c="logits", m="seqs", n=V, k=H),
+            _call("argmax", logits="logits", out="next_token"),
+        ]
+    decode.append(decode_advance_call())
     programs = {
         "load": {"kind": "once", "calls": [_call("rope_table", table="rope")]},
         "prefill": {"kind": "run", "calls": prefill},
@@ -414,7 +472,8 @@ def build_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: GenOptions, config_di
                       "intermediate": I, "vocab": V, "tied": cfg.tied, "rope_theta": cfg.rope_theta, "eps": cfg.eps},
             "caller": {"contract": "qwen3-chunked-prefill/1", "page_tokens": page_tokens,
                        "pages_per_seq": pages_per_seq, "max_context": opts.max_context, "chunk_max": opts.chunk_max,
-                       "decode_split_tokens": opts.split_tokens},
+                       "decode": opts.decode, "decode_split_tokens": opts.split_tokens, "decode_splits": num_splits,
+                       "decode_advance": {"ring": "token_ring", "ring_len": opts.ring_len}},
         },
         "vars": {"tokens": {"min": 1, "max": opts.chunk_max}, "seqs": {"min": 1, "max": opts.seqs_max}},
         "modules": {m: abi.modules[m] for m in sorted(b.used_modules)},
@@ -425,6 +484,78 @@ def build_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: GenOptions, config_di
     }
     manifest["digest"] = manifest_digest(manifest)
     return manifest
+
+
+# ---------------------------------------------------------------- decode: M = 1 GEMVs and the device-side step
+
+
+def _gemv_launch(b: Builder, entry: str, n: int, k: int, args: list[dict[str, Any]], opts: GenOptions,
+                 tail: tuple[dict[str, Any], ...] = ()) -> dict[str, Any]:
+    """One kern_gemv_* launch (docs/kernels-gemv.md "Launch"): block 512, grid min(n, 2 * SMs), dynamic shared
+    memory 16 * cdiv(k, 8) bytes (x staged as bf16). Raises GenError off the fast path's preconditions."""
+    if k % 8:
+        raise GenError(f"{entry}: k = {k} is not a multiple of 8 (the GEMV's vector path needs it); use --decode gemm")
+    return b.launch(entry, [min(n, 2 * opts.sms), 1, 1], [512, 1, 1], args + [{"i32": n}, {"i32": k}, *tail],
+                    shared_mem=16 * -(-k // 8), pdl=opts.pdl)
+
+
+def decode_gemv_ops(b: Builder, cfg: Qwen3Config, opts: GenOptions) -> None:
+    """The decode projections as M = 1 GEMV ops, one op per shape (n and k are launch constants):
+    `gemv_qkv` / `gemv_gate_up` / `gemv_lm_head`: RMSNorm(residual) prologue -> y;
+    `gemv_o`: residual += W x; `gemv_down`: residual += W (silu(gate) * up). Outputs never alias inputs."""
+    H, Hq, D, I, V = cfg.hidden, cfg.q_heads, cfg.head_dim, cfg.intermediate, cfg.vocab
+    norm_args = [_ptr("w"), _ptr("residual"), _ptr("norm_w"), _ptr("y")]
+    norm_wiring = [{"arg": "w"}, {"arg": "residual"}, {"arg": "norm_w"}, {"arg": "y"}]
+    for name, n in (("gemv_qkv", (Hq + 2 * cfg.kv_heads) * D), ("gemv_gate_up", 2 * I), ("gemv_lm_head", V)):
+        b.op(name, norm_args, [_gemv_launch(b, "kern_gemv_rmsnorm", n, H, norm_wiring, opts, ({"f32": cfg.eps},))])
+    b.op("gemv_o", [_ptr("w"), _ptr("x"), _ptr("residual")], [_gemv_launch(
+        b, "kern_gemv_residual", H, Hq * D, [{"arg": "w"}, {"arg": "x"}, {"arg": "residual"}], opts)])
+    b.op("gemv_down", [_ptr("w"), _ptr("gate_up"), _ptr("residual")], [_gemv_launch(
+        b, "kern_gemv_silu_residual", H, I, [{"arg": "w"}, {"arg": "gate_up"}, {"arg": "residual"}], opts)])
+
+
+def decode_gemv_calls(cfg: Qwen3Config) -> list[dict[str, Any]]:
+    """The decode call table after the embedding (which writes `residual`): 7 launches per layer, then the
+    lm_head GEMV with the final norm folded in and the two-stage argmax."""
+    calls: list[dict[str, Any]] = []
+    for layer in range(cfg.layers):
+        calls += [
+            _call("gemv_qkv", w=f"w_qkv.{layer}", residual="residual", norm_w=f"ln_in.{layer}", y="qkv"),
+            _call("qk_norm_rope_kv", qkv="qkv", q_norm=f"q_norm.{layer}", k_norm=f"k_norm.{layer}",
+                  rope="rope", positions="positions", slots="slot_mapping", q_out="q", kv=f"kv.{layer}"),
+            _call("attn_decode", q="q", kv=f"kv.{layer}", block_table="block_table", seq_lens="seq_lens",
+                  out="attn_out"),
+            _call("gemv_o", w=f"w_o.{layer}", x="attn_out", residual="residual"),
+            _call("gemv_gate_up", w=f"w_gate_up.{layer}", residual="residual", norm_w=f"ln_post.{layer}",
+                  y="gate_up"),
+            _call("gemv_down", w=f"w_down.{layer}", gate_up="gate_up", residual="residual"),
+        ]
+    calls += [
+        # lm_head: the tied embedding matrix is read in place (no copy)
+        _call("gemv_lm_head", w="embed" if cfg.tied else "lm_head", residual="residual", norm_w="final_norm",
+              y="logits"),
+        _call("argmax", logits="logits", out="next_token"),
+    ]
+    return calls
+
+
+def decode_advance_op(b: Builder, opts: GenOptions, pages_per_seq: int) -> None:
+    """`decode_advance`: kern_decode_advance (kernels-src/step.cu, docs/kernels-step.md), one block of 32
+    threads looping over the sequences; writes the next step's token_ids / positions / seq_lens /
+    slot_mapping and the token ring from next_token and the block table."""
+    b.op("decode_advance",
+         [_ptr("next_token"), _ptr("token_ids"), _ptr("positions"), _ptr("seq_lens"), _ptr("slot_mapping"),
+          _ptr("block_table"), _ptr("ring")],
+         [b.launch("kern_decode_advance", [1, 1, 1], [32, 1, 1],
+                   [{"arg": "next_token"}, {"arg": "token_ids"}, {"arg": "positions"}, {"arg": "seq_lens"},
+                    {"arg": "slot_mapping"}, {"arg": "block_table"}, {"arg": "ring"},
+                    {"expr": "seqs", "type": "i32"}, {"i32": opts.page_tokens}, {"i32": pages_per_seq},
+                    {"i32": opts.max_context}, {"i32": opts.ring_len}])])
+
+
+def decode_advance_call() -> dict[str, Any]:
+    return _call("decode_advance", next_token="next_token", token_ids="token_ids", positions="positions",
+                 seq_lens="seq_lens", slot_mapping="slot_mapping", block_table="block_table", ring="token_ring")
 
 
 def manifest_digest(manifest: dict[str, Any]) -> str:
@@ -474,6 +605,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--name", help="manifest name (default: the shape, or the config's directory name)")
     parser.add_argument("--chunk-max", type=int, default=512, help="tokens var max (largest prefill chunk)")
     parser.add_argument("--max-context", type=int, default=None, help="positions per sequence (default 40960; tiny 4096)")
+    parser.add_argument("--decode", choices=["gemv", "gemm"], default="gemv",
+                        help="decode projections: M = 1 GEMVs with fused norms/residuals (default) or cuBLASLt")
+    parser.add_argument("--decode-splits", type=int, default=0, help="decode attention splits (default: auto)")
+    parser.add_argument("--sms", type=int, default=132, help="SM count of the target GPU (default 132: H200)")
+    parser.add_argument("--no-pdl", action="store_true", help="no programmatic dependent launch in decode")
     parser.add_argument("--no-verify", action="store_true", help="skip verification with kern_manifest")
     args = parser.parse_args(argv)
     try:
@@ -483,7 +619,9 @@ def main(argv: list[str] | None = None) -> int:
         abi = KernelAbi.from_json(kernels_raw)
         name = args.name or args.shape or Path(args.config).resolve().parent.name
         max_context = args.max_context or (4096 if args.shape == "tiny" else min(40960, cfg.max_position_embeddings))
-        manifest = build_manifest(cfg, abi, GenOptions(name, args.chunk_max, max_context), cfg_digest)
+        opts = GenOptions(name, args.chunk_max, max_context, decode=args.decode, decode_splits=args.decode_splits,
+                          sms=args.sms, pdl=not args.no_pdl)
+        manifest = build_manifest(cfg, abi, opts, cfg_digest)
     except (GenError, OSError, json.JSONDecodeError) as exc:
         print(f"gen_qwen3: {exc}", file=sys.stderr)
         return 1

@@ -153,7 +153,7 @@ def test_run_streams_only_text(with_device, fake_runtime, tiny_manifest: Path, k
         tokens.append(tok)
     assert result.stdout == codec.decode(tokens) + "\n"
     assert "ms/token" in result.stderr and "12 tokens generated" in result.stderr
-    assert "graph: 45 launches -> 1 graph launch per step" in result.stderr
+    assert "graph: 33 launches -> 1 graph launch per step" in result.stderr
 
 
 def test_targets_and_overrides(tmp_path: Path) -> None:
@@ -178,7 +178,7 @@ def test_inspect_prints_summary(tiny_manifest: Path) -> None:
     result = _invoke("inspect", str(tiny_manifest))
     assert result.exit_code == 0
     assert "kern_attn_decode_partial in attention" in result.stdout
-    assert "program decode (run): 40 calls, 45 launches" in result.stdout
+    assert "program decode (run): 28 calls, 33 launches" in result.stdout
     _refused(_invoke("inspect", "/nonexistent.json"), 2, "gen_qwen3.py")
 
 

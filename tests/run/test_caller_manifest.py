@@ -34,15 +34,76 @@ def test_deterministic_bytes() -> None:
     assert gq.dumps(_manifest()) != gq.dumps(_manifest(chunk_max=256))
 
 
-def test_decode_has_ten_launches_per_layer() -> None:
+def test_decode_has_seven_launches_per_layer() -> None:
     m = _manifest()
     launches = [len(m["ops"][c["op"]]["launches"]) for c in m["programs"]["decode"]["calls"]]
-    # embed + 36 x 10 + final norm + lm_head + argmax (2)
-    assert sum(launches) == 1 + 36 * 10 + 1 + 1 + 2
+    # embed + 36 x 7 + lm_head GEMV (final norm folded) + argmax (2) + decode_advance
+    assert sum(launches) == 1 + 36 * 7 + 1 + 2 + 1
     ops = Counter(c["op"] for c in m["programs"]["decode"]["calls"])
-    assert ops["gemm"] == 36 * 4 + 1 and ops["attn_decode"] == 36 and ops["argmax"] == 1
+    assert ops["gemm"] == 0 and ops["add_rmsnorm"] == 0 and ops["rmsnorm"] == 0 and ops["silu_mul"] == 0
+    assert all(ops[o] == 36 for o in ("gemv_qkv", "gemv_o", "gemv_gate_up", "gemv_down", "attn_decode"))
+    assert ops["gemv_lm_head"] == 1 and ops["argmax"] == 1 and ops["decode_advance"] == 1
+    assert m["programs"]["decode"]["calls"][-1]["op"] == "decode_advance"
     assert m["programs"]["decode"]["graph"] is True
     assert m["programs"]["load"] == {"kind": "once", "calls": [{"op": "rope_table", "args": {"table": "rope"}}]}
+
+
+def test_decode_gemm_path_keeps_ten_launches_per_layer() -> None:
+    m = _manifest(decode="gemm")
+    launches = [len(m["ops"][c["op"]]["launches"]) for c in m["programs"]["decode"]["calls"]]
+    assert sum(launches) == 1 + 36 * 10 + 1 + 1 + 2 + 1
+    assert not any(op.startswith("gemv_") for op in m["ops"])
+    with pytest.raises(gq.GenError, match="seqs"):
+        _manifest(seqs_max=2)
+    assert _manifest(decode="gemm", seqs_max=2)["vars"]["seqs"]["max"] == 2
+
+
+def test_gemv_launches_and_pdl() -> None:
+    m = _manifest()
+    o = m["ops"]
+    assert [a["name"] for a in o["gemv_qkv"]["args"]] == ["w", "residual", "norm_w", "y"]
+    qkv = o["gemv_qkv"]["launches"][0]
+    assert (qkv["entry"], qkv["grid"], qkv["block"], qkv["shared_mem"], qkv["pdl"]) == (
+        "kern_gemv_rmsnorm", [264, 1, 1], [512, 1, 1], 16 * 320, True)
+    assert qkv["args"][4:] == [{"i32": 6144}, {"i32": 2560}, {"f32": 1e-6}]
+    down = o["gemv_down"]["launches"][0]
+    assert (down["entry"], down["shared_mem"], down["args"][3:]) == (
+        "kern_gemv_silu_residual", 16 * 1216, [{"i32": 2560}, {"i32": 9728}])
+    assert o["gemv_lm_head"]["launches"][0]["args"][4] == {"i32": 151936}
+    pdl = {l["entry"] for op in o.values() for l in op["launches"] if l.get("pdl")}
+    assert pdl == {"kern_gemv_rmsnorm", "kern_gemv_residual", "kern_gemv_silu_residual",
+                   "kern_attn_decode_partial", "kern_attn_decode_reduce"}
+    assert pdl <= gq.PDL_ENTRIES
+    assert not any(l.get("pdl") for op in _manifest(pdl=False)["ops"].values() for l in op["launches"])
+    # decode attention: a fixed split count covering the GPU, minimum split length 16
+    part = o["attn_decode"]["launches"][0]
+    assert part["grid"] == [8, 32, "seqs"] and part["args"][11:13] == [{"i32": 16}, {"i32": 32}]
+    assert _manifest("tiny", max_context=4096)["ops"]["attn_decode"]["launches"][0]["grid"][1] == 64
+    assert _manifest(decode_splits=8)["ops"]["attn_decode"]["launches"][0]["grid"][1] == 8
+
+
+def test_decode_advance_and_ring() -> None:
+    m = _manifest()
+    adv = m["ops"]["decode_advance"]["launches"][0]
+    assert (adv["module"], adv["entry"], adv["grid"], adv["block"]) == ("step", "kern_decode_advance", [1, 1, 1],
+                                                                       [32, 1, 1])
+    assert adv["args"][7:] == [{"expr": "seqs", "type": "i32"}, {"i32": 16}, {"i32": 2560}, {"i32": 40960},
+                               {"i32": 64}]
+    assert m["buffers"]["token_ring"] == {"kind": "output", "dtype": "i64", "shape": ["seqs", 64], "placement": "host"}
+    assert m["meta"]["caller"]["decode_advance"] == {"ring": "token_ring", "ring_len": 64}
+    assert m["programs"]["decode"]["calls"][-1] == {"op": "decode_advance", "args": {
+        "next_token": "next_token", "token_ids": "token_ids", "positions": "positions", "seq_lens": "seq_lens",
+        "slot_mapping": "slot_mapping", "block_table": "block_table", "ring": "token_ring"}}
+
+
+def test_gemv_refuses_unaligned_k() -> None:
+    cfg_json = mc.config_json(mc.SHAPES["tiny"])
+    cfg_json["intermediate_size"] = 500
+    cfg = gq.Qwen3Config.from_json(cfg_json)
+    abi = gq.KernelAbi.from_json(gq.stub_kernels_json())
+    with pytest.raises(gq.GenError, match="multiple of 8"):
+        gq.build_manifest(cfg, abi, gq.GenOptions("x", max_context=4096))
+    gq.build_manifest(cfg, abi, gq.GenOptions("x", max_context=4096, decode="gemm"))
 
 
 def test_prefill_fills_kv_only() -> None:
@@ -66,7 +127,10 @@ def test_buffers_binds_states() -> None:
     assert b["rope"] == {"kind": "weight", "dtype": "f32", "shape": [40960, 128], "bind": [{"derived": True}]}
     assert b["block_table"]["shape"] == ["seqs", 2560] and b["next_token"]["dtype"] == "i64"
     assert "lm_head" not in b
-    lm = [c for c in m["programs"]["decode"]["calls"] if c["args"].get("c") == "logits"]
+    lm = [c for c in m["programs"]["decode"]["calls"] if c["args"].get("y") == "logits"]
+    assert lm == [{"op": "gemv_lm_head", "args": {"w": "embed", "residual": "residual", "norm_w": "final_norm",
+                                                  "y": "logits"}}]
+    lm = [c for c in _manifest(decode="gemm")["programs"]["decode"]["calls"] if c["args"].get("c") == "logits"]
     assert lm == [{"op": "gemm", "args": {"a": "normed", "w": "embed", "c": "logits", "m": "seqs", "n": 151936,
                                           "k": 2560}}]
     assert m["states"]["kv.0"] == {"kind": "paged", "bytes_per_token": 2 * 8 * 128 * 2, "page_tokens": 16}
@@ -76,7 +140,7 @@ def test_buffers_binds_states() -> None:
 def test_untied_binds_lm_head() -> None:
     m = _manifest(tied=False)
     assert m["buffers"]["lm_head"]["bind"] == [{"tensor": "lm_head.weight"}]
-    lm = [c for c in m["programs"]["decode"]["calls"] if c["args"].get("c") == "logits"]
+    lm = [c for c in m["programs"]["decode"]["calls"] if c["args"].get("y") == "logits"]
     assert lm[0]["args"]["w"] == "lm_head"
 
 
@@ -126,7 +190,8 @@ def test_cli_writes_and_rejects(tmp_path: Path, kernels_dir: Path) -> None:
 
 
 COMMITTED = {"qwen3-4b.json": ("qwen3-4b", None), "qwen3-0.6b.json": ("qwen3-0.6b", None),
-             "qwen3-tiny.json": ("tiny", "qwen3-tiny")}
+             "qwen3-tiny.json": ("tiny", "qwen3-tiny"),
+             "qwen3-4b-c2048.json": ("qwen3-4b", "qwen3-4b-c2048", "--chunk-max", "2048")}
 
 
 @pytest.mark.parametrize("fname", sorted(COMMITTED))
@@ -136,9 +201,9 @@ def test_committed_manifest_is_current(fname: str, tmp_path: Path, capsys: pytes
     committed = ROOT / "manifests" / fname
     if not kernels_json.is_file() or not committed.is_file():
         pytest.skip("kernels/kernels.json or the committed manifest does not exist yet")
-    shape, name = COMMITTED[fname]
+    shape, name, *extra = COMMITTED[fname]
     out = tmp_path / fname
-    args = ["--shape", shape, "--kernels", str(kernels_json), "--out", str(out), "--no-verify"]
+    args = ["--shape", shape, "--kernels", str(kernels_json), "--out", str(out), "--no-verify", *extra]
     if name:
         args += ["--name", name]
     assert gq.main(args) == 0, capsys.readouterr().err

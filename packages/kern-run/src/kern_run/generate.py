@@ -21,11 +21,21 @@ entries past the sequence's length are never read.
 
 The next step is issued before the previous token is detokenized and printed, so host work overlaps
 the GPU's step instead of adding to the step boundary.
+
+Decode on the device (manifests whose `meta.caller.decode_advance` names a token ring; docs/caller.md):
+the decode program ends with `kern_decode_advance`, which writes the next step's four inputs from this
+step's argmax and stores the token into a host-mapped ring at (position + 1) % ring_len. The caller then
+writes inputs only for the first decode step, keeps up to `lookahead` further steps queued on the GPU,
+and reads each token from the ring once an event recorded behind its step has completed; stop conditions
+(EOS, steps, context) are checked as tokens arrive, and the few steps queued past a stop are waited for
+and discarded. Tokens are identical to the synchronous loop (`lookahead=0`), which remains the path for
+runtimes without `record_event` / `host_array` and for teacher forcing.
 """
 
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
@@ -50,12 +60,14 @@ class RuntimeLike(Protocol):
 
 @dataclass(frozen=True)
 class GenerateOptions:
-    """`max_new_tokens`: generated tokens at most; `chunk`: prefill chunk (tokens); `eager`: no graph."""
+    """`max_new_tokens`: generated tokens at most; `chunk`: prefill chunk (tokens); `eager`: no graph;
+    `lookahead`: decode steps kept queued beyond the one being read back (0: the synchronous loop)."""
 
     max_new_tokens: int
     chunk: int
     eager: bool = False
     stop_at_eos: bool = True
+    lookahead: int = 4
 
 
 @dataclass
@@ -66,6 +78,8 @@ class Timings:
     prefill_s: float = 0.0  # first prefill issue -> first generated token read back (TTFT)
     decode_steps: int = 0  # decode steps after the first token
     decode_s: float = 0.0
+    token_s: list[float] = field(default_factory=list)  # time.perf_counter() as each generated token arrived
+    pipelined: bool = False  # decode inputs advanced on the device, steps queued ahead
 
     @property
     def prefill_tokens_per_s(self) -> float:
@@ -148,6 +162,22 @@ class Generator:
         self.pages = SeqPages(runtime, self.page_tokens)
         self.max_positions = min(self.pages.max_tokens, facts.max_context)  # positions 0..max_positions-1 fit
         self._page_ids: list[int] = []
+        caller = (facts.raw.get("meta") or {}).get("caller") or {}
+        self._advance: dict[str, Any] | None = caller.get("decode_advance") or None
+        self._ring: np.ndarray | None = None
+
+    @property
+    def can_pipeline(self) -> bool:
+        """The manifest advances decode inputs on the device and the runtime offers events and host views."""
+        return (self._advance is not None and callable(getattr(self.rt, "record_event", None))
+                and callable(getattr(self.rt, "host_array", None)))
+
+    def _ring_view(self) -> np.ndarray:
+        """i64[seqs, ring_len]: the decode program's token ring (host-mapped, read after the step's event)."""
+        if self._ring is None:
+            assert self._advance is not None
+            self._ring = self.rt.host_array(str(self._advance["ring"]))  # type: ignore[attr-defined]
+        return self._ring
 
     # ---------------------------------------------------------------- loading
 
@@ -248,10 +278,13 @@ class Generator:
         t0 = time.perf_counter()
         if n > 1:
             self.prefill(prompt_ids[:-1], opts.chunk)
+        if opts.lookahead > 0 and self.can_pipeline:
+            return self._generate_pipelined(prompt_ids, opts, on_token, budget, timings, t0)
         self._decode_issue(prompt_ids[-1], n - 1, opts.eager)
         token = self._next_token()
         t1 = time.perf_counter()
         timings.prefill_s = t1 - t0
+        timings.token_s.append(t1)
         while True:
             tokens.append(token)
             if opts.stop_at_eos and token in self.eos_ids:
@@ -266,8 +299,66 @@ class Generator:
             if on_token is not None:
                 on_token(token)  # ... while the host detokenizes and prints this token
             token = self._next_token()
+            timings.token_s.append(time.perf_counter())
         timings.decode_steps = len(tokens) - 1
         timings.decode_s = time.perf_counter() - t1
+        return GenerateResult(list(prompt_ids), tokens, stop_reason, timings)
+
+    def _generate_pipelined(self, prompt_ids: list[int], opts: GenerateOptions,
+                            on_token: Callable[[int], None] | None, budget: int, timings: Timings,
+                            t0: float) -> GenerateResult:
+        """The decode loop of `generate` with inputs advanced on the device (prefill already enqueued).
+
+        Step i (i = 0 .. budget-1) processes position n-1+i and its token lands in ring[(n+i) % ring_len].
+        At most `lookahead + 1` steps are in flight (< ring_len, so no ring entry is overwritten before it
+        is read); each token is read after the event recorded behind its step."""
+        n = len(prompt_ids)
+        ring = self._ring_view()
+        ring_len = int(ring.shape[-1])
+        in_flight = max(1, min(opts.lookahead + 1, ring_len - 1))
+        base = n - 1  # position of step 0
+        self._decode_issue(prompt_ids[-1], base, opts.eager)  # step 0: inputs from the host
+        pending: deque[tuple[int, Any]] = deque([(base, self.rt.record_event())])  # type: ignore[attr-defined]
+        issued = 1
+
+        def issue_next() -> None:
+            nonlocal issued
+            self.rt.issue("decode", {"tokens": 1, "seqs": 1}, eager=opts.eager)  # inputs advanced on the GPU
+            pending.append((base + issued, self.rt.record_event()))  # type: ignore[attr-defined]
+            issued += 1
+
+        while issued < budget and len(pending) < in_flight:
+            issue_next()
+        tokens: list[int] = []
+        stop_reason = "steps"
+        t1 = t0
+        while pending:
+            position, event = pending.popleft()
+            event.wait()
+            token = int(ring[0, (position + 1) % ring_len])
+            now = time.perf_counter()
+            if not tokens:
+                t1 = now
+                timings.prefill_s = now - t0
+            timings.token_s.append(now)
+            tokens.append(token)
+            if opts.stop_at_eos and token in self.eos_ids:
+                stop_reason = "eos"  # the stop token is kept in `tokens`, not passed to on_token
+                break
+            if len(tokens) >= budget:
+                stop_reason = "steps" if budget == opts.max_new_tokens else "context"
+                if on_token is not None:
+                    on_token(token)
+                break
+            if issued < budget:
+                issue_next()  # keep the GPU fed ...
+            if on_token is not None:
+                on_token(token)  # ... while the host detokenizes and prints this token
+        for _, event in pending:  # steps queued past the stop: wait, discard their tokens
+            event.wait()
+        timings.decode_steps = len(tokens) - 1
+        timings.decode_s = time.perf_counter() - t1
+        timings.pipelined = True
         return GenerateResult(list(prompt_ids), tokens, stop_reason, timings)
 
     def teacher_forced(self, ids: list[int], prefill_tokens: int = 0, chunk: int | None = None,

@@ -19,6 +19,7 @@ from .errors import (
 from .params import ParamBlock, encode_pointer, encode_scalar
 from .pooled import Checkpoint, Lease, Waking
 from .runtime import ReadbackHandle, Resident, Runtime, load_spec
+from .stepping import EventHandle
 from .spec import Spec, spec_from_json
 from .weights import (
     BindPlan, Blob, Copy, DeviceBlob, FileBlob, HostBlob, HostTensors, SafetensorsTensors, TensorMeta, Tensors,
@@ -27,7 +28,7 @@ from .weights import (
 
 __all__ = [
     "KERN_ERRORS", "ApiError", "BindPlan", "BlasError", "Blob", "CallError", "Capacity", "Copy", "CudaError",
-    "DeviceBlob", "DriverError", "FileBlob", "HostBlob", "HostTensors", "KernError", "KernelArtifactError",
+    "DeviceBlob", "DriverError", "EventHandle", "FileBlob", "HostBlob", "HostTensors", "KernError", "KernelArtifactError",
     "ManifestError", "ManifestParseError", "ManifestVerifyError", "ParamBlock", "PoolLayout", "ReadbackHandle",
     "Resident", "Runtime", "SafetensorsTensors", "Spec", "TensorMeta", "Tensors", "WeightArtifactError",
     "encode_pointer", "encode_scalar", "load_spec", "plan_bind", "plan_pool", "spec_from_json",

@@ -9,17 +9,33 @@ from .records import KernelRecord
 
 
 def launch_kernel(record: KernelRecord, stream: Any) -> None:
-    """Enqueue `record` (already patched) on `stream`. Raises DriverError."""
+    """Enqueue `record` (already patched) on `stream`. Raises DriverError.
+
+    A launch with a cluster or `pdl` goes through cuLaunchKernelEx; its CUlaunchConfig (dims, shared
+    memory, stream, attributes) is built once and kept on the record until one of those changes, so an
+    eager replay does not rebuild driver structs per launch. `pdl` sets
+    CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 1: the kernel may start before its stream
+    predecessor has finished, and must itself `griddepcontrol.wait` before touching what that predecessor
+    writes (the generator only sets `pdl` on such kernels)."""
     gx, gy, gz = record.grid
     bx, by, bz = record.block
     if record.cluster is None and not record.launch.pdl:
         call("cuLaunchKernel", record.function, gx, gy, gz, bx, by, bz, record.shared_mem_bytes, stream,
              record.params.address, 0)
         return
+    key = (record.grid, record.block, record.shared_mem_bytes, record.cluster, bool(record.launch.pdl), int(stream))
+    cached = getattr(record, "ex_config", None)
+    if cached is None or cached[0] != key:
+        cached = (key, _ex_config(record, stream))
+        record.ex_config = cached
+    call("cuLaunchKernelEx", cached[1], record.function, record.params.address, 0)
+
+
+def _ex_config(record: KernelRecord, stream: Any) -> Any:
     driver = cu()
     config = driver.CUlaunchConfig()
-    config.gridDimX, config.gridDimY, config.gridDimZ = gx, gy, gz
-    config.blockDimX, config.blockDimY, config.blockDimZ = bx, by, bz
+    config.gridDimX, config.gridDimY, config.gridDimZ = record.grid
+    config.blockDimX, config.blockDimY, config.blockDimZ = record.block
     config.sharedMemBytes = record.shared_mem_bytes
     config.hStream = stream
     attrs = []
@@ -35,4 +51,4 @@ def launch_kernel(record: KernelRecord, stream: Any) -> None:
         attrs.append(attr)
     config.attrs = attrs
     config.numAttrs = len(attrs)
-    call("cuLaunchKernelEx", config, record.function, record.params.address, 0)
+    return config

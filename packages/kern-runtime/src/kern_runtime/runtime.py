@@ -39,6 +39,7 @@ from .pooled import PoolMethods, PoolState
 from .records import (
     NCCL_EXTERNS, AddressBook, ExternRecord, KernelRecord, Record, compile_call, program_reads, when_holds,
 )
+from .stepping import StepMethods
 from .spec import BufferSpec, ExternLaunch, KernelLaunch, Spec, spec_from_json
 from .weights.loader import Progress, Target, WeightLoader
 from .weights.plan import BindPlan, Copy, plan_bind
@@ -147,7 +148,7 @@ class ReadbackHandle:
 # ---------------------------------------------------------------- the runtime
 
 
-class Runtime(PoolMethods):
+class Runtime(PoolMethods, StepMethods):
     """A loaded manifest on one GPU. Build with `Runtime.load`; close with `close()` (or `with`)."""
 
     def __init__(self) -> None:  # use Runtime.load

@@ -1,0 +1,134 @@
+"""Mixin of `Runtime` for callers that keep the GPU busy across steps, and for profiling.
+
+- `record_event()`: a point on the compute stream the host can poll or wait on (pooled events, no
+  timing), so a caller can queue several steps ahead and learn when each has finished.
+- `host_array(name)`: a live numpy view of a `placement: host` buffer (pinned, device-mapped): kernels
+  write it through the mapping and the host reads it after an event behind them, with no copy on the
+  stream between steps (the decode program's token ring, docs/caller.md "Decode on the device").
+- `records(program)` / `run_hooked(program, vars, on_launch)`: the compiled launch records and an eager
+  replay calling `on_launch(index, record)` before each launch, so a profiler can put events between
+  launches (bench/decode.py --breakdown).
+
+Needs from `Runtime`: `stream`, `spec`, `_ledger`, `_activate()`, `_program()`, `_buffer()`, `_patch()`,
+and the enqueue of one record.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from .driver import call, cu
+from .dtypes import numpy_dtype
+from .errors import ApiError, CallError, KernError
+from .graphs import normalise_vars
+from .launch import launch_kernel
+from .records import KernelRecord, Record
+
+
+class EventHandle:
+    """A point on the compute stream (`record_event`): `ready()` polls, `wait()` blocks until everything
+    enqueued before it has finished. The event goes back to the runtime's pool on `wait()` or
+    `release()`; a handle is single-use (after that, `ready()` is True and `wait()` returns at once)."""
+
+    def __init__(self, event: Any, on_done: Callable[[], None]) -> None:
+        self._event = event
+        self._on_done: Callable[[], None] | None = on_done
+
+    def ready(self) -> bool:
+        if self._on_done is None:
+            return True
+        result = cu().cuEventQuery(self._event)
+        return int(result[0] if isinstance(result, tuple) else result) == 0
+
+    def wait(self) -> None:
+        if self._on_done is not None:
+            call("cuEventSynchronize", self._event)
+            self.release()
+
+    def release(self) -> None:
+        """Give the event back without waiting (the recorded point stays enqueued; reuse re-records it)."""
+        if self._on_done is not None:
+            done, self._on_done = self._on_done, None
+            done()
+
+
+class StepMethods:
+    """Mixin of `Runtime`: events, host-mapped views, hooked eager replay."""
+
+    stream: Any
+    spec: Any
+    _ledger: Any
+
+    def _activate(self) -> None: ...  # provided by Runtime
+
+    def _event_pool(self) -> list[Any]:
+        pool = self.__dict__.get("_step_events_free")
+        if pool is None:
+            pool = self.__dict__["_step_events_free"] = []
+        return pool
+
+    def record_event(self) -> EventHandle:
+        """Record an event on the compute stream after everything enqueued so far (no synchronisation)."""
+        self._activate()
+        pool = self._event_pool()
+        if pool:
+            event = pool.pop()
+        else:
+            event = call("cuEventCreate", 2)  # CU_EVENT_DISABLE_TIMING
+            self._ledger.on_close("step event", lambda e=event: call("cuEventDestroy", e))
+        call("cuEventRecord", event, self.stream)
+        return EventHandle(event, lambda: pool.append(event))
+
+    def host_array(self, name: str) -> np.ndarray:
+        """A live view (no copy, no synchronisation) of `placement: host` buffer `name`, with its dtype and
+        its shape at var max. Read it only after an event recorded behind the kernels that write it has
+        completed. Raises ApiError for an unknown buffer or a device-placed one."""
+        self._activate()
+        spec, alloc = self._buffer(name)  # type: ignore[attr-defined]
+        if spec.placement != "host" or not alloc.host_address:
+            raise ApiError(f"buffer {name!r} is placed on the {spec.placement}; host_array needs placement host")
+        shape = tuple(spec.shape_at(self.spec.max_values))
+        dtype = numpy_dtype(spec.dtype)
+        count = math.prod(shape)
+        return alloc.host_view()[: count * dtype.itemsize].view(dtype).reshape(shape)
+
+    def records(self, program: str) -> list[Record]:
+        """The compiled launch records of `program` in order (`rec.op`, `rec.call_index`, `rec.active` after
+        the last patch, `rec.launch.entry` or `rec.launch.extern`)."""
+        return list(self._program(program).records)  # type: ignore[attr-defined]
+
+    def run_hooked(self, program: str, vars: Mapping[str, int] | None,
+                   on_launch: Callable[[int, Record], None]) -> None:
+        """`run` (eager, no synchronisation) calling `on_launch(index, record)` on this thread before each
+        active record is enqueued; the hook may enqueue its own work on `self.stream` (events, a gate).
+        Raises ApiError (unknown program, bad vars), CallError (a failing call)."""
+        self._activate()
+        state = self._program(program)  # type: ignore[attr-defined]
+        require = getattr(self, "_require_ready", None)
+        if require is not None:
+            require(state)
+        values = normalise_vars(vars or {}, self.spec.vars, state.reads, program)
+        self._patch(state, values)  # type: ignore[attr-defined]
+        enqueue_one = getattr(self, "_enqueue_record", None) or self._enqueue_one
+        for index, rec in enumerate(state.records):
+            if rec.active:
+                on_launch(index, rec)
+                enqueue_one(state, rec)
+
+    def _enqueue_one(self, state: Any, rec: Record) -> None:
+        """One active record (kernel or cuBLASLt extern) on the compute stream."""
+        try:
+            if isinstance(rec, KernelRecord):
+                launch_kernel(rec, self.stream)
+            else:
+                from .blas import gemm_call
+
+                blas = getattr(self, "_blas")
+                assert blas is not None
+                g = gemm_call(rec.launch.extern, rec.args, rec.launch.path)
+                blas.matmul(g, int(self.stream), rec.launch.algo, rec.launch.path)
+        except KernError as exc:
+            raise CallError(state.name, rec.call_index, rec.op, exc) from exc

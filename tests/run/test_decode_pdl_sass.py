@@ -1,0 +1,65 @@
+"""Every `pdl: true` launch of the committed manifests runs a kernel that waits for its predecessor.
+
+Programmatic dependent launch lets a kernel start before the previous one on the stream has finished;
+that is only safe when the kernel executes `griddepcontrol.wait` (SASS `ACQBULK`) before touching what
+the predecessor writes. tools/gen_qwen3.py only marks entries of its PDL_ENTRIES table; this test checks
+that table against the SASS of the committed cubins (cuobjdump -sass; skipped where cuobjdump or nvdisasm
+is missing: set CUOBJDUMP and NVDISASM_PATH, e.g. the nvidia-cuda-cuobjdump / -nvdisasm wheels).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+
+import gen_qwen3 as gq
+from kern_run_testutil import ROOT
+
+MANIFESTS = sorted((ROOT / "manifests").glob("*.json"))
+
+
+def _cuobjdump() -> str | None:
+    explicit = os.environ.get("CUOBJDUMP")
+    if explicit and Path(explicit).is_file():
+        return explicit
+    return shutil.which("cuobjdump")
+
+
+@lru_cache(maxsize=None)
+def _sass_functions(cubin: Path) -> dict[str, str]:
+    """entry name -> its SASS text."""
+    tool = _cuobjdump()
+    assert tool is not None
+    out = subprocess.run([tool, "-sass", str(cubin)], capture_output=True, text=True)
+    if out.returncode != 0:
+        pytest.skip(f"cuobjdump -sass failed (nvdisasm missing?): {out.stderr.strip()[:200]}")
+    parts = re.split(r"^\s*Function : (\S+)\s*$", out.stdout, flags=re.M)
+    return {parts[i]: parts[i + 1] for i in range(1, len(parts) - 1, 2)}
+
+
+def test_pdl_entries_are_a_subset_of_the_contract() -> None:
+    assert gq.PDL_ENTRIES <= set(gq.KERNEL_SIGNATURES)
+
+
+@pytest.mark.parametrize("path", MANIFESTS, ids=[p.name for p in MANIFESTS])
+def test_pdl_launches_wait_for_their_predecessor(path: Path) -> None:
+    manifest = json.loads(path.read_text())
+    pdl = {(l["module"], l["entry"]) for op in manifest["ops"].values() for l in op["launches"] if l.get("pdl")}
+    assert {entry for _, entry in pdl} <= gq.PDL_ENTRIES
+    if not pdl:
+        return
+    if _cuobjdump() is None:
+        pytest.skip("no cuobjdump: cannot read the SASS")
+    for module, entry in sorted(pdl):
+        cubin = ROOT / "kernels" / f"{module}-{manifest['modules'][module][:12]}.cubin"
+        sass = _sass_functions(cubin)
+        assert entry in sass, f"{entry} not in {cubin.name}"
+        body = sass[entry]
+        assert "ACQBULK" in body, f"{entry} ({cubin.name}) is launched with pdl but never waits (no ACQBULK)"
