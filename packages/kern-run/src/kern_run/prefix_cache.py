@@ -1,0 +1,233 @@
+"""Several prompts in one `kern run`, sharing cached prefixes through kern_pool's `Prefix`.
+
+After each prompt its prefill KV (positions 0..n-2: what chunked prefill wrote) is retired into a
+pure-KV checkpoint and filed in a `Prefix` tree under those tokens. The next prompt looks up the
+longest cached strict prefix, resumes it with `Runtime.lease_from` (whole pages shared, a mid-page
+resume copies that page on the device) and prefills only the rest.
+
+Outputs are identical to running each prompt alone because the cached length is rounded down to a
+multiple of the prefill chunk: the prompt's own prefill then runs exactly the chunks it would run
+alone ([k*chunk, (k+1)*chunk) ...), and the reused positions were written by chunks with the same
+boundaries and the same tokens in the earlier prompt. KV written by decode steps (generated tokens)
+is not cached: decode computes K/V with other kernels (m=1 GEMVs) than prefill, so its bits may differ.
+When the pool is full the coldest unlocked entry is evicted (dropped) and the lease asked again.
+
+`PrefixSession` plugs into an open `Generator` without changing it: it swaps the generator's page
+source (`gen.pages`) and wraps its `prefill` so the cached positions are skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, TextIO
+
+from .errors import InputError
+from .generate import GenerateOptions, GenerateResult, Generator
+
+
+def read_prompts(path: str | Path) -> list[str]:
+    """Prompts from a file: JSONL of objects with a "prompt" string (every non-empty line), else one
+    prompt per non-empty line (text, with `\\n` written as the two characters backslash-n kept as is).
+
+    Raises InputError for an unreadable file, no prompts, or a JSON line without a "prompt" string.
+    """
+    try:
+        lines = [line for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+    except OSError as exc:
+        raise InputError(f"--prompts {path}: {exc}") from None
+    if not lines:
+        raise InputError(f"--prompts {path}: no prompts (the file is empty)")
+    if all(line.lstrip().startswith("{") for line in lines):
+        prompts = []
+        for i, line in enumerate(lines, 1):
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise InputError(f"--prompts {path}:{i}: not JSON: {exc}") from None
+            if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str):
+                raise InputError(f"--prompts {path}:{i}: expected an object with a \"prompt\" string")
+            prompts.append(obj["prompt"])
+        return prompts
+    return lines
+
+
+def aligned_prefix(hit_tokens: int, chunk: int) -> int:
+    """Cached tokens actually reused: `hit_tokens` rounded down to a multiple of the prefill chunk."""
+    return hit_tokens // chunk * chunk if chunk > 0 else 0
+
+
+class PrefixPages:
+    """The generator's page source in a multi-prompt run: leases from the runtime's pool, resumed from
+    the longest cached prefix of `prompt` (set before each generation)."""
+
+    def __init__(self, runtime: Any, prefix: Any, chunk: int, max_tokens: int) -> None:
+        from kern_pool import Prefix
+
+        self.rt = runtime
+        self.prefix: Prefix[Any, Any] = prefix
+        self.chunk = chunk
+        self.max_tokens = max_tokens
+        self.prompt: list[int] = []
+        self.cached = 0
+        self.source = "runtime pool + prefix cache"
+        self._lease: Any = None
+
+    def reserve(self, num_tokens: int) -> list[int]:
+        """Pages for `num_tokens` tokens, the first `self.cached` of them reused. Raises InputError when
+        the pool cannot hold them even after evicting every unlocked cached prefix."""
+        from kern_pool import Busy, ExceedsPool
+
+        self.release()
+        hit = self.prefix.lookup(self.prompt) if len(self.prompt) > 1 else None
+        cached = aligned_prefix(hit.num_tokens, self.chunk) if hit is not None else 0
+        if hit is not None and cached == 0:
+            hit.close()
+            hit = None
+        while True:
+            try:
+                if hit is not None:
+                    lease = self.rt.lease_from(hit.kept, num_tokens, prefix_tokens=cached, hold=hit)
+                else:
+                    lease = self.rt.lease(num_tokens)
+                break
+            except Busy:
+                if self.prefix.evict() is not None:
+                    continue
+                if hit is None:
+                    raise InputError(f"{num_tokens} tokens do not fit the KV pool even with no prefix cached") from None
+                hit.close()  # the entry we resume is the only thing left: start from scratch
+                hit, cached = None, 0
+            except ExceedsPool as exc:
+                if hit is not None:
+                    hit.close()
+                raise InputError(f"{num_tokens} tokens do not fit the KV pool: {exc}") from None
+        self._lease, self.cached = lease, cached
+        return list(lease.page_ids())
+
+    def keep(self, num_tokens: int) -> bool:
+        """Retire the current lease keeping its first `num_tokens` tokens in the prefix tree (keyed by
+        the prompt's first `num_tokens` ids). False when there is nothing to keep."""
+        lease, self._lease = self._lease, None
+        if lease is None:
+            return False
+        if num_tokens < 1:
+            lease.close()
+            return False
+        cp = self.rt.retire(lease, num_tokens)
+        if cp is None:
+            return False
+        return self.prefix.insert(tuple(self.prompt[:num_tokens]), cp)
+
+    def release(self) -> None:
+        if self._lease is not None:
+            self._lease.close()
+            self._lease = None
+
+
+@dataclass(frozen=True)
+class PromptResult:
+    result: GenerateResult
+    cached_tokens: int
+
+
+class PrefixSession:
+    """Runs prompts one after another on `gen`, reusing cached prefixes (module docstring).
+
+    Needs a runtime with the pool API (`lease`, `lease_from`, `retire`). `close()` drops the cache and
+    gives the generator back its own page source.
+    """
+
+    def __init__(self, gen: Generator, chunk: int) -> None:
+        from kern_pool import Prefix
+
+        rt = gen.rt
+        if not all(callable(getattr(rt, name, None)) for name in ("lease", "lease_from", "retire")):
+            raise InputError("this runtime has no pool API (lease / lease_from / retire): no prefix reuse")
+        self.gen = gen
+        self.prefix: Prefix[Any, Any] = Prefix()
+        self.pages = PrefixPages(rt, self.prefix, chunk, gen.max_positions)
+        self._own_pages = gen.pages
+        self._own_pages.release()
+        gen.pages = self.pages
+        gen.prefill = self._prefill  # type: ignore[method-assign]
+        self._prefilled = False
+
+    def _prefill(self, ids: list[int], chunk: int, start: int = 0) -> None:
+        skip = min(self.pages.cached, len(ids)) if start == 0 else 0
+        self._prefilled = True
+        Generator.prefill(self.gen, ids[skip:], chunk, start + skip)
+
+    def generate(self, prompt_ids: list[int], opts: GenerateOptions,
+                 on_token: Callable[[int], None] | None = None) -> PromptResult:
+        """`Generator.generate` with the prompt's cached prefix reused; then its prefill KV is cached."""
+        if opts.chunk != self.pages.chunk:
+            raise InputError(f"chunk {opts.chunk} differs from the session's {self.pages.chunk}")
+        self.pages.prompt = list(prompt_ids)
+        self.pages.cached = 0
+        self._prefilled = False
+        try:
+            result = self.gen.generate(prompt_ids, opts, on_token)
+        except BaseException:
+            self.pages.release()
+            raise
+        cached = self.pages.cached
+        result.timings.prefill_tokens = max(0, len(prompt_ids) - 1 - cached)
+        if self._prefilled or len(prompt_ids) - 1 <= cached:
+            self.pages.keep(len(prompt_ids) - 1)
+        else:
+            self.pages.release()
+        return PromptResult(result, cached)
+
+    def close(self) -> None:
+        self.pages.release()
+        self.prefix.clear()
+        self.gen.pages = self._own_pages
+        self.gen.__dict__.pop("prefill", None)
+
+
+def run_prompts(cfg: Any, prompts: list[str], req: Any, log: Any, out: TextIO | None = None) -> list[PromptResult]:
+    """`kern run --prompts FILE`: preflight and load once, then every prompt in order with prefix reuse.
+
+    stdout: each prompt's generated text, one line per prompt (newlines inside stay). stderr: per
+    prompt its tokens, cached tokens and TTFT. Raises RefusalError / kern_runtime.KernError.
+    """
+    from .preflight import check_prompt
+    from .session import open_generator, prepare
+    from .text import StreamDecoder, checked_prompt
+
+    out = out if out is not None else sys.stdout
+    prep = prepare(cfg)
+    all_ids = [checked_prompt(prep.codec, p) for p in prompts]
+    for ids in all_ids:
+        check_prompt(len(ids), cfg.capacity_tokens, prep.facts)
+    log.info(f"{len(all_ids)} prompts; chunk {prep.chunk}; steps {req.steps}; prefix reuse at multiples of the chunk")
+    results: list[PromptResult] = []
+    with open_generator(prep, log) as gen:
+        session = PrefixSession(gen, prep.chunk)
+        try:
+            for i, ids in enumerate(all_ids, 1):
+                stream = StreamDecoder(prep.codec)
+
+                def emit(token: int) -> None:
+                    text = stream.push(token)
+                    if text:
+                        out.write(text)
+                        out.flush()
+
+                t0 = time.perf_counter()
+                pr = session.generate(ids, GenerateOptions(req.steps, prep.chunk, req.eager, not req.ignore_eos), emit)
+                out.write(stream.flush() + "\n")
+                out.flush()
+                t = pr.result.timings
+                log.info(f"prompt {i}/{len(all_ids)}: {len(ids)} tokens, {pr.cached_tokens} cached, "
+                         f"{t.prefill_tokens} prefilled; TTFT {t.prefill_s * 1e3:.1f} ms; "
+                         f"{len(pr.result.tokens)} tokens in {time.perf_counter() - t0:.2f} s "
+                         f"(stop: {pr.result.stop_reason})")
+                results.append(pr)
+        finally:
+            session.close()
+    return results
