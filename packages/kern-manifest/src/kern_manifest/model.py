@@ -44,6 +44,13 @@ ARG_KINDS = ("ptr", "int")
 PROGRAM_KINDS = ("run", "once", "derive")
 
 
+def family_digest_of(obj: Mapping[str, Any]) -> str:
+    """`Manifest.family_digest` of a manifest JSON object (the runtime computes it from raw JSON)."""
+    body = {k: v for k, v in obj.items() if k not in ("digest", "name", "meta")}
+    body["buffers"] = {n: {k: v for k, v in b.items() if k != "bind"} for n, b in obj.get("buffers", {}).items()}
+    return hashlib.sha256(canonical_json(body).encode("ascii")).hexdigest()
+
+
 def dtype_size(dtype: str) -> int:
     """Bytes per element of a manifest dtype (`bf16` -> 2). Raises `ManifestError` for an unknown dtype."""
     try:
@@ -141,6 +148,7 @@ class TensorSegment:
 
     tensor: str
     shape: tuple[int, ...] | None = None
+    cols: tuple[int, int] | None = None  # column range [start, stop) of dim 1 (tensor-parallel slices)
     extra: FrozenMap[str, Any] = _extra()
 
     def known_rows(self) -> int | None:
@@ -149,6 +157,8 @@ class TensorSegment:
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"tensor": self.tensor}
+        if self.cols is not None:
+            out["cols"] = list(self.cols)
         if self.shape is not None:
             out["shape"] = list(self.shape)
         return _with_extra(out, self.extra)
@@ -162,6 +172,7 @@ class RowsSegment:
     start: int
     stop: int
     shape: tuple[int, ...] | None = None
+    cols: tuple[int, int] | None = None  # column range [start, stop) of dim 1 (tensor-parallel slices)
     extra: FrozenMap[str, Any] = _extra()
 
     def known_rows(self) -> int:
@@ -169,6 +180,8 @@ class RowsSegment:
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"tensor": self.tensor, "rows": [self.start, self.stop]}
+        if self.cols is not None:
+            out["cols"] = list(self.cols)
         if self.shape is not None:
             out["shape"] = list(self.shape)
         return _with_extra(out, self.extra)
@@ -212,6 +225,20 @@ Segment = Union[TensorSegment, RowsSegment, InterleaveSegment, DerivedSegment]
 
 
 @dataclass(frozen=True, kw_only=True)
+class PeersOf:
+    """A buffer that is the peer table of export buffer (or state) `of` for topology group `group`:
+    `u64[group size]`, entry i = the address, mapped into this rank, of member i's `of`. Filled by the
+    runtime's multi-GPU connect; a program run before that is refused."""
+
+    of: str
+    group: str
+    extra: FrozenMap[str, Any] = _extra()
+
+    def to_json(self) -> dict[str, Any]:
+        return _with_extra({"of": self.of, "group": self.group}, self.extra)
+
+
+@dataclass(frozen=True, kw_only=True)
 class Buffer:
     """Device or host memory of a fixed byte size (its shape at var max x dtype size)."""
 
@@ -222,6 +249,7 @@ class Buffer:
     placement: str = "device"  # device | host
     export: bool = False
     bind: tuple[Segment, ...] | None = None  # weight buffers only
+    peers: PeersOf | None = None  # this buffer is a peer table (multi-GPU)
     extra: FrozenMap[str, Any] = _extra()
     explicit: frozenset[str] = _explicit()
 
@@ -243,6 +271,8 @@ class Buffer:
         _put(out, "export", self.export, False, self.explicit)
         if self.bind is not None:
             out["bind"] = [seg.to_json() for seg in self.bind]
+        if self.peers is not None:
+            out["peers"] = self.peers.to_json()
         return _with_extra(out, self.extra)
 
 
@@ -928,6 +958,15 @@ class Manifest:
     def digest(self) -> str:
         """sha256 (hex) of the canonical JSON of the manifest without its `digest` key."""
         return hashlib.sha256(canonical_json(self.to_json(with_digest=False)).encode("ascii")).hexdigest()
+
+    @functools.cached_property
+    def family_digest(self) -> str:
+        """sha256 of the canonical JSON without `digest`, `name`, `meta` and every buffer's `bind`.
+
+        Ranks of one tensor-parallel model load per-rank manifests that differ only in which slice
+        of the checkpoint each weight buffer binds; everything the ranks must agree on (vars, buffers'
+        shapes, states, ops, programs, topology) is in this digest. The multi-GPU handshake compares it."""
+        return family_digest_of(self.to_json(with_digest=False))
 
     def state_or_buffer(self, name: str) -> Buffer | State | None:
         """The buffer or state a `ptr` call argument names, or None."""

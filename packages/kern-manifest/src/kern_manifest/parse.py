@@ -30,6 +30,7 @@ from .model import (
     NullWiring,
     Op,
     OpArg,
+    PeersOf,
     PackLiteralField,
     PackPointerField,
     PackTensorMapField,
@@ -233,8 +234,12 @@ def _buffer(name: str, value: Any, path: str) -> Buffer:
     if o.has("bind"):
         items = o.req("bind", "array")
         bind = tuple(_segment(v, index_path(o.at("bind"), i)) for i, v in enumerate(items))
+    peers = None
+    if o.has("peers"):
+        po = _Obj(o.req("peers", "object"), o.at("peers"))
+        peers = PeersOf(of=po.req("of", "str"), group=po.req("group", "str"), extra=po.extra())
     return Buffer(name=name, kind=kind, dtype=dtype, shape=shape, placement=placement, export=export, bind=bind,
-                  extra=o.extra(), explicit=o.explicit())
+                  peers=peers, extra=o.extra(), explicit=o.explicit())
 
 
 def _segment(value: Any, path: str) -> Segment:
@@ -251,12 +256,17 @@ def _segment(value: Any, path: str) -> Segment:
                         for i, t in enumerate(o.req("interleave", "array")))
         return InterleaveSegment(tensors=tensors, rows=o.req("rows", "int"), shape=shape, extra=o.extra())
     tensor = o.req("tensor", "str")
+    cols = None
+    if o.has("cols"):
+        cols = o.ints("cols")
+        if len(cols) != 2:
+            raise ManifestParseError(o.at("cols"), f"expected [start, stop], got {len(cols)} values")
     if not o.has("rows"):
-        return TensorSegment(tensor=tensor, shape=shape, extra=o.extra())
+        return TensorSegment(tensor=tensor, shape=shape, cols=cols, extra=o.extra())
     rows = o.ints("rows")
     if len(rows) != 2:
         raise ManifestParseError(o.at("rows"), f"expected [start, stop], got {len(rows)} values")
-    return RowsSegment(tensor=tensor, start=rows[0], stop=rows[1], shape=shape, extra=o.extra())
+    return RowsSegment(tensor=tensor, start=rows[0], stop=rows[1], shape=shape, cols=cols, extra=o.extra())
 
 
 def _state(name: str, value: Any, path: str) -> State:

@@ -106,7 +106,7 @@ class _Verifier(OpChecks):
     def check_buffer(self, buf: Buffer, path: str) -> None:
         m = self.m
         self.name(buf.name, path, "buffer")
-        self.unknown(buf.extra, path, ("kind", "dtype", "shape", "placement", "export", "bind"))
+        self.unknown(buf.extra, path, ("kind", "dtype", "shape", "placement", "export", "bind", "peers"))
         if buf.name in m.states:
             self.fault(path, f"{buf.name!r} names both a buffer and a state; call arguments could not tell them apart")
         if buf.kind not in BUFFER_KINDS:
@@ -141,6 +141,36 @@ class _Verifier(OpChecks):
                 self.check_bind(buf, path, dims_ok)
         elif buf.bind is not None:
             self.fault(key_path(path, "bind"), f"only weight buffers have 'bind' (this one is {buf.kind!r})")
+        if buf.peers is not None:
+            self.check_peers(buf, path)
+
+    def check_peers(self, buf: Buffer, path: str) -> None:
+        """A peer table: workspace u64[group size] on the device, of an export buffer or a state."""
+        m, ppath = self.m, key_path(path, "peers")
+        self.unknown(buf.peers.extra, ppath, ("of", "group"))
+        group = m.topology.groups.get(buf.peers.group)
+        if group is None:
+            self.fault(key_path(ppath, "group"), f"unknown topology group {buf.peers.group!r}; declare it under "
+                                                 "'topology'")
+        target = m.buffers.get(buf.peers.of)
+        if target is None and buf.peers.of not in m.states:
+            self.fault(key_path(ppath, "of"), f"{buf.peers.of!r} is neither a buffer nor a state")
+        elif target is not None and not target.export:
+            self.fault(key_path(ppath, "of"), f"buffer {buf.peers.of!r} is not 'export': true; peers can only map "
+                                              "export buffers and states")
+        elif target is not None and target.peers is not None:
+            self.fault(key_path(ppath, "of"), f"{buf.peers.of!r} is itself a peer table")
+        if buf.kind != "workspace":
+            self.fault(key_path(path, "kind"), f"a peer table is a 'workspace' buffer (the runtime fills it at "
+                                               f"connect), not {buf.kind!r}")
+        if buf.dtype != "u64":
+            self.fault(key_path(path, "dtype"), f"a peer table holds u64 addresses, not {buf.dtype!r}")
+        if buf.placement != "device":
+            self.fault(key_path(path, "placement"), "a peer table lives on the device")
+        if group is not None:
+            if len(buf.shape) != 1 or buf.shape[0].vars or buf.shape[0].eval({}) != group.size:
+                self.fault(key_path(path, "shape"), f"a peer table of group {group.name!r} has shape [{group.size}] "
+                                                    "(one address per member)")
 
     def check_bind(self, buf: Buffer, path: str, dims_ok: bool) -> None:
         bpath = key_path(path, "bind")
@@ -149,7 +179,7 @@ class _Verifier(OpChecks):
             return
         for i, seg in enumerate(buf.bind):
             spath = index_path(bpath, i)
-            known = {TensorSegment: ("tensor", "shape"), RowsSegment: ("tensor", "rows", "shape"),
+            known = {TensorSegment: ("tensor", "shape", "cols"), RowsSegment: ("tensor", "rows", "shape", "cols"),
                      InterleaveSegment: ("interleave", "rows", "shape"), DerivedSegment: ("derived",)}[type(seg)]
             self.unknown(seg.extra, spath, known)
             if isinstance(seg, DerivedSegment):
@@ -182,7 +212,36 @@ class _Verifier(OpChecks):
             if isinstance(seg, InterleaveSegment) and not seg.tensors:
                 self.fault(key_path(spath, "interleave"), "interleave needs at least one tensor")
                 return
-            if seg.shape is not None:
+            cols = getattr(seg, "cols", None)
+            if cols is not None:
+                cpath = key_path(spath, "cols")
+                if len(shape) != 2:
+                    self.fault(cpath, f"a column range needs a 2-D buffer, this one has {len(shape)} dimension(s)")
+                    return
+                if not 0 <= cols[0] < cols[1]:
+                    self.fault(cpath, f"column range [{cols[0]}, {cols[1]}) must satisfy 0 <= start < stop")
+                    return
+                if cols[1] - cols[0] != shape[1]:
+                    self.fault(cpath, f"column range [{cols[0]}, {cols[1]}) is {cols[1] - cols[0]} columns wide, the "
+                                      f"buffer's rows are {shape[1]}")
+                    return
+                if seg.shape is not None:
+                    if len(seg.shape) != 2 or any(d < 1 for d in seg.shape):
+                        self.fault(key_path(spath, "shape"), f"tensor shape {list(seg.shape)} must have 2 dimensions, "
+                                                             "each >= 1")
+                        return
+                    if cols[1] > seg.shape[1]:
+                        self.fault(cpath, f"column range ends at {cols[1]} but the tensor has {seg.shape[1]} columns")
+                        return
+                if isinstance(seg, RowsSegment) and seg.shape is not None and seg.stop > seg.shape[0]:
+                    self.fault(key_path(spath, "rows"), f"row range ends at {seg.stop} but the tensor has "
+                                                        f"{seg.shape[0]} rows")
+                    return
+                if isinstance(seg, RowsSegment) and not 0 <= seg.start < seg.stop:
+                    self.fault(key_path(spath, "rows"), f"row range [{seg.start}, {seg.stop}) must satisfy "
+                                                        "0 <= start < stop")
+                    return
+            elif seg.shape is not None:
                 if len(seg.shape) != len(shape) or any(d < 1 for d in seg.shape):
                     self.fault(key_path(spath, "shape"), f"tensor shape {list(seg.shape)} must have {len(shape)} "
                                                          "dimensions (as the buffer), each >= 1")

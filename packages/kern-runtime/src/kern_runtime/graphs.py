@@ -87,6 +87,10 @@ class GraphCache:
         self._execs[key] = exec_
         return exec_
 
+    def put(self, key: GraphKey, exec_: Any) -> None:
+        """Keep an instantiated graph captured elsewhere (multigpu.LocalGroup captures every rank at once)."""
+        self._execs[key] = exec_
+
     def replay(self, key: GraphKey, enqueue: Callable[[], None], stream: Any) -> bool:
         """Launch the graph of `key`, capturing it first if new. Returns True when it was captured now."""
         exec_ = self._execs.get(key)

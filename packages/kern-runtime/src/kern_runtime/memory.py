@@ -27,6 +27,10 @@ class Allocation:
     nbytes: int
     host_address: int = 0
     undo: list[Callable[[], None]] = field(default_factory=list, repr=False)
+    blocks: list[tuple[int, int, object]] = field(default_factory=list, repr=False)
+    """VMM allocations: (offset, nbytes, CUmemGenericAllocationHandle) of every mapped physical block."""
+    fabric: bool = False  # the blocks were created with a fabric shareable handle type
+    gpu: int = -1  # VMM allocations: the device that owns the blocks
 
     def free(self) -> None:
         """Release (idempotent). Runs this allocation's undo steps last-first."""
@@ -93,16 +97,19 @@ class Ledger:
         alloc.address = int(call("cuMemHostGetDevicePointer", host, 0))
         return alloc
 
-    def vmm(self, reserve_bytes: int, mapped_bytes: int, block_bytes: int, device_ordinal: int, label: str) -> Allocation:
+    def vmm(self, reserve_bytes: int, mapped_bytes: int, block_bytes: int, device_ordinal: int, label: str,
+            fabric: bool = False) -> Allocation:
         """Reserve a VA range of `reserve_bytes`, create `mapped_bytes / block_bytes` physical blocks
         and map them from the start of the range with read/write access for `device_ordinal`. Both
         sizes are whole numbers of blocks. Undo stack: a failure at any step releases what the
-        earlier steps took. `nbytes` of the result is `mapped_bytes`."""
+        earlier steps took. `nbytes` of the result is `mapped_bytes`; `blocks` lists the physical
+        blocks. `fabric`: create the blocks with CU_MEM_HANDLE_TYPE_FABRIC (peers in other processes or
+        trays can import them); the caller falls back when the driver refuses."""
         driver = cu()
         if mapped_bytes <= 0 or mapped_bytes % block_bytes or reserve_bytes % block_bytes or reserve_bytes < mapped_bytes:
             raise AssertionError(f"{label}: reserve {reserve_bytes} / map {mapped_bytes} bytes vs {block_bytes}-byte blocks")
-        prop = vmm_properties(device_ordinal)
-        alloc = Allocation(label, 0, int(mapped_bytes))
+        prop = vmm_properties(device_ordinal, fabric)
+        alloc = Allocation(label, 0, int(mapped_bytes), fabric=fabric, gpu=device_ordinal)
         nbytes = mapped_bytes
         try:
             base = int(call("cuMemAddressReserve", reserve_bytes, block_bytes, 0, 0))
@@ -111,6 +118,7 @@ class Ledger:
             for offset in range(0, nbytes, block_bytes):
                 handle = call("cuMemCreate", block_bytes, prop, 0)
                 alloc.undo.append(lambda h=handle: call("cuMemRelease", h))
+                alloc.blocks.append((offset, block_bytes, handle))
                 call("cuMemMap", base + offset, block_bytes, 0, handle, 0)
                 alloc.undo.append(lambda o=offset: call("cuMemUnmap", base + o, block_bytes))
             access = driver.CUmemAccessDesc()
@@ -124,13 +132,16 @@ class Ledger:
         return self.adopt(alloc)
 
 
-def vmm_properties(device_ordinal: int):
-    """CUmemAllocationProp for pinned device memory on `device_ordinal`."""
+def vmm_properties(device_ordinal: int, fabric: bool = False):
+    """CUmemAllocationProp for pinned device memory on `device_ordinal` (with a fabric handle type
+    when `fabric`)."""
     driver = cu()
     prop = driver.CUmemAllocationProp()
     prop.type = driver.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
     prop.location.type = driver.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
     prop.location.id = device_ordinal
+    if fabric:
+        prop.requestedHandleTypes = driver.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_FABRIC
     return prop
 
 

@@ -35,6 +35,7 @@ from .graphs import GraphCache, graph_key, normalise_vars
 from .launch import launch_kernel
 from .memory import Allocation, Ledger, vmm_granularity_bytes
 from .modules import load_module, raise_shared_limit, read_pinned_modules, resolve_function
+from .multigpu import PeerMethods, is_nccl
 from .pooled import PoolMethods, PoolState
 from .records import (
     NCCL_EXTERNS, AddressBook, ExternRecord, KernelRecord, Record, compile_call, program_reads, when_holds,
@@ -148,7 +149,7 @@ class ReadbackHandle:
 # ---------------------------------------------------------------- the runtime
 
 
-class Runtime(PoolMethods, StepMethods):
+class Runtime(PoolMethods, PeerMethods, StepMethods):
     """A loaded manifest on one GPU. Build with `Runtime.load`; close with `close()` (or `with`)."""
 
     def __init__(self) -> None:  # use Runtime.load
@@ -172,6 +173,7 @@ class Runtime(PoolMethods, StepMethods):
         self._input_staging: dict[str, tuple[Allocation, Any]] = {}
         self._readback_free: list[tuple[Allocation, Any]] = []
         self._ranks: dict[str, int] = {}
+        self._init_peers()  # multi-GPU (multigpu.py)
         self._pooled_state: PoolState | None = None  # pool API (pooled.py)
 
     # ------------------------------------------------------------ load
@@ -196,12 +198,13 @@ class Runtime(PoolMethods, StepMethods):
         rt.gpu = gpu
         rt._ranks = dict(ranks or {})
         try:
-            rt._refuse_unsupported()
+            rt._check_topology()
             rt._open_context(gpu)
             rt._load_modules(kernels_dir)
             rt._allocate(capacity, resident)
             rt._compile_programs()
             rt._check_algo_pins()
+            rt._check_nccl_records()
             rt._bind_weights(tensors, progress, threads)
             rt._run_once_programs()
             call("cuStreamSynchronize", rt.stream)
@@ -223,14 +226,6 @@ class Runtime(PoolMethods, StepMethods):
             raise ApiError(f"load_over: resident weights live on GPU {resident.gpu}, not {gpu}")
         return cls.load(manifest, kernels_dir, tensors, gpu=gpu, resident=resident, **kwargs)
 
-    def _refuse_unsupported(self) -> None:
-        for op in self.spec.ops.values():
-            for launch in op.launches:
-                if isinstance(launch, ExternLaunch) and launch.extern in NCCL_EXTERNS:
-                    group = next((getattr(w, "group", None) for w in launch.args if getattr(w, "group", None)), "?")
-                    raise ApiError(f"{launch.path}: extern {launch.extern} needs NCCL group {group!r}, "
-                                   f"which this runtime never joined (multi-GPU connect is not implemented yet)")
-
     def _open_context(self, gpu: int) -> None:
         call("cuInit", 0)
         count = int(call("cuDeviceGetCount"))
@@ -246,6 +241,7 @@ class Runtime(PoolMethods, StepMethods):
 
     def _load_modules(self, kernels_dir: str | os.PathLike[str]) -> None:
         images = read_pinned_modules(kernels_dir, self.spec.modules)
+        self._scan_peer_launches(images)  # multicast check of launches that receive peer memory
         modules = {name: load_module(image, name, self._ledger) for name, image in images.items()}
         maxv, minv = self.spec.max_values, self.spec.min_values
         for op in self.spec.ops.values():
@@ -278,9 +274,7 @@ class Runtime(PoolMethods, StepMethods):
             if buf.placement == "host":
                 alloc = self._ledger.pinned(nbytes, f"buffer {name}")
             elif buf.export:
-                granularity = granularity or vmm_granularity_bytes(self.gpu)
-                size = -(-max(nbytes, 1) // granularity) * granularity
-                alloc = self._ledger.vmm(size, size, granularity, self.gpu, f"buffer {name}")
+                alloc = self._peer_vmm(nbytes, f"buffer {name}")  # one VMM block peers can map
             else:
                 alloc = self._ledger.device(nbytes, f"buffer {name}")
             self._buffers[name] = alloc
@@ -289,7 +283,10 @@ class Runtime(PoolMethods, StepMethods):
                 self._scratch[(op.name, sname)] = self._ledger.device(expr.eval(maxv), f"scratch {op.name}.{sname}")
         for name, state in spec.states.items():
             if state.kind == "fixed":
-                alloc = self._ledger.device(state.nbytes, f"state {name}")
+                if spec.topology:  # peers may map states: VMM
+                    alloc = self._peer_vmm(state.nbytes, f"state {name}")
+                else:
+                    alloc = self._ledger.device(state.nbytes, f"state {name}")
                 call("cuMemsetD8Async", alloc.address, 0, max(state.nbytes, 1), self.stream)
                 self._states[name] = alloc
         if any(s.pooled for s in spec.states.values()):
@@ -421,6 +418,7 @@ class Runtime(PoolMethods, StepMethods):
     def _run_once_programs(self) -> None:
         for name, program in self.spec.programs.items():
             if program.kind == "once":
+                self._check_once_program(name, self._programs[name])  # no peers / NCCL before connect
                 self._enqueue(self._programs[name], self.spec.min_values)
 
     # ------------------------------------------------------------ replay
@@ -453,25 +451,31 @@ class Runtime(PoolMethods, StepMethods):
 
     def _enqueue(self, state: ProgramState, values: Mapping[str, int]) -> None:
         self._patch(state, values)
-        stream = self.stream
         for rec in state.records:
-            if not rec.active:
-                continue
-            try:
-                if isinstance(rec, KernelRecord):
-                    launch_kernel(rec, stream)
-                else:
-                    assert self._blas is not None
-                    g = gemm_call(rec.launch.extern, rec.args, rec.launch.path)
-                    self._blas.matmul(g, int(stream), rec.launch.algo, rec.launch.path)
-            except KernError as exc:
-                raise CallError(state.name, rec.call_index, rec.op, exc) from exc
+            if rec.active:
+                self._enqueue_record(state, rec)
+
+    def _enqueue_record(self, state: ProgramState, rec: Record) -> None:
+        """One patched, active record on the compute stream (CallError on failure)."""
+        stream = self.stream
+        try:
+            if isinstance(rec, KernelRecord):
+                launch_kernel(rec, stream)
+            elif is_nccl(rec):
+                self._nccl_issue(rec)  # multigpu.py
+            else:
+                assert self._blas is not None
+                g = gemm_call(rec.launch.extern, rec.args, rec.launch.path)
+                self._blas.matmul(g, int(stream), rec.launch.algo, rec.launch.path)
+        except KernError as exc:
+            raise CallError(state.name, rec.call_index, rec.op, exc) from exc
 
     def run(self, program: str, vars: Mapping[str, int] | None = None) -> None:
         """Enqueue `program` launch by launch (eager) on the compute stream; does not synchronise.
         Raises ApiError (unknown program, bad vars), CallError (a failing call)."""
         self._activate()
         state = self._program(program)
+        self._require_ready(state)  # peers connected, NCCL joined (multigpu.py)
         self._enqueue(state, normalise_vars(vars or {}, self.spec.vars, state.reads, program))
 
     def issue(self, program: str, vars: Mapping[str, int] | None = None, eager: bool = False) -> None:
@@ -479,6 +483,7 @@ class Runtime(PoolMethods, StepMethods):
         per key of read vars) unless `eager`; launch by launch otherwise. Does not synchronise."""
         self._activate()
         state = self._program(program)
+        self._require_ready(state)  # peers connected, NCCL joined (multigpu.py)
         values = normalise_vars(vars or {}, self.spec.vars, state.reads, program)
         if eager or not state.graph:
             self._enqueue(state, values)

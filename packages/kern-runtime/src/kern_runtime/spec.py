@@ -41,6 +41,7 @@ class TensorSegment:
     tensor: str
     rows: tuple[int, int] | None = None
     shape: tuple[int, ...] | None = None  # the tensor's shape as the manifest declares it
+    cols: tuple[int, int] | None = None  # column range of a 2-D tensor (tensor-parallel slices)
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,7 @@ class BufferSpec:
     placement: str = "device"  # device | host
     export: bool = False
     bind: tuple[Segment, ...] | None = None
+    peers: tuple[str, str] | None = None  # (of, group): this buffer is the peer table of `of` in `group`
 
     def shape_at(self, values: Mapping[str, int]) -> tuple[int, ...]:
         return tuple(dim.eval(values) for dim in self.shape)
@@ -264,6 +266,13 @@ class Spec:
     raw: Mapping[str, Any] = field(repr=False, compare=False, default_factory=dict)
 
     @property
+    def family_digest(self) -> str:
+        """kern_manifest's `Manifest.family_digest`: what every rank of a group must agree on."""
+        from kern_manifest import family_digest_of
+
+        return family_digest_of(self.raw)
+
+    @property
     def max_values(self) -> dict[str, int]:
         return {name: var.max for name, var in self.vars.items()}
 
@@ -301,7 +310,9 @@ def _segment(seg: Mapping[str, Any], path: str) -> Segment:
     if "tensor" in seg:
         rows = seg.get("rows")
         shape = tuple(int(d) for d in seg["shape"]) if seg.get("shape") is not None else None
-        return TensorSegment(seg["tensor"], (int(rows[0]), int(rows[1])) if rows is not None else None, shape)
+        cols = seg.get("cols")
+        return TensorSegment(seg["tensor"], (int(rows[0]), int(rows[1])) if rows is not None else None, shape,
+                             (int(cols[0]), int(cols[1])) if cols is not None else None)
     raise ManifestError(f"{path}: unknown bind segment {dict(seg)!r}")
 
 
@@ -426,6 +437,7 @@ def spec_from_json(raw: Mapping[str, Any]) -> Spec:
             buffers[name] = BufferSpec(
                 name, b["kind"], b["dtype"], tuple(_expr(d, f"{path}.shape[{i}]") for i, d in enumerate(b["shape"])),
                 b.get("placement", "device"), bool(b.get("export", False)), bind,
+                (b["peers"]["of"], b["peers"]["group"]) if b.get("peers") is not None else None,
             )
         states = {}
         for name, s in raw.get("states", {}).items():

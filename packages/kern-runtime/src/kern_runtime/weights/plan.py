@@ -112,6 +112,9 @@ def plan_bind(buffer: BufferSpec, meta: MetaLookup, values: Mapping[str, int] | 
     for si, seg in enumerate(buffer.bind):
         where = f"buffer {buffer.name!r} bind[{si}]"
         if isinstance(seg, TensorSegment):
+            if seg.cols is not None:
+                row = _plan_cols(seg, buffer, meta, trailing, row, where, copies)
+                continue
             tm = _checked_meta(meta, seg.tensor, buffer, trailing, where)
             if seg.shape is not None and tuple(seg.shape) != tm.shape:
                 raise WeightArtifactError(
@@ -148,6 +151,36 @@ def plan_bind(buffer: BufferSpec, meta: MetaLookup, values: Mapping[str, int] | 
     plan = BindPlan(buffer.name, nbytes, tuple(copies))
     prove_coverage(plan)
     return plan
+
+
+def _plan_cols(seg: TensorSegment, buffer: BufferSpec, meta: MetaLookup, trailing: tuple[int, ...], row: int,
+               where: str, copies: list[Copy]) -> int:
+    """A column range `[c0, c1)` of rows `[r0, r1)` of a 2-D tensor: one contiguous copy per row
+    (`(c1 - c0) * item` bytes from each source row). Returns the next buffer row."""
+    assert seg.cols is not None
+    c0, c1 = seg.cols
+    tm = _lookup(meta, seg.tensor)
+    if tm is None:
+        raise WeightArtifactError(f"checkpoint has no tensor {seg.tensor!r} (bound by {where})")
+    if tm.dtype != buffer.dtype:
+        raise WeightArtifactError(f"tensor {seg.tensor!r} is {tm.dtype}, {where} expects {buffer.dtype}")
+    if len(tm.shape) != 2 or len(trailing) != 1:
+        raise WeightArtifactError(f"{where}: a column range needs a 2-D tensor and buffer; tensor {seg.tensor!r} "
+                                  f"has shape {list(tm.shape)}")
+    if seg.shape is not None and tuple(seg.shape) != tm.shape:
+        raise WeightArtifactError(f"tensor {seg.tensor!r} has shape {list(tm.shape)}, {where} declares {list(seg.shape)}")
+    if not 0 <= c0 < c1 <= tm.shape[1] or c1 - c0 != trailing[0]:
+        raise WeightArtifactError(f"{where}: columns [{c0}, {c1}) of tensor {seg.tensor!r} ({tm.shape[1]} columns) "
+                                  f"do not fill the buffer's {trailing[0]}-column rows")
+    start, stop = seg.rows if seg.rows is not None else (0, tm.rows)
+    if not 0 <= start <= stop <= tm.rows:
+        raise WeightArtifactError(f"{where}: rows [{start}, {stop}) lie outside tensor {seg.tensor!r} of {tm.rows} rows")
+    item = item_bytes(buffer.dtype)
+    src_row, width = tm.shape[1] * item, (c1 - c0) * item
+    for r in range(start, stop):
+        src = r * src_row + c0 * item
+        copies.append(Copy(seg.tensor, src, src + width, (row + r - start) * width, 1, width, width))
+    return row + stop - start
 
 
 def prove_coverage(plan: BindPlan) -> None:
