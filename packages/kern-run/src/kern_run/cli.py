@@ -88,6 +88,8 @@ def run(
     steps: Annotated[int, typer.Option("--steps", "-n", help="tokens to generate at most")] = 128,
     eager: Annotated[bool, typer.Option("--eager", help="replay decode launch by launch (no CUDA graph)")] = False,
     ignore_eos: Annotated[bool, typer.Option("--ignore-eos", help="do not stop at EOS")] = False,
+    tp: Annotated[int, typer.Option("--tp", help="tensor-parallel ranks (GPUs gpu..gpu+tp-1, manifests "
+                                           "<manifest>-tp<N>-r<rank>.json)")] = 1,
     target: TargetOpt = None, config: ConfigOpt = None, manifest: ManifestOpt = None, kernels: KernelsOpt = None,
     weights: WeightsOpt = None, chunk: ChunkOpt = None, capacity: CapacityOpt = None, gpu: GpuOpt = None,
     log_level: LogOpt = None,
@@ -102,6 +104,13 @@ def run(
         cfg = resolve_config(find_toml(config), target, _overrides(manifest, kernels, weights, gpu, capacity, chunk))
         if steps < 0:
             raise RefusalError(f"--steps {steps} must be >= 0")
+        if tp < 1:
+            raise RefusalError(f"--tp {tp} must be >= 1")
+        if tp > 1:
+            from .tp import run_tp
+
+            run_tp(cfg, prompt, steps, eager, ignore_eos, tp, log)
+            return
         run_target(cfg, RunRequest(prompt, steps, eager, ignore_eos), log)
 
     _guarded("run", level, go)
