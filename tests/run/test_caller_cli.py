@@ -203,3 +203,10 @@ def test_kern_test_same_runtime(with_device, fake_runtime, tiny_manifest: Path, 
         assert any(c[0] == "prefill" and c[1]["tokens"] == 1 for c in rt.calls)
     else:
         assert any(c[0] == "decode" and c[2] for c in rt.calls)
+
+
+def test_prompts_with_tp_refused(tiny_manifest: Path, kernels_dir: Path, tiny_ckpt: Path, tmp_path: Path) -> None:
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("a\nb\n")
+    _refused(_invoke(*_base(tiny_manifest, kernels_dir, tiny_ckpt), "--prompts", str(prompts), "--tp", "2"),
+             2, "--prompts")

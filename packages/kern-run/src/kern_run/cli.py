@@ -90,6 +90,8 @@ def run(
     ignore_eos: Annotated[bool, typer.Option("--ignore-eos", help="do not stop at EOS")] = False,
     tp: Annotated[int, typer.Option("--tp", help="tensor-parallel ranks (GPUs gpu..gpu+tp-1, manifests "
                                            "<manifest>-tp<N>-r<rank>.json)")] = 1,
+    prompts: Annotated[Optional[Path], typer.Option("--prompts", help="prompts file, one per line or JSONL "
+                                                    "{\"prompt\": ...}; cached prefixes are shared")] = None,
     target: TargetOpt = None, config: ConfigOpt = None, manifest: ManifestOpt = None, kernels: KernelsOpt = None,
     weights: WeightsOpt = None, chunk: ChunkOpt = None, capacity: CapacityOpt = None, gpu: GpuOpt = None,
     log_level: LogOpt = None,
@@ -107,9 +109,16 @@ def run(
         if tp < 1:
             raise RefusalError(f"--tp {tp} must be >= 1")
         if tp > 1:
+            if prompts is not None:
+                raise RefusalError("--prompts with --tp > 1 is not supported: run the prompts at --tp 1")
             from .tp import run_tp
 
             run_tp(cfg, prompt, steps, eager, ignore_eos, tp, log)
+            return
+        if prompts is not None:
+            from .prefix_cache import read_prompts, run_prompts
+
+            run_prompts(cfg, read_prompts(prompts), RunRequest(prompt, steps, eager, ignore_eos), log)
             return
         run_target(cfg, RunRequest(prompt, steps, eager, ignore_eos), log)
 
