@@ -229,7 +229,7 @@ def kern_worker(args: argparse.Namespace, out: str) -> None:
     gen.generate(_prompt(20, 0), GenerateOptions(2, chunk, eager=True, stop_at_eos=False))
     free1, _ = _check(cu.cuMemGetInfo())
     common = {"manifest": str(args.manifest), "load_s": load_s, "weights_gb_per_s": nbytes / 1e9 / max(wsecs, 1e-9),
-              "device_mem_gb": (free0 - free1) / 1e9, "pipelined": gen.can_pipeline}
+              "device_mem_gb": (free0 - free1) / 1e9, "can_pipeline": gen.can_pipeline}
     for ctx in args.contexts:
         prompt = _prompt(ctx, ctx)
         runs = (("kern (graph)", False, args.lookahead), ("kern (graph, sync loop)", False, 0),

@@ -1,0 +1,129 @@
+"""bench/decode.py and bench/prefill.py logic on the CPU: the kern workers over a fake runtime and a fake CUDA
+driver (events with made-up times), the peers' orchestration and the tables. Catches breakage of the bench
+code before a GPU run; the numbers mean nothing here."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "tests" / "run"))
+
+import decode as bench_decode  # noqa: E402
+import prefill as bench_prefill  # noqa: E402
+from test_caller_pipeline import AdvancingFakeRuntime  # noqa: E402
+
+
+class FakeDriver:
+    """The few cuda.bindings.driver calls the benches make; event times advance by 1 ms per record."""
+
+    CUresult = SimpleNamespace(CUDA_SUCCESS=0)
+
+    def __init__(self) -> None:
+        self.clock = itertools.count()
+        self.times: dict[int, float] = {}
+        self.ids = itertools.count(1)
+        self.launches = 0
+
+    def cuInit(self, flags): return (0,)
+    def cuDeviceGet(self, i): return (0, i)
+    def cuDevicePrimaryCtxRetain(self, d): return (0, "ctx")
+    def cuCtxSetCurrent(self, c): return (0,)
+    def cuMemGetInfo(self): return (0, 100 << 30, 140 << 30)
+    def cuEventCreate(self, flags): return (0, next(self.ids))
+    def cuEventDestroy(self, e): return (0,)
+    def cuEventRecord(self, e, stream):
+        self.times[e] = float(next(self.clock))
+        return (0,)
+    def cuEventSynchronize(self, e): return (0,)
+    def cuEventElapsedTime(self, a, b): return (0, self.times[b] - self.times[a])
+    def cuModuleLoadData(self, image): return (0, "module")
+    def cuModuleGetFunction(self, module, name): return (0, name)
+    def cuLaunchKernel(self, *args):
+        self.launches += 1
+        return (0,)
+
+
+class BenchRuntime(AdvancingFakeRuntime):
+    stream = "stream"
+    context = "ctx"
+    pool = None
+
+    def synchronize(self) -> None:
+        pass
+
+    def run_hooked(self, program, values, on_launch) -> None:
+        for i, (op, what) in enumerate([("embed", "kern_embed_gather"), ("gemv_qkv", "kern_gemv_rmsnorm"),
+                                        ("gemv_qkv", "kern_gemv_rmsnorm"), ("decode_advance", "kern_decode_advance")]):
+            on_launch(i, SimpleNamespace(op=op, launch=SimpleNamespace(entry=what)))
+        self.issue(program, values)
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.fixture
+def fakes(monkeypatch: pytest.MonkeyPatch, tiny_manifest: Path):
+    from kern_run.generate import Generator
+
+    drv = FakeDriver()
+    monkeypatch.setattr(bench_decode, "_cu", lambda: drv)
+
+    def fake_open(cls, manifest, kernels, weights, facts, gpu=0, capacity_tokens=4096, **kw):
+        return cls(BenchRuntime(num_pages=capacity_tokens // 16 + 2, max_pos=facts.max_context), facts)
+
+    monkeypatch.setattr(Generator, "open", classmethod(fake_open))
+    return drv
+
+
+def _args(tiny_manifest: Path, **kw):
+    ns = dict(manifest=tiny_manifest, kernels=ROOT / "kernels", ckpt=Path("/nonexistent"), gpu=0, contexts=[20, 40],
+              steps=30, lookahead=3, breakdown=True, breakdown_replays=3, prompts=[20, 60], chunks=[16, 64],
+              repeats=2)
+    ns.update(kw)
+    return SimpleNamespace(**ns)
+
+
+def test_kern_decode_worker(fakes: FakeDriver, tiny_manifest: Path, tmp_path: Path) -> None:
+    out = tmp_path / "kern.jsonl"
+    bench_decode.kern_worker(_args(tiny_manifest), str(out))
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    perf = [r for r in rows if "ms_per_token" in r]
+    assert {(r["peer"], r["ctx"]) for r in perf} == {(p, c) for c in (20, 40) for p in (
+        "kern (graph)", "kern (graph, sync loop)", "kern (eager)")}
+    assert all(r["steps"] == 30 for r in perf)
+    graph = next(r for r in perf if r["peer"] == "kern (graph)")
+    assert graph["pipelined"] and graph["timeline"]["busy_ms"]["median"] == 1.0  # one record between start/end
+    assert not next(r for r in perf if r["peer"] == "kern (graph, sync loop)")["pipelined"]
+    bd = next(r for r in rows if r["peer"] == "kern breakdown")
+    assert [s["op"] for s in bd["summary"]][0] == "gemv_qkv" and bd["summary"][0]["launches"] == 2
+    assert fakes.launches >= 3  # the spin gate ran once per replay
+    table = bench_decode._table(rows, [20, 40], 1.87, 147456, [])
+    assert "kern (graph)" in table and "per-launch breakdown, ctx 20" in table
+
+
+def test_kern_prefill_worker(fakes: FakeDriver, tiny_manifest: Path, tmp_path: Path) -> None:
+    out = tmp_path / "kern.jsonl"
+    bench_prefill.kern_worker(_args(tiny_manifest), str(out))
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert {(r["peer"], r["n"]) for r in rows} == {(f"kern (chunk {c})", n) for c in (16, 64) for n in (20, 60)}
+    assert all(r["tokens_per_s"] > 0 for r in rows)
+    assert "kern (chunk 16)" in bench_prefill._table(rows, [20, 60], [])
+
+
+def test_orchestration_collects_partial_results(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    out = tmp_path / "w.jsonl"
+    out.write_text(json.dumps({"peer": "x", "ctx": 1, "ms_per_token": 1.0}) + "\n")
+    script = tmp_path / "w.py"
+    script.write_text("import sys, time\ntime.sleep(30)\n")
+    got, status = bench_decode._run_worker(["--worker", "x"], 1, str(out), script=script)
+    assert status.startswith("timed out") and got == [{"peer": "x", "ctx": 1, "ms_per_token": 1.0}]
+    np.testing.assert_allclose(bench_decode._ms([3.0, 1.0, 2.0])["median"], 2.0)
