@@ -42,7 +42,7 @@ for s in "$@"; do
     mg-tp-4b)    step mg-tp-4b 420 "M=/tmp/kern-tp; mkdir -p \$M && python3 tools/make_checkpoint.py --shape qwen3-4b --out $W/qwen3-4b && python3 tools/gen_qwen3.py --shape qwen3-4b --decode gemm --out \$M/qwen3-4b.json && python3 tools/gen_qwen3_tp.py --shape qwen3-4b --tp 2 --out-dir \$M && python3 -m kern_run.cli run --manifest \$M/qwen3-4b.json --weights $W/qwen3-4b --prompt 'The capital of France is' --steps 64 --ignore-eos >\$M/tp1.txt && python3 -m kern_run.cli run --tp 2 --manifest \$M/qwen3-4b.json --weights $W/qwen3-4b --prompt 'The capital of France is' --steps 64 --ignore-eos >\$M/tp2.txt && cmp \$M/tp1.txt \$M/tp2.txt && echo 'TP=2 text identical to TP=1 (64 greedy tokens)'" ;;
     pool-gpu)    step pool-gpu 240 "python3 -m pytest tests/runtime/test_pool_gpu.py tests/run/test_prefix_gpu.py -q -x -p no:cacheprovider" ;;
     bench-park)  step bench-park 120 "python3 bench/park_wake.py" ;;
-    bench-decode)  step bench-decode 420 "python3 bench/decode.py --ckpt $W/qwen3-4b --breakdown" ;;  # after ckpt-4b; ~5-6 min
+    bench-decode)  step bench-decode 400 "python3 bench/decode.py --ckpt $W/qwen3-4b --breakdown --compile-timeout 120 --budget 280" ;;  # after ckpt-4b; ~5-6 min
     bench-prefill) step bench-prefill 240 "python3 bench/prefill.py --ckpt $W/qwen3-4b" ;;  # after ckpt-4b; ~2-3 min
     *) echo "unknown step $s"; summary+=("$s: unknown step") ;;
   esac
