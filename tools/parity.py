@@ -11,7 +11,12 @@ kern (the shape's committed manifest, kernels/), run the cases, close kern, load
   the reference's top-2 margin there is within the measured error;
 - timings: kern's prefill tokens/s on the 2k prompt and decode ms/token (graph).
 
-Prints a short table; exits 1 when a check fails (relative logit error >= --rel-tol, or a top-1
+Also loads transformers in float32 (the bf16 weights upcast) as the higher-precision reference: kern's
+relative logit error against it must stay within max(--rel-tol, 1.5 x bf16 transformers' own error against
+it) — the bf16 bound is measured, not assumed (a 36-layer random-weight model amplifies bf16 rounding far
+beyond a 4-layer one).
+
+Prints short tables; exits 1 when a check fails (kern's error vs float32 above the bound, or a top-1
 difference at a step whose reference margin exceeds twice that step's error).
 
     python tools/parity.py [--shape qwen3-4b] [--ckpt /tmp/qwen3-4b] [--gpu 0]
@@ -105,8 +110,34 @@ def main(argv: list[str] | None = None) -> int:
         ids = text_ids + ref_greedy[:first]
         ref_at_div = ref.logits(ids, len(ids) - 1)
     ref.close()
+    del ref
+    gc.collect()
+
+    # ---- transformers in float32 (the same bf16 weights, upcast): the higher-precision reference. bf16
+    # transformers' own distance from it is the measured bf16 error bound kern is held to.
+    ref32 = HfReference(ckpt, gpu=args.gpu, dtype="float32")
+    f32_decode = ref32.logits(ids_decode, 0)
+    f32_long = ref32.logits(ids_long, args.prompt_tokens)
+    ref32.close()
+    del ref32
+    gc.collect()
 
     failures: list[str] = []
+    calib = []
+    for name, mine, hf16, f32 in (("decode 0..%d" % (args.positions - 1), kern_decode, ref_decode, f32_decode),
+                                  ("prompt %d + 32" % args.prompt_tokens, kern_long, ref_long, f32_long)):
+        ours, theirs = compare_logits(mine, f32, 0.0), compare_logits(hf16, f32, 0.0)
+        bound = max(args.rel_tol, 1.5 * theirs.max_rel)
+        bad = ours.mismatches_beyond_error(2.0)
+        calib.append((name, f"{ours.max_rel:.2e}", f"{theirs.max_rel:.2e}", f"{bound:.2e}",
+                      f"{100 * ours.top1_agreement:.1f}%", f"{100 * theirs.top1_agreement:.1f}%", str(len(bad))))
+        if ours.max_rel > bound:
+            failures.append(f"{name}: kern's max relative error vs float32 {ours.max_rel:.2e} > bound {bound:.2e} "
+                            f"(1.5 x bf16 transformers' own {theirs.max_rel:.2e})")
+        if bad:
+            failures.append(f"{name}: top-1 differs from float32 beyond kern's error bound at steps {bad[:10]}")
+    print(table(calib, ("case (vs float32)", "kern rel", "hf-bf16 rel", "bound", "kern top1", "hf-bf16 top1",
+                        "beyond err")))
     rows = []
     for name, mine, theirs, argmax in (("decode 0..%d" % (args.positions - 1), kern_decode, ref_decode, kern_decode_argmax),
                                        ("prompt %d + 32" % args.prompt_tokens, kern_long, ref_long, kern_long_argmax)):
@@ -116,10 +147,8 @@ def main(argv: list[str] | None = None) -> int:
         rows.append((name, str(len(cmp.steps)), f"{cmp.max_abs:.4f}", f"{cmp.max_rel:.2e}",
                      f"{100 * cmp.top1_agreement:.1f}%", "-" if cmp.first_divergence is None else str(cmp.first_divergence),
                      str(len(bad)), str(gpu_vs_host)))
-        if cmp.max_rel >= args.rel_tol:
-            failures.append(f"{name}: max relative error {cmp.max_rel:.2e} >= {args.rel_tol}")
-        if bad:
-            failures.append(f"{name}: top-1 differs beyond the error bound at steps {bad[:10]}")
+        if bad:  # kern vs bf16 transformers: informational error size; a top-1 flip must be a near tie
+            failures.append(f"{name}: top-1 differs from bf16 transformers beyond the error bound at steps {bad[:10]}")
         if gpu_vs_host:
             failures.append(f"{name}: GPU argmax differs from argmax of kern's logits at {gpu_vs_host} steps")
     print(table(rows, ("case", "steps", "max|err|", "max rel", "top1", "first div", "beyond err", "argmax gpu!=host")))

@@ -14,17 +14,21 @@ import numpy as np
 class HfReference:
     """`Qwen3ForCausalLM.from_pretrained(weights, bf16)` on one GPU; logits for given ids, teacher-forced."""
 
-    def __init__(self, weights: Path, gpu: int = 0, attn_implementation: str = "eager") -> None:
+    def __init__(self, weights: Path, gpu: int = 0, attn_implementation: str = "eager",
+                 dtype: str = "bfloat16") -> None:
+        """`dtype`: "bfloat16" (the checkpoint's own, what kern computes in) or "float32" (the bf16 weights
+        upcast exactly: the higher-precision reference that calibrates what bf16 error is)."""
         import torch
         from transformers import Qwen3ForCausalLM
 
         self.torch = torch
         self.device = torch.device(f"cuda:{gpu}")
+        torch_dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[dtype]
         kwargs = {"attn_implementation": attn_implementation}
         try:
-            model = Qwen3ForCausalLM.from_pretrained(str(weights), dtype=torch.bfloat16, **kwargs)
+            model = Qwen3ForCausalLM.from_pretrained(str(weights), dtype=torch_dtype, **kwargs)
         except TypeError:  # transformers 4.x spells it torch_dtype
-            model = Qwen3ForCausalLM.from_pretrained(str(weights), torch_dtype=torch.bfloat16, **kwargs)
+            model = Qwen3ForCausalLM.from_pretrained(str(weights), torch_dtype=torch_dtype, **kwargs)
         self.model = model.to(self.device).eval()
 
     def logits(self, ids: list[int], start: int = 0) -> np.ndarray:
