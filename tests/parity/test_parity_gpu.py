@@ -103,13 +103,13 @@ def test_graph_chunk1_and_eager_generate_identical_tokens(gen) -> None:
 
     prompt = _ids(100, seed=4)
     runs = {
-        "chunk 512, graph": gen.generate(prompt, GenerateOptions(48, 512, stop_at_eos=False)).tokens,
-        "chunk 1, graph": gen.generate(prompt, GenerateOptions(48, 1, stop_at_eos=False)).tokens,
-        "chunk 512, eager": gen.generate(prompt, GenerateOptions(48, 512, eager=True, stop_at_eos=False)).tokens,
-        "chunk 37, eager": gen.generate(prompt, GenerateOptions(48, 37, eager=True, stop_at_eos=False)).tokens,
+        "chunk 512, graph": gen.generate(prompt, GenerateOptions(128, 512, stop_at_eos=False)).tokens,
+        "chunk 1, graph": gen.generate(prompt, GenerateOptions(128, 1, stop_at_eos=False)).tokens,
+        "chunk 512, eager": gen.generate(prompt, GenerateOptions(128, 512, eager=True, stop_at_eos=False)).tokens,
+        "chunk 37, eager": gen.generate(prompt, GenerateOptions(128, 37, eager=True, stop_at_eos=False)).tokens,
     }
     first = runs["chunk 512, graph"]
-    assert len(first) == 48
+    assert len(first) == 128
     for name, tokens in runs.items():
         assert tokens == first, f"{name} differs from chunk 512 graph at step " \
                                 f"{next(i for i, (a, b) in enumerate(zip(tokens, first)) if a != b)}"

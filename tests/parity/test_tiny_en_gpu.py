@@ -16,7 +16,8 @@ pytestmark = pytest.mark.gpu
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = ROOT / "models" / "qwen3-tiny-en"
-MANIFEST = ROOT / "manifests" / "qwen3-tiny-en.json"
+# the default target's decode (M = 1 GEMVs, fused norms) and the same model with cuBLASLt decode GEMMs
+MANIFESTS = ("qwen3-tiny-en.json", "qwen3-tiny-en-gemm.json")
 STEPS = 64
 PROMPTS = (
     "The history of",
@@ -35,12 +36,13 @@ def codec():
     return Tokenizer.from_file(str(MODEL / "tokenizer.json"))
 
 
-@pytest.fixture(scope="module")
-def gen():
+@pytest.fixture(scope="module", params=MANIFESTS)
+def gen(request):
     from kern_run.generate import Generator
     from kern_run.preflight import read_manifest
 
-    g = Generator.open(MANIFEST, ROOT / "kernels", MODEL, read_manifest(MANIFEST), gpu=0, capacity_tokens=2048)
+    manifest = ROOT / "manifests" / request.param
+    g = Generator.open(manifest, ROOT / "kernels", MODEL, read_manifest(manifest), gpu=0, capacity_tokens=2048)
     yield g
     g.close()
 
@@ -54,7 +56,7 @@ def kern_outputs(gen, codec) -> dict[str, list[int]]:
 
 
 @pytest.fixture(scope="module")
-def ref(kern_outputs):
+def ref():
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     from kern_run.reference import HfReference
