@@ -119,7 +119,7 @@ struct DecodeSmem {
 // tokens per warp load instruction. Tile of TILE = 4 warps * DEC_J * TPW tokens; token slot j of lane
 // (token group h, chunk c) of warp w is token tile0 + (j * 4 + w) * TPW + h, so even a short split spreads
 // over every warp.
-template <int TPT>
+template <int TPT, bool FAST = false>
 KERN_DEV void decode_body(DecodeSmem& sm, const __nv_bfloat16* q, const __nv_bfloat16* kv_cache,
                           const int32_t* block_table, float* part_out, float* part_ml, int num_q_heads,
                           int num_kv_heads, int D, int page_tokens, int bt_stride, int num_splits, float scale,
@@ -175,10 +175,38 @@ KERN_DEV void decode_body(DecodeSmem& sm, const __nv_bfloat16* q, const __nv_bfl
     for (int g0 = 0; g0 < G; g0 += DEC_GP) {
         const int gn = min(DEC_GP, G - g0);
         if (g0 > 0) __syncthreads();  // the previous pass is done with sm.q / sm.red / sm.ml
-        // q * scale * log2(e) of the pass's heads (scores come out in log2 units), zero past D / gn.
-        for (int i = tid; i < DEC_GP * DEC_MAX_D; i += DEC_THREADS) {
-            const int g = i / DEC_MAX_D, d = i % DEC_MAX_D;
-            sm.q[g][d] = (g < gn && d < D) ? bf2f(q[((int64_t)s * num_q_heads + kvh * G + g0 + g) * D + d]) * sl2 : 0.0f;
+        int32_t off[DEC_J];
+        uint4 kr[DEC_J], vr[DEC_J];
+        if constexpr (FAST) {
+            // The first tile's block-table rows and K/V loads do not depend on q: issue them first, so the
+            // q load below overlaps them instead of adding a round trip.
+            slot_rows(begin, off);
+#pragma unroll
+            for (int j = 0; j < DEC_J; ++j) kr[j] = load_k(off[j]);
+#pragma unroll
+            for (int j = 0; j < DEC_J; ++j) vr[j] = load_v(off[j]);
+            // q * scale * log2(e) of the pass's heads, one 8-element chunk per thread (DEC_THREADS = DEC_GP *
+            // DEC_MAX_D / 8): thread t stages head g = t / 32, dims [8 (t % 32), 8 (t % 32) + 8); zero past D / gn.
+            static_assert(DEC_THREADS * 8 == DEC_GP * DEC_MAX_D, "one q chunk per thread");
+            const int g = tid >> 5, d0 = (tid & 31) * 8;
+            float qv[8];
+            if (g < gn && d0 < D) {
+                const __nv_bfloat16* qp = q + ((int64_t)s * num_q_heads + kvh * G + g0 + g) * D + d0;
+                raw8_to_f32(load_raw8(qp, 0, D - d0, (D % 8 == 0) && aligned16(q)), qv);
+#pragma unroll
+                for (int e = 0; e < 8; ++e) qv[e] *= sl2;
+            } else {
+#pragma unroll
+                for (int e = 0; e < 8; ++e) qv[e] = 0.0f;
+            }
+            *reinterpret_cast<float4*>(&sm.q[g][d0]) = make_float4(qv[0], qv[1], qv[2], qv[3]);
+            *reinterpret_cast<float4*>(&sm.q[g][d0 + 4]) = make_float4(qv[4], qv[5], qv[6], qv[7]);
+        } else {
+            // q * scale * log2(e) of the pass's heads (scores come out in log2 units), zero past D / gn.
+            for (int i = tid; i < DEC_GP * DEC_MAX_D; i += DEC_THREADS) {
+                const int g = i / DEC_MAX_D, d = i % DEC_MAX_D;
+                sm.q[g][d] = (g < gn && d < D) ? bf2f(q[((int64_t)s * num_q_heads + kvh * G + g0 + g) * D + d]) * sl2 : 0.0f;
+            }
         }
         __syncthreads();
         float m[DEC_GP], l[DEC_GP], acc[DEC_GP][8];
@@ -190,13 +218,13 @@ KERN_DEV void decode_body(DecodeSmem& sm, const __nv_bfloat16* q, const __nv_bfl
             for (int e = 0; e < 8; ++e) acc[g][e] = 0.0f;
         }
 
-        int32_t off[DEC_J];
-        uint4 kr[DEC_J], vr[DEC_J];
-        slot_rows(begin, off);
+        if constexpr (!FAST) {
+            slot_rows(begin, off);
 #pragma unroll
-        for (int j = 0; j < DEC_J; ++j) kr[j] = load_k(off[j]);
+            for (int j = 0; j < DEC_J; ++j) kr[j] = load_k(off[j]);
 #pragma unroll
-        for (int j = 0; j < DEC_J; ++j) vr[j] = load_v(off[j]);
+            for (int j = 0; j < DEC_J; ++j) vr[j] = load_v(off[j]);
+        }
 
         for (int t0 = begin; t0 < end; t0 += TILE) {
             int32_t offn[DEC_J];  // next tile's rows: the block-table reads overlap this tile's math
@@ -379,6 +407,54 @@ extern "C" __global__ void __launch_bounds__(DEC_THREADS) kern_attn_decode_parti
     else
         decode_body<32>(sm, q, kv_cache, block_table, part_out, part_ml, num_q_heads, num_kv_heads, D, page_tokens,
                         bt_stride, num_splits, scale, s, kvh, x, begin, end);
+}
+
+// kern_attn_decode_partial with the same signature, launch and results (docs/kernels.md), cheaper at short
+// contexts: a split past the context writes its (-inf, 0) and zero part_out rows at once and returns (no q
+// load, no barrier), and a working split issues its first tile's block-table and K/V loads before staging q
+// (one 16-byte q load per thread instead of a loop of element loads), so q's latency overlaps K/V's.
+extern "C" __global__ void __launch_bounds__(DEC_THREADS) kern_attn_decode_partial_fast(
+    const __nv_bfloat16* q, const __nv_bfloat16* kv_cache, const int32_t* block_table, const int32_t* seq_lens,
+    float* part_out, float* part_ml, int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim,
+    int32_t page_tokens, int32_t bt_stride, int32_t split_tokens, int32_t num_splits, float scale) {
+    __shared__ __align__(16) DecodeSmem sm;
+    attn_pdl_wait();
+    attn_pdl_launch_dependents();
+    const int kvh = blockIdx.x, x = blockIdx.y, s = blockIdx.z;
+    const int D = head_dim;
+    if (num_kv_heads <= 0 || kvh >= num_kv_heads || x >= num_splits || num_q_heads % num_kv_heads != 0 ||
+        D <= 0 || D > DEC_MAX_D || page_tokens <= 0 || split_tokens <= 0)
+        return;
+    const int seq_len = max(seq_lens[s], 0);
+    const int64_t len = decode_split_len(seq_len, split_tokens, num_splits);
+    const int begin = (int)min((int64_t)x * len, (int64_t)seq_len);
+    const int end = (int)min((int64_t)x * len + len, (int64_t)seq_len);
+    if (begin >= end) {  // empty split: what decode_body writes for it, without its loads and barriers
+        const int G = num_q_heads / num_kv_heads;
+        for (int i = threadIdx.x; i < G * D; i += DEC_THREADS) {
+            const int g = i / D, d = i - g * D;
+            part_out[(((int64_t)s * num_q_heads + kvh * G + g) * num_splits + x) * D + d] = 0.0f;
+        }
+        for (int g = threadIdx.x; g < G; g += DEC_THREADS) {
+            float* ml = part_ml + (((int64_t)s * num_q_heads + kvh * G + g) * num_splits + x) * 2;
+            ml[0] = -CUDART_INF_F;
+            ml[1] = 0.0f;
+        }
+        return;
+    }
+    const int C = (D + 7) / 8;
+    if (C <= 4)
+        decode_body<4, true>(sm, q, kv_cache, block_table, part_out, part_ml, num_q_heads, num_kv_heads, D,
+                             page_tokens, bt_stride, num_splits, scale, s, kvh, x, begin, end);
+    else if (C <= 8)
+        decode_body<8, true>(sm, q, kv_cache, block_table, part_out, part_ml, num_q_heads, num_kv_heads, D,
+                             page_tokens, bt_stride, num_splits, scale, s, kvh, x, begin, end);
+    else if (C <= 16)
+        decode_body<16, true>(sm, q, kv_cache, block_table, part_out, part_ml, num_q_heads, num_kv_heads, D,
+                              page_tokens, bt_stride, num_splits, scale, s, kvh, x, begin, end);
+    else
+        decode_body<32, true>(sm, q, kv_cache, block_table, part_out, part_ml, num_q_heads, num_kv_heads, D,
+                              page_tokens, bt_stride, num_splits, scale, s, kvh, x, begin, end);
 }
 
 // grid (num_q_heads, seqs, 1), block (head_dim,1,1): out[s, h*D + d] = sum_x w_x o_x[d] / sum_x w_x l_x,

@@ -329,3 +329,210 @@ kern_gemv_silu_residual(const bf16* __restrict__ w, const bf16* __restrict__ gat
     if (k % kChunk == 0 && aligned16(w)) gemv_body<true>(w, n, k, stage, add);
     else gemv_body<false>(w, n, k, stage, add);
 }
+
+// =====================================================================================================
+// Rows family (docs/kernels-gemv.md "Rows entries"): a block owns a GROUP of kRows W rows at a time and
+// its threads split K. Thread t streams chunks t, t + B, t + 2B, ... (B = blockDim.x) of all kRows rows
+// at once, kRowsUnroll chunk steps per batch: kRows * kRowsUnroll independent 16-byte loads in flight per
+// thread, each x chunk (shared memory) reused across the kRows rows. A warp's loads of one row are 512
+// contiguous bytes. Then per row a warp butterfly, then the warps' partial sums in shared memory summed in
+// warp order by thread r (< kRows), then the epilogue. Groups are dealt to blocks round-robin:
+//   block b owns groups b, b + gridDim.x, b + 2 gridDim.x, ...
+// so any grid >= 1 is correct; the generator launches min(groups, resident blocks per SM * SMs), so x is
+// staged once per block. PDL exactly as gemv_body: the first batch of the first group is loaded (coherent
+// path) before griddepcontrol.wait; everything reading the previous kernel's output comes after it.
+// =====================================================================================================
+namespace {
+
+constexpr int kRows = 4;        // W rows per group
+constexpr int kRowsUnroll = 2;  // chunk steps per batch (kRows * kRowsUnroll loads in flight per thread)
+
+// wv[u][r] = chunk c0 + u * blockDim.x of row rows[r] (0 for rows[r] < 0 or past k8 chunks).
+template <bool VEC, Src SRC>
+KERN_DEV void load_rows_batch(const bf16* w, int k, const int (&rows)[kRows], int c0, uint64_t policy,
+                              uint4 (&wv)[kRowsUnroll][kRows]) {
+    const int k8 = (k + kChunk - 1) / kChunk;
+#pragma unroll
+    for (int u = 0; u < kRowsUnroll; ++u) {
+        const int c = c0 + u * static_cast<int>(blockDim.x);
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) {
+            if (rows[r] >= 0 && c < k8) {
+                wv[u][r] = load_chunk<VEC, SRC>(w + static_cast<size_t>(rows[r]) * k, c, k, policy);
+            } else {
+                wv[u][r] = make_uint4(0u, 0u, 0u, 0u);
+            }
+        }
+    }
+}
+
+// `row_of(g, rows)`: the kRows physical W rows of group g (-1: no row; contributes nothing).
+// `stage_x(xs, k8)`: as in gemv_body (every thread; ends with __syncthreads()).
+// `epilogue(g, tot)`: called by EVERY thread of the block after tot[r] (shared, fp32) holds W[rows[r]] . x;
+// it writes from the threads it picks (thread index < kRows or fewer).
+template <bool VEC, class RowOf, class StageX, class Epilogue>
+KERN_DEV void rows_body(const bf16* __restrict__ w, int groups, int k, RowOf row_of, StageX stage_x,
+                        Epilogue epilogue) {
+    extern __shared__ uint4 xs[];  // [round_up(k, 8) / 8] chunks of 8 bf16
+    __shared__ float red[32][kRows];
+    __shared__ float tot[kRows];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int warps = blockDim.x >> 5;
+    const int k8 = (k + kChunk - 1) / kChunk;
+    const int step = static_cast<int>(blockDim.x) * kRowsUnroll;
+    const int g_first = blockIdx.x;
+    const uint64_t policy = weight_policy();
+
+    // 1. First batch of the first group: weights only (may overlap the previous kernel's tail).
+    int rows[kRows];
+    uint4 wv[kRowsUnroll][kRows];
+    if (g_first < groups) {
+        row_of(g_first, rows);
+    } else {
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) rows[r] = -1;
+    }
+    load_rows_batch<VEC, Src::kWeightEarly>(w, k, rows, tid, policy, wv);
+    pdl_wait();  // everything below may read what the previous kernel in the stream wrote
+    pdl_launch_dependents();
+
+    // 2. x into shared memory.
+    stage_x(xs, k8);
+
+    // 3. Groups.
+    for (int g = g_first; g < groups; g += gridDim.x) {
+        if (g != g_first) row_of(g, rows);
+        float acc[kRows];
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) acc[r] = 0.0f;
+        for (int c0 = tid; c0 < k8; c0 += step) {
+            if (g != g_first || c0 != tid) load_rows_batch<VEC, Src::kWeight>(w, k, rows, c0, policy, wv);
+#pragma unroll
+            for (int u = 0; u < kRowsUnroll; ++u) {
+                const int c = c0 + u * static_cast<int>(blockDim.x);
+                if (c < k8) {
+                    const uint4 xv = xs[c];
+#pragma unroll
+                    for (int r = 0; r < kRows; ++r) acc[r] = dot8(wv[u][r], xv, acc[r]);
+                }
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) acc[r] = warp_sum(acc[r]);
+        if (lane == 0) {
+#pragma unroll
+            for (int r = 0; r < kRows; ++r) red[warp][r] = acc[r];
+        }
+        __syncthreads();
+        if (tid < kRows) {
+            float t = 0.0f;
+            for (int i = 0; i < warps; ++i) t += red[i][tid];  // fixed order: deterministic
+            tot[tid] = t;
+        }
+        __syncthreads();  // tot ready; red free for the next group
+        epilogue(g, tot);
+    }
+}
+
+// Plain row mapping: group g = rows [kRows g, kRows g + kRows) below n.
+KERN_DEV int row_groups(int n) { return (n + kRows - 1) / kRows; }
+
+}  // namespace
+
+// y[n] = W[n, k] @ x[k] (rows family; same contract as kern_gemv).
+extern "C" __global__ void __launch_bounds__(kMaxThreads)
+kern_gemv_rows(const bf16* __restrict__ w, const bf16* __restrict__ x, bf16* __restrict__ y, int32_t n, int32_t k) {
+    if (bad_launch(n, k)) return;
+    auto row_of = [=](int g, int (&rows)[kRows]) {
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) rows[r] = g * kRows + r < n ? g * kRows + r : -1;
+    };
+    auto stage = [=](uint4* xs, int k8) {
+        if (k % kChunk == 0 && aligned16(x)) stage_copy<true>(xs, k8, x, k); else stage_copy<false>(xs, k8, x, k);
+    };
+    auto store = [=](int g, const float* tot) {
+        const int row = g * kRows + static_cast<int>(threadIdx.x);
+        if (threadIdx.x < kRows && row < n) y[row] = f2bf(tot[threadIdx.x]);
+    };
+    if (k % kChunk == 0 && aligned16(w)) rows_body<true>(w, row_groups(n), k, row_of, stage, store);
+    else rows_body<false>(w, row_groups(n), k, row_of, stage, store);
+}
+
+// y[n] = W[n, k] @ rmsnorm(residual[k]) * norm_w (rows family; same contract as kern_gemv_rmsnorm).
+extern "C" __global__ void __launch_bounds__(kMaxThreads)
+kern_gemv_rows_rmsnorm(const bf16* __restrict__ w, const bf16* __restrict__ residual, const bf16* __restrict__ norm_w,
+                       bf16* __restrict__ y, int32_t n, int32_t k, float eps) {
+    if (bad_launch(n, k)) return;
+    auto row_of = [=](int g, int (&rows)[kRows]) {
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) rows[r] = g * kRows + r < n ? g * kRows + r : -1;
+    };
+    auto stage = [=](uint4* xs, int k8) {
+        if (k % kChunk == 0 && aligned16(residual) && aligned16(norm_w))
+            stage_rmsnorm<true>(xs, k8, residual, norm_w, k, eps);
+        else
+            stage_rmsnorm<false>(xs, k8, residual, norm_w, k, eps);
+    };
+    auto store = [=](int g, const float* tot) {
+        const int row = g * kRows + static_cast<int>(threadIdx.x);
+        if (threadIdx.x < kRows && row < n) y[row] = f2bf(tot[threadIdx.x]);
+    };
+    if (k % kChunk == 0 && aligned16(w)) rows_body<true>(w, row_groups(n), k, row_of, stage, store);
+    else rows_body<false>(w, row_groups(n), k, row_of, stage, store);
+}
+
+// residual[n] = bf16(residual + bf16(W[n, k] @ x[k])) (rows family; same contract as kern_gemv_residual).
+extern "C" __global__ void __launch_bounds__(kMaxThreads)
+kern_gemv_rows_residual(const bf16* __restrict__ w, const bf16* __restrict__ x, bf16* __restrict__ residual,
+                        int32_t n, int32_t k) {
+    if (bad_launch(n, k)) return;
+    auto row_of = [=](int g, int (&rows)[kRows]) {
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) rows[r] = g * kRows + r < n ? g * kRows + r : -1;
+    };
+    auto stage = [=](uint4* xs, int k8) {
+        if (k % kChunk == 0 && aligned16(x)) stage_copy<true>(xs, k8, x, k); else stage_copy<false>(xs, k8, x, k);
+    };
+    auto add = [=](int g, const float* tot) {
+        const int row = g * kRows + static_cast<int>(threadIdx.x);
+        if (threadIdx.x < kRows && row < n) add_to_residual(residual, row, tot[threadIdx.x]);
+    };
+    if (k % kChunk == 0 && aligned16(w)) rows_body<true>(w, row_groups(n), k, row_of, stage, add);
+    else rows_body<false>(w, row_groups(n), k, row_of, stage, add);
+}
+
+// act[j] = bf16(bf16(silu(bf16(gate_j))) * bf16(up_j)), j < inter, where gate_j = W[j] . x and
+// up_j = W[inter + j] . x, x = the RMSNorm prologue of kern_gemv_rmsnorm; w_gate_up = [gate: inter rows]
+// [up: inter rows] x k (the checkpoint's concatenated gate_up). Rows family: group g computes outputs
+// j = 2g, 2g + 1 from the physical rows (2g, 2g + 1, inter + 2g, inter + 2g + 1); silu as kern_silu_mul
+// (g / (1 + expf(-g)), IEEE division). act must not alias the inputs.
+extern "C" __global__ void __launch_bounds__(kMaxThreads)
+kern_gemv_rmsnorm_swiglu(const bf16* __restrict__ w_gate_up, const bf16* __restrict__ residual,
+                         const bf16* __restrict__ norm_w, bf16* __restrict__ act, int32_t inter, int32_t k, float eps) {
+    static_assert(kRows == 4, "swiglu groups are 2 outputs = 2 gate rows + 2 up rows");
+    if (bad_launch(inter, k)) return;
+    auto row_of = [=](int g, int (&rows)[kRows]) {
+        const int j0 = 2 * g, j1 = 2 * g + 1;
+        rows[0] = j0 < inter ? j0 : -1;
+        rows[1] = j1 < inter ? j1 : -1;
+        rows[2] = j0 < inter ? inter + j0 : -1;
+        rows[3] = j1 < inter ? inter + j1 : -1;
+    };
+    auto stage = [=](uint4* xs, int k8) {
+        if (k % kChunk == 0 && aligned16(residual) && aligned16(norm_w))
+            stage_rmsnorm<true>(xs, k8, residual, norm_w, k, eps);
+        else
+            stage_rmsnorm<false>(xs, k8, residual, norm_w, k, eps);
+    };
+    auto store = [=](int g, const float* tot) {
+        const int t = static_cast<int>(threadIdx.x);
+        const int j = 2 * g + t;
+        if (t < 2 && j < inter) {
+            const float gate = round_bf(tot[t]), up = round_bf(tot[2 + t]);  // the GEMM outputs, bf16
+            act[j] = f2bf(silu_bf(gate) * up);
+        }
+    };
+    const int groups = (inter + 1) / 2;
+    if (k % kChunk == 0 && aligned16(w_gate_up)) rows_body<true>(w_gate_up, groups, k, row_of, stage, store);
+    else rows_body<false>(w_gate_up, groups, k, row_of, stage, store);
+}

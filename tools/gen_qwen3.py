@@ -65,6 +65,11 @@ KERNEL_SIGNATURES: dict[str, tuple[str, tuple[str, ...]]] = {
     "kern_gemv_rmsnorm": ("gemv", ("p", "p", "p", "p", "i32", "i32", "f32")),
     "kern_gemv_residual": ("gemv", ("p", "p", "p", "i32", "i32")),
     "kern_gemv_silu_residual": ("gemv", ("p", "p", "p", "i32", "i32")),
+    "kern_gemv_rows": ("gemv", ("p", "p", "p", "i32", "i32")),
+    "kern_gemv_rows_rmsnorm": ("gemv", ("p", "p", "p", "p", "i32", "i32", "f32")),
+    "kern_gemv_rows_residual": ("gemv", ("p", "p", "p", "i32", "i32")),
+    "kern_gemv_rmsnorm_swiglu": ("gemv", ("p", "p", "p", "p", "i32", "i32", "f32")),
+    "kern_attn_decode_partial_fast": ("attention", ("p",) * 6 + ("i32",) * 7 + ("f32",)),
     "kern_decode_advance": ("step", ("p",) * 7 + ("i32",) * 5),
 }
 # Entries that execute griddepcontrol.wait before reading anything a predecessor writes and before writing
@@ -73,7 +78,8 @@ KERNEL_SIGNATURES: dict[str, tuple[str, tuple[str, ...]]] = {
 # the SASS of the committed cubin (ACQBULK present) when cuobjdump is available.
 PDL_ENTRIES = frozenset({
     "kern_gemv_rmsnorm", "kern_gemv_residual", "kern_gemv_silu_residual",
-    "kern_attn_decode_partial", "kern_attn_decode_reduce", "kern_attn_prefill",
+    "kern_gemv_rows", "kern_gemv_rows_rmsnorm", "kern_gemv_rows_residual", "kern_gemv_rmsnorm_swiglu",
+    "kern_attn_decode_partial", "kern_attn_decode_partial_fast", "kern_attn_decode_reduce", "kern_attn_prefill",
 })
 TYPE_BYTES = {"p": 8, "i32": 4, "f32": 4, "i64": 8}
 
@@ -145,6 +151,7 @@ class GenOptions:
     sms: int = 132  # multiprocessors of the target GPU (H200): GEMV grids and the auto split count
     pdl: bool = True  # mark launches of PDL_ENTRIES with `pdl: true` (decode program only)
     ring_len: int = 64  # token ring (host-mapped output) entries per sequence
+    gemv: str = "v1"  # decode GEMV wiring (--decode gemv): "v1" warp-per-row entries, "v2" rows family + swiglu
 
 
 def decode_num_splits(cfg: "Qwen3Config", opts: GenOptions) -> int:
@@ -311,6 +318,10 @@ def build_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: GenOptions, config_di
     num_slots = opts.seqs_max * pages_per_seq * page_tokens
     if opts.decode not in ("gemv", "gemm"):
         raise GenError(f"decode {opts.decode!r}: use 'gemv' (M = 1 GEMVs) or 'gemm' (cuBLASLt)")
+    if opts.gemv not in ("v1", "v2"):
+        raise GenError(f"gemv {opts.gemv!r}: use 'v1' or 'v2'")
+    if opts.gemv == "v2" and opts.decode != "gemv":
+        raise GenError("--gemv v2 is a wiring of --decode gemv")
     if opts.decode == "gemv" and opts.seqs_max != 1:
         raise GenError(f"--decode gemv computes one row (bs = 1) but seqs max is {opts.seqs_max}: use --decode gemm")
     num_splits = decode_num_splits(cfg, opts)
@@ -390,7 +401,8 @@ def build_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: GenOptions, config_di
                     {"i32": pages_per_seq}, {"f32": scale}])])
     b.op("attn_decode",
          [_ptr("q"), _ptr("kv"), _ptr("block_table"), _ptr("seq_lens"), _ptr("out")],
-         [b.launch("kern_attn_decode_partial", [Hkv, num_splits, "seqs"], [128, 1, 1],
+         [b.launch("kern_attn_decode_partial_fast" if opts.gemv == "v2" else "kern_attn_decode_partial",
+                   [Hkv, num_splits, "seqs"], [128, 1, 1],
                    [{"arg": "q"}, {"arg": "kv"}, {"arg": "block_table"}, {"arg": "seq_lens"},
                     {"scratch": "part_out"}, {"scratch": "part_ml"}, {"i32": Hq}, {"i32": Hkv}, {"i32": D},
                     {"i32": page_tokens}, {"i32": pages_per_seq}, {"i32": opts.split_tokens},
@@ -445,8 +457,12 @@ def build_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: GenOptions, config_di
     prefill = [embed_call] + [c for layer in range(cfg.layers) for c in layer_calls(layer, decode=False)]
     decode_advance_op(b, opts, pages_per_seq)
     if opts.decode == "gemv":
-        decode_gemv_ops(b, cfg, opts)
-        decode = [embed_call] + decode_gemv_calls(cfg)
+        if opts.gemv == "v2":
+            decode_gemv_v2_ops(b, cfg, opts)
+            decode = [embed_call] + decode_gemv_v2_calls(cfg)
+        else:
+            decode_gemv_ops(b, cfg, opts)
+            decode = [embed_call] + decode_gemv_calls(cfg)
     else:
         decode = [embed_call] + [c for layer in range(cfg.layers) for c in layer_calls(layer, decode=True)]
         decode += [
@@ -472,7 +488,8 @@ def build_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: GenOptions, config_di
                       "intermediate": I, "vocab": V, "tied": cfg.tied, "rope_theta": cfg.rope_theta, "eps": cfg.eps},
             "caller": {"contract": "qwen3-chunked-prefill/1", "page_tokens": page_tokens,
                        "pages_per_seq": pages_per_seq, "max_context": opts.max_context, "chunk_max": opts.chunk_max,
-                       "decode": opts.decode, "decode_split_tokens": opts.split_tokens, "decode_splits": num_splits,
+                       "decode": opts.decode, **({"decode_gemv": opts.gemv} if opts.gemv != "v1" else {}),
+                       "decode_split_tokens": opts.split_tokens, "decode_splits": num_splits,
                        "decode_advance": {"ring": "token_ring", "ring_len": opts.ring_len}},
         },
         "vars": {"tokens": {"min": 1, "max": opts.chunk_max}, "seqs": {"min": 1, "max": opts.seqs_max}},
@@ -532,6 +549,70 @@ def decode_gemv_calls(cfg: Qwen3Config) -> list[dict[str, Any]]:
         ]
     calls += [
         # lm_head: the tied embedding matrix is read in place (no copy)
+        _call("gemv_lm_head", w="embed" if cfg.tied else "lm_head", residual="residual", norm_w="final_norm",
+              y="logits"),
+        _call("argmax", logits="logits", out="next_token"),
+    ]
+    return calls
+
+
+def _rows_launch(b: Builder, entry: str, n_groups: int, k: int, args: list[dict[str, Any]], opts: GenOptions,
+                 tail: tuple[dict[str, Any], ...] = ()) -> dict[str, Any]:
+    """One rows-family launch (docs/kernels-gemv.md "Rows entries"; 4 W rows per group, 2 chunk steps of 16
+    bytes per batch): block = whole warps covering ceil(k / 8) chunks in as few batches as 512 threads allow
+    (k = 2560: 160, 4096: 256, 9728: 320), grid = min(groups, resident blocks per SM * SMs) (at <= 64
+    registers a SM holds 1024 threads), dynamic shared memory 16 * ceil(k / 8). `n_groups` is the entry's
+    group count (rows / 4; swiglu: outputs / 2)."""
+    if k % 8:
+        raise GenError(f"{entry}: k = {k} is not a multiple of 8 (the GEMV's vector path needs it); use --gemv v1")
+    k8 = -(-k // 8)
+    batches = -(-k8 // (2 * 512))
+    block = min(1024, max(32, -(-(-(-k8 // (2 * batches))) // 32) * 32))
+    grid = min(n_groups, max(1, 1024 // block) * opts.sms)
+    return b.launch(entry, [grid, 1, 1], [block, 1, 1], args + [*tail], shared_mem=16 * k8, pdl=opts.pdl)
+
+
+def decode_gemv_v2_ops(b: Builder, cfg: Qwen3Config, opts: GenOptions) -> None:
+    """`--gemv v2`: the decode projections on the rows family and the SwiGLU epilogue (docs/perf.md):
+    `gemv_qkv`: kern_gemv_rows_rmsnorm; `gemv_gate_up_act`: kern_gemv_rmsnorm_swiglu (RMSNorm prologue, gate
+    and up rows of one output in one block, writes act = bf16(silu(gate)) * up); `gemv_o` / `gemv_down_act`:
+    kern_gemv_rows_residual (residual += W x, x = attn_out / act); `gemv_lm_head`: kern_gemv_rmsnorm as in v1
+    (already at the bandwidth floor)."""
+    H, Hq, D, I, V = cfg.hidden, cfg.q_heads, cfg.head_dim, cfg.intermediate, cfg.vocab
+    norm_args = [_ptr("w"), _ptr("residual"), _ptr("norm_w"), _ptr("y")]
+    norm_wiring = [{"arg": "w"}, {"arg": "residual"}, {"arg": "norm_w"}, {"arg": "y"}]
+    eps = ({"f32": cfg.eps},)
+    qkv_n = (Hq + 2 * cfg.kv_heads) * D
+    b.op("gemv_qkv", norm_args, [_rows_launch(b, "kern_gemv_rows_rmsnorm", -(-qkv_n // 4), H,
+                                              norm_wiring + [{"i32": qkv_n}, {"i32": H}], opts, eps)])
+    b.op("gemv_gate_up_act", norm_args, [_rows_launch(b, "kern_gemv_rmsnorm_swiglu", -(-I // 2), H,
+                                                      norm_wiring + [{"i32": I}, {"i32": H}], opts, eps)])
+    b.op("gemv_lm_head", norm_args, [_gemv_launch(b, "kern_gemv_rmsnorm", V, H, norm_wiring, opts, eps)])
+    res_args = [_ptr("w"), _ptr("x"), _ptr("residual")]
+    res_wiring = [{"arg": "w"}, {"arg": "x"}, {"arg": "residual"}]
+    b.op("gemv_o", res_args, [_rows_launch(b, "kern_gemv_rows_residual", -(-H // 4), Hq * D,
+                                           res_wiring + [{"i32": H}, {"i32": Hq * D}], opts)])
+    b.op("gemv_down_act", res_args, [_rows_launch(b, "kern_gemv_rows_residual", -(-H // 4), I,
+                                                  res_wiring + [{"i32": H}, {"i32": I}], opts)])
+
+
+def decode_gemv_v2_calls(cfg: Qwen3Config) -> list[dict[str, Any]]:
+    """The `--gemv v2` decode call table after the embedding: 6 launches per layer (qkv, qk_norm_rope_kv,
+    attention partial + reduce, o, gate_up+SwiGLU, down), then lm_head and the argmax."""
+    calls: list[dict[str, Any]] = []
+    for layer in range(cfg.layers):
+        calls += [
+            _call("gemv_qkv", w=f"w_qkv.{layer}", residual="residual", norm_w=f"ln_in.{layer}", y="qkv"),
+            _call("qk_norm_rope_kv", qkv="qkv", q_norm=f"q_norm.{layer}", k_norm=f"k_norm.{layer}",
+                  rope="rope", positions="positions", slots="slot_mapping", q_out="q", kv=f"kv.{layer}"),
+            _call("attn_decode", q="q", kv=f"kv.{layer}", block_table="block_table", seq_lens="seq_lens",
+                  out="attn_out"),
+            _call("gemv_o", w=f"w_o.{layer}", x="attn_out", residual="residual"),
+            _call("gemv_gate_up_act", w=f"w_gate_up.{layer}", residual="residual", norm_w=f"ln_post.{layer}",
+                  y="act"),
+            _call("gemv_down_act", w=f"w_down.{layer}", x="act", residual="residual"),
+        ]
+    calls += [
         _call("gemv_lm_head", w="embed" if cfg.tied else "lm_head", residual="residual", norm_w="final_norm",
               y="logits"),
         _call("argmax", logits="logits", out="next_token"),
@@ -607,6 +688,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-context", type=int, default=None, help="positions per sequence (default 40960; tiny 4096)")
     parser.add_argument("--decode", choices=["gemv", "gemm"], default="gemv",
                         help="decode projections: M = 1 GEMVs with fused norms/residuals (default) or cuBLASLt")
+    parser.add_argument("--gemv", choices=["v1", "v2"], default="v1",
+                        help="decode GEMV wiring (--decode gemv): v1 warp-per-row entries (default), v2 rows family, "
+                             "SwiGLU epilogue on gate_up, kern_attn_decode_partial_fast")
     parser.add_argument("--decode-splits", type=int, default=0, help="decode attention splits (default: auto)")
     parser.add_argument("--sms", type=int, default=132, help="SM count of the target GPU (default 132: H200)")
     parser.add_argument("--no-pdl", action="store_true", help="no programmatic dependent launch in decode")
@@ -620,7 +704,7 @@ def main(argv: list[str] | None = None) -> int:
         name = args.name or args.shape or Path(args.config).resolve().parent.name
         max_context = args.max_context or (4096 if args.shape == "tiny" else min(40960, cfg.max_position_embeddings))
         opts = GenOptions(name, args.chunk_max, max_context, decode=args.decode, decode_splits=args.decode_splits,
-                          sms=args.sms, pdl=not args.no_pdl)
+                          sms=args.sms, pdl=not args.no_pdl, gemv=args.gemv)
         manifest = build_manifest(cfg, abi, opts, cfg_digest)
     except (GenError, OSError, json.JSONDecodeError) as exc:
         print(f"gen_qwen3: {exc}", file=sys.stderr)

@@ -64,3 +64,21 @@ def residual_add(residual: np.ndarray, projection: np.ndarray) -> np.ndarray:
     bf16 first) -> [n] bf16 values (float32). The add is a float32 add, as in the kernel."""
     p = bf16_round(np.asarray(projection, dtype=np.float64).astype(np.float32))
     return bf16_round(np.asarray(residual, dtype=np.float32) + p)
+
+
+def swiglu_act(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """kern_gemv_rmsnorm_swiglu's epilogue: gate, up [inter] (any float: the fp32 GEMV sums) ->
+    act = bf16(bf16(silu(bf16(gate))) * bf16(up)) [inter] (bf16 values, float32), i.e. the gate and up
+    projections rounded to bf16 as the GEMM outputs they replace, then reference_kernels.silu_mul."""
+    g = bf16_round(np.asarray(gate, dtype=np.float64).astype(np.float32))
+    u = bf16_round(np.asarray(up, dtype=np.float64).astype(np.float32))
+    return silu_mul_x(np.concatenate([g, u]))
+
+
+def rmsnorm_swiglu(w_gate_up: np.ndarray, residual: np.ndarray, norm_w: np.ndarray, eps: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Reference of kern_gemv_rmsnorm_swiglu: w_gate_up [2 inter, k] (bits or values), residual / norm_w [k]
+    -> (act [inter] bf16 values, dot [2 inter] float64 (gate then up), dot_abs [2 inter])."""
+    x = rmsnorm_x(residual, norm_w, eps)
+    dot, dot_abs = gemv_f64(w_gate_up, x)
+    inter = w_gate_up.shape[0] // 2
+    return swiglu_act(dot[:inter], dot[inter:]), dot, dot_abs

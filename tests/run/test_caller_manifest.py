@@ -191,7 +191,9 @@ def test_cli_writes_and_rejects(tmp_path: Path, kernels_dir: Path) -> None:
 
 COMMITTED = {"qwen3-4b.json": ("qwen3-4b", None), "qwen3-0.6b.json": ("qwen3-0.6b", None),
              "qwen3-tiny.json": ("tiny", "qwen3-tiny"),
-             "qwen3-4b-c2048.json": ("qwen3-4b", "qwen3-4b-c2048", "--chunk-max", "2048")}
+             "qwen3-4b-c2048.json": ("qwen3-4b", "qwen3-4b-c2048", "--chunk-max", "2048"),
+             "qwen3-4b-v2.json": ("qwen3-4b", "qwen3-4b-v2", "--gemv", "v2"),
+             "qwen3-tiny-v2.json": ("tiny", "qwen3-tiny-v2", "--gemv", "v2")}
 
 
 @pytest.mark.parametrize("fname", sorted(COMMITTED))
