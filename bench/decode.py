@@ -3,6 +3,7 @@
 
     python3 bench/decode.py --ckpt /tmp/kern-weights/qwen3-4b [--only kern,torch-graph,torch-compile,hf]
                             [--contexts 128,4096] [--steps 256] [--breakdown] [--json out.json]
+    python3 bench/decode.py --only kern --variants manifests/qwen3-4b.json,manifests/qwen3-4b-v2.json --breakdown
 
 Peers, each in its own subprocess (GPU memory isolated, a hung compile killed by a timeout):
 - `kern`: `Generator.generate` on the manifest (default manifests/qwen3-4b.json): graph decode with inputs
@@ -17,6 +18,9 @@ Peers, each in its own subprocess (GPU memory isolated, a hung compile killed by
   graph; if compiling does not finish within `--compile-timeout` seconds, default mode (said in the table).
 - `hf`: transformers `generate` (eager, sdpa attention): (t(1 + N tokens) - t(1 token)) / N, N = `--hf-steps`.
 Torch peers read the token back every step (`.item()`), as a generation loop that prints tokens does.
+
+`--variants A.json,B.json`: the kern worker once per manifest (one after another, each in its own
+subprocess), rows labelled `kern (...) [A]`, `[B]`, breakdowns per variant; `--manifest` alone times one.
 
 Ratios: against the floor (checkpoint bytes / 4.3 TB/s, 1.87 ms for Qwen3-4B) and the best peer per
 context. Prints a table last; writes JSON to `--json`, else to $OUT/bench-decode.json when OUT is set.
@@ -383,13 +387,14 @@ def _table(results: list[dict[str, Any]], contexts: list[int], floor_ms: float, 
     for r in perf:
         tl = r.get("timeline")
         if tl:
-            lines.append(f"kern graph ctx {r['ctx']}: GPU busy {tl['busy_ms']['median']:.3f} ms/step, idle between "
+            lines.append(f"{r['peer']} ctx {r['ctx']}: GPU busy {tl['busy_ms']['median']:.3f} ms/step, idle between "
                          f"steps median {tl['idle_us']['median']:.1f} us (p90 {tl['idle_us']['p90']:.1f}), GPU span "
                          f"{tl['gpu_span_ms_per_step']:.3f} ms/step, TTFT {r['ttft_ms']:.1f} ms, device memory "
                          f"{r['device_mem_gb']:.2f} GB, pipelined={r['pipelined']}")
     for r in results:
         if r.get("peer") == "kern breakdown":
-            lines.append(f"-- per-launch breakdown, ctx {r['ctx']} (eager, events between launches; sum "
+            variant = f" [{r['variant']}]" if r.get("variant") else ""
+            lines.append(f"-- per-launch breakdown{variant}, ctx {r['ctx']} (eager, events between launches; sum "
                          f"{r['sum_us'] / 1e3:.3f} ms):")
             lines.append(f"   {'op':16s} {'kernel':28s} {'n':>4s} {'us/launch':>10s} {'us/step':>9s} {'share':>6s}")
             for s in r["summary"]:
@@ -403,6 +408,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--ckpt", type=Path, default=Path(os.environ.get("KERN_WEIGHTS", "/tmp/kern-weights")) / "qwen3-4b")
     p.add_argument("--manifest", type=Path, default=ROOT / "manifests" / "qwen3-4b.json")
+    p.add_argument("--variants", default="", help="comma list of manifests: the kern worker once per manifest, "
+                   "rows labelled [manifest stem] (replaces --manifest for kern)")
     p.add_argument("--kernels", type=Path, default=ROOT / "kernels")
     p.add_argument("--gpu", type=int, default=0)
     p.add_argument("--only", default=",".join(PEERS), help=f"comma list of {', '.join(PEERS)}")
@@ -448,10 +455,29 @@ def main(argv: list[str] | None = None) -> int:
     results: list[dict[str, Any]] = []
     notes: list[str] = []
     tmp = tempfile.mkdtemp(prefix="kern-bench-decode-")
+    variants = [Path(v) for v in args.variants.split(",") if v]
     for peer in [p for p in PEERS if p in only]:
         out = os.path.join(tmp, f"{peer}.jsonl")
         if remaining() < 20:
             notes.append(f"{peer}: skipped, the {args.budget:.0f} s budget is spent")
+            continue
+        if peer == "kern" and variants:
+            for i, manifest in enumerate(variants):
+                tag = manifest.stem
+                if remaining() < 20:
+                    notes.append(f"kern [{tag}]: skipped, the {args.budget:.0f} s budget is spent")
+                    continue
+                vbase = list(base)
+                vbase[vbase.index("--manifest") + 1] = str(manifest)
+                vout = os.path.join(tmp, f"kern-{i}.jsonl")
+                got, status = _run_worker(["--worker", "kern", *vbase], remaining(), vout)
+                if status != "ok":
+                    notes.append(f"kern [{tag}]: {status[:300]}")
+                for r in got:
+                    r["variant"] = tag
+                    if r.get("peer", "").startswith("kern") and r["peer"] != "kern breakdown":
+                        r["peer"] = f"{r['peer']} [{tag}]"
+                results += got
             continue
         if peer == "torch-compile":
             got, status = _run_worker(["--worker", peer, *base], min(args.compile_timeout, remaining()), out)

@@ -7,6 +7,10 @@ from HBM), timed with CUDA events over REPLAYS replays; the median per launch is
 % of 4.3 TB/s (the measured H200 copy rate, shared/design/GPU-MACHINE.md; this run's own copy rate is
 printed too). Bytes counted: W once, the input vector(s) once, the output once (a residual read + write).
 
+Rows-family entries (decode v2, `gen_qwen3.py --gemv v2`) follow the old ones per shape at their own launch
+(grid x block in the label; `(v2)` marks the entry v2 uses at that shape), and the step chain is timed for v2
+as well.
+
 Then the decode step's GEMVs: 36 layers x [qkv+RMSNorm, o+residual, gate_up+RMSNorm, down+SiLU+residual]
 + lm_head+RMSNorm, all distinct weights (8.0 GB), one graph, without and with programmatic dependent
 launch (PDL), beside the 145 plain GEMMs of the same shapes through torch.matmul (one graph; the
@@ -54,6 +58,12 @@ SHAPES = [
     ("lm_head", VOCAB, HIDDEN, "kern_gemv_rmsnorm"),
 ]
 ENTRIES = ("kern_gemv", "kern_gemv_rmsnorm", "kern_gemv_residual", "kern_gemv_silu_residual")
+# decode v2 (gen_qwen3.py --gemv v2): the rows family at its own launch (rows_launch), and the SwiGLU
+# epilogue at the gate_up shape (n = 2 * inter rows -> inter outputs)
+ROWS_ENTRIES = ("kern_gemv_rows", "kern_gemv_rows_rmsnorm", "kern_gemv_rows_residual")
+SWIGLU = "kern_gemv_rmsnorm_swiglu"
+V2_ENTRY = {"qkv": "kern_gemv_rows_rmsnorm", "o": "kern_gemv_rows_residual", "gate_up": SWIGLU,
+            "down": "kern_gemv_rows_residual", "lm_head": "kern_gemv_rmsnorm"}
 
 
 def cdiv(a: int, b: int) -> int:
@@ -70,6 +80,17 @@ CONFIGS: dict[str, tuple[int, Callable[[int, int], int]]] = {
 DEFAULT_CONFIG = "512t x 2/SM"
 
 
+def rows_launch(entry: str, n: int, k: int) -> tuple[int, int]:
+    """(grid, block) of a rows-family launch, as tools/gen_qwen3.py _rows_launch: 4 rows per group (SwiGLU:
+    2 outputs = 4 rows), block = whole warps covering ceil(k/8) chunks in 2-chunk steps, grid = min(groups,
+    (1024 // block) * SMs)."""
+    k8 = cdiv(k, 8)
+    batches = cdiv(k8, 1024)
+    block = min(1024, max(32, cdiv(cdiv(k8, 2 * batches), 32) * 32))
+    groups = cdiv(n // 2, 2) if entry == SWIGLU else cdiv(n, 4)
+    return min(groups, max(1, 1024 // block) * SMS), block
+
+
 def smem_bytes(k: int) -> int:
     return 16 * cdiv(k, 8)
 
@@ -77,7 +98,9 @@ def smem_bytes(k: int) -> int:
 def entry_bytes(entry: str, n: int, k: int) -> int:
     """Fewest bytes an entry moves: W once, its inputs once, its output once (residual: read + write)."""
     vectors = {"kern_gemv": 2 * k + 2 * n, "kern_gemv_rmsnorm": 4 * k + 2 * n,
-               "kern_gemv_residual": 2 * k + 4 * n, "kern_gemv_silu_residual": 4 * k + 4 * n}[entry]
+               "kern_gemv_residual": 2 * k + 4 * n, "kern_gemv_silu_residual": 4 * k + 4 * n,
+               "kern_gemv_rows": 2 * k + 2 * n, "kern_gemv_rows_rmsnorm": 4 * k + 2 * n,
+               "kern_gemv_rows_residual": 2 * k + 4 * n, SWIGLU: 4 * k + n}[entry]
     return 2 * n * k + vectors
 
 
@@ -131,15 +154,19 @@ class ShapeData:
 
     def args(self, entry: str, w: torch.Tensor) -> list[tuple[str, Any]]:
         n, k = self.n, self.k
-        if entry == "kern_gemv_rmsnorm":
+        if entry in ("kern_gemv_rmsnorm", "kern_gemv_rows_rmsnorm", SWIGLU):
+            outputs = n // 2 if entry == SWIGLU else n  # SwiGLU: W is [gate; up], inter = n / 2 outputs
             return [("p", w.data_ptr()), ("p", self.vec_in.data_ptr()), ("p", self.norm_w.data_ptr()),
-                    ("p", self.out.data_ptr()), ("i", n), ("i", k), ("f", EPS)]
+                    ("p", self.out.data_ptr()), ("i", outputs), ("i", k), ("f", EPS)]
         return [("p", w.data_ptr()), ("p", self.vec_in.data_ptr()), ("p", self.out.data_ptr()), ("i", n), ("i", k)]
 
 
 def time_entry(kernels: dict[str, Any], entry: str, data: ShapeData, config: str, pdl: bool = False) -> float:
-    block, grid_rule = CONFIGS[config]
-    grid = grid_rule(data.n, SMS)
+    if config == "rows":
+        grid, block = rows_launch(entry, data.n, data.k)
+    else:
+        block, grid_rule = CONFIGS[config]
+        grid = grid_rule(data.n, SMS)
 
     def one(w: torch.Tensor) -> Callable[[], None]:
         args = data.args(entry, w)
@@ -213,8 +240,39 @@ def step_chain(kernels: dict[str, Any]) -> list[dict[str, Any]]:
             torch.matmul(gate_up[:INTER].view(1, -1), w_down.t(), out=residual.view(1, -1))
         torch.matmul(residual.view(1, -1), lm_head.t(), out=logits.view(1, -1))
 
+    act = torch.empty(INTER, device="cuda", dtype=torch.bfloat16)
+
+    def ours_v2(pdl: bool) -> Callable[[], None]:
+        """gen_qwen3.py --gemv v2: rows_rmsnorm qkv, rows_residual o, rmsnorm_swiglu gate_up -> act,
+        rows_residual down over act, lm_head kern_gemv_rmsnorm at the default launch."""
+        def p(t: torch.Tensor) -> tuple[str, int]:
+            return ("p", t.data_ptr())
+
+        calls = []
+        for w_qkv, w_o, w_gu, w_down in layers:
+            calls += [
+                ("kern_gemv_rows_rmsnorm", QKV, HIDDEN, QKV, [p(w_qkv), p(residual), p(norm_w), p(qkv)]),
+                ("kern_gemv_rows_residual", HIDDEN, ATTN, HIDDEN, [p(w_o), p(attn), p(residual)]),
+                (SWIGLU, 2 * INTER, HIDDEN, INTER, [p(w_gu), p(residual), p(norm_w), p(act)]),
+                ("kern_gemv_rows_residual", HIDDEN, INTER, HIDDEN, [p(w_down), p(act), p(residual)]),
+            ]
+
+        def run() -> None:
+            stream = current_stream()
+            for entry, n_rows, k, n_arg, ptrs in calls:
+                grid, blk = rows_launch(entry, n_rows, k)
+                tail = [("i", n_arg), ("i", k)] + ([("f", EPS)] if entry != "kern_gemv_rows_residual" else [])
+                launch(kernels[entry], grid, blk, smem_bytes(k), ptrs + tail, stream=stream, pdl=pdl)
+            launch(kernels["kern_gemv_rmsnorm"], grid_rule(VOCAB, SMS), block, smem_bytes(HIDDEN),
+                   [p(lm_head), p(residual), p(norm_w), p(logits), ("i", VOCAB), ("i", HIDDEN), ("f", EPS)],
+                   stream=stream, pdl=pdl)
+
+        return run
+
     rows = []
-    chains = (("kern GEMVs, no PDL", ours(False)), ("kern GEMVs, PDL", ours(True)), ("cuBLAS (torch.matmul), plain GEMMs", cublas))
+    chains = (("kern GEMVs, no PDL", ours(False)), ("kern GEMVs, PDL", ours(True)),
+              ("kern GEMVs v2 (rows + swiglu), no PDL", ours_v2(False)), ("kern GEMVs v2 (rows + swiglu), PDL", ours_v2(True)),
+              ("cuBLAS (torch.matmul), plain GEMMs", cublas))
     for label, fn in chains:
         try:
             us = time_graph([fn], reps=1)
@@ -250,6 +308,11 @@ def main() -> int:
         for entry in ENTRIES:
             us = time_entry(kernels, entry, data, DEFAULT_CONFIG)
             rows.append(row(f"{name} {n}x{k} {entry}", us, entry_bytes(entry, n, k)))
+        for entry in ROWS_ENTRIES + ((SWIGLU,) if name == "gate_up" else ()):
+            grid, block = rows_launch(entry, n, k)
+            us = time_entry(kernels, entry, data, "rows")
+            mark = " (v2)" if V2_ENTRY[name] == entry else ""
+            rows.append(row(f"{name} {n}x{k} {entry} [{grid}x{block}]{mark}", us, entry_bytes(entry, n, k)))
         del data
         torch.cuda.empty_cache()
     results["entries"] = rows

@@ -46,6 +46,8 @@ for s in "$@"; do
     pool-gpu)    step pool-gpu 240 "python3 -m pytest tests/runtime/test_pool_gpu.py tests/run/test_prefix_gpu.py -q -x -p no:cacheprovider" ;;
     bench-park)  step bench-park 120 "python3 bench/park_wake.py" ;;
     bench-decode)  step bench-decode 400 "python3 bench/decode.py --ckpt $W/qwen3-4b --breakdown --compile-timeout 120 --budget 280" ;;  # after ckpt-4b; ~5-6 min
+    bench-decode-v2) step bench-decode-v2 240 "python3 bench/decode.py --ckpt $W/qwen3-4b --only kern --variants manifests/qwen3-4b.json,manifests/qwen3-4b-v2.json --breakdown" ;;  # after ckpt-4b; v1 vs v2 kern only, ~60-90 s
+    gemv-v2)     step gemv-v2 300 "python3 -m pytest tests/kernels/test_gemv_rows_gpu.py tests/kernels/test_kernels_gpu.py tests/parity/test_parity_v2_gpu.py -q -p no:cacheprovider -k 'rows or swiglu or fast or v2'" ;;  # decode v2 entries + tiny v2 parity
     bench-prefill) step bench-prefill 240 "python3 bench/prefill.py --ckpt $W/qwen3-4b" ;;  # after ckpt-4b; ~2-3 min
     *) echo "unknown step $s"; summary+=("$s: unknown step") ;;
   esac

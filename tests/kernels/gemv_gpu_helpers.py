@@ -45,6 +45,11 @@ GEMV_PARAMS: dict[str, list[list[int]]] = {
     "kern_gemv_rmsnorm": _layout(8, 8, 8, 8, 4, 4, 4),  # w, residual, norm_w, y, n, k, eps
     "kern_gemv_residual": _layout(8, 8, 8, 4, 4),  # w, x, residual, n, k
     "kern_gemv_silu_residual": _layout(8, 8, 8, 4, 4),  # w, gate_up, residual, n, k
+    # rows family (docs/kernels-gemv.md "Rows entries")
+    "kern_gemv_rows": _layout(8, 8, 8, 4, 4),  # w, x, y, n, k
+    "kern_gemv_rows_rmsnorm": _layout(8, 8, 8, 8, 4, 4, 4),  # w, residual, norm_w, y, n, k, eps
+    "kern_gemv_rows_residual": _layout(8, 8, 8, 4, 4),  # w, x, residual, n, k
+    "kern_gemv_rmsnorm_swiglu": _layout(8, 8, 8, 8, 4, 4, 4),  # w_gate_up, residual, norm_w, act, inter, k, eps
 }
 
 _PACK = {"p": "<Q", "i": "<i", "f": "<f", "q": "<q"}
@@ -60,7 +65,7 @@ def compile_gemv(out_dir: Path, defines: tuple[str, ...] = ()) -> Path:
 
 
 def kernels_from_cubin(image: bytes) -> dict[str, Kernel]:
-    """Load a gemv cubin (current context) and return its four entries as Kernels."""
+    """Load a gemv cubin (current context) and return its entries (GEMV_PARAMS) as Kernels."""
     module = check(cu.cuModuleLoadData(image), "cuModuleLoadData(gemv)")
     return {
         name: Kernel(name, check(cu.cuModuleGetFunction(module, name.encode()), f"cuModuleGetFunction({name})"), params)

@@ -239,7 +239,8 @@ ATTN_CONFIGS = [(4, 2, 32, 4), (4, 2, 64, 16), (4, 2, 128, 16), (8, 1, 128, 16),
 PREFILL_CONFIGS = ATTN_CONFIGS + [(4, 4, 128, 16), (6, 2, 64, 16)]
 
 
-def run_attn_decode(dev, rng, hq, hkv, head_dim, page_tokens, seq_lens, split_tokens, num_splits):
+def run_attn_decode(dev, rng, hq, hkv, head_dim, page_tokens, seq_lens, split_tokens, num_splits,
+                    partial="kern_attn_decode_partial"):
     """Launch kern_attn_decode_partial + kern_attn_decode_reduce with one fixed launch shape (num_splits,
     split_tokens: as a captured graph would) over sequences of the given lengths; check the partials
     against ref.attn_decode_partials (split lengths derived from seq_lens, empty splits (-inf, 0) and
@@ -260,7 +261,7 @@ def run_attn_decode(dev, rng, hq, hkv, head_dim, page_tokens, seq_lens, split_to
     d_out = dev.alloc(seqs * hq * head_dim * 2)
     for b in (d_po, d_ml, d_out):
         b.poison()
-    dev.kernel("kern_attn_decode_partial").launch(
+    dev.kernel(partial).launch(
         (hkv, num_splits, seqs),
         (128,),
         [("p", d_q.ptr), ("p", d_cache.ptr), ("p", d_bt.ptr), ("p", d_lens.ptr), ("p", d_po.ptr), ("p", d_ml.ptr),
@@ -323,6 +324,53 @@ def test_attn_decode_split_semantics(dev, hq, hkv, head_dim, page_tokens, split_
     rng = np.random.default_rng(hq * 7 + head_dim + page_tokens + split_tokens * 3 + num_splits)
     seq_lens = [1, page_tokens - 1, page_tokens + 1, 3000, 0, 129, 4096, 200]
     run_attn_decode(dev, rng, hq, hkv, head_dim, page_tokens, seq_lens, split_tokens, num_splits)
+
+
+# kern_attn_decode_partial_fast: the same contract (every check of run_attn_decode) ...
+@pytest.mark.parametrize("hq,hkv,head_dim,page_tokens", [(32, 8, 128, 16), (4, 2, 32, 4), (8, 1, 128, 16), (4, 2, 96, 16),
+                                                         (4, 4, 64, 16), (6, 2, 64, 16)])
+@pytest.mark.parametrize("split_tokens,num_splits", DECODE_SPLITS)
+def test_attn_decode_partial_fast(dev, hq, hkv, head_dim, page_tokens, split_tokens, num_splits):
+    if "kern_attn_decode_partial_fast" not in dev.meta["modules"]["attention"]["entries"]:
+        pytest.skip("kern_attn_decode_partial_fast not built")
+    rng = np.random.default_rng(hq * 5 + head_dim + page_tokens + split_tokens * 3 + num_splits)
+    seq_lens = [1, page_tokens - 1, page_tokens + 1, 3000, 0, 129, 4096, 200, 128]
+    run_attn_decode(dev, rng, hq, hkv, head_dim, page_tokens, seq_lens, split_tokens, num_splits,
+                    partial="kern_attn_decode_partial_fast")
+
+
+# ... and bit for bit the old entry's partials (same math in the same order; only the load order and the
+# empty-split path differ), poisoned outputs, the generator's launch (32 splits of >= 16) among others.
+@pytest.mark.parametrize("hq,hkv,head_dim,page_tokens", [(32, 8, 128, 16), (4, 2, 32, 4), (6, 2, 64, 16), (4, 2, 96, 16)])
+@pytest.mark.parametrize("split_tokens,num_splits", [(16, 32), (64, 4), (32, 7)])
+def test_attn_decode_partial_fast_bitwise(dev, hq, hkv, head_dim, page_tokens, split_tokens, num_splits):
+    if "kern_attn_decode_partial_fast" not in dev.meta["modules"]["attention"]["entries"]:
+        pytest.skip("kern_attn_decode_partial_fast not built")
+    rng = np.random.default_rng(hq + head_dim * 3 + split_tokens + num_splits)
+    seq_lens = np.asarray([128, 1, 0, 4096, 17, 600], dtype=np.int32)
+    seqs = len(seq_lens)
+    bt_stride = cdiv(int(seq_lens.max()), page_tokens) + 2
+    num_pages = sum(cdiv(int(n), page_tokens) for n in seq_lens) + 3
+    cache, block_table = make_paged_cache(rng, num_pages, page_tokens, hkv, head_dim, seq_lens, bt_stride)
+    q = ref.bf16_round(rand_bf16(rng, (seqs, hq, head_dim)))
+    d_q, d_cache = dev.array(ref.bf16_bits(q)), dev.array(ref.bf16_bits(cache))
+    d_bt, d_lens = dev.array(block_table), dev.array(seq_lens)
+    results = []
+    for entry in ("kern_attn_decode_partial", "kern_attn_decode_partial_fast"):
+        d_po = dev.alloc(seqs * hq * num_splits * head_dim * 4)
+        d_ml = dev.alloc(seqs * hq * num_splits * 2 * 4)
+        d_po.poison()
+        d_ml.poison()
+        dev.kernel(entry).launch(
+            (hkv, num_splits, seqs), (128,),
+            [("p", d_q.ptr), ("p", d_cache.ptr), ("p", d_bt.ptr), ("p", d_lens.ptr), ("p", d_po.ptr),
+             ("p", d_ml.ptr), ("i", hq), ("i", hkv), ("i", head_dim), ("i", page_tokens), ("i", bt_stride),
+             ("i", split_tokens), ("i", num_splits), ("f", head_dim**-0.5)])
+        results.append((d_po.download(np.uint32, seqs * hq * num_splits * head_dim),
+                        d_ml.download(np.uint32, seqs * hq * num_splits * 2)))
+    (po_old, ml_old), (po_new, ml_new) = results
+    assert np.array_equal(ml_old, ml_new), f"part_ml differs at {np.flatnonzero(ml_old != ml_new)[:8].tolist()}"
+    assert np.array_equal(po_old, po_new), f"part_out differs at {np.flatnonzero(po_old != po_new)[:8].tolist()}"
 
 
 @pytest.mark.parametrize("hq,hkv,head_dim,page_tokens", PREFILL_CONFIGS)

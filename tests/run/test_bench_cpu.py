@@ -127,3 +127,31 @@ def test_orchestration_collects_partial_results(tmp_path: Path, monkeypatch: pyt
     got, status = bench_decode._run_worker(["--worker", "x"], 1, str(out), script=script)
     assert status.startswith("timed out") and got == [{"peer": "x", "ctx": 1, "ms_per_token": 1.0}]
     np.testing.assert_allclose(bench_decode._ms([3.0, 1.0, 2.0])["median"], 2.0)
+
+
+def test_decode_variants_run_kern_once_per_manifest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """--variants: one kern worker per manifest, rows and breakdowns labelled by the manifest's stem."""
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text(json.dumps({"num_key_value_heads": 8, "head_dim": 128, "num_hidden_layers": 36}))
+    seen: list[str] = []
+
+    def fake_worker(argv, timeout, out, script=None):
+        manifest = argv[argv.index("--manifest") + 1]
+        seen.append(manifest)
+        ms = 3.0 if "v2" not in manifest else 2.5
+        rows = [{"peer": "kern (graph)", "ctx": 128, "ms_per_token": ms},
+                {"peer": "kern breakdown", "ctx": 128, "sum_us": 10.0,
+                 "summary": [{"op": "gemv_qkv", "what": "k", "launches": 1, "us_per_launch": 10.0,
+                              "us_per_step": 10.0, "share": 1.0}]}]
+        return rows, "ok"
+
+    monkeypatch.setattr(bench_decode, "_run_worker", fake_worker)
+    monkeypatch.setattr(bench_decode, "checkpoint_bytes", lambda path: 8_050_000_000)
+    assert bench_decode.main(["--ckpt", str(ckpt), "--only", "kern", "--contexts", "128", "--json",
+                              str(tmp_path / "o.json"), "--variants", "m/qwen3-4b.json,m/qwen3-4b-v2.json"]) == 0
+    assert seen == ["m/qwen3-4b.json", "m/qwen3-4b-v2.json"]
+    table = capsys.readouterr().out
+    assert "kern (graph) [qwen3-4b]" in table and "kern (graph) [qwen3-4b-v2]" in table
+    assert "per-launch breakdown [qwen3-4b-v2], ctx 128" in table
