@@ -6,7 +6,7 @@
     python3 bench/decode.py --only kern --variants manifests/qwen3-4b.json,manifests/qwen3-4b-v2.json --breakdown
 
 Peers, each in its own subprocess (GPU memory isolated, a hung compile killed by a timeout):
-- `kern`: `Generator.generate` on the manifest (default manifests/qwen3-4b.json): graph decode with inputs
+- `kern`: `Generator.generate` on the manifest (default manifests/qwen3-4b-v2.json): graph decode with inputs
   advanced on the device and `--lookahead` steps queued (the `kern run` path), the same with the
   synchronous loop (lookahead 0), and eager replay. ms/token = median interval between consecutive tokens
   arriving on the host over >= `--steps` steps. Plus, from CUDA events around each graph launch of a
@@ -407,7 +407,7 @@ def _table(results: list[dict[str, Any]], contexts: list[int], floor_ms: float, 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--ckpt", type=Path, default=Path(os.environ.get("KERN_WEIGHTS", "/tmp/kern-weights")) / "qwen3-4b")
-    p.add_argument("--manifest", type=Path, default=ROOT / "manifests" / "qwen3-4b.json")
+    p.add_argument("--manifest", type=Path, default=ROOT / "manifests" / "qwen3-4b-v2.json")
     p.add_argument("--variants", default="", help="comma list of manifests: the kern worker once per manifest, "
                    "rows labelled [manifest stem] (replaces --manifest for kern)")
     p.add_argument("--kernels", type=Path, default=ROOT / "kernels")

@@ -33,7 +33,7 @@ for s in "$@"; do
     run-4b)      step run-4b 150 "python3 -m kern_run.cli run --weights $W/qwen3-4b --prompt 'The capital of France is' --steps 128 --log-level info && python3 -m kern_run.cli run --weights $W/qwen3-4b --prompt 'The capital of France is' --steps 32 --eager" ;;
     parity-4b)   step parity-4b 300 "python3 tools/parity.py --shape qwen3-4b --ckpt $W/qwen3-4b" ;;
     bench-load)  step bench-load 180 "python3 bench/load.py --gib 4" ;;
-    prefix-4b)   step prefix-4b 180 "python3 tools/make_checkpoint.py --shape qwen3-4b --out $W/qwen3-4b && bash tools/prefix-demo.sh $W/qwen3-4b --log-level info" ;;
+    prefix-4b)   step prefix-4b 180 "python3 tools/make_checkpoint.py --shape qwen3-4b --out $W/qwen3-4b && bash tools/prefix-demo.sh $W/qwen3-4b --target qwen3-4b" ;;
     tiny-en)     step tiny-en 180 "python3 -m pytest tests/parity/test_tiny_en_gpu.py -q -s -p no:cacheprovider" ;;
     hf-peer)     step hf-peer 150 "python3 bench/decode.py --ckpt $W/qwen3-4b --only hf --hf-steps 16 --contexts 128" ;;
     prefix)      step prefix 120 "python3 -m pytest tests/run/test_prefix_gpu.py -q -p no:cacheprovider" ;;

@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 for pkg in ("kern-manifest", "kern-pool", "kern-runtime", "kern-run"):
     sys.path.insert(0, str(ROOT / "packages" / pkg / "src"))
 
-MANIFESTS = {"qwen3-4b": "qwen3-4b.json", "qwen3-0.6b": "qwen3-0.6b.json", "tiny": "qwen3-tiny.json"}
+MANIFESTS = {"qwen3-4b": "qwen3-4b-v2.json", "qwen3-0.6b": "qwen3-0.6b.json", "tiny": "qwen3-tiny.json"}
 PROMPT = "The capital of France is Paris. The capital of Germany is Berlin. The capital of Italy is"
 
 
@@ -45,6 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="kern vs transformers parity at a real Qwen3 shape")
     parser.add_argument("--shape", choices=sorted(MANIFESTS), default="qwen3-4b")
     parser.add_argument("--ckpt", type=Path, default=None, help="checkpoint dir (default /tmp/<shape>)")
+    parser.add_argument("--manifest", type=Path, default=None,
+                        help="manifest to test (default: the shape's, qwen3-4b -> manifests/qwen3-4b-v2.json)")
     parser.add_argument("--gpu", type=int, default=0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--rel-tol", type=float, default=2e-2)
@@ -73,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"parity: {exc}", file=sys.stderr)
         return 2
     print(f"checkpoint {ckpt} ready in {time.perf_counter() - t0:.1f} s", flush=True)
-    manifest = ROOT / "manifests" / MANIFESTS[args.shape]
+    manifest = args.manifest or ROOT / "manifests" / MANIFESTS[args.shape]
     facts = read_manifest(manifest)
     codec = load_codec(ckpt)
     rng = np.random.default_rng(args.seed + 1)
