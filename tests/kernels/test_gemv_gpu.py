@@ -55,41 +55,6 @@ def default_launch(n: int, k: int, sms: int) -> Launch:
     return Launch(grid=min(n, 2 * sms), block=512, smem_bytes=16 * (-(-k // 8)))
 
 
-@pytest.fixture(scope="module")
-def gpu():
-    from gpu_helpers import Gpu
-
-    g = Gpu()
-    yield g
-    g.free_all()
-
-
-@pytest.fixture
-def dev(gpu):
-    """The Gpu; after the test every buffer's guards must be intact, then all buffers are freed."""
-    yield gpu
-    try:
-        gpu.check_all_guards()
-    finally:
-        gpu.free_all()
-
-
-@pytest.fixture(scope="module")
-def kernels(gpu) -> dict[str, Any]:
-    from gemv_gpu_helpers import gemv_kernels
-
-    found, origin = gemv_kernels(gpu)
-    print(f"gemv cubin: {origin}")
-    return found
-
-
-@pytest.fixture(scope="module")
-def sms(gpu) -> int:
-    from gemv_gpu_helpers import sm_count
-
-    return sm_count(gpu)
-
-
 def run(kernel: Any, launch: Launch, args: list[tuple[str, Any]], stream: Any = 0, pdl: bool = False) -> None:
     from gemv_gpu_helpers import launch as launch_kernel
 

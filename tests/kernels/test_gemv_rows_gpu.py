@@ -43,40 +43,6 @@ def rows_launch(groups: int, k: int, sms: int) -> Launch:
     return Launch(grid=min(groups, max(1, 1024 // block) * sms), block=block, smem_bytes=16 * k8)
 
 
-@pytest.fixture(scope="module")
-def gpu():
-    from gpu_helpers import Gpu
-
-    g = Gpu()
-    yield g
-    g.free_all()
-
-
-@pytest.fixture
-def dev(gpu):
-    yield gpu
-    try:
-        gpu.check_all_guards()
-    finally:
-        gpu.free_all()
-
-
-@pytest.fixture(scope="module")
-def kernels(gpu) -> dict[str, Any]:
-    from gemv_gpu_helpers import gemv_kernels
-
-    found, origin = gemv_kernels(gpu)
-    print(f"gemv cubin: {origin}")
-    return found
-
-
-@pytest.fixture(scope="module")
-def sms(gpu) -> int:
-    from gemv_gpu_helpers import sm_count
-
-    return sm_count(gpu)
-
-
 def check_rows(dev, kernels, entry: str, n: int, k: int, launch: Launch, w_bits: np.ndarray | None = None,
                w_shift: bool = False) -> None:
     case = Case(dev, np.random.default_rng(), TWINS[entry], n, k, w_bits=w_bits)

@@ -24,25 +24,6 @@ from tools import reference_kernels as ref  # noqa: E402
 BF = np.uint16  # device representation of bf16
 
 
-@pytest.fixture(scope="module")
-def gpu():
-    from gpu_helpers import Gpu
-
-    g = Gpu()
-    yield g
-    g.free_all()
-
-
-@pytest.fixture
-def dev(gpu):
-    """The Gpu; after the test, every buffer's guards must be intact, then all buffers are freed."""
-    yield gpu
-    try:
-        gpu.check_all_guards()
-    finally:
-        gpu.free_all()
-
-
 def rand_bf16(rng, shape, scale=1.0):
     """bf16-valued float32 array (normal * scale)."""
     return ref.bf16_round((rng.standard_normal(shape) * scale).astype(np.float32))

@@ -23,15 +23,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tools.reference_step import decode_advance  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def gpu():
-    from gpu_helpers import Gpu
-
-    g = Gpu()
-    yield g
-    g.free_all()
-
-
 def _case(rng: np.random.Generator, n_seqs: int, bt_stride: int, page_tokens: int, max_pos: int, ring_len: int):
     bt = rng.integers(0, 5000, size=(n_seqs, bt_stride)).astype(np.int32)
     bt[rng.random(bt.shape) < 0.1] = -1
