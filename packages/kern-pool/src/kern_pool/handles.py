@@ -19,6 +19,27 @@ if TYPE_CHECKING:
 _NO_COPIES = Copies()
 
 
+class Handle:
+    """What every pool handle shares: `with` closes it, and so does dropping it while it is open.
+
+    Subclasses set `self._closed` and define `close() -> bool` (True when that call released the
+    references, False for a second close)."""
+
+    __slots__ = ()
+    _closed: bool
+    close: Any  # () -> bool, defined by each subclass
+
+    def __enter__(self):  # -> the subclass's own type
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if not getattr(self, "_closed", True):
+            self.close()
+
+
 class _Node:
     """A sealed page in a shared chain: page `page_id` at page index `index` of its sequence.
 
@@ -58,7 +79,7 @@ def chain_pages(tail: _Node | None) -> list[int]:
     return out
 
 
-class Lease:
+class Lease(Handle):
     """A live sequence: sealed chain pages + its own pages + (where the model has per-seq state) one slot.
 
     `prefix_tokens`: tokens inherited from a checkpoint / parent (never written by this lease).
@@ -143,22 +164,12 @@ class Lease:
         if self._closed:
             raise Closed("lease is closed (released or retired)")
 
-    def __enter__(self) -> Lease:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        if not self._closed:
-            self.close()
-
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"{self.num_pages} pages, slot {self.seq_slot_id}"
         return f"Lease(prefix={self.prefix_tokens}, {state})"
 
 
-class Checkpoint:
+class Checkpoint(Handle):
     """A kept prefix of `num_tokens` tokens: a shared chain of full pages, the partial last page
     (`tail_page_id`, shared, read only below `num_tokens`) and its own slot copy (`seq_slot_id`).
 
@@ -208,16 +219,6 @@ class Checkpoint:
             return False
         self._pool._release_checkpoint(self)
         return True
-
-    def __enter__(self) -> Checkpoint:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        if not self._closed:
-            self.close()
 
     def __repr__(self) -> str:
         return f"Checkpoint({self.num_tokens} tokens{', closed' if self._closed else ''})"

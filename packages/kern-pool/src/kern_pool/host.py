@@ -17,7 +17,7 @@ import weakref
 from typing import Any
 
 from .errors import Busy, Closed, ExceedsPool, Misuse, NotLanded
-from .handles import Checkpoint, Lease, _Node
+from .handles import Checkpoint, Handle, Lease, _Node
 from .plans import Copies, HostCopies, PageCopy, SlotCopy
 from .pool import Pool
 from .sizing import Layout
@@ -109,7 +109,7 @@ class Room:
         self.close()
 
 
-class Parked:
+class Parked(Handle):
     """A checkpoint's copy on the host: `num_tokens`, `has_slot`, host page ids, `plan` (device->host).
 
     Until `land()` it also holds the device checkpoint (the copy reads its pages); landing closes it.
@@ -166,16 +166,6 @@ class Parked:
         self.land()
         self._host._release_parked(self)
         return True
-
-    def __enter__(self) -> Parked:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        if not self._closed:
-            self.close()
 
     def __repr__(self) -> str:
         return f"Parked({self.num_tokens} tokens{', closed' if self._closed else ''})"
