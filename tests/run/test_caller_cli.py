@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import shutil
 from pathlib import Path
 
@@ -63,15 +65,17 @@ def _base(tiny_manifest: Path, kernels_dir: Path, tiny_ckpt: Path) -> list[str]:
             "--log-level", "info"]
 
 
-def test_no_cuda_device_on_this_machine() -> None:
-    try:
-        preflight.probe_device(0)
-    except NoDeviceError:
-        pass
-    else:
-        pytest.skip("a CUDA device is visible here")
-    result = _invoke("run", "--prompt", "hi", "--manifest", "m.json", "--kernels", "k", "--weights", "w")
-    _refused(result, 3, "no CUDA device")
+def test_no_cuda_device(monkeypatch: pytest.MonkeyPatch, tiny_manifest: Path, kernels_dir: Path,
+                        tiny_ckpt: Path) -> None:
+    """Host-side refusals come first (a CPU machine still learns what is wrong with its inputs); a valid
+    target then stops at the device probe with exit 3."""
+    def no_device(gpu: int) -> int:
+        raise NoDeviceError("no CUDA device: the CUDA driver library cannot be loaded; kern needs an NVIDIA GPU")
+
+    monkeypatch.setattr(session, "probe_device", no_device)
+    _refused(_invoke("run", "--prompt", "hi", "--manifest", "m.json", "--kernels", "k", "--weights", "w"), 2,
+             "m.json")
+    _refused(_invoke(*_base(tiny_manifest, kernels_dir, tiny_ckpt), "--prompt", "hi"), 3, "no CUDA device")
 
 
 def test_probe_device_branches(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -210,3 +214,14 @@ def test_prompts_with_tp_refused(tiny_manifest: Path, kernels_dir: Path, tiny_ck
     prompts.write_text("a\nb\n")
     _refused(_invoke(*_base(tiny_manifest, kernels_dir, tiny_ckpt), "--prompts", str(prompts), "--tp", "2"),
              2, "--prompts")
+
+
+def test_manifest_that_fails_verification(tiny_manifest: Path, kernels_dir: Path, tiny_ckpt: Path,
+                                          tmp_path: Path) -> None:
+    raw = json.loads(tiny_manifest.read_text())
+    raw["buffers"]["hidden"]["dtype"] = "bf17"
+    raw["programs"]["decode"]["calls"][0]["op"] = "no_such_op"
+    broken = tmp_path / "broken.json"
+    broken.write_text(json.dumps(raw))
+    _refused(_invoke(*_base(broken, kernels_dir, tiny_ckpt)), 2, "broken.json fails verification at $.buffers.hidden.dtype",
+             "unknown dtype 'bf17'", "more: kern-manifest check")

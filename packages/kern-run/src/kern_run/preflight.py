@@ -67,6 +67,21 @@ class ManifestFacts:
         return self.page_tokens * self.pages_per_seq
 
 
+def check_verifies(raw: Any, path: Path) -> None:
+    """kern_manifest's parse + verify on the host, so a broken manifest is refused before any GPU work.
+    Raises ConfigError naming the first fault and how many there are."""
+    from kern_manifest import ManifestParseError, ManifestVerifyError, parse_manifest, verify
+
+    try:
+        verify(parse_manifest(raw))
+    except ManifestParseError as exc:
+        raise ConfigError(f"manifest {path}: {exc}; regenerate it (tools/gen_qwen3.py)") from None
+    except ManifestVerifyError as exc:
+        first = exc.faults[0]
+        more = f" (+{len(exc.faults) - 1} more: kern-manifest check {path})" if len(exc.faults) > 1 else ""
+        raise ConfigError(f"manifest {path} fails verification at {first.path}: {first.message}{more}") from None
+
+
 def read_manifest(path: Path) -> ManifestFacts:
     """Parse the manifest JSON and pull the caller contract's facts. Raises ConfigError."""
     try:
@@ -75,6 +90,7 @@ def read_manifest(path: Path) -> ManifestFacts:
         raise ConfigError(f"manifest {path}: {exc.strerror or exc}; generate it with tools/gen_qwen3.py") from None
     except json.JSONDecodeError as exc:
         raise ConfigError(f"manifest {path} is not JSON ({exc})") from None
+    check_verifies(raw, path)
     try:
         tokens_max = int(raw["vars"]["tokens"]["max"])
         paged = [s for s in raw.get("states", {}).values() if s.get("kind") == "paged"]

@@ -33,15 +33,16 @@ class Prepared:
 
 
 def prepare(cfg: RunConfig, check_device: bool = True) -> Prepared:
-    """Every refusal that needs no GPU (and the device probe first). Raises RefusalError subclasses."""
-    if check_device:
-        probe_device(cfg.gpu)
+    """Every refusal that needs no GPU, then the device probe last, so a machine without a GPU still
+    reports a bad manifest, kernels directory, checkpoint or chunk. Raises RefusalError subclasses."""
     facts = read_manifest(cfg.manifest)
     chunk = resolve_chunk(cfg.chunk, facts)
     check_kernels(facts, cfg.kernels)
     tensors = checkpoint_tensors(cfg.weights)
     check_weights(facts, tensors, cfg.weights)
     codec = load_codec(cfg.weights)
+    if check_device:
+        probe_device(cfg.gpu)
     return Prepared(cfg, facts, codec, chunk, weight_bytes(tensors))
 
 
