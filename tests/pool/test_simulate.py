@@ -157,3 +157,34 @@ def test_cli_png_needs_matplotlib_or_writes_it(tmp_path: Path, capsys: pytest.Ca
 
 def test_cli_missing_trace(tmp_path: Path) -> None:
     assert main(["simulate", str(tmp_path / "nope.jsonl")]) == 2
+
+
+def test_cli_refuses_bad_traces_and_options(tmp_path, capsys) -> None:
+    """Bad input is one line naming the file:line or the option, exit 2; never a traceback or a silent answer."""
+    from kern_pool.cli import main
+
+    cases = {
+        '{"timestamp": 0, "input_length": -100, "hash_ids": [1]}\n': "t.jsonl:1: input_length must be a positive",
+        '{"timestamp": 0, "input_length": 600, "hash_ids": [1, 2]}\nnot json\n': "t.jsonl:2: not JSON",
+        '{"timestamp": 0, "input_length": 600}\n': "t.jsonl:1: missing field 'hash_ids'",
+        '{"timestamp": 0, "input_length": 600, "hash_ids": [1]}\n': "1 hash_ids for input_length 600",
+    }
+    trace = tmp_path / "t.jsonl"
+    for text, needle in cases.items():
+        trace.write_text(text)
+        assert main(["simulate", str(trace)]) == 2
+        err = capsys.readouterr().err
+        assert needle in err and "Traceback" not in err, err
+    trace.write_text('{"timestamp": 0, "input_length": 600, "hash_ids": [1, 2]}\n')
+    for option in (["--capacity", "nan"], ["--capacity", "1e30"], ["--page-tokens", "0"], ["--limit", "0"],
+                   ["--host-tokens", "-512"]):
+        try:
+            main(["simulate", str(trace), *option])
+        except SystemExit as e:  # argparse: exit 2 with the option named
+            assert e.code == 2
+        else:
+            raise AssertionError(f"{option} accepted")
+        assert option[0] in capsys.readouterr().err
+    assert main(["simulate", str(tmp_path)]) == 2
+    assert "is a directory" in capsys.readouterr().err
+    assert main(["simulate", str(trace), "--limit", "1", "--host-tokens", "3e6"]) == 0

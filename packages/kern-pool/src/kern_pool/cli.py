@@ -3,21 +3,45 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import sys
 from pathlib import Path
 
-from .simulate import SWEEP_TOKENS, SimConfig, SimResult, plot_sweep, simulate, sweep, trace_kind
+from .errors import PoolError
+from .simulate import SWEEP_TOKENS, SimConfig, SimResult, TraceError, plot_sweep, simulate, sweep, trace_kind
+
+
+MAX_TOKENS = 1e9  # above any trace's total (the largest here has 1.45e8 input tokens); a pool of more pages
+# than this would only allocate free lists: 'inf' replays with everything fitting instead
 
 
 def _tokens(text: str) -> float:
+    """--capacity: a token count > 0 (float syntax such as 3e6 allowed), or inf / all."""
     if text.lower() in ("inf", "infinity", "all"):
         return math.inf
-    value = float(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"capacity must be > 0 tokens, got {text}")
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a token count: {text!r}") from None
+    if not (0 < value <= MAX_TOKENS):  # also refuses nan
+        raise argparse.ArgumentTypeError(f"capacity must be in (0, {MAX_TOKENS:.0e}] tokens, or 'inf' for a pool "
+                                         f"that never evicts; got {text}")
     return value
+
+
+def _count(low: int):
+    """An integer >= `low`, float syntax (3e6) allowed when it is whole."""
+    def parse(text: str) -> int:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if not (value.is_integer() and low <= value <= MAX_TOKENS):
+            raise argparse.ArgumentTypeError(f"must be a whole number >= {low}, got {text}")
+        return int(value)
+    return parse
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -26,9 +50,9 @@ def _parser() -> argparse.ArgumentParser:
     s = sub.add_parser("simulate", help="replay a Mooncake-format trace through Pool + Prefix")
     s.add_argument("trace", type=Path, help="JSONL trace (timestamp, input_length, output_length, hash_ids)")
     s.add_argument("--capacity", type=_tokens, default=3e6, help="device pool tokens (default 3e6; 'inf' = all fit)")
-    s.add_argument("--host-tokens", type=int, default=0, help="host tier tokens (default 0: no host tier)")
-    s.add_argument("--page-tokens", type=int, default=512, help="tokens per page (default 512 = trace blocks)")
-    s.add_argument("--limit", type=int, default=None, help="replay only the first N requests")
+    s.add_argument("--host-tokens", type=_count(0), default=0, help="host tier tokens (default 0: no host tier)")
+    s.add_argument("--page-tokens", type=_count(1), default=512, help="tokens per page (default 512 = trace blocks)")
+    s.add_argument("--limit", type=_count(1), default=None, help="replay only the first N requests")
     s.add_argument("--reserve-output", action="store_true", help="lease room for output tokens as well")
     s.add_argument("--json", action="store_true", help="print JSON instead of a table")
     s.add_argument("--sweep", action="store_true", help="sweep capacities 1e4..5e7 and inf")
@@ -48,9 +72,25 @@ HEADER = f"{'tokens':>6} {'pages':>8} {'hit_tok':>8} {'hit_req':>8} {'evictions'
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if not args.trace.is_file():
-        print(f"kern-pool: trace {args.trace} not found", file=sys.stderr)
+        what = "is a directory, not a trace file" if args.trace.is_dir() else "not found"
+        print(f"kern-pool: trace {args.trace} {what}", file=sys.stderr)
         return 2
+    if args.png is not None and not args.sweep:
+        print("kern-pool: --png needs --sweep", file=sys.stderr)
+        return 2
+    if args.png is not None:
+        if importlib.util.find_spec("matplotlib") is None:  # checked before a sweep of minutes, not after
+            print("kern-pool: --png needs matplotlib: pip install 'kern-pool[plot]'", file=sys.stderr)
+            return 3
     cfg = SimConfig(args.capacity, args.host_tokens, args.page_tokens, args.limit, args.reserve_output)
+    try:
+        return _run(args, cfg)
+    except (TraceError, PoolError, OSError) as e:
+        print(f"kern-pool: {e}", file=sys.stderr)
+        return 2
+
+
+def _run(args: argparse.Namespace, cfg: SimConfig) -> int:
     if args.sweep:
         results = []
         if not args.json:

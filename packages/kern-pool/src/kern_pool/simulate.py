@@ -102,16 +102,47 @@ class SimResult:
         return out
 
 
+class TraceError(ValueError):
+    """A trace line that is not a Mooncake request; the message names the file, line and field."""
+
+
+def _request(d: object, where: str, block_tokens: int) -> Request:
+    if not isinstance(d, dict):
+        raise TraceError(f"{where}: expected a JSON object, got {type(d).__name__}")
+    try:
+        input_length, output_length, hash_ids = d["input_length"], d.get("output_length", 0), d["hash_ids"]
+    except KeyError as e:
+        raise TraceError(f"{where}: missing field {e.args[0]!r}") from None
+    if not (isinstance(input_length, int) and input_length > 0):
+        raise TraceError(f"{where}: input_length must be a positive integer, got {input_length!r}")
+    if not (isinstance(output_length, int) and output_length >= 0):
+        raise TraceError(f"{where}: output_length must be an integer >= 0, got {output_length!r}")
+    if not (isinstance(hash_ids, list) and all(isinstance(h, int) for h in hash_ids)):
+        raise TraceError(f"{where}: hash_ids must be a list of integers")
+    if len(hash_ids) != -(-input_length // block_tokens):
+        raise TraceError(f"{where}: {len(hash_ids)} hash_ids for input_length {input_length}; a trace has one per "
+                         f"{block_tokens}-token block ({-(-input_length // block_tokens)})")
+    return Request(input_length, output_length, tuple(hash_ids))
+
+
 def read_trace(path: Path, limit: int | None = None) -> list[Request]:
-    """Requests of a Mooncake JSONL trace, in file order (first `limit` lines when given)."""
+    """Requests of a Mooncake JSONL trace, in file order (first `limit` lines when given).
+
+    Raises TraceError (file:line and the field) for a line that is not JSON or not a request, and
+    OSError when the file cannot be read."""
     out: list[Request] = []
     with open(path, encoding="utf-8") as f:
-        for line in f:
+        for number, line in enumerate(f, 1):
             if limit is not None and len(out) >= limit:
                 break
-            if line.strip():
+            if not line.strip():
+                continue
+            where = f"{path}:{number}"
+            try:
                 d = json.loads(line)
-                out.append(Request(int(d["input_length"]), int(d.get("output_length", 0)), tuple(d["hash_ids"])))
+            except json.JSONDecodeError as e:
+                raise TraceError(f"{where}: not JSON ({e.msg} at column {e.colno})") from None
+            out.append(_request(d, where, TRACE_BLOCK_TOKENS))
     return out
 
 
