@@ -183,7 +183,21 @@ def test_inspect_prints_summary(tiny_manifest: Path) -> None:
     assert result.exit_code == 0
     assert "kern_attn_decode_partial in attention" in result.stdout
     assert "program decode (run): 28 calls, 33 launches" in result.stdout
-    _refused(_invoke("inspect", "/nonexistent.json"), 2, "gen_qwen3.py")
+    _refused(_invoke("inspect", "/nonexistent.json"), 2, "/nonexistent.json", "No such file")
+
+
+def test_inspect_any_manifest_verified_with_computed_digest(tmp_path: Path) -> None:
+    """Not only the Qwen3 contract: the format's own example; a stale declared digest is a fault."""
+    from kern_manifest import parse_manifest
+
+    example = Path(__file__).resolve().parents[1] / "manifest" / "data" / "example.json"
+    raw = json.loads(example.read_text())
+    result = _invoke("inspect", str(example))
+    assert result.exit_code == 0, result.stderr
+    assert f"digest {parse_manifest(raw).digest[:12]}" in result.stdout.splitlines()[0]
+    stale = tmp_path / "stale.json"
+    stale.write_text(json.dumps({**raw, "digest": "0" * 64}))
+    _refused(_invoke("inspect", str(stale)), 2, "fails verification at $.digest")
 
 
 def test_manifest_check(tiny_manifest: Path) -> None:
@@ -225,3 +239,9 @@ def test_manifest_that_fails_verification(tiny_manifest: Path, kernels_dir: Path
     broken.write_text(json.dumps(raw))
     _refused(_invoke(*_base(broken, kernels_dir, tiny_ckpt)), 2, "broken.json fails verification at $.buffers.hidden.dtype",
              "unknown dtype 'bf17'", "more: kern-manifest check")
+
+
+def test_unknown_log_level_is_a_usage_error() -> None:
+    result = _invoke("run", "--log-level", "bogus")
+    assert result.exit_code == 2
+    assert "'bogus' is not one of debug, info, warning, error" in result.output

@@ -33,7 +33,8 @@ ConfigOpt = Annotated[Optional[Path], typer.Option("--config", help="kern.toml p
 ManifestOpt = Annotated[Optional[Path], typer.Option("--manifest", help="manifest JSON")]
 KernelsOpt = Annotated[Optional[Path], typer.Option("--kernels", help="kernels directory (<module>-<sha12>.cubin)")]
 WeightsOpt = Annotated[Optional[Path], typer.Option("--weights", help="HF checkpoint directory or .safetensors file")]
-ChunkOpt = Annotated[Optional[int], typer.Option("--chunk", help="prefill chunk in tokens (default 512, clamped)")]
+ChunkOpt = Annotated[Optional[int], typer.Option("--chunk", help="prefill chunk in tokens (default 512, clamped to "
+                                                 "the manifest's tokens max; a larger explicit value is refused)")]
 CapacityOpt = Annotated[Optional[int], typer.Option("--capacity", help="KV capacity in tokens (default 4096)")]
 GpuOpt = Annotated[Optional[int], typer.Option("--gpu", help="CUDA device ordinal")]
 LogOpt = Annotated[Optional[str], typer.Option("--log-level", help="debug|info|warning|error (default $KERN_LOG or info)")]
@@ -160,15 +161,25 @@ def inspect(
     manifest: Annotated[Path, typer.Argument(help="manifest JSON")],
     log_level: LogOpt = None,
 ) -> None:
-    """Print what a manifest declares (no GPU needed)."""
-    from .preflight import read_manifest
+    """Print what a manifest declares (no GPU needed); any kern manifest, verified first."""
+    from kern_manifest import parse_manifest
+
+    from .errors import ConfigError
+    from .preflight import check_verifies
     from .summary import manifest_lines
 
     level = resolve_level(log_level)
 
     def go() -> None:
-        facts = read_manifest(manifest)
-        for line in manifest_lines(facts.raw):
+        try:
+            raw = json.loads(manifest.read_text())
+        except OSError as exc:
+            raise ConfigError(f"manifest {manifest}: {exc.strerror or exc}") from None
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"manifest {manifest} is not JSON ({exc})") from None
+        check_verifies(raw, manifest)
+        raw = {**raw, "digest": parse_manifest(raw).digest}  # the computed digest, declared or not
+        for line in manifest_lines(raw):
             print(line)
 
     _guarded("inspect", level, go)

@@ -12,9 +12,16 @@ LEVELS = ("debug", "info", "warning", "error")
 
 
 def resolve_level(flag: str | None) -> str:
-    """The effective level name: the flag, else $KERN_LOG, else "info". Unknown names fall back to info."""
+    """The effective level name: the flag, else $KERN_LOG, else "info".
+
+    Raises typer.BadParameter (a usage error, exit 2) for a name not in LEVELS."""
+    import typer
+
     level = (flag or os.environ.get("KERN_LOG") or "info").lower()
-    return level if level in LEVELS else "info"
+    if level not in LEVELS:
+        source = "--log-level" if flag else "$KERN_LOG"
+        raise typer.BadParameter(f"{source} {level!r} is not one of {', '.join(LEVELS)}")
+    return level
 
 
 def setup_logging(level: str) -> structlog.stdlib.BoundLogger:
