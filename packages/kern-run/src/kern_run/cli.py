@@ -190,21 +190,14 @@ def manifest_check(
     manifest: Annotated[Path, typer.Argument(help="manifest JSON")],
     log_level: LogOpt = None,
 ) -> None:
-    """Parse and verify a manifest with kern_manifest; every fault with its JSON path."""
-    level = resolve_level(log_level)
+    """Parse and verify a manifest: the summary, or every fault with its JSON path (exit 1). The same
+    command as `kern-manifest check` (kern_manifest.cli)."""
+    from kern_manifest.cli import check
 
-    def go() -> None:
-        from kern_manifest import ManifestVerifyError, load_manifest
-
-        try:
-            m = load_manifest(manifest)
-        except ManifestVerifyError as exc:
-            for fault in exc.faults:
-                print(f"{fault.path}: {fault.message}")
-            raise typer.Exit(1) from None
-        print(f"{manifest}: ok ({m.name if hasattr(m, 'name') else ''})")
-
-    _guarded("manifest check", level, go)
+    resolve_level(log_level)
+    code = check(str(manifest), sys.stdout, sys.stderr)
+    if code:
+        raise typer.Exit(code)
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
