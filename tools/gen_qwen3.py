@@ -459,7 +459,7 @@ def build_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: GenOptions, config_di
     if opts.decode == "gemv":
         if opts.gemv == "v2":
             decode_gemv_v2_ops(b, cfg, opts)
-            decode = [embed_call] + decode_gemv_v2_calls(cfg)
+            decode = [embed_call] + decode_gemv_calls(cfg, "v2")
         else:
             decode_gemv_ops(b, cfg, opts)
             decode = [embed_call] + decode_gemv_calls(cfg)
@@ -531,11 +531,21 @@ def decode_gemv_ops(b: Builder, cfg: Qwen3Config, opts: GenOptions) -> None:
         b, "kern_gemv_silu_residual", H, I, [{"arg": "w"}, {"arg": "gate_up"}, {"arg": "residual"}], opts)])
 
 
-def decode_gemv_calls(cfg: Qwen3Config) -> list[dict[str, Any]]:
-    """The decode call table after the embedding (which writes `residual`): 7 launches per layer, then the
-    lm_head GEMV with the final norm folded in and the two-stage argmax."""
+def decode_gemv_calls(cfg: Qwen3Config, gemv: str = "v1") -> list[dict[str, Any]]:
+    """The decode call table after the embedding (which writes `residual`): per layer qkv, qk_norm_rope_kv,
+    attention, o, then the MLP, then the lm_head GEMV with the final norm folded in and the two-stage argmax.
+    The MLP is `gemv_gate_up` + `gemv_down` (SiLU*mul in the down prologue, v1) or `gemv_gate_up_act` +
+    `gemv_down_act` (SwiGLU in the gate_up epilogue, writing `act`, v2)."""
     calls: list[dict[str, Any]] = []
     for layer in range(cfg.layers):
+        if gemv == "v2":
+            mlp = [_call("gemv_gate_up_act", w=f"w_gate_up.{layer}", residual="residual",
+                         norm_w=f"ln_post.{layer}", y="act"),
+                   _call("gemv_down_act", w=f"w_down.{layer}", x="act", residual="residual")]
+        else:
+            mlp = [_call("gemv_gate_up", w=f"w_gate_up.{layer}", residual="residual", norm_w=f"ln_post.{layer}",
+                         y="gate_up"),
+                   _call("gemv_down", w=f"w_down.{layer}", gate_up="gate_up", residual="residual")]
         calls += [
             _call("gemv_qkv", w=f"w_qkv.{layer}", residual="residual", norm_w=f"ln_in.{layer}", y="qkv"),
             _call("qk_norm_rope_kv", qkv="qkv", q_norm=f"q_norm.{layer}", k_norm=f"k_norm.{layer}",
@@ -543,9 +553,7 @@ def decode_gemv_calls(cfg: Qwen3Config) -> list[dict[str, Any]]:
             _call("attn_decode", q="q", kv=f"kv.{layer}", block_table="block_table", seq_lens="seq_lens",
                   out="attn_out"),
             _call("gemv_o", w=f"w_o.{layer}", x="attn_out", residual="residual"),
-            _call("gemv_gate_up", w=f"w_gate_up.{layer}", residual="residual", norm_w=f"ln_post.{layer}",
-                  y="gate_up"),
-            _call("gemv_down", w=f"w_down.{layer}", gate_up="gate_up", residual="residual"),
+            *mlp,
         ]
     calls += [
         # lm_head: the tied embedding matrix is read in place (no copy)
@@ -594,30 +602,6 @@ def decode_gemv_v2_ops(b: Builder, cfg: Qwen3Config, opts: GenOptions) -> None:
                                            res_wiring + [{"i32": H}, {"i32": Hq * D}], opts)])
     b.op("gemv_down_act", res_args, [_rows_launch(b, "kern_gemv_rows_residual", -(-H // 4), I,
                                                   res_wiring + [{"i32": H}, {"i32": I}], opts)])
-
-
-def decode_gemv_v2_calls(cfg: Qwen3Config) -> list[dict[str, Any]]:
-    """The `--gemv v2` decode call table after the embedding: 6 launches per layer (qkv, qk_norm_rope_kv,
-    attention partial + reduce, o, gate_up+SwiGLU, down), then lm_head and the argmax."""
-    calls: list[dict[str, Any]] = []
-    for layer in range(cfg.layers):
-        calls += [
-            _call("gemv_qkv", w=f"w_qkv.{layer}", residual="residual", norm_w=f"ln_in.{layer}", y="qkv"),
-            _call("qk_norm_rope_kv", qkv="qkv", q_norm=f"q_norm.{layer}", k_norm=f"k_norm.{layer}",
-                  rope="rope", positions="positions", slots="slot_mapping", q_out="q", kv=f"kv.{layer}"),
-            _call("attn_decode", q="q", kv=f"kv.{layer}", block_table="block_table", seq_lens="seq_lens",
-                  out="attn_out"),
-            _call("gemv_o", w=f"w_o.{layer}", x="attn_out", residual="residual"),
-            _call("gemv_gate_up_act", w=f"w_gate_up.{layer}", residual="residual", norm_w=f"ln_post.{layer}",
-                  y="act"),
-            _call("gemv_down_act", w=f"w_down.{layer}", x="act", residual="residual"),
-        ]
-    calls += [
-        _call("gemv_lm_head", w="embed" if cfg.tied else "lm_head", residual="residual", norm_w="final_norm",
-              y="logits"),
-        _call("argmax", logits="logits", out="next_token"),
-    ]
-    return calls
 
 
 def decode_advance_op(b: Builder, opts: GenOptions, pages_per_seq: int) -> None:
