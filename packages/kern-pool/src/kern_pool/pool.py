@@ -229,11 +229,9 @@ class Pool:
         if length < source.num_tokens and source.has_slot:
             raise Misuse(f"checkpoint with per-seq state resumes only at its length {source.num_tokens}, not {length}")
         if not source.paged:
-            if num_tokens:
-                raise Misuse("lease_from a slot-only checkpoint cannot reserve tokens (pass 0)")
-            return self._slot_only_from(source.seq_slot_id, length, hold)
-        if num_tokens < length:
-            raise Misuse(f"num_tokens {num_tokens} is below the prefix {length}")
+            return self._slot_only_branch("lease_from a slot-only checkpoint", source.seq_slot_id, length,
+                                          num_tokens, hold)
+        self._check_reserve(num_tokens, length)
         P = self.page_tokens
         full, partial = divmod(length, P)
         src_partial = None
@@ -254,11 +252,9 @@ class Pool:
         self._own(parent)
         self._check_len(parent, prefix_tokens)
         if not parent.paged:
-            if num_tokens:
-                raise Misuse("fork of a slot-only lease cannot reserve tokens (pass 0)")
-            return self._slot_only_from(parent.seq_slot_id, prefix_tokens, None)
-        if num_tokens < prefix_tokens:
-            raise Misuse(f"num_tokens {num_tokens} is below the prefix {prefix_tokens}")
+            return self._slot_only_branch("fork of a slot-only lease", parent.seq_slot_id, prefix_tokens,
+                                          num_tokens, None)
+        self._check_reserve(num_tokens, prefix_tokens)
         P = self.page_tokens
         full, partial = divmod(prefix_tokens, P)
         n_pages = self._pages_for(num_tokens)
@@ -271,6 +267,17 @@ class Pool:
             src_partial = node_at(parent._chain, full).page_id if full < depth else parent._pages[full - depth]  # type: ignore[union-attr]
         return self._finish_branch(node_at(parent._chain, full - 1), src_partial, parent.seq_slot_id,
                                    prefix_tokens, pages, slots, None)
+
+    def _slot_only_branch(self, what: str, slot_id: int | None, length: int, num_tokens: int, hold: Any) -> Lease:
+        """lease_from / fork of a slot-only source: no pages, so no tokens can be reserved."""
+        if num_tokens:
+            raise Misuse(f"{what} cannot reserve tokens (pass 0)")
+        return self._slot_only_from(slot_id, length, hold)
+
+    @staticmethod
+    def _check_reserve(num_tokens: int, prefix_tokens: int) -> None:
+        if num_tokens < prefix_tokens:
+            raise Misuse(f"num_tokens {num_tokens} is below the prefix {prefix_tokens}")
 
     def land(self, plan: RemapPlan) -> None:
         """The executor reports `plan` executed: its new pages / slots become leasable."""
