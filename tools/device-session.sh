@@ -43,6 +43,10 @@ for s in "$@"; do
                  ;;
     mg-barrier)  step mg-barrier 60 "python3 bench/peer_barrier.py && python3 bench/peer_barrier.py --drop 1" ;;
     mg-tp-4b)    step mg-tp-4b 420 "M=/tmp/kern-tp; mkdir -p \$M && python3 tools/make_checkpoint.py --shape qwen3-4b --out $W/qwen3-4b && python3 tools/gen_qwen3.py --shape qwen3-4b --decode gemm --out \$M/qwen3-4b.json && python3 tools/gen_qwen3_tp.py --shape qwen3-4b --tp 2 --out-dir \$M && python3 -m kern_run.cli run --manifest \$M/qwen3-4b.json --weights $W/qwen3-4b --prompt 'The capital of France is' --steps 64 --ignore-eos >\$M/tp1.txt && python3 -m kern_run.cli run --tp 2 --manifest \$M/qwen3-4b.json --weights $W/qwen3-4b --prompt 'The capital of France is' --steps 64 --ignore-eos >\$M/tp2.txt && cmp \$M/tp1.txt \$M/tp2.txt && echo 'TP=2 text identical to TP=1 (64 greedy tokens)'" ;;
+    pick-algos)  step pick-algos 330 "python3 tools/pick_algos.py --shape qwen3-4b --shape qwen3-0.6b --shape tiny --config models/qwen3-tiny-en/config.json --tp 1 --tp 2 --m-max 2048 --out $OUT/h200.json && mkdir -p manifests/algos && cp $OUT/h200.json manifests/algos/h200.json && python3 tools/regen_manifests.py" ;;  # then fetch h200.json into manifests/algos/
+    chunk-4b)    step chunk-4b 200 "python3 -m kern_run.cli test --against chunk1 --manifest manifests/qwen3-4b-v2.json --weights $W/qwen3-4b --prompts 3 --steps 128" ;;  # after ckpt-4b
+    tp-parity-4b) step tp-parity-4b 420 "python3 tools/tp_parity.py --shape qwen3-4b --ckpt $W/qwen3-4b --tp 2" ;;  # 2 GPUs
+    tp-parity-en) step tp-parity-en 240 "python3 tools/tp_parity.py --config models/qwen3-tiny-en/config.json --ckpt models/qwen3-tiny-en --tp 2 --max-context 2048" ;;  # 2 GPUs
     pool-gpu)    step pool-gpu 240 "python3 -m pytest tests/runtime/test_pool_gpu.py tests/run/test_prefix_gpu.py -q -x -p no:cacheprovider" ;;
     bench-park)  step bench-park 120 "python3 bench/park_wake.py" ;;
     bench-decode)  step bench-decode 400 "python3 bench/decode.py --ckpt $W/qwen3-4b --breakdown --compile-timeout 120 --budget 280" ;;  # after ckpt-4b; ~5-6 min

@@ -152,6 +152,28 @@ class GenOptions:
     pdl: bool = True  # mark launches of PDL_ENTRIES with `pdl: true` (decode program only)
     ring_len: int = 64  # token ring (host-mapped output) entries per sequence
     gemv: str = "v1"  # decode GEMV wiring (--decode gemv): "v1" warp-per-row entries, "v2" rows family + swiglu
+    # cuBLASLt pins (tools/pick_algos.py): ((n, k, ((attr, value), ...)), ...); a projection whose (n, k) is here
+    # gets its own op `gemm_<n>x<k>` with that algorithm for every M (batch-invariant prefill)
+    algos: tuple[tuple[int, int, tuple[tuple[str, int], ...]], ...] = ()
+    algos_source: tuple[tuple[str, Any], ...] = ()  # (device, cublaslt_version, m_max) of the pins file, for meta
+
+
+def load_algos(path: Path, chunk_max: int) -> tuple[tuple, tuple]:
+    """Read a tools/pick_algos.py pins file: (algos, algos_source) for GenOptions. Raises GenError when the file
+    is malformed or its pins were proven for a smaller M than `chunk_max`."""
+    try:
+        doc = json.loads(path.read_text())
+        if doc.get("format") != "kern-cublaslt-pins/1":
+            raise GenError(f"{path}: format {doc.get('format')!r}, expected 'kern-cublaslt-pins/1'")
+        if int(doc["m_max"]) < chunk_max:
+            raise GenError(f"{path}: pins were checked up to M = {doc['m_max']}, below --chunk-max {chunk_max}")
+        algos = tuple(sorted((int(p["n"]), int(p["k"]), tuple(sorted((str(a), int(v)) for a, v in p["algo"].items())))
+                             for p in doc["pins"]))
+        source = (("device", str(doc["device"])), ("cublaslt_version", int(doc["cublaslt_version"])),
+                  ("m_max", int(doc["m_max"])))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise GenError(f"{path}: not a pins file ({exc!r})") from None
+    return algos, source
 
 
 def decode_num_splits(cfg: "Qwen3Config", opts: GenOptions) -> int:
@@ -414,10 +436,21 @@ def build_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: GenOptions, config_di
     b.op("silu_mul", [_ptr("gate_up"), _ptr("out")], [b.launch(
         "kern_silu_mul", ["tokens", -(-I // 1024), 1], [256, 1, 1],
         [{"arg": "gate_up"}, {"arg": "out"}, tokens_i32, {"i32": I}])])
-    b.op("gemm", [_ptr("a"), _ptr("w"), _ptr("c"), _int("m"), _int("n"), _int("k")], [{
-        "extern": "cublaslt_bf16_tn",
-        "args": [{"arg": "a"}, {"arg": "w"}, {"arg": "c"}, {"arg": "m", "type": "i64"},
-                 {"arg": "n", "type": "i64"}, {"arg": "k", "type": "i64"}]}])
+    pins = {(n, k): dict(algo) for n, k, algo in opts.algos}
+
+    def gemm_op(n: int, k: int) -> str:
+        """The op of an (n, k) projection: `gemm` (cuBLASLt's heuristic per M), or `gemm_<n>x<k>` with the pinned
+        batch-invariant algorithm for every M (tools/pick_algos.py)."""
+        name = f"gemm_{n}x{k}" if (n, k) in pins else "gemm"
+        if name not in b.ops:
+            launch = {"extern": "cublaslt_bf16_tn",
+                      "args": [{"arg": "a"}, {"arg": "w"}, {"arg": "c"}, {"arg": "m", "type": "i64"},
+                               {"arg": "n", "type": "i64"}, {"arg": "k", "type": "i64"}]}
+            if (n, k) in pins:
+                launch["algo"] = pins[(n, k)]
+            b.op(name, [_ptr("a"), _ptr("w"), _ptr("c"), _int("m"), _int("n"), _int("k")], [launch])
+        return name
+
     b.op("argmax", [_ptr("logits"), _ptr("out")],
          [b.launch("kern_argmax_partial", [opts.argmax_chunks, "seqs", 1], [256, 1, 1],
                    [{"arg": "logits"}, {"i32": V}, {"i32": argmax_chunk}, {"scratch": "part_val"},
@@ -433,7 +466,7 @@ def build_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: GenOptions, config_di
             calls.append(_call("rmsnorm", residual="residual", w="ln_in.0", out="normed"))
         else:
             calls.append(_call("add_rmsnorm", residual="residual", delta="hidden", w=f"ln_in.{layer}", out="normed"))
-        calls.append(_call("gemm", a="normed", w=f"w_qkv.{layer}", c="qkv", m="tokens", n=qkv_dim, k=H))
+        calls.append(_call(gemm_op(qkv_dim, H), a="normed", w=f"w_qkv.{layer}", c="qkv", m="tokens", n=qkv_dim, k=H))
         calls.append(_call("qk_norm_rope_kv", qkv="qkv", q_norm=f"q_norm.{layer}", k_norm=f"k_norm.{layer}",
                            rope="rope", positions="positions", slots="slot_mapping", q_out="q", kv=f"kv.{layer}"))
         if not decode and layer == cfg.layers - 1:
@@ -445,11 +478,11 @@ def build_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: GenOptions, config_di
             calls.append(_call("attn_prefill", q="q", kv=f"kv.{layer}", block_table="block_table",
                                cu_seqlens_q="cu_seqlens_q", seq_lens="seq_lens", out="attn_out"))
         calls += [
-            _call("gemm", a="attn_out", w=f"w_o.{layer}", c="hidden", m="tokens", n=H, k=q_dim),
+            _call(gemm_op(H, q_dim), a="attn_out", w=f"w_o.{layer}", c="hidden", m="tokens", n=H, k=q_dim),
             _call("add_rmsnorm", residual="residual", delta="hidden", w=f"ln_post.{layer}", out="normed"),
-            _call("gemm", a="normed", w=f"w_gate_up.{layer}", c="gate_up", m="tokens", n=2 * I, k=H),
+            _call(gemm_op(2 * I, H), a="normed", w=f"w_gate_up.{layer}", c="gate_up", m="tokens", n=2 * I, k=H),
             _call("silu_mul", gate_up="gate_up", out="act"),
-            _call("gemm", a="act", w=f"w_down.{layer}", c="hidden", m="tokens", n=H, k=I),
+            _call(gemm_op(H, I), a="act", w=f"w_down.{layer}", c="hidden", m="tokens", n=H, k=I),
         ]
         return calls
 
@@ -468,7 +501,7 @@ def build_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: GenOptions, config_di
         decode += [
             _call("add_rmsnorm", residual="residual", delta="hidden", w="final_norm", out="normed"),
             # lm_head: the tied embedding matrix is read in place (no copy); m = seqs (one row per sequence)
-            _call("gemm", a="normed", w="embed" if cfg.tied else "lm_head", c="logits", m="seqs", n=V, k=H),
+            _call(gemm_op(V, H), a="normed", w="embed" if cfg.tied else "lm_head", c="logits", m="seqs", n=V, k=H),
             _call("argmax", logits="logits", out="next_token"),
         ]
     decode.append(decode_advance_call())
@@ -491,6 +524,7 @@ def build_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: GenOptions, config_di
                        "decode": opts.decode, **({"decode_gemv": opts.gemv} if opts.gemv != "v1" else {}),
                        "decode_split_tokens": opts.split_tokens, "decode_splits": num_splits,
                        "decode_advance": {"ring": "token_ring", "ring_len": opts.ring_len}},
+            **({"cublaslt_pins": dict(opts.algos_source)} if opts.algos else {}),
         },
         "vars": {"tokens": {"min": 1, "max": opts.chunk_max}, "seqs": {"min": 1, "max": opts.seqs_max}},
         "modules": {m: abi.modules[m] for m in sorted(b.used_modules)},
@@ -499,6 +533,11 @@ def build_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: GenOptions, config_di
         "ops": b.ops,
         "programs": programs,
     }
+    # Every prefill projection pinned: each row of a chunk is computed alike whatever the chunk (the other
+    # prefill kernels are row-wise, kern_attn_prefill walks keys in fixed 64-token tiles from position 0), so a
+    # caller may resume a cached prefix at any token (kern_run.prefix_cache).
+    if {(qkv_dim, H), (H, q_dim), (2 * I, H), (H, I)} <= set(pins):
+        manifest["meta"]["caller"]["prefill_batch_invariant"] = True
     manifest["digest"] = manifest_digest(manifest)
     return manifest
 
@@ -678,6 +717,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--decode-splits", type=int, default=0, help="decode attention splits (default: auto)")
     parser.add_argument("--sms", type=int, default=132, help="SM count of the target GPU (default 132: H200)")
     parser.add_argument("--no-pdl", action="store_true", help="no programmatic dependent launch in decode")
+    parser.add_argument("--algos", type=Path, help="cuBLASLt pins of tools/pick_algos.py: batch-invariant prefill "
+                                                   "GEMMs (chunk 1 and chunk 512 compute every row alike)")
     parser.add_argument("--no-verify", action="store_true", help="skip verification with kern_manifest")
     args = parser.parse_args(argv)
     try:
@@ -687,8 +728,9 @@ def main(argv: list[str] | None = None) -> int:
         abi = KernelAbi.from_json(kernels_raw)
         name = args.name or args.shape or Path(args.config).resolve().parent.name
         max_context = args.max_context or (4096 if args.shape == "tiny" else min(40960, cfg.max_position_embeddings))
+        algos, algos_source = load_algos(args.algos, args.chunk_max) if args.algos else ((), ())
         opts = GenOptions(name, args.chunk_max, max_context, decode=args.decode, decode_splits=args.decode_splits,
-                          sms=args.sms, pdl=not args.no_pdl, gemv=args.gemv)
+                          sms=args.sms, pdl=not args.no_pdl, gemv=args.gemv, algos=algos, algos_source=algos_source)
         manifest = build_manifest(cfg, abi, opts, cfg_digest)
     except (GenError, OSError, json.JSONDecodeError) as exc:
         print(f"gen_qwen3: {exc}", file=sys.stderr)

@@ -84,7 +84,7 @@ def with_allreduces(calls: list[dict[str, Any]], hidden: int) -> list[dict[str, 
     out = []
     for c in calls:
         out.append(c)
-        if c.get("op") == "gemm" and c["args"].get("c") == "hidden":
+        if c.get("op", "").startswith("gemm") and c["args"].get("c") == "hidden":
             out.append({"op": "allreduce", "args": {"x": "hidden", "count": f"{c['args']['m']} * {hidden}"}})
     return out
 
@@ -136,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tp", type=int, default=2)
     parser.add_argument("--chunk-max", type=int, default=512)
     parser.add_argument("--max-context", type=int, default=None)
+    parser.add_argument("--algos", type=Path, help="cuBLASLt pins of tools/pick_algos.py (run with --tp N)")
     args = parser.parse_args(argv)
     try:
         raw_cfg, cfg_digest = g.config_from_args(args)
@@ -143,7 +144,9 @@ def main(argv: list[str] | None = None) -> int:
         abi = g.KernelAbi.from_json(json.loads(args.kernels.read_text()))
         name = args.name or args.shape or Path(args.config).resolve().parent.name
         max_context = args.max_context or (4096 if args.shape == "tiny" else min(40960, cfg.max_position_embeddings))
-        manifests = build_rank_manifests(cfg, abi, g.GenOptions(name, args.chunk_max, max_context), args.tp, cfg_digest)
+        algos, algos_source = g.load_algos(args.algos, args.chunk_max) if args.algos else ((), ())
+        opts = g.GenOptions(name, args.chunk_max, max_context, algos=algos, algos_source=algos_source)
+        manifests = build_rank_manifests(cfg, abi, opts, args.tp, cfg_digest)
     except (g.GenError, OSError, json.JSONDecodeError) as exc:
         print(f"gen_qwen3_tp: {exc}", file=sys.stderr)
         return 1

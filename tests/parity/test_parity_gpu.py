@@ -122,6 +122,20 @@ def test_graph_and_eager_logits_bitwise_equal(gen) -> None:
     np.testing.assert_array_equal(graph, eager)
 
 
+def test_prefill_chunking_is_bitwise_invariant(gen) -> None:
+    """manifests/qwen3-tiny.json pins every prefill GEMM to one cuBLASLt algorithm (tools/pick_algos.py,
+    manifests/algos/h200.json): the logits after prefilling 700 tokens (44 pages, mid-page end) in chunks of
+    512, 1, 7, 100 and 300 are bit-identical, so prefix reuse may resume at any token."""
+    assert gen.facts.prefill_batch_invariant, "regenerate manifests/qwen3-tiny.json with --algos"
+    ids = _ids(706, seed=6)
+    base, base_argmax = gen.teacher_forced(ids, 700, 512)
+    for chunk in (1, 7, 100, 300):
+        got, argmax = gen.teacher_forced(ids, 700, chunk)
+        assert np.array_equal(got, base), f"chunk {chunk}: logits differ from chunk 512 " \
+            f"(max abs {np.abs(got - base).max():.3e} at {np.unravel_index(np.abs(got - base).argmax(), got.shape)})"
+        assert np.array_equal(argmax, base_argmax)
+
+
 def test_generation_agrees_with_reference_greedy(gen, ref) -> None:
     """Free-running greedy: identical up to the first step where the reference's margin is within error."""
     from kern_run.compare import compare_logits

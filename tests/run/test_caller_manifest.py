@@ -189,15 +189,9 @@ def test_cli_writes_and_rejects(tmp_path: Path, kernels_dir: Path) -> None:
     assert gq.main(["--config", str(bad), "--kernels", str(kernels_dir / "kernels.json"), "--out", str(out)]) == 1
 
 
-COMMITTED = {"qwen3-4b.json": ("qwen3-4b", None), "qwen3-0.6b.json": ("qwen3-0.6b", None),
-             "qwen3-tiny.json": ("tiny", "qwen3-tiny"),
-             "qwen3-4b-c2048.json": ("qwen3-4b", "qwen3-4b-c2048", "--chunk-max", "2048"),
-             "qwen3-4b-v2.json": ("qwen3-4b", "qwen3-4b-v2", "--gemv", "v2"),
-             "qwen3-tiny-v2.json": ("tiny", "qwen3-tiny-v2", "--gemv", "v2"),
-             # the default target: generated from the trained checkpoint's own config.json
-             "qwen3-tiny-en.json": ("config:models/qwen3-tiny-en/config.json", "qwen3-tiny-en", "--max-context", "2048"),
-             "qwen3-tiny-en-gemm.json": ("config:models/qwen3-tiny-en/config.json", "qwen3-tiny-en-gemm",
-                                         "--max-context", "2048", "--decode", "gemm")}
+import regen_manifests as rm
+
+COMMITTED = rm.COMMITTED
 
 
 def test_every_committed_manifest_is_checked() -> None:
@@ -209,12 +203,8 @@ def test_committed_manifest_is_current(fname: str, tmp_path: Path, capsys: pytes
     """manifests/*.json must be what the generator makes from the current kernels/kernels.json."""
     kernels_json = ROOT / "kernels" / "kernels.json"
     committed = ROOT / "manifests" / fname
-    shape, name, *extra = COMMITTED[fname]
     out = tmp_path / fname
-    source = ["--config", str(ROOT / shape[len("config:"):])] if shape.startswith("config:") else ["--shape", shape]
-    args = [*source, "--kernels", str(kernels_json), "--out", str(out), "--no-verify", *extra]
-    if name:
-        args += ["--name", name]
+    args = rm.gen_args(fname, out, kernels_json, rm.ALGOS)
     assert gq.main(args) == 0, capsys.readouterr().err
     assert out.read_text() == committed.read_text(), f"regenerate: python tools/gen_qwen3.py {' '.join(args)}"
 
@@ -240,3 +230,63 @@ def test_runtime_compiles_every_call(fname: str) -> None:
         if pname == "decode":
             assert records.program_reads(recs) == {"tokens", "seqs"}
             assert len(recs) == sum(len(spec.ops[c.op].launches) for c in spec.programs[pname].calls)
+
+
+# ---------------------------------------------------------------- --algos: batch-invariant prefill pins
+
+PIN = {"id": 66, "tile": 20, "stages": 12, "split_k": 1, "swizzle": 1}
+
+
+def _pins_file(tmp_path: Path, shapes: list[tuple[int, int]], m_max: int = 2048, fmt: str = "kern-cublaslt-pins/1") -> Path:
+    doc = {"format": fmt, "device": "NVIDIA H200", "cublaslt_version": 130100, "m_max": m_max,
+           "pins": [{"n": n, "k": k, "algo": PIN, "us_max": 1.0} for n, k in shapes]}
+    path = tmp_path / "pins.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_algos_pin_every_prefill_projection_and_mark_the_manifest_batch_invariant(tmp_path: Path) -> None:
+    # qwen3-4b: qkv 6144 x 2560, o 2560 x 4096, gate_up 19456 x 2560, down 2560 x 9728
+    shapes = [(6144, 2560), (2560, 4096), (19456, 2560), (2560, 9728)]
+    algos, source = gq.load_algos(_pins_file(tmp_path, shapes), chunk_max=512)
+    m = _manifest(algos=algos, algos_source=source)
+    prefill_ops = Counter(c["op"] for c in m["programs"]["prefill"]["calls"] if c["op"].startswith("gemm"))
+    assert prefill_ops == {"gemm_6144x2560": 36, "gemm_2560x4096": 35, "gemm_19456x2560": 35, "gemm_2560x9728": 35}
+    for n, k in shapes:
+        (launch,) = m["ops"][f"gemm_{n}x{k}"]["launches"]
+        assert launch["extern"] == "cublaslt_bf16_tn" and launch["algo"] == PIN
+    assert "gemm" not in m["ops"]  # nothing left on the heuristic
+    assert m["meta"]["caller"]["prefill_batch_invariant"] is True
+    assert m["meta"]["cublaslt_pins"] == {"device": "NVIDIA H200", "cublaslt_version": 130100, "m_max": 2048}
+    km = pytest.importorskip("kern_manifest")
+    km.verify(km.parse_manifest(gq.dumps(m)))
+
+
+def test_partial_pins_leave_the_rest_on_the_heuristic_and_are_not_batch_invariant(tmp_path: Path) -> None:
+    algos, source = gq.load_algos(_pins_file(tmp_path, [(6144, 2560)]), chunk_max=512)
+    m = _manifest(algos=algos, algos_source=source)
+    ops = {c["op"] for c in m["programs"]["prefill"]["calls"] if c["op"].startswith("gemm")}
+    assert ops == {"gemm_6144x2560", "gemm"}
+    assert "algo" not in m["ops"]["gemm"]["launches"][0]
+    assert "prefill_batch_invariant" not in m["meta"]["caller"]
+
+
+@pytest.mark.parametrize("mutate, match", [
+    (lambda p: _pins_file(p, [(1, 2)], fmt="other/1"), "format 'other/1'"),
+    (lambda p: _pins_file(p, [(1, 2)], m_max=256), "below --chunk-max 512"),
+    (lambda p: (p / "pins.json").write_text('{"format": "kern-cublaslt-pins/1", "m_max": 4096}') and p / "pins.json",
+     "not a pins file"),
+])
+def test_load_algos_refusals(tmp_path: Path, mutate, match: str) -> None:
+    with pytest.raises(gq.GenError, match=match):
+        gq.load_algos(mutate(tmp_path), chunk_max=512)
+
+
+def test_gen_main_with_algos_writes_pinned_manifest(tmp_path: Path) -> None:
+    pins = _pins_file(tmp_path, [(1024, 256), (256, 512), (1024, 256), (256, 512)])  # tiny: qkv/gate_up, o/down
+    out = tmp_path / "m.json"
+    assert gq.main(["--shape", "tiny", "--kernels", str(ROOT / "kernels" / "kernels.json"), "--out", str(out),
+                    "--algos", str(pins)]) == 0
+    m = json.loads(out.read_text())
+    assert m["meta"]["caller"]["prefill_batch_invariant"] is True
+    assert read_manifest(out).prefill_batch_invariant

@@ -35,6 +35,28 @@ def _alone(facts: ManifestFacts, prompt: list[int], opts: GenerateOptions) -> tu
 @pytest.mark.parametrize("aligned, hit, chunk", [(600, 600, 40), (576, 600, 64), (0, 30, 40), (0, 5, 0)])
 def test_aligned_prefix(aligned: int, hit: int, chunk: int) -> None:
     assert aligned_prefix(hit, chunk) == aligned
+    assert aligned_prefix(hit, chunk, batch_invariant=True) == hit
+
+
+def test_batch_invariant_manifest_reuses_the_whole_hit_and_prefills_only_new_tokens(facts: ManifestFacts) -> None:
+    import dataclasses
+
+    inv = dataclasses.replace(facts, prefill_batch_invariant=True)
+    shared = _ids(600, 4)
+    a, b = shared + _ids(50, 5), shared + _ids(90, 6)
+    opts = GenerateOptions(4, 64, stop_at_eos=False)
+    rt = FakePoolRuntime()
+    session = PrefixSession(Generator(rt, inv), chunk=64)
+    session.generate(a, opts)
+    before = len(rt.calls)
+    rb = session.generate(b, opts)
+    assert rb.cached_tokens == 600  # not rounded down to 576
+    sizes = [c[1]["tokens"] for c in rt.calls[before:] if c[0] == "prefill"]
+    assert sum(sizes) == len(b) - 1 - 600 == rb.result.timings.prefill_tokens
+    assert sizes == [64, 25]  # the new 89 prefill tokens, chunked from position 600
+    assert rb.result.tokens == FakePoolRuntime.expected(b, 4)
+    session.close()
+    rt.kern_pool.check()
 
 
 def test_two_prompts_sharing_600_tokens_reuse_them_and_match_running_alone(facts: ManifestFacts) -> None:

@@ -5,11 +5,15 @@ pure-KV checkpoint and filed in a `Prefix` tree under those tokens. The next pro
 longest cached strict prefix, resumes it with `Runtime.lease_from` (whole pages shared, a mid-page
 resume copies that page on the device) and prefills only the rest.
 
-Outputs are identical to running each prompt alone because the cached length is rounded down to a
-multiple of the prefill chunk: the prompt's own prefill then runs exactly the chunks it would run
-alone ([k*chunk, (k+1)*chunk) ...), and the reused positions were written by chunks with the same
-boundaries and the same tokens in the earlier prompt. KV written by decode steps (generated tokens)
-is not cached: decode computes K/V with other kernels (m=1 GEMVs) than prefill, so its bits may differ.
+Outputs are identical to running each prompt alone because the reused positions hold the bits the
+prompt's own prefill would write. With a batch-invariant manifest (`meta.caller.prefill_batch_invariant`:
+every prefill GEMM pinned to one cuBLASLt algorithm for all M, tools/pick_algos.py) a token's K/V do not
+depend on the chunk that computed them, so the whole hit is reused and only the new tokens are prefilled.
+Otherwise the cached length is rounded down to a multiple of the prefill chunk: the prompt's own prefill
+then runs exactly the chunks it would run alone ([k*chunk, (k+1)*chunk) ...), and the reused positions
+were written by chunks with the same boundaries and the same tokens in the earlier prompt. KV written by
+decode steps (generated tokens) is not cached: decode computes K/V with other kernels (m=1 GEMVs) than
+prefill, so its bits may differ.
 When the pool is full the coldest unlocked entry is evicted (dropped) and the lease asked again.
 
 `PrefixSession` plugs into an open `Generator` without changing it: it swaps the generator's page
@@ -55,8 +59,11 @@ def read_prompts(path: str | Path) -> list[str]:
     return lines
 
 
-def aligned_prefix(hit_tokens: int, chunk: int) -> int:
-    """Cached tokens actually reused: `hit_tokens` rounded down to a multiple of the prefill chunk."""
+def aligned_prefix(hit_tokens: int, chunk: int, batch_invariant: bool = False) -> int:
+    """Cached tokens actually reused: all `hit_tokens` when prefill is batch-invariant (module docstring),
+    else `hit_tokens` rounded down to a multiple of the prefill chunk."""
+    if batch_invariant:
+        return max(hit_tokens, 0)
     return hit_tokens // chunk * chunk if chunk > 0 else 0
 
 
@@ -64,12 +71,13 @@ class PrefixPages:
     """The generator's page source in a multi-prompt run: leases from the runtime's pool, resumed from
     the longest cached prefix of `prompt` (set before each generation)."""
 
-    def __init__(self, runtime: Any, prefix: Any, chunk: int, max_tokens: int) -> None:
+    def __init__(self, runtime: Any, prefix: Any, chunk: int, max_tokens: int, batch_invariant: bool = False) -> None:
         from kern_pool import Prefix
 
         self.rt = runtime
         self.prefix: Prefix[Any, Any] = prefix
         self.chunk = chunk
+        self.batch_invariant = batch_invariant
         self.max_tokens = max_tokens
         self.prompt: list[int] = []
         self.cached = 0
@@ -83,7 +91,7 @@ class PrefixPages:
 
         self.release()
         hit = self.prefix.lookup(self.prompt) if len(self.prompt) > 1 else None
-        cached = aligned_prefix(hit.num_tokens, self.chunk) if hit is not None else 0
+        cached = aligned_prefix(hit.num_tokens, self.chunk, self.batch_invariant) if hit is not None else 0
         if hit is not None and cached == 0:
             hit.close()
             hit = None
@@ -149,7 +157,8 @@ class PrefixSession:
             raise InputError("this runtime has no pool API (lease / lease_from / retire): no prefix reuse")
         self.gen = gen
         self.prefix: Prefix[Any, Any] = Prefix()
-        self.pages = PrefixPages(rt, self.prefix, chunk, gen.max_positions)
+        invariant = bool(getattr(gen.facts, "prefill_batch_invariant", False))
+        self.pages = PrefixPages(rt, self.prefix, chunk, gen.max_positions, invariant)
         self._own_pages = gen.pages
         self._own_pages.release()
         gen.pages = self.pages
@@ -204,7 +213,9 @@ def run_prompts(cfg: Any, prompts: list[str], req: Any, log: Any, out: TextIO | 
     all_ids = [checked_prompt(prep.codec, p) for p in prompts]
     for ids in all_ids:
         check_prompt(len(ids), cfg.capacity_tokens, prep.facts)
-    log.info(f"{len(all_ids)} prompts; chunk {prep.chunk}; steps {req.steps}; prefix reuse at multiples of the chunk")
+    where = ("at any token (batch-invariant prefill)" if prep.facts.prefill_batch_invariant
+             else "at multiples of the chunk")
+    log.info(f"{len(all_ids)} prompts; chunk {prep.chunk}; steps {req.steps}; prefix reuse {where}")
     results: list[PromptResult] = []
     with open_generator(prep, log) as gen:
         session = PrefixSession(gen, prep.chunk)

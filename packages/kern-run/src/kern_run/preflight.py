@@ -61,6 +61,9 @@ class ManifestFacts:
     tokens_max: int
     page_tokens: int
     pages_per_seq: int
+    # meta.caller.prefill_batch_invariant: a token's K/V bits do not depend on the chunk that prefilled it
+    # (tools/gen_qwen3.py --algos), so a cached prefix may be resumed at any token
+    prefill_batch_invariant: bool = False
 
     @property
     def max_context(self) -> int:
@@ -104,7 +107,8 @@ def read_manifest(path: Path) -> ManifestFacts:
     except (KeyError, IndexError, TypeError, ValueError) as exc:
         raise ConfigError(f"manifest {path} does not follow the Qwen3 caller contract (docs/caller.md): "
                           f"missing or malformed {exc}") from None
-    return ManifestFacts(raw, tokens_max, page_tokens, pages_per_seq)
+    invariant = bool(raw.get("meta", {}).get("caller", {}).get("prefill_batch_invariant", False))
+    return ManifestFacts(raw, tokens_max, page_tokens, pages_per_seq, invariant)
 
 
 def resolve_chunk(requested: int | None, facts: ManifestFacts) -> int:

@@ -1,0 +1,186 @@
+#!/usr/bin/env python3
+"""Tensor-parallel parity: kern at TP=N against kern at TP=1 and against float32 transformers, teacher-forced.
+
+TP=N reduces o_proj and down_proj in N partial sums joined by an NCCL all-reduce, so its bits differ from
+TP=1's single reduction; what must hold is that the difference is bf16 rounding, not a wiring error:
+
+- teacher-forced logits over `--positions` decode positions from 0 and over a `--prompt-tokens` prompt
+  (chunked prefill) + 32 decode positions: TP=N vs TP=1 relative error, top-1 agreement, and top-1
+  disagreements where TP=1's top-2 margin exceeds twice that step's |TP=N - TP=1| (must be none);
+- both against transformers in float32 (the same bf16 weights upcast): TP=N's relative error must stay
+  within max(--rel-tol, 1.5 x TP=1's own error) - the bound is TP=1's measured bf16 error;
+- free-running greedy tokens of both after a text prompt: identical, or the first divergence with TP=1's
+  top-2 margin there (a near tie within the measured error is the only acceptable cause);
+- decode ms/token (graph) of both.
+
+Manifests are generated into a temporary directory (tools/gen_qwen3.py --decode gemm for TP=1, the wiring
+tools/gen_qwen3_tp.py shards; --algos passed to both). Needs N GPUs, torch + transformers for the float32
+reference (--no-reference to skip it). Prints tables; exits 1 when a check fails.
+
+    python tools/tp_parity.py --shape qwen3-4b --ckpt /tmp/kern-weights/qwen3-4b --tp 2
+    python tools/tp_parity.py --config models/qwen3-tiny-en/config.json --ckpt models/qwen3-tiny-en --tp 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+for pkg in ("kern-manifest", "kern-pool", "kern-runtime", "kern-run"):
+    sys.path.insert(0, str(ROOT / "packages" / pkg / "src"))
+
+PROMPT = "The capital of France is Paris. The capital of Germany is Berlin. The capital of Italy is"
+
+
+def _gen(args: list[str], tool: str) -> None:
+    import gen_qwen3
+    import gen_qwen3_tp
+
+    main = gen_qwen3.main if tool == "gen_qwen3" else gen_qwen3_tp.main
+    if main(args) != 0:
+        raise SystemExit(f"tp_parity: {tool} {' '.join(args)} failed")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--shape", choices=["qwen3-4b", "qwen3-0.6b", "tiny"])
+    src.add_argument("--config", type=Path, help="config.json of an existing checkpoint (--ckpt)")
+    ap.add_argument("--ckpt", type=Path, required=True, help="checkpoint dir (made with --shape if missing)")
+    ap.add_argument("--tp", type=int, default=2)
+    ap.add_argument("--gpu", type=int, default=0, help="first GPU (TP=1 runs here, TP=N on gpu..gpu+N-1)")
+    ap.add_argument("--algos", type=Path, default=ROOT / "manifests" / "algos" / "h200.json")
+    ap.add_argument("--positions", type=int, default=256)
+    ap.add_argument("--prompt-tokens", type=int, default=1024)
+    ap.add_argument("--greedy", type=int, default=64)
+    ap.add_argument("--rel-tol", type=float, default=2e-2)
+    ap.add_argument("--max-context", type=int, default=None)
+    ap.add_argument("--no-reference", action="store_true", help="skip the float32 transformers reference")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+
+    import make_checkpoint as mc
+    from kern_run.compare import compare_logits, table
+    from kern_run.config import RunConfig
+    from kern_run.generate import GenerateOptions, Generator
+    from kern_run.log import setup_logging
+    from kern_run.preflight import read_manifest
+    from kern_run.text import load_codec
+    from kern_run.tp import open_tp
+
+    if args.shape:
+        mc.write_checkpoint(args.ckpt, mc.SHAPES[args.shape], seed=args.seed)
+    tmp = Path(tempfile.mkdtemp(prefix="kern-tp-"))
+    name = args.shape or args.ckpt.resolve().name
+    source = ["--shape", args.shape] if args.shape else ["--config", str(args.config)]
+    extra = (["--algos", str(args.algos)] if args.algos and args.algos.is_file() else [])
+    extra += ["--max-context", str(args.max_context)] if args.max_context else []
+    manifest = tmp / f"{name}.json"
+    _gen([*source, "--decode", "gemm", "--name", name, "--out", str(manifest), *extra], "gen_qwen3")
+    _gen([*source, "--tp", str(args.tp), "--name", name, "--out-dir", str(tmp), *extra], "gen_qwen3_tp")
+
+    codec = load_codec(args.ckpt)
+    rng = np.random.default_rng(args.seed + 7)
+    vocab = int(read_manifest(manifest).raw["meta"]["model"]["vocab"])
+    ids_decode = rng.integers(0, min(vocab, 151643), size=args.positions).tolist()
+    ids_long = rng.integers(0, min(vocab, 151643), size=args.prompt_tokens + 32).tolist()
+    text_ids = codec.encode(PROMPT)
+    log = setup_logging("warning")
+
+    def measure(gen: Generator) -> dict:
+        out = {"decode": gen.teacher_forced(ids_decode, 0, 512)[0],
+               "long": gen.teacher_forced(ids_long, args.prompt_tokens, 512)[0]}
+        greedy = gen.generate(text_ids, GenerateOptions(args.greedy, 512, stop_at_eos=False))
+        timed = gen.generate(text_ids, GenerateOptions(128, 512, stop_at_eos=False))
+        out["greedy"], out["ms"] = greedy.tokens, timed.timings.decode_ms_per_token
+        return out
+
+    t0 = time.perf_counter()
+    gen1 = Generator.open(manifest, ROOT / "kernels", args.ckpt, read_manifest(manifest), gpu=args.gpu,
+                          capacity_tokens=8192)
+    load1 = time.perf_counter() - t0
+    one = measure(gen1)
+    gen1.close()
+    del gen1
+    gc.collect()
+    t0 = time.perf_counter()
+    cfg = RunConfig(manifest, ROOT / "kernels", args.ckpt, gpu=args.gpu, capacity_tokens=8192)
+    genn, _ = open_tp(cfg, args.tp, codec.eos_ids, log)
+    loadn = time.perf_counter() - t0
+    many = measure(genn)
+    genn.close()
+    del genn
+    gc.collect()
+
+    failures: list[str] = []
+    cases = (("decode 0..%d" % (args.positions - 1), "decode"), ("prompt %d + 32" % args.prompt_tokens, "long"))
+    rows = []
+    for label, key in cases:
+        cmp = compare_logits(many[key], one[key], 0.0)
+        bad = cmp.mismatches_beyond_error(2.0)
+        rows.append((label, str(len(cmp.steps)), f"{cmp.max_abs:.4f}", f"{cmp.max_rel:.2e}",
+                     f"{100 * cmp.top1_agreement:.1f}%", str(len(bad))))
+        if bad:
+            failures.append(f"{label}: TP={args.tp} top-1 differs from TP=1 beyond the error at steps {bad[:10]}")
+    print(table(rows, ("case", "steps", f"max|tp{args.tp}-tp1|", "max rel", "top1 agree", "beyond err")))
+
+    if not args.no_reference:
+        from kern_run.reference import HfReference
+
+        ref32 = HfReference(args.ckpt, gpu=args.gpu, dtype="float32")
+        f32 = {"decode": ref32.logits(ids_decode, 0), "long": ref32.logits(ids_long, args.prompt_tokens)}
+        ref32.close()
+        del ref32
+        gc.collect()
+        rows = []
+        for label, key in cases:
+            c1, cn = compare_logits(one[key], f32[key], 0.0), compare_logits(many[key], f32[key], 0.0)
+            bound = max(args.rel_tol, 1.5 * c1.max_rel)
+            badn = cn.mismatches_beyond_error(2.0)
+            rows.append((label, f"{c1.max_rel:.2e}", f"{cn.max_rel:.2e}", f"{bound:.2e}",
+                         f"{100 * c1.top1_agreement:.1f}%", f"{100 * cn.top1_agreement:.1f}%", str(len(badn))))
+            if cn.max_rel > bound:
+                failures.append(f"{label}: TP={args.tp} error vs float32 {cn.max_rel:.2e} > bound {bound:.2e}")
+            if badn:
+                failures.append(f"{label}: TP={args.tp} top-1 differs from float32 beyond its error at {badn[:10]}")
+        print(table(rows, ("case (vs float32)", "tp1 rel", f"tp{args.tp} rel", "bound", "tp1 top1",
+                           f"tp{args.tp} top1", "beyond err")))
+
+    first = next((i for i, (a, b) in enumerate(zip(many["greedy"], one["greedy"])) if a != b), None)
+    if first is None:
+        print(f"greedy {args.greedy}: TP={args.tp} tokens identical to TP=1")
+    else:
+        # TP=1's margin at the divergence, and how far TP=N's logits are from TP=1's there
+        gen1 = Generator.open(manifest, ROOT / "kernels", args.ckpt, read_manifest(manifest), gpu=args.gpu,
+                              capacity_tokens=8192)
+        ids = text_ids + one["greedy"][:first]
+        row1 = gen1.teacher_forced(ids, len(ids) - 1, 512)[0][-1]
+        gen1.close()
+        genn, _ = open_tp(cfg, args.tp, codec.eos_ids, log)
+        rown = genn.teacher_forced(ids, len(ids) - 1, 512)[0][-1]
+        genn.close()
+        top = np.sort(row1)[-2:]
+        margin, err = float(top[1] - top[0]), float(np.max(np.abs(rown - row1)))
+        verdict = "a near tie within the error" if margin <= 2 * err else "NOT explained by the error"
+        print(f"greedy {args.greedy}: first divergence at step {first}; TP=1 top-2 margin there {margin:.4f}, "
+              f"max |tp{args.tp} - tp1| on that row {err:.4f}: {verdict}")
+        if margin > 2 * err:
+            failures.append(f"greedy: divergence at step {first} with margin {margin:.4f} > 2 x error {err:.4f}")
+    print(f"decode ms/token (graph): TP=1 {one['ms']:.3f}, TP={args.tp} {many['ms']:.3f}; "
+          f"load TP=1 {load1:.1f} s, TP={args.tp} {loadn:.1f} s")
+    for f in failures:
+        print(f"FAIL {f}")
+    print("tp_parity: ok" if not failures else f"tp_parity: {len(failures)} failure(s)")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
