@@ -106,6 +106,30 @@ def test_stream_decoder_holds_partial_utf8(tmp_path: Path) -> None:
     assert pieces[ids.index(ids[1]) + 1] == "é"  # emitted once its second byte arrived
 
 
+def test_pages_from_the_runtime_pool_when_it_has_the_pool_api(facts: ManifestFacts) -> None:
+    """A runtime with `lease` (kern_runtime.Runtime): the sequence's pages are a lease of the runtime's own
+    pool, returned when the next generation starts and on close; no second (shadow) pool."""
+    from types import SimpleNamespace
+
+    from fake_pool_runtime import FakePoolRuntime
+
+    rt = FakePoolRuntime(num_pages=64)
+    rt.pool = SimpleNamespace(layout=rt.kern_pool.layout)
+    gen = Generator(rt, facts)
+    assert gen.pages.source == "runtime pool lease"
+    assert gen.max_positions == min(63 * 16, facts.max_context)
+    prompt = list(range(3, 43))
+    assert gen.generate(prompt, GenerateOptions(8, 16, stop_at_eos=False)).tokens == FakePoolRuntime.expected(prompt, 8)
+    assert rt.kern_pool.held_pages == 3  # 40 + 8 tokens: the lease stays until the next generation
+    gen.generate(prompt[:20], GenerateOptions(4, 16, stop_at_eos=False))
+    assert rt.kern_pool.held_pages == 2
+    with pytest.raises(InputError, match="do not fit the KV pool"):
+        gen.pages.reserve(64 * 16)
+    assert rt.kern_pool.held_pages == 0  # the failed reserve released the previous lease first
+    gen.pages.release()
+    rt.kern_pool.check()
+
+
 def test_pages_from_kern_pool_lease(facts: ManifestFacts) -> None:
     """With the runtime's pool layout, pages come from a kern_pool lease (never the scratch page 0)."""
     from kern_runtime import Capacity, plan_pool, spec_from_json
@@ -115,7 +139,7 @@ def test_pages_from_kern_pool_lease(facts: ManifestFacts) -> None:
     rt = FakeRuntime(num_pages=layout.num_pages)
     rt.pool = layout
     gen = Generator(rt, facts)
-    assert gen.pages.source == "kern_pool lease"
+    assert gen.pages.source == "kern_pool lease over the runtime's layout"
     assert gen.max_positions == min((layout.num_pages - 1) * 16, facts.max_context)
     result = gen.generate(list(range(40)), GenerateOptions(8, 16))
     assert result.tokens == _expected(list(range(40)), 8)

@@ -265,17 +265,26 @@ def test_park_zero_wake_and_repark_only_new_pages(rt: Runtime) -> None:
 
 
 def test_remap_between_page_and_slot_arenas_under_a_captured_program(rt: Runtime) -> None:
-    # capture the write program before any remap (pages 1..8, slots 1..3 mapped)
+    # Every leasable page holds pattern bytes first, so the blocks a remap moves into the slot arena are
+    # dirty: reading zeros from the new slot proves the runtime zeroed them (fresh cuMemCreate memory could
+    # read as zero by itself). The write program is captured here, before any remap (tokens = 16).
+    whole = rt.lease(128)  # pages 1..8, one slot
+    for start in range(0, 128, 16):
+        write(rt, [(whole, start, start + 16)], salt=9, tokens=16)
+    assert rt.graph_keys == [("write", (("tokens", 16),))]
+    assert mismatches(rt, [(whole, 128)], 9) == [0]
+    dirty_pages = sorted(whole.page_ids())
+    whole.close()
+    assert all(page_bytes(rt, state, pg).any() for state in ("pa", "pb") for pg in dirty_pages)
     first = rt.lease(16)
     write(rt, [(first, 0, 16)], salt=5, tokens=16)
-    assert rt.graph_keys == [("write", (("tokens", 16),))]
     others = [rt.lease(16), rt.lease(16)]  # slots 1..3 all held now
     with pytest.raises(Remapping):
         rt.lease(16, wait=False)  # needs a slot: the highest free page gives its blocks
     rt.settle()
     moved = rt.lease(16)
     assert moved.seq_slot_id == 4  # beyond the slots mapped at load, inside the reserved range
-    assert not slot_bytes(rt, 4).any()  # zeroed before it could be leased
+    assert not slot_bytes(rt, 4).any()  # its blocks held page patterns: zeroed before it could be leased
     write(rt, [(moved, 0, 16)], salt=5, tokens=16)  # the graph captured before the remap
     assert rt.graph_keys == [("write", (("tokens", 16),))]
     assert mismatches(rt, [(moved, 16), (first, 16)], 5) == [0, 0]

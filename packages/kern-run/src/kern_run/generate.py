@@ -108,42 +108,49 @@ def bf16_to_f32(array: np.ndarray) -> np.ndarray:
 
 
 class SeqPages:
-    """One sequence's KV pages: a kern_pool lease when the runtime exposes its pool layout, else identity.
+    """One sequence's KV pages: a lease from the runtime's own pool (`Runtime.lease`) when it has one, else
+    a kern_pool lease over the runtime's pool layout (runtimes without the pool API, e.g. the TP group,
+    whose ranks share page ids), else identity pages.
 
     `max_tokens`: tokens one sequence can hold; `reserve(n)` returns the page ids (block-table row)
-    covering n tokens; `release()` returns them. Raises InputError when the pool cannot hold n tokens.
+    covering n tokens (a fresh lease: the previous one is released); `release()` returns them. Raises
+    InputError when the pool cannot hold n tokens.
     """
 
     def __init__(self, runtime: Any, page_tokens: int) -> None:
         self.page_tokens = page_tokens
         layout = getattr(getattr(runtime, "pool", None), "layout", None)
-        self._pool = None
+        lease = getattr(runtime, "lease", None)
+        self._lease_fn = None
         self._lease = None
         if layout is not None:
             from kern_pool import Pool
 
-            self._pool = Pool(layout)
-            self.max_tokens = self._pool.leasable_pages * page_tokens
-            self.source = "kern_pool lease"
+            pool = Pool(layout)
+            self.max_tokens = pool.leasable_pages * page_tokens
+            if callable(lease):
+                self._lease_fn = lease
+                self.source = "runtime pool lease"
+            else:
+                self._lease_fn = pool.lease
+                self.source = "kern_pool lease over the runtime's layout"
         else:
             self.max_tokens = max(0, int(getattr(runtime, "num_pages", 0) or 0) - 1) * page_tokens
             self.source = "identity pages 1..k"
 
     def reserve(self, num_tokens: int) -> list[int]:
-        if self._pool is None:
+        self.release()
+        if self._lease_fn is None:
             if num_tokens > self.max_tokens:
                 raise InputError(f"{num_tokens} tokens do not fit the KV pool ({self.max_tokens} tokens)")
             return list(range(1, 1 + -(-num_tokens // self.page_tokens)))
         from kern_pool import PoolError
 
         try:
-            if self._lease is None:
-                self._lease = self._pool.lease(num_tokens)
-            else:
-                self._pool.grow(self._lease, num_tokens)
+            self._lease = self._lease_fn(num_tokens)
         except PoolError as exc:
             raise InputError(f"{num_tokens} tokens do not fit the KV pool: {exc}") from None
-        return self._lease.page_ids()
+        return list(self._lease.page_ids())
 
     def release(self) -> None:
         if self._lease is not None:
