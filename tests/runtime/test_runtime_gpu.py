@@ -276,6 +276,53 @@ def test_gemm_against_numpy(tmp_path: Path, extern, m, n, k, ldc_extra, lda_extr
         np.testing.assert_array_equal(got, to_bf16_bits(want))
 
 
+E4M3_OF_INT = {0: 0x00, 1: 0x38, 2: 0x40, 3: 0x44}  # e4m3 (bias 7): 1 = 2^0, 2 = 2^1, 3 = 1.5 x 2^1
+
+
+def to_e4m3_bits(x: np.ndarray) -> np.ndarray:
+    """Integers in [-3, 3] as fp8 e4m3 bit patterns (exact)."""
+    mag = np.vectorize(lambda v: E4M3_OF_INT[abs(int(v))])(x).astype(np.uint8)
+    return np.where(x < 0, mag | 0x80, mag).astype(np.uint8)
+
+
+@pytest.mark.parametrize("extern", ["cublaslt_fp8_tn", "cublaslt_fp8_tn_f32"])
+@pytest.mark.parametrize("m", [16, 48])
+@pytest.mark.parametrize("graph", [False, True])
+def test_fp8_gemm_with_device_scales_against_numpy(tmp_path: Path, extern: str, m: int, graph: bool) -> None:
+    """C = (a_scale * A) @ (w_scale * W)^T with e4m3 operands and the scales read from device memory
+    (changing a scale buffer between replays changes the result without a reload)."""
+    n, k = 64, 64
+    out = "f32" if extern.endswith("_f32") else "bf16"
+    args = [{"arg": n_} for n_ in ("a", "w", "c", "sa", "sw")] + [{"expr": "tokens", "type": "i32"}, {"i32": n}, {"i32": k}]
+    manifest = {
+        "format": "kern-manifest/1", "name": "fp8", "vars": {"tokens": {"min": 1, "max": 64}}, "modules": {},
+        "buffers": {"a": {"kind": "input", "dtype": "fp8_e4m3", "shape": ["tokens", k]},
+                    "w": {"kind": "input", "dtype": "fp8_e4m3", "shape": [n, k]},
+                    "sa": {"kind": "input", "dtype": "f32", "shape": [1]},
+                    "sw": {"kind": "input", "dtype": "f32", "shape": [1]},
+                    "c": {"kind": "output", "dtype": out, "shape": ["tokens", n]}},
+        "ops": {"gemm": {"args": [{"name": x, "kind": "ptr"} for x in ("a", "w", "c", "sa", "sw")],
+                         "launches": [{"extern": extern, "args": args}]}},
+        "programs": {"mm": {"graph": graph, "calls": [{"op": "gemm", "args": {x: x for x in ("a", "w", "c", "sa", "sw")}}]}},
+    }
+    rng = np.random.default_rng(m)
+    a = rng.integers(-3, 4, (m, k)).astype(np.float32)
+    w = rng.integers(-3, 4, (n, k)).astype(np.float32)
+    with Runtime.load(manifest, tmp_path, None) as rt:
+        rt.write_input("a", to_e4m3_bits(a))
+        rt.write_input("w", to_e4m3_bits(w))
+        for sa, sw in ((1.0, 1.0), (0.5, 4.0), (2.0, 0.25)):
+            rt.write_input("sa", np.asarray([sa], np.float32))
+            rt.write_input("sw", np.asarray([sw], np.float32))
+            rt.issue("mm", {"tokens": m})
+            got = rt.read_output("c", rows=m)
+            want = (sa * sw) * (a @ w.T)  # exact in fp32; a bf16 result is its round-to-nearest-even
+            if out == "f32":
+                np.testing.assert_array_equal(got, want)
+            else:
+                np.testing.assert_array_equal(got, to_bf16_bits(want))
+
+
 def test_gemm_eager_and_graph_bit_identical(tmp_path: Path) -> None:
     rng = np.random.default_rng(5)
     outs = []
