@@ -98,6 +98,7 @@ class TorchQwen3:
         self.k_cache = torch.zeros(s.layers, max_context, s.kv_heads, s.head_dim, dtype=torch.bfloat16, device=device)
         self.v_cache = torch.zeros_like(self.k_cache)
         self.positions_all = torch.arange(max_context, device=device)
+        self.layer_fn = self.layer  # torch.compile(self.layer) for the compiled peer (bench/decode.py)
 
     def forward(self, token_ids: torch.Tensor, positions: torch.Tensor, last_only: bool = True) -> torch.Tensor:
         """Run ``T`` tokens at ``positions`` (i64 ``[T]``), writing their K/V; returns logits ``[T or 1, vocab]``.
@@ -112,26 +113,38 @@ class TorchQwen3:
         sin = self.sin[positions][:, None, :]
         # mask[t, j] = key j visible to query t  -> [1, T, max_context]
         mask = (self.positions_all[None, :] <= positions[:, None])[None]
-        groups = s.q_heads // s.kv_heads
         for i, w in enumerate(self.layers):
-            h = _rms(residual, w["ln1"], s.eps)
-            qkv = h @ w["qkv"].t()  # [T, (Hq + 2 Hkv) D]
-            q, k, v = qkv.split([s.q_heads * s.head_dim, s.kv_heads * s.head_dim, s.kv_heads * s.head_dim], -1)
-            q = _rope(_rms(q.view(T, s.q_heads, s.head_dim), w["qn"], s.eps), cos, sin)
-            k = _rope(_rms(k.view(T, s.kv_heads, s.head_dim), w["kn"], s.eps), cos, sin)
-            self.k_cache[i].index_copy_(0, positions, k)
-            self.v_cache[i].index_copy_(0, positions, v.view(T, s.kv_heads, s.head_dim))
-            kc = self.k_cache[i].transpose(0, 1).repeat_interleave(groups, 0)  # [Hq, max_context, D]
-            vc = self.v_cache[i].transpose(0, 1).repeat_interleave(groups, 0)
-            attn = F.scaled_dot_product_attention(q.transpose(0, 1), kc, vc, attn_mask=mask)  # [Hq, T, D]
-            attn = attn.transpose(0, 1).reshape(T, s.q_heads * s.head_dim)
-            residual = residual + attn @ w["o"].t()
-            h = _rms(residual, w["ln2"], s.eps)
-            gu = h @ w["gate_up"].t()
-            g, u = gu.chunk(2, -1)
-            residual = residual + (F.silu(g) * u) @ w["down"].t()
+            residual = self.layer_fn(residual, w["ln1"], w["qkv"], w["qn"], w["kn"], w["o"], w["ln2"], w["gate_up"],
+                                     w["down"], self.k_cache[i], self.v_cache[i], cos, sin, mask, positions)
         h = _rms(residual[-1:] if last_only else residual, self.final_norm, s.eps)
         return h @ self.lm_head.t()
+
+    def layer(self, residual: torch.Tensor, ln1: torch.Tensor, w_qkv: torch.Tensor, qn: torch.Tensor, kn: torch.Tensor,
+              w_o: torch.Tensor, ln2: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
+              k_cache: torch.Tensor, v_cache: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
+              positions: torch.Tensor) -> torch.Tensor:
+        """One decoder layer on ``residual`` ``[T, hidden]``, writing K/V of ``positions`` into this layer's
+        ``k_cache``/``v_cache`` ``[max_context, kv_heads, D]``; returns the new residual. Every layer has the same
+        shapes, so ``torch.compile`` of this function compiles once and serves all of them (``layer_fn``)."""
+        s = self.shape
+        T = residual.shape[0]
+        groups = s.q_heads // s.kv_heads
+        h = _rms(residual, ln1, s.eps)
+        qkv = h @ w_qkv.t()  # [T, (Hq + 2 Hkv) D]
+        q, k, v = qkv.split([s.q_heads * s.head_dim, s.kv_heads * s.head_dim, s.kv_heads * s.head_dim], -1)
+        q = _rope(_rms(q.view(T, s.q_heads, s.head_dim), qn, s.eps), cos, sin)
+        k = _rope(_rms(k.view(T, s.kv_heads, s.head_dim), kn, s.eps), cos, sin)
+        k_cache.index_copy_(0, positions, k)
+        v_cache.index_copy_(0, positions, v.view(T, s.kv_heads, s.head_dim))
+        kc = k_cache.transpose(0, 1).repeat_interleave(groups, 0)  # [Hq, max_context, D]
+        vc = v_cache.transpose(0, 1).repeat_interleave(groups, 0)
+        attn = F.scaled_dot_product_attention(q.transpose(0, 1), kc, vc, attn_mask=mask)  # [Hq, T, D]
+        attn = attn.transpose(0, 1).reshape(T, s.q_heads * s.head_dim)
+        residual = residual + attn @ w_o.t()
+        h = _rms(residual, ln2, s.eps)
+        gu = h @ w_gate_up.t()
+        g, u = gu.chunk(2, -1)
+        return residual + (F.silu(g) * u) @ w_down.t()
 
     def decode_step(self, token: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
         """One greedy step: ``token``/``position`` i64 ``[1]`` -> next token i64 ``[1]``."""
