@@ -197,10 +197,12 @@ def test_cols_bind_plan_copies_the_column_slice() -> None:
     buf = BufferSpec("w", "weight", "bf16", (), bind=(TensorSegment("t", (2, 6), (8, 6), (3, 6)),))
     object.__setattr__(buf, "shape", tuple(__import__("kern_manifest").Expr(d) for d in (4, 3)))
     plan = plan_bind(buf, {"t": TensorMeta("bf16", (8, 6))})
+    (copy,) = plan.copies  # one 2-D copy: 3 columns of rows 2..5, source pitch = the tensor's row
+    assert (copy.src_offset, copy.src_pitch, copy.dst_offset, copy.dst_pitch, copy.width, copy.height) == (
+        2 * 12 + 3 * 2, 12, 0, 6, 6, 4)
     src, out = full.reshape(-1).view(np.uint8), np.zeros(4 * 3 * 2, np.uint8)
-    for c in plan.copies:
-        for (lo, hi) in c.dst_ranges():
-            out[lo:hi] = src[c.src_start:c.src_stop]
+    for s, d in copy.rows():
+        out[d:d + copy.width] = src[s:s + copy.width]
     assert np.array_equal(out.view(np.uint16).reshape(4, 3), full[2:6, 3:6])
 
 

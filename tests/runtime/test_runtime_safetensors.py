@@ -114,3 +114,29 @@ def test_host_placement_load_from_sharded_bf16_with_interleave(tmp_path: Path) -
     np.testing.assert_array_equal(host.reshape(17, 8), want)
     assert nbytes == 17 * 8 * 2
     assert seen[-1] == (nbytes, nbytes)
+
+
+@pytest.mark.parametrize("staging", [None, 200, 48, 7])
+def test_host_placement_load_of_cols_rows_and_three_way_interleave(tmp_path: Path, staging: int | None) -> None:
+    """Column slices (mid-row, at the row end, with a row range), a row range and an interleave of three
+    tensors into host-placement buffers through pread, with staging sizes that split the 2-D copies by
+    rows (and rows into 1-D pieces), compared with numpy slicing of the checkpoint."""
+    rng = np.random.default_rng(5)
+    o = rng.integers(0, 2**16, (9, 14), dtype=np.uint16)
+    a, b, c = (rng.integers(0, 2**16, (6, 4), dtype=np.uint16) for _ in range(3))
+    write_bf16_file(tmp_path / "s1.safetensors", {"o": o, "a": a})
+    write_bf16_file(tmp_path / "s2.safetensors", {"b": b, "c": c})
+    tensors = SafetensorsTensors.open(tmp_path)
+    cols = BufferSpec("o_cols", "weight", "bf16", (Expr(9 + 5), Expr(5)), placement="host",
+                      bind=(TensorSegment("o", None, (9, 14), (9, 14)), TensorSegment("o", (2, 7), None, (4, 9))))
+    tri = BufferSpec("abc", "weight", "bf16", (Expr(2 + 18), Expr(4)), placement="host",
+                     bind=(TensorSegment("c", (4, 6)), InterleaveSegment(("a", "b", "c"), 2)))
+    out_cols = np.zeros(14 * 5, dtype=np.uint16)
+    out_tri = np.zeros(20 * 4, dtype=np.uint16)
+    loader = WeightLoader(tensors, None, staging_bytes=staging)
+    nbytes, _ = loader.run([Target(plan_bind(cols, tensors.meta), 0, out_cols.ctypes.data),
+                            Target(plan_bind(tri, tensors.meta), 0, out_tri.ctypes.data)])
+    np.testing.assert_array_equal(out_cols.reshape(14, 5), np.concatenate([o[:, 9:14], o[2:7, 4:9]]))
+    want = np.concatenate([c[4:6]] + [t[r:r + 2] for r in range(0, 6, 2) for t in (a, b, c)])
+    np.testing.assert_array_equal(out_tri.reshape(20, 4), want)
+    assert nbytes == (14 * 5 + 20 * 4) * 2

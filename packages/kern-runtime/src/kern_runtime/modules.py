@@ -6,8 +6,10 @@ or mismatching one with a `KernelArtifactError` naming module, expected hash and
 of the directory is read (or listed).
 
 Entry resolution: a launch's entry is looked up in its own module only. Every function of that
-name is a candidate (Triton modules can hold several same-named constexpr instances); its parameter
-layout from `cuFuncGetParamInfo` must equal the manifest's `params`, and that picks the instance.
+name is a candidate; its parameter layout from `cuFuncGetParamInfo` must equal the manifest's
+`params`, and that picks the instance. Triton writes one cubin (one function) per instance, so
+same-named Triton instances are separate modules and the check confirms each launch's module holds
+the instance its params describe.
 """
 
 from __future__ import annotations

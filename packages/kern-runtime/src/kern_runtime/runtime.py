@@ -161,6 +161,7 @@ class Runtime(PoolMethods, PeerMethods, StepMethods):
         self.stream: Any = None
         self.pool: PoolLayout | None = None
         self.weight_load_stats: tuple[int, float] = (0, 0.0)
+        self.weight_load_timings: dict[str, float] = {}  # WeightLoader.timings of the checkpoint copies
         self._buffers: dict[str, Allocation] = {}
         self._states: dict[str, Allocation] = {}
         self._scratch: dict[tuple[str, str], Allocation] = {}
@@ -382,6 +383,7 @@ class Runtime(PoolMethods, PeerMethods, StepMethods):
             assert tensors is not None
             loader = WeightLoader(tensors, self.context, threads=threads, progress=progress)
             nbytes, _ = loader.run(targets)
+            self.weight_load_timings = dict(loader.timings)
         for program in derive:
             nbytes += self._run_derive(program.name, tensors, threads)
         self.weight_load_stats = (nbytes, time.perf_counter() - start)
@@ -404,7 +406,7 @@ class Runtime(PoolMethods, PeerMethods, StepMethods):
             for src, tensor in program.sources.items():
                 meta = tensors.meta(tensor)
                 assert meta is not None
-                copy = Copy(tensor, 0, meta.nbytes, 0, meta.rows, meta.nbytes, meta.nbytes)
+                copy = Copy.linear(tensor, 0, 0, meta.nbytes)
                 plan = BindPlan(f"{name}.{src}", meta.nbytes, (copy,))
                 targets.append(Target(plan, staging.address + offsets[src]))
             WeightLoader(tensors, self.context, threads=threads).run(targets)

@@ -4,15 +4,21 @@ Paths by source and destination:
 
 | source      | device buffer                                              | host-placement buffer      |
 |-------------|------------------------------------------------------------|----------------------------|
-| FileBlob    | os.pread into a pinned staging buffer, then H2D (workers)  | os.pread straight into it  |
+| FileBlob    | os.pread into a pinned staging buffer, then H2D (workers)  | os.pread, then CPU scatter |
 | HostBlob    | memcpy into pinned staging, then H2D (workers)             | memcpy                     |
-| DeviceBlob  | cuMemcpyDtoDAsync / cuMemcpy2DAsync, streams round robin   | cuMemcpy2D to host         |
+| DeviceBlob  | cuMemcpyDtoDAsync / cuMemcpy2DAsync, streams round robin   | cuMemcpyDtoHAsync / 2-D    |
+
+Every copy of a plan is cut by `split_copy` into pieces whose source range fits one staging buffer
+(whole rows of a 2-D copy). A piece is one `os.pread` of its whole contiguous source range (for a
+column slice: full checkpoint rows, of which the copy takes `width` bytes each) and one DMA:
+`cuMemcpyHtoDAsync` for a dense piece, else one `cuMemcpy2DAsync` from the staging buffer (source
+pitch = the checkpoint's row or block pitch, destination pitch = the buffer's), never a copy per row.
 
 Workers: `threads` threads, each with its own stream and two pinned staging buffers of
-`staging_bytes` (double buffering: while one is being DMA'd the next pread fills the other; an event
-per buffer says when it may be refilled). Copies are split into pieces of at most `staging_bytes`
-(whole blocks of a strided copy where a block fits) and dealt out by a shared counter. One pread per
-piece: a contiguous copy is never read row by row.
+`min(staging_bytes, largest piece)` bytes, allocated by the worker on first use (so the allocations
+overlap the other workers' reads and copies) and freed by it when it runs out of pieces. Double
+buffering: while one buffer is DMA'd the next pread fills the other; an event per buffer says when it
+may be refilled. Pieces are dealt out in plan order by a shared counter.
 """
 
 from __future__ import annotations
@@ -22,17 +28,25 @@ import os
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from ..driver import call, cu
-from ..errors import WeightArtifactError
-from ..memory import Ledger
-from .plan import BindPlan, Copy
+from ..errors import DriverError, WeightArtifactError
+from .plan import BindPlan, Copy, split_copy
 from .tensors import DeviceBlob, FileBlob, HostBlob, Tensors
 
+__all__ = ["MiB", "STAGING_BYTES", "MAX_THREADS", "Progress", "Target", "Piece", "WeightLoader", "split_copy"]
+
 MiB = 1024 * 1024
+STAGING_BYTES = 8 * MiB
+"""Default bytes of each of a worker's two pinned staging buffers (read when a loader is built). 8 MiB
+keeps every pread and DMA far above the size where per-call costs matter while halving the pinned
+memory allocated per load against 16 MiB (16 threads: 256 MiB)."""
+MAX_THREADS = 16
+"""Default worker count: min(MAX_THREADS, CPUs)."""
+
 Progress = Callable[[int, int], None]
 """progress(bytes_done, bytes_total); called from worker threads, serialised by a lock."""
 
@@ -49,51 +63,16 @@ class Target:
 
 @dataclass(frozen=True)
 class Piece:
-    """A unit of work: `nbytes` source bytes at `src_offset` of `blob`, written as blocks of
-    `block_bytes` every `dst_pitch` bytes from destination offset `dst_offset` of `target`."""
+    """A unit of work: `copy` (source offsets into `blob`, destination offsets into `target`'s
+    buffer), its source range at most one staging buffer."""
 
     target: Target
     blob: FileBlob | HostBlob | DeviceBlob
-    src_offset: int
-    nbytes: int
-    dst_offset: int
-    block_bytes: int
-    dst_pitch: int
+    copy: Copy
 
     @property
-    def blocks(self) -> int:
-        return self.nbytes // self.block_bytes
-
-    @property
-    def contiguous(self) -> bool:
-        return self.blocks <= 1 or self.block_bytes == self.dst_pitch
-
-
-def split_copy(copy: Copy, piece_bytes: int) -> list[tuple[int, int, int, int, int]]:
-    """Split `copy` into pieces of at most `piece_bytes` source bytes.
-
-    Returns (src_start, nbytes, dst_offset, block_bytes, dst_pitch) per piece. A strided copy keeps
-    whole blocks per piece; a block larger than `piece_bytes` is split into contiguous pieces.
-    """
-    out = []
-    if copy.contiguous:
-        for start in range(0, copy.nbytes, piece_bytes):
-            n = min(piece_bytes, copy.nbytes - start)
-            out.append((copy.src_start + start, n, copy.dst_offset + start, n, n))
-        return out
-    block = copy.block_bytes
-    if block > piece_bytes:
-        for b in range(copy.blocks):
-            for start in range(0, block, piece_bytes):
-                n = min(piece_bytes, block - start)
-                out.append((copy.src_start + b * block + start, n, copy.dst_offset + b * copy.dst_pitch_bytes + start, n, n))
-        return out
-    per_piece = piece_bytes // block
-    for b in range(0, copy.blocks, per_piece):
-        count = min(per_piece, copy.blocks - b)
-        out.append((copy.src_start + b * block, count * block, copy.dst_offset + b * copy.dst_pitch_bytes, block,
-                    copy.dst_pitch_bytes))
-    return out
+    def nbytes(self) -> int:
+        return self.copy.nbytes
 
 
 def _pread_into(fd: int, view: memoryview, offset: int, path: str) -> None:
@@ -109,8 +88,15 @@ def _host_view(address: int, nbytes: int) -> memoryview:
     return memoryview((ctypes.c_uint8 * nbytes).from_address(address)).cast("B")
 
 
-def _copy2d(src: int, src_is_host: bool, dst: int, dst_is_host: bool, width: int, height: int, dst_pitch: int,
-            stream: int | None) -> None:
+def _rows(array: np.ndarray, pitch: int, width: int, height: int) -> np.ndarray:
+    """`height` x `width` view of a 1-D uint8 array whose rows start every `pitch` bytes."""
+    return np.lib.stride_tricks.as_strided(array, shape=(height, width), strides=(pitch, 1), writeable=True)
+
+
+def _memcpy2d(src: int, src_pitch: int, src_is_host: bool, dst: int, dst_pitch: int, dst_is_host: bool,
+              width: int, height: int, stream: Any | None) -> None:
+    """One cuMemcpy2D(Async): `height` rows of `width` bytes, row i from `src + i * src_pitch` to
+    `dst + i * dst_pitch`."""
     driver = cu()
     p = driver.CUDA_MEMCPY2D()
     host_t = driver.CUmemorytype.CU_MEMORYTYPE_HOST
@@ -120,7 +106,7 @@ def _copy2d(src: int, src_is_host: bool, dst: int, dst_is_host: bool, width: int
         p.srcHost = src
     else:
         p.srcDevice = src
-    p.srcPitch = width
+    p.srcPitch = src_pitch
     p.dstMemoryType = host_t if dst_is_host else dev_t
     if dst_is_host:
         p.dstHost = dst
@@ -136,15 +122,19 @@ def _copy2d(src: int, src_is_host: bool, dst: int, dst_is_host: bool, width: int
 
 
 class WeightLoader:
-    """Fills weight buffers from a `Tensors`. One use: `run(targets)` -> (bytes, seconds)."""
+    """Fills weight buffers from a `Tensors`. One use: `run(targets)` -> (bytes, seconds).
 
-    def __init__(self, tensors: Tensors, context, *, threads: int | None = None, staging_bytes: int = 16 * MiB,
+    After `run`, `timings` holds seconds summed over the workers (`staging_alloc`, `read`, `wait`,
+    `issue`, `drain`, `staging_free`) and the phases' wall time (`wall`), for benchmarks."""
+
+    def __init__(self, tensors: Tensors, context, *, threads: int | None = None, staging_bytes: int | None = None,
                  progress: Progress | None = None) -> None:
         self.tensors = tensors
         self.context = context
-        self.threads = threads or max(1, min(16, os.cpu_count() or 1))
-        self.staging_bytes = staging_bytes
+        self.threads = threads or max(1, min(MAX_THREADS, os.cpu_count() or 1))
+        self.staging_bytes = staging_bytes or STAGING_BYTES
         self.progress = progress
+        self.timings: dict[str, float] = {}
         self._lock = threading.Lock()
         self._done = 0
         self._total = 0
@@ -155,20 +145,29 @@ class WeightLoader:
             if self.progress is not None:
                 self.progress(self._done, self._total)
 
+    def _time(self, spent: dict[str, float]) -> None:
+        with self._lock:
+            for key, seconds in spent.items():
+                self.timings[key] = self.timings.get(key, 0.0) + seconds
+
     def pieces(self, targets: Sequence[Target]) -> list[Piece]:
-        """Every piece of every copy (pure given the tensors' blobs)."""
+        """Every piece of every copy (pure given the tensors' blobs). Raises WeightArtifactError when
+        a blob is shorter than the plan's reads of it."""
         out = []
         for target in targets:
             for copy in target.plan.copies:
                 blob = self.tensors.blob(copy.tensor)
-                for src, n, dst, block, pitch in split_copy(copy, self.staging_bytes):
-                    out.append(Piece(target, blob, src, n, dst, block, pitch))
+                if copy.src_stop > blob.nbytes:
+                    raise WeightArtifactError(f"tensor {copy.tensor!r}: its bytes end at {blob.nbytes}, the bind of "
+                                              f"{target.plan.buffer!r} reads up to byte {copy.src_stop}")
+                out += [Piece(target, blob, piece) for piece in split_copy(copy, self.staging_bytes)]
         return out
 
     def run(self, targets: Sequence[Target]) -> tuple[int, float]:
         """Execute every copy; returns (bytes copied, seconds). Raises WeightArtifactError for
         unreadable files, DriverError for copy failures."""
         start = time.perf_counter()
+        self.timings = {}
         pieces = self.pieces(targets)
         self._total = sum(p.nbytes for p in pieces)
         self._done = 0
@@ -189,7 +188,9 @@ class WeightLoader:
         finally:
             for fd in fds.values():
                 os.close(fd)
-        return self._total, time.perf_counter() - start
+        seconds = time.perf_counter() - start
+        self.timings["wall"] = seconds
+        return self._total, seconds
 
     # ------------------------------------------------------------ paths
 
@@ -200,14 +201,25 @@ class WeightLoader:
         try:
             for i, p in enumerate(pieces):
                 stream = streams[i % len(streams)]
-                src = p.blob.address + p.src_offset  # type: ignore[union-attr]
+                c = p.copy
+                src = p.blob.address + c.src_offset  # type: ignore[union-attr]
                 host = p.target.host_address
                 if host:
-                    _copy2d(src, False, host + p.dst_offset, True, p.block_bytes, p.blocks, p.dst_pitch, stream)
-                elif p.contiguous:
-                    call("cuMemcpyDtoDAsync", p.target.address + p.dst_offset, src, p.nbytes, stream)
+                    if c.dense:
+                        call("cuMemcpyDtoHAsync", host + c.dst_offset, src, c.nbytes, stream)
+                    else:
+                        _memcpy2d(src, c.src_pitch, False, host + c.dst_offset, c.dst_pitch, True, c.width, c.height,
+                                  stream)
+                elif c.dense:
+                    call("cuMemcpyDtoDAsync", p.target.address + c.dst_offset, src, c.nbytes, stream)
                 else:
-                    _copy2d(src, False, p.target.address + p.dst_offset, False, p.block_bytes, p.blocks, p.dst_pitch, stream)
+                    dst = p.target.address + c.dst_offset
+                    try:
+                        _memcpy2d(src, c.src_pitch, False, dst, c.dst_pitch, False, c.width, c.height, stream)
+                    except DriverError:
+                        # device-to-device 2-D copies may refuse pitches cuMemAllocPitch did not choose
+                        for s, d in c.rows():
+                            call("cuMemcpyDtoDAsync", p.target.address + d, p.blob.address + s, c.width, stream)  # type: ignore[union-attr]
             for s in streams:
                 call("cuStreamSynchronize", s)
         finally:
@@ -217,76 +229,111 @@ class WeightLoader:
 
     def _host_fill(self, pieces: list[Piece], fds: dict[str, int]) -> None:
         for p in pieces:
-            dst = p.target.host_address + p.dst_offset
-            if p.contiguous:
-                view = _host_view(dst, p.nbytes)
-                self._read_source(p, view, fds)
+            c = p.copy
+            dst = p.target.host_address + c.dst_offset
+            if c.dense:
+                self._read_source(p.blob, c.src_offset, _host_view(dst, c.nbytes), fds)
             else:
-                tmp = np.empty(p.nbytes, dtype=np.uint8)
-                self._read_source(p, memoryview(tmp), fds)
-                out = np.ctypeslib.as_array((ctypes.c_uint8 * ((p.blocks - 1) * p.dst_pitch + p.block_bytes)).from_address(dst))
-                for b in range(p.blocks):
-                    out[b * p.dst_pitch : b * p.dst_pitch + p.block_bytes] = tmp[b * p.block_bytes : (b + 1) * p.block_bytes]
+                tmp = np.empty(c.src_span, dtype=np.uint8)
+                self._read_source(p.blob, c.src_offset, memoryview(tmp), fds)
+                out = np.ctypeslib.as_array((ctypes.c_uint8 * c.dst_span).from_address(dst))
+                _rows(out, c.dst_pitch, c.width, c.height)[...] = _rows(tmp, c.src_pitch, c.width, c.height)
             self._advance(p.nbytes)
 
-    def _read_source(self, p: Piece, view: memoryview, fds: dict[str, int]) -> None:
-        blob = p.blob
+    def _read_source(self, blob: FileBlob | HostBlob | DeviceBlob, offset: int, view: memoryview,
+                     fds: dict[str, int]) -> None:
+        """`len(view)` bytes of `blob` from `offset` into `view`."""
         if isinstance(blob, FileBlob):
-            _pread_into(fds[blob.path], view, blob.offset + p.src_offset, blob.path)
+            _pread_into(fds[blob.path], view, blob.offset + offset, blob.path)
         else:
             assert isinstance(blob, HostBlob)
-            np.frombuffer(view, dtype=np.uint8)[:] = blob.data[p.src_offset : p.src_offset + p.nbytes]
+            np.frombuffer(view, dtype=np.uint8)[:] = blob.data[offset : offset + len(view)]
 
     def _staged(self, pieces: list[Piece], fds: dict[str, int]) -> None:
         if not pieces:
             return
         threads = min(self.threads, len(pieces))
-        ledger = Ledger()
+        size = max(p.copy.src_span for p in pieces)  # every staging buffer holds any piece
         counter = iter(range(len(pieces)))
         counter_lock = threading.Lock()
         errors: list[BaseException] = []
-        try:
-            buffers = [[ledger.pinned(self.staging_bytes, f"weight staging {t}.{j}") for j in range(2)] for t in range(threads)]
 
-            def worker(t: int) -> None:
-                try:
-                    call("cuCtxSetCurrent", self.context)
-                    stream = call("cuStreamCreate", 1)
-                    events = [call("cuEventCreate", 2) for _ in range(2)]  # CU_EVENT_DISABLE_TIMING
-                    try:
-                        turn = 0
-                        while not errors:
-                            with counter_lock:
-                                index = next(counter, None)
-                            if index is None:
-                                break
-                            p = pieces[index]
-                            j = turn % 2
-                            turn += 1
-                            call("cuEventSynchronize", events[j])  # the DMA out of this buffer is done
-                            staging = buffers[t][j]
-                            self._read_source(p, _host_view(staging.host_address, p.nbytes), fds)
-                            dst = p.target.address + p.dst_offset
-                            if p.contiguous:
-                                call("cuMemcpyHtoDAsync", dst, staging.host_address, p.nbytes, stream)
-                            else:
-                                _copy2d(staging.host_address, True, dst, False, p.block_bytes, p.blocks, p.dst_pitch, stream)
-                            call("cuEventRecord", events[j], stream)
-                            self._advance(p.nbytes)
-                        call("cuStreamSynchronize", stream)
-                    finally:
-                        for e in events:
-                            call("cuEventDestroy", e)
-                        call("cuStreamDestroy", stream)
-                except BaseException as exc:  # noqa: BLE001 - re-raised on the calling thread
-                    errors.append(exc)
+        def take() -> Piece | None:
+            if errors:
+                return None
+            with counter_lock:
+                index = next(counter, None)
+            return None if index is None else pieces[index]
 
-            workers = [threading.Thread(target=worker, args=(t,), name=f"kern-weights-{t}") for t in range(threads)]
-            for w in workers:
-                w.start()
-            for w in workers:
-                w.join()
-        finally:
-            ledger.close()
+        def worker() -> None:
+            try:
+                call("cuCtxSetCurrent", self.context)
+                self._work(take, size, fds, errors)
+            except BaseException as exc:  # noqa: BLE001 - re-raised on the calling thread
+                errors.append(exc)
+
+        workers = [threading.Thread(target=worker, name=f"kern-weights-{t}") for t in range(threads)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
         if errors:
             raise errors[0]
+
+    def _work(self, take: Callable[[], Piece | None], size: int, fds: dict[str, int],
+              errors: list[BaseException]) -> None:
+        """One worker: pieces from `take()` through two lazily allocated staging buffers on one stream.
+        Failures go to `errors`; the stream is drained before its staging buffers are freed."""
+        spent = dict.fromkeys(("staging_alloc", "read", "wait", "issue", "drain", "staging_free"), 0.0)
+        stream = call("cuStreamCreate", 1)  # CU_STREAM_NON_BLOCKING
+        events: list[Any] = []
+        staging: list[int] = []
+        views: list[memoryview] = []
+        flags = cu().CU_MEMHOSTALLOC_PORTABLE
+        try:
+            events = [call("cuEventCreate", 2) for _ in range(2)]  # CU_EVENT_DISABLE_TIMING
+            turn = 0
+            while (p := take()) is not None:
+                j = turn % 2
+                turn += 1
+                t0 = time.perf_counter()
+                if j == len(staging):  # first use of this buffer
+                    staging.append(int(call("cuMemHostAlloc", size, flags)))
+                    views.append(_host_view(staging[j], size))
+                    spent["staging_alloc"] += time.perf_counter() - t0
+                else:
+                    call("cuEventSynchronize", events[j])  # the DMA out of this buffer is done
+                    spent["wait"] += time.perf_counter() - t0
+                c = p.copy
+                t1 = time.perf_counter()
+                self._read_source(p.blob, c.src_offset, views[j][: c.src_span], fds)
+                t2 = time.perf_counter()
+                dst = p.target.address + c.dst_offset
+                if c.dense:
+                    call("cuMemcpyHtoDAsync", dst, staging[j], c.nbytes, stream)
+                else:
+                    _memcpy2d(staging[j], c.src_pitch, True, dst, c.dst_pitch, False, c.width, c.height, stream)
+                call("cuEventRecord", events[j], stream)
+                spent["read"] += t2 - t1
+                spent["issue"] += time.perf_counter() - t2
+                self._advance(c.nbytes)
+            t0 = time.perf_counter()
+            call("cuStreamSynchronize", stream)
+            spent["drain"] += time.perf_counter() - t0
+        except BaseException as exc:  # noqa: BLE001 - re-raised on the calling thread
+            errors.append(exc)
+        finally:
+            t0 = time.perf_counter()
+            steps: list[Callable[[], Any]] = []
+            if staging:  # nothing may still read a staging buffer when it is freed
+                steps.append(lambda: call("cuStreamSynchronize", stream))
+            steps += [lambda h=h: call("cuMemFreeHost", h) for h in staging]
+            steps += [lambda e=e: call("cuEventDestroy", e) for e in events]
+            steps.append(lambda: call("cuStreamDestroy", stream))
+            for step in steps:
+                try:
+                    step()
+                except BaseException as exc:  # noqa: BLE001 - keep releasing, report
+                    errors.append(exc)
+            spent["staging_free"] += time.perf_counter() - t0
+            self._time(spent)
