@@ -23,7 +23,7 @@ step() {  # step NAME LIMIT_S COMMAND...
 export KERN_REQUIRE_GPU=1
 for s in "$@"; do
   case "$s" in
-    runtime)     step runtime 200 "python3 -m pytest tests/runtime -q -p no:cacheprovider -m gpu" ;;
+    runtime)     step runtime 240 "python3 -m pytest tests/runtime -q -p no:cacheprovider -rs" ;;  # GPU + CPU (fake-driver) tests
     kernels)     step kernels 150 "python3 -m pytest tests/kernels -q -p no:cacheprovider" ;;
     gemv-bench)  step gemv-bench 180 "python3 bench/gemv.py" ;;
     kern-bench)  step kern-bench 120 "python3 bench/kernels.py" ;;
@@ -32,7 +32,7 @@ for s in "$@"; do
     ckpt-4b)     step ckpt-4b 120 "python3 tools/make_checkpoint.py --shape qwen3-4b --out $W/qwen3-4b" ;;
     run-4b)      step run-4b 150 "python3 -m kern_run.cli run --weights $W/qwen3-4b --prompt 'The capital of France is' --steps 128 --log-level info && python3 -m kern_run.cli run --weights $W/qwen3-4b --prompt 'The capital of France is' --steps 32 --eager" ;;
     parity-4b)   step parity-4b 300 "python3 tools/parity.py --shape qwen3-4b --ckpt $W/qwen3-4b" ;;
-    bench-load)  step bench-load 180 "python3 bench/load.py --gib 4" ;;
+    bench-load)  step bench-load 180 "python3 bench/load.py --gib 4 && python3 bench/load.py --gib 4 --layout cols" ;;
     prefix-4b)   step prefix-4b 180 "python3 tools/make_checkpoint.py --shape qwen3-4b --out $W/qwen3-4b && bash tools/prefix-demo.sh $W/qwen3-4b --target qwen3-4b" ;;
     tiny-en)     step tiny-en 180 "python3 -m pytest tests/parity/test_tiny_en_gpu.py -q -s -p no:cacheprovider" ;;
     hf-peer)     step hf-peer 150 "python3 bench/decode.py --ckpt $W/qwen3-4b --only hf --hf-steps 16 --contexts 128" ;;
