@@ -61,7 +61,7 @@ PARSE_CASES: list[tuple[str, Any, str, str]] = [
     ("param-not-pair", lambda o: ops(o)["embed"]["launches"][0]["params"].__setitem__(0, [0]),
      "$.ops.embed.launches[0].params[0]", "[offset, size]"),
     ("int-arg-given-object", lambda o: step_calls(o)[0]["args"].update(n_tokens={"buffer": "hidden"}),
-     "$.programs.step.calls[0].args.n_tokens", "expected an integer or an expression"),
+     "$.programs.step.calls[0].args.n_tokens", "an int argument is an integer, an expression string or"),
     ("f32-literal-string", lambda o: ops(o)["rmsnorm"]["launches"][0]["args"].__setitem__(6, {"f32": "1e-6"}),
      "$.ops.rmsnorm.launches[0].args[6].f32", "expected a number"),
 ]

@@ -29,6 +29,7 @@ from .model import (
     DerivedSegment,
     ExprWiring,
     ExternLaunch,
+    IntValue,
     InterleaveSegment,
     Launch,
     LiteralWiring,
@@ -42,6 +43,7 @@ from .model import (
     PackPointerField,
     PackTensorMapField,
     PackWiring,
+    PagesOf,
     PeersOf,
     Program,
     ProgramCall,
@@ -82,10 +84,11 @@ def load_manifest(path: str | os.PathLike[str]) -> Manifest:
 
 __all__ = [
     "DTYPE_BYTES", "EXTERNS", "FORMAT", "Algo", "AnyLaunch", "ArgWiring", "Buffer", "Call", "CallArg",
-    "DerivedSegment", "Expr", "ExprError", "ExprWiring", "ExternLaunch", "Fault", "FrozenMap", "InterleaveSegment",
-    "Launch", "LiteralWiring", "Manifest", "ManifestError", "ManifestParseError", "ManifestVerifyError", "Module",
-    "NullWiring", "Op", "OpArg", "PackField", "PackLiteralField", "PackPointerField", "PackTensorMapField",
-    "PackWiring", "PeersOf", "Program", "ProgramCall", "RankGroup", "RankWiring", "Ref", "RowsSegment", "ScratchWiring",
-    "Segment", "State", "TensorMap", "TensorSegment", "Topology", "Var", "Wiring", "canonical_json", "dtype_size",
-    "encoding_size", "family_digest_of", "find_faults", "load_manifest", "parse_expr", "parse_manifest", "var_max", "var_min", "verify",
+    "DerivedSegment", "Expr", "ExprError", "ExprWiring", "ExternLaunch", "Fault", "FrozenMap", "IntValue",
+    "InterleaveSegment", "Launch", "LiteralWiring", "Manifest", "ManifestError", "ManifestParseError",
+    "ManifestVerifyError", "Module", "NullWiring", "Op", "OpArg", "PackField", "PackLiteralField", "PackPointerField",
+    "PackTensorMapField", "PackWiring", "PagesOf", "PeersOf", "Program", "ProgramCall", "RankGroup", "RankWiring",
+    "Ref", "RowsSegment", "ScratchWiring", "Segment", "State", "TensorMap", "TensorSegment", "Topology", "Var",
+    "Wiring", "canonical_json", "dtype_size", "encoding_size", "family_digest_of", "find_faults", "load_manifest",
+    "parse_expr", "parse_manifest", "var_max", "var_min", "verify",
 ]

@@ -799,12 +799,33 @@ class Ref:
         return _with_extra(out, self.extra)
 
 
-CallArg = Union[Ref, Expr]
+@dataclass(frozen=True, kw_only=True)
+class PagesOf:
+    """An `int` call argument `{"pages_of": state}`: the number of pages in paged state `state`'s
+    reserved virtual range. Only the runtime knows it (the range is sized at load from the caller's
+    capacity), so it is a constant resolved once at load: it reads no var and never enters a graph key.
+    Kernels take it as the bound of the page ids they read from block tables."""
+
+    state: str
+    extra: FrozenMap[str, Any] = _extra()
+
+    @property
+    def vars(self) -> frozenset[str]:
+        """No vars: the value is fixed when the runtime loads."""
+        return frozenset()
+
+    def to_json(self) -> dict[str, Any]:
+        return _with_extra({"pages_of": self.state}, self.extra)
+
+
+IntValue = Union[Expr, PagesOf]
+CallArg = Union[Ref, Expr, PagesOf]
 
 
 @dataclass(frozen=True, kw_only=True)
 class Call:
-    """A call of op `op`; `args` maps every interface argument: `Ref` for `ptr`, `Expr` for `int`."""
+    """A call of op `op`; `args` maps every interface argument: `Ref` for `ptr`, `Expr` or `PagesOf`
+    for `int`."""
 
     op: str
     args: FrozenMap[str, CallArg]
@@ -860,7 +881,8 @@ class Program:
     def vars_read(self, manifest: Manifest) -> frozenset[str]:
         """The vars a run of this program depends on (the graph capture key): every var its ops'
         launches read plus the vars of the call arguments those launches forward, through inlined
-        programs. Unknown ops are skipped (a verified manifest has none)."""
+        programs (a `pages_of` argument reads none). Unknown ops are skipped (a verified manifest has
+        none)."""
         out: set[str] = set()
         for call in self.flat_calls(manifest):
             op = manifest.ops.get(call.op)
@@ -873,7 +895,7 @@ class Program:
                     continue
                 if isinstance(value, Expr):
                     out |= value.vars
-                elif value.offset is not None:
+                elif isinstance(value, Ref) and value.offset is not None:
                     out |= value.offset.vars
         return frozenset(out)
 

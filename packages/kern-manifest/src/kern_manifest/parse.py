@@ -35,6 +35,7 @@ from .model import (
     PackPointerField,
     PackTensorMapField,
     PackWiring,
+    PagesOf,
     Program,
     ProgramCall,
     RankGroup,
@@ -384,9 +385,16 @@ def _pack_field(value: Any, path: str):  # -> PackField
     return PackTensorMapField(offset=offset, tensormap=tm, extra=o.extra())
 
 
-def _call_arg(value: Any, path: str, kind: str | None) -> Ref | Expr:
+def _call_arg(value: Any, path: str, kind: str | None) -> Ref | Expr | PagesOf:
     """A call argument: for a known `ptr` arg a buffer/state reference, for a known `int` arg an
-    expression; for an unknown arg (a verify fault) whatever the JSON shape suggests."""
+    expression or `{"pages_of": state}`; for an unknown arg (a verify fault) whatever the JSON shape
+    suggests. A `pages_of` object given to a `ptr` arg parses as `PagesOf` so the verifier names it."""
+    if isinstance(value, dict) and "pages_of" in value and not any(k in value for k in ("buffer", "state")):
+        o = _Obj(value, path)
+        return PagesOf(state=o.req("pages_of", "str"), extra=o.extra())
+    if kind == "int" and isinstance(value, dict):
+        raise ManifestParseError(path, "an int argument is an integer, an expression string or "
+                                       f"{{\"pages_of\": state}}; found an object with keys {sorted(value)}")
     if kind == "int" or (kind is None and isinstance(value, int) and not isinstance(value, bool)):
         return Expr(_check(value, "expr", path), path)
     if isinstance(value, str):

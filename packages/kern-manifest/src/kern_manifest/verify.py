@@ -28,6 +28,7 @@ from .model import (
     InterleaveSegment,
     Manifest,
     Op,
+    PagesOf,
     ProgramCall,
     Ref,
     RowsSegment,
@@ -407,15 +408,18 @@ class _Verifier(OpChecks):
                 self.fault(apath, f"missing argument {arg.name!r} of op {op.name!r}")
                 continue
             if arg.kind == "ptr":
-                if isinstance(value, Expr):
+                if not isinstance(value, Ref):
                     self.fault(vpath, f"{arg.name!r} is a ptr argument; pass a buffer or state name")
                     continue
                 self.check_ref(op, arg.name, value, vpath, local)
             elif arg.kind == "int":
-                if not isinstance(value, Expr):
-                    self.fault(vpath, f"{arg.name!r} is an int argument; pass an expression")
-                    continue
-                self.check_int_arg(op, arg.name, value, vpath)
+                if isinstance(value, PagesOf):
+                    self.check_pages_of(value, vpath)
+                elif not isinstance(value, Expr):
+                    self.fault(vpath, f"{arg.name!r} is an int argument; pass an expression or "
+                                      "{\"pages_of\": state}")
+                else:
+                    self.check_int_arg(op, arg.name, value, vpath)
 
     def check_ref(self, op: Op, arg: str, ref: Ref, path: str, local: set[str]) -> None:
         m = self.m
@@ -469,6 +473,21 @@ class _Verifier(OpChecks):
                                           f"bytes{' at ' + at if at else ''}, past the end of {ref.name!r} "
                                           f"({nbytes} bytes)")
                         break
+
+    def check_pages_of(self, value: PagesOf, path: str) -> None:
+        """`{"pages_of": state}`: `state` must be a declared paged state. Its value (the pages of the
+        state's reserved range) exists only at load, so its fit in the wiring's encoding is the runtime's
+        check."""
+        self.unknown(value.extra, path, ("pages_of",))
+        spath = key_path(path, "pages_of")
+        state = self.m.states.get(value.state)
+        if state is None:
+            paged = [n for n, s in self.m.states.items() if s.kind == "paged"]
+            self.fault(spath, f"unknown state {value.state!r}; pages_of names a paged state (declared: "
+                              f"{', '.join(paged) or 'none'})")
+        elif state.kind != "paged":
+            self.fault(spath, f"state {value.state!r} is {state.kind}, not paged; pages_of counts the pages of a "
+                              "paged state's reserved range")
 
     def check_int_arg(self, op: Op, arg: str, e: Expr, path: str) -> None:
         encodings = {w.type for launch in op.launches for w in launch.args
