@@ -29,7 +29,10 @@ class PoolLayout:
     `page_tokens` / `num_pages`: paged geometry (None without paged states); page ids are
     0..num_pages-1 and `scratch_page_id` (0) is reserved for writes that must land somewhere harmless.
     `num_slots`: per-seq slots (slot 0 is scratch). `mapped_bytes[state]`: bytes backed by blocks at
-    load; `reserve_bytes`: virtual range reserved per state; `block_bytes`: the VMM block size."""
+    load; `reserve_bytes`: virtual range reserved per state; `block_bytes`: the VMM block size.
+    `reserved_pages[state]` (paged states only): pages that fit in the state's reserved range,
+    `reserve_bytes // page_bytes`: page ids `0 .. reserved_pages - 1` address memory inside it, whatever
+    remaps map there later; what a manifest's `{"pages_of": state}` argument resolves to."""
 
     layout: Layout
     page_tokens: int | None
@@ -38,6 +41,7 @@ class PoolLayout:
     block_bytes: int
     reserve_bytes: int
     mapped_bytes: Mapping[str, int]
+    reserved_pages: Mapping[str, int]
 
     @property
     def scratch_page_id(self) -> int | None:
@@ -82,4 +86,6 @@ def plan_pool(states: Mapping[str, StateSpec], capacity: Capacity, granularity_b
         block_bytes=block,
         reserve_bytes=layout.va_bytes_per_state,
         mapped_bytes=mapped,
+        reserved_pages={name: layout.va_bytes_per_state // page_bytes
+                        for name, page_bytes in zip(layout.states, layout.page_bytes)},
     )

@@ -18,7 +18,7 @@ import numpy as np
 from .errors import ApiError
 
 _SCALAR_FORMATS: dict[str, str] = {"i32": "<i", "u32": "<I", "i64": "<q", "u64": "<Q", "f32": "<f", "f64": "<d"}
-_INT_RANGES: dict[str, tuple[int, int]] = {
+INT_RANGES: dict[str, tuple[int, int]] = {
     "i32": (-(2**31), 2**31 - 1), "u32": (0, 2**32 - 1), "i64": (-(2**63), 2**63 - 1), "u64": (0, 2**64 - 1),
 }
 
@@ -31,8 +31,8 @@ def encode_scalar(type_name: str, value: int | float) -> bytes:
     fmt = _SCALAR_FORMATS.get(type_name)
     if fmt is None:
         raise ApiError(f"unknown scalar type {type_name!r}; expected one of {sorted(_SCALAR_FORMATS)}")
-    if type_name in _INT_RANGES:
-        lo, hi = _INT_RANGES[type_name]
+    if type_name in INT_RANGES:
+        lo, hi = INT_RANGES[type_name]
         ivalue = int(value)
         if ivalue != value or not lo <= ivalue <= hi:
             raise ApiError(f"value {value!r} does not fit {type_name} [{lo}, {hi}]")

@@ -10,8 +10,9 @@ For each call of a program and each launch of the call's op, `compile_program` b
   integers (pointers and sizes) by `patch`.
 
 Pointers resolve as `base(target) + call offset + wiring offset` where targets are buffers, states
-and derive sources (`AddressBook`). Everything here is pure Python over integers: the CPU tests
-build records against fake addresses.
+and derive sources (`AddressBook`); a `{"pages_of": state}` int argument resolves to the page count
+of the state's reserved range (`AddressBook.pages`), a constant staged once like a literal.
+Everything here is pure Python over integers: the CPU tests build records against fake addresses.
 """
 
 from __future__ import annotations
@@ -22,10 +23,10 @@ from typing import Any, Callable, Mapping
 from kern_manifest import Expr
 
 from .errors import ApiError, ManifestError
-from .params import ParamBlock, encode_pointer, encode_scalar
+from .params import INT_RANGES, ParamBlock, encode_pointer, encode_scalar
 from .spec import (
     ArgWiring, CallSpec, ExprWiring, ExternLaunch, IntArg, KernelLaunch, LiteralWiring, NullWiring,
-    OpSpec, PackWiring, PtrArg, RankWiring, ScratchWiring, Spec, Wiring,
+    OpSpec, PackWiring, PagesArg, PtrArg, RankWiring, ScratchWiring, Spec, Wiring,
 )
 
 Values = Mapping[str, int]
@@ -45,11 +46,13 @@ NCCL_EXTERNS = frozenset(
 @dataclass(frozen=True)
 class AddressBook:
     """Where names live. `targets`: buffer / state / derive-source name -> base address;
-    `scratch`: (op, scratch name) -> address; `ranks`: topology group -> this process's index."""
+    `scratch`: (op, scratch name) -> address; `ranks`: topology group -> this process's index;
+    `pages`: paged state -> pages in its reserved virtual range (`PoolLayout.reserved_pages`)."""
 
     targets: Mapping[str, int]
     scratch: Mapping[tuple[str, str], int] = field(default_factory=dict)
     ranks: Mapping[str, int] = field(default_factory=dict)
+    pages: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -104,6 +107,8 @@ def resolve_wiring(wiring: Wiring, call: CallSpec, op: OpSpec, book: AddressBook
         if kind == "ptr":
             return resolve_pointer_arg(wiring.arg, call, op, book, wiring.offset)
         arg = call.args.get(wiring.arg)
+        if isinstance(arg, PagesArg):
+            return _pages_value(arg, wiring, book, path)
         if not isinstance(arg, IntArg):
             raise ManifestError(f"{path}: op {op.name!r} has no argument {wiring.arg!r}")
         return _expr_value(arg.expr)
@@ -125,6 +130,22 @@ def resolve_wiring(wiring: Wiring, call: CallSpec, op: OpSpec, book: AddressBook
     if isinstance(wiring, PackWiring):
         return _resolve_pack(wiring, call, op, book, encoder, path)
     raise AssertionError(f"unhandled wiring {wiring!r}")  # a bug in kern
+
+
+def _pages_value(arg: PagesArg, wiring: ArgWiring, book: AddressBook, path: str) -> Resolved:
+    """The page count of `arg.state`'s reserved range, a constant. Raises ManifestError when the state
+    has no pages in this runtime (not a pooled paged state) and ApiError when the count does not fit the
+    wiring's type (the capacity the caller loaded with is too large for the kernel's parameter)."""
+    pages = book.pages.get(arg.state)
+    if pages is None:
+        raise ManifestError(f"{path}: pages_of {arg.state!r}: not a paged state of this runtime's pool "
+                            f"(paged: {', '.join(sorted(book.pages)) or 'none'})")
+    if wiring.type is not None:
+        lo, hi = INT_RANGES[wiring.type]
+        if not lo <= pages <= hi:
+            raise ApiError(f"{path}: pages_of {arg.state!r} is {pages} pages, which does not fit {wiring.type} "
+                           f"(at most {hi}); load with a smaller capacity")
+    return _const("int", pages)
 
 
 def _resolve_pack(pack: PackWiring, call: CallSpec, op: OpSpec, book: AddressBook, encoder: TensorMapEncoder | None,

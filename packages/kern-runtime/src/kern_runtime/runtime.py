@@ -321,7 +321,8 @@ class Runtime(PoolMethods, PeerMethods, StepMethods):
         targets.update({name: a.address for name, a in self._states.items()})
         targets.update(extra or {})
         scratch = {key: a.address for key, a in self._scratch.items()}
-        return AddressBook(targets, scratch, self._ranks)
+        pages = dict(self.pool.reserved_pages) if self.pool is not None else {}
+        return AddressBook(targets, scratch, self._ranks, pages)
 
     def _compile(self, name: str, book: AddressBook) -> ProgramState:
         from .tensormaps import encode_tiled
@@ -602,6 +603,12 @@ class Runtime(PoolMethods, PeerMethods, StepMethods):
     @property
     def scratch_page_id(self) -> int | None:
         return self.pool.scratch_page_id if self.pool else None
+
+    @property
+    def reserved_pages(self) -> Mapping[str, int]:
+        """Paged state -> pages its reserved virtual range holds (what `{"pages_of": state}` resolves to:
+        the bound kernels check block-table page ids against); empty without paged states."""
+        return dict(self.pool.reserved_pages) if self.pool else {}
 
     @property
     def num_slots(self) -> int | None:

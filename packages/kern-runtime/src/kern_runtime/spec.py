@@ -235,9 +235,20 @@ class IntArg:
 
 
 @dataclass(frozen=True)
+class PagesArg:
+    """A call's `{"pages_of": state}` int argument: the page count of paged state `state`'s reserved
+    range, a constant the records resolve once at load (`AddressBook.pages`)."""
+
+    state: str
+
+
+CallArg = PtrArg | IntArg | PagesArg
+
+
+@dataclass(frozen=True)
 class CallSpec:
     op: str
-    args: Mapping[str, PtrArg | IntArg]
+    args: Mapping[str, CallArg]
     path: str = ""
 
 
@@ -385,8 +396,8 @@ def _launch(launch: Mapping[str, Any], path: str) -> Launch:
     )
 
 
-def _call_args(op: OpSpec, args: Mapping[str, Any], path: str) -> dict[str, PtrArg | IntArg]:
-    out: dict[str, PtrArg | IntArg] = {}
+def _call_args(op: OpSpec, args: Mapping[str, Any], path: str) -> dict[str, CallArg]:
+    out: dict[str, CallArg] = {}
     for name, kind in op.args:
         if name not in args:
             raise ManifestError(f"{path}.args: missing argument {name!r} of op {op.name!r}")
@@ -400,6 +411,11 @@ def _call_args(op: OpSpec, args: Mapping[str, Any], path: str) -> dict[str, PtrA
                 out[name] = PtrArg(target, _expr(offset, f"{path}.args.{name}.offset") if offset is not None else None)
             else:
                 raise ManifestError(f"{path}.args.{name}: expected a buffer/state name or {{buffer, offset}}")
+        elif isinstance(value, Mapping):
+            if set(value) != {"pages_of"} or not isinstance(value["pages_of"], str):
+                raise ManifestError(f"{path}.args.{name}: expected an expression or {{\"pages_of\": state}}, "
+                                    f"got {dict(value)!r}")
+            out[name] = PagesArg(value["pages_of"])
         else:
             out[name] = IntArg(_expr(value, f"{path}.args.{name}"))
     return out
