@@ -126,13 +126,35 @@ def silu_mul(gate_up: np.ndarray) -> np.ndarray:
     return _bf(_bf(g / (1.0 + np.exp(-g))) * u).astype(np.float32)
 
 
-def gather_kv(kv_cache: np.ndarray, block_table_row: np.ndarray, num_tokens: int):
-    """K, V of one sequence's first num_tokens tokens: two [num_tokens, Hkv, D] float64 arrays."""
-    page_tokens = kv_cache.shape[2]
-    tok = np.arange(num_tokens)
-    pages = np.asarray(block_table_row, dtype=np.int64)[tok // page_tokens]
+def kv_present(block_table_row: np.ndarray, num_tokens: int, page_tokens: int, num_pages: int) -> np.ndarray:
+    """bool [num_tokens]: whether each of a sequence's first num_tokens tokens has a page. Token t's page is
+    block_table_row[t // page_tokens]; it is absent when that index is past the row (bt_stride) or the page
+    id lies outside [0, num_pages) (the attention kernels' `num_pages` bound, docs/kernels.md "Block tables")."""
+    row = np.asarray(block_table_row, dtype=np.int64).reshape(-1)
+    index = np.arange(num_tokens) // page_tokens
+    ids = np.full(num_tokens, -1, dtype=np.int64)
+    inside = index < row.shape[0]
+    ids[inside] = row[index[inside]]
+    return (ids >= 0) & (ids < num_pages)
+
+
+def gather_kv(kv_cache: np.ndarray, block_table_row: np.ndarray, num_tokens: int, num_pages: int | None = None):
+    """K, V of one sequence's first num_tokens tokens: two [num_tokens, Hkv, D] float64 arrays. A token
+    without a page (`kv_present`; num_pages defaults to the cache's page count) reads as zeros, as
+    kern_attn_prefill reads it."""
+    pages_in_cache, _, page_tokens = kv_cache.shape[:3]
+    num_pages = pages_in_cache if num_pages is None else int(num_pages)
+    present = kv_present(block_table_row, num_tokens, page_tokens, num_pages)
+    tok = np.arange(num_tokens)[present]
+    pages = np.asarray(block_table_row, dtype=np.int64).reshape(-1)[tok // page_tokens]
+    if pages.size and pages.max() >= pages_in_cache:
+        raise ValueError(f"page {pages.max()} is below num_pages {num_pages} but past the cache's {pages_in_cache}")
     offs = tok % page_tokens
-    return kv_cache[pages, 0, offs].astype(np.float64), kv_cache[pages, 1, offs].astype(np.float64)
+    k = np.zeros((num_tokens,) + kv_cache.shape[3:], dtype=np.float64)
+    v = np.zeros_like(k)
+    k[present] = kv_cache[pages, 0, offs]
+    v[present] = kv_cache[pages, 1, offs]
+    return k, v
 
 
 def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, positions: np.ndarray, scale: float) -> np.ndarray:
@@ -166,14 +188,27 @@ def decode_split_len(seq_len: int, split_tokens: int, num_splits: int) -> int:
     return max(int(split_tokens), -(-per // g) * g)
 
 
-def attn_decode_partials(q, kv_cache, block_table, seq_lens, scale, split_tokens, num_splits):
+def _decode_scores(q_s, kv_cache, block_table_row, n_ctx, scale, num_pages):
+    """Scores [Hq, ctx] (scale q.k, float64, -inf where the token has no page) and V [ctx, Hq, D] of one
+    sequence (absent tokens' V zero)."""
+    hq = q_s.shape[0]
+    group = hq // kv_cache.shape[3]
+    num_pages = kv_cache.shape[0] if num_pages is None else int(num_pages)
+    present = kv_present(block_table_row, n_ctx, kv_cache.shape[2], num_pages)
+    k, v = gather_kv(kv_cache, block_table_row, n_ctx, num_pages)
+    kk = np.repeat(k, group, axis=1)  # [ctx, Hq, D]
+    scores = np.einsum("hd,chd->hc", q_s.astype(np.float64), kk) * scale  # [Hq, ctx]
+    return np.where(present[None, :], scores, -np.inf), np.repeat(v, group, axis=1)
+
+
+def attn_decode_partials(q, kv_cache, block_table, seq_lens, scale, split_tokens, num_splits, num_pages=None):
     """Reference of kern_attn_decode_partial in float64: (part_out [seqs, Hq, num_splits, D],
     part_ml [seqs, Hq, num_splits, 2]). Split x of sequence s covers tokens [x L, min((x+1) L, n)),
     L = decode_split_len(n, ...); part_ml = (m, l) with m = max_j scale q.k_j (natural log units),
-    l = sum_j exp(scale q.k_j - m), part_out = sum_j exp(scale q.k_j - m) v_j; empty splits (-inf, 0), 0."""
+    l = sum_j exp(scale q.k_j - m), part_out = sum_j exp(scale q.k_j - m) v_j, over the split's tokens
+    that have a page (`kv_present` with the kernel's `num_pages`, default the cache's page count);
+    empty splits, and splits whose tokens all lack a page, (-inf, 0) and 0."""
     seqs, hq, d = q.shape
-    hkv = kv_cache.shape[3]
-    group = hq // hkv
     po = np.zeros((seqs, hq, num_splits, d))
     ml = np.zeros((seqs, hq, num_splits, 2))
     ml[..., 0] = -np.inf
@@ -182,39 +217,45 @@ def attn_decode_partials(q, kv_cache, block_table, seq_lens, scale, split_tokens
         if n_ctx == 0:
             continue
         length = decode_split_len(n_ctx, split_tokens, num_splits)
-        k, v = gather_kv(kv_cache, block_table[s], n_ctx)
-        kk = np.repeat(k, group, axis=1)  # [ctx, Hq, D]
-        vv = np.repeat(v, group, axis=1)
-        scores = np.einsum("hd,chd->hc", q[s].astype(np.float64), kk) * scale  # [Hq, ctx]
+        scores, vv = _decode_scores(q[s], kv_cache, block_table[s], n_ctx, scale, num_pages)
         for x in range(num_splits):
             lo, hi = x * length, min((x + 1) * length, n_ctx)
             if lo >= hi:
                 continue
             sc = scores[:, lo:hi]
+            if np.isneginf(sc).all():
+                continue  # no token of the split has a page
             m = sc.max(axis=1)
-            p = np.exp(sc - m[:, None])
+            p = np.exp(sc - m[:, None])  # absent tokens: exp(-inf) = 0
             ml[s, :, x, 0] = m
             ml[s, :, x, 1] = p.sum(axis=1)
             po[s, :, x] = np.einsum("hc,chd->hd", p, vv[lo:hi])
     return po, ml
 
 
-def attn_decode(q, kv_cache, block_table, seq_lens, scale):
-    """q [seqs, Hq, D] -> [seqs, Hq * D] float64; sequence s attends to its seq_lens[s] cached tokens."""
+def attn_decode(q, kv_cache, block_table, seq_lens, scale, num_pages=None):
+    """q [seqs, Hq, D] -> [seqs, Hq * D] float64; sequence s attends to those of its seq_lens[s] cached
+    tokens that have a page (`kv_present`); none (or seq_lens[s] <= 0) gives zeros."""
     seqs, hq, d = q.shape
     out = np.zeros((seqs, hq * d))
     for s in range(seqs):
         n_ctx = int(seq_lens[s])
         if n_ctx <= 0:
             continue
-        k, v = gather_kv(kv_cache, block_table[s], n_ctx)
-        out[s] = attention(q[s : s + 1], k, v, np.array([n_ctx - 1]), scale)[0]
+        scores, vv = _decode_scores(q[s], kv_cache, block_table[s], n_ctx, scale, num_pages)
+        if np.isneginf(scores).all():
+            continue
+        p = np.exp(scores - scores.max(axis=1, keepdims=True))
+        p /= p.sum(axis=1, keepdims=True)
+        out[s] = np.einsum("hc,chd->hd", p, vv).reshape(hq * d)
     return out
 
 
-def attn_prefill(q, kv_cache, block_table, cu_seqlens_q, seq_lens, scale):
+def attn_prefill(q, kv_cache, block_table, cu_seqlens_q, seq_lens, scale, num_pages=None):
     """q [total, Hq, D] -> [total, Hq * D] float64; the chunk's rows of sequence s sit at the last
-    q_len positions of its seq_lens[s] tokens, all read from the cache."""
+    q_len positions of its seq_lens[s] tokens, all read from the cache. A token without a page
+    (`kv_present` with the kernel's `num_pages`, default the cache's page count) has K = V = 0: it still
+    takes part in the softmax with score 0 (kern_attn_prefill reads it as zeros)."""
     total, hq, d = q.shape
     out = np.zeros((total, hq * d))
     for s in range(len(seq_lens)):
@@ -222,7 +263,7 @@ def attn_prefill(q, kv_cache, block_table, cu_seqlens_q, seq_lens, scale):
         n_ctx = int(seq_lens[s])
         if hi <= lo:
             continue
-        k, v = gather_kv(kv_cache, block_table[s], n_ctx)
+        k, v = gather_kv(kv_cache, block_table[s], n_ctx, num_pages)
         positions = n_ctx - (hi - lo) + np.arange(hi - lo)
         out[lo:hi] = attention(q[lo:hi], k, v, positions, scale)
     return out
