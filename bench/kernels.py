@@ -119,7 +119,7 @@ def main() -> int:
         out = gpu.alloc(HQ * D * 2).ptr
         sets = [[("p", q), ("p", cache.ptr), ("p", arr(np.arange(i * pages_per_seq, (i + 1) * pages_per_seq, dtype=np.int32))),
                  ("p", lens), ("p", po), ("p", ml), ("i", HQ), ("i", HKV), ("i", D), ("i", PAGE), ("i", pages_per_seq),
-                 ("i", split_min), ("i", num_splits), ("f", D**-0.5)] for i in range(n_sets)]
+                 ("i", n_sets * pages_per_seq), ("i", split_min), ("i", num_splits), ("f", D**-0.5)] for i in range(n_sets)]
         red_args = [("p", po), ("p", ml), ("p", lens), ("p", out), ("i", HQ), ("i", D), ("i", split_min), ("i", num_splits)]
         kv_bytes = ctx * HKV * D * 2 * 2
         part_bytes = HQ * num_splits * (D + 2) * 4  # every split writes its row (empty ones zeros)
@@ -146,7 +146,7 @@ def main() -> int:
         args = [("p", arr(rand_bits(rng, (chunk, HQ, D)))), ("p", cache.ptr), ("p", arr(rng.permutation(pages).astype(np.int32))),
                 ("p", arr(np.array([0, chunk], dtype=np.int32))), ("p", arr(np.array([ctx], dtype=np.int32))),
                 ("p", gpu.alloc(chunk * HQ * D * 2).ptr), ("i", HQ), ("i", HKV), ("i", D), ("i", PAGE), ("i", pages),
-                ("f", D**-0.5)]
+                ("i", pages), ("f", D**-0.5)]
         pairs = chunk * prefix + chunk * (chunk + 1) / 2  # (query, key) pairs attended
         bench(f"attn_prefill prefix={prefix} chunk={chunk}", "kern_attn_prefill", (cdiv(chunk, 16), HKV, 1), (128,), [args],
               ctx * HKV * D * 4 + chunk * HQ * D * 4, flops=4.0 * HQ * D * pairs)

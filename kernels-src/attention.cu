@@ -21,8 +21,12 @@
 // All three entries start with griddepcontrol.wait and then griddepcontrol.launch_dependents (both no-ops
 // without programmatic dependent launch), so they may be launched with PDL.
 //
-// Block-table entries that are negative, or past bt_stride, read as masked (decode) / zero (prefill);
-// page ids are otherwise trusted (these kernels only read the cache; there is no page-count bound).
+// Page ids come from the block table and are bounded: the decode and prefill entries take num_pages (the
+// pages of the paged state's reserved range, a manifest's {"pages_of": state}), and an entry outside
+// [0, num_pages) -- negative, past the end of the range, or garbage -- reads as absent, like an entry past
+// bt_stride: masked in decode, K/V of zeros in prefill. Nothing outside the state's range is ever read.
+// The check is one unsigned compare where the page id is read (num_pages <= 0: every page is absent).
+// Decode indexes K/V rows in 32 bits, so num_pages * 2 * page_tokens > 2^31 - 1 is outside its limits.
 #include <math_constants.h>
 
 #include "common.cuh"
@@ -74,6 +78,12 @@ KERN_DEV uint4 load_raw8(const __nv_bfloat16* row, int i0, int n, bool vec) {
 #define DEC_GRAN 16   // split lengths are rounded up to a multiple of this
 #define DEC_MAX_D 256
 
+// Decode computes a K row index as page * 2 * page_tokens + offset in 32 bits: a page bound past that range
+// (2^26 pages of 16 tokens, far beyond any pool) is outside the kernel's limits.
+KERN_DEV bool num_pages_overflow(int num_pages, int page_tokens) {
+    return (int64_t)num_pages * 2 * page_tokens > (int64_t)INT32_MAX;
+}
+
 // Effective split length of a sequence of seq_len tokens: split_tokens is the MINIMUM split length; a
 // context longer than num_splits * split_tokens gets splits of cdiv(seq_len, num_splits) rounded up to a
 // multiple of DEC_GRAN, so the num_splits splits always cover the whole context. The reduce uses the same.
@@ -122,8 +132,8 @@ struct DecodeSmem {
 template <int TPT, bool FAST = false>
 KERN_DEV void decode_body(DecodeSmem& sm, const __nv_bfloat16* q, const __nv_bfloat16* kv_cache,
                           const int32_t* block_table, float* part_out, float* part_ml, int num_q_heads,
-                          int num_kv_heads, int D, int page_tokens, int bt_stride, int num_splits, float scale,
-                          int s, int kvh, int x, int begin, int end) {
+                          int num_kv_heads, int D, int page_tokens, int bt_stride, int num_pages, int num_splits,
+                          float scale, int s, int kvh, int x, int begin, int end) {
     constexpr int TPW = 32 / TPT;
     constexpr int TILE = DEC_WARPS * DEC_J * TPW;
     constexpr int NR = DEC_NV / TPT;  // scores per lane after the reduce-scatter
@@ -137,12 +147,16 @@ KERN_DEV void decode_body(DecodeSmem& sm, const __nv_bfloat16* q, const __nv_bfl
     const int64_t v_off = (int64_t)page_tokens * token_elems;  // V part of a token: K pointer + v_off
     const float sl2 = scale * LOG2E;
     const int32_t* bt_row = block_table + (int64_t)s * bt_stride;
+    // Page ids in [0, num_pages) are present: one unsigned compare also rejects negative ids (and -1, the
+    // value given to slots past the split or the row).
+    const uint32_t page_limit = (uint32_t)max(num_pages, 0);
 
     const __nv_bfloat16* kbase = kv_cache + (int64_t)kvh * D + c * 8;  // this lane's chunk of token row 0
 
     // K row index (page * 2 * page_tokens + offset in page) of each token slot of the tile at t0, or -1
-    // (past the split, no page): the same for every lane of a token group (lanes with c >= C skip their
-    // loads). Slot j is token t0 + (j * 4 + warp) * TPW + h: one division per tile, then steps.
+    // (past the split, past bt_stride, or a page id outside [0, num_pages)): the same for every lane of a
+    // token group (lanes with c >= C skip their loads). Slot j is token t0 + (j * 4 + warp) * TPW + h: one
+    // division per tile, then steps.
     constexpr int STEP = DEC_WARPS * TPW;
     const int step_pi = STEP / page_tokens, step_r = STEP - step_pi * page_tokens;
     auto slot_rows = [&](int t0, int32_t (&rows)[DEC_J]) {
@@ -153,7 +167,7 @@ KERN_DEV void decode_body(DecodeSmem& sm, const __nv_bfloat16* q, const __nv_bfl
         for (int j = 0; j < DEC_J; ++j) {
             const bool ok = tok < end && pi < bt_stride;
             const int page = ok ? bt_row[pi] : -1;
-            rows[j] = page >= 0 ? page * 2 * page_tokens + r : -1;
+            rows[j] = (uint32_t)page < page_limit ? page * 2 * page_tokens + r : -1;
             tok += STEP;
             pi += step_pi;
             r += step_r;
@@ -381,6 +395,7 @@ extern "C" __global__ void __launch_bounds__(DEC_THREADS) kern_attn_decode_parti
     float* part_out,                // [seqs, Hq, num_splits, D]
     float* part_ml,                 // [seqs, Hq, num_splits, 2]
     int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim, int32_t page_tokens, int32_t bt_stride,
+    int32_t num_pages,              // page ids outside [0, num_pages) are masked
     int32_t split_tokens, int32_t num_splits, float scale) {
     __shared__ __align__(16) DecodeSmem sm;
     attn_pdl_wait();
@@ -388,7 +403,8 @@ extern "C" __global__ void __launch_bounds__(DEC_THREADS) kern_attn_decode_parti
     const int kvh = blockIdx.x, x = blockIdx.y, s = blockIdx.z;
     const int D = head_dim;
     if (num_kv_heads <= 0 || kvh >= num_kv_heads || x >= num_splits || num_q_heads % num_kv_heads != 0 ||
-        D <= 0 || D > DEC_MAX_D || page_tokens <= 0 || split_tokens <= 0)
+        D <= 0 || D > DEC_MAX_D || page_tokens <= 0 || split_tokens <= 0 ||
+        num_pages_overflow(num_pages, page_tokens))
         return;
     const int seq_len = max(seq_lens[s], 0);
     const int64_t len = decode_split_len(seq_len, split_tokens, num_splits);
@@ -397,16 +413,16 @@ extern "C" __global__ void __launch_bounds__(DEC_THREADS) kern_attn_decode_parti
     const int C = (D + 7) / 8;
     if (C <= 4)
         decode_body<4>(sm, q, kv_cache, block_table, part_out, part_ml, num_q_heads, num_kv_heads, D, page_tokens,
-                       bt_stride, num_splits, scale, s, kvh, x, begin, end);
+                       bt_stride, num_pages, num_splits, scale, s, kvh, x, begin, end);
     else if (C <= 8)
         decode_body<8>(sm, q, kv_cache, block_table, part_out, part_ml, num_q_heads, num_kv_heads, D, page_tokens,
-                       bt_stride, num_splits, scale, s, kvh, x, begin, end);
+                       bt_stride, num_pages, num_splits, scale, s, kvh, x, begin, end);
     else if (C <= 16)
         decode_body<16>(sm, q, kv_cache, block_table, part_out, part_ml, num_q_heads, num_kv_heads, D, page_tokens,
-                        bt_stride, num_splits, scale, s, kvh, x, begin, end);
+                        bt_stride, num_pages, num_splits, scale, s, kvh, x, begin, end);
     else
         decode_body<32>(sm, q, kv_cache, block_table, part_out, part_ml, num_q_heads, num_kv_heads, D, page_tokens,
-                        bt_stride, num_splits, scale, s, kvh, x, begin, end);
+                        bt_stride, num_pages, num_splits, scale, s, kvh, x, begin, end);
 }
 
 // kern_attn_decode_partial with the same signature, launch and results (docs/kernels.md), cheaper at short
@@ -416,14 +432,16 @@ extern "C" __global__ void __launch_bounds__(DEC_THREADS) kern_attn_decode_parti
 extern "C" __global__ void __launch_bounds__(DEC_THREADS) kern_attn_decode_partial_fast(
     const __nv_bfloat16* q, const __nv_bfloat16* kv_cache, const int32_t* block_table, const int32_t* seq_lens,
     float* part_out, float* part_ml, int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim,
-    int32_t page_tokens, int32_t bt_stride, int32_t split_tokens, int32_t num_splits, float scale) {
+    int32_t page_tokens, int32_t bt_stride, int32_t num_pages, int32_t split_tokens, int32_t num_splits,
+    float scale) {
     __shared__ __align__(16) DecodeSmem sm;
     attn_pdl_wait();
     attn_pdl_launch_dependents();
     const int kvh = blockIdx.x, x = blockIdx.y, s = blockIdx.z;
     const int D = head_dim;
     if (num_kv_heads <= 0 || kvh >= num_kv_heads || x >= num_splits || num_q_heads % num_kv_heads != 0 ||
-        D <= 0 || D > DEC_MAX_D || page_tokens <= 0 || split_tokens <= 0)
+        D <= 0 || D > DEC_MAX_D || page_tokens <= 0 || split_tokens <= 0 ||
+        num_pages_overflow(num_pages, page_tokens))
         return;
     const int seq_len = max(seq_lens[s], 0);
     const int64_t len = decode_split_len(seq_len, split_tokens, num_splits);
@@ -445,16 +463,16 @@ extern "C" __global__ void __launch_bounds__(DEC_THREADS) kern_attn_decode_parti
     const int C = (D + 7) / 8;
     if (C <= 4)
         decode_body<4, true>(sm, q, kv_cache, block_table, part_out, part_ml, num_q_heads, num_kv_heads, D,
-                             page_tokens, bt_stride, num_splits, scale, s, kvh, x, begin, end);
+                             page_tokens, bt_stride, num_pages, num_splits, scale, s, kvh, x, begin, end);
     else if (C <= 8)
         decode_body<8, true>(sm, q, kv_cache, block_table, part_out, part_ml, num_q_heads, num_kv_heads, D,
-                             page_tokens, bt_stride, num_splits, scale, s, kvh, x, begin, end);
+                             page_tokens, bt_stride, num_pages, num_splits, scale, s, kvh, x, begin, end);
     else if (C <= 16)
         decode_body<16, true>(sm, q, kv_cache, block_table, part_out, part_ml, num_q_heads, num_kv_heads, D,
-                              page_tokens, bt_stride, num_splits, scale, s, kvh, x, begin, end);
+                              page_tokens, bt_stride, num_pages, num_splits, scale, s, kvh, x, begin, end);
     else
         decode_body<32, true>(sm, q, kv_cache, block_table, part_out, part_ml, num_q_heads, num_kv_heads, D,
-                              page_tokens, bt_stride, num_splits, scale, s, kvh, x, begin, end);
+                              page_tokens, bt_stride, num_pages, num_splits, scale, s, kvh, x, begin, end);
 }
 
 // grid (num_q_heads, seqs, 1), block (head_dim,1,1): out[s, h*D + d] = sum_x w_x o_x[d] / sum_x w_x l_x,
@@ -599,8 +617,8 @@ KERN_DEV void prefill_copy(__nv_bfloat16 (*dst)[PF_LD], const int64_t* offs, con
 template <int NK>
 KERN_DEV void prefill_body(PrefillSmem& sm, const __nv_bfloat16* q, const __nv_bfloat16* kv_cache,
                            const int32_t* bt_row, __nv_bfloat16* out, int num_q_heads, int num_kv_heads, int D,
-                           int page_tokens, int bt_stride, float scale, int kvh, int q_start, int q_len,
-                           int ctx0, int row0, int kv_end, int hpb, int slabs, int G) {
+                           int page_tokens, int bt_stride, int num_pages, float scale, int kvh, int q_start,
+                           int q_len, int ctx0, int row0, int kv_end, int hpb, int slabs, int G) {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int gid = lane >> 2, tig = lane & 3;
     const int nk = D / 16;  // k-steps of Q.K^T holding data (Q is zero past them)
@@ -609,6 +627,7 @@ KERN_DEV void prefill_body(PrefillSmem& sm, const __nv_bfloat16* q, const __nv_b
     const int64_t token_elems = (int64_t)num_kv_heads * D;
     const int64_t head_off = (int64_t)kvh * D;
     const float sl2 = scale * LOG2E;
+    const uint32_t page_limit = (uint32_t)max(num_pages, 0);  // page ids in [0, num_pages) are present
 
     const int slab = warp / hpb;
     const int wr0 = row0 + slab * 16;                 // this warp's first query row (within the sequence)
@@ -621,14 +640,17 @@ KERN_DEV void prefill_body(PrefillSmem& sm, const __nv_bfloat16* q, const __nv_b
     const int w_end = rows_ok ? max(0, min(kv_end, ctx0 + min(wr0 + 16, q_len))) : 0;
 
     // Offset table of the tile at kv0 (thread t < 64 handles token kv0 + t); the block-table read is issued
-    // by token_page and consumed by token_off, so its latency can hide behind other work.
+    // by token_page and consumed by token_off, so its latency can hide behind other work. A token past
+    // kv_end or bt_stride, or whose page id lies outside [0, num_pages), gets -1: K/V of zeros.
     auto token_page = [&](int kv0, int& pi) -> int {
         const int tok = kv0 + tid;
         pi = tok / page_tokens;
         return (tid < PF_BN && tok < kv_end && pi < bt_stride) ? bt_row[pi] : -1;
     };
     auto token_off = [&](int kv0, int pi, int page) -> int64_t {
-        return page >= 0 ? ((int64_t)page * 2 * page_tokens + (kv0 + tid - pi * page_tokens)) * token_elems : -1;
+        return (uint32_t)page < page_limit
+                   ? ((int64_t)page * 2 * page_tokens + (kv0 + tid - pi * page_tokens)) * token_elems
+                   : -1;
     };
     const __nv_bfloat16* k_base = kv_cache + head_off;                                   // K of token row 0
     const __nv_bfloat16* v_base = k_base + (int64_t)page_tokens * token_elems;           // V of token row 0
@@ -819,6 +841,7 @@ extern "C" __global__ void __launch_bounds__(PF_THREADS, 3) kern_attn_prefill(
     const int32_t* seq_lens,        // [seqs]
     __nv_bfloat16* out,             // [total_q_tokens, Hq * D]
     int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim, int32_t page_tokens, int32_t bt_stride,
+    int32_t num_pages,              // page ids outside [0, num_pages) read K/V as zeros
     float scale) {
     __shared__ __align__(16) PrefillSmem sm;
     attn_pdl_wait();
@@ -844,5 +867,5 @@ extern "C" __global__ void __launch_bounds__(PF_THREADS, 3) kern_attn_prefill(
     // One compiled width (128) for every D: narrower heads run on zero-padded dims (Qwen3 uses D = 128;
     // a second instantiation for D <= 64 pushed the shared register allocation into spills).
     prefill_body<PF_MAX_D / 16>(sm, q, kv_cache, bt_row, out, num_q_heads, num_kv_heads, D, page_tokens, bt_stride,
-                                scale, kvh, q_start, q_len, ctx0, row0, kv_end, hpb, slabs, G);
+                                num_pages, scale, kvh, q_start, q_len, ctx0, row0, kv_end, hpb, slabs, G);
 }

@@ -9,7 +9,9 @@ The manifest (docs/manifest.md) is everything model-specific; this generator is 
   weights, with q/k/v and gate/up concatenated in their binds (whole-tensor segments) and o/down/norms
   bound whole; `embed`; `lm_head` only when the embeddings are not tied (tied: the lm_head GEMM reads
   `embed` itself); `rope` (cos|sin table) derived by the `load` once program.
-- states: one paged KV state per layer, `[2][page_tokens][Hkv][D]` bf16 per page (docs/kernels.md).
+- states: one paged KV state per layer, `[2][page_tokens][Hkv][D]` bf16 per page (docs/kernels.md). The
+  attention calls bound the page ids they read with `num_pages = {"pages_of": "kv.<layer>"}` (the pages of
+  that state's reserved range, a constant the runtime resolves at load).
 - ops: our kernels, each launch's `params` copied from kernels.json (the ABI read from the cubin) and
   checked here against the kernel contract's signature; GEMMs through `extern:cublaslt_bf16_tn`.
 - programs: `load` (once: rope table), `prefill` (a chunk of `tokens` tokens; fills the KV cache only,
@@ -56,9 +58,9 @@ KERNEL_SIGNATURES: dict[str, tuple[str, tuple[str, ...]]] = {
     "kern_add_rmsnorm": ("norm", ("p", "p", "p", "p", "i32", "i32", "f32")),
     "kern_rope_table": ("rope", ("p", "i32", "i32", "f32")),
     "kern_qk_norm_rope_kv": ("rope", ("p",) * 8 + ("i32",) * 7 + ("f32",)),
-    "kern_attn_decode_partial": ("attention", ("p",) * 6 + ("i32",) * 7 + ("f32",)),
+    "kern_attn_decode_partial": ("attention", ("p",) * 6 + ("i32",) * 8 + ("f32",)),
     "kern_attn_decode_reduce": ("attention", ("p",) * 4 + ("i32",) * 4),
-    "kern_attn_prefill": ("attention", ("p",) * 6 + ("i32",) * 5 + ("f32",)),
+    "kern_attn_prefill": ("attention", ("p",) * 6 + ("i32",) * 6 + ("f32",)),
     "kern_silu_mul": ("act", ("p", "p", "i32", "i32")),
     "kern_argmax_partial": ("argmax", ("p", "i32", "i32", "p", "p", "i32")),
     "kern_argmax_final": ("argmax", ("p", "p", "i32", "p")),
@@ -69,7 +71,7 @@ KERNEL_SIGNATURES: dict[str, tuple[str, tuple[str, ...]]] = {
     "kern_gemv_rows_rmsnorm": ("gemv", ("p", "p", "p", "p", "i32", "i32", "f32")),
     "kern_gemv_rows_residual": ("gemv", ("p", "p", "p", "i32", "i32")),
     "kern_gemv_rmsnorm_swiglu": ("gemv", ("p", "p", "p", "p", "i32", "i32", "f32")),
-    "kern_attn_decode_partial_fast": ("attention", ("p",) * 6 + ("i32",) * 7 + ("f32",)),
+    "kern_attn_decode_partial_fast": ("attention", ("p",) * 6 + ("i32",) * 8 + ("f32",)),
     "kern_decode_advance": ("step", ("p",) * 7 + ("i32",) * 5),
 }
 # Entries that execute griddepcontrol.wait before reading anything a predecessor writes and before writing
@@ -320,6 +322,11 @@ def _call(op: str, **args: Any) -> dict[str, Any]:
     return {"op": op, "args": args}
 
 
+def pages_of(layer: int) -> dict[str, str]:
+    """The page-id bound of layer `layer`'s attention: the pages of its KV state's reserved range."""
+    return {"pages_of": f"kv.{layer}"}
+
+
 # ---------------------------------------------------------------- the manifest
 
 
@@ -415,19 +422,23 @@ def build_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: GenOptions, config_di
                    [{"arg": "qkv"}, {"arg": "q_norm"}, {"arg": "k_norm"}, {"arg": "rope"}, {"arg": "positions"},
                     {"arg": "slots"}, {"arg": "q_out"}, {"arg": "kv"}, tokens_i32, {"i32": Hq}, {"i32": Hkv},
                     {"i32": D}, {"i32": page_tokens}, {"i32": max_pos}, {"i32": num_slots}, {"f32": cfg.eps}])])
+    # `num_pages` (int): the page-id bound of the attention kernels, passed as {"pages_of": "kv.<layer>"} (the
+    # pages of that state's reserved range, resolved by the runtime at load; docs/manifest.md "Programs")
+    num_pages_i32 = {"arg": "num_pages", "type": "i32"}
     b.op("attn_prefill",
-         [_ptr("q"), _ptr("kv"), _ptr("block_table"), _ptr("cu_seqlens_q"), _ptr("seq_lens"), _ptr("out")],
+         [_ptr("q"), _ptr("kv"), _ptr("block_table"), _ptr("cu_seqlens_q"), _ptr("seq_lens"), _ptr("out"),
+          _int("num_pages")],
          [b.launch("kern_attn_prefill", ["cdiv(tokens, 16)", Hkv, "seqs"], [128, 1, 1],
                    [{"arg": "q"}, {"arg": "kv"}, {"arg": "block_table"}, {"arg": "cu_seqlens_q"}, {"arg": "seq_lens"},
                     {"arg": "out"}, {"i32": Hq}, {"i32": Hkv}, {"i32": D}, {"i32": page_tokens},
-                    {"i32": pages_per_seq}, {"f32": scale}])])
+                    {"i32": pages_per_seq}, num_pages_i32, {"f32": scale}])])
     b.op("attn_decode",
-         [_ptr("q"), _ptr("kv"), _ptr("block_table"), _ptr("seq_lens"), _ptr("out")],
+         [_ptr("q"), _ptr("kv"), _ptr("block_table"), _ptr("seq_lens"), _ptr("out"), _int("num_pages")],
          [b.launch("kern_attn_decode_partial_fast" if opts.gemv == "v2" else "kern_attn_decode_partial",
                    [Hkv, num_splits, "seqs"], [128, 1, 1],
                    [{"arg": "q"}, {"arg": "kv"}, {"arg": "block_table"}, {"arg": "seq_lens"},
                     {"scratch": "part_out"}, {"scratch": "part_ml"}, {"i32": Hq}, {"i32": Hkv}, {"i32": D},
-                    {"i32": page_tokens}, {"i32": pages_per_seq}, {"i32": opts.split_tokens},
+                    {"i32": page_tokens}, {"i32": pages_per_seq}, num_pages_i32, {"i32": opts.split_tokens},
                     {"i32": num_splits}, {"f32": scale}], pdl=opts.pdl),
           b.launch("kern_attn_decode_reduce", [Hq, "seqs", 1], [D, 1, 1],
                    [{"scratch": "part_out"}, {"scratch": "part_ml"}, {"arg": "seq_lens"}, {"arg": "out"},
@@ -473,10 +484,11 @@ def build_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: GenOptions, config_di
             return calls  # prefill fills the KV cache only: the last layer's attention output is never read
         if decode:
             calls.append(_call("attn_decode", q="q", kv=f"kv.{layer}", block_table="block_table",
-                               seq_lens="seq_lens", out="attn_out"))
+                               seq_lens="seq_lens", out="attn_out", num_pages=pages_of(layer)))
         else:
             calls.append(_call("attn_prefill", q="q", kv=f"kv.{layer}", block_table="block_table",
-                               cu_seqlens_q="cu_seqlens_q", seq_lens="seq_lens", out="attn_out"))
+                               cu_seqlens_q="cu_seqlens_q", seq_lens="seq_lens", out="attn_out",
+                               num_pages=pages_of(layer)))
         calls += [
             _call(gemm_op(H, q_dim), a="attn_out", w=f"w_o.{layer}", c="hidden", m="tokens", n=H, k=q_dim),
             _call("add_rmsnorm", residual="residual", delta="hidden", w=f"ln_post.{layer}", out="normed"),
@@ -590,7 +602,7 @@ def decode_gemv_calls(cfg: Qwen3Config, gemv: str = "v1") -> list[dict[str, Any]
             _call("qk_norm_rope_kv", qkv="qkv", q_norm=f"q_norm.{layer}", k_norm=f"k_norm.{layer}",
                   rope="rope", positions="positions", slots="slot_mapping", q_out="q", kv=f"kv.{layer}"),
             _call("attn_decode", q="q", kv=f"kv.{layer}", block_table="block_table", seq_lens="seq_lens",
-                  out="attn_out"),
+                  out="attn_out", num_pages=pages_of(layer)),
             _call("gemv_o", w=f"w_o.{layer}", x="attn_out", residual="residual"),
             *mlp,
         ]

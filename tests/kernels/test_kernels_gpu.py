@@ -215,22 +215,71 @@ def make_paged_cache(rng, num_pages, page_tokens, hkv, head_dim, seq_lens, bt_st
     return cache, block_table
 
 
+I32_MAX = 2**31 - 1
+
+
+def absent_page_ids(num_pages, cache_pages):
+    """Page ids the attention kernels must treat as absent under the bound `num_pages` (the cache array holds
+    `cache_pages >= num_pages` pages): the bound itself and the next id (real pages past the bound when the
+    cache has them: read, they would change the result), the first id past the cache array (its poisoned
+    guard: read, it would give NaN) and one further, huge ids (read, they would fault), negative ids."""
+    ids = [num_pages, num_pages + 1, cache_pages, cache_pages + 7, 2**30, I32_MAX, -1, -7, -(2**31)]
+    return [i for i in ids if (i < 0 or i >= num_pages) and -(2**31) <= i <= I32_MAX]  # block tables are i32
+
+
+def corrupt_block_table(rng, block_table, seq_lens, page_tokens, num_pages, cache_pages):
+    """A copy of `block_table` whose entries the context reads partly lie outside [0, num_pages): sequence 0
+    loses every page; then, by s % 4: 1 the first and the last (partial) page, 2 every third page and the
+    middle one, 3 a random quarter of its pages, 0 none (and its first entry becomes the last valid page,
+    num_pages - 1, when the cache array holds it). Entries past the context get I32_MAX (never read)."""
+    table = block_table.copy()
+    bad = absent_page_ids(num_pages, cache_pages)
+    for s, n in enumerate(seq_lens):
+        need = cdiv(max(int(n), 0), page_tokens)
+        table[s, need:] = I32_MAX
+        if need == 0:
+            continue
+        if s == 0:
+            hit = list(range(need))
+        elif s % 4 == 1:
+            hit = sorted({0, need - 1})
+        elif s % 4 == 2:
+            hit = sorted(set(range(1, need, 3)) | {need // 2})
+        elif s % 4 == 3:
+            hit = sorted(rng.choice(need, size=max(1, need // 4), replace=False).tolist())
+        else:
+            hit = []
+            if 0 < num_pages <= cache_pages:
+                table[s, 0] = num_pages - 1
+        for j, i in enumerate(hit):
+            table[s, i] = bad[(s + j) % len(bad)]
+    return table
+
+
 ATTN_CONFIGS = [(4, 2, 32, 4), (4, 2, 64, 16), (4, 2, 128, 16), (8, 1, 128, 16), (32, 8, 128, 16), (4, 2, 96, 16)]
 # prefill also: groups of 1 (64 query rows per block) and 3 (a pass of 4 warps with one idle)
 PREFILL_CONFIGS = ATTN_CONFIGS + [(4, 4, 128, 16), (6, 2, 64, 16)]
 
 
 def run_attn_decode(dev, rng, hq, hkv, head_dim, page_tokens, seq_lens, split_tokens, num_splits,
-                    partial="kern_attn_decode_partial"):
+                    partial="kern_attn_decode_partial", bound=None):
     """Launch kern_attn_decode_partial + kern_attn_decode_reduce with one fixed launch shape (num_splits,
     split_tokens: as a captured graph would) over sequences of the given lengths; check the partials
     against ref.attn_decode_partials (split lengths derived from seq_lens, empty splits (-inf, 0) and
-    zero rows) and the output against ref.attn_decode."""
+    zero rows) and the output against ref.attn_decode.
+
+    `bound` None: num_pages = the cache's page count and an intact block table. Else the kernel gets
+    num_pages = bound(cache_pages) and a block table corrupted by corrupt_block_table: every entry outside
+    [0, num_pages) must read as absent (masked), exactly as the reference masks it."""
     seq_lens = np.asarray(seq_lens, dtype=np.int32)
     seqs = len(seq_lens)
     bt_stride = cdiv(max(int(seq_lens.max()), 1), page_tokens) + 2
-    num_pages = sum(cdiv(int(n), page_tokens) for n in seq_lens) + 3
-    cache, block_table = make_paged_cache(rng, num_pages, page_tokens, hkv, head_dim, seq_lens, bt_stride)
+    cache_pages = sum(cdiv(int(n), page_tokens) for n in seq_lens) + 3
+    cache, block_table = make_paged_cache(rng, cache_pages, page_tokens, hkv, head_dim, seq_lens, bt_stride)
+    num_pages = cache_pages
+    if bound is not None:
+        num_pages = bound(cache_pages)
+        block_table = corrupt_block_table(rng, block_table, seq_lens, page_tokens, num_pages, cache_pages)
     q = rand_bf16(rng, (seqs, hq, head_dim))
     q[-1] *= 8.0  # a peaky softmax for the last sequence
     q = ref.bf16_round(q)
@@ -246,28 +295,34 @@ def run_attn_decode(dev, rng, hq, hkv, head_dim, page_tokens, seq_lens, split_to
         (hkv, num_splits, seqs),
         (128,),
         [("p", d_q.ptr), ("p", d_cache.ptr), ("p", d_bt.ptr), ("p", d_lens.ptr), ("p", d_po.ptr), ("p", d_ml.ptr),
-         ("i", hq), ("i", hkv), ("i", head_dim), ("i", page_tokens), ("i", bt_stride), ("i", split_tokens),
-         ("i", num_splits), ("f", scale)],
+         ("i", hq), ("i", hkv), ("i", head_dim), ("i", page_tokens), ("i", bt_stride), ("i", num_pages),
+         ("i", split_tokens), ("i", num_splits), ("f", scale)],
     )
     ml = d_ml.download(np.float32, (seqs, hq, num_splits, 2))
     po = d_po.download(np.float32, (seqs, hq, num_splits, head_dim))
     assert not np.isnan(ml).any(), "part_ml has unwritten entries"
     assert not np.isnan(po).any(), "part_out has unwritten entries"
-    want_po, want_ml = ref.attn_decode_partials(q, cache, block_table, seq_lens, scale, split_tokens, num_splits)
+    want_po, want_ml = ref.attn_decode_partials(q, cache, block_table, seq_lens, scale, split_tokens, num_splits,
+                                                num_pages=num_pages)
     for s, n in enumerate(seq_lens):
         length = ref.decode_split_len(int(n), split_tokens, num_splits)
         empty = np.arange(num_splits) * length >= n
-        assert np.array_equal(empty, np.isinf(want_ml[s, 0, :, 0])), f"seq {s}: reference split layout"
+        # splits with tokens but none of them with a page (the reference masks per token, so per split)
+        dead = ~empty & np.isneginf(want_ml[s, 0, :, 0])
+        live = ~empty & ~dead
+        assert np.array_equal(np.isneginf(want_ml[s, :, :, 0]), np.broadcast_to(empty | dead, (hq, num_splits))), \
+            f"seq {s}: reference split layout"
         assert num_splits * length >= n, f"seq {s}: splits do not cover the context"
-        assert (ml[s, :, empty, 0] == -np.inf).all() and (ml[s, :, empty, 1] == 0).all(), f"seq {s}: empty split ml"
-        assert (po[s, :, empty] == 0).all(), f"seq {s}: empty split part_out not zero"
-        if (~empty).any():
-            assert (ml[s, :, ~empty, 1] >= 1.0 - 1e-6).all(), f"seq {s}: non-empty split with sum of exp < 1"
-            got_m, want_m = ml[s, :, ~empty, 0].astype(np.float64), want_ml[s, :, ~empty, 0]
+        for what, split in (("empty", empty), ("all-absent", dead)):
+            assert (ml[s, :, split, 0] == -np.inf).all() and (ml[s, :, split, 1] == 0).all(), f"seq {s}: {what} split ml"
+            assert (po[s, :, split] == 0).all(), f"seq {s}: {what} split part_out not zero"
+        if live.any():
+            assert (ml[s, :, live, 1] >= 1.0 - 1e-6).all(), f"seq {s}: non-empty split with sum of exp < 1"
+            got_m, want_m = ml[s, :, live, 0].astype(np.float64), want_ml[s, :, live, 0]
             assert np.all(np.abs(got_m - want_m) <= 1e-4 * (1.0 + np.abs(want_m))), f"seq {s}: split max m differs"
-            assert_close(f"decode seq {s} (ctx {n}) split sums l", ml[s, :, ~empty, 1], want_ml[s, :, ~empty, 1],
+            assert_close(f"decode seq {s} (ctx {n}) split sums l", ml[s, :, live, 1], want_ml[s, :, live, 1],
                          rel=1e-3, elem_rel=1e-3, elem_abs=0.0)
-            assert_close(f"decode seq {s} (ctx {n}) part_out", po[s][:, ~empty], want_po[s][:, ~empty],
+            assert_close(f"decode seq {s} (ctx {n}) part_out", po[s][:, live], want_po[s][:, live],
                          rel=1e-3, elem_rel=1e-3, elem_abs=1e-4)
     dev.kernel("kern_attn_decode_reduce").launch(
         (hq, seqs),
@@ -276,10 +331,10 @@ def run_attn_decode(dev, rng, hq, hkv, head_dim, page_tokens, seq_lens, split_to
          ("i", split_tokens), ("i", num_splits)],
     )
     got = ref.from_bf16_bits(d_out.download(BF, (seqs, hq * head_dim)))
-    want = ref.attn_decode(q, cache, block_table, seq_lens, scale)
+    want = ref.attn_decode(q, cache, block_table, seq_lens, scale, num_pages=num_pages)
     for s in range(seqs):
-        if seq_lens[s] <= 0:
-            assert (got[s] == 0).all(), f"decode seq {s} (ctx 0): output not zero"
+        if seq_lens[s] <= 0 or not ref.kv_present(block_table[s], int(seq_lens[s]), page_tokens, num_pages).any():
+            assert (got[s] == 0).all(), f"decode seq {s} (ctx {seq_lens[s]}, no token with a page): output not zero"
             continue
         assert_close(f"decode seq {s} (ctx {seq_lens[s]})", got[s], want[s], elem_rel=2.0**-6, elem_abs=4e-3)
 
@@ -324,15 +379,20 @@ def test_attn_decode_partial_fast(dev, hq, hkv, head_dim, page_tokens, split_tok
 # empty-split path differ), poisoned outputs, the generator's launch (32 splits of >= 16) among others.
 @pytest.mark.parametrize("hq,hkv,head_dim,page_tokens", [(32, 8, 128, 16), (4, 2, 32, 4), (6, 2, 64, 16), (4, 2, 96, 16)])
 @pytest.mark.parametrize("split_tokens,num_splits", [(16, 32), (64, 4), (32, 7)])
-def test_attn_decode_partial_fast_bitwise(dev, hq, hkv, head_dim, page_tokens, split_tokens, num_splits):
+@pytest.mark.parametrize("absent_pages", [False, True])
+def test_attn_decode_partial_fast_bitwise(dev, hq, hkv, head_dim, page_tokens, split_tokens, num_splits, absent_pages):
     if "kern_attn_decode_partial_fast" not in dev.meta["modules"]["attention"]["entries"]:
         pytest.skip("kern_attn_decode_partial_fast not built")
     rng = np.random.default_rng(hq + head_dim * 3 + split_tokens + num_splits)
     seq_lens = np.asarray([128, 1, 0, 4096, 17, 600], dtype=np.int32)
     seqs = len(seq_lens)
     bt_stride = cdiv(int(seq_lens.max()), page_tokens) + 2
-    num_pages = sum(cdiv(int(n), page_tokens) for n in seq_lens) + 3
-    cache, block_table = make_paged_cache(rng, num_pages, page_tokens, hkv, head_dim, seq_lens, bt_stride)
+    cache_pages = sum(cdiv(int(n), page_tokens) for n in seq_lens) + 3
+    cache, block_table = make_paged_cache(rng, cache_pages, page_tokens, hkv, head_dim, seq_lens, bt_stride)
+    num_pages = cache_pages
+    if absent_pages:  # page ids outside [0, num_pages) masked the same way, bit for bit
+        num_pages = cache_pages - 2
+        block_table = corrupt_block_table(rng, block_table, seq_lens, page_tokens, num_pages, cache_pages)
     q = ref.bf16_round(rand_bf16(rng, (seqs, hq, head_dim)))
     d_q, d_cache = dev.array(ref.bf16_bits(q)), dev.array(ref.bf16_bits(cache))
     d_bt, d_lens = dev.array(block_table), dev.array(seq_lens)
@@ -346,7 +406,7 @@ def test_attn_decode_partial_fast_bitwise(dev, hq, hkv, head_dim, page_tokens, s
             (hkv, num_splits, seqs), (128,),
             [("p", d_q.ptr), ("p", d_cache.ptr), ("p", d_bt.ptr), ("p", d_lens.ptr), ("p", d_po.ptr),
              ("p", d_ml.ptr), ("i", hq), ("i", hkv), ("i", head_dim), ("i", page_tokens), ("i", bt_stride),
-             ("i", split_tokens), ("i", num_splits), ("f", head_dim**-0.5)])
+             ("i", num_pages), ("i", split_tokens), ("i", num_splits), ("f", head_dim**-0.5)])
         results.append((d_po.download(np.uint32, seqs * hq * num_splits * head_dim),
                         d_ml.download(np.uint32, seqs * hq * num_splits * 2)))
     (po_old, ml_old), (po_new, ml_new) = results
@@ -354,22 +414,23 @@ def test_attn_decode_partial_fast_bitwise(dev, hq, hkv, head_dim, page_tokens, s
     assert np.array_equal(po_old, po_new), f"part_out differs at {np.flatnonzero(po_old != po_new)[:8].tolist()}"
 
 
-@pytest.mark.parametrize("hq,hkv,head_dim,page_tokens", PREFILL_CONFIGS)
-def test_attn_prefill(dev, hq, hkv, head_dim, page_tokens):
-    rng = np.random.default_rng(hq * 17 + head_dim + page_tokens)
-    # (cached prefix, chunk length): fresh prompt, chunk after a prefix, long prefix, single token,
-    # chunks ending on / just past page boundaries, a chunk longer than one 16-row query tile.
-    # A longer chunk after a prefix crosses many 64-token K/V tiles, masked and unmasked.
-    plan = [(0, 37), (50, 20), (3000, 17), (7, 1), (page_tokens - 1, 1), (0, page_tokens), (page_tokens, 33), (0, 130),
-            (100, 300)]
+def run_attn_prefill(dev, rng, hq, hkv, head_dim, page_tokens, plan, bound=None):
+    """Launch kern_attn_prefill over the chunks of `plan` ((cached prefix, chunk length) per sequence) and check
+    every sequence's rows against ref.attn_prefill. `bound` None: num_pages = the cache's page count and an
+    intact block table; else num_pages = bound(cache_pages) and a table from corrupt_block_table, whose
+    entries outside [0, num_pages) must read as K = V = 0, exactly as the reference reads them."""
     q_lens = np.array([c for _, c in plan], dtype=np.int32)
     seq_lens = np.array([p + c for p, c in plan], dtype=np.int32)
     seqs = len(plan)
     cu_seqlens = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
     total = int(cu_seqlens[-1])
     bt_stride = cdiv(int(seq_lens.max()), page_tokens) + 1
-    num_pages = sum(cdiv(int(n), page_tokens) for n in seq_lens) + 2
-    cache, block_table = make_paged_cache(rng, num_pages, page_tokens, hkv, head_dim, seq_lens, bt_stride)
+    cache_pages = sum(cdiv(int(n), page_tokens) for n in seq_lens) + 2
+    cache, block_table = make_paged_cache(rng, cache_pages, page_tokens, hkv, head_dim, seq_lens, bt_stride)
+    num_pages = cache_pages
+    if bound is not None:
+        num_pages = bound(cache_pages)
+        block_table = corrupt_block_table(rng, block_table, seq_lens, page_tokens, num_pages, cache_pages)
     q = rand_bf16(rng, (total, hq, head_dim))
     q[cu_seqlens[1] : cu_seqlens[2]] *= 6.0  # peaky rows
     q = ref.bf16_round(q)
@@ -382,14 +443,109 @@ def test_attn_prefill(dev, hq, hkv, head_dim, page_tokens):
         (cdiv(int(q_lens.max()), 16), hkv, seqs),
         (128,),
         [("p", d_q.ptr), ("p", d_cache.ptr), ("p", d_bt.ptr), ("p", d_cu.ptr), ("p", d_lens.ptr), ("p", d_out.ptr),
-         ("i", hq), ("i", hkv), ("i", head_dim), ("i", page_tokens), ("i", bt_stride), ("f", scale)],
+         ("i", hq), ("i", hkv), ("i", head_dim), ("i", page_tokens), ("i", bt_stride), ("i", num_pages),
+         ("f", scale)],
     )
     got = ref.from_bf16_bits(d_out.download(BF, (total, hq * head_dim)))
-    want = ref.attn_prefill(q, cache, block_table, cu_seqlens, seq_lens, scale)
+    want = ref.attn_prefill(q, cache, block_table, cu_seqlens, seq_lens, scale, num_pages=num_pages)
     for s in range(seqs):
         lo, hi = cu_seqlens[s], cu_seqlens[s + 1]
+        if not ref.kv_present(block_table[s], int(seq_lens[s]), page_tokens, num_pages).any():
+            assert (got[lo:hi] == 0).all(), f"prefill seq {s}: no token with a page, output not zero"
+            continue
         assert_close(f"prefill seq {s} (prefix {plan[s][0]}, chunk {plan[s][1]})", got[lo:hi], want[lo:hi],
                      elem_rel=2.0**-5, elem_abs=8e-3)
+
+
+# (cached prefix, chunk length): fresh prompt, chunk after a prefix, long prefix, single token, chunks ending on /
+# just past page boundaries, a chunk longer than one 16-row query tile. A longer chunk after a prefix crosses many
+# 64-token K/V tiles, masked and unmasked.
+def prefill_plan(page_tokens):
+    return [(0, 37), (50, 20), (3000, 17), (7, 1), (page_tokens - 1, 1), (0, page_tokens), (page_tokens, 33),
+            (0, 130), (100, 300)]
+
+
+@pytest.mark.parametrize("hq,hkv,head_dim,page_tokens", PREFILL_CONFIGS)
+def test_attn_prefill(dev, hq, hkv, head_dim, page_tokens):
+    rng = np.random.default_rng(hq * 17 + head_dim + page_tokens)
+    run_attn_prefill(dev, rng, hq, hkv, head_dim, page_tokens, prefill_plan(page_tokens))
+
+
+# ------------------------------------------------------------------------- attention: the num_pages bound
+
+# How the kernel's num_pages relates to the pages the cache array holds: 2 real pages past the bound (so
+# reading one would change the result), no page at all (0, or negative: every page is absent).
+PAGE_BOUNDS = {"below-cache": lambda cache_pages: cache_pages - 2, "zero": lambda cache_pages: 0,
+               "negative": lambda cache_pages: -5}
+
+
+@pytest.mark.parametrize("partial", ["kern_attn_decode_partial", "kern_attn_decode_partial_fast"])
+@pytest.mark.parametrize("hq,hkv,head_dim,page_tokens", [(32, 8, 128, 16), (4, 2, 32, 4), (8, 1, 128, 16), (6, 2, 64, 16)])
+@pytest.mark.parametrize("split_tokens,num_splits", [(16, 32), (64, 4), (32, 7)])
+@pytest.mark.parametrize("bound", sorted(PAGE_BOUNDS))
+def test_attn_decode_masks_page_ids_outside_num_pages(dev, partial, hq, hkv, head_dim, page_tokens, split_tokens,
+                                                       num_splits, bound):
+    """Block-table entries >= num_pages (the bound, real pages past it, the id just past the cache array whose
+    guard is poison, 2^30, 2^31 - 1) and negative ones (-1, -7, -2^31) are masked: partials, all-absent splits
+    (-inf, 0) and the reduced output equal the reference that masks them; nothing unwritten, no fault."""
+    if partial not in dev.meta["modules"]["attention"]["entries"]:
+        pytest.skip(f"{partial} not built")
+    rng = np.random.default_rng(hq * 3 + head_dim + page_tokens * 5 + split_tokens + num_splits)
+    # sequence 0 loses every page (zeros out); the others lose patterns of pages (corrupt_block_table)
+    seq_lens = [600, 1, page_tokens + 1, 3000, 129, 48, 0, 4096, 200, page_tokens]
+    run_attn_decode(dev, rng, hq, hkv, head_dim, page_tokens, seq_lens, split_tokens, num_splits, partial=partial,
+                    bound=PAGE_BOUNDS[bound])
+
+
+@pytest.mark.parametrize("hq,hkv,head_dim,page_tokens", PREFILL_CONFIGS)
+@pytest.mark.parametrize("bound", sorted(PAGE_BOUNDS))
+def test_attn_prefill_zeros_page_ids_outside_num_pages(dev, hq, hkv, head_dim, page_tokens, bound):
+    """Block-table entries outside [0, num_pages) read K = V = 0 (the reference's zeros), in prefix pages and
+    in the chunk's own pages; a sequence without a single page gives zeros; nothing unwritten, no fault."""
+    rng = np.random.default_rng(hq * 13 + head_dim + page_tokens * 3)
+    run_attn_prefill(dev, rng, hq, hkv, head_dim, page_tokens, prefill_plan(page_tokens), bound=PAGE_BOUNDS[bound])
+
+
+@pytest.mark.parametrize("hq,hkv,head_dim,page_tokens", [(32, 8, 128, 16), (4, 2, 64, 16)])
+def test_attn_prefill_takes_the_largest_bound(dev, hq, hkv, head_dim, page_tokens):
+    """num_pages = 2^31 - 1 (prefill indexes in 64 bits): intact pages read as usual; entry 2^31 - 1 itself and
+    negative ones are still absent."""
+    rng = np.random.default_rng(hq + head_dim * 7 + page_tokens)
+    run_attn_prefill(dev, rng, hq, hkv, head_dim, page_tokens, prefill_plan(page_tokens),
+                     bound=lambda cache_pages: I32_MAX)
+
+
+@pytest.mark.parametrize("partial", ["kern_attn_decode_partial", "kern_attn_decode_partial_fast"])
+@pytest.mark.parametrize("page_tokens", [16, 4])
+def test_attn_decode_page_bound_limit_of_32_bit_rows(dev, partial, page_tokens):
+    """Decode indexes K/V rows as page * 2 * page_tokens + t in 32 bits: num_pages = (2^31 - 1) // (2 *
+    page_tokens) still works (equals the reference on an intact table), one more is outside the kernel's limits
+    and it returns without writing (part_out / part_ml keep their poison), as docs/kernels.md says."""
+    if partial not in dev.meta["modules"]["attention"]["entries"]:
+        pytest.skip(f"{partial} not built")
+    rng = np.random.default_rng(page_tokens)
+    hq, hkv, head_dim, split_tokens, num_splits = 4, 2, 64, 16, 8
+    limit = I32_MAX // (2 * page_tokens)
+    run_attn_decode(dev, rng, hq, hkv, head_dim, page_tokens, [300, 1, 0, 77], split_tokens, num_splits,
+                    partial=partial, bound=lambda cache_pages: limit)
+    seq_lens = np.asarray([300, 1], dtype=np.int32)
+    bt_stride = cdiv(300, page_tokens)
+    cache_pages = sum(cdiv(int(n), page_tokens) for n in seq_lens)
+    cache, block_table = make_paged_cache(rng, cache_pages, page_tokens, hkv, head_dim, seq_lens, bt_stride)
+    q = ref.bf16_round(rand_bf16(rng, (2, hq, head_dim)))
+    d_q, d_cache = dev.array(ref.bf16_bits(q)), dev.array(ref.bf16_bits(cache))
+    d_bt, d_lens = dev.array(block_table), dev.array(seq_lens)
+    d_po = dev.alloc(2 * hq * num_splits * head_dim * 4)
+    d_ml = dev.alloc(2 * hq * num_splits * 2 * 4)
+    d_po.poison()
+    d_ml.poison()
+    dev.kernel(partial).launch(
+        (hkv, num_splits, 2), (128,),
+        [("p", d_q.ptr), ("p", d_cache.ptr), ("p", d_bt.ptr), ("p", d_lens.ptr), ("p", d_po.ptr), ("p", d_ml.ptr),
+         ("i", hq), ("i", hkv), ("i", head_dim), ("i", page_tokens), ("i", bt_stride), ("i", limit + 1),
+         ("i", split_tokens), ("i", num_splits), ("f", head_dim**-0.5)])
+    assert (d_po.download(np.uint8, d_po.nbytes) == 0xFF).all(), "part_out written past the 32-bit row limit"
+    assert (d_ml.download(np.uint8, d_ml.nbytes) == 0xFF).all(), "part_ml written past the 32-bit row limit"
 
 
 # ----------------------------------------------------------------------------------------- argmax

@@ -77,9 +77,27 @@ def test_gemv_launches_and_pdl() -> None:
     assert not any(l.get("pdl") for op in _manifest(pdl=False)["ops"].values() for l in op["launches"])
     # decode attention: a fixed split count covering the GPU, minimum split length 16
     part = o["attn_decode"]["launches"][0]
-    assert part["grid"] == [8, 32, "seqs"] and part["args"][11:13] == [{"i32": 16}, {"i32": 32}]
+    assert part["grid"] == [8, 32, "seqs"] and part["args"][12:14] == [{"i32": 16}, {"i32": 32}]
     assert _manifest("tiny", max_context=4096)["ops"]["attn_decode"]["launches"][0]["grid"][1] == 64
     assert _manifest(decode_splits=8)["ops"]["attn_decode"]["launches"][0]["grid"][1] == 8
+
+
+@pytest.mark.parametrize("opts", [{}, {"gemv": "v2"}, {"decode": "gemm"}])
+def test_attention_bounds_page_ids_by_the_pages_of_its_layer_state(opts: dict) -> None:
+    """Every attention launch takes `num_pages` (after bt_stride) from its call's {"pages_of": "kv.<layer>"}."""
+    m = _manifest(**opts)
+    for op, entry, index in (("attn_decode", "kern_attn_decode_partial_fast" if opts.get("gemv") == "v2"
+                              else "kern_attn_decode_partial", 11), ("attn_prefill", "kern_attn_prefill", 11)):
+        assert {"name": "num_pages", "kind": "int"} in m["ops"][op]["args"]
+        launch = m["ops"][op]["launches"][0]
+        assert launch["entry"] == entry
+        assert launch["args"][index - 1:index + 1] == [{"i32": 2560}, {"arg": "num_pages", "type": "i32"}]
+        assert gq.KERNEL_SIGNATURES[entry][1][index] == "i32"
+    for prog, op in (("decode", "attn_decode"), ("prefill", "attn_prefill")):
+        calls = [c for c in m["programs"][prog]["calls"] if c["op"] == op]
+        assert len(calls) == (36 if prog == "decode" else 35)
+        assert all(c["args"]["num_pages"] == {"pages_of": c["args"]["kv"]} for c in calls)
+        assert [c["args"]["kv"] for c in calls] == [f"kv.{i}" for i in range(len(calls))]
 
 
 def test_decode_advance_and_ring() -> None:
@@ -220,7 +238,8 @@ def test_runtime_compiles_every_call(fname: str) -> None:
     spec = spec_from_json(json.loads(path.read_text()))
     targets = {name: 0x10000 * (i + 1) for i, name in enumerate([*spec.buffers, *spec.states])}
     scratch = {(op.name, s): 0x7000_0000 + 0x1000 * i for i, op in enumerate(spec.ops.values()) for s, _ in op.scratch}
-    book = records.AddressBook(targets, scratch)
+    pages = {name: 1000 + i for i, (name, st) in enumerate(spec.states.items()) if st.kind == "paged"}
+    book = records.AddressBook(targets, scratch, pages=pages)
     for pname in ("load", "prefill", "decode"):
         recs = []
         for i, call in enumerate(spec.programs[pname].calls):
@@ -228,8 +247,16 @@ def test_runtime_compiles_every_call(fname: str) -> None:
         for rec in recs:
             rec.patch({"tokens": 1, "seqs": 1})
         if pname == "decode":
-            assert records.program_reads(recs) == {"tokens", "seqs"}
+            assert records.program_reads(recs) == {"tokens", "seqs"}  # pages_of adds no var to the key
             assert len(recs) == sum(len(spec.ops[c.op].launches) for c in spec.programs[pname].calls)
+        # each attention launch stages its own layer's page count after bt_stride, once, at compile
+        attn = [r for r in recs if getattr(r.launch, "entry", "").startswith(("kern_attn_decode_partial",
+                                                                               "kern_attn_prefill"))]
+        assert len(attn) == sum(c.op in ("attn_decode", "attn_prefill") for c in spec.programs[pname].calls)
+        for r in attn:
+            layer_state = spec.programs[pname].calls[r.call_index].args["kv"].target
+            assert r.params.read(11) == pages[layer_state].to_bytes(4, "little")
+            assert 11 not in [i for i, _ in r.dynamic]
 
 
 # ---------------------------------------------------------------- --algos: batch-invariant prefill pins
