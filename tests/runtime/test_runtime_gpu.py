@@ -221,6 +221,34 @@ def test_pooled_and_fixed_states(tmp_path: Path) -> None:
         np.testing.assert_array_equal(rt.read_output("y", rows=2), 2 * (2 * x + 1) + 1)
 
 
+def test_pages_of_is_resolved_at_load_and_captured_as_a_constant(tmp_path: Path) -> None:
+    """{"pages_of": "kv"} reaches the kernel as the pages of kv's reserved range (kern_fill writes v * 1000 + i),
+    in a graph whose key reads no var."""
+    kdir, pins = kernels_dir(tmp_path, toy="toy")
+    fill = {"args": [{"name": "y", "kind": "ptr"}, {"name": "v", "kind": "int"}],
+            "launches": [{"module": "toy", "entry": "kern_fill", "grid": [1, 1, 1], "block": [64, 1, 1],
+                          "params": [[0, 8], [8, 4], [12, 4]],
+                          "args": [{"arg": "y"}, {"arg": "v", "type": "i32"}, {"i32": 8}]}]}
+    m = two_kernel_manifest(pins)
+    m["states"] = {"kv": {"kind": "paged", "bytes_per_token": 4096, "page_tokens": 16},
+                   "kv2": {"kind": "paged", "bytes_per_token": 1024, "page_tokens": 16}}
+    m["ops"] = {"fill": fill}
+    m["programs"] = {"fill": {"graph": True, "calls": [{"op": "fill", "args": {"y": "y", "v": {"pages_of": "kv"}}}]},
+                     "fill2": {"calls": [{"op": "fill", "args": {"y": "y", "v": {"pages_of": "kv2"}}}]}}
+    with Runtime.load(m, kdir, None, capacity=Capacity(tokens=1000, seqs=1)) as rt:
+        pages = rt.reserved_pages
+        assert pages["kv"] == rt.pool.reserve_bytes // (16 * 4096) >= rt.num_pages
+        assert pages["kv2"] == rt.pool.reserve_bytes // (16 * 1024) == 4 * pages["kv"]
+        assert pages["kv2"] * 1000 + 8 < 2**24  # exact in float32
+        expected = lambda v: np.array([v * 1000 + i for i in range(8)], np.float32)  # noqa: E731
+        for tokens in (1, 5):
+            rt.issue("fill", {"tokens": tokens})
+            np.testing.assert_array_equal(rt.read_output("y").reshape(-1)[:8], expected(pages["kv"]))
+        assert rt.graph_keys == [("fill", ())]
+        rt.run("fill2", {"tokens": 1})
+        np.testing.assert_array_equal(rt.read_output("y").reshape(-1)[:8], expected(pages["kv2"]))
+
+
 # ---------------------------------------------------------------- GEMMs
 
 
