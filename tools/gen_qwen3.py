@@ -449,10 +449,13 @@ def build_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: GenOptions, config_di
         [{"arg": "gate_up"}, {"arg": "out"}, tokens_i32, {"i32": I}])])
     pins = {(n, k): dict(algo) for n, k, algo in opts.algos}
 
-    def gemm_op(n: int, k: int) -> str:
+    def gemm_op(n: int, k: int, pinned: bool = True) -> str:
         """The op of an (n, k) projection: `gemm` (cuBLASLt's heuristic per M), or `gemm_<n>x<k>` with the pinned
-        batch-invariant algorithm for every M (tools/pick_algos.py)."""
-        name = f"gemm_{n}x{k}" if (n, k) in pins else "gemm"
+        batch-invariant algorithm for every M (tools/pick_algos.py). Prefill only: the invariance is what lets
+        a cached prefix resume at any token, and a pin chosen for M up to the chunk (no split-K) is 1.9x slower
+        at M = 1 than the heuristic's split-K choice (measured: 4B `--decode gemm` 6.98 vs 3.66 ms/token),
+        so decode's cuBLASLt projections (`pinned=False`) stay on the heuristic."""
+        name = f"gemm_{n}x{k}" if pinned and (n, k) in pins else "gemm"
         if name not in b.ops:
             launch = {"extern": "cublaslt_bf16_tn",
                       "args": [{"arg": "a"}, {"arg": "w"}, {"arg": "c"}, {"arg": "m", "type": "i64"},
@@ -477,7 +480,7 @@ def build_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: GenOptions, config_di
             calls.append(_call("rmsnorm", residual="residual", w="ln_in.0", out="normed"))
         else:
             calls.append(_call("add_rmsnorm", residual="residual", delta="hidden", w=f"ln_in.{layer}", out="normed"))
-        calls.append(_call(gemm_op(qkv_dim, H), a="normed", w=f"w_qkv.{layer}", c="qkv", m="tokens", n=qkv_dim, k=H))
+        calls.append(_call(gemm_op(qkv_dim, H, not decode), a="normed", w=f"w_qkv.{layer}", c="qkv", m="tokens", n=qkv_dim, k=H))
         calls.append(_call("qk_norm_rope_kv", qkv="qkv", q_norm=f"q_norm.{layer}", k_norm=f"k_norm.{layer}",
                            rope="rope", positions="positions", slots="slot_mapping", q_out="q", kv=f"kv.{layer}"))
         if not decode and layer == cfg.layers - 1:
@@ -490,11 +493,11 @@ def build_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: GenOptions, config_di
                                cu_seqlens_q="cu_seqlens_q", seq_lens="seq_lens", out="attn_out",
                                num_pages=pages_of(layer)))
         calls += [
-            _call(gemm_op(H, q_dim), a="attn_out", w=f"w_o.{layer}", c="hidden", m="tokens", n=H, k=q_dim),
+            _call(gemm_op(H, q_dim, not decode), a="attn_out", w=f"w_o.{layer}", c="hidden", m="tokens", n=H, k=q_dim),
             _call("add_rmsnorm", residual="residual", delta="hidden", w=f"ln_post.{layer}", out="normed"),
-            _call(gemm_op(2 * I, H), a="normed", w=f"w_gate_up.{layer}", c="gate_up", m="tokens", n=2 * I, k=H),
+            _call(gemm_op(2 * I, H, not decode), a="normed", w=f"w_gate_up.{layer}", c="gate_up", m="tokens", n=2 * I, k=H),
             _call("silu_mul", gate_up="gate_up", out="act"),
-            _call(gemm_op(H, I), a="act", w=f"w_down.{layer}", c="hidden", m="tokens", n=H, k=I),
+            _call(gemm_op(H, I, not decode), a="act", w=f"w_down.{layer}", c="hidden", m="tokens", n=H, k=I),
         ]
         return calls
 
@@ -513,7 +516,7 @@ def build_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: GenOptions, config_di
         decode += [
             _call("add_rmsnorm", residual="residual", delta="hidden", w="final_norm", out="normed"),
             # lm_head: the tied embedding matrix is read in place (no copy); m = seqs (one row per sequence)
-            _call(gemm_op(V, H), a="normed", w="embed" if cfg.tied else "lm_head", c="logits", m="seqs", n=V, k=H),
+            _call(gemm_op(V, H, False), a="normed", w="embed" if cfg.tied else "lm_head", c="logits", m="seqs", n=V, k=H),
             _call("argmax", logits="logits", out="next_token"),
         ]
     decode.append(decode_advance_call())

@@ -7,7 +7,8 @@
 set -e
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 if [ -d "$root/.whl" ] && ls "$root"/.whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  # one installer at a time (tools/device-parallel.sh sources this from two processes at once)
+  flock /tmp/kern-site.lock python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site "$root"/.whl/*.whl
 fi
 export PYTHONPATH="/tmp/site:$root/packages/kern-manifest/src:$root/packages/kern-pool/src:$root/packages/kern-runtime/src:$root/packages/kern-run/src:$root${PYTHONPATH:+:$PYTHONPATH}"
