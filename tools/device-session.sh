@@ -24,7 +24,7 @@ export KERN_REQUIRE_GPU=1
 for s in "$@"; do
   case "$s" in
     runtime)     step runtime 240 "python3 -m pytest tests/runtime -q -p no:cacheprovider -rs" ;;  # GPU + CPU (fake-driver) tests
-    kernels)     step kernels 150 "python3 -m pytest tests/kernels -q -p no:cacheprovider" ;;
+    kernels)     step kernels 300 "python3 -m pytest tests/kernels -q -p no:cacheprovider -rf" ;;
     gemv-bench)  step gemv-bench 180 "python3 bench/gemv.py" ;;
     kern-bench)  step kern-bench 120 "python3 bench/kernels.py" ;;
     tiny)        step tiny 120 "python3 tools/make_checkpoint.py --shape tiny --out $W/qwen3-tiny && python3 -m kern_run.cli run --target tiny --weights $W/qwen3-tiny --prompt 'The capital of France is' --steps 32 --log-level info" ;;
