@@ -47,9 +47,11 @@ for s in "$@"; do
     chunk-4b)    step chunk-4b 200 "python3 -m kern_run.cli test --against chunk1 --manifest manifests/qwen3-4b-v2.json --weights $W/qwen3-4b --prompts 3 --steps 128" ;;  # after ckpt-4b
     tp-parity-4b) step tp-parity-4b 420 "python3 tools/tp_parity.py --shape qwen3-4b --ckpt $W/qwen3-4b --tp 2" ;;  # 2 GPUs
     tp-parity-en) step tp-parity-en 240 "python3 tools/tp_parity.py --config models/qwen3-tiny-en/config.json --ckpt models/qwen3-tiny-en --tp 2 --max-context 2048" ;;  # 2 GPUs
+    gemv-rms)    step gemv-rms 120 "python3 -m pytest tests/kernels/test_gemv_rows_gpu.py tests/kernels/test_gemv_gpu.py -q -p no:cacheprovider -rf -k rmsnorm" ;;
+    gemm-breakdown) step gemm-breakdown 200 "python3 tools/gen_qwen3.py --shape qwen3-4b --decode gemm --algos manifests/algos/h200.json --out /tmp/qwen3-4b-gemm.json && python3 bench/decode.py --ckpt $W/qwen3-4b --only kern --variants manifests/qwen3-4b-v2.json,/tmp/qwen3-4b-gemm.json --contexts 128 --breakdown" ;;  # after ckpt-4b
     pool-gpu)    step pool-gpu 240 "python3 -m pytest tests/runtime/test_pool_gpu.py tests/run/test_prefix_gpu.py -q -x -p no:cacheprovider" ;;
     bench-park)  step bench-park 120 "python3 bench/park_wake.py" ;;
-    bench-decode)  step bench-decode 400 "python3 bench/decode.py --ckpt $W/qwen3-4b --breakdown --compile-timeout 120 --budget 280" ;;  # after ckpt-4b; ~5-6 min
+    bench-decode)  step bench-decode 420 "python3 bench/decode.py --ckpt $W/qwen3-4b --breakdown --compile-timeout 150 --budget 330" ;;  # after ckpt-4b; ~5-6 min
     bench-decode-v2) step bench-decode-v2 240 "python3 bench/decode.py --ckpt $W/qwen3-4b --only kern --variants manifests/qwen3-4b.json,manifests/qwen3-4b-v2.json --breakdown" ;;  # after ckpt-4b; v1 vs v2 kern only, ~60-90 s
     gemv-v2)     step gemv-v2 300 "python3 -m pytest tests/kernels/test_gemv_rows_gpu.py tests/kernels/test_kernels_gpu.py tests/parity/test_parity_v2_gpu.py -q -p no:cacheprovider -k 'rows or swiglu or fast or v2'" ;;  # decode v2 entries + tiny v2 parity
     bench-prefill) step bench-prefill 240 "python3 bench/prefill.py --ckpt $W/qwen3-4b" ;;  # after ckpt-4b; ~2-3 min
