@@ -10,10 +10,11 @@ import json
 import shutil
 import struct
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
-from runtime_helpers import KERNELS_DIR
+from runtime_helpers import KERNELS_DIR, base_manifest
 
 from kern_runtime import (
     ApiError, Capacity, KernelArtifactError, Runtime, SafetensorsTensors, WeightArtifactError,
@@ -174,6 +175,30 @@ def test_dynamic_shared_memory_above_48k(tmp_path: Path) -> None:
         rt.write_input("x", x)
         rt.run("big", {"tokens": 10})
         np.testing.assert_array_equal(rt.read_output("y", rows=10), x)
+
+
+@pytest.mark.parametrize("graph", [False, True])
+def test_cluster_launch_through_cuLaunchKernelEx(tmp_path: Path, graph: bool) -> None:
+    """`cluster: [c, 1, 1]` launches thread-block clusters (cuLaunchKernelEx): each block reads its cluster
+    size and rank from %cluster_nctarank / %cluster_ctarank; without the field, clusters of one."""
+    kdir, pins = kernels_dir(tmp_path, toy="toy")
+    m = base_manifest(modules=pins, buffers={"out": {"kind": "output", "dtype": "i32", "shape": [16]}})
+
+    def op(cluster: list[Any] | None) -> dict[str, Any]:
+        launch = {"module": "toy", "entry": "kern_cluster_rank", "grid": ["tokens", 1, 1], "block": [32, 1, 1],
+                  "params": [[0, 8], [8, 4]], "args": [{"arg": "out"}, {"expr": "tokens", "type": "i32"}]}
+        if cluster is not None:
+            launch["cluster"] = cluster
+        return {"args": [{"name": "out", "kind": "ptr"}], "launches": [launch]}
+
+    m["vars"] = {"tokens": {"min": 4, "max": 16}}
+    m["ops"] = {"c4": op([4, 1, 1]), "c2": op([2, 1, 1]), "c1": op(None)}
+    m["programs"] = {name: {"graph": graph, "calls": [{"op": name, "args": {"out": "out"}}]} for name in m["ops"]}
+    with Runtime.load(m, kdir, None) as rt:
+        for name, c in (("c4", 4), ("c2", 2), ("c1", 1)):
+            rt.issue(name, {"tokens": 16})
+            got = rt.read_output("out")
+            np.testing.assert_array_equal(got, 100 * c + np.arange(16) % c, err_msg=f"cluster {c}")
 
 
 def test_api_errors(tmp_path: Path) -> None:

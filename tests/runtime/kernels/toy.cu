@@ -27,3 +27,12 @@ extern "C" __global__ void kern_big_shared(const float* x, float* y, int32_t n) 
     __syncthreads();
     if (i < n) y[i] = smem[threadIdx.x + 16000];
 }
+
+// out[b] = 100 * (CTAs in b's cluster) + (b's rank in its cluster), one value per block (thread 0):
+// launched with a cluster of c blocks it reads 100 c + b % c; without a cluster attribute, 100.
+extern "C" __global__ void kern_cluster_rank(int32_t* out, int32_t nblocks) {
+    uint32_t rank, size;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+    asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(size));
+    if (threadIdx.x == 0 && (int32_t)blockIdx.x < nblocks) out[blockIdx.x] = (int32_t)(100 * size + rank);
+}
