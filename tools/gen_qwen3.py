@@ -157,25 +157,30 @@ class GenOptions:
     # cuBLASLt pins (tools/pick_algos.py): ((n, k, ((attr, value), ...)), ...); a projection whose (n, k) is here
     # gets its own op `gemm_<n>x<k>` with that algorithm for every M (batch-invariant prefill)
     algos: tuple[tuple[int, int, tuple[tuple[str, int], ...]], ...] = ()
+    # M = 1 pins for the cuBLASLt decode (--decode gemm): fastest by graph timing, split-K allowed
+    decode_algos: tuple[tuple[int, int, tuple[tuple[str, int], ...]], ...] = ()
     algos_source: tuple[tuple[str, Any], ...] = ()  # (device, cublaslt_version, m_max) of the pins file, for meta
 
 
-def load_algos(path: Path, chunk_max: int) -> tuple[tuple, tuple]:
-    """Read a tools/pick_algos.py pins file: (algos, algos_source) for GenOptions. Raises GenError when the file
-    is malformed or its pins were proven for a smaller M than `chunk_max`."""
+def load_algos(path: Path, chunk_max: int) -> tuple[tuple, tuple, tuple]:
+    """Read a tools/pick_algos.py pins file: (algos, decode_algos, algos_source) for GenOptions. Raises GenError
+    when the file is malformed or its pins were proven for a smaller M than `chunk_max`."""
     try:
         doc = json.loads(path.read_text())
         if doc.get("format") != "kern-cublaslt-pins/1":
             raise GenError(f"{path}: format {doc.get('format')!r}, expected 'kern-cublaslt-pins/1'")
         if int(doc["m_max"]) < chunk_max:
             raise GenError(f"{path}: pins were checked up to M = {doc['m_max']}, below --chunk-max {chunk_max}")
-        algos = tuple(sorted((int(p["n"]), int(p["k"]), tuple(sorted((str(a), int(v)) for a, v in p["algo"].items())))
-                             for p in doc["pins"]))
+        def table(rows: list[dict[str, Any]]) -> tuple:
+            return tuple(sorted((int(p["n"]), int(p["k"]), tuple(sorted((str(a), int(v)) for a, v in p["algo"].items())))
+                                for p in rows))
+
+        algos, decode_algos = table(doc["pins"]), table(doc.get("decode_pins", []))
         source = (("device", str(doc["device"])), ("cublaslt_version", int(doc["cublaslt_version"])),
                   ("m_max", int(doc["m_max"])))
     except (KeyError, TypeError, ValueError) as exc:
         raise GenError(f"{path}: not a pins file ({exc!r})") from None
-    return algos, source
+    return algos, decode_algos, source
 
 
 def decode_num_splits(cfg: "Qwen3Config", opts: GenOptions) -> int:
@@ -448,20 +453,22 @@ def build_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: GenOptions, config_di
         "kern_silu_mul", ["tokens", -(-I // 1024), 1], [256, 1, 1],
         [{"arg": "gate_up"}, {"arg": "out"}, tokens_i32, {"i32": I}])])
     pins = {(n, k): dict(algo) for n, k, algo in opts.algos}
+    decode_pins = {(n, k): dict(algo) for n, k, algo in opts.decode_algos}
 
-    def gemm_op(n: int, k: int, pinned: bool = True) -> str:
-        """The op of an (n, k) projection: `gemm` (cuBLASLt's heuristic per M), or `gemm_<n>x<k>` with the pinned
-        batch-invariant algorithm for every M (tools/pick_algos.py). Prefill only: the invariance is what lets
-        a cached prefix resume at any token, and a pin chosen for M up to the chunk (no split-K) is 1.9x slower
-        at M = 1 than the heuristic's split-K choice (measured: 4B `--decode gemm` 6.98 vs 3.66 ms/token),
-        so decode's cuBLASLt projections (`pinned=False`) stay on the heuristic."""
-        name = f"gemm_{n}x{k}" if pinned and (n, k) in pins else "gemm"
+    def gemm_op(n: int, k: int, decode: bool = False) -> str:
+        """The op of an (n, k) projection. Prefill: `gemm_<n>x<k>` with the pinned batch-invariant algorithm for
+        every M (tools/pick_algos.py; what lets a cached prefix resume at any token). Decode (M = 1, nothing
+        cached from it): `gemm_m1_<n>x<k>` with the fastest M = 1 algorithm (split-K allowed) when the pins
+        file has one - a prefill pin (no split-K) is 1.9x slower there (measured: 4B `--decode gemm` 6.98 vs
+        3.66 ms/token). Otherwise `gemm`: cuBLASLt's heuristic per M."""
+        table, prefix = (decode_pins, "gemm_m1") if decode else (pins, "gemm")
+        name = f"{prefix}_{n}x{k}" if (n, k) in table else "gemm"
         if name not in b.ops:
             launch = {"extern": "cublaslt_bf16_tn",
                       "args": [{"arg": "a"}, {"arg": "w"}, {"arg": "c"}, {"arg": "m", "type": "i64"},
                                {"arg": "n", "type": "i64"}, {"arg": "k", "type": "i64"}]}
-            if (n, k) in pins:
-                launch["algo"] = pins[(n, k)]
+            if (n, k) in table:
+                launch["algo"] = table[(n, k)]
             b.op(name, [_ptr("a"), _ptr("w"), _ptr("c"), _int("m"), _int("n"), _int("k")], [launch])
         return name
 
@@ -480,7 +487,7 @@ def build_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: GenOptions, config_di
             calls.append(_call("rmsnorm", residual="residual", w="ln_in.0", out="normed"))
         else:
             calls.append(_call("add_rmsnorm", residual="residual", delta="hidden", w=f"ln_in.{layer}", out="normed"))
-        calls.append(_call(gemm_op(qkv_dim, H, not decode), a="normed", w=f"w_qkv.{layer}", c="qkv", m="tokens", n=qkv_dim, k=H))
+        calls.append(_call(gemm_op(qkv_dim, H, decode), a="normed", w=f"w_qkv.{layer}", c="qkv", m="tokens", n=qkv_dim, k=H))
         calls.append(_call("qk_norm_rope_kv", qkv="qkv", q_norm=f"q_norm.{layer}", k_norm=f"k_norm.{layer}",
                            rope="rope", positions="positions", slots="slot_mapping", q_out="q", kv=f"kv.{layer}"))
         if not decode and layer == cfg.layers - 1:
@@ -493,11 +500,11 @@ def build_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: GenOptions, config_di
                                cu_seqlens_q="cu_seqlens_q", seq_lens="seq_lens", out="attn_out",
                                num_pages=pages_of(layer)))
         calls += [
-            _call(gemm_op(H, q_dim, not decode), a="attn_out", w=f"w_o.{layer}", c="hidden", m="tokens", n=H, k=q_dim),
+            _call(gemm_op(H, q_dim, decode), a="attn_out", w=f"w_o.{layer}", c="hidden", m="tokens", n=H, k=q_dim),
             _call("add_rmsnorm", residual="residual", delta="hidden", w=f"ln_post.{layer}", out="normed"),
-            _call(gemm_op(2 * I, H, not decode), a="normed", w=f"w_gate_up.{layer}", c="gate_up", m="tokens", n=2 * I, k=H),
+            _call(gemm_op(2 * I, H, decode), a="normed", w=f"w_gate_up.{layer}", c="gate_up", m="tokens", n=2 * I, k=H),
             _call("silu_mul", gate_up="gate_up", out="act"),
-            _call(gemm_op(H, I, not decode), a="act", w=f"w_down.{layer}", c="hidden", m="tokens", n=H, k=I),
+            _call(gemm_op(H, I, decode), a="act", w=f"w_down.{layer}", c="hidden", m="tokens", n=H, k=I),
         ]
         return calls
 
@@ -516,7 +523,7 @@ def build_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: GenOptions, config_di
         decode += [
             _call("add_rmsnorm", residual="residual", delta="hidden", w="final_norm", out="normed"),
             # lm_head: the tied embedding matrix is read in place (no copy); m = seqs (one row per sequence)
-            _call(gemm_op(V, H, False), a="normed", w="embed" if cfg.tied else "lm_head", c="logits", m="seqs", n=V, k=H),
+            _call(gemm_op(V, H, True), a="normed", w="embed" if cfg.tied else "lm_head", c="logits", m="seqs", n=V, k=H),
             _call("argmax", logits="logits", out="next_token"),
         ]
     decode.append(decode_advance_call())
@@ -743,9 +750,10 @@ def main(argv: list[str] | None = None) -> int:
         abi = KernelAbi.from_json(kernels_raw)
         name = args.name or args.shape or Path(args.config).resolve().parent.name
         max_context = args.max_context or (4096 if args.shape == "tiny" else min(40960, cfg.max_position_embeddings))
-        algos, algos_source = load_algos(args.algos, args.chunk_max) if args.algos else ((), ())
+        algos, decode_algos, algos_source = load_algos(args.algos, args.chunk_max) if args.algos else ((), (), ())
         opts = GenOptions(name, args.chunk_max, max_context, decode=args.decode, decode_splits=args.decode_splits,
-                          sms=args.sms, pdl=not args.no_pdl, gemv=args.gemv, algos=algos, algos_source=algos_source)
+                          sms=args.sms, pdl=not args.no_pdl, gemv=args.gemv, algos=algos, decode_algos=decode_algos,
+                          algos_source=algos_source)
         manifest = build_manifest(cfg, abi, opts, cfg_digest)
     except (GenError, OSError, json.JSONDecodeError) as exc:
         print(f"gen_qwen3: {exc}", file=sys.stderr)

@@ -144,8 +144,9 @@ def main(argv: list[str] | None = None) -> int:
         abi = g.KernelAbi.from_json(json.loads(args.kernels.read_text()))
         name = args.name or args.shape or Path(args.config).resolve().parent.name
         max_context = args.max_context or (4096 if args.shape == "tiny" else min(40960, cfg.max_position_embeddings))
-        algos, algos_source = g.load_algos(args.algos, args.chunk_max) if args.algos else ((), ())
-        opts = g.GenOptions(name, args.chunk_max, max_context, algos=algos, algos_source=algos_source)
+        algos, decode_algos, algos_source = g.load_algos(args.algos, args.chunk_max) if args.algos else ((), (), ())
+        opts = g.GenOptions(name, args.chunk_max, max_context, algos=algos, decode_algos=decode_algos,
+                            algos_source=algos_source)
         manifests = build_rank_manifests(cfg, abi, opts, args.tp, cfg_digest)
     except (g.GenError, OSError, json.JSONDecodeError) as exc:
         print(f"gen_qwen3_tp: {exc}", file=sys.stderr)

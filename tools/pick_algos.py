@@ -128,6 +128,37 @@ class Bench:
         return statistics.median(samples)
 
 
+    def time_graph_us(self, m: int, pin: dict[str, int] | None, reps: int = 7, burst: int = 20) -> float:
+        """Median us per GEMM of `burst` back-to-back GEMMs captured in one CUDA graph (no host in the way:
+        what a GEMM costs inside kern's captured decode step)."""
+        from cuda.bindings import driver
+
+        call = self.call
+        self.run(self.a, self.c, m, pin)  # plan outside the capture
+        call("cuStreamBeginCapture", self.stream, driver.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL)
+        try:
+            for _ in range(burst):
+                self.run(self.a, self.c, m, pin)
+        finally:
+            graph = call("cuStreamEndCapture", self.stream)
+        try:
+            exec_ = call("cuGraphInstantiate", graph, 0)
+        finally:
+            call("cuGraphDestroy", graph)
+        try:
+            call("cuGraphLaunch", exec_, self.stream)
+            samples = []
+            for _ in range(reps):
+                call("cuEventRecord", self.start, self.stream)
+                call("cuGraphLaunch", exec_, self.stream)
+                call("cuEventRecord", self.stop, self.stream)
+                call("cuEventSynchronize", self.stop)
+                samples.append(float(call("cuEventElapsedTime", self.start, self.stop)) * 1000.0 / burst)
+        finally:
+            call("cuGraphExecDestroy", exec_)
+        return statistics.median(samples)
+
+
 def algo_config(algo: np.ndarray) -> dict[str, int]:
     """Every pinnable attribute of a cublasLtMatmulAlgo_t (kern_runtime.blas.ALGO_KEYS)."""
     from nvmath.bindings import cublasLt as lt
@@ -145,8 +176,8 @@ def algo_config(algo: np.ndarray) -> dict[str, int]:
     return out
 
 
-def candidates(bench: Bench, ms: list[int], count: int = 24) -> list[dict[str, int]]:
-    """Distinct heuristic configurations at each M with no split-K and no reduction scheme."""
+def candidates(bench: Bench, ms: list[int], count: int = 24, split_k: bool = False) -> list[dict[str, int]]:
+    """Distinct heuristic configurations at each M; with no split-K and no reduction scheme unless `split_k`."""
     from nvmath.bindings import cublasLt as lt
 
     from kern_runtime.blas import WORKSPACE_BYTES, alignment_bytes, blas_call
@@ -179,7 +210,7 @@ def candidates(bench: Bench, ms: list[int], count: int = 24) -> list[dict[str, i
             algo = np.zeros(1, dtype=lt.matmul_algo_dtype)
             algo[0] = results[i]["algo"]
             cfg = algo_config(algo)
-            if cfg["split_k"] > 1 or cfg["reduction"] != 0:
+            if not split_k and (cfg["split_k"] > 1 or cfg["reduction"] != 0):
                 continue
             pin = {k: v for k, v in cfg.items() if k == "id" or v != 0 or k == "split_k"}
             key = tuple(sorted(pin.items()))
@@ -229,6 +260,33 @@ def pick(blas: Any, n: int, k: int, m_max: int, log: Any) -> dict[str, Any]:
         bench.close()
 
 
+def pick_m1(blas: Any, n: int, k: int, log: Any) -> dict[str, Any]:
+    """The fastest configuration at M = 1 (decode: no invariance needed, split-K allowed), graph-timed, against
+    the heuristic's own choice."""
+    from kern_runtime.errors import KernelArtifactError
+
+    bench = Bench(blas, n, k, 1, seed=n * 131 + k)
+    try:
+        heur = bench.time_graph_us(1, None)
+        best: tuple[float, dict[str, int]] | None = None
+        cands = candidates(bench, [1], count=32, split_k=True)
+        for pin in cands:
+            try:
+                blas.plan(bench.gemm(bench.a, bench.c, 1), pin, "pick_algos")
+            except KernelArtifactError:
+                continue
+            t = bench.time_graph_us(1, pin)
+            log(f"  M=1 n={n} k={k} {pin}: {t:.2f} us")
+            if best is None or t < best[0]:
+                best = (t, pin)
+        if best is None:
+            raise SystemExit(f"pick_algos: no applicable cuBLASLt configuration at M = 1 for n={n} k={k}")
+        return {"n": n, "k": k, "algo": best[1], "us_1": round(best[0], 2), "heuristic_us_1": round(heur, 2),
+                "candidates": len(cands)}
+    finally:
+        bench.close()
+
+
 def main(argv: list[str] | None = None) -> int:
     import gen_qwen3 as gq
 
@@ -239,6 +297,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--m-max", type=int, default=2048, help="largest M (tokens var max) the pins must serve")
     ap.add_argument("--gpu", type=int, default=0)
     ap.add_argument("--out", type=Path, help="JSON output (default stdout)")
+    ap.add_argument("--keep-pins", type=Path, help="take the prefill pins (and m_max) from this pins file instead of "
+                                                   "picking them again (with --decode: add decode pins to it)")
+    ap.add_argument("--decode", action="store_true",
+                    help="also pick the fastest M = 1 configuration per shape (split-K allowed) for cuBLASLt decode "
+                         "(`decode_pins`; the lm_head shape included)")
     args = ap.parse_args(argv)
 
     from nvmath.bindings import cublasLt as lt
@@ -264,12 +327,23 @@ def main(argv: list[str] | None = None) -> int:
         print(msg, file=sys.stderr, flush=True)
 
     pins = []
-    for n, k in shapes:
-        log(f"n={n} k={k}")
-        pins.append(pick(blas, n, k, args.m_max, log))
+    if args.keep_pins:
+        kept = json.loads(args.keep_pins.read_text())
+        pins, args.m_max = kept["pins"], int(kept["m_max"])
+    else:
+        for n, k in shapes:
+            log(f"n={n} k={k}")
+            pins.append(pick(blas, n, k, args.m_max, log))
+    decode_pins = []
+    if args.decode:
+        lm_heads = sorted({(cfg.vocab, cfg.hidden) for cfg in configs})
+        for n, k in sorted(set(shapes) | set(lm_heads)):
+            decode_pins.append(pick_m1(blas, n, k, log))
     blas.close()
     doc = {"format": "kern-cublaslt-pins/1", "device": name, "cublaslt_version": int(lt.get_version()),
            "m_max": args.m_max, "pins": pins}
+    if args.decode:
+        doc["decode_pins"] = decode_pins
     text = json.dumps(doc, indent=1) + "\n"
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -277,9 +351,13 @@ def main(argv: list[str] | None = None) -> int:
     else:
         sys.stdout.write(text)
     log(f"{'n':>7} {'k':>6} {'pinned us@512':>13} {'heur us@512':>11} {'pinned us@max':>13} {'heur us@max':>11} heur-inv")
-    for p in pins:
+    for p in ([] if args.keep_pins else pins):
         log(f"{p['n']:>7} {p['k']:>6} {p.get('us_512', 0):>13.1f} {p.get('heuristic_us_512', 0):>11.1f} "
             f"{p['us_max']:>13.1f} {p['heuristic_us_max']:>11.1f} {p['heuristic_invariant']}")
+    if decode_pins:
+        log(f"{'n':>7} {'k':>6} {'M=1 pinned us':>13} {'M=1 heur us':>11}  (graph-timed)")
+        for p in decode_pins:
+            log(f"{p['n']:>7} {p['k']:>6} {p['us_1']:>13.2f} {p['heuristic_us_1']:>11.2f}")
     return 0
 
 

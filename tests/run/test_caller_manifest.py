@@ -275,7 +275,7 @@ def _pins_file(tmp_path: Path, shapes: list[tuple[int, int]], m_max: int = 2048,
 def test_algos_pin_every_prefill_projection_and_mark_the_manifest_batch_invariant(tmp_path: Path) -> None:
     # qwen3-4b: qkv 6144 x 2560, o 2560 x 4096, gate_up 19456 x 2560, down 2560 x 9728
     shapes = [(6144, 2560), (2560, 4096), (19456, 2560), (2560, 9728)]
-    algos, source = gq.load_algos(_pins_file(tmp_path, shapes), chunk_max=512)
+    algos, _, source = gq.load_algos(_pins_file(tmp_path, shapes), chunk_max=512)
     m = _manifest(algos=algos, algos_source=source)
     prefill_ops = Counter(c["op"] for c in m["programs"]["prefill"]["calls"] if c["op"].startswith("gemm"))
     assert prefill_ops == {"gemm_6144x2560": 36, "gemm_2560x4096": 35, "gemm_19456x2560": 35, "gemm_2560x9728": 35}
@@ -290,7 +290,7 @@ def test_algos_pin_every_prefill_projection_and_mark_the_manifest_batch_invarian
 
 
 def test_partial_pins_leave_the_rest_on_the_heuristic_and_are_not_batch_invariant(tmp_path: Path) -> None:
-    algos, source = gq.load_algos(_pins_file(tmp_path, [(6144, 2560)]), chunk_max=512)
+    algos, _, source = gq.load_algos(_pins_file(tmp_path, [(6144, 2560)]), chunk_max=512)
     m = _manifest(algos=algos, algos_source=source)
     ops = {c["op"] for c in m["programs"]["prefill"]["calls"] if c["op"].startswith("gemm")}
     assert ops == {"gemm_6144x2560", "gemm"}
