@@ -262,11 +262,14 @@ def test_runtime_compiles_every_call(fname: str) -> None:
 # ---------------------------------------------------------------- --algos: batch-invariant prefill pins
 
 PIN = {"id": 66, "tile": 20, "stages": 12, "split_k": 1, "swizzle": 1}
+PIN_M1 = {"id": 21, "tile": 18, "stages": 8, "split_k": 4, "reduction": 1}
 
 
-def _pins_file(tmp_path: Path, shapes: list[tuple[int, int]], m_max: int = 2048, fmt: str = "kern-cublaslt-pins/1") -> Path:
+def _pins_file(tmp_path: Path, shapes: list[tuple[int, int]], m_max: int = 2048, fmt: str = "kern-cublaslt-pins/1",
+               decode: list[tuple[int, int]] = ()) -> Path:
     doc = {"format": fmt, "device": "NVIDIA H200", "cublaslt_version": 130100, "m_max": m_max,
-           "pins": [{"n": n, "k": k, "algo": PIN, "us_max": 1.0} for n, k in shapes]}
+           "pins": [{"n": n, "k": k, "algo": PIN, "us_max": 1.0} for n, k in shapes],
+           "decode_pins": [{"n": n, "k": k, "algo": PIN_M1, "us_1": 1.0} for n, k in decode]}
     path = tmp_path / "pins.json"
     path.write_text(json.dumps(doc))
     return path
@@ -317,3 +320,16 @@ def test_gen_main_with_algos_writes_pinned_manifest(tmp_path: Path) -> None:
     m = json.loads(out.read_text())
     assert m["meta"]["caller"]["prefill_batch_invariant"] is True
     assert read_manifest(out).prefill_batch_invariant
+
+
+def test_decode_gemm_projections_take_their_own_m1_pins_never_a_prefill_pin(tmp_path: Path) -> None:
+    shapes = [(6144, 2560), (2560, 4096), (19456, 2560), (2560, 9728)]
+    algos, decode_algos, source = gq.load_algos(_pins_file(tmp_path, shapes, decode=shapes[:2]), chunk_max=512)
+    m = _manifest(decode="gemm", algos=algos, decode_algos=decode_algos, algos_source=source)
+    decode_ops = Counter(c["op"] for c in m["programs"]["decode"]["calls"] if c["op"].startswith("gemm"))
+    # qkv and o pinned at M = 1; gate_up, down and the lm_head on the heuristic (op `gemm`, no algo)
+    assert decode_ops == {"gemm_m1_6144x2560": 36, "gemm_m1_2560x4096": 36, "gemm": 36 * 2 + 1}
+    assert m["ops"]["gemm_m1_6144x2560"]["launches"][0]["algo"] == PIN_M1
+    assert "algo" not in m["ops"]["gemm"]["launches"][0]
+    prefill_ops = {c["op"] for c in m["programs"]["prefill"]["calls"] if c["op"].startswith("gemm")}
+    assert prefill_ops == {f"gemm_{n}x{k}" for n, k in shapes}
