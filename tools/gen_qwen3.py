@@ -464,12 +464,21 @@ def build_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: GenOptions, config_di
         table, prefix = (decode_pins, "gemm_m1") if decode else (pins, "gemm")
         name = f"{prefix}_{n}x{k}" if (n, k) in table else "gemm"
         if name not in b.ops:
-            launch = {"extern": "cublaslt_bf16_tn",
-                      "args": [{"arg": "a"}, {"arg": "w"}, {"arg": "c"}, {"arg": "m", "type": "i64"},
-                               {"arg": "n", "type": "i64"}, {"arg": "k", "type": "i64"}]}
-            if (n, k) in table:
-                launch["algo"] = table[(n, k)]
-            b.op(name, [_ptr("a"), _ptr("w"), _ptr("c"), _int("m"), _int("n"), _int("k")], [launch])
+            def launch(**extra: Any) -> dict[str, Any]:
+                return {"extern": "cublaslt_bf16_tn",
+                        "args": [{"arg": "a"}, {"arg": "w"}, {"arg": "c"}, {"arg": "m", "type": "i64"},
+                                 {"arg": "n", "type": "i64"}, {"arg": "k", "type": "i64"}], **extra}
+
+            if (n, k) not in table:
+                launches = [launch()]
+            elif not decode:
+                launches = [launch(algo=table[(n, k)])]
+            else:  # the decode program runs at tokens = 1 only; the rest of the tokens range stays on the heuristic,
+                # so the M = 1 pin (split-K: workspace grows with M) is checked at load where it is used
+                launches = [launch(when={"tokens": [1, 1]}, algo=table[(n, k)])]
+                if opts.chunk_max > 1:
+                    launches.append(launch(when={"tokens": [2, opts.chunk_max]}))
+            b.op(name, [_ptr("a"), _ptr("w"), _ptr("c"), _int("m"), _int("n"), _int("k")], launches)
         return name
 
     b.op("argmax", [_ptr("logits"), _ptr("out")],

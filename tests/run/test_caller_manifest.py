@@ -329,7 +329,9 @@ def test_decode_gemm_projections_take_their_own_m1_pins_never_a_prefill_pin(tmp_
     decode_ops = Counter(c["op"] for c in m["programs"]["decode"]["calls"] if c["op"].startswith("gemm"))
     # qkv and o pinned at M = 1; gate_up, down and the lm_head on the heuristic (op `gemm`, no algo)
     assert decode_ops == {"gemm_m1_6144x2560": 36, "gemm_m1_2560x4096": 36, "gemm": 36 * 2 + 1}
-    assert m["ops"]["gemm_m1_6144x2560"]["launches"][0]["algo"] == PIN_M1
+    pinned, rest = m["ops"]["gemm_m1_6144x2560"]["launches"]
+    assert pinned["algo"] == PIN_M1 and pinned["when"] == {"tokens": [1, 1]}  # checked at load at M = 1 only
+    assert "algo" not in rest and rest["when"] == {"tokens": [2, 512]}
     assert "algo" not in m["ops"]["gemm"]["launches"][0]
     prefill_ops = {c["op"] for c in m["programs"]["prefill"]["calls"] if c["op"].startswith("gemm")}
     assert prefill_ops == {f"gemm_{n}x{k}" for n, k in shapes}
