@@ -76,6 +76,10 @@ def test_no_cuda_device(monkeypatch: pytest.MonkeyPatch, tiny_manifest: Path, ke
     _refused(_invoke("run", "--prompt", "hi", "--manifest", "m.json", "--kernels", "k", "--weights", "w"), 2,
              "m.json")
     _refused(_invoke(*_base(tiny_manifest, kernels_dir, tiny_ckpt), "--prompt", "hi"), 3, "no CUDA device")
+    # prompt checks are host-only too: an empty or too long prompt is named before the device probe
+    _refused(_invoke(*_base(tiny_manifest, kernels_dir, tiny_ckpt), "--prompt", ""), 2, "empty")
+    _refused(_invoke(*_base(tiny_manifest, kernels_dir, tiny_ckpt), "--prompt", "word " * 3000, "--capacity", "256"),
+             2, "capacity")
 
 
 def test_probe_device_branches(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -21,6 +21,7 @@ import numpy as np
 
 from .compare import Comparison, compare_logits, table
 from .config import RunConfig
+from .errors import InputError, RefusalError
 from .generate import GenerateOptions, Generator
 from .session import open_generator, prepare
 from .text import TextCodec
@@ -55,9 +56,40 @@ def sample_prompts(codec: TextCodec, count: int, seed: int, random_tokens: int, 
     return [p[:max_tokens] for p in prompts]
 
 
+MODES = ("eager", "chunk1", "transformers")
+
+
+def check_request(req: AbRequest, cfg: RunConfig) -> "RunConfig | None":
+    """Refuse a request that cannot run, before anything loads: returns B's RunConfig when B is a manifest.
+    Raises InputError (bad counts, an unknown mode that is no manifest file) / ConfigError (B's preflight:
+    bad manifest, kernels, weights) / RefusalError (transformers mode without torch + transformers)."""
+    if req.prompts < 1:
+        raise InputError(f"--prompts {req.prompts}: need at least 1 prompt")
+    if req.steps < 1:
+        raise InputError(f"--steps {req.steps}: need at least 1 step")
+    if req.margin_tol is not None and not req.margin_tol >= 0:
+        raise InputError(f"--margin-tol {req.margin_tol}: must be >= 0")
+    if req.against == "transformers":
+        import importlib.util
+
+        missing = [m for m in ("torch", "transformers") if importlib.util.find_spec(m) is None]
+        if missing:
+            raise RefusalError(f"--against transformers needs {' and '.join(missing)}, not installed here "
+                               "(pip install torch transformers)")
+        return None
+    if req.against in MODES:
+        return None
+    path = Path(req.against)
+    if not path.is_file():
+        raise InputError(f"--against {req.against!r}: not one of {', '.join(MODES)} and not a manifest file")
+    return replace(cfg, manifest=path, chunk=None)
+
+
 def run_ab(cfg: RunConfig, req: AbRequest, log: Any) -> tuple[list[Comparison], str]:
     """The comparisons (one per prompt) and a printable table. Raises RefusalError / KernError."""
+    cfg_b = check_request(req, cfg)
     prep = prepare(cfg)
+    prep_b = prepare(cfg_b, check_device=False) if cfg_b is not None else None  # B's refusals before A loads
     same_runtime = req.against in ("eager", "chunk1")
     tol = req.margin_tol if req.margin_tol is not None else (0.0 if same_runtime else 0.1)
     work: list[tuple[list[int], list[int], np.ndarray, np.ndarray | None]] = []
@@ -86,8 +118,7 @@ def run_ab(cfg: RunConfig, req: AbRequest, log: Any) -> tuple[list[Comparison], 
         ref = HfReference(cfg.weights, cfg.gpu)
         work = [(p, t, a, ref.logits(p + t[:-1], len(p) - 1)) for p, t, a, _ in work]
         ref.close()
-    elif not same_runtime:
-        prep_b = prepare(replace(cfg, manifest=Path(req.against), chunk=None))
+    elif prep_b is not None:
         gen.pages.release()
         resident = gen.rt.into_resident() if hasattr(gen.rt, "into_resident") else None
         if resident is None:

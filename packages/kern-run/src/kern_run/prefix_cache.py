@@ -204,15 +204,12 @@ def run_prompts(cfg: Any, prompts: list[str], req: Any, log: Any, out: TextIO | 
     stdout: each prompt's generated text, one line per prompt (newlines inside stay). stderr: per
     prompt its tokens, cached tokens and TTFT. Raises RefusalError / kern_runtime.KernError.
     """
-    from .preflight import check_prompt
     from .session import open_generator, prepare
-    from .text import StreamDecoder, checked_prompt
+    from .text import StreamDecoder
 
     out = out if out is not None else sys.stdout
-    prep = prepare(cfg)
-    all_ids = [checked_prompt(prep.codec, p) for p in prompts]
-    for ids in all_ids:
-        check_prompt(len(ids), cfg.capacity_tokens, prep.facts)
+    prep = prepare(cfg, prompts=prompts)  # every prompt checked (and named) before the device probe
+    all_ids = [list(ids) for ids in prep.prompt_ids]
     where = ("at any token (batch-invariant prefill)" if prep.facts.prefill_batch_invariant
              else "at multiples of the chunk")
     log.info(f"{len(all_ids)} prompts; chunk {prep.chunk}; steps {req.steps}; prefix reuse {where}")

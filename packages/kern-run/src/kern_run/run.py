@@ -13,9 +13,8 @@ from typing import Any, TextIO
 
 from .config import RunConfig
 from .generate import GenerateOptions, GenerateResult
-from .preflight import check_prompt
 from .session import open_generator, prepare
-from .text import StreamDecoder, checked_prompt
+from .text import StreamDecoder
 
 
 @dataclass(frozen=True)
@@ -29,9 +28,8 @@ class RunRequest:
 def run_target(cfg: RunConfig, req: RunRequest, log: Any, out: TextIO | None = None) -> GenerateResult:
     """Preflight, load, generate, stream to `out` (default: stdout). Raises RefusalError / kern_runtime.KernError."""
     out = out if out is not None else sys.stdout
-    prep = prepare(cfg)
-    prompt_ids = checked_prompt(prep.codec, req.prompt)
-    check_prompt(len(prompt_ids), cfg.capacity_tokens, prep.facts)
+    prep = prepare(cfg, prompts=[req.prompt])  # the prompt is checked before the device probe
+    prompt_ids = list(prep.prompt_ids[0])
     log.info(f"prompt: {len(prompt_ids)} tokens; chunk {prep.chunk}; steps {req.steps}; "
              f"{'eager' if req.eager else 'graph'} decode")
     with open_generator(prep, log) as gen:

@@ -9,16 +9,17 @@ from __future__ import annotations
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from .config import RunConfig
 from .generate import Generator
+from .errors import InputError
 from .preflight import (
-    ManifestFacts, check_kernels, check_weights, checkpoint_tensors, probe_device, read_manifest, resolve_chunk,
-    weight_bytes,
+    ManifestFacts, check_kernels, check_prompt, check_weights, checkpoint_tensors, probe_device, read_manifest,
+    resolve_chunk, weight_bytes,
 )
 from .summary import manifest_lines, runtime_lines
-from .text import TextCodec, load_codec
+from .text import TextCodec, checked_prompt, load_codec
 
 
 @dataclass(frozen=True)
@@ -30,20 +31,33 @@ class Prepared:
     codec: TextCodec
     chunk: int
     weight_bytes: int
+    prompt_ids: tuple[tuple[int, ...], ...] = ()  # the `prompts` given to prepare, tokenized and checked
 
 
-def prepare(cfg: RunConfig, check_device: bool = True) -> Prepared:
+def prepare(cfg: RunConfig, check_device: bool = True, prompts: Sequence[str] = ()) -> Prepared:
     """Every refusal that needs no GPU, then the device probe last, so a machine without a GPU still
-    reports a bad manifest, kernels directory, checkpoint or chunk. Raises RefusalError subclasses."""
+    reports a bad manifest, kernels directory, checkpoint, chunk or prompt (each of `prompts` is tokenized
+    and checked against the capacity; with several, the refusal names the prompt's number).
+    Raises RefusalError subclasses."""
     facts = read_manifest(cfg.manifest)
     chunk = resolve_chunk(cfg.chunk, facts)
     check_kernels(facts, cfg.kernels)
     tensors = checkpoint_tensors(cfg.weights)
     check_weights(facts, tensors, cfg.weights)
     codec = load_codec(cfg.weights)
+    prompt_ids = []
+    for i, prompt in enumerate(prompts, 1):
+        try:
+            ids = checked_prompt(codec, prompt)
+            check_prompt(len(ids), cfg.capacity_tokens, facts)
+        except InputError as exc:
+            if len(prompts) == 1:
+                raise
+            raise InputError(f"prompt {i} of {len(prompts)}: {exc}") from None
+        prompt_ids.append(tuple(ids))
     if check_device:
         probe_device(cfg.gpu)
-    return Prepared(cfg, facts, codec, chunk, weight_bytes(tensors))
+    return Prepared(cfg, facts, codec, chunk, weight_bytes(tensors), tuple(prompt_ids))
 
 
 def progress_reporter(enabled: bool) -> tuple[Callable[[int, int], None] | None, Callable[[], None]]:

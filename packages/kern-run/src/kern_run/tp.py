@@ -112,11 +112,15 @@ def run_tp(cfg: RunConfig, prompt: str, steps: int, eager: bool, ignore_eos: boo
     """`kern run --tp N`: like run_target, over N GPUs. Raises RefusalError / kern_runtime.KernError."""
     out = out if out is not None else sys.stdout
     codec = load_codec(cfg.weights)
+    prompt_ids = checked_prompt(codec, prompt)  # host-only checks before any GPU is touched
+    rank0 = rank_manifest(Path(cfg.manifest), tp, 0)
+    if rank0.is_file():  # (a missing rank manifest is open_tp's refusal)
+        facts = read_manifest(rank0)
+        resolve_chunk(cfg.chunk, facts)
+        check_prompt(len(prompt_ids), cfg.capacity_tokens, facts)
     gen, facts = open_tp(cfg, tp, codec.eos_ids, log)
     with gen:
         chunk = resolve_chunk(cfg.chunk, facts)
-        prompt_ids = checked_prompt(codec, prompt)
-        check_prompt(len(prompt_ids), cfg.capacity_tokens, facts)
         log.info(f"prompt: {len(prompt_ids)} tokens; chunk {chunk}; steps {steps}; tp {tp}; "
                  f"{'eager' if eager else 'graph'} decode")
         stream = StreamDecoder(codec)
