@@ -249,3 +249,22 @@ def test_unknown_log_level_is_a_usage_error() -> None:
     result = _invoke("run", "--log-level", "bogus")
     assert result.exit_code == 2
     assert "'bogus' is not one of debug, info, warning, error" in result.output
+
+
+def test_summary_counts_only_the_when_alternative_that_runs() -> None:
+    """A graph step is counted at its smallest vars: of a `when` group only the launch selected there (the
+    tiny-en cuBLASLt decode pins tokens = 1 and keeps the heuristic for 2..512 as a second launch)."""
+    import json
+
+    from kern_run.summary import launches_at, manifest_lines
+
+    root = Path(__file__).resolve().parents[2]
+    raw = json.loads((root / "manifests" / "qwen3-tiny-en-gemm.json").read_text())
+    pinned = next(op for name, op in raw["ops"].items() if name.startswith("gemm_m1_"))
+    assert len(pinned["launches"]) == 2
+    assert launches_at(pinned, {"tokens": 1, "seqs": 1}) == 1 and launches_at(pinned, {"tokens": 7, "seqs": 1}) == 1
+    all_launches = sum(len(raw["ops"][c["op"]]["launches"]) for c in raw["programs"]["decode"]["calls"])
+    running = sum(launches_at(raw["ops"][c["op"]], {"tokens": 1, "seqs": 1}) for c in raw["programs"]["decode"]["calls"])
+    assert running < all_launches
+    line = next(ln for ln in manifest_lines(raw) if ln.startswith("program decode"))
+    assert f"{running} launches at seqs=1, tokens=1, graph: {running} launches -> 1 graph launch per step" in line

@@ -76,13 +76,31 @@ def manifest_lines(raw: dict[str, Any]) -> list[str]:
     lines.append(f"weights: {len(weights)} buffers ({_gib(sum(buffer_bytes(b, var_max) for b in weights))}) bound from "
                  f"{tensors} checkpoint tensors; {concat} concatenations, {derived} derived")
     ops = raw.get("ops", {})
+    var_min = {k: int(v["min"]) for k, v in raw.get("vars", {}).items()}
     for pname, prog in raw.get("programs", {}).items():
         calls = prog.get("calls", [])
-        launches = sum(len(ops.get(c.get("op"), {}).get("launches", [])) for c in calls)
+        at = var_min if prog.get("graph") else var_max  # a graph step at its smallest vars (decode: tokens = 1)
+        launches = sum(launches_at(ops.get(c.get("op"), {}), at) for c in calls)
+        where = ", ".join(f"{k}={v}" for k, v in sorted(at.items()))
         kind = prog.get("kind", "run")
         graph = f"graph: {launches} launches -> 1 graph launch per step" if prog.get("graph") else "eager"
-        lines.append(f"program {pname} ({kind}): {len(calls)} calls, {launches} launches, {graph}")
+        lines.append(f"program {pname} ({kind}): {len(calls)} calls, {launches} launches at {where}, {graph}")
     return lines
+
+
+def launches_at(op: dict[str, Any], values: dict[str, int]) -> int:
+    """Launches of `op` that run at var `values`: a launch with `when` only where every bound holds (of a
+    `when` group exactly one); a bound that is an expression rather than a number counts as holding."""
+    def holds(when: dict[str, Any]) -> bool:
+        for var, (lo, hi) in when.items():
+            v = values.get(var)
+            if v is None:
+                continue
+            if (isinstance(lo, int) and v < lo) or (isinstance(hi, int) and v > hi):
+                return False
+        return True
+
+    return sum(1 for launch in op.get("launches", []) if holds(launch.get("when") or {}))
 
 
 def runtime_lines(described: dict[str, Any]) -> list[str]:
