@@ -33,9 +33,11 @@ ConfigOpt = Annotated[Optional[Path], typer.Option("--config", help="kern.toml p
 ManifestOpt = Annotated[Optional[Path], typer.Option("--manifest", help="manifest JSON")]
 KernelsOpt = Annotated[Optional[Path], typer.Option("--kernels", help="kernels directory (<module>-<sha12>.cubin)")]
 WeightsOpt = Annotated[Optional[Path], typer.Option("--weights", help="HF checkpoint directory or .safetensors file")]
-ChunkOpt = Annotated[Optional[int], typer.Option("--chunk", help="prefill chunk in tokens (default 512, clamped to "
-                                                 "the manifest's tokens max; a larger explicit value is refused)")]
-CapacityOpt = Annotated[Optional[int], typer.Option("--capacity", help="KV capacity in tokens (default 4096)")]
+ChunkOpt = Annotated[Optional[int], typer.Option("--chunk", help="prefill chunk in tokens (default: the target's; "
+                                                 "without one 512 clamped to the manifest's tokens max; a value above "
+                                                 "that max is refused)")]
+CapacityOpt = Annotated[Optional[int], typer.Option("--capacity", help="KV capacity in tokens (default: the target's; "
+                                                    "4096 without one)")]
 GpuOpt = Annotated[Optional[int], typer.Option("--gpu", help="CUDA device ordinal")]
 LogOpt = Annotated[Optional[str], typer.Option("--log-level", help="debug|info|warning|error (default $KERN_LOG or info)")]
 
