@@ -164,22 +164,56 @@ class GenOptions:
 
 def load_algos(path: Path, chunk_max: int) -> tuple[tuple, tuple, tuple]:
     """Read a tools/pick_algos.py pins file: (algos, decode_algos, algos_source) for GenOptions. Raises GenError
-    when the file is malformed or its pins were proven for a smaller M than `chunk_max`."""
-    try:
-        doc = json.loads(path.read_text())
-        if doc.get("format") != "kern-cublaslt-pins/1":
-            raise GenError(f"{path}: format {doc.get('format')!r}, expected 'kern-cublaslt-pins/1'")
-        if int(doc["m_max"]) < chunk_max:
-            raise GenError(f"{path}: pins were checked up to M = {doc['m_max']}, below --chunk-max {chunk_max}")
-        def table(rows: list[dict[str, Any]]) -> tuple:
-            return tuple(sorted((int(p["n"]), int(p["k"]), tuple(sorted((str(a), int(v)) for a, v in p["algo"].items())))
-                                for p in rows))
+    when the file is malformed (naming the list, the (n, k) shape and the key) or its pins were proven for a
+    smaller M than `chunk_max`."""
+    # kern_runtime.blas.ALGO_KEYS, copied: this generator does not import kern_runtime
+    algo_attrs = ("id", "tile", "stages", "split_k", "reduction", "swizzle", "custom", "inner_shape", "cluster_shape")
 
-        algos, decode_algos = table(doc["pins"]), table(doc.get("decode_pins", []))
-        source = (("device", str(doc["device"])), ("cublaslt_version", int(doc["cublaslt_version"])),
-                  ("m_max", int(doc["m_max"])))
-    except (KeyError, TypeError, ValueError) as exc:
-        raise GenError(f"{path}: not a pins file ({exc!r})") from None
+    def count(value: Any, low: int = 0) -> bool:  # a JSON integer >= low (true/false are not integers here)
+        return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+    def table(doc: dict[str, Any], key: str) -> tuple:
+        rows = doc.get(key, [])
+        if not isinstance(rows, list):
+            raise GenError(f"{path}: {key} is a JSON {type(rows).__name__}, expected a list of pins")
+        out: dict[tuple[int, int], tuple] = {}
+        for i, p in enumerate(rows):
+            if not (isinstance(p, dict) and count(p.get("n"), 1) and count(p.get("k"), 1)):
+                raise GenError(f"{path}: {key}[{i}] needs integer \"n\" and \"k\" >= 1, got "
+                               f"{json.dumps(p)[:120]}")
+            shape = f"{key}[{i}] (n={p['n']}, k={p['k']})"
+            if (p["n"], p["k"]) in out:
+                raise GenError(f"{path}: {shape} pins the shape {p['n']}x{p['k']} a second time")
+            algo = p.get("algo")
+            if not isinstance(algo, dict) or "id" not in algo:
+                raise GenError(f"{path}: {shape}: \"algo\" must be an object with at least \"id\", got {algo!r}")
+            for a, v in algo.items():
+                if a not in algo_attrs:
+                    raise GenError(f"{path}: {shape}: algo key {a!r} is not a cuBLASLt algo attribute "
+                                   f"(known: {', '.join(algo_attrs)})")
+                if not count(v):
+                    raise GenError(f"{path}: {shape}: algo {a} = {v!r} must be an integer >= 0")
+            out[(p["n"], p["k"])] = tuple(sorted(algo.items()))
+        return tuple(sorted((n, k, algo) for (n, k), algo in out.items()))
+
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise GenError(f"{path}: not a pins file ({exc})") from None
+    if not isinstance(doc, dict):
+        raise GenError(f"{path}: not a pins file (a JSON {type(doc).__name__}, expected an object)")
+    if doc.get("format") != "kern-cublaslt-pins/1":
+        raise GenError(f"{path}: format {doc.get('format')!r}, expected 'kern-cublaslt-pins/1'")
+    for key, ok in (("device", isinstance(doc.get("device"), str)), ("m_max", count(doc.get("m_max"), 1)),
+                    ("cublaslt_version", count(doc.get("cublaslt_version"))), ("pins", "pins" in doc)):
+        if not ok:
+            raise GenError(f"{path}: not a pins file ({key} = {doc.get(key)!r})")
+    if doc["m_max"] < chunk_max:
+        raise GenError(f"{path}: pins were checked up to M = {doc['m_max']}, below --chunk-max {chunk_max}")
+    algos, decode_algos = table(doc, "pins"), table(doc, "decode_pins")
+    if not algos and not decode_algos:
+        raise GenError(f"{path}: no pins (pins and decode_pins are empty): rerun tools/pick_algos.py with --shape")
+    source = (("device", doc["device"]), ("cublaslt_version", doc["cublaslt_version"]), ("m_max", doc["m_max"]))
     return algos, decode_algos, source
 
 

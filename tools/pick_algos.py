@@ -304,15 +304,45 @@ def main(argv: list[str] | None = None) -> int:
                          "(`decode_pins`; the lm_head shape included)")
     args = ap.parse_args(argv)
 
+    def refuse(msg: str) -> int:
+        print(f"pick_algos: {msg}", file=sys.stderr)
+        return 2
+
+    # everything the host can check comes before the device
+    from make_checkpoint import SHAPES, config_json
+
+    unknown = [s for s in args.shape if s not in SHAPES]
+    if unknown:
+        return refuse(f"--shape {unknown[0]!r} is not a known shape ({', '.join(sorted(SHAPES))})")
+    configs = [gq.Qwen3Config.from_json(config_json(SHAPES[s])) for s in args.shape]
+    for c in args.config:
+        try:
+            configs.append(gq.Qwen3Config.from_json(json.loads(Path(c).read_text(encoding="utf-8"))))
+        except (OSError, ValueError, TypeError, AttributeError, gq.GenError) as exc:
+            return refuse(f"--config {c}: {exc}")
+    if not configs and (args.decode or not args.keep_pins):
+        return refuse("no shapes to pick: pass --shape or --config")
+    kept = None
+    if args.keep_pins:
+        try:  # gen_qwen3 must accept the file we write: its format, stamp and every pin checked as it will be
+            gq.load_algos(args.keep_pins, 1)
+            kept = json.loads(args.keep_pins.read_text(encoding="utf-8"))
+        except (OSError, gq.GenError) as exc:
+            return refuse(f"--keep-pins: {exc}")
+
+    from kern_run.errors import RefusalError
+    from kern_run.preflight import probe_device
+
+    try:
+        probe_device(args.gpu)
+    except RefusalError as exc:
+        return refuse(str(exc))
+
     from nvmath.bindings import cublasLt as lt
 
     from kern_runtime.blas import WORKSPACE_BYTES, Blas
     from kern_runtime.driver import call
 
-    from make_checkpoint import SHAPES, config_json
-
-    configs = ([gq.Qwen3Config.from_json(config_json(SHAPES[s])) for s in args.shape]
-               + [gq.Qwen3Config.from_json(json.loads(Path(c).read_text())) for c in args.config])
     shapes = sorted({s for cfg in configs for tp in (args.tp or [1]) for s in gemm_shapes(cfg, tp)})
     call("cuInit", 0)
     device = call("cuDeviceGet", args.gpu)
@@ -320,6 +350,11 @@ def main(argv: list[str] | None = None) -> int:
     call("cuCtxSetCurrent", ctx)
     name = call("cuDeviceGetName", 256, device)
     name = (name.decode() if isinstance(name, bytes) else str(name)).split("\x00")[0]
+    version = int(lt.get_version())
+    if kept is not None and args.decode and (name, version) != (kept["device"], kept["cublaslt_version"]):
+        return refuse(f"--keep-pins {args.keep_pins} was picked on {kept['device']} with cuBLASLt "
+                      f"{kept['cublaslt_version']}, this is {name} with cuBLASLt {version}: decode pins picked here "
+                      "would not match its stamp; drop --keep-pins to pick every pin on this device")
     workspace = int(call("cuMemAlloc", WORKSPACE_BYTES))
     blas = Blas(workspace)
 
@@ -327,8 +362,7 @@ def main(argv: list[str] | None = None) -> int:
         print(msg, file=sys.stderr, flush=True)
 
     pins = []
-    if args.keep_pins:
-        kept = json.loads(args.keep_pins.read_text())
+    if kept is not None:
         pins, args.m_max = kept["pins"], int(kept["m_max"])
     else:
         for n, k in shapes:
@@ -340,10 +374,13 @@ def main(argv: list[str] | None = None) -> int:
         for n, k in sorted(set(shapes) | set(lm_heads)):
             decode_pins.append(pick_m1(blas, n, k, log))
     blas.close()
-    doc = {"format": "kern-cublaslt-pins/1", "device": name, "cublaslt_version": int(lt.get_version()),
+    stamp = kept if kept is not None else {"device": name, "cublaslt_version": version}  # the kept pins' device
+    doc = {"format": "kern-cublaslt-pins/1", "device": stamp["device"], "cublaslt_version": stamp["cublaslt_version"],
            "m_max": args.m_max, "pins": pins}
     if args.decode:
         doc["decode_pins"] = decode_pins
+    elif kept is not None and "decode_pins" in kept:
+        doc["decode_pins"] = kept["decode_pins"]  # nothing of the kept file is dropped
     text = json.dumps(doc, indent=1) + "\n"
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import shutil
 import sys
 import tempfile
 import time
@@ -57,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ckpt", type=Path, required=True, help="checkpoint dir (made with --shape if missing)")
     ap.add_argument("--tp", type=int, default=2)
     ap.add_argument("--gpu", type=int, default=0, help="first GPU (TP=1 runs here, TP=N on gpu..gpu+N-1)")
-    ap.add_argument("--algos", type=Path, default=ROOT / "manifests" / "algos" / "h200.json")
+    ap.add_argument("--algos", type=Path, default=None,
+                    help="cuBLASLt pins for both manifests (default manifests/algos/h200.json when present)")
     ap.add_argument("--positions", type=int, default=256)
     ap.add_argument("--prompt-tokens", type=int, default=1024)
     ap.add_argument("--greedy", type=int, default=64)
@@ -66,8 +68,41 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-reference", action="store_true", help="skip the float32 transformers reference")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
+    if args.tp < 2:
+        print(f"tp_parity: --tp {args.tp}: compares TP=N against TP=1, pass --tp >= 2", file=sys.stderr)
+        return 2
+    if args.algos is None:
+        default_algos = ROOT / "manifests" / "algos" / "h200.json"
+        args.algos = default_algos if default_algos.is_file() else None
+    elif not args.algos.is_file():
+        print(f"tp_parity: --algos {args.algos}: no such file", file=sys.stderr)
+        return 2
+
+    from kern_run.errors import RefusalError
+    from kern_run.preflight import probe_device
+
+    try:
+        probe_device(args.gpu + args.tp - 1)  # TP=N runs on gpu..gpu+N-1
+    except RefusalError as exc:
+        print(f"tp_parity: {exc}", file=sys.stderr)
+        return 2
 
     import make_checkpoint as mc
+
+    if args.shape:
+        mc.write_checkpoint(args.ckpt, mc.SHAPES[args.shape], seed=args.seed)
+    tmp = Path(tempfile.mkdtemp(prefix="kern-tp-"))
+    try:
+        return _compare(args, tmp)
+    except RefusalError as exc:
+        print(f"tp_parity: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _compare(args: argparse.Namespace, tmp: Path) -> int:
+    """Generate the manifests into `tmp`, run both sides, print the tables; 1 when a check fails."""
     from kern_run.compare import compare_logits, table
     from kern_run.config import RunConfig
     from kern_run.generate import GenerateOptions, Generator
@@ -76,12 +111,9 @@ def main(argv: list[str] | None = None) -> int:
     from kern_run.text import load_codec
     from kern_run.tp import open_tp
 
-    if args.shape:
-        mc.write_checkpoint(args.ckpt, mc.SHAPES[args.shape], seed=args.seed)
-    tmp = Path(tempfile.mkdtemp(prefix="kern-tp-"))
     name = args.shape or args.ckpt.resolve().name
     source = ["--shape", args.shape] if args.shape else ["--config", str(args.config)]
-    extra = (["--algos", str(args.algos)] if args.algos and args.algos.is_file() else [])
+    extra = (["--algos", str(args.algos)] if args.algos else [])
     extra += ["--max-context", str(args.max_context)] if args.max_context else []
     manifest = tmp / f"{name}.json"
     _gen([*source, "--decode", "gemm", "--name", name, "--out", str(manifest), *extra], "gen_qwen3")

@@ -313,7 +313,7 @@ def test_load_algos_refusals(tmp_path: Path, mutate, match: str) -> None:
 
 
 def test_gen_main_with_algos_writes_pinned_manifest(tmp_path: Path) -> None:
-    pins = _pins_file(tmp_path, [(1024, 256), (256, 512), (1024, 256), (256, 512)])  # tiny: qkv/gate_up, o/down
+    pins = _pins_file(tmp_path, [(1024, 256), (256, 512)])  # tiny: qkv and gate_up are 1024x256, o and down 256x512
     out = tmp_path / "m.json"
     assert gq.main(["--shape", "tiny", "--kernels", str(ROOT / "kernels" / "kernels.json"), "--out", str(out),
                     "--algos", str(pins)]) == 0

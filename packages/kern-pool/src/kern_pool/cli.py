@@ -18,7 +18,7 @@ MAX_TOKENS = 1e9  # above any trace's total (the largest here has 1.45e8 input t
 
 
 def _tokens(text: str) -> float:
-    """--capacity: a token count > 0 (float syntax such as 3e6 allowed), or inf / all."""
+    """--capacity: a whole token count > 0 (float syntax such as 3e6 allowed), or inf / all."""
     if text.lower() in ("inf", "infinity", "all"):
         return math.inf
     try:
@@ -28,6 +28,8 @@ def _tokens(text: str) -> float:
     if not (0 < value <= MAX_TOKENS):  # also refuses nan
         raise argparse.ArgumentTypeError(f"capacity must be in (0, {MAX_TOKENS:.0e}] tokens, or 'inf' for a pool "
                                          f"that never evicts; got {text}")
+    if not value.is_integer():
+        raise argparse.ArgumentTypeError(f"capacity must be a whole number of tokens, got {text}")
     return value
 
 
@@ -49,7 +51,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("simulate", help="replay a Mooncake-format trace through Pool + Prefix")
     s.add_argument("trace", type=Path, help="JSONL trace (timestamp, input_length, output_length, hash_ids)")
-    s.add_argument("--capacity", type=_tokens, default=3e6, help="device pool tokens (default 3e6; 'inf' = all fit)")
+    s.add_argument("--capacity", type=_tokens, default=None, help="device pool tokens (default 3e6; 'inf' = all fit)")
     s.add_argument("--host-tokens", type=_count(0), default=0, help="host tier tokens (default 0: no host tier)")
     s.add_argument("--page-tokens", type=_count(1), default=512, help="tokens per page (default 512 = trace blocks)")
     s.add_argument("--limit", type=_count(1), default=None, help="replay only the first N requests")
@@ -78,11 +80,25 @@ def main(argv: list[str] | None = None) -> int:
     if args.png is not None and not args.sweep:
         print("kern-pool: --png needs --sweep", file=sys.stderr)
         return 2
+    if args.sweep and args.capacity is not None:
+        print(f"kern-pool: --capacity with --sweep: the sweep replays its own capacities "
+              f"({', '.join(f'{c:g}' for c in SWEEP_TOKENS)}); "
+              "pass one or the other", file=sys.stderr)
+        return 2
+    capacity = 3e6 if args.capacity is None else args.capacity
+    if capacity < args.page_tokens:
+        print(f"kern-pool: --capacity {capacity:g} tokens holds no page of --page-tokens {args.page_tokens}: "
+              f"pass --capacity >= {args.page_tokens}", file=sys.stderr)
+        return 2
+    if 0 < args.host_tokens < args.page_tokens:
+        print(f"kern-pool: --host-tokens {args.host_tokens} holds no page of --page-tokens {args.page_tokens}: "
+              f"pass 0 (no host tier) or >= {args.page_tokens}", file=sys.stderr)
+        return 2
     if args.png is not None:
         if importlib.util.find_spec("matplotlib") is None:  # checked before a sweep of minutes, not after
             print("kern-pool: --png needs matplotlib: pip install 'kern-pool[plot]'", file=sys.stderr)
             return 3
-    cfg = SimConfig(args.capacity, args.host_tokens, args.page_tokens, args.limit, args.reserve_output)
+    cfg = SimConfig(capacity, args.host_tokens, args.page_tokens, args.limit, args.reserve_output)
     try:
         return _run(args, cfg)
     except (TraceError, PoolError, OSError) as e:

@@ -106,6 +106,10 @@ class TraceError(ValueError):
     """A trace line that is not a Mooncake request; the message names the file, line and field."""
 
 
+def _int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)  # JSON true/false are not counts or hash ids
+
+
 def _request(d: object, where: str, block_tokens: int) -> Request:
     if not isinstance(d, dict):
         raise TraceError(f"{where}: expected a JSON object, got {type(d).__name__}")
@@ -113,11 +117,11 @@ def _request(d: object, where: str, block_tokens: int) -> Request:
         input_length, output_length, hash_ids = d["input_length"], d.get("output_length", 0), d["hash_ids"]
     except KeyError as e:
         raise TraceError(f"{where}: missing field {e.args[0]!r}") from None
-    if not (isinstance(input_length, int) and input_length > 0):
+    if not (_int(input_length) and input_length > 0):
         raise TraceError(f"{where}: input_length must be a positive integer, got {input_length!r}")
-    if not (isinstance(output_length, int) and output_length >= 0):
+    if not (_int(output_length) and output_length >= 0):
         raise TraceError(f"{where}: output_length must be an integer >= 0, got {output_length!r}")
-    if not (isinstance(hash_ids, list) and all(isinstance(h, int) for h in hash_ids)):
+    if not (isinstance(hash_ids, list) and all(_int(h) for h in hash_ids)):
         raise TraceError(f"{where}: hash_ids must be a list of integers")
     if len(hash_ids) != -(-input_length // block_tokens):
         raise TraceError(f"{where}: {len(hash_ids)} hash_ids for input_length {input_length}; a trace has one per "
@@ -128,21 +132,31 @@ def _request(d: object, where: str, block_tokens: int) -> Request:
 def read_trace(path: Path, limit: int | None = None) -> list[Request]:
     """Requests of a Mooncake JSONL trace, in file order (first `limit` lines when given).
 
-    Raises TraceError (file:line and the field) for a line that is not JSON or not a request, and
-    OSError when the file cannot be read."""
+    Raises TraceError (file:line and the field) for a line that is not UTF-8, not JSON or not a request,
+    or a trace with no requests, and OSError when the file cannot be read."""
     out: list[Request] = []
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
+    offset = 0
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, 1):
             if limit is not None and len(out) >= limit:
                 break
+            where = f"{path}:{number}"
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise TraceError(f"{where}: not UTF-8 text (byte {offset + e.start} of the file)") from None
+            offset += len(raw)
             if not line.strip():
                 continue
-            where = f"{path}:{number}"
             try:
                 d = json.loads(line)
             except json.JSONDecodeError as e:
                 raise TraceError(f"{where}: not JSON ({e.msg} at column {e.colno})") from None
+            except RecursionError:
+                raise TraceError(f"{where}: not a request (JSON nested too deeply)") from None
             out.append(_request(d, where, TRACE_BLOCK_TOKENS))
+    if not out:
+        raise TraceError(f"no requests in {path}: a trace has one JSON request per line")
     return out
 
 

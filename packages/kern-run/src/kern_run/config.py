@@ -27,6 +27,8 @@ from .errors import ConfigError
 
 TOML_NAME = "kern.toml"
 TARGET_KEYS = frozenset({"manifest", "kernels", "weights", "gpu", "capacity", "chunk"})
+PATH_KEYS = frozenset({"manifest", "kernels", "weights"})
+TOP_KEYS = frozenset({"default", "targets"})
 DEFAULT_CAPACITY_TOKENS = 4096
 
 
@@ -64,9 +66,16 @@ def find_toml(explicit: Path | None = None, start: Path | None = None) -> Path |
 def load_targets(path: Path) -> tuple[str | None, dict[str, dict[str, Any]]]:
     """(default target name, {name: fields with paths made absolute}). Raises ConfigError."""
     try:
-        raw = tomllib.loads(path.read_text())
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path} is not UTF-8 text (byte {exc.start})") from None
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise ConfigError(f"{path}: {exc}") from None
+    unknown_top = set(raw) - TOP_KEYS
+    if unknown_top:
+        raise ConfigError(f"{path}: unknown top-level keys {sorted(unknown_top)} (known: {sorted(TOP_KEYS)})")
+    if not isinstance(raw.get("targets", {}), dict):
+        raise ConfigError(f"{path}: targets = {raw['targets']!r} must be a table of [targets.NAME] tables")
     base = path.resolve().parent
     targets: dict[str, dict[str, Any]] = {}
     for name, fields in (raw.get("targets") or {}).items():
@@ -75,12 +84,20 @@ def load_targets(path: Path) -> tuple[str | None, dict[str, dict[str, Any]]]:
         unknown = set(fields) - TARGET_KEYS
         if unknown:
             raise ConfigError(f"{path}: [targets.{name}] has unknown keys {sorted(unknown)} (known: {sorted(TARGET_KEYS)})")
+        for key, value in fields.items():
+            if key in PATH_KEYS and not isinstance(value, str):
+                raise ConfigError(f"{path}: [targets.{name}] {key} = {value!r} must be a path string")
+            low = 0 if key == "gpu" else 1
+            if key not in PATH_KEYS and (not isinstance(value, int) or isinstance(value, bool) or value < low):
+                raise ConfigError(f"{path}: [targets.{name}] {key} = {value!r} must be an integer >= {low}")
         out = dict(fields)
         for key in ("manifest", "kernels", "weights"):
             if key in out:
                 out[key] = (base / str(out[key])).resolve() if not Path(str(out[key])).is_absolute() else Path(out[key])
         targets[name] = out
     default = raw.get("default")
+    if default is not None and not isinstance(default, str):
+        raise ConfigError(f"{path}: default = {default!r} must be a target name string (have {sorted(targets)})")
     if default is not None and default not in targets:
         raise ConfigError(f"{path}: default = {default!r} names no [targets.*] table (have {sorted(targets)})")
     return default, targets
@@ -110,7 +127,8 @@ def resolve_config(toml_path: Path | None, target: str | None, overrides: dict[s
         where = f"target {chosen!r} in {toml_path}" if chosen else "no kern.toml target"
         raise ConfigError(f"{where} gives no {', '.join(missing)}: pass --{' --'.join(missing)}")
     for key in ("gpu", "capacity", "chunk"):
-        if key in fields and fields[key] is not None and (not isinstance(fields[key], int) or fields[key] < (0 if key == "gpu" else 1)):
+        if key in fields and fields[key] is not None and (not isinstance(fields[key], int) or isinstance(fields[key], bool)
+                                                          or fields[key] < (0 if key == "gpu" else 1)):
             raise ConfigError(f"{key} = {fields[key]!r} must be an integer >= {0 if key == 'gpu' else 1}")
     return RunConfig(
         manifest=Path(fields["manifest"]), kernels=Path(fields["kernels"]), weights=Path(fields["weights"]),

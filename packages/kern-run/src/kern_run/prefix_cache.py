@@ -34,26 +34,34 @@ from .generate import GenerateOptions, GenerateResult, Generator
 
 
 def read_prompts(path: str | Path) -> list[str]:
-    """Prompts from a file: JSONL of objects with a "prompt" string (every non-empty line), else one
-    prompt per non-empty line (text, with `\\n` written as the two characters backslash-n kept as is).
+    """Prompts from a file: JSONL of objects with a "prompt" string (when any non-empty line starts with
+    `{` or `[`, every non-empty line must be one), else one prompt per non-empty line (text, with `\\n`
+    written as the two characters backslash-n kept as is).
 
-    Raises InputError for an unreadable file, no prompts, or a JSON line without a "prompt" string.
+    Raises InputError for an unreadable or non-UTF-8 file, no prompts, or a JSON line that is not an
+    object with a "prompt" string (naming the line number in the file).
     """
     try:
-        lines = [line for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+        numbered = [(i, line) for i, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1)
+                    if line.strip()]
     except OSError as exc:
         raise InputError(f"--prompts {path}: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise InputError(f"--prompts {path}: not UTF-8 text (byte {exc.start})") from None
+    lines = [line for _, line in numbered]
     if not lines:
         raise InputError(f"--prompts {path}: no prompts (the file is empty)")
-    if all(line.lstrip().startswith("{") for line in lines):
+    if any(line.lstrip().startswith(("{", "[")) for line in lines):
         prompts = []
-        for i, line in enumerate(lines, 1):
+        for i, line in numbered:
             try:
                 obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise InputError(f"--prompts {path}:{i}: not JSON: {exc}") from None
+            except (json.JSONDecodeError, RecursionError) as exc:
+                raise InputError(f"--prompts {path}:{i}: not JSON: {exc} (a file with any line starting with "
+                                 "'{' or '[' is read as JSONL)") from None
             if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str):
-                raise InputError(f"--prompts {path}:{i}: expected an object with a \"prompt\" string")
+                raise InputError(f"--prompts {path}:{i}: expected an object with a \"prompt\" string (a file "
+                                 "with any line starting with '{' or '[' is read as JSONL)")
             prompts.append(obj["prompt"])
         return prompts
     return lines

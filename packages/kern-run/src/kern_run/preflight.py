@@ -11,17 +11,13 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import struct
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from .errors import ConfigError, InputError, KernelsError, NoDeviceError, WeightsError
 
 DEFAULT_CHUNK = 512
-SAFETENSORS_DTYPES = {"BF16": "bf16", "F16": "f16", "F32": "f32", "F64": "f64", "I8": "i8", "U8": "u8",
-                      "I16": "i16", "I32": "i32", "U32": "u32", "I64": "i64", "U64": "u64",
-                      "F8_E4M3": "fp8_e4m3", "F8_E5M2": "fp8_e5m2"}
 
 
 # ---------------------------------------------------------------- device
@@ -88,9 +84,11 @@ def check_verifies(raw: Any, path: Path) -> None:
 def read_manifest(path: Path) -> ManifestFacts:
     """Parse the manifest JSON and pull the caller contract's facts. Raises ConfigError."""
     try:
-        raw = json.loads(Path(path).read_text())
+        raw = json.loads(Path(path).read_text(encoding="utf-8"))
     except OSError as exc:
         raise ConfigError(f"manifest {path}: {exc.strerror or exc}; generate it with tools/gen_qwen3.py") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"manifest {path} is not UTF-8 text (byte {exc.start}): not a manifest") from None
     except json.JSONDecodeError as exc:
         raise ConfigError(f"manifest {path} is not JSON ({exc})") from None
     check_verifies(raw, path)
@@ -146,19 +144,41 @@ def check_kernels(facts: ManifestFacts, kernels_dir: Path) -> None:
 
 
 def read_safetensors_header(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
-    """name -> (kern dtype, shape) from one .safetensors file's header. Raises WeightsError."""
+    """name -> (kern dtype, shape) from one .safetensors file's header. Raises WeightsError.
+
+    kern_runtime's reader: the header is capped at 100 MiB, every entry needs a known dtype, a shape and
+    data offsets that agree with it and end inside the file (a truncated shard is refused here)."""
+    from kern_runtime.errors import WeightArtifactError
+    from kern_runtime.weights import read_safetensors_header as read_header
+
     try:
-        with open(path, "rb") as f:
-            (n,) = struct.unpack("<Q", f.read(8))
-            header = json.loads(f.read(n))
-    except (OSError, struct.error, json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise WeightsError(f"{path} is not a readable safetensors file ({exc})") from None
-    out = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        out[name] = (SAFETENSORS_DTYPES.get(info["dtype"], info["dtype"].lower()), tuple(info["shape"]))
-    return out
+        entries = read_header(path)
+    except WeightArtifactError as exc:
+        raise WeightsError(f"weights {exc}: not a usable safetensors file (remake the checkpoint)") from None
+    return {name: (meta.dtype, meta.shape) for name, (meta, _offset, _nbytes) in entries.items()}
+
+
+def _index_shards(index: Path) -> list[str]:
+    """Shard file names of model.safetensors.index.json: a JSON object whose `weight_map` maps tensor names
+    to file names inside the checkpoint directory. Raises WeightsError naming the index and the entry."""
+    try:
+        raw = json.loads(index.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise WeightsError(f"weights index {index}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise WeightsError(f"weights index {index} is not UTF-8 (byte {exc.start})") from None
+    except json.JSONDecodeError as exc:
+        raise WeightsError(f"weights index {index} is not JSON ({exc})") from None
+    weight_map = raw.get("weight_map") if isinstance(raw, dict) else None
+    if not isinstance(weight_map, dict):
+        raise WeightsError(f"weights index {index}: expected an object with a \"weight_map\" object "
+                           "(tensor name -> shard file)")
+    for name, shard in weight_map.items():
+        parts = PurePosixPath(shard).parts if isinstance(shard, str) else ()
+        if not parts or PurePosixPath(shard).is_absolute() or ".." in parts:
+            raise WeightsError(f"weights index {index}: weight_map[{name!r}] = {shard!r} is not a file name "
+                               "inside the checkpoint directory")
+    return sorted(set(weight_map.values()))
 
 
 def checkpoint_tensors(weights: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
@@ -168,8 +188,11 @@ def checkpoint_tensors(weights: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
     elif weights.is_dir():
         index = weights / "model.safetensors.index.json"
         if index.is_file():
-            names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+            names = _index_shards(index)
             files = [weights / n for n in names]
+            for name, path in zip(names, files):
+                if not path.is_file():
+                    raise WeightsError(f"weights index {index} names shard {name!r}, which is not in {weights}")
         else:
             files = sorted(weights.glob("*.safetensors"))
         if not files:

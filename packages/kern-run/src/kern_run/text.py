@@ -33,23 +33,43 @@ class TextCodec:
         return self.tokenizer.decode(ids, skip_special_tokens=False)
 
 
+def _token_id(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
 def eos_ids_of(ckpt: Path) -> frozenset[int]:
-    """Stop token ids from generation_config.json and config.json (either may be missing)."""
+    """Stop token ids from generation_config.json and config.json (either may be missing).
+
+    Raises InputError naming the file when it is not a UTF-8 JSON object or its `eos_token_id` is not a
+    token id (int >= 0), a list of them, or null."""
     ids: set[int] = set()
     for name in ("generation_config.json", "config.json"):
         path = ckpt / name
         if not path.is_file():
             continue
-        value = json.loads(path.read_text()).get("eos_token_id")
-        if isinstance(value, int):
+        try:
+            raw = json.loads(path.read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise InputError(f"{path}: {exc.strerror or exc}") from None
+        except UnicodeDecodeError as exc:
+            raise InputError(f"{path} is not UTF-8 text (byte {exc.start}): fix or remove it") from None
+        except json.JSONDecodeError as exc:
+            raise InputError(f"{path} is not JSON ({exc}): fix or remove it") from None
+        if not isinstance(raw, dict):
+            raise InputError(f"{path}: expected a JSON object, found a {type(raw).__name__}: fix or remove it")
+        value = raw.get("eos_token_id")
+        if _token_id(value):
             ids.add(value)
-        elif isinstance(value, list):
-            ids.update(int(v) for v in value)
+        elif isinstance(value, list) and all(_token_id(v) for v in value):
+            ids.update(value)
+        elif value is not None:
+            raise InputError(f"{path}: eos_token_id = {value!r} must be a token id (int >= 0) or a list of them")
     return frozenset(ids)
 
 
 def load_codec(weights: Path) -> TextCodec:
-    """TextCodec of the checkpoint at `weights`. Raises InputError when tokenizer.json is missing."""
+    """TextCodec of the checkpoint at `weights`. Raises InputError when tokenizer.json is missing or unusable,
+    or a config file's eos_token_id is malformed."""
     from tokenizers import Tokenizer
 
     ckpt = checkpoint_dir(weights)
@@ -57,7 +77,13 @@ def load_codec(weights: Path) -> TextCodec:
     if not path.is_file():
         raise InputError(f"no tokenizer.json next to the weights ({path}); make_checkpoint.py writes one, "
                          "or copy the model's tokenizer.json there")
-    return TextCodec(Tokenizer.from_file(str(path)), eos_ids_of(ckpt))
+    try:
+        tokenizer = Tokenizer.from_file(str(path))
+    except Exception as exc:  # noqa: BLE001 - tokenizers raises a bare Exception for any bad file
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        raise InputError(f"{path} is not a usable tokenizer.json ({reason}): copy the model's tokenizer.json "
+                         "there") from None
+    return TextCodec(tokenizer, eos_ids_of(ckpt))
 
 
 class StreamDecoder:

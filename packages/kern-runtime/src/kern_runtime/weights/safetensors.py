@@ -52,6 +52,8 @@ def read_safetensors_header(path: str | os.PathLike[str]) -> dict[str, tuple[Ten
         header = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise WeightArtifactError(f"{path}: header is not JSON: {exc}") from exc
+    if not isinstance(header, dict):
+        raise WeightArtifactError(f"{path}: header is JSON {type(header).__name__}, not an object")
     data_start = 8 + header_bytes
     out: dict[str, tuple[TensorMeta, int, int]] = {}
     for name, entry in header.items():
@@ -59,9 +61,11 @@ def read_safetensors_header(path: str | os.PathLike[str]) -> dict[str, tuple[Ten
             continue
         try:
             st_dtype, shape, (begin, end) = entry["dtype"], entry["shape"], entry["data_offsets"]
+            if not all(type(v) is int and v >= 0 for v in (*shape, begin, end)) or begin > end:
+                raise ValueError(name)
         except (KeyError, TypeError, ValueError):
             raise WeightArtifactError(f"{path}: tensor {name!r} has a malformed header entry {entry!r}") from None
-        dtype = SAFETENSORS_DTYPE.get(st_dtype)
+        dtype = SAFETENSORS_DTYPE.get(st_dtype) if isinstance(st_dtype, str) else None
         if dtype is None:
             raise WeightArtifactError(f"{path}: tensor {name!r} has unsupported dtype {st_dtype!r}")
         meta = TensorMeta(dtype, tuple(int(d) for d in shape))
@@ -107,9 +111,17 @@ class SafetensorsTensors:
         index = root / INDEX_NAME
         if index.is_file():
             try:
-                weight_map = json.loads(index.read_text())["weight_map"]
-            except (OSError, KeyError, TypeError, json.JSONDecodeError) as exc:
+                weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+            except (OSError, KeyError, TypeError, UnicodeDecodeError, json.JSONDecodeError) as exc:
                 raise WeightArtifactError(f"{index}: unreadable index ({type(exc).__name__}: {exc})") from exc
+            if not isinstance(weight_map, dict):
+                raise WeightArtifactError(f"{index}: weight_map is a JSON {type(weight_map).__name__}, "
+                                          "not an object of tensor name -> shard file")
+            for name, shard in weight_map.items():
+                parts = Path(shard).parts if isinstance(shard, str) else ()
+                if not parts or Path(shard).is_absolute() or ".." in parts:
+                    raise WeightArtifactError(f"{index}: weight_map[{name!r}] = {shard!r} is not a file name "
+                                              "inside the checkpoint directory")
             shards = sorted(set(weight_map.values()))
             missing = [s for s in shards if not (root / s).is_file()]
             if missing:

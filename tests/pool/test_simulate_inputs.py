@@ -1,0 +1,75 @@
+"""`kern-pool simulate` on hostile traces and options: one stderr line naming the file (and line) or the
+option, exit 2, never a traceback or an all-zero table."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kern_pool.cli import main
+from kern_pool.simulate import TraceError, read_trace
+
+GOOD = '{"timestamp": 0, "input_length": 600, "output_length": 1, "hash_ids": [1, 2]}\n'
+
+
+def _refused(capsys: pytest.CaptureFixture[str], argv: list[str], *needles: str) -> None:
+    try:
+        rc = main(argv)
+    except SystemExit as e:  # argparse's own refusal of an option
+        rc = e.code
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert "Traceback" not in err
+    for needle in needles:
+        assert needle in err, err
+
+
+@pytest.mark.parametrize("text", ["", "\n  \n\n"])
+def test_empty_trace_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str) -> None:
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(text)
+    _refused(capsys, ["simulate", str(trace)], f"no requests in {trace}")
+    _refused(capsys, ["simulate", str(trace), "--sweep"], f"no requests in {trace}")
+    with pytest.raises(TraceError, match="no requests"):
+        read_trace(trace)
+
+
+def test_non_utf8_trace_names_line_and_byte(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = tmp_path / "t.jsonl"
+    trace.write_bytes(GOOD.encode() + b'{"x": "\xff"}\n')
+    _refused(capsys, ["simulate", str(trace)], f"{trace}:2: not UTF-8", f"byte {len(GOOD) + 7}")
+
+
+@pytest.mark.parametrize("line, needle", [
+    ('{"input_length": true, "hash_ids": [1]}', "input_length must be a positive integer, got True"),
+    ('{"input_length": 600, "output_length": false, "hash_ids": [1, 2]}', "output_length must be an integer"),
+    ('{"input_length": 600, "hash_ids": [1, true]}', "hash_ids must be a list of integers"),
+])
+def test_json_booleans_are_not_counts(tmp_path: Path, capsys: pytest.CaptureFixture[str], line: str,
+                                      needle: str) -> None:
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(line + "\n")
+    _refused(capsys, ["simulate", str(trace)], f"{trace}:1: {needle}")
+
+
+@pytest.mark.parametrize("option, needle", [
+    (["--capacity", "1.5"], "whole number"),
+    (["--capacity", "3000000.5"], "whole number"),
+    (["--capacity", "100"], "--capacity 100 tokens holds no page of --page-tokens 512"),
+    (["--host-tokens", "100"], "--host-tokens 100 holds no page"),
+    (["--sweep", "--capacity", "5e6"], "--capacity with --sweep"),
+])
+def test_options_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str], option: list[str], needle: str) -> None:
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(GOOD)
+    _refused(capsys, ["simulate", str(trace), *option], needle)
+
+
+def test_whole_capacities_still_accepted(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(GOOD)
+    for capacity in ("3e6", "1024", "inf"):
+        assert main(["simulate", str(trace), "--capacity", capacity, "--json"]) == 0
+    assert main(["simulate", str(trace), "--host-tokens", "512"]) == 0
+    capsys.readouterr()

@@ -1,0 +1,258 @@
+"""Hostile inputs to the tools: gen_qwen3's pins file (`load_algos`), tp_parity and pick_algos without a GPU
+or with a bad pins file. One line naming the file, shape and key; exit 2 before anything touches a device."""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+import types
+from pathlib import Path
+
+import pytest
+
+import gen_qwen3 as gq
+from kern_run_testutil import ROOT  # noqa: F401  (puts tools/ on sys.path)
+
+import pick_algos  # noqa: E402
+import tp_parity  # noqa: E402
+from kern_run.errors import NoDeviceError
+
+PIN = {"id": 66, "tile": 20, "stages": 12, "split_k": 1, "swizzle": 1}
+
+
+def _doc(**over: object) -> dict:
+    doc = {"format": "kern-cublaslt-pins/1", "device": "NVIDIA H200", "cublaslt_version": 130100, "m_max": 2048,
+           "pins": [{"n": 1024, "k": 256, "algo": dict(PIN)}, {"n": 256, "k": 512, "algo": dict(PIN)}],
+           "decode_pins": [{"n": 1024, "k": 256, "algo": {"id": 21, "split_k": 4}, "us_1": 1.0,
+                            "heuristic_us_1": 2.0}]}
+    doc.update(over)
+    return doc
+
+
+def _write(tmp_path: Path, doc: object) -> Path:
+    path = tmp_path / "pins.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+# ---------------------------------------------------------------- 6. gen_qwen3.load_algos
+
+
+def _pin(n: int, k: int, **algo: object) -> dict:
+    return {"n": n, "k": k, "algo": algo}
+
+
+@pytest.mark.parametrize("doc, needles", [
+    ([1, 2], ["not a pins file", "list"]),
+    ("pins", ["not a pins file"]),
+    (_doc(pins={"n": 1}), ["pins is a JSON dict"]),
+    (_doc(pins=[{"n": 1024, "k": 256, "algo": "x"}]), ["pins[0] (n=1024, k=256)", "\"algo\" must be an object"]),
+    (_doc(pins=[_pin(1024, 256, id=1), _pin(1024, 256, id=2)]), ["pins[1] (n=1024, k=256)", "1024x256 a second time"]),
+    (_doc(pins=[_pin(1024, 256, id=True)]), ["pins[0] (n=1024, k=256)", "algo id = True"]),
+    (_doc(pins=[_pin(1024, 256, id=-1)]), ["pins[0] (n=1024, k=256)", "algo id = -1"]),
+    (_doc(pins=[_pin(1024, 256, id=1, tyle=3)]), ["pins[0] (n=1024, k=256)", "algo key 'tyle'", "cluster_shape"]),
+    (_doc(pins=[_pin(1024, 256, tile=3)]), ["pins[0] (n=1024, k=256)", "at least \"id\""]),
+    (_doc(pins=[_pin(1024, 256, id=1, stages="12")]), ["algo stages = '12'"]),
+    (_doc(pins=[{"n": "1024", "k": 256, "algo": PIN}]), ["pins[0] needs integer \"n\" and \"k\""]),
+    (_doc(pins=[{"n": True, "k": 256, "algo": PIN}]), ["pins[0] needs integer \"n\" and \"k\""]),
+    (_doc(decode_pins=[_pin(1024, 256, id=1), _pin(1024, 256, id=1)]), ["decode_pins[1] (n=1024, k=256)",
+                                                                          "second time"]),
+    (_doc(decode_pins=[_pin(6, 7, id=1, split=2)]), ["decode_pins[0] (n=6, k=7)", "algo key 'split'"]),
+    (_doc(decode_pins={"a": 1}), ["decode_pins is a JSON dict"]),
+    (_doc(m_max=True), ["m_max = True"]),
+    (_doc(cublaslt_version="13.1"), ["cublaslt_version = '13.1'"]),
+    (_doc(device=None), ["device = None"]),
+    (_doc(pins=[], decode_pins=[]), ["no pins"]),
+])
+def test_load_algos_refusals_name_file_shape_and_key(tmp_path: Path, doc: object, needles: list[str]) -> None:
+    path = _write(tmp_path, doc)
+    with pytest.raises(gq.GenError) as err:
+        gq.load_algos(path, chunk_max=512)
+    assert str(err.value).startswith(f"{path}: "), err.value
+    for needle in needles:
+        assert needle in str(err.value), err.value
+
+
+def test_load_algos_non_utf8(tmp_path: Path) -> None:
+    path = tmp_path / "pins.json"
+    path.write_bytes(b'{"format": "\xff"}')
+    with pytest.raises(gq.GenError, match="not a pins file"):
+        gq.load_algos(path, chunk_max=512)
+
+
+def test_load_algos_good_file(tmp_path: Path) -> None:
+    algos, decode, source = gq.load_algos(_write(tmp_path, _doc()), chunk_max=512)
+    assert algos == ((256, 512, tuple(sorted(PIN.items()))), (1024, 256, tuple(sorted(PIN.items()))))
+    assert decode == ((1024, 256, (("id", 21), ("split_k", 4))),)
+    assert source == (("device", "NVIDIA H200"), ("cublaslt_version", 130100), ("m_max", 2048))
+
+
+def test_gen_main_refuses_bad_pins_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = _write(tmp_path, [1, 2])
+    rc = gq.main(["--shape", "tiny", "--kernels", str(ROOT / "kernels" / "kernels.json"), "--out",
+                  str(tmp_path / "m.json"), "--algos", str(path)])
+    err = capsys.readouterr().err
+    assert rc == 1 and str(path) in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_committed_pins_file_loads() -> None:
+    algos, decode, _ = gq.load_algos(ROOT / "manifests" / "algos" / "h200.json", chunk_max=2048)
+    assert algos and decode
+
+
+# ---------------------------------------------------------------- 7. tp_parity, pick_algos
+
+
+def _no_device(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    probed: list[int] = []
+
+    def probe(gpu: int) -> int:
+        probed.append(gpu)
+        raise NoDeviceError("no CUDA device: the CUDA driver library cannot be loaded")
+
+    monkeypatch.setattr("kern_run.preflight.probe_device", probe)
+    return probed
+
+
+def _one_line(capsys: pytest.CaptureFixture[str], *needles: str) -> None:
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    for needle in needles:
+        assert needle in err, err
+
+
+def test_tp_parity_without_a_gpu(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+                                 tmp_path: Path) -> None:
+    probed = _no_device(monkeypatch)
+    ckpt = tmp_path / "ckpt"
+    assert tp_parity.main(["--shape", "tiny", "--ckpt", str(ckpt), "--tp", "2", "--gpu", "1"]) == 2
+    _one_line(capsys, "tp_parity: no CUDA device")
+    assert probed == [2] and not ckpt.exists()  # the last GPU of the TP group probed; no checkpoint written
+
+
+def test_tp_parity_explicit_algos_must_exist(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+                                             tmp_path: Path) -> None:
+    probed = _no_device(monkeypatch)
+    missing = tmp_path / "nope.json"
+    assert tp_parity.main(["--shape", "tiny", "--ckpt", str(tmp_path / "c"), "--algos", str(missing)]) == 2
+    _one_line(capsys, f"--algos {missing}: no such file")
+    assert probed == []
+    assert tp_parity.main(["--shape", "tiny", "--ckpt", str(tmp_path / "c"), "--tp", "1"]) == 2
+    _one_line(capsys, "--tp >= 2")
+
+
+def test_tp_parity_removes_its_manifest_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import make_checkpoint
+
+    monkeypatch.setattr("kern_run.preflight.probe_device", lambda gpu: 4)
+    monkeypatch.setattr(make_checkpoint, "write_checkpoint", lambda *a, **k: None)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    seen: list[Path] = []
+
+    def failing_gen(args: list[str], tool: str) -> None:
+        out = Path(args[args.index("--out") + 1])
+        seen.append(out.parent)
+        out.write_text("{}")
+        assert "--algos" not in args or Path(args[args.index("--algos") + 1]).is_file()
+        raise SystemExit("tp_parity: gen_qwen3 failed")
+
+    monkeypatch.setattr(tp_parity, "_gen", failing_gen)
+    with pytest.raises(SystemExit):
+        tp_parity.main(["--shape", "tiny", "--ckpt", str(tmp_path / "c")])
+    assert seen and seen[0].parent == tmp_path and not seen[0].exists()
+
+
+def test_pick_algos_without_a_gpu(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    probed = _no_device(monkeypatch)
+    assert pick_algos.main(["--shape", "tiny", "--gpu", "0"]) == 2
+    _one_line(capsys, "pick_algos: no CUDA device")
+    assert probed == [0]
+
+
+@pytest.mark.parametrize("doc, needle", [
+    (_doc(format="other/1"), "format 'other/1'"),
+    (_doc(pins={"n": 1}), "pins is a JSON dict"),
+    ([1], "not a pins file"),
+    (_doc(pins=[_pin(1024, 256, id=1, tyle=2)]), "algo key 'tyle'"),
+])
+def test_pick_algos_checks_keep_pins_before_the_device(monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                                       doc: object, needle: str) -> None:
+    probed = _no_device(monkeypatch)
+    path = _write(tmp_path, doc)
+    assert pick_algos.main(["--shape", "tiny", "--keep-pins", str(path), "--decode"]) == 2
+    _one_line(capsys, f"--keep-pins: {path}", needle)
+    assert probed == []
+    assert pick_algos.main(["--shape", "tiny", "--keep-pins", str(tmp_path / "missing.json")]) == 2
+    _one_line(capsys, "missing.json")
+
+
+def test_pick_algos_host_checks(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+                                tmp_path: Path) -> None:
+    probed = _no_device(monkeypatch)
+    assert pick_algos.main(["--shape", "qwen3-5b"]) == 2
+    _one_line(capsys, "--shape 'qwen3-5b'")
+    assert pick_algos.main([]) == 2
+    _one_line(capsys, "pass --shape or --config")
+    bad = tmp_path / "config.json"
+    bad.write_text("[1]")
+    assert pick_algos.main(["--config", str(bad)]) == 2
+    _one_line(capsys, f"--config {bad}")
+    assert probed == []
+
+
+@pytest.fixture
+def fake_device(monkeypatch: pytest.MonkeyPatch) -> dict[str, object]:
+    """pick_algos's device side faked: the device name and cuBLASLt version it reports are `state`'s."""
+    state: dict[str, object] = {"name": "NVIDIA H200", "version": 130100, "picked": []}
+    monkeypatch.setattr("kern_run.preflight.probe_device", lambda gpu: 1)
+    fake_lt = types.SimpleNamespace(get_version=lambda: state["version"])
+    bindings = types.ModuleType("nvmath.bindings")
+    bindings.cublasLt = fake_lt  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "nvmath", types.ModuleType("nvmath"))
+    monkeypatch.setitem(sys.modules, "nvmath.bindings", bindings)
+    monkeypatch.setitem(sys.modules, "nvmath.bindings.cublasLt", fake_lt)
+
+    def call(name: str, *args: object) -> object:
+        return str(state["name"]).encode() + b"\x00\x00" if name == "cuDeviceGetName" else 1
+
+    monkeypatch.setattr("kern_runtime.driver.call", call)
+    monkeypatch.setattr("kern_runtime.blas.Blas", lambda workspace: types.SimpleNamespace(close=lambda: None))
+
+    def pick_m1(blas: object, n: int, k: int, log: object) -> dict:
+        state["picked"].append((n, k))
+        return {"n": n, "k": k, "algo": {"id": 7}, "us_1": 1.0, "heuristic_us_1": 2.0, "candidates": 1}
+
+    monkeypatch.setattr(pick_algos, "pick_m1", pick_m1)
+    return state
+
+
+def test_pick_algos_keeps_the_kept_files_stamp_and_decode_pins(fake_device: dict, tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    fake_device.update(name="NVIDIA A100", version=120000)
+    kept = _write(tmp_path, _doc())
+    out = tmp_path / "out.json"
+    assert pick_algos.main(["--shape", "tiny", "--keep-pins", str(kept), "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert (doc["device"], doc["cublaslt_version"]) == ("NVIDIA H200", 130100)  # not this device's stamp
+    assert doc["pins"] == _doc()["pins"] and doc["decode_pins"] == _doc()["decode_pins"]  # nothing dropped
+    capsys.readouterr()
+
+
+def test_pick_algos_refuses_decode_pins_from_another_device(fake_device: dict, tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    kept = _write(tmp_path, _doc())
+    out = tmp_path / "out.json"
+    for name, version in (("NVIDIA A100", 130100), ("NVIDIA H200", 120900)):
+        fake_device.update(name=name, version=version)
+        assert pick_algos.main(["--shape", "tiny", "--keep-pins", str(kept), "--decode", "--out", str(out)]) == 2
+        _one_line(capsys, f"--keep-pins {kept} was picked on NVIDIA H200 with cuBLASLt 130100", f"this is {name}")
+    assert fake_device["picked"] == [] and not out.exists()
+    fake_device.update(name="NVIDIA H200", version=130100)
+    assert pick_algos.main(["--shape", "tiny", "--keep-pins", str(kept), "--decode", "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["pins"] == _doc()["pins"] and {(p["n"], p["k"]) for p in doc["decode_pins"]} == set(
+        fake_device["picked"])
+    assert (doc["device"], doc["cublaslt_version"]) == ("NVIDIA H200", 130100)
+    capsys.readouterr()
