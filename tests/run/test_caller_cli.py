@@ -141,7 +141,7 @@ def test_prompt_longer_than_capacity(with_device, fake_runtime, tiny_manifest: P
 
 def test_chunk_larger_than_tokens_var(with_device, tiny_manifest: Path, kernels_dir: Path, tiny_ckpt: Path) -> None:
     result = _invoke(*_base(tiny_manifest, kernels_dir, tiny_ckpt), "--chunk", "65")
-    _refused(result, 2, "--chunk 65", "64")
+    _refused(result, 2, "chunk 65 (--chunk", "tokens var max 64")
 
 
 def test_run_streams_only_text(with_device, fake_runtime, tiny_manifest: Path, kernels_dir: Path,
@@ -268,3 +268,9 @@ def test_summary_counts_only_the_when_alternative_that_runs() -> None:
     assert running < all_launches
     line = next(ln for ln in manifest_lines(raw) if ln.startswith("program decode"))
     assert f"{running} launches at seqs=1, tokens=1, graph: {running} launches -> 1 graph launch per step" in line
+
+
+def test_inspect_refuses_a_non_utf8_manifest(tmp_path: Path) -> None:
+    bad = tmp_path / "m.json"
+    bad.write_bytes(b'{"format": "kern-manifest/1", "name": "\xff\xfe"}')
+    _refused(_invoke("inspect", str(bad)), 2, "m.json", "not UTF-8")

@@ -179,6 +179,8 @@ def inspect(
             raise ConfigError(f"manifest {manifest}: {exc.strerror or exc}") from None
         except json.JSONDecodeError as exc:
             raise ConfigError(f"manifest {manifest} is not JSON ({exc})") from None
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"manifest {manifest} is not UTF-8 text (byte {exc.start})") from None
         check_verifies(raw, manifest)
         raw = {**raw, "digest": parse_manifest(raw).digest}  # the computed digest, declared or not
         for line in manifest_lines(raw):

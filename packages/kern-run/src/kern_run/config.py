@@ -2,9 +2,9 @@
 
 kern.toml (found through `--config`, `$KERN_TOML`, or the current directory and its parents):
 
-    default = "qwen3-4b"
+    default = "tiny-en"
     [targets.qwen3-4b]
-    manifest = "manifests/qwen3-4b.json"   # paths relative to kern.toml's directory
+    manifest = "manifests/qwen3-4b-v2.json"  # paths relative to kern.toml's directory
     kernels = "kernels"
     weights = "weights/qwen3-4b"
     gpu = 0

@@ -116,8 +116,9 @@ def resolve_chunk(requested: int | None, facts: ManifestFacts) -> int:
     if requested < 1:
         raise InputError(f"--chunk {requested} must be >= 1")
     if requested > facts.tokens_max:
-        raise InputError(f"--chunk {requested} exceeds the manifest's tokens var max {facts.tokens_max}: "
-                         f"pass --chunk <= {facts.tokens_max} (or regenerate with --chunk-max)")
+        raise InputError(f"chunk {requested} (--chunk, else the kern.toml target's `chunk`) exceeds the manifest's "
+                         f"tokens var max {facts.tokens_max}: pass --chunk <= {facts.tokens_max} (or regenerate the "
+                         f"manifest with --chunk-max)")
     return requested
 
 
