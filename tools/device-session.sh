@@ -30,7 +30,7 @@ for s in "$@"; do
     tiny)        step tiny 120 "python3 tools/make_checkpoint.py --shape tiny --out $W/qwen3-tiny && python3 -m kern_run.cli run --target tiny --weights $W/qwen3-tiny --prompt 'The capital of France is' --steps 32 --log-level info" ;;
     parity-tiny) step parity-tiny 240 "python3 -m pytest tests/parity -q -p no:cacheprovider" ;;
     ckpt-4b)     step ckpt-4b 120 "python3 tools/make_checkpoint.py --shape qwen3-4b --out $W/qwen3-4b" ;;
-    run-4b)      step run-4b 150 "python3 -m kern_run.cli run --weights $W/qwen3-4b --prompt 'The capital of France is' --steps 128 --log-level info && python3 -m kern_run.cli run --weights $W/qwen3-4b --prompt 'The capital of France is' --steps 32 --eager" ;;
+    run-4b)      step run-4b 150 "python3 -m kern_run.cli run --target qwen3-4b --weights $W/qwen3-4b --prompt 'The capital of France is' --steps 128 --log-level info && python3 -m kern_run.cli run --target qwen3-4b --weights $W/qwen3-4b --prompt 'The capital of France is' --steps 32 --eager" ;;
     parity-4b)   step parity-4b 300 "python3 tools/parity.py --shape qwen3-4b --ckpt $W/qwen3-4b" ;;
     bench-load)  step bench-load 180 "python3 bench/load.py --gib 4 && python3 bench/load.py --gib 4 --layout cols" ;;
     prefix-4b)   step prefix-4b 180 "python3 tools/make_checkpoint.py --shape qwen3-4b --out $W/qwen3-4b && bash tools/prefix-demo.sh $W/qwen3-4b --target qwen3-4b" ;;
