@@ -46,7 +46,7 @@ def test_good_weight_map_still_opens(tmp_path: Path) -> None:
 def test_non_utf8_index(tmp_path: Path) -> None:
     root = _ckpt(tmp_path, {})
     (root / "model.safetensors.index.json").write_bytes(b'{"weight_map": "\xff"}')
-    with pytest.raises(WeightArtifactError, match="unreadable index"):
+    with pytest.raises(WeightArtifactError, match="is not UTF-8"):
         SafetensorsTensors.open(root)
 
 

@@ -12,7 +12,6 @@ Refusals (docs/caller.md) print one line on stderr and exit non-zero; a tracebac
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -167,20 +166,14 @@ def inspect(
     from kern_manifest import parse_manifest
 
     from .errors import ConfigError
+    from .jsonfile import read_json
     from .preflight import check_verifies
     from .summary import manifest_lines
 
     level = resolve_level(log_level)
 
     def go() -> None:
-        try:
-            raw = json.loads(manifest.read_text())
-        except OSError as exc:
-            raise ConfigError(f"manifest {manifest}: {exc.strerror or exc}") from None
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"manifest {manifest} is not JSON ({exc})") from None
-        except UnicodeDecodeError as exc:
-            raise ConfigError(f"manifest {manifest} is not UTF-8 text (byte {exc.start})") from None
+        raw = read_json(manifest, "manifest", ConfigError)
         check_verifies(raw, manifest)
         raw = {**raw, "digest": parse_manifest(raw).digest}  # the computed digest, declared or not
         for line in manifest_lines(raw):

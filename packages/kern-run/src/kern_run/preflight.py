@@ -9,13 +9,13 @@ prompt.
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from .errors import ConfigError, InputError, KernelsError, NoDeviceError, WeightsError
+from .jsonfile import read_json
 
 DEFAULT_CHUNK = 512
 
@@ -83,14 +83,7 @@ def check_verifies(raw: Any, path: Path) -> None:
 
 def read_manifest(path: Path) -> ManifestFacts:
     """Parse the manifest JSON and pull the caller contract's facts. Raises ConfigError."""
-    try:
-        raw = json.loads(Path(path).read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"manifest {path}: {exc.strerror or exc}; generate it with tools/gen_qwen3.py") from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"manifest {path} is not UTF-8 text (byte {exc.start}): not a manifest") from None
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"manifest {path} is not JSON ({exc})") from None
+    raw = read_json(Path(path), "manifest", ConfigError, "; generate it with tools/gen_qwen3.py")
     check_verifies(raw, path)
     try:
         tokens_max = int(raw["vars"]["tokens"]["max"])
@@ -160,26 +153,14 @@ def read_safetensors_header(path: Path) -> dict[str, tuple[str, tuple[int, ...]]
 
 
 def _index_shards(index: Path) -> list[str]:
-    """Shard file names of model.safetensors.index.json: a JSON object whose `weight_map` maps tensor names
-    to file names inside the checkpoint directory. Raises WeightsError naming the index and the entry."""
+    """kern_runtime's reading of model.safetensors.index.json, its refusal as a WeightsError."""
+    from kern_runtime.errors import WeightArtifactError
+    from kern_runtime.weights.safetensors import index_shards
+
     try:
-        raw = json.loads(index.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise WeightsError(f"weights index {index}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError as exc:
-        raise WeightsError(f"weights index {index} is not UTF-8 (byte {exc.start})") from None
-    except json.JSONDecodeError as exc:
-        raise WeightsError(f"weights index {index} is not JSON ({exc})") from None
-    weight_map = raw.get("weight_map") if isinstance(raw, dict) else None
-    if not isinstance(weight_map, dict):
-        raise WeightsError(f"weights index {index}: expected an object with a \"weight_map\" object "
-                           "(tensor name -> shard file)")
-    for name, shard in weight_map.items():
-        parts = PurePosixPath(shard).parts if isinstance(shard, str) else ()
-        if not parts or PurePosixPath(shard).is_absolute() or ".." in parts:
-            raise WeightsError(f"weights index {index}: weight_map[{name!r}] = {shard!r} is not a file name "
-                               "inside the checkpoint directory")
-    return sorted(set(weight_map.values()))
+        return index_shards(index)
+    except WeightArtifactError as exc:
+        raise WeightsError(f"weights index {exc}") from None
 
 
 def checkpoint_tensors(weights: Path) -> dict[str, tuple[str, tuple[int, ...]]]:

@@ -6,11 +6,11 @@ are the union of `eos_token_id` in generation_config.json and config.json (an in
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import InputError
+from .jsonfile import read_json
 
 
 def checkpoint_dir(weights: Path) -> Path:
@@ -47,14 +47,7 @@ def eos_ids_of(ckpt: Path) -> frozenset[int]:
         path = ckpt / name
         if not path.is_file():
             continue
-        try:
-            raw = json.loads(path.read_text(encoding="utf-8"))
-        except OSError as exc:
-            raise InputError(f"{path}: {exc.strerror or exc}") from None
-        except UnicodeDecodeError as exc:
-            raise InputError(f"{path} is not UTF-8 text (byte {exc.start}): fix or remove it") from None
-        except json.JSONDecodeError as exc:
-            raise InputError(f"{path} is not JSON ({exc}): fix or remove it") from None
+        raw = read_json(path, "checkpoint config", InputError, ": fix or remove it")
         if not isinstance(raw, dict):
             raise InputError(f"{path}: expected a JSON object, found a {type(raw).__name__}: fix or remove it")
         value = raw.get("eos_token_id")

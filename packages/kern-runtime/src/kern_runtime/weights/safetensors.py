@@ -16,7 +16,7 @@ import json
 import math
 import os
 import struct
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Iterable, Sequence
 
 from ..dtypes import SAFETENSORS_DTYPE, item_bytes
@@ -80,6 +80,33 @@ def read_safetensors_header(path: str | os.PathLike[str]) -> dict[str, tuple[Ten
     return out
 
 
+def index_shards(index: Path) -> list[str]:
+    """Shard file names (sorted, distinct) of a `model.safetensors.index.json`: a JSON object whose
+    `weight_map` maps tensor names to file names inside the checkpoint directory. Raises WeightArtifactError
+    naming the index (and the entry) for an unreadable file, no `weight_map` object, or a shard path that
+    is absolute or leaves the directory."""
+    try:
+        raw = json.loads(index.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise WeightArtifactError(f"{index}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise WeightArtifactError(f"{index} is not UTF-8 (byte {exc.start})") from None
+    except json.JSONDecodeError as exc:
+        raise WeightArtifactError(f"{index} is not JSON ({exc})") from None
+    if not isinstance(raw, dict) or "weight_map" not in raw:
+        raise WeightArtifactError(f"{index}: expected an object with a \"weight_map\" object (tensor name -> shard file)")
+    weight_map = raw["weight_map"]
+    if not isinstance(weight_map, dict):
+        raise WeightArtifactError(f"{index}: weight_map is a JSON {type(weight_map).__name__}, not an object of "
+                                  "tensor name -> shard file")
+    for name, shard in weight_map.items():
+        parts = PurePosixPath(shard).parts if isinstance(shard, str) else ()
+        if not parts or PurePosixPath(shard).is_absolute() or ".." in parts:
+            raise WeightArtifactError(f"{index}: weight_map[{name!r}] = {shard!r} is not a file name inside the "
+                                      "checkpoint directory")
+    return sorted(set(weight_map.values()))
+
+
 class SafetensorsTensors:
     """Tensors of a safetensors checkpoint. Construct with `SafetensorsTensors.open(path)`."""
 
@@ -110,19 +137,7 @@ class SafetensorsTensors:
             raise WeightArtifactError(f"{root}: no such checkpoint file or directory")
         index = root / INDEX_NAME
         if index.is_file():
-            try:
-                weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-            except (OSError, KeyError, TypeError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-                raise WeightArtifactError(f"{index}: unreadable index ({type(exc).__name__}: {exc})") from exc
-            if not isinstance(weight_map, dict):
-                raise WeightArtifactError(f"{index}: weight_map is a JSON {type(weight_map).__name__}, "
-                                          "not an object of tensor name -> shard file")
-            for name, shard in weight_map.items():
-                parts = Path(shard).parts if isinstance(shard, str) else ()
-                if not parts or Path(shard).is_absolute() or ".." in parts:
-                    raise WeightArtifactError(f"{index}: weight_map[{name!r}] = {shard!r} is not a file name "
-                                              "inside the checkpoint directory")
-            shards = sorted(set(weight_map.values()))
+            shards = index_shards(index)
             missing = [s for s in shards if not (root / s).is_file()]
             if missing:
                 raise WeightArtifactError(f"{index}: shards named by the index are missing: {missing}")
