@@ -88,6 +88,20 @@ def _exprs(values: tuple[Expr, ...]) -> list[int | str]:
     return [e.json for e in values]
 
 
+def _present(out: dict[str, Any], **fields: Any) -> dict[str, Any]:
+    """Add the optional `fields` that are set (not None), in the order given; returns `out`."""
+    out.update((key, value) for key, value in fields.items() if value is not None)
+    return out
+
+
+def _json(expr: Expr | None) -> int | str | None:
+    return None if expr is None else expr.json
+
+
+def _list(values: tuple[Any, ...] | None) -> list[Any] | None:
+    return None if values is None else list(values)
+
+
 def _with_extra(out: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
     for key, value in extra.items():
         out[key] = thaw(value)
@@ -156,12 +170,7 @@ class TensorSegment:
         return self.shape[0] if self.shape else None
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"tensor": self.tensor}
-        if self.cols is not None:
-            out["cols"] = list(self.cols)
-        if self.shape is not None:
-            out["shape"] = list(self.shape)
-        return _with_extra(out, self.extra)
+        return _with_extra(_present({"tensor": self.tensor}, cols=_list(self.cols), shape=_list(self.shape)), self.extra)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -179,12 +188,8 @@ class RowsSegment:
         return self.stop - self.start
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"tensor": self.tensor, "rows": [self.start, self.stop]}
-        if self.cols is not None:
-            out["cols"] = list(self.cols)
-        if self.shape is not None:
-            out["shape"] = list(self.shape)
-        return _with_extra(out, self.extra)
+        out = {"tensor": self.tensor, "rows": [self.start, self.stop]}
+        return _with_extra(_present(out, cols=_list(self.cols), shape=_list(self.shape)), self.extra)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -201,10 +206,8 @@ class InterleaveSegment:
         return self.shape[0] * len(self.tensors) if self.shape else None
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"interleave": list(self.tensors), "rows": self.rows}
-        if self.shape is not None:
-            out["shape"] = list(self.shape)
-        return _with_extra(out, self.extra)
+        out = {"interleave": list(self.tensors), "rows": self.rows}
+        return _with_extra(_present(out, shape=_list(self.shape)), self.extra)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -269,11 +272,9 @@ class Buffer:
         out: dict[str, Any] = {"kind": self.kind, "dtype": self.dtype, "shape": _exprs(self.shape)}
         _put(out, "placement", self.placement, "device", self.explicit)
         _put(out, "export", self.export, False, self.explicit)
-        if self.bind is not None:
-            out["bind"] = [seg.to_json() for seg in self.bind]
-        if self.peers is not None:
-            out["peers"] = self.peers.to_json()
-        return _with_extra(out, self.extra)
+        bind = None if self.bind is None else [seg.to_json() for seg in self.bind]
+        peers = None if self.peers is None else self.peers.to_json()
+        return _with_extra(_present(out, bind=bind, peers=peers), self.extra)
 
 
 # -------------------------------------------------------------------------------------------- states
@@ -305,10 +306,8 @@ class State:
         return self.bytes_per_token * self.page_tokens
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"kind": self.kind}
-        for key in ("bytes", "bytes_per_token", "page_tokens", "bytes_per_seq"):
-            if getattr(self, key) is not None:
-                out[key] = getattr(self, key)
+        out = _present({"kind": self.kind}, bytes=self.bytes, bytes_per_token=self.bytes_per_token,
+                       page_tokens=self.page_tokens, bytes_per_seq=self.bytes_per_seq)
         return _with_extra(out, self.extra)
 
 
@@ -345,12 +344,7 @@ class ArgWiring:
         return self.offset.vars if self.offset is not None else frozenset()
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"arg": self.arg}
-        if self.offset is not None:
-            out["offset"] = self.offset.json
-        if self.type is not None:
-            out["type"] = self.type
-        return _with_extra(out, self.extra)
+        return _with_extra(_present({"arg": self.arg}, offset=_json(self.offset), type=self.type), self.extra)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -367,10 +361,7 @@ class ScratchWiring:
         return self.offset.vars if self.offset is not None else frozenset()
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"scratch": self.scratch}
-        if self.offset is not None:
-            out["offset"] = self.offset.json
-        return _with_extra(out, self.extra)
+        return _with_extra(_present({"scratch": self.scratch}, offset=_json(self.offset)), self.extra)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -408,10 +399,7 @@ class ExprWiring:
         return self.expr.vars
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"expr": self.expr.json}
-        if self.type is not None:
-            out["type"] = self.type
-        return _with_extra(out, self.extra)
+        return _with_extra(_present({"expr": self.expr.json}, type=self.type), self.extra)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -430,10 +418,7 @@ class RankWiring:
         return frozenset()
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"rank": self.rank}
-        if self.type is not None:
-            out["type"] = self.type
-        return _with_extra(out, self.extra)
+        return _with_extra(_present({"rank": self.rank}, type=self.type), self.extra)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -479,13 +464,8 @@ class TensorMap:
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"arg": self.arg, "dtype": self.dtype, "dims": _exprs(self.dims),
                                "strides": _exprs(self.strides), "box": list(self.box)}
-        if self.offset is not None:
-            out["offset"] = self.offset.json
-        if self.elem_strides is not None:
-            out["elem_strides"] = list(self.elem_strides)
-        for key in ("interleave", "swizzle", "l2_promotion", "oob_fill"):
-            if getattr(self, key) is not None:
-                out[key] = getattr(self, key)
+        _present(out, offset=_json(self.offset), elem_strides=_list(self.elem_strides), interleave=self.interleave,
+                 swizzle=self.swizzle, l2_promotion=self.l2_promotion, oob_fill=self.oob_fill)
         return _with_extra(out, self.extra)
 
 
@@ -642,14 +622,12 @@ class Launch:
         out: dict[str, Any] = {"module": self.module, "entry": self.entry,
                                "grid": _exprs(self.grid), "block": _exprs(self.block)}
         _put(out, "shared_mem", self.shared_mem, Expr(0), self.explicit, lambda e: e.json)
-        if self.cluster is not None:
-            out["cluster"] = _exprs(self.cluster)
+        _present(out, cluster=None if self.cluster is None else _exprs(self.cluster))
         _put(out, "pdl", self.pdl, False, self.explicit)
         out["params"] = [[o, s] for o, s in self.params]
         out["args"] = [w.to_json() for w in self.args]
-        if self.when is not None:
-            out["when"] = _when_json(self.when)
-        return _with_extra(out, self.extra)
+        when = None if self.when is None else _when_json(self.when)
+        return _with_extra(_present(out, when=when), self.extra)
 
 
 ALGO_KEYS = ("id", "tile", "stages", "split_k", "reduction", "swizzle", "custom", "inner_shape", "cluster_shape")
@@ -671,8 +649,7 @@ class Algo:
     extra: FrozenMap[str, Any] = _extra()
 
     def to_json(self) -> dict[str, Any]:
-        out = {k: getattr(self, k) for k in ALGO_KEYS if getattr(self, k) is not None}
-        return _with_extra(out, self.extra)
+        return _with_extra(_present({}, **{k: getattr(self, k) for k in ALGO_KEYS}), self.extra)
 
 
 # extern name -> (required positional kinds, optional trailing kinds); "p" pointer, "i" integer,
@@ -719,12 +696,10 @@ class ExternLaunch:
         return out
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"extern": self.extern, "args": [w.to_json() for w in self.args]}
-        if self.algo is not None:
-            out["algo"] = self.algo.to_json()
-        if self.when is not None:
-            out["when"] = _when_json(self.when)
-        return _with_extra(out, self.extra)
+        out = {"extern": self.extern, "args": [w.to_json() for w in self.args]}
+        algo = None if self.algo is None else self.algo.to_json()
+        when = None if self.when is None else _when_json(self.when)
+        return _with_extra(_present(out, algo=algo, when=when), self.extra)
 
 
 AnyLaunch = Union[Launch, ExternLaunch]
@@ -793,10 +768,7 @@ class Ref:
     def to_json(self) -> Any:
         if self.form == "name":
             return self.name
-        out: dict[str, Any] = {self.form: self.name}
-        if self.offset is not None:
-            out["offset"] = self.offset.json
-        return _with_extra(out, self.extra)
+        return _with_extra(_present({self.form: self.name}, offset=_json(self.offset)), self.extra)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -907,8 +879,7 @@ class Program:
         out: dict[str, Any] = {}
         _put(out, "kind", self.kind, "run", self.explicit)
         _put(out, "graph", self.graph, False, self.explicit)
-        if self.sources is not None:
-            out["sources"] = dict(self.sources)
+        _present(out, sources=None if self.sources is None else dict(self.sources))
         out["calls"] = [c.to_json() for c in self.calls]
         return _with_extra(out, self.extra)
 
