@@ -265,6 +265,16 @@ class Generator:
             raise InputError(f"the prompt is {num_prompt_tokens} tokens, the KV pool and context hold "
                              f"{self.max_positions}: shorten it or raise --capacity")
 
+    def _stop_reason(self, token: int, count: int, budget: int, opts: GenerateOptions) -> str | None:
+        """Why generation stops at its `count`-th token `token`, or None to go on: "eos" (the stop token is
+        kept in the result but not passed to on_token), "steps" (max_new_tokens reached) or "context" (the
+        budget was cut by the context)."""
+        if opts.stop_at_eos and token in self.eos_ids:
+            return "eos"
+        if count >= budget:
+            return "steps" if budget == opts.max_new_tokens else "context"
+        return None
+
     def generate(self, prompt_ids: list[int], opts: GenerateOptions,
                  on_token: Callable[[int], None] | None = None) -> GenerateResult:
         """Greedy generation. `on_token(id)` is called for every generated id, while the next step runs.
@@ -294,12 +304,9 @@ class Generator:
         timings.token_s.append(t1)
         while True:
             tokens.append(token)
-            if opts.stop_at_eos and token in self.eos_ids:
-                stop_reason = "eos"  # the stop token is kept in `tokens`, not passed to on_token
-                break
-            if len(tokens) >= budget:
-                stop_reason = "steps" if budget == opts.max_new_tokens else "context"
-                if on_token is not None:
+            stop_reason = self._stop_reason(token, len(tokens), budget, opts)
+            if stop_reason is not None:
+                if stop_reason != "eos" and on_token is not None:
                     on_token(token)
                 break
             self._decode_issue(token, n - 1 + len(tokens), opts.eager)  # the next step runs on the GPU ...
@@ -349,12 +356,10 @@ class Generator:
                 timings.prefill_s = now - t0
             timings.token_s.append(now)
             tokens.append(token)
-            if opts.stop_at_eos and token in self.eos_ids:
-                stop_reason = "eos"  # the stop token is kept in `tokens`, not passed to on_token
-                break
-            if len(tokens) >= budget:
-                stop_reason = "steps" if budget == opts.max_new_tokens else "context"
-                if on_token is not None:
+            reason = self._stop_reason(token, len(tokens), budget, opts)
+            if reason is not None:
+                stop_reason = reason
+                if reason != "eos" and on_token is not None:
                     on_token(token)
                 break
             if issued < budget:
