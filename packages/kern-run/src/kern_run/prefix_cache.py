@@ -227,17 +227,10 @@ def run_prompts(cfg: Any, prompts: list[str], req: Any, log: Any, out: TextIO | 
         try:
             for i, ids in enumerate(all_ids, 1):
                 stream = StreamDecoder(prep.codec)
-
-                def emit(token: int) -> None:
-                    text = stream.push(token)
-                    if text:
-                        out.write(text)
-                        out.flush()
-
                 t0 = time.perf_counter()
-                pr = session.generate(ids, GenerateOptions(req.steps, prep.chunk, req.eager, not req.ignore_eos), emit)
-                out.write(stream.flush() + "\n")
-                out.flush()
+                opts = GenerateOptions(req.steps, prep.chunk, req.eager, not req.ignore_eos)
+                pr = session.generate(ids, opts, stream.writer(out))
+                stream.finish(out)
                 t = pr.result.timings
                 log.info(f"prompt {i}/{len(all_ids)}: {len(ids)} tokens, {pr.cached_tokens} cached, "
                          f"{t.prefill_tokens} prefilled; TTFT {t.prefill_s * 1e3:.1f} ms; "

@@ -34,17 +34,9 @@ def run_target(cfg: RunConfig, req: RunRequest, log: Any, out: TextIO | None = N
              f"{'eager' if req.eager else 'graph'} decode")
     with open_generator(prep, log) as gen:
         stream = StreamDecoder(prep.codec)
-
-        def emit(token: int) -> None:
-            text = stream.push(token)
-            if text:
-                out.write(text)
-                out.flush()
-
-        result = gen.generate(prompt_ids, GenerateOptions(req.steps, prep.chunk, req.eager, not req.ignore_eos), emit)
-        tail = stream.flush()
-        out.write(tail + "\n")
-        out.flush()
+        opts = GenerateOptions(req.steps, prep.chunk, req.eager, not req.ignore_eos)
+        result = gen.generate(prompt_ids, opts, stream.writer(out))
+        stream.finish(out)
     t = result.timings
     log.info(f"prefill {t.prefill_tokens} tokens + first token in {t.prefill_s * 1e3:.1f} ms "
              f"({t.prefill_tokens_per_s:.0f} tokens/s); decode {t.decode_ms_per_token:.3f} ms/token; "

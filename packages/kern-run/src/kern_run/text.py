@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, TextIO
 
 from .errors import InputError
 from .jsonfile import read_json
@@ -109,6 +110,21 @@ class StreamDecoder:
         after = self._codec.decode(self._ids[self._prefix:])
         self._prefix = self._read = len(self._ids)
         return after[len(before):] if len(after) > len(before) else ""
+
+    def writer(self, out: TextIO) -> Callable[[int], None]:
+        """An `on_token` callback that writes each new piece of text to `out` as it completes (flushed)."""
+        def emit(token_id: int) -> None:
+            text = self.push(token_id)
+            if text:
+                out.write(text)
+                out.flush()
+
+        return emit
+
+    def finish(self, out: TextIO) -> None:
+        """Write what is held back and end the line."""
+        out.write(self.flush() + "\n")
+        out.flush()
 
 
 def checked_prompt(codec: TextCodec, prompt: str) -> list[int]:

@@ -124,16 +124,8 @@ def run_tp(cfg: RunConfig, prompt: str, steps: int, eager: bool, ignore_eos: boo
         log.info(f"prompt: {len(prompt_ids)} tokens; chunk {chunk}; steps {steps}; tp {tp}; "
                  f"{'eager' if eager else 'graph'} decode")
         stream = StreamDecoder(codec)
-
-        def emit(token: int) -> None:
-            text = stream.push(token)
-            if text:
-                out.write(text)
-                out.flush()
-
-        result = gen.generate(prompt_ids, GenerateOptions(steps, chunk, eager, not ignore_eos), emit)
-        out.write(stream.flush() + "\n")
-        out.flush()
+        result = gen.generate(prompt_ids, GenerateOptions(steps, chunk, eager, not ignore_eos), stream.writer(out))
+        stream.finish(out)
     t = result.timings
     log.info(f"tp {tp}: prefill {t.prefill_tokens} tokens + first token in {t.prefill_s * 1e3:.1f} ms "
              f"({t.prefill_tokens_per_s:.0f} tokens/s); decode {t.decode_ms_per_token:.3f} ms/token; "
