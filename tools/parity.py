@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     import make_checkpoint as mc
-    from kern_run.compare import compare_logits, table
+    from kern_run.compare import compare_logits, table, top2_margin
     from kern_run.generate import GenerateOptions, Generator
     from kern_run.errors import RefusalError
     from kern_run.preflight import probe_device, read_manifest
@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     if first is None:
         print(f"greedy 64 after a {len(text_ids)}-token text prompt: identical to transformers")
     else:
-        margin = float(np.diff(np.sort(ref_at_div[0])[-2:])[0])
+        margin = top2_margin(ref_at_div[0])
         print(f"greedy 64: first divergence at step {first} (reference top-2 margin there {margin:.4f})")
     for name, tokens in variants.items():
         if tokens != kern_greedy:

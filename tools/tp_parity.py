@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _compare(args: argparse.Namespace, tmp: Path) -> int:
     """Generate the manifests into `tmp`, run both sides, print the tables; 1 when a check fails."""
-    from kern_run.compare import compare_logits, table
+    from kern_run.compare import compare_logits, table, top2_margin
     from kern_run.config import RunConfig
     from kern_run.generate import GenerateOptions, Generator
     from kern_run.log import setup_logging
@@ -199,8 +199,7 @@ def _compare(args: argparse.Namespace, tmp: Path) -> int:
         genn, _ = open_tp(cfg, args.tp, codec.eos_ids, log)
         rown = genn.teacher_forced(ids, len(ids) - 1, 512)[0][-1]
         genn.close()
-        top = np.sort(row1)[-2:]
-        margin, err = float(top[1] - top[0]), float(np.max(np.abs(rown - row1)))
+        margin, err = top2_margin(row1), float(np.max(np.abs(rown - row1)))
         verdict = "a near tie within the error" if margin <= 2 * err else "NOT explained by the error"
         print(f"greedy {args.greedy}: first divergence at step {first}; TP=1 top-2 margin there {margin:.4f}, "
               f"max |tp{args.tp} - tp1| on that row {err:.4f}: {verdict}")
