@@ -59,6 +59,14 @@ class _Objects:
     def mapped_ids(self) -> list[int]:
         return [i for i, r in enumerate(self.refs) if r >= 0 or r == INCOMING]
 
+    def unref(self, oid: int) -> None:
+        """Drop one reference to `oid`; at zero it goes back on the free stack."""
+        n = self.refs[oid] - 1
+        assert n >= 0, f"kern bug: {self.name} {oid} released more often than held"
+        self.refs[oid] = n
+        if n == 0:
+            self.free.append(oid)
+
 
 class Pool:
     """Host-side accounting of one device's pooled states. Single-threaded; no memory is touched.
@@ -469,29 +477,13 @@ class Pool:
             lease.plan = Copies(slot_copies=(SlotCopy(src_slot, slots[0]),))
         return lease
 
-    def _unref_page(self, page_id: int) -> None:
-        refs = self._pages.refs
-        n = refs[page_id] - 1
-        assert n >= 0, f"kern bug: page {page_id} released more often than held"
-        refs[page_id] = n
-        if n == 0:
-            self._pages.free.append(page_id)
-
-    def _unref_slot(self, slot_id: int) -> None:
-        refs = self._slots.refs
-        n = refs[slot_id] - 1
-        assert n >= 0, f"kern bug: slot {slot_id} released more often than held"
-        refs[slot_id] = n
-        if n == 0:
-            self._slots.free.append(slot_id)
-
     def _unref_chain(self, node: _Node | None) -> None:
         while node is not None:
             node.refs -= 1
             assert node.refs >= 0, "kern bug: chain node released more often than held"
             if node.refs:
                 return
-            self._unref_page(node.page_id)
+            self._pages.unref(node.page_id)
             node = node.parent
 
     def _release_lease(self, lease: Lease) -> None:
@@ -499,11 +491,11 @@ class Pool:
         self._unref_chain(lease._chain)
         lease._chain = None
         for p in reversed(lease._pages):
-            self._unref_page(p)
+            self._pages.unref(p)
         lease._pages = []
         lease._origins = None
         if lease.seq_slot_id is not None:
-            self._unref_slot(lease.seq_slot_id)
+            self._slots.unref(lease.seq_slot_id)
             lease.seq_slot_id = None
         hold, lease._hold = lease._hold, None
         if hold is not None:
@@ -514,10 +506,10 @@ class Pool:
         self._unref_chain(cp._chain)
         cp._chain = None
         if cp.tail_page_id is not None:
-            self._unref_page(cp.tail_page_id)
+            self._pages.unref(cp.tail_page_id)
             cp.tail_page_id = None
         if cp.seq_slot_id is not None:
-            self._unref_slot(cp.seq_slot_id)
+            self._slots.unref(cp.seq_slot_id)
             cp.seq_slot_id = None
 
     # ---- invariants ------------------------------------------------------------------------------
