@@ -89,16 +89,13 @@ def manifest_lines(raw: dict[str, Any]) -> list[str]:
 
 
 def launches_at(op: dict[str, Any], values: dict[str, int]) -> int:
-    """Launches of `op` that run at var `values`: a launch with `when` only where every bound holds (of a
-    `when` group exactly one); a bound that is an expression rather than a number counts as holding."""
+    """Launches of `op` that run at var `values`: a launch with `when` only where every bound holds
+    (bounds are kern_manifest expressions over the vars; of a `when` group exactly one launch holds)."""
+    from kern_manifest import parse_expr
+
     def holds(when: dict[str, Any]) -> bool:
-        for var, (lo, hi) in when.items():
-            v = values.get(var)
-            if v is None:
-                continue
-            if (isinstance(lo, int) and v < lo) or (isinstance(hi, int) and v > hi):
-                return False
-        return True
+        return all(var not in values or parse_expr(lo).eval(values) <= values[var] <= parse_expr(hi).eval(values)
+                   for var, (lo, hi) in when.items())
 
     return sum(1 for launch in op.get("launches", []) if holds(launch.get("when") or {}))
 
