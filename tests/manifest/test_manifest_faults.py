@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import copy
 import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from manifest_testkit import assert_parse_fault, assert_verify_faults, mutate
 
 from kern_manifest import (
     Fault,
-    ManifestParseError,
     ManifestVerifyError,
     parse_manifest,
     verify,
@@ -22,9 +21,7 @@ EXAMPLE: dict[str, Any] = json.loads((Path(__file__).parent / "data" / "example.
 
 
 def mutated(change: Callable[[dict[str, Any]], Any]) -> dict[str, Any]:
-    obj = copy.deepcopy(EXAMPLE)
-    change(obj)
-    return obj
+    return mutate(EXAMPLE, change)
 
 
 def text_of(change: Callable[[dict[str, Any]], Any]) -> str:
@@ -169,21 +166,13 @@ VERIFY_CASES: list[tuple[str, Callable[[dict[str, Any]], Any], list[str], str]] 
 
 @pytest.mark.parametrize("source, path, words", [c[1:] for c in PARSE_CASES], ids=[c[0] for c in PARSE_CASES])
 def test_malformed_manifest_is_a_parse_error(source: Any, path: str, words: str) -> None:
-    text = source if isinstance(source, str) else text_of(source)
-    with pytest.raises(ManifestParseError) as info:
-        verify(parse_manifest(text))
-    assert info.value.path == path
-    assert words in info.value.message
+    assert_parse_fault(source if isinstance(source, str) else text_of(source), path, words)
 
 
 @pytest.mark.parametrize("change, paths, words", [c[1:] for c in VERIFY_CASES], ids=[c[0] for c in VERIFY_CASES])
 def test_inconsistent_manifest_is_a_verify_error(change: Callable[[dict[str, Any]], Any], paths: list[str],
                                                  words: str) -> None:
-    manifest = parse_manifest(mutated(change))
-    with pytest.raises(ManifestVerifyError) as info:
-        verify(manifest)
-    assert info.value.paths == paths, info.value.faults
-    assert words in info.value.faults[0].message
+    assert_verify_faults(mutated(change), paths, words)
 
 
 def test_every_fault_is_reported_not_only_the_first() -> None:

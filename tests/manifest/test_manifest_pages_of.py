@@ -9,11 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from manifest_testkit import assert_parse_fault, assert_verify_faults, mutate
 
 from kern_manifest import (
     Expr,
-    ManifestParseError,
-    ManifestVerifyError,
     PagesOf,
     find_faults,
     parse_manifest,
@@ -26,9 +25,7 @@ ARGS0 = "$.programs.decode.calls[0].args"
 
 
 def mutated(change: Callable[[dict[str, Any]], Any]) -> dict[str, Any]:
-    obj = copy.deepcopy(BASE)
-    change(obj)
-    return obj
+    return mutate(BASE, change)
 
 
 def call_args(o: dict[str, Any], i: int = 0) -> dict[str, Any]:
@@ -90,10 +87,7 @@ PARSE_CASES: list[tuple[str, Callable[[dict[str, Any]], Any], str, str]] = [
 
 @pytest.mark.parametrize("change, path, words", [c[1:] for c in PARSE_CASES], ids=[c[0] for c in PARSE_CASES])
 def test_malformed_pages_of_is_a_parse_error(change: Callable[[dict[str, Any]], Any], path: str, words: str) -> None:
-    with pytest.raises(ManifestParseError) as info:
-        parse_manifest(json.dumps(mutated(change)))
-    assert info.value.path == path
-    assert words in info.value.message
+    assert_parse_fault(json.dumps(mutated(change)), path, words)
 
 
 # (id, mutation, expected fault paths (exactly these), words the first message must contain)
@@ -123,11 +117,7 @@ VERIFY_CASES: list[tuple[str, Callable[[dict[str, Any]], Any], list[str], str]] 
 @pytest.mark.parametrize("change, paths, words", [c[1:] for c in VERIFY_CASES], ids=[c[0] for c in VERIFY_CASES])
 def test_inconsistent_pages_of_is_a_verify_error(change: Callable[[dict[str, Any]], Any], paths: list[str],
                                                  words: str) -> None:
-    manifest = parse_manifest(mutated(change))
-    with pytest.raises(ManifestVerifyError) as info:
-        verify(manifest)
-    assert info.value.paths == paths, info.value.faults
-    assert words in info.value.faults[0].message
+    assert_verify_faults(mutated(change), paths, words)
 
 
 def test_every_pages_of_fault_is_reported() -> None:
