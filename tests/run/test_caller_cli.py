@@ -274,3 +274,38 @@ def test_inspect_refuses_a_non_utf8_manifest(tmp_path: Path) -> None:
     bad = tmp_path / "m.json"
     bad.write_bytes(b'{"format": "kern-manifest/1", "name": "\xff\xfe"}')
     _refused(_invoke("inspect", str(bad)), 2, "m.json", "not UTF-8")
+
+
+def test_tp_run_checks_the_host_side_once_before_any_gpu(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                         tiny_manifest: Path, kernels_dir: Path,
+                                                         tiny_ckpt: Path) -> None:
+    """`kern run --tp 2`: missing rank manifests, then the prompt, are refused before a GPU is touched, and
+    rank 0's manifest is read (parsed + verified) once, not again by open_tp."""
+    import shutil
+
+    from kern_run import preflight, tp
+    from kern_run.config import RunConfig
+    from kern_run.errors import InputError, RefusalError
+
+    manifest = tmp_path / "m.json"
+    shutil.copyfile(tiny_manifest, manifest)
+    cfg = RunConfig(manifest, kernels_dir, tiny_ckpt, capacity_tokens=64)
+    loads: list[str] = []
+    monkeypatch.setattr(tp, "probe_device", lambda gpu: pytest.fail("a GPU was probed"))
+    with pytest.raises(RefusalError, match="rank manifest"):
+        tp.run_tp(cfg, "hello", 4, False, False, 2, None)
+    for r in range(2):
+        shutil.copyfile(tiny_manifest, tp.rank_manifest(manifest, 2, r))
+    monkeypatch.setattr(tp, "read_manifest", lambda p: loads.append(str(p)) or preflight.read_manifest(p))
+    with pytest.raises(InputError, match="prompt"):
+        tp.run_tp(cfg, "word " * 200, 4, False, False, 2, None)
+    assert loads == [str(tp.rank_manifest(manifest, 2, 0))]
+
+    def fake_open(cfg, n, eos, log, facts=None):  # type: ignore[no-untyped-def]
+        assert facts is not None  # run_tp hands over what it read
+        raise RefusalError("stop before loading")
+
+    monkeypatch.setattr(tp, "open_tp", fake_open)
+    with pytest.raises(RefusalError, match="stop before loading"):
+        tp.run_tp(cfg, "hello", 4, False, False, 2, None)
+    assert len(loads) == 2  # one read per run_tp

@@ -21,7 +21,7 @@ import numpy as np
 from .config import RunConfig
 from .errors import RefusalError
 from .generate import GenerateOptions, GenerateResult, Generator
-from .preflight import check_kernels, check_prompt, probe_device, read_manifest, resolve_chunk
+from .preflight import ManifestFacts, check_kernels, check_prompt, probe_device, read_manifest, resolve_chunk
 from .text import StreamDecoder, checked_prompt, load_codec
 
 
@@ -75,21 +75,32 @@ class TpRuntime:
         self.group.close()
 
 
-def open_tp(cfg: RunConfig, tp: int, eos_ids: frozenset[int], log: Any) -> tuple[Generator, Any]:
-    """Load the rank manifests on GPUs cfg.gpu .. cfg.gpu + tp - 1, connect_local, wrap in a Generator.
-    Returns (generator, facts of rank 0). Raises RefusalError / kern_runtime.KernError."""
-    from kern_runtime import Capacity, Runtime, SafetensorsTensors
-    from kern_runtime.multigpu import connect_local
-
+def tp_preflight(cfg: RunConfig, tp: int) -> ManifestFacts:
+    """The host-side checks of a TP target: every rank manifest present, rank 0's manifest read (the ranks
+    differ only in binds and meta) and its kernels pinned. Returns rank 0's facts. Raises RefusalError."""
     paths = [rank_manifest(Path(cfg.manifest), tp, r) for r in range(tp)]
     missing = [str(p) for p in paths if not p.is_file()]
     if missing:
         raise RefusalError(f"--tp {tp}: rank manifest(s) {missing} not found: python tools/gen_qwen3_tp.py "
                            f"--tp {tp} --out-dir {Path(cfg.manifest).parent} ...")
-    for r in range(tp):
-        probe_device(cfg.gpu + r)
     facts = read_manifest(paths[0])
     check_kernels(facts, cfg.kernels)
+    return facts
+
+
+def open_tp(cfg: RunConfig, tp: int, eos_ids: frozenset[int], log: Any,
+            facts: ManifestFacts | None = None) -> tuple[Generator, Any]:
+    """Load the rank manifests on GPUs cfg.gpu .. cfg.gpu + tp - 1, connect_local, wrap in a Generator.
+    `facts`: what `tp_preflight` returned, when the caller ran it already. Returns (generator, facts of
+    rank 0). Raises RefusalError / kern_runtime.KernError."""
+    from kern_runtime import Capacity, Runtime, SafetensorsTensors
+    from kern_runtime.multigpu import connect_local
+
+    if facts is None:
+        facts = tp_preflight(cfg, tp)
+    paths = [rank_manifest(Path(cfg.manifest), tp, r) for r in range(tp)]
+    for r in range(tp):
+        probe_device(cfg.gpu + r)
     tensors = SafetensorsTensors.open(str(cfg.weights))
     rts = []
     t0 = time.perf_counter()
@@ -112,15 +123,12 @@ def run_tp(cfg: RunConfig, prompt: str, steps: int, eager: bool, ignore_eos: boo
     """`kern run --tp N`: like run_target, over N GPUs. Raises RefusalError / kern_runtime.KernError."""
     out = out if out is not None else sys.stdout
     codec = load_codec(cfg.weights)
-    prompt_ids = checked_prompt(codec, prompt)  # host-only checks before any GPU is touched
-    rank0 = rank_manifest(Path(cfg.manifest), tp, 0)
-    if rank0.is_file():  # (a missing rank manifest is open_tp's refusal)
-        facts = read_manifest(rank0)
-        resolve_chunk(cfg.chunk, facts)
-        check_prompt(len(prompt_ids), cfg.capacity_tokens, facts)
-    gen, facts = open_tp(cfg, tp, codec.eos_ids, log)
+    facts = tp_preflight(cfg, tp)  # host-only checks (prompt included) before any GPU is touched
+    chunk = resolve_chunk(cfg.chunk, facts)
+    prompt_ids = checked_prompt(codec, prompt)
+    check_prompt(len(prompt_ids), cfg.capacity_tokens, facts)
+    gen, facts = open_tp(cfg, tp, codec.eos_ids, log, facts)
     with gen:
-        chunk = resolve_chunk(cfg.chunk, facts)
         log.info(f"prompt: {len(prompt_ids)} tokens; chunk {chunk}; steps {steps}; tp {tp}; "
                  f"{'eager' if eager else 'graph'} decode")
         stream = StreamDecoder(codec)
