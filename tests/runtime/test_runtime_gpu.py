@@ -178,6 +178,28 @@ def test_dynamic_shared_memory_above_48k(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("graph", [False, True])
+def test_shared_memory_limit_is_the_largest_over_ops_of_one_function(tmp_path: Path, graph: bool) -> None:
+    """One function launched by two ops with different dynamic shared memory above 48 KiB: the limit must
+    be the larger (the op with 100 KiB comes first, the 64 KiB op last: raising the limit per launch would
+    leave 64 KiB and the 100 KiB launch would fail with CUDA_ERROR_INVALID_VALUE)."""
+    kdir, pins = kernels_dir(tmp_path, toy="toy")
+    m = two_kernel_manifest(pins, graph=graph)
+    for name, smem in (("big", 100 * 1024), ("small", 65536)):
+        m["ops"][name] = {"args": [{"name": "x", "kind": "ptr"}, {"name": "y", "kind": "ptr"}],
+                          "launches": [{"module": "toy", "entry": "kern_big_shared",
+                                        "grid": ["cdiv(tokens * 4, 128)", 1, 1], "block": [128, 1, 1],
+                                        "shared_mem": smem, "params": [[0, 8], [8, 8], [16, 4]],
+                                        "args": [{"arg": "x"}, {"arg": "y"}, {"expr": "tokens * 4", "type": "i32"}]}]}
+        m["programs"][name] = {"calls": [{"op": name, "args": {"x": "x", "y": "y"}}], "graph": graph}
+    with Runtime.load(m, kdir, None) as rt:
+        x = np.arange(40, dtype=np.float32).reshape(10, 4)
+        rt.write_input("x", x)
+        for name in ("big", "small", "big"):
+            rt.run(name, {"tokens": 10})
+            np.testing.assert_array_equal(rt.read_output("y", rows=10), x)
+
+
+@pytest.mark.parametrize("graph", [False, True])
 def test_cluster_launch_through_cuLaunchKernelEx(tmp_path: Path, graph: bool) -> None:
     """`cluster: [c, 1, 1]` launches thread-block clusters (cuLaunchKernelEx): each block reads its cluster
     size and rank from %cluster_nctarank / %cluster_ctarank; without the field, clusters of one."""

@@ -245,6 +245,10 @@ class Runtime(PoolMethods, PeerMethods, StepMethods):
         self._scan_peer_launches(images)  # multicast check of launches that receive peer memory
         modules = {name: load_module(image, name, self._ledger) for name, image in images.items()}
         maxv, minv = self.spec.max_values, self.spec.min_values
+        # The dynamic shared memory limit is a property of the function, not of a launch: one function
+        # launched by several ops gets the largest of their sizes (raising it per launch would leave the
+        # last op's value and refuse a bigger launch of another op: CUDA_ERROR_INVALID_VALUE at launch).
+        shared_limits: dict[int, tuple[Any, int]] = {}
         for op in self.spec.ops.values():
             for li, launch in enumerate(op.launches):
                 if not isinstance(launch, KernelLaunch):
@@ -254,10 +258,13 @@ class Runtime(PoolMethods, PeerMethods, StepMethods):
                 fn = resolve_function(modules[launch.module], launch.entry, launch.params,
                                       f"{launch.path} (module {launch.module!r})")
                 shared = max(launch.shared_mem.eval(maxv), launch.shared_mem.eval(minv))
-                if shared > SHARED_DEFAULT_LIMIT_BYTES:
-                    raise_shared_limit(fn, shared)
+                key = int(fn)
+                shared_limits[key] = (fn, max(shared, shared_limits.get(key, (fn, 0))[1]))
                 self._functions[(op.name, li)] = fn
                 self._function_modules[(op.name, li)] = launch.module
+        for fn, shared in shared_limits.values():
+            if shared > SHARED_DEFAULT_LIMIT_BYTES:
+                raise_shared_limit(fn, shared)
 
     def _allocate(self, capacity: Capacity, resident: Resident | None) -> None:
         spec, maxv = self.spec, self.spec.max_values
