@@ -536,3 +536,173 @@ kern_gemv_rmsnorm_swiglu(const bf16* __restrict__ w_gate_up, const bf16* __restr
     if (k % kChunk == 0 && aligned16(w_gate_up)) rows_body<true>(w_gate_up, groups, k, row_of, stage, store);
     else rows_body<false>(w_gate_up, groups, k, row_of, stage, store);
 }
+
+// =====================================================================================================
+// Async family (docs/kernels-gemv.md "Async entries"): gemv_body's warp-per-row walk, with every W load a
+// cp.async into a per-thread FIFO in shared memory instead of a register batch. A lane's loads form one
+// sequence over its rows (row after row, chunks lane, lane + 32, ... of each), issued kAsyncGroups groups
+// of kAsyncGroup loads ahead of the FMAs that consume them: the FIFO never drains between rows or
+// batches, it holds 16 * kAsyncGroup * kAsyncGroups bytes per thread without using registers, and it is
+// filled BEFORE griddepcontrol.wait, so under programmatic dependent launch a projection's first
+// ~200 KiB per SM stream in while the previous kernel drains. One block of up to 512 threads per SM.
+// Rows (units) are dealt exactly as gemv_body deals them and summed in the same order: the entries are
+// bit-identical to kern_gemv_rmsnorm / kern_gemv_residual (and, composed with kern_silu_mul, the SwiGLU one).
+// Preconditions (else every block returns at once, reading and writing nothing): blockDim.x % 32 == 0,
+// n, k >= 1, k % 8 == 0, W 16-byte aligned, dynamic shared memory >= async_smem_bytes(k, blockDim.x).
+// =====================================================================================================
+namespace {
+
+constexpr int kAsyncGroup = 4;   // loads per cp.async group
+constexpr int kAsyncGroups = 6;  // groups in flight per thread: 24 loads = 384 bytes
+
+KERN_DEV uint32_t smem_u32(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
+
+// 16 bytes global -> shared, L2 only (.cg), evict-first hint; completes at a later wait_group.
+KERN_DEV void cp_async16(void* dst, const void* src, uint64_t policy) {
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" ::"r"(smem_u32(dst)), "l"(src),
+                 "l"(policy)
+                 : "memory");
+}
+KERN_DEV void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+// All but the newest kAsyncGroups - 1 committed groups of this thread have landed in shared memory.
+KERN_DEV void cp_async_wait_oldest() { asm volatile("cp.async.wait_group %0;" ::"n"(kAsyncGroups - 1) : "memory"); }
+
+KERN_DEV uint64_t async_smem_bytes(int k, int threads) {
+    return 16ull * static_cast<uint64_t>(k / kChunk) +
+           16ull * kAsyncGroup * kAsyncGroups * static_cast<uint64_t>(threads);
+}
+
+KERN_DEV bool bad_async_launch(const void* w, int n, int k) {
+    if ((blockDim.x & 31) != 0 || n <= 0 || k <= 0 || k % kChunk != 0 || !aligned16(w)) return true;
+    return dynamic_smem_bytes() < async_smem_bytes(k, blockDim.x);
+}
+
+// `stage_x(xs, k8)`: as in gemv_body. `epilogue(unit, acc)`: lane 0 of the warp owning `unit`; acc[p] =
+// W[unit + p * part_stride] . x in gemv_body's order. Units are dealt as gemv_body deals rows.
+template <int PARTS, class StageX, class Epilogue>
+KERN_DEV void async_body(const bf16* __restrict__ w, int units, int part_stride, int k, StageX stage_x,
+                         Epilogue epilogue) {
+    extern __shared__ __align__(16) uint4 smem_async[];
+    constexpr int kDepth = kAsyncGroup * kAsyncGroups;
+    const int k8 = k / kChunk;
+    uint4* xs = smem_async;
+    uint4* fifo = smem_async + k8;  // slot s of thread t: fifo[s * blockDim.x + t] (a warp's slots: 512 bytes)
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, warps = blockDim.x >> 5;
+    const int cpr = (k8 + 31) / 32;  // a lane's chunk steps per row (the last may be past k8 for some lanes)
+    const int first = warp * gridDim.x + blockIdx.x;
+    const int stride = warps * gridDim.x;
+    const int my_units = first < units ? (units - 1 - first) / stride + 1 : 0;
+    const int total = my_units * PARTS * cpr;  // this lane's load sequence: (unit, part, step)
+    const uint64_t policy = weight_policy();
+
+    // The sequence position of the next load to issue and of the next to consume, kept as running
+    // (step, row) counters and a FIFO slot (no divisions in the loop).
+    struct Cursor {
+        int i = 0, step = 0, row_i = 0, slot = 0;
+        KERN_DEV void next(int cpr) {
+            ++i;
+            if (++step == cpr) { step = 0; ++row_i; }
+            if (++slot == kDepth) slot = 0;
+        }
+    };
+    Cursor in, out;
+    auto issue_group = [&]() {  // the next kAsyncGroup loads of the sequence, committed as one group
+#pragma unroll
+        for (int j = 0; j < kAsyncGroup; ++j) {
+            if (in.i < total) {
+                const int c = lane + 32 * in.step;
+                if (c < k8) {
+                    const size_t row = static_cast<size_t>(first + (in.row_i / PARTS) * stride) +
+                                       static_cast<size_t>(in.row_i % PARTS) * part_stride;
+                    cp_async16(&fifo[in.slot * blockDim.x + tid], w + row * k + static_cast<size_t>(c) * kChunk, policy);
+                }
+                in.next(cpr);
+            }
+        }
+        cp_async_commit();  // possibly empty: the group count stays uniform for wait_group
+    };
+
+    // 1. Fill the FIFO: weights only, so this may overlap the previous kernel's tail.
+#pragma unroll 1
+    for (int g = 0; g < kAsyncGroups; ++g) issue_group();
+    pdl_wait();  // everything below may read what the previous kernel in the stream wrote
+    pdl_launch_dependents();
+
+    // 2. x into shared memory.
+    stage_x(xs, k8);
+
+    // 3. Consume in sequence order; each group consumed frees its slots for the group kAsyncGroups ahead.
+    float acc[PARTS];
+#pragma unroll
+    for (int p = 0; p < PARTS; ++p) acc[p] = 0.0f;
+    const int groups = (total + kAsyncGroup - 1) / kAsyncGroup;
+#pragma unroll 1
+    for (int g = 0; g < groups; ++g) {
+        cp_async_wait_oldest();  // group g has landed (this thread's own copies: no barrier needed)
+#pragma unroll
+        for (int j = 0; j < kAsyncGroup; ++j) {
+            if (out.i < total) {
+                const int c = lane + 32 * out.step;
+                const int part = PARTS > 1 ? out.row_i % PARTS : 0;
+                if (c < k8) {
+                    const uint4 wv = fifo[out.slot * blockDim.x + tid];
+                    if (part == 0) acc[0] = dot8(wv, xs[c], acc[0]);
+                    else acc[PARTS - 1] = dot8(wv, xs[c], acc[PARTS - 1]);
+                }
+                if (out.step == cpr - 1 && part == PARTS - 1) {  // the unit's last step: every lane reaches it
+                    float tot[PARTS];
+#pragma unroll
+                    for (int p = 0; p < PARTS; ++p) tot[p] = warp_sum(acc[p]);
+                    if (lane == 0) epilogue(first + (out.row_i / PARTS) * stride, tot);
+#pragma unroll
+                    for (int p = 0; p < PARTS; ++p) acc[p] = 0.0f;
+                }
+                out.next(cpr);
+            }
+        }
+        issue_group();  // into the slots group g just released (same thread: no barrier)
+    }
+    asm volatile("cp.async.wait_all;" ::: "memory");  // nothing left in flight into a block that exits
+}
+
+}  // namespace
+
+// y[n] = W[n, k] @ rmsnorm(residual[k]) * norm_w (async family; kern_gemv_rmsnorm's function, bit for bit).
+extern "C" __global__ void __launch_bounds__(512)
+kern_gemv_async_rmsnorm(const bf16* __restrict__ w, const bf16* __restrict__ residual, const bf16* __restrict__ norm_w,
+                        bf16* __restrict__ y, int32_t n, int32_t k, float eps) {
+    if (bad_async_launch(w, n, k)) return;
+    auto stage = [=](uint4* xs, int k8) {
+        if (aligned16(residual) && aligned16(norm_w)) stage_rmsnorm<true>(xs, k8, residual, norm_w, k, eps);
+        else stage_rmsnorm<false>(xs, k8, residual, norm_w, k, eps);
+    };
+    auto store = [=](int row, const float (&acc)[1]) { y[row] = f2bf(acc[0]); };
+    async_body<1>(w, n, 0, k, stage, store);
+}
+
+// residual[n] = bf16(residual + bf16(W[n, k] @ x[k])) (async family; kern_gemv_residual's function).
+extern "C" __global__ void __launch_bounds__(512)
+kern_gemv_async_residual(const bf16* __restrict__ w, const bf16* __restrict__ x, bf16* __restrict__ residual,
+                         int32_t n, int32_t k) {
+    if (bad_async_launch(w, n, k)) return;
+    auto stage = [=](uint4* xs, int k8) {
+        if (aligned16(x)) stage_copy<true>(xs, k8, x, k); else stage_copy<false>(xs, k8, x, k);
+    };
+    auto add = [=](int row, const float (&acc)[1]) { add_to_residual(residual, row, acc[0]); };
+    async_body<1>(w, n, 0, k, stage, add);
+}
+
+// act[j] = bf16(bf16(silu(bf16(W[j] . x))) * bf16(W[inter + j] . x)), x = the RMSNorm prologue (async
+// family; kern_gemv_rmsnorm over both rows then kern_silu_mul, bit for bit). w_gate_up = [gate][up] x k.
+extern "C" __global__ void __launch_bounds__(512)
+kern_gemv_async_rmsnorm_swiglu(const bf16* __restrict__ w_gate_up, const bf16* __restrict__ residual,
+                               const bf16* __restrict__ norm_w, bf16* __restrict__ act, int32_t inter, int32_t k,
+                               float eps) {
+    if (bad_async_launch(w_gate_up, inter, k)) return;
+    auto stage = [=](uint4* xs, int k8) {
+        if (aligned16(residual) && aligned16(norm_w)) stage_rmsnorm<true>(xs, k8, residual, norm_w, k, eps);
+        else stage_rmsnorm<false>(xs, k8, residual, norm_w, k, eps);
+    };
+    auto store = [=](int j, const float (&acc)[2]) { act[j] = f2bf(silu_bf(round_bf(acc[0])) * round_bf(acc[1])); };
+    async_body<2>(w_gate_up, inter, inter, k, stage, store);
+}

@@ -49,6 +49,7 @@ for s in "$@"; do
     chunk-4b)    step chunk-4b 200 "python3 -m kern_run.cli test --against chunk1 --manifest manifests/qwen3-4b-v2.json --weights $W/qwen3-4b --prompts 3 --steps 128" ;;  # after ckpt-4b
     tp-parity-4b) step tp-parity-4b 420 "python3 tools/tp_parity.py --shape qwen3-4b --ckpt $W/qwen3-4b --tp 2" ;;  # 2 GPUs
     tp-parity-en) step tp-parity-en 240 "python3 tools/tp_parity.py --config models/qwen3-tiny-en/config.json --ckpt models/qwen3-tiny-en --tp 2 --max-context 2048" ;;  # 2 GPUs
+    gemv-async) step gemv-async 240 "python3 -m pytest tests/kernels/test_gemv_async_gpu.py -q -p no:cacheprovider -rf -x" ;;
     gemv-rms)    step gemv-rms 120 "python3 -m pytest tests/kernels/test_gemv_rows_gpu.py tests/kernels/test_gemv_gpu.py -q -p no:cacheprovider -rf -k rmsnorm" ;;
     gemm-breakdown) step gemm-breakdown 200 "python3 tools/gen_qwen3.py --shape qwen3-4b --decode gemm --algos manifests/algos/h200.json --out /tmp/qwen3-4b-gemm.json && python3 bench/decode.py --ckpt $W/qwen3-4b --only kern --variants manifests/qwen3-4b-v2.json,/tmp/qwen3-4b-gemm.json --contexts 128 --breakdown" ;;  # after ckpt-4b
     pool-gpu)    step pool-gpu 240 "python3 -m pytest tests/runtime/test_pool_gpu.py tests/run/test_prefix_gpu.py -q -x -p no:cacheprovider" ;;
@@ -57,6 +58,8 @@ for s in "$@"; do
     bench-decode-v2) step bench-decode-v2 240 "python3 bench/decode.py --ckpt $W/qwen3-4b --only kern --variants manifests/qwen3-4b.json,manifests/qwen3-4b-v2.json --breakdown" ;;  # after ckpt-4b; v1 vs v2 kern only, ~60-90 s
     gemv-v2)     step gemv-v2 300 "python3 -m pytest tests/kernels/test_gemv_rows_gpu.py tests/kernels/test_kernels_gpu.py tests/parity/test_parity_v2_gpu.py -q -p no:cacheprovider -k 'rows or swiglu or fast or v2'" ;;  # decode v2 entries + tiny v2 parity
     bench-prefill) step bench-prefill 240 "python3 bench/prefill.py --ckpt $W/qwen3-4b" ;;  # after ckpt-4b; ~2-3 min
+    profile)     step profile 300 "ncu --profile-from-start off --clock-control none --cache-control none --csv --page raw --metrics \$(python3 bench/profile_step.py --metrics) --log-file $OUT/ncu.csv python3 bench/profile_step.py --ckpt $W/qwen3-4b --manifest \${KERN_PROFILE_MANIFEST:-manifests/qwen3-4b-v2.json} && python3 bench/profile_step.py --summarize $OUT/ncu.csv" ;;  # after ckpt-4b; ncu per-kernel table of one eager decode step
+    decode-variants) step decode-variants 400 "python3 tools/decode_variants.py --out /tmp/variants --only=\${KERN_VARIANTS:-} && python3 bench/decode.py --ckpt $W/qwen3-4b --only kern --contexts 128,4096 --steps 256 --variants \$(cat /tmp/variants/list)" ;;  # after ckpt-4b; tools/decode_variants.py names them
     *) echo "unknown step $s"; summary+=("$s: unknown step") ;;
   esac
 done

@@ -1,0 +1,142 @@
+#!/usr/bin/env python3
+"""One decode step under Nsight Compute: every kernel's own duration and DRAM traffic (GPU machine).
+
+    ncu --profile-from-start off --clock-control none --cache-control none --csv --page raw \\
+        --metrics "$(python3 bench/profile_step.py --metrics)" --log-file $OUT/ncu.csv \\
+        python3 bench/profile_step.py --ckpt /tmp/kern-weights/qwen3-4b [--manifest M] [--ctx 128]
+    python3 bench/profile_step.py --summarize $OUT/ncu.csv      # the table, per op, last
+
+The run: a prompt of `--ctx` random tokens is prefilled, `--warm` eager decode steps run, then the profiler
+range (cuProfilerStart/Stop) covers `--steps` eager decode steps. ncu replays each kernel alone (no PDL
+overlap, no launch gap), so a kernel's `gpu__time_duration` is what it costs with the GPU to itself; the
+sum over a step against the graph step time of bench/decode.py is what the kernel boundaries cost.
+`--cache-control none`: L2 is not flushed between kernels, as in a real step (weights stream, activations
+hit L2). `--clock-control none`: clocks left as the machine runs them (device/METHOD.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from decode import _check, _cu, _prompt, _start_sequence  # noqa: E402  (bench/decode.py helpers)
+
+ROOT = Path(__file__).resolve().parents[1]
+METRICS = (
+    "gpu__time_duration.sum",
+    "dram__bytes_read.sum",
+    "dram__bytes_write.sum",
+    "dram__throughput.avg.pct_of_peak_sustained_elapsed",
+    "sm__warps_active.avg.pct_of_peak_sustained_active",
+    "launch__grid_size",
+    "launch__block_size",
+    "launch__registers_per_thread",
+    "launch__shared_mem_per_block_dynamic",
+)
+
+
+def run(args: argparse.Namespace) -> None:
+    from kern_run.generate import GenerateOptions, Generator
+    from kern_run.preflight import read_manifest
+
+    cu = _cu()
+    _check(cu.cuInit(0))
+    context = _check(cu.cuDevicePrimaryCtxRetain(_check(cu.cuDeviceGet(0))))
+    _check(cu.cuCtxSetCurrent(context))
+    facts = read_manifest(args.manifest)
+    gen = Generator.open(args.manifest, args.kernels, args.ckpt, facts, capacity_tokens=args.ctx + 64)
+    chunk = min(512, facts.tokens_max)
+    gen.generate(_prompt(20, 0), GenerateOptions(2, chunk, eager=True, stop_at_eos=False))
+    _start_sequence(gen, _prompt(args.ctx, args.ctx), args.warm + args.steps + 5, chunk)
+    for _ in range(args.warm):
+        gen.rt.issue("decode", {"tokens": 1, "seqs": 1}, eager=True)
+    gen.rt.synchronize()
+    ops: list[tuple[str, str]] = []
+
+    def note(index: int, rec) -> None:  # the launches of one step, in order (kernel records: ncu sees those)
+        entry = getattr(rec.launch, "entry", None)
+        if entry and len(ops) < n_kernels:
+            ops.append((rec.op, entry))
+
+    n_kernels = 10**9
+    gen.rt.run_hooked("decode", {"tokens": 1, "seqs": 1}, note)  # one more warm step, naming the launches
+    n_kernels = len(ops)
+    gen.rt.synchronize()
+    _check(cu.cuProfilerStart())
+    for _ in range(args.steps):
+        gen.rt.issue("decode", {"tokens": 1, "seqs": 1}, eager=True)
+    gen.rt.synchronize()
+    _check(cu.cuProfilerStop())
+    (Path(args.ops_out)).write_text("\n".join(f"{op}\t{entry}" for op, entry in ops) + "\n")
+    print(f"profile_step: {args.steps} step(s) of {len(ops)} launches profiled; ops -> {args.ops_out}")
+    gen.close()
+
+
+def _float(text: str) -> float:
+    return float(text.replace(",", "")) if text not in ("", "n/a") else float("nan")
+
+
+def summarize(csv_path: Path, ops_path: Path | None) -> None:
+    """ncu's raw CSV (one row per kernel, after a units row) -> a table per op of the decode program."""
+    lines = [ln for ln in csv_path.read_text().splitlines() if ln.startswith('"')]
+    rows = list(csv.DictReader(lines))
+    units = rows[0] if rows and rows[0].get("ID", "") == "" else {}
+    rows = [r for r in rows if r.get("ID", "") != ""]
+    ops = [ln.split("\t") for ln in ops_path.read_text().splitlines()] if ops_path and ops_path.exists() else []
+    scale = {"ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3, "nsecond": 1e-3}
+    t_scale = scale.get(units.get("gpu__time_duration.sum", "ns"), 1e-3)
+    b_scale = {"byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9}.get(units.get("dram__bytes_read.sum", "byte"), 1.0)
+    groups: dict[tuple[str, str], list[dict[str, float]]] = {}
+    for i, r in enumerate(rows):
+        op = ops[i % len(ops)][0] if ops else "?"
+        name = r.get("Kernel Name", "?").split("(")[0]
+        groups.setdefault((op, name), []).append({
+            "us": _float(r["gpu__time_duration.sum"]) * t_scale,
+            "mb": (_float(r["dram__bytes_read.sum"]) + _float(r["dram__bytes_write.sum"])) * b_scale / 1e6,
+            "dram_pct": _float(r["dram__throughput.avg.pct_of_peak_sustained_elapsed"]),
+            "occ": _float(r["sm__warps_active.avg.pct_of_peak_sustained_active"]),
+            "grid": _float(r["launch__grid_size"]), "block": _float(r["launch__block_size"]),
+            "regs": _float(r["launch__registers_per_thread"]),
+        })
+    steps = max(1, len(rows) // max(1, len(ops))) if ops else 1
+    total = sum(x["us"] for g in groups.values() for x in g) / steps
+    print(f"\n{len(rows)} kernels, {steps} step(s): kernel time {total:.1f} us per step (no launch gaps)")
+    print(f"{'op':<18} {'kernel':<32} {'n':>4} {'us med':>7} {'us/step':>8} {'MB':>6} {'GB/s':>6} {'dram%':>6} "
+          f"{'occ%':>5} {'grid':>5} {'blk':>4} {'regs':>4}")
+    for (op, name), xs in sorted(groups.items(), key=lambda kv: -sum(x["us"] for x in kv[1])):
+        med = statistics.median(x["us"] for x in xs)
+        mb = statistics.median(x["mb"] for x in xs)
+        print(f"{op:<18} {name[:32]:<32} {len(xs) // steps:>4} {med:>7.2f} {sum(x['us'] for x in xs) / steps:>8.1f} "
+              f"{mb:>6.1f} {mb / med * 1e3:>6.0f} {statistics.median(x['dram_pct'] for x in xs):>6.1f} "
+              f"{statistics.median(x['occ'] for x in xs):>5.1f} {xs[0]['grid']:>5.0f} {xs[0]['block']:>4.0f} "
+              f"{xs[0]['regs']:>4.0f}")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--ckpt", type=Path, default=Path("/tmp/kern-weights/qwen3-4b"))
+    p.add_argument("--manifest", type=Path, default=ROOT / "manifests" / "qwen3-4b-v2.json")
+    p.add_argument("--kernels", type=Path, default=ROOT / "kernels")
+    p.add_argument("--ctx", type=int, default=128, help="context tokens before the profiled step")
+    p.add_argument("--warm", type=int, default=3)
+    p.add_argument("--steps", type=int, default=1)
+    p.add_argument("--ops-out", default="/tmp/profile_step.ops", help="the decode program's launches, in order")
+    p.add_argument("--metrics", action="store_true", help="print the ncu metric list and exit")
+    p.add_argument("--summarize", type=Path, help="print the per-op table of an ncu --csv --page raw log")
+    args = p.parse_args()
+    if args.metrics:
+        print(",".join(METRICS))
+        return 0
+    if args.summarize:
+        summarize(args.summarize, Path(args.ops_out))
+        return 0
+    run(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,59 @@
+#!/usr/bin/env python3
+"""Generate the Qwen3-4B decode variants an experiment compares (bench/decode.py --variants).
+
+    python3 tools/decode_variants.py --out /tmp/variants [--only v2,v2-t512]
+
+Writes one manifest per entry of VARIANTS (gen_qwen3.py arguments on top of the 4B shape with the H200
+pins) into --out, and --out/list: their paths, comma separated, in table order. The table is the record of
+what was compared; docs/perf.md quotes the runs by these names.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+
+# name -> gen_qwen3.py arguments (beyond --shape qwen3-4b, --algos, --kernels, --out, --name)
+VARIANTS: dict[str, tuple[str, ...]] = {
+    "v2": ("--gemv", "v2"),  # = manifests/qwen3-4b-v2.json (the default 4B target)
+    "v2-t512": ("--gemv", "v2", "--gemv-threads-per-sm", "512"),  # GEMV grids fill half an SM: PDL co-residency
+    "v3": ("--gemv", "v3"),  # async family: 512 threads x 384-byte FIFOs, one block per SM
+    "v3-t256": ("--gemv", "v3", "--async-threads", "256"),  # two blocks per SM, same FIFO bytes per SM
+    "v3-t256x1": ("--gemv", "v3", "--async-threads", "256", "--async-blocks-per-sm", "1"),  # half the SM free
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    import gen_qwen3 as gq
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--only", default="", help="comma list of VARIANTS names (default: all)")
+    ap.add_argument("--algos", type=Path, default=ROOT / "manifests" / "algos" / "h200.json")
+    ap.add_argument("--kernels", type=Path, default=ROOT / "kernels" / "kernels.json")
+    args = ap.parse_args(argv)
+    names = [n for n in args.only.split(",") if n] or list(VARIANTS)
+    unknown = [n for n in names if n not in VARIANTS]
+    if unknown:
+        print(f"decode_variants: unknown variant(s) {unknown}; known: {list(VARIANTS)}", file=sys.stderr)
+        return 1
+    args.out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name in names:
+        out = args.out / f"qwen3-4b-{name}.json"
+        rc = gq.main(["--shape", "qwen3-4b", "--algos", str(args.algos), "--kernels", str(args.kernels),
+                      "--out", str(out), "--name", f"qwen3-4b-{name}", *VARIANTS[name]])
+        if rc != 0:
+            return rc
+        paths.append(str(out))
+    (args.out / "list").write_text(",".join(paths))
+    print(f"decode_variants: {len(paths)} manifests in {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
