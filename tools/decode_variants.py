@@ -21,9 +21,6 @@ sys.path.insert(0, str(ROOT / "tools"))
 VARIANTS: dict[str, tuple[str, ...]] = {
     "v2": ("--gemv", "v2"),  # = manifests/qwen3-4b-v2.json (the default 4B target)
     "v2-t512": ("--gemv", "v2", "--gemv-threads-per-sm", "512"),  # GEMV grids fill half an SM: PDL co-residency
-    "v3": ("--gemv", "v3"),  # async family: 512 threads x 384-byte FIFOs, one block per SM
-    "v3-t256": ("--gemv", "v3", "--async-threads", "256"),  # two blocks per SM, same FIFO bytes per SM
-    "v3-t256x1": ("--gemv", "v3", "--async-threads", "256", "--async-blocks-per-sm", "1"),  # half the SM free
 }
 
 

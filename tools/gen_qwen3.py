@@ -72,9 +72,6 @@ KERNEL_SIGNATURES: dict[str, tuple[str, tuple[str, ...]]] = {
     "kern_gemv_rows_residual": ("gemv", ("p", "p", "p", "i32", "i32")),
     "kern_gemv_rmsnorm_swiglu": ("gemv", ("p", "p", "p", "p", "i32", "i32", "f32")),
     "kern_attn_decode_partial_fast": ("attention", ("p",) * 6 + ("i32",) * 8 + ("f32",)),
-    "kern_gemv_async_rmsnorm": ("gemv", ("p", "p", "p", "p", "i32", "i32", "f32")),
-    "kern_gemv_async_residual": ("gemv", ("p", "p", "p", "i32", "i32")),
-    "kern_gemv_async_rmsnorm_swiglu": ("gemv", ("p", "p", "p", "p", "i32", "i32", "f32")),
     "kern_decode_advance": ("step", ("p",) * 7 + ("i32",) * 5),
 }
 # Entries that execute griddepcontrol.wait before reading anything a predecessor writes and before writing
@@ -84,7 +81,6 @@ KERNEL_SIGNATURES: dict[str, tuple[str, tuple[str, ...]]] = {
 PDL_ENTRIES = frozenset({
     "kern_gemv_rmsnorm", "kern_gemv_residual", "kern_gemv_silu_residual",
     "kern_gemv_rows", "kern_gemv_rows_rmsnorm", "kern_gemv_rows_residual", "kern_gemv_rmsnorm_swiglu",
-    "kern_gemv_async_rmsnorm", "kern_gemv_async_residual", "kern_gemv_async_rmsnorm_swiglu",
     "kern_attn_decode_partial", "kern_attn_decode_partial_fast", "kern_attn_decode_reduce", "kern_attn_prefill",
 })
 TYPE_BYTES = {"p": 8, "i32": 4, "f32": 4, "i64": 8}
@@ -157,10 +153,7 @@ class GenOptions:
     sms: int = 132  # multiprocessors of the target GPU (H200): GEMV grids and the auto split count
     pdl: bool = True  # mark launches of PDL_ENTRIES with `pdl: true` (decode program only)
     ring_len: int = 64  # token ring (host-mapped output) entries per sequence
-    gemv: str = "v1"  # decode GEMV wiring (--decode gemv): "v1" warp-per-row entries, "v2" rows family + swiglu,
-    # "v3" async family (cp.async into per-thread shared-memory FIFOs, filled before griddepcontrol.wait)
-    async_threads: int = 512  # v3: threads per block (32..512, whole warps)
-    async_blocks_per_sm: int = 0  # v3: blocks per SM in the grid; 0: as many as the shared memory holds
+    gemv: str = "v1"  # decode GEMV wiring (--decode gemv): "v1" warp-per-row entries, "v2" rows family + swiglu
     # GEMV grids fill at most this many threads per SM (2048 max; 1024 = all a <= 64-register kernel can hold);
     # less leaves room for the next kernel's blocks to become resident early under PDL
     gemv_threads_per_sm: int = 1024
@@ -396,8 +389,8 @@ def build_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: GenOptions, config_di
     num_slots = opts.seqs_max * pages_per_seq * page_tokens
     if opts.decode not in ("gemv", "gemm"):
         raise GenError(f"decode {opts.decode!r}: use 'gemv' (M = 1 GEMVs) or 'gemm' (cuBLASLt)")
-    if opts.gemv not in ("v1", "v2", "v3"):
-        raise GenError(f"gemv {opts.gemv!r}: use 'v1', 'v2' or 'v3'")
+    if opts.gemv not in ("v1", "v2"):
+        raise GenError(f"gemv {opts.gemv!r}: use 'v1' or 'v2'")
     if opts.gemv != "v1" and opts.decode != "gemv":
         raise GenError(f"--gemv {opts.gemv} is a wiring of --decode gemv")
     if not 32 <= opts.gemv_threads_per_sm <= 2048:
@@ -567,10 +560,7 @@ def build_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: GenOptions, config_di
     prefill = [embed_call] + [c for layer in range(cfg.layers) for c in layer_calls(layer, decode=False)]
     decode_advance_op(b, opts, pages_per_seq)
     if opts.decode == "gemv":
-        if opts.gemv == "v3":
-            decode_gemv_v3_ops(b, cfg, opts)
-            decode = [embed_call] + decode_gemv_calls(cfg, "v2")  # v3 has v2's ops, on the async entries
-        elif opts.gemv == "v2":
+        if opts.gemv == "v2":
             decode_gemv_v2_ops(b, cfg, opts)
             decode = [embed_call] + decode_gemv_calls(cfg, "v2")
         else:
@@ -724,52 +714,6 @@ def decode_gemv_v2_ops(b: Builder, cfg: Qwen3Config, opts: GenOptions) -> None:
                                                   res_wiring + [{"i32": H}, {"i32": I}], opts)])
 
 
-ASYNC_FIFO_BYTES_PER_THREAD = 16 * 4 * 6  # kernels-src/gemv.cu: 16 bytes x kAsyncGroup x kAsyncGroups
-SMEM_PER_SM = 228 * 1024  # H100 / H200 shared memory per SM (1 KiB of it reserved per resident block)
-SMEM_PER_BLOCK_MAX = 227 * 1024  # dynamic shared memory one block may opt in to
-
-
-def async_launch(b: Builder, entry: str, units: int, k: int, args: list[dict[str, Any]],
-                 opts: GenOptions) -> dict[str, Any]:
-    """One async-family launch (docs/kernels-gemv.md "Async entries"): block opts.async_threads, dynamic
-    shared memory x (16 * k / 8 bytes) + the FIFOs (384 bytes per thread), grid = SMs x blocks per SM
-    (opts.async_blocks_per_sm, or as many as fit the SM's shared memory), at most one block per unit.
-    Raises GenError when k % 8 != 0, the block is not whole warps in 32..512, or the memory exceeds 227 KiB."""
-    if k % 8:
-        raise GenError(f"{entry}: k = {k} is not a multiple of 8 (16-byte copies); use --gemv v1")
-    t = opts.async_threads
-    if t % 32 or not 32 <= t <= 512:
-        raise GenError(f"async_threads {t}: use whole warps, 32..512")
-    smem = 2 * k + ASYNC_FIFO_BYTES_PER_THREAD * t
-    if smem > SMEM_PER_BLOCK_MAX:
-        raise GenError(f"{entry} k = {k}: {smem} bytes of shared memory exceed {SMEM_PER_BLOCK_MAX}; lower --async-threads")
-    fit = max(1, min(2048 // t, SMEM_PER_SM // (smem + 1024)))
-    per_sm = opts.async_blocks_per_sm or fit
-    return b.launch(entry, [min(units, per_sm * opts.sms), 1, 1], [t, 1, 1], args, shared_mem=smem, pdl=opts.pdl)
-
-
-def decode_gemv_v3_ops(b: Builder, cfg: Qwen3Config, opts: GenOptions) -> None:
-    """`--gemv v3`: v2's ops on the async family (kernels-src/gemv.cu "Async family"): `gemv_qkv`:
-    kern_gemv_async_rmsnorm; `gemv_gate_up_act`: kern_gemv_async_rmsnorm_swiglu; `gemv_o` / `gemv_down_act`:
-    kern_gemv_async_residual; `gemv_lm_head`: kern_gemv_rmsnorm as in v1 and v2 (at the bandwidth floor)."""
-    H, Hq, D, I, V = cfg.hidden, cfg.q_heads, cfg.head_dim, cfg.intermediate, cfg.vocab
-    norm_args = [_ptr("w"), _ptr("residual"), _ptr("norm_w"), _ptr("y")]
-    norm_wiring = [{"arg": "w"}, {"arg": "residual"}, {"arg": "norm_w"}, {"arg": "y"}]
-    eps = {"f32": cfg.eps}
-    qkv_n = (Hq + 2 * cfg.kv_heads) * D
-    b.op("gemv_qkv", norm_args, [async_launch(b, "kern_gemv_async_rmsnorm", qkv_n, H,
-                                              norm_wiring + [{"i32": qkv_n}, {"i32": H}, eps], opts)])
-    b.op("gemv_gate_up_act", norm_args, [async_launch(b, "kern_gemv_async_rmsnorm_swiglu", I, H,
-                                                      norm_wiring + [{"i32": I}, {"i32": H}, eps], opts)])
-    b.op("gemv_lm_head", norm_args, [_gemv_launch(b, "kern_gemv_rmsnorm", V, H, norm_wiring, opts, (eps,))])
-    res_args = [_ptr("w"), _ptr("x"), _ptr("residual")]
-    res_wiring = [{"arg": "w"}, {"arg": "x"}, {"arg": "residual"}]
-    b.op("gemv_o", res_args, [async_launch(b, "kern_gemv_async_residual", H, Hq * D,
-                                           res_wiring + [{"i32": H}, {"i32": Hq * D}], opts)])
-    b.op("gemv_down_act", res_args, [async_launch(b, "kern_gemv_async_residual", H, I,
-                                                  res_wiring + [{"i32": H}, {"i32": I}], opts)])
-
-
 def decode_advance_op(b: Builder, opts: GenOptions, pages_per_seq: int) -> None:
     """`decode_advance`: kern_decode_advance (kernels-src/step.cu, docs/kernels-step.md), one block of 32
     threads looping over the sequences; writes the next step's token_ids / positions / seq_lens /
@@ -838,15 +782,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-context", type=int, default=None, help="positions per sequence (default 40960; tiny 4096)")
     parser.add_argument("--decode", choices=["gemv", "gemm"], default="gemv",
                         help="decode projections: M = 1 GEMVs with fused norms/residuals (default) or cuBLASLt")
-    parser.add_argument("--gemv", choices=["v1", "v2", "v3"], default="v1",
+    parser.add_argument("--gemv", choices=["v1", "v2"], default="v1",
                         help="decode GEMV wiring (--decode gemv): v1 warp-per-row entries (default); v2 rows family, "
-                             "SwiGLU epilogue on gate_up, kern_attn_decode_partial_fast; v3 v2 on the async family "
-                             "(cp.async into per-thread shared-memory FIFOs)")
+                             "SwiGLU epilogue on gate_up, kern_attn_decode_partial_fast")
     parser.add_argument("--decode-splits", type=int, default=0, help="decode attention splits (default: auto)")
     parser.add_argument("--sms", type=int, default=132, help="SM count of the target GPU (default 132: H200)")
-    parser.add_argument("--async-threads", type=int, default=512, help="--gemv v3: threads per block (32..512)")
-    parser.add_argument("--async-blocks-per-sm", type=int, default=0,
-                        help="--gemv v3: blocks per SM (default: as many as the shared memory holds)")
     parser.add_argument("--gemv-threads-per-sm", type=int, default=1024,
                         help="decode GEMV grids fill at most this many threads per SM (default 1024)")
     parser.add_argument("--no-pdl", action="store_true", help="no programmatic dependent launch in decode")
@@ -864,8 +804,7 @@ def main(argv: list[str] | None = None) -> int:
         algos, decode_algos, algos_source = load_algos(args.algos, args.chunk_max) if args.algos else ((), (), ())
         opts = GenOptions(name, args.chunk_max, max_context, decode=args.decode, decode_splits=args.decode_splits,
                           sms=args.sms, pdl=not args.no_pdl, gemv=args.gemv,
-                          gemv_threads_per_sm=args.gemv_threads_per_sm, async_threads=args.async_threads,
-                          async_blocks_per_sm=args.async_blocks_per_sm, algos=algos, decode_algos=decode_algos,
+                          gemv_threads_per_sm=args.gemv_threads_per_sm,  algos=algos, decode_algos=decode_algos,
                           algos_source=algos_source)
         manifest = build_manifest(cfg, abi, opts, cfg_digest)
     except (GenError, OSError, json.JSONDecodeError) as exc:

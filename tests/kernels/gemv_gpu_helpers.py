@@ -50,10 +50,6 @@ GEMV_PARAMS: dict[str, list[list[int]]] = {
     "kern_gemv_rows_rmsnorm": _layout(8, 8, 8, 8, 4, 4, 4),  # w, residual, norm_w, y, n, k, eps
     "kern_gemv_rows_residual": _layout(8, 8, 8, 4, 4),  # w, x, residual, n, k
     "kern_gemv_rmsnorm_swiglu": _layout(8, 8, 8, 8, 4, 4, 4),  # w_gate_up, residual, norm_w, act, inter, k, eps
-    # async family (docs/kernels-gemv.md "Async entries"): the rows / v1 signatures
-    "kern_gemv_async_rmsnorm": _layout(8, 8, 8, 8, 4, 4, 4),
-    "kern_gemv_async_residual": _layout(8, 8, 8, 4, 4),
-    "kern_gemv_async_rmsnorm_swiglu": _layout(8, 8, 8, 8, 4, 4, 4),
 }
 
 _PACK = {"p": "<Q", "i": "<i", "f": "<f", "q": "<q"}
