@@ -1,7 +1,8 @@
 // Two-stage argmax over rows of bf16 logits. Order: NaN is below every number (never wins unless the
 // whole row is NaN, which yields index 0); equal values (including -0 == +0) -> smallest index. This is
 // a total order on (value, index), so the result does not depend on the reduction order and matches a
-// CPU scan `if v > best: best = v` started from the first non-NaN element.
+// CPU scan `if v > best: best = v` started from the first non-NaN element. Both entries start with
+// griddepcontrol.wait, then launch_dependents: they may be launched with PDL after any kernel.
 #include <math_constants.h>
 
 #include "common.cuh"
@@ -51,6 +52,8 @@ extern "C" __global__ void __launch_bounds__(256) kern_argmax_partial(const __nv
                                                                       int32_t num_chunks) {
     __shared__ float sv[32];
     __shared__ int si[32];
+    kern_pdl_wait();  // PDL: nothing is read or written before the previous kernel has completed
+    kern_pdl_launch_dependents();
     const int c = blockIdx.x, r = blockIdx.y;
     if (c >= num_chunks || n <= 0 || chunk <= 0) return;
     const __nv_bfloat16* row = logits + (int64_t)r * n;
@@ -95,6 +98,8 @@ extern "C" __global__ void __launch_bounds__(256) kern_argmax_final(const float*
                                                                     int64_t* out) {  // [rows]
     __shared__ float sv[32];
     __shared__ int si[32];
+    kern_pdl_wait();
+    kern_pdl_launch_dependents();
     const int r = blockIdx.x;
     if (num_chunks <= 0) return;
     float bv = CUDART_NAN_F;

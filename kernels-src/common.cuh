@@ -45,6 +45,12 @@ KERN_DEV void load8(const __nv_bfloat16* row, int i0, int n, bool vec, float (&v
     }
 }
 
+// Programmatic dependent launch (sm_90, docs/kernels.md): wait until the previous kernel in the stream has
+// completed and its writes are visible / let the next kernel's blocks be scheduled. Both are no-ops in a
+// kernel launched without CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION.
+KERN_DEV void kern_pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+KERN_DEV void kern_pdl_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+
 KERN_DEV float warp_sum(float x) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);

@@ -1,5 +1,6 @@
 // kern_embed_gather: out[t, :] = table[token_ids[t], :]; ids outside [0, vocab) write zeros.
 // grid (n_tokens,1,1), block (256,1,1). 16-byte copies when hidden % 8 == 0 and pointers are aligned.
+// Starts with griddepcontrol.wait, then launch_dependents: may be launched with PDL after any kernel.
 #include "common.cuh"
 
 extern "C" __global__ void __launch_bounds__(256) kern_embed_gather(
@@ -7,6 +8,8 @@ extern "C" __global__ void __launch_bounds__(256) kern_embed_gather(
     const int32_t* token_ids,    // [n_tokens]
     __nv_bfloat16* out,          // [n_tokens, hidden]
     int32_t n_tokens, int32_t hidden, int32_t vocab) {
+    kern_pdl_wait();  // PDL: nothing is read or written before the previous kernel has completed
+    kern_pdl_launch_dependents();
     const int t = blockIdx.x;
     if (t >= n_tokens || hidden <= 0) return;
     const int32_t id = token_ids[t];

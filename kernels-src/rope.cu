@@ -25,6 +25,7 @@ extern "C" __global__ void kern_rope_table(float* rope,  // [max_pos, head_dim]
 //   n = bf16(w * bf16(x * rsqrt(mean(x^2) + eps)))                         (Qwen3RMSNorm)
 //   y = bf16(bf16(n * cos) + bf16(rotate_half(n) * sin))                   (apply_rotary_pos_emb)
 // with cos/sin the bf16-valued table entries for positions[t]. V is copied unchanged.
+// Starts with griddepcontrol.wait, then launch_dependents: may be launched with PDL after any kernel.
 extern "C" __global__ void __launch_bounds__(1024) kern_qk_norm_rope_kv(
     const __nv_bfloat16* qkv,       // [n_tokens, (Hq + 2*Hkv) * D]
     const __nv_bfloat16* q_norm_w,  // [D]
@@ -38,6 +39,8 @@ extern "C" __global__ void __launch_bounds__(1024) kern_qk_norm_rope_kv(
     int32_t max_pos, int32_t num_slots, float eps) {
     __shared__ float scratch[32];
     __shared__ float normed[1024];  // the head after RMSNorm (bf16-valued), for rotate_half
+    kern_pdl_wait();  // PDL: nothing is read or written before the previous kernel has completed
+    kern_pdl_launch_dependents();
     const int t = blockIdx.x;
     const int h = blockIdx.y;
     const int D = head_dim;

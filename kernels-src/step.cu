@@ -9,7 +9,8 @@
 // and stores the token into a ring the host reads without a copy (a host-mapped output buffer):
 //     token_ring[s, (p + 1) % ring_len] = next_token[s]
 // A position outside [0, max_pos), a page index past bt_stride, or a negative page id gives slot -1 (the
-// KV write of kern_qk_norm_rope_kv skips it). ring_len <= 0 skips the ring store.
+// KV write of kern_qk_norm_rope_kv skips it). ring_len <= 0 skips the ring store. It starts with
+// griddepcontrol.wait, then launch_dependents, so it may be launched with PDL after any kernel.
 //
 // kern_spin_ns busy-waits (one thread) until `nanoseconds` have passed on the global timer (capped at one
 // second). Benchmarks launch it to hold the stream while the host enqueues a batch of launches, so
@@ -26,6 +27,8 @@ extern "C" __global__ void kern_decode_advance(const int64_t* __restrict__ next_
                                                int32_t n_seqs, int32_t page_tokens, int32_t bt_stride,
                                                int32_t max_pos, int32_t ring_len) {
     const int64_t int32_max = 2147483647;
+    asm volatile("griddepcontrol.wait;" ::: "memory");  // PDL: nothing read or written before the predecessor ends
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
     for (int s = blockIdx.x * blockDim.x + threadIdx.x; s < n_seqs; s += gridDim.x * blockDim.x) {
         const int64_t tok = next_token[s];
         const int64_t p = (int64_t)positions[s] + 1;  // the position the next step processes

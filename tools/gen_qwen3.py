@@ -82,6 +82,7 @@ PDL_ENTRIES = frozenset({
     "kern_gemv_rmsnorm", "kern_gemv_residual", "kern_gemv_silu_residual",
     "kern_gemv_rows", "kern_gemv_rows_rmsnorm", "kern_gemv_rows_residual", "kern_gemv_rmsnorm_swiglu",
     "kern_attn_decode_partial", "kern_attn_decode_partial_fast", "kern_attn_decode_reduce", "kern_attn_prefill",
+    "kern_qk_norm_rope_kv", "kern_embed_gather", "kern_argmax_partial", "kern_argmax_final", "kern_decode_advance",
 })
 TYPE_BYTES = {"p": 8, "i32": 4, "f32": 4, "i64": 8}
 
@@ -152,6 +153,9 @@ class GenOptions:
     decode_splits: int = 0  # decode attention splits (launch constant); 0: auto (decode_num_splits)
     sms: int = 132  # multiprocessors of the target GPU (H200): GEMV grids and the auto split count
     pdl: bool = True  # mark launches of PDL_ENTRIES with `pdl: true` (decode program only)
+    # also the small kernels that wait first (embed, qk_norm_rope_kv, argmax, decode_advance); their ops
+    # serve prefill too, where PDL is harmless (they read and write nothing before the wait)
+    pdl_small: bool = True
     ring_len: int = 64  # token ring (host-mapped output) entries per sequence
     gemv: str = "v1"  # decode GEMV wiring (--decode gemv): "v1" warp-per-row entries, "v2" rows family + swiglu
     # GEMV grids fill at most this many threads per SM (2048 max; 1024 = all a <= 64-register kernel can hold);
@@ -446,12 +450,13 @@ def build_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: GenOptions, config_di
 
     # ---- ops
     tokens_i32 = {"expr": "tokens", "type": "i32"}
+    pdl_small = opts.pdl and opts.pdl_small
     b.op("rope_table", [_ptr("table")], [b.launch(
         "kern_rope_table", [max_pos, 1, 1], [D // 2, 1, 1],
         [{"arg": "table"}, {"i32": max_pos}, {"i32": D}, {"f32": cfg.rope_theta}])])
     b.op("embed", [_ptr("table"), _ptr("ids"), _ptr("out")], [b.launch(
         "kern_embed_gather", ["tokens", 1, 1], [256, 1, 1],
-        [{"arg": "table"}, {"arg": "ids"}, {"arg": "out"}, tokens_i32, {"i32": H}, {"i32": V}])])
+        [{"arg": "table"}, {"arg": "ids"}, {"arg": "out"}, tokens_i32, {"i32": H}, {"i32": V}], pdl=pdl_small)])
     b.op("rmsnorm", [_ptr("residual"), _ptr("w"), _ptr("out")], [b.launch(
         "kern_add_rmsnorm", ["tokens", 1, 1], [256, 1, 1],
         [{"arg": "residual"}, {"null": 8}, {"arg": "w"}, {"arg": "out"}, tokens_i32, {"i32": H}, {"f32": cfg.eps}])])
@@ -465,7 +470,8 @@ def build_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: GenOptions, config_di
          [b.launch("kern_qk_norm_rope_kv", ["tokens", Hq + Hkv, 1], [D, 1, 1],
                    [{"arg": "qkv"}, {"arg": "q_norm"}, {"arg": "k_norm"}, {"arg": "rope"}, {"arg": "positions"},
                     {"arg": "slots"}, {"arg": "q_out"}, {"arg": "kv"}, tokens_i32, {"i32": Hq}, {"i32": Hkv},
-                    {"i32": D}, {"i32": page_tokens}, {"i32": max_pos}, {"i32": num_slots}, {"f32": cfg.eps}])])
+                    {"i32": D}, {"i32": page_tokens}, {"i32": max_pos}, {"i32": num_slots}, {"f32": cfg.eps}],
+                   pdl=pdl_small)])
     # `num_pages` (int): the page-id bound of the attention kernels, passed as {"pages_of": "kv.<layer>"} (the
     # pages of that state's reserved range, resolved by the runtime at load; docs/manifest.md "Programs")
     num_pages_i32 = {"arg": "num_pages", "type": "i32"}
@@ -523,9 +529,10 @@ def build_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: GenOptions, config_di
     b.op("argmax", [_ptr("logits"), _ptr("out")],
          [b.launch("kern_argmax_partial", [opts.argmax_chunks, "seqs", 1], [256, 1, 1],
                    [{"arg": "logits"}, {"i32": V}, {"i32": argmax_chunk}, {"scratch": "part_val"},
-                    {"scratch": "part_idx"}, {"i32": opts.argmax_chunks}]),
+                    {"scratch": "part_idx"}, {"i32": opts.argmax_chunks}], pdl=pdl_small),
           b.launch("kern_argmax_final", ["seqs", 1, 1], [256, 1, 1],
-                   [{"scratch": "part_val"}, {"scratch": "part_idx"}, {"i32": opts.argmax_chunks}, {"arg": "out"}])],
+                   [{"scratch": "part_val"}, {"scratch": "part_idx"}, {"i32": opts.argmax_chunks}, {"arg": "out"}],
+                   pdl=pdl_small)],
          scratch={"part_val": f"seqs * {opts.argmax_chunks * 4}", "part_idx": f"seqs * {opts.argmax_chunks * 4}"})
 
     # ---- programs
@@ -725,7 +732,7 @@ def decode_advance_op(b: Builder, opts: GenOptions, pages_per_seq: int) -> None:
                    [{"arg": "next_token"}, {"arg": "token_ids"}, {"arg": "positions"}, {"arg": "seq_lens"},
                     {"arg": "slot_mapping"}, {"arg": "block_table"}, {"arg": "ring"},
                     {"expr": "seqs", "type": "i32"}, {"i32": opts.page_tokens}, {"i32": pages_per_seq},
-                    {"i32": opts.max_context}, {"i32": opts.ring_len}])])
+                    {"i32": opts.max_context}, {"i32": opts.ring_len}], pdl=opts.pdl and opts.pdl_small)])
 
 
 def decode_advance_call() -> dict[str, Any]:
@@ -790,6 +797,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gemv-threads-per-sm", type=int, default=1024,
                         help="decode GEMV grids fill at most this many threads per SM (default 1024)")
     parser.add_argument("--no-pdl", action="store_true", help="no programmatic dependent launch in decode")
+    parser.add_argument("--no-pdl-small", action="store_true",
+                        help="PDL on the GEMVs and decode attention only, not on embed / qk_norm_rope_kv / argmax / "
+                             "decode_advance")
     parser.add_argument("--algos", type=Path, help="cuBLASLt pins of tools/pick_algos.py: batch-invariant prefill "
                                                    "GEMMs (chunk 1 and chunk 512 compute every row alike)")
     parser.add_argument("--no-verify", action="store_true", help="skip verification with kern_manifest")
@@ -803,7 +813,7 @@ def main(argv: list[str] | None = None) -> int:
         max_context = args.max_context or (4096 if args.shape == "tiny" else min(40960, cfg.max_position_embeddings))
         algos, decode_algos, algos_source = load_algos(args.algos, args.chunk_max) if args.algos else ((), (), ())
         opts = GenOptions(name, args.chunk_max, max_context, decode=args.decode, decode_splits=args.decode_splits,
-                          sms=args.sms, pdl=not args.no_pdl, gemv=args.gemv,
+                          sms=args.sms, pdl=not args.no_pdl, pdl_small=not args.no_pdl_small, gemv=args.gemv,
                           gemv_threads_per_sm=args.gemv_threads_per_sm,  algos=algos, decode_algos=decode_algos,
                           algos_source=algos_source)
         manifest = build_manifest(cfg, abi, opts, cfg_digest)

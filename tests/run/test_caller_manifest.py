@@ -71,10 +71,14 @@ def test_gemv_launches_and_pdl() -> None:
         "kern_gemv_silu_residual", 16 * 1216, [{"i32": 2560}, {"i32": 9728}])
     assert o["gemv_lm_head"]["launches"][0]["args"][4] == {"i32": 151936}
     pdl = {l["entry"] for op in o.values() for l in op["launches"] if l.get("pdl")}
+    small = {"kern_embed_gather", "kern_qk_norm_rope_kv", "kern_argmax_partial", "kern_argmax_final",
+             "kern_decode_advance"}
     assert pdl == {"kern_gemv_rmsnorm", "kern_gemv_residual", "kern_gemv_silu_residual",
-                   "kern_attn_decode_partial", "kern_attn_decode_reduce"}
+                   "kern_attn_decode_partial", "kern_attn_decode_reduce"} | small
     assert pdl <= gq.PDL_ENTRIES
     assert not any(l.get("pdl") for op in _manifest(pdl=False)["ops"].values() for l in op["launches"])
+    no_small = {l["entry"] for op in _manifest(pdl_small=False)["ops"].values() for l in op["launches"] if l.get("pdl")}
+    assert no_small == pdl - small
     # decode attention: a fixed split count covering the GPU, minimum split length 16
     part = o["attn_decode"]["launches"][0]
     assert part["grid"] == [8, 32, "seqs"] and part["args"][12:14] == [{"i32": 16}, {"i32": 32}]
