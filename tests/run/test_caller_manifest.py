@@ -79,9 +79,12 @@ def test_gemv_launches_and_pdl() -> None:
     assert not any(l.get("pdl") for op in _manifest(pdl=False)["ops"].values() for l in op["launches"])
     no_small = {l["entry"] for op in _manifest(pdl_small=False)["ops"].values() for l in op["launches"] if l.get("pdl")}
     assert no_small == pdl - small
-    # decode attention: a fixed split count covering the GPU, minimum split length 16
+    # decode attention: a fixed split count, one wave of blocks (8 kv heads x 16 <= 132 SMs), minimum split
+    # length 16
     part = o["attn_decode"]["launches"][0]
-    assert part["grid"] == [8, 32, "seqs"] and part["args"][12:14] == [{"i32": 16}, {"i32": 32}]
+    assert part["grid"] == [8, 16, "seqs"] and part["args"][12:14] == [{"i32": 16}, {"i32": 16}]
+    assert gq.decode_num_splits(gq.Qwen3Config.from_json(mc.config_json(mc.SHAPES["qwen3-4b"])),
+                                gq.GenOptions("x", sms=264)) == 32
     assert _manifest("tiny", max_context=4096)["ops"]["attn_decode"]["launches"][0]["grid"][1] == 64
     assert _manifest(decode_splits=8)["ops"]["attn_decode"]["launches"][0]["grid"][1] == 8
 
