@@ -35,9 +35,6 @@
 #define LN2 0.6931471805599453f
 #define FULL_MASK 0xffffffffu
 
-KERN_DEV void attn_pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
-KERN_DEV void attn_pdl_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
-
 // bf16 pair (low half first) -> two floats, exact.
 KERN_DEV float bf_lo(uint32_t u) { return __uint_as_float(u << 16); }
 KERN_DEV float bf_hi(uint32_t u) { return __uint_as_float(u & 0xffff0000u); }
@@ -398,8 +395,8 @@ extern "C" __global__ void __launch_bounds__(DEC_THREADS) kern_attn_decode_parti
     int32_t num_pages,              // page ids outside [0, num_pages) are masked
     int32_t split_tokens, int32_t num_splits, float scale) {
     __shared__ __align__(16) DecodeSmem sm;
-    attn_pdl_wait();
-    attn_pdl_launch_dependents();
+    kern_pdl_wait();
+    kern_pdl_launch_dependents();
     const int kvh = blockIdx.x, x = blockIdx.y, s = blockIdx.z;
     const int D = head_dim;
     if (num_kv_heads <= 0 || kvh >= num_kv_heads || x >= num_splits || num_q_heads % num_kv_heads != 0 ||
@@ -435,8 +432,8 @@ extern "C" __global__ void __launch_bounds__(DEC_THREADS) kern_attn_decode_parti
     int32_t page_tokens, int32_t bt_stride, int32_t num_pages, int32_t split_tokens, int32_t num_splits,
     float scale) {
     __shared__ __align__(16) DecodeSmem sm;
-    attn_pdl_wait();
-    attn_pdl_launch_dependents();
+    kern_pdl_wait();
+    kern_pdl_launch_dependents();
     const int kvh = blockIdx.x, x = blockIdx.y, s = blockIdx.z;
     const int D = head_dim;
     if (num_kv_heads <= 0 || kvh >= num_kv_heads || x >= num_splits || num_q_heads % num_kv_heads != 0 ||
@@ -485,8 +482,8 @@ extern "C" __global__ void kern_attn_decode_reduce(const float* part_out,  // [s
                                                    int32_t num_q_heads, int32_t head_dim, int32_t split_tokens,
                                                    int32_t num_splits) {
     __shared__ float wmax[32];
-    attn_pdl_wait();
-    attn_pdl_launch_dependents();
+    kern_pdl_wait();
+    kern_pdl_launch_dependents();
     const int h = blockIdx.x, s = blockIdx.y, d = threadIdx.x;
     const int D = head_dim;
     if (h >= num_q_heads || split_tokens <= 0 || num_splits <= 0) return;  // uniform over the block
@@ -844,8 +841,8 @@ extern "C" __global__ void __launch_bounds__(PF_THREADS, 3) kern_attn_prefill(
     int32_t num_pages,              // page ids outside [0, num_pages) read K/V as zeros
     float scale) {
     __shared__ __align__(16) PrefillSmem sm;
-    attn_pdl_wait();
-    attn_pdl_launch_dependents();
+    kern_pdl_wait();
+    kern_pdl_launch_dependents();
     const int kvh = blockIdx.y, s = blockIdx.z;
     const int D = head_dim;
     if (num_kv_heads <= 0 || kvh >= num_kv_heads || num_q_heads % num_kv_heads != 0 || D <= 0 || D > PF_MAX_D ||

@@ -35,10 +35,6 @@ constexpr int kUnroll = KERN_GEMV_UNROLL;
 constexpr int kMaxThreads = 1024;  // __launch_bounds__: keeps the kernel at <= 64 registers
 constexpr int kChunk = 8;          // bf16 per 16-byte chunk
 
-// ---- programmatic dependent launch (sm_90); both are no-ops when launched without the attribute ----
-KERN_DEV void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
-KERN_DEV void pdl_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
-
 // ---- loads ----
 // L2 policy for weights: read once per step, so evict first (keeps activations / KV lines in L2).
 KERN_DEV uint64_t weight_policy() {
@@ -170,8 +166,8 @@ KERN_DEV void gemv_body(const bf16* __restrict__ w, int n, int k, StageX stage_x
 #pragma unroll
         for (int u = 0; u < kUnroll; ++u) wv[u] = make_uint4(0u, 0u, 0u, 0u);
     }
-    pdl_wait();  // everything below may read what the previous kernel in the stream wrote
-    pdl_launch_dependents();
+    kern_pdl_wait();  // everything below may read what the previous kernel in the stream wrote
+    kern_pdl_launch_dependents();
 
     // 2. x into shared memory.
     stage_x(xs, k8);
@@ -393,8 +389,8 @@ KERN_DEV void rows_body(const bf16* __restrict__ w, int groups, int k, RowOf row
         for (int r = 0; r < kRows; ++r) rows[r] = -1;
     }
     load_rows_batch<VEC, Src::kWeightEarly>(w, k, rows, tid, policy, wv);
-    pdl_wait();  // everything below may read what the previous kernel in the stream wrote
-    pdl_launch_dependents();
+    kern_pdl_wait();  // everything below may read what the previous kernel in the stream wrote
+    kern_pdl_launch_dependents();
 
     // 2. x into shared memory.
     stage_x(xs, k8);

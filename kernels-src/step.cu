@@ -17,6 +17,8 @@
 // per-launch event timings do not include host launch latency. Not used by any program.
 #include <stdint.h>
 
+#include "common.cuh"
+
 extern "C" __global__ void kern_decode_advance(const int64_t* __restrict__ next_token,  // [n_seqs]
                                                int32_t* __restrict__ token_ids,         // [n_seqs]
                                                int32_t* __restrict__ positions,         // [n_seqs]
@@ -27,8 +29,8 @@ extern "C" __global__ void kern_decode_advance(const int64_t* __restrict__ next_
                                                int32_t n_seqs, int32_t page_tokens, int32_t bt_stride,
                                                int32_t max_pos, int32_t ring_len) {
     const int64_t int32_max = 2147483647;
-    asm volatile("griddepcontrol.wait;" ::: "memory");  // PDL: nothing read or written before the predecessor ends
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    kern_pdl_wait();  // PDL: nothing is read or written before the previous kernel has completed
+    kern_pdl_launch_dependents();
     for (int s = blockIdx.x * blockDim.x + threadIdx.x; s < n_seqs; s += gridDim.x * blockDim.x) {
         const int64_t tok = next_token[s];
         const int64_t p = (int64_t)positions[s] + 1;  // the position the next step processes
