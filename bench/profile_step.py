@@ -59,19 +59,17 @@ def run(args: argparse.Namespace) -> None:
 
     def note(index: int, rec) -> None:  # the launches of one step, in order (kernel records: ncu sees those)
         entry = getattr(rec.launch, "entry", None)
-        if entry and len(ops) < n_kernels:
+        if entry:
             ops.append((rec.op, entry))
 
-    n_kernels = 10**9
     gen.rt.run_hooked("decode", {"tokens": 1, "seqs": 1}, note)  # one more warm step, naming the launches
-    n_kernels = len(ops)
     gen.rt.synchronize()
     _check(cu.cuProfilerStart())
     for _ in range(args.steps):
         gen.rt.issue("decode", {"tokens": 1, "seqs": 1}, eager=True)
     gen.rt.synchronize()
     _check(cu.cuProfilerStop())
-    (Path(args.ops_out)).write_text("\n".join(f"{op}\t{entry}" for op, entry in ops) + "\n")
+    Path(args.ops_out).write_text("\n".join(f"{op}\t{entry}" for op, entry in ops) + "\n")
     print(f"profile_step: {args.steps} step(s) of {len(ops)} launches profiled; ops -> {args.ops_out}")
     gen.close()
 

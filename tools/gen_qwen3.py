@@ -168,6 +168,12 @@ class GenOptions:
     decode_algos: tuple[tuple[int, int, tuple[tuple[str, int], ...]], ...] = ()
     algos_source: tuple[tuple[str, Any], ...] = ()  # (device, cublaslt_version, m_max) of the pins file, for meta
 
+    @property
+    def pdl_small_launches(self) -> bool:
+        """Whether the small kernels that wait first (embed, qk_norm_rope_kv, argmax, decode_advance) launch
+        with PDL: only when PDL is on at all."""
+        return self.pdl and self.pdl_small
+
 
 def load_algos(path: Path, chunk_max: int) -> tuple[tuple, tuple, tuple]:
     """Read a tools/pick_algos.py pins file: (algos, decode_algos, algos_source) for GenOptions. Raises GenError
@@ -397,8 +403,8 @@ def build_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: GenOptions, config_di
         raise GenError(f"decode {opts.decode!r}: use 'gemv' (M = 1 GEMVs) or 'gemm' (cuBLASLt)")
     if opts.gemv not in ("v1", "v2"):
         raise GenError(f"gemv {opts.gemv!r}: use 'v1' or 'v2'")
-    if opts.gemv != "v1" and opts.decode != "gemv":
-        raise GenError(f"--gemv {opts.gemv} is a wiring of --decode gemv")
+    if opts.gemv == "v2" and opts.decode != "gemv":
+        raise GenError("--gemv v2 is a wiring of --decode gemv")
     if not 32 <= opts.gemv_threads_per_sm <= 2048:
         raise GenError(f"gemv_threads_per_sm {opts.gemv_threads_per_sm}: use 32..2048 (threads an SM holds)")
     if opts.decode == "gemv" and opts.seqs_max != 1:
@@ -452,7 +458,7 @@ def build_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: GenOptions, config_di
 
     # ---- ops
     tokens_i32 = {"expr": "tokens", "type": "i32"}
-    pdl_small = opts.pdl and opts.pdl_small
+    pdl_small = opts.pdl_small_launches
     b.op("rope_table", [_ptr("table")], [b.launch(
         "kern_rope_table", [max_pos, 1, 1], [D // 2, 1, 1],
         [{"arg": "table"}, {"i32": max_pos}, {"i32": D}, {"f32": cfg.rope_theta}])])
@@ -486,7 +492,7 @@ def build_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: GenOptions, config_di
                     {"i32": pages_per_seq}, num_pages_i32, {"f32": scale}])])
     b.op("attn_decode",
          [_ptr("q"), _ptr("kv"), _ptr("block_table"), _ptr("seq_lens"), _ptr("out"), _int("num_pages")],
-         [b.launch("kern_attn_decode_partial_fast" if opts.gemv != "v1" else "kern_attn_decode_partial",
+         [b.launch("kern_attn_decode_partial_fast" if opts.gemv == "v2" else "kern_attn_decode_partial",
                    [Hkv, num_splits, "seqs"], [128, 1, 1],
                    [{"arg": "q"}, {"arg": "kv"}, {"arg": "block_table"}, {"arg": "seq_lens"},
                     {"scratch": "part_out"}, {"scratch": "part_ml"}, {"i32": Hq}, {"i32": Hkv}, {"i32": D},
@@ -734,7 +740,7 @@ def decode_advance_op(b: Builder, opts: GenOptions, pages_per_seq: int) -> None:
                    [{"arg": "next_token"}, {"arg": "token_ids"}, {"arg": "positions"}, {"arg": "seq_lens"},
                     {"arg": "slot_mapping"}, {"arg": "block_table"}, {"arg": "ring"},
                     {"expr": "seqs", "type": "i32"}, {"i32": opts.page_tokens}, {"i32": pages_per_seq},
-                    {"i32": opts.max_context}, {"i32": opts.ring_len}], pdl=opts.pdl and opts.pdl_small)])
+                    {"i32": opts.max_context}, {"i32": opts.ring_len}], pdl=opts.pdl_small_launches)])
 
 
 def decode_advance_call() -> dict[str, Any]:
@@ -816,7 +822,7 @@ def main(argv: list[str] | None = None) -> int:
         algos, decode_algos, algos_source = load_algos(args.algos, args.chunk_max) if args.algos else ((), (), ())
         opts = GenOptions(name, args.chunk_max, max_context, decode=args.decode, decode_splits=args.decode_splits,
                           sms=args.sms, pdl=not args.no_pdl, pdl_small=not args.no_pdl_small, gemv=args.gemv,
-                          gemv_threads_per_sm=args.gemv_threads_per_sm,  algos=algos, decode_algos=decode_algos,
+                          gemv_threads_per_sm=args.gemv_threads_per_sm, algos=algos, decode_algos=decode_algos,
                           algos_source=algos_source)
         manifest = build_manifest(cfg, abi, opts, cfg_digest)
     except (GenError, OSError, json.JSONDecodeError) as exc:
