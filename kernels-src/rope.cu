@@ -24,7 +24,10 @@ extern "C" __global__ void kern_rope_table(float* rope,  // [max_pos, head_dim]
 // Thread d owns element d of one head. Rounding follows transformers (Qwen3 attention, bf16 model):
 //   n = bf16(w * bf16(x * rsqrt(mean(x^2) + eps)))                         (Qwen3RMSNorm)
 //   y = bf16(bf16(n * cos) + bf16(rotate_half(n) * sin))                   (apply_rotary_pos_emb)
-// with cos/sin the bf16-valued table entries for positions[t]. V is copied unchanged.
+// with cos/sin the bf16-valued table entries for positions[t]; sum of squares: x * x (no FMA contraction) per
+// 32-element warp by a shuffle tree, then the warps in order (kern_attn_decode_fused repeats it bit for bit).
+// V is copied unchanged. K / V go to slot_mapping[t] when it lies in [0, num_pages * page_tokens), num_pages
+// the page count of the cache's reserved range (a manifest's {"pages_of": state}).
 // Starts with griddepcontrol.wait, then launch_dependents: may be launched with PDL after any kernel.
 extern "C" __global__ void __launch_bounds__(1024) kern_qk_norm_rope_kv(
     const __nv_bfloat16* qkv,       // [n_tokens, (Hq + 2*Hkv) * D]
@@ -36,7 +39,7 @@ extern "C" __global__ void __launch_bounds__(1024) kern_qk_norm_rope_kv(
     __nv_bfloat16* q_out,           // [n_tokens, Hq, D]
     __nv_bfloat16* kv_cache,        // pages of [2][page_tokens][Hkv][D]
     int32_t n_tokens, int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim, int32_t page_tokens,
-    int32_t max_pos, int32_t num_slots, float eps) {
+    int32_t max_pos, int32_t num_pages, float eps) {
     __shared__ float scratch[32];
     __shared__ float normed[1024];  // the head after RMSNorm (bf16-valued), for rotate_half
     kern_pdl_wait();  // PDL: nothing is read or written before the previous kernel has completed
@@ -55,7 +58,7 @@ extern "C" __global__ void __launch_bounds__(1024) kern_qk_norm_rope_kv(
     int64_t slot = 0;
     if (!is_q) {
         slot = slot_mapping[t];
-        if (slot < 0 || slot >= num_slots) return;
+        if (slot < 0 || slot >= (int64_t)max(num_pages, 0) * page_tokens) return;
     }
     const int row_elems = (num_q_heads + 2 * num_kv_heads) * D;
     const __nv_bfloat16* row = qkv + (int64_t)t * row_elems;
@@ -64,7 +67,7 @@ extern "C" __global__ void __launch_bounds__(1024) kern_qk_norm_rope_kv(
 
     const bool active = d < D;
     const float x = active ? bf2f(x_ptr[d]) : 0.0f;
-    const float total = block_sum(x * x, scratch);
+    const float total = block_sum(__fmul_rn(x, x), scratch);
     const float rs = rsqrtf(total / (float)D + eps);
     const float n = active ? round_bf(bf2f(w_ptr[d]) * round_bf(x * rs)) : 0.0f;
     if (active) normed[d] = n;

@@ -20,6 +20,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 # name -> gen_qwen3.py arguments (beyond --shape qwen3-4b, --algos, --kernels, --out, --name)
 VARIANTS: dict[str, tuple[str, ...]] = {
     "v2": ("--gemv", "v2"),  # = manifests/qwen3-4b-v2.json (the default 4B target; 16 decode splits)
+    "v2-fused": ("--gemv", "v2", "--decode-attn", "fused"),  # kern_attn_decode_fused (fourth session: slower)
     "v2-s32": ("--gemv", "v2", "--decode-splits", "32"),  # the split count before 2026-11-29 (third session)
     "v2-s8": ("--gemv", "v2", "--decode-splits", "8"),
     "v2-pdl-gemv": ("--gemv", "v2", "--no-pdl-small"),  # PDL on the GEMVs and attention only (before 2026-11-29 s3)

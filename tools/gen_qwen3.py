@@ -72,6 +72,7 @@ KERNEL_SIGNATURES: dict[str, tuple[str, tuple[str, ...]]] = {
     "kern_gemv_rows_residual": ("gemv", ("p", "p", "p", "i32", "i32")),
     "kern_gemv_rmsnorm_swiglu": ("gemv", ("p", "p", "p", "p", "i32", "i32", "f32")),
     "kern_attn_decode_partial_fast": ("attention", ("p",) * 6 + ("i32",) * 8 + ("f32",)),
+    "kern_attn_decode_fused": ("attention", ("p",) * 13 + ("i32",) * 9 + ("f32",) * 2),
     "kern_decode_advance": ("step", ("p",) * 7 + ("i32",) * 5),
 }
 # Entries that execute griddepcontrol.wait before reading anything a predecessor writes and before writing
@@ -82,7 +83,7 @@ PDL_ENTRIES = frozenset({
     "kern_gemv_rmsnorm", "kern_gemv_residual", "kern_gemv_silu_residual",
     "kern_gemv_rows", "kern_gemv_rows_rmsnorm", "kern_gemv_rows_residual", "kern_gemv_rmsnorm_swiglu",
     "kern_attn_decode_partial", "kern_attn_decode_partial_fast", "kern_attn_decode_reduce", "kern_attn_prefill",
-    "kern_qk_norm_rope_kv", "kern_embed_gather", "kern_argmax_partial", "kern_argmax_final", "kern_decode_advance",
+    "kern_attn_decode_fused", "kern_qk_norm_rope_kv", "kern_embed_gather", "kern_argmax_partial", "kern_argmax_final", "kern_decode_advance",
 })
 TYPE_BYTES = {"p": 8, "i32": 4, "f32": 4, "i64": 8}
 
@@ -161,6 +162,10 @@ class GenOptions:
     # GEMV grids fill at most this many threads per SM (2048 max; 1024 = all a <= 64-register kernel can hold);
     # less leaves room for the next kernel's blocks to become resident early under PDL
     gemv_threads_per_sm: int = 1024
+    # decode attention: "split" (kern_qk_norm_rope_kv, then the partial and reduce launches) or "fused"
+    # (kern_attn_decode_fused: q/k norm + RoPE + K/V write + attention + split merge in one launch; measured
+    # slower on the H200, docs/perf.md "Decode, fourth session")
+    decode_attn: str = "split"
     # cuBLASLt pins (tools/pick_algos.py): ((n, k, ((attr, value), ...)), ...); a projection whose (n, k) is here
     # gets its own op `gemm_<n>x<k>` with that algorithm for every M (batch-invariant prefill)
     algos: tuple[tuple[int, int, tuple[tuple[str, int], ...]], ...] = ()
@@ -398,7 +403,6 @@ def build_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: GenOptions, config_di
     max_pos = opts.max_context
     page_tokens = opts.page_tokens
     pages_per_seq = -(-opts.max_context // page_tokens)
-    num_slots = opts.seqs_max * pages_per_seq * page_tokens
     if opts.decode not in ("gemv", "gemm"):
         raise GenError(f"decode {opts.decode!r}: use 'gemv' (M = 1 GEMVs) or 'gemm' (cuBLASLt)")
     if opts.gemv not in ("v1", "v2"):
@@ -407,6 +411,8 @@ def build_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: GenOptions, config_di
         raise GenError("--gemv v2 is a wiring of --decode gemv")
     if not 32 <= opts.gemv_threads_per_sm <= 2048:
         raise GenError(f"gemv_threads_per_sm {opts.gemv_threads_per_sm}: use 32..2048 (threads an SM holds)")
+    if opts.decode_attn not in ("fused", "split"):
+        raise GenError(f"decode_attn {opts.decode_attn!r}: use 'fused' or 'split'")
     if opts.decode == "gemv" and opts.seqs_max != 1:
         raise GenError(f"--decode gemv computes one row (bs = 1) but seqs max is {opts.seqs_max}: use --decode gemm")
     num_splits = decode_num_splits(cfg, opts)
@@ -472,17 +478,18 @@ def build_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: GenOptions, config_di
         "kern_add_rmsnorm", ["tokens", 1, 1], [256, 1, 1],
         [{"arg": "residual"}, {"arg": "delta"}, {"arg": "w"}, {"arg": "out"}, tokens_i32, {"i32": H},
          {"f32": cfg.eps}])])
+    # `num_pages` (int): the page-id bound of the attention kernels and the slot bound of the K/V writes, passed
+    # as {"pages_of": "kv.<layer>"} (the pages of that state's reserved range, resolved by the runtime at load;
+    # docs/manifest.md "Programs")
+    num_pages_i32 = {"arg": "num_pages", "type": "i32"}
     b.op("qk_norm_rope_kv",
          [_ptr("qkv"), _ptr("q_norm"), _ptr("k_norm"), _ptr("rope"), _ptr("positions"), _ptr("slots"),
-          _ptr("q_out"), _ptr("kv")],
+          _ptr("q_out"), _ptr("kv"), _int("num_pages")],
          [b.launch("kern_qk_norm_rope_kv", ["tokens", Hq + Hkv, 1], [D, 1, 1],
                    [{"arg": "qkv"}, {"arg": "q_norm"}, {"arg": "k_norm"}, {"arg": "rope"}, {"arg": "positions"},
                     {"arg": "slots"}, {"arg": "q_out"}, {"arg": "kv"}, tokens_i32, {"i32": Hq}, {"i32": Hkv},
-                    {"i32": D}, {"i32": page_tokens}, {"i32": max_pos}, {"i32": num_slots}, {"f32": cfg.eps}],
+                    {"i32": D}, {"i32": page_tokens}, {"i32": max_pos}, num_pages_i32, {"f32": cfg.eps}],
                    pdl=pdl_small)])
-    # `num_pages` (int): the page-id bound of the attention kernels, passed as {"pages_of": "kv.<layer>"} (the
-    # pages of that state's reserved range, resolved by the runtime at load; docs/manifest.md "Programs")
-    num_pages_i32 = {"arg": "num_pages", "type": "i32"}
     b.op("attn_prefill",
          [_ptr("q"), _ptr("kv"), _ptr("block_table"), _ptr("cu_seqlens_q"), _ptr("seq_lens"), _ptr("out"),
           _int("num_pages")],
@@ -490,18 +497,34 @@ def build_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: GenOptions, config_di
                    [{"arg": "q"}, {"arg": "kv"}, {"arg": "block_table"}, {"arg": "cu_seqlens_q"}, {"arg": "seq_lens"},
                     {"arg": "out"}, {"i32": Hq}, {"i32": Hkv}, {"i32": D}, {"i32": page_tokens},
                     {"i32": pages_per_seq}, num_pages_i32, {"f32": scale}])])
-    b.op("attn_decode",
-         [_ptr("q"), _ptr("kv"), _ptr("block_table"), _ptr("seq_lens"), _ptr("out"), _int("num_pages")],
-         [b.launch("kern_attn_decode_partial_fast" if opts.gemv == "v2" else "kern_attn_decode_partial",
-                   [Hkv, num_splits, "seqs"], [128, 1, 1],
-                   [{"arg": "q"}, {"arg": "kv"}, {"arg": "block_table"}, {"arg": "seq_lens"},
-                    {"scratch": "part_out"}, {"scratch": "part_ml"}, {"i32": Hq}, {"i32": Hkv}, {"i32": D},
-                    {"i32": page_tokens}, {"i32": pages_per_seq}, num_pages_i32, {"i32": opts.split_tokens},
-                    {"i32": num_splits}, {"f32": scale}], pdl=opts.pdl),
-          b.launch("kern_attn_decode_reduce", [Hq, "seqs", 1], [D, 1, 1],
-                   [{"scratch": "part_out"}, {"scratch": "part_ml"}, {"arg": "seq_lens"}, {"arg": "out"},
-                    {"i32": Hq}, {"i32": D}, {"i32": opts.split_tokens}, {"i32": num_splits}], pdl=opts.pdl)],
-         scratch={"part_out": f"seqs * {Hq * num_splits * D * 4}", "part_ml": f"seqs * {Hq * num_splits * 2 * 4}"})
+    if opts.decode_attn == "split":
+        b.op("attn_decode",
+             [_ptr("q"), _ptr("kv"), _ptr("block_table"), _ptr("seq_lens"), _ptr("out"), _int("num_pages")],
+             [b.launch("kern_attn_decode_partial_fast" if opts.gemv == "v2" else "kern_attn_decode_partial",
+                       [Hkv, num_splits, "seqs"], [128, 1, 1],
+                       [{"arg": "q"}, {"arg": "kv"}, {"arg": "block_table"}, {"arg": "seq_lens"},
+                        {"scratch": "part_out"}, {"scratch": "part_ml"}, {"i32": Hq}, {"i32": Hkv}, {"i32": D},
+                        {"i32": page_tokens}, {"i32": pages_per_seq}, num_pages_i32, {"i32": opts.split_tokens},
+                        {"i32": num_splits}, {"f32": scale}], pdl=opts.pdl),
+              b.launch("kern_attn_decode_reduce", [Hq, "seqs", 1], [D, 1, 1],
+                       [{"scratch": "part_out"}, {"scratch": "part_ml"}, {"arg": "seq_lens"}, {"arg": "out"},
+                        {"i32": Hq}, {"i32": D}, {"i32": opts.split_tokens}, {"i32": num_splits}], pdl=opts.pdl)],
+             scratch={"part_out": f"seqs * {Hq * num_splits * D * 4}", "part_ml": f"seqs * {Hq * num_splits * 2 * 4}"})
+    else:
+        # one ticket per (sequence, kv head): zero at load (a fixed state), zero after every launch
+        b.states["attn_tickets"] = {"kind": "fixed", "bytes": opts.seqs_max * Hkv * 4}
+        b.op("attn_decode_fused",
+             [_ptr("qkv"), _ptr("q_norm"), _ptr("k_norm"), _ptr("rope"), _ptr("positions"), _ptr("slots"), _ptr("kv"),
+              _ptr("block_table"), _ptr("seq_lens"), _ptr("tickets"), _ptr("out"), _int("num_pages")],
+             [b.launch("kern_attn_decode_fused", [Hkv, num_splits, "seqs"], [128, 1, 1],
+                       [{"arg": "qkv"}, {"arg": "q_norm"}, {"arg": "k_norm"}, {"arg": "rope"}, {"arg": "positions"},
+                        {"arg": "slots"}, {"arg": "kv"}, {"arg": "block_table"}, {"arg": "seq_lens"},
+                        {"scratch": "part_out"}, {"scratch": "part_ml"}, {"arg": "tickets"}, {"arg": "out"},
+                        {"i32": Hq}, {"i32": Hkv}, {"i32": D}, {"i32": page_tokens}, {"i32": pages_per_seq},
+                        num_pages_i32, {"i32": max_pos}, {"i32": opts.split_tokens}, {"i32": num_splits},
+                        {"f32": scale}, {"f32": cfg.eps}], pdl=opts.pdl)],
+             scratch={"part_out": f"seqs * {Hq * num_splits * D * 4}",
+                      "part_ml": f"seqs * {Hq * num_splits * 2 * 4}"})
     b.op("silu_mul", [_ptr("gate_up"), _ptr("out")], [b.launch(
         "kern_silu_mul", ["tokens", -(-I // 1024), 1], [256, 1, 1],
         [{"arg": "gate_up"}, {"arg": "out"}, tokens_i32, {"i32": I}])])
@@ -551,14 +574,14 @@ def build_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: GenOptions, config_di
         else:
             calls.append(_call("add_rmsnorm", residual="residual", delta="hidden", w=f"ln_in.{layer}", out="normed"))
         calls.append(_call(gemm_op(qkv_dim, H, decode), a="normed", w=f"w_qkv.{layer}", c="qkv", m="tokens", n=qkv_dim, k=H))
-        calls.append(_call("qk_norm_rope_kv", qkv="qkv", q_norm=f"q_norm.{layer}", k_norm=f"k_norm.{layer}",
-                           rope="rope", positions="positions", slots="slot_mapping", q_out="q", kv=f"kv.{layer}"))
-        if not decode and layer == cfg.layers - 1:
-            return calls  # prefill fills the KV cache only: the last layer's attention output is never read
         if decode:
-            calls.append(_call("attn_decode", q="q", kv=f"kv.{layer}", block_table="block_table",
-                               seq_lens="seq_lens", out="attn_out", num_pages=pages_of(layer)))
+            calls += decode_attention_calls(layer, opts.decode_attn)
         else:
+            calls.append(_call("qk_norm_rope_kv", qkv="qkv", q_norm=f"q_norm.{layer}", k_norm=f"k_norm.{layer}",
+                               rope="rope", positions="positions", slots="slot_mapping", q_out="q",
+                               kv=f"kv.{layer}", num_pages=pages_of(layer)))
+            if layer == cfg.layers - 1:
+                return calls  # prefill fills the KV cache only: the last layer's attention output is never read
             calls.append(_call("attn_prefill", q="q", kv=f"kv.{layer}", block_table="block_table",
                                cu_seqlens_q="cu_seqlens_q", seq_lens="seq_lens", out="attn_out",
                                num_pages=pages_of(layer)))
@@ -577,10 +600,10 @@ def build_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: GenOptions, config_di
     if opts.decode == "gemv":
         if opts.gemv == "v2":
             decode_gemv_v2_ops(b, cfg, opts)
-            decode = [embed_call] + decode_gemv_calls(cfg, "v2")
+            decode = [embed_call] + decode_gemv_calls(cfg, "v2", opts.decode_attn)
         else:
             decode_gemv_ops(b, cfg, opts)
-            decode = [embed_call] + decode_gemv_calls(cfg)
+            decode = [embed_call] + decode_gemv_calls(cfg, "v1", opts.decode_attn)
     else:
         decode = [embed_call] + [c for layer in range(cfg.layers) for c in layer_calls(layer, decode=True)]
         decode += [
@@ -608,6 +631,7 @@ def build_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: GenOptions, config_di
                        "pages_per_seq": pages_per_seq, "max_context": opts.max_context, "chunk_max": opts.chunk_max,
                        "decode": opts.decode, **({"decode_gemv": opts.gemv} if opts.gemv != "v1" else {}),
                        "decode_split_tokens": opts.split_tokens, "decode_splits": num_splits,
+                       "decode_attention": opts.decode_attn,
                        "decode_advance": {"ring": "token_ring", "ring_len": opts.ring_len}},
             **({"cublaslt_pins": dict(opts.algos_source)} if opts.algos else {}),
         },
@@ -656,9 +680,23 @@ def decode_gemv_ops(b: Builder, cfg: Qwen3Config, opts: GenOptions) -> None:
         b, "kern_gemv_silu_residual", H, I, [{"arg": "w"}, {"arg": "gate_up"}, {"arg": "residual"}], opts)])
 
 
-def decode_gemv_calls(cfg: Qwen3Config, gemv: str = "v1") -> list[dict[str, Any]]:
-    """The decode call table after the embedding (which writes `residual`): per layer qkv, qk_norm_rope_kv,
-    attention, o, then the MLP, then the lm_head GEMV with the final norm folded in and the two-stage argmax.
+def decode_attention_calls(layer: int, attn: str) -> list[dict[str, Any]]:
+    """A decode layer's attention after the qkv projection (which writes `qkv`), writing `attn_out`: `fused`: one
+    attn_decode_fused call; `split`: qk_norm_rope_kv (q to `q`, K/V to the cache) and attn_decode."""
+    if attn == "fused":
+        return [_call("attn_decode_fused", qkv="qkv", q_norm=f"q_norm.{layer}", k_norm=f"k_norm.{layer}", rope="rope",
+                      positions="positions", slots="slot_mapping", kv=f"kv.{layer}", block_table="block_table",
+                      seq_lens="seq_lens", tickets="attn_tickets", out="attn_out", num_pages=pages_of(layer))]
+    return [_call("qk_norm_rope_kv", qkv="qkv", q_norm=f"q_norm.{layer}", k_norm=f"k_norm.{layer}", rope="rope",
+                  positions="positions", slots="slot_mapping", q_out="q", kv=f"kv.{layer}", num_pages=pages_of(layer)),
+            _call("attn_decode", q="q", kv=f"kv.{layer}", block_table="block_table", seq_lens="seq_lens",
+                  out="attn_out", num_pages=pages_of(layer))]
+
+
+def decode_gemv_calls(cfg: Qwen3Config, gemv: str = "v1", attn: str = "split") -> list[dict[str, Any]]:
+    """The decode call table after the embedding (which writes `residual`): per layer qkv, the attention
+    (decode_attention_calls), o, then the MLP, then the lm_head GEMV with the final norm folded in and the
+    two-stage argmax.
     The MLP is `gemv_gate_up` + `gemv_down` (SiLU*mul in the down prologue, v1) or `gemv_gate_up_act` +
     `gemv_down_act` (SwiGLU in the gate_up epilogue, writing `act`, v2)."""
     calls: list[dict[str, Any]] = []
@@ -673,10 +711,7 @@ def decode_gemv_calls(cfg: Qwen3Config, gemv: str = "v1") -> list[dict[str, Any]
                    _call("gemv_down", w=f"w_down.{layer}", gate_up="gate_up", residual="residual")]
         calls += [
             _call("gemv_qkv", w=f"w_qkv.{layer}", residual="residual", norm_w=f"ln_in.{layer}", y="qkv"),
-            _call("qk_norm_rope_kv", qkv="qkv", q_norm=f"q_norm.{layer}", k_norm=f"k_norm.{layer}",
-                  rope="rope", positions="positions", slots="slot_mapping", q_out="q", kv=f"kv.{layer}"),
-            _call("attn_decode", q="q", kv=f"kv.{layer}", block_table="block_table", seq_lens="seq_lens",
-                  out="attn_out", num_pages=pages_of(layer)),
+            *decode_attention_calls(layer, attn),
             _call("gemv_o", w=f"w_o.{layer}", x="attn_out", residual="residual"),
             *mlp,
         ]
@@ -800,6 +835,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gemv", choices=["v1", "v2"], default="v1",
                         help="decode GEMV wiring (--decode gemv): v1 warp-per-row entries (default); v2 rows family, "
                              "SwiGLU epilogue on gate_up, kern_attn_decode_partial_fast")
+    parser.add_argument("--decode-attn", choices=["split", "fused"], default="split",
+                        help="decode attention: qk_norm_rope_kv + partial + reduce launches (default) or one fused "
+                             "launch (q/k norm, RoPE, K/V write, attention, split merge; slower on the H200)")
     parser.add_argument("--decode-splits", type=int, default=0, help="decode attention splits (default: auto)")
     parser.add_argument("--sms", type=int, default=132, help="SM count of the target GPU (default 132: H200)")
     parser.add_argument("--gemv-threads-per-sm", type=int, default=1024,
@@ -822,7 +860,7 @@ def main(argv: list[str] | None = None) -> int:
         algos, decode_algos, algos_source = load_algos(args.algos, args.chunk_max) if args.algos else ((), (), ())
         opts = GenOptions(name, args.chunk_max, max_context, decode=args.decode, decode_splits=args.decode_splits,
                           sms=args.sms, pdl=not args.no_pdl, pdl_small=not args.no_pdl_small, gemv=args.gemv,
-                          gemv_threads_per_sm=args.gemv_threads_per_sm, algos=algos, decode_algos=decode_algos,
+                          gemv_threads_per_sm=args.gemv_threads_per_sm, decode_attn=args.decode_attn, algos=algos, decode_algos=decode_algos,
                           algos_source=algos_source)
         manifest = build_manifest(cfg, abi, opts, cfg_digest)
     except (GenError, OSError, json.JSONDecodeError) as exc:

@@ -34,24 +34,69 @@ def test_deterministic_bytes() -> None:
     assert gq.dumps(_manifest()) != gq.dumps(_manifest(chunk_max=256))
 
 
-def test_decode_has_seven_launches_per_layer() -> None:
-    m = _manifest()
+def test_fused_decode_has_five_launches_per_layer() -> None:
+    m = _manifest(decode_attn="fused")
     launches = [len(m["ops"][c["op"]]["launches"]) for c in m["programs"]["decode"]["calls"]]
-    # embed + 36 x 7 + lm_head GEMV (final norm folded) + argmax (2) + decode_advance
-    assert sum(launches) == 1 + 36 * 7 + 1 + 2 + 1
+    # embed + 36 x 5 (qkv, fused attention, o, gate_up, down) + lm_head GEMV (final norm folded) + argmax (2)
+    # + decode_advance
+    assert sum(launches) == 1 + 36 * 5 + 1 + 2 + 1
     ops = Counter(c["op"] for c in m["programs"]["decode"]["calls"])
     assert ops["gemm"] == 0 and ops["add_rmsnorm"] == 0 and ops["rmsnorm"] == 0 and ops["silu_mul"] == 0
-    assert all(ops[o] == 36 for o in ("gemv_qkv", "gemv_o", "gemv_gate_up", "gemv_down", "attn_decode"))
+    assert ops["qk_norm_rope_kv"] == 0 and ops["attn_decode"] == 0 and "attn_decode" not in m["ops"]
+    assert all(ops[o] == 36 for o in ("gemv_qkv", "gemv_o", "gemv_gate_up", "gemv_down", "attn_decode_fused"))
     assert ops["gemv_lm_head"] == 1 and ops["argmax"] == 1 and ops["decode_advance"] == 1
     assert m["programs"]["decode"]["calls"][-1]["op"] == "decode_advance"
     assert m["programs"]["decode"]["graph"] is True
     assert m["programs"]["load"] == {"kind": "once", "calls": [{"op": "rope_table", "args": {"table": "rope"}}]}
 
 
+def test_decode_has_seven_launches_per_layer() -> None:
+    m = _manifest()
+    calls = m["programs"]["decode"]["calls"]
+    assert sum(len(m["ops"][c["op"]]["launches"]) for c in calls) == 1 + 36 * 7 + 1 + 2 + 1
+    ops = Counter(c["op"] for c in calls)
+    assert ops["qk_norm_rope_kv"] == 36 and ops["attn_decode"] == 36 and "attn_decode_fused" not in m["ops"]
+    assert "attn_tickets" not in m["states"] and m["meta"]["caller"]["decode_attention"] == "split"
+    rope = [c for c in calls if c["op"] == "qk_norm_rope_kv"]
+    assert [c["args"]["kv"] for c in rope] == [f"kv.{i}" for i in range(36)]
+    with pytest.raises(gq.GenError, match="decode_attn"):
+        _manifest(decode_attn="both")
+
+
+def test_fused_decode_attention_launch() -> None:
+    """One kern_attn_decode_fused launch per layer: grid (kv heads, splits, seqs), the qkv row in, attn_out out,
+    per-(seq, kv head) tickets in a fixed state (zeroed at load), the split scratch of the split path."""
+    m = _manifest(decode_attn="fused")
+    op = m["ops"]["attn_decode_fused"]
+    (launch,) = op["launches"]
+    assert (launch["entry"], launch["grid"], launch["block"], launch["pdl"]) == (
+        "kern_attn_decode_fused", [8, 16, "seqs"], [128, 1, 1], True)
+    sig = gq.KERNEL_SIGNATURES["kern_attn_decode_fused"][1]
+    assert len(launch["args"]) == len(sig) == 24
+    assert launch["args"][9:13] == [{"scratch": "part_out"}, {"scratch": "part_ml"}, {"arg": "tickets"}, {"arg": "out"}]
+    # Hq, Hkv, D, page_tokens, bt_stride, num_pages, max_pos, split_tokens, num_splits, scale, eps
+    assert launch["args"][13:] == [{"i32": 32}, {"i32": 8}, {"i32": 128}, {"i32": 16}, {"i32": 2560},
+                                   {"arg": "num_pages", "type": "i32"}, {"i32": 40960}, {"i32": 16}, {"i32": 16},
+                                   {"f32": 1.0 / 128 ** 0.5}, {"f32": 1e-6}]
+    assert op["scratch"] == {"part_out": f"seqs * {32 * 16 * 128 * 4}", "part_ml": f"seqs * {32 * 16 * 2 * 4}"}
+    assert m["states"]["attn_tickets"] == {"kind": "fixed", "bytes": 8 * 4}
+    assert m["meta"]["caller"]["decode_attention"] == "fused"
+    calls = [c for c in m["programs"]["decode"]["calls"] if c["op"] == "attn_decode_fused"]
+    assert [c["args"]["kv"] for c in calls] == [f"kv.{i}" for i in range(36)]
+    assert all(c["args"]["qkv"] == "qkv" and c["args"]["out"] == "attn_out" and c["args"]["tickets"] == "attn_tickets"
+               and c["args"]["q_norm"] == f"q_norm.{i}" and c["args"]["num_pages"] == {"pages_of": f"kv.{i}"}
+               for i, c in enumerate(calls))
+    assert _manifest(decode="gemm", seqs_max=3, decode_attn="fused")["states"]["attn_tickets"]["bytes"] == 3 * 8 * 4
+
+
 def test_decode_gemm_path_keeps_ten_launches_per_layer() -> None:
     m = _manifest(decode="gemm")
     launches = [len(m["ops"][c["op"]]["launches"]) for c in m["programs"]["decode"]["calls"]]
     assert sum(launches) == 1 + 36 * 10 + 1 + 1 + 2 + 1
+    # fused attention: add_rmsnorm, qkv, fused attention, o, add_rmsnorm, gate_up, silu_mul, down
+    fused = _manifest(decode="gemm", decode_attn="fused")
+    assert sum(len(fused["ops"][c["op"]]["launches"]) for c in fused["programs"]["decode"]["calls"]) == (
+        1 + 36 * 8 + 1 + 1 + 2 + 1)
     assert not any(op.startswith("gemv_") for op in m["ops"])
     with pytest.raises(gq.GenError, match="seqs"):
         _manifest(seqs_max=2)
@@ -83,26 +128,44 @@ def test_gemv_launches_and_pdl() -> None:
     # length 16
     part = o["attn_decode"]["launches"][0]
     assert part["grid"] == [8, 16, "seqs"] and part["args"][12:14] == [{"i32": 16}, {"i32": 16}]
+    fused = _manifest(decode_attn="fused")["ops"]
+    assert {l["entry"] for op in fused.values() for l in op["launches"] if l.get("pdl")} == (
+        pdl - {"kern_attn_decode_partial", "kern_attn_decode_reduce"} | {"kern_attn_decode_fused"})
     assert gq.decode_num_splits(gq.Qwen3Config.from_json(mc.config_json(mc.SHAPES["qwen3-4b"])),
                                 gq.GenOptions("x", sms=264)) == 32
     assert _manifest("tiny", max_context=4096)["ops"]["attn_decode"]["launches"][0]["grid"][1] == 64
     assert _manifest(decode_splits=8)["ops"]["attn_decode"]["launches"][0]["grid"][1] == 8
+    assert _manifest(decode_splits=8, decode_attn="fused")["ops"]["attn_decode_fused"]["launches"][0]["grid"][1] == 8
 
 
-@pytest.mark.parametrize("opts", [{}, {"gemv": "v2"}, {"decode": "gemm"}])
+# (op, entry, index of num_pages among the kernel's parameters; the one before it is bt_stride, 2560, except for
+# the rope, whose previous parameter is max_pos, 40960)
+NUM_PAGES_AT = {"kern_attn_decode_partial": 11, "kern_attn_decode_partial_fast": 11, "kern_attn_prefill": 11,
+                "kern_attn_decode_fused": 18, "kern_qk_norm_rope_kv": 14}
+
+
+@pytest.mark.parametrize("opts", [{}, {"gemv": "v2"}, {"decode": "gemm"}, {"decode_attn": "fused"},
+                                  {"gemv": "v2", "decode_attn": "fused"}, {"decode": "gemm", "decode_attn": "fused"}])
 def test_attention_bounds_page_ids_by_the_pages_of_its_layer_state(opts: dict) -> None:
-    """Every attention launch takes `num_pages` (after bt_stride) from its call's {"pages_of": "kv.<layer>"}."""
+    """Every attention and K/V-writing launch takes `num_pages` from its call's {"pages_of": "kv.<layer>"}: the
+    bound of the page ids it reads and (rope, fused attention) of the slots it writes."""
     m = _manifest(**opts)
-    for op, entry, index in (("attn_decode", "kern_attn_decode_partial_fast" if opts.get("gemv") == "v2"
-                              else "kern_attn_decode_partial", 11), ("attn_prefill", "kern_attn_prefill", 11)):
+    split = opts.get("decode_attn", "split") == "split"
+    decode_ops = (("qk_norm_rope_kv", "kern_qk_norm_rope_kv"), ("attn_decode", "kern_attn_decode_partial_fast"
+                  if opts.get("gemv") == "v2" else "kern_attn_decode_partial")) if split else (
+                  ("attn_decode_fused", "kern_attn_decode_fused"),)
+    for op, entry in (*decode_ops, ("attn_prefill", "kern_attn_prefill"), ("qk_norm_rope_kv", "kern_qk_norm_rope_kv")):
+        index = NUM_PAGES_AT[entry]
         assert {"name": "num_pages", "kind": "int"} in m["ops"][op]["args"]
         launch = m["ops"][op]["launches"][0]
         assert launch["entry"] == entry
-        assert launch["args"][index - 1:index + 1] == [{"i32": 2560}, {"arg": "num_pages", "type": "i32"}]
+        before = {"i32": 40960} if entry == "kern_qk_norm_rope_kv" else {"i32": 2560}
+        assert launch["args"][index - 1:index + 1] == [before, {"arg": "num_pages", "type": "i32"}]
         assert gq.KERNEL_SIGNATURES[entry][1][index] == "i32"
-    for prog, op in (("decode", "attn_decode"), ("prefill", "attn_prefill")):
+    progs = [("decode", op) for op, _ in decode_ops] + [("prefill", "attn_prefill"), ("prefill", "qk_norm_rope_kv")]
+    for prog, op in progs:
         calls = [c for c in m["programs"][prog]["calls"] if c["op"] == op]
-        assert len(calls) == (36 if prog == "decode" else 35)
+        assert len(calls) == (35 if op == "attn_prefill" else 36)
         assert all(c["args"]["num_pages"] == {"pages_of": c["args"]["kv"]} for c in calls)
         assert [c["args"]["kv"] for c in calls] == [f"kv.{i}" for i in range(len(calls))]
 
@@ -257,13 +320,14 @@ def test_runtime_compiles_every_call(fname: str) -> None:
             assert records.program_reads(recs) == {"tokens", "seqs"}  # pages_of adds no var to the key
             assert len(recs) == sum(len(spec.ops[c.op].launches) for c in spec.programs[pname].calls)
         # each attention launch stages its own layer's page count after bt_stride, once, at compile
-        attn = [r for r in recs if getattr(r.launch, "entry", "").startswith(("kern_attn_decode_partial",
-                                                                               "kern_attn_prefill"))]
-        assert len(attn) == sum(c.op in ("attn_decode", "attn_prefill") for c in spec.programs[pname].calls)
+        attn = [r for r in recs if getattr(r.launch, "entry", "") in NUM_PAGES_AT]
+        assert len(attn) == sum({"attn_decode": 1, "attn_prefill": 1, "attn_decode_fused": 1, "qk_norm_rope_kv": 1}.get(
+            c.op, 0) for c in spec.programs[pname].calls)
         for r in attn:
             layer_state = spec.programs[pname].calls[r.call_index].args["kv"].target
-            assert r.params.read(11) == pages[layer_state].to_bytes(4, "little")
-            assert 11 not in [i for i, _ in r.dynamic]
+            index = NUM_PAGES_AT[r.launch.entry]
+            assert r.params.read(index) == pages[layer_state].to_bytes(4, "little")
+            assert index not in [i for i, _ in r.dynamic]
 
 
 # ---------------------------------------------------------------- --algos: batch-invariant prefill pins
