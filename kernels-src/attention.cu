@@ -259,13 +259,17 @@ __device__ __noinline__ void fused_stage(DecodeSmem& sm, FusedSmem& fs, FusedTok
 // FUSED (implies FAST): one pass, heads [fused_g0, fused_g0 + DEC_GP) of the group, whose q the caller has
 // staged in sm.q (fused_stage, then a barrier); the slot of the new token (fz->cur_row) takes its K / V from
 // fs->knew / vnew instead of the cache.
-template <int TPT, bool FAST = false, bool FUSED = false>
+// EARLY (implies FAST, not FUSED): the caller has not waited: the first pass's first tile is loaded before
+// griddepcontrol.wait, then the slot written by the previous kernel (early_row, the K row of slot_mapping[s];
+// -1: none) is loaded again after it.
+template <int TPT, bool FAST = false, bool FUSED = false, bool EARLY = false>
 KERN_DEV void decode_body(DecodeSmem& sm, const __nv_bfloat16* q, const __nv_bfloat16* kv_cache,
                           const int32_t* block_table, float* part_out, float* part_ml, int num_q_heads,
                           int num_kv_heads, int D, int page_tokens, int bt_stride, int num_pages, int num_splits,
                           float scale, int s, int kvh, int x, int begin, int end, FusedSmem* fs = nullptr,
-                          const FusedToken* fz = nullptr, int fused_g0 = 0) {
+                          const FusedToken* fz = nullptr, int fused_g0 = 0, int32_t early_row = -1) {
     static_assert(FAST || !FUSED, "the fused entry uses the FAST load order");
+    static_assert(!EARLY || (FAST && !FUSED), "the early entry is the FAST entry with a later wait");
     constexpr int TPW = 32 / TPT;
     constexpr int TILE = DEC_WARPS * DEC_J * TPW;
     constexpr int NR = DEC_NV / TPT;  // scores per lane after the reduce-scatter
@@ -333,6 +337,21 @@ KERN_DEV void decode_body(DecodeSmem& sm, const __nv_bfloat16* q, const __nv_bfl
             for (int j = 0; j < DEC_J; ++j) kr[j] = load_k(off[j]);
 #pragma unroll
             for (int j = 0; j < DEC_J; ++j) vr[j] = load_v(off[j]);
+            if constexpr (EARLY) {
+                if (g0 == 0) {
+                    kern_pdl_wait();  // q and the new token's K / V row are the previous kernel's output
+                    kern_pdl_launch_dependents();
+                    if (early_row >= 0) {
+#pragma unroll
+                        for (int j = 0; j < DEC_J; ++j) {
+                            if (off[j] == early_row) {
+                                kr[j] = load_k(off[j]);
+                                vr[j] = load_v(off[j]);
+                            }
+                        }
+                    }
+                }
+            }
             if constexpr (!FUSED) {
                 // q * scale * log2(e) of the pass's heads, one 8-element chunk per thread (DEC_THREADS = DEC_GP *
                 // DEC_MAX_D / 8): thread t stages head g = t / 32, dims [8 (t % 32), 8 (t % 32) + 8); zero past D / gn.
@@ -771,8 +790,10 @@ extern "C" __global__ void __launch_bounds__(DEC_THREADS) kern_attn_decode_fused
     const int D = head_dim;
     if (num_kv_heads <= 0 || kvh >= num_kv_heads || x >= num_splits || num_q_heads % num_kv_heads != 0 ||
         D <= 0 || D > DEC_MAX_D || (D & 1) || page_tokens <= 0 || split_tokens <= 0 || num_splits > DEC_MERGE_ML ||
-        num_pages_overflow(num_pages, page_tokens))
+        num_pages_overflow(num_pages, page_tokens)) {
+        kern_pdl_wait();  // every path waits: the grid never completes before its predecessor
         return;
+    }
     const int G = num_q_heads / num_kv_heads;
     const int32_t pos = positions[s];
     const bool pos_ok = pos >= 0 && pos < max_pos;
@@ -835,6 +856,51 @@ extern "C" __global__ void __launch_bounds__(DEC_THREADS) kern_attn_decode_fused
                   split_tokens, num_splits, s, kvh, seq_len);
 }
 
+// kern_attn_decode_partial_fast with the wait moved later (docs/kernels.md): seq_lens, slot_mapping, the block
+// table and the first tile's K / V are read BEFORE griddepcontrol.wait, so under PDL they overlap the previous
+// kernel; it must be kern_qk_norm_rope_kv (or any kernel that writes q and, of the cache, at most the rows of
+// slot_mapping): after the wait q is staged and the row of slot_mapping[s] (when inside [0, num_pages *
+// page_tokens)) is loaded again wherever the first tile holds it. Same launch and results as the fast entry.
+extern "C" __global__ void __launch_bounds__(DEC_THREADS) kern_attn_decode_partial_early(
+    const __nv_bfloat16* q, const __nv_bfloat16* kv_cache, const int32_t* block_table, const int32_t* seq_lens,
+    const int32_t* slot_mapping, float* part_out, float* part_ml, int32_t num_q_heads, int32_t num_kv_heads,
+    int32_t head_dim, int32_t page_tokens, int32_t bt_stride, int32_t num_pages, int32_t split_tokens,
+    int32_t num_splits, float scale) {
+    __shared__ __align__(16) DecodeSmem sm;
+    const int kvh = blockIdx.x, x = blockIdx.y, s = blockIdx.z;
+    const int D = head_dim;
+    if (num_kv_heads <= 0 || kvh >= num_kv_heads || x >= num_splits || num_q_heads % num_kv_heads != 0 ||
+        D <= 0 || D > DEC_MAX_D || page_tokens <= 0 || split_tokens <= 0 ||
+        num_pages_overflow(num_pages, page_tokens)) {
+        kern_pdl_wait();  // every path waits: the grid never completes before its predecessor
+        return;
+    }
+    const int seq_len = max(seq_lens[s], 0);
+    const int64_t slot = slot_mapping[s];
+    const int32_t early_row = (slot >= 0 && slot < (int64_t)max(num_pages, 0) * page_tokens)
+                                  ? (int32_t)(slot / page_tokens * 2 * page_tokens + slot % page_tokens)
+                                  : -1;
+    const int64_t len = decode_split_len(seq_len, split_tokens, num_splits);
+    const int begin = (int)min((int64_t)x * len, (int64_t)seq_len);
+    const int end = (int)min((int64_t)x * len + len, (int64_t)seq_len);
+    if (begin >= end) {
+        kern_pdl_wait();
+        kern_pdl_launch_dependents();
+        write_empty_split(part_out, part_ml, num_q_heads, num_q_heads / num_kv_heads, D, num_splits, s, kvh, x);
+        return;
+    }
+    const int C = (D + 7) / 8;
+#define KERN_EARLY_BODY(TPT)                                                                                    \
+    decode_body<TPT, true, false, true>(sm, q, kv_cache, block_table, part_out, part_ml, num_q_heads, num_kv_heads, \
+                                        D, page_tokens, bt_stride, num_pages, num_splits, scale, s, kvh, x, begin, \
+                                        end, nullptr, nullptr, 0, early_row)
+    if (C <= 4) KERN_EARLY_BODY(4);
+    else if (C <= 8) KERN_EARLY_BODY(8);
+    else if (C <= 16) KERN_EARLY_BODY(16);
+    else KERN_EARLY_BODY(32);
+#undef KERN_EARLY_BODY
+}
+
 // grid (num_q_heads, seqs, 1), block (head_dim,1,1): out[s, h*D + d] = sum_x w_x o_x[d] / sum_x w_x l_x,
 // w_x = exp(m_x - max_x m_x), over the splits x < cdiv(seq_len, L) (L the same effective split length as
 // the partial kernel's); a context of 0 tokens gives zeros.
@@ -845,12 +911,13 @@ extern "C" __global__ void kern_attn_decode_reduce(const float* part_out,  // [s
                                                    int32_t num_q_heads, int32_t head_dim, int32_t split_tokens,
                                                    int32_t num_splits) {
     __shared__ float wmax[32];
-    kern_pdl_wait();
-    kern_pdl_launch_dependents();
     const int h = blockIdx.x, s = blockIdx.y, d = threadIdx.x;
     const int D = head_dim;
-    if (h >= num_q_heads || split_tokens <= 0 || num_splits <= 0) return;  // uniform over the block
-    const int seq_len = max(seq_lens[s], 0);
+    const bool ok = h < num_q_heads && split_tokens > 0 && num_splits > 0;  // uniform over the block
+    const int seq_len = ok ? max(seq_lens[s], 0) : 0;  // before the wait: the partial kernel does not write it
+    kern_pdl_wait();
+    kern_pdl_launch_dependents();
+    if (!ok) return;
     const int64_t len = decode_split_len(seq_len, split_tokens, num_splits);
     const int n_used = (int)min((int64_t)num_splits, (seq_len + len - 1) / len);
     const int64_t base = ((int64_t)s * num_q_heads + h) * num_splits;

@@ -28,7 +28,8 @@ extern "C" __global__ void kern_rope_table(float* rope,  // [max_pos, head_dim]
 // 32-element warp by a shuffle tree, then the warps in order (kern_attn_decode_fused repeats it bit for bit).
 // V is copied unchanged. K / V go to slot_mapping[t] when it lies in [0, num_pages * page_tokens), num_pages
 // the page count of the cache's reserved range (a manifest's {"pages_of": state}).
-// Starts with griddepcontrol.wait, then launch_dependents: may be launched with PDL after any kernel.
+// Reads positions, slot_mapping, the norm weights and the rope table before griddepcontrol.wait (then
+// launch_dependents), qkv after it: may be launched with PDL after a kernel that writes none of those four.
 extern "C" __global__ void __launch_bounds__(1024) kern_qk_norm_rope_kv(
     const __nv_bfloat16* qkv,       // [n_tokens, (Hq + 2*Hkv) * D]
     const __nv_bfloat16* q_norm_w,  // [D]
@@ -42,43 +43,47 @@ extern "C" __global__ void __launch_bounds__(1024) kern_qk_norm_rope_kv(
     int32_t max_pos, int32_t num_pages, float eps) {
     __shared__ float scratch[32];
     __shared__ float normed[1024];  // the head after RMSNorm (bf16-valued), for rotate_half
-    kern_pdl_wait();  // PDL: nothing is read or written before the previous kernel has completed
-    kern_pdl_launch_dependents();
     const int t = blockIdx.x;
     const int h = blockIdx.y;
     const int D = head_dim;
     const int d = threadIdx.x;
-    // Uniform early exits (the whole block takes the same branch before any barrier).
-    if (t >= n_tokens || h >= num_q_heads + num_kv_heads || D <= 0 || D > 1024 || (D & 1) || page_tokens <= 0)
-        return;
-    const int32_t pos = positions[t];
-    if (pos < 0 || pos >= max_pos) return;
+    // Before the wait: what the previous kernel (the qkv projection) does not write - the position, the slot, this
+    // element's norm weight and rope entries. Every path waits before returning, so this grid never completes
+    // before its predecessor (PDL ordering stays transitive for the kernels after it).
+    // Uniform checks (the whole block takes the same branch before any barrier).
+    bool ok = t < n_tokens && h < num_q_heads + num_kv_heads && D > 0 && D <= 1024 && !(D & 1) && page_tokens > 0;
+    const int32_t pos = ok ? positions[t] : -1;
+    ok = ok && pos >= 0 && pos < max_pos;
     const bool is_q = h < num_q_heads;
     const int j = h - num_q_heads;  // kv head when !is_q
     int64_t slot = 0;
-    if (!is_q) {
+    if (ok && !is_q) {
         slot = slot_mapping[t];
-        if (slot < 0 || slot >= (int64_t)max(num_pages, 0) * page_tokens) return;
+        ok = slot >= 0 && slot < (int64_t)max(num_pages, 0) * page_tokens;
     }
+    const bool active = ok && d < D;
+    const int half = D / 2;
+    const int f = d < half ? d : d - half;
+    const float* rope_row = rope + (int64_t)(ok ? pos : 0) * D;
+    const float wv = active ? bf2f((is_q ? q_norm_w : k_norm_w)[d]) : 0.0f;
+    const float c = active ? rope_row[f] : 0.0f;
+    const float sn = active ? rope_row[half + f] : 0.0f;
+    kern_pdl_wait();  // the qkv row is the previous kernel's output; nothing is written before this
+    kern_pdl_launch_dependents();
+    if (!ok) return;
     const int row_elems = (num_q_heads + 2 * num_kv_heads) * D;
     const __nv_bfloat16* row = qkv + (int64_t)t * row_elems;
     const __nv_bfloat16* x_ptr = is_q ? row + (int64_t)h * D : row + (int64_t)(num_q_heads + j) * D;
-    const __nv_bfloat16* w_ptr = is_q ? q_norm_w : k_norm_w;
 
-    const bool active = d < D;
     const float x = active ? bf2f(x_ptr[d]) : 0.0f;
     const float total = block_sum(__fmul_rn(x, x), scratch);
     const float rs = rsqrtf(total / (float)D + eps);
-    const float n = active ? round_bf(bf2f(w_ptr[d]) * round_bf(x * rs)) : 0.0f;
+    const float n = active ? round_bf(wv * round_bf(x * rs)) : 0.0f;
     if (active) normed[d] = n;
     __syncthreads();
     if (!active) return;  // no barrier follows
-    const int half = D / 2;
-    const float* rope_row = rope + (int64_t)pos * D;
-    const float c = rope_row[d < half ? d : d - half];
-    const float s = rope_row[half + (d < half ? d : d - half)];
     const float rot = d < half ? -normed[d + half] : normed[d - half];
-    const __nv_bfloat16 y = f2bf(round_bf(n * c) + round_bf(rot * s));
+    const __nv_bfloat16 y = f2bf(round_bf(n * c) + round_bf(rot * sn));
 
     if (is_q) {
         q_out[((int64_t)t * num_q_heads + h) * D + d] = y;

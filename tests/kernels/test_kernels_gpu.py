@@ -415,7 +415,8 @@ def test_attn_decode_partial_fast_bitwise(dev, hq, hkv, head_dim, page_tokens, s
 
 
 # kern_attn_decode_fused = kern_qk_norm_rope_kv + kern_attn_decode_partial_fast + kern_attn_decode_reduce, bit for
-# bit (output and cache), with sequences that exercise each rule of its contract.
+# bit (output and cache), with sequences that exercise each rule of its contract; kern_attn_decode_partial_early
+# = kern_attn_decode_partial_fast, bit for bit, on the same cases.
 FUSED_CONFIGS = [(32, 8, 128, 16), (4, 2, 32, 4), (6, 2, 64, 16), (8, 1, 128, 16), (4, 2, 96, 16), (4, 4, 64, 16),
                  (16, 2, 256, 16)]
 
@@ -475,6 +476,26 @@ def run_fused_vs_split(dev, rng, hq, hkv, head_dim, page_tokens, split_tokens, n
          ("i", split_tokens), ("i", num_splits)])
     out_a = d_out_a.download(np.uint16, (seqs, hq * head_dim))
     cache_a = d_cache_a.download(np.uint16, cache.shape)
+    # kern_attn_decode_partial_early (the fast entry with its reads before the PDL wait and the slot's row
+    # reloaded after it): bit for bit the fast entry's partials and output, on the same q and cache
+    d_po_e, d_ml_e, d_out_e = dev.alloc(part * head_dim * 4), dev.alloc(part * 2 * 4), dev.alloc(seqs * hq * head_dim * 2)
+    for buf in (d_po_e, d_ml_e, d_out_e):
+        buf.poison()
+    dev.kernel("kern_attn_decode_partial_early").launch(
+        (hkv, num_splits, seqs), (128,),
+        [("p", d_q.ptr), ("p", d_cache_a.ptr), ("p", d_bt.ptr), ("p", d_lens.ptr), ("p", d_slots.ptr),
+         ("p", d_po_e.ptr), ("p", d_ml_e.ptr), ("i", hq), ("i", hkv), ("i", head_dim), ("i", page_tokens),
+         ("i", bt_stride), ("i", num_pages), ("i", split_tokens), ("i", num_splits), ("f", scale)])
+    dev.kernel("kern_attn_decode_reduce").launch(
+        (hq, seqs), (head_dim,),
+        [("p", d_po_e.ptr), ("p", d_ml_e.ptr), ("p", d_lens.ptr), ("p", d_out_e.ptr), ("i", hq), ("i", head_dim),
+         ("i", split_tokens), ("i", num_splits)])
+    ok_rows = positions < max_pos  # a position past max_pos leaves q unwritten (NaN) on both
+    got_ml = d_ml_e.download(np.uint32, (seqs, part // seqs * 2))[ok_rows]
+    want_ml = d_ml.download(np.uint32, (seqs, part // seqs * 2))[ok_rows]
+    assert np.array_equal(got_ml, want_ml), "early partial: part_ml differs from the fast entry"
+    out_e = d_out_e.download(np.uint16, (seqs, hq * head_dim))
+    assert np.array_equal(out_e[ok_rows], out_a[ok_rows]), "early partial: output differs from the fast entry"
 
     # fused, twice (the tickets must be back at zero after each launch; the second launch finds the new K/V
     # already in the cache and must give the same result)

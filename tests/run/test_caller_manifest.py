@@ -56,7 +56,13 @@ def test_decode_has_seven_launches_per_layer() -> None:
     assert sum(len(m["ops"][c["op"]]["launches"]) for c in calls) == 1 + 36 * 7 + 1 + 2 + 1
     ops = Counter(c["op"] for c in calls)
     assert ops["qk_norm_rope_kv"] == 36 and ops["attn_decode"] == 36 and "attn_decode_fused" not in m["ops"]
-    assert "attn_tickets" not in m["states"] and m["meta"]["caller"]["decode_attention"] == "split"
+    assert "attn_tickets" not in m["states"] and m["meta"]["caller"]["decode_attention"] == "early"
+    # the partial reads slot_mapping (the row it reloads after its PDL wait); `split` keeps the older entries
+    assert all(c["args"]["slots"] == "slot_mapping" for c in calls if c["op"] == "attn_decode")
+    assert m["ops"]["attn_decode"]["launches"][0]["entry"] == "kern_attn_decode_partial_early"
+    assert _manifest(decode_attn="split")["ops"]["attn_decode"]["launches"][0]["entry"] == "kern_attn_decode_partial"
+    assert _manifest(decode_attn="split", gemv="v2")["ops"]["attn_decode"]["launches"][0]["entry"] == (
+        "kern_attn_decode_partial_fast")
     rope = [c for c in calls if c["op"] == "qk_norm_rope_kv"]
     assert [c["args"]["kv"] for c in rope] == [f"kv.{i}" for i in range(36)]
     with pytest.raises(gq.GenError, match="decode_attn"):
@@ -119,7 +125,7 @@ def test_gemv_launches_and_pdl() -> None:
     small = {"kern_embed_gather", "kern_qk_norm_rope_kv", "kern_argmax_partial", "kern_argmax_final",
              "kern_decode_advance"}
     assert pdl == {"kern_gemv_rmsnorm", "kern_gemv_residual", "kern_gemv_silu_residual",
-                   "kern_attn_decode_partial", "kern_attn_decode_reduce"} | small
+                   "kern_attn_decode_partial_early", "kern_attn_decode_reduce"} | small
     assert pdl <= gq.PDL_ENTRIES
     assert not any(l.get("pdl") for op in _manifest(pdl=False)["ops"].values() for l in op["launches"])
     no_small = {l["entry"] for op in _manifest(pdl_small=False)["ops"].values() for l in op["launches"] if l.get("pdl")}
@@ -127,10 +133,10 @@ def test_gemv_launches_and_pdl() -> None:
     # decode attention: a fixed split count, one wave of blocks (8 kv heads x 16 <= 132 SMs), minimum split
     # length 16
     part = o["attn_decode"]["launches"][0]
-    assert part["grid"] == [8, 16, "seqs"] and part["args"][12:14] == [{"i32": 16}, {"i32": 16}]
+    assert part["grid"] == [8, 16, "seqs"] and part["args"][13:15] == [{"i32": 16}, {"i32": 16}]
     fused = _manifest(decode_attn="fused")["ops"]
     assert {l["entry"] for op in fused.values() for l in op["launches"] if l.get("pdl")} == (
-        pdl - {"kern_attn_decode_partial", "kern_attn_decode_reduce"} | {"kern_attn_decode_fused"})
+        pdl - {"kern_attn_decode_partial_early", "kern_attn_decode_reduce"} | {"kern_attn_decode_fused"})
     assert gq.decode_num_splits(gq.Qwen3Config.from_json(mc.config_json(mc.SHAPES["qwen3-4b"])),
                                 gq.GenOptions("x", sms=264)) == 32
     assert _manifest("tiny", max_context=4096)["ops"]["attn_decode"]["launches"][0]["grid"][1] == 64
@@ -141,18 +147,21 @@ def test_gemv_launches_and_pdl() -> None:
 # (op, entry, index of num_pages among the kernel's parameters; the one before it is bt_stride, 2560, except for
 # the rope, whose previous parameter is max_pos, 40960)
 NUM_PAGES_AT = {"kern_attn_decode_partial": 11, "kern_attn_decode_partial_fast": 11, "kern_attn_prefill": 11,
+                "kern_attn_decode_partial_early": 12,
                 "kern_attn_decode_fused": 18, "kern_qk_norm_rope_kv": 14}
 
 
 @pytest.mark.parametrize("opts", [{}, {"gemv": "v2"}, {"decode": "gemm"}, {"decode_attn": "fused"},
+                                  {"decode_attn": "split"}, {"decode_attn": "split", "gemv": "v2"},
                                   {"gemv": "v2", "decode_attn": "fused"}, {"decode": "gemm", "decode_attn": "fused"}])
 def test_attention_bounds_page_ids_by_the_pages_of_its_layer_state(opts: dict) -> None:
     """Every attention and K/V-writing launch takes `num_pages` from its call's {"pages_of": "kv.<layer>"}: the
     bound of the page ids it reads and (rope, fused attention) of the slots it writes."""
     m = _manifest(**opts)
-    split = opts.get("decode_attn", "split") == "split"
-    decode_ops = (("qk_norm_rope_kv", "kern_qk_norm_rope_kv"), ("attn_decode", "kern_attn_decode_partial_fast"
-                  if opts.get("gemv") == "v2" else "kern_attn_decode_partial")) if split else (
+    attn = opts.get("decode_attn", "early")
+    partial = {"early": "kern_attn_decode_partial_early", "split": "kern_attn_decode_partial_fast"
+               if opts.get("gemv") == "v2" else "kern_attn_decode_partial"}.get(attn)
+    decode_ops = (("qk_norm_rope_kv", "kern_qk_norm_rope_kv"), ("attn_decode", partial)) if partial else (
                   ("attn_decode_fused", "kern_attn_decode_fused"),)
     for op, entry in (*decode_ops, ("attn_prefill", "kern_attn_prefill"), ("qk_norm_rope_kv", "kern_qk_norm_rope_kv")):
         index = NUM_PAGES_AT[entry]
@@ -406,3 +415,32 @@ def test_decode_gemm_projections_take_their_own_m1_pins_never_a_prefill_pin(tmp_
     assert "algo" not in m["ops"]["gemm"]["launches"][0]
     prefill_ops = {c["op"] for c in m["programs"]["prefill"]["calls"] if c["op"].startswith("gemm")}
     assert prefill_ops == {f"gemm_{n}x{k}" for n, k in shapes}
+
+
+def test_l2_prefetch_after_every_qkv_gemv() -> None:
+    """--l2-prefetch-mib: one prefetch_l2 call right after each layer's gemv_qkv, over that layer's w_o and the heads
+    of its gate_up halves (w_o first), PDL; none by default; the cuBLASLt decode refuses it."""
+    cfg = gq.Qwen3Config.from_json(mc.config_json(mc.SHAPES["qwen3-4b"]))
+    o_bytes, half = 2560 * 4096 * 2, 9728 * 2560 * 2
+    assert gq.l2_prefetch_plan(cfg, 8 << 20) == (8 << 20, 0)
+    assert gq.l2_prefetch_plan(cfg, 40 << 20) == (o_bytes, (40 * 2**20 - o_bytes) // 2)
+    assert gq.l2_prefetch_plan(cfg, 10**12) == (o_bytes, half)
+    assert gq.l2_prefetch_plan(cfg, o_bytes + 33) == (o_bytes, 16)
+    assert "prefetch_l2" not in _manifest(gemv="v2")["ops"]
+    m = _manifest(gemv="v2", l2_prefetch_mib=40)
+    calls = m["programs"]["decode"]["calls"]
+    at = [i for i, c in enumerate(calls) if c["op"] == "prefetch_l2"]
+    assert len(at) == 36 and all(calls[i - 1]["op"] == "gemv_qkv" for i in at)
+    assert [calls[i]["args"] for i in at] == [{"w_o": f"w_o.{n}", "w_gate_up": f"w_gate_up.{n}"} for n in range(36)]
+    (launch,) = m["ops"]["prefetch_l2"]["launches"]
+    n_gu = (40 * 2**20 - o_bytes) // 2
+    assert launch["args"] == [{"arg": "w_o"}, {"i64": o_bytes}, {"arg": "w_gate_up"}, {"i64": n_gu},
+                              {"arg": "w_gate_up", "offset": half}, {"i64": n_gu}, {"i32": 128}]
+    assert (launch["entry"], launch["module"], launch["pdl"], launch["grid"]) == ("kern_prefetch_l2", "prefetch", True, [132, 1, 1])
+    assert "kern_prefetch_l2" in gq.PDL_ENTRIES
+    km = pytest.importorskip("kern_manifest")
+    km.verify(km.parse_manifest(gq.dumps(m)))
+    with pytest.raises(gq.GenError, match="l2_prefetch_mib"):
+        _manifest(decode="gemm", l2_prefetch_mib=8)
+    with pytest.raises(gq.GenError, match="l2_prefetch_mib"):
+        _manifest(l2_prefetch_mib=-1)
