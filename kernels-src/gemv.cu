@@ -364,10 +364,13 @@ KERN_DEV void load_rows_batch(const bf16* w, int k, const int (&rows)[kRows], in
 
 // `row_of(g, rows)`: the kRows physical W rows of group g (-1: no row; contributes nothing).
 // `stage_x(xs, k8)`: as in gemv_body (every thread; ends with __syncthreads()).
-// `epilogue(g, tot)`: called by EVERY thread of the block after tot[r] (shared, fp32) holds W[rows[r]] . x;
-// it writes from the threads it picks (thread index < kRows or fewer).
-template <bool VEC, class RowOf, class StageX, class Epilogue>
-KERN_DEV void rows_body(const bf16* __restrict__ w, int groups, int k, RowOf row_of, StageX stage_x,
+// `pre(g)`: called by every thread when group g starts (the first group: right after the wait, before x is
+// staged), so an epilogue operand (the residual row) is in flight with the group's loads; its value is
+// handed to the epilogue.
+// `epilogue(g, tot, pre_value)`: called by EVERY thread of the block after tot[r] (shared, fp32) holds
+// W[rows[r]] . x; it writes from the threads it picks (thread index < kRows or fewer).
+template <bool VEC, class RowOf, class StageX, class Pre, class Epilogue>
+KERN_DEV void rows_body(const bf16* __restrict__ w, int groups, int k, RowOf row_of, StageX stage_x, Pre pre,
                         Epilogue epilogue) {
     extern __shared__ uint4 xs[];  // [round_up(k, 8) / 8] chunks of 8 bf16
     __shared__ float red[32][kRows];
@@ -391,13 +394,17 @@ KERN_DEV void rows_body(const bf16* __restrict__ w, int groups, int k, RowOf row
     load_rows_batch<VEC, Src::kWeightEarly>(w, k, rows, tid, policy, wv);
     kern_pdl_wait();  // everything below may read what the previous kernel in the stream wrote
     kern_pdl_launch_dependents();
+    float pre_value = g_first < groups ? pre(g_first) : 0.0f;
 
     // 2. x into shared memory.
     stage_x(xs, k8);
 
     // 3. Groups.
     for (int g = g_first; g < groups; g += gridDim.x) {
-        if (g != g_first) row_of(g, rows);
+        if (g != g_first) {
+            row_of(g, rows);
+            pre_value = pre(g);
+        }
         float acc[kRows];
 #pragma unroll
         for (int r = 0; r < kRows; ++r) acc[r] = 0.0f;
@@ -426,9 +433,12 @@ KERN_DEV void rows_body(const bf16* __restrict__ w, int groups, int k, RowOf row
             tot[tid] = t;
         }
         __syncthreads();  // tot ready; red free for the next group
-        epilogue(g, tot);
+        epilogue(g, tot, pre_value);
     }
 }
+
+// For entries whose epilogue needs no operand loaded ahead.
+KERN_DEV float no_pre(int) { return 0.0f; }
 
 // Plain row mapping: group g = rows [kRows g, kRows g + kRows) below n.
 KERN_DEV int row_groups(int n) { return (n + kRows - 1) / kRows; }
@@ -446,12 +456,12 @@ kern_gemv_rows(const bf16* __restrict__ w, const bf16* __restrict__ x, bf16* __r
     auto stage = [=](uint4* xs, int k8) {
         if (k % kChunk == 0 && aligned16(x)) stage_copy<true>(xs, k8, x, k); else stage_copy<false>(xs, k8, x, k);
     };
-    auto store = [=](int g, const float* tot) {
+    auto store = [=](int g, const float* tot, float) {
         const int row = g * kRows + static_cast<int>(threadIdx.x);
         if (threadIdx.x < kRows && row < n) y[row] = f2bf(tot[threadIdx.x]);
     };
-    if (k % kChunk == 0 && aligned16(w)) rows_body<true>(w, row_groups(n), k, row_of, stage, store);
-    else rows_body<false>(w, row_groups(n), k, row_of, stage, store);
+    if (k % kChunk == 0 && aligned16(w)) rows_body<true>(w, row_groups(n), k, row_of, stage, no_pre, store);
+    else rows_body<false>(w, row_groups(n), k, row_of, stage, no_pre, store);
 }
 
 // y[n] = W[n, k] @ rmsnorm(residual[k]) * norm_w (rows family; same contract as kern_gemv_rmsnorm).
@@ -469,12 +479,12 @@ kern_gemv_rows_rmsnorm(const bf16* __restrict__ w, const bf16* __restrict__ resi
         else
             stage_rmsnorm<false>(xs, k8, residual, norm_w, k, eps);
     };
-    auto store = [=](int g, const float* tot) {
+    auto store = [=](int g, const float* tot, float) {
         const int row = g * kRows + static_cast<int>(threadIdx.x);
         if (threadIdx.x < kRows && row < n) y[row] = f2bf(tot[threadIdx.x]);
     };
-    if (k % kChunk == 0 && aligned16(w)) rows_body<true>(w, row_groups(n), k, row_of, stage, store);
-    else rows_body<false>(w, row_groups(n), k, row_of, stage, store);
+    if (k % kChunk == 0 && aligned16(w)) rows_body<true>(w, row_groups(n), k, row_of, stage, no_pre, store);
+    else rows_body<false>(w, row_groups(n), k, row_of, stage, no_pre, store);
 }
 
 // residual[n] = bf16(residual + bf16(W[n, k] @ x[k])) (rows family; same contract as kern_gemv_residual).
@@ -489,12 +499,18 @@ kern_gemv_rows_residual(const bf16* __restrict__ w, const bf16* __restrict__ x, 
     auto stage = [=](uint4* xs, int k8) {
         if (k % kChunk == 0 && aligned16(x)) stage_copy<true>(xs, k8, x, k); else stage_copy<false>(xs, k8, x, k);
     };
-    auto add = [=](int g, const float* tot) {
+    // the residual row of thread r < kRows, loaded when the group starts (nothing else writes it meanwhile: a
+    // row belongs to one group), added in the epilogue as add_to_residual does
+    auto pre = [=](int g) {
         const int row = g * kRows + static_cast<int>(threadIdx.x);
-        if (threadIdx.x < kRows && row < n) add_to_residual(residual, row, tot[threadIdx.x]);
+        return (threadIdx.x < kRows && row < n) ? bf2f(__ldcg(residual + row)) : 0.0f;
     };
-    if (k % kChunk == 0 && aligned16(w)) rows_body<true>(w, row_groups(n), k, row_of, stage, add);
-    else rows_body<false>(w, row_groups(n), k, row_of, stage, add);
+    auto add = [=](int g, const float* tot, float r) {
+        const int row = g * kRows + static_cast<int>(threadIdx.x);
+        if (threadIdx.x < kRows && row < n) residual[row] = f2bf(r + round_bf(tot[threadIdx.x]));
+    };
+    if (k % kChunk == 0 && aligned16(w)) rows_body<true>(w, row_groups(n), k, row_of, stage, pre, add);
+    else rows_body<false>(w, row_groups(n), k, row_of, stage, pre, add);
 }
 
 // act[j] = bf16(bf16(silu(bf16(gate_j))) * bf16(up_j)), j < inter, where gate_j = W[j] . x and
@@ -520,7 +536,7 @@ kern_gemv_rmsnorm_swiglu(const bf16* __restrict__ w_gate_up, const bf16* __restr
         else
             stage_rmsnorm<false>(xs, k8, residual, norm_w, k, eps);
     };
-    auto store = [=](int g, const float* tot) {
+    auto store = [=](int g, const float* tot, float) {
         const int t = static_cast<int>(threadIdx.x);
         const int j = 2 * g + t;
         if (t < 2 && j < inter) {
@@ -529,6 +545,6 @@ kern_gemv_rmsnorm_swiglu(const bf16* __restrict__ w_gate_up, const bf16* __restr
         }
     };
     const int groups = (inter + 1) / 2;
-    if (k % kChunk == 0 && aligned16(w_gate_up)) rows_body<true>(w_gate_up, groups, k, row_of, stage, store);
-    else rows_body<false>(w_gate_up, groups, k, row_of, stage, store);
+    if (k % kChunk == 0 && aligned16(w_gate_up)) rows_body<true>(w_gate_up, groups, k, row_of, stage, no_pre, store);
+    else rows_body<false>(w_gate_up, groups, k, row_of, stage, no_pre, store);
 }
