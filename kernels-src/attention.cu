@@ -592,6 +592,20 @@ extern "C" __global__ void __launch_bounds__(DEC_THREADS) kern_attn_decode_parti
                         bt_stride, num_pages, num_splits, scale, s, kvh, x, begin, end);
 }
 
+// Writes what decode_body writes for an empty split: (-inf, 0) and zero part_out rows of the group's heads.
+KERN_DEV void write_empty_split(float* part_out, float* part_ml, int num_q_heads, int G, int D, int num_splits,
+                                int s, int kvh, int x) {
+    for (int i = threadIdx.x; i < G * D; i += DEC_THREADS) {
+        const int g = i / D, d = i - g * D;
+        part_out[(((int64_t)s * num_q_heads + kvh * G + g) * num_splits + x) * D + d] = 0.0f;
+    }
+    for (int g = threadIdx.x; g < G; g += DEC_THREADS) {
+        float* ml = part_ml + (((int64_t)s * num_q_heads + kvh * G + g) * num_splits + x) * 2;
+        ml[0] = -CUDART_INF_F;
+        ml[1] = 0.0f;
+    }
+}
+
 // kern_attn_decode_partial with the same signature, launch and results (docs/kernels.md), cheaper at short
 // contexts: a split past the context writes its (-inf, 0) and zero part_out rows at once and returns (no q
 // load, no barrier), and a working split issues its first tile's block-table and K/V loads before staging q
@@ -615,16 +629,7 @@ extern "C" __global__ void __launch_bounds__(DEC_THREADS) kern_attn_decode_parti
     const int begin = (int)min((int64_t)x * len, (int64_t)seq_len);
     const int end = (int)min((int64_t)x * len + len, (int64_t)seq_len);
     if (begin >= end) {  // empty split: what decode_body writes for it, without its loads and barriers
-        const int G = num_q_heads / num_kv_heads;
-        for (int i = threadIdx.x; i < G * D; i += DEC_THREADS) {
-            const int g = i / D, d = i - g * D;
-            part_out[(((int64_t)s * num_q_heads + kvh * G + g) * num_splits + x) * D + d] = 0.0f;
-        }
-        for (int g = threadIdx.x; g < G; g += DEC_THREADS) {
-            float* ml = part_ml + (((int64_t)s * num_q_heads + kvh * G + g) * num_splits + x) * 2;
-            ml[0] = -CUDART_INF_F;
-            ml[1] = 0.0f;
-        }
+        write_empty_split(part_out, part_ml, num_q_heads, num_q_heads / num_kv_heads, D, num_splits, s, kvh, x);
         return;
     }
     const int C = (D + 7) / 8;
@@ -640,20 +645,6 @@ extern "C" __global__ void __launch_bounds__(DEC_THREADS) kern_attn_decode_parti
     else
         decode_body<32, true>(sm, q, kv_cache, block_table, part_out, part_ml, num_q_heads, num_kv_heads, D,
                               page_tokens, bt_stride, num_pages, num_splits, scale, s, kvh, x, begin, end);
-}
-
-// Writes what decode_body writes for an empty split: (-inf, 0) and zero part_out rows of the group's heads.
-KERN_DEV void write_empty_split(float* part_out, float* part_ml, int num_q_heads, int G, int D, int num_splits,
-                                int s, int kvh, int x) {
-    for (int i = threadIdx.x; i < G * D; i += DEC_THREADS) {
-        const int g = i / D, d = i - g * D;
-        part_out[(((int64_t)s * num_q_heads + kvh * G + g) * num_splits + x) * D + d] = 0.0f;
-    }
-    for (int g = threadIdx.x; g < G; g += DEC_THREADS) {
-        float* ml = part_ml + (((int64_t)s * num_q_heads + kvh * G + g) * num_splits + x) * 2;
-        ml[0] = -CUDART_INF_F;
-        ml[1] = 0.0f;
-    }
 }
 
 // Split merge of one (sequence, kv head) by the last of its num_splits blocks to finish: every block fences

@@ -462,39 +462,30 @@ def run_fused_vs_split(dev, rng, hq, hkv, head_dim, page_tokens, split_tokens, n
         [("p", d_qkv.ptr), ("p", d_qw.ptr), ("p", d_kw.ptr), ("p", d_rope.ptr), ("p", d_pos.ptr), ("p", d_slots.ptr),
          ("p", d_q.ptr), ("p", d_cache_a.ptr), ("i", seqs), ("i", hq), ("i", hkv), ("i", head_dim),
          ("i", page_tokens), ("i", max_pos), ("i", num_pages), ("f", eps)])
-    d_po, d_ml, d_out_a = dev.alloc(part * head_dim * 4), dev.alloc(part * 2 * 4), dev.alloc(seqs * hq * head_dim * 2)
-    for buf in (d_po, d_ml, d_out_a):
-        buf.poison()
-    dev.kernel("kern_attn_decode_partial_fast").launch(
-        (hkv, num_splits, seqs), (128,),
-        [("p", d_q.ptr), ("p", d_cache_a.ptr), ("p", d_bt.ptr), ("p", d_lens.ptr), ("p", d_po.ptr), ("p", d_ml.ptr),
-         ("i", hq), ("i", hkv), ("i", head_dim), ("i", page_tokens), ("i", bt_stride), ("i", num_pages),
-         ("i", split_tokens), ("i", num_splits), ("f", scale)])
-    dev.kernel("kern_attn_decode_reduce").launch(
-        (hq, seqs), (head_dim,),
-        [("p", d_po.ptr), ("p", d_ml.ptr), ("p", d_lens.ptr), ("p", d_out_a.ptr), ("i", hq), ("i", head_dim),
-         ("i", split_tokens), ("i", num_splits)])
-    out_a = d_out_a.download(np.uint16, (seqs, hq * head_dim))
+
+    def partial_then_reduce(entry, slots_arg):
+        """(part_ml bits [seqs, hq * num_splits * 2], output bits [seqs, hq * D]) of `entry` + the reduce."""
+        d_po, d_ml, d_out = dev.alloc(part * head_dim * 4), dev.alloc(part * 2 * 4), dev.alloc(seqs * hq * head_dim * 2)
+        for buf in (d_po, d_ml, d_out):
+            buf.poison()
+        dev.kernel(entry).launch(
+            (hkv, num_splits, seqs), (128,),
+            [("p", d_q.ptr), ("p", d_cache_a.ptr), ("p", d_bt.ptr), ("p", d_lens.ptr), *slots_arg, ("p", d_po.ptr),
+             ("p", d_ml.ptr), ("i", hq), ("i", hkv), ("i", head_dim), ("i", page_tokens), ("i", bt_stride),
+             ("i", num_pages), ("i", split_tokens), ("i", num_splits), ("f", scale)])
+        dev.kernel("kern_attn_decode_reduce").launch(
+            (hq, seqs), (head_dim,),
+            [("p", d_po.ptr), ("p", d_ml.ptr), ("p", d_lens.ptr), ("p", d_out.ptr), ("i", hq), ("i", head_dim),
+             ("i", split_tokens), ("i", num_splits)])
+        return d_ml.download(np.uint32, (seqs, part // seqs * 2)), d_out.download(np.uint16, (seqs, hq * head_dim))
+
+    ml_a, out_a = partial_then_reduce("kern_attn_decode_partial_fast", [])
     cache_a = d_cache_a.download(np.uint16, cache.shape)
     # kern_attn_decode_partial_early (the fast entry with its reads before the PDL wait and the slot's row
     # reloaded after it): bit for bit the fast entry's partials and output, on the same q and cache
-    d_po_e, d_ml_e, d_out_e = dev.alloc(part * head_dim * 4), dev.alloc(part * 2 * 4), dev.alloc(seqs * hq * head_dim * 2)
-    for buf in (d_po_e, d_ml_e, d_out_e):
-        buf.poison()
-    dev.kernel("kern_attn_decode_partial_early").launch(
-        (hkv, num_splits, seqs), (128,),
-        [("p", d_q.ptr), ("p", d_cache_a.ptr), ("p", d_bt.ptr), ("p", d_lens.ptr), ("p", d_slots.ptr),
-         ("p", d_po_e.ptr), ("p", d_ml_e.ptr), ("i", hq), ("i", hkv), ("i", head_dim), ("i", page_tokens),
-         ("i", bt_stride), ("i", num_pages), ("i", split_tokens), ("i", num_splits), ("f", scale)])
-    dev.kernel("kern_attn_decode_reduce").launch(
-        (hq, seqs), (head_dim,),
-        [("p", d_po_e.ptr), ("p", d_ml_e.ptr), ("p", d_lens.ptr), ("p", d_out_e.ptr), ("i", hq), ("i", head_dim),
-         ("i", split_tokens), ("i", num_splits)])
+    ml_e, out_e = partial_then_reduce("kern_attn_decode_partial_early", [("p", d_slots.ptr)])
     ok_rows = positions < max_pos  # a position past max_pos leaves q unwritten (NaN) on both
-    got_ml = d_ml_e.download(np.uint32, (seqs, part // seqs * 2))[ok_rows]
-    want_ml = d_ml.download(np.uint32, (seqs, part // seqs * 2))[ok_rows]
-    assert np.array_equal(got_ml, want_ml), "early partial: part_ml differs from the fast entry"
-    out_e = d_out_e.download(np.uint16, (seqs, hq * head_dim))
+    assert np.array_equal(ml_e[ok_rows], ml_a[ok_rows]), "early partial: part_ml differs from the fast entry"
     assert np.array_equal(out_e[ok_rows], out_a[ok_rows]), "early partial: output differs from the fast entry"
 
     # fused, twice (the tickets must be back at zero after each launch; the second launch finds the new K/V
