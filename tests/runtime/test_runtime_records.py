@@ -10,7 +10,7 @@ from runtime_helpers import base_manifest, scale_op
 from kern_runtime import ApiError, ManifestVerifyError
 from kern_runtime.graphs import graph_key, normalise_vars
 from kern_runtime.params import encode_pointer, encode_scalar
-from kern_runtime.records import AddressBook, ExternRecord, KernelRecord, compile_call, program_reads
+from kern_runtime.records import AddressBook, ExternRecord, KernelRecord, args_at_range_ends, compile_call, program_reads
 from kern_runtime.runtime import load_spec
 
 SHA = "ab" * 32
@@ -100,6 +100,31 @@ def test_extern_gemm_record_resolves_integers() -> None:
     rec.patch({"tokens": 3})
     assert rec.args == (0x100000, 0x200000, 0x300040, 3, 32, 16, 96)
     assert program_reads([rec]) == frozenset({"tokens"})
+
+
+def test_args_at_range_ends_clamp_when_vars() -> None:
+    """The load-time checks (pinned algorithms, NCCL extents) see an extern's arguments at both ends of the var
+    range (tokens 1..64 here), each var of the launch's `when` clamped into its interval: a launch for tokens 1..5
+    is checked at 1 and 5, one for 6..64 at 6 and 64, one without `when` at 1 and 64."""
+    def gemm(n: int, when: list[int] | None) -> dict:
+        launch = {"extern": "cublaslt_bf16_tn", "args": [
+            {"arg": "a"}, {"arg": "w"}, {"arg": "c"}, {"expr": "tokens * 2", "type": "i32"}, {"i32": n}, {"i32": 16},
+            {"i32": 96}]}
+        return launch if when is None else {**launch, "when": {"tokens": when}}
+
+    ops = {"split": {"args": [{"name": n, "kind": "ptr"} for n in "awc"],
+                     "launches": [gemm(32, [1, 5]), gemm(48, [6, 64])]},
+           "whole": {"args": [{"name": n, "kind": "ptr"} for n in "awc"], "launches": [gemm(64, None)]}}
+    m = base_manifest(
+        buffers={"a": {"kind": "input", "dtype": "bf16", "shape": ["tokens", 16]},
+                 "w": {"kind": "input", "dtype": "bf16", "shape": [64, 16]},
+                 "c": {"kind": "output", "dtype": "bf16", "shape": ["tokens", 96]}},
+        ops=ops, programs={"step": {"calls": [{"op": op, "args": {"a": "a", "w": "w", "c": "c"}}
+                                              for op in ("split", "whole")]}})
+    spec, recs = compile_program(m, "step", AddressBook({"a": 0x100000, "w": 0x200000, "c": 0x300000}))
+    got = [list(args_at_range_ends(rec, spec.min_values, spec.max_values)) for rec in recs]
+    ptrs = (0x100000, 0x200000, 0x300000)
+    assert got == [[(*ptrs, 2 * t, n, 16, 96) for t in ends] for n, ends in ((32, (1, 5)), (48, (6, 64)), (64, (1, 64)))]
 
 
 def test_graph_key_uses_only_read_vars() -> None:

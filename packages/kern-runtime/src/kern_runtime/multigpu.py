@@ -30,7 +30,7 @@ from .graphs import graph_key, normalise_vars
 from .memory import vmm_granularity_bytes
 from .nccl import Communicator, NcclCall, check_extent, group_end, group_start, nccl_call, pin_nccl_env, unique_id
 from .peers import Offer, PeerHandle, check_offers, export_handle, fabric_wanted, map_peer, missing_peer_tables, vmm_with_fallback
-from .records import NCCL_EXTERNS, ExternRecord, when_holds
+from .records import NCCL_EXTERNS, ExternRecord, args_at_range_ends
 from .spec import ExternLaunch, KernelLaunch, PtrArg, RankWiring
 
 
@@ -141,13 +141,7 @@ class PeerMethods:
                 if not is_nccl(rec):
                     continue
                 ranges = ranges if ranges is not None else self._allocation_ranges()
-                for base in (minv, maxv):
-                    values = dict(base)
-                    for var, lo, hi in rec.launch.when:
-                        values[var] = min(max(values[var], lo.eval(values)), hi.eval(values))
-                    if not when_holds(rec.launch.when, values):
-                        continue
-                    args = tuple(int(r.fn(values)) for r in rec.resolved)
+                for args in args_at_range_ends(rec, minv, maxv):
                     ncall = nccl_call(rec.launch.extern, args, nccl_group(rec.launch), self.spec.topology, rec.launch.path)
                     check_extent(ncall, ranges, f"{rec.launch.path} (program {state.name!r} call #{rec.call_index})")
 

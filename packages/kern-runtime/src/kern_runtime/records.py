@@ -18,7 +18,7 @@ Everything here is pure Python over integers: the CPU tests build records agains
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from kern_manifest import Expr
 
@@ -243,6 +243,18 @@ def _when_reads(when: tuple[tuple[str, Expr, Expr], ...]) -> frozenset[str]:
 def when_holds(when: tuple[tuple[str, Expr, Expr], ...], values: Values) -> bool:
     """True when every `(var, lo, hi)` of `when` has `lo <= values[var] <= hi`."""
     return all(lo.eval(values) <= values[var] <= hi.eval(values) for var, lo, hi in when)
+
+
+def args_at_range_ends(rec: "ExternRecord", min_values: Values, max_values: Values) -> Iterator[tuple[int, ...]]:
+    """An extern record's integer arguments at the low and the high end of the var ranges, each var its `when`
+    names clamped into that interval first; an end where the `when` still does not hold is skipped. The load-time
+    checks of pinned cuBLASLt algorithms and NCCL extents run on these, so no run reaches an unchecked end."""
+    for base in (min_values, max_values):
+        values = dict(base)
+        for var, lo, hi in rec.launch.when:
+            values[var] = min(max(values[var], lo.eval(values)), hi.eval(values))
+        if when_holds(rec.launch.when, values):
+            yield tuple(int(r.fn(values)) for r in rec.resolved)
 
 
 def _dims(exprs: tuple[Expr, ...] | None, values: Values) -> tuple[int, ...] | None:

@@ -38,7 +38,7 @@ from .modules import load_module, raise_shared_limit, read_pinned_modules, resol
 from .multigpu import PeerMethods, is_nccl
 from .pooled import PoolMethods, PoolState
 from .records import (
-    NCCL_EXTERNS, AddressBook, ExternRecord, KernelRecord, Record, compile_call, program_reads, when_holds,
+    NCCL_EXTERNS, AddressBook, ExternRecord, KernelRecord, Record, args_at_range_ends, compile_call, program_reads,
 )
 from .stepping import StepMethods
 from .spec import BufferSpec, ExternLaunch, KernelLaunch, Spec, spec_from_json
@@ -357,15 +357,9 @@ class Runtime(PoolMethods, PeerMethods, StepMethods):
                 if not isinstance(rec, ExternRecord) or rec.launch.extern not in EXTERN_GEMMS or not rec.launch.algo:
                     continue
                 check_algo_keys(rec.launch.algo, rec.launch.path)
-                for base in (minv, maxv):
-                    values = dict(base)
-                    for var, lo, hi in rec.launch.when:
-                        values[var] = min(max(values[var], lo.eval(values)), hi.eval(values))
-                    if not when_holds(rec.launch.when, values):
-                        continue
-                    args = tuple(int(r.fn(values)) for r in rec.resolved)
-                    g = gemm_call(rec.launch.extern, args, rec.launch.path)
-                    self._blas.plan(g, rec.launch.algo, rec.launch.path)
+                for args in args_at_range_ends(rec, minv, maxv):
+                    self._blas.plan(gemm_call(rec.launch.extern, args, rec.launch.path), rec.launch.algo,
+                                    rec.launch.path)
 
     def _bind_weights(self, tensors: Tensors | None, progress: Progress | None, threads: int | None) -> None:
         maxv = self.spec.max_values
