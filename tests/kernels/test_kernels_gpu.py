@@ -201,8 +201,12 @@ def test_silu_mul(dev, n_tokens, inter):
 # -------------------------------------------------------------------------------------- attention
 
 
-def make_paged_cache(rng, num_pages, page_tokens, hkv, head_dim, seq_lens, bt_stride):
-    """Random cache and a shuffled (non-identity) block table giving each sequence its own pages."""
+def make_paged_cache(rng, page_tokens, hkv, head_dim, seq_lens, spare_pages, spare_cols):
+    """Random cache and a shuffled (non-identity) block table giving each sequence its own pages. The cache holds
+    the pages the contexts need plus `spare_pages` (never in the table); the table is as wide as the longest
+    context's pages plus `spare_cols` entries of -1 (its bt_stride is block_table.shape[1])."""
+    num_pages = sum(cdiv(int(n), page_tokens) for n in seq_lens) + spare_pages
+    bt_stride = cdiv(max(int(max(seq_lens)), 1), page_tokens) + spare_cols
     cache = rand_bf16(rng, (num_pages, 2, page_tokens, hkv, head_dim))
     perm = rng.permutation(num_pages)
     block_table = np.full((len(seq_lens), bt_stride), -1, dtype=np.int32)
@@ -225,6 +229,15 @@ def absent_page_ids(num_pages, cache_pages):
     guard: read, it would give NaN) and one further, huge ids (read, they would fault), negative ids."""
     ids = [num_pages, num_pages + 1, cache_pages, cache_pages + 7, 2**30, I32_MAX, -1, -7, -(2**31)]
     return [i for i in ids if (i < 0 or i >= num_pages) and -(2**31) <= i <= I32_MAX]  # block tables are i32
+
+
+def bound_pages(rng, block_table, seq_lens, page_tokens, cache_pages, bound):
+    """(num_pages, block table) for a kernel launch: `bound` None: the cache's page count and the intact table;
+    else num_pages = bound(cache_pages) and the table corrupted by corrupt_block_table."""
+    if bound is None:
+        return cache_pages, block_table
+    num_pages = bound(cache_pages)
+    return num_pages, corrupt_block_table(rng, block_table, seq_lens, page_tokens, num_pages, cache_pages)
 
 
 def corrupt_block_table(rng, block_table, seq_lens, page_tokens, num_pages, cache_pages):
@@ -273,13 +286,9 @@ def run_attn_decode(dev, rng, hq, hkv, head_dim, page_tokens, seq_lens, split_to
     [0, num_pages) must read as absent (masked), exactly as the reference masks it."""
     seq_lens = np.asarray(seq_lens, dtype=np.int32)
     seqs = len(seq_lens)
-    bt_stride = cdiv(max(int(seq_lens.max()), 1), page_tokens) + 2
-    cache_pages = sum(cdiv(int(n), page_tokens) for n in seq_lens) + 3
-    cache, block_table = make_paged_cache(rng, cache_pages, page_tokens, hkv, head_dim, seq_lens, bt_stride)
-    num_pages = cache_pages
-    if bound is not None:
-        num_pages = bound(cache_pages)
-        block_table = corrupt_block_table(rng, block_table, seq_lens, page_tokens, num_pages, cache_pages)
+    cache, block_table = make_paged_cache(rng, page_tokens, hkv, head_dim, seq_lens, spare_pages=3, spare_cols=2)
+    bt_stride = block_table.shape[1]
+    num_pages, block_table = bound_pages(rng, block_table, seq_lens, page_tokens, cache.shape[0], bound)
     q = rand_bf16(rng, (seqs, hq, head_dim))
     q[-1] *= 8.0  # a peaky softmax for the last sequence
     q = ref.bf16_round(q)
@@ -386,13 +395,11 @@ def test_attn_decode_partial_fast_bitwise(dev, hq, hkv, head_dim, page_tokens, s
     rng = np.random.default_rng(hq + head_dim * 3 + split_tokens + num_splits)
     seq_lens = np.asarray([128, 1, 0, 4096, 17, 600], dtype=np.int32)
     seqs = len(seq_lens)
-    bt_stride = cdiv(int(seq_lens.max()), page_tokens) + 2
-    cache_pages = sum(cdiv(int(n), page_tokens) for n in seq_lens) + 3
-    cache, block_table = make_paged_cache(rng, cache_pages, page_tokens, hkv, head_dim, seq_lens, bt_stride)
-    num_pages = cache_pages
-    if absent_pages:  # page ids outside [0, num_pages) masked the same way, bit for bit
-        num_pages = cache_pages - 2
-        block_table = corrupt_block_table(rng, block_table, seq_lens, page_tokens, num_pages, cache_pages)
+    cache, block_table = make_paged_cache(rng, page_tokens, hkv, head_dim, seq_lens, spare_pages=3, spare_cols=2)
+    bt_stride = block_table.shape[1]
+    # absent_pages: page ids outside [0, num_pages) masked the same way, bit for bit
+    num_pages, block_table = bound_pages(rng, block_table, seq_lens, page_tokens, cache.shape[0],
+                                         (lambda cache_pages: cache_pages - 2) if absent_pages else None)
     q = ref.bf16_round(rand_bf16(rng, (seqs, hq, head_dim)))
     d_q, d_cache = dev.array(ref.bf16_bits(q)), dev.array(ref.bf16_bits(cache))
     d_bt, d_lens = dev.array(block_table), dev.array(seq_lens)
@@ -430,11 +437,10 @@ def run_fused_vs_split(dev, rng, hq, hkv, head_dim, page_tokens, split_tokens, n
     max_pos = 8192
     seq_lens = np.asarray([128, 1, 4096, 17, 600, 0, 40, 33, 50, 20], dtype=np.int32)
     seqs = len(seq_lens)
-    bt_stride = cdiv(int(seq_lens.max()), page_tokens) + 2
     alloc_lens = np.maximum(seq_lens, 1)  # the empty context still gets a page for its new token
-    cache_pages = sum(cdiv(int(n), page_tokens) for n in alloc_lens) + 3
-    cache, block_table = make_paged_cache(rng, cache_pages, page_tokens, hkv, head_dim, alloc_lens, bt_stride)
-    num_pages = cache_pages - num_pages_cut
+    cache, block_table = make_paged_cache(rng, page_tokens, hkv, head_dim, alloc_lens, spare_pages=3, spare_cols=2)
+    bt_stride = block_table.shape[1]
+    num_pages = cache.shape[0] - num_pages_cut
     positions = np.maximum(seq_lens - 1, 0).astype(np.int32)
     slots = np.array([block_table[s, p // page_tokens] * page_tokens + p % page_tokens
                       for s, p in enumerate(positions)], dtype=np.int32)
@@ -552,13 +558,9 @@ def run_attn_prefill(dev, rng, hq, hkv, head_dim, page_tokens, plan, bound=None)
     seqs = len(plan)
     cu_seqlens = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
     total = int(cu_seqlens[-1])
-    bt_stride = cdiv(int(seq_lens.max()), page_tokens) + 1
-    cache_pages = sum(cdiv(int(n), page_tokens) for n in seq_lens) + 2
-    cache, block_table = make_paged_cache(rng, cache_pages, page_tokens, hkv, head_dim, seq_lens, bt_stride)
-    num_pages = cache_pages
-    if bound is not None:
-        num_pages = bound(cache_pages)
-        block_table = corrupt_block_table(rng, block_table, seq_lens, page_tokens, num_pages, cache_pages)
+    cache, block_table = make_paged_cache(rng, page_tokens, hkv, head_dim, seq_lens, spare_pages=2, spare_cols=1)
+    bt_stride = block_table.shape[1]
+    num_pages, block_table = bound_pages(rng, block_table, seq_lens, page_tokens, cache.shape[0], bound)
     q = rand_bf16(rng, (total, hq, head_dim))
     q[cu_seqlens[1] : cu_seqlens[2]] *= 6.0  # peaky rows
     q = ref.bf16_round(q)
@@ -657,9 +659,8 @@ def test_attn_decode_page_bound_limit_of_32_bit_rows(dev, partial, page_tokens):
     run_attn_decode(dev, rng, hq, hkv, head_dim, page_tokens, [300, 1, 0, 77], split_tokens, num_splits,
                     partial=partial, bound=lambda cache_pages: limit)
     seq_lens = np.asarray([300, 1], dtype=np.int32)
-    bt_stride = cdiv(300, page_tokens)
-    cache_pages = sum(cdiv(int(n), page_tokens) for n in seq_lens)
-    cache, block_table = make_paged_cache(rng, cache_pages, page_tokens, hkv, head_dim, seq_lens, bt_stride)
+    cache, block_table = make_paged_cache(rng, page_tokens, hkv, head_dim, seq_lens, spare_pages=0, spare_cols=0)
+    bt_stride = block_table.shape[1]
     q = ref.bf16_round(rand_bf16(rng, (2, hq, head_dim)))
     d_q, d_cache = dev.array(ref.bf16_bits(q)), dev.array(ref.bf16_bits(cache))
     d_bt, d_lens = dev.array(block_table), dev.array(seq_lens)
