@@ -442,6 +442,13 @@ KERN_DEV float no_pre(int) { return 0.0f; }
 
 // Plain row mapping: group g = rows [kRows g, kRows g + kRows) below n.
 KERN_DEV int row_groups(int n) { return (n + kRows - 1) / kRows; }
+struct PlainRows {
+    int n;
+    KERN_DEV void operator()(int g, int (&rows)[kRows]) const {
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) rows[r] = g * kRows + r < n ? g * kRows + r : -1;
+    }
+};
 
 }  // namespace
 
@@ -449,10 +456,7 @@ KERN_DEV int row_groups(int n) { return (n + kRows - 1) / kRows; }
 extern "C" __global__ void __launch_bounds__(kMaxThreads)
 kern_gemv_rows(const bf16* __restrict__ w, const bf16* __restrict__ x, bf16* __restrict__ y, int32_t n, int32_t k) {
     if (bad_launch(n, k)) return;
-    auto row_of = [=](int g, int (&rows)[kRows]) {
-#pragma unroll
-        for (int r = 0; r < kRows; ++r) rows[r] = g * kRows + r < n ? g * kRows + r : -1;
-    };
+    const PlainRows row_of{n};
     auto stage = [=](uint4* xs, int k8) {
         if (k % kChunk == 0 && aligned16(x)) stage_copy<true>(xs, k8, x, k); else stage_copy<false>(xs, k8, x, k);
     };
@@ -469,10 +473,7 @@ extern "C" __global__ void __launch_bounds__(kMaxThreads)
 kern_gemv_rows_rmsnorm(const bf16* __restrict__ w, const bf16* __restrict__ residual, const bf16* __restrict__ norm_w,
                        bf16* __restrict__ y, int32_t n, int32_t k, float eps) {
     if (bad_launch(n, k)) return;
-    auto row_of = [=](int g, int (&rows)[kRows]) {
-#pragma unroll
-        for (int r = 0; r < kRows; ++r) rows[r] = g * kRows + r < n ? g * kRows + r : -1;
-    };
+    const PlainRows row_of{n};
     auto stage = [=](uint4* xs, int k8) {
         if (k % kChunk == 0 && aligned16(residual) && aligned16(norm_w))
             stage_rmsnorm<true>(xs, k8, residual, norm_w, k, eps);
@@ -492,10 +493,7 @@ extern "C" __global__ void __launch_bounds__(kMaxThreads)
 kern_gemv_rows_residual(const bf16* __restrict__ w, const bf16* __restrict__ x, bf16* __restrict__ residual,
                         int32_t n, int32_t k) {
     if (bad_launch(n, k)) return;
-    auto row_of = [=](int g, int (&rows)[kRows]) {
-#pragma unroll
-        for (int r = 0; r < kRows; ++r) rows[r] = g * kRows + r < n ? g * kRows + r : -1;
-    };
+    const PlainRows row_of{n};
     auto stage = [=](uint4* xs, int k8) {
         if (k % kChunk == 0 && aligned16(x)) stage_copy<true>(xs, k8, x, k); else stage_copy<false>(xs, k8, x, k);
     };
