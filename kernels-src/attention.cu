@@ -340,7 +340,6 @@ KERN_DEV void decode_body(DecodeSmem& sm, const __nv_bfloat16* q, const __nv_bfl
             if constexpr (EARLY) {
                 if (g0 == 0) {
                     kern_pdl_wait();  // q and the new token's K / V row are the previous kernel's output
-                    kern_pdl_launch_dependents();
                     if (early_row >= 0) {
 #pragma unroll
                         for (int j = 0; j < DEC_J; ++j) {
@@ -858,6 +857,7 @@ extern "C" __global__ void __launch_bounds__(DEC_THREADS) kern_attn_decode_parti
     int32_t head_dim, int32_t page_tokens, int32_t bt_stride, int32_t num_pages, int32_t split_tokens,
     int32_t num_splits, float scale) {
     __shared__ __align__(16) DecodeSmem sm;
+    kern_pdl_launch_dependents();  // early trigger (docs/kernels.md): the reduce reads only seq_lens before its wait
     const int kvh = blockIdx.x, x = blockIdx.y, s = blockIdx.z;
     const int D = head_dim;
     if (num_kv_heads <= 0 || kvh >= num_kv_heads || x >= num_splits || num_q_heads % num_kv_heads != 0 ||
@@ -876,7 +876,6 @@ extern "C" __global__ void __launch_bounds__(DEC_THREADS) kern_attn_decode_parti
     const int end = (int)min((int64_t)x * len + len, (int64_t)seq_len);
     if (begin >= end) {
         kern_pdl_wait();
-        kern_pdl_launch_dependents();
         write_empty_split(part_out, part_ml, num_q_heads, num_q_heads / num_kv_heads, D, num_splits, s, kvh, x);
         return;
     }
@@ -905,9 +904,10 @@ extern "C" __global__ void kern_attn_decode_reduce(const float* part_out,  // [s
     const int h = blockIdx.x, s = blockIdx.y, d = threadIdx.x;
     const int D = head_dim;
     const bool ok = h < num_q_heads && split_tokens > 0 && num_splits > 0;  // uniform over the block
+    // Early trigger (docs/kernels.md): the o projection after this reads only its weights before its wait.
+    kern_pdl_launch_dependents();
     const int seq_len = ok ? max(seq_lens[s], 0) : 0;  // before the wait: the partial kernel does not write it
     kern_pdl_wait();
-    kern_pdl_launch_dependents();
     if (!ok) return;
     const int64_t len = decode_split_len(seq_len, split_tokens, num_splits);
     const int n_used = (int)min((int64_t)num_splits, (seq_len + len - 1) / len);

@@ -51,6 +51,9 @@ extern "C" __global__ void __launch_bounds__(1024) kern_qk_norm_rope_kv(
     // element's norm weight and rope entries. Every path waits before returning, so this grid never completes
     // before its predecessor (PDL ordering stays transitive for the kernels after it).
     // Uniform checks (the whole block takes the same branch before any barrier).
+    // The dependents may launch at once (docs/kernels.md "Early trigger"): what the decode partial after this
+    // reads before its own wait is written by no kernel that can still be running.
+    kern_pdl_launch_dependents();
     bool ok = t < n_tokens && h < num_q_heads + num_kv_heads && D > 0 && D <= 1024 && !(D & 1) && page_tokens > 0;
     const int32_t pos = ok ? positions[t] : -1;
     ok = ok && pos >= 0 && pos < max_pos;
@@ -69,7 +72,6 @@ extern "C" __global__ void __launch_bounds__(1024) kern_qk_norm_rope_kv(
     const float c = active ? rope_row[f] : 0.0f;
     const float sn = active ? rope_row[half + f] : 0.0f;
     kern_pdl_wait();  // the qkv row is the previous kernel's output; nothing is written before this
-    kern_pdl_launch_dependents();
     if (!ok) return;
     const int row_elems = (num_q_heads + 2 * num_kv_heads) * D;
     const __nv_bfloat16* row = qkv + (int64_t)t * row_elems;
