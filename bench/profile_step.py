@@ -6,6 +6,17 @@
         python3 bench/profile_step.py --ckpt /tmp/kern-weights/qwen3-4b [--manifest M] [--ctx 128]
     python3 bench/profile_step.py --summarize $OUT/ncu.csv      # the table, per op, last
 
+    nsys profile --capture-range=cudaProfilerApi --cuda-graph-trace=node -o $OUT/tl \
+        python3 bench/profile_step.py --graph --steps 20 [--manifest M] [--ctx 128]
+    nsys stats -q -r cuda_gpu_trace -f csv -o $OUT/tl $OUT/tl.nsys-rep
+    python3 bench/profile_step.py --timeline $OUT/tl_cuda_gpu_trace.csv   # per op: time on the critical path
+
+`--graph`: the profiled steps are replays of the decode CUDA graph (PDL overlaps and all), for Nsight
+Systems, which times every kernel node of a replay. `--timeline` reads its GPU trace and prints, per op of
+the decode program, the median over the steps of: the kernel's duration, its start lag (start minus the
+previous kernel's end: negative = it overlapped its predecessor) and its advance (its end minus the previous
+kernel's end), whose sum over a step is the step's GPU time: the advance is what the op costs the step.
+
 The run: a prompt of `--ctx` random tokens is prefilled, `--warm` eager decode steps run, then the profiler
 range (cuProfilerStart/Stop) covers `--steps` eager decode steps. ncu replays each kernel alone (no PDL
 overlap, no launch gap), so a kernel's `gpu__time_duration` is what it costs with the GPU to itself; the
@@ -64,12 +75,28 @@ def run(args: argparse.Namespace) -> None:
 
     gen.rt.run_hooked("decode", {"tokens": 1, "seqs": 1}, note)  # one more warm step, naming the launches
     gen.rt.synchronize()
+    Path(args.ops_out).write_text("\n".join(f"{op}\t{entry}" for op, entry in ops) + "\n")
+    if args.graph:
+        for _ in range(3):  # capture the graph outside the traced range
+            gen.rt.issue("decode", {"tokens": 1, "seqs": 1})
+        gen.rt.synchronize()
+        import torch
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(args.steps):
+                gen.rt.issue("decode", {"tokens": 1, "seqs": 1})
+            gen.rt.synchronize()
+            torch.cuda.synchronize()
+        prof.export_chrome_trace(str(args.trace))
+        gen.close()
+        timeline(load_chrome_trace(args.trace), ops)
+        return
     _check(cu.cuProfilerStart())
     for _ in range(args.steps):
         gen.rt.issue("decode", {"tokens": 1, "seqs": 1}, eager=True)
     gen.rt.synchronize()
     _check(cu.cuProfilerStop())
-    Path(args.ops_out).write_text("\n".join(f"{op}\t{entry}" for op, entry in ops) + "\n")
     print(f"profile_step: {args.steps} step(s) of {len(ops)} launches profiled; ops -> {args.ops_out}")
     gen.close()
 
@@ -114,6 +141,56 @@ def summarize(csv_path: Path, ops_path: Path | None) -> None:
               f"{xs[0]['regs']:>4.0f}")
 
 
+def load_chrome_trace(path: Path) -> list[tuple[float, float, str]]:
+    """(start us, duration us, kernel name) of every kernel event of a torch.profiler chrome trace, by start."""
+    import json
+
+    events = json.loads(Path(path).read_text()).get("traceEvents", [])
+    kern = [(float(e["ts"]), float(e["dur"]), e["name"].split("(")[0]) for e in events
+            if e.get("ph") == "X" and e.get("cat") == "kernel"]
+    return sorted(kern)
+
+
+def timeline(kern: list[tuple[float, float, str]], ops: list[tuple[str, str]]) -> None:
+    """Kernels of `--graph` steps (start, duration in us) -> per op: duration, start lag, advance (us)."""
+    n = len(ops)
+    steps = len(kern) // n
+    if steps < 1:
+        raise SystemExit(f"timeline: {len(kern)} kernels in the trace, fewer than one step of {n}")
+    kern = kern[len(kern) - steps * n:]
+    for i, (_, _, name) in enumerate(kern):  # the trace must follow the program's launch order
+        if name != ops[i % n][1]:
+            raise SystemExit(f"timeline: kernel {i} is {name}, the program's launch {i % n} is {ops[i % n][1]}")
+    per: dict[str, dict[str, list[float]]] = {}
+    step_us = []
+    for s in range(steps):
+        part = kern[s * n:(s + 1) * n]
+        prev_end = kern[s * n - 1][0] + kern[s * n - 1][1] if s else part[0][0]
+        step_start = prev_end
+        for (op, _), (start, dur, _) in zip(ops, part):
+            end = start + dur
+            d = per.setdefault(op, {"dur": [], "lag": [], "adv": []})
+            d["dur"].append(dur)
+            d["lag"].append(start - prev_end)
+            d["adv"].append(max(end, prev_end) - prev_end)
+            prev_end = max(end, prev_end)
+        step_us.append(prev_end - step_start)
+    counts: dict[str, int] = {}
+    for op, _ in ops:
+        counts[op] = counts.get(op, 0) + 1
+    med = statistics.median
+    print(f"\n{steps} graph step(s) of {n} kernels: GPU time per step median {med(step_us[1:] or step_us):.1f} us "
+          f"(first step excluded: its lag is from before the range)")
+    print(f"{'op':<18} {'n':>3} {'dur us':>7} {'lag us':>7} {'adv us':>7} {'adv us/step':>11}")
+    rows_out = []
+    for op, d in per.items():
+        k = counts[op]
+        adv_step = sum(d["adv"]) / steps
+        rows_out.append((adv_step, op, k, med(d["dur"]), med(d["lag"]), med(d["adv"])))
+    for adv_step, op, k, dur, lag, adv in sorted(rows_out, reverse=True):
+        print(f"{op:<18} {k:>3} {dur:>7.2f} {lag:>7.2f} {adv:>7.2f} {adv_step:>11.1f}")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--ckpt", type=Path, default=Path("/tmp/kern-weights/qwen3-4b"))
@@ -125,6 +202,9 @@ def main() -> int:
     p.add_argument("--ops-out", default="/tmp/profile_step.ops", help="the decode program's launches, in order")
     p.add_argument("--metrics", action="store_true", help="print the ncu metric list and exit")
     p.add_argument("--summarize", type=Path, help="print the per-op table of an ncu --csv --page raw log")
+    p.add_argument("--graph", action="store_true",
+                   help="trace graph replays with torch.profiler (CUPTI) and print the per-op timeline table")
+    p.add_argument("--trace", type=Path, default=Path("/tmp/profile_step_trace.json"), help="--graph: the chrome trace")
     args = p.parse_args()
     if args.metrics:
         print(",".join(METRICS))

@@ -328,36 +328,36 @@ kern_gemv_silu_residual(const bf16* __restrict__ w, const bf16* __restrict__ gat
 
 // =====================================================================================================
 // Rows family (docs/kernels-gemv.md "Rows entries"): a block owns a GROUP of kRows W rows at a time and
-// its threads split K. Thread t streams chunks t, t + B, t + 2B, ... (B = blockDim.x) of all kRows rows
-// at once, kRowsUnroll chunk steps per batch: kRows * kRowsUnroll independent 16-byte loads in flight per
-// thread, each x chunk (shared memory) reused across the kRows rows. A warp's loads of one row are 512
-// contiguous bytes. Then per row a warp butterfly, then the warps' partial sums in shared memory summed in
-// warp order by thread r (< kRows), then the epilogue. Groups are dealt to blocks round-robin:
+// its threads split K. Thread t streams chunks t, t + B, t + 2B, ... (B = blockDim.x) of all kRows rows:
+// one STEP is one chunk of each of the kRows rows (kRows independent 16-byte loads), and a group is
+// nb = ceil(k8 / B) steps. Each x chunk (shared memory) is reused across the kRows rows. A warp's loads of
+// one row are 512 contiguous bytes. After a group's last step: per row a warp butterfly, then the warps'
+// partial sums in shared memory summed in warp order by thread r (< kRows), then the epilogue. Groups are
+// dealt to blocks round-robin:
 //   block b owns groups b, b + gridDim.x, b + 2 gridDim.x, ...
 // so any grid >= 1 is correct; the generator launches min(groups, resident blocks per SM * SMs), so x is
-// staged once per block. PDL exactly as gemv_body: the first batch of the first group is loaded (coherent
-// path) before griddepcontrol.wait; everything reading the previous kernel's output comes after it.
+// staged once per block.
+// Software pipeline: a block's steps (over all its groups, in order) go through two register slots, so a
+// thread always has the next step's loads in flight while it multiplies the current one, including across
+// a group boundary: the next group's first loads are issued before this group's reduction and epilogue.
+// PDL as gemv_body: the first two steps are loaded (coherent path) before griddepcontrol.wait; everything
+// reading the previous kernel's output comes after it.
 // =====================================================================================================
 namespace {
 
-constexpr int kRows = 4;        // W rows per group
-constexpr int kRowsUnroll = 2;  // chunk steps per batch (kRows * kRowsUnroll loads in flight per thread)
+constexpr int kRows = 4;  // W rows per group
 
-// wv[u][r] = chunk c0 + u * blockDim.x of row rows[r] (0 for rows[r] < 0 or past k8 chunks).
+// wv[r] = chunk c of row rows[r] (0 for rows[r] < 0 or c past the k8 chunks).
 template <bool VEC, Src SRC>
-KERN_DEV void load_rows_batch(const bf16* w, int k, const int (&rows)[kRows], int c0, uint64_t policy,
-                              uint4 (&wv)[kRowsUnroll][kRows]) {
+KERN_DEV void load_rows_step(const bf16* w, int k, const int (&rows)[kRows], int c, uint64_t policy,
+                             uint4 (&wv)[kRows]) {
     const int k8 = (k + kChunk - 1) / kChunk;
 #pragma unroll
-    for (int u = 0; u < kRowsUnroll; ++u) {
-        const int c = c0 + u * static_cast<int>(blockDim.x);
-#pragma unroll
-        for (int r = 0; r < kRows; ++r) {
-            if (rows[r] >= 0 && c < k8) {
-                wv[u][r] = load_chunk<VEC, SRC>(w + static_cast<size_t>(rows[r]) * k, c, k, policy);
-            } else {
-                wv[u][r] = make_uint4(0u, 0u, 0u, 0u);
-            }
+    for (int r = 0; r < kRows; ++r) {
+        if (rows[r] >= 0 && c < k8) {
+            wv[r] = load_chunk<VEC, SRC>(w + static_cast<size_t>(rows[r]) * k, c, k, policy);
+        } else {
+            wv[r] = make_uint4(0u, 0u, 0u, 0u);
         }
     }
 }
@@ -365,8 +365,8 @@ KERN_DEV void load_rows_batch(const bf16* w, int k, const int (&rows)[kRows], in
 // `row_of(g, rows)`: the kRows physical W rows of group g (-1: no row; contributes nothing).
 // `stage_x(xs, k8)`: as in gemv_body (every thread; ends with __syncthreads()).
 // `pre(g)`: called by every thread when group g starts (the first group: right after the wait, before x is
-// staged), so an epilogue operand (the residual row) is in flight with the group's loads; its value is
-// handed to the epilogue.
+// staged; later groups: when their first step is multiplied), so an epilogue operand (the residual row) is
+// in flight with the group's loads; its value is handed to the epilogue.
 // `epilogue(g, tot, pre_value)`: called by EVERY thread of the block after tot[r] (shared, fp32) holds
 // W[rows[r]] . x; it writes from the threads it picks (thread index < kRows or fewer).
 template <bool VEC, class RowOf, class StageX, class Pre, class Epilogue>
@@ -377,49 +377,61 @@ KERN_DEV void rows_body(const bf16* __restrict__ w, int groups, int k, RowOf row
     __shared__ float tot[kRows];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int warps = blockDim.x >> 5;
+    const int B = static_cast<int>(blockDim.x);
     const int k8 = (k + kChunk - 1) / kChunk;
-    const int step = static_cast<int>(blockDim.x) * kRowsUnroll;
+    const int nb = (k8 + B - 1) / B;  // steps per group
     const int g_first = blockIdx.x;
+    const int n_steps = g_first < groups ? ((groups - 1 - g_first) / static_cast<int>(gridDim.x) + 1) * nb : 0;
     const uint64_t policy = weight_policy();
 
-    // 1. First batch of the first group: weights only (may overlap the previous kernel's tail).
-    int rows[kRows];
-    uint4 wv[kRowsUnroll][kRows];
-    if (g_first < groups) {
-        row_of(g_first, rows);
+    // Load cursor: the next step to issue is step lj of group lg, whose rows are lrows.
+    int lg = g_first, lj = 0;
+    int lrows[kRows];
+    if (n_steps > 0) {
+        row_of(lg, lrows);
     } else {
 #pragma unroll
-        for (int r = 0; r < kRows; ++r) rows[r] = -1;
+        for (int r = 0; r < kRows; ++r) lrows[r] = -1;
     }
-    load_rows_batch<VEC, Src::kWeightEarly>(w, k, rows, tid, policy, wv);
+    auto advance_load = [&]() {
+        if (++lj == nb) {
+            lj = 0;
+            lg += gridDim.x;
+            if (lg < groups) row_of(lg, lrows);
+        }
+    };
+
+    // 1. The first two steps: weights only (may overlap the previous kernel's tail).
+    uint4 wa[kRows], wb[kRows];
+    load_rows_step<VEC, Src::kWeightEarly>(w, k, lrows, tid + lj * B, policy, wa);
+    advance_load();
+    if (n_steps > 1) {
+        load_rows_step<VEC, Src::kWeightEarly>(w, k, lrows, tid + lj * B, policy, wb);
+        advance_load();
+    }
     kern_pdl_wait();  // everything below may read what the previous kernel in the stream wrote
     kern_pdl_launch_dependents();
-    float pre_value = g_first < groups ? pre(g_first) : 0.0f;
+    float pre_value = n_steps > 0 ? pre(g_first) : 0.0f;
 
     // 2. x into shared memory.
     stage_x(xs, k8);
 
-    // 3. Groups.
-    for (int g = g_first; g < groups; g += gridDim.x) {
-        if (g != g_first) {
-            row_of(g, rows);
-            pre_value = pre(g);
+    // 3. Steps. Consume cursor: step cj of group cg.
+    int cg = g_first, cj = 0;
+    float acc[kRows];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) acc[r] = 0.0f;
+    auto multiply = [&](const uint4 (&wv)[kRows]) {
+        if (cj == 0 && cg != g_first) pre_value = pre(cg);
+        const int c = tid + cj * B;
+        if (c < k8) {
+            const uint4 xv = xs[c];
+#pragma unroll
+            for (int r = 0; r < kRows; ++r) acc[r] = dot8(wv[r], xv, acc[r]);
         }
-        float acc[kRows];
-#pragma unroll
-        for (int r = 0; r < kRows; ++r) acc[r] = 0.0f;
-        for (int c0 = tid; c0 < k8; c0 += step) {
-            if (g != g_first || c0 != tid) load_rows_batch<VEC, Src::kWeight>(w, k, rows, c0, policy, wv);
-#pragma unroll
-            for (int u = 0; u < kRowsUnroll; ++u) {
-                const int c = c0 + u * static_cast<int>(blockDim.x);
-                if (c < k8) {
-                    const uint4 xv = xs[c];
-#pragma unroll
-                    for (int r = 0; r < kRows; ++r) acc[r] = dot8(wv[u][r], xv, acc[r]);
-                }
-            }
-        }
+    };
+    auto finish_step = [&]() {  // uniform over the block: every thread has the same steps
+        if (++cj < nb) return;
 #pragma unroll
         for (int r = 0; r < kRows; ++r) acc[r] = warp_sum(acc[r]);
         if (lane == 0) {
@@ -433,7 +445,27 @@ KERN_DEV void rows_body(const bf16* __restrict__ w, int groups, int k, RowOf row
             tot[tid] = t;
         }
         __syncthreads();  // tot ready; red free for the next group
-        epilogue(g, tot, pre_value);
+        epilogue(cg, tot, pre_value);
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) acc[r] = 0.0f;
+        cj = 0;
+        cg += gridDim.x;
+    };
+    for (int i = 0; i < n_steps; i += 2) {
+        multiply(wa);
+        if (i + 2 < n_steps) {  // refill slot a before this step's reduction (if any) runs
+            load_rows_step<VEC, Src::kWeight>(w, k, lrows, tid + lj * B, policy, wa);
+            advance_load();
+        }
+        finish_step();
+        if (i + 1 < n_steps) {
+            multiply(wb);
+            if (i + 3 < n_steps) {
+                load_rows_step<VEC, Src::kWeight>(w, k, lrows, tid + lj * B, policy, wb);
+                advance_load();
+            }
+            finish_step();
+        }
     }
 }
 

@@ -60,6 +60,7 @@ for s in "$@"; do
     bench-prefill) step bench-prefill 240 "python3 bench/prefill.py --ckpt $W/qwen3-4b" ;;  # after ckpt-4b; ~2-3 min
     profile)     step profile 300 "ncu --profile-from-start off --clock-control none --cache-control none --csv --page raw --metrics \$(python3 bench/profile_step.py --metrics) --log-file $OUT/ncu.csv python3 bench/profile_step.py --ckpt $W/qwen3-4b --manifest \${KERN_PROFILE_MANIFEST:-manifests/qwen3-4b-v2.json} && python3 bench/profile_step.py --summarize $OUT/ncu.csv" ;;  # after ckpt-4b; ncu per-kernel table of one eager decode step
     ab)          step ab 400 "python3 bench/decode.py --ckpt $W/qwen3-4b --only kern --contexts 128,4096 --steps 256 --variants \$KERN_AB" ;;  # after ckpt-4b; KERN_AB = comma list of manifests, side by side
+    timeline)    step timeline 240 "python3 bench/profile_step.py --graph --steps 20 --trace $OUT/trace-\${KERN_CTX:-128}.json --ckpt $W/qwen3-4b --ctx \${KERN_CTX:-128} --manifest \${KERN_PROFILE_MANIFEST:-manifests/qwen3-4b-v2.json}" ;;  # after ckpt-4b; CUPTI (torch.profiler) trace of graph steps: per-op time on the critical path
     decode-variants) step decode-variants 400 "python3 tools/decode_variants.py --out /tmp/variants --only=\${KERN_VARIANTS:-} && python3 bench/decode.py --ckpt $W/qwen3-4b --only kern --contexts 128,4096 --steps 256 --variants \$(cat /tmp/variants/list)" ;;  # after ckpt-4b; tools/decode_variants.py names them
     *) echo "unknown step $s"; summary+=("$s: unknown step") ;;
   esac

@@ -150,7 +150,10 @@ class GenOptions:
     chunk_max: int = 512  # tokens var max: the largest prefill chunk
     max_context: int = 40960  # positions 0..max_context-1
     page_tokens: int = 16
-    split_tokens: int = 16  # decode attention: MINIMUM context tokens per split (multiple of page_tokens)
+    # decode attention: MINIMUM context tokens per split (multiple of page_tokens). 64 = one tile of the decode
+    # partial at head_dim 128 (4 warps x 8 slots x 2 tokens): a shorter split leaves most of its tile's lanes
+    # idle and only adds working blocks; H200 4B ctx 128: 2.693 ms/token against 2.711 with 16 (docs/perf.md)
+    split_tokens: int = 64
     argmax_chunks: int = 64  # two-stage argmax: first-stage blocks per row
     seqs_max: int = 1
     decode: str = "gemv"  # decode projections: "gemv" (M = 1 GEMVs, fused norms/residuals) or "gemm" (cuBLASLt)
@@ -894,6 +897,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--l2-prefetch-chunk", type=int, default=128,
                         help="kern_prefetch_l2 piece in bytes: 128 line prefetches (default), larger bulk prefetches")
     parser.add_argument("--decode-splits", type=int, default=0, help="decode attention splits (default: auto)")
+    parser.add_argument("--decode-split-tokens", type=int, default=GenOptions.split_tokens,
+                        help="decode attention: minimum context tokens per split (a multiple of the page size)")
     parser.add_argument("--sms", type=int, default=132, help="SM count of the target GPU (default 132: H200)")
     parser.add_argument("--gemv-threads-per-sm", type=int, default=1024,
                         help="decode GEMV grids fill at most this many threads per SM (default 1024)")
@@ -914,6 +919,7 @@ def main(argv: list[str] | None = None) -> int:
         max_context = args.max_context or (4096 if args.shape == "tiny" else min(40960, cfg.max_position_embeddings))
         algos, decode_algos, algos_source = load_algos(args.algos, args.chunk_max) if args.algos else ((), (), ())
         opts = GenOptions(name, args.chunk_max, max_context, decode=args.decode, decode_splits=args.decode_splits,
+                          split_tokens=args.decode_split_tokens,
                           sms=args.sms, pdl=not args.no_pdl, pdl_small=not args.no_pdl_small, gemv=args.gemv,
                           gemv_threads_per_sm=args.gemv_threads_per_sm, decode_attn=args.decode_attn,
                           l2_prefetch_mib=args.l2_prefetch_mib, l2_prefetch_chunk=args.l2_prefetch_chunk,

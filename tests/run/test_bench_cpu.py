@@ -155,3 +155,31 @@ def test_decode_variants_run_kern_once_per_manifest(tmp_path: Path, monkeypatch:
     table = capsys.readouterr().out
     assert "kern (graph) [qwen3-4b]" in table and "kern (graph) [qwen3-4b-v2]" in table
     assert "per-launch breakdown [qwen3-4b-v2], ctx 128" in table
+
+
+def test_profile_step_timeline_advances_sum_to_the_step(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """bench/profile_step.py --graph's summary: per op the start lag and the advance of the step's end; the
+    advances of a step add up to its GPU time, an overlapped kernel's lag is negative."""
+    import profile_step
+
+    ops = [("gemv_qkv", "kern_a"), ("rope", "kern_b"), ("gemv_o", "kern_c")]
+    # two steps; within a step: a [0, 10), b [8, 12) (overlaps a by 2), c [13, 20) (1 us gap)
+    kern = []
+    for base in (0.0, 100.0):
+        kern += [(base + 0.0, 10.0, "kern_a"), (base + 8.0, 4.0, "kern_b"), (base + 13.0, 7.0, "kern_c")]
+    trace = tmp_path / "trace.json"
+    trace.write_text(json.dumps({"traceEvents": [
+        {"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur} for ts, dur, name in reversed(kern)
+    ] + [{"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy DtoH", "ts": 50.0, "dur": 1.0}]}))
+    loaded = profile_step.load_chrome_trace(trace)
+    assert loaded == sorted(kern)
+    profile_step.timeline(loaded, ops)
+    out = capsys.readouterr().out
+    # second step starts after the first's end (20): a's lag 80, the step's GPU time 100 (from 20 to 120)
+    assert "GPU time per step median 100.0 us" in out
+    rows = {ln.split()[0]: [float(v) for v in ln.split()[1:]] for ln in out.splitlines()
+            if ln.split() and ln.split()[0] in ("gemv_qkv", "rope", "gemv_o")}
+    assert rows["rope"] == [1, 4.0, -2.0, 2.0, 2.0]  # n, dur, lag, advance, advance per step
+    assert rows["gemv_o"] == [1, 7.0, 1.0, 8.0, 8.0]
+    with pytest.raises(SystemExit, match="kernel 1 is kern_c"):
+        profile_step.timeline([kern[0], kern[2], kern[1]], ops)

@@ -82,7 +82,7 @@ def test_fused_decode_attention_launch() -> None:
     assert launch["args"][9:13] == [{"scratch": "part_out"}, {"scratch": "part_ml"}, {"arg": "tickets"}, {"arg": "out"}]
     # Hq, Hkv, D, page_tokens, bt_stride, num_pages, max_pos, split_tokens, num_splits, scale, eps
     assert launch["args"][13:] == [{"i32": 32}, {"i32": 8}, {"i32": 128}, {"i32": 16}, {"i32": 2560},
-                                   {"arg": "num_pages", "type": "i32"}, {"i32": 40960}, {"i32": 16}, {"i32": 16},
+                                   {"arg": "num_pages", "type": "i32"}, {"i32": 40960}, {"i32": 64}, {"i32": 16},
                                    {"f32": 1.0 / 128 ** 0.5}, {"f32": 1e-6}]
     assert op["scratch"] == {"part_out": f"seqs * {32 * 16 * 128 * 4}", "part_ml": f"seqs * {32 * 16 * 2 * 4}"}
     assert m["states"]["attn_tickets"] == {"kind": "fixed", "bytes": 8 * 4}
@@ -131,9 +131,9 @@ def test_gemv_launches_and_pdl() -> None:
     no_small = {l["entry"] for op in _manifest(pdl_small=False)["ops"].values() for l in op["launches"] if l.get("pdl")}
     assert no_small == pdl - small
     # decode attention: a fixed split count, one wave of blocks (8 kv heads x 16 <= 132 SMs), minimum split
-    # length 16
+    # length 64 (one partial tile at head_dim 128)
     part = o["attn_decode"]["launches"][0]
-    assert part["grid"] == [8, 16, "seqs"] and part["args"][13:15] == [{"i32": 16}, {"i32": 16}]
+    assert part["grid"] == [8, 16, "seqs"] and part["args"][13:15] == [{"i32": 64}, {"i32": 16}]
     fused = _manifest(decode_attn="fused")["ops"]
     assert {l["entry"] for op in fused.values() for l in op["launches"] if l.get("pdl")} == (
         pdl - {"kern_attn_decode_partial_early", "kern_attn_decode_reduce"} | {"kern_attn_decode_fused"})
