@@ -18,8 +18,10 @@
 // ldmatrix (V with .trans), the causal mask applied only to tiles that cross the diagonal, tiles past a
 // warp's last query skipped, and the heaviest blocks (last query rows) scheduled first.
 //
-// All three entries start with griddepcontrol.wait and then griddepcontrol.launch_dependents (both no-ops
-// without programmatic dependent launch), so they may be launched with PDL.
+// Programmatic dependent launch (docs/kernels.md): kern_attn_decode_partial, _fast and kern_attn_prefill start
+// with griddepcontrol.wait, then griddepcontrol.launch_dependents (both no-ops without PDL);
+// kern_attn_decode_partial_early and kern_attn_decode_reduce trigger first and read, before their wait, only
+// what the kernel before them does not write (docs/kernels.md "Early trigger"). Every path of every entry waits.
 //
 // Page ids come from the block table and are bounded: the decode and prefill entries take num_pages (the
 // pages of the paged state's reserved range, a manifest's {"pages_of": state}), and an entry outside
@@ -38,9 +40,6 @@
 // bf16 pair (low half first) -> two floats, exact.
 KERN_DEV float bf_lo(uint32_t u) { return __uint_as_float(u << 16); }
 KERN_DEV float bf_hi(uint32_t u) { return __uint_as_float(u & 0xffff0000u); }
-
-// A hint: bring the 128-byte line holding p into L2 (no register, no fault on a valid address).
-KERN_DEV void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 
 KERN_DEV void raw8_to_f32(const uint4& r, float (&v)[8]) {
     v[0] = bf_lo(r.x);
@@ -125,151 +124,19 @@ struct DecodeSmem {
     float ml[DEC_WARPS][DEC_GP][2];               // per-warp (m, l), log2 units
 };
 
-// kern_attn_decode_fused: the decode token's q/k head RMSNorm + RoPE and its K/V write happen inside the
-// attention kernel (no kern_qk_norm_rope_kv launch, no q buffer), and the last block of each (sequence, kv
-// head) merges the splits (no kern_attn_decode_reduce launch).
-struct FusedToken {
-    const __nv_bfloat16* qkv_row;   // the sequence's qkv row: [q: Hq * D][k: Hkv * D][v: Hkv * D]
-    const __nv_bfloat16* q_norm_w;  // [D]
-    const __nv_bfloat16* k_norm_w;  // [D]
-    const float* rope_row;          // rope[position]: [cos: D / 2][sin: D / 2]
-    __nv_bfloat16* k_dst;           // the new token's K / V rows of this kv head in the cache; nullptr: no write
-    __nv_bfloat16* v_dst;
-    int32_t cur_row;                // K row index (page * 2 * page_tokens + offset) of the new token's slot; -1: none
-    float eps;
-};
-
-#define DEC_MERGE_ML 1024  // (m, l) pairs the split merge stages at once (heads x used splits)
-
-struct FusedSmem {
-    float normed[DEC_GP + 1][DEC_MAX_D];          // RMSNorm outputs (bf16-valued) of the pass's q heads and k
-    float wsum[DEC_GP + 1][DEC_MAX_D / 32];       // per-32-element partial sums of squares
-    __align__(16) __nv_bfloat16 knew[DEC_MAX_D];  // the new token's K (normed, roped) and V, zero past D
-    __align__(16) __nv_bfloat16 vnew[DEC_MAX_D];
-    float2 ml[DEC_MERGE_ML];                      // the split merge's (m, l) pairs
-    int last;                                     // this block merges the splits
-};
-
-// RMSNorm (Qwen3RMSNorm rounding) + neox RoPE of up to NH heads, the arithmetic and summation order of
-// kern_qk_norm_rope_kv bit for bit (element d of a head is thread d % 128's, sums of squares per 32 elements
-// by the same shuffle tree, then the D / 32 partial sums in order). Head h reads src_of(h) (nullptr: inactive)
-// with weights w_of(h). sink(h, d, y) gets every d < DEC_MAX_D of every head: y the bf16-valued result, 0 for
-// d >= D or an inactive head. Every thread of the block calls it (two barriers). All its global loads (inputs,
-// weights, the rope row) are issued together, before the first shuffle: one round trip.
-template <int NH, class SrcOf, class WOf, class Sink>
-KERN_DEV void norm_rope_heads(FusedSmem& fs, SrcOf src_of, WOf w_of, int D, const float* rope_row, float eps,
-                              Sink sink) {
-    constexpr int PER = DEC_MAX_D / DEC_THREADS;  // elements per thread per head
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int half = D / 2;
-    float x[NH][PER], wt[NH][PER], cs[PER], sn[PER];
-#pragma unroll
-    for (int i = 0; i < PER; ++i) {
-        const int d = tid + i * DEC_THREADS;
-        const int f = d < half ? d : d - half;
-        cs[i] = d < D ? rope_row[f] : 0.0f;
-        sn[i] = d < D ? rope_row[half + f] : 0.0f;
-#pragma unroll
-        for (int h = 0; h < NH; ++h) {
-            const __nv_bfloat16* src = src_of(h);
-            x[h][i] = (src != nullptr && d < D) ? bf2f(src[d]) : 0.0f;
-            wt[h][i] = (src != nullptr && d < D) ? bf2f(w_of(h)[d]) : 0.0f;
-        }
-    }
-#pragma unroll
-    for (int h = 0; h < NH; ++h) {
-#pragma unroll
-        for (int i = 0; i < PER; ++i) {
-            float v = __fmul_rn(x[h][i], x[h][i]);
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(FULL_MASK, v, o);
-            if (lane == 0) fs.wsum[h][warp + i * DEC_WARPS] = v;
-        }
-    }
-    __syncthreads();
-    const int nw = (D + 31) / 32;
-#pragma unroll
-    for (int h = 0; h < NH; ++h) {
-        float total = 0.0f;
-        for (int j = 0; j < nw; ++j) total += fs.wsum[h][j];
-        const float rs = rsqrtf(total / (float)D + eps);
-#pragma unroll
-        for (int i = 0; i < PER; ++i) {
-            const int d = tid + i * DEC_THREADS;
-            if (d < D) fs.normed[h][d] = round_bf(wt[h][i] * round_bf(x[h][i] * rs));
-        }
-    }
-    __syncthreads();
-#pragma unroll
-    for (int h = 0; h < NH; ++h) {
-        const bool active = src_of(h) != nullptr;
-#pragma unroll
-        for (int i = 0; i < PER; ++i) {
-            const int d = tid + i * DEC_THREADS;
-            float y = 0.0f;
-            if (active && d < D) {
-                const float n = fs.normed[h][d];
-                const float rot = d < half ? -fs.normed[h][d + half] : fs.normed[h][d - half];
-                y = round_bf(round_bf(n * cs[i]) + round_bf(rot * sn[i]));
-            }
-            sink(h, d, y);
-        }
-    }
-}
-
-// The fused kernel's staging from the qkv row: q * scale * log2(e) of the pass's heads into sm.q (zero past D
-// and for heads >= gn; none when !with_q) and, when with_kv, the new token's K (normed, roped) and V into
-// fs.knew / fs.vnew, also written to the cache at fz.k_dst / fz.v_dst when those are set. Ends before a barrier
-// (the caller's __syncthreads makes sm.q and fs.knew / vnew visible). Not inlined: inlined into the kernel, whose
-// decode_body sits at the 255-register limit, it made ptxas spill; as a call it needs no local memory (the
-// token's fields come by value).
-__device__ __noinline__ void fused_stage(DecodeSmem& sm, FusedSmem& fs, FusedToken fz, int num_q_heads,
-                                         int num_kv_heads, int kvh, int G, int g0, int gn, int D, float sl2,
-                                         bool with_q, bool with_kv) {
-    const __nv_bfloat16* q0 = fz.qkv_row + (int64_t)(kvh * G + g0) * D;
-    const __nv_bfloat16* k = fz.qkv_row + (int64_t)(num_q_heads + kvh) * D;
-    auto src_of = [&](int h) -> const __nv_bfloat16* {
-        if (h < DEC_GP) return (with_q && h < gn) ? q0 + (int64_t)h * D : nullptr;
-        return with_kv ? k : nullptr;
-    };
-    auto w_of = [&](int h) { return h < DEC_GP ? fz.q_norm_w : fz.k_norm_w; };
-    norm_rope_heads<DEC_GP + 1>(fs, src_of, w_of, D, fz.rope_row, fz.eps, [&](int h, int d, float y) {
-        if (h < DEC_GP) {
-            if (with_q) sm.q[h][d] = y * sl2;
-        } else if (with_kv) {
-            const __nv_bfloat16 kb = f2bf(y);
-            fs.knew[d] = kb;
-            if (d < D && fz.k_dst != nullptr) fz.k_dst[d] = kb;
-        }
-    });
-    if (with_kv) {  // V: copied unchanged
-        const __nv_bfloat16* v_src = fz.qkv_row + (int64_t)(num_q_heads + num_kv_heads + kvh) * D;
-        for (int d = threadIdx.x; d < DEC_MAX_D; d += DEC_THREADS) {
-            const __nv_bfloat16 vb = d < D ? v_src[d] : f2bf(0.0f);
-            fs.vnew[d] = vb;
-            if (d < D && fz.v_dst != nullptr) fz.v_dst[d] = vb;
-        }
-    }
-}
-
 // Thread layout: TPT lanes per token (lane c of a token owns head dims [8c, 8c + 8)), TPW = 32 / TPT
 // tokens per warp load instruction. Tile of TILE = 4 warps * DEC_J * TPW tokens; token slot j of lane
 // (token group h, chunk c) of warp w is token tile0 + (j * 4 + w) * TPW + h, so even a short split spreads
 // over every warp.
-// FUSED (implies FAST): one pass, heads [fused_g0, fused_g0 + DEC_GP) of the group, whose q the caller has
-// staged in sm.q (fused_stage, then a barrier); the slot of the new token (fz->cur_row) takes its K / V from
-// fs->knew / vnew instead of the cache.
-// EARLY (implies FAST, not FUSED): the caller has not waited: the first pass's first tile is loaded before
+// EARLY (implies FAST): the caller has not waited: the first pass's first tile is loaded before
 // griddepcontrol.wait, then the slot written by the previous kernel (early_row, the K row of slot_mapping[s];
 // -1: none) is loaded again after it.
-template <int TPT, bool FAST = false, bool FUSED = false, bool EARLY = false>
+template <int TPT, bool FAST = false, bool EARLY = false>
 KERN_DEV void decode_body(DecodeSmem& sm, const __nv_bfloat16* q, const __nv_bfloat16* kv_cache,
                           const int32_t* block_table, float* part_out, float* part_ml, int num_q_heads,
                           int num_kv_heads, int D, int page_tokens, int bt_stride, int num_pages, int num_splits,
-                          float scale, int s, int kvh, int x, int begin, int end, FusedSmem* fs = nullptr,
-                          const FusedToken* fz = nullptr, int fused_g0 = 0, int32_t early_row = -1) {
-    static_assert(FAST || !FUSED, "the fused entry uses the FAST load order");
-    static_assert(!EARLY || (FAST && !FUSED), "the early entry is the FAST entry with a later wait");
+                          float scale, int s, int kvh, int x, int begin, int end, int32_t early_row = -1) {
+    static_assert(!EARLY || FAST, "the early entry is the FAST entry with a later wait");
     constexpr int TPW = 32 / TPT;
     constexpr int TILE = DEC_WARPS * DEC_J * TPW;
     constexpr int NR = DEC_NV / TPT;  // scores per lane after the reduce-scatter
@@ -322,11 +189,9 @@ KERN_DEV void decode_body(DecodeSmem& sm, const __nv_bfloat16* q, const __nv_bfl
                                : make_uint4(0u, 0u, 0u, 0u);
     };
 
-    const int g_lo = FUSED ? fused_g0 : 0;
-    const int g_hi = FUSED ? min(G, fused_g0 + DEC_GP) : G;
-    for (int g0 = g_lo; g0 < g_hi; g0 += DEC_GP) {
+    for (int g0 = 0; g0 < G; g0 += DEC_GP) {
         const int gn = min(DEC_GP, G - g0);
-        if (g0 > g_lo) __syncthreads();  // the previous pass is done with sm.q / sm.red / sm.ml
+        if (g0 > 0) __syncthreads();  // the previous pass is done with sm.q / sm.red / sm.ml
         int32_t off[DEC_J];
         uint4 kr[DEC_J], vr[DEC_J];
         if constexpr (FAST) {
@@ -351,24 +216,22 @@ KERN_DEV void decode_body(DecodeSmem& sm, const __nv_bfloat16* q, const __nv_bfl
                     }
                 }
             }
-            if constexpr (!FUSED) {
-                // q * scale * log2(e) of the pass's heads, one 8-element chunk per thread (DEC_THREADS = DEC_GP *
-                // DEC_MAX_D / 8): thread t stages head g = t / 32, dims [8 (t % 32), 8 (t % 32) + 8); zero past D / gn.
-                static_assert(DEC_THREADS * 8 == DEC_GP * DEC_MAX_D, "one q chunk per thread");
-                const int g = tid >> 5, d0 = (tid & 31) * 8;
-                float qv[8];
-                if (g < gn && d0 < D) {
-                    const __nv_bfloat16* qp = q + ((int64_t)s * num_q_heads + kvh * G + g0 + g) * D + d0;
-                    raw8_to_f32(load_raw8(qp, 0, D - d0, (D % 8 == 0) && aligned16(q)), qv);
-    #pragma unroll
-                    for (int e = 0; e < 8; ++e) qv[e] *= sl2;
-                } else {
-    #pragma unroll
-                    for (int e = 0; e < 8; ++e) qv[e] = 0.0f;
-                }
-                *reinterpret_cast<float4*>(&sm.q[g][d0]) = make_float4(qv[0], qv[1], qv[2], qv[3]);
-                *reinterpret_cast<float4*>(&sm.q[g][d0 + 4]) = make_float4(qv[4], qv[5], qv[6], qv[7]);
+            // q * scale * log2(e) of the pass's heads, one 8-element chunk per thread (DEC_THREADS = DEC_GP *
+            // DEC_MAX_D / 8): thread t stages head g = t / 32, dims [8 (t % 32), 8 (t % 32) + 8); zero past D / gn.
+            static_assert(DEC_THREADS * 8 == DEC_GP * DEC_MAX_D, "one q chunk per thread");
+            const int g = tid >> 5, d0 = (tid & 31) * 8;
+            float qv[8];
+            if (g < gn && d0 < D) {
+                const __nv_bfloat16* qp = q + ((int64_t)s * num_q_heads + kvh * G + g0 + g) * D + d0;
+                raw8_to_f32(load_raw8(qp, 0, D - d0, (D % 8 == 0) && aligned16(q)), qv);
+#pragma unroll
+                for (int e = 0; e < 8; ++e) qv[e] *= sl2;
+            } else {
+#pragma unroll
+                for (int e = 0; e < 8; ++e) qv[e] = 0.0f;
             }
+            *reinterpret_cast<float4*>(&sm.q[g][d0]) = make_float4(qv[0], qv[1], qv[2], qv[3]);
+            *reinterpret_cast<float4*>(&sm.q[g][d0 + 4]) = make_float4(qv[4], qv[5], qv[6], qv[7]);
         } else {
             // q * scale * log2(e) of the pass's heads (scores come out in log2 units), zero past D / gn.
             for (int i = tid; i < DEC_GP * DEC_MAX_D; i += DEC_THREADS) {
@@ -395,18 +258,6 @@ KERN_DEV void decode_body(DecodeSmem& sm, const __nv_bfloat16* q, const __nv_bfl
         }
 
         for (int t0 = begin; t0 < end; t0 += TILE) {
-            if constexpr (FUSED) {  // the new token's slot: K / V from shared memory (its cache row may be stale)
-                const int32_t cur = fz->cur_row;
-                if (cur >= 0) {
-#pragma unroll
-                    for (int j = 0; j < DEC_J; ++j) {
-                        if (off[j] == cur) {
-                            kr[j] = reinterpret_cast<const uint4*>(fs->knew)[c];
-                            vr[j] = reinterpret_cast<const uint4*>(fs->vnew)[c];
-                        }
-                    }
-                }
-            }
             int32_t offn[DEC_J];  // next tile's rows: the block-table reads overlap this tile's math
             slot_rows(t0 + TILE, offn);
 
@@ -549,6 +400,41 @@ KERN_DEV void decode_body(DecodeSmem& sm, const __nv_bfloat16* q, const __nv_bfl
     }
 }
 
+// The limits every decode partial entry checks (uniform over the grid: a launch outside them writes nothing).
+KERN_DEV bool decode_launch_ok(int num_q_heads, int num_kv_heads, int D, int page_tokens, int split_tokens,
+                               int num_splits, int num_pages) {
+    return num_kv_heads > 0 && (int)blockIdx.x < num_kv_heads && (int)blockIdx.y < num_splits &&
+           num_q_heads % num_kv_heads == 0 && D > 0 && D <= DEC_MAX_D && page_tokens > 0 && split_tokens > 0 &&
+           !num_pages_overflow(num_pages, page_tokens);
+}
+
+// Tokens [begin, end) of split x of a sequence of seq_len tokens (empty past the context).
+struct SplitRange {
+    int begin, end;
+};
+KERN_DEV SplitRange decode_split_range(int seq_len, int split_tokens, int num_splits, int x) {
+    const int64_t len = decode_split_len(seq_len, split_tokens, num_splits);
+    return {(int)min((int64_t)x * len, (int64_t)seq_len), (int)min((int64_t)x * len + len, (int64_t)seq_len)};
+}
+
+// decode_body at the lane-group width TPT that covers head_dim (ceil(D / 8) 16-byte chunks: 4, 8, 16 or 32).
+template <bool FAST, bool EARLY = false>
+KERN_DEV void decode_body_for_d(DecodeSmem& sm, const __nv_bfloat16* q, const __nv_bfloat16* kv_cache,
+                                const int32_t* block_table, float* part_out, float* part_ml, int num_q_heads,
+                                int num_kv_heads, int D, int page_tokens, int bt_stride, int num_pages, int num_splits,
+                                float scale, int s, int kvh, int x, SplitRange r, int32_t early_row = -1) {
+    const int C = (D + 7) / 8;
+#define KERN_DECODE_BODY(TPT)                                                                                  \
+    decode_body<TPT, FAST, EARLY>(sm, q, kv_cache, block_table, part_out, part_ml, num_q_heads, num_kv_heads, D, \
+                                  page_tokens, bt_stride, num_pages, num_splits, scale, s, kvh, x, r.begin, r.end, \
+                                  early_row)
+    if (C <= 4) KERN_DECODE_BODY(4);
+    else if (C <= 8) KERN_DECODE_BODY(8);
+    else if (C <= 16) KERN_DECODE_BODY(16);
+    else KERN_DECODE_BODY(32);
+#undef KERN_DECODE_BODY
+}
+
 // grid (num_kv_heads, num_splits, seqs), block (128,1,1).
 // Split x of sequence s covers tokens [x * L, min((x + 1) * L, seq_len)), L = decode_split_len(...).
 // part_out[s, hq, x, :] = sum_j exp(s_j - m) v_j (f32), part_ml[s, hq, x] = (m, sum_j exp(s_j - m)),
@@ -567,28 +453,10 @@ extern "C" __global__ void __launch_bounds__(DEC_THREADS) kern_attn_decode_parti
     kern_pdl_wait();
     kern_pdl_launch_dependents();
     const int kvh = blockIdx.x, x = blockIdx.y, s = blockIdx.z;
-    const int D = head_dim;
-    if (num_kv_heads <= 0 || kvh >= num_kv_heads || x >= num_splits || num_q_heads % num_kv_heads != 0 ||
-        D <= 0 || D > DEC_MAX_D || page_tokens <= 0 || split_tokens <= 0 ||
-        num_pages_overflow(num_pages, page_tokens))
-        return;
-    const int seq_len = max(seq_lens[s], 0);
-    const int64_t len = decode_split_len(seq_len, split_tokens, num_splits);
-    const int begin = (int)min((int64_t)x * len, (int64_t)seq_len);
-    const int end = (int)min((int64_t)x * len + len, (int64_t)seq_len);
-    const int C = (D + 7) / 8;
-    if (C <= 4)
-        decode_body<4>(sm, q, kv_cache, block_table, part_out, part_ml, num_q_heads, num_kv_heads, D, page_tokens,
-                       bt_stride, num_pages, num_splits, scale, s, kvh, x, begin, end);
-    else if (C <= 8)
-        decode_body<8>(sm, q, kv_cache, block_table, part_out, part_ml, num_q_heads, num_kv_heads, D, page_tokens,
-                       bt_stride, num_pages, num_splits, scale, s, kvh, x, begin, end);
-    else if (C <= 16)
-        decode_body<16>(sm, q, kv_cache, block_table, part_out, part_ml, num_q_heads, num_kv_heads, D, page_tokens,
-                        bt_stride, num_pages, num_splits, scale, s, kvh, x, begin, end);
-    else
-        decode_body<32>(sm, q, kv_cache, block_table, part_out, part_ml, num_q_heads, num_kv_heads, D, page_tokens,
-                        bt_stride, num_pages, num_splits, scale, s, kvh, x, begin, end);
+    if (!decode_launch_ok(num_q_heads, num_kv_heads, head_dim, page_tokens, split_tokens, num_splits, num_pages)) return;
+    const SplitRange r = decode_split_range(max(seq_lens[s], 0), split_tokens, num_splits, x);
+    decode_body_for_d<false>(sm, q, kv_cache, block_table, part_out, part_ml, num_q_heads, num_kv_heads, head_dim,
+                             page_tokens, bt_stride, num_pages, num_splits, scale, s, kvh, x, r);
 }
 
 // Writes what decode_body writes for an empty split: (-inf, 0) and zero part_out rows of the group's heads.
@@ -618,232 +486,14 @@ extern "C" __global__ void __launch_bounds__(DEC_THREADS) kern_attn_decode_parti
     kern_pdl_wait();
     kern_pdl_launch_dependents();
     const int kvh = blockIdx.x, x = blockIdx.y, s = blockIdx.z;
-    const int D = head_dim;
-    if (num_kv_heads <= 0 || kvh >= num_kv_heads || x >= num_splits || num_q_heads % num_kv_heads != 0 ||
-        D <= 0 || D > DEC_MAX_D || page_tokens <= 0 || split_tokens <= 0 ||
-        num_pages_overflow(num_pages, page_tokens))
-        return;
-    const int seq_len = max(seq_lens[s], 0);
-    const int64_t len = decode_split_len(seq_len, split_tokens, num_splits);
-    const int begin = (int)min((int64_t)x * len, (int64_t)seq_len);
-    const int end = (int)min((int64_t)x * len + len, (int64_t)seq_len);
-    if (begin >= end) {  // empty split: what decode_body writes for it, without its loads and barriers
-        write_empty_split(part_out, part_ml, num_q_heads, num_q_heads / num_kv_heads, D, num_splits, s, kvh, x);
+    if (!decode_launch_ok(num_q_heads, num_kv_heads, head_dim, page_tokens, split_tokens, num_splits, num_pages)) return;
+    const SplitRange r = decode_split_range(max(seq_lens[s], 0), split_tokens, num_splits, x);
+    if (r.begin >= r.end) {  // empty split: what decode_body writes for it, without its loads and barriers
+        write_empty_split(part_out, part_ml, num_q_heads, num_q_heads / num_kv_heads, head_dim, num_splits, s, kvh, x);
         return;
     }
-    const int C = (D + 7) / 8;
-    if (C <= 4)
-        decode_body<4, true>(sm, q, kv_cache, block_table, part_out, part_ml, num_q_heads, num_kv_heads, D,
-                             page_tokens, bt_stride, num_pages, num_splits, scale, s, kvh, x, begin, end);
-    else if (C <= 8)
-        decode_body<8, true>(sm, q, kv_cache, block_table, part_out, part_ml, num_q_heads, num_kv_heads, D,
-                             page_tokens, bt_stride, num_pages, num_splits, scale, s, kvh, x, begin, end);
-    else if (C <= 16)
-        decode_body<16, true>(sm, q, kv_cache, block_table, part_out, part_ml, num_q_heads, num_kv_heads, D,
-                              page_tokens, bt_stride, num_pages, num_splits, scale, s, kvh, x, begin, end);
-    else
-        decode_body<32, true>(sm, q, kv_cache, block_table, part_out, part_ml, num_q_heads, num_kv_heads, D,
-                              page_tokens, bt_stride, num_pages, num_splits, scale, s, kvh, x, begin, end);
-}
-
-// Split merge of one (sequence, kv head) by the last of its num_splits blocks to finish: every block fences
-// its part_out / part_ml writes and takes a ticket; the block that draws num_splits - 1 resets the ticket to 0
-// (so it is 0 between launches) and computes out[s, hq, :] for the G heads of the group with
-// kern_attn_decode_reduce's arithmetic in its order (bit for bit), reading the partials from L2: the (m, l)
-// pairs of up to DEC_MERGE_ML heads x splits staged in shared memory at once, then each thread's outputs
-// (same d, DEC_GP heads at a time) with 8 splits' part_out loads in flight per output. Every thread calls it.
-KERN_DEV void merge_if_last(FusedSmem& fs, int32_t* ticket, const float* part_out, const float* part_ml,
-                            __nv_bfloat16* out, int num_q_heads, int G, int D, int split_tokens, int num_splits,
-                            int s, int kvh, int seq_len) {
-    __threadfence();  // this block's partials are visible device-wide before its ticket
-    __syncthreads();
-    if (threadIdx.x == 0) fs.last = atomicAdd(ticket, 1) == num_splits - 1;
-    __syncthreads();
-    if (!fs.last) return;
-    __threadfence();
-    if (threadIdx.x == 0) *ticket = 0;
-    const int64_t len = decode_split_len(seq_len, split_tokens, num_splits);
-    const int n_used = (int)min((int64_t)num_splits, (seq_len + len - 1) / len);
-    const int64_t head0 = (int64_t)s * num_q_heads + (int64_t)kvh * G;  // first head of the group
-    const float2* ml = reinterpret_cast<const float2*>(part_ml) + head0 * num_splits;
-    const int heads_per_round = max(1, min(G, DEC_MERGE_ML / max(n_used, 1)));
-    for (int g0 = 0; g0 < G; g0 += heads_per_round) {
-        const int gc = min(heads_per_round, G - g0);
-        if (g0 > 0) __syncthreads();  // the previous round is done with fs.ml
-        for (int i = threadIdx.x; i < gc * n_used; i += DEC_THREADS) {
-            const int g = i / n_used, x = i - g * n_used;
-            fs.ml[i] = __ldcg(&ml[(int64_t)(g0 + g) * num_splits + x]);
-        }
-        __syncthreads();
-        // output (g, d): thread d % DEC_THREADS, DEC_GP heads of the round at a time
-        for (int i = threadIdx.x; i < gc * D; i += DEC_THREADS * DEC_GP) {
-            float m_max[DEC_GP], l_sum[DEC_GP], o_sum[DEC_GP];
-            const float* po[DEC_GP];
-            int gl[DEC_GP];
-#pragma unroll
-            for (int k = 0; k < DEC_GP; ++k) {
-                const int ik = i + k * DEC_THREADS;
-                gl[k] = ik < gc * D ? ik / D : -1;
-                const int d = ik - max(gl[k], 0) * D;
-                m_max[k] = -CUDART_INF_F;
-                l_sum[k] = o_sum[k] = 0.0f;
-                po[k] = part_out + ((head0 + g0 + max(gl[k], 0)) * num_splits) * D + d;
-                if (gl[k] >= 0)
-                    for (int x = 0; x < n_used; ++x) m_max[k] = fmaxf(m_max[k], fs.ml[gl[k] * n_used + x].x);
-            }
-            for (int x0 = 0; x0 < n_used; x0 += 8) {
-                float pv[DEC_GP][8];
-#pragma unroll
-                for (int k = 0; k < DEC_GP; ++k) {
-#pragma unroll
-                    for (int u = 0; u < 8; ++u)
-                        pv[k][u] = (gl[k] >= 0 && m_max[k] != -CUDART_INF_F && x0 + u < n_used)
-                                       ? __ldcg(po[k] + (int64_t)(x0 + u) * D) : 0.0f;
-                }
-#pragma unroll
-                for (int k = 0; k < DEC_GP; ++k) {
-                    if (gl[k] < 0 || m_max[k] == -CUDART_INF_F) continue;
-#pragma unroll
-                    for (int u = 0; u < 8; ++u) {
-                        if (x0 + u < n_used) {
-                            const float2 v = fs.ml[gl[k] * n_used + x0 + u];
-                            const float w = exp2f((v.x - m_max[k]) * LOG2E);  // -inf -> 0
-                            l_sum[k] = fmaf(w, v.y, l_sum[k]);
-                            o_sum[k] = fmaf(w, pv[k][u], o_sum[k]);
-                        }
-                    }
-                }
-            }
-#pragma unroll
-            for (int k = 0; k < DEC_GP; ++k) {
-                if (gl[k] < 0) continue;
-                const int d = i + k * DEC_THREADS - gl[k] * D;
-                out[(head0 + g0 + gl[k]) * D + d] = f2bf(l_sum[k] > 0.0f ? o_sum[k] / l_sum[k] : 0.0f);
-            }
-        }
-    }
-}
-
-// The fused kernel's attention for a working split: per pass of DEC_GP heads, fused_stage (q; on the first pass
-// also the new token's K / V), a barrier, then decode_body's pass.
-template <int TPT>
-KERN_DEV void fused_passes(DecodeSmem& sm, FusedSmem& fs, const FusedToken& fz, const __nv_bfloat16* kv_cache,
-                           const int32_t* block_table, float* part_out, float* part_ml, int num_q_heads,
-                           int num_kv_heads, int D, int page_tokens, int bt_stride, int num_pages, int num_splits,
-                           float scale, int s, int kvh, int x, int begin, int end) {
-    const int G = num_q_heads / num_kv_heads;
-    for (int g0 = 0; g0 < G; g0 += DEC_GP) {
-        if (g0 > 0) __syncthreads();  // the previous pass is done with sm.q / sm.red / sm.ml
-        fused_stage(sm, fs, fz, num_q_heads, num_kv_heads, kvh, G, g0, min(DEC_GP, G - g0), D, scale * LOG2E, true,
-                    g0 == 0);
-        __syncthreads();
-        decode_body<TPT, true, true>(sm, nullptr, kv_cache, block_table, part_out, part_ml, num_q_heads, num_kv_heads,
-                                     D, page_tokens, bt_stride, num_pages, num_splits, scale, s, kvh, x, begin, end,
-                                     &fs, &fz, g0);
-    }
-}
-
-// grid (num_kv_heads, num_splits, seqs), block (128,1,1), one decode token per sequence (token s of qkv,
-// positions and slot_mapping). kern_qk_norm_rope_kv + kern_attn_decode_partial_fast + kern_attn_decode_reduce in
-// one launch, with their results bit for bit (docs/kernels.md):
-//   - every working block computes its group's q heads (RMSNorm with q_norm_w, RoPE at positions[s]) and the
-//     new token's K (k_norm_w, RoPE) and V from the qkv row; block (kvh, 0, s) also writes K / V to the cache
-//     at slot_mapping[s] (slots outside [0, num_pages * page_tokens): no write); the split holding that slot's
-//     row takes K / V from shared memory, so no block reads the row being written;
-//   - the attention of kern_attn_decode_partial_fast over [0, seq_lens[s]) (same split lengths, partials in
-//     part_out / part_ml);
-//   - the last block of each (s, kvh) merges the splits into out[s, hq * D + d] (tickets[s * Hkv + kvh]: zero
-//     before the launch, zero after it).
-// positions[s] outside [0, max_pos): no K / V write and out[s] = 0. Before griddepcontrol.wait the kernel reads
-// only seq_lens, positions, slot_mapping, block_table and the cache (never qkv), so it may be launched with PDL
-// after the kernel that writes qkv. Limits: head_dim even and <= 256, num_splits <= 1024 (DEC_MERGE_ML); as
-// kern_attn_decode_partial otherwise (a launch outside them returns at once, writing nothing).
-extern "C" __global__ void __launch_bounds__(DEC_THREADS) kern_attn_decode_fused(
-    const __nv_bfloat16* qkv,         // [seqs, (Hq + 2 Hkv) * D]
-    const __nv_bfloat16* q_norm_w,    // [D]
-    const __nv_bfloat16* k_norm_w,    // [D]
-    const float* rope,                // [max_pos, D] (kern_rope_table)
-    const int32_t* positions,         // [seqs]
-    const int32_t* slot_mapping,      // [seqs]
-    __nv_bfloat16* kv_cache,          // paged
-    const int32_t* block_table,       // [seqs, bt_stride]
-    const int32_t* seq_lens,          // [seqs], the new token included
-    float* part_out,                  // [seqs, Hq, num_splits, D]
-    float* part_ml,                   // [seqs, Hq, num_splits, 2]
-    int32_t* tickets,                 // [seqs, Hkv]
-    __nv_bfloat16* out,               // [seqs, Hq * D]
-    int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim, int32_t page_tokens, int32_t bt_stride,
-    int32_t num_pages, int32_t max_pos, int32_t split_tokens, int32_t num_splits, float scale, float eps) {
-    __shared__ __align__(16) DecodeSmem sm;
-    __shared__ __align__(16) FusedSmem fs;
-    const int kvh = blockIdx.x, x = blockIdx.y, s = blockIdx.z;
-    const int D = head_dim;
-    if (num_kv_heads <= 0 || kvh >= num_kv_heads || x >= num_splits || num_q_heads % num_kv_heads != 0 ||
-        D <= 0 || D > DEC_MAX_D || (D & 1) || page_tokens <= 0 || split_tokens <= 0 || num_splits > DEC_MERGE_ML ||
-        num_pages_overflow(num_pages, page_tokens)) {
-        kern_pdl_wait();  // every path waits: the grid never completes before its predecessor
-        return;
-    }
-    const int G = num_q_heads / num_kv_heads;
-    const int32_t pos = positions[s];
-    const bool pos_ok = pos >= 0 && pos < max_pos;
-    const int seq_len = pos_ok ? max(seq_lens[s], 0) : 0;
-    const int64_t slot = slot_mapping[s];
-    const bool slot_ok = pos_ok && slot >= 0 && slot < (int64_t)max(num_pages, 0) * page_tokens;
-    FusedToken fz;
-    fz.qkv_row = qkv + (int64_t)s * (num_q_heads + 2 * num_kv_heads) * D;
-    fz.q_norm_w = q_norm_w;
-    fz.k_norm_w = k_norm_w;
-    fz.rope_row = rope + (int64_t)(pos_ok ? pos : 0) * D;
-    fz.eps = eps;
-    fz.k_dst = fz.v_dst = nullptr;
-    fz.cur_row = -1;
-    if (slot_ok) {
-        const int64_t page = slot / page_tokens, off = slot % page_tokens;
-        fz.cur_row = (int32_t)(page * 2 * page_tokens + off);
-        if (x == 0) {
-            const int64_t token_elems = (int64_t)num_kv_heads * D;
-            fz.k_dst = kv_cache + ((page * 2 + 0) * page_tokens + off) * token_elems + (int64_t)kvh * D;
-            fz.v_dst = kv_cache + ((page * 2 + 1) * page_tokens + off) * token_elems + (int64_t)kvh * D;
-        }
-    }
-    const int64_t len = decode_split_len(seq_len, split_tokens, num_splits);
-    const int begin = (int)min((int64_t)x * len, (int64_t)seq_len);
-    const int end = (int)min((int64_t)x * len + len, (int64_t)seq_len);
-    if (begin < end) {
-        // Before the wait (nothing here is the previous kernel's output): the first 64 context tokens' K / V
-        // lines of this kv head into L2, one token row (K or V) per thread.
-        {
-            const int t = begin + (threadIdx.x >> 1);
-            const int pi = t / page_tokens;
-            const int page = (t < end && pi < bt_stride) ? block_table[(int64_t)s * bt_stride + pi] : -1;
-            if ((uint32_t)page < (uint32_t)max(num_pages, 0)) {
-                const int64_t row = (int64_t)page * 2 * page_tokens + (threadIdx.x & 1) * page_tokens + t % page_tokens;
-                const char* p = reinterpret_cast<const char*>(kv_cache + (row * num_kv_heads + kvh) * D);
-                for (int b = 0; b < D * 2; b += 128) prefetch_l2(p + b);
-            }
-        }
-        kern_pdl_wait();  // the qkv row is the previous kernel's output
-        kern_pdl_launch_dependents();
-        const int C = (D + 7) / 8;
-#define KERN_FUSED_PASSES(TPT)                                                                                  \
-    fused_passes<TPT>(sm, fs, fz, kv_cache, block_table, part_out, part_ml, num_q_heads, num_kv_heads, D,     \
-                      page_tokens, bt_stride, num_pages, num_splits, scale, s, kvh, x, begin, end)
-        if (C <= 4) KERN_FUSED_PASSES(4);
-        else if (C <= 8) KERN_FUSED_PASSES(8);
-        else if (C <= 16) KERN_FUSED_PASSES(16);
-        else KERN_FUSED_PASSES(32);
-#undef KERN_FUSED_PASSES
-    } else {
-        kern_pdl_wait();
-        kern_pdl_launch_dependents();
-        if (fz.k_dst != nullptr) {  // split 0 of an empty context still writes the new token's K / V
-            fused_stage(sm, fs, fz, num_q_heads, num_kv_heads, kvh, G, 0, 0, D, 0.0f, false, true);
-        }
-        write_empty_split(part_out, part_ml, num_q_heads, G, D, num_splits, s, kvh, x);
-    }
-    merge_if_last(fs, tickets + (int64_t)s * num_kv_heads + kvh, part_out, part_ml, out, num_q_heads, G, D,
-                  split_tokens, num_splits, s, kvh, seq_len);
+    decode_body_for_d<true>(sm, q, kv_cache, block_table, part_out, part_ml, num_q_heads, num_kv_heads, head_dim,
+                            page_tokens, bt_stride, num_pages, num_splits, scale, s, kvh, x, r);
 }
 
 // kern_attn_decode_partial_fast with the wait moved later (docs/kernels.md): seq_lens, slot_mapping, the block
@@ -859,36 +509,23 @@ extern "C" __global__ void __launch_bounds__(DEC_THREADS) kern_attn_decode_parti
     __shared__ __align__(16) DecodeSmem sm;
     kern_pdl_launch_dependents();  // early trigger (docs/kernels.md): the reduce reads only seq_lens before its wait
     const int kvh = blockIdx.x, x = blockIdx.y, s = blockIdx.z;
-    const int D = head_dim;
-    if (num_kv_heads <= 0 || kvh >= num_kv_heads || x >= num_splits || num_q_heads % num_kv_heads != 0 ||
-        D <= 0 || D > DEC_MAX_D || page_tokens <= 0 || split_tokens <= 0 ||
-        num_pages_overflow(num_pages, page_tokens)) {
+    if (!decode_launch_ok(num_q_heads, num_kv_heads, head_dim, page_tokens, split_tokens, num_splits, num_pages)) {
         kern_pdl_wait();  // every path waits: the grid never completes before its predecessor
         return;
     }
-    const int seq_len = max(seq_lens[s], 0);
     const int64_t slot = slot_mapping[s];
     const int32_t early_row = (slot >= 0 && slot < (int64_t)max(num_pages, 0) * page_tokens)
                                   ? (int32_t)(slot / page_tokens * 2 * page_tokens + slot % page_tokens)
                                   : -1;
-    const int64_t len = decode_split_len(seq_len, split_tokens, num_splits);
-    const int begin = (int)min((int64_t)x * len, (int64_t)seq_len);
-    const int end = (int)min((int64_t)x * len + len, (int64_t)seq_len);
-    if (begin >= end) {
+    const SplitRange r = decode_split_range(max(seq_lens[s], 0), split_tokens, num_splits, x);
+    if (r.begin >= r.end) {
         kern_pdl_wait();
-        write_empty_split(part_out, part_ml, num_q_heads, num_q_heads / num_kv_heads, D, num_splits, s, kvh, x);
+        write_empty_split(part_out, part_ml, num_q_heads, num_q_heads / num_kv_heads, head_dim, num_splits, s, kvh, x);
         return;
     }
-    const int C = (D + 7) / 8;
-#define KERN_EARLY_BODY(TPT)                                                                                    \
-    decode_body<TPT, true, false, true>(sm, q, kv_cache, block_table, part_out, part_ml, num_q_heads, num_kv_heads, \
-                                        D, page_tokens, bt_stride, num_pages, num_splits, scale, s, kvh, x, begin, \
-                                        end, nullptr, nullptr, 0, early_row)
-    if (C <= 4) KERN_EARLY_BODY(4);
-    else if (C <= 8) KERN_EARLY_BODY(8);
-    else if (C <= 16) KERN_EARLY_BODY(16);
-    else KERN_EARLY_BODY(32);
-#undef KERN_EARLY_BODY
+    decode_body_for_d<true, true>(sm, q, kv_cache, block_table, part_out, part_ml, num_q_heads, num_kv_heads,
+                                  head_dim, page_tokens, bt_stride, num_pages, num_splits, scale, s, kvh, x, r,
+                                  early_row);
 }
 
 // grid (num_q_heads, seqs, 1), block (head_dim,1,1): out[s, h*D + d] = sum_x w_x o_x[d] / sum_x w_x l_x,

@@ -20,7 +20,7 @@
 // Otherwise the same code runs with element-by-element loads, bounds-checked against k, so any k in
 // >= 1 is computed correctly (slowly) and nothing outside the arrays is read. Dynamic shared memory:
 // 16 * ceil(k / 8) bytes (x); a launch that gives less, a block size that is not whole warps, or n, k < 1
-// make every block return at once without reading or writing anything.
+// make every block return at once (after griddepcontrol.wait) without reading or writing anything.
 #include "common.cuh"
 
 #ifndef KERN_GEMV_UNROLL
@@ -198,10 +198,13 @@ KERN_DEV uint32_t dynamic_smem_bytes() {
 
 // Launch-shape guard shared by the entries: a partial warp would break the full-mask shuffles, and x
 // (16 * ceil(k / 8) bytes) must fit the dynamic shared memory the launch gave. Uniform over the grid, so
-// every block returns having read and written nothing.
+// every block returns having read and written nothing; it waits first (PDL: a grid must not complete before
+// its predecessor, or the kernel after it could overtake that predecessor).
 KERN_DEV bool bad_launch(int n, int k) {
-    if ((blockDim.x & 31) != 0 || n <= 0 || k <= 0) return true;
-    return dynamic_smem_bytes() < 16u * static_cast<uint32_t>((k + kChunk - 1) / kChunk);
+    bool bad = (blockDim.x & 31) != 0 || n <= 0 || k <= 0;
+    bad = bad || dynamic_smem_bytes() < 16u * static_cast<uint32_t>((k + kChunk - 1) / kChunk);
+    if (bad) kern_pdl_wait();
+    return bad;
 }
 
 // x = the input vector, copied (kern_gemv; gemv_residual).

@@ -20,16 +20,12 @@ sys.path.insert(0, str(ROOT / "tools"))
 # name -> gen_qwen3.py arguments (beyond --shape qwen3-4b, --algos, --kernels, --out, --name)
 VARIANTS: dict[str, tuple[str, ...]] = {
     "v2": ("--gemv", "v2"),  # = manifests/qwen3-4b-v2.json (the default 4B target; 16 decode splits)
-    "v2-fused": ("--gemv", "v2", "--decode-attn", "fused"),  # kern_attn_decode_fused (fourth session: slower)
     "v2-split": ("--gemv", "v2", "--decode-attn", "split"),  # kern_attn_decode_partial_fast (before 2026-11-29 s4)
-    "v2-pf20": ("--gemv", "v2", "--l2-prefetch-mib", "20"),  # w_o's first 20 MiB into L2 during the attention
-    "v2-pf20-bulk": ("--gemv", "v2", "--l2-prefetch-mib", "20", "--l2-prefetch-chunk", "16384"),
-    "v2-pf8": ("--gemv", "v2", "--l2-prefetch-mib", "8"),
-    "v2-pf40": ("--gemv", "v2", "--l2-prefetch-mib", "40"),  # w_o + ~10 MiB of each gate_up half
     "v2-s32": ("--gemv", "v2", "--decode-splits", "32"),  # the split count before 2026-11-29 (third session)
     "v2-s8": ("--gemv", "v2", "--decode-splits", "8"),
     "v2-pdl-gemv": ("--gemv", "v2", "--no-pdl-small"),  # PDL on the GEMVs and attention only (before 2026-11-29 s3)
     "v2-t512": ("--gemv", "v2", "--gemv-threads-per-sm", "512"),  # GEMV grids fill half an SM: PDL co-residency
+    "v2-st16": ("--gemv", "v2", "--decode-split-tokens", "16"),  # minimum split length before 2026-11-29 (s5)
 }
 
 

@@ -72,10 +72,8 @@ KERNEL_SIGNATURES: dict[str, tuple[str, tuple[str, ...]]] = {
     "kern_gemv_rows_residual": ("gemv", ("p", "p", "p", "i32", "i32")),
     "kern_gemv_rmsnorm_swiglu": ("gemv", ("p", "p", "p", "p", "i32", "i32", "f32")),
     "kern_attn_decode_partial_fast": ("attention", ("p",) * 6 + ("i32",) * 8 + ("f32",)),
-    "kern_attn_decode_fused": ("attention", ("p",) * 13 + ("i32",) * 9 + ("f32",) * 2),
     "kern_attn_decode_partial_early": ("attention", ("p",) * 7 + ("i32",) * 8 + ("f32",)),
     "kern_decode_advance": ("step", ("p",) * 7 + ("i32",) * 5),
-    "kern_prefetch_l2": ("prefetch", ("p", "i64", "p", "i64", "p", "i64", "i32")),
 }
 # Entries that execute griddepcontrol.wait before reading anything a predecessor writes and before writing
 # anything (docs/kernels-gemv.md, docs/kernels.md "Programmatic dependent launch"); only these may carry
@@ -85,8 +83,8 @@ PDL_ENTRIES = frozenset({
     "kern_gemv_rmsnorm", "kern_gemv_residual", "kern_gemv_silu_residual",
     "kern_gemv_rows", "kern_gemv_rows_rmsnorm", "kern_gemv_rows_residual", "kern_gemv_rmsnorm_swiglu",
     "kern_attn_decode_partial", "kern_attn_decode_partial_fast", "kern_attn_decode_reduce", "kern_attn_prefill",
-    "kern_attn_decode_fused", "kern_qk_norm_rope_kv", "kern_embed_gather", "kern_argmax_partial", "kern_argmax_final",
-    "kern_decode_advance", "kern_prefetch_l2", "kern_attn_decode_partial_early",
+    "kern_qk_norm_rope_kv", "kern_embed_gather", "kern_argmax_partial", "kern_argmax_final",
+    "kern_decode_advance", "kern_attn_decode_partial_early",
 })
 TYPE_BYTES = {"p": 8, "i32": 4, "f32": 4, "i64": 8}
 
@@ -169,15 +167,10 @@ class GenOptions:
     # less leaves room for the next kernel's blocks to become resident early under PDL
     gemv_threads_per_sm: int = 1024
     # decode attention: "split" (kern_qk_norm_rope_kv, then the partial and reduce launches), "early" (the same
-    # with kern_attn_decode_partial_early: block table and first K/V tile read before its PDL wait) or "fused"
-    # (kern_attn_decode_fused: q/k norm + RoPE + K/V write + attention + split merge in one launch; measured
-    # slower on the H200, docs/perf.md "Decode, fourth session")
+    # with kern_attn_decode_partial_early: block table and first K/V tile read before its PDL wait). A fused
+    # one-launch entry and an L2 prefetch of later weights measured slower and were removed (docs/perf.md
+    # "Decode, fourth session"; their cubins stay in kernels/)
     decode_attn: str = "early"
-    # M = 1 GEMV decode: after each layer's qkv GEMV, prefetch this many MiB of the layer's later weights into L2
-    # (kern_prefetch_l2: w_o first, the rest split between the heads of gate_up's gate and up halves), so they
-    # stream while the attention leaves DRAM idle; 0: no prefetch launch
-    l2_prefetch_mib: int = 0
-    l2_prefetch_chunk: int = 128  # kern_prefetch_l2's piece: 128 = line prefetches, larger = bulk prefetches
     # cuBLASLt pins (tools/pick_algos.py): ((n, k, ((attr, value), ...)), ...); a projection whose (n, k) is here
     # gets its own op `gemm_<n>x<k>` with that algorithm for every M (batch-invariant prefill)
     algos: tuple[tuple[int, int, tuple[tuple[str, int], ...]], ...] = ()
@@ -423,10 +416,8 @@ def build_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: GenOptions, config_di
         raise GenError("--gemv v2 is a wiring of --decode gemv")
     if not 32 <= opts.gemv_threads_per_sm <= 2048:
         raise GenError(f"gemv_threads_per_sm {opts.gemv_threads_per_sm}: use 32..2048 (threads an SM holds)")
-    if opts.decode_attn not in ("split", "early", "fused"):
-        raise GenError(f"decode_attn {opts.decode_attn!r}: use 'split', 'early' or 'fused'")
-    if opts.l2_prefetch_mib < 0 or (opts.l2_prefetch_mib and opts.decode != "gemv"):
-        raise GenError(f"l2_prefetch_mib {opts.l2_prefetch_mib}: a size in MiB >= 0, for --decode gemv only")
+    if opts.decode_attn not in ("split", "early"):
+        raise GenError(f"decode_attn {opts.decode_attn!r}: use 'split' or 'early'")
     if opts.decode == "gemv" and opts.seqs_max != 1:
         raise GenError(f"--decode gemv computes one row (bs = 1) but seqs max is {opts.seqs_max}: use --decode gemm")
     num_splits = decode_num_splits(cfg, opts)
@@ -511,38 +502,22 @@ def build_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: GenOptions, config_di
                    [{"arg": "q"}, {"arg": "kv"}, {"arg": "block_table"}, {"arg": "cu_seqlens_q"}, {"arg": "seq_lens"},
                     {"arg": "out"}, {"i32": Hq}, {"i32": Hkv}, {"i32": D}, {"i32": page_tokens},
                     {"i32": pages_per_seq}, num_pages_i32, {"f32": scale}])])
-    if opts.decode_attn in ("split", "early"):
-        early = opts.decode_attn == "early"
-        partial = ("kern_attn_decode_partial_early" if early else
-                   "kern_attn_decode_partial_fast" if opts.gemv == "v2" else "kern_attn_decode_partial")
-        slots = [_ptr("slots")] if early else []
-        b.op("attn_decode",
-             [_ptr("q"), _ptr("kv"), _ptr("block_table"), _ptr("seq_lens"), *slots, _ptr("out"), _int("num_pages")],
-             [b.launch(partial, [Hkv, num_splits, "seqs"], [128, 1, 1],
-                       [{"arg": "q"}, {"arg": "kv"}, {"arg": "block_table"}, {"arg": "seq_lens"},
-                        *([{"arg": "slots"}] if early else []),
-                        {"scratch": "part_out"}, {"scratch": "part_ml"}, {"i32": Hq}, {"i32": Hkv}, {"i32": D},
-                        {"i32": page_tokens}, {"i32": pages_per_seq}, num_pages_i32, {"i32": opts.split_tokens},
-                        {"i32": num_splits}, {"f32": scale}], pdl=opts.pdl),
-              b.launch("kern_attn_decode_reduce", [Hq, "seqs", 1], [D, 1, 1],
-                       [{"scratch": "part_out"}, {"scratch": "part_ml"}, {"arg": "seq_lens"}, {"arg": "out"},
-                        {"i32": Hq}, {"i32": D}, {"i32": opts.split_tokens}, {"i32": num_splits}], pdl=opts.pdl)],
-             scratch={"part_out": f"seqs * {Hq * num_splits * D * 4}", "part_ml": f"seqs * {Hq * num_splits * 2 * 4}"})
-    else:
-        # one ticket per (sequence, kv head): zero at load (a fixed state), zero after every launch
-        b.states["attn_tickets"] = {"kind": "fixed", "bytes": opts.seqs_max * Hkv * 4}
-        b.op("attn_decode_fused",
-             [_ptr("qkv"), _ptr("q_norm"), _ptr("k_norm"), _ptr("rope"), _ptr("positions"), _ptr("slots"), _ptr("kv"),
-              _ptr("block_table"), _ptr("seq_lens"), _ptr("tickets"), _ptr("out"), _int("num_pages")],
-             [b.launch("kern_attn_decode_fused", [Hkv, num_splits, "seqs"], [128, 1, 1],
-                       [{"arg": "qkv"}, {"arg": "q_norm"}, {"arg": "k_norm"}, {"arg": "rope"}, {"arg": "positions"},
-                        {"arg": "slots"}, {"arg": "kv"}, {"arg": "block_table"}, {"arg": "seq_lens"},
-                        {"scratch": "part_out"}, {"scratch": "part_ml"}, {"arg": "tickets"}, {"arg": "out"},
-                        {"i32": Hq}, {"i32": Hkv}, {"i32": D}, {"i32": page_tokens}, {"i32": pages_per_seq},
-                        num_pages_i32, {"i32": max_pos}, {"i32": opts.split_tokens}, {"i32": num_splits},
-                        {"f32": scale}, {"f32": cfg.eps}], pdl=opts.pdl)],
-             scratch={"part_out": f"seqs * {Hq * num_splits * D * 4}",
-                      "part_ml": f"seqs * {Hq * num_splits * 2 * 4}"})
+    early = opts.decode_attn == "early"
+    partial = ("kern_attn_decode_partial_early" if early else
+               "kern_attn_decode_partial_fast" if opts.gemv == "v2" else "kern_attn_decode_partial")
+    slots = [_ptr("slots")] if early else []
+    b.op("attn_decode",
+         [_ptr("q"), _ptr("kv"), _ptr("block_table"), _ptr("seq_lens"), *slots, _ptr("out"), _int("num_pages")],
+         [b.launch(partial, [Hkv, num_splits, "seqs"], [128, 1, 1],
+                   [{"arg": "q"}, {"arg": "kv"}, {"arg": "block_table"}, {"arg": "seq_lens"},
+                    *([{"arg": "slots"}] if early else []),
+                    {"scratch": "part_out"}, {"scratch": "part_ml"}, {"i32": Hq}, {"i32": Hkv}, {"i32": D},
+                    {"i32": page_tokens}, {"i32": pages_per_seq}, num_pages_i32, {"i32": opts.split_tokens},
+                    {"i32": num_splits}, {"f32": scale}], pdl=opts.pdl),
+          b.launch("kern_attn_decode_reduce", [Hq, "seqs", 1], [D, 1, 1],
+                   [{"scratch": "part_out"}, {"scratch": "part_ml"}, {"arg": "seq_lens"}, {"arg": "out"},
+                    {"i32": Hq}, {"i32": D}, {"i32": opts.split_tokens}, {"i32": num_splits}], pdl=opts.pdl)],
+         scratch={"part_out": f"seqs * {Hq * num_splits * D * 4}", "part_ml": f"seqs * {Hq * num_splits * 2 * 4}"})
     b.op("silu_mul", [_ptr("gate_up"), _ptr("out")], [b.launch(
         "kern_silu_mul", ["tokens", -(-I // 1024), 1], [256, 1, 1],
         [{"arg": "gate_up"}, {"arg": "out"}, tokens_i32, {"i32": I}])])
@@ -622,8 +597,6 @@ def build_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: GenOptions, config_di
         else:
             decode_gemv_ops(b, cfg, opts)
             decode = [embed_call] + decode_gemv_calls(cfg, "v1", opts.decode_attn)
-        if opts.l2_prefetch_mib:
-            decode = with_l2_prefetch(b, cfg, opts, decode)
     else:
         decode = [embed_call] + [c for layer in range(cfg.layers) for c in layer_calls(layer, decode=True)]
         decode += [
@@ -701,13 +674,9 @@ def decode_gemv_ops(b: Builder, cfg: Qwen3Config, opts: GenOptions) -> None:
 
 
 def decode_attention_calls(layer: int, attn: str) -> list[dict[str, Any]]:
-    """A decode layer's attention after the qkv projection (which writes `qkv`), writing `attn_out`: `fused`: one
-    attn_decode_fused call; `split` / `early`: qk_norm_rope_kv (q to `q`, K/V to the cache) and attn_decode (`early`
-    also passes slot_mapping: the row its partial kernel reloads after the PDL wait)."""
-    if attn == "fused":
-        return [_call("attn_decode_fused", qkv="qkv", q_norm=f"q_norm.{layer}", k_norm=f"k_norm.{layer}", rope="rope",
-                      positions="positions", slots="slot_mapping", kv=f"kv.{layer}", block_table="block_table",
-                      seq_lens="seq_lens", tickets="attn_tickets", out="attn_out", num_pages=pages_of(layer))]
+    """A decode layer's attention after the qkv projection (which writes `qkv`), writing `attn_out`:
+    qk_norm_rope_kv (q to `q`, K/V to the cache) and attn_decode (`early` also passes slot_mapping: the row its
+    partial kernel reloads after the PDL wait)."""
     slots = {"slots": "slot_mapping"} if attn == "early" else {}
     return [_call("qk_norm_rope_kv", qkv="qkv", q_norm=f"q_norm.{layer}", k_norm=f"k_norm.{layer}", rope="rope",
                   positions="positions", slots="slot_mapping", q_out="q", kv=f"kv.{layer}", num_pages=pages_of(layer)),
@@ -786,36 +755,6 @@ def decode_gemv_v2_ops(b: Builder, cfg: Qwen3Config, opts: GenOptions) -> None:
                                                   res_wiring + [{"i32": H}, {"i32": I}], opts)])
 
 
-def l2_prefetch_plan(cfg: Qwen3Config, budget_bytes: int) -> tuple[int, int]:
-    """(bytes of w_o, bytes of the head of each of gate_up's halves) that a prefetch of `budget_bytes` covers:
-    w_o first (whole or its head), then the rest split evenly between the gate rows [0, I) and the up rows
-    [I, 2I), 16-byte multiples, each at most a half."""
-    o_bytes = cfg.hidden * cfg.q_heads * cfg.head_dim * 2
-    half = cfg.intermediate * cfg.hidden * 2
-    n_o = min(budget_bytes, o_bytes) // 16 * 16
-    n_gu = min((budget_bytes - n_o) // 2, half) // 16 * 16
-    return n_o, n_gu
-
-
-def with_l2_prefetch(b: Builder, cfg: Qwen3Config, opts: GenOptions, calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The decode calls with a `prefetch_l2` call after every `gemv_qkv` (docs/perf.md "Decode, fourth session"):
-    kern_prefetch_l2 (PDL, waits first) over the layer's w_o and the heads of w_gate_up's two halves, planned by
-    l2_prefetch_plan from opts.l2_prefetch_mib; one block of 128 threads per SM, opts.l2_prefetch_chunk pieces."""
-    n_o, n_gu = l2_prefetch_plan(cfg, opts.l2_prefetch_mib << 20)
-    up_offset = cfg.intermediate * cfg.hidden * 2
-    b.op("prefetch_l2", [_ptr("w_o"), _ptr("w_gate_up")], [b.launch(
-        "kern_prefetch_l2", [opts.sms, 1, 1], [128, 1, 1],
-        [{"arg": "w_o"}, {"i64": n_o}, {"arg": "w_gate_up"}, {"i64": n_gu},
-         {"arg": "w_gate_up", "offset": up_offset}, {"i64": n_gu}, {"i32": opts.l2_prefetch_chunk}], pdl=opts.pdl)])
-    out: list[dict[str, Any]] = []
-    for call in calls:
-        out.append(call)
-        if call["op"] == "gemv_qkv":
-            layer = call["args"]["w"].rsplit(".", 1)[1]
-            out.append(_call("prefetch_l2", w_o=f"w_o.{layer}", w_gate_up=f"w_gate_up.{layer}"))
-    return out
-
-
 def decode_advance_op(b: Builder, opts: GenOptions, pages_per_seq: int) -> None:
     """`decode_advance`: kern_decode_advance (kernels-src/step.cu, docs/kernels-step.md), one block of 32
     threads looping over the sequences; writes the next step's token_ids / positions / seq_lens /
@@ -887,15 +826,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gemv", choices=["v1", "v2"], default="v1",
                         help="decode GEMV wiring (--decode gemv): v1 warp-per-row entries (default); v2 rows family, "
                              "SwiGLU epilogue on gate_up, kern_attn_decode_partial_fast")
-    parser.add_argument("--decode-attn", choices=["early", "split", "fused"], default="early",
+    parser.add_argument("--decode-attn", choices=["early", "split"], default="early",
                         help="decode attention: qk_norm_rope_kv + partial + reduce launches with the partial's reads "
-                             "before its PDL wait (early, default), the same with the fast or plain partial (split), "
-                             "or one fused launch (q/k norm, RoPE, K/V write, attention, split merge; slower)")
-    parser.add_argument("--l2-prefetch-mib", type=int, default=0,
-                        help="--decode gemv: after each qkv GEMV prefetch this many MiB of w_o and then w_gate_up's "
-                             "heads into L2 (kern_prefetch_l2; default 0: none)")
-    parser.add_argument("--l2-prefetch-chunk", type=int, default=128,
-                        help="kern_prefetch_l2 piece in bytes: 128 line prefetches (default), larger bulk prefetches")
+                             "before its PDL wait (early, default) or the same with the fast or plain partial (split)")
     parser.add_argument("--decode-splits", type=int, default=0, help="decode attention splits (default: auto)")
     parser.add_argument("--decode-split-tokens", type=int, default=GenOptions.split_tokens,
                         help="decode attention: minimum context tokens per split (a multiple of the page size)")
@@ -922,7 +855,6 @@ def main(argv: list[str] | None = None) -> int:
                           split_tokens=args.decode_split_tokens,
                           sms=args.sms, pdl=not args.no_pdl, pdl_small=not args.no_pdl_small, gemv=args.gemv,
                           gemv_threads_per_sm=args.gemv_threads_per_sm, decode_attn=args.decode_attn,
-                          l2_prefetch_mib=args.l2_prefetch_mib, l2_prefetch_chunk=args.l2_prefetch_chunk,
                           algos=algos, decode_algos=decode_algos,
                           algos_source=algos_source)
         manifest = build_manifest(cfg, abi, opts, cfg_digest)

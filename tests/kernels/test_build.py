@@ -27,7 +27,6 @@ CONTRACT = {
     "kern_qk_norm_rope_kv": "ppppppppiiiiiiif",
     "kern_attn_decode_partial": "ppppppiiiiiiiif",
     "kern_attn_decode_reduce": "ppppiiii",
-    "kern_attn_decode_fused": "p" * 13 + "i" * 9 + "ff",
     "kern_attn_prefill": "ppppppiiiiiif",
     "kern_silu_mul": "ppii",
     "kern_argmax_partial": "piippi",

@@ -102,28 +102,3 @@ def test_spin_ns_lasts_at_least_the_request(gpu) -> None:
         ms = check(cu.cuEventElapsedTime(start, stop), "cuEventElapsedTime")
         assert ms * 1e6 >= 0.95 * ns, (ns, ms)
         assert ms < 50 + ns / 1e6, (ns, ms)
-
-
-# ------------------------------------------------------------------------------------------ prefetch
-
-
-@pytest.mark.parametrize("chunk", [128, 16, 4096, 16384])
-def test_prefetch_l2_touches_nothing_and_faults_nowhere(dev, chunk):
-    """kern_prefetch_l2 over ranges that start and end off 16-byte boundaries, are shorter than 16 aligned bytes,
-    empty or negative, end exactly at an allocation's end: the launch completes (a fault would surface at the
-    synchronize) and every byte, guards included, is unchanged. An invalid chunk prefetches nothing."""
-    rng = np.random.default_rng(chunk)
-    data = rng.integers(0, 256, 3 * 2**20 + 5, dtype=np.uint8)
-    small = rng.integers(0, 256, 7, dtype=np.uint8)
-    d_data, d_small = dev.array(data), dev.array(small)
-    cases = [
-        ((d_data.ptr, data.size), (d_data.ptr + 3, 2**20 + 1), (d_small.ptr, small.size)),
-        ((d_data.ptr + 5, 9), (d_data.ptr + data.size - 1, 1), (d_data.ptr + 17, 0)),
-        ((d_data.ptr, -1), (0, 100), (d_data.ptr + 2**20 - 3, 2 * 2**20 + 8)),
-    ]
-    for (p0, n0), (p1, n1), (p2, n2) in cases:
-        for grid, c in (((16,), chunk), ((1,), chunk), ((3,), 8)):
-            dev.kernel("kern_prefetch_l2").launch(grid, (128,), [("p", p0), ("q", n0), ("p", p1), ("q", n1),
-                                                                 ("p", p2), ("q", n2), ("i", c)])
-    assert np.array_equal(d_data.download(np.uint8, data.size), data)
-    assert np.array_equal(d_small.download(np.uint8, small.size), small)

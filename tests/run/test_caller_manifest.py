@@ -34,29 +34,13 @@ def test_deterministic_bytes() -> None:
     assert gq.dumps(_manifest()) != gq.dumps(_manifest(chunk_max=256))
 
 
-def test_fused_decode_has_five_launches_per_layer() -> None:
-    m = _manifest(decode_attn="fused")
-    launches = [len(m["ops"][c["op"]]["launches"]) for c in m["programs"]["decode"]["calls"]]
-    # embed + 36 x 5 (qkv, fused attention, o, gate_up, down) + lm_head GEMV (final norm folded) + argmax (2)
-    # + decode_advance
-    assert sum(launches) == 1 + 36 * 5 + 1 + 2 + 1
-    ops = Counter(c["op"] for c in m["programs"]["decode"]["calls"])
-    assert ops["gemm"] == 0 and ops["add_rmsnorm"] == 0 and ops["rmsnorm"] == 0 and ops["silu_mul"] == 0
-    assert ops["qk_norm_rope_kv"] == 0 and ops["attn_decode"] == 0 and "attn_decode" not in m["ops"]
-    assert all(ops[o] == 36 for o in ("gemv_qkv", "gemv_o", "gemv_gate_up", "gemv_down", "attn_decode_fused"))
-    assert ops["gemv_lm_head"] == 1 and ops["argmax"] == 1 and ops["decode_advance"] == 1
-    assert m["programs"]["decode"]["calls"][-1]["op"] == "decode_advance"
-    assert m["programs"]["decode"]["graph"] is True
-    assert m["programs"]["load"] == {"kind": "once", "calls": [{"op": "rope_table", "args": {"table": "rope"}}]}
-
-
 def test_decode_has_seven_launches_per_layer() -> None:
     m = _manifest()
     calls = m["programs"]["decode"]["calls"]
     assert sum(len(m["ops"][c["op"]]["launches"]) for c in calls) == 1 + 36 * 7 + 1 + 2 + 1
     ops = Counter(c["op"] for c in calls)
-    assert ops["qk_norm_rope_kv"] == 36 and ops["attn_decode"] == 36 and "attn_decode_fused" not in m["ops"]
-    assert "attn_tickets" not in m["states"] and m["meta"]["caller"]["decode_attention"] == "early"
+    assert ops["qk_norm_rope_kv"] == 36 and ops["attn_decode"] == 36
+    assert m["meta"]["caller"]["decode_attention"] == "early"
     # the partial reads slot_mapping (the row it reloads after its PDL wait); `split` keeps the older entries
     assert all(c["args"]["slots"] == "slot_mapping" for c in calls if c["op"] == "attn_decode")
     assert m["ops"]["attn_decode"]["launches"][0]["entry"] == "kern_attn_decode_partial_early"
@@ -66,43 +50,13 @@ def test_decode_has_seven_launches_per_layer() -> None:
     rope = [c for c in calls if c["op"] == "qk_norm_rope_kv"]
     assert [c["args"]["kv"] for c in rope] == [f"kv.{i}" for i in range(36)]
     with pytest.raises(gq.GenError, match="decode_attn"):
-        _manifest(decode_attn="both")
-
-
-def test_fused_decode_attention_launch() -> None:
-    """One kern_attn_decode_fused launch per layer: grid (kv heads, splits, seqs), the qkv row in, attn_out out,
-    per-(seq, kv head) tickets in a fixed state (zeroed at load), the split scratch of the split path."""
-    m = _manifest(decode_attn="fused")
-    op = m["ops"]["attn_decode_fused"]
-    (launch,) = op["launches"]
-    assert (launch["entry"], launch["grid"], launch["block"], launch["pdl"]) == (
-        "kern_attn_decode_fused", [8, 16, "seqs"], [128, 1, 1], True)
-    sig = gq.KERNEL_SIGNATURES["kern_attn_decode_fused"][1]
-    assert len(launch["args"]) == len(sig) == 24
-    assert launch["args"][9:13] == [{"scratch": "part_out"}, {"scratch": "part_ml"}, {"arg": "tickets"}, {"arg": "out"}]
-    # Hq, Hkv, D, page_tokens, bt_stride, num_pages, max_pos, split_tokens, num_splits, scale, eps
-    assert launch["args"][13:] == [{"i32": 32}, {"i32": 8}, {"i32": 128}, {"i32": 16}, {"i32": 2560},
-                                   {"arg": "num_pages", "type": "i32"}, {"i32": 40960}, {"i32": 64}, {"i32": 16},
-                                   {"f32": 1.0 / 128 ** 0.5}, {"f32": 1e-6}]
-    assert op["scratch"] == {"part_out": f"seqs * {32 * 16 * 128 * 4}", "part_ml": f"seqs * {32 * 16 * 2 * 4}"}
-    assert m["states"]["attn_tickets"] == {"kind": "fixed", "bytes": 8 * 4}
-    assert m["meta"]["caller"]["decode_attention"] == "fused"
-    calls = [c for c in m["programs"]["decode"]["calls"] if c["op"] == "attn_decode_fused"]
-    assert [c["args"]["kv"] for c in calls] == [f"kv.{i}" for i in range(36)]
-    assert all(c["args"]["qkv"] == "qkv" and c["args"]["out"] == "attn_out" and c["args"]["tickets"] == "attn_tickets"
-               and c["args"]["q_norm"] == f"q_norm.{i}" and c["args"]["num_pages"] == {"pages_of": f"kv.{i}"}
-               for i, c in enumerate(calls))
-    assert _manifest(decode="gemm", seqs_max=3, decode_attn="fused")["states"]["attn_tickets"]["bytes"] == 3 * 8 * 4
+        _manifest(decode_attn="fused")  # the one-launch experiment, removed (docs/perf.md "Decode, fourth session")
 
 
 def test_decode_gemm_path_keeps_ten_launches_per_layer() -> None:
     m = _manifest(decode="gemm")
     launches = [len(m["ops"][c["op"]]["launches"]) for c in m["programs"]["decode"]["calls"]]
     assert sum(launches) == 1 + 36 * 10 + 1 + 1 + 2 + 1
-    # fused attention: add_rmsnorm, qkv, fused attention, o, add_rmsnorm, gate_up, silu_mul, down
-    fused = _manifest(decode="gemm", decode_attn="fused")
-    assert sum(len(fused["ops"][c["op"]]["launches"]) for c in fused["programs"]["decode"]["calls"]) == (
-        1 + 36 * 8 + 1 + 1 + 2 + 1)
     assert not any(op.startswith("gemv_") for op in m["ops"])
     with pytest.raises(gq.GenError, match="seqs"):
         _manifest(seqs_max=2)
@@ -134,35 +88,28 @@ def test_gemv_launches_and_pdl() -> None:
     # length 64 (one partial tile at head_dim 128)
     part = o["attn_decode"]["launches"][0]
     assert part["grid"] == [8, 16, "seqs"] and part["args"][13:15] == [{"i32": 64}, {"i32": 16}]
-    fused = _manifest(decode_attn="fused")["ops"]
-    assert {l["entry"] for op in fused.values() for l in op["launches"] if l.get("pdl")} == (
-        pdl - {"kern_attn_decode_partial_early", "kern_attn_decode_reduce"} | {"kern_attn_decode_fused"})
     assert gq.decode_num_splits(gq.Qwen3Config.from_json(mc.config_json(mc.SHAPES["qwen3-4b"])),
                                 gq.GenOptions("x", sms=264)) == 32
     assert _manifest("tiny", max_context=4096)["ops"]["attn_decode"]["launches"][0]["grid"][1] == 64
     assert _manifest(decode_splits=8)["ops"]["attn_decode"]["launches"][0]["grid"][1] == 8
-    assert _manifest(decode_splits=8, decode_attn="fused")["ops"]["attn_decode_fused"]["launches"][0]["grid"][1] == 8
 
 
 # (op, entry, index of num_pages among the kernel's parameters; the one before it is bt_stride, 2560, except for
 # the rope, whose previous parameter is max_pos, 40960)
 NUM_PAGES_AT = {"kern_attn_decode_partial": 11, "kern_attn_decode_partial_fast": 11, "kern_attn_prefill": 11,
-                "kern_attn_decode_partial_early": 12,
-                "kern_attn_decode_fused": 18, "kern_qk_norm_rope_kv": 14}
+                "kern_attn_decode_partial_early": 12, "kern_qk_norm_rope_kv": 14}
 
 
-@pytest.mark.parametrize("opts", [{}, {"gemv": "v2"}, {"decode": "gemm"}, {"decode_attn": "fused"},
-                                  {"decode_attn": "split"}, {"decode_attn": "split", "gemv": "v2"},
-                                  {"gemv": "v2", "decode_attn": "fused"}, {"decode": "gemm", "decode_attn": "fused"}])
+@pytest.mark.parametrize("opts", [{}, {"gemv": "v2"}, {"decode": "gemm"}, {"decode_attn": "split"},
+                                  {"decode_attn": "split", "gemv": "v2"}])
 def test_attention_bounds_page_ids_by_the_pages_of_its_layer_state(opts: dict) -> None:
     """Every attention and K/V-writing launch takes `num_pages` from its call's {"pages_of": "kv.<layer>"}: the
-    bound of the page ids it reads and (rope, fused attention) of the slots it writes."""
+    bound of the page ids it reads and (rope) of the slots it writes."""
     m = _manifest(**opts)
     attn = opts.get("decode_attn", "early")
     partial = {"early": "kern_attn_decode_partial_early", "split": "kern_attn_decode_partial_fast"
-               if opts.get("gemv") == "v2" else "kern_attn_decode_partial"}.get(attn)
-    decode_ops = (("qk_norm_rope_kv", "kern_qk_norm_rope_kv"), ("attn_decode", partial)) if partial else (
-                  ("attn_decode_fused", "kern_attn_decode_fused"),)
+               if opts.get("gemv") == "v2" else "kern_attn_decode_partial"}[attn]
+    decode_ops = (("qk_norm_rope_kv", "kern_qk_norm_rope_kv"), ("attn_decode", partial))
     for op, entry in (*decode_ops, ("attn_prefill", "kern_attn_prefill"), ("qk_norm_rope_kv", "kern_qk_norm_rope_kv")):
         index = NUM_PAGES_AT[entry]
         assert {"name": "num_pages", "kind": "int"} in m["ops"][op]["args"]
@@ -330,7 +277,7 @@ def test_runtime_compiles_every_call(fname: str) -> None:
             assert len(recs) == sum(len(spec.ops[c.op].launches) for c in spec.programs[pname].calls)
         # each attention launch stages its own layer's page count after bt_stride, once, at compile
         attn = [r for r in recs if getattr(r.launch, "entry", "") in NUM_PAGES_AT]
-        assert len(attn) == sum({"attn_decode": 1, "attn_prefill": 1, "attn_decode_fused": 1, "qk_norm_rope_kv": 1}.get(
+        assert len(attn) == sum({"attn_decode": 1, "attn_prefill": 1, "qk_norm_rope_kv": 1}.get(
             c.op, 0) for c in spec.programs[pname].calls)
         for r in attn:
             layer_state = spec.programs[pname].calls[r.call_index].args["kv"].target
@@ -417,30 +364,3 @@ def test_decode_gemm_projections_take_their_own_m1_pins_never_a_prefill_pin(tmp_
     assert prefill_ops == {f"gemm_{n}x{k}" for n, k in shapes}
 
 
-def test_l2_prefetch_after_every_qkv_gemv() -> None:
-    """--l2-prefetch-mib: one prefetch_l2 call right after each layer's gemv_qkv, over that layer's w_o and the heads
-    of its gate_up halves (w_o first), PDL; none by default; the cuBLASLt decode refuses it."""
-    cfg = gq.Qwen3Config.from_json(mc.config_json(mc.SHAPES["qwen3-4b"]))
-    o_bytes, half = 2560 * 4096 * 2, 9728 * 2560 * 2
-    assert gq.l2_prefetch_plan(cfg, 8 << 20) == (8 << 20, 0)
-    assert gq.l2_prefetch_plan(cfg, 40 << 20) == (o_bytes, (40 * 2**20 - o_bytes) // 2)
-    assert gq.l2_prefetch_plan(cfg, 10**12) == (o_bytes, half)
-    assert gq.l2_prefetch_plan(cfg, o_bytes + 33) == (o_bytes, 16)
-    assert "prefetch_l2" not in _manifest(gemv="v2")["ops"]
-    m = _manifest(gemv="v2", l2_prefetch_mib=40)
-    calls = m["programs"]["decode"]["calls"]
-    at = [i for i, c in enumerate(calls) if c["op"] == "prefetch_l2"]
-    assert len(at) == 36 and all(calls[i - 1]["op"] == "gemv_qkv" for i in at)
-    assert [calls[i]["args"] for i in at] == [{"w_o": f"w_o.{n}", "w_gate_up": f"w_gate_up.{n}"} for n in range(36)]
-    (launch,) = m["ops"]["prefetch_l2"]["launches"]
-    n_gu = (40 * 2**20 - o_bytes) // 2
-    assert launch["args"] == [{"arg": "w_o"}, {"i64": o_bytes}, {"arg": "w_gate_up"}, {"i64": n_gu},
-                              {"arg": "w_gate_up", "offset": half}, {"i64": n_gu}, {"i32": 128}]
-    assert (launch["entry"], launch["module"], launch["pdl"], launch["grid"]) == ("kern_prefetch_l2", "prefetch", True, [132, 1, 1])
-    assert "kern_prefetch_l2" in gq.PDL_ENTRIES
-    km = pytest.importorskip("kern_manifest")
-    km.verify(km.parse_manifest(gq.dumps(m)))
-    with pytest.raises(gq.GenError, match="l2_prefetch_mib"):
-        _manifest(decode="gemm", l2_prefetch_mib=8)
-    with pytest.raises(gq.GenError, match="l2_prefetch_mib"):
-        _manifest(l2_prefetch_mib=-1)
