@@ -196,3 +196,26 @@ def test_every_fault_is_reported_not_only_the_first() -> None:
 def test_there_are_at_least_25_distinct_malformed_manifests() -> None:
     assert len(PARSE_CASES) + len(VERIFY_CASES) >= 25
     assert len({c[0] for c in PARSE_CASES + VERIFY_CASES}) == len(PARSE_CASES) + len(VERIFY_CASES)
+
+
+def test_verify_remembers_a_passed_manifest_object_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """verify() of a Manifest object that already passed returns without checking again (manifests are frozen);
+    an equal but distinct object is checked, and a failing one is checked (and fails) every time."""
+    import sys
+
+    module = sys.modules["kern_manifest.verify"]
+    calls: list[int] = []
+    real = module.find_faults
+    monkeypatch.setattr(module, "find_faults", lambda m: calls.append(id(m)) or real(m))
+    good = parse_manifest(json.dumps(EXAMPLE))
+    verify(good)
+    verify(good)
+    assert calls == [id(good)]
+    other = parse_manifest(json.dumps(EXAMPLE))
+    verify(other)
+    assert len(calls) == 2
+    bad = parse_manifest(text_of(lambda o: ops(o).pop("argmax")))  # a call to an op that is gone
+    for _ in range(2):
+        with pytest.raises(ManifestVerifyError):
+            verify(bad)
+    assert len(calls) == 4

@@ -148,3 +148,33 @@ def test_pages_from_kern_pool_lease(facts: ManifestFacts) -> None:
     gen.generate(list(range(30)), GenerateOptions(4, 16))  # the previous lease was returned
     with pytest.raises(InputError, match="hold 1024"):
         gen.teacher_forced(list(range(gen.max_positions + 1)))
+
+
+def test_open_hands_the_verified_manifest_to_the_runtime(facts: ManifestFacts, tiny_manifest: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """read_manifest parses and verifies once; Generator.open passes that kern_manifest.Manifest (not the path)
+    to Runtime.load, and the runtime's load_spec accepts it without verifying it again."""
+    import sys
+
+    import kern_manifest
+    import kern_runtime
+    from kern_runtime.runtime import load_spec
+
+    assert isinstance(facts.parsed, kern_manifest.Manifest)
+    seen: list[object] = []
+
+    class Loaded(Exception):
+        pass
+
+    def fake_load(manifest, kernels, tensors, **kwargs):
+        seen.append(manifest)
+        raise Loaded
+
+    monkeypatch.setattr(kern_runtime.SafetensorsTensors, "open", staticmethod(lambda path: None))
+    monkeypatch.setattr(kern_runtime.Runtime, "load", staticmethod(fake_load))
+    with pytest.raises(Loaded):
+        Generator.open(tiny_manifest, "kernels", "weights", facts)
+    assert seen == [facts.parsed]
+    verifier = sys.modules["kern_manifest.verify"]
+    monkeypatch.setattr(verifier, "find_faults", lambda m: pytest.fail("verified a second time"))
+    assert load_spec(facts.parsed).vars["tokens"].max == facts.tokens_max

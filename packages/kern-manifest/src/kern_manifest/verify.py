@@ -8,6 +8,8 @@ their floor, and values that do not fit the wiring's encoding are faults.
 
 from __future__ import annotations
 
+import weakref
+
 from .errors import ExprError, Fault, ManifestError, ManifestVerifyError
 from .expr import FUNCS, I64_MAX, Expr
 from .frozen import index_path, key_path
@@ -39,12 +41,28 @@ from .verify_base import EXTERN_INT_ROLES, MAX_CORNER_VARS, SHA256, STATE_FIELDS
 from .verify_ops import OpChecks
 
 
+# Manifests (frozen, so a verdict never goes stale) that passed `verify`, by identity: a caller that checks a
+# manifest up front and hands the same object to the runtime pays for one verification, not two.
+_VERIFIED: dict[int, weakref.ref[Manifest]] = {}
+
+
 def verify(manifest: Manifest) -> None:
     """Check a parsed manifest for consistency. Raises `ManifestVerifyError` carrying every fault found
-    (each a `Fault(path, message)`); returns None when the manifest is consistent."""
+    (each a `Fault(path, message)`); returns None when the manifest is consistent. A `Manifest` object that
+    already passed returns at once (manifests are immutable; ~35 ms saved for the Qwen3-4B manifest)."""
+    seen = _VERIFIED.get(id(manifest))
+    if seen is not None and seen() is manifest:
+        return
     faults = find_faults(manifest)
     if faults:
         raise ManifestVerifyError(faults)
+    key = id(manifest)
+
+    def forget(ref: weakref.ref[Manifest]) -> None:  # the object is gone: its id may be reused
+        if _VERIFIED.get(key) is ref:
+            del _VERIFIED[key]
+
+    _VERIFIED[key] = weakref.ref(manifest, forget)
 
 
 def find_faults(manifest: Manifest) -> list[Fault]:

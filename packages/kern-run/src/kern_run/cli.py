@@ -163,8 +163,6 @@ def inspect(
     log_level: LogOpt = None,
 ) -> None:
     """Print what a manifest declares (no GPU needed); any kern manifest, verified first."""
-    from kern_manifest import parse_manifest
-
     from .errors import ConfigError
     from .jsonfile import read_json
     from .preflight import check_verifies
@@ -174,8 +172,7 @@ def inspect(
 
     def go() -> None:
         raw = read_json(manifest, "manifest", ConfigError)
-        check_verifies(raw, manifest)
-        raw = {**raw, "digest": parse_manifest(raw).digest}  # the computed digest, declared or not
+        raw = {**raw, "digest": check_verifies(raw, manifest).digest}  # the computed digest, declared or not
         for line in manifest_lines(raw):
             print(line)
 

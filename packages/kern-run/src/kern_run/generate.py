@@ -194,13 +194,16 @@ class Generator:
              progress: Callable[[int, int], None] | None = None, resident: Any = None) -> "Generator":
         """Load the runtime (verify, kernels, weights, once programs). Raises kern_runtime.KernError.
 
-        `resident`: weights kept by an earlier runtime's `into_resident()` (loaded over, not re-read).
+        `manifest`: its path; when `facts` carries the manifest read_manifest parsed and verified, the runtime
+        loads that object instead of reading the file again. `resident`: weights kept by an earlier runtime's
+        `into_resident()` (loaded over, not re-read).
         """
         from kern_runtime import Capacity, Runtime, SafetensorsTensors
 
         tensors = SafetensorsTensors.open(str(weights))
         extra = {"resident": resident} if resident is not None else {}
-        rt = Runtime.load(str(manifest), str(kernels), tensors, gpu=gpu,
+        source = facts.parsed if facts.parsed is not None else str(manifest)
+        rt = Runtime.load(source, str(kernels), tensors, gpu=gpu,
                           capacity=Capacity(tokens=capacity_tokens, seqs=1), progress=progress, **extra)
         return cls(rt, facts, eos_ids)
 

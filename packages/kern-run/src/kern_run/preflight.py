@@ -60,31 +60,37 @@ class ManifestFacts:
     # meta.caller.prefill_batch_invariant: a token's K/V bits do not depend on the chunk that prefilled it
     # (tools/gen_qwen3.py --algos), so a cached prefix may be resumed at any token
     prefill_batch_invariant: bool = False
+    # the kern_manifest.Manifest that passed verification here: handed to the runtime, which then neither
+    # parses nor verifies the file again (None: load from the path)
+    parsed: Any = None
 
     @property
     def max_context(self) -> int:
         return self.page_tokens * self.pages_per_seq
 
 
-def check_verifies(raw: Any, path: Path) -> None:
+def check_verifies(raw: Any, path: Path) -> Any:
     """kern_manifest's parse + verify on the host, so a broken manifest is refused before any GPU work.
-    Raises ConfigError naming the first fault and how many there are."""
+    Returns the verified kern_manifest.Manifest. Raises ConfigError naming the first fault and how many
+    there are."""
     from kern_manifest import ManifestParseError, ManifestVerifyError, parse_manifest, verify
 
     try:
-        verify(parse_manifest(raw))
+        parsed = parse_manifest(raw)
+        verify(parsed)
     except ManifestParseError as exc:
         raise ConfigError(f"manifest {path}: {exc}; regenerate it (tools/gen_qwen3.py)") from None
     except ManifestVerifyError as exc:
         first = exc.faults[0]
         more = f" (+{len(exc.faults) - 1} more: kern-manifest check {path})" if len(exc.faults) > 1 else ""
         raise ConfigError(f"manifest {path} fails verification at {first.path}: {first.message}{more}") from None
+    return parsed
 
 
 def read_manifest(path: Path) -> ManifestFacts:
     """Parse the manifest JSON and pull the caller contract's facts. Raises ConfigError."""
     raw = read_json(Path(path), "manifest", ConfigError, "; generate it with tools/gen_qwen3.py")
-    check_verifies(raw, path)
+    parsed = check_verifies(raw, path)
     try:
         tokens_max = int(raw["vars"]["tokens"]["max"])
         paged = [s for s in raw.get("states", {}).values() if s.get("kind") == "paged"]
@@ -99,7 +105,7 @@ def read_manifest(path: Path) -> ManifestFacts:
         raise ConfigError(f"manifest {path} does not follow the Qwen3 caller contract (docs/caller.md): "
                           f"missing or malformed {exc}") from None
     invariant = bool(raw.get("meta", {}).get("caller", {}).get("prefill_batch_invariant", False))
-    return ManifestFacts(raw, tokens_max, page_tokens, pages_per_seq, invariant)
+    return ManifestFacts(raw, tokens_max, page_tokens, pages_per_seq, invariant, parsed)
 
 
 def resolve_chunk(requested: int | None, facts: ManifestFacts) -> int:
