@@ -1,28 +1,30 @@
 #!/usr/bin/env python3
-"""One decode step under Nsight Compute: every kernel's own duration and DRAM traffic (GPU machine).
+"""Decode steps under a profiler (GPU machine): per kernel, its own time and DRAM traffic (Nsight Compute), or
+its place on the critical path of a graph step (CUPTI trace).
 
     ncu --profile-from-start off --clock-control none --cache-control none --csv --page raw \\
         --metrics "$(python3 bench/profile_step.py --metrics)" --log-file $OUT/ncu.csv \\
         python3 bench/profile_step.py --ckpt /tmp/kern-weights/qwen3-4b [--manifest M] [--ctx 128]
     python3 bench/profile_step.py --summarize $OUT/ncu.csv      # the table, per op, last
 
-    nsys profile --capture-range=cudaProfilerApi --cuda-graph-trace=node -o $OUT/tl \
-        python3 bench/profile_step.py --graph --steps 20 [--manifest M] [--ctx 128]
-    nsys stats -q -r cuda_gpu_trace -f csv -o $OUT/tl $OUT/tl.nsys-rep
-    python3 bench/profile_step.py --timeline $OUT/tl_cuda_gpu_trace.csv   # per op: time on the critical path
+    python3 bench/profile_step.py --graph --steps 20 --trace $OUT/trace.json [--manifest M] [--ctx 128]
 
-`--graph`: the profiled steps are replays of the decode CUDA graph (PDL overlaps and all), for Nsight
-Systems, which times every kernel node of a replay. `--timeline` reads its GPU trace and prints, per op of
-the decode program, the median over the steps of: the kernel's duration, its start lag (start minus the
-previous kernel's end: negative = it overlapped its predecessor) and its advance (its end minus the previous
-kernel's end), whose sum over a step is the step's GPU time: the advance is what the op costs the step.
+The run: a prompt of `--ctx` random tokens is prefilled and `--warm` eager decode steps run; one more step,
+run hooked, writes the program's launches in order (op, entry) to `--ops-out` (what `--summarize` and the
+timeline name the kernels by).
 
-The run: a prompt of `--ctx` random tokens is prefilled, `--warm` eager decode steps run, then the profiler
-range (cuProfilerStart/Stop) covers `--steps` eager decode steps. ncu replays each kernel alone (no PDL
-overlap, no launch gap), so a kernel's `gpu__time_duration` is what it costs with the GPU to itself; the
-sum over a step against the graph step time of bench/decode.py is what the kernel boundaries cost.
-`--cache-control none`: L2 is not flushed between kernels, as in a real step (weights stream, activations
-hit L2). `--clock-control none`: clocks left as the machine runs them (device/METHOD.md).
+Without `--graph` the profiler range (cuProfilerStart/Stop) covers `--steps` eager decode steps for ncu, which
+replays each kernel alone (no PDL overlap, no launch gap), so a kernel's `gpu__time_duration` is what it costs
+with the GPU to itself; the sum over a step against the graph step time of bench/decode.py is what the kernel
+boundaries cost. `--cache-control none`: L2 is not flushed between kernels, as in a real step (weights
+stream, activations hit L2). `--clock-control none`: clocks left as the machine runs them.
+
+`--graph`: the decode CUDA graph is captured, then `--steps` replays (PDL overlaps and all) are traced by
+CUPTI through torch.profiler (every kernel node of a replay gets its own start and end; the machine has no
+Nsight Systems), the chrome trace is written to `--trace`, and the trace is summarised at once: per op of the
+decode program, the median over the steps of the kernel's duration, its start lag (start minus the end of
+everything before it: negative = it overlapped its predecessor) and its advance (how far it moved the end of
+the step), whose sum over a step is the step's GPU time, so the advance is what the op costs the step.
 """
 
 from __future__ import annotations

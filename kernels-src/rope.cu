@@ -25,11 +25,12 @@ extern "C" __global__ void kern_rope_table(float* rope,  // [max_pos, head_dim]
 //   n = bf16(w * bf16(x * rsqrt(mean(x^2) + eps)))                         (Qwen3RMSNorm)
 //   y = bf16(bf16(n * cos) + bf16(rotate_half(n) * sin))                   (apply_rotary_pos_emb)
 // with cos/sin the bf16-valued table entries for positions[t]; sum of squares: x * x (no FMA contraction) per
-// 32-element warp by a shuffle tree, then the warps in order (kern_attn_decode_fused repeats it bit for bit).
+// 32-element warp by a shuffle tree, then the warps in order.
 // V is copied unchanged. K / V go to slot_mapping[t] when it lies in [0, num_pages * page_tokens), num_pages
 // the page count of the cache's reserved range (a manifest's {"pages_of": state}).
-// Reads positions, slot_mapping, the norm weights and the rope table before griddepcontrol.wait (then
-// launch_dependents), qkv after it: may be launched with PDL after a kernel that writes none of those four.
+// PDL: launch_dependents first (the early trigger, docs/kernels.md), then positions, slot_mapping, the norm
+// weights and the rope table are read before griddepcontrol.wait and qkv after it: may be launched with PDL
+// after a kernel that writes none of those four.
 extern "C" __global__ void __launch_bounds__(1024) kern_qk_norm_rope_kv(
     const __nv_bfloat16* qkv,       // [n_tokens, (Hq + 2*Hkv) * D]
     const __nv_bfloat16* q_norm_w,  // [D]

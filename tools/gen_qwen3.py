@@ -158,8 +158,9 @@ class GenOptions:
     decode_splits: int = 0  # decode attention splits (launch constant); 0: auto (decode_num_splits)
     sms: int = 132  # multiprocessors of the target GPU (H200): GEMV grids and the auto split count
     pdl: bool = True  # mark launches of PDL_ENTRIES with `pdl: true` (decode program only)
-    # also the small kernels that wait first (embed, qk_norm_rope_kv, argmax, decode_advance); their ops
-    # serve prefill too, where PDL is harmless (they read and write nothing before the wait)
+    # also the small kernels (embed, qk_norm_rope_kv, argmax, decode_advance); their ops serve prefill too,
+    # where PDL is harmless (they write nothing before the wait and read before it only what no kernel in
+    # flight writes: docs/kernels.md "Programmatic dependent launch")
     pdl_small: bool = True
     ring_len: int = 64  # token ring (host-mapped output) entries per sequence
     gemv: str = "v1"  # decode GEMV wiring (--decode gemv): "v1" warp-per-row entries, "v2" rows family + swiglu
@@ -180,8 +181,8 @@ class GenOptions:
 
     @property
     def pdl_small_launches(self) -> bool:
-        """Whether the small kernels that wait first (embed, qk_norm_rope_kv, argmax, decode_advance) launch
-        with PDL: only when PDL is on at all."""
+        """Whether the small kernels (embed, qk_norm_rope_kv, argmax, decode_advance) launch with PDL: only
+        when PDL is on at all."""
         return self.pdl and self.pdl_small
 
 
@@ -825,7 +826,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="decode projections: M = 1 GEMVs with fused norms/residuals (default) or cuBLASLt")
     parser.add_argument("--gemv", choices=["v1", "v2"], default="v1",
                         help="decode GEMV wiring (--decode gemv): v1 warp-per-row entries (default); v2 rows family, "
-                             "SwiGLU epilogue on gate_up, kern_attn_decode_partial_fast")
+                             "SwiGLU epilogue on gate_up (and kern_attn_decode_partial_fast with --decode-attn split)")
     parser.add_argument("--decode-attn", choices=["early", "split"], default="early",
                         help="decode attention: qk_norm_rope_kv + partial + reduce launches with the partial's reads "
                              "before its PDL wait (early, default) or the same with the fast or plain partial (split)")
