@@ -20,14 +20,16 @@ SassPathError; `CALL` is taken to return (its callee is not searched for a wait)
 from __future__ import annotations
 
 import re
-import subprocess
 import sys
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
-_FUNCTION = re.compile(r"^\s*Function\s*:\s*(\S+)\s*$")
-_INSTR = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "packages" / "kern-runtime" / "src"))
+
+from kern_runtime import sass  # noqa: E402  (cuobjdump discovery, disassembly and the SASS line format)
+
 _TARGET = re.compile(r"0x([0-9a-f]+)\s*$")
 
 
@@ -43,23 +45,17 @@ class Instr:
     operands: str
 
 
+def _instr(addr: int, text: str) -> Instr:
+    guard = ""
+    if text.startswith("@"):
+        guard, _, text = text.partition(" ")
+    op, _, operands = text.strip().partition(" ")
+    return Instr(addr, guard, op, operands.strip())
+
+
 def parse_functions(text: str) -> dict[str, list[Instr]]:
     """`cuobjdump -sass` output -> {function name: instructions in address order}."""
-    out: dict[str, list[Instr]] = {}
-    current: list[Instr] | None = None
-    for line in text.splitlines():
-        m = _FUNCTION.match(line)
-        if m:
-            current = out.setdefault(m.group(1), [])
-            continue
-        im = _INSTR.search(line) if current is not None else None
-        if im:
-            text, guard = im.group(2), ""
-            if text.startswith("@"):
-                guard, _, text = text.partition(" ")
-            op, _, operands = text.strip().partition(" ")
-            current.append(Instr(int(im.group(1), 16), guard, op, operands.strip()))
-    return out
+    return {fn: [_instr(a, t) for a, t in instrs] for fn, instrs in sass.parse_sass_addressed(text).items()}
 
 
 def _kind(op: str) -> str:
@@ -110,26 +106,28 @@ def unwaited_exits(instrs: list[Instr]) -> list[int]:
 
 
 def cubin_functions(cubin: Path, cuobjdump: str) -> dict[str, list[Instr]]:
-    """Every function of a cubin, disassembled with `cuobjdump -sass` (needs nvdisasm beside it or on
-    PATH / NVDISASM_PATH). Raises SassPathError when the disassembly fails."""
-    out = subprocess.run([cuobjdump, "-sass", str(cubin)], capture_output=True, text=True)
+    """Every function of a cubin, disassembled with `cuobjdump -sass` (kern_runtime.sass.disassemble: nvdisasm
+    beside cuobjdump, on NVDISASM_PATH or from the wheels). Raises SassPathError when the disassembly fails."""
+    out = sass.disassemble(cubin, cuobjdump)
     if out.returncode != 0:
         raise SassPathError(f"cuobjdump -sass {cubin}: {out.stderr.strip()[:300]}")
     return parse_functions(out.stdout)
 
 
 def main(argv: list[str]) -> int:
-    import os
-    import shutil
-
     if not argv:
         print(__doc__.strip().splitlines()[-1].strip(), file=sys.stderr)
         return 2
-    tool = os.environ.get("CUOBJDUMP") or shutil.which("cuobjdump")
+    tool = sass.find_cuobjdump()
     if not tool:
-        print("sass_paths: no cuobjdump (set CUOBJDUMP)", file=sys.stderr)
+        print("sass_paths: no cuobjdump (set CUOBJDUMP, put it on PATH or install the nvidia-cuda-cuobjdump wheel)",
+              file=sys.stderr)
         return 2
-    functions = cubin_functions(Path(argv[0]), tool)
+    try:
+        functions = cubin_functions(Path(argv[0]), tool)
+    except SassPathError as exc:
+        print(f"sass_paths: {exc}", file=sys.stderr)
+        return 2
     bad = 0
     for name in argv[1:] or sorted(functions):
         exits = unwaited_exits(functions[name])

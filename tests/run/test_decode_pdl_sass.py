@@ -12,10 +12,6 @@ function holds an ACQBULK, and no path of its control-flow graph exits without p
 from __future__ import annotations
 
 import json
-import os
-import re
-import shutil
-import subprocess
 from functools import lru_cache
 from pathlib import Path
 
@@ -24,6 +20,7 @@ import pytest
 import gen_qwen3 as gq
 import sass_paths
 from kern_run_testutil import ROOT
+from kern_runtime.sass import find_cuobjdump
 
 MANIFESTS = sorted((ROOT / "manifests").glob("*.json"))
 # entry -> why some path of its SASS exits without the wait (docs/kernels.md "Programmatic dependent launch")
@@ -33,23 +30,15 @@ KNOWN_GAPS = {
 }
 
 
-def _cuobjdump() -> str | None:
-    explicit = os.environ.get("CUOBJDUMP")
-    if explicit and Path(explicit).is_file():
-        return explicit
-    return shutil.which("cuobjdump")
-
-
 @lru_cache(maxsize=None)
-def _sass_functions(cubin: Path) -> dict[str, str]:
-    """entry name -> its SASS text."""
-    tool = _cuobjdump()
+def _sass_functions(cubin: Path) -> dict[str, list[sass_paths.Instr]]:
+    """entry name -> its instructions (one cuobjdump -sass run per cubin)."""
+    tool = find_cuobjdump()
     assert tool is not None
-    out = subprocess.run([tool, "-sass", str(cubin)], capture_output=True, text=True)
-    if out.returncode != 0:
-        pytest.skip(f"cuobjdump -sass failed (nvdisasm missing?): {out.stderr.strip()[:200]}")
-    parts = re.split(r"^\s*Function : (\S+)\s*$", out.stdout, flags=re.M)
-    return {parts[i]: parts[i + 1] for i in range(1, len(parts) - 1, 2)}
+    try:
+        return sass_paths.cubin_functions(cubin, tool)
+    except sass_paths.SassPathError as exc:
+        pytest.skip(f"cuobjdump -sass failed (nvdisasm missing?): {str(exc)[:200]}")
 
 
 def test_pdl_entries_are_a_subset_of_the_contract() -> None:
@@ -63,15 +52,16 @@ def test_pdl_launches_wait_for_their_predecessor(path: Path) -> None:
     assert {entry for _, entry in pdl} <= gq.PDL_ENTRIES
     if not pdl:
         return
-    if _cuobjdump() is None:
+    if find_cuobjdump() is None:
         pytest.skip("no cuobjdump: cannot read the SASS")
     for module, entry in sorted(pdl):
         cubin = ROOT / "kernels" / f"{module}-{manifest['modules'][module][:12]}.cubin"
         sass = _sass_functions(cubin)
         assert entry in sass, f"{entry} not in {cubin.name}"
         body = sass[entry]
-        assert "ACQBULK" in body, f"{entry} ({cubin.name}) is launched with pdl but never waits (no ACQBULK)"
-        exits = sass_paths.unwaited_exits(sass_paths.parse_functions(f"Function : {entry}\n{body}")[entry])
+        assert any(i.op.startswith("ACQBULK") for i in body), (
+            f"{entry} ({cubin.name}) is launched with pdl but never waits (no ACQBULK)")
+        exits = sass_paths.unwaited_exits(body)
         if entry in KNOWN_GAPS:
             assert exits, f"{entry}: its known gap is gone ({KNOWN_GAPS[entry]}): drop it from KNOWN_GAPS and the docs"
         else:

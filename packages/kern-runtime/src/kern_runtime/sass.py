@@ -41,16 +41,16 @@ MULTICAST_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("multimem", re.compile(r"\bmultimem\.")),
 )
 _FUNCTION = re.compile(r"^\s*Function\s*:\s*(\S+)\s*$")
-_INSTR = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(.*?)\s*;")
+_INSTR = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
 
 _cache: dict[str, dict[str, list[str]]] = {}
 _cache_lock = threading.Lock()
 
 
-def parse_sass(text: str) -> dict[str, list[str]]:
-    """`cuobjdump -sass` output -> {function name: [instruction text, ...]} (encodings dropped)."""
-    out: dict[str, list[str]] = {}
-    current: list[str] | None = None
+def parse_sass_addressed(text: str) -> dict[str, list[tuple[int, str]]]:
+    """`cuobjdump -sass` output -> {function name: [(address, instruction text), ...]} (encodings dropped)."""
+    out: dict[str, list[tuple[int, str]]] = {}
+    current: list[tuple[int, str]] | None = None
     for line in text.splitlines():
         m = _FUNCTION.match(line)
         if m:
@@ -60,8 +60,13 @@ def parse_sass(text: str) -> dict[str, list[str]]:
             continue
         im = _INSTR.search(line)
         if im:
-            current.append(im.group(1))
+            current.append((int(im.group(1), 16), im.group(2)))
     return out
+
+
+def parse_sass(text: str) -> dict[str, list[str]]:
+    """`cuobjdump -sass` output -> {function name: [instruction text, ...]} (addresses and encodings dropped)."""
+    return {fn: [instr for _, instr in instrs] for fn, instrs in parse_sass_addressed(text).items()}
 
 
 def multicast_findings(instructions: list[str]) -> list[str]:
@@ -113,6 +118,12 @@ def _disassembler_env(cuobjdump: str) -> dict[str, str]:
     return env
 
 
+def disassemble(cubin: Path, cuobjdump: str) -> subprocess.CompletedProcess[str]:
+    """`cuobjdump -sass cubin` (text), with an nvdisasm made findable; the caller checks the return code."""
+    return subprocess.run([cuobjdump, "-sass", str(cubin)], capture_output=True, text=True,
+                          env=_disassembler_env(cuobjdump))
+
+
 def scan_cubin(image: bytes, module: str, cuobjdump: str | None = None) -> dict[str, list[str]]:
     """{function: [multicast findings]} for every function of a cubin; cached by its sha256.
 
@@ -132,7 +143,7 @@ def scan_cubin(image: bytes, module: str, cuobjdump: str | None = None) -> dict[
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / f"{module}.cubin"
         path.write_bytes(image)
-        proc = subprocess.run([tool, "-sass", str(path)], capture_output=True, text=True, env=_disassembler_env(tool))
+        proc = disassemble(path, tool)
     if proc.returncode != 0 or "Function" not in proc.stdout:
         raise KernelArtifactError(
             f"module {module!r}: `{tool} -sass` failed (exit {proc.returncode}): "
