@@ -177,18 +177,14 @@ def timeline(kern: list[tuple[float, float, str]], ops: list[tuple[str, str]]) -
             d["adv"].append(max(end, prev_end) - prev_end)
             prev_end = max(end, prev_end)
         step_us.append(prev_end - step_start)
-    counts: dict[str, int] = {}
-    for op, _ in ops:
-        counts[op] = counts.get(op, 0) + 1
     med = statistics.median
     print(f"\n{steps} graph step(s) of {n} kernels: GPU time per step median {med(step_us[1:] or step_us):.1f} us "
           f"(first step excluded: its lag is from before the range)")
     print(f"{'op':<18} {'n':>3} {'dur us':>7} {'lag us':>7} {'adv us':>7} {'adv us/step':>11}")
     rows_out = []
-    for op, d in per.items():
-        k = counts[op]
+    for op, d in per.items():  # an op launched k times per step has k * steps samples
         adv_step = sum(d["adv"]) / steps
-        rows_out.append((adv_step, op, k, med(d["dur"]), med(d["lag"]), med(d["adv"])))
+        rows_out.append((adv_step, op, len(d["dur"]) // steps, med(d["dur"]), med(d["lag"]), med(d["adv"])))
     for adv_step, op, k, dur, lag, adv in sorted(rows_out, reverse=True):
         print(f"{op:<18} {k:>3} {dur:>7.2f} {lag:>7.2f} {adv:>7.2f} {adv_step:>11.1f}")
 

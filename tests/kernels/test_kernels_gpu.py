@@ -459,14 +459,14 @@ def run_decode_chain(dev, rng, hq, hkv, head_dim, page_tokens, split_tokens, num
     d_bt, d_lens = dev.array(block_table), dev.array(seq_lens)
     part = seqs * hq * num_splits
 
-    # split path
-    d_cache_a = dev.array(ref.bf16_bits(cache))
+    # the rope kernel writes q and the new K/V; then each partial entry + the reduce reads them
+    d_cache = dev.array(ref.bf16_bits(cache))
     d_q = dev.alloc(seqs * hq * head_dim * 2)
     d_q.poison()
     dev.kernel("kern_qk_norm_rope_kv").launch(
         (seqs, hq + hkv), (head_dim,),
         [("p", d_qkv.ptr), ("p", d_qw.ptr), ("p", d_kw.ptr), ("p", d_rope.ptr), ("p", d_pos.ptr), ("p", d_slots.ptr),
-         ("p", d_q.ptr), ("p", d_cache_a.ptr), ("i", seqs), ("i", hq), ("i", hkv), ("i", head_dim),
+         ("p", d_q.ptr), ("p", d_cache.ptr), ("i", seqs), ("i", hq), ("i", hkv), ("i", head_dim),
          ("i", page_tokens), ("i", max_pos), ("i", num_pages), ("f", eps)])
 
     def partial_then_reduce(entry, slots_arg):
@@ -476,7 +476,7 @@ def run_decode_chain(dev, rng, hq, hkv, head_dim, page_tokens, split_tokens, num
             buf.poison()
         dev.kernel(entry).launch(
             (hkv, num_splits, seqs), (128,),
-            [("p", d_q.ptr), ("p", d_cache_a.ptr), ("p", d_bt.ptr), ("p", d_lens.ptr), *slots_arg, ("p", d_po.ptr),
+            [("p", d_q.ptr), ("p", d_cache.ptr), ("p", d_bt.ptr), ("p", d_lens.ptr), *slots_arg, ("p", d_po.ptr),
              ("p", d_ml.ptr), ("i", hq), ("i", hkv), ("i", head_dim), ("i", page_tokens), ("i", bt_stride),
              ("i", num_pages), ("i", split_tokens), ("i", num_splits), ("f", scale)])
         dev.kernel("kern_attn_decode_reduce").launch(
@@ -485,21 +485,21 @@ def run_decode_chain(dev, rng, hq, hkv, head_dim, page_tokens, split_tokens, num
              ("i", split_tokens), ("i", num_splits)])
         return d_ml.download(np.uint32, (seqs, part // seqs * 2)), d_out.download(np.uint16, (seqs, hq * head_dim))
 
-    ml_a, out_a = partial_then_reduce("kern_attn_decode_partial_fast", [])
+    ml_fast, out_fast = partial_then_reduce("kern_attn_decode_partial_fast", [])
     # kern_attn_decode_partial_early (the fast entry with its reads before the PDL wait and the slot's row
     # reloaded after it): bit for bit the fast entry's partials and output, on the same q and cache
-    ml_e, out_e = partial_then_reduce("kern_attn_decode_partial_early", [("p", d_slots.ptr)])
+    ml_early, out_early = partial_then_reduce("kern_attn_decode_partial_early", [("p", d_slots.ptr)])
     valid = positions < max_pos  # a position past max_pos leaves q unwritten (NaN) on both
-    assert np.array_equal(ml_e[valid], ml_a[valid]), "early partial: part_ml differs from the fast entry"
-    assert np.array_equal(out_e[valid], out_a[valid]), "early partial: output differs from the fast entry"
+    assert np.array_equal(ml_early[valid], ml_fast[valid]), "early partial: part_ml differs from the fast entry"
+    assert np.array_equal(out_early[valid], out_fast[valid]), "early partial: output differs from the fast entry"
     # and against the float64 reference (q and K/V of the new token from ref.qk_norm_rope_kv)
     want_q = np.zeros((seqs, hq, head_dim), dtype=np.float32)
     want_cache = cache.copy()
     in_range = np.where((slots >= 0) & (slots < num_pages * page_tokens), slots, -1).astype(np.int32)
     ref.qk_norm_rope_kv(qkv, q_w, k_w, rope, positions, in_range, want_q, want_cache, hq, hkv, head_dim, eps)
     want = ref.attn_decode(ref.bf16_round(want_q), want_cache, block_table, seq_lens, scale, num_pages=num_pages)
-    got = ref.from_bf16_bits(out_a)
-    assert (out_a[5] == 0).all(), "the empty context must give zeros"
+    got = ref.from_bf16_bits(out_fast)
+    assert (out_fast[5] == 0).all(), "the empty context must give zeros"
     for s in np.flatnonzero(valid & (seq_lens > 0)):
         if not ref.kv_present(block_table[s], int(seq_lens[s]), page_tokens, num_pages).any():
             continue
