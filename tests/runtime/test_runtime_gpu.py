@@ -5,6 +5,7 @@ Run on the H200:  KERN_REQUIRE_GPU=1 python3 -m pytest tests/runtime -q   (after
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import shutil
@@ -197,6 +198,47 @@ def test_shared_memory_limit_is_the_largest_over_ops_of_one_function(tmp_path: P
         for name in ("big", "small", "big"):
             rt.run(name, {"tokens": 10})
             np.testing.assert_array_equal(rt.read_output("y", rows=10), x)
+
+
+def function_carveout(fn: Any) -> int:
+    from cuda.bindings import driver
+
+    err, value = driver.cuFuncGetAttribute(
+        driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, fn)
+    assert err == driver.CUresult.CUDA_SUCCESS, err
+    return int(value)
+
+
+def test_preferred_carveout_is_set_on_the_function_at_load(tmp_path: Path) -> None:
+    """`carveout` sets the function's CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT at load: kern_scale,
+    launched by two ops of which one gives 100 and one gives none, gets 100; kern_add (none) keeps the driver's
+    default; kern_big_shared gets its 50 beside its raised shared memory limit. Results are unchanged."""
+    kdir, pins = kernels_dir(tmp_path, toy="toy")
+    default = two_kernel_manifest(pins, graph=False)
+    m = copy.deepcopy(default)
+    m["ops"]["scale"]["launches"][0]["carveout"] = 100
+    m["ops"]["scale_again"] = copy.deepcopy(default["ops"]["scale"])
+    m["programs"]["again"] = {"calls": [{"op": "scale_again", "args": {"x": "x", "y": "t", "n": "tokens * 4"}}]}
+    m["ops"]["big"] = {"args": [{"name": "x", "kind": "ptr"}, {"name": "y", "kind": "ptr"}],
+                       "launches": [{"module": "toy", "entry": "kern_big_shared", "grid": ["cdiv(tokens * 4, 128)", 1, 1],
+                                     "block": [128, 1, 1], "shared_mem": 100 * 1024, "carveout": 50,
+                                     "params": [[0, 8], [8, 8], [16, 4]],
+                                     "args": [{"arg": "x"}, {"arg": "y"}, {"expr": "tokens * 4", "type": "i32"}]}]}
+    m["programs"]["big"] = {"calls": [{"op": "big", "args": {"x": "x", "y": "y"}}]}
+    with Runtime.load(default, kdir, None) as rt:
+        driver_default = function_carveout(rt._functions[("add", 0)])
+    assert driver_default not in (50, 100)
+    with Runtime.load(m, kdir, None) as rt:
+        assert function_carveout(rt._functions[("scale", 0)]) == 100
+        assert function_carveout(rt._functions[("scale_again", 0)]) == 100
+        assert function_carveout(rt._functions[("add", 0)]) == driver_default
+        assert function_carveout(rt._functions[("big", 0)]) == 50
+        x = np.arange(40, dtype=np.float32).reshape(10, 4)
+        rt.write_input("x", x)
+        rt.run("big", {"tokens": 10})
+        np.testing.assert_array_equal(rt.read_output("y", rows=10), x)
+        rt.run("step", {"tokens": 10})
+        np.testing.assert_allclose(rt.read_output("y", rows=10), 2 * x + 1 + x, rtol=1e-6)
 
 
 @pytest.mark.parametrize("graph", [False, True])

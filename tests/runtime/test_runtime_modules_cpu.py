@@ -1,14 +1,19 @@
-"""Kernel directory: only the pinned files are read, hashes are checked; ABI instance choice."""
+"""Kernel directory: only the pinned files are read, hashes are checked; ABI instance choice; per-function
+attributes (dynamic shared memory limit, preferred carveout) and the carveout of the spec."""
 
 from __future__ import annotations
 
 import hashlib
+import re
 from pathlib import Path
 
 import pytest
+from runtime_helpers import base_manifest, scale_op
 
-from kern_runtime import KernelArtifactError
-from kern_runtime.modules import choose_instance, module_path, read_pinned_modules
+from kern_runtime import KernelArtifactError, ManifestError, ManifestVerifyError
+from kern_runtime.modules import choose_instance, function_attributes, module_path, read_pinned_modules
+from kern_runtime.runtime import load_spec
+from kern_runtime.spec import KernelLaunch, spec_from_json
 
 
 def fake_cubin(directory: Path, module: str, payload: bytes) -> str:
@@ -57,3 +62,72 @@ def test_choose_instance_by_layout() -> None:
         choose_instance([], ((0, 8),), "x")
     with pytest.raises(KernelArtifactError, match="ambiguous"):
         choose_instance([a, ("fn_c", a[1])], a[1], "x")
+
+
+# ---------------------------------------------------------------- function attributes (shared limit, carveout)
+
+
+class FakeFunction:
+    """Stands in for a CUfunction: told apart by `int()`, the handle."""
+
+    def __init__(self, handle: int) -> None:
+        self.handle = handle
+
+    def __int__(self) -> int:
+        return self.handle
+
+
+def test_function_attributes_aggregate_per_function() -> None:
+    """Largest dynamic shared memory and the one carveout per function, over every launch of it; a launch
+    without carveout neither sets nor conflicts."""
+    f, g, h = FakeFunction(1), FakeFunction(2), FakeFunction(3)
+    f_again = FakeFunction(1)  # another handle object of the same function (a second op's lookup)
+    uses = [(f, "ops.a.launches[0]", 100 * 1024, None), (g, "ops.a.launches[1]", 0, 0),
+            (f_again, "ops.b.launches[0]", 65536, 100), (f, "ops.c.launches[0]", 0, 100),
+            (h, "ops.d.launches[0]", 0, None)]
+    attrs = function_attributes(uses)
+    assert [(int(a.function), a.shared_mem, a.carveout, a.carveout_path) for a in attrs] == [
+        (1, 100 * 1024, 100, "ops.b.launches[0]"), (2, 0, 0, "ops.a.launches[1]"), (3, 0, None, "")]
+    assert attrs[0].function is f
+    assert function_attributes([]) == []
+
+
+def test_function_attributes_refuse_two_carveouts_for_one_function() -> None:
+    f = FakeFunction(7)
+    uses = [(f, "ops.a.launches[0]", 0, 100), (FakeFunction(8), "ops.b.launches[0]", 0, 50),
+            (FakeFunction(7), "ops.c.launches[2]", 0, 50)]
+    with pytest.raises(ManifestError, match=re.escape("ops.c.launches[2].carveout: 50 differs from carveout 100 at "
+                                                      "ops.a.launches[0].carveout, a launch of the same function")):
+        function_attributes(uses)
+
+
+def carveout_manifest(*carveouts: int | None) -> dict:
+    """One op per value in `carveouts`, each launching toy's kern_scale (None: without carveout)."""
+    ops = {}
+    for i, carveout in enumerate(carveouts):
+        op = scale_op()
+        if carveout is not None:
+            op["launches"][0]["carveout"] = carveout
+        ops[f"scale{i}"] = op
+    return base_manifest(modules={"toy": "ab" * 32}, ops=ops)
+
+
+def test_spec_reads_carveout_of_each_launch() -> None:
+    spec = load_spec(carveout_manifest(100, None, 100))
+    assert [spec.ops[f"scale{i}"].launches[0].carveout for i in range(3)] == [100, None, 100]
+    assert isinstance(spec.ops["scale0"].launches[0], KernelLaunch)
+
+
+def test_runtime_refuses_bad_carveouts_before_touching_a_device() -> None:
+    with pytest.raises(ManifestVerifyError) as info:  # the verifier's fault, re-raised as the runtime's error
+        load_spec(carveout_manifest(100, 50))
+    assert info.value.paths == ["$.ops.scale1.launches[0].carveout"]
+    with pytest.raises(ManifestVerifyError) as info:
+        load_spec(carveout_manifest(101))
+    assert info.value.paths == ["$.ops.scale0.launches[0].carveout"]
+    raw = carveout_manifest(100)
+    for bad in (-1, 101, True, 50.5):  # spec_from_json trusts the verifier but still names a generator bug
+        raw["ops"]["scale0"]["launches"][0]["carveout"] = bad
+        with pytest.raises(ManifestError, match=re.escape("ops.scale0.launches[0].carveout: expected an integer "
+                                                          f"percent in [0, 100], got {bad!r}")):
+            spec_from_json(raw)

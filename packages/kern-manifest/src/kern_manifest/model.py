@@ -584,7 +584,9 @@ def wiring_args_used(wiring: Wiring) -> frozenset[str]:
 @dataclass(frozen=True, kw_only=True)
 class Launch:
     """One kernel launch: `entry` of pinned `module`, its geometry, ABI (`params`: `(offset, size)`
-    bytes per parameter) and one wiring per parameter. `when` (var -> (lo, hi)) restricts it."""
+    bytes per parameter) and one wiring per parameter. `when` (var -> (lo, hi)) restricts it.
+    `carveout` (percent 0..100, None = not set) is the function's preferred shared-memory carveout: a
+    property of the function, so every launch of one (module, entry) that gives it gives the same."""
 
     module: str
     entry: str
@@ -595,6 +597,7 @@ class Launch:
     shared_mem: Expr = Expr(0)
     cluster: tuple[Expr, ...] | None = None
     pdl: bool = False
+    carveout: int | None = None
     when: FrozenMap[str, tuple[Expr, Expr]] | None = None
     extra: FrozenMap[str, Any] = _extra()
     explicit: frozenset[str] = _explicit()
@@ -624,6 +627,7 @@ class Launch:
         _put(out, "shared_mem", self.shared_mem, Expr(0), self.explicit, lambda e: e.json)
         _present(out, cluster=None if self.cluster is None else _exprs(self.cluster))
         _put(out, "pdl", self.pdl, False, self.explicit)
+        _present(out, carveout=self.carveout)
         out["params"] = [[o, s] for o, s in self.params]
         out["args"] = [w.to_json() for w in self.args]
         when = None if self.when is None else _when_json(self.when)

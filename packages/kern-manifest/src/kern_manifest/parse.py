@@ -320,6 +320,7 @@ def _launch(value: Any, path: str) -> Launch | ExternLaunch:
     shared_mem = o.expr("shared_mem") if o.has("shared_mem") else Expr(0)
     cluster = o.exprs("cluster") if o.has("cluster") else None
     pdl = o.opt("pdl", "bool", False)
+    carveout = o.opt("carveout", "int")
     params = []
     for i, p in enumerate(o.req("params", "array")):
         pp = index_path(o.at("params"), i)
@@ -328,7 +329,8 @@ def _launch(value: Any, path: str) -> Launch | ExternLaunch:
             raise ManifestParseError(pp, f"expected [offset, size] in bytes, got {len(p)} values")
         params.append((_check(p[0], "int", pp + "[0]"), _check(p[1], "int", pp + "[1]")))
     return Launch(module=module, entry=entry, grid=grid, block=block, shared_mem=shared_mem, cluster=cluster, pdl=pdl,
-                  params=tuple(params), args=args, when=_when(o), extra=o.extra(), explicit=o.explicit())
+                  carveout=carveout, params=tuple(params), args=args, when=_when(o), extra=o.extra(),
+                  explicit=o.explicit())
 
 
 def _literal(o: _Obj, key: str) -> int | float:

@@ -100,6 +100,7 @@ class _Verifier(OpChecks):
         self.check_states()
         for name, op in m.ops.items():
             self.check_op(op, key_path("$.ops", name))
+        self.check_carveouts()
         self.check_programs()
         if m.declared_digest is not None and m.declared_digest != m.digest:
             self.fault("$.digest", f"digest is {m.declared_digest!r} but the manifest hashes to {m.digest!r}; "

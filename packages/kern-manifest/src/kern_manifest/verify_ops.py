@@ -74,8 +74,8 @@ class OpChecks(VerifierBase):
         self.check_when_partition(op, path)
 
     def check_launch(self, op: Op, launch: Launch, path: str, scratch: dict[str, int | None]) -> None:
-        self.unknown(launch.extra, path, ("module", "entry", "grid", "block", "shared_mem", "cluster", "pdl", "params",
-                                          "args", "when"))
+        self.unknown(launch.extra, path, ("module", "entry", "grid", "block", "shared_mem", "cluster", "pdl",
+                                          "carveout", "params", "args", "when"))
         if launch.module not in self.m.modules:
             self.fault(key_path(path, "module"), f"unknown module {launch.module!r}; declare it in $.modules "
                                                  f"(known: {', '.join(self.m.modules) or 'none'})")
@@ -95,6 +95,9 @@ class OpChecks(VerifierBase):
             if key == "block" and None not in maxima and math.prod(maxima) > MAX_BLOCK_THREADS:
                 self.fault(kpath, f"block has up to {math.prod(maxima)} threads; CUDA allows {MAX_BLOCK_THREADS}")
         self.values(launch.shared_mem, key_path(path, "shared_mem"), "shared_mem", lo=0)
+        if launch.carveout is not None and not 0 <= launch.carveout <= 100:
+            self.fault(key_path(path, "carveout"), f"carveout is {launch.carveout}; it must be in [0, 100] (percent of "
+                                                   "the maximum shared memory)")
         ppath = key_path(path, "params")
         end = 0
         for j, (offset, size) in enumerate(launch.params):
@@ -114,6 +117,25 @@ class OpChecks(VerifierBase):
             if j < len(launch.params) and nbytes is not None and nbytes != launch.params[j][1]:
                 self.fault(wpath, f"wiring is {nbytes} bytes but param {j} is {launch.params[j][1]} bytes")
         self.check_when(launch.when, key_path(path, "when"))
+
+    def check_carveouts(self) -> None:
+        """`carveout` is a property of the function, not of one launch: every launch of one (module, entry) that
+        gives it must give the same value (a launch without it does not conflict). Each disagreeing launch is a
+        fault at its `carveout`, naming the first launch that set the function's value."""
+        first: dict[tuple[str, str], tuple[int, str]] = {}
+        for op_name, op in self.m.ops.items():
+            for i, launch in enumerate(op.launches):
+                if not isinstance(launch, Launch) or launch.carveout is None:
+                    continue
+                path = key_path(index_path(key_path(key_path("$.ops", op_name), "launches"), i), "carveout")
+                key = (launch.module, launch.entry)
+                if key not in first:
+                    first[key] = (launch.carveout, path)
+                elif first[key][0] != launch.carveout:
+                    value, where = first[key]
+                    self.fault(path, f"carveout {launch.carveout} of entry {launch.entry!r} (module "
+                                     f"{launch.module!r}) differs from carveout {value} at {where}; it is a property "
+                                     "of the function: give every launch of it the same value, or leave it out")
 
     def check_wiring(self, op: Op, w: Wiring, path: str, scratch: dict[str, int | None], extern: bool) -> int | None:
         """Check one wiring; returns its byte size (None when unknown)."""

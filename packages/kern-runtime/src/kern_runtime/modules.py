@@ -10,17 +10,21 @@ name is a candidate; its parameter layout from `cuFuncGetParamInfo` must equal t
 `params`, and that picks the instance. Triton writes one cubin (one function) per instance, so
 same-named Triton instances are separate modules and the check confirms each launch's module holds
 the instance its params describe.
+
+Function attributes: the dynamic shared memory limit and the preferred shared-memory carveout belong to
+the function, not to a launch; `function_attributes` aggregates them over every launch of a function.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from .driver import call, check, cu
-from .errors import DriverError, KernelArtifactError
+from .errors import DriverError, KernelArtifactError, ManifestError
 
 Layout = tuple[tuple[int, int], ...]
 
@@ -71,6 +75,41 @@ def choose_instance(candidates: Sequence[tuple[Any, Layout]], expected: Layout, 
             f"{len(candidates)} instance(s) in the module: {found}"
         )
     raise KernelArtifactError(f"{where}: {len(matches)} instances have the manifest's params {[list(p) for p in expected]}; ambiguous")
+
+
+@dataclass
+class FunctionAttributes:
+    """What the launches of one function ask of it at load (function attributes, not launch attributes)."""
+
+    function: Any
+    shared_mem: int = 0  # the largest dynamic shared memory of any launch, bytes
+    carveout: int | None = None  # preferred shared-memory carveout, percent; None: no launch gives one
+    carveout_path: str = ""  # the launch that gave it
+
+
+def function_attributes(uses: Iterable[tuple[Any, str, int, int | None]]) -> list[FunctionAttributes]:
+    """Aggregate per function, from `(function, launch path, dynamic shared bytes, carveout or None)` per launch.
+
+    Functions are told apart by `int(function)` (the CUfunction handle), so launches of one function from
+    several ops meet here. The dynamic shared memory limit is the largest size over them (raising it per
+    launch would leave the last op's value and refuse a bigger launch of another op:
+    CUDA_ERROR_INVALID_VALUE at launch). The carveout is the one value its launches give; a launch without
+    one does not count, and two different values are a `ManifestError` naming both launches.
+    """
+    out: dict[int, FunctionAttributes] = {}
+    for function, path, shared, carveout in uses:
+        attrs = out.setdefault(int(function), FunctionAttributes(function))
+        attrs.shared_mem = max(attrs.shared_mem, int(shared))
+        if carveout is None:
+            continue
+        if attrs.carveout is None:
+            attrs.carveout, attrs.carveout_path = int(carveout), path
+        elif attrs.carveout != carveout:
+            raise ManifestError(f"{path}.carveout: {carveout} differs from carveout {attrs.carveout} at "
+                                f"{attrs.carveout_path}.carveout, a launch of the same function; the preferred "
+                                "shared-memory carveout is a property of the function: give every launch of it "
+                                "the same value")
+    return list(out.values())
 
 
 # ---------------------------------------------------------------- driver side
@@ -133,3 +172,13 @@ def raise_shared_limit(function: Any, shared_mem_bytes: int) -> None:
     driver = cu()
     call("cuFuncSetAttribute", function,
          driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, int(shared_mem_bytes))
+
+
+def set_shared_carveout(function: Any, percent: int) -> None:
+    """Prefer a shared-memory carveout of `percent` (0..100) of the maximum shared memory for `function`
+    (100: the most shared memory, the least L1). A hint to the driver, which configures each SM's L1 /
+    shared memory split per kernel; kernels that overlap under PDL and prefer the same split never need an SM
+    reconfigured between them."""
+    driver = cu()
+    call("cuFuncSetAttribute", function,
+         driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, int(percent))

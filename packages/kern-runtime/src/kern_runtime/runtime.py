@@ -34,7 +34,9 @@ from .errors import (
 from .graphs import GraphCache, graph_key, normalise_vars
 from .launch import launch_kernel
 from .memory import Allocation, Ledger, vmm_granularity_bytes
-from .modules import load_module, raise_shared_limit, read_pinned_modules, resolve_function
+from .modules import (
+    function_attributes, load_module, raise_shared_limit, read_pinned_modules, resolve_function, set_shared_carveout,
+)
 from .multigpu import PeerMethods, is_nccl
 from .pooled import PoolMethods, PoolState
 from .records import (
@@ -245,10 +247,10 @@ class Runtime(PoolMethods, PeerMethods, StepMethods):
         self._scan_peer_launches(images)  # multicast check of launches that receive peer memory
         modules = {name: load_module(image, name, self._ledger) for name, image in images.items()}
         maxv, minv = self.spec.max_values, self.spec.min_values
-        # The dynamic shared memory limit is a property of the function, not of a launch: one function
-        # launched by several ops gets the largest of their sizes (raising it per launch would leave the
-        # last op's value and refuse a bigger launch of another op: CUDA_ERROR_INVALID_VALUE at launch).
-        shared_limits: dict[int, tuple[Any, int]] = {}
+        # The dynamic shared memory limit and the preferred carveout are properties of the function, not
+        # of a launch: one function launched by several ops gets the largest of their shared sizes and
+        # their one carveout (modules.function_attributes).
+        uses: list[tuple[Any, str, int, int | None]] = []
         for op in self.spec.ops.values():
             for li, launch in enumerate(op.launches):
                 if not isinstance(launch, KernelLaunch):
@@ -258,13 +260,14 @@ class Runtime(PoolMethods, PeerMethods, StepMethods):
                 fn = resolve_function(modules[launch.module], launch.entry, launch.params,
                                       f"{launch.path} (module {launch.module!r})")
                 shared = max(launch.shared_mem.eval(maxv), launch.shared_mem.eval(minv))
-                key = int(fn)
-                shared_limits[key] = (fn, max(shared, shared_limits.get(key, (fn, 0))[1]))
+                uses.append((fn, launch.path, shared, launch.carveout))
                 self._functions[(op.name, li)] = fn
                 self._function_modules[(op.name, li)] = launch.module
-        for fn, shared in shared_limits.values():
-            if shared > SHARED_DEFAULT_LIMIT_BYTES:
-                raise_shared_limit(fn, shared)
+        for attrs in function_attributes(uses):
+            if attrs.shared_mem > SHARED_DEFAULT_LIMIT_BYTES:
+                raise_shared_limit(attrs.function, attrs.shared_mem)
+            if attrs.carveout is not None:
+                set_shared_carveout(attrs.function, attrs.carveout)
 
     def _allocate(self, capacity: Capacity, resident: Resident | None) -> None:
         spec, maxv = self.spec, self.spec.max_values

@@ -191,6 +191,7 @@ class KernelLaunch:
     args: tuple[Wiring, ...]
     cluster: tuple[Expr, Expr, Expr] | None = None
     pdl: bool = False
+    carveout: int | None = None  # preferred shared-memory carveout, percent 0..100 (a property of the function)
     when: tuple[tuple[str, Expr, Expr], ...] = ()
     path: str = ""
 
@@ -386,13 +387,16 @@ def _launch(launch: Mapping[str, Any], path: str) -> Launch:
         return ExternLaunch(name, args, dict(algo) if algo is not None else None, when, path)
     params = tuple((int(o), int(s)) for o, s in launch["params"])
     cluster = launch.get("cluster")
+    carveout = launch.get("carveout")
+    if carveout is not None and (type(carveout) is not int or not 0 <= carveout <= 100):
+        raise ManifestError(f"{path}.carveout: expected an integer percent in [0, 100], got {carveout!r}")
     return KernelLaunch(
         module=launch["module"], entry=launch["entry"],
         grid=_triple(launch["grid"], f"{path}.grid"), block=_triple(launch["block"], f"{path}.block"),
         shared_mem=_expr(launch.get("shared_mem", 0), f"{path}.shared_mem"),
         params=params, args=args,
         cluster=_triple(cluster, f"{path}.cluster") if cluster is not None else None,
-        pdl=bool(launch.get("pdl", False)), when=when, path=path,
+        pdl=bool(launch.get("pdl", False)), carveout=carveout, when=when, path=path,
     )
 
 
