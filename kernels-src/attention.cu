@@ -189,7 +189,10 @@ KERN_DEV void decode_body(DecodeSmem& sm, const __nv_bfloat16* q, const __nv_bfl
                                : make_uint4(0u, 0u, 0u, 0u);
     };
 
-    for (int g0 = 0; g0 < G; g0 += DEC_GP) {
+    // A do-while: G >= 1 (decode_launch_ok), and the SASS then has no path that skips every pass, so every
+    // path of the EARLY body passes its wait (tools/sass_paths.py).
+    int g0 = 0;
+    do {
         const int gn = min(DEC_GP, G - g0);
         if (g0 > 0) __syncthreads();  // the previous pass is done with sm.q / sm.red / sm.ml
         int32_t off[DEC_J];
@@ -203,15 +206,15 @@ KERN_DEV void decode_body(DecodeSmem& sm, const __nv_bfloat16* q, const __nv_bfl
 #pragma unroll
             for (int j = 0; j < DEC_J; ++j) vr[j] = load_v(off[j]);
             if constexpr (EARLY) {
-                if (g0 == 0) {
-                    kern_pdl_wait();  // q and the new token's K / V row are the previous kernel's output
-                    if (early_row >= 0) {
+                // q and the new token's K / V row are the previous kernel's output. Every pass waits (no branch
+                // around it); after the first the wait is already satisfied (G <= 4, one pass, for Qwen3).
+                kern_pdl_wait();
+                if (early_row >= 0) {
 #pragma unroll
-                        for (int j = 0; j < DEC_J; ++j) {
-                            if (off[j] == early_row) {
-                                kr[j] = load_k(off[j]);
-                                vr[j] = load_v(off[j]);
-                            }
+                    for (int j = 0; j < DEC_J; ++j) {
+                        if (off[j] == early_row) {
+                            kr[j] = load_k(off[j]);
+                            vr[j] = load_v(off[j]);
                         }
                     }
                 }
@@ -397,13 +400,14 @@ KERN_DEV void decode_body(DecodeSmem& sm, const __nv_bfloat16* q, const __nv_bfl
             ml[0] = mm * LN2;  // back to natural-log units (-inf stays -inf)
             ml[1] = ll;
         }
-    }
+        g0 += DEC_GP;
+    } while (g0 < G);
 }
 
 // The limits every decode partial entry checks (uniform over the grid: a launch outside them writes nothing).
 KERN_DEV bool decode_launch_ok(int num_q_heads, int num_kv_heads, int D, int page_tokens, int split_tokens,
                                int num_splits, int num_pages) {
-    return num_kv_heads > 0 && (int)blockIdx.x < num_kv_heads && (int)blockIdx.y < num_splits &&
+    return num_q_heads > 0 && num_kv_heads > 0 && (int)blockIdx.x < num_kv_heads && (int)blockIdx.y < num_splits &&
            num_q_heads % num_kv_heads == 0 && D > 0 && D <= DEC_MAX_D && page_tokens > 0 && split_tokens > 0 &&
            !num_pages_overflow(num_pages, page_tokens);
 }
