@@ -172,6 +172,11 @@ class GenOptions:
     # one-launch entry and an L2 prefetch of later weights measured slower and were removed (docs/perf.md
     # "Decode, fourth session"; their cubins stay in kernels/)
     decode_attn: str = "early"
+    # preferred shared-memory carveout (percent of the maximum) on every kernel launch (manifest `carveout`;
+    # None: not written, the driver's choice). 100: every kernel prefers the largest shared-memory split, so
+    # kernels overlapping under PDL never want different L1 / shared splits on one SM (our reading of why it
+    # helps; not measured directly). H200 4B decode 2.711 -> 2.665 ms/token (docs/perf.md "Decode, sixth session")
+    carveout: int | None = 100
     # cuBLASLt pins (tools/pick_algos.py): ((n, k, ((attr, value), ...)), ...); a projection whose (n, k) is here
     # gets its own op `gemm_<n>x<k>` with that algorithm for every M (batch-invariant prefill)
     algos: tuple[tuple[int, int, tuple[tuple[str, int], ...]], ...] = ()
@@ -343,8 +348,9 @@ def _wiring_types(args: list[dict[str, Any]]) -> list[str]:
 class Builder:
     """Accumulates modules, buffers, states, ops and program calls into one manifest object."""
 
-    def __init__(self, abi: KernelAbi) -> None:
+    def __init__(self, abi: KernelAbi, carveout: int | None = None) -> None:
         self.abi = abi
+        self.carveout = carveout  # `carveout` of every kernel launch (None: not written)
         self.used_modules: set[str] = set()
         self.buffers: dict[str, Any] = {}
         self.states: dict[str, Any] = {}
@@ -364,6 +370,8 @@ class Builder:
                "params": params, "args": args}
         if pdl:
             out["pdl"] = True
+        if self.carveout is not None:
+            out["carveout"] = self.carveout
         return out
 
     def op(self, name: str, args: list[dict[str, str]], launches: list[dict[str, Any]],
@@ -419,12 +427,14 @@ def build_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: GenOptions, config_di
         raise GenError(f"gemv_threads_per_sm {opts.gemv_threads_per_sm}: use 32..2048 (threads an SM holds)")
     if opts.decode_attn not in ("split", "early"):
         raise GenError(f"decode_attn {opts.decode_attn!r}: use 'split' or 'early'")
+    if opts.carveout is not None and not 0 <= opts.carveout <= 100:
+        raise GenError(f"carveout {opts.carveout}: a percent of the maximum shared memory, 0..100")
     if opts.decode == "gemv" and opts.seqs_max != 1:
         raise GenError(f"--decode gemv computes one row (bs = 1) but seqs max is {opts.seqs_max}: use --decode gemm")
     num_splits = decode_num_splits(cfg, opts)
     argmax_chunk = -(-V // opts.argmax_chunks)
     scale = 1.0 / (D ** 0.5)
-    b = Builder(abi)
+    b = Builder(abi, opts.carveout)
 
     # ---- buffers: caller inputs and outputs
     b.buffer("token_ids", "input", "i32", ["tokens"])
@@ -830,6 +840,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--decode-attn", choices=["early", "split"], default="early",
                         help="decode attention: qk_norm_rope_kv + partial + reduce launches with the partial's reads "
                              "before its PDL wait (early, default) or the same with the fast or plain partial (split)")
+    parser.add_argument("--carveout", type=int, default=GenOptions.carveout,
+                        help="preferred shared-memory carveout (percent, 0..100) on every kernel launch (default "
+                             "%(default)s; -1: none, the driver's choice)")
     parser.add_argument("--decode-splits", type=int, default=0, help="decode attention splits (default: auto)")
     parser.add_argument("--decode-split-tokens", type=int, default=GenOptions.split_tokens,
                         help="decode attention: minimum context tokens per split (a multiple of the page size)")
@@ -856,6 +869,7 @@ def main(argv: list[str] | None = None) -> int:
                           split_tokens=args.decode_split_tokens,
                           sms=args.sms, pdl=not args.no_pdl, pdl_small=not args.no_pdl_small, gemv=args.gemv,
                           gemv_threads_per_sm=args.gemv_threads_per_sm, decode_attn=args.decode_attn,
+                          carveout=None if args.carveout == -1 else args.carveout,
                           algos=algos, decode_algos=decode_algos,
                           algos_source=algos_source)
         manifest = build_manifest(cfg, abi, opts, cfg_digest)

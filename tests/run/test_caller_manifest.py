@@ -94,6 +94,22 @@ def test_gemv_launches_and_pdl() -> None:
     assert _manifest(decode_splits=8)["ops"]["attn_decode"]["launches"][0]["grid"][1] == 8
 
 
+def test_carveout_on_every_kernel_launch() -> None:
+    """`carveout` (default 100) on every kernel launch of the manifest, prefill and decode alike (one value per
+    function, as kern_manifest requires); None writes none; out of 0..100 is refused."""
+    for opts in ({}, {"gemv": "v2"}, {"decode": "gemm"}):
+        m = _manifest(**opts)
+        kernel_launches = [l for op in m["ops"].values() for l in op["launches"] if "entry" in l]
+        assert kernel_launches and all(l["carveout"] == 100 for l in kernel_launches), opts
+        assert not any("carveout" in l for op in m["ops"].values() for l in op["launches"] if "extern" in l)
+    plain = _manifest(carveout=None)
+    assert not any("carveout" in l for op in plain["ops"].values() for l in op["launches"])
+    km = pytest.importorskip("kern_manifest")
+    km.verify(km.parse_manifest(gq.dumps(_manifest(gemv="v2", carveout=50))))
+    with pytest.raises(gq.GenError, match="carveout 101"):
+        _manifest(carveout=101)
+
+
 # (op, entry, index of num_pages among the kernel's parameters; the one before it is bt_stride, 2560, except for
 # the rope, whose previous parameter is max_pos, 40960)
 NUM_PAGES_AT = {"kern_attn_decode_partial": 11, "kern_attn_decode_partial_fast": 11, "kern_attn_prefill": 11,
