@@ -1,0 +1,60 @@
+"""tools/ablate_manifest.py: decode-call removal for timing ablations (docs/perf.md "Decode, sixth session")."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import ablate_manifest as am
+import gen_qwen3 as gq
+from kern_run_testutil import ROOT
+
+V2 = ROOT / "manifests" / "qwen3-4b-v2.json"
+
+
+def _manifest() -> dict:
+    return json.loads(V2.read_text())
+
+
+def test_drops_every_call_of_the_ops_and_only_those() -> None:
+    m = _manifest()
+    out = am.ablate(m, ["qk_norm_rope_kv", "attn_decode"])
+    before = [c["op"] for c in m["programs"]["decode"]["calls"]]
+    after = [c["op"] for c in out["programs"]["decode"]["calls"]]
+    assert after == [op for op in before if op not in ("qk_norm_rope_kv", "attn_decode")]
+    assert len(before) - len(after) == 2 * 36
+    assert out["programs"]["prefill"] == m["programs"]["prefill"]  # prefill untouched
+    assert out["ops"] == m["ops"]
+    assert out["name"] == "qwen3-4b-v2-without-qk_norm_rope_kv-attn_decode"
+    assert out["meta"]["ablation"]["dropped_decode_ops"] == ["qk_norm_rope_kv", "attn_decode"]
+    assert out["digest"] == gq.manifest_digest(out) != m["digest"]
+    assert m["programs"]["decode"]["calls"][1]["op"] == before[1]  # the input is not modified
+
+
+def test_ablated_manifest_verifies() -> None:
+    km = pytest.importorskip("kern_manifest")
+    out = am.ablate(_manifest(), ["gemv_qkv", "gemv_o", "gemv_gate_up_act", "gemv_down_act"])
+    km.verify(km.parse_manifest(gq.dumps(out)))
+
+
+@pytest.mark.parametrize(("mutate", "drop", "match"), [
+    (lambda m: m["programs"].pop("decode"), ["gemv_o"], "no programs.decode.calls"),
+    (lambda m: None, ["gemv_o", "no_such_op"], r"\['no_such_op'\] are not called"),
+    (lambda m: m["programs"]["decode"].update(calls=[{"op": "gemv_o", "args": {}}]), ["gemv_o"], "empty decode program"),
+])
+def test_refusals(mutate, drop: list[str], match: str) -> None:
+    m = _manifest()
+    mutate(m)
+    with pytest.raises(am.AblationError, match=match):
+        am.ablate(m, drop)
+
+
+def test_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "a.json"
+    assert am.main([str(V2), "--drop", "gemv_o", "--out", str(out)]) == 0
+    assert "36 removed" in capsys.readouterr().out
+    assert all(c["op"] != "gemv_o" for c in json.loads(out.read_text())["programs"]["decode"]["calls"])
+    assert am.main([str(V2), "--drop", "nope", "--out", str(out)]) == 1
+    assert "not called by the decode program" in capsys.readouterr().err
