@@ -1,16 +1,21 @@
-"""Timing ablations of a manifest's decode program: the same manifest with some decode calls removed.
+"""Timing ablations of a manifest's decode program: the same manifest with some decode calls (or launches) removed.
 
 What a call costs inside the decode step is not what it costs alone: kernels overlap under programmatic
 dependent launch, and their memory traffic slows each other. Removing calls from the step and timing the rest
 with `bench/decode.py --variants` measures that in place (the full step minus the step without the calls).
 The outputs of an ablated manifest are meaningless (later calls read what the removed ones no longer write);
-only its timing is. Its name gets the suffix `-without-<ops>` and `meta.ablation` lists the removed ops, so it
-cannot be mistaken for a model manifest. The prefill program is unchanged.
+only its timing is. Its name gets the suffix `-without-<ops / entries>` and `meta.ablation` lists what was
+removed, so it cannot be mistaken for a model manifest. `--drop` removes an op's calls from the decode program
+(the prefill program is unchanged); `--drop-entry` removes every launch of a kernel entry from the ops the
+decode program calls (e.g. the split reduce of the decode attention; an op it is also used by in prefill then
+loses it there too, so time only the decode program).
 
     python tools/ablate_manifest.py manifests/qwen3-4b-v2.json --drop qk_norm_rope_kv,attn_decode --out /tmp/a.json
+    python tools/ablate_manifest.py manifests/qwen3-4b-v2.json --drop-entry kern_attn_decode_reduce --out /tmp/b.json
 
 Errors (exit 1, one line): the input is not a manifest with a decode program, an op named in --drop is not
-called by the decode program, or nothing would be left of it.
+called by the decode program, an entry of --drop-entry is launched by none of its ops or is the only launch
+of one (drop the op's calls instead), nothing to drop, or nothing would be left of it.
 """
 
 from __future__ import annotations
@@ -30,13 +35,16 @@ class AblationError(Exception):
     """The manifest or the ops to drop do not make an ablation; the message says why."""
 
 
-def ablate(manifest: dict[str, Any], drop: list[str]) -> dict[str, Any]:
-    """A copy of `manifest` whose decode program lacks every call of the ops in `drop`, renamed, with
-    `meta.ablation` = the dropped ops and a fresh digest. Raises AblationError (see the module docstring)."""
+def ablate(manifest: dict[str, Any], drop: list[str], drop_entries: list[str] = ()) -> dict[str, Any]:
+    """A copy of `manifest` whose decode program lacks every call of the ops in `drop` and whose decode ops lack
+    every launch of the entries in `drop_entries`, renamed, with `meta.ablation` = what was dropped and a fresh
+    digest. Raises AblationError (see the module docstring)."""
     try:
         calls = manifest["programs"]["decode"]["calls"]
     except (KeyError, TypeError):
         raise AblationError("the manifest has no programs.decode.calls") from None
+    if not drop and not drop_entries:
+        raise AblationError("nothing to drop: give ops (--drop) or entries (--drop-entry)")
     called = {c.get("op") for c in calls}
     missing = [op for op in drop if op not in called]
     if missing:
@@ -46,8 +54,22 @@ def ablate(manifest: dict[str, Any], drop: list[str]) -> dict[str, Any]:
         raise AblationError("dropping those ops leaves an empty decode program")
     out = json.loads(json.dumps(manifest))
     out["programs"]["decode"]["calls"] = kept
-    out["name"] = f"{manifest.get('name', 'manifest')}-without-{'-'.join(drop)}"
-    out.setdefault("meta", {})["ablation"] = {"dropped_decode_ops": list(drop),
+    decode_ops = {c.get("op") for c in kept}
+    for entry in drop_entries:
+        hits = 0
+        for name in sorted(op for op in decode_ops if op in out.get("ops", {})):
+            launches = out["ops"][name]["launches"]
+            left = [launch for launch in launches if launch.get("entry") != entry]
+            if len(left) == len(launches):
+                continue
+            if not left:
+                raise AblationError(f"{entry} is the only launch of op {name!r}: drop the op's calls (--drop) instead")
+            out["ops"][name]["launches"] = left
+            hits += 1
+        if not hits:
+            raise AblationError(f"no op the decode program calls launches {entry}")
+    out["name"] = f"{manifest.get('name', 'manifest')}-without-{'-'.join([*drop, *drop_entries])}"
+    out.setdefault("meta", {})["ablation"] = {"dropped_decode_ops": list(drop), "dropped_entries": list(drop_entries),
                                               "note": "timing only: the outputs of this manifest are meaningless"}
     out["digest"] = manifest_digest(out)
     return out
@@ -56,12 +78,15 @@ def ablate(manifest: dict[str, Any], drop: list[str]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("manifest", type=Path)
-    parser.add_argument("--drop", required=True, help="comma list of op names whose decode calls are removed")
+    parser.add_argument("--drop", default="", help="comma list of op names whose decode calls are removed")
+    parser.add_argument("--drop-entry", default="", help="comma list of kernel entries whose launches are removed "
+                                                         "from the ops the decode program calls")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     try:
         manifest = json.loads(args.manifest.read_text())
-        out = ablate(manifest, [op for op in args.drop.split(",") if op])
+        out = ablate(manifest, [op for op in args.drop.split(",") if op],
+                     [entry for entry in args.drop_entry.split(",") if entry])
     except (OSError, json.JSONDecodeError, AblationError) as exc:
         print(f"ablate_manifest: {args.manifest}: {exc}", file=sys.stderr)
         return 1

@@ -33,6 +33,17 @@ def test_drops_every_call_of_the_ops_and_only_those() -> None:
     assert m["programs"]["decode"]["calls"][1]["op"] == before[1]  # the input is not modified
 
 
+def test_drop_entry_removes_that_launch_from_the_decode_ops() -> None:
+    m = _manifest()
+    out = am.ablate(m, [], ["kern_attn_decode_reduce"])
+    assert [l["entry"] for l in out["ops"]["attn_decode"]["launches"]] == ["kern_attn_decode_partial_early"]
+    assert out["programs"] == m["programs"]
+    assert out["meta"]["ablation"]["dropped_entries"] == ["kern_attn_decode_reduce"]
+    assert out["name"].endswith("-without-kern_attn_decode_reduce")
+    km = pytest.importorskip("kern_manifest")
+    km.verify(km.parse_manifest(gq.dumps(out)))
+
+
 def test_ablated_manifest_verifies() -> None:
     km = pytest.importorskip("kern_manifest")
     out = am.ablate(_manifest(), ["gemv_qkv", "gemv_o", "gemv_gate_up_act", "gemv_down_act"])
@@ -49,6 +60,17 @@ def test_refusals(mutate, drop: list[str], match: str) -> None:
     mutate(m)
     with pytest.raises(am.AblationError, match=match):
         am.ablate(m, drop)
+
+
+@pytest.mark.parametrize(("drop", "entries", "match"), [
+    ([], [], "nothing to drop"),
+    ([], ["kern_attn_prefill"], "no op the decode program calls launches kern_attn_prefill"),
+    ([], ["kern_gemv_rows_rmsnorm"], "the only launch of op 'gemv_qkv'"),
+    (["qk_norm_rope_kv", "attn_decode"], ["kern_attn_decode_reduce"], "no op the decode program calls launches"),
+])
+def test_drop_entry_refusals(drop: list[str], entries: list[str], match: str) -> None:
+    with pytest.raises(am.AblationError, match=match):
+        am.ablate(_manifest(), drop, entries)
 
 
 def test_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
