@@ -207,7 +207,8 @@ KERN_DEV void decode_body(DecodeSmem& sm, const __nv_bfloat16* q, const __nv_bfl
             for (int j = 0; j < DEC_J; ++j) vr[j] = load_v(off[j]);
             if constexpr (EARLY) {
                 // q and the new token's K / V row are the previous kernel's output. Every pass waits (no branch
-                // around it); after the first the wait is already satisfied (G <= 4, one pass, for Qwen3).
+                // around it); after the first the wait is already satisfied (passes of 4 heads: Qwen3-4B's G = 4
+                // is one pass, G = 5..8 two).
                 kern_pdl_wait();
                 if (early_row >= 0) {
 #pragma unroll

@@ -175,7 +175,8 @@ class GenOptions:
     # preferred shared-memory carveout (percent of the maximum) on every kernel launch (manifest `carveout`;
     # None: not written, the driver's choice). 100: every kernel prefers the largest shared-memory split, so
     # kernels overlapping under PDL never want different L1 / shared splits on one SM (our reading of why it
-    # helps; not measured directly). H200 4B decode 2.711 -> 2.665 ms/token (docs/perf.md "Decode, sixth session")
+    # helps; not measured directly). H200 4B decode 0.9-1.8% faster (docs/perf.md "Decode, sixth session"); the TP
+    # generator inherits it (not measured there)
     carveout: int | None = 100
     # cuBLASLt pins (tools/pick_algos.py): ((n, k, ((attr, value), ...)), ...); a projection whose (n, k) is here
     # gets its own op `gemm_<n>x<k>` with that algorithm for every M (batch-invariant prefill)
@@ -428,7 +429,8 @@ def build_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: GenOptions, config_di
     if opts.decode_attn not in ("split", "early"):
         raise GenError(f"decode_attn {opts.decode_attn!r}: use 'split' or 'early'")
     if opts.carveout is not None and not 0 <= opts.carveout <= 100:
-        raise GenError(f"carveout {opts.carveout}: a percent of the maximum shared memory, 0..100")
+        raise GenError(f"carveout {opts.carveout}: a percent of the maximum shared memory, 0..100 (None: write "
+                       "none; the CLI's --carveout -1)")
     if opts.decode == "gemv" and opts.seqs_max != 1:
         raise GenError(f"--decode gemv computes one row (bs = 1) but seqs max is {opts.seqs_max}: use --decode gemm")
     num_splits = decode_num_splits(cfg, opts)

@@ -424,8 +424,10 @@ def test_attn_decode_partial_fast_bitwise(dev, hq, hkv, head_dim, page_tokens, s
 # kern_qk_norm_rope_kv + kern_attn_decode_partial_fast + kern_attn_decode_reduce against the float64 reference,
 # with sequences that exercise each rule of the rope kernel's slot contract, and kern_attn_decode_partial_early =
 # kern_attn_decode_partial_fast, bit for bit, on the same cases.
+# group sizes G = hq / hkv: 4 (Qwen3-4B), 3, 8 (two full passes of 4 heads), 2, 1, 6 and 5 (a second, partial
+# pass: 2 and 1 heads), at head_dim 32..256
 DECODE_CONFIGS = [(32, 8, 128, 16), (4, 2, 32, 4), (6, 2, 64, 16), (8, 1, 128, 16), (4, 2, 96, 16), (4, 4, 64, 16),
-                 (16, 2, 256, 16)]
+                 (16, 2, 256, 16), (12, 2, 128, 16), (10, 2, 64, 16)]
 
 
 def run_decode_chain(dev, rng, hq, hkv, head_dim, page_tokens, split_tokens, num_splits, num_pages_cut=0):
