@@ -148,3 +148,16 @@ def test_any_json_value_as_carveout_is_accepted_exactly_when_an_integer_in_0_to_
     assert faults == []
     assert m.ops["rmsnorm"].launches[0].carveout == value
     assert m.to_json() == obj
+
+
+@pytest.mark.parametrize("value", [True, 50.5, "100"])
+def test_a_python_built_launch_with_a_non_integer_carveout_is_a_verify_fault(value: Any) -> None:
+    """parse_manifest refuses these; a Manifest built (or replaced into) in Python reaches verify with them."""
+    import dataclasses
+
+    m = parse_manifest(EXAMPLE)
+    op = m.ops["rmsnorm"]
+    bad = dataclasses.replace(op, launches=(dataclasses.replace(op.launches[0], carveout=value), *op.launches[1:]))
+    faults = find_faults(dataclasses.replace(m, ops={**m.ops, "rmsnorm": bad}))
+    assert [f.path for f in faults] == [f"{NORM}.carveout"]
+    assert "must be an integer percent" in faults[0].message

@@ -95,7 +95,11 @@ class OpChecks(VerifierBase):
             if key == "block" and None not in maxima and math.prod(maxima) > MAX_BLOCK_THREADS:
                 self.fault(kpath, f"block has up to {math.prod(maxima)} threads; CUDA allows {MAX_BLOCK_THREADS}")
         self.values(launch.shared_mem, key_path(path, "shared_mem"), "shared_mem", lo=0)
-        if launch.carveout is not None and not 0 <= launch.carveout <= 100:
+        if launch.carveout is not None and (isinstance(launch.carveout, bool) or not isinstance(launch.carveout, int)):
+            # a Manifest built in Python (parse_manifest already refuses these with a parse error)
+            self.fault(key_path(path, "carveout"), f"carveout is {launch.carveout!r}; it must be an integer percent "
+                                                   "in [0, 100]")
+        elif launch.carveout is not None and not 0 <= launch.carveout <= 100:
             self.fault(key_path(path, "carveout"), f"carveout is {launch.carveout}; it must be in [0, 100] (percent of "
                                                    "the maximum shared memory)")
         ppath = key_path(path, "params")
