@@ -583,9 +583,7 @@ def build_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: GenOptions, config_di
         if decode:
             calls += decode_attention_calls(layer, opts.decode_attn)
         else:
-            calls.append(_call("qk_norm_rope_kv", qkv="qkv", q_norm=f"q_norm.{layer}", k_norm=f"k_norm.{layer}",
-                               rope="rope", positions="positions", slots="slot_mapping", q_out="q",
-                               kv=f"kv.{layer}", num_pages=pages_of(layer)))
+            calls.append(qk_norm_rope_kv_call(layer))
             if layer == cfg.layers - 1:
                 return calls  # prefill fills the KV cache only: the last layer's attention output is never read
             calls.append(_call("attn_prefill", q="q", kv=f"kv.{layer}", block_table="block_table",
@@ -686,13 +684,18 @@ def decode_gemv_ops(b: Builder, cfg: Qwen3Config, opts: GenOptions) -> None:
         b, "kern_gemv_silu_residual", H, I, [{"arg": "w"}, {"arg": "gate_up"}, {"arg": "residual"}], opts)])
 
 
+def qk_norm_rope_kv_call(layer: int) -> dict[str, Any]:
+    """Layer `layer`'s q/k RMSNorm + RoPE + K/V write (prefill and decode alike): `qkv` -> `q` and the cache."""
+    return _call("qk_norm_rope_kv", qkv="qkv", q_norm=f"q_norm.{layer}", k_norm=f"k_norm.{layer}", rope="rope",
+                 positions="positions", slots="slot_mapping", q_out="q", kv=f"kv.{layer}", num_pages=pages_of(layer))
+
+
 def decode_attention_calls(layer: int, attn: str) -> list[dict[str, Any]]:
     """A decode layer's attention after the qkv projection (which writes `qkv`), writing `attn_out`:
     qk_norm_rope_kv (q to `q`, K/V to the cache) and attn_decode (`early` also passes slot_mapping: the row its
     partial kernel reloads after the PDL wait)."""
     slots = {"slots": "slot_mapping"} if attn == "early" else {}
-    return [_call("qk_norm_rope_kv", qkv="qkv", q_norm=f"q_norm.{layer}", k_norm=f"k_norm.{layer}", rope="rope",
-                  positions="positions", slots="slot_mapping", q_out="q", kv=f"kv.{layer}", num_pages=pages_of(layer)),
+    return [qk_norm_rope_kv_call(layer),
             _call("attn_decode", q="q", kv=f"kv.{layer}", block_table="block_table", seq_lens="seq_lens", **slots,
                   out="attn_out", num_pages=pages_of(layer))]
 
