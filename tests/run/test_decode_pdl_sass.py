@@ -6,7 +6,8 @@ the predecessor writes. tools/gen_qwen3.py only marks entries of its PDL_ENTRIES
 that table against the SASS of the committed cubins (cuobjdump -sass; skipped where cuobjdump or nvdisasm
 is missing: set CUOBJDUMP and NVDISASM_PATH, e.g. the nvidia-cuda-cuobjdump / -nvdisasm wheels): the
 function holds an ACQBULK, and no path of its control-flow graph exits without passing one
-(tools/sass_paths.py), except the known gaps listed in KNOWN_GAPS, which must still be there.
+(tools/sass_paths.py). The one gap it found (kern_attn_decode_partial_early with num_q_heads <= 0) was closed
+in the sixth session.
 """
 
 from __future__ import annotations
@@ -23,9 +24,6 @@ from kern_run_testutil import ROOT
 from kern_runtime.sass import find_cuobjdump
 
 MANIFESTS = sorted((ROOT / "manifests").glob("*.json"))
-# entry -> why some path of its SASS exits without the wait (docs/kernels.md "Programmatic dependent launch");
-# empty since the sixth session fixed kern_attn_decode_partial_early's num_q_heads <= 0 path
-KNOWN_GAPS: dict[str, str] = {}
 
 
 @lru_cache(maxsize=None)
@@ -60,8 +58,5 @@ def test_pdl_launches_wait_for_their_predecessor(path: Path) -> None:
         assert any(i.op.startswith("ACQBULK") for i in body), (
             f"{entry} ({cubin.name}) is launched with pdl but never waits (no ACQBULK)")
         exits = sass_paths.unwaited_exits(body)
-        if entry in KNOWN_GAPS:
-            assert exits, f"{entry}: its known gap is gone ({KNOWN_GAPS[entry]}): drop it from KNOWN_GAPS and the docs"
-        else:
-            assert not exits, (f"{entry} ({cubin.name}) can exit without griddepcontrol.wait: EXIT at "
-                               f"{', '.join(f'{a:#06x}' for a in exits)} (tools/sass_paths.py)")
+        assert not exits, (f"{entry} ({cubin.name}) can exit without griddepcontrol.wait: EXIT at "
+                           f"{', '.join(f'{a:#06x}' for a in exits)} (tools/sass_paths.py)")
