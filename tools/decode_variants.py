@@ -26,6 +26,7 @@ VARIANTS: dict[str, tuple[str, ...]] = {
     "v2-pdl-gemv": ("--gemv", "v2", "--no-pdl-small"),  # PDL on the GEMVs and attention only (before 2026-11-29 s3)
     "v2-t512": ("--gemv", "v2", "--gemv-threads-per-sm", "512"),  # GEMV grids fill half an SM: PDL co-residency
     "v2-st16": ("--gemv", "v2", "--decode-split-tokens", "16"),  # minimum split length before 2026-11-29 (s5)
+    "v2-nocarve": ("--gemv", "v2", "--carveout", "-1"),  # no launch carveout: the driver's choice (before s6)
 }
 
 
