@@ -536,13 +536,16 @@ extern "C" __global__ void __launch_bounds__(DEC_THREADS) kern_attn_decode_parti
 // grid (num_q_heads, seqs, 1), block (head_dim,1,1): out[s, h*D + d] = sum_x w_x o_x[d] / sum_x w_x l_x,
 // w_x = exp(m_x - max_x m_x), over the splits x < cdiv(seq_len, L) (L the same effective split length as
 // the partial kernel's); a context of 0 tokens gives zeros.
+// One round trip after the wait: every thread loads every used split's (m, l) itself (the same 8-byte rows
+// in every thread: L1 broadcasts) together with its own part_out values, RED_BATCH splits at a time, and
+// takes the max over them in registers; no barrier. The sums run over x in ascending order, as before.
+#define RED_BATCH 16
 extern "C" __global__ void kern_attn_decode_reduce(const float* part_out,  // [seqs, Hq, num_splits, D]
                                                    const float* part_ml,   // [seqs, Hq, num_splits, 2]
                                                    const int32_t* seq_lens,  // [seqs]
                                                    __nv_bfloat16* out,       // [seqs, Hq * D]
                                                    int32_t num_q_heads, int32_t head_dim, int32_t split_tokens,
                                                    int32_t num_splits) {
-    __shared__ float wmax[32];
     const int h = blockIdx.x, s = blockIdx.y, d = threadIdx.x;
     const int D = head_dim;
     const bool ok = h < num_q_heads && split_tokens > 0 && num_splits > 0;  // uniform over the block
@@ -550,40 +553,45 @@ extern "C" __global__ void kern_attn_decode_reduce(const float* part_out,  // [s
     kern_pdl_launch_dependents();
     const int seq_len = ok ? max(seq_lens[s], 0) : 0;  // before the wait: the partial kernel does not write it
     kern_pdl_wait();
-    if (!ok) return;
+    if (!ok || d >= D) return;
     const int64_t len = decode_split_len(seq_len, split_tokens, num_splits);
     const int n_used = (int)min((int64_t)num_splits, (seq_len + len - 1) / len);
     const int64_t base = ((int64_t)s * num_q_heads + h) * num_splits;
     const float2* ml = reinterpret_cast<const float2*>(part_ml) + base;  // part_ml is [.., 2] f32: 8-byte rows
-    // Block-wide max of the used splits' m (every thread takes part: blockDim may exceed D).
-    float m_loc = -CUDART_INF_F;
-    for (int x = threadIdx.x; x < n_used; x += blockDim.x) m_loc = fmaxf(m_loc, ml[x].x);
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
-    const int lanes_here = min(32, (int)blockDim.x - warp * 32);  // a partial last warp is allowed
-    const unsigned mask = lanes_here == 32 ? FULL_MASK : ((1u << lanes_here) - 1u);
+    const float* po = part_out + base * D + d;
+    // The first batch (every split at num_splits <= RED_BATCH): (m, l) and part_out issued together.
+    float2 mlv[RED_BATCH];
+    float pov[RED_BATCH];
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        const float y = __shfl_down_sync(mask, m_loc, o);
-        if (lane + o < lanes_here) m_loc = fmaxf(m_loc, y);
+    for (int i = 0; i < RED_BATCH; ++i) {
+        mlv[i] = i < n_used ? ml[i] : make_float2(-CUDART_INF_F, 0.0f);
+        pov[i] = i < n_used ? po[(int64_t)i * D] : 0.0f;
     }
-    if (lane == 0) wmax[warp] = m_loc;
-    __syncthreads();
     float m_max = -CUDART_INF_F;
-    for (int w = 0; w < nw; ++w) m_max = fmaxf(m_max, wmax[w]);
-    if (d >= D) return;
+#pragma unroll
+    for (int i = 0; i < RED_BATCH; ++i) m_max = fmaxf(m_max, mlv[i].x);
+    for (int x = RED_BATCH; x < n_used; ++x) m_max = fmaxf(m_max, ml[x].x);  // more splits than one batch
     float l_sum = 0.0f, o_sum = 0.0f;
     if (m_max != -CUDART_INF_F) {
-        const float* po = part_out + base * D + d;
+#pragma unroll
+        for (int i = 0; i < RED_BATCH; ++i) {
+            if (i < n_used) {
+                const float w = exp2f((mlv[i].x - m_max) * LOG2E);  // -inf -> 0
+                l_sum = fmaf(w, mlv[i].y, l_sum);
+                o_sum = fmaf(w, pov[i], o_sum);
+            }
+        }
 #pragma unroll 8
-        for (int x = 0; x < n_used; ++x) {
+        for (int x = RED_BATCH; x < n_used; ++x) {
             const float2 v = ml[x];
-            const float w = exp2f((v.x - m_max) * LOG2E);  // -inf -> 0
+            const float w = exp2f((v.x - m_max) * LOG2E);
             l_sum = fmaf(w, v.y, l_sum);
             o_sum = fmaf(w, po[(int64_t)x * D], o_sum);
         }
     }
     out[((int64_t)s * num_q_heads + h) * D + d] = f2bf(l_sum > 0.0f ? o_sum / l_sum : 0.0f);
 }
+#undef RED_BATCH
 
 // ---------------------------------------------------------------------------------------------------
 // Prefill
@@ -618,14 +626,6 @@ KERN_DEV void ldsm_x4_trans(uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& 
                  : "r"(a)
                  : "memory");
 }
-
-// 16 bytes global -> shared, asynchronously; src_bytes = 0 fills zeros (gmem is then not read).
-KERN_DEV void cp_async16(void* smem, const void* gmem, int src_bytes) {
-    const unsigned a = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(a), "l"(gmem), "r"(src_bytes) : "memory");
-}
-KERN_DEV void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-KERN_DEV void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
 
 KERN_DEV uint32_t pack_bf16x2(float lo, float hi) {
     const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // .x (lo) in the low 16 bits

@@ -51,6 +51,16 @@ KERN_DEV void load8(const __nv_bfloat16* row, int i0, int n, bool vec, float (&v
 KERN_DEV void kern_pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 KERN_DEV void kern_pdl_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 
+// 16 bytes global -> shared, asynchronously (cp.async, through L2); src_bytes = 0 fills zeros (gmem is then not
+// read). The writes are visible to the issuing thread after cp_async_wait_all(), to the block after a barrier
+// that follows it.
+KERN_DEV void cp_async16(void* smem, const void* gmem, int src_bytes) {
+    const unsigned a = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(a), "l"(gmem), "r"(src_bytes) : "memory");
+}
+KERN_DEV void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+KERN_DEV void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+
 KERN_DEV float warp_sum(float x) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);

@@ -115,6 +115,9 @@ def launch(
         holders.append(ctypes.create_string_buffer(raw, len(raw)))
     pointers = (ctypes.c_void_p * len(holders))(*[ctypes.addressof(h) for h in holders])
     what = f"{kernel.name} grid={grid} block={block} smem={smem_bytes}"
+    if smem_bytes > 48 * 1024:  # above the default limit a function must opt in (as the runtime does at load)
+        attr_id = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+        check(cu.cuFuncSetAttribute(kernel.func, attr_id, smem_bytes), f"cuFuncSetAttribute({what})")
     if not pdl:
         check(
             cu.cuLaunchKernel(kernel.func, grid, 1, 1, block, 1, 1, smem_bytes, stream, ctypes.addressof(pointers), 0),
