@@ -103,10 +103,12 @@ def main() -> int:
         bench(f"qk_norm_rope_kv n={n}", "kern_qk_norm_rope_kv", (n, HQ + HKV), (D,), sets,
               n * (width * 2 + HQ * D * 2 + 2 * HKV * D * 2 + D * 4) + 4 * D)
 
-    # decode attention, one sequence, the generator's launch shape: num_splits = 32 fixed (8 kv heads x 32 =
-    # 256 blocks), split_tokens = 16 the minimum split (each split's length derived on device from seq_lens);
-    # 8 sequences' worth of distinct pages rotate to defeat L2
-    num_splits, split_min = 32, 16
+    # decode attention, one sequence, the launch shape of manifests/qwen3-4b-v2.json: kern_attn_decode_partial_early
+    # (gen_qwen3 --decode-attn early) with num_splits = 16 (decode_num_splits: 8 kv heads x 16 <= 132 SMs, one
+    # wave) and split_tokens = 64 the minimum split (each split's length derived on device from seq_lens), then
+    # the reduce; launched without PDL here, so the partial's early reads simply run first. 8 sequences' worth
+    # of distinct pages rotate to defeat L2
+    num_splits, split_min = 16, 64
     for ctx in (128, 1024, 4096):
         pages_per_seq = cdiv(ctx, PAGE)
         n_sets = 8
@@ -117,17 +119,21 @@ def main() -> int:
         lens = arr(np.array([ctx], dtype=np.int32))
         po, ml = gpu.alloc(HQ * num_splits * D * 4).ptr, gpu.alloc(HQ * num_splits * 8).ptr
         out = gpu.alloc(HQ * D * 2).ptr
+        # the new token's slot (the last position): the row the early entry reloads after its wait
+        slots = [arr(np.array([(i * pages_per_seq + (ctx - 1) // PAGE) * PAGE + (ctx - 1) % PAGE], dtype=np.int32))
+                 for i in range(n_sets)]
         sets = [[("p", q), ("p", cache.ptr), ("p", arr(np.arange(i * pages_per_seq, (i + 1) * pages_per_seq, dtype=np.int32))),
-                 ("p", lens), ("p", po), ("p", ml), ("i", HQ), ("i", HKV), ("i", D), ("i", PAGE), ("i", pages_per_seq),
-                 ("i", n_sets * pages_per_seq), ("i", split_min), ("i", num_splits), ("f", D**-0.5)] for i in range(n_sets)]
+                 ("p", lens), ("p", slots[i]), ("p", po), ("p", ml), ("i", HQ), ("i", HKV), ("i", D), ("i", PAGE),
+                 ("i", pages_per_seq), ("i", n_sets * pages_per_seq), ("i", split_min), ("i", num_splits), ("f", D**-0.5)]
+                for i in range(n_sets)]
         red_args = [("p", po), ("p", ml), ("p", lens), ("p", out), ("i", HQ), ("i", D), ("i", split_min), ("i", num_splits)]
         kv_bytes = ctx * HKV * D * 2 * 2
         part_bytes = HQ * num_splits * (D + 2) * 4  # every split writes its row (empty ones zeros)
-        bench(f"attn_decode_partial ctx={ctx} splits={num_splits}({used})", "kern_attn_decode_partial",
+        bench(f"attn_decode_partial_early ctx={ctx} splits={num_splits}({used})", "kern_attn_decode_partial_early",
               (HKV, num_splits, 1), (128,), sets, kv_bytes + HQ * D * 2 + part_bytes)
         bench(f"attn_decode_reduce ctx={ctx}", "kern_attn_decode_reduce", (HQ, 1), (D,), [red_args],
               HQ * used * (D + 2) * 4 + HQ * D * 2)
-        kp, kr = gpu.kernel("kern_attn_decode_partial"), gpu.kernel("kern_attn_decode_reduce")
+        kp, kr = gpu.kernel("kern_attn_decode_partial_early"), gpu.kernel("kern_attn_decode_reduce")
 
         def pair(st, a, kp=kp, kr=kr, red_args=red_args):
             kp.launch((HKV, num_splits, 1), (128,), a, stream=st, sync=False)

@@ -64,17 +64,6 @@ KERN_DEV uint4 ldg_weight_early(const bf16* p, uint64_t policy) {
     return v;
 }
 
-// The same chunk into shared memory, asynchronously (cp.async through L2, evict-first), or 16 zero bytes when
-// !valid (p is then not read). Issued before griddepcontrol.wait (the rows ring); ordered like the coherent
-// early loads (volatile asm with a memory clobber).
-KERN_DEV void cp_async_weight(uint4* smem, const bf16* p, bool valid, uint64_t policy) {
-    const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;"
-                 :
-                 : "r"(a), "l"(p), "r"(valid ? 16 : 0), "l"(policy)
-                 : "memory");
-}
-
 // Element j of a row of `len` bf16 as its 16 bits, 0 (= +0.0) at or past `len`. L2-coherent load (the slow
 // path reads weights and activations alike through it).
 KERN_DEV uint32_t bf16_bits(const bf16* row, int j, int len) {
@@ -155,13 +144,11 @@ KERN_DEV void load_batch(const bf16* wrow, int c0, int k, uint64_t policy, uint4
 }
 
 // ---- the body shared by every entry ----
-// `prewait(xs, k8)`: every thread, before griddepcontrol.wait; may start cp.async copies of what the previous
-// kernel does not write into xs[k8 ..) (the RMSNorm weight), which stage_x waits for. `stage_x(xs, k8)`: every thread of the block; fills xs[0 .. k8) (16-byte chunks of x, zero padded)
-// and must end with __syncthreads(). It runs after griddepcontrol.wait, so it may read the previous kernel's
+// `stage_x(xs, k8)`: every thread of the block; fills xs[0 .. k8) (16-byte chunks of x, zero padded) and
+// must end with __syncthreads(). It runs after griddepcontrol.wait, so it may read the previous kernel's
 // output. `epilogue(row, dot)`: lane 0 of the warp owning `row`, dot = the fp32 sum W[row] . x.
-template <bool VEC, class PreWait, class StageX, class Epilogue>
-KERN_DEV void gemv_body(const bf16* __restrict__ w, int n, int k, PreWait prewait, StageX stage_x,
-                        Epilogue epilogue) {
+template <bool VEC, class StageX, class Epilogue>
+KERN_DEV void gemv_body(const bf16* __restrict__ w, int n, int k, StageX stage_x, Epilogue epilogue) {
     extern __shared__ uint4 xs[];  // [round_up(k, 8) / 8] chunks of 8 bf16
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
@@ -179,7 +166,6 @@ KERN_DEV void gemv_body(const bf16* __restrict__ w, int n, int k, PreWait prewai
 #pragma unroll
         for (int u = 0; u < kUnroll; ++u) wv[u] = make_uint4(0u, 0u, 0u, 0u);
     }
-    prewait(xs, k8);
     kern_pdl_wait();  // everything below may read what the previous kernel in the stream wrote
     kern_pdl_launch_dependents();
 
@@ -229,12 +215,9 @@ KERN_DEV void stage_copy(uint4* xs, int k8, const bf16* x, int k) {
 }
 
 // x = bf16(norm_w * bf16(r * rsqrt(mean(r^2) + eps))), transformers' Qwen3RMSNorm rounding, fp32 math
-// (the same function as kern_add_rmsnorm with delta = null; only the summation order differs). gs: norm_w's
-// chunks already in shared memory (prefetch_norm_w; this thread's own chunks, so no barrier), else null and
-// norm_w is read here.
+// (the same function as kern_add_rmsnorm with delta = null; only the summation order differs).
 template <bool VEC>
-KERN_DEV void stage_rmsnorm(uint4* xs, int k8, const bf16* residual, const uint4* gs, const bf16* norm_w, int k,
-                            float eps) {
+KERN_DEV void stage_rmsnorm(uint4* xs, int k8, const bf16* residual, const bf16* norm_w, int k, float eps) {
     __shared__ float scratch[32];
     float sum_sq = 0.0f;
     for (int c = threadIdx.x; c < k8; c += blockDim.x) {
@@ -246,25 +229,15 @@ KERN_DEV void stage_rmsnorm(uint4* xs, int k8, const bf16* residual, const uint4
         xs[c] = raw;  // r, kept for the second pass (same thread reads it back)
     }
     const float inv_rms = rsqrtf(block_sum(sum_sq, scratch) / static_cast<float>(k) + eps);
-    if (gs != nullptr) cp_async_wait_all();  // this thread's norm_w chunks (issued before the PDL wait)
     for (int c = threadIdx.x; c < k8; c += blockDim.x) {
         float r[8], g[8];
         unpack8(xs[c], r);
-        unpack8(gs != nullptr ? gs[c] : load_chunk<VEC, Src::kActivation>(norm_w, c, k, 0), g);
+        unpack8(load_chunk<VEC, Src::kActivation>(norm_w, c, k, 0), g);
 #pragma unroll
         for (int i = 0; i < 8; ++i) r[i] = g[i] * round_bf(r[i] * inv_rms);  // padding: 0 * 0
         xs[c] = pack8(r);
     }
     __syncthreads();
-}
-
-// The RMSNorm weight goes to shared memory before the PDL wait (it is a weight: the previous kernel never
-// writes it), taking its round trip off the prologue, when the launch gave room for it: 32 * k8 bytes (x, then
-// norm_w) on the vector path. Each thread copies the chunks it reads in stage_rmsnorm's second pass.
-KERN_DEV bool norm_w_in_smem(bool vec, int k8) { return vec && dynamic_smem_bytes() >= 32u * static_cast<uint32_t>(k8); }
-KERN_DEV void prefetch_norm_w(uint4* xs, int k8, const bf16* norm_w) {
-    for (int c = threadIdx.x; c < k8; c += blockDim.x) cp_async16(xs + k8 + c, norm_w + c * kChunk, 16);
-    cp_async_commit();
 }
 
 // x[j] = bf16(bf16(silu(gate[j])) * up[j]), gate_up row = [gate: k][up: k], with kern_silu_mul's exact fp32
@@ -292,9 +265,6 @@ KERN_DEV void stage_silu_mul(uint4* xs, int k8, const bf16* gate_up, int k) {
     __syncthreads();
 }
 
-// For entries that copy nothing ahead of the wait.
-KERN_DEV void no_prewait(uint4*, int) {}
-
 // residual[row] = bf16(residual[row] + bf16(dot)): the projection is rounded to bf16, then added in bf16.
 KERN_DEV void add_to_residual(bf16* residual, int row, float dot) {
     const float r = bf2f(__ldcg(residual + row));
@@ -311,28 +281,24 @@ kern_gemv(const bf16* __restrict__ w, const bf16* __restrict__ x, bf16* __restri
         if (k % kChunk == 0 && aligned16(x)) stage_copy<true>(xs, k8, x, k); else stage_copy<false>(xs, k8, x, k);
     };
     auto store = [=](int row, float dot) { y[row] = f2bf(dot); };
-    if (k % kChunk == 0 && aligned16(w)) gemv_body<true>(w, n, k, no_prewait, stage, store);
-    else gemv_body<false>(w, n, k, no_prewait, stage, store);
+    if (k % kChunk == 0 && aligned16(w)) gemv_body<true>(w, n, k, stage, store);
+    else gemv_body<false>(w, n, k, stage, store);
 }
 
-// y[n] = W[n, k] @ rmsnorm(residual[k]) * norm_w. Dynamic shared memory 32 * ceil(k / 8) bytes also stages
-// norm_w before the PDL wait (16 * ceil(k / 8) is enough; norm_w is then read after it).
+// y[n] = W[n, k] @ rmsnorm(residual[k]) * norm_w.
 extern "C" __global__ void __launch_bounds__(kMaxThreads)
 kern_gemv_rmsnorm(const bf16* __restrict__ w, const bf16* __restrict__ residual, const bf16* __restrict__ norm_w,
                   bf16* __restrict__ y, int32_t n, int32_t k, float eps) {
     if (bad_launch(n, k)) return;
-    const bool vec_x = k % kChunk == 0 && aligned16(residual) && aligned16(norm_w);
-    const bool nw_smem = norm_w_in_smem(vec_x, (k + kChunk - 1) / kChunk);
-    auto prewait = [=](uint4* xs, int k8) {
-        if (nw_smem) prefetch_norm_w(xs, k8, norm_w);
-    };
     auto stage = [=](uint4* xs, int k8) {
-        if (vec_x) stage_rmsnorm<true>(xs, k8, residual, nw_smem ? xs + k8 : nullptr, norm_w, k, eps);
-        else stage_rmsnorm<false>(xs, k8, residual, nullptr, norm_w, k, eps);
+        if (k % kChunk == 0 && aligned16(residual) && aligned16(norm_w))
+            stage_rmsnorm<true>(xs, k8, residual, norm_w, k, eps);
+        else
+            stage_rmsnorm<false>(xs, k8, residual, norm_w, k, eps);
     };
     auto store = [=](int row, float dot) { y[row] = f2bf(dot); };
-    if (k % kChunk == 0 && aligned16(w)) gemv_body<true>(w, n, k, prewait, stage, store);
-    else gemv_body<false>(w, n, k, prewait, stage, store);
+    if (k % kChunk == 0 && aligned16(w)) gemv_body<true>(w, n, k, stage, store);
+    else gemv_body<false>(w, n, k, stage, store);
 }
 
 // residual[n] = bf16(residual + bf16(W[n, k] @ x[k])). x must not alias residual.
@@ -344,8 +310,8 @@ kern_gemv_residual(const bf16* __restrict__ w, const bf16* __restrict__ x, bf16*
         if (k % kChunk == 0 && aligned16(x)) stage_copy<true>(xs, k8, x, k); else stage_copy<false>(xs, k8, x, k);
     };
     auto add = [=](int row, float dot) { add_to_residual(residual, row, dot); };
-    if (k % kChunk == 0 && aligned16(w)) gemv_body<true>(w, n, k, no_prewait, stage, add);
-    else gemv_body<false>(w, n, k, no_prewait, stage, add);
+    if (k % kChunk == 0 && aligned16(w)) gemv_body<true>(w, n, k, stage, add);
+    else gemv_body<false>(w, n, k, stage, add);
 }
 
 // residual[n] = bf16(residual + bf16(W[n, k] @ (bf16(silu(gate)) * up))), gate_up = [gate: k][up: k].
@@ -359,8 +325,8 @@ kern_gemv_silu_residual(const bf16* __restrict__ w, const bf16* __restrict__ gat
         else stage_silu_mul<false>(xs, k8, gate_up, k);
     };
     auto add = [=](int row, float dot) { add_to_residual(residual, row, dot); };
-    if (k % kChunk == 0 && aligned16(w)) gemv_body<true>(w, n, k, no_prewait, stage, add);
-    else gemv_body<false>(w, n, k, no_prewait, stage, add);
+    if (k % kChunk == 0 && aligned16(w)) gemv_body<true>(w, n, k, stage, add);
+    else gemv_body<false>(w, n, k, stage, add);
 }
 
 // =====================================================================================================
@@ -379,19 +345,10 @@ kern_gemv_silu_residual(const bf16* __restrict__ w, const bf16* __restrict__ gat
 // a group boundary: the next group's first loads are issued before this group's reduction and epilogue.
 // PDL as gemv_body: the first two steps are loaded (coherent path) before griddepcontrol.wait; everything
 // reading the previous kernel's output comes after it.
-// Ring (when the launch gives the shared memory for it): the first P steps (1 <= P <= kMaxRing) are instead
-// copied into shared memory with cp.async before the wait, and the two register slots are loaded with steps P
-// and P + 1 right AFTER the wait, so those loads fly during the x staging and the ring steps' multiplies
-// instead of starting once x is staged. Layout of the dynamic shared memory: [k8] x chunks, [extra] chunks of
-// the entry's own (the RMSNorm weight, or none), then the ring, P * kRows * blockDim.x chunks (slot
-// (p * kRows + r) * blockDim.x + t: step p, row r, thread t); P = min(kMaxRing, steps, what fits), 0 on the
-// element path or when nothing fits (the register-only pipeline above). Same products in the same order:
-// outputs are bit-identical with or without the ring.
 // =====================================================================================================
 namespace {
 
-constexpr int kRows = 4;     // W rows per group
-constexpr int kMaxRing = 4;  // ring steps at most
+constexpr int kRows = 4;  // W rows per group
 
 // wv[r] = chunk c of row rows[r] (0 for rows[r] < 0 or c past the k8 chunks).
 template <bool VEC, Src SRC>
@@ -409,16 +366,15 @@ KERN_DEV void load_rows_step(const bf16* w, int k, const int (&rows)[kRows], int
 }
 
 // `row_of(g, rows)`: the kRows physical W rows of group g (-1: no row; contributes nothing).
-// `extra`: chunks the entry keeps after x in the dynamic shared memory (the ring starts past them).
-// `prewait(xs, k8)`, `stage_x(xs, k8)`: as in gemv_body (every thread; stage_x ends with __syncthreads()).
+// `stage_x(xs, k8)`: as in gemv_body (every thread; ends with __syncthreads()).
 // `pre(g)`: called by every thread when group g starts (the first group: right after the wait, before x is
 // staged; later groups: when their first step is multiplied), so an epilogue operand (the residual row) is
 // in flight with the group's loads; its value is handed to the epilogue.
 // `epilogue(g, tot, pre_value)`: called by EVERY thread of the block after tot[r] (shared, fp32) holds
 // W[rows[r]] . x; it writes from the threads it picks (thread index < kRows or fewer).
-template <bool VEC, class RowOf, class PreWait, class StageX, class Pre, class Epilogue>
-KERN_DEV void rows_body(const bf16* __restrict__ w, int groups, int k, int extra, RowOf row_of, PreWait prewait,
-                        StageX stage_x, Pre pre, Epilogue epilogue) {
+template <bool VEC, class RowOf, class StageX, class Pre, class Epilogue>
+KERN_DEV void rows_body(const bf16* __restrict__ w, int groups, int k, RowOf row_of, StageX stage_x, Pre pre,
+                        Epilogue epilogue) {
     extern __shared__ uint4 xs[];  // [round_up(k, 8) / 8] chunks of 8 bf16
     __shared__ float red[32][kRows];
     __shared__ float tot[kRows];
@@ -448,53 +404,20 @@ KERN_DEV void rows_body(const bf16* __restrict__ w, int groups, int k, int extra
         }
     };
 
-    // Ring steps: what the dynamic shared memory holds past x and the entry's chunks (uniform over the grid).
-    const int ring_chunks = static_cast<int>(dynamic_smem_bytes() / 16u) - k8 - extra;
-    const int ring = VEC && ring_chunks > 0 ? min(min(kMaxRing, ring_chunks / (kRows * B)), n_steps) : 0;
-    uint4* const rs = xs + k8 + extra;
-
-    // 1. Before the wait, weights only (may overlap the previous kernel's tail): the ring's steps, or the
-    // first two steps in the register slots.
+    // 1. The first two steps: weights only (may overlap the previous kernel's tail).
     uint4 wa[kRows], wb[kRows];
-    prewait(xs, k8);
-    if (ring > 0) {
-        for (int p = 0; p < ring; ++p) {
-            const int c = tid + lj * B;
-#pragma unroll
-            for (int r = 0; r < kRows; ++r) {
-                const bool valid = lrows[r] >= 0 && c < k8;
-                cp_async_weight(rs + (p * kRows + r) * B + tid,
-                                valid ? w + static_cast<size_t>(lrows[r]) * k + static_cast<size_t>(c) * kChunk : w,
-                                valid, policy);
-            }
-            advance_load();
-        }
-        cp_async_commit();
-    } else {
-        load_rows_step<VEC, Src::kWeightEarly>(w, k, lrows, tid + lj * B, policy, wa);
+    load_rows_step<VEC, Src::kWeightEarly>(w, k, lrows, tid + lj * B, policy, wa);
+    advance_load();
+    if (n_steps > 1) {
+        load_rows_step<VEC, Src::kWeightEarly>(w, k, lrows, tid + lj * B, policy, wb);
         advance_load();
-        if (n_steps > 1) {
-            load_rows_step<VEC, Src::kWeightEarly>(w, k, lrows, tid + lj * B, policy, wb);
-            advance_load();
-        }
     }
     kern_pdl_wait();  // everything below may read what the previous kernel in the stream wrote
     kern_pdl_launch_dependents();
-    if (ring > 0) {  // the register slots take the two steps after the ring, in flight during the staging
-        if (ring < n_steps) {
-            load_rows_step<VEC, Src::kWeight>(w, k, lrows, tid + lj * B, policy, wa);
-            advance_load();
-        }
-        if (ring + 1 < n_steps) {
-            load_rows_step<VEC, Src::kWeight>(w, k, lrows, tid + lj * B, policy, wb);
-            advance_load();
-        }
-    }
     float pre_value = n_steps > 0 ? pre(g_first) : 0.0f;
 
     // 2. x into shared memory.
     stage_x(xs, k8);
-    if (ring > 0) cp_async_wait_all();  // this thread's ring chunks (it reads only its own)
 
     // 3. Steps. Consume cursor: step cj of group cg.
     int cg = g_first, cj = 0;
@@ -531,17 +454,7 @@ KERN_DEV void rows_body(const bf16* __restrict__ w, int groups, int k, int extra
         cj = 0;
         cg += gridDim.x;
     };
-    for (int p = 0; p < ring; ++p) {
-        if (cj == 0 && cg != g_first) pre_value = pre(cg);
-        const int c = tid + cj * B;
-        if (c < k8) {
-            const uint4 xv = xs[c];
-#pragma unroll
-            for (int r = 0; r < kRows; ++r) acc[r] = dot8(rs[(p * kRows + r) * B + tid], xv, acc[r]);
-        }
-        finish_step();
-    }
-    for (int i = ring; i < n_steps; i += 2) {
+    for (int i = 0; i < n_steps; i += 2) {
         multiply(wa);
         if (i + 2 < n_steps) {  // refill slot a before this step's reduction (if any) runs
             load_rows_step<VEC, Src::kWeight>(w, k, lrows, tid + lj * B, policy, wa);
@@ -586,8 +499,8 @@ kern_gemv_rows(const bf16* __restrict__ w, const bf16* __restrict__ x, bf16* __r
         const int row = g * kRows + static_cast<int>(threadIdx.x);
         if (threadIdx.x < kRows && row < n) y[row] = f2bf(tot[threadIdx.x]);
     };
-    if (k % kChunk == 0 && aligned16(w)) rows_body<true>(w, row_groups(n), k, 0, row_of, no_prewait, stage, no_pre, store);
-    else rows_body<false>(w, row_groups(n), k, 0, row_of, no_prewait, stage, no_pre, store);
+    if (k % kChunk == 0 && aligned16(w)) rows_body<true>(w, row_groups(n), k, row_of, stage, no_pre, store);
+    else rows_body<false>(w, row_groups(n), k, row_of, stage, no_pre, store);
 }
 
 // y[n] = W[n, k] @ rmsnorm(residual[k]) * norm_w (rows family; same contract as kern_gemv_rmsnorm).
@@ -596,22 +509,18 @@ kern_gemv_rows_rmsnorm(const bf16* __restrict__ w, const bf16* __restrict__ resi
                        bf16* __restrict__ y, int32_t n, int32_t k, float eps) {
     if (bad_launch(n, k)) return;
     const PlainRows row_of{n};
-    const bool vec_x = k % kChunk == 0 && aligned16(residual) && aligned16(norm_w);
-    const bool nw_smem = norm_w_in_smem(vec_x, (k + kChunk - 1) / kChunk);
-    auto prewait = [=](uint4* xs, int k8) {
-        if (nw_smem) prefetch_norm_w(xs, k8, norm_w);
-    };
     auto stage = [=](uint4* xs, int k8) {
-        if (vec_x) stage_rmsnorm<true>(xs, k8, residual, nw_smem ? xs + k8 : nullptr, norm_w, k, eps);
-        else stage_rmsnorm<false>(xs, k8, residual, nullptr, norm_w, k, eps);
+        if (k % kChunk == 0 && aligned16(residual) && aligned16(norm_w))
+            stage_rmsnorm<true>(xs, k8, residual, norm_w, k, eps);
+        else
+            stage_rmsnorm<false>(xs, k8, residual, norm_w, k, eps);
     };
-    const int extra = nw_smem ? (k + kChunk - 1) / kChunk : 0;
     auto store = [=](int g, const float* tot, float) {
         const int row = g * kRows + static_cast<int>(threadIdx.x);
         if (threadIdx.x < kRows && row < n) y[row] = f2bf(tot[threadIdx.x]);
     };
-    if (k % kChunk == 0 && aligned16(w)) rows_body<true>(w, row_groups(n), k, extra, row_of, prewait, stage, no_pre, store);
-    else rows_body<false>(w, row_groups(n), k, extra, row_of, prewait, stage, no_pre, store);
+    if (k % kChunk == 0 && aligned16(w)) rows_body<true>(w, row_groups(n), k, row_of, stage, no_pre, store);
+    else rows_body<false>(w, row_groups(n), k, row_of, stage, no_pre, store);
 }
 
 // residual[n] = bf16(residual + bf16(W[n, k] @ x[k])) (rows family; same contract as kern_gemv_residual).
@@ -633,8 +542,8 @@ kern_gemv_rows_residual(const bf16* __restrict__ w, const bf16* __restrict__ x, 
         const int row = g * kRows + static_cast<int>(threadIdx.x);
         if (threadIdx.x < kRows && row < n) residual[row] = f2bf(r + round_bf(tot[threadIdx.x]));
     };
-    if (k % kChunk == 0 && aligned16(w)) rows_body<true>(w, row_groups(n), k, 0, row_of, no_prewait, stage, pre, add);
-    else rows_body<false>(w, row_groups(n), k, 0, row_of, no_prewait, stage, pre, add);
+    if (k % kChunk == 0 && aligned16(w)) rows_body<true>(w, row_groups(n), k, row_of, stage, pre, add);
+    else rows_body<false>(w, row_groups(n), k, row_of, stage, pre, add);
 }
 
 // act[j] = bf16(bf16(silu(bf16(gate_j))) * bf16(up_j)), j < inter, where gate_j = W[j] . x and
@@ -654,16 +563,12 @@ kern_gemv_rmsnorm_swiglu(const bf16* __restrict__ w_gate_up, const bf16* __restr
         rows[2] = j0 < inter ? inter + j0 : -1;
         rows[3] = j1 < inter ? inter + j1 : -1;
     };
-    const bool vec_x = k % kChunk == 0 && aligned16(residual) && aligned16(norm_w);
-    const bool nw_smem = norm_w_in_smem(vec_x, (k + kChunk - 1) / kChunk);
-    auto prewait = [=](uint4* xs, int k8) {
-        if (nw_smem) prefetch_norm_w(xs, k8, norm_w);
-    };
     auto stage = [=](uint4* xs, int k8) {
-        if (vec_x) stage_rmsnorm<true>(xs, k8, residual, nw_smem ? xs + k8 : nullptr, norm_w, k, eps);
-        else stage_rmsnorm<false>(xs, k8, residual, nullptr, norm_w, k, eps);
+        if (k % kChunk == 0 && aligned16(residual) && aligned16(norm_w))
+            stage_rmsnorm<true>(xs, k8, residual, norm_w, k, eps);
+        else
+            stage_rmsnorm<false>(xs, k8, residual, norm_w, k, eps);
     };
-    const int extra = nw_smem ? (k + kChunk - 1) / kChunk : 0;
     auto store = [=](int g, const float* tot, float) {
         const int t = static_cast<int>(threadIdx.x);
         const int j = 2 * g + t;
@@ -673,8 +578,6 @@ kern_gemv_rmsnorm_swiglu(const bf16* __restrict__ w_gate_up, const bf16* __restr
         }
     };
     const int groups = (inter + 1) / 2;
-    if (k % kChunk == 0 && aligned16(w_gate_up))
-        rows_body<true>(w_gate_up, groups, k, extra, row_of, prewait, stage, no_pre, store);
-    else
-        rows_body<false>(w_gate_up, groups, k, extra, row_of, prewait, stage, no_pre, store);
+    if (k % kChunk == 0 && aligned16(w_gate_up)) rows_body<true>(w_gate_up, groups, k, row_of, stage, no_pre, store);
+    else rows_body<false>(w_gate_up, groups, k, row_of, stage, no_pre, store);
 }

@@ -27,11 +27,8 @@ VARIANTS: dict[str, tuple[str, ...]] = {
     "v2-t512": ("--gemv", "v2", "--gemv-threads-per-sm", "512"),  # GEMV grids fill half an SM: PDL co-residency
     "v2-st16": ("--gemv", "v2", "--decode-split-tokens", "16"),  # minimum split length before 2026-11-29 (s5)
     "v2-nocarve": ("--gemv", "v2", "--carveout", "-1"),  # no launch carveout: the driver's choice (before s6)
-    # seventh session: the rows ring and the norm weight in shared memory before the PDL wait (default: both)
-    "v2-noring": ("--gemv", "v2", "--gemv-ring-steps", "0", "--no-gemv-norm-smem"),  # registers only (before s7)
-    "v2-norm": ("--gemv", "v2", "--gemv-ring-steps", "0"),  # the norm weight only
-    "v2-ring": ("--gemv", "v2", "--no-gemv-norm-smem"),  # the ring only
-    "v2-ring1": ("--gemv", "v2", "--gemv-ring-steps", "1"),
+    # seventh session, from commit 1befd34 (its generator): v2-noring, v2-norm, v2-ring (the rows ring and the norm
+    # weight copied to shared memory before the PDL wait; both lost or gained nothing, docs/perf.md) - removed
 }
 
 

@@ -167,13 +167,6 @@ class GenOptions:
     # GEMV grids fill at most this many threads per SM (2048 max; 1024 = all a <= 64-register kernel can hold);
     # less leaves room for the next kernel's blocks to become resident early under PDL
     gemv_threads_per_sm: int = 1024
-    # rows-family GEMVs (--gemv v2): W steps per thread copied into shared memory before the PDL wait (the ring,
-    # docs/kernels-gemv.md), so the register slots' loads are issued at the wait instead of after the x staging;
-    # fewer where the SM's shared memory does not hold them; 0: the register-only pipeline
-    gemv_ring_steps: int = 2
-    # RMSNorm-prologue GEMVs: the norm weight copied into shared memory before the PDL wait (one round trip off
-    # the prologue); False: read after the wait, as before
-    gemv_norm_smem: bool = True
     # decode attention: "split" (kern_qk_norm_rope_kv, then the partial and reduce launches), "early" (the same
     # with kern_attn_decode_partial_early: block table and first K/V tile read before its PDL wait). A fused
     # one-launch entry and an L2 prefetch of later weights measured slower and were removed (docs/perf.md
@@ -431,8 +424,6 @@ def build_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: GenOptions, config_di
         raise GenError(f"gemv {opts.gemv!r}: use 'v1' or 'v2'")
     if opts.gemv == "v2" and opts.decode != "gemv":
         raise GenError("--gemv v2 is a wiring of --decode gemv")
-    if not 0 <= opts.gemv_ring_steps <= 4:
-        raise GenError(f"gemv_ring_steps {opts.gemv_ring_steps}: use 0..4 (the kernel's kMaxRing)")
     if not 32 <= opts.gemv_threads_per_sm <= 2048:
         raise GenError(f"gemv_threads_per_sm {opts.gemv_threads_per_sm}: use 32..2048 (threads an SM holds)")
     if opts.decode_attn not in ("split", "early"):
@@ -667,25 +658,15 @@ def build_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: GenOptions, config_di
 # ---------------------------------------------------------------- decode: M = 1 GEMVs and the device-side step
 
 
-# What one SM's shared memory holds for the blocks of one GEMV launch: 228 KiB (sm_90, the largest carveout),
-# less per block the 1 KiB the system reserves and up to 1 KiB of the entries' static shared memory.
-SM_SHARED_BYTES = 228 * 1024
-BLOCK_SHARED_OVERHEAD = 2 * 1024
-NORM_ENTRIES = ("kern_gemv_rmsnorm", "kern_gemv_rows_rmsnorm", "kern_gemv_rmsnorm_swiglu")
-
-
 def _gemv_launch(b: Builder, entry: str, n: int, k: int, args: list[dict[str, Any]], opts: GenOptions,
                  tail: tuple[dict[str, Any], ...] = ()) -> dict[str, Any]:
     """One kern_gemv_* launch (docs/kernels-gemv.md "Launch"): block 512, grid min(n, 2 * SMs), dynamic shared
-    memory 16 * cdiv(k, 8) bytes (x staged as bf16), twice that for kern_gemv_rmsnorm with `gemv_norm_smem`
-    (the norm weight staged before the PDL wait). Raises GenError off the fast path's preconditions."""
+    memory 16 * cdiv(k, 8) bytes (x staged as bf16). Raises GenError off the fast path's preconditions."""
     if k % 8:
         raise GenError(f"{entry}: k = {k} is not a multiple of 8 (the GEMV's vector path needs it); use --decode gemm")
     per_sm = max(1, opts.gemv_threads_per_sm // 512)
-    x_bytes = 16 * -(-k // 8)
-    shared = 2 * x_bytes if entry in NORM_ENTRIES and opts.gemv_norm_smem else x_bytes
     return b.launch(entry, [min(n, per_sm * opts.sms), 1, 1], [512, 1, 1], args + [{"i32": n}, {"i32": k}, *tail],
-                    shared_mem=shared, pdl=opts.pdl)
+                    shared_mem=16 * -(-k // 8), pdl=opts.pdl)
 
 
 def decode_gemv_ops(b: Builder, cfg: Qwen3Config, opts: GenOptions) -> None:
@@ -755,31 +736,15 @@ def _rows_launch(b: Builder, entry: str, n_groups: int, k: int, args: list[dict[
     """One rows-family launch (docs/kernels-gemv.md "Rows entries"; 4 W rows per group, 2 chunk steps of 16
     bytes per batch): block = whole warps covering ceil(k / 8) chunks in as few batches as 512 threads allow
     (k = 2560: 160, 4096: 256, 9728: 320), grid = min(groups, resident blocks per SM * SMs) (at <= 64
-    registers a SM holds 1024 threads). Dynamic shared memory, in 16-byte chunks: x (ceil(k / 8)), the norm
-    weight for the RMSNorm entries with `gemv_norm_smem` (as many again), then `rows_ring_steps` ring steps of
-    4 * block chunks. `n_groups` is the entry's group count (rows / 4; swiglu: outputs / 2)."""
+    registers a SM holds 1024 threads), dynamic shared memory 16 * ceil(k / 8). `n_groups` is the entry's
+    group count (rows / 4; swiglu: outputs / 2)."""
     if k % 8:
         raise GenError(f"{entry}: k = {k} is not a multiple of 8 (the GEMV's vector path needs it); use --gemv v1")
     k8 = -(-k // 8)
     batches = -(-k8 // (2 * 512))
     block = min(1024, max(32, -(-(-(-k8 // (2 * batches))) // 32) * 32))
-    per_sm = max(1, opts.gemv_threads_per_sm // block)
-    grid = min(n_groups, per_sm * opts.sms)
-    fixed = 16 * k8 * (2 if entry in NORM_ENTRIES and opts.gemv_norm_smem else 1)
-    ring = rows_ring_steps(fixed, block, per_sm, opts.gemv_ring_steps)
-    return b.launch(entry, [grid, 1, 1], [block, 1, 1], args + [*tail], shared_mem=fixed + ring * 4 * block * 16,
-                    pdl=opts.pdl)
-
-
-def rows_ring_steps(fixed_bytes: int, block: int, blocks_per_sm: int, want: int) -> int:
-    """Ring steps (0..want) of a rows launch whose blocks need `fixed_bytes` of dynamic shared memory besides the
-    ring (4 * block 16-byte chunks per step): the most that let `blocks_per_sm` blocks share one SM's
-    SM_SHARED_BYTES, each with BLOCK_SHARED_OVERHEAD more, so the shared memory never limits residency below
-    what the registers allow (Qwen3-4B, H200: 2 steps for qkv, gate_up, o and down)."""
-    for steps in range(want, 0, -1):
-        if blocks_per_sm * (fixed_bytes + steps * 4 * block * 16 + BLOCK_SHARED_OVERHEAD) <= SM_SHARED_BYTES:
-            return steps
-    return 0
+    grid = min(n_groups, max(1, opts.gemv_threads_per_sm // block) * opts.sms)
+    return b.launch(entry, [grid, 1, 1], [block, 1, 1], args + [*tail], shared_mem=16 * k8, pdl=opts.pdl)
 
 
 def decode_gemv_v2_ops(b: Builder, cfg: Qwen3Config, opts: GenOptions) -> None:
@@ -889,12 +854,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sms", type=int, default=132, help="SM count of the target GPU (default 132: H200)")
     parser.add_argument("--gemv-threads-per-sm", type=int, default=1024,
                         help="decode GEMV grids fill at most this many threads per SM (default 1024)")
-    parser.add_argument("--gemv-ring-steps", type=int, default=GenOptions.gemv_ring_steps,
-                        help="rows-family GEMVs (--gemv v2): W steps per thread copied to shared memory before the "
-                             "PDL wait (default %(default)s, at most 4; 0: registers only)")
-    parser.add_argument("--no-gemv-norm-smem", action="store_true",
-                        help="RMSNorm-prologue GEMVs read the norm weight after the PDL wait instead of copying it "
-                             "to shared memory before it")
     parser.add_argument("--no-pdl", action="store_true", help="no programmatic dependent launch in decode")
     parser.add_argument("--no-pdl-small", action="store_true",
                         help="PDL on the GEMVs and decode attention only, not on embed / qk_norm_rope_kv / argmax / "
@@ -915,7 +874,6 @@ def main(argv: list[str] | None = None) -> int:
                           split_tokens=args.decode_split_tokens,
                           sms=args.sms, pdl=not args.no_pdl, pdl_small=not args.no_pdl_small, gemv=args.gemv,
                           gemv_threads_per_sm=args.gemv_threads_per_sm, decode_attn=args.decode_attn,
-                          gemv_ring_steps=args.gemv_ring_steps, gemv_norm_smem=not args.no_gemv_norm_smem,
                           carveout=None if args.carveout == -1 else args.carveout,
                           algos=algos, decode_algos=decode_algos,
                           algos_source=algos_source)

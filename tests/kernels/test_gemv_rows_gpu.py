@@ -34,16 +34,13 @@ ROWS_ENTRIES = tuple(TWINS)
 SWIGLU = "kern_gemv_rmsnorm_swiglu"
 
 
-def rows_launch(groups: int, k: int, sms: int, ring: int = 0, norm: bool = False) -> Launch:
+def rows_launch(groups: int, k: int, sms: int) -> Launch:
     """tools/gen_qwen3.py _rows_launch: block = whole warps covering ceil(k/8) chunks in 2-chunk steps with as
-    few batches as 512 threads allow, grid = min(groups, (1024 // block) * SMs), smem 16 * ceil(k/8) (x), as
-    much again with `norm` (the RMSNorm weight staged before the wait), then `ring` ring steps of 4 * block
-    16-byte chunks (0: the register-only pipeline)."""
+    few batches as 512 threads allow, grid = min(groups, (1024 // block) * SMs), smem 16 * ceil(k/8)."""
     k8 = -(-k // 8)
     batches = -(-k8 // 1024)
     block = min(1024, max(32, -(-(-(-k8 // (2 * batches))) // 32) * 32))
-    smem = 16 * k8 * (2 if norm else 1) + ring * ROWS * block * 16
-    return Launch(grid=min(groups, max(1, 1024 // block) * sms), block=block, smem_bytes=smem)
+    return Launch(grid=min(groups, max(1, 1024 // block) * sms), block=block, smem_bytes=16 * k8)
 
 
 def check_rows(dev, kernels, entry: str, n: int, k: int, launch: Launch, w_bits: np.ndarray | None = None,
@@ -124,74 +121,6 @@ def test_rows_bad_launch_writes_nothing(dev, kernels, entry: str, bad: str) -> N
     out = case.run(kernels[entry], launch)
     want = bf16_bits(case.residual) if case.writes_residual else np.full(n, NAN_BITS, dtype=np.uint16)
     assert np.array_equal(out, want), f"{entry}: a {bad} launch wrote its output"
-
-
-# ---- the ring and the norm weight in shared memory: the same bits as the register-only launch ----
-NORM_ROWS = ("kern_gemv_rows_rmsnorm", SWIGLU)
-# (n, k): model shapes; a block with fewer steps than the ring (n small, k8 one step); k not a multiple of 8
-# (element path: no ring whatever the shared memory); k8 = 513, a partial last step
-RING_SHAPES = [(6144, 2560), (2560, 9728), (2560, 4096), (3, 2560), (9, 1032), (64, 1001), (2602, 4104)]
-
-
-def run_rows_any(dev, kernels, entry: str, n: int, k: int, launch: Launch, seed: int) -> tuple[np.ndarray, Any]:
-    """(output bits, the case) of `entry` over seeded random inputs: act for the swiglu entry (n = inter), else
-    the Case's output."""
-    rng = np.random.default_rng(seed)
-    if entry == SWIGLU:
-        sw = SwigluCase(dev, rng, n, k)
-        return sw.run(kernels[SWIGLU], launch), sw
-    case = Case(dev, rng, TWINS[entry], n, k)
-    return case.run(kernels[entry], launch), case
-
-
-@pytest.mark.parametrize("entry", (*ROWS_ENTRIES, SWIGLU))
-@pytest.mark.parametrize(("n", "k"), RING_SHAPES)
-@pytest.mark.parametrize("ring", [1, 2, 4])
-def test_rows_ring_equals_registers(dev, kernels, sms, entry: str, n: int, k: int, ring: int) -> None:
-    """A launch with ring steps (and, for the RMSNorm entries, the norm weight) in shared memory gives the same
-    bits as the register-only launch of the same grid and block, and the Case's float64 check holds."""
-    groups = -(-n // 2) if entry == SWIGLU else -(-n // ROWS)
-    norm = entry in NORM_ROWS
-    base = rows_launch(groups, k, sms)
-    with_ring = rows_launch(groups, k, sms, ring=ring, norm=norm)
-    seed = int(np.random.default_rng().integers(1 << 30))
-    want, _ = run_rows_any(dev, kernels, entry, n, k, base, seed)
-    got, case = run_rows_any(dev, kernels, entry, n, k, with_ring, seed)
-    bad = np.flatnonzero(got != want)
-    assert bad.size == 0, f"{entry} n={n} k={k} ring={ring}: {bad.size} outputs differ, first {bad[:8].tolist()}"
-    if entry == SWIGLU:
-        case.check_f64(got, f"{SWIGLU} ring={ring}")
-    else:
-        case.check(got)
-
-
-@pytest.mark.parametrize("entry", NORM_ROWS)
-@pytest.mark.parametrize("ring", [0, 3])
-def test_rows_norm_smem_odd_block(dev, kernels, entry: str, ring: int) -> None:
-    """Any block size and grid: each thread copies the norm-weight chunks it reads itself (a block of 96
-    threads over k8 = 320 chunks leaves some threads 4 chunks, some 3)."""
-    n, k = 2602, 2560
-    groups = -(-n // 2) if entry == SWIGLU else -(-n // ROWS)
-    smem_x = 16 * (k // 8)
-    seed = int(np.random.default_rng().integers(1 << 30))
-    want, _ = run_rows_any(dev, kernels, entry, n, k, Launch(grid=7, block=96, smem_bytes=smem_x), seed)
-    got, _ = run_rows_any(dev, kernels, entry, n, k,
-                          Launch(grid=7, block=96, smem_bytes=2 * smem_x + ring * ROWS * 96 * 16), seed)
-    assert np.array_equal(got, want), f"{entry}: norm weight in shared memory (ring {ring}) changed the output"
-
-
-def test_gemv_rmsnorm_norm_smem(dev, kernels, sms) -> None:
-    """kern_gemv_rmsnorm (the v1 body, the lm_head) with 32 * k8 bytes stages the norm weight before its wait:
-    the same bits as with 16 * k8."""
-    n, k = 7001, 2560
-    seed = int(np.random.default_rng().integers(1 << 30))
-    launches = [Launch(grid=min(n, 2 * sms), block=512, smem_bytes=f * 16 * (k // 8)) for f in (1, 2)]
-    outs = []
-    for launch in launches:
-        case = Case(dev, np.random.default_rng(seed), "kern_gemv_rmsnorm", n, k)
-        outs.append(case.run(kernels["kern_gemv_rmsnorm"], launch))
-        case.check(outs[-1])
-    assert np.array_equal(outs[0], outs[1]), "kern_gemv_rmsnorm: the norm weight in shared memory changed the output"
 
 
 # ---- kern_gemv_rmsnorm_swiglu ----
@@ -316,7 +245,7 @@ def test_rows_pdl_chain_matches_serial(dev, kernels, sms) -> None:
     residual, qkv, act = dev.alloc(2 * hidden), dev.alloc(2 * qkv_n), dev.alloc(2 * inter)
     stream = create_stream()
 
-    def chain(pdl: bool, ring: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    def chain(pdl: bool) -> tuple[np.ndarray, np.ndarray]:
         sync("setup")
         residual.upload(residual0)
         qkv.poison()
@@ -330,9 +259,7 @@ def test_rows_pdl_chain_matches_serial(dev, kernels, sms) -> None:
             ):
                 tail = [("i", n), ("i", k)] + ([("f", EPS)] if name in (SWIGLU, "kern_gemv_rows_rmsnorm") else [])
                 args = [("p", w.ptr)] + [("p", b.ptr) for b in middle] + tail
-                norm = name in NORM_ROWS
-                run(kernels[name], rows_launch(groups, k, sms, ring=ring, norm=norm and ring > 0), args,
-                    stream=stream, pdl=pdl)
+                run(kernels[name], rows_launch(groups, k, sms), args, stream=stream, pdl=pdl)
         check(cu.cuStreamSynchronize(stream), "cuStreamSynchronize")
         return residual.download(np.uint16, hidden), qkv.download(np.uint16, qkv_n)
 
@@ -340,10 +267,8 @@ def test_rows_pdl_chain_matches_serial(dev, kernels, sms) -> None:
         serial_residual, serial_qkv = chain(pdl=False)
         assert np.isfinite(from_bf16_bits(serial_qkv)).all() and np.isfinite(from_bf16_bits(serial_residual)).all()
         for attempt in range(5):
-            for ring in (0, 2):  # 2: the ring and the norm weight copied before each wait (the generator's default)
-                pdl_residual, pdl_qkv = chain(pdl=True, ring=ring)
-                where = f"PDL chain (ring {ring}, try {attempt})"
-                assert np.array_equal(pdl_residual, serial_residual), f"{where}: residual != serial"
-                assert np.array_equal(pdl_qkv, serial_qkv), f"{where}: qkv != serial"
+            pdl_residual, pdl_qkv = chain(pdl=True)
+            assert np.array_equal(pdl_residual, serial_residual), f"PDL chain (try {attempt}): residual != serial"
+            assert np.array_equal(pdl_qkv, serial_qkv), f"PDL chain (try {attempt}): qkv != serial"
     finally:
         check(cu.cuStreamDestroy(stream), "cuStreamDestroy")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -70,7 +69,7 @@ def test_gemv_launches_and_pdl() -> None:
     assert [a["name"] for a in o["gemv_qkv"]["args"]] == ["w", "residual", "norm_w", "y"]
     qkv = o["gemv_qkv"]["launches"][0]
     assert (qkv["entry"], qkv["grid"], qkv["block"], qkv["shared_mem"], qkv["pdl"]) == (
-        "kern_gemv_rmsnorm", [264, 1, 1], [512, 1, 1], 2 * 16 * 320, True)  # x, then the norm weight
+        "kern_gemv_rmsnorm", [264, 1, 1], [512, 1, 1], 16 * 320, True)
     assert qkv["args"][4:] == [{"i32": 6144}, {"i32": 2560}, {"f32": 1e-6}]
     down = o["gemv_down"]["launches"][0]
     assert (down["entry"], down["shared_mem"], down["args"][3:]) == (
@@ -93,39 +92,6 @@ def test_gemv_launches_and_pdl() -> None:
                                 gq.GenOptions("x", sms=264)) == 32
     assert _manifest("tiny", max_context=4096)["ops"]["attn_decode"]["launches"][0]["grid"][1] == 64
     assert _manifest(decode_splits=8)["ops"]["attn_decode"]["launches"][0]["grid"][1] == 8
-
-
-def test_rows_launch_shared_memory_holds_the_norm_weight_and_the_ring() -> None:
-    """v2 decode GEMVs, Qwen3-4B on 132 SMs: dynamic shared memory = x (16 * k8), the norm weight for the
-    RMSNorm entries, then 2 ring steps of 4 * block chunks; every launch's blocks still fit one SM's shared
-    memory at the residency the registers allow (1024 threads); --gemv-ring-steps 0 and no norm copy give
-    back x alone."""
-    def shared(**opts: Any) -> dict[str, tuple[int, int, int]]:
-        o = _manifest(gemv="v2", **opts)["ops"]
-        return {name: (o[name]["launches"][0]["block"][0], o[name]["launches"][0]["grid"][0],
-                       o[name]["launches"][0]["shared_mem"])
-                for name in ("gemv_qkv", "gemv_gate_up_act", "gemv_o", "gemv_down_act", "gemv_lm_head")}
-
-    got = shared()
-    assert got == {
-        "gemv_qkv": (160, 792, 16 * 320 * 2 + 2 * 4 * 160 * 16),
-        "gemv_gate_up_act": (160, 792, 16 * 320 * 2 + 2 * 4 * 160 * 16),
-        "gemv_o": (256, 528, 16 * 512 + 2 * 4 * 256 * 16),
-        "gemv_down_act": (320, 396, 16 * 1216 + 2 * 4 * 320 * 16),
-        "gemv_lm_head": (512, 264, 2 * 16 * 320),
-    }
-    for block, _, smem in got.values():
-        assert (1024 // block) * (smem + gq.BLOCK_SHARED_OVERHEAD) <= gq.SM_SHARED_BYTES
-    assert shared(gemv_ring_steps=0, gemv_norm_smem=False) == {
-        "gemv_qkv": (160, 792, 16 * 320), "gemv_gate_up_act": (160, 792, 16 * 320), "gemv_o": (256, 528, 16 * 512),
-        "gemv_down_act": (320, 396, 16 * 1216), "gemv_lm_head": (512, 264, 16 * 320)}
-    # 4 steps asked: as many as fit (qkv: 6 blocks of 30 KiB + 2 steps of 10 KiB would not fit 3)
-    assert shared(gemv_ring_steps=4)["gemv_qkv"][2] == 16 * 320 * 2 + 2 * 4 * 160 * 16
-    assert gq.rows_ring_steps(16 * 512, 256, 4, 4) == 2  # 4 x (8 + 3 x 16 + 2 KiB) > 228 KiB
-    assert gq.rows_ring_steps(16 * 512, 256, 3, 4) == 4 and gq.rows_ring_steps(16 * 512, 256, 3, 3) == 3
-    assert gq.rows_ring_steps(220 * 1024, 256, 1, 2) == 0
-    with pytest.raises(gq.GenError, match="gemv_ring_steps 5"):
-        _manifest(gemv="v2", gemv_ring_steps=5)
 
 
 def test_carveout_on_every_kernel_launch() -> None:
