@@ -25,7 +25,8 @@ Torch peers read the token back every step (`.item()`), as a generation loop tha
 subprocess), rows labelled `kern (...) [A]`, `[B]`, breakdowns per variant; `--manifest` alone times one.
 
 Ratios: against the floor (checkpoint bytes / 4.3 TB/s, 1.87 ms for Qwen3-4B) and the best peer per
-context. Prints a table last; writes JSON to `--json`, else to $OUT/bench-decode.json when OUT is set.
+context. Prints a table last; writes JSON to `--json`, else to $OUT/bench-decode.json when OUT is set. Exit 1
+when no peer produced a measurement (every worker failed: no GPU, no torch; the notes say why).
 """
 
 from __future__ import annotations
@@ -506,6 +507,9 @@ def main(argv: list[str] | None = None) -> int:
         Path(target).write_text(json.dumps(summary, indent=1))
         notes.append(f"JSON: {target}")
     print(_table(results, args.contexts, floor_ms, kv_bytes_per_token, notes))
+    if not any("ms_per_token" in r for r in results):
+        print("bench/decode.py: no peer produced a measurement (see the notes above)", file=sys.stderr)
+        return 1
     return 0
 
 

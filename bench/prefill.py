@@ -11,6 +11,7 @@
 - `hf`: transformers `Qwen3ForCausalLM` forward over the whole prompt (sdpa, logits of the last row) + argmax.
 Median of `--repeats` runs after one warm-up per configuration. Target (docs/perf.md): >= 20k tokens/s on the
 2k-token prompt. Each peer in its own subprocess; prints a table last; JSON to `--json` or $OUT/bench-prefill.json.
+Exit 1 when no peer produced a measurement (every worker failed: no GPU, no torch; the notes say why).
 """
 
 from __future__ import annotations
@@ -174,6 +175,9 @@ def main(argv: list[str] | None = None) -> int:
                                             "seconds": time.perf_counter() - start}, indent=1))
         notes.append(f"JSON: {target}")
     print(_table(results, args.prompts, notes))
+    if not any("ttft_ms" in r for r in results):
+        print("bench/prefill.py: no peer produced a measurement (see the notes above)", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -90,7 +90,11 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, json.JSONDecodeError, AblationError) as exc:
         print(f"ablate_manifest: {args.manifest}: {exc}", file=sys.stderr)
         return 1
-    args.out.write_text(dumps(out))
+    try:
+        args.out.write_text(dumps(out))
+    except OSError as exc:
+        print(f"ablate_manifest: --out {args.out}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
     print(f"ablate_manifest: wrote {args.out} ({len(out['programs']['decode']['calls'])} decode calls, "
           f"{len(manifest['programs']['decode']['calls']) - len(out['programs']['decode']['calls'])} removed)")
     return 0

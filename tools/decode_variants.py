@@ -46,7 +46,14 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"decode_variants: unknown variant(s) {unknown}; known: {list(VARIANTS)}", file=sys.stderr)
         return 1
-    args.out.mkdir(parents=True, exist_ok=True)
+    try:
+        args.out.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        print(f"decode_variants: --out {args.out} exists and is not a directory", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"decode_variants: --out {args.out}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
     paths = []
     for name in names:
         out = args.out / f"qwen3-4b-{name}.json"

@@ -80,3 +80,12 @@ def test_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert all(c["op"] != "gemv_o" for c in json.loads(out.read_text())["programs"]["decode"]["calls"])
     assert am.main([str(V2), "--drop", "nope", "--out", str(out)]) == 1
     assert "not called by the decode program" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("out", "reason"), [("missing/a.json", "No such file or directory"), (".", "Is a directory")])
+def test_cli_unwritable_out_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str], out: str,
+                                        reason: str) -> None:
+    target = tmp_path / out
+    assert am.main([str(V2), "--drop", "gemv_o", "--out", str(target)]) == 1
+    captured = capsys.readouterr()
+    assert captured.err == f"ablate_manifest: --out {target}: {reason}\n" and captured.out == ""

@@ -183,3 +183,38 @@ def test_profile_step_timeline_advances_sum_to_the_step(tmp_path: Path, capsys: 
     assert rows["gemv_o"] == [1, 7.0, 1.0, 8.0, 8.0]
     with pytest.raises(SystemExit, match="kernel 1 is kern_c"):
         profile_step.timeline([kern[0], kern[2], kern[1]], ops)
+
+
+@pytest.mark.parametrize("bench", ["decode", "prefill"])
+def test_exit_status_says_whether_any_peer_measured(bench: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """Every worker failed (no GPU, no torch): the table and the notes print, the exit status is 1 with one line
+    saying so; one peer's measurement is enough for 0."""
+    module = bench_decode if bench == "decode" else bench_prefill
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text(json.dumps({"num_key_value_heads": 8, "head_dim": 128, "num_hidden_layers": 36}))
+    monkeypatch.setattr(bench_decode, "checkpoint_bytes", lambda path: 8_050_000_000)
+    measured: set[str] = set()
+
+    def fake_worker(argv, timeout, out, script=None):
+        peer = argv[argv.index("--worker") + 1]
+        if peer not in measured:
+            return [], "exit 1: NoDeviceError: no CUDA device"
+        row = {"ctx": 128, "ms_per_token": 3.0} if bench == "decode" else {"n": 512, "ttft_ms": 10.0,
+                                                                           "tokens_per_s": 51200.0}
+        return [{"peer": peer, **row}], "ok"
+
+    monkeypatch.setattr(module, "_run_worker", fake_worker)
+    sizes = ["--contexts", "128"] if bench == "decode" else ["--prompts", "512"]
+    peers = ["kern", "hf"]
+    argv = ["--ckpt", str(ckpt), "--only", ",".join(peers), *sizes, "--json", str(tmp_path / "o.json")]
+    assert module.main(argv) == 1
+    captured = capsys.readouterr()
+    assert captured.err == f"bench/{bench}.py: no peer produced a measurement (see the notes above)\n"
+    assert all(f"note: {p}: exit 1: NoDeviceError: no CUDA device" in captured.out for p in peers)
+    assert json.loads((tmp_path / "o.json").read_text())["results"] == []
+    measured.add("hf")
+    assert module.main(argv) == 0
+    captured = capsys.readouterr()
+    assert captured.err == "" and "note: kern: exit 1" in captured.out and "note: hf:" not in captured.out

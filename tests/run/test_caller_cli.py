@@ -309,3 +309,67 @@ def test_tp_run_checks_the_host_side_once_before_any_gpu(monkeypatch: pytest.Mon
     with pytest.raises(RefusalError, match="stop before loading"):
         tp.run_tp(cfg, "hello", 4, False, False, 2, None)
     assert len(loads) == 2  # one read per run_tp
+
+
+def _duplicate_key_manifest(tiny_manifest: Path, tmp_path: Path) -> Path:
+    """The tiny manifest with its "format" key written twice (the same value: plain json.loads keeps the last
+    and would accept it)."""
+    text = tiny_manifest.read_text()
+    fmt = json.loads(text)["format"]
+    dup = tmp_path / "dup.json"
+    dup.write_text(text.replace("{", '{"format": ' + json.dumps(fmt) + ",", 1))
+    assert json.loads(dup.read_text()) == json.loads(text)  # only the duplicate-key rule can refuse it
+    return dup
+
+
+def test_duplicate_key_manifest_refused_like_manifest_check(tiny_manifest: Path, kernels_dir: Path, tiny_ckpt: Path,
+                                                            tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/manifest.md: no duplicate keys. `kern manifest check`, `kern inspect` and the run preflight all refuse
+    the file, naming it and the key; the preflight before the device probe."""
+    dup = _duplicate_key_manifest(tiny_manifest, tmp_path)
+    check = _invoke("manifest", "check", str(dup))
+    assert check.exit_code == 1 and "duplicate key 'format'" in check.output
+    _refused(_invoke("inspect", str(dup)), 2, "dup.json", "duplicate key 'format'")
+    monkeypatch.setattr(session, "probe_device", lambda gpu: pytest.fail("a GPU was probed"))
+    _refused(_invoke(*_base(dup, kernels_dir, tiny_ckpt), "--prompt", "hi"), 2, "dup.json", "duplicate key 'format'")
+    with pytest.raises(ConfigError, match=r"dup\.json: \$: duplicate key 'format' in one JSON object"):
+        preflight.read_manifest(dup)
+    assert preflight.read_manifest(tiny_manifest).parsed.name == json.loads(tiny_manifest.read_text())["name"]
+
+
+def test_kern_test_refuses_a_bad_against_manifest_before_the_device_probe(
+        monkeypatch: pytest.MonkeyPatch, tiny_manifest: Path, kernels_dir: Path, tiny_ckpt: Path,
+        tmp_path: Path) -> None:
+    """`kern test --against B.json` on a machine without a GPU: B's host-side refusal is reported, not the missing
+    device (docs/caller.md "Refusals"); with a good B the device probe still runs, last."""
+    probes: list[int] = []
+
+    def no_device(gpu: int) -> int:
+        probes.append(gpu)
+        raise NoDeviceError("no CUDA device: the CUDA driver library cannot be loaded; kern needs an NVIDIA GPU")
+
+    monkeypatch.setattr(session, "probe_device", no_device)
+    raw = json.loads(tiny_manifest.read_text())
+    raw["buffers"]["hidden"]["dtype"] = "bf17"
+    broken = tmp_path / "broken.json"
+    broken.write_text(json.dumps(raw))
+    args = ["test", "--manifest", str(tiny_manifest), "--kernels", str(kernels_dir), "--weights", str(tiny_ckpt)]
+    _refused(_invoke(*args, "--against", str(broken)), 2, "broken.json fails verification at $.buffers.hidden.dtype")
+    _refused(_invoke(*args, "--against", str(_duplicate_key_manifest(tiny_manifest, tmp_path))), 2, "dup.json",
+             "duplicate key 'format'")
+    assert probes == []
+    good = tmp_path / "good.json"
+    shutil.copyfile(tiny_manifest, good)
+    _refused(_invoke(*args, "--against", str(good), "--gpu", "0"), 3, "no CUDA device")
+    assert probes == [0]
+
+
+def test_kernels_help_is_the_builders(monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
+    """`kern kernels --help` passes through to tools/build_kernels.py: its options, not only typer's --help."""
+    monkeypatch.setenv("KERN_TOML", str(Path(__file__).resolve().parents[2] / "kern.toml"))
+    result = _invoke("kernels", "--help")
+    out = capfd.readouterr().out  # the builder runs as a subprocess: its stdout is the process's, not the runner's
+    assert result.exit_code == 0, out
+    assert "usage: build_kernels.py" in out
+    for option in ("--src", "--out", "--check", "--modules"):
+        assert option in out, option

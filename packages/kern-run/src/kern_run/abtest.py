@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from . import session  # session.probe_device: the probe prepare() runs
 from .compare import Comparison, compare_logits, table
 from .config import RunConfig
 from .errors import InputError, RefusalError
@@ -88,8 +89,9 @@ def check_request(req: AbRequest, cfg: RunConfig) -> "RunConfig | None":
 def run_ab(cfg: RunConfig, req: AbRequest, log: Any) -> tuple[list[Comparison], str]:
     """The comparisons (one per prompt) and a printable table. Raises RefusalError / KernError."""
     cfg_b = check_request(req, cfg)
-    prep = prepare(cfg)
+    prep = prepare(cfg, check_device=False)
     prep_b = prepare(cfg_b, check_device=False) if cfg_b is not None else None  # B's refusals before A loads
+    session.probe_device(cfg.gpu)  # last: every host-side refusal of A and B comes first (docs/caller.md)
     same_runtime = req.against in ("eager", "chunk1")
     tol = req.margin_tol if req.margin_tol is not None else (0.0 if same_runtime else 0.1)
     work: list[tuple[list[int], list[int], np.ndarray, np.ndarray | None]] = []

@@ -163,16 +163,14 @@ def inspect(
     log_level: LogOpt = None,
 ) -> None:
     """Print what a manifest declares (no GPU needed); any kern manifest, verified first."""
-    from .errors import ConfigError
-    from .jsonfile import read_json
-    from .preflight import check_verifies
+    from .preflight import load_verified
     from .summary import manifest_lines
 
     level = resolve_level(log_level)
 
     def go() -> None:
-        raw = read_json(manifest, "manifest", ConfigError)
-        raw = {**raw, "digest": check_verifies(raw, manifest).digest}  # the computed digest, declared or not
+        raw, parsed = load_verified(manifest)
+        raw = {**raw, "digest": parsed.digest}  # the computed digest, declared or not
         for line in manifest_lines(raw):
             print(line)
 
@@ -194,9 +192,10 @@ def manifest_check(
         raise typer.Exit(code)
 
 
-@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True}, add_help_option=False)
 def kernels(ctx: typer.Context) -> None:
-    """Build the cubins and kernels/kernels.json: runs tools/build_kernels.py with the given arguments."""
+    """Build the cubins and kernels/kernels.json: runs tools/build_kernels.py with the given arguments
+    (--help: its options)."""
     toml = find_toml()
     root = toml.parent if toml else Path.cwd()
     script = root / "tools" / "build_kernels.py"

@@ -15,7 +15,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from .errors import ConfigError, InputError, KernelsError, NoDeviceError, WeightsError
-from .jsonfile import read_json
+from .jsonfile import parse_json, read_text
 
 DEFAULT_CHUNK = 512
 
@@ -69,14 +69,15 @@ class ManifestFacts:
         return self.page_tokens * self.pages_per_seq
 
 
-def check_verifies(raw: Any, path: Path) -> Any:
+def check_verifies(source: Any, path: Path) -> Any:
     """kern_manifest's parse + verify on the host, so a broken manifest is refused before any GPU work.
-    Returns the verified kern_manifest.Manifest. Raises ConfigError naming the first fault and how many
-    there are."""
+    `source`: the manifest file's text (then kern_manifest's JSON rules hold too, as in `kern manifest check`:
+    no duplicate keys, no NaN / Infinity) or an already decoded JSON object. Returns the verified
+    kern_manifest.Manifest. Raises ConfigError naming the first fault and how many there are."""
     from kern_manifest import ManifestParseError, ManifestVerifyError, parse_manifest, verify
 
     try:
-        parsed = parse_manifest(raw)
+        parsed = parse_manifest(source)
         verify(parsed)
     except ManifestParseError as exc:
         raise ConfigError(f"manifest {path}: {exc}; regenerate it (tools/gen_qwen3.py)") from None
@@ -87,10 +88,19 @@ def check_verifies(raw: Any, path: Path) -> Any:
     return parsed
 
 
+def load_verified(path: Path, hint: str = "") -> tuple[Any, Any]:
+    """(the decoded JSON, the verified kern_manifest.Manifest) of the manifest file at `path`; the Manifest is
+    parsed from the file's text, so a duplicate key is refused as by `kern manifest check`. Raises ConfigError
+    naming the file: unreadable, not UTF-8 or not JSON (each message ending in `hint`), or its first parse or
+    verification fault."""
+    text = read_text(Path(path), "manifest", ConfigError, hint)
+    raw = parse_json(text, path, "manifest", ConfigError, hint)
+    return raw, check_verifies(text, path)
+
+
 def read_manifest(path: Path) -> ManifestFacts:
     """Parse the manifest JSON and pull the caller contract's facts. Raises ConfigError."""
-    raw = read_json(Path(path), "manifest", ConfigError, "; generate it with tools/gen_qwen3.py")
-    parsed = check_verifies(raw, path)
+    raw, parsed = load_verified(path, "; generate it with tools/gen_qwen3.py")
     try:
         tokens_max = int(raw["vars"]["tokens"]["max"])
         paged = [s for s in raw.get("states", {}).values() if s.get("kind") == "paged"]
