@@ -103,11 +103,12 @@ def main() -> int:
         bench(f"qk_norm_rope_kv n={n}", "kern_qk_norm_rope_kv", (n, HQ + HKV), (D,), sets,
               n * (width * 2 + HQ * D * 2 + 2 * HKV * D * 2 + D * 4) + 4 * D)
 
-    # decode attention, one sequence, the launch shape of manifests/qwen3-4b-v2.json: kern_attn_decode_partial_early
-    # (gen_qwen3 --decode-attn early) with num_splits = 16 (decode_num_splits: 8 kv heads x 16 <= 132 SMs, one
-    # wave) and split_tokens = 64 the minimum split (each split's length derived on device from seq_lens), then
-    # the reduce; launched without PDL here, so the partial's early reads simply run first. 8 sequences' worth
-    # of distinct pages rotate to defeat L2
+    # decode attention, one sequence, the launch shape of manifests/qwen3-4b-v2.json: kern_attn_decode_partial_wide
+    # (gen_qwen3 --decode-attn wide, 256 threads; and the 4-warp kern_attn_decode_partial_early for comparison)
+    # with num_splits = 16 (decode_num_splits: 8 kv heads x 16 <= 132 SMs, one wave) and split_tokens = 64 the
+    # minimum split (each split's length derived on device from seq_lens), then the reduce; launched without
+    # PDL here, so the partial's early reads simply run first. 8 sequences' worth of distinct pages rotate to
+    # defeat L2
     num_splits, split_min = 16, 64
     for ctx in (128, 1024, 4096):
         pages_per_seq = cdiv(ctx, PAGE)
@@ -129,19 +130,20 @@ def main() -> int:
         red_args = [("p", po), ("p", ml), ("p", lens), ("p", out), ("i", HQ), ("i", D), ("i", split_min), ("i", num_splits)]
         kv_bytes = ctx * HKV * D * 2 * 2
         part_bytes = HQ * num_splits * (D + 2) * 4  # every split writes its row (empty ones zeros)
-        bench(f"attn_decode_partial_early ctx={ctx} splits={num_splits}({used})", "kern_attn_decode_partial_early",
-              (HKV, num_splits, 1), (128,), sets, kv_bytes + HQ * D * 2 + part_bytes)
+        for entry, threads in (("kern_attn_decode_partial_early", 128), ("kern_attn_decode_partial_wide", 256)):
+            bench(f"{entry[len('kern_'):]} ctx={ctx} splits={num_splits}({used})", entry,
+                  (HKV, num_splits, 1), (threads,), sets, kv_bytes + HQ * D * 2 + part_bytes)
         bench(f"attn_decode_reduce ctx={ctx}", "kern_attn_decode_reduce", (HQ, 1), (D,), [red_args],
               HQ * used * (D + 2) * 4 + HQ * D * 2)
-        kp, kr = gpu.kernel("kern_attn_decode_partial_early"), gpu.kernel("kern_attn_decode_reduce")
+        kp, kr = gpu.kernel("kern_attn_decode_partial_wide"), gpu.kernel("kern_attn_decode_reduce")
 
         def pair(st, a, kp=kp, kr=kr, red_args=red_args):
-            kp.launch((HKV, num_splits, 1), (128,), a, stream=st, sync=False)
+            kp.launch((HKV, num_splits, 1), (256,), a, stream=st, sync=False)
             kr.launch((HQ, 1), (D,), red_args, stream=st, sync=False)
 
         us = time_graph(stream, [lambda st, a=a: pair(st, a) for a in sets])
         nbytes = kv_bytes + HQ * D * 2 * 2
-        rows.append((f"attn_decode partial+reduce ctx={ctx}", us, nbytes, nbytes / PEAK_BYTES_PER_S * 1e6, None))
+        rows.append((f"attn_decode wide partial+reduce ctx={ctx}", us, nbytes, nbytes / PEAK_BYTES_PER_S * 1e6, None))
 
     # prefill attention: a 512-token chunk with no prefix, one after a 1536-token prefix, a whole 2048 prompt
     for prefix, chunk in ((0, 512), (1536, 512), (0, 2048)):
@@ -174,7 +176,7 @@ def main() -> int:
     prefill_2k = next(us for name, us, *_ in rows if name == "attn_prefill prefix=0 chunk=2048")
     print(f"2048-token prompt, 36 layers of attn_prefill: {36 * prefill_2k / 1000:.2f} ms (target well under 15 ms)")
     for ctx in (128, 1024, 4096):
-        pair_us = next(us for name, us, *_ in rows if name == f"attn_decode partial+reduce ctx={ctx}")
+        pair_us = next(us for name, us, *_ in rows if name == f"attn_decode wide partial+reduce ctx={ctx}")
         print(f"decode attention ctx={ctx}: {pair_us:.2f} us per layer, 36 layers {36 * pair_us / 1000:.3f} ms")
     gpu.free_all()
     return 0

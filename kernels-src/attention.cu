@@ -69,11 +69,15 @@ KERN_DEV uint4 load_raw8(const __nv_bfloat16* row, int i0, int n, bool vec) {
 // ---------------------------------------------------------------------------------------------------
 // Decode
 // ---------------------------------------------------------------------------------------------------
+// The decode partial's block shape: WARPS warps, each lane J token slots per tile (J K and J V 16-byte loads
+// in flight). The plain / fast / early entries: 4 warps x 8 slots; the wide entry: 8 warps x 4 slots (the same
+// 64-token tile at head_dim 128, half the serial work per lane, two warps per SM sub-partition).
 #define DEC_THREADS 128
 #define DEC_WARPS (DEC_THREADS / 32)
+#define DEC_J 8
+#define DEC_WIDE_WARPS 8
+#define DEC_WIDE_J 4
 #define DEC_GP 4      // q heads per pass (larger groups run in several passes)
-#define DEC_J 8       // token slots per lane per tile: DEC_J K and DEC_J V 16-byte loads in flight
-#define DEC_NV (DEC_J * DEC_GP)  // scores per lane per tile
 #define DEC_GRAN 16   // split lengths are rounded up to a multiple of this
 #define DEC_MAX_D 256
 
@@ -117,29 +121,34 @@ KERN_DEV void reduce_scatter(float (&v)[N], int lane) {
     reduce_scatter_step<TPT / 2, N>(v, lane);
 }
 
-struct DecodeSmem {
-    float q[DEC_GP][DEC_MAX_D];                   // q * scale * log2(e) of the pass's heads
-    float red[DEC_WARPS][DEC_GP][DEC_MAX_D];     // per-warp V accumulators for the final merge
-    float sc[DEC_WARPS][8][DEC_NV + 4];           // per-warp score all-gather (TPW <= 8 token groups)
-    float ml[DEC_WARPS][DEC_GP][2];               // per-warp (m, l), log2 units
+template <int WARPS, int J>
+struct DecodeSmemT {
+    float q[DEC_GP][DEC_MAX_D];               // q * scale * log2(e) of the pass's heads
+    float red[WARPS][DEC_GP][DEC_MAX_D];      // per-warp V accumulators for the final merge
+    float sc[WARPS][8][J * DEC_GP + 4];       // per-warp score all-gather (TPW <= 8 token groups)
+    float ml[WARPS][DEC_GP][2];               // per-warp (m, l), log2 units
 };
+using DecodeSmem = DecodeSmemT<DEC_WARPS, DEC_J>;
+using DecodeSmemWide = DecodeSmemT<DEC_WIDE_WARPS, DEC_WIDE_J>;
 
 // Thread layout: TPT lanes per token (lane c of a token owns head dims [8c, 8c + 8)), TPW = 32 / TPT
-// tokens per warp load instruction. Tile of TILE = 4 warps * DEC_J * TPW tokens; token slot j of lane
-// (token group h, chunk c) of warp w is token tile0 + (j * 4 + w) * TPW + h, so even a short split spreads
+// tokens per warp load instruction. Tile of TILE = WARPS * J * TPW tokens; token slot j of lane
+// (token group h, chunk c) of warp w is token tile0 + (j * WARPS + w) * TPW + h, so even a short split spreads
 // over every warp.
 // EARLY (implies FAST): the caller has not waited: the first pass's first tile is loaded before
 // griddepcontrol.wait, then the slot written by the previous kernel (early_row, the K row of slot_mapping[s];
 // -1: none) is loaded again after it.
-template <int TPT, bool FAST = false, bool EARLY = false>
-KERN_DEV void decode_body(DecodeSmem& sm, const __nv_bfloat16* q, const __nv_bfloat16* kv_cache,
+template <int TPT, bool FAST = false, bool EARLY = false, int WARPS = DEC_WARPS, int J = DEC_J>
+KERN_DEV void decode_body(DecodeSmemT<WARPS, J>& sm, const __nv_bfloat16* q, const __nv_bfloat16* kv_cache,
                           const int32_t* block_table, float* part_out, float* part_ml, int num_q_heads,
                           int num_kv_heads, int D, int page_tokens, int bt_stride, int num_pages, int num_splits,
                           float scale, int s, int kvh, int x, int begin, int end, int32_t early_row = -1) {
     static_assert(!EARLY || FAST, "the early entry is the FAST entry with a later wait");
     constexpr int TPW = 32 / TPT;
-    constexpr int TILE = DEC_WARPS * DEC_J * TPW;
-    constexpr int NR = DEC_NV / TPT;  // scores per lane after the reduce-scatter
+    constexpr int THREADS = WARPS * 32;
+    constexpr int NV = J * DEC_GP;  // scores per lane per tile
+    constexpr int TILE = WARPS * J * TPW;
+    constexpr int NR = NV / TPT;  // scores per lane after the reduce-scatter
     const int G = num_q_heads / num_kv_heads;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int h = lane / TPT, c = lane % TPT;
@@ -158,16 +167,16 @@ KERN_DEV void decode_body(DecodeSmem& sm, const __nv_bfloat16* q, const __nv_bfl
 
     // K row index (page * 2 * page_tokens + offset in page) of each token slot of the tile at t0, or -1
     // (past the split, past bt_stride, or a page id outside [0, num_pages)): the same for every lane of a
-    // token group (lanes with c >= C skip their loads). Slot j is token t0 + (j * 4 + warp) * TPW + h: one
+    // token group (lanes with c >= C skip their loads). Slot j is token t0 + (j * WARPS + warp) * TPW + h: one
     // division per tile, then steps.
-    constexpr int STEP = DEC_WARPS * TPW;
+    constexpr int STEP = WARPS * TPW;
     const int step_pi = STEP / page_tokens, step_r = STEP - step_pi * page_tokens;
-    auto slot_rows = [&](int t0, int32_t (&rows)[DEC_J]) {
+    auto slot_rows = [&](int t0, int32_t (&rows)[J]) {
         int tok = t0 + warp * TPW + h;
         int pi = tok / page_tokens;
         int r = tok - pi * page_tokens;
 #pragma unroll
-        for (int j = 0; j < DEC_J; ++j) {
+        for (int j = 0; j < J; ++j) {
             const bool ok = tok < end && pi < bt_stride;
             const int page = ok ? bt_row[pi] : -1;
             rows[j] = (uint32_t)page < page_limit ? page * 2 * page_tokens + r : -1;
@@ -195,16 +204,16 @@ KERN_DEV void decode_body(DecodeSmem& sm, const __nv_bfloat16* q, const __nv_bfl
     do {
         const int gn = min(DEC_GP, G - g0);
         if (g0 > 0) __syncthreads();  // the previous pass is done with sm.q / sm.red / sm.ml
-        int32_t off[DEC_J];
-        uint4 kr[DEC_J], vr[DEC_J];
+        int32_t off[J];
+        uint4 kr[J], vr[J];
         if constexpr (FAST) {
             // The first tile's block-table rows and K/V loads do not depend on q: issue them first, so the
             // q load below overlaps them instead of adding a round trip.
             slot_rows(begin, off);
 #pragma unroll
-            for (int j = 0; j < DEC_J; ++j) kr[j] = load_k(off[j]);
+            for (int j = 0; j < J; ++j) kr[j] = load_k(off[j]);
 #pragma unroll
-            for (int j = 0; j < DEC_J; ++j) vr[j] = load_v(off[j]);
+            for (int j = 0; j < J; ++j) vr[j] = load_v(off[j]);
             if constexpr (EARLY) {
                 // q and the new token's K / V row are the previous kernel's output. Every pass waits (no branch
                 // around it); after the first the wait is already satisfied (passes of 4 heads: Qwen3-4B's G = 4
@@ -212,7 +221,7 @@ KERN_DEV void decode_body(DecodeSmem& sm, const __nv_bfloat16* q, const __nv_bfl
                 kern_pdl_wait();
                 if (early_row >= 0) {
 #pragma unroll
-                    for (int j = 0; j < DEC_J; ++j) {
+                    for (int j = 0; j < J; ++j) {
                         if (off[j] == early_row) {
                             kr[j] = load_k(off[j]);
                             vr[j] = load_v(off[j]);
@@ -220,12 +229,16 @@ KERN_DEV void decode_body(DecodeSmem& sm, const __nv_bfloat16* q, const __nv_bfl
                     }
                 }
             }
-            // q * scale * log2(e) of the pass's heads, one 8-element chunk per thread (DEC_THREADS = DEC_GP *
-            // DEC_MAX_D / 8): thread t stages head g = t / 32, dims [8 (t % 32), 8 (t % 32) + 8); zero past D / gn.
-            static_assert(DEC_THREADS * 8 == DEC_GP * DEC_MAX_D, "one q chunk per thread");
+            // q * scale * log2(e) of the pass's heads, one 8-element chunk per thread of the first DEC_GP *
+            // DEC_MAX_D / 8 (all of them at 4 warps): thread t stages head g = t / 32, dims [8 (t % 32), 8 (t % 32)
+            // + 8); zero past D / gn.
+            constexpr int Q_THREADS = DEC_GP * DEC_MAX_D / 8;
+            static_assert(THREADS >= Q_THREADS, "one q chunk per thread");
             const int g = tid >> 5, d0 = (tid & 31) * 8;
             float qv[8];
-            if (g < gn && d0 < D) {
+            if (THREADS > Q_THREADS && tid >= Q_THREADS) {
+                // no q chunk: nothing to stage
+            } else if (g < gn && d0 < D) {
                 const __nv_bfloat16* qp = q + ((int64_t)s * num_q_heads + kvh * G + g0 + g) * D + d0;
                 raw8_to_f32(load_raw8(qp, 0, D - d0, (D % 8 == 0) && aligned16(q)), qv);
 #pragma unroll
@@ -234,11 +247,13 @@ KERN_DEV void decode_body(DecodeSmem& sm, const __nv_bfloat16* q, const __nv_bfl
 #pragma unroll
                 for (int e = 0; e < 8; ++e) qv[e] = 0.0f;
             }
-            *reinterpret_cast<float4*>(&sm.q[g][d0]) = make_float4(qv[0], qv[1], qv[2], qv[3]);
-            *reinterpret_cast<float4*>(&sm.q[g][d0 + 4]) = make_float4(qv[4], qv[5], qv[6], qv[7]);
+            if (THREADS == Q_THREADS || tid < Q_THREADS) {
+                *reinterpret_cast<float4*>(&sm.q[g][d0]) = make_float4(qv[0], qv[1], qv[2], qv[3]);
+                *reinterpret_cast<float4*>(&sm.q[g][d0 + 4]) = make_float4(qv[4], qv[5], qv[6], qv[7]);
+            }
         } else {
             // q * scale * log2(e) of the pass's heads (scores come out in log2 units), zero past D / gn.
-            for (int i = tid; i < DEC_GP * DEC_MAX_D; i += DEC_THREADS) {
+            for (int i = tid; i < DEC_GP * DEC_MAX_D; i += THREADS) {
                 const int g = i / DEC_MAX_D, d = i % DEC_MAX_D;
                 sm.q[g][d] = (g < gn && d < D) ? bf2f(q[((int64_t)s * num_q_heads + kvh * G + g0 + g) * D + d]) * sl2 : 0.0f;
             }
@@ -256,19 +271,19 @@ KERN_DEV void decode_body(DecodeSmem& sm, const __nv_bfloat16* q, const __nv_bfl
         if constexpr (!FAST) {
             slot_rows(begin, off);
 #pragma unroll
-            for (int j = 0; j < DEC_J; ++j) kr[j] = load_k(off[j]);
+            for (int j = 0; j < J; ++j) kr[j] = load_k(off[j]);
 #pragma unroll
-            for (int j = 0; j < DEC_J; ++j) vr[j] = load_v(off[j]);
+            for (int j = 0; j < J; ++j) vr[j] = load_v(off[j]);
         }
 
         for (int t0 = begin; t0 < end; t0 += TILE) {
-            int32_t offn[DEC_J];  // next tile's rows: the block-table reads overlap this tile's math
+            int32_t offn[J];  // next tile's rows: the block-table reads overlap this tile's math
             slot_rows(t0 + TILE, offn);
 
             // Partial q.k over this lane's 8 dims, then the token group's sum (reduce-scatter + all-gather).
-            float sv[DEC_NV];
+            float sv[NV];
 #pragma unroll
-            for (int j = 0; j < DEC_J; ++j) {
+            for (int j = 0; j < J; ++j) {
                 float kf[8];
                 raw8_to_f32(kr[j], kf);
 #pragma unroll
@@ -286,15 +301,15 @@ KERN_DEV void decode_body(DecodeSmem& sm, const __nv_bfloat16* q, const __nv_bfl
                     sv[j * DEC_GP + g] = d;
                 }
             }
-            reduce_scatter<TPT, DEC_NV>(sv, lane);
+            reduce_scatter<TPT, NV>(sv, lane);
             float* row = &sm.sc[warp][h][0];
             __syncwarp();  // every lane has read the previous tile's scores
 #pragma unroll
             for (int i = 0; i < NR; ++i) row[c * NR + i] = sv[i];
             __syncwarp();
-            float p[DEC_NV];
+            float p[NV];
 #pragma unroll
-            for (int i = 0; i < DEC_NV; i += 4) {
+            for (int i = 0; i < NV; i += 4) {
                 const float4 v4 = *reinterpret_cast<const float4*>(row + i);
                 p[i] = v4.x;
                 p[i + 1] = v4.y;
@@ -303,13 +318,13 @@ KERN_DEV void decode_body(DecodeSmem& sm, const __nv_bfloat16* q, const __nv_bfl
             }
             // K registers are free: the next tile's K loads fly during the softmax and P.V below.
 #pragma unroll
-            for (int j = 0; j < DEC_J; ++j) kr[j] = load_k(offn[j]);
+            for (int j = 0; j < J; ++j) kr[j] = load_k(offn[j]);
             // Online softmax per head over the warp's tile tokens (masked slots: -inf).
 #pragma unroll
             for (int g = 0; g < DEC_GP; ++g) {
                 float mx = -CUDART_INF_F;
 #pragma unroll
-                for (int j = 0; j < DEC_J; ++j) {
+                for (int j = 0; j < J; ++j) {
                     if (off[j] < 0) p[j * DEC_GP + g] = -CUDART_INF_F;
                     mx = fmaxf(mx, p[j * DEC_GP + g]);
                 }
@@ -321,7 +336,7 @@ KERN_DEV void decode_body(DecodeSmem& sm, const __nv_bfloat16* q, const __nv_bfl
                 m[g] = m_new;
                 float sum = 0.0f;
 #pragma unroll
-                for (int j = 0; j < DEC_J; ++j) {
+                for (int j = 0; j < J; ++j) {
                     const float e = exp2f(p[j * DEC_GP + g] - base);
                     p[j * DEC_GP + g] = e;
                     sum += e;
@@ -332,7 +347,7 @@ KERN_DEV void decode_body(DecodeSmem& sm, const __nv_bfloat16* q, const __nv_bfl
             }
             // acc += p v over the lane's token slots.
 #pragma unroll
-            for (int j = 0; j < DEC_J; ++j) {
+            for (int j = 0; j < J; ++j) {
                 float vf[8];
                 raw8_to_f32(vr[j], vf);
 #pragma unroll
@@ -342,9 +357,9 @@ KERN_DEV void decode_body(DecodeSmem& sm, const __nv_bfloat16* q, const __nv_bfl
                 }
             }
 #pragma unroll
-            for (int j = 0; j < DEC_J; ++j) vr[j] = load_v(offn[j]);
+            for (int j = 0; j < J; ++j) vr[j] = load_v(offn[j]);
 #pragma unroll
-            for (int j = 0; j < DEC_J; ++j) off[j] = offn[j];
+            for (int j = 0; j < J; ++j) off[j] = offn[j];
         }
 
         // Merge the warp's token groups (same c, different h), then the warps through shared memory.
@@ -373,15 +388,15 @@ KERN_DEV void decode_body(DecodeSmem& sm, const __nv_bfloat16* q, const __nv_bfl
             }
         }
         __syncthreads();
-        for (int i = tid; i < gn * D; i += DEC_THREADS) {
+        for (int i = tid; i < gn * D; i += THREADS) {
             const int g = i / D, d = i - g * D;
             float mm = -CUDART_INF_F;
 #pragma unroll
-            for (int w = 0; w < DEC_WARPS; ++w) mm = fmaxf(mm, sm.ml[w][g][0]);
+            for (int w = 0; w < WARPS; ++w) mm = fmaxf(mm, sm.ml[w][g][0]);
             float o = 0.0f;
             if (mm != -CUDART_INF_F) {
 #pragma unroll
-                for (int w = 0; w < DEC_WARPS; ++w) o += exp2f(sm.ml[w][g][0] - mm) * sm.red[w][g][d];
+                for (int w = 0; w < WARPS; ++w) o += exp2f(sm.ml[w][g][0] - mm) * sm.red[w][g][d];
             }
             const int hq = kvh * G + g0 + g;
             part_out[(((int64_t)s * num_q_heads + hq) * num_splits + x) * D + d] = o;
@@ -390,11 +405,11 @@ KERN_DEV void decode_body(DecodeSmem& sm, const __nv_bfloat16* q, const __nv_bfl
             const int g = tid;
             float mm = -CUDART_INF_F;
 #pragma unroll
-            for (int w = 0; w < DEC_WARPS; ++w) mm = fmaxf(mm, sm.ml[w][g][0]);
+            for (int w = 0; w < WARPS; ++w) mm = fmaxf(mm, sm.ml[w][g][0]);
             float ll = 0.0f;
             if (mm != -CUDART_INF_F) {
 #pragma unroll
-                for (int w = 0; w < DEC_WARPS; ++w) ll += exp2f(sm.ml[w][g][0] - mm) * sm.ml[w][g][1];
+                for (int w = 0; w < WARPS; ++w) ll += exp2f(sm.ml[w][g][0] - mm) * sm.ml[w][g][1];
             }
             const int hq = kvh * G + g0 + g;
             float* ml = part_ml + (((int64_t)s * num_q_heads + hq) * num_splits + x) * 2;
@@ -423,20 +438,25 @@ KERN_DEV SplitRange decode_split_range(int seq_len, int split_tokens, int num_sp
 }
 
 // decode_body at the lane-group width TPT that covers head_dim (ceil(D / 8) 16-byte chunks: 4, 8, 16 or 32).
-template <bool FAST, bool EARLY = false>
-KERN_DEV void decode_body_for_d(DecodeSmem& sm, const __nv_bfloat16* q, const __nv_bfloat16* kv_cache,
+template <bool FAST, bool EARLY = false, int WARPS = DEC_WARPS, int J = DEC_J>
+KERN_DEV void decode_body_for_d(DecodeSmemT<WARPS, J>& sm, const __nv_bfloat16* q, const __nv_bfloat16* kv_cache,
                                 const int32_t* block_table, float* part_out, float* part_ml, int num_q_heads,
                                 int num_kv_heads, int D, int page_tokens, int bt_stride, int num_pages, int num_splits,
                                 float scale, int s, int kvh, int x, SplitRange r, int32_t early_row = -1) {
     const int C = (D + 7) / 8;
 #define KERN_DECODE_BODY(TPT)                                                                                  \
-    decode_body<TPT, FAST, EARLY>(sm, q, kv_cache, block_table, part_out, part_ml, num_q_heads, num_kv_heads, D, \
+    decode_body<TPT, FAST, EARLY, WARPS, J>(sm, q, kv_cache, block_table, part_out, part_ml, num_q_heads, num_kv_heads, D, \
                                   page_tokens, bt_stride, num_pages, num_splits, scale, s, kvh, x, r.begin, r.end, \
                                   early_row)
-    if (C <= 4) KERN_DECODE_BODY(4);
-    else if (C <= 8) KERN_DECODE_BODY(8);
-    else if (C <= 16) KERN_DECODE_BODY(16);
-    else KERN_DECODE_BODY(32);
+    if (C <= 4) {
+        KERN_DECODE_BODY(4);
+    } else if (C <= 8) {
+        KERN_DECODE_BODY(8);
+    } else if (C <= 16) {
+        KERN_DECODE_BODY(16);
+    } else {
+        if constexpr (J * DEC_GP >= 32) KERN_DECODE_BODY(32);  // the wide shape stops at head_dim 128 (checked)
+    }
 #undef KERN_DECODE_BODY
 }
 
@@ -465,13 +485,14 @@ extern "C" __global__ void __launch_bounds__(DEC_THREADS) kern_attn_decode_parti
 }
 
 // Writes what decode_body writes for an empty split: (-inf, 0) and zero part_out rows of the group's heads.
+template <int THREADS = DEC_THREADS>
 KERN_DEV void write_empty_split(float* part_out, float* part_ml, int num_q_heads, int G, int D, int num_splits,
                                 int s, int kvh, int x) {
-    for (int i = threadIdx.x; i < G * D; i += DEC_THREADS) {
+    for (int i = threadIdx.x; i < G * D; i += THREADS) {
         const int g = i / D, d = i - g * D;
         part_out[(((int64_t)s * num_q_heads + kvh * G + g) * num_splits + x) * D + d] = 0.0f;
     }
-    for (int g = threadIdx.x; g < G; g += DEC_THREADS) {
+    for (int g = threadIdx.x; g < G; g += THREADS) {
         float* ml = part_ml + (((int64_t)s * num_q_heads + kvh * G + g) * num_splits + x) * 2;
         ml[0] = -CUDART_INF_F;
         ml[1] = 0.0f;
@@ -506,15 +527,20 @@ extern "C" __global__ void __launch_bounds__(DEC_THREADS) kern_attn_decode_parti
 // kernel; it must be kern_qk_norm_rope_kv (or any kernel that writes q and, of the cache, at most the rows of
 // slot_mapping): after the wait q is staged and the row of slot_mapping[s] (when inside [0, num_pages *
 // page_tokens)) is loaded again wherever the first tile holds it. Same launch and results as the fast entry.
-extern "C" __global__ void __launch_bounds__(DEC_THREADS) kern_attn_decode_partial_early(
-    const __nv_bfloat16* q, const __nv_bfloat16* kv_cache, const int32_t* block_table, const int32_t* seq_lens,
-    const int32_t* slot_mapping, float* part_out, float* part_ml, int32_t num_q_heads, int32_t num_kv_heads,
-    int32_t head_dim, int32_t page_tokens, int32_t bt_stride, int32_t num_pages, int32_t split_tokens,
-    int32_t num_splits, float scale) {
-    __shared__ __align__(16) DecodeSmem sm;
+// The body of kern_attn_decode_partial_early (4 warps x 8 slots) and kern_attn_decode_partial_wide (8 warps x 4
+// slots): the block must be WARPS whole warps (checked; any other block writes nothing).
+template <int WARPS, int J>
+KERN_DEV void decode_partial_early(DecodeSmemT<WARPS, J>& sm, const __nv_bfloat16* q, const __nv_bfloat16* kv_cache,
+                                   const int32_t* block_table, const int32_t* seq_lens, const int32_t* slot_mapping,
+                                   float* part_out, float* part_ml, int32_t num_q_heads, int32_t num_kv_heads,
+                                   int32_t head_dim, int32_t page_tokens, int32_t bt_stride, int32_t num_pages,
+                                   int32_t split_tokens, int32_t num_splits, float scale) {
     kern_pdl_launch_dependents();  // early trigger (docs/kernels.md): the reduce reads only seq_lens before its wait
     const int kvh = blockIdx.x, x = blockIdx.y, s = blockIdx.z;
-    if (!decode_launch_ok(num_q_heads, num_kv_heads, head_dim, page_tokens, split_tokens, num_splits, num_pages)) {
+    // the block is WARPS warps; the wide shape's 16 scores per lane cover at most 16 lanes per token (head_dim 128)
+    const bool block_ok = WARPS == DEC_WARPS || ((int)blockDim.x == WARPS * 32 && head_dim <= 8 * J * DEC_GP);
+    if (!block_ok ||
+        !decode_launch_ok(num_q_heads, num_kv_heads, head_dim, page_tokens, split_tokens, num_splits, num_pages)) {
         kern_pdl_wait();  // every path waits: the grid never completes before its predecessor
         return;
     }
@@ -525,12 +551,37 @@ extern "C" __global__ void __launch_bounds__(DEC_THREADS) kern_attn_decode_parti
     const SplitRange r = decode_split_range(max(seq_lens[s], 0), split_tokens, num_splits, x);
     if (r.begin >= r.end) {
         kern_pdl_wait();
-        write_empty_split(part_out, part_ml, num_q_heads, num_q_heads / num_kv_heads, head_dim, num_splits, s, kvh, x);
+        write_empty_split<WARPS * 32>(part_out, part_ml, num_q_heads, num_q_heads / num_kv_heads, head_dim, num_splits,
+                                      s, kvh, x);
         return;
     }
-    decode_body_for_d<true, true>(sm, q, kv_cache, block_table, part_out, part_ml, num_q_heads, num_kv_heads,
-                                  head_dim, page_tokens, bt_stride, num_pages, num_splits, scale, s, kvh, x, r,
-                                  early_row);
+    decode_body_for_d<true, true, WARPS, J>(sm, q, kv_cache, block_table, part_out, part_ml, num_q_heads,
+                                            num_kv_heads, head_dim, page_tokens, bt_stride, num_pages, num_splits,
+                                            scale, s, kvh, x, r, early_row);
+}
+
+extern "C" __global__ void __launch_bounds__(DEC_THREADS) kern_attn_decode_partial_early(
+    const __nv_bfloat16* q, const __nv_bfloat16* kv_cache, const int32_t* block_table, const int32_t* seq_lens,
+    const int32_t* slot_mapping, float* part_out, float* part_ml, int32_t num_q_heads, int32_t num_kv_heads,
+    int32_t head_dim, int32_t page_tokens, int32_t bt_stride, int32_t num_pages, int32_t split_tokens,
+    int32_t num_splits, float scale) {
+    __shared__ __align__(16) DecodeSmem sm;
+    decode_partial_early(sm, q, kv_cache, block_table, seq_lens, slot_mapping, part_out, part_ml, num_q_heads,
+                         num_kv_heads, head_dim, page_tokens, bt_stride, num_pages, split_tokens, num_splits, scale);
+}
+
+// kern_attn_decode_partial_early with 8 warps of 4 token slots per lane (block (256,1,1), head_dim <= 128; any
+// other launch writes nothing): the same tile (64 tokens at head_dim 128) and split geometry, half the serial work per lane, two
+// warps per SM sub-partition. Same signature and contract; results equal the early entry's up to the fp32 order
+// of the per-warp online softmax (the tokens are dealt to 8 warps, not 4).
+extern "C" __global__ void __launch_bounds__(DEC_WIDE_WARPS * 32) kern_attn_decode_partial_wide(
+    const __nv_bfloat16* q, const __nv_bfloat16* kv_cache, const int32_t* block_table, const int32_t* seq_lens,
+    const int32_t* slot_mapping, float* part_out, float* part_ml, int32_t num_q_heads, int32_t num_kv_heads,
+    int32_t head_dim, int32_t page_tokens, int32_t bt_stride, int32_t num_pages, int32_t split_tokens,
+    int32_t num_splits, float scale) {
+    __shared__ __align__(16) DecodeSmemWide sm;
+    decode_partial_early(sm, q, kv_cache, block_table, seq_lens, slot_mapping, part_out, part_ml, num_q_heads,
+                         num_kv_heads, head_dim, page_tokens, bt_stride, num_pages, split_tokens, num_splits, scale);
 }
 
 // grid (num_q_heads, seqs, 1), block (head_dim,1,1): out[s, h*D + d] = sum_x w_x o_x[d] / sum_x w_x l_x,

@@ -19,7 +19,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 
 # name -> gen_qwen3.py arguments (beyond --shape qwen3-4b, --algos, --kernels, --out, --name)
 VARIANTS: dict[str, tuple[str, ...]] = {
-    "v2": ("--gemv", "v2"),  # = manifests/qwen3-4b-v2.json (the default 4B target; 16 decode splits)
+    "v2": ("--gemv", "v2"),  # = manifests/qwen3-4b-v2.json (the default 4B target; 16 decode splits, wide partial)
     "v2-split": ("--gemv", "v2", "--decode-attn", "split"),  # kern_attn_decode_partial_fast (before 2026-11-29 s4)
     "v2-s32": ("--gemv", "v2", "--decode-splits", "32"),  # the split count before 2026-11-29 (third session)
     "v2-s8": ("--gemv", "v2", "--decode-splits", "8"),
@@ -27,6 +27,7 @@ VARIANTS: dict[str, tuple[str, ...]] = {
     "v2-t512": ("--gemv", "v2", "--gemv-threads-per-sm", "512"),  # GEMV grids fill half an SM: PDL co-residency
     "v2-st16": ("--gemv", "v2", "--decode-split-tokens", "16"),  # minimum split length before 2026-11-29 (s5)
     "v2-nocarve": ("--gemv", "v2", "--carveout", "-1"),  # no launch carveout: the driver's choice (before s6)
+    "v2-early": ("--gemv", "v2", "--decode-attn", "early"),  # the 4-warp early partial (the default before s7)
     # seventh session, from commit 1befd34 (its generator): v2-noring, v2-norm, v2-ring (the rows ring and the norm
     # weight copied to shared memory before the PDL wait; both lost or gained nothing, docs/perf.md) - removed
 }

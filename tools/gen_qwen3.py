@@ -73,6 +73,7 @@ KERNEL_SIGNATURES: dict[str, tuple[str, tuple[str, ...]]] = {
     "kern_gemv_rmsnorm_swiglu": ("gemv", ("p", "p", "p", "p", "i32", "i32", "f32")),
     "kern_attn_decode_partial_fast": ("attention", ("p",) * 6 + ("i32",) * 8 + ("f32",)),
     "kern_attn_decode_partial_early": ("attention", ("p",) * 7 + ("i32",) * 8 + ("f32",)),
+    "kern_attn_decode_partial_wide": ("attention", ("p",) * 7 + ("i32",) * 8 + ("f32",)),
     "kern_decode_advance": ("step", ("p",) * 7 + ("i32",) * 5),
 }
 # Entries that execute griddepcontrol.wait before reading anything a predecessor writes and before writing
@@ -84,7 +85,7 @@ PDL_ENTRIES = frozenset({
     "kern_gemv_rows", "kern_gemv_rows_rmsnorm", "kern_gemv_rows_residual", "kern_gemv_rmsnorm_swiglu",
     "kern_attn_decode_partial", "kern_attn_decode_partial_fast", "kern_attn_decode_reduce", "kern_attn_prefill",
     "kern_qk_norm_rope_kv", "kern_embed_gather", "kern_argmax_partial", "kern_argmax_final",
-    "kern_decode_advance", "kern_attn_decode_partial_early",
+    "kern_decode_advance", "kern_attn_decode_partial_early", "kern_attn_decode_partial_wide",
 })
 TYPE_BYTES = {"p": 8, "i32": 4, "f32": 4, "i64": 8}
 
@@ -168,10 +169,11 @@ class GenOptions:
     # less leaves room for the next kernel's blocks to become resident early under PDL
     gemv_threads_per_sm: int = 1024
     # decode attention: "split" (kern_qk_norm_rope_kv, then the partial and reduce launches), "early" (the same
-    # with kern_attn_decode_partial_early: block table and first K/V tile read before its PDL wait). A fused
+    # with kern_attn_decode_partial_early: block table and first K/V tile read before its PDL wait), "wide" (the
+    # early contract on kern_attn_decode_partial_wide: 8 warps x 4 token slots, head_dim <= 128). A fused
     # one-launch entry and an L2 prefetch of later weights measured slower and were removed (docs/perf.md
     # "Decode, fourth session"; their cubins stay in kernels/)
-    decode_attn: str = "early"
+    decode_attn: str = "wide"
     # preferred shared-memory carveout (percent of the maximum) on every kernel launch (manifest `carveout`;
     # None: not written, the driver's choice). 100: every kernel prefers the largest shared-memory split, so
     # kernels overlapping under PDL never want different L1 / shared splits on one SM (our reading of why it
@@ -426,8 +428,10 @@ def build_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: GenOptions, config_di
         raise GenError("--gemv v2 is a wiring of --decode gemv")
     if not 32 <= opts.gemv_threads_per_sm <= 2048:
         raise GenError(f"gemv_threads_per_sm {opts.gemv_threads_per_sm}: use 32..2048 (threads an SM holds)")
-    if opts.decode_attn not in ("split", "early"):
-        raise GenError(f"decode_attn {opts.decode_attn!r}: use 'split' or 'early'")
+    if opts.decode_attn not in ("split", "early", "wide"):
+        raise GenError(f"decode_attn {opts.decode_attn!r}: use 'split', 'early' or 'wide'")
+    if opts.decode_attn == "wide" and cfg.head_dim > 128:
+        raise GenError(f"decode_attn 'wide': head_dim {cfg.head_dim} > 128 (kern_attn_decode_partial_wide's limit)")
     if opts.carveout is not None and not 0 <= opts.carveout <= 100:
         raise GenError(f"carveout {opts.carveout}: a percent of the maximum shared memory, 0..100 (None: write "
                        "none; the CLI's --carveout -1)")
@@ -515,13 +519,14 @@ def build_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: GenOptions, config_di
                    [{"arg": "q"}, {"arg": "kv"}, {"arg": "block_table"}, {"arg": "cu_seqlens_q"}, {"arg": "seq_lens"},
                     {"arg": "out"}, {"i32": Hq}, {"i32": Hkv}, {"i32": D}, {"i32": page_tokens},
                     {"i32": pages_per_seq}, num_pages_i32, {"f32": scale}])])
-    early = opts.decode_attn == "early"
-    partial = ("kern_attn_decode_partial_early" if early else
+    early = opts.decode_attn in ("early", "wide")  # wide: the early entry's contract on 8 warps
+    partial = ("kern_attn_decode_partial_wide" if opts.decode_attn == "wide" else
+               "kern_attn_decode_partial_early" if early else
                "kern_attn_decode_partial_fast" if opts.gemv == "v2" else "kern_attn_decode_partial")
     slots = [_ptr("slots")] if early else []
     b.op("attn_decode",
          [_ptr("q"), _ptr("kv"), _ptr("block_table"), _ptr("seq_lens"), *slots, _ptr("out"), _int("num_pages")],
-         [b.launch(partial, [Hkv, num_splits, "seqs"], [128, 1, 1],
+         [b.launch(partial, [Hkv, num_splits, "seqs"], [256 if opts.decode_attn == "wide" else 128, 1, 1],
                    [{"arg": "q"}, {"arg": "kv"}, {"arg": "block_table"}, {"arg": "seq_lens"},
                     *([{"arg": "slots"}] if early else []),
                     {"scratch": "part_out"}, {"scratch": "part_ml"}, {"i32": Hq}, {"i32": Hkv}, {"i32": D},
@@ -694,7 +699,7 @@ def decode_attention_calls(layer: int, attn: str) -> list[dict[str, Any]]:
     """A decode layer's attention after the qkv projection (which writes `qkv`), writing `attn_out`:
     qk_norm_rope_kv (q to `q`, K/V to the cache) and attn_decode (`early` also passes slot_mapping: the row its
     partial kernel reloads after the PDL wait)."""
-    slots = {"slots": "slot_mapping"} if attn == "early" else {}
+    slots = {"slots": "slot_mapping"} if attn in ("early", "wide") else {}
     return [qk_norm_rope_kv_call(layer),
             _call("attn_decode", q="q", kv=f"kv.{layer}", block_table="block_table", seq_lens="seq_lens", **slots,
                   out="attn_out", num_pages=pages_of(layer))]
@@ -842,9 +847,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gemv", choices=["v1", "v2"], default="v1",
                         help="decode GEMV wiring (--decode gemv): v1 warp-per-row entries (default); v2 rows family, "
                              "SwiGLU epilogue on gate_up (and kern_attn_decode_partial_fast with --decode-attn split)")
-    parser.add_argument("--decode-attn", choices=["early", "split"], default="early",
+    parser.add_argument("--decode-attn", choices=["early", "split", "wide"], default="wide",
                         help="decode attention: qk_norm_rope_kv + partial + reduce launches with the partial's reads "
-                             "before its PDL wait (early, default) or the same with the fast or plain partial (split)")
+                             "before its PDL wait on 8 warps of 4 token slots (wide, default; head_dim <= 128), the "
+                             "same on 4 warps of 8 (early), or with the fast or plain partial (split)")
     parser.add_argument("--carveout", type=int, default=GenOptions.carveout,
                         help="preferred shared-memory carveout (percent, 0..100) on every kernel launch (default "
                              "%(default)s; -1: none, the driver's choice)")

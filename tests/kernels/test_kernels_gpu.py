@@ -471,13 +471,13 @@ def run_decode_chain(dev, rng, hq, hkv, head_dim, page_tokens, split_tokens, num
          ("p", d_q.ptr), ("p", d_cache.ptr), ("i", seqs), ("i", hq), ("i", hkv), ("i", head_dim),
          ("i", page_tokens), ("i", max_pos), ("i", num_pages), ("f", eps)])
 
-    def partial_then_reduce(entry, slots_arg):
+    def partial_then_reduce(entry, slots_arg, block=128):
         """(part_ml bits [seqs, hq * num_splits * 2], output bits [seqs, hq * D]) of `entry` + the reduce."""
         d_po, d_ml, d_out = dev.alloc(part * head_dim * 4), dev.alloc(part * 2 * 4), dev.alloc(seqs * hq * head_dim * 2)
         for buf in (d_po, d_ml, d_out):
             buf.poison()
         dev.kernel(entry).launch(
-            (hkv, num_splits, seqs), (128,),
+            (hkv, num_splits, seqs), (block,),
             [("p", d_q.ptr), ("p", d_cache.ptr), ("p", d_bt.ptr), ("p", d_lens.ptr), *slots_arg, ("p", d_po.ptr),
              ("p", d_ml.ptr), ("i", hq), ("i", hkv), ("i", head_dim), ("i", page_tokens), ("i", bt_stride),
              ("i", num_pages), ("i", split_tokens), ("i", num_splits), ("f", scale)])
@@ -506,6 +506,22 @@ def run_decode_chain(dev, rng, hq, hkv, head_dim, page_tokens, split_tokens, num
         if not ref.kv_present(block_table[s], int(seq_lens[s]), page_tokens, num_pages).any():
             continue
         assert_close(f"decode seq {s} (ctx {seq_lens[s]})", got[s], want[s], elem_rel=2.0**-5, elem_abs=8e-3)
+    # kern_attn_decode_partial_wide (8 warps x 4 slots, head_dim <= 128): the early contract, the same reference
+    # bound (its per-warp softmax sums in another order); at head_dim > 128 it writes nothing
+    ml_wide, out_wide = partial_then_reduce("kern_attn_decode_partial_wide", [("p", d_slots.ptr)], block=256)
+    if head_dim > 128:
+        assert (ml_wide == 0xFFFFFFFF).all(), "wide partial at head_dim > 128 must write nothing (poison kept)"
+        return
+    ml_bad, _ = partial_then_reduce("kern_attn_decode_partial_wide", [("p", d_slots.ptr)], block=128)
+    assert (ml_bad == 0xFFFFFFFF).all(), "wide partial launched with 128 threads must write nothing"
+    got_wide = ref.from_bf16_bits(out_wide)
+    assert (out_wide[5] == 0).all(), "wide partial: the empty context must give zeros"
+    empty_ml = ml_fast[valid].view(np.float32) == -np.inf
+    assert np.array_equal(ml_wide[valid].view(np.float32) == -np.inf, empty_ml), "wide partial: other empty splits"
+    for s in np.flatnonzero(valid & (seq_lens > 0)):
+        if not ref.kv_present(block_table[s], int(seq_lens[s]), page_tokens, num_pages).any():
+            continue
+        assert_close(f"wide decode seq {s} (ctx {seq_lens[s]})", got_wide[s], want[s], elem_rel=2.0**-5, elem_abs=8e-3)
 
 
 @pytest.mark.parametrize("hq,hkv,head_dim,page_tokens", DECODE_CONFIGS)

@@ -36,7 +36,7 @@ def test_drops_every_call_of_the_ops_and_only_those() -> None:
 def test_drop_entry_removes_that_launch_from_the_decode_ops() -> None:
     m = _manifest()
     out = am.ablate(m, [], ["kern_attn_decode_reduce"])
-    assert [l["entry"] for l in out["ops"]["attn_decode"]["launches"]] == ["kern_attn_decode_partial_early"]
+    assert [l["entry"] for l in out["ops"]["attn_decode"]["launches"]] == ["kern_attn_decode_partial_wide"]
     assert out["programs"] == m["programs"]
     assert out["meta"]["ablation"]["dropped_entries"] == ["kern_attn_decode_reduce"]
     assert out["name"].endswith("-without-kern_attn_decode_reduce")

@@ -185,7 +185,7 @@ def test_targets_and_overrides(tmp_path: Path) -> None:
 def test_inspect_prints_summary(tiny_manifest: Path) -> None:
     result = _invoke("inspect", str(tiny_manifest))
     assert result.exit_code == 0
-    assert "kern_attn_decode_partial_early in attention" in result.stdout
+    assert "kern_attn_decode_partial_wide in attention" in result.stdout
     assert "program decode (run): 28 calls, 33 launches" in result.stdout
     _refused(_invoke("inspect", "/nonexistent.json"), 2, "/nonexistent.json", "No such file")
 

@@ -40,10 +40,12 @@ def test_decode_has_seven_launches_per_layer() -> None:
     assert sum(len(m["ops"][c["op"]]["launches"]) for c in calls) == 1 + 36 * 7 + 1 + 2 + 1
     ops = Counter(c["op"] for c in calls)
     assert ops["qk_norm_rope_kv"] == 36 and ops["attn_decode"] == 36
-    assert m["meta"]["caller"]["decode_attention"] == "early"
+    assert m["meta"]["caller"]["decode_attention"] == "wide"
     # the partial reads slot_mapping (the row it reloads after its PDL wait); `split` keeps the older entries
     assert all(c["args"]["slots"] == "slot_mapping" for c in calls if c["op"] == "attn_decode")
-    assert m["ops"]["attn_decode"]["launches"][0]["entry"] == "kern_attn_decode_partial_early"
+    assert m["ops"]["attn_decode"]["launches"][0]["entry"] == "kern_attn_decode_partial_wide"
+    assert _manifest(decode_attn="early")["ops"]["attn_decode"]["launches"][0]["entry"] == (
+        "kern_attn_decode_partial_early")
     assert _manifest(decode_attn="split")["ops"]["attn_decode"]["launches"][0]["entry"] == "kern_attn_decode_partial"
     assert _manifest(decode_attn="split", gemv="v2")["ops"]["attn_decode"]["launches"][0]["entry"] == (
         "kern_attn_decode_partial_fast")
@@ -79,7 +81,7 @@ def test_gemv_launches_and_pdl() -> None:
     small = {"kern_embed_gather", "kern_qk_norm_rope_kv", "kern_argmax_partial", "kern_argmax_final",
              "kern_decode_advance"}
     assert pdl == {"kern_gemv_rmsnorm", "kern_gemv_residual", "kern_gemv_silu_residual",
-                   "kern_attn_decode_partial_early", "kern_attn_decode_reduce"} | small
+                   "kern_attn_decode_partial_wide", "kern_attn_decode_reduce"} | small
     assert pdl <= gq.PDL_ENTRIES
     assert not any(l.get("pdl") for op in _manifest(pdl=False)["ops"].values() for l in op["launches"])
     no_small = {l["entry"] for op in _manifest(pdl_small=False)["ops"].values() for l in op["launches"] if l.get("pdl")}
@@ -92,6 +94,20 @@ def test_gemv_launches_and_pdl() -> None:
                                 gq.GenOptions("x", sms=264)) == 32
     assert _manifest("tiny", max_context=4096)["ops"]["attn_decode"]["launches"][0]["grid"][1] == 64
     assert _manifest(decode_splits=8)["ops"]["attn_decode"]["launches"][0]["grid"][1] == 8
+
+
+def test_wide_decode_attention() -> None:
+    """--decode-attn wide: kern_attn_decode_partial_wide on 256 threads with the early entry's arguments (the
+    slot row it reloads included), PDL; refused for head_dim > 128, the entry's limit."""
+    early = _manifest(gemv="v2")["ops"]["attn_decode"]
+    wide = _manifest(gemv="v2", decode_attn="wide")["ops"]["attn_decode"]
+    part_e, part_w = early["launches"][0], wide["launches"][0]
+    assert (part_w["entry"], part_w["block"], part_w["pdl"]) == ("kern_attn_decode_partial_wide", [256, 1, 1], True)
+    assert part_w["args"] == part_e["args"] and part_w["grid"] == part_e["grid"]
+    assert wide["launches"][1] == early["launches"][1] and wide["args"] == early["args"]
+    cfg = gq.Qwen3Config.from_json({**mc.config_json(mc.SHAPES["qwen3-4b"]), "head_dim": 256})
+    with pytest.raises(gq.GenError, match="head_dim 256 > 128"):
+        gq.build_manifest(cfg, gq.KernelAbi.from_json(gq.stub_kernels_json()), gq.GenOptions("x", decode_attn="wide"))
 
 
 def test_carveout_on_every_kernel_launch() -> None:
@@ -113,17 +129,18 @@ def test_carveout_on_every_kernel_launch() -> None:
 # (op, entry, index of num_pages among the kernel's parameters; the one before it is bt_stride, 2560, except for
 # the rope, whose previous parameter is max_pos, 40960)
 NUM_PAGES_AT = {"kern_attn_decode_partial": 11, "kern_attn_decode_partial_fast": 11, "kern_attn_prefill": 11,
-                "kern_attn_decode_partial_early": 12, "kern_qk_norm_rope_kv": 14}
+                "kern_attn_decode_partial_early": 12, "kern_attn_decode_partial_wide": 12, "kern_qk_norm_rope_kv": 14}
 
 
 @pytest.mark.parametrize("opts", [{}, {"gemv": "v2"}, {"decode": "gemm"}, {"decode_attn": "split"},
-                                  {"decode_attn": "split", "gemv": "v2"}])
+                                  {"decode_attn": "split", "gemv": "v2"}, {"decode_attn": "early"}])
 def test_attention_bounds_page_ids_by_the_pages_of_its_layer_state(opts: dict) -> None:
     """Every attention and K/V-writing launch takes `num_pages` from its call's {"pages_of": "kv.<layer>"}: the
     bound of the page ids it reads and (rope) of the slots it writes."""
     m = _manifest(**opts)
-    attn = opts.get("decode_attn", "early")
-    partial = {"early": "kern_attn_decode_partial_early", "split": "kern_attn_decode_partial_fast"
+    attn = opts.get("decode_attn", "wide")
+    partial = {"wide": "kern_attn_decode_partial_wide", "early": "kern_attn_decode_partial_early",
+               "split": "kern_attn_decode_partial_fast"
                if opts.get("gemv") == "v2" else "kern_attn_decode_partial"}[attn]
     decode_ops = (("qk_norm_rope_kv", "kern_qk_norm_rope_kv"), ("attn_decode", partial))
     for op, entry in (*decode_ops, ("attn_prefill", "kern_attn_prefill"), ("qk_norm_rope_kv", "kern_qk_norm_rope_kv")):

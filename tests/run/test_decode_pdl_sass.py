@@ -60,3 +60,20 @@ def test_pdl_launches_wait_for_their_predecessor(path: Path) -> None:
         exits = sass_paths.unwaited_exits(body)
         assert not exits, (f"{entry} ({cubin.name}) can exit without griddepcontrol.wait: EXIT at "
                            f"{', '.join(f'{a:#06x}' for a in exits)} (tools/sass_paths.py)")
+
+
+def test_every_pdl_entry_of_the_built_cubins_waits() -> None:
+    """The same check on every PDL_ENTRIES entry of kernels/kernels.json's current cubins, whether or not a
+    committed manifest launches it yet (a variant's entry, e.g. kern_attn_decode_partial_wide)."""
+    meta = json.loads((ROOT / "kernels" / "kernels.json").read_text())
+    built = [(name, mod["file"], entry) for name, mod in sorted(meta["modules"].items())
+             for entry in sorted(mod["entries"]) if entry in gq.PDL_ENTRIES]
+    assert {entry for *_, entry in built} == gq.PDL_ENTRIES, "a PDL entry is missing from the built cubins"
+    if find_cuobjdump() is None:
+        pytest.skip("no cuobjdump: cannot read the SASS")
+    for _, file, entry in built:
+        body = _sass_functions(ROOT / "kernels" / file)[entry]
+        assert any(i.op.startswith("ACQBULK") for i in body), f"{entry} ({file}) never waits (no ACQBULK)"
+        exits = sass_paths.unwaited_exits(body)
+        assert not exits, (f"{entry} ({file}) can exit without griddepcontrol.wait: EXIT at "
+                           f"{', '.join(f'{a:#06x}' for a in exits)} (tools/sass_paths.py)")
