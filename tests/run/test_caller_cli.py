@@ -373,3 +373,23 @@ def test_kernels_help_is_the_builders(monkeypatch: pytest.MonkeyPatch, capfd: py
     assert "usage: build_kernels.py" in out
     for option in ("--src", "--out", "--check", "--modules"):
         assert option in out, option
+
+
+def test_version_prints_every_package(monkeypatch: pytest.MonkeyPatch) -> None:
+    from importlib import metadata
+
+    from kern_run import cli
+
+    result = _invoke("--version")
+    assert result.exit_code == 0
+    assert result.stdout.strip() == ", ".join(f"{d} {metadata.version(d)}" for d in
+                                              ("kern-run", "kern-runtime", "kern-manifest", "kern-pool"))
+
+    def only_run(dist: str) -> str:
+        if dist != "kern-run":
+            raise metadata.PackageNotFoundError(dist)
+        return "9.9"
+
+    monkeypatch.setattr(metadata, "version", only_run)
+    assert cli.package_versions() == ("kern-run 9.9, kern-runtime not installed, kern-manifest not installed, "
+                                      "kern-pool not installed")

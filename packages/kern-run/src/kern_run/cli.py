@@ -5,6 +5,7 @@
     kern inspect MANIFEST
     kern manifest check MANIFEST
     kern kernels [ARGS...]          (tools/build_kernels.py)
+    kern --version                  (the four kern packages' installed versions)
 
 Refusals (docs/caller.md) print one line on stderr and exit non-zero; a traceback only with
 `--log-level debug`.
@@ -26,6 +27,32 @@ from .log import resolve_level, setup_logging
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="kern: run LLM inference from a manifest.")
 manifest_app = typer.Typer(no_args_is_help=True, help="Manifest tools.")
 app.add_typer(manifest_app, name="manifest")
+
+
+def package_versions() -> str:
+    """`kern-run X, kern-runtime Y, kern-manifest Z, kern-pool W` from the installed distributions' metadata
+    ("not installed" for one on PYTHONPATH only, as on the GPU machine's tools/gpu-env.sh)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    parts = []
+    for dist in ("kern-run", "kern-runtime", "kern-manifest", "kern-pool"):
+        try:
+            parts.append(f"{dist} {version(dist)}")
+        except PackageNotFoundError:
+            parts.append(f"{dist} not installed")
+    return ", ".join(parts)
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        print(package_versions())
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
+                                                help="print the kern packages' versions and exit")] = False) -> None:
+    """kern: run LLM inference from a manifest."""
 
 TargetOpt = Annotated[Optional[str], typer.Option("--target", "-t", help="kern.toml target (default: its `default`)")]
 ConfigOpt = Annotated[Optional[Path], typer.Option("--config", help="kern.toml path (default: $KERN_TOML or search up)")]
