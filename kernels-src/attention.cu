@@ -6,9 +6,10 @@
 // computes, for every q head of the GQA group, the unnormalised softmax-weighted V sum of its split plus
 // (max, sum of exp); kern_attn_decode_reduce merges the splits. fp32 CUDA-core math. Each warp owns an
 // interleaved share of the split's tokens and keeps its own online softmax: it issues the 16-byte K and V
-// loads of a whole tile (8 token slots per lane) before using any, reduces the q.k partial dot products with
-// a butterfly reduce-scatter (30 shuffles for 32 scores instead of 128), and needs no block barrier until
-// the final cross-warp merge in shared memory.
+// loads of a whole tile (8 token slots per lane on 4 warps; 4 slots on the 8 warps of
+// kern_attn_decode_partial_wide, the default) before using any, reduces the q.k partial dot products with a
+// butterfly reduce-scatter (30 shuffles for 32 scores instead of 128), and needs no block barrier until the
+// final cross-warp merge in shared memory.
 //
 // Prefill (chunked, causal, reads everything from the paged cache): kern_attn_prefill, one block per
 // (16 query tokens x 4 q heads of one kv head; 32 x 2 or 64 x 1 for groups of 2 or 1), 4 warps of
@@ -20,7 +21,7 @@
 //
 // Programmatic dependent launch (docs/kernels.md): kern_attn_decode_partial, _fast and kern_attn_prefill start
 // with griddepcontrol.wait, then griddepcontrol.launch_dependents (both no-ops without PDL);
-// kern_attn_decode_partial_early and kern_attn_decode_reduce trigger first and read, before their wait, only
+// kern_attn_decode_partial_early / _wide and kern_attn_decode_reduce trigger first and read, before their wait, only
 // what the kernel before them does not write (docs/kernels.md "Early trigger"). Every path of every entry waits.
 //
 // Page ids come from the block table and are bounded: the decode and prefill entries take num_pages (the
