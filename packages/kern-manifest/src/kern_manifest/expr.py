@@ -138,18 +138,35 @@ class _Parser:
         return ("call", func, tuple(args))
 
 
-def _collect_vars(node: Node, out: set[str]) -> None:
+def _children(node: Node) -> tuple[Node, ...]:
+    """The operands of a node, left to right."""
     tag = node[0]
-    if tag == "var":
-        out.add(node[1])
-    elif tag == "neg":
-        _collect_vars(node[1], out)
-    elif tag == "call":
-        for arg in node[2]:
-            _collect_vars(arg, out)
-    elif tag != "int":
-        _collect_vars(node[1], out)
-        _collect_vars(node[2], out)
+    if tag in ("int", "var"):
+        return ()
+    if tag == "neg":
+        return (node[1],)
+    if tag == "call":
+        return node[2]
+    return (node[1], node[2])
+
+
+def _collect_vars(root: Node, out: set[str]) -> None:
+    # iterative: `1+1+...+1` (up to MAX_SOURCE_CHARS) parses into a left-deep tree far deeper than Python's
+    # recursion limit, while its parentheses nest only MAX_DEPTH deep
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if node[0] == "var":
+            out.add(node[1])
+        stack.extend(_children(node))
+
+
+def _show(value: int) -> str:
+    """An integer for a message: its digits, or `~2^bits` (signed) past 128 bits (Python refuses to print
+    integers of more than 4300 digits)."""
+    if value.bit_length() <= 128:
+        return str(value)
+    return f"{'-' if value < 0 else ''}~2^{value.bit_length()}"
 
 
 class Expr:
@@ -167,6 +184,8 @@ class Expr:
             raise ManifestParseError(path, f"expected an integer or an expression string, got {type(source).__name__}")
         node: Node
         if isinstance(source, int):
+            if not I64_MIN <= source <= I64_MAX:
+                raise ManifestParseError(path, f"integer {_show(source)} is outside the signed 64-bit range")
             node = ("int", source)
         else:
             if len(source) > MAX_SOURCE_CHARS:
@@ -206,7 +225,25 @@ class Expr:
         intermediate value outside the signed 64-bit range."""
         return self._eval(self._node, vars)
 
-    def _eval(self, node: Node, vars: Mapping[str, int]) -> int:
+    def _eval(self, root: Node, vars: Mapping[str, int]) -> int:
+        # post-order with an explicit stack (see _collect_vars): operands left to right, as a recursive
+        # evaluator would, so the first fault raised is the same
+        values: list[int] = []
+        stack: list[tuple[Node, bool]] = [(root, False)]
+        while stack:
+            node, operands_done = stack.pop()
+            kids = _children(node)
+            if kids and not operands_done:
+                stack.append((node, True))
+                stack.extend((kid, False) for kid in reversed(kids))
+                continue
+            args = values[len(values) - len(kids):] if kids else []
+            del values[len(values) - len(kids):]
+            values.append(self._apply(node, args, vars))
+        return values[0]
+
+    def _apply(self, node: Node, args: list[int], vars: Mapping[str, int]) -> int:
+        """One node's value from its operands' values."""
         tag = node[0]
         if tag == "int":
             value = node[1]
@@ -215,9 +252,8 @@ class Expr:
                 raise ExprError(self.source, f"var {node[1]!r} has no value")
             value = vars[node[1]]
         elif tag == "neg":
-            value = -self._eval(node[1], vars)
+            value = -args[0]
         elif tag == "call":
-            args = [self._eval(arg, vars) for arg in node[2]]
             if node[1] == "min":
                 value = min(args)
             elif node[1] == "max":
@@ -227,8 +263,7 @@ class Expr:
                     raise ExprError(self.source, f"cdiv divisor is {args[1]}; it must be > 0")
                 value = -((-args[0]) // args[1])
         else:
-            left = self._eval(node[1], vars)
-            right = self._eval(node[2], vars)
+            left, right = args
             if tag == "+":
                 value = left + right
             elif tag == "-":
@@ -240,7 +275,7 @@ class Expr:
                     raise ExprError(self.source, f"{tag} divisor is {right}; it must be > 0")
                 value = left // right if tag == "//" else left % right
         if not I64_MIN <= value <= I64_MAX:
-            raise ExprError(self.source, f"intermediate value {value} is outside the signed 64-bit range")
+            raise ExprError(self.source, f"intermediate value {_show(value)} is outside the signed 64-bit range")
         return value
 
     def __eq__(self, other: object) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -87,22 +88,39 @@ def _check(value: Any, kind: str, path: str) -> Any:
     }[kind]
     if not ok:
         raise ManifestParseError(path, f"expected {_TYPE_NAMES[kind]}, got {_json_type(value)}")
-    if kind == "number" and not math.isfinite(value):
-        raise ManifestParseError(path, f"expected a finite number, got {value}")
+    if kind == "number" and not _finite_float(value):
+        shown = f"an integer of {value.bit_length()} bits" if isinstance(value, int) else repr(value)
+        raise ManifestParseError(path, f"expected a finite number (one a double holds), got {shown}")
     for key in value if kind == "object" else ():
         if not isinstance(key, str):
             raise ManifestParseError(path, f"object keys must be strings, got {key!r}")
     return value
 
 
-def _plain_json(value: Any, path: str) -> None:
-    """Reject values JSON cannot carry (NaN, infinities, tuples, ...) inside free-form `meta`."""
+def _finite_float(value: int | float) -> bool:
+    """Whether a JSON number is a finite double (an integer too large for one is not)."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
+# Free-form values (`meta`, unknown keys) may nest this deep; deeper is refused rather than left to Python's
+# recursion limit.
+MAX_FREE_DEPTH = 128
+
+
+def _plain_json(value: Any, path: str, depth: int = 0) -> None:
+    """Reject values JSON cannot carry (NaN, infinities, tuples, ...) inside free-form `meta`, and nesting
+    deeper than MAX_FREE_DEPTH."""
+    if depth > MAX_FREE_DEPTH and isinstance(value, (dict, list)):
+        raise ManifestParseError(path, f"nested deeper than {MAX_FREE_DEPTH} levels")
     if isinstance(value, dict):
         for k, v in _check(value, "object", path).items():
-            _plain_json(v, key_path(path, k))
+            _plain_json(v, key_path(path, k), depth + 1)
     elif isinstance(value, list):
         for i, v in enumerate(value):
-            _plain_json(v, index_path(path, i))
+            _plain_json(v, index_path(path, i), depth + 1)
     elif isinstance(value, float):
         _check(value, "number", path)
     elif value is not None and not isinstance(value, (str, int, bool)):
@@ -181,6 +199,9 @@ def _loads(text: str | bytes) -> Any:
         raise ManifestParseError("$", f"not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
     except (UnicodeDecodeError, RecursionError) as exc:
         raise ManifestParseError("$", f"not JSON: {exc}") from None
+    except ValueError:  # not a JSONDecodeError: an integer literal past Python's digit limit
+        raise ManifestParseError("$", f"an integer literal has more than {sys.get_int_max_str_digits()} digits "
+                                      "(no manifest number needs more than 20)") from None
 
 
 def parse_manifest(text_or_obj: str | bytes | Mapping[str, Any]) -> Manifest:

@@ -386,26 +386,41 @@ class _Verifier(OpChecks):
 
         color: dict[str, int] = {}  # absent: unvisited, 1: on the DFS stack, 2: done
 
-        def walk(name: str, stack: list[str]) -> None:
-            color[name] = 1
-            for i, call in enumerate(m.programs[name].calls):
+        def walk(root: str) -> None:
+            # depth-first with an explicit stack (a chain of inlined programs may be longer than Python's
+            # recursion limit): frames of (program, index of its next call), `path` the programs on the stack
+            color[root] = 1
+            frames: list[list[str | int]] = [[root, 0]]
+            path = [root]
+            while frames:
+                frame = frames[-1]
+                name, i = str(frame[0]), int(frame[1])
+                calls = m.programs[name].calls
+                if i == len(calls):
+                    color[name] = 2
+                    frames.pop()
+                    path.pop()
+                    continue
+                frame[1] = i + 1
+                call = calls[i]
                 if not isinstance(call, ProgramCall) or call.program not in m.programs:
                     continue
                 state = color.get(call.program)
                 if state == 1:
-                    cycle = stack[stack.index(call.program):]
+                    cycle = path[path.index(call.program):]
                     on_cycle.update(cycle)
                     if frozenset(cycle) not in reported:
                         reported.add(frozenset(cycle))
                         cpath = key_path(index_path(key_path(key_path("$.programs", name), "calls"), i), "program")
                         self.fault(cpath, f"program cycle {' -> '.join([*cycle, call.program])}; inlining must end")
                 elif state is None:
-                    walk(call.program, [*stack, call.program])
-            color[name] = 2
+                    color[call.program] = 1
+                    frames.append([call.program, 0])
+                    path.append(call.program)
 
         for name in m.programs:
             if name not in color:
-                walk(name, [name])
+                walk(name)
         return on_cycle
 
     def check_call(self, call: Call, path: str, local: set[str]) -> None:

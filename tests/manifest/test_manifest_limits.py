@@ -1,0 +1,105 @@
+"""Inputs at and past the format's size limits get typed errors with paths, never a Python exception
+(RecursionError, OverflowError, ValueError) from deep inside the parser: huge integers, long expression
+chains, deep free-form values, long chains of inlined programs (found by a break-it review)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from manifest_testkit import assert_parse_fault, assert_verify_faults, mutate
+
+from kern_manifest import Expr, ExprError, ManifestParseError, parse_manifest, verify
+from kern_manifest.cli import main as manifest_cli
+from kern_manifest.parse import MAX_FREE_DEPTH
+
+EXAMPLE: dict[str, Any] = json.loads((Path(__file__).parent / "data" / "example.json").read_text())
+EPS_ARG = "$.ops.rmsnorm.launches[0].args[6].f32"
+
+
+def _set_eps(value: Any) -> dict[str, Any]:
+    return mutate(EXAMPLE, lambda o: o["ops"]["rmsnorm"]["launches"][0]["args"].__setitem__(6, {"f32": value}))
+
+
+def test_number_too_large_for_a_double() -> None:
+    text = json.dumps(EXAMPLE).replace('{"f32": 1e-06}', '{"f32": 1' + "0" * 400 + "}")
+    assert_parse_fault(text, EPS_ARG, "an integer of 1329 bits")
+    assert_parse_fault(json.dumps(_set_eps(10**400)), EPS_ARG, "finite number")
+    with pytest.raises(ManifestParseError) as info:  # the decoded object too
+        parse_manifest(_set_eps(10**400))
+    assert info.value.path == EPS_ARG
+
+
+def test_integer_past_pythons_digit_limit_in_json_text() -> None:
+    text = json.dumps(EXAMPLE).replace('"shape": ["tokens", 64]', '"shape": [' + "9" * 5000 + ", 64]", 1)
+    assert '[9999' in text
+    assert_parse_fault(text, "$", "more than 4300 digits")
+
+
+def test_integer_outside_i64_as_a_decoded_object() -> None:
+    obj = mutate(EXAMPLE, lambda o: o["buffers"]["hidden"].__setitem__("shape", [10**5000, 64]))
+    with pytest.raises(ManifestParseError) as info:
+        parse_manifest(obj)
+    assert info.value.path == "$.buffers.hidden.shape[0]"
+    assert "~2^16610 is outside the signed 64-bit range" in info.value.message
+    with pytest.raises(ManifestParseError, match="9223372036854775808 is outside"):
+        Expr(2**63)
+    assert Expr(2**63 - 1).eval({}) == 2**63 - 1
+
+
+def test_long_flat_expression_chains_are_fine() -> None:
+    """4096 characters may hold ~2000 operators at one parenthesis level: a left-deep tree far deeper than
+    Python's recursion limit, evaluated without recursion."""
+    plus = Expr("+".join(["tokens"] * 585))  # 585 * 7 - 1 = 4094 characters
+    assert len(plus.source) <= 4096 and plus.vars == {"tokens"}
+    assert plus.eval({"tokens": 3}) == 3 * 585
+    assert Expr("*".join(["1"] * 2048)).eval({}) == 1
+    assert Expr("1" + "-1" * 2047).eval({}) == 1 - 2047
+    with pytest.raises(ExprError, match=f"intermediate value {2**80} is outside"):  # the first one past i64
+        Expr("*".join(["big"] * 600)).eval({"big": 2**40})
+    obj = mutate(EXAMPLE, lambda o: o["buffers"]["hidden"].__setitem__("shape", ["+".join(["1"] * 2000), 64]))
+    verify(parse_manifest(obj))
+
+
+def test_free_form_values_nest_at_most_max_free_depth() -> None:
+    def nested(depth: int) -> Any:
+        x: Any = []
+        for _ in range(depth):
+            x = [x]
+        return x
+
+    ok = mutate(EXAMPLE, lambda o: o["meta"].__setitem__("x", nested(MAX_FREE_DEPTH - 1)))
+    verify(parse_manifest(ok))
+    for depth in (MAX_FREE_DEPTH + 1, 5000):
+        deep = mutate(EXAMPLE, lambda o, d=depth: o["meta"].__setitem__("x", nested(d)))
+        with pytest.raises(ManifestParseError, match=f"nested deeper than {MAX_FREE_DEPTH} levels") as info:
+            parse_manifest(deep)
+        assert info.value.path.startswith("$.meta.x[0][0]")
+    extra = mutate(EXAMPLE, lambda o: o["buffers"]["hidden"].__setitem__("zzz", nested(5000)))
+    with pytest.raises(ManifestParseError, match="nested deeper"):
+        parse_manifest(extra)
+
+
+def _program_chain(n: int, back_to: str | None) -> dict[str, Any]:
+    def change(o: dict[str, Any]) -> None:
+        for i in range(n):
+            o["programs"][f"p{i}"] = {"calls": [{"program": f"p{i + 1}"}]}
+        o["programs"][f"p{n}"] = {"calls": [{"program": back_to or "step"}]}
+
+    return mutate(EXAMPLE, change)
+
+
+def test_long_chains_of_inlined_programs() -> None:
+    verify(parse_manifest(_program_chain(1500, None)))  # deeper than the recursion limit: fine
+    # the same chain closed into a cycle: one fault, at the call that closes it
+    assert_verify_faults(_program_chain(1500, "p0"), ['$.programs.p1500.calls[0].program'], "program cycle p0 -> p1")
+
+
+def test_cli_lists_the_fault_instead_of_a_traceback(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "big.json"
+    path.write_text(json.dumps(EXAMPLE).replace('{"f32": 1e-06}', '{"f32": 1' + "0" * 400 + "}"))
+    assert manifest_cli(["check", str(path)]) == 1
+    out = capsys.readouterr()
+    assert EPS_ARG in out.out + out.err and "Traceback" not in out.out + out.err
