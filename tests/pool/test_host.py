@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 from pool_testkit import Memory, invariant
 
@@ -172,4 +174,129 @@ def test_parked_closed_before_landing_returns_everything() -> None:
     assert pool.free_pages == 4 and host.free_pages == 4
     with pytest.raises(Closed):
         host.wake(parked, 8, 8)
+    invariant(pool, host=host)
+
+
+def test_room_holds_the_shared_host_chain_until_parked() -> None:
+    # a room taken while p1's host chain is shared must keep that chain alive when p1 closes before
+    # park(): p2 links to it (copies nothing) and a later park never gets the same host pages
+    pool, host, mem = setup(pages=8, host_pages=4)
+    a = pool.lease(8)
+    mem.fill(a, list(range(1, 9)))
+    p1 = host.park_now(pool.checkpoint(a, 8))
+    mem.apply(p1.plan)
+    assert p1.host_page_ids() == [0, 1]
+    room = host.room(pool.checkpoint(a, 8))
+    assert room.num_host_pages == 0 and host.free_pages == 2
+    p1.close()
+    assert host.free_pages == 2  # pages 0, 1 stay: the room holds their chain
+    host.check()
+    p2 = host.park(room)
+    p2.land()
+    assert p2.plan.page_copies == () and p2.host_page_ids() == [0, 1]
+    b = pool.lease(8)
+    mem.fill(b, list(range(11, 19)))
+    p3 = host.park_now(pool.checkpoint(b, 8))
+    mem.apply(p3.plan)
+    assert p3.host_page_ids() == [2, 3] and host.free_pages == 0
+    invariant(pool, host=host)
+    waking = host.wake(p2, 8, 8)
+    mem.apply(waking.plan)
+    waking.land()
+    assert mem.read(waking.lease, 8) == list(range(1, 9))  # p2's own tokens, not p3's
+    for h in (waking.lease, a, b, p2, p3):
+        h.close()
+    invariant(pool, host=host)
+    assert host.free_pages == 4
+
+
+def test_room_closed_or_dropped_unparked_releases_the_shared_chain() -> None:
+    pool, host, mem = setup(pages=8, host_pages=4)
+    a = pool.lease(8)
+    p1 = host.park_now(pool.checkpoint(a, 8))
+    room = host.room(pool.checkpoint(a, 8))
+    p1.close()
+    host.check()
+    assert room.close() and not room.close() and room.closed
+    assert host.free_pages == 4  # the room's reference was the chain's last: both pages return
+    host.check()
+    p1 = host.park_now(pool.checkpoint(a, 8))
+    room = host.room(pool.checkpoint(a, 8))
+    p1.close()
+    del room
+    gc.collect()
+    assert host.free_pages == 4
+    host.check()
+    with host.room(pool.checkpoint(a, 6)) as room:  # a `with` block closes it too
+        assert room.num_host_pages == 2 and host.free_pages == 2
+    assert host.free_pages == 4
+    invariant(pool, host=host)
+
+
+def test_wrong_handles_are_misuse_before_any_change() -> None:
+    pool, host, mem = setup(pages=8, host_pages=8)
+    a = pool.lease(8)
+    parked = host.park_now(pool.checkpoint(a, 6))
+    cp = pool.checkpoint(a, 6)
+    other_pool = Pool(Layout.simple(page_tokens=P, pages=8))
+    other_host = Host(other_pool, 8)
+    before = (pool.free_pages, host.free_pages, other_pool.free_pages, other_host.free_pages)
+    with pytest.raises(Misuse, match="expected a Checkpoint of this pool, got Parked"):
+        pool.lease_from(parked, 8)  # type: ignore[arg-type]
+    with pytest.raises(Misuse, match="room\\(\\) needs a Checkpoint, got Parked"):
+        host.room(parked)  # type: ignore[arg-type]
+    with pytest.raises(Misuse, match="wake\\(\\) needs a Parked from this host, got Checkpoint"):
+        host.wake(cp, 6, 8)  # type: ignore[arg-type]
+    assert (pool.free_pages, host.free_pages) == before[:2]  # no lease taken (not even one leaked)
+    with pytest.raises(Misuse, match="checkpoint of another pool"):
+        other_host.room(cp)
+    with pytest.raises(Misuse, match="another host"):
+        other_host.wake(parked, 6, 8)
+    with pytest.raises(Misuse, match="needs a Room"):
+        host.park(cp)  # type: ignore[arg-type]
+    room = host.room(cp)
+    with pytest.raises(Misuse, match="room of another host"):
+        other_host.park(room)
+    assert not room.closed
+    room.close()
+    with pytest.raises(Misuse, match="needs a Pool"):
+        Host(host, 8)  # type: ignore[arg-type]
+    assert (pool.free_pages, host.free_pages, other_pool.free_pages, other_host.free_pages) == before
+    invariant(pool, host=host)
+    invariant(other_pool, host=other_host)
+
+
+def test_wake_on_a_pool_without_paged_states() -> None:
+    pool = Pool(Layout(page_tokens=0, page_bytes=(), slot_bytes=(MIB,), block_bytes=MIB,
+                       num_blocks=4, initial_pages=0, initial_slots=3))
+    mem = Memory(pool)
+    host = Host(pool, 0, 2)
+    lease = pool.lease_slot()
+    mem.apply(lease.plan)
+    mem.slots[lease.seq_slot_id] = "state"  # type: ignore[index]
+    parked = host.park_now(pool.retire(lease, 5))  # type: ignore[arg-type]
+    mem.apply(parked.plan)
+    assert pool.free_slots == 2 and host.free_slots == 1
+    for num_tokens, lease_tokens in ((5, 5), (4, 0)):  # no tokens to reserve; a slot wakes whole
+        with pytest.raises(Misuse):
+            host.wake(parked, num_tokens, lease_tokens)
+    assert pool.free_slots == 2
+    waking = host.wake(parked, 5, 0)
+    assert waking.plan.page_copies == () and len(waking.plan.slot_copies) == 1
+    mem.apply(waking.plan)
+    waking.land()
+    woken = waking.lease
+    assert not woken.paged and woken.prefix_tokens == 5 and woken.page_ids() == []
+    assert mem.slots[woken.seq_slot_id] == "state" and pool.free_slots == 1  # type: ignore[index]
+    woken.close()
+    parked.close()
+    assert pool.free_slots == 2 and host.free_slots == 2
+    empty = host.park_now(pool.retire(pool.lease_slot(), 0))  # type: ignore[arg-type]
+    waking = host.wake(empty, 0, 0)  # divided by page_tokens 0 before the fix
+    waking.land()
+    woken = waking.lease
+    assert waking.plan.page_copies == () and woken.prefix_tokens == 0 and pool.free_slots == 1
+    assert waking.plan.slot_copies == (SlotCopy(empty.slot_id, woken.seq_slot_id),)  # type: ignore[arg-type]
+    woken.close()
+    empty.close()
     invariant(pool, host=host)

@@ -196,6 +196,23 @@ def test_handles_of_another_pool_are_refused() -> None:
         b.checkpoint(lease, 4)
 
 
+def test_handles_of_the_wrong_type_are_refused() -> None:
+    pool = kv_pool(4)
+    lease = pool.lease(4)
+    cp = pool.checkpoint(lease, 4)
+    before = pool.free_pages
+    for call in (lambda: pool.grow(cp, 8), lambda: pool.checkpoint(cp, 4), lambda: pool.retire(cp, 4),  # type: ignore[arg-type]
+                 lambda: pool.fork(cp, 4, 8)):  # type: ignore[arg-type]
+        with pytest.raises(Misuse, match="expected a Lease of this pool, got Checkpoint"):
+            call()
+    with pytest.raises(Misuse, match="expected a Checkpoint of this pool, got Lease"):
+        pool.lease_from(lease, 8)  # type: ignore[arg-type]
+    with pytest.raises(Misuse, match="expected a Lease of this pool, got NoneType"):
+        pool.retire(None, 0)  # type: ignore[arg-type]
+    assert pool.free_pages == before and not cp.closed and not lease.closed
+    invariant(pool)
+
+
 def test_exceeds_pool_and_busy_change_nothing() -> None:
     pool = kv_pool(3)
     with pytest.raises(ExceedsPool):

@@ -5,10 +5,12 @@ from __future__ import annotations
 import random
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pool_testkit import K
 
-from kern_pool import Misuse, Prefix, Resident, check_prefix
-from kern_pool.prefix import Parked
+from kern_pool import Busy, Misuse, Prefix, Resident, check_prefix
+from kern_pool.prefix import Eviction, Parked, Tier
 
 
 def build(*items: tuple[tuple[int, ...], K]) -> Prefix:
@@ -187,3 +189,87 @@ def test_long_prompts_use_few_nodes() -> None:
     assert hit is not None and hit.num_tokens == 32768
     hit.close()
     assert len(p.structure()[2]) == 1  # one edge for the whole prompt
+
+
+def _hit(p: Prefix, prompt: tuple[int, ...]) -> tuple[int, Tier, K] | None:
+    hit = p.lookup(prompt)
+    if hit is None:
+        return None
+    out = (hit.num_tokens, hit.tier, hit.kept)
+    hit.close()
+    return out
+
+
+def test_kv_entry_branching_above_the_deepest_match_is_found() -> None:
+    # a pure-KV entry serves what it shares with the prompt even when the prompt goes on down a
+    # different branch (a slot entry's or another tier's)
+    kv, slot = K(4, name="kv"), K(4, True, "slot")
+    q = build(((7, 8, 9, 1), kv), ((7, 8, 9, 2), slot))
+    assert _hit(q, (7, 8, 9, 2)) == (3, Resident, kv)
+    kv, slot = K(2, name="kv"), K(3, True, "slot")
+    r = build(((0, 0), kv), ((0, 1, 0), slot))
+    assert _hit(r, (0, 1, 1)) == (1, Resident, kv)
+    assert _hit(r, (0, 1, 0, 5)) == (3, Resident, slot)
+
+
+def test_resident_kv_wins_a_tie_with_a_parked_kv_on_another_branch() -> None:
+    res, parked = K(4, name="res"), K(4, name="parked")
+    p = build(((7, 8, 9, 1), res))
+    assert p.insert((7, 8, 9, 2), parked, Parked)
+    check_prefix(p)
+    assert _hit(p, (7, 8, 9, 2)) == (3, Resident, res)
+    assert _hit(p, (7, 8, 9, 2, 5)) == (4, Parked, parked)  # longer still beats the tier
+
+
+def _usable(toks: tuple[int, ...], has_slot: bool, prompt: tuple[int, ...]) -> int:
+    limit = len(prompt) - 1
+    if has_slot:
+        return len(toks) if len(toks) <= limit and prompt[: len(toks)] == toks else 0
+    n = 0
+    while n < min(len(toks), len(prompt)) and toks[n] == prompt[n]:
+        n += 1
+    return min(n, limit)
+
+
+_TOKS = st.lists(st.integers(0, 2), min_size=1, max_size=6).map(tuple)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.tuples(_TOKS, st.booleans(), st.booleans()), max_size=12), st.lists(_TOKS, min_size=1, max_size=8))
+def test_lookup_matches_brute_force(inserts: list[tuple[tuple[int, ...], bool, bool]],
+                                    prompts: list[tuple[int, ...]]) -> None:
+    p: Prefix = Prefix()
+    for toks, has_slot, parked in inserts:
+        p.insert(toks, K(len(toks), has_slot), Parked if parked else Resident)
+        check_prefix(p)
+    stored = p.entries()
+    for prompt in prompts:
+        # the best (length, tier) over every stored entry: longest first, then Resident
+        want = max(((n, tier is Resident) for toks, tier, kept in stored
+                    if (n := _usable(toks, kept.has_slot, prompt)) > 0), default=None)
+        got = _hit(p, prompt)
+        if want is None:
+            assert got is None, (prompt, stored)
+            continue
+        assert got is not None, (prompt, stored)
+        n, tier, kept = got
+        assert (n, tier is Resident) == want, (prompt, stored, got)
+        assert any(k is kept and t is tier and _usable(toks, k.has_slot, prompt) == n for toks, t, k in stored)
+    check_prefix(p)
+
+
+def test_a_failing_park_leaves_the_entry_evictable() -> None:
+    a = K(3)
+    p = build(((1, 2, 3), a))
+
+    def park(kept: K) -> K:
+        raise Busy("host full")
+
+    with pytest.raises(Busy):
+        p.evict(park)
+    assert len(p) == 1 and a.closes == 0
+    check_prefix(p)
+    parked = K(3, name="parked")
+    assert p.evict(lambda kept: parked) == Eviction(3, True)
+    assert p.count(Parked) == 1 and a.closes == 0
+    assert p.evict() is None and p.evict_parked() and parked.closes == 1 and len(p) == 0

@@ -53,6 +53,19 @@ def test_json_booleans_are_not_counts(tmp_path: Path, capsys: pytest.CaptureFixt
     _refused(capsys, ["simulate", str(trace)], f"{trace}:1: {needle}")
 
 
+@pytest.mark.parametrize("line, needle", [
+    ('{"input_length": 600, "hash_ids": [1, -2]}', "hash_ids must be a list of integers >= 0"),
+    ('{"input_length": 600, "output_length": 1, "hash_ids": [-1, 2]}', "hash_ids must be a list of integers >= 0"),
+])
+def test_negative_hash_ids_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str], line: str,
+                                       needle: str) -> None:
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(GOOD + line + "\n")
+    _refused(capsys, ["simulate", str(trace)], f"{trace}:2: {needle}")
+    with pytest.raises(TraceError, match=f":2: {needle}"):
+        read_trace(trace)
+
+
 @pytest.mark.parametrize("option, needle", [
     (["--capacity", "1.5"], "whole number"),
     (["--capacity", "3000000.5"], "whole number"),

@@ -9,6 +9,9 @@ only its new pages, and a woken session parked again copies no full page at all.
 Flow: `room(checkpoint)` reserves host units (or refuses, handing the checkpoint back), `park(room)`
 returns a `Parked` with the device->host plan (the device pages return when it `land()`s),
 `wake(parked, num_tokens, tokens)` returns a `Waking` whose lease is usable only after `land()`.
+A room also holds a reference to the host chain its checkpoint shares, so that chain cannot die
+between `room` and `park` (`park` hands the reference to the parked entry, `Room.close` drops it).
+Every handle is checked to be of the right type and of this host / pool before anything changes.
 """
 
 from __future__ import annotations
@@ -72,10 +75,16 @@ def _live_host(node: _Node) -> HostNode | None:
     return host_node if host_node is not None and host_node.alive else None
 
 
-class Room:
-    """Host units reserved for parking one checkpoint; `close()` gives them back unused."""
+class Room(Handle):
+    """Host units reserved for parking one checkpoint; `close()` gives them back unused.
 
-    __slots__ = ("_host", "checkpoint", "_pages", "_slot", "_shared", "_new", "_closed")
+    It holds the host pages and slot the park needs plus one reference to the host chain the
+    checkpoint already shares (`_shared`), so that chain stays alive even if every parked entry
+    using it closes before `park`. `close()` (also on leaving a `with` block or when the room is
+    dropped unparked) returns all of them; `park` consumes the room.
+    """
+
+    __slots__ = ("_host", "checkpoint", "_pages", "_slot", "_shared", "_new", "_closed", "__weakref__")
 
     def __init__(self, host: Host, checkpoint: Checkpoint, pages: list[int], slot: int | None,
                  shared: HostNode | None, new: list[_Node]) -> None:
@@ -89,24 +98,27 @@ class Room:
 
     @property
     def num_host_pages(self) -> int:
+        """Host pages reserved (the checkpoint's pages not already on the host)."""
         return len(self._pages)
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def close(self) -> bool:
+        """Give the reserved units and the shared-chain reference back. False if already closed or parked."""
         if self._closed:
             return False
         self._closed = True
-        self._host._reserved -= len(self._pages) + (self._slot is not None)
-        self._host._free_pages.extend(reversed(self._pages))
+        host = self._host
+        host._reserved -= len(self._pages) + (self._slot is not None)
+        host._free_pages.extend(reversed(self._pages))
         if self._slot is not None:
-            self._host._free_slots.append(self._slot)
-        self._pages, self._slot = [], None
+            host._free_slots.append(self._slot)
+        self._pages, self._slot, self._new = [], None, []
+        shared, self._shared = self._shared, None
+        host._unref_chain(shared)
         return True
-
-    def __enter__(self) -> Room:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 class Parked(Handle):
@@ -208,6 +220,9 @@ class Host:
     """Pinned host tier of `num_pages` host pages and `num_slots` host slots for one pool."""
 
     def __init__(self, pool: Pool, num_pages: int, num_slots: int = 0) -> None:
+        """Raises `Misuse` for a `pool` that is not a `Pool` or negative sizes (counts of units)."""
+        if not isinstance(pool, Pool):
+            raise Misuse(f"Host needs a Pool, got {type(pool).__name__}")
         if num_pages < 0 or num_slots < 0:
             raise Misuse(f"host sizes must be >= 0, got {num_pages} pages, {num_slots} slots")
         self.pool = pool
@@ -216,6 +231,7 @@ class Host:
         self._free_pages = list(range(num_pages - 1, -1, -1))
         self._free_slots = list(range(num_slots - 1, -1, -1))
         self._parked: weakref.WeakSet[Parked] = weakref.WeakSet()
+        self._rooms: weakref.WeakSet[Room] = weakref.WeakSet()  # open rooms (they hold shared chains)
         self._reserved = 0  # host units held by open rooms
 
     @classmethod
@@ -235,11 +251,12 @@ class Host:
     def room(self, checkpoint: Checkpoint) -> Room:
         """Reserve host units for `checkpoint`: pages not already on the host (weak links) + slot.
 
-        Raises `Busy` (host full: drop a parked entry; `err.checkpoint` is the untouched checkpoint),
-        `ExceedsPool` (it can never fit on the host), `Closed`.
+        The room also holds a reference to the host chain the checkpoint already shares (released by
+        `park` or `Room.close`). Raises `Busy` (host full: drop a parked entry; `err.checkpoint` is
+        the untouched checkpoint), `ExceedsPool` (it can never fit on the host), `Misuse` (not a
+        `Checkpoint` of this host's pool), `Closed`. A refusal changes nothing.
         """
-        if checkpoint.closed:
-            raise Closed("room() for a closed checkpoint")
+        self._own_checkpoint(checkpoint, "room()")
         new: list[_Node] = []
         node = checkpoint._chain
         shared = None
@@ -260,10 +277,23 @@ class Host:
         pages = [self._free_pages.pop() for _ in range(n_pages)]
         slot = self._free_slots.pop() if n_slots else None
         self._reserved += n_pages + n_slots
-        return Room(self, checkpoint, pages, slot, shared, new)
+        if shared is not None:
+            shared.refs += 1  # the room's own reference: the chain outlives its parked holders
+        room = Room(self, checkpoint, pages, slot, shared, new)
+        self._rooms.add(room)
+        return room
 
     def park(self, room: Room) -> Parked:
-        """Copy the room's checkpoint to the host. The plan lists only pages not already there."""
+        """Copy the room's checkpoint to the host. The plan lists only pages not already there.
+
+        Consumes the room (its units and shared-chain reference pass to the parked entry). Raises
+        `Misuse` (not a `Room` of this host), `Closed` (room closed or parked, or its checkpoint
+        closed since `room()`: the room is then closed too).
+        """
+        if not isinstance(room, Room):
+            raise Misuse(f"park() needs a Room from Host.room(), got {type(room).__name__}")
+        if room._host is not self:
+            raise Misuse("park() with a room of another host")
         if room._closed:
             raise Closed("park() with a closed room")
         cp = room.checkpoint
@@ -273,9 +303,7 @@ class Host:
         parked = Parked(self, cp.num_tokens, cp.has_slot)
         pages = list(room._pages)
         copies: list[PageCopy] = []
-        chain = room._shared
-        if chain is not None:
-            chain.refs += 1
+        chain, room._shared = room._shared, None  # the room's reference becomes the parked entry's
         for dev in room._new:
             host_page = pages.pop(0)
             chain = HostNode(host_page, chain)  # the new node holds its parent's reference
@@ -291,7 +319,7 @@ class Host:
             slot_copies = (SlotCopy(cp.seq_slot_id, room._slot),)  # type: ignore[arg-type]
         assert not pages, "kern bug: room reserved more host pages than the park used"
         self._reserved -= len(room._pages) + (room._slot is not None)
-        room._pages, room._slot, room._closed = [], None, True
+        room._pages, room._slot, room._new, room._closed = [], None, [], True
         parked.plan = HostCopies("park", tuple(copies), slot_copies)
         parked._checkpoint = cp
         self._parked.add(parked)
@@ -305,21 +333,30 @@ class Host:
         return parked
 
     def wake(self, parked: Parked, num_tokens: int, lease_tokens: int, *, hold: Any = None) -> Waking:
-        """Lease `lease_tokens` tokens of pages and fill the first `num_tokens` from `parked`.
+        """Lease `lease_tokens` tokens of pages and fill the first `num_tokens` (tokens) from `parked`.
 
         Only the pages covering `num_tokens` are copied (a partial hit wakes only what it needs), each
-        page from its host copy. `hold` is closed with the lease. Raises `Closed`, `Misuse`, and the
-        pool's refusals (a refusal changes nothing).
+        page from its host copy. On a pool without paged states the lease is slot-only, like
+        `Pool.lease_from` of a slot-only checkpoint: `lease_tokens` must be 0 and only the slot is
+        copied. `hold` is closed with the lease. Raises `Closed`, `Misuse` (not a `Parked` of this
+        host, lengths out of range) before anything is leased, and the pool's refusals (a refusal
+        changes nothing).
         """
+        if not isinstance(parked, Parked):
+            raise Misuse(f"wake() needs a Parked from this host, got {type(parked).__name__}")
+        if parked._host is not self:
+            raise Misuse("wake() of a parked entry of another host")
         if parked.closed:
             raise Closed("wake() of a closed parked entry")
-        if not 0 <= num_tokens <= parked.num_tokens or lease_tokens < num_tokens:
-            raise Misuse(f"wake {num_tokens} of {parked.num_tokens} tokens into a lease of {lease_tokens}")
+        paged = self.pool.layout.paged
+        if not 0 <= num_tokens <= parked.num_tokens or (lease_tokens < num_tokens if paged else lease_tokens != 0):
+            raise Misuse(f"wake {num_tokens} of {parked.num_tokens} tokens into a lease of {lease_tokens}"
+                         + ("" if paged else " (a pool without paged states reserves no tokens: pass 0)"))
         if num_tokens < parked.num_tokens and parked.has_slot:
             raise Misuse("a parked entry with per-seq state wakes only at its full length")
         lease = self.pool.lease(lease_tokens)
         P = self.pool.page_tokens
-        full, partial = divmod(num_tokens, P)
+        full, partial = divmod(num_tokens, P) if paged else (0, 0)
         nodes: list[HostNode] = []
         node = parked._chain
         while node is not None:
@@ -339,17 +376,30 @@ class Host:
         lease._hold = hold
         return Waking(lease, HostCopies("wake", copies, slot_copies))
 
-    def _release_parked(self, parked: Parked) -> None:
-        node = parked._chain
-        parked._chain = None
+    def _own_checkpoint(self, checkpoint: Checkpoint, what: str) -> None:
+        """Misuse unless `checkpoint` is an open `Checkpoint` of this host's pool (Closed if closed)."""
+        if not isinstance(checkpoint, Checkpoint):
+            raise Misuse(f"{what} needs a Checkpoint, got {type(checkpoint).__name__}")
+        if checkpoint._pool is not self.pool:
+            raise Misuse(f"{what} with a checkpoint of another pool")
+        if checkpoint.closed:
+            raise Closed(f"{what} for a closed checkpoint")
+
+    def _unref_chain(self, node: HostNode | None) -> None:
+        """Drop one reference to the host chain ending at `node`; freed nodes die and free their page."""
         while node is not None:
             node.refs -= 1
             assert node.refs >= 0, "kern bug: host node released more often than held"
             if node.refs:
-                break
+                return
             node.alive = False
             self._free_pages.append(node.page_id)
             node = node.parent
+
+    def _release_parked(self, parked: Parked) -> None:
+        node = parked._chain
+        parked._chain = None
+        self._unref_chain(node)
         if parked.tail_page_id is not None:
             self._free_pages.append(parked.tail_page_id)
             parked.tail_page_id = None
@@ -358,24 +408,35 @@ class Host:
             parked.slot_id = None
 
     def check(self) -> None:
-        """Assert host accounting (kern bugs): node refs = holders, every unit free xor held once."""
+        """Assert host accounting (kern bugs): node refs = holders (parked entries, open rooms, child
+        nodes), every unit free xor held once, reserved units = open rooms' units."""
         held_pages: list[int] = []
         held_slots: list[int] = []
         refs: dict[int, int] = {}
         nodes: dict[int, HostNode] = {}
-        for p in list(self._parked):
-            if p.closed:
-                continue
-            if p._chain is not None:
-                refs[id(p._chain)] = refs.get(id(p._chain), 0) + 1
-            node = p._chain
+
+        def hold(tail: HostNode | None) -> None:
+            if tail is not None:
+                refs[id(tail)] = refs.get(id(tail), 0) + 1
+            node = tail
             while node is not None and id(node) not in nodes:
-                assert node.alive, "kern bug: parked chain holds a dead host node"
+                assert node.alive, "kern bug: a parked entry or room holds a dead host node"
                 nodes[id(node)] = node
                 held_pages.append(node.page_id)
                 if node.parent is not None:
                     refs[id(node.parent)] = refs.get(id(node.parent), 0) + 1
                 node = node.parent
+
+        reserved = 0
+        for r in list(self._rooms):
+            if not r._closed:
+                hold(r._shared)
+                reserved += len(r._pages) + (r._slot is not None)
+        assert reserved == self._reserved, "kern bug: reserved host units differ from open rooms"
+        for p in list(self._parked):
+            if p.closed:
+                continue
+            hold(p._chain)
             if p.tail_page_id is not None:
                 held_pages.append(p.tail_page_id)
             if p.slot_id is not None:

@@ -168,9 +168,9 @@ class Pool:
     def grow(self, lease: Lease, num_tokens: int) -> None:
         """Reserve pages so `lease` holds `num_tokens` tokens in total (no-op if it already does).
 
-        Raises `Closed`, `Misuse` (slot-only lease), `ExceedsPool`, `Busy`, `Remapping`.
+        Raises `Closed`, `Misuse` (not a `Lease` of this pool, slot-only lease), `ExceedsPool`, `Busy`, `Remapping`.
         """
-        self._own(lease)
+        self._own(lease, Lease)
         more = self._pages_for(num_tokens) - lease.num_pages
         if more <= 0:
             return
@@ -185,10 +185,10 @@ class Pool:
         Full pages are sealed into the shared chain (the lease can no longer write them); the
         partial last page is shared and the lease may only write it from `num_tokens` on; the slot
         is copied into a new slot (`checkpoint.plan.slot_copies`). With per-seq state the caller
-        must checkpoint at the lease's current position. Raises `Closed`, `Misuse` (length out of
-        range), `Busy` / `Remapping` (no slot for the copy), `ExceedsPool`.
+        must checkpoint at the lease's current position. Raises `Closed`, `Misuse` (not a `Lease` of
+        this pool, length out of range), `Busy` / `Remapping` (no slot for the copy), `ExceedsPool`.
         """
-        self._own(lease)
+        self._own(lease, Lease)
         self._check_len(lease, num_tokens)
         slots: list[int] = []
         if lease.seq_slot_id is not None:
@@ -203,10 +203,11 @@ class Pool:
     def retire(self, lease: Lease, num_tokens: int) -> Checkpoint | None:
         """End `lease`, keeping its first `num_tokens` tokens, with no copy: pages past them return,
         the slot moves to the checkpoint. A second retire (or retire after close) is a checked
-        no-op returning None. Raises `Misuse` for a length beyond the lease."""
-        if lease.closed:
+        no-op returning None. Raises `Misuse` for a length beyond the lease or a handle that is not a
+        `Lease` of this pool."""
+        if isinstance(lease, Lease) and lease.closed:
             return None
-        self._own(lease)
+        self._own(lease, Lease)
         self._check_len(lease, num_tokens)
         cp = self._make_checkpoint(lease, num_tokens)
         cp.seq_slot_id, lease.seq_slot_id = lease.seq_slot_id, None
@@ -228,9 +229,10 @@ class Pool:
         the lease's first own page (`plan.page_copies`), so the checkpoint's page never changes; the
         slot is copied. `prefix_tokens < source.num_tokens` is allowed only for pure-KV checkpoints.
         `hold` (anything with `close()`, e.g. a prefix `Hit`) is closed when the lease closes.
-        Raises `Closed`, `Misuse`, `ExceedsPool`, `Busy`, `Remapping`; a refusal changes nothing.
+        Raises `Closed`, `Misuse` (also for a `source` that is not a `Checkpoint` of this pool, e.g.
+        a host `Parked`: wake it with `Host.wake`), `ExceedsPool`, `Busy`, `Remapping`; a refusal changes nothing.
         """
-        self._own(source)
+        self._own(source, Checkpoint)
         length = source.num_tokens if prefix_tokens is None else prefix_tokens
         if not 0 <= length <= source.num_tokens:
             raise Misuse(f"prefix_tokens {length} outside 0..{source.num_tokens} of the checkpoint")
@@ -257,7 +259,7 @@ class Pool:
         with per-seq state the fork must be at the parent's current position). Raises `Closed`,
         `Misuse`, `ExceedsPool`, `Busy`, `Remapping`; a refusal changes nothing.
         """
-        self._own(parent)
+        self._own(parent, Lease)
         self._check_len(parent, prefix_tokens)
         if not parent.paged:
             return self._slot_only_branch("fork of a slot-only lease", parent.seq_slot_id, prefix_tokens,
@@ -313,7 +315,10 @@ class Pool:
         self._handles.add(lease)
         return lease
 
-    def _own(self, handle: Lease | Checkpoint) -> None:
+    def _own(self, handle: Lease | Checkpoint, kind: type[Lease] | type[Checkpoint]) -> None:
+        """Misuse unless `handle` is a `kind` of this pool; Closed if it is closed."""
+        if not isinstance(handle, kind):
+            raise Misuse(f"expected a {kind.__name__} of this pool, got {type(handle).__name__}")
         if handle._pool is not self:
             raise Misuse("handle belongs to another pool")
         if handle.closed:

@@ -16,7 +16,8 @@ and a host `Parked` on one device; a tuple of them on a tray). Rules:
 
 Edges are token tuples compared with one slice comparison each (C speed), children keyed by the
 edge's first token; a 32k-token lookup costs one 32k-element tuple comparison plus a dict lookup per
-branch point.
+branch point, then (per tier) one subtree-count read per node on the path to find the pure-KV entry
+sharing the most tokens, wherever it branches off the path.
 """
 
 from __future__ import annotations
@@ -192,6 +193,13 @@ class Prefix(Generic[R, P]):
         The hit's `num_tokens` is what to resume (a slot entry's own length; for a pure-KV entry the
         tokens it shares with the prompt, capped at len(tokens) - 1). Ties prefer `Resident`. The
         entry is stamped with the clock and locked until the hit closes. No structure changes.
+
+        Cost: one walk down the prompt's path (one slice comparison per edge, so O(len(tokens))
+        token comparisons at C speed) with O(b) Python steps for the b nodes on the path; then, per
+        tier, at most b subtree-count reads to find the deepest point of the path whose subtree
+        holds a pure-KV entry (every such entry shares exactly that many tokens with the prompt, as
+        it branches off the path there), and one descent to fetch that entry (a scan of the children
+        of each node on the way down).
         """
         toks = tokens if type(tokens) is tuple else tuple(tokens)
         limit = len(toks) - 1
@@ -199,14 +207,14 @@ class Prefix(Generic[R, P]):
             return None
         best: Entry | None = None
         best_len = 0
-        node, pos, m = self._root, 0, 0
-        top = node
+        node, pos = self._root, 0
+        path: list[_TreeNode] = []  # nodes whose whole path the prompt matches, root first
         while True:
             if 0 < pos <= limit:
                 for e in node.entries:
                     if e is not None and (pos > best_len or (pos == best_len and e.tier is Resident)):
                         best, best_len = e, pos
-            top = node
+            path.append(node)
             if pos >= len(toks):
                 break
             child = node.children.get(toks[pos])
@@ -216,15 +224,20 @@ class Prefix(Generic[R, P]):
             if toks[pos : pos + len(edge)] == edge:
                 node, pos = child, pos + len(edge)
                 continue
-            m = _common(toks, pos, edge)
-            top = child
+            # the prompt leaves (or ends inside) child's edge: all its subtree shares the new `pos` tokens
+            path.append(child)
+            pos += _common(toks, pos, edge)
             break
-        usable = min(pos + m, limit)
-        if usable > 0 and (usable > best_len or (best is not None and best.tier is Parked and usable == best_len)):
-            for ti in (0, 1):
-                if top.counts[2 + ti]:
-                    if usable > best_len or ti == 0:
-                        best, best_len = self._find_kv(top, ti), usable
+        # Pure-KV entries serve what they share with the prompt: the deepest path point whose subtree
+        # holds one of the tier gives its length (the last point shares `pos`, each full node its depth).
+        for ti in (0, 1):
+            for i in range(len(path) - 1, 0, -1):
+                point = path[i]
+                if point.counts[2 + ti]:
+                    usable = min(pos if i == len(path) - 1 else point.depth, limit)
+                    if usable > best_len or (usable == best_len and ti == 0 and best is not None
+                                             and best.tier is Parked):
+                        best, best_len = self._find_kv(point, ti), usable
                     break
         if best is None:
             return None
@@ -289,12 +302,18 @@ class Prefix(Generic[R, P]):
         """Evict the coldest evictable resident entry; None when nothing can be evicted.
 
         With `park`, `park(kept)` may return the parked form (filed as `Parked` at the same tokens;
-        the resident `kept` then belongs to it) or None (the entry is dropped and closed).
+        the resident `kept` then belongs to it) or None (the entry is dropped and closed). An
+        exception from `park` propagates and leaves the entry filed and evictable as before.
         """
-        entry = self._pop_victim(0)
-        if entry is None:
+        item = self._pop_victim(0)
+        if item is None:
             return None
-        parked = park(entry.kept) if park is not None else None
+        entry = item[2]
+        try:
+            parked = park(entry.kept) if park is not None else None
+        except BaseException:
+            heapq.heappush(self._heaps[0], item)  # put the victim back exactly: it is still filed
+            raise
         n = entry.node.depth
         if parked is None:
             self._remove(entry, close=True)
@@ -306,10 +325,10 @@ class Prefix(Generic[R, P]):
 
     def evict_parked(self) -> bool:
         """Drop the coldest evictable parked entry (closing it). False when none can be dropped."""
-        entry = self._pop_victim(1)
-        if entry is None:
+        item = self._pop_victim(1)
+        if item is None:
             return False
-        self._remove(entry, close=True)
+        self._remove(item[2], close=True)
         return True
 
     def clear(self) -> None:
@@ -418,12 +437,14 @@ class Prefix(Generic[R, P]):
         counts = entry.node.counts
         return counts[ti] == 1 or (entry.kv and counts[2 + ti] > 1)
 
-    def _pop_victim(self, ti: int) -> Entry | None:
+    def _pop_victim(self, ti: int) -> tuple[int, int, Entry] | None:
+        """Pop heap items up to the coldest evictable entry of tier ti; its item (clock, push, entry)."""
         heap = self._heaps[ti]
         while heap:
-            clock, _, entry = heapq.heappop(heap)
+            item = heapq.heappop(heap)
+            clock, _, entry = item
             if entry.alive and entry.clock == clock and self._evictable(entry):
-                return entry
+                return item
         return None
 
     def _unlock(self, entry: Entry) -> None:

@@ -121,8 +121,8 @@ def _request(d: object, where: str, block_tokens: int) -> Request:
         raise TraceError(f"{where}: input_length must be a positive integer, got {input_length!r}")
     if not (_int(output_length) and output_length >= 0):
         raise TraceError(f"{where}: output_length must be an integer >= 0, got {output_length!r}")
-    if not (isinstance(hash_ids, list) and all(_int(h) for h in hash_ids)):
-        raise TraceError(f"{where}: hash_ids must be a list of integers")
+    if not (isinstance(hash_ids, list) and all(_int(h) and h >= 0 for h in hash_ids)):
+        raise TraceError(f"{where}: hash_ids must be a list of integers >= 0")
     if len(hash_ids) != -(-input_length // block_tokens):
         raise TraceError(f"{where}: {len(hash_ids)} hash_ids for input_length {input_length}; a trace has one per "
                          f"{block_tokens}-token block ({-(-input_length // block_tokens)})")
