@@ -13,9 +13,12 @@ loses it there too, so time only the decode program).
     python tools/ablate_manifest.py manifests/qwen3-4b-v2.json --drop qk_norm_rope_kv,attn_decode --out /tmp/a.json
     python tools/ablate_manifest.py manifests/qwen3-4b-v2.json --drop-entry kern_attn_decode_reduce --out /tmp/b.json
 
-Errors (exit 1, one line): the input is not a manifest with a decode program, an op named in --drop is not
-called by the decode program, an entry of --drop-entry is launched by none of its ops or is the only launch
-of one (drop the op's calls instead), nothing to drop, or nothing would be left of it.
+Errors (exit 1, one line): the input cannot be read, is not UTF-8 JSON or is not a manifest with a decode
+program (programs.decode.calls a list of call objects with op names; the ops --drop-entry touches with lists
+of launch objects), an op named in --drop is not called by the decode program, an entry of --drop-entry is
+launched by none of its ops or is the only launch of one (drop the op's calls instead), nothing to drop, or
+nothing would be left of it; an --out that cannot be written (written through a temporary file and renamed:
+never left half-written).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gen_qwen3 import dumps, manifest_digest  # noqa: E402
+from gen_qwen3 import dumps, manifest_digest, write_files  # noqa: E402
 
 
 class AblationError(Exception):
@@ -43,6 +46,12 @@ def ablate(manifest: dict[str, Any], drop: list[str], drop_entries: list[str] = 
         calls = manifest["programs"]["decode"]["calls"]
     except (KeyError, TypeError):
         raise AblationError("the manifest has no programs.decode.calls") from None
+    if not isinstance(calls, list):
+        raise AblationError(f"programs.decode.calls is a JSON {type(calls).__name__}, expected a list of calls")
+    for i, c in enumerate(calls):
+        if not isinstance(c, dict) or not isinstance(c.get("op", ""), str):
+            raise AblationError(f"programs.decode.calls[{i}] is not a call object with an op name: "
+                                f"{json.dumps(c)[:80]}")
     if not drop and not drop_entries:
         raise AblationError("nothing to drop: give ops (--drop) or entries (--drop-entry)")
     called = {c.get("op") for c in calls}
@@ -55,19 +64,26 @@ def ablate(manifest: dict[str, Any], drop: list[str], drop_entries: list[str] = 
     out = json.loads(json.dumps(manifest))
     out["programs"]["decode"]["calls"] = kept
     decode_ops = {c.get("op") for c in kept}
+    ops = out.get("ops", {})
+    if drop_entries and not isinstance(ops, dict):
+        raise AblationError(f"ops is a JSON {type(ops).__name__}, expected an object")
     for entry in drop_entries:
         hits = 0
-        for name in sorted(op for op in decode_ops if op in out.get("ops", {})):
-            launches = out["ops"][name]["launches"]
+        for name in sorted(op for op in decode_ops if op in ops):
+            launches = ops[name].get("launches") if isinstance(ops[name], dict) else None
+            if not isinstance(launches, list) or not all(isinstance(launch, dict) for launch in launches):
+                raise AblationError(f"ops.{name}.launches is not a list of launch objects")
             left = [launch for launch in launches if launch.get("entry") != entry]
             if len(left) == len(launches):
                 continue
             if not left:
                 raise AblationError(f"{entry} is the only launch of op {name!r}: drop the op's calls (--drop) instead")
-            out["ops"][name]["launches"] = left
+            ops[name]["launches"] = left
             hits += 1
         if not hits:
             raise AblationError(f"no op the decode program calls launches {entry}")
+    if not isinstance(out.get("meta", {}), dict):
+        raise AblationError(f"meta is a JSON {type(out['meta']).__name__}, expected an object")
     out["name"] = f"{manifest.get('name', 'manifest')}-without-{'-'.join([*drop, *drop_entries])}"
     out.setdefault("meta", {})["ablation"] = {"dropped_decode_ops": list(drop), "dropped_entries": list(drop_entries),
                                               "note": "timing only: the outputs of this manifest are meaningless"}
@@ -84,14 +100,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     try:
-        manifest = json.loads(args.manifest.read_text())
+        manifest = json.loads(args.manifest.read_text(encoding="utf-8"))
         out = ablate(manifest, [op for op in args.drop.split(",") if op],
                      [entry for entry in args.drop_entry.split(",") if entry])
-    except (OSError, json.JSONDecodeError, AblationError) as exc:
+    except UnicodeDecodeError as exc:
+        print(f"ablate_manifest: {args.manifest}: not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset "
+              f"{exc.start})", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"ablate_manifest: {args.manifest}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    except (json.JSONDecodeError, AblationError) as exc:
         print(f"ablate_manifest: {args.manifest}: {exc}", file=sys.stderr)
         return 1
     try:
-        args.out.write_text(dumps(out))
+        write_files({args.out: dumps(out)})  # through a temporary file: never a half-written --out
     except OSError as exc:
         print(f"ablate_manifest: --out {args.out}: {exc.strerror or exc}", file=sys.stderr)
         return 1

@@ -14,6 +14,14 @@ Format: docs/kernels.md. Builds are reproducible: the same sources and toolchain
 
 Tools: NVCC / CUOBJDUMP environment variables, else PATH, else $CUDA_HOME/bin and /usr/local/cuda/bin.
 (`cuobjdump` also comes as the `nvidia-cuda-cuobjdump` wheel: nvidia/cu13/bin/cuobjdump.)
+
+Options: --src (kernel sources), --out (cubins + kernels.json), --check, --modules a,b (build only these).
+Errors (exit 2, one line on stderr naming the tool, module or file; a failed compile adds the compiler's
+output): a tool that is missing, cannot be run or prints no version; a compile that fails; a cubin whose
+`cuobjdump` dump is not a consistent ABI; a committed kernels.json (--check, --modules) that is missing or
+not JSON; an --out that cannot be written. Every module is compiled and described before anything is copied
+into --out, cubins and kernels.json go through temporary files renamed into place, so a failed build leaves
+--out as it was. --check exits 1 on a difference.
 """
 
 from __future__ import annotations
@@ -34,7 +42,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make `tools` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tools.kernel_abi import parse_kparam_info, parse_res_usage  # noqa: E402
+from tools.kernel_abi import KernelAbiError, parse_kparam_info, parse_res_usage  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 FORMAT = "kern-kernels/1"
@@ -79,12 +87,18 @@ def find_toolchain() -> Toolchain:
             "nvidia-cuda-cuobjdump wheel: nvidia/cu13/bin/cuobjdump)"
         )
     out = _run([nvcc, "--version"])
-    version = next((line.strip() for line in out.splitlines() if "release" in line), out.strip().splitlines()[-1])
+    lines = [line.strip() for line in out.splitlines() if line.strip()]
+    if not lines:
+        raise BuildError(f"{nvcc} --version printed nothing (is NVCC a CUDA compiler?)")
+    version = next((line for line in lines if "release" in line), lines[-1])
     return Toolchain(nvcc=nvcc, cuobjdump=cuobjdump, version=version)
 
 
 def _run(cmd: list[str], cwd: Path | None = None) -> str:
-    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
+    try:
+        proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
+    except OSError as exc:  # not executable, not a program, vanished
+        raise BuildError(f"{cmd[0]} cannot be run: {exc.strerror or exc}") from None
     if proc.returncode != 0:
         raise BuildError(f"{' '.join(cmd)} failed (exit {proc.returncode}):\n{proc.stdout}{proc.stderr}")
     return proc.stdout
@@ -98,7 +112,10 @@ def compile_module(tc: Toolchain, source: Path, out_cubin: Path) -> None:
 def describe_cubin(tc: Toolchain, cubin: Path) -> dict[str, dict]:
     """Entries of a cubin: {entry: {"params": [[offset, size], ...], "registers", "shared", "local",
     "constants": {}}} from cuobjdump. Raises BuildError if an entry lacks resource usage."""
-    params = parse_kparam_info(_run([tc.cuobjdump, "-elf", str(cubin)]))
+    try:
+        params = parse_kparam_info(_run([tc.cuobjdump, "-elf", str(cubin)]))
+    except KernelAbiError as exc:
+        raise BuildError(f"{cubin.name}: {tc.cuobjdump} -elf: {exc}") from None
     usage = parse_res_usage(_run([tc.cuobjdump, "-res-usage", str(cubin)]))
     entries: dict[str, dict] = {}
     for entry in sorted(set(params) | set(usage)):
@@ -121,7 +138,8 @@ def sha256_file(path: Path) -> str:
 
 def build_all(src_dir: Path, out_dir: Path, tc: Toolchain, work_dir: Path, modules: list[str] | None = None) -> dict:
     """Compile every src_dir/*.cu (or only the named modules) into work_dir, copy new cubins into
-    out_dir (never overwriting or deleting), and return the kernels.json document (not written)."""
+    out_dir (never overwriting or deleting), and return the kernels.json document (not written).
+    Every module is compiled and described first: on any error nothing is copied."""
     sources = sorted(src_dir.glob("*.cu"))
     if modules is not None:
         missing = sorted(set(modules) - {s.stem for s in sources})
@@ -136,29 +154,57 @@ def build_all(src_dir: Path, out_dir: Path, tc: Toolchain, work_dir: Path, modul
         tmp_cubin = work_dir / f"{module}.cubin"
         compile_module(tc, source, tmp_cubin)
         digest = sha256_file(tmp_cubin)
-        file_name = f"{module}-{digest[:12]}.cubin"
-        final = out_dir / file_name
-        if final.exists():
-            if sha256_file(final) != digest:
-                raise BuildError(f"{final} exists with different contents (sha12 collision or tampering)")
-        else:
-            shutil.copyfile(tmp_cubin, final)
         try:
             rel_source = source.resolve().relative_to(REPO_ROOT).as_posix()
         except ValueError:
             rel_source = source.as_posix()
         return module, {
-            "file": file_name,
+            "file": f"{module}-{digest[:12]}.cubin",
             "sha256": digest,
             "source": rel_source,
             "flags": list(FLAGS),
             "entries": describe_cubin(tc, tmp_cubin),
         }
 
-    out_dir.mkdir(parents=True, exist_ok=True)
     with ThreadPoolExecutor(max_workers=min(8, len(sources))) as pool:
         modules = dict(pool.map(one, sources))
+    new: list[tuple[Path, Path]] = []  # (built cubin, its place in out_dir)
+    for module, info in modules.items():
+        final = out_dir / info["file"]
+        if final.exists():
+            if sha256_file(final) != info["sha256"]:
+                raise BuildError(f"{final} exists with different contents (sha12 collision or tampering)")
+        else:
+            new.append((work_dir / f"{module}.cubin", final))
+    if out_dir.exists() and not out_dir.is_dir():
+        raise BuildError(f"--out {out_dir} exists and is not a directory")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for built, final in new:
+        _write_atomic(final, built.read_bytes())
     return {"format": FORMAT, "toolchain": tc.version, "arch": ARCH, "modules": dict(sorted(modules.items()))}
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    """`data` to a temporary file beside `path`, renamed over it: `path` is never left half-written."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _read_json(path: Path, what: str) -> dict:
+    """A committed kernels.json. Raises BuildError naming the file when it is missing, unreadable or not JSON."""
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise BuildError(f"{path}: {what}: {exc.strerror or exc}") from None
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
+        raise BuildError(f"{path}: {what}: not JSON ({exc})") from None
+    if not isinstance(doc, dict):
+        raise BuildError(f"{path}: {what}: a JSON {type(doc).__name__}, expected an object")
+    return doc
 
 
 def write_json(doc: dict, path: Path) -> None:
@@ -166,7 +212,7 @@ def write_json(doc: dict, path: Path) -> None:
     text = json.dumps(doc, indent=2)
     text = re.sub(r"\[\s*(-?\d+),\s*(-?\d+)\s*\]", r"[\1, \2]", text)
     text = re.sub(r'"flags": \[[^\]]*\]', lambda m: '"flags": ' + json.dumps(json.loads(m.group(0)[9:])), text)
-    path.write_text(text + "\n")
+    _write_atomic(path, (text + "\n").encode())
 
 
 def merge_partial(metadata_path: Path, partial: dict) -> dict:
@@ -176,12 +222,14 @@ def merge_partial(metadata_path: Path, partial: dict) -> dict:
     kernels.json would break the reproducibility check)."""
     if not metadata_path.exists():
         return partial
-    committed = json.loads(metadata_path.read_text())
+    committed = _read_json(metadata_path, "the committed kernels.json (kept for the modules not rebuilt)")
     if committed.get("toolchain") != partial["toolchain"]:
         raise BuildError(
             f"{metadata_path} was built with {committed.get('toolchain')!r}, this toolchain is "
             f"{partial['toolchain']!r}: rebuild every module (omit --modules)"
         )
+    if not isinstance(committed.get("modules", {}), dict):
+        raise BuildError(f"{metadata_path}: modules is not an object")
     merged = dict(committed.get("modules", {}))
     merged.update(partial["modules"])
     return {**partial, "modules": dict(sorted(merged.items()))}
@@ -189,9 +237,9 @@ def merge_partial(metadata_path: Path, partial: dict) -> dict:
 
 def check(src_dir: Path, kernels_dir: Path, tc: Toolchain, modules: list[str] | None = None) -> list[str]:
     """Rebuild into a temp dir and compare with the committed kernels.json; return the differences."""
-    committed = json.loads((kernels_dir / "kernels.json").read_text())
-    if modules is not None:
-        committed["modules"] = {k: v for k, v in committed.get("modules", {}).items() if k in modules}
+    committed = _read_json(kernels_dir / "kernels.json", "the committed kernels.json --check compares with")
+    if modules is not None and isinstance(committed.get("modules"), dict):
+        committed["modules"] = {k: v for k, v in committed["modules"].items() if k in modules}
     problems: list[str] = []
     with tempfile.TemporaryDirectory() as tmp:
         tmp_path = Path(tmp)
@@ -201,14 +249,19 @@ def check(src_dir: Path, kernels_dir: Path, tc: Toolchain, modules: list[str] | 
     if committed.get("toolchain") != fresh["toolchain"]:
         problems.append(f"toolchain: committed {committed.get('toolchain')!r}, here {fresh['toolchain']!r}")
     old_modules, new_modules = committed.get("modules", {}), fresh["modules"]
+    if not isinstance(old_modules, dict):
+        raise BuildError(f"{kernels_dir / 'kernels.json'}: modules is not an object")
     for name in sorted(set(old_modules) | set(new_modules)):
         old, new = old_modules.get(name), new_modules.get(name)
         if old is None or new is None:
             problems.append(f"module {name}: {'not committed' if old is None else 'no source any more'}")
             continue
+        if not isinstance(old, dict) or not isinstance(old.get("sha256"), str) or not isinstance(old.get("file"), str):
+            problems.append(f"module {name}: the committed record has no sha256 / file strings")
+            continue
         if old["sha256"] != new["sha256"]:
             problems.append(f"module {name}: committed sha256 {old['sha256'][:12]}, rebuilt {new['sha256'][:12]}")
-        if old["entries"] != new["entries"]:
+        if old.get("entries") != new["entries"]:
             problems.append(f"module {name}: entry metadata differs from the rebuild")
         cubin = kernels_dir / old["file"]
         if not cubin.exists():
@@ -234,6 +287,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"MISMATCH {problem}", file=sys.stderr)
             print("kernels: check " + ("FAILED" if problems else "ok") + f" ({tc.version})")
             return 1 if problems else 0
+        if modules is not None:  # the committed kernels.json it merges into is checked before anything is built
+            merge_partial(args.out / "kernels.json", {"toolchain": tc.version, "modules": {}})
         with tempfile.TemporaryDirectory() as work:
             doc = build_all(args.src, args.out, tc, Path(work), modules)
         if modules is not None:
@@ -244,6 +299,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except BuildError as exc:
         print(f"build_kernels: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # writing --out
+        print(f"build_kernels: {exc.filename or args.out}: {exc.strerror or exc}", file=sys.stderr)
         return 2
 
 

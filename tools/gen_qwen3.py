@@ -32,6 +32,18 @@ Output is deterministic: same config, kernels.json and options -> the same bytes
 indentation, the digest of docs/manifest.md). The output is verified with kern_manifest when that
 package is importable (`--no-verify` skips it).
 
+Errors (exit 1, one line on stderr naming the file, key or option; nothing written): a config.json or
+kernels.json that cannot be read or is not UTF-8 JSON; a config value of the wrong JSON type or range
+(integers JSON integers >= 1, tie_word_embeddings a boolean, rope_theta and rms_norm_eps finite numbers > 0); a
+kernels.json module without a sha256 string, an entry whose params are not [offset, size] integer pairs or do
+not match the kernel contract; a head_dim the kernels do not cover (kern_attn_prefill: a multiple of 16, at
+most 128; `--decode-attn wide`: at most 128); an option out of range (--max-context, --chunk-max in
+[1, max-context], --decode-split-tokens >= 1 and a multiple of the page size, --sms >= 1, --decode-splits
+>= 0, --carveout 0..100 or -1, --gemv-threads-per-sm 32..2048); an --algos pins file that is malformed, was
+proven for a smaller M than --chunk-max, or matches none of the model's GEMM shapes; an --out that is a
+directory or cannot be written (the manifest goes to a temporary file renamed over --out: never half-written);
+a manifest that does not verify.
+
 Usage:
     python tools/gen_qwen3.py --config /tmp/qwen3-4b/config.json --kernels kernels/kernels.json --out manifests/qwen3-4b.json
     python tools/gen_qwen3.py --shape qwen3-4b --kernels kernels/kernels.json --out manifests/qwen3-4b.json
@@ -42,6 +54,8 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -114,31 +128,77 @@ class Qwen3Config:
     max_position_embeddings: int
 
     @classmethod
-    def from_json(cls, cfg: dict[str, Any]) -> "Qwen3Config":
-        """From a config.json object. Raises GenError for a model this generator does not cover."""
+    def from_json(cls, cfg: Any, source: str = "config.json") -> "Qwen3Config":
+        """From a config.json object. Raises GenError, naming `source` and the key, for a model this generator does
+        not cover or a value of the wrong JSON type or range: integers must be JSON integers >= 1,
+        tie_word_embeddings a JSON boolean, rope_theta and rms_norm_eps finite numbers > 0. Absent keys take
+        transformers' defaults (head_dim: hidden_size // num_attention_heads, also when null; rope_theta: 1e6 or
+        rope_parameters.rope_theta; tie_word_embeddings false; max_position_embeddings 40960)."""
+        if not isinstance(cfg, dict):
+            raise GenError(f"{source}: a JSON {type(cfg).__name__}, expected a config.json object")
         if cfg.get("model_type") != "qwen3":
-            raise GenError(f"config model_type is {cfg.get('model_type')!r}; this generator makes qwen3 manifests")
+            raise GenError(f"{source}: model_type is {cfg.get('model_type')!r}; this generator makes qwen3 manifests")
         if cfg.get("rope_scaling") not in (None, {}):
-            raise GenError(f"rope_scaling {cfg['rope_scaling']!r} is not supported (plain RoPE only)")
+            raise GenError(f"{source}: rope_scaling {cfg['rope_scaling']!r} is not supported (plain RoPE only)")
         if cfg.get("use_sliding_window"):
-            raise GenError("use_sliding_window is true; sliding-window attention is not supported")
+            raise GenError(f"{source}: use_sliding_window is true; sliding-window attention is not supported")
         if cfg.get("attention_bias"):
-            raise GenError("attention_bias is true; Qwen3 projections without bias only")
-        try:
-            out = cls(
-                hidden=int(cfg["hidden_size"]), layers=int(cfg["num_hidden_layers"]),
-                q_heads=int(cfg["num_attention_heads"]), kv_heads=int(cfg["num_key_value_heads"]),
-                head_dim=int(cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]),
-                intermediate=int(cfg["intermediate_size"]), vocab=int(cfg["vocab_size"]),
-                tied=bool(cfg.get("tie_word_embeddings", False)),
-                rope_theta=float(cfg.get("rope_theta", (cfg.get("rope_parameters") or {}).get("rope_theta", 1e6))),
-                eps=float(cfg["rms_norm_eps"]), max_position_embeddings=int(cfg.get("max_position_embeddings", 40960)),
-            )
-        except KeyError as exc:
-            raise GenError(f"config.json lacks {exc.args[0]!r}") from None
+            raise GenError(f"{source}: attention_bias is true; Qwen3 projections without bias only")
+
+        def shown(value: Any) -> str:
+            text = repr(value)
+            return text if len(text) <= 60 else text[:57] + "..."
+
+        def get(key: str, default: Any) -> Any:
+            if key not in cfg:
+                if default is _REQUIRED:
+                    raise GenError(f"{source} lacks {key!r}")
+                return default
+            return cfg[key]
+
+        def integer(key: str, default: Any = _REQUIRED) -> int:
+            value = get(key, default)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise GenError(f"{source}: {key} = {shown(value)} must be a JSON integer >= 1")
+            return value
+
+        def positive(key: str, value: Any) -> float:
+            if (not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value)
+                    or value <= 0):
+                raise GenError(f"{source}: {key} = {shown(value)} must be a finite number > 0")
+            return float(value)
+
+        hidden, layers = integer("hidden_size"), integer("num_hidden_layers")
+        q_heads, kv_heads = integer("num_attention_heads"), integer("num_key_value_heads")
+        if cfg.get("head_dim") is None:  # transformers' default
+            head_dim = hidden // q_heads
+            if head_dim < 1:
+                raise GenError(f"{source}: head_dim (hidden_size {hidden} // num_attention_heads {q_heads}) is 0")
+        else:
+            head_dim = integer("head_dim")
+        tied = get("tie_word_embeddings", False)
+        if not isinstance(tied, bool):
+            raise GenError(f"{source}: tie_word_embeddings = {shown(tied)} must be a JSON boolean (true or false)")
+        if "rope_theta" in cfg:
+            rope_theta = positive("rope_theta", cfg["rope_theta"])
+        else:
+            params = cfg.get("rope_parameters") or {}
+            if not isinstance(params, dict):
+                raise GenError(f"{source}: rope_parameters = {shown(params)} must be a JSON object")
+            rope_theta = positive("rope_parameters.rope_theta", params.get("rope_theta", 1e6))
+        out = cls(
+            hidden=hidden, layers=layers, q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim,
+            intermediate=integer("intermediate_size"), vocab=integer("vocab_size"), tied=tied, rope_theta=rope_theta,
+            eps=positive("rms_norm_eps", get("rms_norm_eps", _REQUIRED)),
+            max_position_embeddings=integer("max_position_embeddings", 40960),
+        )
         if out.q_heads % out.kv_heads:
-            raise GenError(f"num_attention_heads {out.q_heads} is not a multiple of num_key_value_heads {out.kv_heads}")
+            raise GenError(f"{source}: num_attention_heads {out.q_heads} is not a multiple of num_key_value_heads "
+                           f"{out.kv_heads}")
         return out
+
+
+_REQUIRED = object()  # Qwen3Config.from_json: a key without a default
 
 
 @dataclass(frozen=True)
@@ -274,28 +334,53 @@ class KernelAbi:
     digest: str
 
     @classmethod
-    def from_json(cls, raw: dict[str, Any]) -> "KernelAbi":
-        """Raises GenError naming the entry whose ABI does not match the kernel contract."""
+    def from_json(cls, raw: Any, source: str = "kernels.json") -> "KernelAbi":
+        """Raises GenError naming `source` and the module / entry whose record is malformed (not an object, no
+        sha256 string, params not a list of [offset, size] JSON integer pairs) or whose ABI does not match the
+        kernel contract."""
+        if not isinstance(raw, dict):
+            raise GenError(f"{source}: a JSON {type(raw).__name__}, expected a kernels.json object")
         if raw.get("format") != "kern-kernels/1":
-            raise GenError(f"kernels.json format is {raw.get('format')!r}, expected 'kern-kernels/1'")
+            raise GenError(f"{source} format is {raw.get('format')!r}, expected 'kern-kernels/1'")
+
+        def pair(p: Any) -> bool:
+            return (isinstance(p, list) and len(p) == 2
+                    and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in p))
+
+        raw_modules = raw.get("modules", {})
+        if not isinstance(raw_modules, dict):
+            raise GenError(f"{source}: modules is a JSON {type(raw_modules).__name__}, expected an object")
         modules: dict[str, str] = {}
         entries: dict[str, tuple[str, list[list[int]]]] = {}
-        for mod_name, mod in sorted(raw.get("modules", {}).items()):
+        for mod_name, mod in sorted(raw_modules.items()):
+            where = f"{source}: modules.{mod_name}"
+            if not isinstance(mod, dict):
+                raise GenError(f"{where} is a JSON {type(mod).__name__}, expected an object")
+            if not isinstance(mod.get("sha256"), str):
+                raise GenError(f"{where}.sha256 is {json.dumps(mod.get('sha256'))[:80]}, expected the cubin's sha256 "
+                               "string")
+            mod_entries = mod.get("entries", {})
+            if not isinstance(mod_entries, dict):
+                raise GenError(f"{where}.entries is a JSON {type(mod_entries).__name__}, expected an object")
             modules[mod_name] = mod["sha256"]
-            for entry, info in sorted(mod.get("entries", {}).items()):
+            for entry, info in sorted(mod_entries.items()):
+                params = info.get("params") if isinstance(info, dict) else None
+                if not isinstance(params, list) or not all(pair(p) for p in params):
+                    raise GenError(f"{where}.entries.{entry}.params must be a list of [offset, size] integer pairs, "
+                                   f"got {json.dumps(params)[:120]}")
                 contract_module = KERNEL_SIGNATURES.get(entry, (mod_name,))[0]
                 if entry in entries and entries[entry][0] == contract_module:
                     continue  # an entry name in two modules: the contract's module wins
-                entries[entry] = (mod_name, [[int(o), int(s)] for o, s in info["params"]])
+                entries[entry] = (mod_name, [[int(o), int(s)] for o, s in params])
         for entry, (want_module, types) in KERNEL_SIGNATURES.items():
             if entry not in entries:
-                raise GenError(f"kernels.json has no entry {entry!r} (expected in module {want_module!r}); "
+                raise GenError(f"{source} has no entry {entry!r} (expected in module {want_module!r}); "
                                "rebuild with tools/build_kernels.py")
             params = entries[entry][1]
             sizes = [s for _, s in params]
             want = [TYPE_BYTES[t] for t in types]
             if sizes != want:
-                raise GenError(f"kernels.json entry {entry!r} has param sizes {sizes}, the kernel contract "
+                raise GenError(f"{source} entry {entry!r} has param sizes {sizes}, the kernel contract "
                                f"(docs/kernels.md) says {want} for {types}")
         canonical = json.dumps(raw, sort_keys=True, separators=(",", ":")).encode()
         return cls(modules, entries, hashlib.sha256(canonical).hexdigest())
@@ -410,6 +495,9 @@ def build_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: GenOptions, config_di
     """The Qwen3 manifest object (with its digest). Raises GenError for inconsistent options."""
     if opts.max_context > cfg.max_position_embeddings:
         raise GenError(f"--max-context {opts.max_context} exceeds max_position_embeddings {cfg.max_position_embeddings}")
+    if opts.split_tokens < 1:
+        raise GenError(f"split_tokens {opts.split_tokens}: the minimum context tokens per decode split must be >= 1 "
+                       "(--decode-split-tokens)")
     if opts.split_tokens % opts.page_tokens:
         raise GenError(f"split_tokens {opts.split_tokens} is not a multiple of page_tokens {opts.page_tokens}")
     if not 1 <= opts.chunk_max <= opts.max_context:
@@ -432,6 +520,14 @@ def build_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: GenOptions, config_di
         raise GenError(f"decode_attn {opts.decode_attn!r}: use 'split', 'early' or 'wide'")
     if opts.decode_attn == "wide" and cfg.head_dim > 128:
         raise GenError(f"decode_attn 'wide': head_dim {cfg.head_dim} > 128 (kern_attn_decode_partial_wide's limit)")
+    if cfg.head_dim > 256:  # DEC_MAX_D of kernels-src/attention.cu: every decode partial entry writes nothing past it
+        raise GenError(f"decode_attn {opts.decode_attn!r}: head_dim {cfg.head_dim} > 256 (the decode partial's limit)")
+    if cfg.head_dim % 16 or cfg.head_dim > 128:  # PF_MAX_D; the mma.sync tiles (docs/kernels.md "Attention limits")
+        raise GenError(f"head_dim {cfg.head_dim}: kern_attn_prefill needs a multiple of 16 and at most 128")
+    if opts.sms < 1:
+        raise GenError(f"sms {opts.sms}: the target GPU's multiprocessor count must be >= 1 (--sms)")
+    if opts.decode_splits < 0:
+        raise GenError(f"decode_splits {opts.decode_splits}: use >= 1, or 0 for the automatic count (--decode-splits)")
     if opts.carveout is not None and not 0 <= opts.carveout <= 100:
         raise GenError(f"carveout {opts.carveout}: a percent of the maximum shared memory, 0..100 (None: write "
                        "none; the CLI's --carveout -1)")
@@ -651,6 +747,19 @@ def build_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: GenOptions, config_di
         "ops": b.ops,
         "programs": programs,
     }
+    # A pins file none of whose pins this model uses is a mistake (another model's, or another TP degree's): its
+    # stamp would land in meta.cublaslt_pins with nothing of it applied.
+    if (opts.algos or opts.decode_algos) and not any(op.startswith("gemm_") for op in b.ops):
+        shapes = {(qkv_dim, H), (H, q_dim), (2 * I, H), (H, I)}
+        pinned = {(n, k) for n, k, _ in opts.algos}
+        if opts.decode == "gemm":
+            shapes.add((V, H))
+            pinned |= {(n, k) for n, k, _ in opts.decode_algos}
+        have = (f"they pin {', '.join(f'{n}x{k}' for n, k in sorted(pinned))}" if pinned else
+                "the file has decode pins only (--decode gemm uses them)")
+        raise GenError(f"the cuBLASLt pins (--algos) match none of this model's GEMM shapes "
+                       f"({', '.join(f'{n}x{k}' for n, k in sorted(shapes))}); {have}: pick pins for this model with "
+                       "tools/pick_algos.py")
     # Every prefill projection pinned: each row of a chunk is computed alike whatever the chunk (the other
     # prefill kernels are row-wise, kern_attn_prefill walks keys in fixed 64-token tiles from position 0), so a
     # caller may resume a cached prefix at any token (kern_run.prefix_cache).
@@ -820,16 +929,76 @@ def verify_with_kern_manifest(text: str) -> str:
     return "verified with kern_manifest"
 
 
+def read_json_file(path: Path) -> tuple[Any, str]:
+    """(the parsed JSON, the text) of a file. Raises GenError naming the file when it cannot be read, is not UTF-8
+    or is not JSON."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise GenError(f"{path}: not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start})") from None
+    except OSError as exc:
+        raise GenError(f"{path}: {exc.strerror or exc}") from None
+    try:
+        return json.loads(text), text
+    except json.JSONDecodeError as exc:
+        raise GenError(f"{path}: not JSON ({exc})") from None
+
+
 def config_from_args(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
+    """The config.json object of --config or --shape and the sha256 of its text. Raises GenError (--config)."""
     if args.config:
-        text = Path(args.config).read_text()
-        return json.loads(text), hashlib.sha256(text.encode()).hexdigest()
+        cfg, text = read_json_file(Path(args.config))
+        return cfg, hashlib.sha256(text.encode()).hexdigest()
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from make_checkpoint import SHAPES, config_json
 
     cfg = config_json(SHAPES[args.shape])
     text = json.dumps(cfg, indent=2, sort_keys=True) + "\n"  # what make_checkpoint writes
     return cfg, hashlib.sha256(text.encode()).hexdigest()
+
+
+def config_source(args: argparse.Namespace) -> str:
+    """How Qwen3Config.from_json's errors name the config: the --config path or the --shape."""
+    return str(args.config) if args.config else f"--shape {args.shape}"
+
+
+def default_max_context(args: argparse.Namespace, cfg: Qwen3Config) -> int:
+    """--max-context, else 4096 for the tiny shape, else min(40960, max_position_embeddings). Raises GenError for
+    a value below 1."""
+    if args.max_context is None:
+        return 4096 if args.shape == "tiny" else min(40960, cfg.max_position_embeddings)
+    if args.max_context < 1:
+        raise GenError(f"--max-context {args.max_context}: positions per sequence must be >= 1")
+    return args.max_context
+
+
+def write_files(texts: dict[Path, str | bytes]) -> None:
+    """Write every file whole: each text goes to a temporary file beside its target (created with the target's
+    permissions), and only when all are written are they renamed over the targets; a failure removes the
+    temporary files and leaves the targets as they were. Parent directories are not created. Raises OSError
+    naming the target."""
+    temps: dict[Path, Path] = {}
+    try:
+        for path, text in texts.items():
+            if path.is_dir():
+                raise IsADirectoryError(21, os.strerror(21), str(path))
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+            try:
+                with open(tmp, "wb") as f:
+                    temps[path] = tmp
+                    f.write(text.encode() if isinstance(text, str) else text)
+                if path.exists():
+                    os.chmod(tmp, path.stat().st_mode & 0o7777)
+            except OSError as exc:
+                raise OSError(exc.errno, exc.strerror, str(path)) from None
+        for path, tmp in temps.items():
+            try:
+                os.replace(tmp, path)
+            except OSError as exc:
+                raise OSError(exc.errno, exc.strerror, str(path)) from None
+    finally:
+        for tmp in temps.values():
+            tmp.unlink(missing_ok=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -870,11 +1039,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         raw_cfg, cfg_digest = config_from_args(args)
-        cfg = Qwen3Config.from_json(raw_cfg)
-        kernels_raw = json.loads(args.kernels.read_text())
-        abi = KernelAbi.from_json(kernels_raw)
+        cfg = Qwen3Config.from_json(raw_cfg, config_source(args))
+        abi = KernelAbi.from_json(read_json_file(args.kernels)[0], str(args.kernels))
         name = args.name or args.shape or Path(args.config).resolve().parent.name
-        max_context = args.max_context or (4096 if args.shape == "tiny" else min(40960, cfg.max_position_embeddings))
+        max_context = default_max_context(args, cfg)
         algos, decode_algos, algos_source = load_algos(args.algos, args.chunk_max) if args.algos else ((), (), ())
         opts = GenOptions(name, args.chunk_max, max_context, decode=args.decode, decode_splits=args.decode_splits,
                           split_tokens=args.decode_split_tokens,
@@ -884,7 +1052,9 @@ def main(argv: list[str] | None = None) -> int:
                           algos=algos, decode_algos=decode_algos,
                           algos_source=algos_source)
         manifest = build_manifest(cfg, abi, opts, cfg_digest)
-    except (GenError, OSError, json.JSONDecodeError) as exc:
+        if args.out.is_dir():
+            raise GenError(f"--out {args.out} is a directory")
+    except (GenError, OSError) as exc:
         print(f"gen_qwen3: {exc}", file=sys.stderr)
         return 1
     text = dumps(manifest)
@@ -895,8 +1065,14 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as exc:  # noqa: BLE001 - kern_manifest's errors name the JSON path; print them whole
             print(f"gen_qwen3: the generated manifest does not verify: {exc}", file=sys.stderr)
             return 1
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text)
+    try:
+        if args.out.parent.exists() and not args.out.parent.is_dir():
+            raise NotADirectoryError(20, os.strerror(20), str(args.out.parent))
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        write_files({args.out: text})
+    except OSError as exc:
+        print(f"gen_qwen3: --out {args.out}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
     n_decode = sum(1 for _ in manifest["programs"]["decode"]["calls"])
     print(f"gen_qwen3: wrote {args.out} ({len(text)} bytes, digest {manifest['digest'][:12]}, "
           f"decode {n_decode} calls, {note})")

@@ -21,6 +21,13 @@ The full digests differ.
 Usage:
     python tools/gen_qwen3_tp.py --shape qwen3-4b --tp 2 --out-dir manifests     # qwen3-4b-tp2-r{0,1}.json
     python tools/gen_qwen3_tp.py --config DIR/config.json --name qwen3-tiny-en --tp 2 --out-dir manifests
+
+Options: --config / --shape, --kernels, --out-dir, --name, --tp (>= 2, dividing the q / kv heads and the MLP
+width), --chunk-max, --max-context (>= 1), --algos (pins of tools/pick_algos.py --tp N). Errors (exit 1, one
+line on stderr): tools/gen_qwen3.py's (the config, kernels.json, options and pins file, named), a --tp the
+shape cannot be split by, an --out-dir that is not a directory or cannot be written, a rank's manifest that does
+not verify. Every rank is generated and verified before any file is written, and the files are renamed into
+place together from temporary files, so an error leaves no rank's file half-written or newer than the others'.
 """
 
 from __future__ import annotations
@@ -28,7 +35,6 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -140,27 +146,35 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         raw_cfg, cfg_digest = g.config_from_args(args)
-        cfg = g.Qwen3Config.from_json(raw_cfg)
-        abi = g.KernelAbi.from_json(json.loads(args.kernels.read_text()))
+        cfg = g.Qwen3Config.from_json(raw_cfg, g.config_source(args))
+        abi = g.KernelAbi.from_json(g.read_json_file(args.kernels)[0], str(args.kernels))
         name = args.name or args.shape or Path(args.config).resolve().parent.name
-        max_context = args.max_context or (4096 if args.shape == "tiny" else min(40960, cfg.max_position_embeddings))
+        max_context = g.default_max_context(args, cfg)
         algos, decode_algos, algos_source = g.load_algos(args.algos, args.chunk_max) if args.algos else ((), (), ())
         opts = g.GenOptions(name, args.chunk_max, max_context, algos=algos, decode_algos=decode_algos,
                             algos_source=algos_source)
         manifests = build_rank_manifests(cfg, abi, opts, args.tp, cfg_digest)
-    except (g.GenError, OSError, json.JSONDecodeError) as exc:
+        if args.out_dir.exists() and not args.out_dir.is_dir():
+            raise g.GenError(f"--out-dir {args.out_dir} exists and is not a directory")
+    except (g.GenError, OSError) as exc:
         print(f"gen_qwen3_tp: {exc}", file=sys.stderr)
         return 1
-    args.out_dir.mkdir(parents=True, exist_ok=True)
-    for rank, m in enumerate(manifests):
+    texts = {}
+    for rank, m in enumerate(manifests):  # every rank verified before any is written
         text = g.dumps(m)
         try:
             g.verify_with_kern_manifest(text)
         except Exception as exc:  # noqa: BLE001 - kern_manifest names the JSON path
             print(f"gen_qwen3_tp: rank {rank}'s manifest does not verify: {exc}", file=sys.stderr)
             return 1
-        path = rank_path(args.out_dir, name, args.tp, rank)
-        path.write_text(text)
+        texts[rank_path(args.out_dir, name, args.tp, rank)] = text
+    try:
+        args.out_dir.mkdir(parents=True, exist_ok=True)
+        g.write_files(texts)  # all ranks or none
+    except OSError as exc:
+        print(f"gen_qwen3_tp: {exc.filename or args.out_dir}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    for (path, _), m in zip(texts.items(), manifests):
         print(f"gen_qwen3_tp: wrote {path} (digest {m['digest'][:12]})")
     return 0
 

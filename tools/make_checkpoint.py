@@ -21,6 +21,14 @@ the arithmetic), so a 4B checkpoint (8.05 GB) takes seconds on 16 cores.
 
 Usage:
     python tools/make_checkpoint.py --shape qwen3-4b --out /tmp/qwen3-4b [--seed 0] [--untied]
+
+Options: --shape, --out (a directory, created), --seed (>= 0), --untied, --max-shard-gb (a finite size > 0),
+--tokenizer-source, --no-tokenizer, --threads (>= 1; default: the CPU count). A rerun whose stamp matches skips
+the work only when every file of the checkpoint is there: config.json, generation_config.json, the index and
+every shard it lists at its full size (and the tokenizer files unless --no-tokenizer). Errors (exit 1, one line
+on stderr naming the option or file, checked before anything is written): an option out of range, an --out that
+is not a directory, tokenizer ranks that are missing or malformed, a write that fails. Shards are written under
+temporary names and renamed when every shard is complete; a failure removes them, so no partial shard is left.
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import os
 import struct
 import sys
@@ -197,6 +206,39 @@ def tensor_chunk_bf16(seed: int, name: str, numel: int, chunk: int) -> np.ndarra
     return bits.view(np.uint16)[1::2].copy()  # little-endian: the high half is the bf16
 
 
+def shard_name(i: int, count: int) -> str:
+    """The file name of shard `i` (0-based) of `count`."""
+    return f"model-{i + 1:05d}-of-{count:05d}.safetensors"
+
+
+def checkpoint_complete(out_dir: Path, shape: Qwen3Shape, max_shard_bytes: int, with_tokenizer: bool) -> bool:
+    """Whether `out_dir` holds every file write_checkpoint writes for (shape, max_shard_bytes): the json files,
+    the index listing exactly the planned shards, each shard at its full size (what a matching stamp alone does
+    not show after a shard was deleted or truncated)."""
+    names = ["config.json", "generation_config.json"] + (["tokenizer.json", "tokenizer_config.json"]
+                                                         if with_tokenizer else [])
+    if not all((out_dir / n).is_file() for n in names):
+        return False
+    shapes = tensor_shapes(shape)
+    shards = plan_shards(shapes, max_shard_bytes)
+    want = {shard_name(i, len(shards)): len(safetensors_header(names_, shapes)[0])
+            + sum(int(np.prod(shapes[n])) * 2 for n in names_) for i, names_ in enumerate(shards)}
+    try:
+        index = json.loads((out_dir / "model.safetensors.index.json").read_text(encoding="utf-8"))
+        listed = set(index["weight_map"].values())
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return False
+    if listed != set(want):
+        return False
+    for fname, size in want.items():
+        try:
+            if (out_dir / fname).stat().st_size != size:
+                return False
+        except OSError:
+            return False
+    return True
+
+
 def write_checkpoint(
     out_dir: Path,
     shape: Qwen3Shape,
@@ -207,20 +249,36 @@ def write_checkpoint(
     threads: int | None = None,
     log=print,
 ) -> Path:
-    """Write the checkpoint into `out_dir` (created). Skips the work when its stamp already matches.
+    """Write the checkpoint into `out_dir` (created). Skips the work when its stamp already matches and every
+    file is there (checkpoint_complete).
 
-    Returns `out_dir`. Raises FileNotFoundError when the tokenizer ranks are needed and not found.
+    Returns `out_dir`. Raises ValueError for a seed < 0, threads < 1 or max_shard_bytes < 1 (before anything is
+    written), FileNotFoundError when the tokenizer ranks are needed and not found, ValueError when they are
+    malformed, OSError when `out_dir` cannot be written. Shards are written under temporary names and renamed
+    only when all are complete; on failure the temporary files are removed.
     """
     out_dir = Path(out_dir)
+    if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or seed < 0:
+        raise ValueError(f"seed {seed!r}: must be an integer >= 0 (numpy's SeedSequence)")
+    if threads is not None and threads < 1:
+        raise ValueError(f"threads {threads}: must be >= 1 (None: the CPU count)")
+    if max_shard_bytes < 1:
+        raise ValueError(f"max_shard_bytes {max_shard_bytes}: must be >= 1")
+    if out_dir.exists() and not out_dir.is_dir():
+        raise NotADirectoryError(20, "exists and is not a directory", str(out_dir))
     stamp = {"format": STAMP_FORMAT, "seed": seed, "shape": asdict(shape), "max_shard_bytes": max_shard_bytes,
              "tokenizer": with_tokenizer}
     stamp_path = out_dir / "kern_checkpoint.json"
-    if stamp_path.is_file() and json.loads(stamp_path.read_text()) == stamp:
+    try:
+        stamped = stamp_path.is_file() and json.loads(stamp_path.read_text(encoding="utf-8")) == stamp
+    except ValueError:  # an unreadable stamp: rewrite
+        stamped = False
+    if stamped and checkpoint_complete(out_dir, shape, max_shard_bytes, with_tokenizer):
         log(f"make_checkpoint: {out_dir} already holds this checkpoint (stamp matches); nothing to do")
         return out_dir
     out_dir.mkdir(parents=True, exist_ok=True)
     stamp_path.unlink(missing_ok=True)
-    for old in out_dir.glob("model-*-of-*.safetensors"):
+    for old in [*out_dir.glob("model-*-of-*.safetensors"), *out_dir.glob(".model-*-of-*.safetensors.tmp")]:
         old.unlink()
 
     if with_tokenizer:  # first: fail before spending time on weights when the ranks are missing
@@ -235,13 +293,17 @@ def write_checkpoint(
     weight_map: dict[str, str] = {}
     jobs: list[tuple[int, int, str, int, int]] = []  # (fd, file offset, name, numel, chunk)
     fds: list[int] = []
+    temps: dict[Path, Path] = {}  # temporary shard -> its final name, renamed once every shard is written
     t0 = time.perf_counter()
+    done = False
     try:
         for i, names in enumerate(shards):
-            fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+            fname = shard_name(i, len(shards))
             header, offsets = safetensors_header(names, shapes)
             data_bytes = sum(int(np.prod(shapes[n])) * 2 for n in names)
-            fd = os.open(out_dir / fname, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            tmp = out_dir / f".{fname}.tmp"
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            temps[tmp] = out_dir / fname
             fds.append(fd)
             os.pwrite(fd, header, 0)
             os.ftruncate(fd, len(header) + data_bytes)
@@ -261,9 +323,18 @@ def write_checkpoint(
         with ThreadPoolExecutor(max_workers=threads or os.cpu_count() or 4) as pool:
             written = sum(pool.map(run, jobs))
         assert written == total_bytes
+        for fd in fds:
+            os.close(fd)
+        fds.clear()
+        for tmp, final in temps.items():
+            os.replace(tmp, final)
+        done = True
     finally:
         for fd in fds:
             os.close(fd)
+        if not done:
+            for tmp in temps:
+                tmp.unlink(missing_ok=True)
     index = {"metadata": {"total_size": total_bytes}, "weight_map": dict(sorted(weight_map.items()))}
     _write_json(out_dir / "model.safetensors.index.json", index)
     _write_json(out_dir / "config.json", config_json(shape))
@@ -293,12 +364,28 @@ def main(argv: list[str] | None = None) -> int:
     shape = SHAPES[args.shape]
     if args.untied:
         shape = replace(shape, tie_word_embeddings=False)
+
+    def refuse(msg: str) -> int:
+        print(f"make_checkpoint: {msg}", file=sys.stderr)
+        return 1
+
+    # every option checked before anything is written
+    if args.seed < 0:
+        return refuse(f"--seed {args.seed}: must be >= 0")
+    if args.threads is not None and args.threads < 1:
+        return refuse(f"--threads {args.threads}: must be >= 1 (omit it for the CPU count)")
+    if not (math.isfinite(args.max_shard_gb) and args.max_shard_gb > 0 and int(args.max_shard_gb * (1 << 30)) >= 1):
+        return refuse(f"--max-shard-gb {args.max_shard_gb}: must be a finite size > 0 (GiB)")
+    if args.out.exists() and not args.out.is_dir():
+        return refuse(f"--out {args.out} exists and is not a directory")
     try:
         write_checkpoint(args.out, shape, args.seed, int(args.max_shard_gb * (1 << 30)), args.tokenizer_source,
                          not args.no_tokenizer, args.threads)
-    except FileNotFoundError as exc:
-        print(f"make_checkpoint: {exc}", file=sys.stderr)
-        return 1
+    except OSError as exc:
+        where = f"{exc.filename}: " if exc.filename else ""
+        return refuse(f"{where}{exc.strerror or exc}")
+    except ValueError as exc:  # malformed tokenizer ranks (named by qwen_tokenizer_json)
+        return refuse(str(exc))
     return 0
 
 

@@ -24,6 +24,11 @@ Writes JSON (`--out`, default stdout) read by `tools/gen_qwen3.py --algos`:
      "pins": [{"n": 6144, "k": 2560, "algo": {"id": .., "tile": .., ...}, "us_512": .., "us_max": ..,
                "heuristic_us_512": .., "heuristic_us_max": .., "heuristic_invariant": false}, ...]}
 
+Host-side refusals (exit 2, one line on stderr, before the device is touched): an unknown --shape, a --config
+that cannot be read, is not UTF-8 JSON or holds a value tools/gen_qwen3.py refuses (named by key), a --tp below
+1 or not dividing every shape's q / kv heads and MLP width, an --m-max below 1, a malformed --keep-pins file,
+no shape to pick. Then no CUDA device, or --keep-pins --decode stamped by another device or cuBLASLt.
+
 Run on the GPU machine (needs a CUDA device, cuda-bindings and nvmath-python):
 
     python tools/pick_algos.py --shape qwen3-4b --shape qwen3-0.6b --shape tiny \
@@ -315,13 +320,25 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         return refuse(f"--shape {unknown[0]!r} is not a known shape ({', '.join(sorted(SHAPES))})")
     configs = [gq.Qwen3Config.from_json(config_json(SHAPES[s])) for s in args.shape]
+    labels = [f"--shape {s}" for s in args.shape]
     for c in args.config:
-        try:
-            configs.append(gq.Qwen3Config.from_json(json.loads(Path(c).read_text(encoding="utf-8"))))
-        except (OSError, ValueError, TypeError, AttributeError, gq.GenError) as exc:
-            return refuse(f"--config {c}: {exc}")
+        try:  # GenError names the file and the key (Qwen3Config.from_json checks types and ranges)
+            configs.append(gq.Qwen3Config.from_json(gq.read_json_file(Path(c))[0], c))
+        except gq.GenError as exc:
+            return refuse(f"--config {exc}")
+        labels.append(f"--config {c}")
     if not configs and (args.decode or not args.keep_pins):
         return refuse("no shapes to pick: pass --shape or --config")
+    for tp in args.tp:  # gemm_shapes divides by tp as tools/gen_qwen3_tp.py's shard_config does: exactly
+        if tp < 1:
+            return refuse(f"--tp {tp}: a tensor-parallel degree is >= 1")
+        for label, cfg in zip(labels, configs):
+            for what, n in (("num_attention_heads", cfg.q_heads), ("num_key_value_heads", cfg.kv_heads),
+                            ("intermediate_size", cfg.intermediate)):
+                if n % tp:
+                    return refuse(f"--tp {tp}: {what} {n} of {label} is not divisible by it")
+    if args.m_max < 1:
+        return refuse(f"--m-max {args.m_max}: the largest M must be >= 1")
     kept = None
     if args.keep_pins:
         try:  # gen_qwen3 must accept the file we write: its format, stamp and every pin checked as it will be
@@ -384,7 +401,7 @@ def main(argv: list[str] | None = None) -> int:
     text = json.dumps(doc, indent=1) + "\n"
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text)
+        gq.write_files({args.out: text})  # through a temporary file: never a half-written pins file
     else:
         sys.stdout.write(text)
     log(f"{'n':>7} {'k':>6} {'pinned us@512':>13} {'heur us@512':>11} {'pinned us@max':>13} {'heur us@max':>11} heur-inv")

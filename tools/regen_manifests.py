@@ -3,12 +3,21 @@
 The table below is the one source of how each committed manifest is made; tests/run/test_caller_manifest.py
 checks that every file in manifests/ is listed and byte-identical to what this produces.
 
-    python tools/regen_manifests.py [--algos manifests/algos/h200.json] [--check]
+    python tools/regen_manifests.py [--algos manifests/algos/h200.json] [--kernels kernels/kernels.json]
+                                    [--out-dir manifests] [--check]
+
+Every manifest is generated (into a temporary directory) before any file of --out-dir is touched; the stale
+ones are then renamed into place from temporary files together. Errors (exit 1, one line on stderr, nothing
+written): an --out-dir that is not a directory, a manifest gen_qwen3 refuses (the line names the manifest and
+gen_qwen3's reason, e.g. a pins file proven for a smaller M than a --chunk-max of the table), a write that
+fails. --check exits 1 when a committed file differs.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import sys
 import tempfile
 from pathlib import Path
@@ -54,17 +63,29 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out-dir", type=Path, default=ROOT / "manifests")
     ap.add_argument("--check", action="store_true", help="only compare with the committed files; exit 1 on a difference")
     args = ap.parse_args(argv)
-    stale = []
+    if not args.out_dir.is_dir():
+        print(f"regen_manifests: --out-dir {args.out_dir} is not a directory", file=sys.stderr)
+        return 1
+    texts: dict[str, bytes] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for fname in COMMITTED:
+        for fname in COMMITTED:  # every manifest generated before any is written
             out = Path(tmp) / fname
-            if gq.main(gen_args(fname, out, args.kernels, args.algos)) != 0:
+            err = io.StringIO()
+            with contextlib.redirect_stderr(err):
+                rc = gq.main(gen_args(fname, out, args.kernels, args.algos))
+            if rc != 0:
+                reason = err.getvalue().strip().removeprefix("gen_qwen3: ") or f"gen_qwen3 exit {rc}"
+                print(f"regen_manifests: {fname}: {reason}; nothing written", file=sys.stderr)
                 return 1
-            target = args.out_dir / fname
-            if not target.exists() or target.read_bytes() != out.read_bytes():
-                stale.append(fname)
-                if not args.check:
-                    target.write_bytes(out.read_bytes())
+            texts[fname] = out.read_bytes()
+    stale = [f for f, data in texts.items()
+             if not (args.out_dir / f).is_file() or (args.out_dir / f).read_bytes() != data]
+    if stale and not args.check:
+        try:
+            gq.write_files({args.out_dir / f: texts[f] for f in stale})
+        except OSError as exc:
+            print(f"regen_manifests: {exc.filename}: {exc.strerror or exc}; nothing written", file=sys.stderr)
+            return 1
     print(f"regen_manifests: {len(stale)} of {len(COMMITTED)} {'stale' if args.check else 'rewritten'}: {stale}")
     return 1 if args.check and stale else 0
 

@@ -14,6 +14,11 @@ exits and falls through), `ACQBULK` (ends a path: the wait has happened), `BPT` 
 an exit); everything else falls through. Indirect jumps (`BRX`, `JMX`, `JMP`) cannot be followed and raise
 SassPathError; `CALL` is taken to return (its callee is not searched for a wait).
 
+Options: -h / --help prints this text. Exit 0 when every listed function waits on every path, 1 when some
+function has an unwaited exit, 2 on an error (one line on stderr): no cuobjdump, a cubin that is missing or
+does not disassemble, a disassembly with no functions, an entry the cubin does not define (the line lists the
+ones it does), SASS whose control flow cannot be followed (naming the function).
+
     python3 tools/sass_paths.py kernels/attention-<sha12>.cubin [entry ...]   # unwaited exits per entry
 """
 
@@ -107,14 +112,23 @@ def unwaited_exits(instrs: list[Instr]) -> list[int]:
 
 def cubin_functions(cubin: Path, cuobjdump: str) -> dict[str, list[Instr]]:
     """Every function of a cubin, disassembled with `cuobjdump -sass` (kern_runtime.sass.disassemble: nvdisasm
-    beside cuobjdump, on NVDISASM_PATH or from the wheels). Raises SassPathError when the disassembly fails."""
+    beside cuobjdump, on NVDISASM_PATH or from the wheels). Raises SassPathError when the cubin is not a file,
+    the disassembly fails or lists no function (nothing to prove: never "every path waits")."""
+    if not cubin.is_file():
+        raise SassPathError(f"{cubin}: no such file")
     out = sass.disassemble(cubin, cuobjdump)
     if out.returncode != 0:
-        raise SassPathError(f"cuobjdump -sass {cubin}: {out.stderr.strip()[:300]}")
-    return parse_functions(out.stdout)
+        raise SassPathError(f"cuobjdump -sass {cubin}: {' '.join(out.stderr.split())[:300]}")
+    functions = parse_functions(out.stdout)
+    if not functions:
+        raise SassPathError(f"cuobjdump -sass {cubin}: no functions in the disassembly (not a cubin with code?)")
+    return functions
 
 
 def main(argv: list[str]) -> int:
+    if argv[:1] in (["-h"], ["--help"]):
+        print(__doc__.strip())
+        return 0
     if not argv:
         print(__doc__.strip().splitlines()[-1].strip(), file=sys.stderr)
         return 2
@@ -125,16 +139,24 @@ def main(argv: list[str]) -> int:
         return 2
     try:
         functions = cubin_functions(Path(argv[0]), tool)
+        names = argv[1:] or sorted(functions)
+        unknown = [name for name in names if name not in functions]
+        if unknown:
+            raise SassPathError(f"{argv[0]} has no function {', '.join(unknown)} "
+                                f"(it has: {', '.join(sorted(functions))})")
+        results = {}
+        for name in names:  # every function analysed before anything is printed
+            try:
+                results[name] = unwaited_exits(functions[name])
+            except SassPathError as exc:
+                raise SassPathError(f"{argv[0]}: {name}: {exc}") from None
     except SassPathError as exc:
         print(f"sass_paths: {exc}", file=sys.stderr)
         return 2
-    bad = 0
-    for name in argv[1:] or sorted(functions):
-        exits = unwaited_exits(functions[name])
-        bad += bool(exits)
+    for name, exits in results.items():
         print(f"{name}: " + (", ".join(f"{a:#06x}" for a in exits) + " exit(s) without a wait" if exits
                              else "every path waits"))
-    return 1 if bad else 0
+    return 1 if any(results.values()) else 0
 
 
 if __name__ == "__main__":

@@ -89,3 +89,45 @@ def test_cli_unwritable_out_is_one_line(tmp_path: Path, capsys: pytest.CaptureFi
     assert am.main([str(V2), "--drop", "gemv_o", "--out", str(target)]) == 1
     captured = capsys.readouterr()
     assert captured.err == f"ablate_manifest: --out {target}: {reason}\n" and captured.out == ""
+
+
+@pytest.mark.parametrize(("calls", "match"), [
+    ([1, 2], r"^programs\.decode\.calls\[0\] is not a call object with an op name: 1$"),
+    ("gemv_o", r"^programs\.decode\.calls is a JSON str, expected a list of calls$"),
+    ({"op": "gemv_o"}, r"^programs\.decode\.calls is a JSON dict, expected a list of calls$"),
+    ([{"op": "gemv_o", "args": {}}, {"op": ["gemv_o"]}],
+     r"^programs\.decode\.calls\[1\] is not a call object with an op name: \{\"op\": \[\"gemv_o\"\]\}$"),
+])
+def test_malformed_decode_calls_are_refused(calls: object, match: str) -> None:
+    m = _manifest()
+    m["programs"]["decode"]["calls"] = calls
+    with pytest.raises(am.AblationError, match=match):
+        am.ablate(m, ["gemv_o"])
+
+
+def test_malformed_ops_under_drop_entry_are_refused() -> None:
+    m = _manifest()
+    m["ops"]["attn_decode"]["launches"] = [1]
+    with pytest.raises(am.AblationError, match=r"^ops\.attn_decode\.launches is not a list of launch objects$"):
+        am.ablate(m, [], ["kern_attn_decode_reduce"])
+    m["ops"] = []
+    with pytest.raises(am.AblationError, match=r"^ops is a JSON list, expected an object$"):
+        am.ablate(m, [], ["kern_attn_decode_reduce"])
+
+
+def test_cli_unreadable_inputs_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "a.json"
+    out.write_text("keep")
+    bad = tmp_path / "m.json"
+    for content, reason in ((b'{"name": "\xff"}', "not UTF-8 text (byte 0xff at offset 10)"),
+                            (b'{"programs": {"decode": {"calls": [1]}}}',
+                             "programs.decode.calls[0] is not a call object with an op name: 1"),
+                            (b'{"programs": {"decode": {"calls": "gemv_o"}}}',
+                             "programs.decode.calls is a JSON str, expected a list of calls")):
+        bad.write_bytes(content)
+        assert am.main([str(bad), "--drop", "gemv_o", "--out", str(out)]) == 1
+        captured = capsys.readouterr()
+        assert captured.err == f"ablate_manifest: {bad}: {reason}\n" and captured.out == ""
+    assert am.main([str(tmp_path / "none.json"), "--drop", "gemv_o", "--out", str(out)]) == 1
+    assert capsys.readouterr().err == f"ablate_manifest: {tmp_path / 'none.json'}: No such file or directory\n"
+    assert out.read_text() == "keep" and sorted(p.name for p in tmp_path.iterdir()) == ["a.json", "m.json"]

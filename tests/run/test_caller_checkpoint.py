@@ -104,3 +104,92 @@ def test_chunks_round_to_nearest_even() -> None:
     want = rng.standard_normal(1000, dtype=np.float32) * np.float32(0.02)
     got = (bits.astype(np.uint32) << 16).view(np.float32)
     assert np.all(np.abs(got - want) <= np.abs(want) * 2.0**-8 + 1e-30)
+
+
+# ---------------------------------------------------------------- refusals, reruns, failures mid-write
+
+SMALL = mc.Qwen3Shape(64, 2, 2, 1, 32, 96, vocab_size=1000)
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--seed", "-1"], "make_checkpoint: --seed -1: must be >= 0"),
+    (["--threads", "-1"], "make_checkpoint: --threads -1: must be >= 1 (omit it for the CPU count)"),
+    (["--threads", "0"], "make_checkpoint: --threads 0: must be >= 1 (omit it for the CPU count)"),
+    (["--max-shard-gb", "nan"], "make_checkpoint: --max-shard-gb nan: must be a finite size > 0 (GiB)"),
+    (["--max-shard-gb", "inf"], "make_checkpoint: --max-shard-gb inf: must be a finite size > 0 (GiB)"),
+    (["--max-shard-gb", "0"], "make_checkpoint: --max-shard-gb 0.0: must be a finite size > 0 (GiB)"),
+    (["--max-shard-gb", "-2"], "make_checkpoint: --max-shard-gb -2.0: must be a finite size > 0 (GiB)"),
+])
+def test_cli_options_are_checked_before_anything_is_written(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                           args: list[str], message: str) -> None:
+    out = tmp_path / "ckpt"
+    assert mc.main(["--shape", "tiny", "--out", str(out), "--no-tokenizer", *args]) == 1
+    captured = capsys.readouterr()
+    assert captured.err == message + "\n" and captured.out == ""
+    assert not out.exists()
+
+
+def test_cli_out_that_is_a_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "ckpt"
+    out.write_text("keep")
+    assert mc.main(["--shape", "tiny", "--out", str(out), "--no-tokenizer"]) == 1
+    assert capsys.readouterr().err == f"make_checkpoint: --out {out} exists and is not a directory\n"
+    assert out.read_text() == "keep"
+
+
+def test_cli_bad_tokenizer_ranks_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    ranks = tmp_path / "qwen.tiktoken"
+    ranks.write_bytes(b"IQ== 0\n@@@ 1\n")
+    out = tmp_path / "ckpt"
+    assert mc.main(["--shape", "tiny", "--out", str(out), "--tokenizer-source", str(ranks)]) == 1
+    assert capsys.readouterr().err == (f"make_checkpoint: {ranks}: ranks line 2: '@@@' is not base64 (Only base64 "
+                                       "data is allowed)\n")
+    assert list(out.iterdir()) == []  # the ranks are read before any weight is written
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"seed": -1}, r"^seed -1: must be an integer >= 0"),
+    ({"threads": 0}, r"^threads 0: must be >= 1"),
+    ({"max_shard_bytes": 0}, r"^max_shard_bytes 0: must be >= 1"),
+])
+def test_write_checkpoint_refuses_bad_arguments_before_writing(tmp_path: Path, kwargs: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        mc.write_checkpoint(tmp_path / "x", SMALL, with_tokenizer=False, log=lambda *_: None, **kwargs)
+    assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("damage", ["delete", "truncate", "index"])
+def test_a_matching_stamp_with_a_damaged_checkpoint_is_rewritten(tmp_path: Path, damage: str) -> None:
+    logs: list[str] = []
+    out = mc.write_checkpoint(tmp_path / "x", SMALL, seed=3, max_shard_bytes=100_000, with_tokenizer=False,
+                              log=logs.append)
+    shards = sorted(out.glob("model-*.safetensors"))
+    assert len(shards) > 1
+    before = {p.name: _sha(p) for p in shards}
+    victim = shards[1]
+    if damage == "delete":
+        victim.unlink()
+    elif damage == "truncate":
+        victim.write_bytes(victim.read_bytes()[:-2])
+    else:
+        (out / "model.safetensors.index.json").unlink()
+    mc.write_checkpoint(out, SMALL, seed=3, max_shard_bytes=100_000, with_tokenizer=False, log=logs.append)
+    assert "nothing to do" not in logs[-1] and "tensors" in logs[-1]
+    assert {p.name: _sha(p) for p in out.glob("model-*.safetensors")} == before
+    mc.write_checkpoint(out, SMALL, seed=3, max_shard_bytes=100_000, with_tokenizer=False, log=logs.append)
+    assert "nothing to do" in logs[-1]
+
+
+def test_a_failure_mid_write_leaves_no_partial_shard(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real = mc.tensor_chunk_bf16
+
+    def chunk(seed: int, name: str, numel: int, c: int) -> np.ndarray:
+        if name == "model.layers.1.mlp.down_proj.weight":
+            raise MemoryError("no room for the chunk")
+        return real(seed, name, numel, c)
+
+    monkeypatch.setattr(mc, "tensor_chunk_bf16", chunk)
+    out = tmp_path / "x"
+    with pytest.raises(MemoryError):
+        mc.write_checkpoint(out, SMALL, max_shard_bytes=100_000, with_tokenizer=False, log=lambda *_: None)
+    assert sorted(p.name for p in out.iterdir()) == []  # no shard, no temporary file, no stamp

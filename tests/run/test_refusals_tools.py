@@ -202,6 +202,44 @@ def test_pick_algos_host_checks(monkeypatch: pytest.MonkeyPatch, capsys: pytest.
     assert probed == []
 
 
+def test_pick_algos_refuses_bad_config_values_before_the_device(monkeypatch: pytest.MonkeyPatch,
+                                                                 capsys: pytest.CaptureFixture[str],
+                                                                 tmp_path: Path) -> None:
+    from make_checkpoint import SHAPES, config_json
+
+    probed = _no_device(monkeypatch)
+    config = tmp_path / "config.json"
+    for over, reason in (({"num_key_value_heads": 0}, "num_key_value_heads = 0 must be a JSON integer >= 1"),
+                         ({"hidden_size": "abc"}, "hidden_size = 'abc' must be a JSON integer >= 1"),
+                         ({"tie_word_embeddings": "false"}, "tie_word_embeddings = 'false' must be a JSON boolean")):
+        config.write_text(json.dumps({**config_json(SHAPES["tiny"]), **over}))
+        assert pick_algos.main(["--config", str(config)]) == 2
+        _one_line(capsys, f"pick_algos: --config {config}: {reason}")
+    config.write_bytes(b"\xff")
+    assert pick_algos.main(["--config", str(config)]) == 2
+    _one_line(capsys, f"pick_algos: --config {config}: not UTF-8 text (byte 0xff at offset 0)")
+    assert probed == []
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["--tp", "0"], "pick_algos: --tp 0: a tensor-parallel degree is >= 1"),
+    (["--tp", "-1"], "pick_algos: --tp -1: a tensor-parallel degree is >= 1"),
+    (["--tp", "2", "--tp", "3"], "pick_algos: --tp 3: num_attention_heads 4 of --shape tiny is not divisible by it"),
+    (["--tp", "4"], "pick_algos: --tp 4: num_key_value_heads 2 of --shape tiny is not divisible by it"),
+    (["--m-max", "0"], "pick_algos: --m-max 0: the largest M must be >= 1"),
+])
+def test_pick_algos_refuses_a_tp_that_cannot_split_the_shapes(monkeypatch: pytest.MonkeyPatch,
+                                                              capsys: pytest.CaptureFixture[str],
+                                                              args: list[str], needle: str) -> None:
+    probed = _no_device(monkeypatch)
+    assert pick_algos.main(["--shape", "tiny", *args]) == 2
+    _one_line(capsys, needle)
+    assert probed == []
+    assert pick_algos.main(["--shape", "tiny", "--tp", "2"]) == 2  # tiny splits in 2: on to the device probe
+    _one_line(capsys, "pick_algos: no CUDA device")
+    assert probed == [0]
+
+
 @pytest.fixture
 def fake_device(monkeypatch: pytest.MonkeyPatch) -> dict[str, object]:
     """pick_algos's device side faked: the device name and cuBLASLt version it reports are `state`'s."""
