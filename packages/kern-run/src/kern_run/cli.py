@@ -19,12 +19,104 @@ from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
+import typer.core
 
 from .config import find_toml, resolve_config
 from .errors import RefusalError
 from .log import resolve_level, setup_logging
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="kern: run LLM inference from a manifest.")
+
+def _click_exception() -> type[BaseException]:
+    """The base class of click's usage errors as typer raises them: typer's vendored click (typer >= 0.2x) or click
+    itself (older typer); found through `typer.BadParameter`, so no click import (kern-run does not declare it)."""
+    return next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
+
+
+def _given_value(opts: list[str], args: list[str]) -> tuple[str, str] | None:
+    """(the flag as typed, its value) of option `opts` on the command line `args`, when it is there."""
+    for i, arg in enumerate(args):
+        if arg == "--":
+            break
+        for opt in opts:
+            if arg == opt and i + 1 < len(args):
+                return opt, args[i + 1]
+            if opt.startswith("--") and arg.startswith(opt + "="):
+                return opt, arg[len(opt) + 1:]
+            if not opt.startswith("--") and arg.startswith(opt) and len(arg) > len(opt):
+                return opt, arg[len(opt):]
+    return None
+
+
+def usage_error_line(exc: BaseException, args: list[str], group: Any = None) -> str:
+    """One line for a click usage error (bad or missing option value, unknown option or command), as
+    docs/caller.md promises for refusals: `kern run: --steps: 'abc' is not a valid integer`. `group`: the
+    root command, to name the subcommand from `args` when the error carries no context."""
+    import re
+
+    ctx = getattr(exc, "ctx", None)
+    names: list[str] = []
+    if ctx is not None:
+        while ctx.parent is not None:
+            names.append(ctx.info_name or "")
+            ctx = ctx.parent
+        names.reverse()
+    else:  # e.g. "option requires an argument": the words of `args` that name (sub)commands
+        commands = getattr(group, "commands", None) or {}
+        for arg in args:
+            cmd = commands.get(arg)
+            if cmd is None:
+                break
+            names.append(arg)
+            commands = getattr(cmd, "commands", None) or {}
+    command = " ".join(["kern", *[n for n in names if n]])
+    param = getattr(exc, "param", None)
+    opts = [o for o in (getattr(param, "opts", None) or []) if o.startswith("-")]
+    # an option's own message ("Input should be ..."), or a BadParameter raised without one (--log-level) without
+    # click's "Invalid value: " prefix; otherwise click's full message
+    message = getattr(exc, "message", "") if opts or (param is None and type(exc).__name__ == "BadParameter") else ""
+    message = _one_line(message or exc.format_message())  # type: ignore[attr-defined]
+    if opts:
+        given = _given_value(opts, args)
+        flag = given[0] if given else max(opts, key=len)
+        pydantic = re.match(r"Input should be (a valid \w+)", message)
+        if given is not None and pydantic:
+            message = f"{given[1]!r} is not {pydantic.group(1)}"
+        elif given is not None and repr(given[1]) not in message:
+            message = f"{given[1]!r}: {message}"
+        return f"{command}: {flag}: {message.rstrip('.')}"
+    return f"{command}: {message.rstrip('.')}"
+
+
+class _OneLineUsageErrors(typer.core.TyperGroup):
+    """kern's command group: a usage error (a flag value that does not parse, an unknown option or command, a
+    missing argument) is one stderr line and exit 2 (docs/caller.md "Refusals") instead of click's usage box.
+    Help (`--help`, no arguments) and every other exit are typer's."""
+
+    def main(self, args: Any = None, prog_name: str | None = None, complete_var: str | None = None,
+             standalone_mode: bool = True, **extra: Any) -> Any:
+        if not standalone_mode:
+            return super().main(args=args, prog_name=prog_name, complete_var=complete_var, standalone_mode=False,
+                                **extra)
+        argv = list(sys.argv[1:] if args is None else args)
+        try:
+            rv = super().main(args=argv, prog_name=prog_name, complete_var=complete_var, standalone_mode=False,
+                              **extra)
+        except _click_exception() as exc:
+            if type(exc).__name__ == "NoArgsIsHelpError":  # the help (typer's rich help is printed already)
+                text = exc.format_message()  # type: ignore[attr-defined]
+                if text.strip():
+                    print(text, file=sys.stderr)
+            else:
+                print(usage_error_line(exc, argv, self), file=sys.stderr)
+            sys.exit(getattr(exc, "exit_code", 2))
+        except typer.Abort:
+            print("Aborted!", file=sys.stderr)
+            sys.exit(1)
+        sys.exit(rv if isinstance(rv, int) else 0)
+
+
+app = typer.Typer(cls=_OneLineUsageErrors, add_completion=False, no_args_is_help=True,
+                  help="kern: run LLM inference from a manifest.")
 manifest_app = typer.Typer(no_args_is_help=True, help="Manifest tools.")
 app.add_typer(manifest_app, name="manifest")
 

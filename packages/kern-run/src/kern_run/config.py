@@ -71,6 +71,8 @@ def load_targets(path: Path) -> tuple[str | None, dict[str, dict[str, Any]]]:
         raise ConfigError(f"{path} is not UTF-8 text (byte {exc.start})") from None
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise ConfigError(f"{path}: {exc}") from None
+    except RecursionError:
+        raise ConfigError(f"{path} is not usable TOML: it is nested too deeply") from None
     unknown_top = set(raw) - TOP_KEYS
     if unknown_top:
         raise ConfigError(f"{path}: unknown top-level keys {sorted(unknown_top)} (known: {sorted(TOP_KEYS)})")

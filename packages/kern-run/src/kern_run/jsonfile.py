@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,12 +21,28 @@ def read_text(path: Path, what: str, error: type[RefusalError], hint: str = "") 
         raise error(f"{what} {path} is not UTF-8 text (byte {exc.start}){hint}") from None
 
 
+def json_fault(exc: Exception) -> str | None:
+    """Why json.loads refused: the text for an exception it raises on bad input (invalid JSON, nesting past
+    Python's recursion limit, an integer literal past Python's digit limit), None for any other exception."""
+    if isinstance(exc, json.JSONDecodeError):
+        return str(exc)
+    if isinstance(exc, RecursionError):
+        return "nested too deeply"
+    if isinstance(exc, ValueError) and not isinstance(exc, UnicodeError):
+        return f"an integer literal has more than {sys.get_int_max_str_digits()} digits"
+    return None
+
+
 def parse_json(text: str, path: Path, what: str, error: type[RefusalError], hint: str = "") -> Any:
-    """The parsed JSON `text` read from `path`. Raises `error` naming `what` and the file for invalid JSON."""
+    """The parsed JSON `text` read from `path`. Raises `error` naming `what` and the file for invalid JSON,
+    nesting too deep to decode or an integer literal with more digits than Python converts."""
     try:
         return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise error(f"{what} {path} is not JSON ({exc}){hint}") from None
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError
+        fault = json_fault(exc)
+        if fault is None:
+            raise
+        raise error(f"{what} {path} is not JSON ({fault}){hint}") from None
 
 
 def read_json(path: Path, what: str, error: type[RefusalError], hint: str = "") -> Any:

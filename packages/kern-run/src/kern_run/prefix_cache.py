@@ -31,6 +31,7 @@ from typing import Any, Callable, TextIO
 
 from .errors import InputError
 from .generate import GenerateOptions, GenerateResult, Generator
+from .jsonfile import json_fault
 
 
 def read_prompts(path: str | Path) -> list[str]:
@@ -56,8 +57,11 @@ def read_prompts(path: str | Path) -> list[str]:
         for i, line in numbered:
             try:
                 obj = json.loads(line)
-            except (json.JSONDecodeError, RecursionError) as exc:
-                raise InputError(f"--prompts {path}:{i}: not JSON: {exc} (a file with any line starting with "
+            except (ValueError, RecursionError) as exc:  # JSONDecodeError, too deep, an integer past the digit limit
+                fault = json_fault(exc)
+                if fault is None:
+                    raise
+                raise InputError(f"--prompts {path}:{i}: not JSON: {fault} (a file with any line starting with "
                                  "'{' or '[' is read as JSONL)") from None
             if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str):
                 raise InputError(f"--prompts {path}:{i}: expected an object with a \"prompt\" string (a file "

@@ -200,51 +200,48 @@ def checkpoint_tensors(weights: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
         raise WeightsError(f"weights {weights} do not exist: make them with `python tools/make_checkpoint.py "
                            f"--shape <shape> --out {weights}` or pass --weights")
     tensors: dict[str, tuple[str, tuple[int, ...]]] = {}
+    found_in: dict[str, Path] = {}
     for path in files:
         for name, info in read_safetensors_header(path).items():
             if name in tensors:
-                raise WeightsError(f"tensor {name!r} appears in two shards of {weights}")
+                first, second = (p.relative_to(weights) if weights.is_dir() else p for p in (found_in[name], path))
+                raise WeightsError(f"tensor {name!r} appears in two shards of {weights}: {first} and {second}: "
+                                   "remake the checkpoint")
             tensors[name] = info
+            found_in[name] = path
     return tensors
 
 
-def _static(dim: Any) -> int | None:
-    return dim if isinstance(dim, int) else (int(dim) if isinstance(dim, str) and dim.isdigit() else None)
-
-
 def check_weights(facts: ManifestFacts, tensors: dict[str, tuple[str, tuple[int, ...]]], weights: Path) -> None:
-    """Every bind segment's tensor exists with the buffer's dtype and trailing dims, and rows tile. Raises WeightsError."""
-    for bname, buf in sorted(facts.raw["buffers"].items()):
-        if buf.get("kind") != "weight":
+    """Every weight buffer's bind against the checkpoint's tensor list, as the runtime will load it: each bound
+    tensor exists with the buffer's dtype, then kern_runtime's own `plan_bind` (trailing dims, `rows` and `cols`
+    ranges inside the tensor, interleave blocks, dim 0 covered exactly) at the vars' max. Raises WeightsError
+    naming the tensor and the buffer."""
+    from kern_runtime.errors import WeightArtifactError
+    from kern_runtime.spec import InterleaveSegment, TensorSegment, spec_from_json
+    from kern_runtime.weights import TensorMeta, plan_bind
+
+    spec = spec_from_json(facts.parsed.to_json() if facts.parsed is not None else facts.raw)
+    metas = {name: TensorMeta(dtype, tuple(shape)) for name, (dtype, shape) in tensors.items()}
+    for bname, buf in sorted(spec.buffers.items()):
+        if buf.kind != "weight" or buf.bind is None or buf.derived:
             continue
-        shape = [_static(d) for d in buf["shape"]]
-        row_width = shape[1:]
-        rows = 0
-        for seg in buf.get("bind", []):
-            if seg.get("derived"):
-                rows = None
-                break
-            names = seg["interleave"] if "interleave" in seg else [seg["tensor"]]
+        for seg in buf.bind:
+            names = seg.tensors if isinstance(seg, InterleaveSegment) else (seg.tensor,) if isinstance(
+                seg, TensorSegment) else ()
             for tname in names:
-                if tname not in tensors:
+                if tname not in metas:
                     raise WeightsError(f"checkpoint {weights} has no tensor {tname!r} (bound into buffer {bname!r}): "
                                        "the checkpoint does not match the manifest")
-                dtype, tshape = tensors[tname]
-                if dtype != buf["dtype"]:
-                    raise WeightsError(f"tensor {tname!r} is {dtype}, buffer {bname!r} wants {buf['dtype']}: "
+                if metas[tname].dtype != buf.dtype:
+                    raise WeightsError(f"tensor {tname!r} is {metas[tname].dtype}, buffer {bname!r} wants {buf.dtype}: "
                                        "convert the checkpoint or regenerate the manifest")
-                if list(tshape[1:]) != row_width and None not in row_width:
-                    raise WeightsError(f"tensor {tname!r} has shape {list(tshape)}, buffer {bname!r} wants rows of "
-                                       f"{row_width} (buffer shape {buf['shape']}): wrong model for this manifest")
-            if "rows" in seg and "interleave" not in seg:
-                rows += seg["rows"][1] - seg["rows"][0]
-            elif "interleave" in seg:
-                rows += sum(tensors[t][1][0] for t in names)
-            else:
-                rows += tensors[names[0]][1][0]
-        if rows is not None and shape[0] is not None and rows != shape[0]:
-            raise WeightsError(f"buffer {bname!r} has {shape[0]} rows but its bound tensors give {rows} "
-                               f"(first: {names[0]!r}): wrong model for this manifest")
+        try:
+            plan_bind(buf, metas, spec.max_values)
+        except WeightArtifactError as exc:
+            shape = list(buf.shape_at(spec.max_values))
+            raise WeightsError(f"checkpoint {weights}: {exc} (buffer {bname!r} has shape {shape}): "
+                               "wrong model for this manifest") from None
 
 
 def kv_bytes_per_token(facts: ManifestFacts) -> int:

@@ -13,15 +13,19 @@ from __future__ import annotations
 
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO
 
 import numpy as np
 
 from .config import RunConfig
-from .errors import RefusalError
+from .errors import RefusalError, WeightsError
 from .generate import GenerateOptions, GenerateResult, Generator
-from .preflight import ManifestFacts, check_kernels, check_prompt, probe_device, read_manifest, resolve_chunk
+from .preflight import (
+    ManifestFacts, check_kernels, check_prompt, check_weights, checkpoint_tensors, load_verified, probe_device,
+    read_manifest, resolve_chunk,
+)
 from .text import StreamDecoder, checked_prompt, load_codec
 
 
@@ -77,7 +81,9 @@ class TpRuntime:
 
 def tp_preflight(cfg: RunConfig, tp: int) -> ManifestFacts:
     """The host-side checks of a TP target: every rank manifest present, rank 0's manifest read (the ranks
-    differ only in binds and meta) and its kernels pinned. Returns rank 0's facts. Raises RefusalError."""
+    differ only in binds and meta) and its kernels pinned, then the checkpoint against every rank's binds
+    (each rank manifest verified; a rank's slice of a tensor must lie inside it), as `kern run` at --tp 1
+    checks it. Returns rank 0's facts. Raises RefusalError."""
     paths = [rank_manifest(Path(cfg.manifest), tp, r) for r in range(tp)]
     missing = [str(p) for p in paths if not p.is_file()]
     if missing:
@@ -85,6 +91,16 @@ def tp_preflight(cfg: RunConfig, tp: int) -> ManifestFacts:
                            f"--tp {tp} --out-dir {Path(cfg.manifest).parent} ...")
     facts = read_manifest(paths[0])
     check_kernels(facts, cfg.kernels)
+    tensors = checkpoint_tensors(Path(cfg.weights))
+    for rank, path in enumerate(paths):
+        rank_facts = facts
+        if rank:
+            raw, parsed = load_verified(path, f"; regenerate it with tools/gen_qwen3_tp.py --tp {tp}")
+            rank_facts = replace(facts, raw=raw, parsed=parsed)
+        try:
+            check_weights(rank_facts, tensors, Path(cfg.weights))
+        except WeightsError as exc:
+            raise WeightsError(f"--tp {tp} rank {rank} ({path.name}): {exc}") from None
     return facts
 
 

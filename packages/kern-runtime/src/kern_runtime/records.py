@@ -116,7 +116,7 @@ def resolve_wiring(wiring: Wiring, call: CallSpec, op: OpSpec, book: AddressBook
         address = book.scratch.get((op.name, wiring.scratch))
         if address is None:
             raise ManifestError(f"{path}: op {op.name!r} declares no scratch {wiring.scratch!r}")
-        return _const("ptr", address)
+        return _plus(address, wiring.offset)
     if isinstance(wiring, LiteralWiring):
         return _const("float" if wiring.type in ("f32", "f64") else "int", wiring.value)
     if isinstance(wiring, ExprWiring):

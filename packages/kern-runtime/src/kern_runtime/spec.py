@@ -114,7 +114,10 @@ class ArgWiring:
 
 @dataclass(frozen=True)
 class ScratchWiring:
+    """Pointer to this op's scratch `scratch` plus byte `offset` (within the scratch size)."""
+
     scratch: str
+    offset: Expr | None = None
 
 
 @dataclass(frozen=True)
@@ -336,7 +339,8 @@ def _wiring(w: Mapping[str, Any], path: str) -> Wiring:
             raise ManifestError(f"{path}.type: {wtype!r} is not one of {sorted(INT_TYPES)}")
         return ArgWiring(w["arg"], offset, wtype)
     if "scratch" in w:
-        return ScratchWiring(w["scratch"])
+        offset = _expr(w["offset"], f"{path}.offset") if "offset" in w else None
+        return ScratchWiring(w["scratch"], offset)
     if "expr" in w:
         return ExprWiring(_expr(w["expr"], f"{path}.expr"), w.get("type", "i32"))
     if "rank" in w:
@@ -357,7 +361,9 @@ def _wiring(w: Mapping[str, Any], path: str) -> Wiring:
                 if len(lit) != 1:
                     raise ManifestError(f"{fpath}: expected tensormap, arg or one literal, got {dict(f)!r}")
                 value = f[lit[0]]
-                if lit[0] not in ("f32", "f64"):
+                # An integer literal stays a Python int, encoded per its type when the pack is built (a
+                # u64 above 2**63 - 1 is valid; an Expr would refuse it as outside the signed range).
+                if lit[0] not in ("f32", "f64") and type(value) is not int:
                     value = _expr(value, f"{fpath}.{lit[0]}")
                 fields.append(PackField(int(f["offset"]), "literal", type=lit[0], value=value))
         return PackWiring(int(pack["size"]), tuple(fields))

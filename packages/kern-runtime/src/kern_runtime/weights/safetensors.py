@@ -16,6 +16,7 @@ import json
 import math
 import os
 import struct
+import sys
 from pathlib import Path, PurePosixPath
 from typing import Iterable, Sequence
 
@@ -25,6 +26,22 @@ from .tensors import Blob, FileBlob, TensorMeta
 
 INDEX_NAME = "model.safetensors.index.json"
 MAX_HEADER_BYTES = 100 * 1024 * 1024
+
+
+def _loads(data: str | bytes, what: str) -> object:
+    """json.loads of `data`; every way it can fail (invalid JSON or UTF-8, nesting past Python's recursion
+    limit, an integer literal past its digit limit) is a WeightArtifactError starting with `what`."""
+    try:
+        return json.loads(data)
+    except json.JSONDecodeError as exc:
+        raise WeightArtifactError(f"{what} is not JSON ({exc})") from None
+    except UnicodeDecodeError as exc:
+        raise WeightArtifactError(f"{what} is not UTF-8 (byte {exc.start})") from None
+    except RecursionError:
+        raise WeightArtifactError(f"{what} is not usable JSON: it is nested too deeply") from None
+    except ValueError:  # not a JSONDecodeError: an integer literal past Python's digit limit
+        raise WeightArtifactError(f"{what} is not usable JSON: an integer literal has more than "
+                                  f"{sys.get_int_max_str_digits()} digits") from None
 
 
 def read_safetensors_header(path: str | os.PathLike[str]) -> dict[str, tuple[TensorMeta, int, int]]:
@@ -48,10 +65,7 @@ def read_safetensors_header(path: str | os.PathLike[str]) -> dict[str, tuple[Ten
         raise WeightArtifactError(f"{path}: cannot read: {exc}") from exc
     if len(raw) != header_bytes:
         raise WeightArtifactError(f"{path}: header truncated ({len(raw)} of {header_bytes} bytes)")
-    try:
-        header = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise WeightArtifactError(f"{path}: header is not JSON: {exc}") from exc
+    header = _loads(raw, f"{path}: header")
     if not isinstance(header, dict):
         raise WeightArtifactError(f"{path}: header is JSON {type(header).__name__}, not an object")
     data_start = 8 + header_bytes
@@ -86,13 +100,12 @@ def index_shards(index: Path) -> list[str]:
     naming the index (and the entry) for an unreadable file, no `weight_map` object, or a shard path that
     is absolute or leaves the directory."""
     try:
-        raw = json.loads(index.read_text(encoding="utf-8"))
+        text = index.read_text(encoding="utf-8")
     except OSError as exc:
         raise WeightArtifactError(f"{index}: {exc.strerror or exc}") from None
     except UnicodeDecodeError as exc:
         raise WeightArtifactError(f"{index} is not UTF-8 (byte {exc.start})") from None
-    except json.JSONDecodeError as exc:
-        raise WeightArtifactError(f"{index} is not JSON ({exc})") from None
+    raw = _loads(text, str(index))
     if not isinstance(raw, dict) or "weight_map" not in raw:
         raise WeightArtifactError(f"{index}: expected an object with a \"weight_map\" object (tensor name -> shard file)")
     weight_map = raw["weight_map"]
@@ -104,14 +117,16 @@ def index_shards(index: Path) -> list[str]:
         if not parts or PurePosixPath(shard).is_absolute() or ".." in parts:
             raise WeightArtifactError(f"{index}: weight_map[{name!r}] = {shard!r} is not a file name inside the "
                                       "checkpoint directory")
-    return sorted(set(weight_map.values()))
+    # "./a.safetensors" and "a.safetensors" name one file: normalised, it is one shard (read once)
+    return sorted({str(PurePosixPath(shard)) for shard in weight_map.values()})
 
 
 class SafetensorsTensors:
     """Tensors of a safetensors checkpoint. Construct with `SafetensorsTensors.open(path)`."""
 
     def __init__(self, files: Sequence[str | os.PathLike[str]]) -> None:
-        self.files: tuple[str, ...] = tuple(os.fspath(f) for f in files)
+        # normalised ("dir/./a" is "dir/a") and each file once: one file under two spellings is not two shards
+        self.files: tuple[str, ...] = tuple(dict.fromkeys(os.path.normpath(os.fspath(f)) for f in files))
         if not self.files:
             raise WeightArtifactError("no safetensors files given")
         self._entries: dict[str, tuple[TensorMeta, str, int, int]] = {}
