@@ -28,11 +28,29 @@ INDEX_NAME = "model.safetensors.index.json"
 MAX_HEADER_BYTES = 100 * 1024 * 1024
 
 
+class _DuplicateKey(Exception):
+    pass
+
+
+def _unique_object(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    out: dict[str, object] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(key)
+        out[key] = value
+    return out
+
+
 def _loads(data: str | bytes, what: str) -> object:
-    """json.loads of `data`; every way it can fail (invalid JSON or UTF-8, nesting past Python's recursion
-    limit, an integer literal past its digit limit) is a WeightArtifactError starting with `what`."""
+    """json.loads of `data` (bytes must be UTF-8: the safetensors format's header encoding, and json.loads
+    would otherwise also take UTF-16 / UTF-32); every way it can fail (invalid JSON or UTF-8, a key twice in
+    one object, nesting past Python's recursion limit, an integer literal past its digit limit) is a
+    WeightArtifactError starting with `what`."""
     try:
-        return json.loads(data)
+        text = data.decode("utf-8") if isinstance(data, (bytes, bytearray)) else data
+        return json.loads(text, object_pairs_hook=_unique_object)
+    except _DuplicateKey as exc:
+        raise WeightArtifactError(f"{what} has the key {exc.args[0]!r} twice in one object") from None
     except json.JSONDecodeError as exc:
         raise WeightArtifactError(f"{what} is not JSON ({exc})") from None
     except UnicodeDecodeError as exc:
@@ -47,8 +65,9 @@ def _loads(data: str | bytes, what: str) -> object:
 def read_safetensors_header(path: str | os.PathLike[str]) -> dict[str, tuple[TensorMeta, int, int]]:
     """Parse one file's header: name -> (meta, absolute byte offset, nbytes).
 
-    Raises WeightArtifactError for a truncated/invalid header, an unknown dtype, or a byte range
-    that disagrees with dtype x shape or lies past the end of the file.
+    Raises WeightArtifactError for a truncated/invalid header (not UTF-8 JSON, a key twice), an unknown
+    dtype, a byte range that disagrees with dtype x shape or lies past the end of the file, or two
+    tensors whose byte ranges overlap.
     """
     path = os.fspath(path)
     try:
@@ -91,6 +110,12 @@ def read_safetensors_header(path: str | os.PathLike[str]) -> dict[str, tuple[Ten
         if data_start + int(end) > file_bytes:
             raise WeightArtifactError(f"{path}: tensor {name!r} ends at byte {data_start + int(end)}, past the file end {file_bytes}")
         out[name] = (meta, data_start + int(begin), nbytes)
+    # no two tensors share bytes (as the safetensors format requires; empty tensors take none)
+    spans = sorted((offset, offset + nbytes, name) for name, (_, offset, nbytes) in out.items() if nbytes)
+    for (_, end_a, name_a), (begin_b, _, name_b) in zip(spans, spans[1:]):
+        if begin_b < end_a:
+            raise WeightArtifactError(f"{path}: tensors {name_a!r} and {name_b!r} overlap in the file (bytes "
+                                      f"{begin_b - data_start}..{end_a - data_start} of the data section)")
     return out
 
 
