@@ -2,8 +2,8 @@
 
 The runtime checks the same facts at load (KernelArtifactError, WeightArtifactError); checking them here
 first means the refusal is the same with or without a device, takes milliseconds instead of a weight
-load, and is tested on CPU machines. Order in `kern run`: device, manifest, chunk, kernels, weights,
-prompt.
+load, and is tested on CPU machines. Order in `kern run` (session.prepare): manifest, chunk, kernels,
+weights, tokenizer and prompt, then the device probe last (docs/caller.md).
 """
 
 from __future__ import annotations

@@ -7,7 +7,8 @@ Accepted layouts (`SafetensorsTensors.open(path)`):
 
 Only the headers are read at open (8-byte little-endian header length + JSON). Tensor bytes are
 `FileBlob`s the loader reads with `os.pread`. A tensor name present in two shards is a
-`WeightArtifactError` naming both files.
+`WeightArtifactError` naming both files; so is a header that is not UTF-8 JSON, has a key twice, or gives two
+tensors overlapping byte ranges.
 """
 
 from __future__ import annotations
