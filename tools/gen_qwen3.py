@@ -942,6 +942,11 @@ def read_json_file(path: Path) -> tuple[Any, str]:
         return json.loads(text), text
     except json.JSONDecodeError as exc:
         raise GenError(f"{path}: not JSON ({exc})") from None
+    except RecursionError:
+        raise GenError(f"{path}: not usable JSON: nested too deeply") from None
+    except ValueError:  # not a JSONDecodeError: an integer literal past Python's digit limit
+        raise GenError(f"{path}: not usable JSON: an integer literal has more than "
+                       f"{sys.get_int_max_str_digits()} digits") from None
 
 
 def config_from_args(args: argparse.Namespace) -> tuple[dict[str, Any], str]:

@@ -411,3 +411,14 @@ def test_regen_out_dir_must_exist(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert rm.main(["--out-dir", str(missing)]) == 1
     assert _one_line(capsys) == f"regen_manifests: --out-dir {missing} is not a directory"
     assert not missing.exists()
+
+
+def test_read_json_file_refuses_json_python_cannot_decode(tmp_path: Path) -> None:
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(gq.GenError, match="deep.json: not usable JSON: nested too deeply"):
+        gq.read_json_file(deep)
+    big = tmp_path / "big.json"
+    big.write_text('{"vocab_size": ' + "7" * 5000 + "}")
+    with pytest.raises(gq.GenError, match="big.json: not usable JSON: an integer literal has more than"):
+        gq.read_json_file(big)
