@@ -42,6 +42,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make `tools` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from tools.atomic_files import write_files  # noqa: E402
 from tools.kernel_abi import KernelAbiError, parse_kparam_info, parse_res_usage  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -179,19 +180,8 @@ def build_all(src_dir: Path, out_dir: Path, tc: Toolchain, work_dir: Path, modul
     if out_dir.exists() and not out_dir.is_dir():
         raise BuildError(f"--out {out_dir} exists and is not a directory")
     out_dir.mkdir(parents=True, exist_ok=True)
-    for built, final in new:
-        _write_atomic(final, built.read_bytes())
+    write_files({final: built.read_bytes() for built, final in new})  # all new cubins whole, or none
     return {"format": FORMAT, "toolchain": tc.version, "arch": ARCH, "modules": dict(sorted(modules.items()))}
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    """`data` to a temporary file beside `path`, renamed over it: `path` is never left half-written."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def _read_json(path: Path, what: str) -> dict:
@@ -212,7 +202,7 @@ def write_json(doc: dict, path: Path) -> None:
     text = json.dumps(doc, indent=2)
     text = re.sub(r"\[\s*(-?\d+),\s*(-?\d+)\s*\]", r"[\1, \2]", text)
     text = re.sub(r'"flags": \[[^\]]*\]', lambda m: '"flags": ' + json.dumps(json.loads(m.group(0)[9:])), text)
-    _write_atomic(path, (text + "\n").encode())
+    write_files({path: text + "\n"})
 
 
 def merge_partial(metadata_path: Path, partial: dict) -> dict:

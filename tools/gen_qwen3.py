@@ -61,6 +61,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from atomic_files import write_files  # noqa: F401 - the writer ablate_manifest, gen_qwen3_tp, pick_algos and regen reuse
+
 FORMAT = "kern-manifest/1"
 GENERATOR = "tools/gen_qwen3.py"
 GENERATOR_VERSION = 2
@@ -975,35 +977,6 @@ def default_max_context(args: argparse.Namespace, cfg: Qwen3Config) -> int:
     if args.max_context < 1:
         raise GenError(f"--max-context {args.max_context}: positions per sequence must be >= 1")
     return args.max_context
-
-
-def write_files(texts: dict[Path, str | bytes]) -> None:
-    """Write every file whole: each text goes to a temporary file beside its target (created with the target's
-    permissions), and only when all are written are they renamed over the targets; a failure removes the
-    temporary files and leaves the targets as they were. Parent directories are not created. Raises OSError
-    naming the target."""
-    temps: dict[Path, Path] = {}
-    try:
-        for path, text in texts.items():
-            if path.is_dir():
-                raise IsADirectoryError(21, os.strerror(21), str(path))
-            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-            try:
-                with open(tmp, "wb") as f:
-                    temps[path] = tmp
-                    f.write(text.encode() if isinstance(text, str) else text)
-                if path.exists():
-                    os.chmod(tmp, path.stat().st_mode & 0o7777)
-            except OSError as exc:
-                raise OSError(exc.errno, exc.strerror, str(path)) from None
-        for path, tmp in temps.items():
-            try:
-                os.replace(tmp, path)
-            except OSError as exc:
-                raise OSError(exc.errno, exc.strerror, str(path)) from None
-    finally:
-        for tmp in temps.values():
-            tmp.unlink(missing_ok=True)
 
 
 def main(argv: list[str] | None = None) -> int:

