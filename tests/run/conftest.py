@@ -1,3 +1,3 @@
 """Fixtures for kern-run's CPU tests; the helpers live in kern_run_testutil.py."""
 
-from kern_run_testutil import FakeRuntime, kernels_dir, tiny_ckpt, tiny_manifest  # noqa: F401
+from kern_run_testutil import FakeRuntime, kernels_dir, stub_device_probe, tiny_ckpt, tiny_manifest  # noqa: F401

@@ -160,3 +160,25 @@ class FakeRuntime:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+PROBED = "stub device probe reached"  # what stub_device_probe's refusal says (exit 3, as no device would)
+
+
+@pytest.fixture
+def stub_device_probe(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """An empty kern.toml (no repository target) and a device probe, on both the single-GPU and the --tp path,
+    that refuses with exit 3 and PROBED: a refusal of the inputs (exit 2) must come before it."""
+    import kern_run.session as session
+    import kern_run.tp as tp
+    from kern_run.errors import NoDeviceError
+
+    empty = tmp_path / "empty-kern.toml"
+    empty.write_text("")
+    monkeypatch.setenv("KERN_TOML", str(empty))
+
+    def probe(gpu: int) -> int:
+        raise NoDeviceError(f"{PROBED} (gpu {gpu})")
+
+    monkeypatch.setattr(session, "probe_device", probe)
+    monkeypatch.setattr(tp, "probe_device", probe)

@@ -15,25 +15,14 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-import kern_run.session as session
 from kern_run.cli import app
-from kern_run.errors import NoDeviceError
+from kern_run_testutil import PROBED
 
 DEEP = "[" * 100_000 + "]" * 100_000
 DIGITS = (sys.get_int_max_str_digits() or 4300) + 700  # over the limit (0: no limit, then the test is moot)
 
 
-@pytest.fixture(autouse=True)
-def no_device(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """An empty kern.toml; the device probe is exit 3, so a refusal of the inputs must come first (exit 2)."""
-    empty = tmp_path / "empty-kern.toml"
-    empty.write_text("")
-    monkeypatch.setenv("KERN_TOML", str(empty))
-
-    def probe(gpu: int) -> int:
-        raise NoDeviceError("stub device probe reached")
-
-    monkeypatch.setattr(session, "probe_device", probe)
+pytestmark = pytest.mark.usefixtures("stub_device_probe")  # kern_run_testutil: the probe is exit 3
 
 
 @pytest.fixture
@@ -65,7 +54,7 @@ def _big_int() -> str:
 def test_valid_target_reaches_the_stubbed_probe(tiny_manifest: Path, kernels_dir: Path, ckpt: Path) -> None:
     """The control: the untouched copy passes preflight (so each refusal below is the edited file's)."""
     result = CliRunner().invoke(app, _run(tiny_manifest, kernels_dir, ckpt))
-    assert result.exit_code == 3 and "stub device probe reached" in result.stderr, result.stderr
+    assert result.exit_code == 3 and PROBED in result.stderr, result.stderr
 
 
 @pytest.mark.parametrize("body", ["deep", "bigint"])

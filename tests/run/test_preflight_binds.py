@@ -17,26 +17,10 @@ import gen_qwen3_tp
 import pytest
 from typer.testing import CliRunner
 
-import kern_run.session as session
-import kern_run.tp as tp
 from kern_run.cli import app
-from kern_run.errors import NoDeviceError
+from kern_run_testutil import PROBED
 
-PROBED = "stub device probe reached"
-
-
-@pytest.fixture(autouse=True)
-def stub_probe(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """No repository kern.toml; the device probe (both paths) refuses with exit 3 and a marker."""
-    empty = tmp_path / "empty-kern.toml"
-    empty.write_text("")
-    monkeypatch.setenv("KERN_TOML", str(empty))
-
-    def probe(gpu: int) -> int:
-        raise NoDeviceError(f"{PROBED} (gpu {gpu})")
-
-    monkeypatch.setattr(session, "probe_device", probe)
-    monkeypatch.setattr(tp, "probe_device", probe)
+pytestmark = pytest.mark.usefixtures("stub_device_probe")  # kern_run_testutil: exit 3 and PROBED
 
 
 def _run(manifest: Path, kernels: Path, weights: Path, *extra: str) -> tuple[int, str]:
