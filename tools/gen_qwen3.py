@@ -103,6 +103,13 @@ PDL_ENTRIES = frozenset({
     "kern_qk_norm_rope_kv", "kern_embed_gather", "kern_argmax_partial", "kern_argmax_final",
     "kern_decode_advance", "kern_attn_decode_partial_early", "kern_attn_decode_partial_wide",
 })
+# --decode-attn values with kern_attn_decode_partial_early's contract (reads before the PDL wait, slot_mapping
+# passed): name -> (entry, threads per block, largest head_dim); docs/kernels.md "Entries".
+EARLY_PARTIALS: dict[str, tuple[str, int, int]] = {
+    "early": ("kern_attn_decode_partial_early", 128, 256),
+    "wide": ("kern_attn_decode_partial_wide", 256, 128),
+}
+DECODE_ATTN = ("split", *EARLY_PARTIALS)
 TYPE_BYTES = {"p": 8, "i32": 4, "f32": 4, "i64": 8}
 
 
@@ -232,9 +239,9 @@ class GenOptions:
     gemv_threads_per_sm: int = 1024
     # decode attention: "split" (kern_qk_norm_rope_kv, then the partial and reduce launches), "early" (the same
     # with kern_attn_decode_partial_early: block table and first K/V tile read before its PDL wait), "wide" (the
-    # early contract on kern_attn_decode_partial_wide: 8 warps x 4 token slots, head_dim <= 128). A fused
-    # one-launch entry and an L2 prefetch of later weights measured slower and were removed (docs/perf.md
-    # "Decode, fourth session"; their cubins stay in kernels/)
+    # early contract on kern_attn_decode_partial_wide: 8 warps x 4 token slots, head_dim <= 128); EARLY_PARTIALS
+    # holds the early-contract entries. A fused one-launch entry and an L2 prefetch of later weights measured
+    # slower and were removed (docs/perf.md "Decode, fourth session"; their cubins stay in kernels/)
     decode_attn: str = "wide"
     # preferred shared-memory carveout (percent of the maximum) on every kernel launch (manifest `carveout`;
     # None: not written, the driver's choice). 100: every kernel prefers the largest shared-memory split, so
@@ -518,12 +525,13 @@ def build_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: GenOptions, config_di
         raise GenError("--gemv v2 is a wiring of --decode gemv")
     if not 32 <= opts.gemv_threads_per_sm <= 2048:
         raise GenError(f"gemv_threads_per_sm {opts.gemv_threads_per_sm}: use 32..2048 (threads an SM holds)")
-    if opts.decode_attn not in ("split", "early", "wide"):
-        raise GenError(f"decode_attn {opts.decode_attn!r}: use 'split', 'early' or 'wide'")
-    if opts.decode_attn == "wide" and cfg.head_dim > 128:
-        raise GenError(f"decode_attn 'wide': head_dim {cfg.head_dim} > 128 (kern_attn_decode_partial_wide's limit)")
+    if opts.decode_attn not in DECODE_ATTN:
+        raise GenError(f"decode_attn {opts.decode_attn!r}: use one of {', '.join(map(repr, DECODE_ATTN))}")
     if cfg.head_dim > 256:  # DEC_MAX_D of kernels-src/attention.cu: every decode partial entry writes nothing past it
         raise GenError(f"decode_attn {opts.decode_attn!r}: head_dim {cfg.head_dim} > 256 (the decode partial's limit)")
+    if opts.decode_attn in EARLY_PARTIALS and cfg.head_dim > EARLY_PARTIALS[opts.decode_attn][2]:
+        entry, _, max_d = EARLY_PARTIALS[opts.decode_attn]
+        raise GenError(f"decode_attn {opts.decode_attn!r}: head_dim {cfg.head_dim} > {max_d} ({entry}'s limit)")
     if cfg.head_dim % 16 or cfg.head_dim > 128:  # PF_MAX_D; the mma.sync tiles (docs/kernels.md "Attention limits")
         raise GenError(f"head_dim {cfg.head_dim}: kern_attn_prefill needs a multiple of 16 and at most 128")
     if opts.sms < 1:
@@ -617,14 +625,13 @@ def build_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: GenOptions, config_di
                    [{"arg": "q"}, {"arg": "kv"}, {"arg": "block_table"}, {"arg": "cu_seqlens_q"}, {"arg": "seq_lens"},
                     {"arg": "out"}, {"i32": Hq}, {"i32": Hkv}, {"i32": D}, {"i32": page_tokens},
                     {"i32": pages_per_seq}, num_pages_i32, {"f32": scale}])])
-    early = opts.decode_attn in ("early", "wide")  # wide: the early entry's contract on 8 warps
-    partial = ("kern_attn_decode_partial_wide" if opts.decode_attn == "wide" else
-               "kern_attn_decode_partial_early" if early else
-               "kern_attn_decode_partial_fast" if opts.gemv == "v2" else "kern_attn_decode_partial")
+    early = opts.decode_attn in EARLY_PARTIALS  # the early entry's contract, on 4 or 8 warps
+    partial, partial_threads, _ = EARLY_PARTIALS.get(opts.decode_attn) or (
+        "kern_attn_decode_partial_fast" if opts.gemv == "v2" else "kern_attn_decode_partial", 128, 256)
     slots = [_ptr("slots")] if early else []
     b.op("attn_decode",
          [_ptr("q"), _ptr("kv"), _ptr("block_table"), _ptr("seq_lens"), *slots, _ptr("out"), _int("num_pages")],
-         [b.launch(partial, [Hkv, num_splits, "seqs"], [256 if opts.decode_attn == "wide" else 128, 1, 1],
+         [b.launch(partial, [Hkv, num_splits, "seqs"], [partial_threads, 1, 1],
                    [{"arg": "q"}, {"arg": "kv"}, {"arg": "block_table"}, {"arg": "seq_lens"},
                     *([{"arg": "slots"}] if early else []),
                     {"scratch": "part_out"}, {"scratch": "part_ml"}, {"i32": Hq}, {"i32": Hkv}, {"i32": D},
@@ -810,7 +817,7 @@ def decode_attention_calls(layer: int, attn: str) -> list[dict[str, Any]]:
     """A decode layer's attention after the qkv projection (which writes `qkv`), writing `attn_out`:
     qk_norm_rope_kv (q to `q`, K/V to the cache) and attn_decode (`early` also passes slot_mapping: the row its
     partial kernel reloads after the PDL wait)."""
-    slots = {"slots": "slot_mapping"} if attn in ("early", "wide") else {}
+    slots = {"slots": "slot_mapping"} if attn in EARLY_PARTIALS else {}
     return [qk_norm_rope_kv_call(layer),
             _call("attn_decode", q="q", kv=f"kv.{layer}", block_table="block_table", seq_lens="seq_lens", **slots,
                   out="attn_out", num_pages=pages_of(layer))]
@@ -994,7 +1001,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gemv", choices=["v1", "v2"], default="v1",
                         help="decode GEMV wiring (--decode gemv): v1 warp-per-row entries (default); v2 rows family, "
                              "SwiGLU epilogue on gate_up (and kern_attn_decode_partial_fast with --decode-attn split)")
-    parser.add_argument("--decode-attn", choices=["early", "split", "wide"], default="wide",
+    parser.add_argument("--decode-attn", choices=list(DECODE_ATTN), default="wide",
                         help="decode attention: qk_norm_rope_kv + partial + reduce launches with the partial's reads "
                              "before its PDL wait on 8 warps of 4 token slots (wide, default; head_dim <= 128), the "
                              "same on 4 warps of 8 (early), or with the fast or plain partial (split)")
