@@ -300,3 +300,61 @@ def test_wake_on_a_pool_without_paged_states() -> None:
     woken.close()
     empty.close()
     invariant(pool, host=host)
+
+
+def test_slot_only_entry_wakes_slot_only_in_a_pool_with_pages() -> None:
+    """A peer rank's slot-only checkpoint in a pool that also has paged states parks its slot and wakes into a
+    slot-only lease (before: wake leased pages for it and failed looking for host pages it never had)."""
+    pool = Pool(Layout.simple(page_tokens=P, pages=6, slots=3))
+    mem = Memory(pool)
+    host = Host(pool, 4, 2)
+    lease = pool.lease_slot()
+    mem.apply(lease.plan)
+    mem.slots[lease.seq_slot_id] = "peer state"  # type: ignore[index]
+    parked = host.park_now(pool.retire(lease, 10))  # type: ignore[arg-type]
+    mem.apply(parked.plan)
+    assert not parked.paged and parked.has_slot and parked.host_page_ids() == []
+    assert pool.free_pages == 6 and host.free_pages == 4 and host.free_slots == 1
+    for num_tokens, lease_tokens in ((10, 10), (10, 12), (4, 0)):  # no tokens to reserve; the slot wakes whole
+        with pytest.raises(Misuse):
+            host.wake(parked, num_tokens, lease_tokens)
+    waking = host.wake(parked, 10, 0)
+    assert waking.plan.page_copies == () and len(waking.plan.slot_copies) == 1
+    mem.apply(waking.plan)
+    waking.land()
+    woken = waking.lease
+    assert not woken.paged and woken.page_ids() == [] and woken.prefix_tokens == 10
+    assert mem.slots[woken.seq_slot_id] == "peer state"  # type: ignore[index]
+    assert pool.free_pages == 6 and pool.free_slots == 2
+    invariant(pool, host=host)
+    paged = host.park_now(pool.retire(pool.lease(8), 8))  # type: ignore[arg-type]
+    assert paged.paged and host.wake(paged, 8, 8).close()  # a paged entry of the same pool still wakes with pages
+    woken.close()
+    parked.close()
+    paged.close()
+    invariant(pool, host=host)
+
+
+def test_settle_runs_before_an_unlanded_entry_releases_anything() -> None:
+    """Host(settle=...): a Parked or Waking closed or dropped before land() calls the executor's hook while its
+    device pages and host units are still held, so the executor can wait for the copies first; a landed one
+    does not call it."""
+    calls: list[tuple[str, int, int]] = []
+    pool = Pool(Layout.simple(page_tokens=P, pages=4, slots=0))
+    host = Host(pool, 4, 0, settle=lambda item: calls.append((type(item).__name__, pool.free_pages, host.free_pages)))
+    parked = host.park(host.room(pool.retire(pool.lease(8), 8)))  # type: ignore[arg-type]
+    assert pool.free_pages == 2 and host.free_pages == 2
+    assert parked.close()
+    assert calls == [("Parked", 2, 2)] and pool.free_pages == 4 and host.free_pages == 4
+    parked = host.park_now(pool.retire(pool.lease(8), 8))  # type: ignore[arg-type]
+    waking = host.wake(parked, 8, 8)
+    assert pool.free_pages == 2
+    del waking
+    gc.collect()
+    assert calls[1:] == [("Waking", 2, 2)] and pool.free_pages == 4  # dropped: settled, then released
+    waking = host.wake(parked, 8, 8)
+    assert waking.close() and calls[2:] == [("Waking", 2, 2)] and pool.free_pages == 4
+    waking = host.wake(parked, 8, 8)
+    waking.land()
+    assert waking.close() and parked.close() and len(calls) == 3  # landed entries release without the hook
+    invariant(pool, host=host)

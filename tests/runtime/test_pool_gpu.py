@@ -346,6 +346,46 @@ def test_page_released_and_reused_by_a_wake_is_never_corrupted(rt: Runtime) -> N
     parked.close()
 
 
+def test_in_flight_copies_closed_or_dropped_never_corrupt_reused_units(rt: Runtime) -> None:
+    """A wake dropped before its copies land, and a park closed before its copy lands, release their pages and
+    host units only after the copies are done (kern_pool's settle hook): the page a dropped wake was filling is
+    leased and written at once, the host page a closed park was writing is parked into at once on the compute
+    stream, and neither ever sees the late copy."""
+    rt.reserve_host(pages=2, slots=1)
+    src = rt.lease(16)
+    write(rt, [(src, 0, 16)], salt=6, tokens=16)
+    parked = rt.park(rt.room(rt.retire(src, 16)))
+    rt.settle()
+    for i in range(50):
+        waking = rt.wake(parked, 16, 16)
+        page = waking.inner.plan.page_copies[0].dst_page_id  # host page -> this device page
+        del waking  # in flight: waits for its copies, then its page returns
+        victim = rt.lease(16)
+        assert victim.page_ids()[0] == page  # LIFO: the dropped wake's page
+        write(rt, [(victim, 0, 16)], salt=i % 5, tokens=16)
+        assert mismatches(rt, [(victim, 16)], i % 5) == [0], f"wake dropped, iteration {i}"
+        victim.close()
+    parked.close()
+    for i in range(50):
+        lease = rt.lease(16)
+        write(rt, [(lease, 0, 16)], salt=i % 5, tokens=16)
+        early = rt.park(rt.room(rt.retire(lease, 16)))
+        host_id = early.host_page_ids()[0]
+        early.close()  # in flight: waits for the copy, then its host page returns
+        other = rt.lease(16)
+        write(rt, [(other, 0, 16)], salt=5 + i % 2, tokens=16)
+        now = rt.park_now(rt.retire(other, 16))  # copies on the compute stream into the same host page
+        assert now.host_page_ids()[0] == host_id
+        rt.settle()
+        call("cuCtxSynchronize")
+        for tag in (0, 1):
+            assert np.array_equal(host_page(rt, tag, host_id), page_pattern(tag, 0, 5 + i % 2)), f"park closed, {i}"
+        now.close()
+    rt.settle()
+    rt.kern_pool.check()
+    rt.host_tier.check()
+
+
 def test_padded_rows_touch_only_the_scratch_page_and_slot(rt: Runtime) -> None:
     a, b = rt.lease(16), rt.lease(16)
     rt.synchronize()

@@ -17,7 +17,7 @@ Every handle is checked to be of the right type and of this host / pool before a
 from __future__ import annotations
 
 import weakref
-from typing import Any
+from typing import Any, Callable
 
 from .errors import Busy, Closed, ExceedsPool, Misuse, NotLanded
 from .handles import Checkpoint, Handle, Lease, _Node
@@ -122,19 +122,23 @@ class Room(Handle):
 
 
 class Parked(Handle):
-    """A checkpoint's copy on the host: `num_tokens`, `has_slot`, host page ids, `plan` (device->host).
+    """A checkpoint's copy on the host: `num_tokens`, `has_slot`, `paged`, host page ids, `plan`
+    (device->host).
 
     Until `land()` it also holds the device checkpoint (the copy reads its pages); landing closes it.
-    `close()` returns the host units (and the checkpoint if still held).
+    `close()` (also dropping it) returns the host units (and the checkpoint if still held); before
+    `land()` it first calls the host's `settle` hook, so an executor waits for the copies before any
+    unit is reused.
     """
 
-    __slots__ = ("_host", "num_tokens", "_chain", "tail_page_id", "slot_id", "_has_slot", "plan",
+    __slots__ = ("_host", "num_tokens", "_chain", "tail_page_id", "slot_id", "_has_slot", "_paged", "plan",
                  "_checkpoint", "_closed", "__weakref__")
 
-    def __init__(self, host: Host, num_tokens: int, has_slot: bool) -> None:
+    def __init__(self, host: Host, num_tokens: int, has_slot: bool, paged: bool) -> None:
         self._host = host
         self.num_tokens = num_tokens
         self._has_slot = has_slot
+        self._paged = paged
         self._chain: HostNode | None = None
         self.tail_page_id: int | None = None
         self.slot_id: int | None = None
@@ -145,6 +149,11 @@ class Parked(Handle):
     @property
     def has_slot(self) -> bool:
         return self._has_slot
+
+    @property
+    def paged(self) -> bool:
+        """Whether the parked checkpoint held pages (False: a slot-only checkpoint, e.g. a peer rank's)."""
+        return self._paged
 
     @property
     def landed(self) -> bool:
@@ -174,6 +183,8 @@ class Parked(Handle):
     def close(self) -> bool:
         if self._closed:
             return False
+        if not self.landed:
+            self._host._settle(self)  # the copies read the checkpoint and write the host units
         self._closed = True
         self.land()
         self._host._release_parked(self)
@@ -185,11 +196,14 @@ class Parked(Handle):
 
 class Waking:
     """A lease being filled from the host. `plan` is host->device; `lease` raises `NotLanded` until
-    the executor reports `land()`. `close()` before taking the lease releases it."""
+    the executor reports `land()`. `close()` (also dropping it) before taking the lease releases it;
+    before `land()` it first calls the host's `settle` hook, so an executor waits for the copies
+    before the pages can be leased again."""
 
-    __slots__ = ("_lease", "plan", "_landed", "_taken")
+    __slots__ = ("_host", "_lease", "plan", "_landed", "_taken")
 
-    def __init__(self, lease: Lease, plan: HostCopies) -> None:
+    def __init__(self, host: Host, lease: Lease, plan: HostCopies) -> None:
+        self._host = host
         self._lease = lease
         self.plan = plan
         self._landed = False
@@ -212,19 +226,31 @@ class Waking:
     def close(self) -> bool:
         if self._taken:
             return False
+        if not self._landed:
+            self._host._settle(self)  # the copies write the lease's pages and slot
         self._taken = True
         return self._lease.close()
+
+    def __del__(self) -> None:
+        if not getattr(self, "_taken", True):
+            self.close()
 
 
 class Host:
     """Pinned host tier of `num_pages` host pages and `num_slots` host slots for one pool."""
 
-    def __init__(self, pool: Pool, num_pages: int, num_slots: int = 0) -> None:
-        """Raises `Misuse` for a `pool` that is not a `Pool` or negative sizes (counts of units)."""
+    def __init__(self, pool: Pool, num_pages: int, num_slots: int = 0, *,
+                 settle: Callable[[Parked | Waking], None] | None = None) -> None:
+        """Raises `Misuse` for a `pool` that is not a `Pool` or negative sizes (counts of units).
+
+        `settle`: the executor's hook for a `Parked` or `Waking` closed (or dropped) before `land()`:
+        it returns once that entry's copies are done (and may land it), before any of its device or host
+        units is released. Without it (pure accounting) they are released at once."""
         if not isinstance(pool, Pool):
             raise Misuse(f"Host needs a Pool, got {type(pool).__name__}")
         if num_pages < 0 or num_slots < 0:
             raise Misuse(f"host sizes must be >= 0, got {num_pages} pages, {num_slots} slots")
+        self.settle = settle
         self.pool = pool
         self.num_pages = num_pages
         self.num_slots = num_slots
@@ -300,7 +326,7 @@ class Host:
         if cp.closed:
             room.close()
             raise Closed("the checkpoint was closed after room()")
-        parked = Parked(self, cp.num_tokens, cp.has_slot)
+        parked = Parked(self, cp.num_tokens, cp.has_slot, cp.paged)
         pages = list(room._pages)
         copies: list[PageCopy] = []
         chain, room._shared = room._shared, None  # the room's reference becomes the parked entry's
@@ -336,7 +362,8 @@ class Host:
         """Lease `lease_tokens` tokens of pages and fill the first `num_tokens` (tokens) from `parked`.
 
         Only the pages covering `num_tokens` are copied (a partial hit wakes only what it needs), each
-        page from its host copy. On a pool without paged states the lease is slot-only, like
+        page from its host copy. A slot-only entry (`parked.paged` False: parked from a slot-only
+        checkpoint, and every entry of a pool without paged states) wakes into a slot-only lease, like
         `Pool.lease_from` of a slot-only checkpoint: `lease_tokens` must be 0 and only the slot is
         copied. `hold` is closed with the lease. Raises `Closed`, `Misuse` (not a `Parked` of this
         host, lengths out of range) before anything is leased, and the pool's refusals (a refusal
@@ -348,13 +375,13 @@ class Host:
             raise Misuse("wake() of a parked entry of another host")
         if parked.closed:
             raise Closed("wake() of a closed parked entry")
-        paged = self.pool.layout.paged
+        paged = parked.paged
         if not 0 <= num_tokens <= parked.num_tokens or (lease_tokens < num_tokens if paged else lease_tokens != 0):
             raise Misuse(f"wake {num_tokens} of {parked.num_tokens} tokens into a lease of {lease_tokens}"
-                         + ("" if paged else " (a pool without paged states reserves no tokens: pass 0)"))
+                         + ("" if paged else " (a slot-only parked entry reserves no tokens: pass 0)"))
         if num_tokens < parked.num_tokens and parked.has_slot:
             raise Misuse("a parked entry with per-seq state wakes only at its full length")
-        lease = self.pool.lease(lease_tokens)
+        lease = self.pool.lease(lease_tokens) if paged else self.pool.lease_slot()
         P = self.pool.page_tokens
         full, partial = divmod(num_tokens, P) if paged else (0, 0)
         nodes: list[HostNode] = []
@@ -374,7 +401,11 @@ class Host:
         lease._origins = {i: nodes[i] for i in range(full)}
         lease.prefix_tokens = lease._frozen = num_tokens
         lease._hold = hold
-        return Waking(lease, HostCopies("wake", copies, slot_copies))
+        return Waking(self, lease, HostCopies("wake", copies, slot_copies))
+
+    def _settle(self, item: Parked | Waking) -> None:
+        if self.settle is not None:
+            self.settle(item)
 
     def _own_checkpoint(self, checkpoint: Checkpoint, what: str) -> None:
         """Misuse unless `checkpoint` is an open `Checkpoint` of this host's pool (Closed if closed)."""

@@ -13,9 +13,10 @@ and issues `prefill` with tokens=L. Per decode step at position p with token t:
 and issues `decode` with tokens=1 (captured once as a CUDA graph unless eager). The block table is
 written once per sequence. `slot(p) = page_ids[p // page_tokens] * page_tokens + p % page_tokens`.
 
-Pages: the sequence's pages come from a kern_pool `Pool` over the runtime's pool layout (`rt.pool.layout`):
-one `Lease` per generation, grown to prompt + steps tokens; its `page_ids()` are the block-table row and
-`slot(p)` its slot mapping. A runtime without a pool layout (the CPU tests' fake) gets identity pages
+Pages: the sequence's pages come from the runtime's own pool (`Runtime.lease`; a runtime without the pool
+API, e.g. the TP group, from a kern_pool `Pool` over its pool layout `rt.pool.layout`): one `Lease` per
+generation, for prompt + steps tokens; its `page_ids()` are the block-table row and `slot(p)` its slot
+mapping. A runtime without a pool layout (the CPU tests' fake) gets identity pages
 1..k (page 0 is the runtime's scratch page). The block-table row is padded with the last page id:
 entries past the sequence's length are never read.
 

@@ -203,35 +203,54 @@ class Waking:
         self.wait()
         return self.inner.close()
 
+    def __del__(self) -> None:
+        # Dropped unclosed: wait for the copies before the lease's pages can be leased again (kern_pool's
+        # settle hook would too, through the host state) and free the event.
+        try:
+            self.close()
+        except Exception:  # the runtime and its context are gone: nothing is left in flight
+            pass
+
 
 class _HostState:
     def __init__(self, pool: Pool, memory: PinnedHost, geometry: HostGeometry, stream: Any, max_pitch: int) -> None:
-        self.host = kern_pool.Host(pool, geometry.num_pages, geometry.num_slots)
+        self.host = kern_pool.Host(pool, geometry.num_pages, geometry.num_slots, settle=self.settle)
         self.memory = memory
         self.geometry = geometry
         self.stream = stream
         self.max_pitch = max_pitch
         self.parks: list[tuple[kern_pool.Parked, Any]] = []  # in flight, with their copy events
+        self.closed = False
+
+    def settle(self, item: kern_pool.Parked | kern_pool.Waking) -> None:
+        """kern_pool's hook for a park or wake closed (or dropped) before it landed: its device pages and
+        host units are released only after this returns, so wait for every copy on the transfer stream."""
+        if self.closed:
+            return
+        call("cuStreamSynchronize", self.stream)
+        self.poll()
 
     def copies(self, plan: kern_pool.HostCopies, pages: ClassGeometry, slots: ClassGeometry) -> list[Any]:
         return host_copies(plan, pages, slots, self.geometry, self.memory.address, self.max_pitch)
 
     def poll(self, block: bool = False) -> None:
-        """Land every park whose copies finished (all of them when `block`)."""
-        keep = []
-        for parked, event in self.parks:
-            if block:
+        """Land every park whose copies finished (all of them when `block`). The list is updated before any
+        entry lands: landing releases a checkpoint, which may run a finalizer that polls again."""
+        if block:
+            for _, event in self.parks:
                 call("cuEventSynchronize", event)
-            if block or event_done(event):
-                call("cuEventDestroy", event)
-                parked.land()
-            else:
-                keep.append((parked, event))
-        self.parks = keep
+        done = [entry for entry in self.parks if block or event_done(entry[1])]
+        if not done:
+            return
+        self.parks = [entry for entry in self.parks if not any(entry is d for d in done)]
+        for parked, event in done:
+            call("cuEventDestroy", event)
+            parked.land()
 
     def close(self) -> None:
         self.poll(block=True)
         call("cuStreamSynchronize", self.stream)
+        self.closed = True
         call("cuStreamDestroy", self.stream)
         self.memory.close()
 
