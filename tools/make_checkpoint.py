@@ -26,9 +26,12 @@ Options: --shape, --out (a directory, created), --seed (>= 0), --untied, --max-s
 --tokenizer-source, --no-tokenizer, --threads (>= 1; default: the CPU count). A rerun whose stamp matches skips
 the work only when every file of the checkpoint is there: config.json, generation_config.json, the index and
 every shard it lists at its full size (and the tokenizer files unless --no-tokenizer). Errors (exit 1, one line
-on stderr naming the option or file, checked before anything is written): an option out of range, an --out that
-is not a directory, tokenizer ranks that are missing or malformed, a write that fails. Shards are written under
-temporary names and renamed when every shard is complete; a failure removes them, so no partial shard is left.
+on stderr naming the option, file or directory; every input is checked before anything in --out is written or
+removed): an option out of range, an --out that is not a directory, an --out that is not empty and holds no
+stamp of this tool (someone else's files: never overwritten), tokenizer ranks that are missing or malformed,
+a write that fails. Shards are written under temporary names; a failure removes them and leaves --out as it
+was. Only when every shard is complete are they renamed into place, the json files written whole, stale shards
+of the previous checkpoint removed, and the stamp written last.
 """
 
 from __future__ import annotations
@@ -40,12 +43,15 @@ import math
 import os
 import struct
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
+
+from atomic_files import write_files
 
 STAMP_FORMAT = "kern-checkpoint/1"
 CHUNK_ELEMS = 1 << 22  # 4 Mi elements per random chunk (16 MiB of f32 while generating)
@@ -239,63 +245,38 @@ def checkpoint_complete(out_dir: Path, shape: Qwen3Shape, max_shard_bytes: int, 
     return True
 
 
-def write_checkpoint(
-    out_dir: Path,
-    shape: Qwen3Shape,
-    seed: int = 0,
-    max_shard_bytes: int = 4 << 30,
-    tokenizer_source: str | None = None,
-    with_tokenizer: bool = True,
-    threads: int | None = None,
-    log=print,
-) -> Path:
-    """Write the checkpoint into `out_dir` (created). Skips the work when its stamp already matches and every
-    file is there (checkpoint_complete).
-
-    Returns `out_dir`. Raises ValueError for a seed < 0, threads < 1 or max_shard_bytes < 1 (before anything is
-    written), FileNotFoundError when the tokenizer ranks are needed and not found, ValueError when they are
-    malformed, OSError when `out_dir` cannot be written. Shards are written under temporary names and renamed
-    only when all are complete; on failure the temporary files are removed.
-    """
-    out_dir = Path(out_dir)
-    if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or seed < 0:
-        raise ValueError(f"seed {seed!r}: must be an integer >= 0 (numpy's SeedSequence)")
-    if threads is not None and threads < 1:
-        raise ValueError(f"threads {threads}: must be >= 1 (None: the CPU count)")
-    if max_shard_bytes < 1:
-        raise ValueError(f"max_shard_bytes {max_shard_bytes}: must be >= 1")
-    if out_dir.exists() and not out_dir.is_dir():
-        raise NotADirectoryError(20, "exists and is not a directory", str(out_dir))
-    stamp = {"format": STAMP_FORMAT, "seed": seed, "shape": asdict(shape), "max_shard_bytes": max_shard_bytes,
-             "tokenizer": with_tokenizer}
-    stamp_path = out_dir / "kern_checkpoint.json"
+def _read_stamp(path: Path) -> dict | None:
+    """The stamp in `path` when it is one this tool wrote (any shape or seed), else None."""
     try:
-        stamped = stamp_path.is_file() and json.loads(stamp_path.read_text(encoding="utf-8")) == stamp
-    except ValueError:  # an unreadable stamp: rewrite
-        stamped = False
-    if stamped and checkpoint_complete(out_dir, shape, max_shard_bytes, with_tokenizer):
-        log(f"make_checkpoint: {out_dir} already holds this checkpoint (stamp matches); nothing to do")
-        return out_dir
-    out_dir.mkdir(parents=True, exist_ok=True)
-    stamp_path.unlink(missing_ok=True)
-    for old in [*out_dir.glob("model-*-of-*.safetensors"), *out_dir.glob(".model-*-of-*.safetensors.tmp")]:
-        old.unlink()
+        stamp = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return stamp if isinstance(stamp, dict) and stamp.get("format") == STAMP_FORMAT else None
 
-    if with_tokenizer:  # first: fail before spending time on weights when the ranks are missing
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-        from qwen_tokenizer_json import write_tokenizer_files
 
-        write_tokenizer_files(out_dir, tokenizer_source)
+def _tokenizer_files(source: str | None) -> dict[str, bytes]:
+    """tokenizer.json and tokenizer_config.json exactly as qwen_tokenizer_json writes them, built in a scratch
+    directory so that missing or malformed ranks fail before anything in the output directory is touched."""
+    from qwen_tokenizer_json import write_tokenizer_files  # imported only when a tokenizer is wanted
 
-    shapes = tensor_shapes(shape)
-    shards = plan_shards(shapes, max_shard_bytes)
-    total_bytes = sum(int(np.prod(s)) * 2 for s in shapes.values())
-    weight_map: dict[str, str] = {}
+    with tempfile.TemporaryDirectory(prefix="kern-tokenizer-") as tmp:
+        try:
+            write_tokenizer_files(Path(tmp), source)
+        except FileNotFoundError as exc:
+            if exc.filename is not None:
+                raise
+            # "no ranks found": the message names qwen_tokenizer_json's option; this tool's is --tokenizer-source
+            raise FileNotFoundError(str(exc).replace("pass --source", "pass --tokenizer-source")) from None
+        return {name: (Path(tmp) / name).read_bytes() for name in ("tokenizer.json", "tokenizer_config.json")}
+
+
+def _write_shard_temps(out_dir: Path, shapes: dict[str, tuple[int, ...]], shards: list[list[str]], seed: int,
+                       threads: int | None) -> dict[Path, Path]:
+    """Write every shard under a temporary name in `out_dir`; returns {temporary: final name}. A failure removes
+    the temporary files."""
     jobs: list[tuple[int, int, str, int, int]] = []  # (fd, file offset, name, numel, chunk)
     fds: list[int] = []
-    temps: dict[Path, Path] = {}  # temporary shard -> its final name, renamed once every shard is written
-    t0 = time.perf_counter()
-    done = False
+    temps: dict[Path, Path] = {}
     try:
         for i, names in enumerate(shards):
             fname = shard_name(i, len(shards))
@@ -308,7 +289,6 @@ def write_checkpoint(
             os.pwrite(fd, header, 0)
             os.ftruncate(fd, len(header) + data_bytes)
             for name in names:
-                weight_map[name] = fname
                 numel = int(np.prod(shapes[name]))
                 for chunk in range((numel + CHUNK_ELEMS - 1) // CHUNK_ELEMS):
                     jobs.append((fd, len(header) + offsets[name] + chunk * CHUNK_ELEMS * 2, name, numel, chunk))
@@ -322,32 +302,102 @@ def write_checkpoint(
 
         with ThreadPoolExecutor(max_workers=threads or os.cpu_count() or 4) as pool:
             written = sum(pool.map(run, jobs))
-        assert written == total_bytes
+        assert written == sum(int(np.prod(s)) * 2 for s in shapes.values())
+        while fds:
+            os.close(fds.pop())
+        return temps
+    except BaseException:
         for fd in fds:
             os.close(fd)
-        fds.clear()
-        for tmp, final in temps.items():
-            os.replace(tmp, final)
-        done = True
-    finally:
-        for fd in fds:
-            os.close(fd)
-        if not done:
-            for tmp in temps:
-                tmp.unlink(missing_ok=True)
-    index = {"metadata": {"total_size": total_bytes}, "weight_map": dict(sorted(weight_map.items()))}
-    _write_json(out_dir / "model.safetensors.index.json", index)
-    _write_json(out_dir / "config.json", config_json(shape))
-    _write_json(out_dir / "generation_config.json", generation_config_json())
-    _write_json(stamp_path, stamp)
+        for tmp in temps:
+            tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_checkpoint(
+    out_dir: Path,
+    shape: Qwen3Shape,
+    seed: int = 0,
+    max_shard_bytes: int = 4 << 30,
+    tokenizer_source: str | None = None,
+    with_tokenizer: bool = True,
+    threads: int | None = None,
+    log=print,
+) -> Path:
+    """Write the checkpoint into `out_dir` (created). Skips the work when its stamp already matches and every
+    file is there (checkpoint_complete).
+
+    Returns `out_dir`. Every input is checked before anything in `out_dir` is written or removed: ValueError for
+    a seed < 0, threads < 1 or max_shard_bytes < 1, NotADirectoryError for an `out_dir` that is a file,
+    FileExistsError for a non-empty `out_dir` without this tool's stamp (someone else's files: never
+    overwritten), FileNotFoundError when the tokenizer ranks are needed and not found, ValueError when they are
+    malformed. Then shards go to temporary files; a failure there (OSError, ...) removes them and leaves
+    `out_dir` as it was. Only when every shard is complete is the old stamp replaced by a "writing" one (still
+    this tool's, matching no checkpoint), the shards renamed into place, the json and tokenizer files written
+    whole (atomic_files), stale shards of the old checkpoint removed, and the new stamp written last.
+    """
+    out_dir = Path(out_dir)
+    if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or seed < 0:
+        raise ValueError(f"seed {seed!r}: must be an integer >= 0 (numpy's SeedSequence)")
+    if threads is not None and threads < 1:
+        raise ValueError(f"threads {threads}: must be >= 1 (None: the CPU count)")
+    if max_shard_bytes < 1:
+        raise ValueError(f"max_shard_bytes {max_shard_bytes}: must be >= 1")
+    if out_dir.exists() and not out_dir.is_dir():
+        raise NotADirectoryError(20, "exists and is not a directory", str(out_dir))
+    stamp = {"format": STAMP_FORMAT, "seed": seed, "shape": asdict(shape), "max_shard_bytes": max_shard_bytes,
+             "tokenizer": with_tokenizer}
+    stamp_path = out_dir / "kern_checkpoint.json"
+    old_stamp = _read_stamp(stamp_path)
+    there = sorted(p.name for p in out_dir.iterdir()) if out_dir.is_dir() else []
+    if old_stamp is None and there:
+        shown = ", ".join(there[:5]) + (f" and {len(there) - 5} more" if len(there) > 5 else "")
+        raise FileExistsError(17, f"not empty and not written by make_checkpoint (no valid kern_checkpoint.json; "
+                                  f"holds {shown}); refusing to overwrite it: pass a new or empty --out", str(out_dir))
+    if old_stamp == stamp and checkpoint_complete(out_dir, shape, max_shard_bytes, with_tokenizer):
+        log(f"make_checkpoint: {out_dir} already holds this checkpoint (stamp matches); nothing to do")
+        return out_dir
+
+    files: dict[str, str | bytes] = _tokenizer_files(tokenizer_source) if with_tokenizer else {}
+    shapes = tensor_shapes(shape)
+    shards = plan_shards(shapes, max_shard_bytes)
+    total_bytes = sum(int(np.prod(s)) * 2 for s in shapes.values())
+    weight_map = {name: shard_name(i, len(shards)) for i, names in enumerate(shards) for name in names}
+    files["model.safetensors.index.json"] = _json({"metadata": {"total_size": total_bytes},
+                                                   "weight_map": dict(sorted(weight_map.items()))})
+    files["config.json"] = _json(config_json(shape))
+    files["generation_config.json"] = _json(generation_config_json())
+    writing = {stamp_path: _json({"format": STAMP_FORMAT, "state": "writing"})}
+
+    t0 = time.perf_counter()
+    created = not out_dir.exists()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        if old_stamp is None:  # new or empty: mark it ours first, so a killed run leaves one a rerun may rewrite
+            write_files(writing)
+        temps = _write_shard_temps(out_dir, shapes, shards, seed, threads)
+    except BaseException:
+        if old_stamp is None:
+            stamp_path.unlink(missing_ok=True)
+            if created:
+                out_dir.rmdir()
+        raise
+    write_files(writing)  # from here on an interrupted run leaves a directory that the next run rewrites
+    for tmp, final in temps.items():
+        os.replace(tmp, final)
+    write_files({out_dir / name: text for name, text in files.items()})
+    for old in [*out_dir.glob("model-*-of-*.safetensors"), *out_dir.glob(".model-*-of-*.safetensors.tmp")]:
+        if old.name not in weight_map.values():
+            old.unlink()
+    write_files({stamp_path: _json(stamp)})
     secs = time.perf_counter() - t0
     log(f"make_checkpoint: {out_dir}: {len(shapes)} tensors, {total_bytes / 1e9:.2f} GB in {len(shards)} shards, "
         f"{secs:.1f} s ({total_bytes / 1e9 / max(secs, 1e-9):.2f} GB/s)")
     return out_dir
 
 
-def _write_json(path: Path, obj: dict) -> None:
-    path.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
+def _json(obj: dict) -> str:
+    return json.dumps(obj, indent=2, sort_keys=True) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,7 +4,9 @@ chains, deep free-form values, long chains of inlined programs (found by a break
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +14,7 @@ import pytest
 from manifest_testkit import assert_parse_fault, assert_verify_faults, mutate
 
 from kern_manifest import Expr, ExprError, ManifestParseError, parse_manifest, verify
+from kern_manifest import MAX_MANIFEST_BYTES, read_manifest_bytes
 from kern_manifest.cli import main as manifest_cli
 from kern_manifest.parse import MAX_FREE_DEPTH
 
@@ -103,3 +106,47 @@ def test_cli_lists_the_fault_instead_of_a_traceback(tmp_path: Path, capsys: pyte
     assert manifest_cli(["check", str(path)]) == 1
     out = capsys.readouterr()
     assert EPS_ARG in out.out + out.err and "Traceback" not in out.out + out.err
+
+
+# ------------------------------------------------------------------ the manifest file itself
+
+
+def _check_refuses(path: Path, capsys: pytest.CaptureFixture[str], *needles: str) -> None:
+    """`kern-manifest check PATH`: one stderr line `PATH: cannot read: ...` and exit 1, as for a missing file."""
+    assert manifest_cli(["check", str(path)]) == 1
+    out = capsys.readouterr()
+    assert out.out == "" and "Traceback" not in out.err
+    lines = out.err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"{path}: cannot read: "), out.err
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+def test_cli_refuses_a_file_that_is_not_regular(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """/dev/zero used to be read without end (MemoryError); a FIFO would block the open."""
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    for path, kind in ((Path("/dev/zero"), "a character device"), (tmp_path, "a directory"), (fifo, "a FIFO")):
+        _check_refuses(path, capsys, f"not a regular file ({kind})")
+    _check_refuses(tmp_path / "missing.json", capsys, "No such file or directory")
+
+
+def test_cli_refuses_a_file_past_the_size_limit(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    big = tmp_path / "big.json"
+    with big.open("wb") as f:
+        f.truncate(MAX_MANIFEST_BYTES + 1)  # sparse
+    _check_refuses(big, capsys, "too large (64.0 MiB", "at most 64.0 MiB")
+    assert MAX_MANIFEST_BYTES == 64 * 2**20
+
+
+def test_read_manifest_bytes(tmp_path: Path) -> None:
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps(EXAMPLE))
+    assert read_manifest_bytes(path) == path.read_bytes()
+    assert read_manifest_bytes(path, limit=path.stat().st_size) == path.read_bytes()  # the limit itself is fine
+    with pytest.raises(OSError, match="too large") as info:
+        read_manifest_bytes(path, limit=10)
+    assert info.value.errno == errno.EFBIG
+    with pytest.raises(OSError, match="not a regular file") as info:
+        read_manifest_bytes("/dev/zero")
+    assert info.value.errno == errno.EINVAL

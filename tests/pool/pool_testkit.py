@@ -91,3 +91,15 @@ class K:
 
     def __repr__(self) -> str:
         return f"K({self.name or self.num_tokens})"
+
+
+def pool_state(pool: Pool, host: Host | None = None) -> tuple[object, ...]:
+    """Everything a refusal must leave as it was: page / slot refcounts and free stacks, free blocks,
+    the plan in flight and (with a host) the host's free units."""
+    state: tuple[object, ...] = (
+        list(pool._pages.refs), list(pool._pages.free), list(pool._slots.refs), list(pool._slots.free),
+        list(pool._blocks.free_phys), pool.remap_in_flight,
+    )
+    if host is not None:
+        state += (list(host._free_pages), list(host._free_slots), host._reserved)
+    return state

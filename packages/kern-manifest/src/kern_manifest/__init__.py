@@ -65,16 +65,17 @@ from .model import (
     var_max,
     var_min,
 )
+from .files import MAX_MANIFEST_BYTES, read_manifest_bytes
 from .parse import parse_manifest
 from .verify import find_faults, verify
 
 
 def load_manifest(path: str | os.PathLike[str]) -> Manifest:
-    """Read, parse and verify the manifest at `path`. Raises `ManifestParseError` (not JSON, wrong JSON
-    types; also an unreadable file, with path `$`) or `ManifestVerifyError` (all faults)."""
+    """Read (`read_manifest_bytes`: a regular file of at most MAX_MANIFEST_BYTES), parse and verify the manifest
+    at `path`. Raises `ManifestParseError` (not JSON, wrong JSON types; also an unreadable, non-regular or
+    too large file, with path `$`) or `ManifestVerifyError` (all faults)."""
     try:
-        with open(path, "rb") as f:
-            text = f.read()
+        text = read_manifest_bytes(path)
     except OSError as exc:
         raise ManifestParseError("$", f"cannot read manifest {os.fspath(path)!r}: {exc.strerror or exc}") from None
     manifest = parse_manifest(text)
@@ -83,7 +84,7 @@ def load_manifest(path: str | os.PathLike[str]) -> Manifest:
 
 
 __all__ = [
-    "DTYPE_BYTES", "EXTERNS", "FORMAT", "Algo", "AnyLaunch", "ArgWiring", "Buffer", "Call", "CallArg",
+    "DTYPE_BYTES", "EXTERNS", "FORMAT", "MAX_MANIFEST_BYTES", "read_manifest_bytes", "Algo", "AnyLaunch", "ArgWiring", "Buffer", "Call", "CallArg",
     "DerivedSegment", "Expr", "ExprError", "ExprWiring", "ExternLaunch", "Fault", "FrozenMap", "IntValue",
     "InterleaveSegment", "Launch", "LiteralWiring", "Manifest", "ManifestError", "ManifestParseError",
     "ManifestVerifyError", "Module", "NullWiring", "Op", "OpArg", "PackField", "PackLiteralField", "PackPointerField",

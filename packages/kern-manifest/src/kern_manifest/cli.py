@@ -1,4 +1,8 @@
-"""`kern-manifest check FILE`: verify a manifest and print what it declares, or every fault (exit 1)."""
+"""`kern-manifest check FILE`: verify a manifest and print what it declares, or every fault (exit 1).
+
+The file is read by `kern_manifest.read_manifest_bytes` (a regular file of at most 64 MiB; anything else is
+an unreadable file, refused before it is read).
+"""
 
 from __future__ import annotations
 
@@ -9,15 +13,10 @@ from typing import TextIO
 
 from .errors import ManifestParseError, ManifestVerifyError
 from .model import ExternLaunch, Manifest
+from .files import format_bytes as _bytes
+from .files import read_manifest_bytes
 from .parse import parse_manifest
 from .verify import verify
-
-
-def _bytes(n: int) -> str:
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n} B"
 
 
 def summary(m: Manifest) -> str:
@@ -62,10 +61,10 @@ def summary(m: Manifest) -> str:
 
 
 def check(path: str, out: TextIO, err: TextIO) -> int:
-    """Parse and verify `path`; print the summary (exit 0) or the faults (exit 1)."""
+    """Parse and verify `path`; print the summary (exit 0) or the faults (exit 1). A file that cannot be read,
+    is not a regular file or is larger than MAX_MANIFEST_BYTES: one line `PATH: cannot read: WHY` (exit 1)."""
     try:
-        with open(path, "rb") as f:
-            text = f.read()
+        text = read_manifest_bytes(path)
     except OSError as exc:
         print(f"{path}: cannot read: {exc.strerror or exc}", file=err)
         return 1

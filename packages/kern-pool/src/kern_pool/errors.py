@@ -8,6 +8,7 @@ plan has not been reported as executed yet. Internal inconsistencies are `Assert
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 
@@ -55,3 +56,20 @@ class Closed(Misuse):
 
 class NotLanded(PoolError):
     """A copy plan has not been reported as landed yet: its result is not usable."""
+
+
+def check_count(value: Any, what: str, minimum: int = 0) -> int:
+    """`value` as an `int` if it is an integer (anything with `__index__`, e.g. a numpy integer; not a
+    `bool`) of at least `minimum`; else `Misuse` naming `what`.
+
+    Every token count, length, position and size a public entry point takes goes through this before
+    anything is acquired or changed (a float or string length would otherwise fail half way, as a
+    `TypeError`, after a slot or page was taken).
+    """
+    try:
+        number = operator.index(value)
+    except TypeError:
+        number = None
+    if isinstance(value, bool) or number is None or number < minimum:
+        raise Misuse(f"{what} must be an int >= {minimum}, got {value!r}")
+    return number

@@ -10,7 +10,7 @@ from __future__ import annotations
 import weakref
 from typing import TYPE_CHECKING, Any
 
-from .errors import Closed, Misuse
+from .errors import Closed, Misuse, check_count
 from .plans import Copies
 
 if TYPE_CHECKING:
@@ -135,10 +135,12 @@ class Lease(Handle):
     def slot(self, pos: int) -> int:
         """Slot-mapping value for writing position `pos`: `page_id * page_tokens + pos % page_tokens`.
 
-        Raises `Misuse` for a position before `frozen_tokens` (the prefix, a sealed page, a
-        checkpointed length), beyond the reserved pages, or on a slot-only lease; `Closed` after close.
+        Raises `Misuse` for a position that is not an int, before `frozen_tokens` (the prefix, a sealed
+        page, a checkpointed length), beyond the reserved pages, or on a slot-only lease; `Closed` after
+        close.
         """
         self._check()
+        pos = check_count(pos, "position")
         if not self.paged:
             raise Misuse("slot(pos) on a slot-only lease: it has no pages")
         if pos < self.frozen_tokens:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import weakref
 from typing import Any, Callable
 
-from .errors import Busy, Closed, ExceedsPool, Misuse, NotLanded
+from .errors import Busy, Closed, ExceedsPool, Misuse, NotLanded, check_count
 from .handles import Checkpoint, Handle, Lease, _Node
 from .plans import Copies, HostCopies, PageCopy, SlotCopy
 from .pool import Pool
@@ -31,24 +31,23 @@ def host_split(host_bytes: int, layout: Layout, turn_tokens: int) -> tuple[int, 
 
     One unit = `ceil(turn_tokens / page_tokens)` pages plus one slot (one per-seq state copy per
     session turn); without per-seq states every byte goes to pages, without paged states to slots.
-    Raises `Misuse` for a non-positive turn length.
+    Raises `Misuse` for a turn length that is not an int > 0 or bytes that are not an int >= 0.
     """
-    if turn_tokens <= 0:
-        raise Misuse(f"turn_tokens must be > 0, got {turn_tokens}")
+    units = host_units(host_bytes, layout, turn_tokens)
     page_bytes, slot_bytes = sum(layout.page_bytes), sum(layout.slot_bytes)
     if not slot_bytes:
         return host_bytes // page_bytes, 0
     if not page_bytes:
         return 0, host_bytes // slot_bytes
     turn_pages = -(-turn_tokens // layout.page_tokens)
-    units = host_units(host_bytes, layout, turn_tokens)
     return units * turn_pages, units
 
 
 def host_units(host_bytes: int, layout: Layout, turn_tokens: int) -> int:
-    """Whole (turn pages + one slot) units in `host_bytes` (pages alone without per-seq states)."""
-    if turn_tokens <= 0:
-        raise Misuse(f"turn_tokens must be > 0, got {turn_tokens}")
+    """Whole (turn pages + one slot) units in `host_bytes` (pages alone without per-seq states).
+    Raises `Misuse` like `host_split`."""
+    host_bytes = check_count(host_bytes, "host_bytes")
+    turn_tokens = check_count(turn_tokens, "turn_tokens", 1)
     page_bytes, slot_bytes = sum(layout.page_bytes), sum(layout.slot_bytes)
     turn_pages = -(-turn_tokens // layout.page_tokens) if page_bytes else 0
     unit = turn_pages * page_bytes + slot_bytes
@@ -241,15 +240,16 @@ class Host:
 
     def __init__(self, pool: Pool, num_pages: int, num_slots: int = 0, *,
                  settle: Callable[[Parked | Waking], None] | None = None) -> None:
-        """Raises `Misuse` for a `pool` that is not a `Pool` or negative sizes (counts of units).
+        """Raises `Misuse` for a `pool` that is not a `Pool` or sizes (counts of units) that are not
+        ints >= 0.
 
         `settle`: the executor's hook for a `Parked` or `Waking` closed (or dropped) before `land()`:
         it returns once that entry's copies are done (and may land it), before any of its device or host
         units is released. Without it (pure accounting) they are released at once."""
         if not isinstance(pool, Pool):
             raise Misuse(f"Host needs a Pool, got {type(pool).__name__}")
-        if num_pages < 0 or num_slots < 0:
-            raise Misuse(f"host sizes must be >= 0, got {num_pages} pages, {num_slots} slots")
+        num_pages = check_count(num_pages, "Host num_pages")
+        num_slots = check_count(num_slots, "Host num_slots")
         self.settle = settle
         self.pool = pool
         self.num_pages = num_pages
@@ -366,7 +366,7 @@ class Host:
         checkpoint, and every entry of a pool without paged states) wakes into a slot-only lease, like
         `Pool.lease_from` of a slot-only checkpoint: `lease_tokens` must be 0 and only the slot is
         copied. `hold` is closed with the lease. Raises `Closed`, `Misuse` (not a `Parked` of this
-        host, lengths out of range) before anything is leased, and the pool's refusals (a refusal
+        host, lengths not ints or out of range) before anything is leased, and the pool's refusals (a refusal
         changes nothing).
         """
         if not isinstance(parked, Parked):
@@ -375,6 +375,8 @@ class Host:
             raise Misuse("wake() of a parked entry of another host")
         if parked.closed:
             raise Closed("wake() of a closed parked entry")
+        num_tokens = check_count(num_tokens, "wake() num_tokens")
+        lease_tokens = check_count(lease_tokens, "wake() lease_tokens")
         paged = parked.paged
         if not 0 <= num_tokens <= parked.num_tokens or (lease_tokens < num_tokens if paged else lease_tokens != 0):
             raise Misuse(f"wake {num_tokens} of {parked.num_tokens} tokens into a lease of {lease_tokens}"

@@ -14,7 +14,7 @@ import weakref
 from typing import Any
 
 from .blocks import PAGES, SLOTS, Blocks
-from .errors import Busy, Closed, ExceedsPool, Misuse, Remapping
+from .errors import Busy, Closed, ExceedsPool, Misuse, Remapping, check_count
 from .handles import Checkpoint, Lease, _Node, chain_pages, node_at
 from .plans import BlockMove, Copies, PageCopy, RemapPlan, SlotCopy
 from .sizing import Layout
@@ -140,11 +140,12 @@ class Pool:
     def lease(self, num_tokens: int) -> Lease:
         """A fresh sequence with pages for `num_tokens` tokens and (with per-seq states) a zeroed slot.
 
-        Raises `Misuse` (negative tokens, tokens on a pool without pages), `ExceedsPool`, `Busy`,
-        `Remapping`. `lease.plan.zero_slots` lists the slot to zero.
+        Raises `Misuse` (tokens not an int >= 0, tokens on a pool without pages), `ExceedsPool`,
+        `Busy`, `Remapping`. `lease.plan.zero_slots` lists the slot to zero.
         """
-        if num_tokens < 0 or (num_tokens and not self.layout.paged):
-            raise Misuse(f"lease({num_tokens}): tokens must be >= 0 and need paged states")
+        num_tokens = check_count(num_tokens, "lease() num_tokens")
+        if num_tokens and not self.layout.paged:
+            raise Misuse(f"lease({num_tokens}): tokens need paged states")
         n_pages = self._pages_for(num_tokens)
         n_slots = 1 if self.layout.has_slots else 0
         pages, slots = self._acquire(n_pages, n_slots, n_pages)
@@ -168,9 +169,11 @@ class Pool:
     def grow(self, lease: Lease, num_tokens: int) -> None:
         """Reserve pages so `lease` holds `num_tokens` tokens in total (no-op if it already does).
 
-        Raises `Closed`, `Misuse` (not a `Lease` of this pool, slot-only lease), `ExceedsPool`, `Busy`, `Remapping`.
+        Raises `Closed`, `Misuse` (not a `Lease` of this pool, tokens not an int >= 0, slot-only
+        lease), `ExceedsPool`, `Busy`, `Remapping`.
         """
         self._own(lease, Lease)
+        num_tokens = check_count(num_tokens, "grow() num_tokens")
         more = self._pages_for(num_tokens) - lease.num_pages
         if more <= 0:
             return
@@ -186,10 +189,11 @@ class Pool:
         partial last page is shared and the lease may only write it from `num_tokens` on; the slot
         is copied into a new slot (`checkpoint.plan.slot_copies`). With per-seq state the caller
         must checkpoint at the lease's current position. Raises `Closed`, `Misuse` (not a `Lease` of
-        this pool, length out of range), `Busy` / `Remapping` (no slot for the copy), `ExceedsPool`.
+        this pool, length not an int or out of range), `Busy` / `Remapping` (no slot for the copy),
+        `ExceedsPool`; a refusal changes nothing.
         """
         self._own(lease, Lease)
-        self._check_len(lease, num_tokens)
+        num_tokens = self._check_len(lease, num_tokens)
         slots: list[int] = []
         if lease.seq_slot_id is not None:
             _, slots = self._acquire(0, 1, 0)
@@ -203,12 +207,12 @@ class Pool:
     def retire(self, lease: Lease, num_tokens: int) -> Checkpoint | None:
         """End `lease`, keeping its first `num_tokens` tokens, with no copy: pages past them return,
         the slot moves to the checkpoint. A second retire (or retire after close) is a checked
-        no-op returning None. Raises `Misuse` for a length beyond the lease or a handle that is not a
-        `Lease` of this pool."""
+        no-op returning None. Raises `Misuse` for a length that is not an int, negative or beyond the
+        lease, or a handle that is not a `Lease` of this pool."""
         if isinstance(lease, Lease) and lease.closed:
             return None
         self._own(lease, Lease)
-        self._check_len(lease, num_tokens)
+        num_tokens = self._check_len(lease, num_tokens)
         cp = self._make_checkpoint(lease, num_tokens)
         cp.seq_slot_id, lease.seq_slot_id = lease.seq_slot_id, None
         lease.close()
@@ -229,10 +233,14 @@ class Pool:
         the lease's first own page (`plan.page_copies`), so the checkpoint's page never changes; the
         slot is copied. `prefix_tokens < source.num_tokens` is allowed only for pure-KV checkpoints.
         `hold` (anything with `close()`, e.g. a prefix `Hit`) is closed when the lease closes.
-        Raises `Closed`, `Misuse` (also for a `source` that is not a `Checkpoint` of this pool, e.g.
-        a host `Parked`: wake it with `Host.wake`), `ExceedsPool`, `Busy`, `Remapping`; a refusal changes nothing.
+        Raises `Closed`, `Misuse` (lengths not ints or out of range; also for a `source` that is not a
+        `Checkpoint` of this pool, e.g. a host `Parked`: wake it with `Host.wake`), `ExceedsPool`,
+        `Busy`, `Remapping`; a refusal changes nothing.
         """
         self._own(source, Checkpoint)
+        num_tokens = check_count(num_tokens, "lease_from() num_tokens")
+        if prefix_tokens is not None:
+            prefix_tokens = check_count(prefix_tokens, "lease_from() prefix_tokens")
         length = source.num_tokens if prefix_tokens is None else prefix_tokens
         if not 0 <= length <= source.num_tokens:
             raise Misuse(f"prefix_tokens {length} outside 0..{source.num_tokens} of the checkpoint")
@@ -257,10 +265,12 @@ class Pool:
         Full pages are sealed into the parent's chain and shared; a mid-page `prefix_tokens` copies
         that page for the child (the parent keeps writing its own); the parent's slot is copied (so
         with per-seq state the fork must be at the parent's current position). Raises `Closed`,
-        `Misuse`, `ExceedsPool`, `Busy`, `Remapping`; a refusal changes nothing.
+        `Misuse` (lengths not ints or out of range), `ExceedsPool`, `Busy`, `Remapping`; a refusal
+        changes nothing.
         """
         self._own(parent, Lease)
-        self._check_len(parent, prefix_tokens)
+        num_tokens = check_count(num_tokens, "fork() num_tokens")
+        prefix_tokens = self._check_len(parent, prefix_tokens)
         if not parent.paged:
             return self._slot_only_branch("fork of a slot-only lease", parent.seq_slot_id, prefix_tokens,
                                           num_tokens, None)
@@ -324,10 +334,13 @@ class Pool:
         if handle.closed:
             raise Closed(f"{type(handle).__name__} is closed")
 
-    def _check_len(self, lease: Lease, num_tokens: int) -> None:
-        limit = lease.capacity_tokens if lease.paged else num_tokens
-        if not 0 <= num_tokens <= limit:
-            raise Misuse(f"length {num_tokens} outside 0..{limit} tokens held by the lease")
+    def _check_len(self, lease: Lease, num_tokens: int) -> int:
+        """`num_tokens` as an int; Misuse unless it is an integer in 0..the lease's tokens (any >= 0 when
+        slot-only)."""
+        num_tokens = check_count(num_tokens, "length")
+        if lease.paged and num_tokens > lease.capacity_tokens:
+            raise Misuse(f"length {num_tokens} outside 0..{lease.capacity_tokens} tokens held by the lease")
+        return num_tokens
 
     def _acquire(self, n_pages: int, n_slots: int, total_pages: int) -> tuple[list[int], list[int]]:
         """Pop `n_pages` free pages and `n_slots` free slots, all or nothing; else raise a refusal."""

@@ -72,6 +72,12 @@ class _TreeNode:
 _TIER_INDEX = {Tier.RESIDENT: 0, Tier.PARKED: 1}
 
 
+def _tier_index(tier: Any) -> int:
+    if not isinstance(tier, Tier):
+        raise Misuse(f"tier must be Resident or Parked (a kern_pool.prefix.Tier), got {tier!r}")
+    return _TIER_INDEX[tier]
+
+
 class Entry:
     """One kept prefix in the tree. `clock`: logical time of its last use; `locks`: live hits."""
 
@@ -157,13 +163,15 @@ class Prefix(Generic[R, P]):
         self._clock = 0
         self._heaps: tuple[list[tuple[int, int, Entry]], list[tuple[int, int, Entry]]] = ([], [])
         self._pushes = 0
+        self._filed: set[int] = set()  # id() of every filed kept object (each entry holds its object)
 
     # ---- queries ---------------------------------------------------------------------------------
     def __len__(self) -> int:
         return self._root.counts[0] + self._root.counts[1]
 
     def count(self, tier: Tier) -> int:
-        return self._root.counts[_TIER_INDEX[tier]]
+        """Entries of `tier`. Raises `Misuse` for a tier that is not a `Tier`."""
+        return self._root.counts[_tier_index(tier)]
 
     def entries(self) -> list[tuple[tuple[int, ...], Tier, Any]]:
         """(tokens, tier, kept) of every entry, depth-first in child order (for tests and tools)."""
@@ -249,15 +257,14 @@ class Prefix(Generic[R, P]):
         """File `kept` (tier `tier`) under exactly `tokens`; the tree now owns it.
 
         Returns False when an equal entry already exists or a deeper pure-KV entry of the tier covers
-        it: then `kept` is closed at once and the existing entry is stamped as used. Raises `Misuse`
-        when `len(tokens) != kept.num_tokens` or tokens are empty.
+        it: then `kept` is closed at once and the existing entry is stamped as used. Raises `Closed`
+        for a closed `kept`, `Misuse` when `kept` is already filed in this tree (under any tokens or
+        tier), `len(tokens) != kept.num_tokens`, tokens are empty or `tier` is not a `Tier`; a refusal
+        changes nothing and the caller keeps `kept`.
         """
         toks = tokens if type(tokens) is tuple else tuple(tokens)
         n = len(toks)
-        if n == 0 or n != kept.num_tokens:
-            kept.close()
-            raise Misuse(f"insert: {n} tokens for a kept prefix of {kept.num_tokens} tokens")
-        ti = _TIER_INDEX[tier]
+        ti = self._admit(n, kept, tier)
         kv = not kept.has_slot
         node, pos, child, m = self._walk(toks)
         # Already there, or covered by a deeper pure-KV entry of this tier?
@@ -286,6 +293,7 @@ class Prefix(Generic[R, P]):
         self._clock += 1
         entry = Entry(kept, node, tier, self._clock)
         node.entries[ti] = entry
+        self._filed.add(id(kept))
         self._count(node, ti, kv, +1)
         self._push(entry)
         if kv:  # shallower unlocked pure-KV entries of this tier on the path are now redundant
@@ -303,7 +311,8 @@ class Prefix(Generic[R, P]):
 
         With `park`, `park(kept)` may return the parked form (filed as `Parked` at the same tokens;
         the resident `kept` then belongs to it) or None (the entry is dropped and closed). An
-        exception from `park` propagates and leaves the entry filed and evictable as before.
+        exception from `park`, or the `Closed` / `Misuse` `insert` would raise for what it returned,
+        propagates and leaves the entry filed and evictable as before.
         """
         item = self._pop_victim(0)
         if item is None:
@@ -311,6 +320,8 @@ class Prefix(Generic[R, P]):
         entry = item[2]
         try:
             parked = park(entry.kept) if park is not None else None
+            if parked is not None:
+                self._admit(entry.node.depth, parked, Parked)
         except BaseException:
             heapq.heappush(self._heaps[0], item)  # put the victim back exactly: it is still filed
             raise
@@ -345,6 +356,17 @@ class Prefix(Generic[R, P]):
                 self._remove(e, close=True)
 
     # ---- internals -------------------------------------------------------------------------------
+    def _admit(self, n: int, kept: Any, tier: Any) -> int:
+        """The tier index for filing `kept` under `n` tokens, or `Closed` / `Misuse` (nothing changed)."""
+        ti = _tier_index(tier)
+        if getattr(kept, "closed", False) is True:
+            raise Closed(f"insert: {kept!r} is closed")
+        if id(kept) in self._filed:
+            raise Misuse(f"insert: {kept!r} is already filed in this tree, which owns it")
+        if n == 0 or n != kept.num_tokens:
+            raise Misuse(f"insert: {n} tokens for a kept prefix of {kept.num_tokens} tokens")
+        return ti
+
     def _walk(self, toks: tuple[int, ...]) -> tuple[_TreeNode, int, _TreeNode | None, int]:
         """Deepest node fully matched, its depth, the partly matched child and how far into its edge."""
         node, pos = self._root, 0
@@ -460,6 +482,7 @@ class Prefix(Generic[R, P]):
         node = entry.node
         node.entries[ti] = None
         entry.alive = False
+        self._filed.discard(id(entry.kept))
         self._count(node, ti, entry.kv, -1)
         if close:
             entry.kept.close()
@@ -486,13 +509,16 @@ class Prefix(Generic[R, P]):
 
 def check_prefix(prefix: Prefix[Any, Any]) -> None:
     """Assert the tree's invariants (kern bugs): counts match entries, no empty or pass-through
-    node, every child filed under its own first token, depths add up, no dead entry filed."""
+    node, every child filed under its own first token, depths add up, no dead entry filed, no kept
+    object filed twice."""
+    kept_ids: list[int] = []
 
     def walk(node: _TreeNode) -> list[int]:
         counts = [0, 0, 0, 0]
         for ti, e in enumerate(node.entries):
             if e is not None:
                 assert e.alive and e.node is node and _TIER_INDEX[e.tier] == ti
+                kept_ids.append(id(e.kept))
                 counts[ti] += 1
                 counts[2 + ti] += e.kv
         for key, child in node.children.items():
@@ -508,6 +534,8 @@ def check_prefix(prefix: Prefix[Any, Any]) -> None:
         return counts
 
     walk(prefix._root)
+    assert len(set(kept_ids)) == len(kept_ids), "kern bug: one kept object filed twice"
+    assert set(kept_ids) == prefix._filed, "kern bug: filed-object set differs from the entries"
 
 
 __all__ = ["Entry", "Eviction", "Hit", "Kept", "Parked", "Prefix", "Resident", "Tier", "check_prefix", "Closed"]

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .errors import ExceedsPool, Misuse
+from .errors import ExceedsPool, Misuse, check_count
 
 MIB = 1 << 20
 GIB = 1 << 30
@@ -26,12 +26,16 @@ def block_bytes_for(
 
     A whole multiple of `granularity_bytes`, at most half the smallest object, at most `cap_bytes`.
     When the smallest object is under two granularities an object spans at most two blocks anyway, so
-    the cap is taken. Raises `Misuse` for an empty or non-positive size list or a cap that is not a
-    multiple of the granularity.
+    the cap is taken. Raises `Misuse` for an empty size list, a size, granularity or cap that is not
+    an int > 0, or a cap that is not a multiple of the granularity.
     """
-    if not object_bytes or min(object_bytes) <= 0:
-        raise Misuse(f"object sizes must be positive and non-empty, got {list(object_bytes)}")
-    if granularity_bytes <= 0 or cap_bytes < granularity_bytes or cap_bytes % granularity_bytes:
+    if not object_bytes:
+        raise Misuse("object sizes must be non-empty")
+    for size in object_bytes:
+        check_count(size, "object size in bytes", 1)
+    check_count(granularity_bytes, "granularity_bytes", 1)
+    check_count(cap_bytes, "cap_bytes", 1)
+    if cap_bytes < granularity_bytes or cap_bytes % granularity_bytes:
         raise Misuse(f"cap {cap_bytes} B must be a positive multiple of the granularity {granularity_bytes} B")
     smallest = min(object_bytes)
     if smallest < 2 * granularity_bytes:
@@ -41,7 +45,9 @@ def block_bytes_for(
 
 @dataclass(frozen=True, slots=True)
 class PooledState:
-    """A pooled state: paged (`bytes_per_token` > 0, page unit `page_tokens`) or per-seq (`bytes_per_seq` > 0)."""
+    """A pooled state: paged (`bytes_per_token` > 0, page unit `page_tokens`) or per-seq (`bytes_per_seq` > 0).
+
+    Raises `Misuse` for sizes that are not ints >= 0 or not exactly one of the two kinds."""
 
     name: str
     bytes_per_token: int = 0
@@ -49,12 +55,13 @@ class PooledState:
     page_tokens: int = 0
 
     def __post_init__(self) -> None:
+        check_count(self.bytes_per_token, f"state {self.name!r}: bytes_per_token")
+        check_count(self.bytes_per_seq, f"state {self.name!r}: bytes_per_seq")
+        check_count(self.page_tokens, f"state {self.name!r}: page_tokens")
         if (self.bytes_per_token > 0) == (self.bytes_per_seq > 0):
             raise Misuse(f"state {self.name!r}: exactly one of bytes_per_token / bytes_per_seq must be > 0")
         if self.bytes_per_token > 0 and self.page_tokens <= 0:
             raise Misuse(f"paged state {self.name!r}: page_tokens must be > 0, got {self.page_tokens}")
-        if self.bytes_per_token < 0 or self.bytes_per_seq < 0:
-            raise Misuse(f"state {self.name!r}: negative byte sizes")
 
     @property
     def paged(self) -> bool:
@@ -63,14 +70,17 @@ class PooledState:
 
 @dataclass(frozen=True, slots=True)
 class Capacity:
-    """What the caller wants to hold at once: `tokens` of paged state (None: fill free memory) and `seqs` sequences."""
+    """What the caller wants to hold at once: `tokens` of paged state (None: fill free memory) and `seqs` sequences.
+
+    Raises `Misuse` unless both are ints >= 0 (`tokens` may be None)."""
 
     tokens: int | None
     seqs: int
 
     def __post_init__(self) -> None:
-        if self.seqs < 0 or (self.tokens is not None and self.tokens < 0):
-            raise Misuse(f"capacity must be non-negative, got tokens={self.tokens} seqs={self.seqs}")
+        if self.tokens is not None:
+            check_count(self.tokens, "Capacity tokens")
+        check_count(self.seqs, "Capacity seqs")
 
 
 def _blocks_covering(num_objects: int, object_bytes: int, block_bytes: int) -> int:
@@ -87,6 +97,7 @@ class Layout:
     `BlockMove`). `num_blocks` physical blocks of `block_bytes` exist; at start pages
     `0..initial_pages-1` and slots `0..initial_slots-1` are mapped (page 0 and slot 0 are scratch).
     Each state reserves `num_blocks * block_bytes` of virtual range, enough for every block at once.
+    Raises `Misuse` for a field that is not an int (sizes > 0, counts >= 0) or objects that do not fit.
     """
 
     page_tokens: int
@@ -99,6 +110,11 @@ class Layout:
     states: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        for name in ("page_tokens", "num_blocks", "initial_pages", "initial_slots"):
+            check_count(getattr(self, name), f"Layout {name}")
+        check_count(self.block_bytes, "Layout block_bytes", 1)
+        for size in self.page_bytes + self.slot_bytes:
+            check_count(size, "Layout page / slot bytes", 1)
         if not self.page_bytes and not self.slot_bytes:
             raise Misuse("a layout needs at least one pooled state")
         if self.page_bytes and (self.page_tokens <= 0 or self.initial_pages < 1):
@@ -137,8 +153,13 @@ class Layout:
         """A test / simulator layout: one paged state, optionally one per-seq state of one block per slot.
 
         `pages` and `slots` are the leasable counts; the scratch page / slot are added on top, and the
-        block budget is exactly what they need (block = page when `blocks_per_page` is 1).
+        block budget is exactly what they need (block = page when `blocks_per_page` is 1). Raises
+        `Misuse` for counts that are not ints (`page_tokens`, `blocks_per_page` > 0; the rest >= 0).
         """
+        check_count(page_tokens, "Layout.simple page_tokens", 1)
+        check_count(pages, "Layout.simple pages")
+        check_count(slots, "Layout.simple slots")
+        check_count(blocks_per_page, "Layout.simple blocks_per_page", 1)
         block = MIB
         n_pages = pages + 1
         n_slots = slots + 1 if slots else 0
@@ -169,9 +190,12 @@ class Layout:
         `seqs + 2` (slot 0 of them is the scratch slot); one scratch page is added on top of the
         tokens. Budget bytes = tokens * sum(bytes_per_token) + (seqs + 2) * sum(bytes_per_seq)
         (+ one scratch page), rounded up to whole blocks per state on its own. `tokens=None` fills
-        `free_bytes - headroom_bytes`. Raises `Misuse` for bad inputs, `ExceedsPool` when free memory
-        does not hold even one page.
+        `free_bytes - headroom_bytes`. Raises `Misuse` for bad inputs (sizes that are not ints >= 0),
+        `ExceedsPool` when free memory does not hold even one page.
         """
+        if free_bytes is not None:
+            check_count(free_bytes, "free_bytes")
+        check_count(headroom_bytes, "headroom_bytes")
         paged = [s for s in states if s.paged]
         per_seq = [s for s in states if not s.paged]
         if not states:

@@ -62,12 +62,14 @@ MODES = ("eager", "chunk1", "transformers")
 
 def check_request(req: AbRequest, cfg: RunConfig) -> "RunConfig | None":
     """Refuse a request that cannot run, before anything loads: returns B's RunConfig when B is a manifest.
-    Raises InputError (bad counts, an unknown mode that is no manifest file) / ConfigError (B's preflight:
-    bad manifest, kernels, weights) / RefusalError (transformers mode without torch + transformers)."""
+    Raises InputError (bad counts, a negative seed, an unknown mode that is no manifest file) / ConfigError (B's
+    preflight: bad manifest, kernels, weights) / RefusalError (transformers mode without torch + transformers)."""
     if req.prompts < 1:
         raise InputError(f"--prompts {req.prompts}: need at least 1 prompt")
     if req.steps < 1:
         raise InputError(f"--steps {req.steps}: need at least 1 step")
+    if req.seed < 0:
+        raise InputError(f"--seed {req.seed}: must be >= 0 (it seeds numpy's random prompts)")
     if req.margin_tol is not None and not req.margin_tol >= 0:
         raise InputError(f"--margin-tol {req.margin_tol}: must be >= 0")
     if req.against == "transformers":
@@ -86,19 +88,44 @@ def check_request(req: AbRequest, cfg: RunConfig) -> "RunConfig | None":
     return replace(cfg, manifest=path, chunk=None)
 
 
+def check_steps(steps: int, positions: int, where: str) -> None:
+    """A prompt of at least 1 token plus `steps` generated tokens must fit `positions`. Raises InputError naming
+    --steps and `where` the positions come from."""
+    if steps >= positions:
+        raise InputError(f"--steps {steps}: the context holds {positions} positions ({where}), and each prompt needs "
+                         f"at least 1: pass --steps <= {positions - 1}")
+
+
+def context_positions(cfg: RunConfig, facts: Any, facts_b: Any = None) -> tuple[int, str]:
+    """(positions a sequence can use, what bounds them) known before loading: the manifest's max context (and
+    manifest B's), and the KV capacity."""
+    limits = [(facts.max_context, f"the manifest's max context {facts.max_context}"),
+              (cfg.capacity_tokens, f"--capacity {cfg.capacity_tokens}")]
+    if facts_b is not None:
+        limits.append((facts_b.max_context, f"manifest B's max context {facts_b.max_context}"))
+    return min(limits, key=lambda limit: limit[0])
+
+
 def run_ab(cfg: RunConfig, req: AbRequest, log: Any) -> tuple[list[Comparison], str]:
-    """The comparisons (one per prompt) and a printable table. Raises RefusalError / KernError."""
+    """The comparisons (one per prompt) and a printable table. Raises RefusalError (InputError for `--steps` that
+    leave no position for a prompt: before loading against the manifests' context and --capacity, after it against
+    the KV pool the runtime allocated) / KernError."""
     cfg_b = check_request(req, cfg)
     prep = prepare(cfg, check_device=False)
     prep_b = prepare(cfg_b, check_device=False) if cfg_b is not None else None  # B's refusals before A loads
+    check_steps(req.steps, *context_positions(cfg, prep.facts, prep_b.facts if prep_b is not None else None))
     session.probe_device(cfg.gpu)  # last: every host-side refusal of A and B comes first (docs/caller.md)
     same_runtime = req.against in ("eager", "chunk1")
     tol = req.margin_tol if req.margin_tol is not None else (0.0 if same_runtime else 0.1)
     work: list[tuple[list[int], list[int], np.ndarray, np.ndarray | None]] = []
     gen = open_generator(prep, log)
     try:
+        positions = gen.max_positions  # the KV pool the runtime allocated may hold a little less than --capacity
+        if prep_b is not None:
+            positions = min(positions, prep_b.facts.max_context)
+        check_steps(req.steps, positions, "the loaded KV pool")
         prompts = sample_prompts(prep.codec, req.prompts, req.seed, req.random_prompt_tokens,
-                                 gen.max_positions - req.steps)
+                                 positions - req.steps)
         for prompt in prompts:
             result = gen.generate(prompt, GenerateOptions(req.steps, prep.chunk, stop_at_eos=False))
             ids = prompt + result.tokens[:-1]

@@ -251,7 +251,7 @@ def test_cmd(
     against: Annotated[str, typer.Option("--against", help="eager | chunk1 | transformers | path to manifest B")] = "eager",
     prompts: Annotated[int, typer.Option("--prompts", help="number of sampled prompts")] = 4,
     steps: Annotated[int, typer.Option("--steps", "-n", help="greedy steps per prompt")] = 32,
-    seed: Annotated[int, typer.Option("--seed")] = 0,
+    seed: Annotated[int, typer.Option("--seed", help="seed of the random-token prompts (>= 0)")] = 0,
     margin_tol: Annotated[Optional[float], typer.Option("--margin-tol", help="top-2 margin under which a top-1 "
                                                         "disagreement is not a mismatch")] = None,
     target: TargetOpt = None, config: ConfigOpt = None, manifest: ManifestOpt = None, kernels: KernelsOpt = None,
@@ -290,7 +290,7 @@ def inspect(
     def go() -> None:
         raw, parsed = load_verified(manifest)
         raw = {**raw, "digest": parsed.digest}  # the computed digest, declared or not
-        for line in manifest_lines(raw):
+        for line in manifest_lines(raw, parsed):
             print(line)
 
     _guarded("inspect", level, go)

@@ -89,6 +89,9 @@ def load_targets(path: Path) -> tuple[str | None, dict[str, dict[str, Any]]]:
         for key, value in fields.items():
             if key in PATH_KEYS and not isinstance(value, str):
                 raise ConfigError(f"{path}: [targets.{name}] {key} = {value!r} must be a path string")
+            if key in PATH_KEYS and "\0" in value:  # no OS path holds one (open / resolve raise ValueError)
+                raise ConfigError(f"{path}: [targets.{name}] {key} = {value!r} contains a NUL character: "
+                                  "not a usable path")
             low = 0 if key == "gpu" else 1
             if key not in PATH_KEYS and (not isinstance(value, int) or isinstance(value, bool) or value < low):
                 raise ConfigError(f"{path}: [targets.{name}] {key} = {value!r} must be an integer >= {low}")

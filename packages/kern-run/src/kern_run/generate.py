@@ -170,8 +170,7 @@ class Generator:
         self.pages = SeqPages(runtime, self.page_tokens)
         self.max_positions = min(self.pages.max_tokens, facts.max_context)  # positions 0..max_positions-1 fit
         self._page_ids: list[int] = []
-        caller = (facts.raw.get("meta") or {}).get("caller") or {}
-        self._advance: dict[str, Any] | None = caller.get("decode_advance") or None
+        self._advance: dict[str, Any] | None = facts.decode_advance  # checked by preflight.read_manifest
         self._ring: np.ndarray | None = None
 
     @property

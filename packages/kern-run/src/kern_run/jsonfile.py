@@ -5,15 +5,20 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from .errors import RefusalError
 
 
-def read_text(path: Path, what: str, error: type[RefusalError], hint: str = "") -> str:
+def read_text(path: Path, what: str, error: type[RefusalError], hint: str = "",
+              read: Callable[[Path], bytes] | None = None) -> str:
     """The UTF-8 text of `path`. Raises `error` naming `what` and the file for an unreadable file (OS error)
-    or non-UTF-8 bytes (with the byte offset); `hint` ("; fix it") ends each message."""
+    or non-UTF-8 bytes (with the byte offset); `hint` ("; fix it") ends each message. `read`: how to read the
+    file's bytes when not plainly (a manifest: kern_manifest.cli.read_manifest_bytes, which refuses a file that is
+    not regular or is too large with an OSError)."""
     try:
+        if read is not None:
+            return read(Path(path)).decode("utf-8")
         return Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise error(f"{what} {path}: {exc.strerror or exc}{hint}") from None

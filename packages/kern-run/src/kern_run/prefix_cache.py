@@ -32,6 +32,7 @@ from typing import Any, Callable, TextIO
 from .errors import InputError
 from .generate import GenerateOptions, GenerateResult, Generator
 from .jsonfile import json_fault
+from .text import text_fault
 
 
 def read_prompts(path: str | Path) -> list[str]:
@@ -40,7 +41,8 @@ def read_prompts(path: str | Path) -> list[str]:
     written as the two characters backslash-n kept as is).
 
     Raises InputError for an unreadable or non-UTF-8 file, no prompts, or a JSON line that is not an
-    object with a "prompt" string (naming the line number in the file).
+    object with a "prompt" string or whose string is not UTF-8 text (a lone surrogate escape such as
+    `"\\ud800"`), naming the line number in the file.
     """
     try:
         numbered = [(i, line) for i, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1)
@@ -66,6 +68,9 @@ def read_prompts(path: str | Path) -> list[str]:
             if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str):
                 raise InputError(f"--prompts {path}:{i}: expected an object with a \"prompt\" string (a file "
                                  "with any line starting with '{' or '[' is read as JSONL)")
+            fault = text_fault(obj["prompt"])
+            if fault is not None:
+                raise InputError(f"--prompts {path}:{i}: the \"prompt\" string is not UTF-8 text ({fault})")
             prompts.append(obj["prompt"])
         return prompts
     return lines

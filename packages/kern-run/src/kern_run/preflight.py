@@ -9,6 +9,7 @@ weights, tokenizer and prompt, then the device probe last (docs/caller.md).
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -63,6 +64,9 @@ class ManifestFacts:
     # the kern_manifest.Manifest that passed verification here: handed to the runtime, which then neither
     # parses nor verifies the file again (None: load from the path)
     parsed: Any = None
+    # meta.caller.decode_advance: {"ring": the host-mapped token ring buffer, ...} when the decode program
+    # advances its own inputs (generate.py's pipelined loop); None: the host writes every step's inputs
+    decode_advance: dict[str, Any] | None = None
 
     @property
     def max_context(self) -> int:
@@ -91,9 +95,12 @@ def check_verifies(source: Any, path: Path) -> Any:
 def load_verified(path: Path, hint: str = "") -> tuple[Any, Any]:
     """(the decoded JSON, the verified kern_manifest.Manifest) of the manifest file at `path`; the Manifest is
     parsed from the file's text, so a duplicate key is refused as by `kern manifest check`. Raises ConfigError
-    naming the file: unreadable, not UTF-8 or not JSON (each message ending in `hint`), or its first parse or
-    verification fault."""
-    text = read_text(Path(path), "manifest", ConfigError, hint)
+    naming the file: unreadable, not a regular file or larger than kern_manifest's MAX_MANIFEST_BYTES (64 MiB;
+    read as `kern manifest check` reads it), not UTF-8 or not JSON (each message ending in `hint`), or its first
+    parse or verification fault."""
+    from kern_manifest import read_manifest_bytes
+
+    text = read_text(Path(path), "manifest", ConfigError, hint, read=read_manifest_bytes)
     raw = parse_json(text, path, "manifest", ConfigError, hint)
     return raw, check_verifies(text, path)
 
@@ -114,8 +121,46 @@ def read_manifest(path: Path) -> ManifestFacts:
     except (KeyError, IndexError, TypeError, ValueError) as exc:
         raise ConfigError(f"manifest {path} does not follow the Qwen3 caller contract (docs/caller.md): "
                           f"missing or malformed {exc}") from None
-    invariant = bool(raw.get("meta", {}).get("caller", {}).get("prefill_batch_invariant", False))
-    return ManifestFacts(raw, tokens_max, page_tokens, pages_per_seq, invariant, parsed)
+    caller = caller_meta(raw, path)
+    invariant = caller.get("prefill_batch_invariant", False)
+    if not isinstance(invariant, bool):
+        raise ConfigError(f"manifest {path}: $.meta.caller.prefill_batch_invariant = {_shown(invariant)} must be "
+                          "true or false; regenerate it (tools/gen_qwen3.py)")
+    advance = caller.get("decode_advance")
+    if "decode_advance" in caller:
+        if not isinstance(advance, dict):
+            raise ConfigError(f"manifest {path}: $.meta.caller.decode_advance = {_shown(advance)} must be an object "
+                              "naming the token ring ({\"ring\": BUFFER, ...}); regenerate it (tools/gen_qwen3.py)")
+        ring = advance.get("ring")
+        if not isinstance(ring, str) or ring not in raw["buffers"]:
+            raise ConfigError(f"manifest {path}: $.meta.caller.decode_advance.ring = {_shown(ring)} must name a "
+                              "buffer of the manifest (the token ring); regenerate it (tools/gen_qwen3.py)")
+    return ManifestFacts(raw, tokens_max, page_tokens, pages_per_seq, invariant, parsed, advance)
+
+
+def _shown(value: Any, limit: int = 60) -> str:
+    """A JSON value as it appears in a message: its JSON text, cut at `limit` characters."""
+    text = json.dumps(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def caller_meta(raw: dict[str, Any], path: Path) -> dict[str, Any]:
+    """The manifest's `meta.caller` object (docs/caller.md), {} when `meta` or `meta.caller` is absent. `meta` is
+    free-form to kern_manifest, but what kern run reads from it must have the contract's shape: raises ConfigError
+    naming the file and the JSON path when `meta` or `meta.caller` is present and not an object."""
+    if "meta" not in raw:
+        return {}
+    meta = raw["meta"]
+    if not isinstance(meta, dict):
+        raise ConfigError(f"manifest {path}: $.meta = {_shown(meta)} must be an object; regenerate it "
+                          "(tools/gen_qwen3.py)")
+    if "caller" not in meta:
+        return {}
+    caller = meta["caller"]
+    if not isinstance(caller, dict):
+        raise ConfigError(f"manifest {path}: $.meta.caller = {_shown(caller)} must be an object (the caller "
+                          "contract's geometry and flags, docs/caller.md); regenerate it (tools/gen_qwen3.py)")
+    return caller
 
 
 def resolve_chunk(requested: int | None, facts: ManifestFacts) -> int:

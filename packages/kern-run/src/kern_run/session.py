@@ -83,7 +83,7 @@ def open_generator(prep: Prepared, log: Any, show_progress: bool | None = None, 
 
     `resident`: device weights kept by `Runtime.into_resident()` of an earlier runtime on the same GPU.
     """
-    for line in manifest_lines(prep.facts.raw):
+    for line in manifest_lines(prep.facts.raw, prep.facts.parsed):
         log.info(line)
     if show_progress is None:
         show_progress = sys.stderr.isatty()

@@ -2,8 +2,8 @@
 
 Computed from the manifest JSON alone (no GPU): vars, states, buffer classes with bytes at var max, each
 op's launches (entry + parameter layout + module, or the runtime built-in), weight binds, and per
-program its calls, launches and whether it is captured as a graph. `runtime_lines` adds what only a
-loaded runtime knows (its `describe()`): allocated bytes, pages, captured graphs.
+program its calls and launches (inlined programs expanded) and whether it is captured as a graph.
+`runtime_lines` adds what only a loaded runtime knows (its `describe()`): allocated bytes, pages, captured graphs.
 """
 
 from __future__ import annotations
@@ -45,8 +45,14 @@ def _params(params: list[list[int]]) -> str:
     return " ".join(f"{o}:{s}" for o, s in params)
 
 
-def manifest_lines(raw: dict[str, Any]) -> list[str]:
-    """Human summary of a manifest, one fact per line."""
+def manifest_lines(raw: dict[str, Any], parsed: Any = None) -> list[str]:
+    """Human summary of a manifest, one fact per line. `parsed`: the kern_manifest.Manifest of `raw` (parsed
+    here when not given); a program's calls and launches count the programs it inlines, expanded as the runtime
+    replays them (kern_manifest's `Program.flat_calls`, as `kern manifest check` counts)."""
+    if parsed is None:
+        from kern_manifest import parse_manifest
+
+        parsed = parse_manifest(raw)
     var_max = {k: int(v["max"]) for k, v in raw.get("vars", {}).items()}
     lines = [f"manifest {raw.get('name', '?')} ({raw.get('format', '?')}), digest {str(raw.get('digest', '-'))[:12]}"]
     lines.append("vars: " + ", ".join(f"{k} [{v['min']}, {v['max']}]" for k, v in sorted(raw.get("vars", {}).items())))
@@ -78,9 +84,9 @@ def manifest_lines(raw: dict[str, Any]) -> list[str]:
     ops = raw.get("ops", {})
     var_min = {k: int(v["min"]) for k, v in raw.get("vars", {}).items()}
     for pname, prog in raw.get("programs", {}).items():
-        calls = prog.get("calls", [])
+        calls = parsed.programs[pname].flat_calls(parsed)  # inlined programs expanded
         at = var_min if prog.get("graph") else var_max  # a graph step at its smallest vars (decode: tokens = 1)
-        launches = sum(launches_at(ops.get(c.get("op"), {}), at) for c in calls)
+        launches = sum(launches_at(ops.get(c.op, {}), at) for c in calls)
         where = ", ".join(f"{k}={v}" for k, v in sorted(at.items()))
         kind = prog.get("kind", "run")
         graph = f"graph: {launches} launches -> 1 graph launch per step" if prog.get("graph") else "eager"

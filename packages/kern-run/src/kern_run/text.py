@@ -127,7 +127,25 @@ class StreamDecoder:
         out.flush()
 
 
+def text_fault(text: str) -> str | None:
+    """Why `text` is not Unicode text the tokenizer can take, or None: a surrogate code point, which no UTF-8
+    text decodes to. Python makes one of each undecodable byte of a command-line argument (U+DC80..U+DCFF,
+    the `surrogateescape` of byte 0x80..0xff), and JSON's `\\ud800` escapes write lone ones."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        code = ord(text[exc.start])
+        if 0xDC80 <= code <= 0xDCFF:
+            return f"byte 0x{code - 0xDC00:02x} at character {exc.start}"
+        return f"a lone surrogate U+{code:04X} at character {exc.start}"
+    return None
+
+
 def checked_prompt(codec: TextCodec, prompt: str) -> list[int]:
+    """Token ids of a prompt. Raises InputError for a prompt that is not UTF-8 text or encodes to no tokens."""
+    fault = text_fault(prompt)
+    if fault is not None:
+        raise InputError(f"the prompt is not UTF-8 text ({fault}): pass a UTF-8 --prompt")
     ids = codec.encode(prompt)
     if not ids:
         raise InputError("the prompt encodes to no tokens: pass a non-empty --prompt")

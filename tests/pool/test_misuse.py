@@ -1,0 +1,253 @@
+"""Misuse raises before anything changes: non-int lengths / sizes, and `Prefix.insert` refusals."""
+
+from __future__ import annotations
+
+import gc
+from typing import Any, Callable
+
+import pytest
+from pool_testkit import K, invariant, pool_state
+
+from kern_pool import (
+    Capacity,
+    Closed,
+    Host,
+    Layout,
+    Misuse,
+    Pool,
+    PooledState,
+    Prefix,
+    Resident,
+    block_bytes_for,
+    check_prefix,
+    host_split,
+    host_units,
+)
+from kern_pool.prefix import Parked
+from kern_pool.sizing import GIB, MIB
+
+P = 16
+NOT_COUNTS = [17.5, 20.0, "20", True, None]  # a float, an integral float, a string, a bool, None
+
+
+def test_a_float_checkpoint_length_takes_no_slot() -> None:
+    pool = Pool(Layout.simple(P, 8, slots=3))
+    a = pool.lease(20)
+    before = pool_state(pool)
+    free = (pool.free_pages, pool.free_slots)
+    with pytest.raises(Misuse):
+        pool.checkpoint(a, 17.5)  # type: ignore[arg-type]
+    gc.collect()
+    assert (pool.free_pages, pool.free_slots) == free and pool_state(pool) == before
+    invariant(pool)
+
+
+def _pool_calls(pool: Pool) -> dict[str, Callable[[Any], object]]:
+    """Each public pool entry point with one length argument left open; every other argument valid."""
+    a = pool.lease(20)
+    cp = pool.checkpoint(a, 20)
+    calls: dict[str, Callable[[Any], object]] = {
+        "lease": lambda v: pool.lease(v),
+        "grow": lambda v: pool.grow(a, v),
+        "Lease.grow": lambda v: a.grow(v),
+        "checkpoint": lambda v: pool.checkpoint(a, v),
+        "retire": lambda v: pool.retire(a, v),
+        "lease_from": lambda v: pool.lease_from(cp, v),
+        "fork prefix": lambda v: pool.fork(a, v, 40),
+        "fork tokens": lambda v: pool.fork(a, 20, v),
+        "Lease.slot": lambda v: a.slot(v),
+    }
+    if not cp.has_slot:  # a shorter prefix is allowed only for pure-KV checkpoints
+        calls["lease_from prefix"] = lambda v: pool.lease_from(cp, 40, prefix_tokens=v)
+    if pool.layout.has_slots:
+        s = pool.lease_slot()  # a slot-only lease takes any int length: only the type is checked
+        calls["checkpoint slot-only"] = lambda v: pool.checkpoint(s, v)
+        calls["retire slot-only"] = lambda v: pool.retire(s, v)
+    return calls
+
+
+@pytest.mark.parametrize("slots", [0, 6])  # with free slots: a late check would have taken one
+@pytest.mark.parametrize("bad", NOT_COUNTS, ids=repr)
+def test_non_int_lengths_are_misuse_before_any_change(slots: int, bad: Any) -> None:
+    pool = Pool(Layout.simple(P, 12, slots=slots))
+    calls = _pool_calls(pool)
+    handles = pool.live_handles()
+    for name, call in calls.items():
+        if bad is None and name in ("lease_from prefix",):
+            continue  # prefix_tokens=None is the default (the checkpoint's length)
+        before = pool_state(pool)
+        free = (pool.free_pages, pool.free_slots)
+        with pytest.raises(Misuse):
+            call(bad)
+        gc.collect()
+        assert pool_state(pool) == before, name
+        assert (pool.free_pages, pool.free_slots) == free, name
+        assert not any(h.closed for h in handles), name  # retire refused: the lease still runs
+        invariant(pool)
+
+
+def test_wake_lengths_are_misuse_before_any_lease() -> None:
+    pool = Pool(Layout.simple(P, 8, slots=3))
+    host = Host(pool, 8, 2)
+    parked = host.park_now(pool.retire(pool.lease(20), 20))  # type: ignore[arg-type]
+    before = pool_state(pool, host)
+    free = (pool.free_pages, pool.free_slots, host.free_pages, host.free_slots)
+    for bad in NOT_COUNTS:
+        for call in (lambda: host.wake(parked, bad, 40), lambda: host.wake(parked, 20, bad)):
+            with pytest.raises(Misuse):
+                call()
+            gc.collect()
+            assert pool_state(pool, host) == before
+            assert (pool.free_pages, pool.free_slots, host.free_pages, host.free_slots) == free
+            invariant(pool, host=host)
+    assert not parked.closed
+    host.wake(parked, 20, 40).close()  # the entry still wakes
+    invariant(pool, host=host)
+
+
+@pytest.mark.parametrize("bad", NOT_COUNTS, ids=repr)
+def test_host_sizes_must_be_ints(bad: Any) -> None:
+    pool = Pool(Layout.simple(P, 4, slots=2))
+    for call in (lambda: Host(pool, bad, 2), lambda: Host(pool, 4, bad), lambda: host_split(bad, pool.layout, 64),
+                 lambda: host_split(100 * MIB, pool.layout, bad), lambda: host_units(100 * MIB, pool.layout, bad),
+                 lambda: Host.from_bytes(pool, 100 * MIB, bad)):
+        with pytest.raises(Misuse):
+            call()
+
+
+@pytest.mark.parametrize("bad", NOT_COUNTS, ids=repr)
+def test_sizing_values_must_be_ints(bad: Any) -> None:
+    kv = PooledState("kv", bytes_per_token=MIB, page_tokens=16)
+    calls: list[Callable[[], object]] = [
+        lambda: Capacity(tokens=100, seqs=bad),
+        lambda: PooledState("kv", bytes_per_token=MIB, page_tokens=bad),
+        lambda: PooledState("kv", bytes_per_token=bad, page_tokens=16),
+        lambda: PooledState("rec", bytes_per_seq=bad),
+        lambda: Layout.simple(P, bad),
+        lambda: Layout.simple(P, 4, slots=bad),
+        lambda: Layout(page_tokens=P, page_bytes=(MIB,), slot_bytes=(), block_bytes=MIB, num_blocks=bad,
+                       initial_pages=2, initial_slots=0),
+        lambda: block_bytes_for([bad]),
+        lambda: block_bytes_for([72 * MIB], granularity_bytes=bad),
+        lambda: Layout.from_capacity([kv], Capacity(tokens=None, seqs=1), free_bytes=bad if bad is not None else 2.5),
+    ]
+    if bad is not None:  # tokens=None means "fill free memory"
+        calls.append(lambda: Capacity(tokens=bad, seqs=1))
+    for call in calls:
+        with pytest.raises(Misuse):
+            call()
+    with pytest.raises(Misuse):
+        Layout.from_capacity([kv], Capacity(tokens=None, seqs=1), free_bytes=2 * GIB + 0.5)  # type: ignore[arg-type]
+
+
+# ---- Prefix.insert: refused before anything changes, the caller keeps the checkpoint -------------------
+
+
+def _world() -> tuple[Pool, Prefix, Any]:
+    pool = Pool(Layout.simple(P, 8))
+    return pool, Prefix(), pool.lease(40)
+
+
+def _tree(prefix: Prefix) -> tuple[object, ...]:
+    return (prefix.structure(), [(toks, tier, id(kept)) for toks, tier, kept in prefix.entries()])
+
+
+def test_insert_refuses_a_closed_checkpoint() -> None:
+    pool, prefix, lease = _world()
+    cp = pool.checkpoint(lease, 20)
+    cp.close()
+    before = pool_state(pool)
+    with pytest.raises(Closed):
+        prefix.insert(tuple(range(20)), cp)
+    assert len(prefix) == 0 and prefix.lookup(tuple(range(21))) is None
+    assert pool_state(pool) == before
+    invariant(pool, prefix)
+
+
+def test_insert_refuses_an_already_filed_checkpoint() -> None:
+    pool, prefix, lease = _world()
+    cp = pool.checkpoint(lease, 20)
+    assert prefix.insert(tuple(range(20)), cp)
+    tree, before = _tree(prefix), pool_state(pool)
+    for toks, tier in [(tuple(range(100, 120)), Resident), (tuple(range(20)), Resident), (tuple(range(20)), Parked)]:
+        with pytest.raises(Misuse, match="already filed"):
+            prefix.insert(toks, cp, tier)
+        assert not cp.closed and _tree(prefix) == tree and pool_state(pool) == before
+        invariant(pool, prefix)
+    assert prefix.lookup(tuple(range(100, 121))) is None
+    hit = prefix.lookup(tuple(range(21)))
+    assert hit is not None and hit.kept is cp
+    hit.close()
+    assert prefix.evict() is not None and cp.closed and len(prefix) == 0
+    invariant(pool, prefix)
+    # once the tree has let it go, its id is free again: a new checkpoint files normally
+    again = pool.checkpoint(lease, 20)
+    assert prefix.insert(tuple(range(20)), again) and not again.closed
+    invariant(pool, prefix)
+
+
+def test_insert_length_mismatch_keeps_the_callers_checkpoint() -> None:
+    pool, prefix, lease = _world()
+    cp = pool.checkpoint(lease, 20)
+    before = pool_state(pool)
+    free = pool.free_pages
+    for toks in (tuple(range(19)), tuple(range(21)), ()):
+        with pytest.raises(Misuse):
+            prefix.insert(toks, cp)
+        assert not cp.closed and len(prefix) == 0
+        assert pool.free_pages == free and pool_state(pool) == before
+        invariant(pool, prefix)
+    assert prefix.insert(tuple(range(20)), cp)  # the caller still owns it and can file it
+    invariant(pool, prefix)
+
+
+def test_insert_refuses_a_tier_that_is_not_a_tier() -> None:
+    pool, prefix, lease = _world()
+    cp = pool.checkpoint(lease, 20)
+    before = pool_state(pool)
+    for tier in ("resident", 0, None):
+        with pytest.raises(Misuse, match="tier"):
+            prefix.insert(tuple(range(20)), cp, tier)  # type: ignore[arg-type]
+        assert not cp.closed and len(prefix) == 0 and pool_state(pool) == before
+    with pytest.raises(Misuse, match="tier"):
+        prefix.count("resident")  # type: ignore[arg-type]
+    invariant(pool, prefix)
+
+
+def test_evict_refuses_a_bad_parked_form_and_keeps_the_entry() -> None:
+    pool, prefix, lease = _world()
+    cp = pool.checkpoint(lease, 20)
+    assert prefix.insert(tuple(range(20)), cp)
+    closed = pool.checkpoint(lease, 20)
+    closed.close()
+    tree = _tree(prefix)
+    for park, error in ((lambda kept: closed, Closed), (lambda kept: kept, Misuse), (lambda kept: K(7), Misuse)):
+        with pytest.raises(error):
+            prefix.evict(park)
+        assert _tree(prefix) == tree and not cp.closed
+        check_prefix(prefix)
+    assert prefix.evict() is not None and cp.closed  # still filed and evictable
+    invariant(pool, prefix)
+
+
+class _Index:
+    """An integer type that is not `int` (as numpy's integers): usable wherever `operator.index` is."""
+
+    def __init__(self, value: int) -> None:
+        self.value = value
+
+    def __index__(self) -> int:
+        return self.value
+
+
+def test_integer_types_other_than_int_are_counts() -> None:
+    pool = Pool(Layout.simple(P, 8, slots=3))
+    lease = pool.lease(_Index(20))  # type: ignore[arg-type]
+    assert lease.num_pages == 2
+    pool.grow(lease, _Index(40))  # type: ignore[arg-type]
+    assert lease.num_pages == 3
+    cp = pool.checkpoint(lease, _Index(33))  # type: ignore[arg-type]
+    assert cp.num_tokens == 33
+    for h in (cp, lease):
+        h.close()
+    invariant(pool)
