@@ -133,7 +133,8 @@ def test_graph_key_uses_only_read_vars() -> None:
     reads = frozenset({"tokens"})
     a = normalise_vars({"tokens": 3, "seqs": 4}, spec.vars, reads, "step")
     b = normalise_vars({"tokens": 3}, spec.vars, reads, "step")
-    assert a == b == {"tokens": 3, "seqs": 1}
+    c = normalise_vars({"tokens": 3, "seqs": 99}, spec.vars, reads, "step")  # unread: any value, normalised
+    assert a == b == c == {"tokens": 3, "seqs": 1}
     assert graph_key("step", a, reads) == graph_key("step", b, reads) == ("step", (("tokens", 3),))
     assert graph_key("step", normalise_vars({"tokens": 4}, spec.vars, reads, "step"), reads) != graph_key("step", a, reads)
 

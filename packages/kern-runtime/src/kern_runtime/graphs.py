@@ -20,9 +20,11 @@ GraphKey = tuple[str, tuple[tuple[str, int], ...]]
 def normalise_vars(values: Mapping[str, int], vars_: Mapping[str, VarSpec], reads: frozenset[str],
                    program: str) -> dict[str, int]:
     """Full var values for a run of `program`: given values for the vars it reads (each in range),
-    every other var at its min.
+    every other var at its min, whether the caller gave it or not and whatever its value (a var the program
+    does not read cannot change what it runs; the original runtime's rule).
 
-    Raises ApiError for an unknown var, a value out of [min, max] or a read var left out.
+    Raises ApiError for an unknown var, a value that is not an integer, a read var's value out of [min, max]
+    or a read var left out.
     """
     out = {}
     for name, value in values.items():
@@ -31,7 +33,7 @@ def normalise_vars(values: Mapping[str, int], vars_: Mapping[str, VarSpec], read
             raise ApiError(f"program {program!r}: unknown var {name!r}; the manifest declares {sorted(vars_)}")
         if isinstance(value, bool) or not isinstance(value, int):
             raise ApiError(f"program {program!r}: var {name!r} = {value!r} is not an integer")
-        if not spec.min <= value <= spec.max:
+        if name in reads and not spec.min <= value <= spec.max:
             raise ApiError(f"program {program!r}: var {name!r} = {value} is outside [{spec.min}, {spec.max}]")
     for name, spec in vars_.items():
         if name in reads:
