@@ -48,6 +48,7 @@ for s in "$@"; do
     pick-decode) step pick-decode 200 "python3 tools/pick_algos.py --shape qwen3-4b --shape qwen3-0.6b --shape tiny --config models/qwen3-tiny-en/config.json --tp 1 --tp 2 --keep-pins manifests/algos/h200.json --decode --out $OUT/h200.json && cp $OUT/h200.json manifests/algos/h200.json && python3 tools/regen_manifests.py" ;;  # M = 1 pins added; fetch h200.json
     chunk-4b)    step chunk-4b 200 "python3 -m kern_run.cli test --against chunk1 --manifest manifests/qwen3-4b-v2.json --weights $W/qwen3-4b --prompts 3 --steps 128" ;;  # after ckpt-4b
     tp-parity-4b) step tp-parity-4b 420 "python3 tools/tp_parity.py --shape qwen3-4b --ckpt $W/qwen3-4b --tp 2" ;;  # 2 GPUs
+    tp-parity-4b-gemv) step tp-parity-4b-gemv 420 "python3 tools/tp_parity.py --shape qwen3-4b --ckpt $W/qwen3-4b --tp 2 --m1-gemv" ;;  # 2 GPUs; decode projections on kern_gemv_rows
     tp-parity-en) step tp-parity-en 240 "python3 tools/tp_parity.py --config models/qwen3-tiny-en/config.json --ckpt models/qwen3-tiny-en --tp 2 --max-context 2048" ;;  # 2 GPUs
     kernels-small) step kernels-small 240 "python3 -m pytest tests/kernels/test_kernels_gpu.py tests/kernels/test_step_gpu.py tests/run/test_decode_pdl_sass.py -q -p no:cacheprovider -rf" ;;  # rope, embed, argmax, attention, step + the PDL SASS check
     gemv-rms)    step gemv-rms 120 "python3 -m pytest tests/kernels/test_gemv_rows_gpu.py tests/kernels/test_gemv_gpu.py -q -p no:cacheprovider -rf -k rmsnorm" ;;

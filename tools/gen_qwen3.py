@@ -225,6 +225,9 @@ class GenOptions:
     argmax_chunks: int = 64  # two-stage argmax: first-stage blocks per row
     seqs_max: int = 1
     decode: str = "gemv"  # decode projections: "gemv" (M = 1 GEMVs, fused norms/residuals) or "gemm" (cuBLASLt)
+    # with decode "gemm": the decode program's projections run kern_gemv_rows at tokens = 1 (same call table:
+    # separate norms, residual adds and, on tensor-parallel ranks, the all-reduces between them)
+    m1_gemv: bool = False
     decode_splits: int = 0  # decode attention splits (launch constant); 0: auto (decode_num_splits)
     sms: int = 132  # multiprocessors of the target GPU (H200): GEMV grids and the auto split count
     pdl: bool = True  # mark launches of PDL_ENTRIES with `pdl: true` (decode program only)
@@ -519,6 +522,8 @@ def build_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: GenOptions, config_di
     pages_per_seq = -(-opts.max_context // page_tokens)
     if opts.decode not in ("gemv", "gemm"):
         raise GenError(f"decode {opts.decode!r}: use 'gemv' (M = 1 GEMVs) or 'gemm' (cuBLASLt)")
+    if opts.m1_gemv and opts.decode != "gemm":
+        raise GenError("--m1-gemv is an option of --decode gemm (the gemv decode has its own fused GEMVs)")
     if opts.gemv not in ("v1", "v2"):
         raise GenError(f"gemv {opts.gemv!r}: use 'v1' or 'v2'")
     if opts.gemv == "v2" and opts.decode != "gemv":
@@ -653,6 +658,8 @@ def build_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: GenOptions, config_di
         cached from it): `gemm_m1_<n>x<k>` with the fastest M = 1 algorithm (split-K allowed) when the pins
         file has one - a prefill pin (no split-K) is 1.9x slower there (measured: 4B `--decode gemm` 6.98 vs
         3.66 ms/token). Otherwise `gemm`: cuBLASLt's heuristic per M."""
+        if decode and opts.m1_gemv:
+            return gemv_m1_op(n, k)
         table, prefix = (decode_pins, "gemm_m1") if decode else (pins, "gemm")
         name = f"{prefix}_{n}x{k}" if (n, k) in table else "gemm"
         if name not in b.ops:
@@ -670,6 +677,22 @@ def build_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: GenOptions, config_di
                 launches = [launch(when={"tokens": [1, 1]}, algo=table[(n, k)])]
                 if opts.chunk_max > 1:
                     launches.append(launch(when={"tokens": [2, opts.chunk_max]}))
+            b.op(name, [_ptr("a"), _ptr("w"), _ptr("c"), _int("m"), _int("n"), _int("k")], launches)
+        return name
+
+    def gemv_m1_op(n: int, k: int) -> str:
+        """`--m1-gemv`: the decode projection (n, k) as `gemv_m1_<n>x<k>`, kern_gemv_rows at tokens = 1 (c = W a,
+        docs/kernels-gemv.md "Rows entries") and cuBLASLt's heuristic for the rest of the tokens range (never
+        used by the decode program, which runs at tokens = 1)."""
+        name = f"gemv_m1_{n}x{k}"
+        if name not in b.ops:
+            gemv = _rows_launch(b, "kern_gemv_rows", -(-n // 4), k,
+                                [{"arg": "w"}, {"arg": "a"}, {"arg": "c"}, {"i32": n}, {"i32": k}], opts)
+            launches = [{**gemv, "when": {"tokens": [1, 1]}}]
+            if opts.chunk_max > 1:
+                launches.append({"extern": "cublaslt_bf16_tn", "when": {"tokens": [2, opts.chunk_max]},
+                                 "args": [{"arg": "a"}, {"arg": "w"}, {"arg": "c"}, {"arg": "m", "type": "i64"},
+                                          {"arg": "n", "type": "i64"}, {"arg": "k", "type": "i64"}]})
             b.op(name, [_ptr("a"), _ptr("w"), _ptr("c"), _int("m"), _int("n"), _int("k")], launches)
         return name
 
@@ -998,6 +1021,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-context", type=int, default=None, help="positions per sequence (default 40960; tiny 4096)")
     parser.add_argument("--decode", choices=["gemv", "gemm"], default="gemv",
                         help="decode projections: M = 1 GEMVs with fused norms/residuals (default) or cuBLASLt")
+    parser.add_argument("--m1-gemv", action="store_true",
+                        help="with --decode gemm: the decode projections run kern_gemv_rows (M = 1) instead of cuBLASLt")
     parser.add_argument("--gemv", choices=["v1", "v2"], default="v1",
                         help="decode GEMV wiring (--decode gemv): v1 warp-per-row entries (default); v2 rows family, "
                              "SwiGLU epilogue on gate_up (and kern_attn_decode_partial_fast with --decode-attn split)")
@@ -1029,7 +1054,8 @@ def main(argv: list[str] | None = None) -> int:
         name = args.name or args.shape or Path(args.config).resolve().parent.name
         max_context = default_max_context(args, cfg)
         algos, decode_algos, algos_source = load_algos(args.algos, args.chunk_max) if args.algos else ((), (), ())
-        opts = GenOptions(name, args.chunk_max, max_context, decode=args.decode, decode_splits=args.decode_splits,
+        opts = GenOptions(name, args.chunk_max, max_context, decode=args.decode, m1_gemv=args.m1_gemv,
+                          decode_splits=args.decode_splits,
                           split_tokens=args.decode_split_tokens,
                           sms=args.sms, pdl=not args.no_pdl, pdl_small=not args.no_pdl_small, gemv=args.gemv,
                           gemv_threads_per_sm=args.gemv_threads_per_sm, decode_attn=args.decode_attn,

@@ -23,7 +23,8 @@ Usage:
     python tools/gen_qwen3_tp.py --config DIR/config.json --name qwen3-tiny-en --tp 2 --out-dir manifests
 
 Options: --config / --shape, --kernels, --out-dir, --name, --tp (>= 2, dividing the q / kv heads and the MLP
-width), --chunk-max, --max-context (>= 1), --algos (pins of tools/pick_algos.py --tp N). Errors (exit 1, one
+width), --chunk-max, --max-context (>= 1), --algos (pins of tools/pick_algos.py --tp N), --m1-gemv (the decode
+projections on kern_gemv_rows instead of cuBLASLt at M = 1). Errors (exit 1, one
 line on stderr): tools/gen_qwen3.py's (the config, kernels.json, options and pins file, named), a --tp the
 shape cannot be split by, an --out-dir that is not a directory or cannot be written, a rank's manifest that does
 not verify. Every rank is generated and verified before any file is written, and the files are renamed into
@@ -86,11 +87,12 @@ def allreduce_op() -> dict[str, Any]:
 
 
 def with_allreduces(calls: list[dict[str, Any]], hidden: int) -> list[dict[str, Any]]:
-    """Insert an allreduce of `hidden` after every GEMM that writes it (the row-parallel o and down)."""
+    """Insert an allreduce of `hidden` after every projection that writes it (the row-parallel o and down: a
+    cuBLASLt `gemm*` op or, with --m1-gemv, a `gemv_m1_*` op)."""
     out = []
     for c in calls:
         out.append(c)
-        if c.get("op", "").startswith("gemm") and c["args"].get("c") == "hidden":
+        if c.get("op", "").startswith(("gemm", "gemv_m1")) and c["args"].get("c") == "hidden":
             out.append({"op": "allreduce", "args": {"x": "hidden", "count": f"{c['args']['m']} * {hidden}"}})
     return out
 
@@ -143,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chunk-max", type=int, default=512)
     parser.add_argument("--max-context", type=int, default=None)
     parser.add_argument("--algos", type=Path, help="cuBLASLt pins of tools/pick_algos.py (run with --tp N)")
+    parser.add_argument("--m1-gemv", action="store_true",
+                        help="the decode projections run kern_gemv_rows (M = 1) instead of cuBLASLt (gen_qwen3.py)")
     args = parser.parse_args(argv)
     try:
         raw_cfg, cfg_digest = g.config_from_args(args)
@@ -152,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         max_context = g.default_max_context(args, cfg)
         algos, decode_algos, algos_source = g.load_algos(args.algos, args.chunk_max) if args.algos else ((), (), ())
         opts = g.GenOptions(name, args.chunk_max, max_context, algos=algos, decode_algos=decode_algos,
-                            algos_source=algos_source)
+                            algos_source=algos_source, m1_gemv=args.m1_gemv)
         manifests = build_rank_manifests(cfg, abi, opts, args.tp, cfg_digest)
         if args.out_dir.exists() and not args.out_dir.is_dir():
             raise g.GenError(f"--out-dir {args.out_dir} exists and is not a directory")

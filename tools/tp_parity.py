@@ -67,6 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-context", type=int, default=None)
     ap.add_argument("--no-reference", action="store_true", help="skip the float32 transformers reference")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--m1-gemv", action="store_true",
+                    help="both sides' decode projections on kern_gemv_rows (gen_qwen3.py --m1-gemv) instead of cuBLASLt")
     args = ap.parse_args(argv)
     if args.tp < 2:
         print(f"tp_parity: --tp {args.tp}: compares TP=N against TP=1, pass --tp >= 2", file=sys.stderr)
@@ -115,6 +117,7 @@ def _compare(args: argparse.Namespace, tmp: Path) -> int:
     source = ["--shape", args.shape] if args.shape else ["--config", str(args.config)]
     extra = (["--algos", str(args.algos)] if args.algos else [])
     extra += ["--max-context", str(args.max_context)] if args.max_context else []
+    extra += ["--m1-gemv"] if args.m1_gemv else []
     manifest = tmp / f"{name}.json"
     _gen([*source, "--decode", "gemm", "--name", name, "--out", str(manifest), *extra], "gen_qwen3")
     _gen([*source, "--tp", str(args.tp), "--name", name, "--out-dir", str(tmp), *extra], "gen_qwen3_tp")

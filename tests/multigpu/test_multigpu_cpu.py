@@ -322,6 +322,29 @@ def tp_manifests():
     return cfg, gtp.build_rank_manifests(cfg, abi, g.GenOptions("tiny", 64, 4096), 2)
 
 
+def test_tp_m1_gemv_keeps_an_allreduce_after_each_row_parallel_projection() -> None:
+    """gen_qwen3_tp --m1-gemv: the rank's o and down projections are gemv_m1 ops writing `hidden`, each followed by the
+    all-reduce of `hidden` (as the cuBLASLt gemm ops are), and the ranks still share one family digest."""
+    sys.path.insert(0, str(REPO / "tools"))
+    import gen_qwen3 as g
+    import gen_qwen3_tp as gtp
+    from make_checkpoint import SHAPES, config_json
+
+    cfg = g.Qwen3Config.from_json(config_json(SHAPES["tiny"]))
+    abi = g.KernelAbi.from_json(json.loads((REPO / "kernels" / "kernels.json").read_text()))
+    ms = gtp.build_rank_manifests(cfg, abi, g.GenOptions("tiny", 64, 4096, m1_gemv=True), 2)
+    parsed = [parse_manifest(m) for m in ms]
+    for p in parsed:
+        verify(p)
+    assert parsed[0].family_digest == parsed[1].family_digest
+    calls = ms[0]["programs"]["decode"]["calls"]
+    writes_hidden = [i for i, c in enumerate(calls) if c["op"].startswith("gemv_m1_") and c["args"]["c"] == "hidden"]
+    assert len(writes_hidden) == 2 * cfg.layers
+    assert all(calls[i + 1]["op"] == "allreduce" and calls[i + 1]["args"]["x"] == "hidden" for i in writes_hidden)
+    assert sum(c["op"] == "allreduce" for c in calls) == 2 * cfg.layers
+    assert not any(c["op"].startswith("gemm") for c in calls)
+
+
 def test_tp_manifests_verify_and_share_family_digest(tp_manifests) -> None:
     _, ms = tp_manifests
     parsed = [parse_manifest(m) for m in ms]

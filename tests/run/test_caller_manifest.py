@@ -65,6 +65,33 @@ def test_decode_gemm_path_keeps_ten_launches_per_layer() -> None:
     assert _manifest(decode="gemm", seqs_max=2)["vars"]["seqs"]["max"] == 2
 
 
+def test_m1_gemv_runs_the_gemm_wiring_s_decode_projections_on_kern_gemv_rows() -> None:
+    """--decode gemm --m1-gemv: the same call table as --decode gemm (ten launches per layer), each decode projection
+    a `gemv_m1_<n>x<k>` op: kern_gemv_rows at tokens = 1 (rows launch shape, c = W a), cuBLASLt for the rest of the
+    tokens range; prefill keeps its cuBLASLt ops."""
+    km = pytest.importorskip("kern_manifest")
+    m = _manifest(decode="gemm", m1_gemv=True)
+    km.verify(km.parse_manifest(gq.dumps(m)))
+    calls = m["programs"]["decode"]["calls"]
+    gemm = _manifest(decode="gemm")["programs"]["decode"]["calls"]
+    assert [c["args"] for c in calls] == [c["args"] for c in gemm]
+    projections = [c for c in calls if c["op"].startswith("gemv_m1_")]
+    assert len(projections) == 36 * 4 + 1
+    # Qwen3-4B's qkv, o, gate_up, down and the tied lm_head
+    assert {(c["args"]["n"], c["args"]["k"]) for c in projections} == {(6144, 2560), (2560, 4096), (19456, 2560),
+                                                                      (2560, 9728), (151936, 2560)}
+    for name in {c["op"] for c in projections}:
+        gemv, rest = m["ops"][name]["launches"]
+        n, k = (int(x) for x in name.removeprefix("gemv_m1_").split("x"))
+        assert (gemv["entry"], gemv["when"], gemv["pdl"]) == ("kern_gemv_rows", {"tokens": [1, 1]}, True)
+        assert gemv["args"] == [{"arg": "w"}, {"arg": "a"}, {"arg": "c"}, {"i32": n}, {"i32": k}]
+        assert gemv["shared_mem"] == 16 * (k // 8)
+        assert (rest["extern"], rest["when"]) == ("cublaslt_bf16_tn", {"tokens": [2, 512]})
+    assert not any(c["op"].startswith("gemv_m1_") for c in m["programs"]["prefill"]["calls"])
+    with pytest.raises(gq.GenError, match="--m1-gemv is an option of --decode gemm"):
+        _manifest(m1_gemv=True)
+
+
 def test_gemv_launches_and_pdl() -> None:
     m = _manifest()
     o = m["ops"]
