@@ -17,8 +17,10 @@ kern-manifest is stdlib-only and sits below kern-runtime, so its exceptions cann
 `KernError`. The runtime therefore re-raises manifest failures as its own `ManifestParseError` /
 `ManifestVerifyError`, which subclass *both* `KernError` and the matching kern_manifest class:
 `except KernError` and `except kern_manifest.ManifestVerifyError` both catch what `Runtime.load`
-raises. Code that calls kern_manifest directly (the CLI's `inspect`) can catch everything either
-package raises with `except KERN_ERRORS`.
+raises. The pool API raises kern_pool's own errors (`Misuse`, `Closed`, `Busy`, `ExceedsPool`,
+`Remapping`: subclasses of `kern_pool.PoolError`, not of `KernError`). Code that calls kern_manifest
+directly (the CLI's `inspect`) or uses the pool API can catch everything the kern packages raise with
+`except KERN_ERRORS`.
 """
 
 from __future__ import annotations
@@ -138,16 +140,43 @@ class BlasError(CudaError):
         return (type(self), (self.call, self.result, self.code))
 
 
-def _manifest_error_bases() -> tuple[type[BaseException], ...]:
+def int_arg(value: object, what: str, minimum: int | None = None) -> int:
+    """`value` as an `int` when it is an integer (anything `operator.index` accepts: int, numpy
+    integers; never a bool) of at least `minimum`; else ApiError naming `what`."""
+    import operator
+
+    try:
+        number = None if isinstance(value, bool) else operator.index(value)
+    except TypeError:
+        number = None
+    if number is None:
+        raise ApiError(f"{what} must be an integer, got {value!r} ({type(value).__name__})")
+    if minimum is not None and number < minimum:
+        raise ApiError(f"{what} must be >= {minimum}, got {number}")
+    return number
+
+
+def _pool_error_base() -> type[BaseException]:
+    """kern_pool's `PoolError` (base of Misuse, Closed, Busy, ExceedsPool, Remapping, NotLanded), or
+    `Exception` if kern_pool lacks it. kern_pool is pure Python and a hard dependency of the runtime."""
+    try:
+        from kern_pool.errors import PoolError
+    except ImportError:  # pragma: no cover - kern_pool is a hard dependency
+        return Exception
+    return PoolError
+
+
+def _kern_error_bases() -> tuple[type[BaseException], ...]:
     bases: list[type[BaseException]] = [KernError]
-    for base in (_ManifestParseBase, _ManifestVerifyBase, _manifest_base("ManifestError")):
+    for base in (_ManifestParseBase, _ManifestVerifyBase, _manifest_base("ManifestError"), _pool_error_base()):
         if base is not Exception and base not in bases:
             bases.append(base)
     return tuple(bases)
 
 
-KERN_ERRORS: tuple[type[BaseException], ...] = _manifest_error_bases()
-"""Every error class either kern package raises on purpose: `except KERN_ERRORS:`."""
+KERN_ERRORS: tuple[type[BaseException], ...] = _kern_error_bases()
+"""Every error class the kern packages raise on purpose (kern-runtime's `KernError`, kern_manifest's
+errors, kern_pool's `PoolError`): `except KERN_ERRORS:`."""
 
 __all__ = [
     "KERN_ERRORS",

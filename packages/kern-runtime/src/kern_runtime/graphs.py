@@ -8,6 +8,7 @@ own non-blocking stream (never the legacy NULL stream), replay is one `cuGraphLa
 
 from __future__ import annotations
 
+import operator
 from typing import Any, Callable, Mapping
 
 from .driver import call, cu
@@ -17,29 +18,40 @@ from .spec import VarSpec
 GraphKey = tuple[str, tuple[tuple[str, int], ...]]
 
 
-def normalise_vars(values: Mapping[str, int], vars_: Mapping[str, VarSpec], reads: frozenset[str],
+def normalise_vars(values: Mapping[str, int] | None, vars_: Mapping[str, VarSpec], reads: frozenset[str],
                    program: str) -> dict[str, int]:
     """Full var values for a run of `program`: given values for the vars it reads (each in range),
     every other var at its min, whether the caller gave it or not and whatever its value (a var the program
-    does not read cannot change what it runs; the original runtime's rule).
+    does not read cannot change what it runs; the original runtime's rule). `values` None is `{}`; a value
+    is anything `operator.index` accepts (int, numpy integers) except a bool.
 
-    Raises ApiError for an unknown var, a value that is not an integer, a read var's value out of [min, max]
-    or a read var left out.
+    Raises ApiError for `values` that is not a mapping, an unknown var, a value that is not an integer,
+    a read var's value out of [min, max] or a read var left out.
     """
-    out = {}
+    if values is None:
+        values = {}
+    if not isinstance(values, Mapping):
+        raise ApiError(f"program {program!r}: vars must be a mapping of var name -> int, got {type(values).__name__}")
+    given: dict[str, int] = {}
     for name, value in values.items():
-        spec = vars_.get(name)
+        spec = vars_.get(name) if isinstance(name, str) else None
         if spec is None:
             raise ApiError(f"program {program!r}: unknown var {name!r}; the manifest declares {sorted(vars_)}")
-        if isinstance(value, bool) or not isinstance(value, int):
+        try:
+            number = None if isinstance(value, bool) else operator.index(value)
+        except TypeError:
+            number = None
+        if number is None:
             raise ApiError(f"program {program!r}: var {name!r} = {value!r} is not an integer")
-        if name in reads and not spec.min <= value <= spec.max:
-            raise ApiError(f"program {program!r}: var {name!r} = {value} is outside [{spec.min}, {spec.max}]")
+        if name in reads and not spec.min <= number <= spec.max:
+            raise ApiError(f"program {program!r}: var {name!r} = {number} is outside [{spec.min}, {spec.max}]")
+        given[name] = number
+    out = {}
     for name, spec in vars_.items():
         if name in reads:
-            if name not in values:
+            if name not in given:
                 raise ApiError(f"program {program!r} reads var {name!r}: pass it (range [{spec.min}, {spec.max}])")
-            out[name] = int(values[name])
+            out[name] = given[name]
         else:
             out[name] = spec.min
     return out

@@ -354,7 +354,7 @@ class LocalGroup:
             rt._activate()
             state = rt._program(program)
             rt._require_ready(state, via_group=True)
-            out.append((rt, state, normalise_vars(vars or {}, rt.spec.vars, state.reads, program)))
+            out.append((rt, state, normalise_vars(vars, rt.spec.vars, state.reads, program)))
         counts = {len(s.records) for _, s, _ in out}
         if len(counts) != 1:
             raise ApiError(f"program {program!r} compiles to {sorted(counts)} records on the ranks; the manifests disagree")

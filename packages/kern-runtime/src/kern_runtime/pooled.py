@@ -26,10 +26,11 @@ from typing import Any, TypeVar
 import numpy as np
 
 import kern_pool
-from kern_pool import Busy, Layout, Pool, Remapping
+from kern_pool import Busy, Closed, Layout, Misuse, Pool, Remapping
+from kern_pool.errors import check_count
 
 from .driver import call, cu
-from .errors import ApiError
+from .errors import ApiError, int_arg
 from .host_tier import (
     HostGeometry, PinnedHost, event_done, gpu_pci_bus_id, host_copies, issue_copies, new_event, numa_target,
 )
@@ -104,11 +105,18 @@ class Lease:
 
     def seq_line(self, table: np.ndarray, row: int) -> np.ndarray:
         """Write this lease's page ids into `table[row]` (i32[rows, width]), the rest of the row the
-        scratch page; returns the row. Raises ApiError when the pages exceed the width."""
+        scratch page; returns the row. Raises ApiError when `table` is not a 2-D numpy array, `row` is
+        not an integer in 0..rows-1 or the pages exceed the width; kern_pool `Closed` for a closed lease."""
+        if not isinstance(table, np.ndarray) or table.ndim != 2:
+            raise ApiError(f"seq_line needs a 2-D block table (numpy array [rows, width]), got "
+                           f"{type(table).__name__}{list(table.shape) if isinstance(table, np.ndarray) else ''}")
+        index = int_arg(row, "seq_line row")
+        if not 0 <= index < table.shape[0]:
+            raise ApiError(f"seq_line row {row!r} is outside the block table's {table.shape[0]} rows")
         ids = self.inner.page_ids()
-        line = table[row]
+        line = table[index]
         if len(ids) > line.shape[0]:
-            raise ApiError(f"lease holds {len(ids)} pages; block-table row {row} has room for {line.shape[0]}")
+            raise ApiError(f"lease holds {len(ids)} pages; block-table row {index} has room for {line.shape[0]}")
         line[: len(ids)] = ids
         line[len(ids):] = self.inner._pool.scratch_page_id or 0
         return line
@@ -336,6 +344,39 @@ class PoolMethods:
             raise ApiError("the manifest declares no paged or per-seq states: there is no pool")
         return ps
 
+    def _own_lease(self, lease: Any, what: str) -> Lease:
+        """`lease` if it is a kern_runtime `Lease` of this runtime, else kern_pool `Misuse` (the pool
+        layer refuses a closed one with `Closed`)."""
+        if not isinstance(lease, Lease):
+            raise Misuse(f"{what} needs a kern_runtime Lease of this runtime, got {type(lease).__name__}")
+        if lease._rt is not self:
+            raise Misuse(f"{what} with a lease of another pool (another runtime)")
+        return lease
+
+    @staticmethod
+    def _own_checkpoint(checkpoint: Any, what: str) -> Checkpoint:
+        """`checkpoint` if it is a kern_runtime `Checkpoint`, else kern_pool `Misuse` (the pool layer
+        refuses one of another pool with `Misuse`, a closed one with `Closed`)."""
+        if not isinstance(checkpoint, Checkpoint):
+            raise Misuse(f"{what} needs a kern_runtime Checkpoint, got {type(checkpoint).__name__}")
+        return checkpoint
+
+    def _own_parked(self, hs: _HostState, parked: Any, what: str) -> kern_pool.Parked:
+        """`parked` if it is a kern_pool `Parked` of this runtime's host tier, else `Misuse`."""
+        if not isinstance(parked, kern_pool.Parked):
+            raise Misuse(f"{what} needs a Parked (from park / park_now), got {type(parked).__name__}")
+        if parked._host is not hs.host:
+            raise Misuse(f"{what} of a parked entry of another host (another runtime)")
+        return parked
+
+    def _own_waking(self, waking: Any, what: str) -> Waking:
+        """`waking` if it is a kern_runtime `Waking` of this runtime, else `Misuse`."""
+        if not isinstance(waking, Waking):
+            raise Misuse(f"{what} needs a kern_runtime Waking (from wake), got {type(waking).__name__}")
+        if waking._rt is not self:
+            raise Misuse(f"{what} of a waking of another host (another runtime)")
+        return waking
+
     def _pool_request(self, fn: Callable[[Pool], T], wait: bool) -> T:
         ps = self._ps()
         ps.collect(self.stream)
@@ -396,13 +437,17 @@ class PoolMethods:
     def checkpoint(self, lease: Lease, num_tokens: int, *, wait: bool = True) -> Checkpoint:
         """Keep the first `num_tokens` tokens of `lease` (which keeps running); the slot is copied on
         the compute stream, after every launch already enqueued (so checkpoint at the lease's current
-        position when it has per-seq state)."""
+        position when it has per-seq state). Raises kern_pool `Misuse` (not a Lease of this runtime, bad
+        length), `Closed`, `Busy`, `ExceedsPool`."""
+        self._own_lease(lease, "checkpoint()")
         cp = self._pool_request(lambda pool: pool.checkpoint(lease.inner, num_tokens), wait)
         self._pooled_state.run(cp.plan, self.stream)  # type: ignore[union-attr]
         return Checkpoint(cp)
 
     def retire(self, lease: Lease, num_tokens: int) -> Checkpoint | None:
-        """End `lease`, keeping its first `num_tokens` tokens without a copy (None if already closed)."""
+        """End `lease`, keeping its first `num_tokens` tokens without a copy (None if already closed).
+        Raises kern_pool `Misuse` (not a Lease of this runtime, bad length)."""
+        self._own_lease(lease, "retire()")
         ps = self._ps()
         ps.collect(self.stream)
         cp = ps.pool.retire(lease.inner, num_tokens)
@@ -411,25 +456,43 @@ class PoolMethods:
     def lease_from(self, checkpoint: Checkpoint, num_tokens: int, *, prefix_tokens: int | None = None,
                    hold: Any = None, wait: bool = True) -> Lease:
         """A new sequence resuming `checkpoint` (at `prefix_tokens`, default all of it) with pages for
-        `num_tokens` tokens; a mid-page prefix copies that page, the slot is copied (compute stream)."""
+        `num_tokens` tokens; a mid-page prefix copies that page, the slot is copied (compute stream).
+        Raises kern_pool `Misuse` (not a Checkpoint of this runtime, bad lengths), `Closed`, `Busy`,
+        `ExceedsPool`."""
+        self._own_checkpoint(checkpoint, "lease_from()")
         lease = self._pool_request(
             lambda pool: pool.lease_from(checkpoint.inner, num_tokens, prefix_tokens=prefix_tokens, hold=hold), wait)
         self._pooled_state.run(lease.plan, self.stream)  # type: ignore[union-attr]
         return Lease(self, lease)
 
     def fork(self, parent: Lease, prefix_tokens: int, num_tokens: int, *, wait: bool = True) -> Lease:
-        """A new sequence sharing the first `prefix_tokens` tokens of the live `parent`."""
+        """A new sequence sharing the first `prefix_tokens` tokens of the live `parent`. Raises kern_pool
+        `Misuse` (not a Lease of this runtime, bad lengths), `Closed`, `Busy`, `ExceedsPool`."""
+        self._own_lease(parent, "fork()")
         lease = self._pool_request(lambda pool: pool.fork(parent.inner, prefix_tokens, num_tokens), wait)
         self._pooled_state.run(lease.plan, self.stream)  # type: ignore[union-attr]
         return Lease(self, lease)
 
     def block_table(self, leases: Sequence[Lease | None], width: int, rows: int | None = None) -> np.ndarray:
         """i32[rows, width]: row r is `leases[r]`'s page ids (`seq_line`); rows past the leases and
-        None entries are all scratch page (padding of a captured program)."""
-        rows = len(leases) if rows is None else rows
+        None entries are all scratch page (padding of a captured program).
+
+        Raises ApiError (`leases` not a list or tuple, `width` not an int >= 1, `rows` not an int >= the
+        number of leases, a lease's pages exceed the width), kern_pool `Misuse` (an entry that is neither
+        None nor a Lease of this runtime), `Closed` (a closed lease)."""
+        ps = self._ps()
+        if not isinstance(leases, (list, tuple)):
+            raise ApiError(f"block_table needs a list of leases (or None), got {type(leases).__name__}")
+        width = int_arg(width, "block_table width", 1)
+        rows = len(leases) if rows is None else int_arg(rows, "block_table rows", 0)
         if rows < len(leases):
             raise ApiError(f"{len(leases)} leases for {rows} block-table rows")
-        scratch = self._ps().pool.scratch_page_id or 0
+        for r, lease in enumerate(leases):
+            if lease is not None:
+                self._own_lease(lease, f"block_table leases[{r}]")
+                if lease.closed:
+                    raise Closed(f"block_table leases[{r}] is closed")
+        scratch = ps.pool.scratch_page_id or 0
         table = np.full((rows, width), scratch, dtype=np.int32)
         for r, lease in enumerate(leases):
             if lease is not None:
@@ -441,23 +504,29 @@ class PoolMethods:
     def reserve_host(self, pages: int, slots: int = 0) -> int:
         """One pinned allocation for `pages` host pages and `slots` host slots (state-major layout,
         host_tier.py), NUMA-preferred to the GPU's node on multi-node machines; a transfer stream.
-        Returns the bytes allocated. Raises ApiError when called twice."""
+        Returns the bytes allocated. Raises ApiError when called twice, kern_pool `Misuse` when `pages` or
+        `slots` is not an int >= 0 (before anything is allocated)."""
         ps = self._ps()
         if ps.host is not None:
             raise ApiError("reserve_host() was already called: the host tier is allocated once")
+        pages = check_count(pages, "reserve_host pages")
+        slots = check_count(slots, "reserve_host slots")
         geometry = HostGeometry(pages, slots, ps.layout.page_bytes, ps.layout.slot_bytes)
         device = call("cuDeviceGet", self.gpu)
         node = numa_target(gpu_pci_bus_id(device))
         memory = PinnedHost(geometry.total_bytes, node)
+        stream = None
         try:
             stream = call("cuStreamCreate", 1)  # non-blocking: never synchronises with the NULL stream
             # 0: never fold states into one 2-D copy; the driver refuses 2-D copies across the arena's
             # separate VMM mappings (host_tier module docstring), so each state's run is a 1-D copy.
             max_pitch = 0
+            ps.host = _HostState(ps.pool, memory, geometry, stream, max_pitch)
         except BaseException:
+            if stream is not None:
+                call("cuStreamDestroy", stream)
             memory.close()
             raise
-        ps.host = _HostState(ps.pool, memory, geometry, stream, max_pitch)
         return geometry.total_bytes
 
     def _hs(self) -> tuple[PoolState, _HostState]:
@@ -478,7 +547,8 @@ class PoolMethods:
 
     def room(self, checkpoint: Checkpoint) -> kern_pool.Room:
         """Reserve host units for `checkpoint`. Raises `Busy` (err.checkpoint is `checkpoint`, untouched),
-        `ExceedsPool`."""
+        `ExceedsPool`, `Misuse` (not a Checkpoint of this runtime), `Closed`."""
+        self._own_checkpoint(checkpoint, "room()")
         ps, hs = self._hs()
         ps.collect(self.stream)
         try:
@@ -509,6 +579,7 @@ class PoolMethods:
     def park_now(self, checkpoint: Checkpoint) -> kern_pool.Parked:
         """room + park on the compute stream: the checkpoint's pages return at once (later launches
         are ordered after the copy). Raises like `room`."""
+        self._own_checkpoint(checkpoint, "park_now()")
         ps, hs = self._hs()
         ps.collect(self.stream)
         try:
@@ -533,15 +604,23 @@ class PoolMethods:
         return Waking(self, inner, event)
 
     def landed(self, item: kern_pool.Parked | Waking) -> bool:
-        """Non-blocking: have the copies of a park or a wake landed? (A landed park returns its pages.)"""
+        """Non-blocking: have the copies of a park or a wake landed? (A landed park returns its pages.)
+        Raises kern_pool `Misuse` for anything but a Parked or Waking of this runtime."""
         ps, hs = self._hs()
         if isinstance(item, Waking):
-            return item.landed
+            return self._own_waking(item, "landed()").landed
+        self._own_parked(hs, item, "landed()")
         hs.poll()
         return item.landed
 
     def awake(self, waking: Waking) -> Lease | None:
-        """The woken lease once its copies have landed, else None (never blocks)."""
+        """The woken lease once its copies have landed, else None (never blocks).
+        Raises kern_pool `Misuse` (not a Waking of this runtime), `Closed` (the Waking or its lease was
+        closed)."""
+        self._activate()
+        self._own_waking(waking, "awake()")
+        if waking.inner._lease.closed:
+            raise Closed("awake() of a closed Waking (or of one whose lease was closed)")
         if not waking.landed:
             return None
         return Lease(self, waking.inner.lease)

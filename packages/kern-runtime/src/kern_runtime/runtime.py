@@ -29,7 +29,7 @@ from .driver import call, cu
 from .dtypes import item_bytes, numpy_dtype
 from .errors import (
     ApiError, CallError, KernError, KernelArtifactError, ManifestParseError, ManifestVerifyError,
-    WeightArtifactError,
+    WeightArtifactError, int_arg,
 )
 from .graphs import GraphCache, graph_key, normalise_vars
 from .launch import launch_kernel
@@ -191,15 +191,21 @@ class Runtime(PoolMethods, PeerMethods, StepMethods):
         `kernels_dir`: directory of `<module>-<sha12>.cubin`; `tensors`: the checkpoint (None only
         for a manifest without checkpoint-bound weights); `capacity`: pooled-state budget;
         `progress(bytes_done, bytes_total)`: weight-load progress (worker threads); `ranks`: this
-        process's index per topology group; `resident`: device weights kept by `into_resident()`.
+        process's index per topology group; `resident`: device weights kept by `into_resident()` on
+        the same GPU; `threads`: weight-loading threads (an int >= 1; None: one per CPU, at most 16).
         Raises ManifestParseError/ManifestVerifyError, KernelArtifactError, WeightArtifactError,
-        ApiError (bad capacity, NCCL externs), DriverError/BlasError.
+        ApiError (an argument of the wrong type or value, named in the message: kernels_dir, tensors,
+        gpu, capacity, progress, ranks, resident of another GPU, threads; a capacity kern_pool refuses
+        or larger than the device's free memory; NCCL externs), DriverError/BlasError. Argument errors
+        are raised before anything is allocated (`resident` is then left as it was).
         """
+        gpu, ranks_, threads = _check_load_args(kernels_dir, tensors, gpu, capacity, progress, ranks, resident,
+                                                threads)
         spec = load_spec(manifest)
         rt = cls()
         rt.spec = spec
         rt.gpu = gpu
-        rt._ranks = dict(ranks or {})
+        rt._ranks = ranks_
         try:
             rt._check_topology()
             rt._open_context(gpu)
@@ -223,9 +229,12 @@ class Runtime(PoolMethods, PeerMethods, StepMethods):
     @classmethod
     def load_over(cls, resident: Resident, manifest: Any, kernels_dir: str | os.PathLike[str], tensors: Tensors | None,
                   **kwargs: Any) -> "Runtime":
-        """`load` reusing identical device weight buffers from `resident` (same GPU)."""
+        """`load` reusing identical device weight buffers from `resident` (same GPU). Raises like `load`
+        (ApiError when `resident` is not a Resident or lives on another GPU)."""
+        if not isinstance(resident, Resident):
+            raise ApiError(f"load_over: resident must be a Resident (from into_resident()), got {type(resident).__name__}")
         gpu = kwargs.pop("gpu", resident.gpu)
-        if gpu != resident.gpu:
+        if isinstance(gpu, bool) or gpu != resident.gpu:
             raise ApiError(f"load_over: resident weights live on GPU {resident.gpu}, not {gpu}")
         return cls.load(manifest, kernels_dir, tensors, gpu=gpu, resident=resident, **kwargs)
 
@@ -302,11 +311,15 @@ class Runtime(PoolMethods, PeerMethods, StepMethods):
                 self._states[name] = alloc
         if any(s.pooled for s in spec.states.values()):
             granularity = granularity or vmm_granularity_bytes(self.gpu)
-            free_bytes = None
-            if capacity.tokens is None:
-                free_bytes, _ = call("cuMemGetInfo")
-            self.pool = plan_pool(spec.states, capacity, granularity, int(free_bytes) if free_bytes is not None else None)
+            free_bytes, _ = call("cuMemGetInfo")
+            free_bytes = int(free_bytes)
+            self.pool = plan_pool(spec.states, capacity, granularity, free_bytes)
             assert self.pool is not None
+            # kern_pool builds per-block lists: refuse a pool the device cannot hold before that
+            pool_bytes = self.pool.layout.num_blocks * self.pool.block_bytes
+            if pool_bytes > free_bytes:
+                raise ApiError(f"capacity {capacity}: the pool needs {pool_bytes} bytes of device memory, "
+                               f"GPU {self.gpu} has {free_bytes} bytes free")
             # one arena for every pooled state, mapped where kern_pool says, zeroed (remap.py, pooled.py)
             ps = PoolState.create(self.pool.layout, self.gpu, self.context, self.stream)
             self._ledger.on_close("pooled states", ps.close)
@@ -436,7 +449,7 @@ class Runtime(PoolMethods, PeerMethods, StepMethods):
         call("cuCtxSetCurrent", self.context)
 
     def _program(self, name: str) -> ProgramState:
-        state = self._programs.get(name)
+        state = self._programs.get(name) if isinstance(name, str) else None
         if state is None:
             runnable = sorted(n for n, p in self._programs.items() if p.kind == "run")
             raise ApiError(f"unknown program {name!r}; runnable programs: {runnable}")
@@ -479,19 +492,22 @@ class Runtime(PoolMethods, PeerMethods, StepMethods):
 
     def run(self, program: str, vars: Mapping[str, int] | None = None) -> None:
         """Enqueue `program` launch by launch (eager) on the compute stream; does not synchronise.
-        Raises ApiError (unknown program, bad vars), CallError (a failing call)."""
+        Raises ApiError (unknown program, bad vars: not a mapping, unknown, not integers, out of range),
+        CallError (a failing call)."""
         self._activate()
         state = self._program(program)
         self._require_ready(state)  # peers connected, NCCL joined (multigpu.py)
-        self._enqueue(state, normalise_vars(vars or {}, self.spec.vars, state.reads, program))
+        self._enqueue(state, normalise_vars(vars, self.spec.vars, state.reads, program))
 
     def issue(self, program: str, vars: Mapping[str, int] | None = None, eager: bool = False) -> None:
         """Enqueue `program`: as its CUDA graph when it declares `graph: true` (captured on first use
-        per key of read vars) unless `eager`; launch by launch otherwise. Does not synchronise."""
+        per key of read vars) unless `eager`; launch by launch otherwise. Does not synchronise.
+        Raises ApiError (unknown program, bad vars: not a mapping, unknown, not integers, out of range),
+        CallError (a failing call)."""
         self._activate()
         state = self._program(program)
         self._require_ready(state)  # peers connected, NCCL joined (multigpu.py)
-        values = normalise_vars(vars or {}, self.spec.vars, state.reads, program)
+        values = normalise_vars(vars, self.spec.vars, state.reads, program)
         if eager or not state.graph:
             self._enqueue(state, values)
             return
@@ -544,11 +560,13 @@ class Runtime(PoolMethods, PeerMethods, StepMethods):
 
     def read_buffer(self, name: str, rows: int | None = None) -> np.ndarray:
         """Synchronise and copy any buffer (or its first `rows` dim-0 rows) into a new array.
-        bf16 / fp8 come back as raw bits (uint16 / uint8)."""
+        bf16 / fp8 come back as raw bits (uint16 / uint8). Raises ApiError (unknown buffer, `rows` not
+        an integer in 0..the buffer's rows)."""
         self._activate()
         spec, alloc = self._buffer(name)
         shape = list(spec.shape_at(self.spec.max_values))
         if rows is not None:
+            rows = int_arg(rows, f"buffer {name!r} rows")
             if not shape or not 0 <= rows <= shape[0]:
                 raise ApiError(f"buffer {name!r} has {shape[0] if shape else 0} rows, asked for {rows}")
             shape[0] = rows
@@ -563,17 +581,19 @@ class Runtime(PoolMethods, PeerMethods, StepMethods):
         return out
 
     def read_output(self, name: str, rows: int | None = None) -> np.ndarray:
-        """`read_buffer` for an output buffer (ApiError for any other kind)."""
+        """`read_buffer` for an output buffer (ApiError for any other kind, or a bad `rows`)."""
         self._buffer(name, ("output",))
         return self.read_buffer(name, rows)
 
     def read_output_async(self, name: str, rows: int | None = None) -> ReadbackHandle:
         """Enqueue a copy of output `name` into pinned memory after the work already on the compute
-        stream; the handle's `wait()` returns the array."""
+        stream; the handle's `wait()` returns the array. Raises ApiError (not an output buffer, `rows`
+        not an integer in 0..the buffer's rows) before anything is allocated."""
         self._activate()
         spec, alloc = self._buffer(name, ("output",))
         shape = list(spec.shape_at(self.spec.max_values))
         if rows is not None:
+            rows = int_arg(rows, f"output {name!r} rows")
             if not shape or not 0 <= rows <= shape[0]:
                 raise ApiError(f"output {name!r} has {shape[0] if shape else 0} rows, asked for {rows}")
             shape[0] = rows
@@ -696,6 +716,39 @@ class Runtime(PoolMethods, PeerMethods, StepMethods):
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def _check_load_args(kernels_dir: Any, tensors: Any, gpu: Any, capacity: Any, progress: Any, ranks: Any,
+                     resident: Any, threads: Any) -> tuple[int, dict[str, int], int | None]:
+    """`Runtime.load`'s arguments checked before anything is allocated: (gpu, ranks, threads) as ints.
+    Raises ApiError naming the argument."""
+    if not isinstance(kernels_dir, (str, os.PathLike)):
+        raise ApiError(f"kernels_dir must be a directory path (str or os.PathLike), got {type(kernels_dir).__name__}")
+    if tensors is not None and not isinstance(tensors, Tensors):
+        raise ApiError(f"tensors must be a Tensors (SafetensorsTensors, HostTensors, ...) or None, "
+                       f"got {type(tensors).__name__}")
+    gpu = int_arg(gpu, "gpu")
+    if not isinstance(capacity, Capacity):
+        raise ApiError(f"capacity must be a Capacity(tokens=..., seqs=...), got {type(capacity).__name__}")
+    if progress is not None and not callable(progress):
+        raise ApiError(f"progress must be callable(bytes_done, bytes_total) or None, got {type(progress).__name__}")
+    if ranks is None:
+        ranks = {}
+    if not isinstance(ranks, Mapping):
+        raise ApiError(f"ranks must be a mapping of topology group -> rank, got {type(ranks).__name__}")
+    checked: dict[str, int] = {}
+    for group, rank in ranks.items():
+        if not isinstance(group, str):
+            raise ApiError(f"ranks: group names are strings, got {group!r}")
+        checked[group] = int_arg(rank, f"ranks[{group!r}]")
+    if resident is not None:
+        if not isinstance(resident, Resident):
+            raise ApiError(f"resident must be a Resident (from into_resident()), got {type(resident).__name__}")
+        if resident.gpu != gpu:
+            raise ApiError(f"resident weights live on GPU {resident.gpu}, not {gpu}")
+    if threads is not None:
+        threads = int_arg(threads, "threads", 1)
+    return gpu, checked, threads
 
 
 def _when_json(when) -> dict[str, list[str]] | None:

@@ -104,13 +104,15 @@ class StepMethods:
                    on_launch: Callable[[int, Record], None]) -> None:
         """`run` (eager, no synchronisation) calling `on_launch(index, record)` on this thread before each
         active record is enqueued; the hook may enqueue its own work on `self.stream` (events, a gate).
-        Raises ApiError (unknown program, bad vars), CallError (a failing call)."""
+        Raises ApiError (unknown program, bad vars, `on_launch` not callable), CallError (a failing call)."""
         self._activate()
+        if not callable(on_launch):
+            raise ApiError(f"run_hooked: on_launch must be callable(index, record), got {type(on_launch).__name__}")
         state = self._program(program)  # type: ignore[attr-defined]
         require = getattr(self, "_require_ready", None)
         if require is not None:
             require(state)
-        values = normalise_vars(vars or {}, self.spec.vars, state.reads, program)
+        values = normalise_vars(vars, self.spec.vars, state.reads, program)
         self._patch(state, values)  # type: ignore[attr-defined]
         enqueue_one = getattr(self, "_enqueue_record", None) or self._enqueue_one
         for index, rec in enumerate(state.records):

@@ -105,13 +105,21 @@ class HostTensors:
     """Tensors held as numpy arrays: `HostTensors({"w": ("bf16", bits_u16_array), "b": ("f32", arr)})`.
 
     The array's bytes are used as they are (C order); `dtype` names the manifest element type, so
-    bf16 data is passed as uint16 bits. Raises WeightArtifactError when the byte size disagrees.
+    bf16 data is passed as uint16 bits. Raises WeightArtifactError when the byte size disagrees or an
+    array is big-endian (the bytes would load byte-swapped) or of Python objects.
     """
 
     def __init__(self, arrays: Mapping[str, tuple[str, np.ndarray]]) -> None:
         self._arrays: dict[str, tuple[TensorMeta, np.ndarray]] = {}
         for name, (dtype, array) in arrays.items():
             array = np.ascontiguousarray(array)
+            if array.dtype.byteorder == ">" or (array.dtype.byteorder == "=" and not np.little_endian):
+                raise WeightArtifactError(
+                    f"tensor {name!r}: array of {array.dtype} is big-endian; the device reads little-endian "
+                    f"(convert with array.astype(array.dtype.newbyteorder('<')))"
+                )
+            if array.dtype.hasobject:
+                raise WeightArtifactError(f"tensor {name!r}: array of {array.dtype} holds Python objects, not numbers")
             meta = TensorMeta(dtype, tuple(int(d) for d in array.shape))
             if array.nbytes != meta.nbytes:
                 raise WeightArtifactError(

@@ -1,0 +1,192 @@
+"""A fake `cuda.bindings.driver` for CPU tests of `Runtime.load` and the pool API.
+
+Use the `fake_cuda` fixture (import it into the test module): it puts a `FakeDriver` in
+`sys.modules["cuda.bindings.driver"]` for one test and restores the real module afterwards, so
+`kern_runtime.driver.cu()` (which imports the module on every use) sees the fake.
+
+What the fake does:
+
+* device memory and pinned memory are host numpy arrays, so addresses are real host pointers and
+  copies between them are `memmove`s (`mem` maps each live allocation's address to its array);
+  VMM reservations hand out unbacked addresses above `VMM_BASE`, and copies touching them are skipped;
+* every driver call is appended to `calls` as `(name, args)`; `fail[name] = code` makes that call
+  return the CUresult `code`;
+* `device_count`, `free_bytes` (what `cuMemGetInfo` reports free; total is twice that) and
+  `entries` (kernel entry -> parameter layout `((offset, size), ...)`, which every loaded module
+  exposes) are plain attributes to set per test;
+* any other `cu*` function succeeds with no outputs; enums and types come from the real module.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import itertools
+import sys
+import types
+from typing import Any, Iterator
+
+import numpy as np
+import pytest
+
+real = pytest.importorskip("cuda.bindings.driver")
+
+OK = 0
+INVALID_VALUE = int(real.CUresult.CUDA_ERROR_INVALID_VALUE)
+VMM_BASE = 1 << 56
+_ids = itertools.count(1000)
+
+
+class Handle:
+    """An opaque driver handle (context, stream, event, module, function, ...)."""
+
+    def __init__(self, kind: str, **fields: Any) -> None:
+        self.kind, self.id = kind, next(_ids)
+        self.__dict__.update(fields)
+
+    def __int__(self) -> int:
+        return self.id
+
+    def __repr__(self) -> str:
+        return f"<fake {self.kind} #{self.id}>"
+
+
+class FakeDriver(types.ModuleType):
+    """The fake module; its state is reset per test by the fixture."""
+
+    def __init__(self) -> None:
+        super().__init__("cuda.bindings.driver")
+        self.mem: dict[int, np.ndarray] = {}
+        self.calls: list[tuple[str, tuple]] = []
+        self.fail: dict[str, int] = {}
+        self.device_count = 1
+        self.free_bytes = 8 << 30
+        self.entries: dict[str, tuple[tuple[int, int], ...]] = {}
+        self._vbase = VMM_BASE
+
+    def called(self, name: str) -> int:
+        """How many times driver function `name` was called."""
+        return sum(1 for c, _ in self.calls if c == name)
+
+    def __getattr__(self, name: str) -> Any:  # only for names not set on the instance
+        target = getattr(real, name)
+        if name.startswith("cu") and callable(target) and not isinstance(target, type):
+            return lambda *args: self._call(name, args)
+        return target
+
+    # ------------------------------------------------------------ implementation
+
+    def _alloc(self, nbytes: int) -> int:
+        array = np.zeros(max(int(nbytes), 1), np.uint8)
+        self.mem[array.ctypes.data] = array
+        return array.ctypes.data
+
+    def _call(self, name: str, args: tuple) -> tuple:
+        self.calls.append((name, args))
+        if name in self.fail:
+            return (self.fail[name],)
+        handler = getattr(type(self), "_" + name, None)
+        return handler(self, *args) if handler is not None else (OK,)
+
+    def _cuDeviceGetCount(self) -> tuple:
+        return (OK, self.device_count)
+
+    def _cuDeviceGet(self, ordinal: int) -> tuple:
+        if type(ordinal) is not int:  # the real binding refuses anything but an int
+            raise TypeError(f"cuDeviceGet: ordinal of type {type(ordinal).__name__}")
+        return (OK, Handle("device", ordinal=ordinal))
+
+    def _cuDevicePrimaryCtxRetain(self, device: Any) -> tuple:
+        return (OK, Handle("context"))
+
+    def _cuStreamCreate(self, flags: int) -> tuple:
+        return (OK, Handle("stream"))
+
+    def _cuEventCreate(self, flags: Any) -> tuple:
+        return (OK, Handle("event"))
+
+    def _cuMemAlloc(self, nbytes: int) -> tuple:
+        return (OK, self._alloc(nbytes))
+
+    def _cuMemHostAlloc(self, nbytes: int, flags: Any) -> tuple:
+        return (OK, self._alloc(nbytes))
+
+    def _cuMemHostGetDevicePointer(self, address: int, flags: int) -> tuple:
+        return (OK, address)
+
+    def _cuMemFree(self, address: Any) -> tuple:
+        self.mem.pop(int(address), None)
+        return (OK,)
+
+    _cuMemFreeHost = _cuMemFree
+
+    def _copy(self, dst: Any, src: Any, nbytes: Any, *rest: Any) -> tuple:
+        dst, src, nbytes = int(dst), int(src), int(nbytes)
+        if nbytes and dst < VMM_BASE and src < VMM_BASE:
+            ctypes.memmove(dst, src, nbytes)
+        return (OK,)
+
+    _cuMemcpyHtoDAsync = _cuMemcpyDtoHAsync = _cuMemcpyDtoDAsync = _copy
+    _cuMemcpyHtoD = _cuMemcpyDtoH = _cuMemcpyDtoD = _copy
+
+    def _cuMemsetD8Async(self, dst: Any, value: int, nbytes: int, stream: Any) -> tuple:
+        dst = int(dst)
+        if any(a <= dst and dst + nbytes <= a + arr.size for a, arr in self.mem.items()):
+            ctypes.memset(dst, value, nbytes)
+        return (OK,)
+
+    def _cuMemGetInfo(self) -> tuple:
+        return (OK, self.free_bytes, 2 * self.free_bytes)
+
+    def _cuMemGetAllocationGranularity(self, prop: Any, option: Any) -> tuple:
+        return (OK, 2 << 20)
+
+    def _cuMemAddressReserve(self, nbytes: int, *rest: Any) -> tuple:
+        address = self._vbase
+        self._vbase += int(nbytes) + (1 << 30)
+        return (OK, address)
+
+    def _cuMemCreate(self, *args: Any) -> tuple:
+        return (OK, Handle("block"))
+
+    def _cuDeviceGetAttribute(self, attribute: Any, device: Any) -> tuple:
+        return (OK, (1 << 31) - 1)
+
+    def _cuDeviceGetPCIBusId(self, length: int, device: Any) -> tuple:
+        return (OK, b"0000:00:00.0\x00")
+
+    def _cuModuleLoadData(self, image: Any) -> tuple:
+        return (OK, Handle("module"))
+
+    def _cuModuleGetFunctionCount(self, module: Any) -> tuple:
+        return (OK, len(self.entries))
+
+    def _cuModuleEnumerateFunctions(self, count: int, module: Any) -> tuple:
+        return (OK, [Handle("function", entry=e) for e in self.entries])
+
+    def _cuFuncGetName(self, function: Any) -> tuple:
+        return (OK, function.entry.encode())
+
+    def _cuFuncGetParamInfo(self, function: Any, index: int) -> tuple:
+        layout = self.entries[function.entry]
+        if index >= len(layout):
+            return (INVALID_VALUE,)
+        return (OK, *layout[index])
+
+    def _cuStreamEndCapture(self, stream: Any) -> tuple:
+        return (OK, Handle("graph"))
+
+    def _cuGraphInstantiate(self, graph: Any, flags: int) -> tuple:
+        return (OK, Handle("graph exec"))
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeDriver]:
+    """A fresh `FakeDriver` installed as `cuda.bindings.driver` for the test's duration."""
+    import cuda.bindings
+
+    fake = FakeDriver()
+    monkeypatch.setitem(sys.modules, "cuda.bindings.driver", fake)
+    monkeypatch.setattr(cuda.bindings, "driver", fake)
+    yield fake
+    gc.collect()  # finalizers of dropped handles still talk to the fake, not the real driver
