@@ -251,3 +251,29 @@ def test_integer_types_other_than_int_are_counts() -> None:
     for h in (cp, lease):
         h.close()
     invariant(pool)
+
+
+def test_a_hold_without_close_is_refused_before_anything_is_leased() -> None:
+    """lease_from / wake close `hold` with the lease: one without close() is refused at the call (before, the
+    AttributeError came when the lease was dropped, after the pages had been handed out)."""
+    pool = Pool(Layout.simple(P, 8, slots=0))
+    cp = pool.retire(pool.lease(20), 20)
+    host = Host(pool, 4, 0)
+    parked = host.park_now(pool.retire(pool.lease(16), 16))
+    before = pool_state(pool, host)
+    with pytest.raises(Misuse, match="hold"):
+        pool.lease_from(cp, 32, hold=object())
+    with pytest.raises(Misuse, match="hold"):
+        host.wake(parked, 16, 16, hold=3)
+    assert pool_state(pool, host) == before
+    held: list[str] = []
+
+    class Hold:
+        def close(self) -> None:
+            held.append("closed")
+
+    pool.lease_from(cp, 32, hold=Hold()).close()
+    assert held == ["closed"]
+    for h in (cp, parked):
+        h.close()
+    invariant(pool, host=host)

@@ -73,3 +73,10 @@ def check_count(value: Any, what: str, minimum: int = 0) -> int:
     if isinstance(value, bool) or number is None or number < minimum:
         raise Misuse(f"{what} must be an int >= {minimum}, got {value!r}")
     return number
+
+
+def check_hold(hold: Any, what: str) -> None:
+    """Misuse unless `hold` is None or has a callable `close()` (it is closed with the lease it rides on;
+    anything else would fail only then, when the lease is dropped)."""
+    if hold is not None and not callable(getattr(hold, "close", None)):
+        raise Misuse(f"{what}: hold must be None or have close(), got {type(hold).__name__}")

@@ -19,7 +19,7 @@ from __future__ import annotations
 import weakref
 from typing import Any, Callable
 
-from .errors import Busy, Closed, ExceedsPool, Misuse, NotLanded, check_count
+from .errors import Busy, Closed, ExceedsPool, Misuse, NotLanded, check_count, check_hold
 from .handles import Checkpoint, Handle, Lease, _Node
 from .plans import Copies, HostCopies, PageCopy, SlotCopy
 from .pool import Pool
@@ -366,8 +366,8 @@ class Host:
         checkpoint, and every entry of a pool without paged states) wakes into a slot-only lease, like
         `Pool.lease_from` of a slot-only checkpoint: `lease_tokens` must be 0 and only the slot is
         copied. `hold` is closed with the lease. Raises `Closed`, `Misuse` (not a `Parked` of this
-        host, lengths not ints or out of range) before anything is leased, and the pool's refusals (a refusal
-        changes nothing).
+        host, lengths not ints or out of range, a `hold` without `close()`) before anything is leased, and
+        the pool's refusals (a refusal changes nothing).
         """
         if not isinstance(parked, Parked):
             raise Misuse(f"wake() needs a Parked from this host, got {type(parked).__name__}")
@@ -377,6 +377,7 @@ class Host:
             raise Closed("wake() of a closed parked entry")
         num_tokens = check_count(num_tokens, "wake() num_tokens")
         lease_tokens = check_count(lease_tokens, "wake() lease_tokens")
+        check_hold(hold, "wake()")
         paged = parked.paged
         if not 0 <= num_tokens <= parked.num_tokens or (lease_tokens < num_tokens if paged else lease_tokens != 0):
             raise Misuse(f"wake {num_tokens} of {parked.num_tokens} tokens into a lease of {lease_tokens}"

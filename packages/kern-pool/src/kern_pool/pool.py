@@ -14,7 +14,7 @@ import weakref
 from typing import Any
 
 from .blocks import PAGES, SLOTS, Blocks
-from .errors import Busy, Closed, ExceedsPool, Misuse, Remapping, check_count
+from .errors import Busy, Closed, ExceedsPool, Misuse, Remapping, check_count, check_hold
 from .handles import Checkpoint, Lease, _Node, chain_pages, node_at
 from .plans import BlockMove, Copies, PageCopy, RemapPlan, SlotCopy
 from .sizing import Layout
@@ -233,12 +233,13 @@ class Pool:
         the lease's first own page (`plan.page_copies`), so the checkpoint's page never changes; the
         slot is copied. `prefix_tokens < source.num_tokens` is allowed only for pure-KV checkpoints.
         `hold` (anything with `close()`, e.g. a prefix `Hit`) is closed when the lease closes.
-        Raises `Closed`, `Misuse` (lengths not ints or out of range; also for a `source` that is not a
-        `Checkpoint` of this pool, e.g. a host `Parked`: wake it with `Host.wake`), `ExceedsPool`,
-        `Busy`, `Remapping`; a refusal changes nothing.
+        Raises `Closed`, `Misuse` (lengths not ints or out of range, a `hold` without `close()`; also for a
+        `source` that is not a `Checkpoint` of this pool, e.g. a host `Parked`: wake it with `Host.wake`),
+        `ExceedsPool`, `Busy`, `Remapping`; a refusal changes nothing.
         """
         self._own(source, Checkpoint)
         num_tokens = check_count(num_tokens, "lease_from() num_tokens")
+        check_hold(hold, "lease_from()")
         if prefix_tokens is not None:
             prefix_tokens = check_count(prefix_tokens, "lease_from() prefix_tokens")
         length = source.num_tokens if prefix_tokens is None else prefix_tokens
