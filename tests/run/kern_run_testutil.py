@@ -162,6 +162,24 @@ class FakeRuntime:
         self.close()
 
 
+@pytest.fixture
+def fake_runtime(monkeypatch: pytest.MonkeyPatch) -> list[FakeRuntime]:
+    """`Generator.open` builds a FakeRuntime (pages for the requested capacity) instead of loading anything; the
+    runtimes made, in order (empty: nothing was loaded)."""
+    from kern_run.generate import Generator
+
+    made: list[FakeRuntime] = []
+
+    def open_fake(manifest, kernels, weights, facts, gpu=0, capacity_tokens=4096, eos_ids=frozenset(), progress=None,
+                  resident=None):
+        rt = FakeRuntime(num_pages=capacity_tokens // 16)
+        made.append(rt)
+        return Generator(rt, facts, eos_ids)
+
+    monkeypatch.setattr(Generator, "open", staticmethod(open_fake))
+    return made
+
+
 PROBED = "stub device probe reached"  # what stub_device_probe's refusal says (exit 3, as no device would)
 
 

@@ -15,7 +15,6 @@ from kern_run import preflight
 from kern_run.cli import app
 from kern_run.config import resolve_config
 from kern_run.errors import ConfigError, NoDeviceError, WeightsError
-from kern_run.generate import Generator
 from kern_run.text import load_codec
 from kern_run_testutil import FakeRuntime, make_manifest
 
@@ -44,20 +43,6 @@ def _refused(result, code: int, *needles: str) -> None:
 @pytest.fixture
 def with_device(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(session, "probe_device", lambda gpu: 1)
-
-
-@pytest.fixture
-def fake_runtime(monkeypatch: pytest.MonkeyPatch) -> list[FakeRuntime]:
-    made: list[FakeRuntime] = []
-
-    def open_fake(manifest, kernels, weights, facts, gpu=0, capacity_tokens=4096, eos_ids=frozenset(), progress=None,
-                  resident=None):
-        rt = FakeRuntime(num_pages=capacity_tokens // 16)
-        made.append(rt)
-        return Generator(rt, facts, eos_ids)
-
-    monkeypatch.setattr(Generator, "open", staticmethod(open_fake))
-    return made
 
 
 def _base(tiny_manifest: Path, kernels_dir: Path, tiny_ckpt: Path) -> list[str]:

@@ -45,19 +45,10 @@ def _target(manifest: Path, kernels: Path, weights: Path) -> list[str]:
 
 
 @pytest.fixture
-def loads(monkeypatch: pytest.MonkeyPatch) -> list[FakeRuntime]:
+def loads(monkeypatch: pytest.MonkeyPatch, fake_runtime: list[FakeRuntime]) -> list[FakeRuntime]:
     """A device that probes fine and a fake runtime load (the runtimes made, to tell whether anything loaded)."""
-    made: list[FakeRuntime] = []
-
-    def open_fake(manifest, kernels, weights, facts, gpu=0, capacity_tokens=4096, eos_ids=frozenset(), progress=None,
-                  resident=None):
-        rt = FakeRuntime(num_pages=capacity_tokens // 16)
-        made.append(rt)
-        return Generator(rt, facts, eos_ids)
-
     monkeypatch.setattr(session, "probe_device", lambda gpu: 1)
-    monkeypatch.setattr(Generator, "open", staticmethod(open_fake))
-    return made
+    return fake_runtime
 
 
 # ---------------------------------------------------------------- 1. a prompt that is not UTF-8 text

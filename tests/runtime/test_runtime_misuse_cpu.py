@@ -53,6 +53,10 @@ def test_load_refuses_resident_of_another_gpu(fake_cuda: FakeDriver, tmp_path: P
     before = allocations(fake_cuda)
     with pytest.raises(ApiError, match="GPU 0, not 1"):
         Runtime.load(weight_manifest(), tmp_path, tensors(), gpu=1, resident=res)
+    with pytest.raises(ApiError, match="GPU 0, not 1"):
+        Runtime.load_over(res, weight_manifest(), tmp_path, tensors(), gpu=1)
+    with pytest.raises(ApiError, match="gpu must be an integer"):
+        Runtime.load_over(res, weight_manifest(), tmp_path, tensors(), gpu=True)
     assert res.buffers == kept and res.context is not None  # untouched, still usable
     assert allocations(fake_cuda) == before
     with Runtime.load(weight_manifest(), tmp_path, tensors(), gpu=0, resident=res) as rt:

@@ -25,6 +25,8 @@ directly (the CLI's `inspect`) or uses the pool API can catch everything the ker
 
 from __future__ import annotations
 
+import operator
+
 
 class KernError(Exception):
     """Base of every error kern-runtime raises on purpose."""
@@ -140,15 +142,21 @@ class BlasError(CudaError):
         return (type(self), (self.call, self.result, self.code))
 
 
-def int_arg(value: object, what: str, minimum: int | None = None) -> int:
-    """`value` as an `int` when it is an integer (anything `operator.index` accepts: int, numpy
-    integers; never a bool) of at least `minimum`; else ApiError naming `what`."""
-    import operator
-
+def as_integer(value: object) -> int | None:
+    """`value` as an `int` when it is an integer (anything `operator.index` accepts: int, numpy integers;
+    never a bool), else None."""
+    if isinstance(value, bool):
+        return None
     try:
-        number = None if isinstance(value, bool) else operator.index(value)
+        return operator.index(value)
     except TypeError:
-        number = None
+        return None
+
+
+def int_arg(value: object, what: str, minimum: int | None = None) -> int:
+    """`value` as an `int` when it is an integer (`as_integer`) of at least `minimum`; else ApiError naming
+    `what`."""
+    number = as_integer(value)
     if number is None:
         raise ApiError(f"{what} must be an integer, got {value!r} ({type(value).__name__})")
     if minimum is not None and number < minimum:

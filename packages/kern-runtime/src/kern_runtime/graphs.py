@@ -8,11 +8,10 @@ own non-blocking stream (never the legacy NULL stream), replay is one `cuGraphLa
 
 from __future__ import annotations
 
-import operator
 from typing import Any, Callable, Mapping
 
 from .driver import call, cu
-from .errors import ApiError
+from .errors import ApiError, as_integer
 from .spec import VarSpec
 
 GraphKey = tuple[str, tuple[tuple[str, int], ...]]
@@ -37,10 +36,7 @@ def normalise_vars(values: Mapping[str, int] | None, vars_: Mapping[str, VarSpec
         spec = vars_.get(name) if isinstance(name, str) else None
         if spec is None:
             raise ApiError(f"program {program!r}: unknown var {name!r}; the manifest declares {sorted(vars_)}")
-        try:
-            number = None if isinstance(value, bool) else operator.index(value)
-        except TypeError:
-            number = None
+        number = as_integer(value)
         if number is None:
             raise ApiError(f"program {program!r}: var {name!r} = {value!r} is not an integer")
         if name in reads and not spec.min <= number <= spec.max:

@@ -229,14 +229,13 @@ class Runtime(PoolMethods, PeerMethods, StepMethods):
     @classmethod
     def load_over(cls, resident: Resident, manifest: Any, kernels_dir: str | os.PathLike[str], tensors: Tensors | None,
                   **kwargs: Any) -> "Runtime":
-        """`load` reusing identical device weight buffers from `resident` (same GPU). Raises like `load`
-        (ApiError when `resident` is not a Resident or lives on another GPU)."""
+        """`load` reusing identical device weight buffers from `resident`, on its GPU unless `gpu` says
+        otherwise. Raises like `load` (ApiError when `resident` is not a Resident or lives on another GPU:
+        `load` checks the GPU)."""
         if not isinstance(resident, Resident):
             raise ApiError(f"load_over: resident must be a Resident (from into_resident()), got {type(resident).__name__}")
-        gpu = kwargs.pop("gpu", resident.gpu)
-        if isinstance(gpu, bool) or gpu != resident.gpu:
-            raise ApiError(f"load_over: resident weights live on GPU {resident.gpu}, not {gpu}")
-        return cls.load(manifest, kernels_dir, tensors, gpu=gpu, resident=resident, **kwargs)
+        kwargs.setdefault("gpu", resident.gpu)
+        return cls.load(manifest, kernels_dir, tensors, resident=resident, **kwargs)
 
     def _open_context(self, gpu: int) -> None:
         call("cuInit", 0)
