@@ -68,9 +68,10 @@ def main() -> int:
     rng = np.random.default_rng(0)
     rows = []
 
-    def bench(name, kernel, grid, block, arg_sets, nbytes, flops=0.0):
+    def bench(name, kernel, grid, block, arg_sets, nbytes, flops=0.0, shared_mem=0):
         k = gpu.kernel(kernel)
-        launches = [lambda st, a=a: k.launch(grid, block, a, stream=st, sync=False) for a in arg_sets]
+        launches = [lambda st, a=a: k.launch(grid, block, a, stream=st, sync=False, shared_mem=shared_mem)
+                    for a in arg_sets]
         us = time_graph(stream, launches)
         floor_us = nbytes / PEAK_BYTES_PER_S * 1e6
         rows.append((name, us, nbytes, floor_us, flops / (us * 1e-6) / 1e12 if flops else None))
@@ -146,7 +147,7 @@ def main() -> int:
         rows.append((f"attn_decode wide partial+reduce ctx={ctx}", us, nbytes, nbytes / PEAK_BYTES_PER_S * 1e6, None))
 
     # prefill attention: a 512-token chunk with no prefix, one after a 1536-token prefix, a whole 2048 prompt
-    for prefix, chunk in ((0, 512), (1536, 512), (0, 2048)):
+    for prefix, chunk in ((0, 512), (1536, 512), (0, 2048), (6144, 2048)):
         ctx = prefix + chunk
         pages = cdiv(ctx, PAGE)
         cache = gpu.alloc(pages * PAGE * 2 * HKV * D * 2)
@@ -158,6 +159,8 @@ def main() -> int:
         pairs = chunk * prefix + chunk * (chunk + 1) / 2  # (query, key) pairs attended
         bench(f"attn_prefill prefix={prefix} chunk={chunk}", "kern_attn_prefill", (cdiv(chunk, 16), HKV, 1), (128,), [args],
               ctx * HKV * D * 4 + chunk * HQ * D * 4, flops=4.0 * HQ * D * pairs)
+        bench(f"attn_prefill_r32 prefix={prefix} chunk={chunk}", "kern_attn_prefill_r32", (cdiv(chunk, 32), HKV, 1),
+              (128,), [args], ctx * HKV * D * 4 + chunk * HQ * D * 4, flops=4.0 * HQ * D * pairs, shared_mem=105472)
 
     # argmax over the vocabulary, one row
     chunk = 1024

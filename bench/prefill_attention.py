@@ -25,6 +25,8 @@ from cuda.bindings import driver as cu  # noqa: E402
 from gpu_helpers import Gpu, check  # noqa: E402
 
 HQ, HKV, D, PAGE = 32, 8, 128, 16
+# entry -> (query rows per grid.x step, dynamic shared memory bytes); docs/kernels.md "Entries"
+ENTRIES = {"kern_attn_prefill": (16, 0), "kern_attn_prefill_r32": (32, 105472)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,6 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prefix", type=int, default=6144, help="cached tokens before the chunk")
     ap.add_argument("--chunk", type=int, default=2048, help="query tokens in the chunk")
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--entry", default="kern_attn_prefill", choices=sorted(ENTRIES))
     args = ap.parse_args(argv)
     if args.prefix < 0 or args.chunk < 1 or args.reps < 3:
         ap.error("--prefix >= 0, --chunk >= 1, --reps >= 3")
@@ -53,18 +56,19 @@ def main(argv: list[str] | None = None) -> int:
                    ("p", arr(np.array([0, args.chunk], dtype=np.int32))), ("p", arr(np.array([ctx], dtype=np.int32))),
                    ("p", gpu.alloc(args.chunk * HQ * D * 2).ptr), ("i", HQ), ("i", HKV), ("i", D), ("i", PAGE),
                    ("i", pages), ("i", pages), ("f", D**-0.5)]
-    kernel = gpu.kernel("kern_attn_prefill")
+    kernel = gpu.kernel(args.entry)
+    rows, smem = ENTRIES[args.entry]
     start, end = check(cu.cuEventCreate(0), "cuEventCreate"), check(cu.cuEventCreate(0), "cuEventCreate")
     times = []
     for _ in range(args.reps):
         check(cu.cuEventRecord(start, 0), "cuEventRecord")
-        kernel.launch((-(-args.chunk // 16), HKV, 1), (128,), launch_args, sync=False)
+        kernel.launch((-(-args.chunk // rows), HKV, 1), (128,), launch_args, sync=False, shared_mem=smem)
         check(cu.cuEventRecord(end, 0), "cuEventRecord")
         check(cu.cuEventSynchronize(end), "cuEventSynchronize")
         times.append(check(cu.cuEventElapsedTime(start, end), "cuEventElapsedTime") * 1000.0)
     us = statistics.median(times[2:])
     pairs = args.chunk * args.prefix + args.chunk * (args.chunk + 1) / 2
-    print(f"kern_attn_prefill prefix={args.prefix} chunk={args.chunk}: {us:.1f} us, "
+    print(f"{args.entry} prefix={args.prefix} chunk={args.chunk}: {us:.1f} us, "
           f"{4.0 * HQ * D * pairs / us / 1e6:.1f} TFLOP/s")
     gpu.free_all()
     return 0

@@ -981,3 +981,329 @@ extern "C" __global__ void __launch_bounds__(PF_THREADS, 3) kern_attn_prefill(
     prefill_body<PF_MAX_D / 16>(sm, q, kv_cache, bt_row, out, num_q_heads, num_kv_heads, D, page_tokens, bt_stride,
                                 num_pages, scale, kvh, q_start, q_len, ctx0, row0, kv_end, hpb, slabs, G);
 }
+
+// ---------------------------------------------------------------------------------------------------
+// Prefill with two m-tiles per warp: kern_attn_prefill_r32 (the default since the ninth session)
+// ---------------------------------------------------------------------------------------------------
+// The contract of kern_attn_prefill (same parameters, same 64-token K/V tiles walked from position 0 in the
+// same order, the same per-row arithmetic: every output row is bit for bit kern_attn_prefill's), but each warp
+// owns 32 query rows (two mma M tiles) of one q head, so every K/V fragment read from shared memory feeds two
+// independent mma chains and each warp has twice the independent work in flight (kern_attn_prefill is
+// latency-bound at 12 warps per SM; docs/perf.md "Prefill"). The O accumulators (2 x 64 floats per thread)
+// leave no room for Q in registers: Q rows are staged in shared memory once per pass and read with ldmatrix
+// per k-step. K and V are double-buffered: tile t + 1 (K and V) loads during all of tile t's math, one
+// barrier per tile. Block: 4 warps; rows per block 32 * slabs (G = 4: 32 rows x 4 heads; G = 2: 64 x 2;
+// G = 1: 128 x 1; other G: passes of 4 heads over 32 rows). Dynamic shared memory: sizeof(PrefillSmemR32) =
+// 105,472 bytes, two blocks per SM (a launch with less returns after the PDL wait without writing). 255
+// registers and 48 bytes of stack: loop-invariant pass state that ptxas spills and reloads once per tile.
+// grid.x >= cdiv(max q rows, 32 * slabs); blocks past a sequence's rows exit.
+#define PF_R32_ROWS 32  // query rows per warp
+
+struct PrefillSmemR32 {
+    __nv_bfloat16 q[PF_WARPS * PF_R32_ROWS][PF_LD];  // each warp's 32 Q rows of its current head
+    __nv_bfloat16 k[2][PF_BN][PF_LD];                 // K and V of tiles t (buffer t % 2) and t + 1
+    __nv_bfloat16 v[2][PF_BN][PF_LD];
+    int64_t off[2][PF_BN];  // per tile token: element offset of its K row from kv_cache, or -1 if absent
+};
+
+KERN_DEV unsigned dynamic_smem_bytes() {
+    unsigned r;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(r));
+    return r;
+}
+
+// Online softmax of one m-tile's 16 x 64 scores (s, in raw q.k units) into P (bf16 A fragments), the running
+// max / sum of its two rows (a = gid, b = gid + 8) and the rescale of its O accumulators: the operations of
+// prefill_body in the same order, so the rows come out identical.
+template <int NK>
+KERN_DEV void pf_softmax_tile(float (&s)[PF_BN / 8][4], float& m_a, float& m_b, float& l_a, float& l_b, float sl2,
+                              float (&o)[2 * NK][4], uint32_t (&pa)[PF_BN / 16][4]) {
+    float mx_a = -CUDART_INF_F, mx_b = -CUDART_INF_F;
+#pragma unroll
+    for (int nt = 0; nt < PF_BN / 8; ++nt) {
+        mx_a = fmaxf(mx_a, fmaxf(s[nt][0], s[nt][1]));
+        mx_b = fmaxf(mx_b, fmaxf(s[nt][2], s[nt][3]));
+    }
+    mx_a = fmaxf(mx_a, __shfl_xor_sync(FULL_MASK, mx_a, 1));
+    mx_a = fmaxf(mx_a, __shfl_xor_sync(FULL_MASK, mx_a, 2));
+    mx_b = fmaxf(mx_b, __shfl_xor_sync(FULL_MASK, mx_b, 1));
+    mx_b = fmaxf(mx_b, __shfl_xor_sync(FULL_MASK, mx_b, 2));
+    const float mn_a = fmaxf(m_a, mx_a * sl2), mn_b = fmaxf(m_b, mx_b * sl2);
+    const float base_a = (mn_a == -CUDART_INF_F) ? 0.0f : mn_a;
+    const float base_b = (mn_b == -CUDART_INF_F) ? 0.0f : mn_b;
+    const float alpha_a = exp2f(m_a - base_a), alpha_b = exp2f(m_b - base_b);
+    float sum_a = 0.0f, sum_b = 0.0f;
+#pragma unroll
+    for (int nt = 0; nt < PF_BN / 8; ++nt) {
+        s[nt][0] = exp2f(fmaf(s[nt][0], sl2, -base_a));
+        s[nt][1] = exp2f(fmaf(s[nt][1], sl2, -base_a));
+        s[nt][2] = exp2f(fmaf(s[nt][2], sl2, -base_b));
+        s[nt][3] = exp2f(fmaf(s[nt][3], sl2, -base_b));
+        sum_a += s[nt][0] + s[nt][1];
+        sum_b += s[nt][2] + s[nt][3];
+    }
+    sum_a += __shfl_xor_sync(FULL_MASK, sum_a, 1);
+    sum_a += __shfl_xor_sync(FULL_MASK, sum_a, 2);
+    sum_b += __shfl_xor_sync(FULL_MASK, sum_b, 1);
+    sum_b += __shfl_xor_sync(FULL_MASK, sum_b, 2);
+    l_a = l_a * alpha_a + sum_a;
+    l_b = l_b * alpha_b + sum_b;
+    m_a = mn_a;
+    m_b = mn_b;
+#pragma unroll
+    for (int dt = 0; dt < 2 * NK; ++dt) {
+        o[dt][0] *= alpha_a;
+        o[dt][1] *= alpha_a;
+        o[dt][2] *= alpha_b;
+        o[dt][3] *= alpha_b;
+    }
+#pragma unroll
+    for (int kk = 0; kk < PF_BN / 16; ++kk) {
+        pa[kk][0] = pack_bf16x2(s[2 * kk][0], s[2 * kk][1]);
+        pa[kk][1] = pack_bf16x2(s[2 * kk][2], s[2 * kk][3]);
+        pa[kk][2] = pack_bf16x2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+        pa[kk][3] = pack_bf16x2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+    }
+}
+
+// Warp w: q head g0 + (w % hpb), query rows row0 + (w / hpb) * 32 + [0, 32) as m-tiles mt = 0, 1 (rows
+// + 16 mt + [0, 16)). Fragment layouts as in prefill_body; Q A fragments come from sm.q by ldmatrix
+// (matrices: rows +[0,8) | +[8,16) x dims +[0,8) | +[8,16), giving regs a0..a3 of mma.m16n8k16).
+template <int NK>
+KERN_DEV void prefill_body_r32(PrefillSmemR32& sm, const __nv_bfloat16* q, const __nv_bfloat16* kv_cache,
+                               const int32_t* bt_row, __nv_bfloat16* out, int num_q_heads, int num_kv_heads, int D,
+                               int page_tokens, int bt_stride, int num_pages, float scale, int kvh, int q_start,
+                               int q_len, int ctx0, int row0, int kv_end, int hpb, int slabs, int G) {
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int gid = lane >> 2, tig = lane & 3, mi = lane >> 3;
+    const int nk = D / 16;
+    const int C = D / 8;
+    const bool vec = aligned16(kv_cache);
+    const bool qvec = aligned16(q);
+    const int64_t token_elems = (int64_t)num_kv_heads * D;
+    const int64_t head_off = (int64_t)kvh * D;
+    const float sl2 = scale * LOG2E;
+    const uint32_t page_limit = (uint32_t)max(num_pages, 0);
+
+    const int slab = warp / hpb;
+    const int wr0 = row0 + slab * PF_R32_ROWS;
+    const bool rows_ok = slab < slabs && wr0 < q_len;  // warp-uniform
+    const int w_first = ctx0 + wr0;
+    const int w_end = rows_ok ? max(0, min(kv_end, ctx0 + min(wr0 + PF_R32_ROWS, q_len))) : 0;
+
+    auto token_page = [&](int kv0, int& pi) -> int {
+        const int tok = kv0 + tid;
+        pi = tok / page_tokens;
+        return (tid < PF_BN && tok < kv_end && pi < bt_stride) ? bt_row[pi] : -1;
+    };
+    auto token_off = [&](int kv0, int pi, int page) -> int64_t {
+        return (uint32_t)page < page_limit
+                   ? ((int64_t)page * 2 * page_tokens + (kv0 + tid - pi * page_tokens)) * token_elems + head_off
+                   : -1;
+    };
+    // off[] holds offsets from kv_cache itself (the kv head included): two fewer 64-bit values live in the loop
+    const __nv_bfloat16* k_base = kv_cache;
+    const __nv_bfloat16* v_base = kv_cache + (int64_t)page_tokens * token_elems;
+    __nv_bfloat16(*qs)[PF_LD] = &sm.q[warp * PF_R32_ROWS];
+
+    for (int g0 = 0; g0 < G; g0 += hpb) {
+        const int g = g0 + warp % hpb;
+        const bool active = rows_ok && g < G;  // warp-uniform
+        const int hq = kvh * G + g;
+
+        float o[2][2 * NK][4];
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+            for (int dt = 0; dt < 2 * NK; ++dt) o[mt][dt][0] = o[mt][dt][1] = o[mt][dt][2] = o[mt][dt][3] = 0.0f;
+        float m[2][2], l[2][2];
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) m[mt][0] = m[mt][1] = -CUDART_INF_F, l[mt][0] = l[mt][1] = 0.0f;
+
+        // S = Q K^T of the tile in `ks` (64 tokens at kv0), causal mask, online softmax into P.
+        auto qk_softmax = [&](const __nv_bfloat16 (*ks)[PF_LD], int kv0, uint32_t (&pa)[2][PF_BN / 16][4]) {
+            float sacc[2][PF_BN / 8][4];
+#pragma unroll
+            for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+                for (int nt = 0; nt < PF_BN / 8; ++nt)
+                    sacc[mt][nt][0] = sacc[mt][nt][1] = sacc[mt][nt][2] = sacc[mt][nt][3] = 0.0f;
+#pragma unroll
+            for (int kk = 0; kk < NK; ++kk) {
+                uint32_t a[2][4];
+#pragma unroll
+                for (int mt = 0; mt < 2; ++mt)
+                    ldsm_x4(a[mt][0], a[mt][1], a[mt][2], a[mt][3],
+                            &qs[mt * 16 + (mi & 1) * 8 + (lane & 7)][kk * 16 + (mi >> 1) * 8]);
+#pragma unroll
+                for (int np = 0; np < PF_BN / 16; ++np) {
+                    const __nv_bfloat16* p = &ks[np * 16 + (mi >> 1) * 8 + (lane & 7)][kk * 16 + (mi & 1) * 8];
+                    uint32_t b0, b1, b2, b3;
+                    ldsm_x4(b0, b1, b2, b3, p);
+#pragma unroll
+                    for (int mt = 0; mt < 2; ++mt) {
+                        mma_bf16_16816(sacc[mt][2 * np], a[mt][0], a[mt][1], a[mt][2], a[mt][3], b0, b1);
+                        mma_bf16_16816(sacc[mt][2 * np + 1], a[mt][0], a[mt][1], a[mt][2], a[mt][3], b2, b3);
+                    }
+                }
+            }
+            if (kv0 + PF_BN - 1 > w_first) {
+#pragma unroll
+                for (int mt = 0; mt < 2; ++mt) {
+                    const int pos_a = w_first + mt * 16 + gid, pos_b = pos_a + 8;
+#pragma unroll
+                    for (int nt = 0; nt < PF_BN / 8; ++nt) {
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) {
+                            const int key = kv0 + nt * 8 + tig * 2 + (e & 1);
+                            if (key > ((e < 2) ? pos_a : pos_b)) sacc[mt][nt][e] = -CUDART_INF_F;
+                        }
+                    }
+                }
+            }
+#pragma unroll
+            for (int mt = 0; mt < 2; ++mt)
+                pf_softmax_tile<NK>(sacc[mt], m[mt][0], m[mt][1], l[mt][0], l[mt][1], sl2, o[mt], pa[mt]);
+        };
+        // O += P V of the tile in `vs` (V fragments by ldmatrix.trans: tokens kk*16+[0,8) | +8, dims
+        // dp*16+[0,8) | +8).
+        auto pv = [&](const __nv_bfloat16 (*vs)[PF_LD], const uint32_t (&pa)[2][PF_BN / 16][4]) {
+#pragma unroll
+            for (int kk = 0; kk < PF_BN / 16; ++kk) {
+#pragma unroll
+                for (int dp = 0; dp < NK; ++dp) {
+                    const __nv_bfloat16* p = &vs[kk * 16 + (mi & 1) * 8 + (lane & 7)][dp * 16 + (mi >> 1) * 8];
+                    uint32_t b0, b1, b2, b3;
+                    ldsm_x4_trans(b0, b1, b2, b3, p);
+#pragma unroll
+                    for (int mt = 0; mt < 2; ++mt) {
+                        mma_bf16_16816(o[mt][2 * dp], pa[mt][kk][0], pa[mt][kk][1], pa[mt][kk][2], pa[mt][kk][3], b0,
+                                       b1);
+                        mma_bf16_16816(o[mt][2 * dp + 1], pa[mt][kk][0], pa[mt][kk][1], pa[mt][kk][2], pa[mt][kk][3],
+                                       b2, b3);
+                    }
+                }
+            }
+        };
+
+        __syncthreads();  // a previous pass is done with the tiles, the row tables and its Q rows
+        // This warp's 32 Q rows into sm.q: lane copies 16-byte chunk (lane % 16) of rows (lane / 16) + 2 i;
+        // rows past q_len, dims past D and idle warps get zeros.
+        {
+            const int c = lane & 15;
+#pragma unroll
+            for (int i = 0; i < PF_R32_ROWS / 2; ++i) {
+                const int r = (lane >> 4) + 2 * i;
+                const bool ok = active && wr0 + r < q_len && c < C;
+                const __nv_bfloat16* src = q + ((int64_t)(q_start + wr0 + r) * num_q_heads + hq) * D + c * 8;
+                if (qvec) {
+                    cp_async16(&qs[r][c * 8], ok ? src : q, ok ? 16 : 0);
+                } else {
+                    float f[8];
+#pragma unroll
+                    for (int e = 0; e < 8; ++e) f[e] = ok ? bf2f(src[e]) : 0.0f;
+                    store8_vec(&qs[r][c * 8], f);
+                }
+            }
+        }
+        {
+            int pi;
+            const int page = token_page(0, pi);
+            if (tid < PF_BN) sm.off[0][tid] = token_off(0, pi, page);
+        }
+        __syncthreads();
+        if (kv_end > 0) {
+            prefill_copy(sm.k[0], sm.off[0], k_base, C, 2 * NK, vec, tid);
+            prefill_copy(sm.v[0], sm.off[0], v_base, C, 2 * NK, vec, tid);
+        }
+        cp_async_commit();  // the Q rows and tile 0
+        {
+            int pi;
+            const int page = token_page(PF_BN, pi);
+            if (tid < PF_BN) sm.off[1][tid] = token_off(PF_BN, pi, page);
+        }
+        int buf = 0;
+        for (int kv0 = 0; kv0 < kv_end; kv0 += PF_BN, buf ^= 1) {
+            cp_async_wait_all();
+            // tile kv0 and the row table of kv0 + 64 visible; every warp is done with tile kv0 - 64's buffers
+            __syncthreads();
+            if (kv0 + PF_BN < kv_end) {
+                prefill_copy(sm.k[buf ^ 1], sm.off[buf ^ 1], k_base, C, 2 * NK, vec, tid);
+                prefill_copy(sm.v[buf ^ 1], sm.off[buf ^ 1], v_base, C, 2 * NK, vec, tid);
+            }
+            cp_async_commit();
+            int next_pi;
+            const int next_page = token_page(kv0 + 2 * PF_BN, next_pi);  // block-table read overlaps the math
+            if (active && kv0 < w_end) {  // warp-uniform
+                uint32_t pa[2][PF_BN / 16][4];
+                qk_softmax(sm.k[buf], kv0, pa);
+                pv(sm.v[buf], pa);
+            }
+            // the copies that read off[buf] (tile kv0's) were all issued before this iteration's barrier
+            if (tid < PF_BN) sm.off[buf][tid] = token_off(kv0 + 2 * PF_BN, next_pi, next_page);
+        }
+
+        if (active) {
+#pragma unroll
+            for (int mt = 0; mt < 2; ++mt) {
+                const int row_a = wr0 + mt * 16 + gid, row_b = row_a + 8;
+                const float inv_a = l[mt][0] > 0.0f ? 1.0f / l[mt][0] : 0.0f;
+                const float inv_b = l[mt][1] > 0.0f ? 1.0f / l[mt][1] : 0.0f;
+                __nv_bfloat16* oa = out + ((int64_t)(q_start + row_a) * num_q_heads + hq) * D;
+                __nv_bfloat16* ob = out + ((int64_t)(q_start + row_b) * num_q_heads + hq) * D;
+#pragma unroll
+                for (int dt = 0; dt < 2 * NK; ++dt) {
+                    if (dt < 2 * nk) {
+                        const int col = dt * 8 + tig * 2;
+                        if (row_a < q_len)
+                            *reinterpret_cast<uint32_t*>(oa + col) =
+                                pack_bf16x2(o[mt][dt][0] * inv_a, o[mt][dt][1] * inv_a);
+                        if (row_b < q_len)
+                            *reinterpret_cast<uint32_t*>(ob + col) =
+                                pack_bf16x2(o[mt][dt][2] * inv_b, o[mt][dt][3] * inv_b);
+                    }
+                }
+            }
+        }
+    }
+}
+
+// grid (>= cdiv(max_q_tokens, 32), num_kv_heads, seqs), block (128,1,1), dynamic shared memory
+// sizeof(PrefillSmemR32) = 105,472 bytes. Parameters as kern_attn_prefill.
+extern "C" __global__ void __launch_bounds__(PF_THREADS, 2) kern_attn_prefill_r32(
+    const __nv_bfloat16* q,         // [total_q_tokens, Hq, D]
+    const __nv_bfloat16* kv_cache,  // paged
+    const int32_t* block_table,     // [seqs, bt_stride]
+    const int32_t* cu_seqlens_q,    // [seqs + 1]
+    const int32_t* seq_lens,        // [seqs]
+    __nv_bfloat16* out,             // [total_q_tokens, Hq * D]
+    int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim, int32_t page_tokens, int32_t bt_stride,
+    int32_t num_pages,              // page ids outside [0, num_pages) read K/V as zeros
+    float scale) {
+    extern __shared__ __align__(16) unsigned char pf_r32_smem[];
+    kern_pdl_wait();
+    kern_pdl_launch_dependents();
+    if (dynamic_smem_bytes() < sizeof(PrefillSmemR32)) return;
+    PrefillSmemR32& sm = *reinterpret_cast<PrefillSmemR32*>(pf_r32_smem);
+    const int kvh = blockIdx.y, s = blockIdx.z;
+    const int D = head_dim;
+    if (num_kv_heads <= 0 || kvh >= num_kv_heads || num_q_heads % num_kv_heads != 0 || D <= 0 || D > PF_MAX_D ||
+        D % 16 != 0 || page_tokens <= 0 || !(scale > 0.0f))
+        return;
+    const int G = num_q_heads / num_kv_heads;
+    const int hpb = (G <= PF_WARPS && PF_WARPS % G == 0) ? G : PF_WARPS;
+    const int slabs = PF_WARPS / hpb;
+    const int qt = gridDim.x - 1 - blockIdx.x;
+    const int q_start = cu_seqlens_q[s];
+    const int q_len = cu_seqlens_q[s + 1] - q_start;
+    const int row0 = qt * PF_R32_ROWS * slabs;
+    if (row0 >= q_len) return;
+    const int rows_here = min(PF_R32_ROWS * slabs, q_len - row0);
+    const int seq_len = max(seq_lens[s], 0);
+    const int ctx0 = seq_len - q_len;
+    const int kv_end = max(0, min(seq_len, ctx0 + row0 + rows_here));
+    const int32_t* bt_row = block_table + (int64_t)s * bt_stride;
+    prefill_body_r32<PF_MAX_D / 16>(sm, q, kv_cache, bt_row, out, num_q_heads, num_kv_heads, D, page_tokens,
+                                    bt_stride, num_pages, scale, kvh, q_start, q_len, ctx0, row0, kv_end, hpb, slabs,
+                                    G);
+}

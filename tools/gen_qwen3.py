@@ -77,6 +77,7 @@ KERNEL_SIGNATURES: dict[str, tuple[str, tuple[str, ...]]] = {
     "kern_attn_decode_partial": ("attention", ("p",) * 6 + ("i32",) * 8 + ("f32",)),
     "kern_attn_decode_reduce": ("attention", ("p",) * 4 + ("i32",) * 4),
     "kern_attn_prefill": ("attention", ("p",) * 6 + ("i32",) * 6 + ("f32",)),
+    "kern_attn_prefill_r32": ("attention", ("p",) * 6 + ("i32",) * 6 + ("f32",)),
     "kern_silu_mul": ("act", ("p", "p", "i32", "i32")),
     "kern_argmax_partial": ("argmax", ("p", "i32", "i32", "p", "p", "i32")),
     "kern_argmax_final": ("argmax", ("p", "p", "i32", "p")),
@@ -102,6 +103,7 @@ PDL_ENTRIES = frozenset({
     "kern_attn_decode_partial", "kern_attn_decode_partial_fast", "kern_attn_decode_reduce", "kern_attn_prefill",
     "kern_qk_norm_rope_kv", "kern_embed_gather", "kern_argmax_partial", "kern_argmax_final",
     "kern_decode_advance", "kern_attn_decode_partial_early", "kern_attn_decode_partial_wide",
+    "kern_attn_prefill_r32",
 })
 # --decode-attn values with kern_attn_decode_partial_early's contract (reads before the PDL wait, slot_mapping
 # passed): name -> (entry, threads per block, largest head_dim); docs/kernels.md "Entries".
@@ -110,6 +112,12 @@ EARLY_PARTIALS: dict[str, tuple[str, int, int]] = {
     "wide": ("kern_attn_decode_partial_wide", 256, 128),
 }
 DECODE_ATTN = ("split", *EARLY_PARTIALS)
+# --prefill-attn values: name -> (entry, query rows per grid.x step, dynamic shared memory bytes);
+# docs/kernels.md "Prefill". Both compute every row bit for bit alike (tests/kernels/test_kernels_gpu.py).
+PREFILL_ATTN: dict[str, tuple[str, int, int]] = {
+    "r16": ("kern_attn_prefill", 16, 0),
+    "r32": ("kern_attn_prefill_r32", 32, 105472),
+}
 TYPE_BYTES = {"p": 8, "i32": 4, "f32": 4, "i64": 8}
 
 
@@ -246,6 +254,10 @@ class GenOptions:
     # holds the early-contract entries. A fused one-launch entry and an L2 prefetch of later weights measured
     # slower and were removed (docs/perf.md "Decode, fourth session"; their cubins stay in kernels/)
     decode_attn: str = "wide"
+    # prefill attention (PREFILL_ATTN): "r32" kern_attn_prefill_r32 (two m-tiles, 32 query rows per warp, Q
+    # in shared memory, K/V double-buffered; H200 4B: 1.33-1.38x kern_attn_prefill on a 2048 chunk after a
+    # prefix of 6k-14k tokens, docs/perf.md "Prefill, ninth session"), "r16" kern_attn_prefill (16 rows per warp)
+    prefill_attn: str = "r32"
     # preferred shared-memory carveout (percent of the maximum) on every kernel launch (manifest `carveout`;
     # None: not written, the driver's choice). 100: every kernel prefers the largest shared-memory split, so
     # kernels overlapping under PDL never want different L1 / shared splits on one SM (our reading of why it
@@ -530,6 +542,8 @@ def build_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: GenOptions, config_di
         raise GenError("--gemv v2 is a wiring of --decode gemv")
     if not 32 <= opts.gemv_threads_per_sm <= 2048:
         raise GenError(f"gemv_threads_per_sm {opts.gemv_threads_per_sm}: use 32..2048 (threads an SM holds)")
+    if opts.prefill_attn not in PREFILL_ATTN:
+        raise GenError(f"prefill_attn {opts.prefill_attn!r}: use one of {', '.join(map(repr, PREFILL_ATTN))}")
     if opts.decode_attn not in DECODE_ATTN:
         raise GenError(f"decode_attn {opts.decode_attn!r}: use one of {', '.join(map(repr, DECODE_ATTN))}")
     if cfg.head_dim > 256:  # DEC_MAX_D of kernels-src/attention.cu: every decode partial entry writes nothing past it
@@ -623,13 +637,14 @@ def build_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: GenOptions, config_di
                     {"arg": "slots"}, {"arg": "q_out"}, {"arg": "kv"}, tokens_i32, {"i32": Hq}, {"i32": Hkv},
                     {"i32": D}, {"i32": page_tokens}, {"i32": max_pos}, num_pages_i32, {"f32": cfg.eps}],
                    pdl=pdl_small)])
+    prefill_entry, prefill_rows, prefill_smem = PREFILL_ATTN[opts.prefill_attn]
     b.op("attn_prefill",
          [_ptr("q"), _ptr("kv"), _ptr("block_table"), _ptr("cu_seqlens_q"), _ptr("seq_lens"), _ptr("out"),
           _int("num_pages")],
-         [b.launch("kern_attn_prefill", ["cdiv(tokens, 16)", Hkv, "seqs"], [128, 1, 1],
+         [b.launch(prefill_entry, [f"cdiv(tokens, {prefill_rows})", Hkv, "seqs"], [128, 1, 1],
                    [{"arg": "q"}, {"arg": "kv"}, {"arg": "block_table"}, {"arg": "cu_seqlens_q"}, {"arg": "seq_lens"},
                     {"arg": "out"}, {"i32": Hq}, {"i32": Hkv}, {"i32": D}, {"i32": page_tokens},
-                    {"i32": pages_per_seq}, num_pages_i32, {"f32": scale}])])
+                    {"i32": pages_per_seq}, num_pages_i32, {"f32": scale}], shared_mem=prefill_smem)])
     early = opts.decode_attn in EARLY_PARTIALS  # the early entry's contract, on 4 or 8 warps
     partial, partial_threads, _ = EARLY_PARTIALS.get(opts.decode_attn) or (
         "kern_attn_decode_partial_fast" if opts.gemv == "v2" else "kern_attn_decode_partial", 128, 256)
@@ -769,6 +784,7 @@ def build_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: GenOptions, config_di
                        "decode": opts.decode, **({"decode_gemv": opts.gemv} if opts.gemv != "v1" else {}),
                        "decode_split_tokens": opts.split_tokens, "decode_splits": num_splits,
                        "decode_attention": opts.decode_attn,
+                       "prefill_attention": opts.prefill_attn,
                        "decode_advance": {"ring": "token_ring", "ring_len": opts.ring_len}},
             **({"cublaslt_pins": dict(opts.algos_source)} if opts.algos else {}),
         },
@@ -1030,6 +1046,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="decode attention: qk_norm_rope_kv + partial + reduce launches with the partial's reads "
                              "before its PDL wait on 8 warps of 4 token slots (wide, default; head_dim <= 128), the "
                              "same on 4 warps of 8 (early), or with the fast or plain partial (split)")
+    parser.add_argument("--prefill-attn", choices=list(PREFILL_ATTN), default=GenOptions.prefill_attn,
+                        help="prefill attention: kern_attn_prefill_r32, two m-tiles of 16 query rows per warp "
+                             "(r32), or kern_attn_prefill, one (r16); identical rows (default %(default)s)")
     parser.add_argument("--carveout", type=int, default=GenOptions.carveout,
                         help="preferred shared-memory carveout (percent, 0..100) on every kernel launch (default "
                              "%(default)s; -1: none, the driver's choice)")
@@ -1059,6 +1078,7 @@ def main(argv: list[str] | None = None) -> int:
                           split_tokens=args.decode_split_tokens,
                           sms=args.sms, pdl=not args.no_pdl, pdl_small=not args.no_pdl_small, gemv=args.gemv,
                           gemv_threads_per_sm=args.gemv_threads_per_sm, decode_attn=args.decode_attn,
+                          prefill_attn=args.prefill_attn,
                           carveout=None if args.carveout == -1 else args.carveout,
                           algos=algos, decode_algos=decode_algos,
                           algos_source=algos_source)

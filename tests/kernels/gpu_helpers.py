@@ -96,8 +96,10 @@ class Kernel:
         self.func = func
         self.params = params
 
-    def launch(self, grid, block, args: list[tuple[str, object]], stream=0, sync: bool = True) -> None:
-        """args: (kind, value) per parameter, kind in p/i/f/q; checked against the recorded ABI sizes."""
+    def launch(self, grid, block, args: list[tuple[str, object]], stream=0, sync: bool = True,
+               shared_mem: int = 0) -> None:
+        """args: (kind, value) per parameter, kind in p/i/f/q; checked against the recorded ABI sizes.
+        shared_mem: dynamic shared memory bytes (over 48 KiB raises the function's limit first)."""
         if len(args) != len(self.params):
             raise AssertionError(f"{self.name}: {len(args)} args, ABI has {len(self.params)} params")
         holders = []
@@ -109,8 +111,13 @@ class Kernel:
         ptrs = (ctypes.c_void_p * max(1, len(holders)))(*[ctypes.addressof(h) for h in holders])
         gx, gy, gz = (tuple(grid) + (1, 1))[:3]
         bx, by, bz = (tuple(block) + (1, 1))[:3]
+        if shared_mem > 48 * 1024:
+            attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+            check(cu.cuFuncSetAttribute(self.func, attr, shared_mem), f"cuFuncSetAttribute({self.name})")
+            carveout = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
+            check(cu.cuFuncSetAttribute(self.func, carveout, 100), f"cuFuncSetAttribute({self.name}, carveout)")
         check(
-            cu.cuLaunchKernel(self.func, gx, gy, gz, bx, by, bz, 0, stream, ctypes.addressof(ptrs), 0),
+            cu.cuLaunchKernel(self.func, gx, gy, gz, bx, by, bz, shared_mem, stream, ctypes.addressof(ptrs), 0),
             f"cuLaunchKernel({self.name}, grid={grid}, block={block})",
         )
         if sync:

@@ -28,6 +28,7 @@ CONTRACT = {
     "kern_attn_decode_partial": "ppppppiiiiiiiif",
     "kern_attn_decode_reduce": "ppppiiii",
     "kern_attn_prefill": "ppppppiiiiiif",
+    "kern_attn_prefill_r32": "ppppppiiiiiif",
     "kern_silu_mul": "ppii",
     "kern_argmax_partial": "piippi",
     "kern_argmax_final": "ppip",
@@ -84,7 +85,10 @@ def test_committed_kernels_json_matches_contract_and_files():
         assert module["source"] == f"kernels-src/{name}.cu"
         for entry, info in module["entries"].items():
             entries[entry] = info
-            assert info["local"] == 0 or entry == "kern_rope_table", f"{entry}: {info['local']} local bytes (spills?)"
+            # kern_attn_prefill_r32: 255 registers and a few loop-invariant values spilled (reloaded once per K/V
+            # tile; measured, docs/perf.md "Prefill, ninth session"); anything more is a regression
+            limit = {"kern_rope_table": None, "kern_attn_prefill_r32": 64}.get(entry, 0)
+            assert limit is None or info["local"] <= limit, f"{entry}: {info['local']} local bytes (spills?)"
     for entry, kinds in CONTRACT.items():
         assert entry in entries, f"{entry} missing from kernels.json"
         assert entries[entry]["params"] == c_layout(kinds), f"{entry}: ABI differs from docs/kernels.md"

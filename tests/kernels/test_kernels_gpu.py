@@ -538,11 +538,26 @@ def test_attn_decode_chain_bounds_pages_and_slots_by_num_pages(dev, hq, hkv, hea
     run_decode_chain(dev, rng, hq, hkv, head_dim, page_tokens, 16, 16, num_pages_cut=5)
 
 
-def run_attn_prefill(dev, rng, hq, hkv, head_dim, page_tokens, plan, bound=None):
-    """Launch kern_attn_prefill over the chunks of `plan` ((cached prefix, chunk length) per sequence) and check
+# Prefill entries: name -> (query rows per grid.x step, dynamic shared memory bytes). kern_attn_prefill_r32 is
+# kern_attn_prefill with two m-tiles per warp; its rows must equal kern_attn_prefill's bit for bit.
+PREFILL_ENTRIES = {"kern_attn_prefill": (16, 0), "kern_attn_prefill_r32": (32, 105472)}
+
+
+def launch_attn_prefill(dev, entry, max_q, hkv, seqs, args, shared_mem=None):
+    rows, smem = PREFILL_ENTRIES[entry]
+    dev.kernel(entry).launch((cdiv(max_q, rows), hkv, seqs), (128,), args,
+                             shared_mem=smem if shared_mem is None else shared_mem)
+
+
+def run_attn_prefill(dev, rng, hq, hkv, head_dim, page_tokens, plan, bound=None, entry="kern_attn_prefill"):
+    """Launch `entry` over the chunks of `plan` ((cached prefix, chunk length) per sequence) and check
     every sequence's rows against ref.attn_prefill. `bound` None: num_pages = the cache's page count and an
     intact block table; else num_pages = bound(cache_pages) and a table from corrupt_block_table, whose
-    entries outside [0, num_pages) must read as K = V = 0, exactly as the reference reads them."""
+    entries outside [0, num_pages) must read as K = V = 0, exactly as the reference reads them. For an entry
+    other than kern_attn_prefill, also launch kern_attn_prefill on the same inputs: the two outputs must be
+    identical bit for bit. Returns the output bits."""
+    if entry not in dev.meta["modules"]["attention"]["entries"]:
+        pytest.fail(f"{entry} not built (kernels/kernels.json)")
     q_lens = np.array([c for _, c in plan], dtype=np.int32)
     seq_lens = np.array([p + c for p, c in plan], dtype=np.int32)
     seqs = len(plan)
@@ -559,14 +574,22 @@ def run_attn_prefill(dev, rng, hq, hkv, head_dim, page_tokens, plan, bound=None)
     d_bt, d_cu, d_lens = dev.array(block_table), dev.array(cu_seqlens), dev.array(seq_lens)
     d_out = dev.alloc(total * hq * head_dim * 2)
     d_out.poison()
-    dev.kernel("kern_attn_prefill").launch(
-        (cdiv(int(q_lens.max()), 16), hkv, seqs),
-        (128,),
-        [("p", d_q.ptr), ("p", d_cache.ptr), ("p", d_bt.ptr), ("p", d_cu.ptr), ("p", d_lens.ptr), ("p", d_out.ptr),
-         ("i", hq), ("i", hkv), ("i", head_dim), ("i", page_tokens), ("i", bt_stride), ("i", num_pages),
-         ("f", scale)],
-    )
-    got = ref.from_bf16_bits(d_out.download(BF, (total, hq * head_dim)))
+    def args(d_out):
+        return [("p", d_q.ptr), ("p", d_cache.ptr), ("p", d_bt.ptr), ("p", d_cu.ptr), ("p", d_lens.ptr),
+                ("p", d_out.ptr), ("i", hq), ("i", hkv), ("i", head_dim), ("i", page_tokens), ("i", bt_stride),
+                ("i", num_pages), ("f", scale)]
+
+    launch_attn_prefill(dev, entry, int(q_lens.max()), hkv, seqs, args(d_out))
+    bits = d_out.download(BF, (total, hq * head_dim))
+    if entry != "kern_attn_prefill":
+        d_base = dev.alloc(total * hq * head_dim * 2)
+        d_base.poison()
+        launch_attn_prefill(dev, "kern_attn_prefill", int(q_lens.max()), hkv, seqs, args(d_base))
+        base = d_base.download(BF, (total, hq * head_dim))
+        diff = np.flatnonzero(bits != base)
+        assert diff.size == 0, (f"{entry}: {diff.size} of {bits.size} outputs differ from kern_attn_prefill "
+                                f"(first at row {diff[0] // (hq * head_dim)})")
+    got = ref.from_bf16_bits(bits)
     want = ref.attn_prefill(q, cache, block_table, cu_seqlens, seq_lens, scale, num_pages=num_pages)
     for s in range(seqs):
         lo, hi = cu_seqlens[s], cu_seqlens[s + 1]
@@ -575,6 +598,7 @@ def run_attn_prefill(dev, rng, hq, hkv, head_dim, page_tokens, plan, bound=None)
             continue
         assert_close(f"prefill seq {s} (prefix {plan[s][0]}, chunk {plan[s][1]})", got[lo:hi], want[lo:hi],
                      elem_rel=2.0**-5, elem_abs=8e-3)
+    return bits
 
 
 # (cached prefix, chunk length): fresh prompt, chunk after a prefix, long prefix, single token, chunks ending on /
@@ -585,10 +609,38 @@ def prefill_plan(page_tokens):
             (0, 130), (100, 300)]
 
 
+@pytest.mark.parametrize("entry", sorted(PREFILL_ENTRIES))
 @pytest.mark.parametrize("hq,hkv,head_dim,page_tokens", PREFILL_CONFIGS)
-def test_attn_prefill(dev, hq, hkv, head_dim, page_tokens):
+def test_attn_prefill(dev, entry, hq, hkv, head_dim, page_tokens):
     rng = np.random.default_rng(hq * 17 + head_dim + page_tokens)
-    run_attn_prefill(dev, rng, hq, hkv, head_dim, page_tokens, prefill_plan(page_tokens))
+    run_attn_prefill(dev, rng, hq, hkv, head_dim, page_tokens, prefill_plan(page_tokens), entry=entry)
+
+
+@pytest.mark.parametrize("hq,hkv,head_dim,page_tokens", [(32, 8, 128, 16), (8, 1, 128, 16), (6, 2, 64, 16)])
+def test_attn_prefill_r32_long_chunks(dev, hq, hkv, head_dim, page_tokens):
+    """Chunks of several hundred rows after long prefixes (many blocks, every m-tile of a warp masked apart),
+    one row short of and one past a 32-row warp tile: rows equal kern_attn_prefill's and the reference."""
+    rng = np.random.default_rng(hq * 29 + head_dim)
+    run_attn_prefill(dev, rng, hq, hkv, head_dim, page_tokens, [(0, 511), (1000, 257), (64, 31), (5, 33)],
+                     entry="kern_attn_prefill_r32")
+
+
+def test_attn_prefill_r32_refuses_short_shared_memory(dev):
+    """Launched with less dynamic shared memory than it needs, kern_attn_prefill_r32 writes nothing."""
+    rng = np.random.default_rng(5)
+    hq, hkv, d, page = 4, 2, 64, 16
+    cache, table = make_paged_cache(rng, page, hkv, d, np.array([40], dtype=np.int32), spare_pages=0, spare_cols=0)
+    q = ref.bf16_round(rand_bf16(rng, (40, hq, d)))
+    d_q, d_cache, d_bt = dev.array(ref.bf16_bits(q)), dev.array(ref.bf16_bits(cache)), dev.array(table)
+    d_cu, d_lens = dev.array(np.array([0, 40], dtype=np.int32)), dev.array(np.array([40], dtype=np.int32))
+    d_out = dev.alloc(40 * hq * d * 2)
+    d_out.poison()
+    launch_attn_prefill(dev, "kern_attn_prefill_r32", 40, hkv, 1,
+                        [("p", d_q.ptr), ("p", d_cache.ptr), ("p", d_bt.ptr), ("p", d_cu.ptr), ("p", d_lens.ptr),
+                         ("p", d_out.ptr), ("i", hq), ("i", hkv), ("i", d), ("i", page), ("i", table.shape[1]),
+                         ("i", cache.shape[0]), ("f", d**-0.5)],
+                        shared_mem=PREFILL_ENTRIES["kern_attn_prefill_r32"][1] - 16)
+    assert (d_out.download(np.uint8, (40 * hq * d * 2,)) == 0xFF).all()
 
 
 # ------------------------------------------------------------------------- attention: the num_pages bound
@@ -617,13 +669,15 @@ def test_attn_decode_masks_page_ids_outside_num_pages(dev, partial, hq, hkv, hea
                     bound=PAGE_BOUNDS[bound])
 
 
+@pytest.mark.parametrize("entry", sorted(PREFILL_ENTRIES))
 @pytest.mark.parametrize("hq,hkv,head_dim,page_tokens", PREFILL_CONFIGS)
 @pytest.mark.parametrize("bound", sorted(PAGE_BOUNDS))
-def test_attn_prefill_zeros_page_ids_outside_num_pages(dev, hq, hkv, head_dim, page_tokens, bound):
+def test_attn_prefill_zeros_page_ids_outside_num_pages(dev, entry, hq, hkv, head_dim, page_tokens, bound):
     """Block-table entries outside [0, num_pages) read K = V = 0 (the reference's zeros), in prefix pages and
     in the chunk's own pages; a sequence without a single page gives zeros; nothing unwritten, no fault."""
     rng = np.random.default_rng(hq * 13 + head_dim + page_tokens * 3)
-    run_attn_prefill(dev, rng, hq, hkv, head_dim, page_tokens, prefill_plan(page_tokens), bound=PAGE_BOUNDS[bound])
+    run_attn_prefill(dev, rng, hq, hkv, head_dim, page_tokens, prefill_plan(page_tokens), bound=PAGE_BOUNDS[bound],
+                     entry=entry)
 
 
 @pytest.mark.parametrize("hq,hkv,head_dim,page_tokens", [(32, 8, 128, 16), (4, 2, 64, 16)])

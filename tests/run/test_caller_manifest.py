@@ -156,11 +156,13 @@ def test_carveout_on_every_kernel_launch() -> None:
 # (op, entry, index of num_pages among the kernel's parameters; the one before it is bt_stride, 2560, except for
 # the rope, whose previous parameter is max_pos, 40960)
 NUM_PAGES_AT = {"kern_attn_decode_partial": 11, "kern_attn_decode_partial_fast": 11, "kern_attn_prefill": 11,
+                "kern_attn_prefill_r32": 11,
                 "kern_attn_decode_partial_early": 12, "kern_attn_decode_partial_wide": 12, "kern_qk_norm_rope_kv": 14}
 
 
 @pytest.mark.parametrize("opts", [{}, {"gemv": "v2"}, {"decode": "gemm"}, {"decode_attn": "split"},
-                                  {"decode_attn": "split", "gemv": "v2"}, {"decode_attn": "early"}])
+                                  {"decode_attn": "split", "gemv": "v2"}, {"decode_attn": "early"},
+                                  {"prefill_attn": "r16"}])
 def test_attention_bounds_page_ids_by_the_pages_of_its_layer_state(opts: dict) -> None:
     """Every attention and K/V-writing launch takes `num_pages` from its call's {"pages_of": "kv.<layer>"}: the
     bound of the page ids it reads and (rope) of the slots it writes."""
@@ -170,7 +172,8 @@ def test_attention_bounds_page_ids_by_the_pages_of_its_layer_state(opts: dict) -
                "split": "kern_attn_decode_partial_fast"
                if opts.get("gemv") == "v2" else "kern_attn_decode_partial"}[attn]
     decode_ops = (("qk_norm_rope_kv", "kern_qk_norm_rope_kv"), ("attn_decode", partial))
-    for op, entry in (*decode_ops, ("attn_prefill", "kern_attn_prefill"), ("qk_norm_rope_kv", "kern_qk_norm_rope_kv")):
+    prefill = gq.PREFILL_ATTN[opts.get("prefill_attn", "r32")][0]
+    for op, entry in (*decode_ops, ("attn_prefill", prefill), ("qk_norm_rope_kv", "kern_qk_norm_rope_kv")):
         index = NUM_PAGES_AT[entry]
         assert {"name": "num_pages", "kind": "int"} in m["ops"][op]["args"]
         launch = m["ops"][op]["launches"][0]
@@ -184,6 +187,20 @@ def test_attention_bounds_page_ids_by_the_pages_of_its_layer_state(opts: dict) -
         assert len(calls) == (35 if op == "attn_prefill" else 36)
         assert all(c["args"]["num_pages"] == {"pages_of": c["args"]["kv"]} for c in calls)
         assert [c["args"]["kv"] for c in calls] == [f"kv.{i}" for i in range(len(calls))]
+
+
+@pytest.mark.parametrize("prefill_attn", ["r32", "r16"])
+def test_prefill_attention_launch_shape(prefill_attn: str) -> None:
+    """The prefill attention launch: r32 covers 32 query rows per grid.x step with its 105,472 bytes of dynamic
+    shared memory (sizeof(PrefillSmemR32): 128 Q rows + 2 x (K, V) tiles of 64 rows at 272 bytes, 1 KiB of
+    row tables); r16 16 rows and static shared memory only. The default is r32."""
+    m = _manifest(**({} if prefill_attn == "r32" else {"prefill_attn": prefill_attn}))
+    (launch,) = m["ops"]["attn_prefill"]["launches"]
+    rows, smem = {"r32": (32, 128 * 272 + 4 * 64 * 272 + 2 * 64 * 8), "r16": (16, 0)}[prefill_attn]
+    assert launch["entry"] == gq.PREFILL_ATTN[prefill_attn][0]
+    assert launch["grid"][0] == f"cdiv(tokens, {rows})"
+    assert launch["shared_mem"] == smem
+    assert m["meta"]["caller"]["prefill_attention"] == prefill_attn
 
 
 def test_decode_advance_and_ring() -> None:
