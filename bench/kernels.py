@@ -82,7 +82,7 @@ def main() -> int:
     # embed / rmsnorm / silu / qk-norm-rope at 1 and 512 tokens
     table = arr(rand_bits(rng, (VOCAB, HIDDEN)))
     rope = arr(ref.rope_table(4096, D, 1e6))
-    for n in (1, 512):
+    for n in (1, 512, 2048):
         ids = arr(rng.integers(0, VOCAB, n).astype(np.int32))
         out = gpu.alloc(n * HIDDEN * 2).ptr
         bench(f"embed_gather n={n}", "kern_embed_gather", (n,), (256,),
@@ -101,8 +101,11 @@ def main() -> int:
                  ("p", gpu.alloc(n * HQ * D * 2).ptr), ("p", gpu.alloc(num_pages * PAGE * 2 * HKV * D * 2).ptr),
                  ("i", n), ("i", HQ), ("i", HKV), ("i", D), ("i", PAGE), ("i", 4096), ("i", num_pages * PAGE), ("f", 1e-6)]
                 for _ in range(4 if n > 1 else 1)]
-        bench(f"qk_norm_rope_kv n={n}", "kern_qk_norm_rope_kv", (n, HQ + HKV), (D,), sets,
-              n * (width * 2 + HQ * D * 2 + 2 * HKV * D * 2 + D * 4) + 4 * D)
+        rope_bytes = n * (width * 2 + HQ * D * 2 + 2 * HKV * D * 2 + D * 4) + 4 * D
+        bench(f"qk_norm_rope_kv n={n}", "kern_qk_norm_rope_kv", (n, HQ + HKV), (D,), sets, rope_bytes)
+        if n > 1:  # the prefill entry (chunks of 2 or more tokens)
+            bench(f"qk_norm_rope_kv_warp n={n}", "kern_qk_norm_rope_kv_warp", (n, cdiv(HQ + HKV, 8)), (256,), sets,
+                  rope_bytes)
 
     # decode attention, one sequence, the launch shape of manifests/qwen3-4b-v2.json: kern_attn_decode_partial_wide
     # (gen_qwen3 --decode-attn wide, 256 threads; and the 4-warp kern_attn_decode_partial_early for comparison)

@@ -100,3 +100,106 @@ extern "C" __global__ void __launch_bounds__(1024) kern_qk_norm_rope_kv(
         v_dst[d] = row[(int64_t)(num_q_heads + num_kv_heads + j) * D + d];
     }
 }
+
+// kern_qk_norm_rope_kv_warp: kern_qk_norm_rope_kv with one warp per (token, head) instead of one block, for
+// chunks of many tokens (the one-block version spends most of a prefill chunk's time on 128-thread blocks and
+// their barriers: 85 us for 2048 tokens of the 4B shape). grid (n_tokens, cdiv(Hq + Hkv, 8), 1), block
+// (256,1,1): warp w of block (t, y) takes head 8 y + w of token t. head_dim a multiple of 64 and at most 256
+// (any other launch writes nothing, after its wait). Results bit for bit kern_qk_norm_rope_kv's: lane l holds
+// elements d = l + 32 i (i < head_dim / 32), so "warp i" of the block version is element group i here; each
+// group's sum of squares uses that version's shfl_down tree (lane 0's value, broadcast) and the groups are added
+// in order from 0.0f; rotate_half pairs i with i +- head_dim / 64 in the same lane. PDL: positions /
+// slot_mapping / norm weights / rope read before the wait, qkv after it, as kern_qk_norm_rope_kv, but no early
+// trigger (no griddepcontrol.launch_dependents: the dependents launch as this grid completes). The kernel after
+// it in prefill, kern_attn_prefill_r32, holds all of an SM's registers with two blocks; launched early, its
+// waiting blocks took the SMs from this grid's later blocks (86 us for 2048 tokens of the 4B shape with the
+// trigger, docs/perf.md "Prefill, ninth session").
+#define ROPE_WARP_MAX_GROUPS 8  // head_dim <= 256
+#define FULL_MASK_ROPE 0xffffffffu
+
+extern "C" __global__ void __launch_bounds__(256) kern_qk_norm_rope_kv_warp(
+    const __nv_bfloat16* qkv, const __nv_bfloat16* q_norm_w, const __nv_bfloat16* k_norm_w, const float* rope,
+    const int32_t* positions, const int32_t* slot_mapping, __nv_bfloat16* q_out, __nv_bfloat16* kv_cache,
+    int32_t n_tokens, int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim, int32_t page_tokens,
+    int32_t max_pos, int32_t num_pages, float eps) {
+    const int lane = threadIdx.x & 31;
+    const int t = blockIdx.x;
+    const int h = blockIdx.y * 8 + (threadIdx.x >> 5);
+    const int D = head_dim;
+    const int groups = D / 32;
+    // warp-uniform
+    bool ok = t < n_tokens && h < num_q_heads + num_kv_heads && D > 0 && D % 64 == 0 &&
+              groups <= ROPE_WARP_MAX_GROUPS && page_tokens > 0;
+    const int32_t pos = ok ? positions[t] : -1;
+    ok = ok && pos >= 0 && pos < max_pos;
+    const bool is_q = h < num_q_heads;
+    const int j = h - num_q_heads;
+    int64_t slot = 0;
+    if (ok && !is_q) {
+        slot = slot_mapping[t];
+        ok = slot >= 0 && slot < (int64_t)max(num_pages, 0) * page_tokens;
+    }
+    const int half = D / 2, hg = groups / 2;  // rotate_half partner: group i +- hg
+    float wv[ROPE_WARP_MAX_GROUPS], c[ROPE_WARP_MAX_GROUPS], sn[ROPE_WARP_MAX_GROUPS];
+    if (ok) {
+        const float* rope_row = rope + (int64_t)pos * D;
+        const __nv_bfloat16* w = is_q ? q_norm_w : k_norm_w;
+#pragma unroll
+        for (int i = 0; i < ROPE_WARP_MAX_GROUPS; ++i) {
+            if (i < groups) {
+                const int d = 32 * i + lane;
+                const int f = d < half ? d : d - half;
+                wv[i] = bf2f(w[d]);
+                c[i] = rope_row[f];
+                sn[i] = rope_row[half + f];
+            }
+        }
+    }
+    kern_pdl_wait();  // the qkv row is the previous kernel's output; nothing is written before this
+    if (!ok) return;
+    const int row_elems = (num_q_heads + 2 * num_kv_heads) * D;
+    const __nv_bfloat16* row = qkv + (int64_t)t * row_elems;
+    const __nv_bfloat16* x_ptr = is_q ? row + (int64_t)h * D : row + (int64_t)(num_q_heads + j) * D;
+    float x[ROPE_WARP_MAX_GROUPS];
+    float total = 0.0f;
+#pragma unroll
+    for (int i = 0; i < ROPE_WARP_MAX_GROUPS; ++i) {
+        if (i < groups) {
+            x[i] = bf2f(x_ptr[32 * i + lane]);
+            float s = __fmul_rn(x[i], x[i]);
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) s += __shfl_down_sync(FULL_MASK_ROPE, s, o);
+            total += __shfl_sync(FULL_MASK_ROPE, s, 0);  // block_sum's order: groups 0, 1, ... from 0.0f
+        }
+    }
+    const float rs = rsqrtf(total / (float)D + eps);
+    float n[ROPE_WARP_MAX_GROUPS];
+#pragma unroll
+    for (int i = 0; i < ROPE_WARP_MAX_GROUPS; ++i)
+        if (i < groups) n[i] = round_bf(wv[i] * round_bf(x[i] * rs));
+    __nv_bfloat16* dst;
+    const __nv_bfloat16* v_src = nullptr;
+    __nv_bfloat16* v_dst = nullptr;
+    if (is_q) {
+        dst = q_out + ((int64_t)t * num_q_heads + h) * D;
+    } else {
+        const int64_t page = slot / page_tokens;
+        const int64_t off = slot % page_tokens;
+        const int64_t token_elems = (int64_t)num_kv_heads * D;
+        dst = kv_cache + ((page * 2 + 0) * page_tokens + off) * token_elems + (int64_t)j * D;
+        v_dst = kv_cache + ((page * 2 + 1) * page_tokens + off) * token_elems + (int64_t)j * D;
+        v_src = row + (int64_t)(num_q_heads + num_kv_heads + j) * D;
+    }
+#pragma unroll
+    for (int i = 0; i < ROPE_WARP_MAX_GROUPS; ++i) {
+        if (i < groups) {
+            float rot = 0.0f;
+#pragma unroll
+            for (int k = 0; k < ROPE_WARP_MAX_GROUPS; ++k)  // the partner group, a compile-time index
+                if (k < groups && (i < hg ? k == i + hg : k == i - hg)) rot = i < hg ? -n[k] : n[k];
+            const int d = 32 * i + lane;
+            dst[d] = f2bf(round_bf(n[i] * c[i]) + round_bf(rot * sn[i]));
+            if (v_dst) v_dst[d] = v_src[d];
+        }
+    }
+}

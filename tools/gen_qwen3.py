@@ -74,6 +74,7 @@ KERNEL_SIGNATURES: dict[str, tuple[str, tuple[str, ...]]] = {
     "kern_add_rmsnorm": ("norm", ("p", "p", "p", "p", "i32", "i32", "f32")),
     "kern_rope_table": ("rope", ("p", "i32", "i32", "f32")),
     "kern_qk_norm_rope_kv": ("rope", ("p",) * 8 + ("i32",) * 7 + ("f32",)),
+    "kern_qk_norm_rope_kv_warp": ("rope", ("p",) * 8 + ("i32",) * 7 + ("f32",)),
     "kern_attn_decode_partial": ("attention", ("p",) * 6 + ("i32",) * 8 + ("f32",)),
     "kern_attn_decode_reduce": ("attention", ("p",) * 4 + ("i32",) * 4),
     "kern_attn_prefill": ("attention", ("p",) * 6 + ("i32",) * 6 + ("f32",)),
@@ -103,7 +104,7 @@ PDL_ENTRIES = frozenset({
     "kern_attn_decode_partial", "kern_attn_decode_partial_fast", "kern_attn_decode_reduce", "kern_attn_prefill",
     "kern_qk_norm_rope_kv", "kern_embed_gather", "kern_argmax_partial", "kern_argmax_final",
     "kern_decode_advance", "kern_attn_decode_partial_early", "kern_attn_decode_partial_wide",
-    "kern_attn_prefill_r32",
+    "kern_attn_prefill_r32", "kern_qk_norm_rope_kv_warp",
 })
 # --decode-attn values with kern_attn_decode_partial_early's contract (reads before the PDL wait, slot_mapping
 # passed): name -> (entry, threads per block, largest head_dim); docs/kernels.md "Entries".
@@ -258,6 +259,10 @@ class GenOptions:
     # in shared memory, K/V double-buffered; H200 4B: 1.33-1.38x kern_attn_prefill on a 2048 chunk after a
     # prefix of 6k-14k tokens, docs/perf.md "Prefill, ninth session"), "r16" kern_attn_prefill (16 rows per warp)
     prefill_attn: str = "r32"
+    # q/k norm + rope + K/V write at tokens >= 2: "warp" kern_qk_norm_rope_kv_warp (one warp per token and head;
+    # head_dim a multiple of 64, at most 256, else "block"), "block" kern_qk_norm_rope_kv (one block per token and
+    # head, as at tokens = 1, where decode keeps it). Bit for bit the same rows; docs/perf.md "Prefill, ninth session"
+    prefill_rope: str = "warp"
     # preferred shared-memory carveout (percent of the maximum) on every kernel launch (manifest `carveout`;
     # None: not written, the driver's choice). 100: every kernel prefers the largest shared-memory split, so
     # kernels overlapping under PDL never want different L1 / shared splits on one SM (our reading of why it
@@ -542,6 +547,8 @@ def build_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: GenOptions, config_di
         raise GenError("--gemv v2 is a wiring of --decode gemv")
     if not 32 <= opts.gemv_threads_per_sm <= 2048:
         raise GenError(f"gemv_threads_per_sm {opts.gemv_threads_per_sm}: use 32..2048 (threads an SM holds)")
+    if opts.prefill_rope not in ("warp", "block"):
+        raise GenError(f"prefill_rope {opts.prefill_rope!r}: use 'warp' or 'block'")
     if opts.prefill_attn not in PREFILL_ATTN:
         raise GenError(f"prefill_attn {opts.prefill_attn!r}: use one of {', '.join(map(repr, PREFILL_ATTN))}")
     if opts.decode_attn not in DECODE_ATTN:
@@ -629,14 +636,22 @@ def build_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: GenOptions, config_di
     # as {"pages_of": "kv.<layer>"} (the pages of that state's reserved range, resolved by the runtime at load;
     # docs/manifest.md "Programs")
     num_pages_i32 = {"arg": "num_pages", "type": "i32"}
+    rope_args = [{"arg": "qkv"}, {"arg": "q_norm"}, {"arg": "k_norm"}, {"arg": "rope"}, {"arg": "positions"},
+                 {"arg": "slots"}, {"arg": "q_out"}, {"arg": "kv"}, tokens_i32, {"i32": Hq}, {"i32": Hkv},
+                 {"i32": D}, {"i32": page_tokens}, {"i32": max_pos}, num_pages_i32, {"f32": cfg.eps}]
+    rope_block = b.launch("kern_qk_norm_rope_kv", ["tokens", Hq + Hkv, 1], [D, 1, 1], rope_args, pdl=pdl_small)
+    if opts.prefill_rope == "warp" and D % 64 == 0 and D <= 256 and opts.chunk_max > 1:
+        # one token (decode, and 1-token chunks): the block entry; longer chunks: the warp entry (same results)
+        rope_warp = b.launch("kern_qk_norm_rope_kv_warp", ["tokens", -(-(Hq + Hkv) // 8), 1], [256, 1, 1],
+                             rope_args, pdl=pdl_small)
+        rope_block["when"] = {"tokens": [1, 1]}
+        rope_warp["when"] = {"tokens": [2, opts.chunk_max]}
+        rope_launches = [rope_block, rope_warp]
+    else:
+        rope_launches = [rope_block]
     b.op("qk_norm_rope_kv",
          [_ptr("qkv"), _ptr("q_norm"), _ptr("k_norm"), _ptr("rope"), _ptr("positions"), _ptr("slots"),
-          _ptr("q_out"), _ptr("kv"), _int("num_pages")],
-         [b.launch("kern_qk_norm_rope_kv", ["tokens", Hq + Hkv, 1], [D, 1, 1],
-                   [{"arg": "qkv"}, {"arg": "q_norm"}, {"arg": "k_norm"}, {"arg": "rope"}, {"arg": "positions"},
-                    {"arg": "slots"}, {"arg": "q_out"}, {"arg": "kv"}, tokens_i32, {"i32": Hq}, {"i32": Hkv},
-                    {"i32": D}, {"i32": page_tokens}, {"i32": max_pos}, num_pages_i32, {"f32": cfg.eps}],
-                   pdl=pdl_small)])
+          _ptr("q_out"), _ptr("kv"), _int("num_pages")], rope_launches)
     prefill_entry, prefill_rows, prefill_smem = PREFILL_ATTN[opts.prefill_attn]
     b.op("attn_prefill",
          [_ptr("q"), _ptr("kv"), _ptr("block_table"), _ptr("cu_seqlens_q"), _ptr("seq_lens"), _ptr("out"),
@@ -784,7 +799,7 @@ def build_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: GenOptions, config_di
                        "decode": opts.decode, **({"decode_gemv": opts.gemv} if opts.gemv != "v1" else {}),
                        "decode_split_tokens": opts.split_tokens, "decode_splits": num_splits,
                        "decode_attention": opts.decode_attn,
-                       "prefill_attention": opts.prefill_attn,
+                       "prefill_attention": opts.prefill_attn, "prefill_rope": opts.prefill_rope,
                        "decode_advance": {"ring": "token_ring", "ring_len": opts.ring_len}},
             **({"cublaslt_pins": dict(opts.algos_source)} if opts.algos else {}),
         },
@@ -1049,6 +1064,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prefill-attn", choices=list(PREFILL_ATTN), default=GenOptions.prefill_attn,
                         help="prefill attention: kern_attn_prefill_r32, two m-tiles of 16 query rows per warp "
                              "(r32), or kern_attn_prefill, one (r16); identical rows (default %(default)s)")
+    parser.add_argument("--prefill-rope", choices=["warp", "block"], default=GenOptions.prefill_rope,
+                        help="q/k norm + rope + K/V write for chunks of 2 or more tokens: one warp (warp) or one "
+                             "block (block) per token and head; identical rows (default %(default)s)")
     parser.add_argument("--carveout", type=int, default=GenOptions.carveout,
                         help="preferred shared-memory carveout (percent, 0..100) on every kernel launch (default "
                              "%(default)s; -1: none, the driver's choice)")
@@ -1078,7 +1096,7 @@ def main(argv: list[str] | None = None) -> int:
                           split_tokens=args.decode_split_tokens,
                           sms=args.sms, pdl=not args.no_pdl, pdl_small=not args.no_pdl_small, gemv=args.gemv,
                           gemv_threads_per_sm=args.gemv_threads_per_sm, decode_attn=args.decode_attn,
-                          prefill_attn=args.prefill_attn,
+                          prefill_attn=args.prefill_attn, prefill_rope=args.prefill_rope,
                           carveout=None if args.carveout == -1 else args.carveout,
                           algos=algos, decode_algos=decode_algos,
                           algos_source=algos_source)

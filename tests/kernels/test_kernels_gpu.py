@@ -128,10 +128,22 @@ def test_rope_table(dev, max_pos, head_dim, theta):
     assert (diff > 0).mean() < 0.1, f"{(diff > 0).mean():.2%} of rope entries differ from the reference"
 
 
+# entry -> (launch of n tokens x heads: grid, block); kern_qk_norm_rope_kv_warp (head_dim a multiple of 64, at most
+# 256) must equal kern_qk_norm_rope_kv bit for bit
+ROPE_ENTRIES = {
+    "kern_qk_norm_rope_kv": lambda n, heads, d: ((n, heads), (d,)),
+    "kern_qk_norm_rope_kv_warp": lambda n, heads, d: ((n, cdiv(heads, 8)), (256,)),
+}
+
+
+@pytest.mark.parametrize("entry", sorted(ROPE_ENTRIES))
 @pytest.mark.parametrize(
-    "hq,hkv,head_dim,page_tokens", [(4, 2, 32, 4), (4, 2, 64, 16), (4, 2, 128, 16), (32, 8, 128, 16)]
+    "hq,hkv,head_dim,page_tokens",
+    [(4, 2, 32, 4), (4, 2, 64, 16), (4, 2, 128, 16), (32, 8, 128, 16), (6, 3, 256, 16), (5, 1, 192, 8)],
 )
-def test_qk_norm_rope_kv(dev, hq, hkv, head_dim, page_tokens):
+def test_qk_norm_rope_kv(dev, entry, hq, hkv, head_dim, page_tokens):
+    """Against the float64 reference; the warp entry also against the block entry, bit for bit (q and cache).
+    head_dim 32 (not a multiple of 64): the warp entry writes nothing."""
     rng = np.random.default_rng(hq * 1000 + head_dim + page_tokens)
     n_tokens, max_pos, num_pages, eps = 11, 512, 6, 1e-6
     num_slots = num_pages * page_tokens
@@ -154,13 +166,29 @@ def test_qk_norm_rope_kv(dev, hq, hkv, head_dim, page_tokens):
     d_q = dev.alloc(n_tokens * hq * head_dim * 2)
     d_q.poison()
     d_cache = dev.array(ref.bf16_bits(cache))
-    dev.kernel("kern_qk_norm_rope_kv").launch(
-        (n_tokens, hq + hkv),
-        (head_dim,),
-        [("p", d_qkv.ptr), ("p", d_qw.ptr), ("p", d_kw.ptr), ("p", d_rope.ptr), ("p", d_pos.ptr), ("p", d_slots.ptr),
-         ("p", d_q.ptr), ("p", d_cache.ptr), ("i", n_tokens), ("i", hq), ("i", hkv), ("i", head_dim),
-         ("i", page_tokens), ("i", max_pos), ("i", num_pages), ("f", eps)],
-    )
+
+    def launch(name, q_buf, cache_buf):
+        grid, block = ROPE_ENTRIES[name](n_tokens, hq + hkv, head_dim)
+        dev.kernel(name).launch(
+            grid, block,
+            [("p", d_qkv.ptr), ("p", d_qw.ptr), ("p", d_kw.ptr), ("p", d_rope.ptr), ("p", d_pos.ptr),
+             ("p", d_slots.ptr), ("p", q_buf.ptr), ("p", cache_buf.ptr), ("i", n_tokens), ("i", hq), ("i", hkv),
+             ("i", head_dim), ("i", page_tokens), ("i", max_pos), ("i", num_pages), ("f", eps)],
+        )
+
+    launch(entry, d_q, d_cache)
+    if entry == "kern_qk_norm_rope_kv_warp" and head_dim % 64:
+        assert (d_q.download(np.uint8, (n_tokens * hq * head_dim * 2,)) == 0xFF).all(), "q written"
+        np.testing.assert_array_equal(d_cache.download(BF, cache.shape), ref.bf16_bits(cache))
+        return
+    if entry != "kern_qk_norm_rope_kv":
+        d_q0, d_cache0 = dev.alloc(n_tokens * hq * head_dim * 2), dev.array(ref.bf16_bits(cache))
+        d_q0.poison()
+        launch("kern_qk_norm_rope_kv", d_q0, d_cache0)
+        np.testing.assert_array_equal(d_q.download(BF, (n_tokens, hq, head_dim)),
+                                      d_q0.download(BF, (n_tokens, hq, head_dim)), err_msg=f"{entry} q != block entry")
+        np.testing.assert_array_equal(d_cache.download(BF, cache.shape), d_cache0.download(BF, cache.shape),
+                                      err_msg=f"{entry} cache != block entry")
     want_q = np.full((n_tokens, hq, head_dim), np.nan, dtype=np.float32)
     want_cache = cache.copy()
     ref.qk_norm_rope_kv(qkv, q_w, k_w, rope, positions, slots, want_q, want_cache, hq, hkv, head_dim, eps)

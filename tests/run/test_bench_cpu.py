@@ -218,3 +218,36 @@ def test_exit_status_says_whether_any_peer_measured(bench: str, tmp_path: Path, 
     assert module.main(argv) == 0
     captured = capsys.readouterr()
     assert captured.err == "" and "note: kern: exit 1" in captured.out and "note: hf:" not in captured.out
+
+
+# ---------------------------------------------------------------- bench/prefill_profile.py
+
+import prefill_profile as bench_profile  # noqa: E402
+
+
+@pytest.mark.parametrize(("name", "cls"), [
+    ("kern_attn_prefill_r32", "attention"), ("kern_attn_prefill", "attention"),
+    ("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128, 64, 4> >(Flash_fwd_params)", "attention"),
+    ("fmha_cutlassF_bf16_aligned_64x128_rf_sm80", "attention"),
+    ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64", "gemm"),
+    ("nvjet_tst_192x192_64x4_2x1_v_bz_coopB_TNT", "gemm"), ("void cutlass::Kernel2<cutlass_80_tensorop>(Params)", "gemm"),
+    ("kern_add_rmsnorm", "other"), ("kern_qk_norm_rope_kv", "other"),
+    ("void at::native::elementwise_kernel<128, 2>(int, Functor)", "other"),
+])
+def test_prefill_profile_classes(name: str, cls: str) -> None:
+    assert bench_profile.kernel_class(name) == cls
+
+
+def test_prefill_profile_sums_classes_and_span(tmp_path: Path) -> None:
+    out = str(tmp_path / "kern.jsonl")
+    kernels = [(100.0, 500.0, "kern_attn_prefill_r32"), (700.0, 1000.0, "nvjet_tst_x"), (1800.0, 200.0, "kern_silu_mul"),
+               (2000.0, 500.0, "kern_attn_prefill_r32")]
+    bench_profile._emit_profile(out, "kern (chunk 2048)", kernels)
+    (record,) = [json.loads(line) for line in Path(out).read_text().splitlines()]
+    assert record["classes"] == {"attention": [1.0, 2], "gemm": [1.0, 1], "other": [0.2, 1]}
+    assert record["span_ms"] == pytest.approx(2.4)
+    assert record["top"][0] == ["kern_attn_prefill_r32", 1.0, 2]
+    table = bench_profile._table([record], 8192)
+    assert "kern (chunk 2048)" in table and "      1.0 (    2)" in table and "     2.4" in table
+    with pytest.raises(SystemExit, match="no kernel"):
+        bench_profile._emit_profile(out, "hf", [])

@@ -34,10 +34,15 @@ def test_deterministic_bytes() -> None:
     assert gq.dumps(_manifest()) != gq.dumps(_manifest(chunk_max=256))
 
 
+def _at_one_token(op: dict) -> list[dict]:
+    """The launches of `op` that apply at tokens = 1 (no `when`, or a tokens range holding 1)."""
+    return [l for l in op["launches"] if l.get("when", {}).get("tokens", [1, 1])[0] <= 1]
+
+
 def test_decode_has_seven_launches_per_layer() -> None:
     m = _manifest()
     calls = m["programs"]["decode"]["calls"]
-    assert sum(len(m["ops"][c["op"]]["launches"]) for c in calls) == 1 + 36 * 7 + 1 + 2 + 1
+    assert sum(len(_at_one_token(m["ops"][c["op"]])) for c in calls) == 1 + 36 * 7 + 1 + 2 + 1
     ops = Counter(c["op"] for c in calls)
     assert ops["qk_norm_rope_kv"] == 36 and ops["attn_decode"] == 36
     assert m["meta"]["caller"]["decode_attention"] == "wide"
@@ -57,7 +62,7 @@ def test_decode_has_seven_launches_per_layer() -> None:
 
 def test_decode_gemm_path_keeps_ten_launches_per_layer() -> None:
     m = _manifest(decode="gemm")
-    launches = [len(m["ops"][c["op"]]["launches"]) for c in m["programs"]["decode"]["calls"]]
+    launches = [len(_at_one_token(m["ops"][c["op"]])) for c in m["programs"]["decode"]["calls"]]
     assert sum(launches) == 1 + 36 * 10 + 1 + 1 + 2 + 1
     assert not any(op.startswith("gemv_") for op in m["ops"])
     with pytest.raises(gq.GenError, match="seqs"):
@@ -105,8 +110,8 @@ def test_gemv_launches_and_pdl() -> None:
         "kern_gemv_silu_residual", 16 * 1216, [{"i32": 2560}, {"i32": 9728}])
     assert o["gemv_lm_head"]["launches"][0]["args"][4] == {"i32": 151936}
     pdl = {l["entry"] for op in o.values() for l in op["launches"] if l.get("pdl")}
-    small = {"kern_embed_gather", "kern_qk_norm_rope_kv", "kern_argmax_partial", "kern_argmax_final",
-             "kern_decode_advance"}
+    small = {"kern_embed_gather", "kern_qk_norm_rope_kv", "kern_qk_norm_rope_kv_warp", "kern_argmax_partial",
+             "kern_argmax_final", "kern_decode_advance"}
     assert pdl == {"kern_gemv_rmsnorm", "kern_gemv_residual", "kern_gemv_silu_residual",
                    "kern_attn_decode_partial_wide", "kern_attn_decode_reduce"} | small
     assert pdl <= gq.PDL_ENTRIES
@@ -441,3 +446,30 @@ def test_decode_gemm_projections_take_their_own_m1_pins_never_a_prefill_pin(tmp_
     assert prefill_ops == {f"gemm_{n}x{k}" for n, k in shapes}
 
 
+
+
+@pytest.mark.parametrize(("opts", "warp"), [({}, True), ({"prefill_rope": "block"}, False), ({"chunk_max": 1}, False),
+                                            ({"shape": "tiny"}, None)])
+def test_prefill_rope_launches(opts: dict, warp: bool | None) -> None:
+    """qk_norm_rope_kv: the block entry at one token (decode keeps it), the warp entry (8 heads per 256-thread
+    block) for 2..chunk_max tokens, as one `when`-group; --prefill-rope block or chunk_max 1: the block entry
+    alone. The tiny shape's head_dim decides for itself (warp when a multiple of 64)."""
+    shape = opts.pop("shape", "qwen3-4b")
+    m = _manifest(shape=shape, **opts)
+    launches = m["ops"]["qk_norm_rope_kv"]["launches"]
+    if warp is None:
+        d = m["meta"]["model"]["head_dim"]
+        warp = d % 64 == 0 and d <= 256
+    if not warp:
+        assert [(l["entry"], "when" in l) for l in launches] == [("kern_qk_norm_rope_kv", False)]
+        return
+    block, per_warp = launches
+    heads = m["meta"]["model"]["q_heads"] + m["meta"]["model"]["kv_heads"]
+    assert (block["entry"], block["when"], block["grid"]) == ("kern_qk_norm_rope_kv", {"tokens": [1, 1]},
+                                                              ["tokens", heads, 1])
+    assert (per_warp["entry"], per_warp["when"], per_warp["grid"], per_warp["block"]) == (
+        "kern_qk_norm_rope_kv_warp", {"tokens": [2, m["vars"]["tokens"]["max"]]}, ["tokens", -(-heads // 8), 1],
+        [256, 1, 1])
+    assert per_warp["args"] == block["args"]
+    km = pytest.importorskip("kern_manifest")
+    km.verify(km.parse_manifest(gq.dumps(m)))
