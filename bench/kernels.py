@@ -20,10 +20,12 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests" / "kernels"))
+sys.path.insert(0, str(REPO / "tools"))
 
 from cuda.bindings import driver as cu  # noqa: E402
 from gpu_helpers import Gpu, check  # noqa: E402
 
+from gen_qwen3 import PREFILL_ATTN  # noqa: E402
 from tools import reference_kernels as ref  # noqa: E402
 
 PEAK_BYTES_PER_S = 4.3e12
@@ -163,7 +165,8 @@ def main() -> int:
         bench(f"attn_prefill prefix={prefix} chunk={chunk}", "kern_attn_prefill", (cdiv(chunk, 16), HKV, 1), (128,), [args],
               ctx * HKV * D * 4 + chunk * HQ * D * 4, flops=4.0 * HQ * D * pairs)
         bench(f"attn_prefill_r32 prefix={prefix} chunk={chunk}", "kern_attn_prefill_r32", (cdiv(chunk, 32), HKV, 1),
-              (128,), [args], ctx * HKV * D * 4 + chunk * HQ * D * 4, flops=4.0 * HQ * D * pairs, shared_mem=105472)
+              (128,), [args], ctx * HKV * D * 4 + chunk * HQ * D * 4, flops=4.0 * HQ * D * pairs,
+              shared_mem=PREFILL_ATTN["r32"][2])
 
     # argmax over the vocabulary, one row
     chunk = 1024

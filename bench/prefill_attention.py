@@ -24,9 +24,12 @@ sys.path.insert(0, str(REPO / "tests" / "kernels"))
 from cuda.bindings import driver as cu  # noqa: E402
 from gpu_helpers import Gpu, check  # noqa: E402
 
+sys.path.insert(0, str(REPO / "tools"))
+from gen_qwen3 import PREFILL_ATTN  # noqa: E402
+
 HQ, HKV, D, PAGE = 32, 8, 128, 16
 # entry -> (query rows per grid.x step, dynamic shared memory bytes); docs/kernels.md "Entries"
-ENTRIES = {"kern_attn_prefill": (16, 0), "kern_attn_prefill_r32": (32, 105472)}
+ENTRIES = {entry: (rows, smem) for entry, rows, smem in PREFILL_ATTN.values()}
 
 
 def main(argv: list[str] | None = None) -> int:

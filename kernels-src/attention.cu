@@ -1242,6 +1242,9 @@ KERN_DEV void prefill_body_r32(PrefillSmemR32& sm, const __nv_bfloat16* q, const
             // the copies that read off[buf] (tile kv0's) were all issued before this iteration's barrier
             if (tid < PF_BN) sm.off[buf][tid] = token_off(kv0 + 2 * PF_BN, next_pi, next_page);
         }
+        // no copy outlives the pass (kv_end == 0 skips the loop with the Q rows still in flight; a next pass
+        // stages Q into the same rows)
+        cp_async_wait_all();
 
         if (active) {
 #pragma unroll

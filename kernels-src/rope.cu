@@ -102,18 +102,18 @@ extern "C" __global__ void __launch_bounds__(1024) kern_qk_norm_rope_kv(
 }
 
 // kern_qk_norm_rope_kv_warp: kern_qk_norm_rope_kv with one warp per (token, head) instead of one block, for
-// chunks of many tokens (the one-block version spends most of a prefill chunk's time on 128-thread blocks and
-// their barriers: 85 us for 2048 tokens of the 4B shape). grid (n_tokens, cdiv(Hq + Hkv, 8), 1), block
+// chunks of many tokens (H200, 4B shape, 2048 tokens alone in a graph: 82.8 us against the block version's
+// 103.7; both far from the bandwidth of their 51 MB, docs/perf.md "Prefill, ninth session"). grid (n_tokens, cdiv(Hq + Hkv, 8), 1), block
 // (256,1,1): warp w of block (t, y) takes head 8 y + w of token t. head_dim a multiple of 64 and at most 256
 // (any other launch writes nothing, after its wait). Results bit for bit kern_qk_norm_rope_kv's: lane l holds
 // elements d = l + 32 i (i < head_dim / 32), so "warp i" of the block version is element group i here; each
 // group's sum of squares uses that version's shfl_down tree (lane 0's value, broadcast) and the groups are added
 // in order from 0.0f; rotate_half pairs i with i +- head_dim / 64 in the same lane. PDL: positions /
 // slot_mapping / norm weights / rope read before the wait, qkv after it, as kern_qk_norm_rope_kv, but no early
-// trigger (no griddepcontrol.launch_dependents: the dependents launch as this grid completes). The kernel after
-// it in prefill, kern_attn_prefill_r32, holds all of an SM's registers with two blocks; launched early, its
-// waiting blocks took the SMs from this grid's later blocks (86 us for 2048 tokens of the 4B shape with the
-// trigger, docs/perf.md "Prefill, ninth session").
+// trigger (no griddepcontrol.launch_dependents: the dependents launch as this grid completes): the kernel after
+// it in prefill, kern_attn_prefill_r32, holds all of an SM's registers with two blocks, and early-launched
+// blocks of it would wait on SMs this grid still needs. Measured, it made no difference (docs/perf.md
+// "Prefill, ninth session": 12.44 ms per 8k prefill with the trigger, 12.74 without); kept for the reason.
 #define ROPE_WARP_MAX_GROUPS 8  // head_dim <= 256
 #define FULL_MASK_ROPE 0xffffffffu
 

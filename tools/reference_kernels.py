@@ -159,19 +159,22 @@ def gather_kv(kv_cache: np.ndarray, block_table_row: np.ndarray, num_tokens: int
 
 def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, positions: np.ndarray, scale: float) -> np.ndarray:
     """Causal GQA attention in float64: q [n, Hq, D] at absolute positions [n]; k, v [ctx, Hkv, D];
-    query i attends to keys [0, positions[i]]. Returns [n, Hq * D]."""
+    query i attends to keys [0, positions[i]]. Returns [n, Hq * D]. A query with no key (a negative position,
+    or ctx = 0) gets zeros, as the kernels write them."""
     n, hq, d = q.shape
-    hkv = k.shape[1]
+    ctx, hkv = k.shape[0], k.shape[1]
+    if ctx == 0:
+        return np.zeros((n, hq * d))
     group = hq // hkv
     kk = np.repeat(k, group, axis=1)  # [ctx, Hq, D]
     vv = np.repeat(v, group, axis=1)
     scores = np.einsum("nhd,chd->hnc", q.astype(np.float64), kk) * scale  # [Hq, n, ctx]
-    ctx = k.shape[0]
     mask = np.arange(ctx)[None, :] > np.asarray(positions)[:, None]  # [n, ctx]
     scores = np.where(mask[None], -np.inf, scores)
-    scores -= scores.max(axis=-1, keepdims=True)
-    p = np.exp(scores)
-    p /= p.sum(axis=-1, keepdims=True)
+    top = scores.max(axis=-1, keepdims=True)
+    p = np.exp(scores - np.where(np.isfinite(top), top, 0.0))  # a row without a key: all zeros
+    total = p.sum(axis=-1, keepdims=True)
+    p = np.divide(p, total, out=np.zeros_like(p), where=total > 0)
     out = np.einsum("hnc,chd->nhd", p, vv)
     return out.reshape(n, hq * d)
 

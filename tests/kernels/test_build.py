@@ -29,6 +29,7 @@ CONTRACT = {
     "kern_attn_decode_reduce": "ppppiiii",
     "kern_attn_prefill": "ppppppiiiiiif",
     "kern_attn_prefill_r32": "ppppppiiiiiif",
+    "kern_qk_norm_rope_kv_warp": "ppppppppiiiiiiif",
     "kern_silu_mul": "ppii",
     "kern_argmax_partial": "piippi",
     "kern_argmax_final": "ppip",

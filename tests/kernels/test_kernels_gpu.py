@@ -21,6 +21,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from tools import reference_kernels as ref  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
+from gen_qwen3 import PREFILL_ATTN  # noqa: E402  (entry, rows per grid.x step, dynamic shared memory bytes)
+
 BF = np.uint16  # device representation of bf16
 
 
@@ -321,7 +324,13 @@ def run_attn_decode(dev, rng, hq, hkv, head_dim, page_tokens, seq_lens, split_to
     q[-1] *= 8.0  # a peaky softmax for the last sequence
     q = ref.bf16_round(q)
     scale = head_dim**-0.5
-    d_q, d_cache = dev.array(ref.bf16_bits(q)), dev.array(ref.bf16_bits(cache))
+    q_bits = ref.bf16_bits(q)
+    if q_misalign:
+        d_q_buf = dev.array(np.concatenate([np.zeros(2, dtype=q_bits.dtype), q_bits.ravel()]))
+        d_q = type("Shifted", (), {"ptr": d_q_buf.ptr + 4})()  # kern_attn_prefill reads q in 4-byte words
+    else:
+        d_q = dev.array(q_bits)
+    d_cache = dev.array(ref.bf16_bits(cache))
     d_bt, d_lens = dev.array(block_table), dev.array(seq_lens)
     d_po = dev.alloc(seqs * hq * num_splits * head_dim * 4)
     d_ml = dev.alloc(seqs * hq * num_splits * 2 * 4)
@@ -568,7 +577,7 @@ def test_attn_decode_chain_bounds_pages_and_slots_by_num_pages(dev, hq, hkv, hea
 
 # Prefill entries: name -> (query rows per grid.x step, dynamic shared memory bytes). kern_attn_prefill_r32 is
 # kern_attn_prefill with two m-tiles per warp; its rows must equal kern_attn_prefill's bit for bit.
-PREFILL_ENTRIES = {"kern_attn_prefill": (16, 0), "kern_attn_prefill_r32": (32, 105472)}
+PREFILL_ENTRIES = {entry: (rows, smem) for entry, rows, smem in PREFILL_ATTN.values()}
 
 
 def launch_attn_prefill(dev, entry, max_q, hkv, seqs, args, shared_mem=None):
@@ -577,17 +586,20 @@ def launch_attn_prefill(dev, entry, max_q, hkv, seqs, args, shared_mem=None):
                              shared_mem=smem if shared_mem is None else shared_mem)
 
 
-def run_attn_prefill(dev, rng, hq, hkv, head_dim, page_tokens, plan, bound=None, entry="kern_attn_prefill"):
+def run_attn_prefill(dev, rng, hq, hkv, head_dim, page_tokens, plan, bound=None, entry="kern_attn_prefill",
+                     seq_lens=None, q_misalign=False):
     """Launch `entry` over the chunks of `plan` ((cached prefix, chunk length) per sequence) and check
     every sequence's rows against ref.attn_prefill. `bound` None: num_pages = the cache's page count and an
     intact block table; else num_pages = bound(cache_pages) and a table from corrupt_block_table, whose
     entries outside [0, num_pages) must read as K = V = 0, exactly as the reference reads them. For an entry
     other than kern_attn_prefill, also launch kern_attn_prefill on the same inputs: the two outputs must be
-    identical bit for bit. Returns the output bits."""
+    identical bit for bit. `seq_lens` (optional) replaces prefix + chunk per sequence: shorter than the chunk puts
+    its first rows at negative positions (no key: zeros). `q_misalign`: q starts 4 bytes past a 16-byte
+    boundary (kern_attn_prefill_r32's element-load path for Q). Returns the output bits."""
     if entry not in dev.meta["modules"]["attention"]["entries"]:
         pytest.fail(f"{entry} not built (kernels/kernels.json)")
     q_lens = np.array([c for _, c in plan], dtype=np.int32)
-    seq_lens = np.array([p + c for p, c in plan], dtype=np.int32)
+    seq_lens = np.array([p + c for p, c in plan] if seq_lens is None else seq_lens, dtype=np.int32)
     seqs = len(plan)
     cu_seqlens = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
     total = int(cu_seqlens[-1])
@@ -651,6 +663,16 @@ def test_attn_prefill_r32_long_chunks(dev, hq, hkv, head_dim, page_tokens):
     rng = np.random.default_rng(hq * 29 + head_dim)
     run_attn_prefill(dev, rng, hq, hkv, head_dim, page_tokens, [(0, 511), (1000, 257), (64, 31), (5, 33)],
                      entry="kern_attn_prefill_r32")
+
+
+@pytest.mark.parametrize("entry", sorted(PREFILL_ENTRIES))
+@pytest.mark.parametrize("hq,hkv,head_dim", [(32, 8, 128), (16, 2, 64), (6, 2, 64)])
+def test_attn_prefill_short_context_and_unaligned_q(dev, entry, hq, hkv, head_dim):
+    """seq_lens shorter than the chunk (the first rows at negative positions write zeros; a sequence of length 0
+    writes all zeros), groups of 3 and 8 (passes), and q 4 bytes off a 16-byte boundary (element loads)."""
+    rng = np.random.default_rng(hq * 7 + head_dim)
+    run_attn_prefill(dev, rng, hq, hkv, head_dim, 16, [(0, 40), (0, 70), (0, 5)], entry=entry, seq_lens=[10, 65, 0],
+                     q_misalign=True)
 
 
 def test_attn_prefill_r32_refuses_short_shared_memory(dev):

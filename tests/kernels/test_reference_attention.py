@@ -117,3 +117,18 @@ def test_prefill_reads_absent_tokens_as_zero_k_and_v(num_pages: int) -> None:
     np.testing.assert_allclose(got, ref.attn_prefill(q, cache2, table2, cu, seq_lens, 0.35), rtol=1e-12, atol=1e-12)
     if num_pages == 0:
         assert not got.any()
+
+
+def test_queries_without_a_key_get_zeros() -> None:
+    """Negative positions (a chunk longer than its sequence) and an empty context give zero rows, not NaN; the
+    rows that do have keys are unchanged by them."""
+    rng = np.random.default_rng(3)
+    q = rng.standard_normal((5, 4, 8))
+    k, v = rng.standard_normal((3, 2, 8)), rng.standard_normal((3, 2, 8))
+    positions = np.array([-3, -1, 0, 1, 2])
+    out = ref.attention(q, k, v, positions, 0.4)
+    assert not np.isnan(out).any()
+    assert not out[:2].any() and out[2:].all()
+    np.testing.assert_allclose(out[2:], ref.attention(q[2:], k, v, positions[2:], 0.4), rtol=1e-12, atol=0)
+    np.testing.assert_allclose(out[2], np.repeat(v[0], 2, axis=0).ravel(), rtol=1e-12)  # one key: its V
+    assert not ref.attention(q, k[:0], v[:0], positions, 0.4).any()

@@ -449,7 +449,7 @@ def test_decode_gemm_projections_take_their_own_m1_pins_never_a_prefill_pin(tmp_
 
 
 @pytest.mark.parametrize(("opts", "warp"), [({}, True), ({"prefill_rope": "block"}, False), ({"chunk_max": 1}, False),
-                                            ({"shape": "tiny"}, None)])
+                                            ({"chunk_max": 2}, True), ({"shape": "tiny"}, None)])
 def test_prefill_rope_launches(opts: dict, warp: bool | None) -> None:
     """qk_norm_rope_kv: the block entry at one token (decode keeps it), the warp entry (8 heads per 256-thread
     block) for 2..chunk_max tokens, as one `when`-group; --prefill-rope block or chunk_max 1: the block entry
