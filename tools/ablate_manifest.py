@@ -16,7 +16,8 @@ loses it there too, so time only the decode program).
 Errors (exit 1, one line): the input cannot be read, is not UTF-8 JSON or is not a manifest with a decode
 program (programs.decode.calls a list of call objects with op names; the ops --drop-entry touches with lists
 of launch objects), an op named in --drop is not called by the decode program, an entry of --drop-entry is
-launched by none of its ops or is the only launch of one (drop the op's calls instead), nothing to drop, or
+launched by none of its ops, is the only launch of one (drop the op's calls instead) or one range of a
+`when`-group (the group would leave tokens values without a launch), nothing to drop, or
 nothing would be left of it; an --out that cannot be written (written through a temporary file and renamed:
 never left half-written).
 """
@@ -76,6 +77,10 @@ def ablate(manifest: dict[str, Any], drop: list[str], drop_entries: list[str] = 
             left = [launch for launch in launches if launch.get("entry") != entry]
             if len(left) == len(launches):
                 continue
+            ranged = [launch["when"] for launch in launches if launch.get("entry") == entry and "when" in launch]
+            if ranged:
+                raise AblationError(f"{entry}'s launch in op {name!r} covers {ranged[0]} of a `when`-group: dropping "
+                                    f"it leaves that range without a launch")
             if not left:
                 raise AblationError(f"{entry} is the only launch of op {name!r}: drop the op's calls (--drop) instead")
             ops[name]["launches"] = left

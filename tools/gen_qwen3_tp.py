@@ -147,6 +147,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--algos", type=Path, help="cuBLASLt pins of tools/pick_algos.py (run with --tp N)")
     parser.add_argument("--m1-gemv", action="store_true",
                         help="the decode projections run kern_gemv_rows (M = 1) instead of cuBLASLt (gen_qwen3.py)")
+    parser.add_argument("--prefill-attn", choices=list(g.PREFILL_ATTN), default=g.GenOptions.prefill_attn,
+                        help="prefill attention entry (gen_qwen3.py --prefill-attn; default %(default)s)")
+    parser.add_argument("--prefill-rope", choices=["warp", "block"], default=g.GenOptions.prefill_rope,
+                        help="q/k norm + rope entry for chunks of 2+ tokens (gen_qwen3.py; default %(default)s)")
     args = parser.parse_args(argv)
     try:
         raw_cfg, cfg_digest = g.config_from_args(args)
@@ -156,7 +160,8 @@ def main(argv: list[str] | None = None) -> int:
         max_context = g.default_max_context(args, cfg)
         algos, decode_algos, algos_source = g.load_algos(args.algos, args.chunk_max) if args.algos else ((), (), ())
         opts = g.GenOptions(name, args.chunk_max, max_context, algos=algos, decode_algos=decode_algos,
-                            algos_source=algos_source, m1_gemv=args.m1_gemv)
+                            algos_source=algos_source, m1_gemv=args.m1_gemv, prefill_attn=args.prefill_attn,
+                            prefill_rope=args.prefill_rope)
         manifests = build_rank_manifests(cfg, abi, opts, args.tp, cfg_digest)
         if args.out_dir.exists() and not args.out_dir.is_dir():
             raise g.GenError(f"--out-dir {args.out_dir} exists and is not a directory")

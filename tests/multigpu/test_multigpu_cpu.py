@@ -345,6 +345,26 @@ def test_tp_m1_gemv_keeps_an_allreduce_after_each_row_parallel_projection() -> N
     assert not any(c["op"].startswith("gemm") for c in calls)
 
 
+@pytest.mark.parametrize(("attn", "rope"), [("r32", "warp"), ("r16", "block")])
+def test_tp_cli_passes_the_prefill_entries(tmp_path: Path, attn: str, rope: str) -> None:
+    """gen_qwen3_tp --prefill-attn / --prefill-rope reach every rank's manifest (defaults: r32 and warp)."""
+    sys.path.insert(0, str(REPO / "tools"))
+    import gen_qwen3 as g
+    import gen_qwen3_tp as gtp
+
+    args = ["--shape", "qwen3-4b", "--tp", "2", "--out-dir", str(tmp_path), "--kernels",
+            str(REPO / "kernels" / "kernels.json")]
+    if (attn, rope) != ("r32", "warp"):
+        args += ["--prefill-attn", attn, "--prefill-rope", rope]
+    assert gtp.main(args) == 0
+    for rank in (0, 1):
+        m = json.loads((tmp_path / f"qwen3-4b-tp2-r{rank}.json").read_text())
+        assert m["ops"]["attn_prefill"]["launches"][0]["entry"] == g.PREFILL_ATTN[attn][0]
+        rope_entries = [launch["entry"] for launch in m["ops"]["qk_norm_rope_kv"]["launches"]]
+        assert rope_entries == (["kern_qk_norm_rope_kv", "kern_qk_norm_rope_kv_warp"] if rope == "warp"
+                                else ["kern_qk_norm_rope_kv"])
+
+
 def test_tp_manifests_verify_and_share_family_digest(tp_manifests) -> None:
     _, ms = tp_manifests
     parsed = [parse_manifest(m) for m in ms]

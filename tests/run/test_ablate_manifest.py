@@ -67,6 +67,10 @@ def test_refusals(mutate, drop: list[str], match: str) -> None:
     ([], ["kern_attn_prefill"], "no op the decode program calls launches kern_attn_prefill"),
     ([], ["kern_gemv_rows_rmsnorm"], "the only launch of op 'gemv_qkv'"),
     (["qk_norm_rope_kv", "attn_decode"], ["kern_attn_decode_reduce"], "no op the decode program calls launches"),
+    # qk_norm_rope_kv is a `when`-group (block entry at one token, warp entry for 2..chunk_max): either gone
+    # would leave part of the tokens range without a launch
+    ([], ["kern_qk_norm_rope_kv_warp"], r"covers \{'tokens': \[2, 512\]\} of a `when`-group"),
+    ([], ["kern_qk_norm_rope_kv"], r"covers \{'tokens': \[1, 1\]\} of a `when`-group"),
 ])
 def test_drop_entry_refusals(drop: list[str], entries: list[str], match: str) -> None:
     with pytest.raises(am.AblationError, match=match):
