@@ -1,6 +1,7 @@
 """The `kern` command line: thin wrappers that parse options into a config and call one function.
 
     kern run [--target T] [--prompt P] [--steps N] [--chunk C] [--capacity K] [--eager] [--gpu G] ...
+             [--weights DIR_OR_FILE | --weights A.safetensors --weights B.safetensors ...]
     kern test [--against eager|chunk1|transformers|MANIFEST] [--prompts N] [--steps N]
     kern inspect MANIFEST
     kern manifest check MANIFEST
@@ -150,7 +151,10 @@ TargetOpt = Annotated[Optional[str], typer.Option("--target", "-t", help="kern.t
 ConfigOpt = Annotated[Optional[Path], typer.Option("--config", help="kern.toml path (default: $KERN_TOML or search up)")]
 ManifestOpt = Annotated[Optional[Path], typer.Option("--manifest", help="manifest JSON")]
 KernelsOpt = Annotated[Optional[Path], typer.Option("--kernels", help="kernels directory (<module>-<sha12>.cubin)")]
-WeightsOpt = Annotated[Optional[Path], typer.Option("--weights", help="HF checkpoint directory or .safetensors file")]
+WeightsOpt = Annotated[Optional[list[Path]], typer.Option(
+    "--weights", help="HF checkpoint directory or one .safetensors file; repeat the flag for several .safetensors "
+                      "files (no directory in a list; tokenizer.json and config.json beside the first); replaces "
+                      "the target's weights")]
 ChunkOpt = Annotated[Optional[int], typer.Option("--chunk", help="prefill chunk in tokens (default: the target's; "
                                                  "without one 512 clamped to the manifest's tokens max; a value above "
                                                  "that max is refused)")]
@@ -197,8 +201,9 @@ def _guarded(command: str, level: str, fn: Any) -> Any:
         raise typer.Exit(130) from None
 
 
-def _overrides(manifest: Path | None, kernels: Path | None, weights: Path | None, gpu: int | None,
+def _overrides(manifest: Path | None, kernels: Path | None, weights: list[Path] | None, gpu: int | None,
                capacity: int | None, chunk: int | None) -> dict[str, Any]:
+    """The flags as config.resolve_config's overrides (None: not given); `weights`: every --weights given."""
     return {"manifest": manifest, "kernels": kernels, "weights": weights, "gpu": gpu, "capacity": capacity,
             "chunk": chunk}
 

@@ -6,13 +6,19 @@ kern.toml (found through `--config`, `$KERN_TOML`, or the current directory and 
     [targets.qwen3-4b]
     manifest = "manifests/qwen3-4b-v2.json"  # paths relative to kern.toml's directory
     kernels = "kernels"
-    weights = "weights/qwen3-4b"
+    weights = "weights/qwen3-4b"           # a checkpoint directory or one .safetensors file, or a list of
+                                            # .safetensors files: weights = ["a.safetensors", "b.safetensors"]
     gpu = 0
     capacity = 4096                         # KV capacity in tokens (pages for this many tokens)
     chunk = 512                             # prefill chunk in tokens (<= the manifest's tokens var max)
 
-A flag given on the command line overrides the target's field; a target may be absent when flags give
-manifest, kernels and weights.
+A flag given on the command line overrides the target's field (`--weights`, repeatable, replaces all of the
+target's weights); a target may be absent when flags give manifest, kernels and weights.
+
+Weights are one path (a directory, or one .safetensors file) or several .safetensors files: `RunConfig.weights`
+is a `Path` for one, a tuple of at least two `Path`s for several (`normalize_weights`: the same path twice
+counts once, and a list of one is that one path). What a list may hold is checked with the checkpoint
+(preflight.weight_list_files): files only, each a .safetensors file that exists.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import os
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence, Union
 
 from .errors import ConfigError
 
@@ -31,6 +37,37 @@ PATH_KEYS = frozenset({"manifest", "kernels", "weights"})
 TOP_KEYS = frozenset({"default", "targets"})
 DEFAULT_CAPACITY_TOKENS = 4096
 
+# one path (a checkpoint directory or one .safetensors file), or several .safetensors files (two or more)
+Weights = Union[Path, tuple[Path, ...]]
+
+
+def normalize_weights(value: "str | os.PathLike[str] | Sequence[str | os.PathLike[str]]") -> Weights:
+    """`Weights` from one path or a sequence of paths: the same path given twice (after `.` / `..` / a trailing
+    slash are folded, relative to the current directory) counts once, in the order first given; one left is
+    that path alone (a directory allowed), several a tuple (files only: preflight checks them)."""
+    if isinstance(value, (str, os.PathLike)):
+        return Path(value)
+    unique: dict[str, Path] = {}
+    for entry in value:
+        unique.setdefault(os.path.normpath(os.path.abspath(os.fspath(entry))), Path(entry))
+    paths = tuple(unique.values())
+    if not paths:
+        raise ConfigError("weights: an empty list of paths: give a checkpoint directory or .safetensors files")
+    return paths[0] if len(paths) == 1 else paths
+
+
+def weights_label(weights: Weights) -> str:
+    """`weights` as messages name it: the path, or `[a, b, ...]` for several files."""
+    return str(weights) if isinstance(weights, Path) else "[" + ", ".join(str(p) for p in weights) + "]"
+
+
+def runtime_weights(weights: "Weights | str | Sequence[str | os.PathLike[str]]") -> "str | list[str]":
+    """The argument of kern_runtime's `SafetensorsTensors.open`: the one path as a string (a directory or a
+    file, as before lists existed), or the list of file paths."""
+    if isinstance(weights, (str, os.PathLike)):
+        return str(weights)
+    return [str(p) for p in weights]
+
 
 @dataclass(frozen=True)
 class RunConfig:
@@ -38,7 +75,7 @@ class RunConfig:
 
     manifest: Path
     kernels: Path
-    weights: Path
+    weights: Weights  # one Path (directory or file), or a tuple of two or more .safetensors file Paths
     gpu: int = 0
     capacity_tokens: int = DEFAULT_CAPACITY_TOKENS
     chunk: int | None = None
@@ -87,8 +124,21 @@ def load_targets(path: Path) -> tuple[str | None, dict[str, dict[str, Any]]]:
         if unknown:
             raise ConfigError(f"{path}: [targets.{name}] has unknown keys {sorted(unknown)} (known: {sorted(TARGET_KEYS)})")
         for key, value in fields.items():
+            if key == "weights" and isinstance(value, list):  # several .safetensors files
+                if not value:
+                    raise ConfigError(f"{path}: [targets.{name}] weights = [] must name at least one path (a "
+                                      "checkpoint directory, or .safetensors files)")
+                for i, entry in enumerate(value):
+                    if not isinstance(entry, str):
+                        raise ConfigError(f"{path}: [targets.{name}] weights = {value!r}: entry {i} ({entry!r}) "
+                                          "must be a path string")
+                    if "\0" in entry:
+                        raise ConfigError(f"{path}: [targets.{name}] weights = {value!r}: entry {i} ({entry!r}) "
+                                          "contains a NUL character: not a usable path")
+                continue
             if key in PATH_KEYS and not isinstance(value, str):
-                raise ConfigError(f"{path}: [targets.{name}] {key} = {value!r} must be a path string")
+                more = " or a list of .safetensors path strings" if key == "weights" else ""
+                raise ConfigError(f"{path}: [targets.{name}] {key} = {value!r} must be a path string{more}")
             if key in PATH_KEYS and "\0" in value:  # no OS path holds one (open / resolve raise ValueError)
                 raise ConfigError(f"{path}: [targets.{name}] {key} = {value!r} contains a NUL character: "
                                   "not a usable path")
@@ -98,7 +148,9 @@ def load_targets(path: Path) -> tuple[str | None, dict[str, dict[str, Any]]]:
         out = dict(fields)
         for key in ("manifest", "kernels", "weights"):
             if key in out:
-                out[key] = (base / str(out[key])).resolve() if not Path(str(out[key])).is_absolute() else Path(out[key])
+                entries = out[key] if isinstance(out[key], list) else [out[key]]
+                resolved = [(base / e).resolve() if not Path(e).is_absolute() else Path(e) for e in entries]
+                out[key] = normalize_weights(resolved) if isinstance(out[key], list) else resolved[0]
         targets[name] = out
     default = raw.get("default")
     if default is not None and not isinstance(default, str):
@@ -125,8 +177,13 @@ def resolve_config(toml_path: Path | None, target: str | None, overrides: dict[s
     elif target is not None:
         raise ConfigError(f"--target {target}: no kern.toml found (pass --config or run from the repository)")
     for key, value in overrides.items():
+        if key == "weights" and isinstance(value, (list, tuple)) and not value:
+            continue  # a repeatable flag not given
         if value is not None:
-            fields[key] = Path(value) if key in ("manifest", "kernels", "weights") else value
+            if key == "weights":
+                fields[key] = normalize_weights(value)
+            else:
+                fields[key] = Path(value) if key in ("manifest", "kernels") else value
     missing = [k for k in ("manifest", "kernels", "weights") if k not in fields]
     if missing:
         where = f"target {chosen!r} in {toml_path}" if chosen else "no kern.toml target"
@@ -136,7 +193,8 @@ def resolve_config(toml_path: Path | None, target: str | None, overrides: dict[s
                                                           or fields[key] < (0 if key == "gpu" else 1)):
             raise ConfigError(f"{key} = {fields[key]!r} must be an integer >= {0 if key == 'gpu' else 1}")
     return RunConfig(
-        manifest=Path(fields["manifest"]), kernels=Path(fields["kernels"]), weights=Path(fields["weights"]),
+        manifest=Path(fields["manifest"]), kernels=Path(fields["kernels"]),
+        weights=normalize_weights(fields["weights"]),
         gpu=int(fields.get("gpu", 0)), capacity_tokens=int(fields.get("capacity", DEFAULT_CAPACITY_TOKENS)),
         chunk=fields.get("chunk"), target=chosen,
     )

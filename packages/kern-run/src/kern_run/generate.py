@@ -195,12 +195,15 @@ class Generator:
         """Load the runtime (verify, kernels, weights, once programs). Raises kern_runtime.KernError.
 
         `manifest`: its path; when `facts` carries the manifest read_manifest parsed and verified, the runtime
-        loads that object instead of reading the file again. `resident`: weights kept by an earlier runtime's
-        `into_resident()` (loaded over, not re-read).
+        loads that object instead of reading the file again. `weights`: a checkpoint directory or one
+        .safetensors file, or a list of .safetensors files (config.Weights), as `SafetensorsTensors.open` takes
+        them. `resident`: weights kept by an earlier runtime's `into_resident()` (loaded over, not re-read).
         """
         from kern_runtime import Capacity, Runtime, SafetensorsTensors
 
-        tensors = SafetensorsTensors.open(str(weights))
+        from .config import runtime_weights
+
+        tensors = SafetensorsTensors.open(runtime_weights(weights))
         extra = {"resident": resident} if resident is not None else {}
         source = facts.parsed if facts.parsed is not None else str(manifest)
         rt = Runtime.load(source, str(kernels), tensors, gpu=gpu,

@@ -11,10 +11,12 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from .config import Weights, normalize_weights, weights_label
 from .errors import ConfigError, InputError, KernelsError, NoDeviceError, WeightsError
 from .jsonfile import parse_json, read_text
 
@@ -224,50 +226,108 @@ def _index_shards(index: Path) -> list[str]:
         raise WeightsError(f"weights index {exc}") from None
 
 
-def checkpoint_tensors(weights: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
-    """name -> (dtype, shape) of a checkpoint: a dir (with or without the index json) or a .safetensors file."""
+class CheckpointTensors(dict):  # dict[str, tuple[str, tuple[int, ...]]]
+    """name -> (dtype, shape) of a checkpoint, plus `found_in`: name -> the .safetensors file holding it."""
+
+    found_in: dict[str, Path]
+
+
+def weight_list_files(weights: Any) -> list[Path]:
+    """The files of `weights`. One path (a `Path` or `str`, or a list of one: a directory or a file) is
+    returned as `[path]` unchecked. A list of several (the same path twice counts once) must hold only
+    .safetensors files that exist, a directory being allowed only as the one weights path: raises WeightsError
+    naming the entry at fault."""
+    if isinstance(weights, (str, os.PathLike)):
+        return [Path(weights)]
+    if not len(weights):
+        raise WeightsError("--weights: an empty list of paths: give a checkpoint directory or .safetensors files")
+    unique = normalize_weights(weights)
+    if isinstance(unique, Path):
+        return [unique]
+    count = len(unique)
+    for i, path in enumerate(unique, 1):
+        where = f"weights list entry {i} of {count} ({path})"
+        if path.is_dir():
+            raise WeightsError(f"{where} is a directory: a directory is only allowed alone (one --weights, or a "
+                               "kern.toml `weights` string); in a list, name its .safetensors files")
+        if path.suffix != ".safetensors":
+            raise WeightsError(f"{where} is not a .safetensors file: a weights list holds only .safetensors "
+                               "files (pass a checkpoint directory alone)")
+        if not path.is_file():
+            what = "is not a regular file" if path.exists() else "does not exist"
+            raise WeightsError(f"{where} {what}: fix the path or drop it from the list")
+    return list(unique)
+
+
+def _checkpoint_files(weights: Path) -> list[Path]:
+    """The .safetensors files of one weights path: the file itself, or a directory's index shards (else its
+    *.safetensors). Raises WeightsError."""
     if weights.is_file():
-        files = [weights]
-    elif weights.is_dir():
-        index = weights / "model.safetensors.index.json"
-        if index.is_file():
-            names = _index_shards(index)
-            files = [weights / n for n in names]
-            for name, path in zip(names, files):
-                if not path.is_file():
-                    raise WeightsError(f"weights index {index} names shard {name!r}, which is not in {weights}")
-        else:
-            files = sorted(weights.glob("*.safetensors"))
-        if not files:
-            raise WeightsError(f"weights directory {weights} holds no .safetensors files: make one with "
-                               "tools/make_checkpoint.py or pass --weights")
-    else:
+        return [weights]
+    if not weights.is_dir():
         raise WeightsError(f"weights {weights} do not exist: make them with `python tools/make_checkpoint.py "
                            f"--shape <shape> --out {weights}` or pass --weights")
-    tensors: dict[str, tuple[str, tuple[int, ...]]] = {}
+    index = weights / "model.safetensors.index.json"
+    if index.is_file():
+        names = _index_shards(index)
+        files = [weights / n for n in names]
+        for name, path in zip(names, files):
+            if not path.is_file():
+                raise WeightsError(f"weights index {index} names shard {name!r}, which is not in {weights}")
+    else:
+        files = sorted(weights.glob("*.safetensors"))
+    if not files:
+        raise WeightsError(f"weights directory {weights} holds no .safetensors files: make one with "
+                           "tools/make_checkpoint.py or pass --weights")
+    return files
+
+
+def checkpoint_tensors(weights: Weights | str) -> CheckpointTensors:
+    """name -> (dtype, shape) of a checkpoint: a dir (with or without the index json), a .safetensors file, or
+    a list of .safetensors files (weight_list_files' rules; every file's header read). `found_in` names each
+    tensor's file. Raises WeightsError naming the file at fault."""
+    files = weight_list_files(weights)
+    listed = len(files) > 1
+    if not listed:
+        weights = files[0]
+        files = _checkpoint_files(weights)
+    tensors = CheckpointTensors()
     found_in: dict[str, Path] = {}
     for path in files:
         for name, info in read_safetensors_header(path).items():
             if name in tensors:
+                if listed:
+                    raise WeightsError(f"tensor {name!r} appears in two --weights files: {found_in[name]} and "
+                                       f"{path}: a tensor must be in one file only (drop one, or remake the "
+                                       "checkpoint)")
                 first, second = (p.relative_to(weights) if weights.is_dir() else p for p in (found_in[name], path))
                 raise WeightsError(f"tensor {name!r} appears in two shards of {weights}: {first} and {second}: "
                                    "remake the checkpoint")
             tensors[name] = info
             found_in[name] = path
+    tensors.found_in = found_in
     return tensors
 
 
-def check_weights(facts: ManifestFacts, tensors: dict[str, tuple[str, tuple[int, ...]]], weights: Path) -> None:
+def check_weights(facts: ManifestFacts, tensors: dict[str, tuple[str, tuple[int, ...]]], weights: Weights) -> None:
     """Every weight buffer's bind against the checkpoint's tensor list, as the runtime will load it: each bound
     tensor exists with the buffer's dtype, then kern_runtime's own `plan_bind` (trailing dims, `rows` and `cols`
     ranges inside the tensor, interleave blocks, dim 0 covered exactly) at the vars' max. Raises WeightsError
-    naming the tensor and the buffer."""
+    naming the tensor and the buffer (and, for a list of files, the file holding the tensor at fault)."""
     from kern_runtime.errors import WeightArtifactError
     from kern_runtime.spec import InterleaveSegment, TensorSegment, spec_from_json
     from kern_runtime.weights import TensorMeta, plan_bind
 
     spec = spec_from_json(facts.parsed.to_json() if facts.parsed is not None else facts.raw)
     metas = {name: TensorMeta(dtype, tuple(shape)) for name, (dtype, shape) in tensors.items()}
+    listed = not isinstance(weights, (str, os.PathLike))
+    found_in: dict[str, Path] = getattr(tensors, "found_in", {}) if listed else {}
+    label = weights_label(weights) if listed else str(weights)
+
+    def in_file(*tnames: str) -> str:  # " (in FILE)" for a list of files; "" for one path, as before lists
+        files = list(dict.fromkeys(str(found_in[t]) for t in tnames if t in found_in))
+        return f" (in {', '.join(files)})" if files else ""
+
     for bname, buf in sorted(spec.buffers.items()):
         if buf.kind != "weight" or buf.bind is None or buf.derived:
             continue
@@ -276,16 +336,18 @@ def check_weights(facts: ManifestFacts, tensors: dict[str, tuple[str, tuple[int,
                 seg, TensorSegment) else ()
             for tname in names:
                 if tname not in metas:
-                    raise WeightsError(f"checkpoint {weights} has no tensor {tname!r} (bound into buffer {bname!r}): "
+                    raise WeightsError(f"checkpoint {label} has no tensor {tname!r} (bound into buffer {bname!r}): "
                                        "the checkpoint does not match the manifest")
                 if metas[tname].dtype != buf.dtype:
-                    raise WeightsError(f"tensor {tname!r} is {metas[tname].dtype}, buffer {bname!r} wants {buf.dtype}: "
-                                       "convert the checkpoint or regenerate the manifest")
+                    raise WeightsError(f"tensor {tname!r}{in_file(tname)} is {metas[tname].dtype}, buffer {bname!r} "
+                                       f"wants {buf.dtype}: convert the checkpoint or regenerate the manifest")
         try:
             plan_bind(buf, metas, spec.max_values)
         except WeightArtifactError as exc:
             shape = list(buf.shape_at(spec.max_values))
-            raise WeightsError(f"checkpoint {weights}: {exc} (buffer {bname!r} has shape {shape}): "
+            bound = [t for seg in buf.bind for t in (seg.tensors if isinstance(seg, InterleaveSegment) else (
+                seg.tensor,) if isinstance(seg, TensorSegment) else ())]
+            raise WeightsError(f"checkpoint {label}: {exc} (buffer {bname!r} has shape {shape}){in_file(*bound)}: "
                                "wrong model for this manifest") from None
 
 

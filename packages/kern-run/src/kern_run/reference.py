@@ -6,7 +6,9 @@ transformers are on the GPU machine, not dependencies of kern-run).
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 
@@ -14,21 +16,33 @@ import numpy as np
 class HfReference:
     """`Qwen3ForCausalLM.from_pretrained(weights, bf16)` on one GPU; logits for given ids, teacher-forced."""
 
-    def __init__(self, weights: Path, gpu: int = 0, attn_implementation: str = "eager",
+    def __init__(self, weights: "Path | str | Sequence[Path | str]", gpu: int = 0, attn_implementation: str = "eager",
                  dtype: str = "bfloat16") -> None:
-        """`dtype`: "bfloat16" (the checkpoint's own, what kern computes in) or "float32" (the bf16 weights
-        upcast exactly: the higher-precision reference that calibrates what bf16 error is)."""
+        """`weights`: a checkpoint directory (or whatever `from_pretrained` takes), or a list of .safetensors
+        files: their tensors as the state dict, the HF config.json beside the first (kern_run.abtest checks it
+        is there). `dtype`: "bfloat16" (the checkpoint's own, what kern computes in) or "float32" (the bf16
+        weights upcast exactly: the higher-precision reference that calibrates what bf16 error is)."""
         import torch
         from transformers import Qwen3ForCausalLM
 
         self.torch = torch
         self.device = torch.device(f"cuda:{gpu}")
         torch_dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[dtype]
-        kwargs = {"attn_implementation": attn_implementation}
+        kwargs: dict = {"attn_implementation": attn_implementation}
+        source: str | None = str(weights) if isinstance(weights, (str, os.PathLike)) else None
+        if source is None:  # a list of files: config.json beside the first, the files' tensors as the state dict
+            from safetensors.torch import load_file
+            from transformers import Qwen3Config
+
+            files = [str(f) for f in weights]
+            state_dict: dict = {}
+            for f in files:
+                state_dict.update(load_file(f))
+            kwargs.update(config=Qwen3Config.from_pretrained(str(Path(files[0]).parent)), state_dict=state_dict)
         try:
-            model = Qwen3ForCausalLM.from_pretrained(str(weights), dtype=torch_dtype, **kwargs)
+            model = Qwen3ForCausalLM.from_pretrained(source, dtype=torch_dtype, **kwargs)
         except TypeError:  # transformers 4.x spells it torch_dtype
-            model = Qwen3ForCausalLM.from_pretrained(str(weights), torch_dtype=torch_dtype, **kwargs)
+            model = Qwen3ForCausalLM.from_pretrained(source, torch_dtype=torch_dtype, **kwargs)
         self.model = model.to(self.device).eval()
 
     def logits(self, ids: list[int], start: int = 0) -> np.ndarray:

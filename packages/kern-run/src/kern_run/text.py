@@ -1,21 +1,26 @@
 """Tokenizer and stop tokens of a Hugging Face checkpoint directory, and streaming detokenization.
 
-The tokenizer is `tokenizer.json` next to the weights, loaded with the `tokenizers` library. Stop tokens
-are the union of `eos_token_id` in generation_config.json and config.json (an int or a list).
+The tokenizer is `tokenizer.json` next to the weights (in the checkpoint directory, or beside the weights
+file: the first file of a `--weights` list), loaded with the `tokenizers` library. Stop tokens are the union
+of `eos_token_id` in generation_config.json and config.json (an int or a list).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, TextIO
+from typing import Any, Callable, TextIO
 
 from .errors import InputError
 from .jsonfile import read_json
 
 
-def checkpoint_dir(weights: Path) -> Path:
-    """The directory holding config/tokenizer files: `weights` itself, or a weights file's directory."""
+def checkpoint_dir(weights: Any) -> Path:
+    """The directory holding config/tokenizer files: `weights` itself, or a weights file's directory; for a
+    list of .safetensors files (config.Weights), the directory of the first."""
+    if not isinstance(weights, (str, Path)):
+        weights = list(weights)[0]
+    weights = Path(weights)
     return weights if weights.is_dir() else weights.parent
 
 
@@ -61,7 +66,7 @@ def eos_ids_of(ckpt: Path) -> frozenset[int]:
     return frozenset(ids)
 
 
-def load_codec(weights: Path) -> TextCodec:
+def load_codec(weights: Any) -> TextCodec:
     """TextCodec of the checkpoint at `weights`. Raises InputError when tokenizer.json is missing or unusable,
     or a config file's eos_token_id is malformed."""
     from tokenizers import Tokenizer

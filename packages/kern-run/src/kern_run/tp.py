@@ -19,12 +19,12 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from .config import RunConfig
+from .config import RunConfig, runtime_weights
 from .errors import RefusalError, WeightsError
 from .generate import GenerateOptions, GenerateResult, Generator
 from .preflight import (
     ManifestFacts, check_kernels, check_prompt, check_weights, checkpoint_tensors, load_verified, probe_device,
-    read_manifest, resolve_chunk,
+    read_manifest, resolve_chunk, weight_list_files,
 )
 from .text import StreamDecoder, checked_prompt, load_codec
 
@@ -91,14 +91,14 @@ def tp_preflight(cfg: RunConfig, tp: int) -> ManifestFacts:
                            f"--tp {tp} --out-dir {Path(cfg.manifest).parent} ...")
     facts = read_manifest(paths[0])
     check_kernels(facts, cfg.kernels)
-    tensors = checkpoint_tensors(Path(cfg.weights))
+    tensors = checkpoint_tensors(cfg.weights)
     for rank, path in enumerate(paths):
         rank_facts = facts
         if rank:
             raw, parsed = load_verified(path, f"; regenerate it with tools/gen_qwen3_tp.py --tp {tp}")
             rank_facts = replace(facts, raw=raw, parsed=parsed)
         try:
-            check_weights(rank_facts, tensors, Path(cfg.weights))
+            check_weights(rank_facts, tensors, cfg.weights)
         except WeightsError as exc:
             raise WeightsError(f"--tp {tp} rank {rank} ({path.name}): {exc}") from None
     return facts
@@ -117,7 +117,7 @@ def open_tp(cfg: RunConfig, tp: int, eos_ids: frozenset[int], log: Any,
     paths = [rank_manifest(Path(cfg.manifest), tp, r) for r in range(tp)]
     for r in range(tp):
         probe_device(cfg.gpu + r)
-    tensors = SafetensorsTensors.open(str(cfg.weights))
+    tensors = SafetensorsTensors.open(runtime_weights(cfg.weights))
     rts = []
     t0 = time.perf_counter()
     try:
@@ -138,6 +138,7 @@ def run_tp(cfg: RunConfig, prompt: str, steps: int, eager: bool, ignore_eos: boo
            out: TextIO | None = None) -> GenerateResult:
     """`kern run --tp N`: like run_target, over N GPUs. Raises RefusalError / kern_runtime.KernError."""
     out = out if out is not None else sys.stdout
+    weight_list_files(cfg.weights)  # a --weights list's entries before the tokenizer beside its first file
     codec = load_codec(cfg.weights)
     facts = tp_preflight(cfg, tp)  # host-only checks (prompt included) before any GPU is touched
     chunk = resolve_chunk(cfg.chunk, facts)
