@@ -131,8 +131,9 @@ def test_kern_toml_weights_list(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("value, needles", [
     ("[]", ["weights = []", "at least one path"]),
-    ('["a.safetensors", 2]', ["weights = ['a.safetensors', 2]", "entry 1 (2)", "path string"]),
-    ('["a.safetensors", "b\\u0000.safetensors"]', ["entry 1", "NUL"]),
+    ('["a.safetensors", 2]', ["weights = ['a.safetensors', 2]", "entry 2 (2)", "path string"]),
+    ('["a.safetensors", "b\\u0000.safetensors"]', ["entry 2", "NUL"]),
+    ('["", "a.safetensors"]', ["entry 1 is an empty path"]),
     ("5", ["weights = 5", "must be a path string or a list"]),
 ])
 def test_kern_toml_bad_weights_list(tmp_path: Path, value: str, needles: list[str]) -> None:
@@ -315,3 +316,41 @@ def test_single_path_unchanged(with_device, load_calls, tiny_ckpt: Path, tiny_ma
     line = _refused(_invoke("run", *_target(untied, kernels_dir, tiny_ckpt)), 2, "lm_head.weight")
     assert f"checkpoint {tiny_ckpt} has no tensor" in line
     _refused(_invoke("run", *_target(tiny_manifest, kernels_dir, tmp_path / "nowhere")), 2, "make_checkpoint.py")
+
+
+def test_duplicates_fold_through_the_filesystem_not_the_spelling(tmp_path: Path) -> None:
+    """`lnk/../a.safetensors` with lnk a symlink into another directory is that directory's a.safetensors, not
+    ./a.safetensors: both stay in the list. A symlink to a listed file and the file itself fold to one entry,
+    kept as first written. An empty path in a list is refused by number."""
+    from kern_run.config import normalize_weights
+    from kern_run.errors import ConfigError
+
+    (tmp_path / "other" / "deep").mkdir(parents=True)
+    (tmp_path / "w").mkdir()
+    for d in ("other", "w"):
+        (tmp_path / d / "a.safetensors").write_bytes(b"x")
+    (tmp_path / "w" / "lnk").symlink_to(tmp_path / "other" / "deep")
+    (tmp_path / "w" / "alias.safetensors").symlink_to(tmp_path / "w" / "a.safetensors")
+    w = tmp_path / "w"
+    assert normalize_weights([w / "lnk" / ".." / "a.safetensors", w / "a.safetensors"]) == (
+        w / "lnk" / ".." / "a.safetensors", w / "a.safetensors")
+    assert normalize_weights([w / "alias.safetensors", w / "a.safetensors"]) == w / "alias.safetensors"
+    with pytest.raises(ConfigError, match="entry 2 of 2 is an empty path"):
+        normalize_weights([w / "a.safetensors", ""])
+
+
+def test_kern_toml_list_keeps_symlinked_paths_as_written(tmp_path: Path) -> None:
+    """A kern.toml list entry that is a symlink (a Hugging Face cache snapshot) stays as written, so its
+    .safetensors name and the files beside it (tokenizer.json) are those of the snapshot directory."""
+    from kern_run.config import resolve_config
+
+    blobs, snap = tmp_path / "blobs", tmp_path / "snap"
+    blobs.mkdir()
+    snap.mkdir()
+    for i in (1, 2):
+        (blobs / f"sha{i}").write_bytes(b"x")
+        (snap / f"model-{i}.safetensors").symlink_to(blobs / f"sha{i}")
+    toml = tmp_path / "kern.toml"
+    toml.write_text('[targets.t]\nmanifest = "m.json"\nkernels = "k"\n'
+                    'weights = ["snap/model-1.safetensors", "snap/model-2.safetensors"]\n')
+    assert resolve_config(toml, "t", {}).weights == (snap / "model-1.safetensors", snap / "model-2.safetensors")

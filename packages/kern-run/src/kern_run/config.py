@@ -42,14 +42,18 @@ Weights = Union[Path, tuple[Path, ...]]
 
 
 def normalize_weights(value: "str | os.PathLike[str] | Sequence[str | os.PathLike[str]]") -> Weights:
-    """`Weights` from one path or a sequence of paths: the same path given twice (after `.` / `..` / a trailing
-    slash are folded, relative to the current directory) counts once, in the order first given; one left is
-    that path alone (a directory allowed), several a tuple (files only: preflight checks them)."""
+    """`Weights` from one path or a sequence of paths: two entries naming the same file (`os.path.realpath`:
+    symlinks and `..` resolved through the filesystem, relative to the current directory) count once, as first
+    written and in the order first given; one left is that path alone (a directory allowed), several a tuple
+    (files only: preflight checks them). Raises ConfigError for an empty path in a list."""
     if isinstance(value, (str, os.PathLike)):
         return Path(value)
     unique: dict[str, Path] = {}
-    for entry in value:
-        unique.setdefault(os.path.normpath(os.path.abspath(os.fspath(entry))), Path(entry))
+    entries = list(value)
+    for i, entry in enumerate(entries):
+        if not os.fspath(entry):
+            raise ConfigError(f"weights: entry {i + 1} of {len(entries)} is an empty path")
+        unique.setdefault(os.path.realpath(os.fspath(entry)), Path(entry))
     paths = tuple(unique.values())
     if not paths:
         raise ConfigError("weights: an empty list of paths: give a checkpoint directory or .safetensors files")
@@ -130,10 +134,13 @@ def load_targets(path: Path) -> tuple[str | None, dict[str, dict[str, Any]]]:
                                       "checkpoint directory, or .safetensors files)")
                 for i, entry in enumerate(value):
                     if not isinstance(entry, str):
-                        raise ConfigError(f"{path}: [targets.{name}] weights = {value!r}: entry {i} ({entry!r}) "
+                        raise ConfigError(f"{path}: [targets.{name}] weights = {value!r}: entry {i + 1} ({entry!r}) "
                                           "must be a path string")
+                    if not entry:
+                        raise ConfigError(f"{path}: [targets.{name}] weights = {value!r}: entry {i + 1} is an empty "
+                                          "path")
                     if "\0" in entry:
-                        raise ConfigError(f"{path}: [targets.{name}] weights = {value!r}: entry {i} ({entry!r}) "
+                        raise ConfigError(f"{path}: [targets.{name}] weights = {value!r}: entry {i + 1} ({entry!r}) "
                                           "contains a NUL character: not a usable path")
                 continue
             if key in PATH_KEYS and not isinstance(value, str):
@@ -148,9 +155,12 @@ def load_targets(path: Path) -> tuple[str | None, dict[str, dict[str, Any]]]:
         out = dict(fields)
         for key in ("manifest", "kernels", "weights"):
             if key in out:
-                entries = out[key] if isinstance(out[key], list) else [out[key]]
-                resolved = [(base / e).resolve() if not Path(e).is_absolute() else Path(e) for e in entries]
-                out[key] = normalize_weights(resolved) if isinstance(out[key], list) else resolved[0]
+                if isinstance(out[key], list):  # relative to the file, as written (symlinks kept: normalize_weights
+                    # folds entries naming one file, and side files are looked up beside the path as written)
+                    out[key] = normalize_weights([Path(e) if Path(e).is_absolute() else base / e for e in out[key]])
+                else:
+                    value = str(out[key])
+                    out[key] = (base / value).resolve() if not Path(value).is_absolute() else Path(value)
         targets[name] = out
     default = raw.get("default")
     if default is not None and not isinstance(default, str):

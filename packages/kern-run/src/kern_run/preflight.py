@@ -247,15 +247,16 @@ def weight_list_files(weights: Any) -> list[Path]:
     count = len(unique)
     for i, path in enumerate(unique, 1):
         where = f"weights list entry {i} of {count} ({path})"
+        if not path.exists():
+            raise WeightsError(f"{where} does not exist: fix the path or drop it from the list")
         if path.is_dir():
             raise WeightsError(f"{where} is a directory: a directory is only allowed alone (one --weights, or a "
                                "kern.toml `weights` string); in a list, name its .safetensors files")
-        if path.suffix != ".safetensors":
+        if path.suffix.lower() != ".safetensors":
             raise WeightsError(f"{where} is not a .safetensors file: a weights list holds only .safetensors "
                                "files (pass a checkpoint directory alone)")
         if not path.is_file():
-            what = "is not a regular file" if path.exists() else "does not exist"
-            raise WeightsError(f"{where} {what}: fix the path or drop it from the list")
+            raise WeightsError(f"{where} is not a regular file: fix the path or drop it from the list")
     return list(unique)
 
 
