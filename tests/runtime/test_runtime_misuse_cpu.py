@@ -89,6 +89,19 @@ def test_load_threads_loads_weights(fake_cuda: FakeDriver, tmp_path: Path, threa
         assert rt.weight_load_stats[0] == Q.nbytes
 
 
+def test_load_progress_callback_error_is_typed(fake_cuda: FakeDriver, tmp_path: Path) -> None:
+    """A progress callback that raises stops the load with ApiError naming it, chained to the original."""
+    seen = []
+
+    def progress(done: int, total: int) -> None:
+        seen.append((done, total))
+        raise KeyError("boom")
+
+    with pytest.raises(ApiError, match="progress callback raised KeyError") as info:
+        Runtime.load(weight_manifest(), tmp_path, tensors(), threads=1, progress=progress)
+    assert isinstance(info.value.__cause__, KeyError) and seen and seen[0][1] == Q.nbytes
+
+
 # ---------------------------------------------------------------- 3. handles of another runtime
 
 
@@ -201,6 +214,22 @@ def test_reserve_host_refuses_bad_counts_before_allocating(fake_cuda: FakeDriver
             rt.reserve_host(pages, slots)
         assert allocations(fake_cuda) == before and len(fake_cuda.mem) == live
         assert rt.reserve_host(4, 2) > 0  # still usable
+
+
+def test_reserve_host_refuses_more_than_physical_memory(fake_cuda: FakeDriver, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A host tier larger than the machine's memory is refused before anything is pinned; one that fits is not."""
+    import kern_runtime.pooled as pooled
+
+    with load_pool(tmp_path) as rt:
+        monkeypatch.setattr(pooled, "host_memory_bytes", lambda: 1 << 20)
+        before, live = allocations(fake_cuda), len(fake_cuda.mem)
+        with pytest.raises(ApiError, match=r"reserve_host\(10{30}, 0\): .* exceed this machine's 1048576 bytes"):
+            rt.reserve_host(10**30, 0)
+        assert allocations(fake_cuda) == before and len(fake_cuda.mem) == live
+        monkeypatch.setattr(pooled, "host_memory_bytes", lambda: None)  # the OS does not say: no check
+        assert rt.reserve_host(4, 2) > 0
+    assert pooled.host_memory_bytes() is None or pooled.host_memory_bytes() > 1 << 20
 
 
 # ---------------------------------------------------------------- 6. var values

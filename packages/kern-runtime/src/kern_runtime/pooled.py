@@ -20,6 +20,7 @@ because every later reuse (zeroing, copies, launches, wakes) is ordered after th
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -504,14 +505,20 @@ class PoolMethods:
     def reserve_host(self, pages: int, slots: int = 0) -> int:
         """One pinned allocation for `pages` host pages and `slots` host slots (state-major layout,
         host_tier.py), NUMA-preferred to the GPU's node on multi-node machines; a transfer stream.
-        Returns the bytes allocated. Raises ApiError when called twice, kern_pool `Misuse` when `pages` or
-        `slots` is not an int >= 0 (before anything is allocated)."""
+        Returns the bytes allocated. Raises ApiError when called twice or when the tier would exceed the
+        machine's physical memory (`os.sysconf` pages x page size; pinned memory cannot be swapped out), kern_pool
+        `Misuse` when `pages` or `slots` is not an int >= 0 (both before anything is allocated)."""
         ps = self._ps()
         if ps.host is not None:
             raise ApiError("reserve_host() was already called: the host tier is allocated once")
         pages = check_count(pages, "reserve_host pages")
         slots = check_count(slots, "reserve_host slots")
         geometry = HostGeometry(pages, slots, ps.layout.page_bytes, ps.layout.slot_bytes)
+        physical = host_memory_bytes()
+        if physical is not None and geometry.total_bytes > physical:
+            raise ApiError(f"reserve_host({pages}, {slots}): {geometry.total_bytes} bytes of pinned memory "
+                           f"({ps.layout.page_bytes} per page, {ps.layout.slot_bytes} per slot) exceed this "
+                           f"machine's {physical} bytes of physical memory")
         device = call("cuDeviceGet", self.gpu)
         node = numa_target(gpu_pci_bus_id(device))
         memory = PinnedHost(geometry.total_bytes, node)
@@ -634,3 +641,13 @@ class PoolMethods:
         issue_copies(hs.copies(inner.plan, ps.pages, ps.slots), self.stream)
         inner.land()
         return Lease(self, inner.lease)
+
+
+def host_memory_bytes() -> int | None:
+    """Physical memory of this machine in bytes (`SC_PHYS_PAGES` x `SC_PAGE_SIZE`), None where the OS does not
+    say."""
+    try:
+        pages, size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
+    return pages * size if pages > 0 and size > 0 else None

@@ -33,7 +33,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ..driver import call, cu
-from ..errors import DriverError, WeightArtifactError
+from ..errors import ApiError, DriverError, WeightArtifactError
 from .plan import BindPlan, Copy, split_copy
 from .tensors import DeviceBlob, FileBlob, HostBlob, Tensors
 
@@ -140,10 +140,15 @@ class WeightLoader:
         self._total = 0
 
     def _advance(self, nbytes: int) -> None:
+        """Count `nbytes` as loaded and report to the progress callback. Raises ApiError (chained to what the
+        callback raised) when the callback fails: the load then stops as on any worker error."""
         with self._lock:
             self._done += nbytes
             if self.progress is not None:
-                self.progress(self._done, self._total)
+                try:
+                    self.progress(self._done, self._total)
+                except Exception as exc:
+                    raise ApiError(f"the load's progress callback raised {type(exc).__name__}: {exc}") from exc
 
     def _time(self, spent: dict[str, float]) -> None:
         with self._lock:
