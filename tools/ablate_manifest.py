@@ -32,7 +32,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gen_qwen3 import dumps, manifest_digest, write_files  # noqa: E402
+from gen_qwen3 import GenError, dumps, manifest_digest, read_json_file, write_files  # noqa: E402
 
 
 class AblationError(Exception):
@@ -105,17 +105,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     try:
-        manifest = json.loads(args.manifest.read_text(encoding="utf-8"))
+        manifest = read_json_file(args.manifest)[0]  # GenError "{path}: {why}" when unreadable, not UTF-8 or JSON
         out = ablate(manifest, [op for op in args.drop.split(",") if op],
                      [entry for entry in args.drop_entry.split(",") if entry])
-    except UnicodeDecodeError as exc:
-        print(f"ablate_manifest: {args.manifest}: not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset "
-              f"{exc.start})", file=sys.stderr)
+    except GenError as exc:
+        print(f"ablate_manifest: {exc}", file=sys.stderr)
         return 1
-    except OSError as exc:
-        print(f"ablate_manifest: {args.manifest}: {exc.strerror or exc}", file=sys.stderr)
-        return 1
-    except (json.JSONDecodeError, AblationError) as exc:
+    except AblationError as exc:
         print(f"ablate_manifest: {args.manifest}: {exc}", file=sys.stderr)
         return 1
     try:

@@ -45,6 +45,10 @@ if __package__ in (None, ""):  # run as a script: make `tools` importable
 from tools.atomic_files import write_files  # noqa: E402
 from tools.kernel_abi import KernelAbiError, parse_kparam_info, parse_res_usage  # noqa: E402
 
+# kern-manifest is standard library only: importable from the checkout by any python3
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "packages" / "kern-manifest" / "src"))
+from kern_manifest import json_text_fault  # noqa: E402 - why a JSON file is unusable, worded as everywhere in kern
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 FORMAT = "kern-kernels/1"
 ARCH = "sm_90"
@@ -185,13 +189,17 @@ def build_all(src_dir: Path, out_dir: Path, tc: Toolchain, work_dir: Path, modul
 
 
 def _read_json(path: Path, what: str) -> dict:
-    """A committed kernels.json. Raises BuildError naming the file when it is missing, unreadable or not JSON."""
+    """A committed kernels.json. Raises BuildError naming the file when it is missing, unreadable, not UTF-8 or
+    not (usable) JSON (the reason is kern_manifest.json_text_fault's)."""
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise BuildError(f"{path}: {what}: {exc.strerror or exc}") from None
-    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
-        raise BuildError(f"{path}: {what}: not JSON ({exc})") from None
+    except (ValueError, RecursionError) as exc:  # not UTF-8, invalid JSON, too deep, past the digit limit
+        reason = json_text_fault(exc)
+        if reason is None:
+            raise
+        raise BuildError(f"{path}: {what}: {reason}") from None
     if not isinstance(doc, dict):
         raise BuildError(f"{path}: {what}: a JSON {type(doc).__name__}, expected an object")
     return doc

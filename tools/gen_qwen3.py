@@ -63,6 +63,10 @@ from typing import Any
 
 from atomic_files import write_files  # noqa: F401 - the writer ablate_manifest, gen_qwen3_tp, pick_algos and regen reuse
 
+# kern-manifest is standard library only: importable from the checkout by any python3
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "packages" / "kern-manifest" / "src"))
+from kern_manifest import json_text_fault  # noqa: E402 - why a JSON file is unusable, worded as everywhere in kern
+
 FORMAT = "kern-manifest/1"
 GENERATOR = "tools/gen_qwen3.py"
 GENERATOR_VERSION = 2
@@ -319,8 +323,11 @@ def load_algos(path: Path, chunk_max: int) -> tuple[tuple, tuple, tuple]:
 
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise GenError(f"{path}: not a pins file ({exc})") from None
+    except (ValueError, RecursionError) as exc:  # not UTF-8, invalid JSON, too deep, past the digit limit
+        reason = json_text_fault(exc)
+        if reason is None:
+            raise
+        raise GenError(f"{path}: not a pins file: {reason}") from None
     if not isinstance(doc, dict):
         raise GenError(f"{path}: not a pins file (a JSON {type(doc).__name__}, expected an object)")
     if doc.get("format") != "kern-cublaslt-pins/1":
@@ -994,22 +1001,17 @@ def verify_with_kern_manifest(text: str) -> str:
 
 def read_json_file(path: Path) -> tuple[Any, str]:
     """(the parsed JSON, the text) of a file. Raises GenError naming the file when it cannot be read, is not UTF-8
-    or is not JSON."""
+    or is not (usable) JSON: `{path}: {kern_manifest.json_text_fault's reason}`."""
     try:
         text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise GenError(f"{path}: not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start})") from None
+        return json.loads(text), text
     except OSError as exc:
         raise GenError(f"{path}: {exc.strerror or exc}") from None
-    try:
-        return json.loads(text), text
-    except json.JSONDecodeError as exc:
-        raise GenError(f"{path}: not JSON ({exc})") from None
-    except RecursionError:
-        raise GenError(f"{path}: not usable JSON: nested too deeply") from None
-    except ValueError:  # not a JSONDecodeError: an integer literal past Python's digit limit
-        raise GenError(f"{path}: not usable JSON: an integer literal has more than "
-                       f"{sys.get_int_max_str_digits()} digits") from None
+    except (ValueError, RecursionError) as exc:  # not UTF-8, invalid JSON, too deep, past the digit limit
+        reason = json_text_fault(exc)
+        if reason is None:
+            raise
+        raise GenError(f"{path}: {reason}") from None
 
 
 def config_from_args(args: argparse.Namespace) -> tuple[dict[str, Any], str]:

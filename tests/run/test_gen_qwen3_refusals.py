@@ -6,6 +6,7 @@ pins that match nothing. One stderr line naming the file / key / option, exit 1,
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -236,7 +237,7 @@ def test_valid_configs_keep_their_values_and_defaults() -> None:
 @pytest.mark.parametrize(("content", "reason"), [
     (b"\xff{}", "not UTF-8 text (byte 0xff at offset 0)"),
     (b"[1, 2]", "a JSON list, expected a config.json object"),
-    (b'{"model_type": ', "not JSON (Expecting value: line 1 column 16 (char 15))"),
+    (b'{"model_type": ', "not JSON (Expecting value at line 1 column 16)"),
     (json.dumps(_cfg(num_key_value_heads=0)).encode(), "num_key_value_heads = 0 must be a JSON integer >= 1"),
     (json.dumps(_cfg(hidden_size="abc")).encode(), "hidden_size = 'abc' must be a JSON integer >= 1"),
 ])
@@ -313,8 +314,8 @@ def test_cli_bad_kernels_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     out = tmp_path / "m.json"
     kernels = tmp_path / "kernels.json"
     for content, reason in ((b"[1]", "a JSON list, expected a kernels.json object"),
-                            (b"{", "not JSON (Expecting property name enclosed in double quotes: line 1 column 2 "
-                                   "(char 1))"),
+                            (b"{", "not JSON (Expecting property name enclosed in double quotes at line 1 "
+                                   "column 2)"),
                             (b"\xfe", "not UTF-8 text (byte 0xfe at offset 0)")):
         kernels.write_bytes(content)
         assert gq.main(["--shape", "tiny", "--kernels", str(kernels), "--out", str(out)]) == 1
@@ -416,9 +417,10 @@ def test_regen_out_dir_must_exist(tmp_path: Path, capsys: pytest.CaptureFixture[
 def test_read_json_file_refuses_json_python_cannot_decode(tmp_path: Path) -> None:
     deep = tmp_path / "deep.json"
     deep.write_text("[" * 100_000 + "]" * 100_000)
-    with pytest.raises(gq.GenError, match="deep.json: not usable JSON: nested too deeply"):
+    with pytest.raises(gq.GenError, match=r"deep.json: not usable JSON \(nested too deeply\)$"):
         gq.read_json_file(deep)
     big = tmp_path / "big.json"
     big.write_text('{"vocab_size": ' + "7" * 5000 + "}")
-    with pytest.raises(gq.GenError, match="big.json: not usable JSON: an integer literal has more than"):
+    with pytest.raises(gq.GenError, match=r"big.json: not usable JSON \(an integer literal has more than "
+                                          rf"{sys.get_int_max_str_digits()} digits\)$"):
         gq.read_json_file(big)

@@ -189,7 +189,7 @@ BAD_UTF8 = b'{"a": "\xff\xfe"}\n'
 def test_non_utf8_manifest(tmp_path: Path) -> None:
     path = tmp_path / "m.json"
     path.write_bytes(BAD_UTF8)
-    with pytest.raises(ConfigError, match=re.escape(str(path)) + r" is not UTF-8 text \(byte 7\)"):
+    with pytest.raises(ConfigError, match=re.escape(str(path)) + r" is not UTF-8 text \(byte 0xff at offset 7\)"):
         preflight.read_manifest(path)
 
 
@@ -209,7 +209,7 @@ def test_non_utf8_kern_toml(tmp_path: Path) -> None:
 def test_non_utf8_prompts(tmp_path: Path) -> None:
     path = tmp_path / "p.txt"
     path.write_bytes(b"hello\n\xff\n")
-    with pytest.raises(InputError, match=re.escape(f"--prompts {path}") + r": not UTF-8 text \(byte 6\)"):
+    with pytest.raises(InputError, match=re.escape(f"--prompts {path}") + r": not UTF-8 text \(byte 0xff at offset 6\)"):
         read_prompts(path)
 
 

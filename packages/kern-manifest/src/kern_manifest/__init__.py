@@ -66,6 +66,7 @@ from .model import (
     var_min,
 )
 from .files import MAX_MANIFEST_BYTES, read_manifest_bytes
+from .jsontext import json_text_fault
 from .parse import parse_manifest
 from .verify import find_faults, verify
 
@@ -90,6 +91,6 @@ __all__ = [
     "ManifestVerifyError", "Module", "NullWiring", "Op", "OpArg", "PackField", "PackLiteralField", "PackPointerField",
     "PackTensorMapField", "PackWiring", "PagesOf", "PeersOf", "Program", "ProgramCall", "RankGroup", "RankWiring",
     "Ref", "RowsSegment", "ScratchWiring", "Segment", "State", "TensorMap", "TensorSegment", "Topology", "Var",
-    "Wiring", "canonical_json", "dtype_size", "encoding_size", "family_digest_of", "find_faults", "load_manifest",
-    "parse_expr", "parse_manifest", "var_max", "var_min", "verify",
+    "Wiring", "canonical_json", "dtype_size", "encoding_size", "family_digest_of", "find_faults", "json_text_fault",
+    "load_manifest", "parse_expr", "parse_manifest", "var_max", "var_min", "verify",
 ]

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from collections.abc import Mapping
 from typing import Any
 
 from .errors import ManifestParseError
 from .expr import Expr
 from .frozen import FrozenMap, freeze, index_path, key_path
+from .jsontext import json_text_fault
 from .model import (
     ALGO_KEYS,
     Algo,
@@ -195,13 +195,13 @@ def _loads(text: str | bytes) -> Any:
 
     try:
         return json.loads(text, object_pairs_hook=pairs, parse_constant=constant)
-    except json.JSONDecodeError as exc:
-        raise ManifestParseError("$", f"not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
-    except (UnicodeDecodeError, RecursionError) as exc:
-        raise ManifestParseError("$", f"not JSON: {exc}") from None
-    except ValueError:  # not a JSONDecodeError: an integer literal past Python's digit limit
-        raise ManifestParseError("$", f"an integer literal has more than {sys.get_int_max_str_digits()} digits "
-                                      "(no manifest number needs more than 20)") from None
+    except (ValueError, RecursionError) as exc:  # invalid JSON or UTF-8, too deep, past the digit limit
+        reason = json_text_fault(exc)
+        if reason is None:
+            raise
+        if type(exc) is ValueError:  # an integer literal past Python's digit limit
+            reason += "; no manifest number needs more than 20 digits"
+        raise ManifestParseError("$", reason) from None
 
 
 def parse_manifest(text_or_obj: str | bytes | Mapping[str, Any]) -> Manifest:

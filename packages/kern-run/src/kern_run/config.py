@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence, Union
 
+from kern_manifest import json_text_fault
+
 from .errors import ConfigError
 
 TOML_NAME = "kern.toml"
@@ -109,7 +111,7 @@ def load_targets(path: Path) -> tuple[str | None, dict[str, dict[str, Any]]]:
     try:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
     except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path} is not UTF-8 text (byte {exc.start})") from None
+        raise ConfigError(f"{path} is {json_text_fault(exc)}") from None
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise ConfigError(f"{path}: {exc}") from None
     except RecursionError:

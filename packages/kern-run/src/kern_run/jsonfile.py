@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any, Callable
+
+from kern_manifest import json_text_fault
 
 from .errors import RefusalError
 
@@ -13,9 +14,10 @@ from .errors import RefusalError
 def read_text(path: Path, what: str, error: type[RefusalError], hint: str = "",
               read: Callable[[Path], bytes] | None = None) -> str:
     """The UTF-8 text of `path`. Raises `error` naming `what` and the file for an unreadable file (OS error)
-    or non-UTF-8 bytes (with the byte offset); `hint` ("; fix it") ends each message. `read`: how to read the
-    file's bytes when not plainly (a manifest: kern_manifest.cli.read_manifest_bytes, which refuses a file that is
-    not regular or is too large with an OSError)."""
+    or non-UTF-8 bytes (kern_manifest.json_text_fault's reason: the byte and its offset); `hint` ("; fix it")
+    ends each message. `read`: how to read the file's bytes when not plainly (a manifest:
+    kern_manifest.read_manifest_bytes, which refuses a file that is not regular or is too large with an
+    OSError)."""
     try:
         if read is not None:
             return read(Path(path)).decode("utf-8")
@@ -23,34 +25,23 @@ def read_text(path: Path, what: str, error: type[RefusalError], hint: str = "",
     except OSError as exc:
         raise error(f"{what} {path}: {exc.strerror or exc}{hint}") from None
     except UnicodeDecodeError as exc:
-        raise error(f"{what} {path} is not UTF-8 text (byte {exc.start}){hint}") from None
-
-
-def json_fault(exc: Exception) -> str | None:
-    """Why json.loads refused: the text for an exception it raises on bad input (invalid JSON, nesting past
-    Python's recursion limit, an integer literal past Python's digit limit), None for any other exception."""
-    if isinstance(exc, json.JSONDecodeError):
-        return str(exc)
-    if isinstance(exc, RecursionError):
-        return "nested too deeply"
-    if isinstance(exc, ValueError) and not isinstance(exc, UnicodeError):
-        return f"an integer literal has more than {sys.get_int_max_str_digits()} digits"
-    return None
+        raise error(f"{what} {path} is {json_text_fault(exc)}{hint}") from None
 
 
 def parse_json(text: str, path: Path, what: str, error: type[RefusalError], hint: str = "") -> Any:
     """The parsed JSON `text` read from `path`. Raises `error` naming `what` and the file for invalid JSON,
-    nesting too deep to decode or an integer literal with more digits than Python converts."""
+    nesting too deep to decode or an integer literal with more digits than Python converts (the reason is
+    kern_manifest.json_text_fault's)."""
     try:
         return json.loads(text)
     except (ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError
-        fault = json_fault(exc)
-        if fault is None:
+        reason = json_text_fault(exc)
+        if reason is None:
             raise
-        raise error(f"{what} {path} is not JSON ({fault}){hint}") from None
+        raise error(f"{what} {path} is {reason}{hint}") from None
 
 
 def read_json(path: Path, what: str, error: type[RefusalError], hint: str = "") -> Any:
     """The parsed JSON of `path`. Raises `error` naming `what` and the file for an unreadable file (OS error),
-    non-UTF-8 bytes (with the byte offset) or invalid JSON; `hint` ("; fix it") ends each message."""
+    non-UTF-8 bytes (with the byte and its offset) or invalid JSON; `hint` ("; fix it") ends each message."""
     return parse_json(read_text(path, what, error, hint), path, what, error, hint)

@@ -29,9 +29,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, TextIO
 
+from kern_manifest import json_text_fault
+
 from .errors import InputError
 from .generate import GenerateOptions, GenerateResult, Generator
-from .jsonfile import json_fault
 from .text import text_fault
 
 
@@ -50,7 +51,7 @@ def read_prompts(path: str | Path) -> list[str]:
     except OSError as exc:
         raise InputError(f"--prompts {path}: {exc}") from None
     except UnicodeDecodeError as exc:
-        raise InputError(f"--prompts {path}: not UTF-8 text (byte {exc.start})") from None
+        raise InputError(f"--prompts {path}: {json_text_fault(exc)}") from None
     lines = [line for _, line in numbered]
     if not lines:
         raise InputError(f"--prompts {path}: no prompts (the file is empty)")
@@ -60,10 +61,10 @@ def read_prompts(path: str | Path) -> list[str]:
             try:
                 obj = json.loads(line)
             except (ValueError, RecursionError) as exc:  # JSONDecodeError, too deep, an integer past the digit limit
-                fault = json_fault(exc)
-                if fault is None:
+                reason = json_text_fault(exc)
+                if reason is None:
                     raise
-                raise InputError(f"--prompts {path}:{i}: not JSON: {fault} (a file with any line starting with "
+                raise InputError(f"--prompts {path}:{i}: {reason} (a file with any line starting with "
                                  "'{' or '[' is read as JSONL)") from None
             if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str):
                 raise InputError(f"--prompts {path}:{i}: expected an object with a \"prompt\" string (a file "

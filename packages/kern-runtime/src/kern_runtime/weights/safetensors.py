@@ -17,9 +17,10 @@ import json
 import math
 import os
 import struct
-import sys
 from pathlib import Path, PurePosixPath
 from typing import Iterable, Sequence
+
+from kern_manifest import json_text_fault
 
 from ..dtypes import SAFETENSORS_DTYPE, item_bytes
 from ..errors import WeightArtifactError
@@ -46,21 +47,17 @@ def _loads(data: str | bytes, what: str) -> object:
     """json.loads of `data` (bytes must be UTF-8: the safetensors format's header encoding, and json.loads
     would otherwise also take UTF-16 / UTF-32); every way it can fail (invalid JSON or UTF-8, a key twice in
     one object, nesting past Python's recursion limit, an integer literal past its digit limit) is a
-    WeightArtifactError starting with `what`."""
+    WeightArtifactError starting with `what` (`what is <kern_manifest.json_text_fault's reason>`)."""
     try:
         text = data.decode("utf-8") if isinstance(data, (bytes, bytearray)) else data
         return json.loads(text, object_pairs_hook=_unique_object)
     except _DuplicateKey as exc:
         raise WeightArtifactError(f"{what} has the key {exc.args[0]!r} twice in one object") from None
-    except json.JSONDecodeError as exc:
-        raise WeightArtifactError(f"{what} is not JSON ({exc})") from None
-    except UnicodeDecodeError as exc:
-        raise WeightArtifactError(f"{what} is not UTF-8 (byte {exc.start})") from None
-    except RecursionError:
-        raise WeightArtifactError(f"{what} is not usable JSON: it is nested too deeply") from None
-    except ValueError:  # not a JSONDecodeError: an integer literal past Python's digit limit
-        raise WeightArtifactError(f"{what} is not usable JSON: an integer literal has more than "
-                                  f"{sys.get_int_max_str_digits()} digits") from None
+    except (ValueError, RecursionError) as exc:  # invalid JSON or UTF-8, too deep, past the digit limit
+        reason = json_text_fault(exc)
+        if reason is None:
+            raise
+        raise WeightArtifactError(f"{what} is {reason}") from None
 
 
 def read_safetensors_header(path: str | os.PathLike[str]) -> dict[str, tuple[TensorMeta, int, int]]:
@@ -130,7 +127,7 @@ def index_shards(index: Path) -> list[str]:
     except OSError as exc:
         raise WeightArtifactError(f"{index}: {exc.strerror or exc}") from None
     except UnicodeDecodeError as exc:
-        raise WeightArtifactError(f"{index} is not UTF-8 (byte {exc.start})") from None
+        raise WeightArtifactError(f"{index} is {json_text_fault(exc)}") from None
     raw = _loads(text, str(index))
     if not isinstance(raw, dict) or "weight_map" not in raw:
         raise WeightArtifactError(f"{index}: expected an object with a \"weight_map\" object (tensor name -> shard file)")
