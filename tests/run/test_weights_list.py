@@ -354,3 +354,5 @@ def test_kern_toml_list_keeps_symlinked_paths_as_written(tmp_path: Path) -> None
     toml.write_text('[targets.t]\nmanifest = "m.json"\nkernels = "k"\n'
                     'weights = ["snap/model-1.safetensors", "snap/model-2.safetensors"]\n')
     assert resolve_config(toml, "t", {}).weights == (snap / "model-1.safetensors", snap / "model-2.safetensors")
+    toml.write_text('[targets.t]\nmanifest = "m.json"\nkernels = "k"\nweights = "snap/model-1.safetensors"\n')
+    assert resolve_config(toml, "t", {}).weights == snap / "model-1.safetensors"  # one path: the same rule

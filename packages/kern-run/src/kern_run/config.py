@@ -160,6 +160,10 @@ def load_targets(path: Path) -> tuple[str | None, dict[str, dict[str, Any]]]:
                 if isinstance(out[key], list):  # relative to the file, as written (symlinks kept: normalize_weights
                     # folds entries naming one file, and side files are looked up beside the path as written)
                     out[key] = normalize_weights([Path(e) if Path(e).is_absolute() else base / e for e in out[key]])
+                elif key == "weights":  # relative to the file, symlinks kept (a snapshot file's side files
+                    # are beside the link, as for a list)
+                    value = str(out[key])
+                    out[key] = Path(value) if Path(value).is_absolute() else base / value
                 else:
                     value = str(out[key])
                     out[key] = (base / value).resolve() if not Path(value).is_absolute() else Path(value)
