@@ -1006,12 +1006,6 @@ struct PrefillSmemR32 {
     int64_t off[2][PF_BN];  // per tile token: element offset of its K row from kv_cache, or -1 if absent
 };
 
-KERN_DEV unsigned dynamic_smem_bytes() {
-    unsigned r;
-    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(r));
-    return r;
-}
-
 // Online softmax of one m-tile's 16 x 64 scores (s, in raw q.k units) into P (bf16 A fragments), the running
 // max / sum of its two rows (a = gid, b = gid + 8) and the rescale of its O accumulators: the operations of
 // prefill_body in the same order, so the rows come out identical.

@@ -48,6 +48,14 @@ KERN_DEV void load8(const __nv_bfloat16* row, int i0, int n, bool vec, float (&v
 // Programmatic dependent launch (sm_90, docs/kernels.md): wait until the previous kernel in the stream has
 // completed and its writes are visible / let the next kernel's blocks be scheduled. Both are no-ops in a
 // kernel launched without CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION.
+// Bytes of dynamic shared memory this launch was given (PTX %dynamic_smem_size): entries check it against
+// what they need before touching shared memory.
+KERN_DEV uint32_t dynamic_smem_bytes() {
+    uint32_t bytes;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(bytes));
+    return bytes;
+}
+
 KERN_DEV void kern_pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 KERN_DEV void kern_pdl_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 

@@ -190,12 +190,6 @@ KERN_DEV void gemv_body(const bf16* __restrict__ w, int n, int k, StageX stage_x
     }
 }
 
-KERN_DEV uint32_t dynamic_smem_bytes() {
-    uint32_t bytes;
-    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(bytes));
-    return bytes;
-}
-
 // Launch-shape guard shared by the entries: a partial warp would break the full-mask shuffles, and x
 // (16 * ceil(k / 8) bytes) must fit the dynamic shared memory the launch gave. Uniform over the grid, so
 // every block returns having read and written nothing; it waits first (PDL: a grid must not complete before
