@@ -33,10 +33,9 @@
 #include <math_constants.h>
 
 #include "common.cuh"
+#include "prefill.cuh"
 
-#define LOG2E 1.4426950408889634f
 #define LN2 0.6931471805599453f
-#define FULL_MASK 0xffffffffu
 
 // bf16 pair (low half first) -> two floats, exact.
 KERN_DEV float bf_lo(uint32_t u) { return __uint_as_float(u << 16); }
@@ -646,44 +645,8 @@ extern "C" __global__ void kern_attn_decode_reduce(const float* part_out,  // [s
 #undef RED_BATCH
 
 // ---------------------------------------------------------------------------------------------------
-// Prefill
+// Prefill (constants, mma / ldmatrix wrappers and the m-tile softmax: prefill.cuh)
 // ---------------------------------------------------------------------------------------------------
-#define PF_THREADS 128
-#define PF_WARPS (PF_THREADS / 32)
-#define PF_BN 64              // context tokens per K/V tile
-#define PF_MAX_D 128          // head_dim must be a multiple of 16 and at most this
-#define PF_LD (PF_MAX_D + 8)  // shared row stride in bf16 (272 bytes: conflict-free ldmatrix rows)
-
-KERN_DEV void mma_bf16_16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
-                             uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-KERN_DEV void ldsm_x4(uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3, const void* p) {
-    const unsigned a = (unsigned)__cvta_generic_to_shared(p);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-                 : "r"(a)
-                 : "memory");
-}
-
-KERN_DEV void ldsm_x4_trans(uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3, const void* p) {
-    const unsigned a = (unsigned)__cvta_generic_to_shared(p);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-                 : "r"(a)
-                 : "memory");
-}
-
-KERN_DEV uint32_t pack_bf16x2(float lo, float hi) {
-    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // .x (lo) in the low 16 bits
-    return *reinterpret_cast<const uint32_t*>(&v);
-}
-
 struct PrefillSmem {
     __nv_bfloat16 k[PF_BN][PF_LD];
     __nv_bfloat16 v[PF_BN][PF_LD];
@@ -1005,60 +968,6 @@ struct PrefillSmemR32 {
     __nv_bfloat16 v[2][PF_BN][PF_LD];
     int64_t off[2][PF_BN];  // per tile token: element offset of its K row from kv_cache, or -1 if absent
 };
-
-// Online softmax of one m-tile's 16 x 64 scores (s, in raw q.k units) into P (bf16 A fragments), the running
-// max / sum of its two rows (a = gid, b = gid + 8) and the rescale of its O accumulators: the operations of
-// prefill_body in the same order, so the rows come out identical.
-template <int NK>
-KERN_DEV void pf_softmax_tile(float (&s)[PF_BN / 8][4], float& m_a, float& m_b, float& l_a, float& l_b, float sl2,
-                              float (&o)[2 * NK][4], uint32_t (&pa)[PF_BN / 16][4]) {
-    float mx_a = -CUDART_INF_F, mx_b = -CUDART_INF_F;
-#pragma unroll
-    for (int nt = 0; nt < PF_BN / 8; ++nt) {
-        mx_a = fmaxf(mx_a, fmaxf(s[nt][0], s[nt][1]));
-        mx_b = fmaxf(mx_b, fmaxf(s[nt][2], s[nt][3]));
-    }
-    mx_a = fmaxf(mx_a, __shfl_xor_sync(FULL_MASK, mx_a, 1));
-    mx_a = fmaxf(mx_a, __shfl_xor_sync(FULL_MASK, mx_a, 2));
-    mx_b = fmaxf(mx_b, __shfl_xor_sync(FULL_MASK, mx_b, 1));
-    mx_b = fmaxf(mx_b, __shfl_xor_sync(FULL_MASK, mx_b, 2));
-    const float mn_a = fmaxf(m_a, mx_a * sl2), mn_b = fmaxf(m_b, mx_b * sl2);
-    const float base_a = (mn_a == -CUDART_INF_F) ? 0.0f : mn_a;
-    const float base_b = (mn_b == -CUDART_INF_F) ? 0.0f : mn_b;
-    const float alpha_a = exp2f(m_a - base_a), alpha_b = exp2f(m_b - base_b);
-    float sum_a = 0.0f, sum_b = 0.0f;
-#pragma unroll
-    for (int nt = 0; nt < PF_BN / 8; ++nt) {
-        s[nt][0] = exp2f(fmaf(s[nt][0], sl2, -base_a));
-        s[nt][1] = exp2f(fmaf(s[nt][1], sl2, -base_a));
-        s[nt][2] = exp2f(fmaf(s[nt][2], sl2, -base_b));
-        s[nt][3] = exp2f(fmaf(s[nt][3], sl2, -base_b));
-        sum_a += s[nt][0] + s[nt][1];
-        sum_b += s[nt][2] + s[nt][3];
-    }
-    sum_a += __shfl_xor_sync(FULL_MASK, sum_a, 1);
-    sum_a += __shfl_xor_sync(FULL_MASK, sum_a, 2);
-    sum_b += __shfl_xor_sync(FULL_MASK, sum_b, 1);
-    sum_b += __shfl_xor_sync(FULL_MASK, sum_b, 2);
-    l_a = l_a * alpha_a + sum_a;
-    l_b = l_b * alpha_b + sum_b;
-    m_a = mn_a;
-    m_b = mn_b;
-#pragma unroll
-    for (int dt = 0; dt < 2 * NK; ++dt) {
-        o[dt][0] *= alpha_a;
-        o[dt][1] *= alpha_a;
-        o[dt][2] *= alpha_b;
-        o[dt][3] *= alpha_b;
-    }
-#pragma unroll
-    for (int kk = 0; kk < PF_BN / 16; ++kk) {
-        pa[kk][0] = pack_bf16x2(s[2 * kk][0], s[2 * kk][1]);
-        pa[kk][1] = pack_bf16x2(s[2 * kk][2], s[2 * kk][3]);
-        pa[kk][2] = pack_bf16x2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-        pa[kk][3] = pack_bf16x2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-    }
-}
 
 // Warp w: q head g0 + (w % hpb), query rows row0 + (w / hpb) * 32 + [0, 32) as m-tiles mt = 0, 1 (rows
 // + 16 mt + [0, 16)). Fragment layouts as in prefill_body; Q A fragments come from sm.q by ldmatrix
