@@ -54,6 +54,15 @@ FORMAT = "kern-kernels/1"
 ARCH = "sm_90"
 # -cubin for one machine-code target; no -G / -lineinfo (they embed paths); fixed language standard.
 FLAGS = ("-cubin", f"-arch={ARCH}", "-O3", "-std=c++17")
+# Modules that use architecture-specific instructions (wgmma) build for sm_90a: such a cubin runs only on
+# compute capability 9.0 (H100 / H200), which is kern's one target anyway.
+MODULE_ARCH = {"attention_wg": "sm_90a"}
+
+
+def module_flags(module: str) -> tuple[str, ...]:
+    """nvcc flags of one module: FLAGS, with the module's own -arch where MODULE_ARCH names one."""
+    arch = MODULE_ARCH.get(module)
+    return FLAGS if arch is None else tuple(f"-arch={arch}" if f == f"-arch={ARCH}" else f for f in FLAGS)
 
 
 class BuildError(RuntimeError):
@@ -110,8 +119,9 @@ def _run(cmd: list[str], cwd: Path | None = None) -> str:
 
 
 def compile_module(tc: Toolchain, source: Path, out_cubin: Path) -> None:
-    """nvcc FLAGS source -o out_cubin, run from the source's directory with a relative source name."""
-    _run([tc.nvcc, *FLAGS, "-o", str(out_cubin), source.name], cwd=source.parent)
+    """nvcc module_flags(source's module) source -o out_cubin, run from the source's directory with a relative
+    source name."""
+    _run([tc.nvcc, *module_flags(source.stem), "-o", str(out_cubin), source.name], cwd=source.parent)
 
 
 def describe_cubin(tc: Toolchain, cubin: Path) -> dict[str, dict]:
@@ -167,7 +177,7 @@ def build_all(src_dir: Path, out_dir: Path, tc: Toolchain, work_dir: Path, modul
             "file": f"{module}-{digest[:12]}.cubin",
             "sha256": digest,
             "source": rel_source,
-            "flags": list(FLAGS),
+            "flags": list(module_flags(module)),
             "entries": describe_cubin(tc, tmp_cubin),
         }
 

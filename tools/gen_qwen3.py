@@ -83,6 +83,7 @@ KERNEL_SIGNATURES: dict[str, tuple[str, tuple[str, ...]]] = {
     "kern_attn_decode_reduce": ("attention", ("p",) * 4 + ("i32",) * 4),
     "kern_attn_prefill": ("attention", ("p",) * 6 + ("i32",) * 6 + ("f32",)),
     "kern_attn_prefill_r32": ("attention", ("p",) * 6 + ("i32",) * 6 + ("f32",)),
+    "kern_attn_prefill_wg": ("attention_wg", ("p",) * 6 + ("i32",) * 6 + ("f32",)),
     "kern_silu_mul": ("act", ("p", "p", "i32", "i32")),
     "kern_argmax_partial": ("argmax", ("p", "i32", "i32", "p", "p", "i32")),
     "kern_argmax_final": ("argmax", ("p", "p", "i32", "p")),
@@ -108,7 +109,7 @@ PDL_ENTRIES = frozenset({
     "kern_attn_decode_partial", "kern_attn_decode_partial_fast", "kern_attn_decode_reduce", "kern_attn_prefill",
     "kern_qk_norm_rope_kv", "kern_embed_gather", "kern_argmax_partial", "kern_argmax_final",
     "kern_decode_advance", "kern_attn_decode_partial_early", "kern_attn_decode_partial_wide",
-    "kern_attn_prefill_r32", "kern_qk_norm_rope_kv_warp",
+    "kern_attn_prefill_r32", "kern_qk_norm_rope_kv_warp", "kern_attn_prefill_wg",
 })
 # --decode-attn values with kern_attn_decode_partial_early's contract (reads before the PDL wait, slot_mapping
 # passed): name -> (entry, threads per block, largest head_dim); docs/kernels.md "Entries".
@@ -117,12 +118,18 @@ EARLY_PARTIALS: dict[str, tuple[str, int, int]] = {
     "wide": ("kern_attn_decode_partial_wide", 256, 128),
 }
 DECODE_ATTN = ("split", *EARLY_PARTIALS)
-# --prefill-attn values: name -> (entry, query rows per grid.x step, dynamic shared memory bytes);
-# docs/kernels.md "Prefill". Both compute every row bit for bit alike (tests/kernels/test_kernels_gpu.py).
-PREFILL_ATTN: dict[str, tuple[str, int, int]] = {
-    "r16": ("kern_attn_prefill", 16, 0),
-    "r32": ("kern_attn_prefill_r32", 32, 105472),
+# --prefill-attn values: name -> (entry, query rows per grid.x step, dynamic shared memory bytes, threads per
+# block); docs/kernels.md "Prefill". Every entry computes every row bit for bit alike
+# (tests/kernels/test_kernels_gpu.py): r16 / r32 on mma.sync, wg on Hopper wgmma (attention_wg.cu, two
+# warpgroups sharing each K / V tile; head_dim 64 or 128 only: PREFILL_WG_HEAD_DIMS). "auto" (the default) is
+# wg where the head_dim allows, else r32.
+PREFILL_ATTN: dict[str, tuple[str, int, int, int]] = {
+    "r16": ("kern_attn_prefill", 16, 0, 128),
+    "r32": ("kern_attn_prefill_r32", 32, 105472, 128),
+    "wg": ("kern_attn_prefill_wg", 32, 102912, 256),
 }
+# head_dims kern_attn_prefill_wg is compiled for (its O += P V is one wgmma of N = head_dim)
+PREFILL_WG_HEAD_DIMS = (64, 128)
 TYPE_BYTES = {"p": 8, "i32": 4, "f32": 4, "i64": 8}
 
 
@@ -259,10 +266,11 @@ class GenOptions:
     # holds the early-contract entries. A fused one-launch entry and an L2 prefetch of later weights measured
     # slower and were removed (docs/perf.md "Decode, fourth session"; their cubins stay in kernels/)
     decode_attn: str = "wide"
-    # prefill attention (PREFILL_ATTN): "r32" kern_attn_prefill_r32 (two m-tiles, 32 query rows per warp, Q
-    # in shared memory, K/V double-buffered; H200 4B: 1.33-1.38x kern_attn_prefill on a 2048 chunk after a
-    # prefix of 6k-14k tokens, docs/perf.md "Prefill, ninth session"), "r16" kern_attn_prefill (16 rows per warp)
-    prefill_attn: str = "r32"
+    # prefill attention (PREFILL_ATTN): "wg" kern_attn_prefill_wg (Hopper wgmma, two warpgroups per block; H200
+    # 4B: 1.13-1.17x kern_attn_prefill_r32 on a 2048 chunk after a 6k-14k prefix, 1.59x on a 512 chunk after 7.7k,
+    # docs/perf.md "Prefill, tenth session"; head_dim 64 or 128), "r32" kern_attn_prefill_r32 (mma.sync, two
+    # m-tiles per warp), "r16" kern_attn_prefill (one); "auto": wg where the head_dim allows, else r32
+    prefill_attn: str = "auto"
     # q/k norm + rope + K/V write at tokens >= 2: "warp" kern_qk_norm_rope_kv_warp (one warp per token and head;
     # head_dim a multiple of 64, at most 256, else "block"), "block" kern_qk_norm_rope_kv (one block per token and
     # head, as at tokens = 1, where decode keeps it). Bit for bit the same rows; docs/perf.md "Prefill, ninth session"
@@ -556,8 +564,11 @@ def build_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: GenOptions, config_di
         raise GenError(f"gemv_threads_per_sm {opts.gemv_threads_per_sm}: use 32..2048 (threads an SM holds)")
     if opts.prefill_rope not in ("warp", "block"):
         raise GenError(f"prefill_rope {opts.prefill_rope!r}: use 'warp' or 'block'")
-    if opts.prefill_attn not in PREFILL_ATTN:
-        raise GenError(f"prefill_attn {opts.prefill_attn!r}: use one of {', '.join(map(repr, PREFILL_ATTN))}")
+    if opts.prefill_attn not in (*PREFILL_ATTN, "auto"):
+        raise GenError(f"prefill_attn {opts.prefill_attn!r}: use 'auto' or one of {', '.join(map(repr, PREFILL_ATTN))}")
+    if opts.prefill_attn == "wg" and cfg.head_dim not in PREFILL_WG_HEAD_DIMS:
+        raise GenError(f"prefill_attn 'wg': head_dim {cfg.head_dim} is not one of {PREFILL_WG_HEAD_DIMS} "
+                       "(kern_attn_prefill_wg's compiled widths); use 'r32' or 'auto'")
     if opts.decode_attn not in DECODE_ATTN:
         raise GenError(f"decode_attn {opts.decode_attn!r}: use one of {', '.join(map(repr, DECODE_ATTN))}")
     if cfg.head_dim > 256:  # DEC_MAX_D of kernels-src/attention.cu: every decode partial entry writes nothing past it
@@ -577,6 +588,9 @@ def build_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: GenOptions, config_di
     if opts.decode == "gemv" and opts.seqs_max != 1:
         raise GenError(f"--decode gemv computes one row (bs = 1) but seqs max is {opts.seqs_max}: use --decode gemm")
     num_splits = decode_num_splits(cfg, opts)
+    prefill_attn = opts.prefill_attn
+    if prefill_attn == "auto":
+        prefill_attn = "wg" if cfg.head_dim in PREFILL_WG_HEAD_DIMS else "r32"
     argmax_chunk = -(-V // opts.argmax_chunks)
     scale = 1.0 / (D ** 0.5)
     b = Builder(abi, opts.carveout)
@@ -659,11 +673,11 @@ def build_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: GenOptions, config_di
     b.op("qk_norm_rope_kv",
          [_ptr("qkv"), _ptr("q_norm"), _ptr("k_norm"), _ptr("rope"), _ptr("positions"), _ptr("slots"),
           _ptr("q_out"), _ptr("kv"), _int("num_pages")], rope_launches)
-    prefill_entry, prefill_rows, prefill_smem = PREFILL_ATTN[opts.prefill_attn]
+    prefill_entry, prefill_rows, prefill_smem, prefill_threads = PREFILL_ATTN[prefill_attn]
     b.op("attn_prefill",
          [_ptr("q"), _ptr("kv"), _ptr("block_table"), _ptr("cu_seqlens_q"), _ptr("seq_lens"), _ptr("out"),
           _int("num_pages")],
-         [b.launch(prefill_entry, [f"cdiv(tokens, {prefill_rows})", Hkv, "seqs"], [128, 1, 1],
+         [b.launch(prefill_entry, [f"cdiv(tokens, {prefill_rows})", Hkv, "seqs"], [prefill_threads, 1, 1],
                    [{"arg": "q"}, {"arg": "kv"}, {"arg": "block_table"}, {"arg": "cu_seqlens_q"}, {"arg": "seq_lens"},
                     {"arg": "out"}, {"i32": Hq}, {"i32": Hkv}, {"i32": D}, {"i32": page_tokens},
                     {"i32": pages_per_seq}, num_pages_i32, {"f32": scale}], shared_mem=prefill_smem)])
@@ -806,7 +820,7 @@ def build_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: GenOptions, config_di
                        "decode": opts.decode, **({"decode_gemv": opts.gemv} if opts.gemv != "v1" else {}),
                        "decode_split_tokens": opts.split_tokens, "decode_splits": num_splits,
                        "decode_attention": opts.decode_attn,
-                       "prefill_attention": opts.prefill_attn, "prefill_rope": opts.prefill_rope,
+                       "prefill_attention": prefill_attn, "prefill_rope": opts.prefill_rope,
                        "decode_advance": {"ring": "token_ring", "ring_len": opts.ring_len}},
             **({"cublaslt_pins": dict(opts.algos_source)} if opts.algos else {}),
         },
@@ -1063,9 +1077,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="decode attention: qk_norm_rope_kv + partial + reduce launches with the partial's reads "
                              "before its PDL wait on 8 warps of 4 token slots (wide, default; head_dim <= 128), the "
                              "same on 4 warps of 8 (early), or with the fast or plain partial (split)")
-    parser.add_argument("--prefill-attn", choices=list(PREFILL_ATTN), default=GenOptions.prefill_attn,
-                        help="prefill attention: kern_attn_prefill_r32, two m-tiles of 16 query rows per warp "
-                             "(r32), or kern_attn_prefill, one (r16); identical rows (default %(default)s)")
+    parser.add_argument("--prefill-attn", choices=[*PREFILL_ATTN, "auto"], default=GenOptions.prefill_attn,
+                        help="prefill attention: kern_attn_prefill_wg on Hopper wgmma (wg; head_dim 64 or 128), "
+                             "kern_attn_prefill_r32 (r32) or kern_attn_prefill (r16) on mma.sync; identical rows; "
+                             "auto: wg where the head_dim allows, else r32 (default %(default)s)")
     parser.add_argument("--prefill-rope", choices=["warp", "block"], default=GenOptions.prefill_rope,
                         help="q/k norm + rope + K/V write for chunks of 2 or more tokens: one warp (warp) or one "
                              "block (block) per token and head; identical rows (default %(default)s)")

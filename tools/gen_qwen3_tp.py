@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--algos", type=Path, help="cuBLASLt pins of tools/pick_algos.py (run with --tp N)")
     parser.add_argument("--m1-gemv", action="store_true",
                         help="the decode projections run kern_gemv_rows (M = 1) instead of cuBLASLt (gen_qwen3.py)")
-    parser.add_argument("--prefill-attn", choices=list(g.PREFILL_ATTN), default=g.GenOptions.prefill_attn,
+    parser.add_argument("--prefill-attn", choices=[*g.PREFILL_ATTN, "auto"], default=g.GenOptions.prefill_attn,
                         help="prefill attention entry (gen_qwen3.py --prefill-attn; default %(default)s)")
     parser.add_argument("--prefill-rope", choices=["warp", "block"], default=g.GenOptions.prefill_rope,
                         help="q/k norm + rope entry for chunks of 2+ tokens (gen_qwen3.py; default %(default)s)")

@@ -29,6 +29,7 @@ CONTRACT = {
     "kern_attn_decode_reduce": "ppppiiii",
     "kern_attn_prefill": "ppppppiiiiiif",
     "kern_attn_prefill_r32": "ppppppiiiiiif",
+    "kern_attn_prefill_wg": "ppppppiiiiiif",
     "kern_qk_norm_rope_kv_warp": "ppppppppiiiiiiif",
     "kern_silu_mul": "ppii",
     "kern_argmax_partial": "piippi",
@@ -84,6 +85,8 @@ def test_committed_kernels_json_matches_contract_and_files():
         assert path.is_file(), f"{path} missing"
         assert hashlib.sha256(path.read_bytes()).hexdigest() == module["sha256"], f"{path} hash mismatch"
         assert module["source"] == f"kernels-src/{name}.cu"
+        # sm_90 everywhere but the wgmma module (sm_90a: wgmma exists only on the architecture-specific target)
+        assert module["flags"] == list(build_kernels.module_flags(name)), name
         for entry, info in module["entries"].items():
             entries[entry] = info
             # kern_attn_prefill_r32: 255 registers and a few loop-invariant values spilled (reloaded once per K/V
@@ -125,3 +128,12 @@ def test_real_build_of_tiny_kernel_is_reproducible_and_append_only(tmp_path):
     build_kernels.write_json(doc1, out / "kernels.json")
     assert json.loads((out / "kernels.json").read_text()) == doc1
     assert build_kernels.check(src, out, tc) == []
+
+
+def test_module_flags_swap_only_the_arch():
+    """A MODULE_ARCH module gets FLAGS with its own -arch in place of sm_90 and nothing else changed; every other
+    module gets FLAGS as they are."""
+    assert build_kernels.module_flags("attention") == build_kernels.FLAGS
+    wg = build_kernels.module_flags("attention_wg")
+    assert wg == tuple("-arch=sm_90a" if f == "-arch=sm_90" else f for f in build_kernels.FLAGS)
+    assert "-arch=sm_90" not in wg and len(wg) == len(build_kernels.FLAGS)

@@ -345,16 +345,17 @@ def test_tp_m1_gemv_keeps_an_allreduce_after_each_row_parallel_projection() -> N
     assert not any(c["op"].startswith("gemm") for c in calls)
 
 
-@pytest.mark.parametrize(("attn", "rope"), [("r32", "warp"), ("r16", "block")])
+@pytest.mark.parametrize(("attn", "rope"), [("wg", "warp"), ("r32", "warp"), ("r16", "block")])
 def test_tp_cli_passes_the_prefill_entries(tmp_path: Path, attn: str, rope: str) -> None:
-    """gen_qwen3_tp --prefill-attn / --prefill-rope reach every rank's manifest (defaults: r32 and warp)."""
+    """gen_qwen3_tp --prefill-attn / --prefill-rope reach every rank's manifest (defaults: auto, which is wg at
+    head_dim 128, and warp)."""
     sys.path.insert(0, str(REPO / "tools"))
     import gen_qwen3 as g
     import gen_qwen3_tp as gtp
 
     args = ["--shape", "qwen3-4b", "--tp", "2", "--out-dir", str(tmp_path), "--kernels",
             str(REPO / "kernels" / "kernels.json")]
-    if (attn, rope) != ("r32", "warp"):
+    if (attn, rope) != ("wg", "warp"):
         args += ["--prefill-attn", attn, "--prefill-rope", rope]
     assert gtp.main(args) == 0
     for rank in (0, 1):

@@ -161,13 +161,13 @@ def test_carveout_on_every_kernel_launch() -> None:
 # (op, entry, index of num_pages among the kernel's parameters; the one before it is bt_stride, 2560, except for
 # the rope, whose previous parameter is max_pos, 40960)
 NUM_PAGES_AT = {"kern_attn_decode_partial": 11, "kern_attn_decode_partial_fast": 11, "kern_attn_prefill": 11,
-                "kern_attn_prefill_r32": 11,
+                "kern_attn_prefill_r32": 11, "kern_attn_prefill_wg": 11,
                 "kern_attn_decode_partial_early": 12, "kern_attn_decode_partial_wide": 12, "kern_qk_norm_rope_kv": 14}
 
 
 @pytest.mark.parametrize("opts", [{}, {"gemv": "v2"}, {"decode": "gemm"}, {"decode_attn": "split"},
                                   {"decode_attn": "split", "gemv": "v2"}, {"decode_attn": "early"},
-                                  {"prefill_attn": "r16"}])
+                                  {"prefill_attn": "r16"}, {"prefill_attn": "r32"}])
 def test_attention_bounds_page_ids_by_the_pages_of_its_layer_state(opts: dict) -> None:
     """Every attention and K/V-writing launch takes `num_pages` from its call's {"pages_of": "kv.<layer>"}: the
     bound of the page ids it reads and (rope) of the slots it writes."""
@@ -177,7 +177,7 @@ def test_attention_bounds_page_ids_by_the_pages_of_its_layer_state(opts: dict) -
                "split": "kern_attn_decode_partial_fast"
                if opts.get("gemv") == "v2" else "kern_attn_decode_partial"}[attn]
     decode_ops = (("qk_norm_rope_kv", "kern_qk_norm_rope_kv"), ("attn_decode", partial))
-    prefill = gq.PREFILL_ATTN[opts.get("prefill_attn", "r32")][0]
+    prefill = gq.PREFILL_ATTN[opts.get("prefill_attn", "wg")][0]
     for op, entry in (*decode_ops, ("attn_prefill", prefill), ("qk_norm_rope_kv", "kern_qk_norm_rope_kv")):
         index = NUM_PAGES_AT[entry]
         assert {"name": "num_pages", "kind": "int"} in m["ops"][op]["args"]
@@ -194,18 +194,36 @@ def test_attention_bounds_page_ids_by_the_pages_of_its_layer_state(opts: dict) -
         assert [c["args"]["kv"] for c in calls] == [f"kv.{i}" for i in range(len(calls))]
 
 
-@pytest.mark.parametrize("prefill_attn", ["r32", "r16"])
+@pytest.mark.parametrize("prefill_attn", ["auto", "wg", "r32", "r16"])
 def test_prefill_attention_launch_shape(prefill_attn: str) -> None:
-    """The prefill attention launch: r32 covers 32 query rows per grid.x step with its 105,472 bytes of dynamic
-    shared memory (sizeof(PrefillSmemR32): 128 Q rows + 2 x (K, V) tiles of 64 rows at 272 bytes, 1 KiB of
-    row tables); r16 16 rows and static shared memory only. The default is r32."""
-    m = _manifest(**({} if prefill_attn == "r32" else {"prefill_attn": prefill_attn}))
+    """The prefill attention launch: wg (the default, "auto" at head_dim 128) covers 32 query rows per grid.x step
+    with 256 threads (two warpgroups) and 102,912 bytes of dynamic shared memory (2 x (K, V) tiles of 64 rows x
+    256 bytes, 128 staged Q rows x 256 bytes, 3 row tables of 64 x 8 bytes, 256 x 8 bytes of sink and 1 KiB of
+    alignment slack); r32 32 rows with its 105,472 bytes (sizeof(PrefillSmemR32): 128 Q rows + 2 x (K, V) tiles
+    of 64 rows at 272 bytes, 1 KiB of row tables); r16 16 rows and static shared memory only."""
+    m = _manifest(**({} if prefill_attn == "auto" else {"prefill_attn": prefill_attn}))
     (launch,) = m["ops"]["attn_prefill"]["launches"]
-    rows, smem = {"r32": (32, 128 * 272 + 4 * 64 * 272 + 2 * 64 * 8), "r16": (16, 0)}[prefill_attn]
-    assert launch["entry"] == gq.PREFILL_ATTN[prefill_attn][0]
+    name = "wg" if prefill_attn == "auto" else prefill_attn
+    rows, smem, threads = {"wg": (32, 4 * 64 * 256 + 128 * 256 + 3 * 64 * 8 + 256 * 8 + 1024, 256),
+                           "r32": (32, 128 * 272 + 4 * 64 * 272 + 2 * 64 * 8, 128), "r16": (16, 0, 128)}[name]
+    assert launch["entry"] == gq.PREFILL_ATTN[name][0]
     assert launch["grid"][0] == f"cdiv(tokens, {rows})"
+    assert launch["block"] == [threads, 1, 1]
     assert launch["shared_mem"] == smem
-    assert m["meta"]["caller"]["prefill_attention"] == prefill_attn
+    assert m["meta"]["caller"]["prefill_attention"] == name
+
+
+def test_prefill_attention_auto_keeps_r32_where_wg_has_no_width() -> None:
+    """head_dim 96 (a multiple of 16, not one kern_attn_prefill_wg is compiled for): "auto" picks r32, and asking
+    for wg is refused with the reason."""
+    cfg_json = {**mc.config_json(mc.SHAPES["tiny"]), "head_dim": 96}
+    cfg = gq.Qwen3Config.from_json(cfg_json)
+    abi = gq.KernelAbi.from_json(gq.stub_kernels_json())
+    m = gq.build_manifest(cfg, abi, gq.GenOptions("tiny"))
+    assert m["ops"]["attn_prefill"]["launches"][0]["entry"] == "kern_attn_prefill_r32"
+    assert m["meta"]["caller"]["prefill_attention"] == "r32"
+    with pytest.raises(gq.GenError, match="head_dim 96 is not one of"):
+        gq.build_manifest(cfg, abi, gq.GenOptions("tiny", prefill_attn="wg"))
 
 
 def test_decode_advance_and_ring() -> None:
