@@ -73,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         q, bt = arr(bits(chunk * HQ * D)), arr(rng.permutation(pages).astype(np.int32))
         cu_q, lens = arr(np.array([0, chunk], dtype=np.int32)), arr(np.array([ctx], dtype=np.int32))
         first: np.ndarray | None = None
+        first_raw: np.ndarray | None = None
         for entry in entries:
             out = gpu.alloc(chunk * HQ * D * 2)
             launch_args = [("p", q), ("p", cache.ptr), ("p", bt), ("p", cu_q), ("p", lens), ("p", out.ptr),
@@ -88,12 +89,13 @@ def main(argv: list[str] | None = None) -> int:
                 times.append(check(cu.cuEventElapsedTime(start, end), "cuEventElapsedTime") * 1000.0)
             us = statistics.median(times[2:])
             pairs = chunk * prefix + chunk * (chunk + 1) / 2
-            got = (out.download(np.uint16, (chunk * HQ * D,)).astype(np.uint32) << 16).view(np.float32)
+            raw = out.download(np.uint16, (chunk * HQ * D,))  # bf16 bits: a bitwise compare (+0 != -0)
+            got = (raw.astype(np.uint32) << 16).view(np.float32)
             if first is None:
-                first, vs = got, "-"
+                first, first_raw, vs = got, raw, "-"
             else:
                 diff = np.abs(got.astype(np.float64) - first)
-                vs = f"max |d| {diff.max():.2e}, {int((got != first).sum())} differ"
+                vs = f"max |d| {diff.max():.2e}, {int((raw != first_raw).sum())} differ"
             rows_out.append((f"{prefix}+{chunk}", entry, us, 4.0 * HQ * D * pairs / us / 1e6, vs))
             print(f"{entry} prefix={prefix} chunk={chunk}: {us:.1f} us, {rows_out[-1][3]:.1f} TFLOP/s ({vs})",
                   flush=True)

@@ -12,7 +12,10 @@
 //               in shared memory (N-major, "transposed", the same swizzle).
 // A warpgroup is 4 warps, 64 rows = one wgmma M; warp w owns the 16 query rows of one q head as
 // kern_attn_prefill's warps do (G = 4: 16 positions x 4 heads per warpgroup; G = 2: 32 x 2; G = 1: 64 x 1;
-// other G: passes of 4 heads). Software pipeline per warpgroup: S of tile t + 1 and O += P(t) V(t) are in
+// other G: passes of 4 heads). Every warp walks the block's tiles, also those wholly past its own rows (wgmma is
+// warpgroup-wide), where kern_attn_prefill's warp skips them: there P = 0 and alpha = 1, so its rows are
+// unchanged as long as V is finite (a non-finite V at a later position of the chunk would reach them).
+// Software pipeline per warpgroup: S of tile t + 1 and O += P(t) V(t) are in
 // flight together and the softmax of tile t + 1 runs under P V (FlashAttention-3's intra-warpgroup overlap,
 // Shah et al. 2024, section 3.2). K is copied two tiles ahead and V one (cp.async, double buffers), one
 // barrier per tile. A tile is 64 tokens x 128 bytes per 64 head dims, 16-byte chunk c of token r at chunk
@@ -35,7 +38,7 @@
 #define WG_Q_BYTES (4 * WG_ROWS * 256)     // Q staging of one warpgroup: 64 rows of 256 bytes
 
 // WGS warpgroups share each K / V tile. Dynamic shared memory: sizeof + 1,024 of alignment slack
-// (WG_SMEM_BYTES): 85,504 bytes for one warpgroup, 102,912 for two (kern_attn_prefill_wg).
+// (WG_SMEM_BYTES): 102,912 bytes for kern_attn_prefill_wg's two warpgroups.
 template <int WGS>
 struct PrefillSmemWg {
     unsigned char k[2][WG_TILE_BYTES];  // K of tiles t (buffer t % 2) and t + 1
@@ -45,7 +48,7 @@ struct PrefillSmemWg {
     float2 sink[128 * WGS];  // written, never read: orders each thread's softmax before its wgmma wait
 };
 #define WG_SMEM_BYTES(wgs) (sizeof(PrefillSmemWg<wgs>) + 1024)
-static_assert(WG_SMEM_BYTES(1) == 85504 && WG_SMEM_BYTES(2) == 102912, "tools/gen_qwen3.py PREFILL_ATTN sizes");
+static_assert(WG_SMEM_BYTES(2) == 102912, "tools/gen_qwen3.py PREFILL_ATTN['wg'] shared memory bytes");
 
 KERN_DEV uint32_t smem_addr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
 
@@ -407,7 +410,7 @@ KERN_DEV void attn_prefill_wg(const __nv_bfloat16* q, const __nv_bfloat16* kv_ca
         attn_prefill_wg<wgs>(q, kv_cache, block_table, cu_seqlens_q, seq_lens, out, num_q_heads, num_kv_heads,    \
                              head_dim, page_tokens, bt_stride, num_pages, scale, smem);                          \
     }
-// Two warpgroups per block, one block per SM (205 registers). One warpgroup per block (two blocks per SM, twice
+// Two warpgroups per block, one block per SM (203 registers). One warpgroup per block (two blocks per SM, twice
 // the K / V tile traffic per row) measured slower at every chunk (docs/perf.md "Prefill, tenth session").
 WG_ENTRY(kern_attn_prefill_wg, 2, 1)
 #undef WG_ENTRY

@@ -267,7 +267,7 @@ class GenOptions:
     # slower and were removed (docs/perf.md "Decode, fourth session"; their cubins stay in kernels/)
     decode_attn: str = "wide"
     # prefill attention (PREFILL_ATTN): "wg" kern_attn_prefill_wg (Hopper wgmma, two warpgroups per block; H200
-    # 4B: 1.13-1.17x kern_attn_prefill_r32 on a 2048 chunk after a 6k-14k prefix, 1.59x on a 512 chunk after 7.7k,
+    # 4B: 1.13-1.19x kern_attn_prefill_r32 on a 2048 chunk after a 6k-14k prefix, 1.55x on a 512 chunk after 7.7k,
     # docs/perf.md "Prefill, tenth session"; head_dim 64 or 128), "r32" kern_attn_prefill_r32 (mma.sync, two
     # m-tiles per warp), "r16" kern_attn_prefill (one); "auto": wg where the head_dim allows, else r32
     prefill_attn: str = "auto"

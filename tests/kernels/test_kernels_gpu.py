@@ -302,7 +302,8 @@ def corrupt_block_table(rng, block_table, seq_lens, page_tokens, num_pages, cach
 
 ATTN_CONFIGS = [(4, 2, 32, 4), (4, 2, 64, 16), (4, 2, 128, 16), (8, 1, 128, 16), (32, 8, 128, 16), (4, 2, 96, 16)]
 # prefill also: groups of 1 (64 query rows per block) and 3 (a pass of 4 warps with one idle)
-PREFILL_CONFIGS = ATTN_CONFIGS + [(4, 4, 128, 16), (6, 2, 64, 16)]
+# (and pages of 4 and 64 tokens at the wgmma entry's head_dims)
+PREFILL_CONFIGS = ATTN_CONFIGS + [(4, 4, 128, 16), (6, 2, 64, 16), (4, 2, 64, 4), (8, 1, 128, 64)]
 
 
 def run_attn_decode(dev, rng, hq, hkv, head_dim, page_tokens, seq_lens, split_tokens, num_splits,
@@ -579,7 +580,7 @@ def test_attn_decode_chain_bounds_pages_and_slots_by_num_pages(dev, hq, hkv, hea
 # kern_attn_prefill with two m-tiles per warp; its rows must equal kern_attn_prefill's bit for bit. The wgmma
 # entries (attention_wg.cu) run only at the head_dims they are compiled for.
 PREFILL_ENTRIES = {entry: (rows, smem, threads) for entry, rows, smem, threads in PREFILL_ATTN.values()}
-PREFILL_BITWISE = {"kern_attn_prefill_r32"}  # rows bit for bit kern_attn_prefill's
+PREFILL_BITWISE = set(PREFILL_ENTRIES) - {"kern_attn_prefill"}  # rows bit for bit kern_attn_prefill's
 WG_ENTRIES = {entry for entry in PREFILL_ENTRIES if KERNEL_SIGNATURES[entry][0] == "attention_wg"}
 
 
@@ -605,10 +606,10 @@ def run_attn_prefill(dev, rng, hq, hkv, head_dim, page_tokens, plan, bound=None,
     every sequence's rows against ref.attn_prefill. `bound` None: num_pages = the cache's page count and an
     intact block table; else num_pages = bound(cache_pages) and a table from corrupt_block_table, whose
     entries outside [0, num_pages) must read as K = V = 0, exactly as the reference reads them. For an entry
-    other than kern_attn_prefill, also launch kern_attn_prefill on the same inputs: the two outputs must be
-    identical bit for bit. `seq_lens` (optional) replaces prefix + chunk per sequence: shorter than the chunk puts
-    its first rows at negative positions (no key: zeros). `q_misalign`: q starts 4 bytes past a 16-byte
-    boundary (kern_attn_prefill_r32's element-load path for Q). Returns the output bits."""
+    other than kern_attn_prefill (every one is in PREFILL_BITWISE), also launch kern_attn_prefill on the same
+    inputs: the two outputs must be identical bit for bit. `seq_lens` (optional) replaces prefix + chunk per
+    sequence: shorter than the chunk puts its first rows at negative positions (no key: zeros). `q_misalign`: q
+    starts 4 bytes past a 16-byte boundary (the element-load path for Q). Returns the output bits."""
     if not built(dev, entry):
         pytest.fail(f"{entry} not built (kernels/kernels.json)")
     q_lens = np.array([c for _, c in plan], dtype=np.int32)
@@ -640,11 +641,9 @@ def run_attn_prefill(dev, rng, hq, hkv, head_dim, page_tokens, plan, bound=None,
         launch_attn_prefill(dev, "kern_attn_prefill", int(q_lens.max()), hkv, seqs, args(d_base))
         base = d_base.download(BF, (total, hq * head_dim))
         diff = np.flatnonzero(bits != base)
-        if entry in PREFILL_BITWISE:
-            assert diff.size == 0, (f"{entry}: {diff.size} of {bits.size} outputs differ from kern_attn_prefill "
-                                    f"(first at row {diff[0] // (hq * head_dim)})")
-        else:
-            print(f"{entry}: {diff.size} of {bits.size} outputs differ from kern_attn_prefill")
+        assert entry in PREFILL_BITWISE
+        assert diff.size == 0, (f"{entry}: {diff.size} of {bits.size} outputs differ from kern_attn_prefill "
+                                f"(first at row {diff[0] // (hq * head_dim)})")
     got = ref.from_bf16_bits(bits)
     want = ref.attn_prefill(q, cache, block_table, cu_seqlens, seq_lens, scale, num_pages=num_pages)
     for s in range(seqs):
@@ -693,15 +692,16 @@ def test_attn_prefill_short_context_and_unaligned_q(dev, entry, hq, hkv, head_di
 
 
 REFUSALS = [(entry, "short shared memory") for entry in sorted({"kern_attn_prefill_r32"} | WG_ENTRIES)] + [
-    (entry, "unaligned kv_cache") for entry in sorted(WG_ENTRIES)]
+    (entry, fault) for entry in sorted(WG_ENTRIES) for fault in ("unaligned kv_cache", "head_dim 96")]
 
 
 @pytest.mark.parametrize("entry,fault", REFUSALS)
 def test_attn_prefill_refuses_launch_outside_its_contract(dev, entry, fault):
     """Launched with less dynamic shared memory than it needs (up to 1,040 bytes short: the wgmma entries' 1,024
-    of alignment slack), or (wgmma entries) a kv_cache 2 bytes past a 16-byte boundary, the entry writes nothing."""
+    of alignment slack), or (wgmma entries) a kv_cache 2 bytes past a 16-byte boundary or a head_dim it is not
+    compiled for, the entry writes nothing."""
     rng = np.random.default_rng(5)
-    hq, hkv, d, page = 4, 2, 64, 16
+    hq, hkv, d, page = 4, 2, 96 if fault == "head_dim 96" else 64, 16
     cache, table = make_paged_cache(rng, page, hkv, d, np.array([40], dtype=np.int32), spare_pages=0, spare_cols=0)
     q = ref.bf16_round(rand_bf16(rng, (40, hq, d)))
     d_q, d_cache, d_bt = dev.array(ref.bf16_bits(q)), dev.array(ref.bf16_bits(cache)), dev.array(table)
