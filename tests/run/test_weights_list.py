@@ -356,3 +356,23 @@ def test_kern_toml_list_keeps_symlinked_paths_as_written(tmp_path: Path) -> None
     assert resolve_config(toml, "t", {}).weights == (snap / "model-1.safetensors", snap / "model-2.safetensors")
     toml.write_text('[targets.t]\nmanifest = "m.json"\nkernels = "k"\nweights = "snap/model-1.safetensors"\n')
     assert resolve_config(toml, "t", {}).weights == snap / "model-1.safetensors"  # one path: the same rule
+
+
+def test_against_transformers_single_file_needs_config_beside_it(sharded_ckpt: Path, tmp_path: Path) -> None:
+    """One .safetensors file (not a directory) goes to transformers as a state dict too, so the config.json
+    beside it is checked before anything loads, as for a list; a directory is passed to from_pretrained as is."""
+    one, _ = _shards(sharded_ckpt)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / one.name).symlink_to(one)
+    req = AbRequest(against="transformers")
+    cfg = RunConfig(manifest=tmp_path / "m.json", kernels=tmp_path, weights=elsewhere / one.name)
+    with pytest.raises(WeightsError) as err:
+        check_request(req, cfg)
+    assert "with a --weights file reads" in str(err.value) and str(elsewhere / "config.json") in str(err.value)
+    for ok in (RunConfig(manifest=tmp_path / "m.json", kernels=tmp_path, weights=one),  # config.json beside it
+               RunConfig(manifest=tmp_path / "m.json", kernels=tmp_path, weights=sharded_ckpt)):  # a directory
+        try:
+            assert check_request(req, ok) is None
+        except RefusalError as exc:
+            assert not isinstance(exc, WeightsError) and "pip install torch transformers" in str(exc)

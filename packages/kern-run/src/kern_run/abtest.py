@@ -63,8 +63,8 @@ MODES = ("eager", "chunk1", "transformers")
 def check_request(req: AbRequest, cfg: RunConfig) -> "RunConfig | None":
     """Refuse a request that cannot run, before anything loads: returns B's RunConfig when B is a manifest.
     Raises InputError (bad counts, a negative seed, an unknown mode that is no manifest file) / ConfigError (B's
-    preflight: bad manifest, kernels, weights) / WeightsError (transformers mode with a --weights file list
-    without config.json beside its first file, or a bad entry in the list) / RefusalError (transformers mode
+    preflight: bad manifest, kernels, weights) / WeightsError (transformers mode with a --weights file or file
+    list without config.json beside its first file, or a bad entry in the list) / RefusalError (transformers mode
     without torch + transformers)."""
     if req.prompts < 1:
         raise InputError(f"--prompts {req.prompts}: need at least 1 prompt")
@@ -79,13 +79,14 @@ def check_request(req: AbRequest, cfg: RunConfig) -> "RunConfig | None":
 
         from .preflight import weight_list_files
 
-        files = weight_list_files(cfg.weights)  # one path: unchecked here, as before lists
-        if len(files) > 1:  # a list of .safetensors files: the HF config is beside the first
+        files = weight_list_files(cfg.weights)  # one path: unchecked by weight_list_files
+        if len(files) > 1 or files[0].is_file():  # .safetensors file(s): the HF config is beside the first
             config = files[0].parent / "config.json"
             if not config.is_file():
-                raise WeightsError(f"--against transformers with a --weights file list reads the HF config.json "
-                                   f"beside the first file ({files[0]}), and {config} does not exist: copy the "
-                                   "model's config.json there, or pass the checkpoint directory as --weights")
+                what = "a --weights file list" if len(files) > 1 else "a --weights file"
+                raise WeightsError(f"--against transformers with {what} reads the HF config.json beside the first "
+                                   f"file ({files[0]}), and {config} does not exist: copy the model's config.json "
+                                   "there, or pass the checkpoint directory as --weights")
 
         missing = [m for m in ("torch", "transformers") if importlib.util.find_spec(m) is None]
         if missing:

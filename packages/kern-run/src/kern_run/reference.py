@@ -18,9 +18,9 @@ class HfReference:
 
     def __init__(self, weights: "Path | str | Sequence[Path | str]", gpu: int = 0, attn_implementation: str = "eager",
                  dtype: str = "bfloat16") -> None:
-        """`weights`: a checkpoint directory (or whatever `from_pretrained` takes), or a list of .safetensors
-        files: their tensors as the state dict, the HF config.json beside the first (kern_run.abtest checks it
-        is there). `dtype`: "bfloat16" (the checkpoint's own, what kern computes in) or "float32" (the bf16
+        """`weights`: a checkpoint directory (or whatever `from_pretrained` takes), or one .safetensors file or a
+        list of them: their tensors as the state dict, the HF config.json beside the first (kern_run.abtest checks
+        it is there). `dtype`: "bfloat16" (the checkpoint's own, what kern computes in) or "float32" (the bf16
         weights upcast exactly: the higher-precision reference that calibrates what bf16 error is)."""
         import torch
         from transformers import Qwen3ForCausalLM
@@ -29,6 +29,8 @@ class HfReference:
         self.device = torch.device(f"cuda:{gpu}")
         torch_dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[dtype]
         kwargs: dict = {"attn_implementation": attn_implementation}
+        if isinstance(weights, (str, os.PathLike)) and Path(weights).is_file():
+            weights = [weights]  # one .safetensors file: from_pretrained takes directories, not files
         source: str | None = str(weights) if isinstance(weights, (str, os.PathLike)) else None
         if source is None:  # a list of files: config.json beside the first, the files' tensors as the state dict
             from safetensors.torch import load_file
