@@ -47,13 +47,18 @@ def main(argv: list[str] | None = None) -> int:
                     help="entry to time (repeat for several; default kern_attn_prefill)")
     args = ap.parse_args(argv)
     entries = args.entry or ["kern_attn_prefill"]
-    try:
-        cases = ([tuple(int(x) for x in c.split("+")) for c in args.cases.split(",")] if args.cases
-                 else [(args.prefix, args.chunk)])
-    except ValueError:
-        ap.error(f"--cases {args.cases!r}: use PREFIX+CHUNK[,PREFIX+CHUNK...], e.g. 0+2048,6144+2048")
-    if any(len(c) != 2 or c[0] < 0 or c[1] < 1 for c in cases) or args.reps < 3:
-        ap.error("every case PREFIX+CHUNK with PREFIX >= 0 and CHUNK >= 1; --reps >= 3")
+    if args.reps < 3:
+        ap.error(f"--reps {args.reps}: at least 3 (the first two warm up)")
+    cases: list[tuple[int, int]] = []
+    for case in (args.cases.split(",") if args.cases is not None else [f"{args.prefix}+{args.chunk}"]):
+        parts = case.split("+")
+        try:
+            prefix, chunk = (int(x) for x in parts) if len(parts) == 2 else (-1, 0)
+        except ValueError:
+            prefix, chunk = -1, 0
+        if prefix < 0 or chunk < 1:
+            ap.error(f"case {case!r}: use PREFIX+CHUNK with PREFIX >= 0 and CHUNK >= 1 (e.g. --cases 0+2048,6144+2048)")
+        cases.append((prefix, chunk))
     gpu = Gpu()
     start, end = check(cu.cuEventCreate(0), "cuEventCreate"), check(cu.cuEventCreate(0), "cuEventCreate")
     rows_out: list[tuple[str, str, float, float, str]] = []

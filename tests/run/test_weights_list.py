@@ -370,6 +370,10 @@ def test_against_transformers_single_file_needs_config_beside_it(sharded_ckpt: P
     with pytest.raises(WeightsError) as err:
         check_request(req, cfg)
     assert "with a --weights file reads" in str(err.value) and str(elsewhere / "config.json") in str(err.value)
+    # a missing path or a directory without .safetensors files is named before torch / transformers are looked for
+    for bad, words in ((tmp_path / "missing.safetensors", "do not exist"), (elsewhere.parent / "void", "do not exist")):
+        with pytest.raises(WeightsError, match=words):
+            check_request(req, RunConfig(manifest=tmp_path / "m.json", kernels=tmp_path, weights=bad))
     for ok in (RunConfig(manifest=tmp_path / "m.json", kernels=tmp_path, weights=one),  # config.json beside it
                RunConfig(manifest=tmp_path / "m.json", kernels=tmp_path, weights=sharded_ckpt)):  # a directory
         try:

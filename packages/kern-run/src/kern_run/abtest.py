@@ -77,9 +77,11 @@ def check_request(req: AbRequest, cfg: RunConfig) -> "RunConfig | None":
     if req.against == "transformers":
         import importlib.util
 
-        from .preflight import weight_list_files
+        from .preflight import checkpoint_files, weight_list_files
 
         files = weight_list_files(cfg.weights)  # one path: unchecked by weight_list_files
+        if len(files) == 1:
+            checkpoint_files(files[0])  # a missing path or an empty directory is named before the torch check
         if len(files) > 1 or files[0].is_file():  # .safetensors file(s): the HF config is beside the first
             config = files[0].parent / "config.json"
             if not config.is_file():

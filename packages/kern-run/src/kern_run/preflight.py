@@ -260,7 +260,7 @@ def weight_list_files(weights: Any) -> list[Path]:
     return list(unique)
 
 
-def _checkpoint_files(weights: Path) -> list[Path]:
+def checkpoint_files(weights: Path) -> list[Path]:
     """The .safetensors files of one weights path: the file itself, or a directory's index shards (else its
     *.safetensors). Raises WeightsError."""
     if weights.is_file():
@@ -291,7 +291,7 @@ def checkpoint_tensors(weights: Weights | str) -> CheckpointTensors:
     listed = len(files) > 1
     if not listed:
         weights = files[0]
-        files = _checkpoint_files(weights)
+        files = checkpoint_files(weights)
     tensors = CheckpointTensors()
     found_in: dict[str, Path] = {}
     for path in files:
