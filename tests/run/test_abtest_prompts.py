@@ -54,6 +54,8 @@ def test_transformers_mode_needs_torch_and_transformers(tmp_path, monkeypatch) -
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name == "transformers" else (object() if name == "torch" else real(name, *a)))
+    (tmp_path / "w").mkdir()
+    (tmp_path / "w" / "model.safetensors").write_bytes(b"")  # a weights path that exists (checked first)
     cfg = RunConfig(tmp_path / "a.json", tmp_path / "k", tmp_path / "w")
     with pytest.raises(RefusalError, match="needs transformers"):
         check_request(AbRequest(against="transformers"), cfg)
