@@ -278,6 +278,9 @@ class PoolState:
         self.slots = ClassGeometry(tuple(arena.state_base(n_paged + j) for j in range(len(layout.slot_bytes))),
                                    layout.slot_bytes)
         self.host: _HostState | None = None
+        self.remapped: dict[str, int] = {}
+        """Pooled state -> serial of the first remap plan that touched it (set when the plan starts: its
+        thread may unmap at once). Whole-state access (state_access.py) is refused for these states."""
 
     @classmethod
     def create(cls, layout: Layout, device_ordinal: int, context: Any, stream: Any) -> PoolState:
@@ -301,6 +304,8 @@ class PoolState:
             return
         if self.worker.busy:  # a finished plan not collected yet
             self.collect(stream, block=True)
+        for name in remapped_states(self.layout, plan):
+            self.remapped.setdefault(name, plan.serial)
         self.worker.start(plan, stream)
 
     def collect(self, stream: Any, block: bool = False) -> bool:
@@ -324,6 +329,19 @@ class PoolState:
                 self.host.close()
         finally:
             self.arena.close()
+
+
+def remapped_states(layout: Layout, plan: kern_pool.RemapPlan) -> list[str]:
+    """Pooled states whose pages or slots `plan` adds or removes, or whose blocks it maps or unmaps: every
+    paged state when it adds / removes pages (a page id names the same page in each), every per-seq state
+    when it adds / removes slots. Layout order."""
+    n_paged = len(layout.page_bytes)
+    touched = {m.state_index for m in plan.unmap + plan.map}
+    if plan.zero_pages or plan.removed_pages:
+        touched.update(range(n_paged))
+    if plan.zero_slots or plan.removed_slots:
+        touched.update(range(n_paged, len(layout.states)))
+    return [layout.states[i] for i in sorted(touched)]
 
 
 class PoolMethods:

@@ -42,6 +42,7 @@ from .pooled import PoolMethods, PoolState
 from .records import (
     NCCL_EXTERNS, AddressBook, ExternRecord, KernelRecord, Record, args_at_range_ends, compile_call, program_reads,
 )
+from .state_access import StateMethods
 from .stepping import StepMethods
 from .spec import BufferSpec, ExternLaunch, KernelLaunch, Spec, spec_from_json
 from .weights.loader import Progress, Target, WeightLoader
@@ -151,7 +152,7 @@ class ReadbackHandle:
 # ---------------------------------------------------------------- the runtime
 
 
-class Runtime(PoolMethods, PeerMethods, StepMethods):
+class Runtime(PoolMethods, PeerMethods, StepMethods, StateMethods):
     """A loaded manifest on one GPU. Build with `Runtime.load`; close with `close()` (or `with`)."""
 
     def __init__(self) -> None:  # use Runtime.load
