@@ -344,3 +344,30 @@ def test_host_tensors_refuse_big_endian() -> None:
     with pytest.raises(WeightArtifactError, match="big-endian"):
         HostTensors.from_numpy({"q": np.arange(4, dtype=">i4")})
     assert HostTensors.from_numpy({"q": np.arange(4, dtype="<i4")}).meta("q").shape == (4,)
+
+
+def test_dropped_readback_handles_give_their_pinned_staging_back(fake_cuda: FakeDriver, tmp_path: Path) -> None:
+    """A read_output_async handle dropped without wait() keeps its pinned staging only while its copy runs:
+    once the event has completed the next readback reuses it (no new cuMemHostAlloc); while it has not, a new
+    buffer is taken and the running copy's is left alone."""
+    import gc
+
+    with Runtime.load(base_manifest(), tmp_path, None) as rt:
+        rt.read_output_async("y", rows=2).wait()  # one staging buffer, now free
+        pinned = fake_cuda.called("cuMemHostAlloc")
+        for _ in range(5):  # dropped unwaited, each copy complete (the fake's events are always done)
+            rt.read_output_async("y", rows=2)
+            gc.collect()
+        assert rt.read_output_async("y", rows=2).wait().shape == (2, 4)  # reclaims the last dropped one
+        assert fake_cuda.called("cuMemHostAlloc") == pinned
+        fake_cuda.fail["cuEventQuery"] = 600  # CUDA_ERROR_NOT_READY: a dropped handle's copy still runs
+        rt.read_output_async("y", rows=2)  # takes the one free buffer, then is dropped mid-copy
+        gc.collect()
+        second = rt.read_output_async("y", rows=2)
+        assert fake_cuda.called("cuMemHostAlloc") == pinned + 1
+        del fake_cuda.fail["cuEventQuery"]
+        assert second.wait().shape == (2, 4)
+        gc.collect()
+        third = rt.read_output_async("y", rows=2)  # both earlier buffers are free again: no new one
+        assert fake_cuda.called("cuMemHostAlloc") == pinned + 1
+        assert third.wait().shape == (2, 4)

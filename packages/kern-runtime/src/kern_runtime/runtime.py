@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import os
 import time
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -124,6 +125,12 @@ def weight_identity(buffer: BufferSpec, shape: tuple[int, ...]) -> tuple:
     return (buffer.name, buffer.dtype, shape, buffer.placement, buffer.export, repr(buffer.bind))
 
 
+def event_done(event: Any) -> bool:
+    """cuEventQuery: True when every operation the event captured has completed (CUDA_SUCCESS)."""
+    result = cu().cuEventQuery(event)
+    return int(result[0] if isinstance(result, tuple) else result) == 0
+
+
 class ReadbackHandle:
     """An output copy in flight: `ready()` polls, `wait()` blocks and returns the array (a copy)."""
 
@@ -135,10 +142,7 @@ class ReadbackHandle:
         self._result: np.ndarray | None = None
 
     def ready(self) -> bool:
-        if self._result is not None:
-            return True
-        result = cu().cuEventQuery(self._event)
-        return int(result[0] if isinstance(result, tuple) else result) == 0
+        return self._result is not None or event_done(self._event)
 
     def wait(self) -> np.ndarray:
         if self._result is None:
@@ -176,6 +180,9 @@ class Runtime(PoolMethods, PeerMethods, StepMethods, StateMethods):
         self._blas: Blas | None = None
         self._input_staging: dict[str, tuple[Allocation, Any]] = {}
         self._readback_free: list[tuple[Allocation, Any]] = []
+        # (handle, its staging and event) per readback not yet waited: a dropped handle's pair is reused once
+        # its copy has completed (_reclaim_readbacks), instead of staying pinned until close
+        self._readback_busy: list[tuple[weakref.ref, tuple[Allocation, Any]]] = []
         self._ranks: dict[str, int] = {}
         self._init_peers()  # multi-GPU (multigpu.py)
         self._pooled_state: PoolState | None = None  # pool API (pooled.py)
@@ -599,6 +606,7 @@ class Runtime(PoolMethods, PeerMethods, StepMethods, StateMethods):
             shape[0] = rows
         dtype = numpy_dtype(spec.dtype)
         nbytes = math.prod(shape) * dtype.itemsize
+        self._reclaim_readbacks()
         pair = next((p for p in self._readback_free if p[0].nbytes >= nbytes), None)
         if pair is None:
             staging = self._ledger.pinned(max(nbytes, 8), f"readback {name}")
@@ -611,7 +619,25 @@ class Runtime(PoolMethods, PeerMethods, StepMethods, StateMethods):
         if nbytes:
             call("cuMemcpyDtoHAsync", staging.host_address, alloc.address, nbytes, self.stream)
         call("cuEventRecord", event, self.stream)
-        return ReadbackHandle(staging, event, tuple(shape), dtype, nbytes, lambda: self._readback_free.append(pair))
+        busy: list = []  # this readback's entry in _readback_busy, filled below
+
+        def done() -> None:  # the handle was waited: its pair is free now
+            self._readback_busy.remove(busy[0])
+            self._readback_free.append(pair)
+
+        handle = ReadbackHandle(staging, event, tuple(shape), dtype, nbytes, done)
+        busy.append((weakref.ref(handle), pair))
+        self._readback_busy.append(busy[0])
+        return handle
+
+    def _reclaim_readbacks(self) -> None:
+        """Move the staging of every readback whose handle was dropped unwaited, and whose copy has completed,
+        to the free list (a dropped handle's copy may still be running: its buffer is kept until it ends)."""
+        for entry in list(self._readback_busy):
+            ref, pair = entry
+            if ref() is None and event_done(pair[1]):
+                self._readback_busy.remove(entry)
+                self._readback_free.append(pair)
 
     # ------------------------------------------------------------ geometry and description
 
