@@ -64,8 +64,10 @@ def test_capacity_tokens_align_to_largest_page_unit() -> None:
 def test_capacity_none_fills_free_memory_minus_headroom() -> None:
     kv = PooledState("kv", bytes_per_token=MIB, page_tokens=16)
     layout = Layout.from_capacity([kv], Capacity(tokens=None, seqs=1), free_bytes=2 * GIB)
-    # (2 GiB - 1 GiB) / 1 MiB = 1024 tokens = 64 pages + scratch
-    assert layout.initial_pages == 65
+    # 16 MiB pages in 8 MiB blocks: 2 GiB - 1 GiB holds 128 blocks = 64 pages, the scratch page among them,
+    # so 63 pages (1008 tokens) are leasable; the whole pool is exactly free - headroom
+    assert layout.initial_pages == 64
+    assert layout.num_blocks * layout.block_bytes == GIB
     with pytest.raises(Misuse):
         Layout.from_capacity([kv], Capacity(tokens=None, seqs=1))
     with pytest.raises(ExceedsPool):

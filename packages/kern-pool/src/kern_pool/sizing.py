@@ -190,8 +190,12 @@ class Layout:
         `seqs + 2` (slot 0 of them is the scratch slot); one scratch page is added on top of the
         tokens. Budget bytes = tokens * sum(bytes_per_token) + (seqs + 2) * sum(bytes_per_seq)
         (+ one scratch page), rounded up to whole blocks per state on its own. `tokens=None` fills
-        `free_bytes - headroom_bytes`. Raises `Misuse` for bad inputs (sizes that are not ints >= 0),
-        `ExceedsPool` when free memory does not hold even one page.
+        `free_bytes - headroom_bytes`: tokens is the largest multiple of the page unit whose final
+        layout (scratch page, slots, every state rounded up to whole blocks) takes at most that many
+        bytes, so `num_blocks * block_bytes <= free_bytes - headroom_bytes`. Raises `Misuse` for bad
+        inputs (sizes that are not ints >= 0), `ExceedsPool` when `tokens` is None and
+        `free_bytes - headroom_bytes` does not hold the layout with one page (and the scratch page and
+        the slots), or, without paged states, the slots.
         """
         if free_bytes is not None:
             check_count(free_bytes, "free_bytes")
@@ -205,20 +209,40 @@ class Layout:
         slot_bytes = tuple(s.bytes_per_seq for s in per_seq)
         block = block_bytes_for(page_bytes + slot_bytes, granularity_bytes, cap_bytes)
         n_slots = capacity.seqs + 2 if per_seq else 0
+        slot_blocks = [_blocks_covering(n_slots, b, block) for b in slot_bytes]
+
+        def page_blocks(n_pages: int) -> list[int]:
+            return [_blocks_covering(n_pages, b, block) for b in page_bytes]
+
         tokens = capacity.tokens
         if tokens is None:
             if free_bytes is None:
                 raise Misuse("Capacity.tokens is None: pass free_bytes (what the device reports free)")
-            per_token = sum(s.bytes_per_token for s in paged)
-            left = free_bytes - headroom_bytes - n_slots * sum(slot_bytes)
-            tokens = left // per_token if per_token else 0
-            if paged and tokens < 2 * page_tokens:
-                raise ExceedsPool(f"{free_bytes} B free less {headroom_bytes} B headroom holds no page")
+            budget_blocks = (free_bytes - headroom_bytes) // block if free_bytes >= headroom_bytes else -1
+            left = budget_blocks - sum(slot_blocks)  # blocks the page arenas may take
+            if not paged:
+                if left < 0:
+                    raise ExceedsPool(f"{free_bytes} B free less {headroom_bytes} B headroom does not hold "
+                                      f"{n_slots} slots ({sum(slot_blocks)} blocks of {block} B)")
+                tokens = 0
+            else:
+                # Pages per state rounded up to whole blocks is monotone in the page count: bisect for the
+                # most leasable pages k (k + 1 with the scratch page) whose arenas fit in `left` blocks.
+                # (k + 1) * sum(page_bytes) <= left * block bounds k from above.
+                lo, hi = 0, max(left, 0) * block // sum(page_bytes)
+                while lo < hi:
+                    mid = (lo + hi + 1) // 2
+                    if sum(page_blocks(mid + 1)) <= left:
+                        lo = mid
+                    else:
+                        hi = mid - 1
+                if lo < 1:
+                    raise ExceedsPool(f"{free_bytes} B free less {headroom_bytes} B headroom holds no page")
+                tokens = lo * page_tokens
         if paged:
             tokens = tokens // page_tokens * page_tokens
         n_pages = tokens // page_tokens + 1 if paged else 0
-        arena_blocks = [_blocks_covering(n_pages, b, block) for b in page_bytes]
-        arena_blocks += [_blocks_covering(n_slots, b, block) for b in slot_bytes]
+        arena_blocks = page_blocks(n_pages) + slot_blocks
         # Objects that fit in each state's whole-block arena (>= what was asked, often a few more).
         pages = min((n * block // b for n, b in zip(arena_blocks, page_bytes)), default=0)
         slots = min((n * block // b for n, b in zip(arena_blocks[len(page_bytes):], slot_bytes)), default=0)

@@ -316,8 +316,23 @@ class Runtime(PoolMethods, PeerMethods, StepMethods, StateMethods):
                     alloc = self._ledger.device(state.nbytes, f"state {name}")
                 call("cuMemsetD8Async", alloc.address, 0, max(state.nbytes, 1), self.stream)
                 self._states[name] = alloc
+        if any(isinstance(l, ExternLaunch) and l.extern in EXTERN_GEMMS for op in spec.ops.values() for l in op.launches):
+            workspace = self._ledger.device(WORKSPACE_BYTES, "cuBLASLt workspace")
+            self._blas = Blas(workspace.address)
+            blas = self._blas
+            self._ledger.on_close("cuBLASLt", blas.close)
+        for name, buf in spec.buffers.items():
+            if buf.kind == "input":
+                alloc = self._buffers[name]
+                staging = self._ledger.pinned(alloc.nbytes, f"input staging {name}")
+                event = call("cuEventCreate", 2)
+                self._ledger.on_close(f"input event {name}", lambda e=event: call("cuEventDestroy", e))
+                self._input_staging[name] = (staging, event)
+        # the pool last: sized from what the allocations above left free
         if any(s.pooled for s in spec.states.values()):
             granularity = granularity or vmm_granularity_bytes(self.gpu)
+            # free memory after every other allocation (buffers, scratch, fixed states, the cuBLASLt
+            # workspace, input staging): tokens=None takes it less the headroom (spec, K1b)
             free_bytes, _ = call("cuMemGetInfo")
             free_bytes = int(free_bytes)
             self.pool = plan_pool(spec.states, capacity, granularity, free_bytes)
@@ -333,18 +348,6 @@ class Runtime(PoolMethods, PeerMethods, StepMethods, StateMethods):
             self._pooled_state = ps
             for i, name in enumerate(self.pool.layout.states):
                 self._states[name] = Allocation(f"state {name}", ps.arena.state_base(i), self.pool.mapped_bytes[name])
-        if any(isinstance(l, ExternLaunch) and l.extern in EXTERN_GEMMS for op in spec.ops.values() for l in op.launches):
-            workspace = self._ledger.device(WORKSPACE_BYTES, "cuBLASLt workspace")
-            self._blas = Blas(workspace.address)
-            blas = self._blas
-            self._ledger.on_close("cuBLASLt", blas.close)
-        for name, buf in spec.buffers.items():
-            if buf.kind == "input":
-                alloc = self._buffers[name]
-                staging = self._ledger.pinned(alloc.nbytes, f"input staging {name}")
-                event = call("cuEventCreate", 2)
-                self._ledger.on_close(f"input event {name}", lambda e=event: call("cuEventDestroy", e))
-                self._input_staging[name] = (staging, event)
 
     def _address_book(self, extra: Mapping[str, int] | None = None) -> AddressBook:
         targets = {name: a.address for name, a in self._buffers.items()}
