@@ -277,3 +277,117 @@ def test_a_hold_without_close_is_refused_before_anything_is_leased() -> None:
     for h in (cp, parked):
         h.close()
     invariant(pool, host=host)
+
+
+# ---- a per-seq (recurrent) state cannot go back: checkpoint / fork / retire below its position -----------
+# runtime.md, fork (K2): "带循环状态的模型只能在父的当前位置分叉". The pool refuses a length below what the
+# lease's slot has provably reached (`frozen_tokens`: the inherited prefix, lengths checkpointed or forked at).
+
+
+def _refused_below(pool: Pool, lease: Any, reached: int, asked: int, host: Host | None = None) -> None:
+    """checkpoint / fork / retire of `lease` at `asked` < `reached` are Misuse naming the lease, both lengths,
+    and change nothing (the lease keeps running)."""
+    before = pool_state(pool, host)
+    free = (pool.free_pages, pool.free_slots)
+    tokens = 0 if not lease.paged else max(asked, 1)
+    for name, call in (("checkpoint", lambda: pool.checkpoint(lease, asked)),
+                       ("fork", lambda: pool.fork(lease, asked, tokens)),
+                       ("retire", lambda: pool.retire(lease, asked))):
+        with pytest.raises(Misuse) as err:
+            call()
+        assert not isinstance(err.value, Closed)
+        text = str(err.value)
+        assert text.startswith(f"{name}({lease!r}, {asked})") and f"reached {reached} tokens" in text, text
+        gc.collect()
+        assert pool_state(pool, host) == before, name
+        assert (pool.free_pages, pool.free_slots) == free, name
+        assert not lease.closed, name
+    invariant(pool, host=host)
+
+
+def test_slot_lease_cannot_checkpoint_fork_or_retire_below_a_checkpointed_length() -> None:
+    """The audit's sequence: lease(64), checkpoint(l, 40), then checkpoint(l, 20), fork(l, 10, ...), retire(l, 20)
+    were all accepted, copying or moving a slot that holds position 40's state."""
+    pool = Pool(Layout.simple(P, 12, slots=6))
+    lease = pool.lease(64)
+    cp40 = pool.checkpoint(lease, 40)
+    assert lease.frozen_tokens == 40
+    for asked in (0, 10, 20, 39):
+        _refused_below(pool, lease, 40, asked)
+    again = pool.checkpoint(lease, 40)  # at the reached length: nothing proves the state moved on
+    later = pool.checkpoint(lease, 50)  # past it: the state may have advanced
+    _refused_below(pool, lease, 50, 45)
+    child = pool.fork(lease, 50, 64)
+    assert child.plan.slot_copies and child.prefix_tokens == 50
+    kept = pool.retire(lease, 60)
+    assert kept is not None and lease.closed and kept.has_slot
+    for h in (child, kept, later, again, cp40):
+        h.close()
+    invariant(pool)
+    assert pool.held_pages == 0
+
+
+def test_fork_of_a_slot_lease_freezes_the_parent_at_the_fork_length() -> None:
+    pool = Pool(Layout.simple(P, 12, slots=4))
+    parent = pool.lease(64)
+    child = pool.fork(parent, 40, 48)  # mid-page: page 2 copied for the child, the slot copied
+    assert parent.frozen_tokens == 40
+    with pytest.raises(Misuse, match="below 40"):
+        parent.slot(39)  # writing below would rewind the state
+    assert parent.slot(40) == parent.page_ids()[2] * P + 8
+    _refused_below(pool, parent, 40, 32)
+    _refused_below(pool, child, 40, 39)  # the child's slot is at its prefix too
+    cp = pool.checkpoint(child, 40)
+    for h in (cp, child, parent):
+        h.close()
+    invariant(pool)
+
+
+def test_lease_from_and_wake_of_a_slot_checkpoint_start_at_its_length() -> None:
+    pool = Pool(Layout.simple(P, 16, slots=6))
+    host = Host(pool, 8, 2)
+    cp = pool.retire(pool.lease(40), 40)
+    assert cp is not None and cp.has_slot
+    resumed = pool.lease_from(cp, 64)
+    _refused_below(pool, resumed, 40, 20, host)
+    parked = host.park_now(cp)
+    waking = host.wake(parked, 40, 64)
+    waking.land()
+    woken = waking.lease
+    _refused_below(pool, woken, 40, 39, host)
+    pool.checkpoint(woken, 40).close()
+    for h in (woken, resumed, parked):
+        h.close()
+    invariant(pool, host=host)
+
+
+def test_slot_only_lease_cannot_go_back_either() -> None:
+    """A peer rank's slot-only share: the caller says the length, the pool still refuses going back."""
+    pool = Pool(Layout.simple(P, 8, slots=6))
+    share = pool.lease_slot()
+    cp = pool.checkpoint(share, 40)
+    _refused_below(pool, share, 40, 20)
+    child = pool.fork(share, 48, 0)  # a slot-only fork also marks the parent's position
+    assert child.prefix_tokens == 48 and not child.paged
+    _refused_below(pool, share, 48, 40)
+    _refused_below(pool, child, 48, 47)
+    kept = pool.retire(share, 48)
+    assert kept is not None and kept.num_tokens == 48 and not kept.paged
+    for h in (kept, child, cp):
+        h.close()
+    invariant(pool)
+
+
+def test_pure_kv_lease_may_still_be_cut_at_any_length() -> None:
+    """Without a slot nothing is lost by going back: the partial page is shared or copied, as before."""
+    pool = Pool(Layout.simple(P, 12, slots=0))
+    lease = pool.lease(64)
+    handles = [pool.checkpoint(lease, 40), pool.checkpoint(lease, 20), pool.fork(lease, 10, 16),
+               pool.fork(lease, 45, 48)]
+    assert lease.frozen_tokens == 40  # checkpoints freeze their lengths, a pure-KV fork does not
+    kept = pool.retire(lease, 5)
+    assert kept is not None and kept.num_tokens == 5 and not kept.has_slot
+    for h in (kept, *handles):
+        h.close()
+    invariant(pool)
+    assert pool.held_pages == 0

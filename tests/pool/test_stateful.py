@@ -1,6 +1,8 @@
 """Hypothesis state machine: random lease / write / checkpoint / fork / lease_from / retire / drop /
 remap / lookup / evict / park / wake, with every invariant checked after every step, contents checked
-through a simulated page store, and no leak once every handle is closed."""
+through a simulated page store, and no leak once every handle is closed. A lease holding a slot is
+cut only at its current position; going back below what its slot has reached (`rewind`) must be
+`Misuse` and change nothing."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from kern_pool import (
     Host,
     Layout,
     Lease,
+    Misuse,
     Pool,
     Prefix,
     Remapping,
@@ -50,6 +53,8 @@ class PoolMachine(RuleBasedStateMachine):
         self.cps: list[Checkpoint] = []
         self.hits: list[Any] = []
         self.tokens: weakref.WeakKeyDictionary[Any, tuple[int, ...]] = weakref.WeakKeyDictionary()
+        # the model's own record of the position each lease's slot has provably reached
+        self.reached: weakref.WeakKeyDictionary[Lease, int] = weakref.WeakKeyDictionary()
 
     # ---- helpers -----------------------------------------------------------------------------------
     def snapshot(self) -> tuple[object, ...]:
@@ -71,6 +76,11 @@ class PoolMachine(RuleBasedStateMachine):
                 assert r.plan is in_flight and self.snapshot() == before
         return None
 
+    def add(self, lease: Lease, toks: list[int]) -> None:
+        """Track a new lease: its slot (if any) starts at its inherited tokens."""
+        self.leases.append((lease, toks))
+        self.reached[lease] = len(toks)
+
     def new_lease(self, lease: Lease | None, toks: list[int]) -> None:
         if lease is None:
             return
@@ -78,7 +88,7 @@ class PoolMachine(RuleBasedStateMachine):
         if lease.seq_slot_id is not None and lease.plan.zero_slots:
             assert self.mem.slots[lease.seq_slot_id] == 0
             self.mem.slots[lease.seq_slot_id] = tuple(toks)
-        self.leases.append((lease, toks))
+        self.add(lease, toks)
 
     def keep(self, cp: Checkpoint | None, toks: list[int]) -> None:
         if cp is None:
@@ -110,7 +120,7 @@ class PoolMachine(RuleBasedStateMachine):
         if lease is not None:
             self.mem.apply(lease.plan)
             self.mem.slots[lease.seq_slot_id] = ()
-            self.leases.append((lease, []))
+            self.add(lease, [])
 
     @precondition(lambda self: self.leases)
     @rule(i=st.integers(0, 99), data=st.data())
@@ -142,7 +152,10 @@ class PoolMachine(RuleBasedStateMachine):
             self.leases.pop(k)
             self.keep(cp, toks)
         else:
-            self.keep(self.attempt(lambda: self.pool.checkpoint(lease, n)), toks)
+            cp = self.attempt(lambda: self.pool.checkpoint(lease, n))
+            if cp is not None:
+                self.reached[lease] = max(self.reached[lease], n)
+            self.keep(cp, toks)
 
     @precondition(lambda self: self.leases)
     @rule(i=st.integers(0, 99), frac=st.floats(0, 1), extra=st.integers(0, 5))
@@ -155,7 +168,33 @@ class PoolMachine(RuleBasedStateMachine):
         if child is not None:
             self.mem.apply(child.plan)
             assert not child.plan.zero_slots
-            self.leases.append((child, toks[:n]))
+            if lease.seq_slot_id is not None:
+                self.reached[lease] = max(self.reached[lease], n)
+            self.add(child, toks[:n])
+
+    @precondition(lambda self: any(lease.seq_slot_id is not None and self.reached[lease] for lease, _ in self.leases))
+    @rule(i=st.integers(0, 99), back=st.integers(1, 20), op=st.sampled_from(["checkpoint", "fork", "retire"]),
+          extra=st.integers(0, 5))
+    def rewind(self, i: int, back: int, op: str, extra: int) -> None:
+        """A lease with a slot cannot be cut below what its slot has reached: Misuse, nothing changes."""
+        slotted = [lease for lease, _ in self.leases if lease.seq_slot_id is not None and self.reached[lease]]
+        lease = slotted[i % len(slotted)]
+        reached = self.reached[lease]
+        n = max(0, reached - back)
+        total = n + extra if lease.paged else 0
+        call = {"checkpoint": lambda: self.pool.checkpoint(lease, n), "fork": lambda: self.pool.fork(lease, n, total),
+                "retire": lambda: self.pool.retire(lease, n)}[op]
+        pages = lease.page_ids() if lease.paged else None
+        before = (self.snapshot(), self.pool.remap_in_flight, lease.frozen_tokens, pages)
+        try:
+            call()
+        except Misuse as err:
+            assert f"reached {reached} tokens" in str(err), str(err)
+        else:
+            raise AssertionError(f"{op}({lease!r}, {n}) below the reached {reached} was accepted")
+        assert not lease.closed
+        pages = lease.page_ids() if lease.paged else None
+        assert (self.snapshot(), self.pool.remap_in_flight, lease.frozen_tokens, pages) == before
 
     @precondition(lambda self: self.cps)
     @rule(i=st.integers(0, 99), frac=st.floats(0, 1), extra=st.integers(0, 5))
@@ -171,7 +210,7 @@ class PoolMachine(RuleBasedStateMachine):
                 assert self.mem.slots[lease.seq_slot_id] == tuple(toks)
             elif lease.seq_slot_id is not None:
                 self.mem.slots[lease.seq_slot_id] = tuple(toks[:n])
-            self.leases.append((lease, toks[:n]))
+            self.add(lease, toks[:n])
 
     @precondition(lambda self: self.cps)
     @rule(i=st.integers(0, 99))
@@ -232,7 +271,7 @@ class PoolMachine(RuleBasedStateMachine):
         self.mem.apply(lease.plan)
         if lease.seq_slot_id is not None and not lease.plan.slot_copies and hit.tier is Resident:
             self.mem.slots[lease.seq_slot_id] = tuple(toks)
-        self.leases.append((lease, toks))
+        self.add(lease, toks)
 
     @rule(park=st.booleans())
     def evict(self, park: bool) -> None:

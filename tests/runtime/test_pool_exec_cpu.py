@@ -296,3 +296,38 @@ def test_park_and_wake_issue_per_state_copies_behind_the_compute_stream(rec: Rec
                     for h, d, n in runs for state in range(2)]
     rt.kern_pool.check()
     rt.host_tier.check()
+
+
+def test_awake_consumes_the_waking_a_second_awake_is_closed(rec: Recorder, monkeypatch: pytest.MonkeyPatch) -> None:
+    """runtime.md: awake(waking) -> Lease hands the lease out once. A second awake used to wrap
+    `waking.inner.lease` again: two kern_runtime Leases over one pool lease."""
+    layout = Layout.simple(page_tokens=16, pages=8, slots=3)
+    rt = FakeRuntime(layout)
+    rt.reserve_host(pages=4, slots=2)
+    parked = rt.park_now(rt.retire(rt.lease(40), 40))
+    waking = rt.wake(parked, 40, 64)
+    monkeypatch.setattr(pooled, "event_done", lambda event: False)
+    assert rt.awake(waking) is None and rt.awake(waking) is None  # not landed: asking again is fine
+    monkeypatch.setattr(pooled, "event_done", lambda event: True)
+    woken = rt.awake(waking)
+    assert woken is not None and woken.prefix_tokens == 40 and woken.seq_slot_id is not None
+    pool = rt.kern_pool
+    state = (pool.free_pages, pool.free_slots, rt.host_tier.free_pages, rt.host_tier.free_slots)
+    rec.clear()
+    for _ in range(2):
+        with pytest.raises(kern_pool.Closed, match="already awakened"):
+            rt.awake(waking)
+    assert rec.calls == []  # nothing issued
+    assert rt.landed(waking)  # only asks
+    assert (pool.free_pages, pool.free_slots, rt.host_tier.free_pages, rt.host_tier.free_slots) == state
+    assert not woken.closed and woken.page_ids() == waking.inner._lease.page_ids()
+    assert waking.close() is False and not woken.closed  # the woken lease is the caller's now
+    with pytest.raises(kern_pool.Closed, match="already awakened"):
+        rt.awake(waking)
+    woken.close()
+    with pytest.raises(kern_pool.Closed):
+        rt.awake(waking)
+    parked.close()
+    pool.check()
+    rt.host_tier.check()
+    assert pool.held_pages == 0

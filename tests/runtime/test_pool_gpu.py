@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from runtime_helpers import KERNELS_DIR
 
-from kern_pool import Busy, ExceedsPool, Remapping
+from kern_pool import Busy, ExceedsPool, Misuse, Remapping
 from kern_runtime import Capacity, Lease, Runtime
 from kern_runtime.driver import call
 
@@ -207,10 +207,15 @@ def test_checkpoint_fork_lease_from_retire_byte_for_byte(rt: Runtime) -> None:
     assert mismatches(rt, [(child, 64)], 1) == [0]
     assert np.array_equal(page_bytes(rt, "pa", parent.page_ids()[2]), before)  # the checkpoint's page never changes
     child.close()
-    fork = rt.fork(parent, 32, 48)  # page end: pages shared, nothing copied but the slot
-    assert fork.page_ids()[:2] == parent.page_ids()[:2]
+    # At the parent's current position (its slot holds position 39's state: a fork below 40 is Misuse):
+    # pages 0, 1 shared, page 2 (mid-page) copied for the child, the slot copied.
+    with pytest.raises(Misuse, match="reached 40"):
+        rt.fork(parent, 32, 48)
+    fork = rt.fork(parent, 40, 48)
+    assert fork.page_ids()[:2] == parent.page_ids()[:2] and fork.page_ids()[2] != parent.page_ids()[2]
+    assert_tokens(rt, fork, 32, 40, salt=1)
     assert np.array_equal(slot_bytes(rt, fork.seq_slot_id), pattern(2, 39, BPS, 1))
-    write(rt, [(fork, 32, 48)], salt=1)
+    write(rt, [(fork, 40, 48)], salt=1)
     assert mismatches(rt, [(fork, 48), (parent, 40)], 1) == [0, 0]
     cp = rt.retire(parent, 40)
     assert cp is not None and parent.closed and rt.retire(parent, 40) is None

@@ -148,8 +148,8 @@ def test_pool_api_refuses_wrong_handle_types(fake_cuda: FakeDriver, tmp_path: Pa
     with load_pool(tmp_path) as rt:
         rt.reserve_host(4, 2)
         lease = rt.lease(20)
+        parked = rt.park_now(rt.checkpoint(lease, 16))  # lengths in order: the lease holds a slot
         cp = rt.checkpoint(lease, 20)
-        parked = rt.park_now(rt.checkpoint(lease, 16))
         pool = rt.kern_pool
         free = (pool.free_pages, pool.free_slots, rt.host_tier.free_pages)
         cases = [

@@ -188,12 +188,14 @@ class Pool:
         Full pages are sealed into the shared chain (the lease can no longer write them); the
         partial last page is shared and the lease may only write it from `num_tokens` on; the slot
         is copied into a new slot (`checkpoint.plan.slot_copies`). With per-seq state the caller
-        must checkpoint at the lease's current position. Raises `Closed`, `Misuse` (not a `Lease` of
+        must checkpoint at the lease's current position; the pool refuses a length below the one the
+        slot has provably reached (`_check_slot_len`). Raises `Closed`, `Misuse` (not a `Lease` of
         this pool, length not an int or out of range), `Busy` / `Remapping` (no slot for the copy),
         `ExceedsPool`; a refusal changes nothing.
         """
         self._own(lease, Lease)
         num_tokens = self._check_len(lease, num_tokens)
+        self._check_slot_len(lease, num_tokens, "checkpoint")
         slots: list[int] = []
         if lease.seq_slot_id is not None:
             _, slots = self._acquire(0, 1, 0)
@@ -208,11 +210,13 @@ class Pool:
         """End `lease`, keeping its first `num_tokens` tokens, with no copy: pages past them return,
         the slot moves to the checkpoint. A second retire (or retire after close) is a checked
         no-op returning None. Raises `Misuse` for a length that is not an int, negative or beyond the
-        lease, or a handle that is not a `Lease` of this pool."""
+        lease, below the position a lease's slot has reached (`_check_slot_len`), or a handle that is
+        not a `Lease` of this pool; a refusal leaves the lease running."""
         if isinstance(lease, Lease) and lease.closed:
             return None
         self._own(lease, Lease)
         num_tokens = self._check_len(lease, num_tokens)
+        self._check_slot_len(lease, num_tokens, "retire")
         cp = self._make_checkpoint(lease, num_tokens)
         cp.seq_slot_id, lease.seq_slot_id = lease.seq_slot_id, None
         lease.close()
@@ -265,16 +269,20 @@ class Pool:
 
         Full pages are sealed into the parent's chain and shared; a mid-page `prefix_tokens` copies
         that page for the child (the parent keeps writing its own); the parent's slot is copied (so
-        with per-seq state the fork must be at the parent's current position). Raises `Closed`,
-        `Misuse` (lengths not ints or out of range), `ExceedsPool`, `Busy`, `Remapping`; a refusal
-        changes nothing.
+        with per-seq state the fork must be at the parent's current position: a length below the one
+        the slot has provably reached is refused, and a fork of a lease with a slot freezes the
+        parent below `prefix_tokens`, as a checkpoint does). Raises `Closed`, `Misuse` (lengths not
+        ints or out of range), `ExceedsPool`, `Busy`, `Remapping`; a refusal changes nothing.
         """
         self._own(parent, Lease)
         num_tokens = check_count(num_tokens, "fork() num_tokens")
         prefix_tokens = self._check_len(parent, prefix_tokens)
+        self._check_slot_len(parent, prefix_tokens, "fork")
         if not parent.paged:
-            return self._slot_only_branch("fork of a slot-only lease", parent.seq_slot_id, prefix_tokens,
-                                          num_tokens, None)
+            child = self._slot_only_branch("fork of a slot-only lease", parent.seq_slot_id, prefix_tokens,
+                                           num_tokens, None)
+            parent._frozen = max(parent._frozen, prefix_tokens)
+            return child
         self._check_reserve(num_tokens, prefix_tokens)
         P = self.page_tokens
         full, partial = divmod(prefix_tokens, P)
@@ -286,6 +294,8 @@ class Pool:
         if partial:
             depth = parent.sealed_pages
             src_partial = node_at(parent._chain, full).page_id if full < depth else parent._pages[full - depth]  # type: ignore[union-attr]
+        if parent.seq_slot_id is not None:  # its state is at prefix_tokens now: it cannot go back
+            parent._frozen = max(parent._frozen, prefix_tokens)
         return self._finish_branch(node_at(parent._chain, full - 1), src_partial, parent.seq_slot_id,
                                    prefix_tokens, pages, slots, None)
 
@@ -342,6 +352,27 @@ class Pool:
         if lease.paged and num_tokens > lease.capacity_tokens:
             raise Misuse(f"length {num_tokens} outside 0..{lease.capacity_tokens} tokens held by the lease")
         return num_tokens
+
+    @staticmethod
+    def _check_slot_len(lease: Lease, num_tokens: int, what: str) -> None:
+        """Misuse when `lease` holds a slot and `num_tokens` is below the position its state has reached.
+
+        A per-seq (recurrent) state cannot go back in time: checkpoint / fork / retire copy or move the
+        slot as it is now, so they are only valid at the lease's current position (runtime.md, fork
+        (K2): "只能在父的当前位置分叉"). The pool cannot see the current position, but it can prove a
+        lower bound: the largest of the lease's inherited prefix (`prefix_tokens`: lease_from / wake /
+        fork copied the slot at that length) and `frozen_tokens` (every length it was checkpointed or
+        forked at, and its sealed pages, which only those calls seal). Pure-KV leases may be cut at any
+        length in range, as before.
+        """
+        if lease.seq_slot_id is None:
+            return
+        reached = max(lease.prefix_tokens, lease.frozen_tokens)  # a slot-only branch sets only the prefix
+        if num_tokens < reached:
+            raise Misuse(
+                f"{what}({lease!r}, {num_tokens}): the lease's per-seq state has already reached {reached} "
+                f"tokens and cannot go back; with a slot, {what} only at the current position (>= {reached})"
+            )
 
     def _acquire(self, n_pages: int, n_slots: int, total_pages: int) -> tuple[list[int], list[int]]:
         """Pop `n_pages` free pages and `n_slots` free slots, all or nothing; else raise a refusal."""

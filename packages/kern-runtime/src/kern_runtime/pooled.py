@@ -639,13 +639,16 @@ class PoolMethods:
         return item.landed
 
     def awake(self, waking: Waking) -> Lease | None:
-        """The woken lease once its copies have landed, else None (never blocks).
+        """The woken lease once its copies have landed, else None (never blocks). The lease is handed
+        out once: a successful awake consumes the Waking (runtime.md: awake(waking) -> Lease).
         Raises kern_pool `Misuse` (not a Waking of this runtime), `Closed` (the Waking or its lease was
-        closed)."""
+        closed, or the Waking was already awakened)."""
         self._activate()
         self._own_waking(waking, "awake()")
         if waking.inner._lease.closed:
             raise Closed("awake() of a closed Waking (or of one whose lease was closed)")
+        if waking.inner._taken:  # its lease went to an earlier awake: a second wrapper would share it
+            raise Closed("awake() of a Waking already awakened: awake consumes it, the lease was handed out once")
         if not waking.landed:
             return None
         return Lease(self, waking.inner.lease)
