@@ -1,14 +1,26 @@
 """`SafetensorsTensors`: a Hugging Face checkpoint read by headers up front, bytes on demand.
 
-Accepted layouts (`SafetensorsTensors.open(path)`):
-- a directory with `model.safetensors.index.json` (its `weight_map` names the shards),
-- a directory of `*.safetensors` files (no index),
-- one `.safetensors` file, or a list of files.
+Two constructors, one kind of object (the loader binds from either):
 
-Only the headers are read at open (8-byte little-endian header length + JSON). Tensor bytes are
-`FileBlob`s the loader reads with `os.pread`. A tensor name present in two shards is a
-`WeightArtifactError` naming both files; so is a header that is not UTF-8 JSON, has a key twice, or gives two
-tensors overlapping byte ranges.
+- `SafetensorsTensors.open(path)` takes files:
+  - a directory with `model.safetensors.index.json` (its `weight_map` names the shards),
+  - a directory of `*.safetensors` files (no index),
+  - one `.safetensors` file, or a list of files.
+  Only the headers are read at open (8-byte little-endian header length + JSON). Tensor bytes are
+  `FileBlob`s the loader reads with `os.pread`.
+- `SafetensorsTensors.parse(data)` takes bytes already in this process's memory: one bytes-like object
+  (`bytes`, `bytearray`, `memoryview`, `mmap`, a C-contiguous numpy array, anything with the buffer
+  protocol) holding a whole safetensors file, or a list / tuple of them (the shards). Nothing is copied
+  but the headers: tensor bytes are `HostBlob`s, read-only uint8 views of the caller's buffers. The object
+  keeps a reference to each buffer, so they stay alive (and a `bytearray` cannot be resized) while it or
+  any of its blobs lives; the caller must not write into a mutable buffer before the load that reads it
+  has returned. Shards are named `bytes #i` (their position in the list) in messages.
+
+The header checks are the same for both: a tensor name present in two shards is a `WeightArtifactError`
+naming both shards; so is a header length past the end or past `MAX_HEADER_BYTES`, a header that is not
+UTF-8 JSON or has a key twice, an unknown dtype, a byte range that disagrees with dtype x shape or lies past
+the end of the data, or two tensors overlapping byte ranges. An argument to `parse` that is not bytes-like
+(a `str` path, an int, ...) or not contiguous is an `ApiError`.
 """
 
 from __future__ import annotations
@@ -20,11 +32,12 @@ import struct
 from pathlib import Path, PurePosixPath
 from typing import Iterable, Sequence
 
+import numpy as np
 from kern_manifest import json_text_fault
 
 from ..dtypes import SAFETENSORS_DTYPE, item_bytes
-from ..errors import WeightArtifactError
-from .tensors import Blob, FileBlob, TensorMeta
+from ..errors import ApiError, WeightArtifactError
+from .tensors import Blob, FileBlob, HostBlob, TensorMeta
 
 INDEX_NAME = "model.safetensors.index.json"
 MAX_HEADER_BYTES = 100 * 1024 * 1024
@@ -82,10 +95,34 @@ def read_safetensors_header(path: str | os.PathLike[str]) -> dict[str, tuple[Ten
         raise WeightArtifactError(f"{path}: cannot read: {exc}") from exc
     if len(raw) != header_bytes:
         raise WeightArtifactError(f"{path}: header truncated ({len(raw)} of {header_bytes} bytes)")
-    header = _loads(raw, f"{path}: header")
+    return _header_entries(raw, file_bytes, path, "file")
+
+
+def parse_safetensors_header(data: object, where: str = "bytes") -> dict[str, tuple[TensorMeta, int, int]]:
+    """`read_safetensors_header` of a whole safetensors file held in memory (`data`, a bytes-like object;
+    only the header is copied): name -> (meta, byte offset into `data`, nbytes). The same checks, the same
+    WeightArtifactErrors, each message starting with `where` (e.g. "bytes #1") instead of a file name;
+    ApiError when `data` is not a contiguous bytes-like object."""
+    view = _byte_view(data, where)
+    size = len(view)
+    if size < 8:
+        raise WeightArtifactError(f"{where}: not safetensors data (shorter than 8 bytes)")
+    (header_bytes,) = struct.unpack("<Q", view[:8])
+    if header_bytes > MAX_HEADER_BYTES:
+        raise WeightArtifactError(f"{where}: header length {header_bytes} exceeds {MAX_HEADER_BYTES} bytes")
+    raw = bytes(view[8 : 8 + header_bytes])
+    if len(raw) != header_bytes:
+        raise WeightArtifactError(f"{where}: header truncated ({len(raw)} of {header_bytes} bytes)")
+    return _header_entries(raw, size, where, "buffer")
+
+
+def _header_entries(raw: bytes, total_bytes: int, where: str, container: str) -> dict[str, tuple[TensorMeta, int, int]]:
+    """The checks of a header (`raw`, the JSON bytes after the 8-byte length) of a safetensors `container`
+    ("file" or "buffer") of `total_bytes` bytes; messages start with `where`."""
+    header = _loads(raw, f"{where}: header")
     if not isinstance(header, dict):
-        raise WeightArtifactError(f"{path}: header is JSON {type(header).__name__}, not an object")
-    data_start = 8 + header_bytes
+        raise WeightArtifactError(f"{where}: header is JSON {type(header).__name__}, not an object")
+    data_start = 8 + len(raw)
     out: dict[str, tuple[TensorMeta, int, int]] = {}
     for name, entry in header.items():
         if name == "__metadata__":
@@ -95,26 +132,49 @@ def read_safetensors_header(path: str | os.PathLike[str]) -> dict[str, tuple[Ten
             if not all(type(v) is int and v >= 0 for v in (*shape, begin, end)) or begin > end:
                 raise ValueError(name)
         except (KeyError, TypeError, ValueError):
-            raise WeightArtifactError(f"{path}: tensor {name!r} has a malformed header entry {entry!r}") from None
+            raise WeightArtifactError(f"{where}: tensor {name!r} has a malformed header entry {entry!r}") from None
         dtype = SAFETENSORS_DTYPE.get(st_dtype) if isinstance(st_dtype, str) else None
         if dtype is None:
-            raise WeightArtifactError(f"{path}: tensor {name!r} has unsupported dtype {st_dtype!r}")
+            raise WeightArtifactError(f"{where}: tensor {name!r} has unsupported dtype {st_dtype!r}")
         meta = TensorMeta(dtype, tuple(int(d) for d in shape))
         nbytes = int(end) - int(begin)
         if nbytes != math.prod(meta.shape) * item_bytes(dtype):
             raise WeightArtifactError(
-                f"{path}: tensor {name!r} {st_dtype}{list(meta.shape)} spans {nbytes} bytes, expected {meta.nbytes}"
+                f"{where}: tensor {name!r} {st_dtype}{list(meta.shape)} spans {nbytes} bytes, expected {meta.nbytes}"
             )
-        if data_start + int(end) > file_bytes:
-            raise WeightArtifactError(f"{path}: tensor {name!r} ends at byte {data_start + int(end)}, past the file end {file_bytes}")
+        if data_start + int(end) > total_bytes:
+            raise WeightArtifactError(f"{where}: tensor {name!r} ends at byte {data_start + int(end)}, "
+                                      f"past the {container} end {total_bytes}")
         out[name] = (meta, data_start + int(begin), nbytes)
     # no two tensors share bytes (as the safetensors format requires; empty tensors take none)
     spans = sorted((offset, offset + nbytes, name) for name, (_, offset, nbytes) in out.items() if nbytes)
     for (_, end_a, name_a), (begin_b, _, name_b) in zip(spans, spans[1:]):
         if begin_b < end_a:
-            raise WeightArtifactError(f"{path}: tensors {name_a!r} and {name_b!r} overlap in the file (bytes "
+            raise WeightArtifactError(f"{where}: tensors {name_a!r} and {name_b!r} overlap in the {container} (bytes "
                                       f"{begin_b - data_start}..{end_a - data_start} of the data section)")
     return out
+
+
+def _byte_view(data: object, where: str) -> np.ndarray:
+    """A read-only 1-D uint8 numpy view of the bytes-like `data` (no copy; the view references `data`).
+    ApiError for anything that is not a contiguous buffer."""
+    if isinstance(data, (str, os.PathLike)):
+        raise ApiError(f"{where} is a {type(data).__name__}, not bytes: SafetensorsTensors.parse takes the "
+                       "bytes of a safetensors file (SafetensorsTensors.open takes a path)")
+    try:
+        view = memoryview(data)  # type: ignore[arg-type]
+    except TypeError:
+        raise ApiError(f"{where} is a {type(data).__name__}, not a bytes-like object (bytes, bytearray, memoryview, "
+                       "a contiguous numpy array)") from None
+    if not view.c_contiguous:
+        raise ApiError(f"{where} is a non-contiguous {type(data).__name__}; pass contiguous bytes "
+                       "(e.g. numpy.ascontiguousarray)")
+    try:
+        array = np.frombuffer(view, dtype=np.uint8)  # the raw bytes whatever the buffer's format and shape
+    except (ValueError, TypeError, BufferError) as exc:
+        raise ApiError(f"{where}: a {type(data).__name__} numpy cannot view as bytes: {exc}") from None
+    array.flags.writeable = False  # the loader only reads; a blob must not write into the caller's buffer
+    return array
 
 
 def index_shards(index: Path) -> list[str]:
@@ -145,20 +205,54 @@ def index_shards(index: Path) -> list[str]:
 
 
 class SafetensorsTensors:
-    """Tensors of a safetensors checkpoint. Construct with `SafetensorsTensors.open(path)`."""
+    """Tensors of a safetensors checkpoint. Construct with `SafetensorsTensors.open(path)` (files) or
+    `SafetensorsTensors.parse(data)` (bytes in memory). `files` lists the opened files (empty for parsed
+    bytes); `buffers` the parsed buffers as read-only uint8 views (empty for files)."""
 
     def __init__(self, files: Sequence[str | os.PathLike[str]]) -> None:
         # normalised ("dir/./a" is "dir/a") and each file once: one file under two spellings is not two shards
         self.files: tuple[str, ...] = tuple(dict.fromkeys(os.path.normpath(os.fspath(f)) for f in files))
+        self.buffers: tuple[np.ndarray, ...] = ()
         if not self.files:
             raise WeightArtifactError("no safetensors files given")
-        self._entries: dict[str, tuple[TensorMeta, str, int, int]] = {}
+        # name -> (meta, shard: file path or "bytes #i", byte offset in the shard, nbytes, shard bytes or None)
+        self._entries: dict[str, tuple[TensorMeta, str, int, int, np.ndarray | None]] = {}
         for path in self.files:
-            for name, (meta, offset, nbytes) in read_safetensors_header(path).items():
-                seen = self._entries.get(name)
-                if seen is not None:
-                    raise WeightArtifactError(f"tensor {name!r} is present in two shards: {seen[1]} and {path}")
-                self._entries[name] = (meta, path, offset, nbytes)
+            self._add_shard(path, read_safetensors_header(path), None)
+
+    def _add_shard(self, where: str, header: dict[str, tuple[TensorMeta, int, int]], data: np.ndarray | None) -> None:
+        for name, (meta, offset, nbytes) in header.items():
+            seen = self._entries.get(name)
+            if seen is not None:
+                raise WeightArtifactError(f"tensor {name!r} is present in two shards: {seen[1]} and {where}")
+            self._entries[name] = (meta, where, offset, nbytes, data)
+
+    @classmethod
+    def parse(cls, data: object) -> "SafetensorsTensors":
+        """Tensors of safetensors files held in memory: `data` is one bytes-like object (bytes, bytearray,
+        memoryview, mmap, a C-contiguous numpy array) holding a whole file, or a list / tuple of them (the
+        shards; shard i is "bytes #i" in messages). Same header checks and errors as `open`; a tensor in two
+        shards is refused.
+
+        Zero copy: blobs are `HostBlob`s viewing the caller's bytes (read-only). The returned object keeps a
+        reference to every buffer, so they need not be kept alive separately, but a mutable buffer must not be
+        written while a load reads it.
+
+        Raises ApiError when `data` (or a list item) is not a contiguous bytes-like object (a str path, an
+        int, ...), WeightArtifactError for an empty list or a malformed shard.
+        """
+        items = list(data) if isinstance(data, (list, tuple)) else [data]
+        if not items:
+            raise WeightArtifactError("no safetensors bytes given")
+        views = [_byte_view(item, f"bytes #{i}") for i, item in enumerate(items)]
+        self = cls.__new__(cls)
+        self.files = ()
+        self.buffers = tuple(views)
+        self._entries = {}
+        for i, view in enumerate(views):
+            where = f"bytes #{i}"
+            self._add_shard(where, parse_safetensors_header(view, where), view)
+        return self
 
     @classmethod
     def open(cls, path: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> "SafetensorsTensors":
@@ -196,8 +290,10 @@ class SafetensorsTensors:
         entry = self._entries.get(name)
         if entry is None:
             raise WeightArtifactError(f"checkpoint has no tensor {name!r}")
-        _, path, offset, nbytes = entry
-        return FileBlob(path, offset, nbytes)
+        _, where, offset, nbytes, data = entry
+        if data is not None:
+            return HostBlob(data[offset : offset + nbytes])
+        return FileBlob(where, offset, nbytes)
 
     @property
     def total_bytes(self) -> int:
