@@ -65,11 +65,16 @@ class PeerMethods:
     # ------------------------------------------------------------ load-time checks
 
     def _check_topology(self) -> None:
-        """Ranks for every group used (in range), the peer tables, the groups NCCL externs name."""
+        """Ranks for every group used (in range, of the manifest's group size where `ranks` gave one), the
+        peer tables, the groups NCCL externs name."""
         topo = self.spec.topology
+        sizes: Mapping[str, int] = getattr(self, "_rank_sizes", {})
         for group, rank in self._ranks.items():
             if group not in topo:
                 raise ApiError(f"ranks names group {group!r}; the manifest's topology has {sorted(topo)}")
+            if group in sizes and sizes[group] != topo[group]:
+                raise ApiError(f"ranks[{group!r}] gives group {group!r} size {sizes[group]}; the manifest's "
+                               f"topology has size {topo[group]}")
             if not 0 <= rank < topo[group]:
                 raise ApiError(f"rank {rank} is outside group {group!r} of size {topo[group]}")
         for name, buf in self.spec.buffers.items():
@@ -86,7 +91,8 @@ class PeerMethods:
         needed = self._nccl_groups | {g for _, g in self._peer_tables.values()}
         missing = sorted(g for g in needed if g not in self._ranks)
         if missing:
-            raise ApiError(f"the manifest uses topology group(s) {missing}: pass ranks={{group: index}} to load")
+            raise ApiError(f"the manifest uses topology group(s) {missing}: pass ranks={{group: index}} "
+                           "(or {group: (index, size)}) to load")
 
     def _peer_sensitive(self) -> set[str]:
         """Buffers and states peers reach: peer tables, export buffers, and what some table maps."""

@@ -7,9 +7,9 @@ through VMM (sized by kern_pool from the `Capacity`) -> bind weights -> compile 
 launch records -> check pinned cuBLASLt algorithms at both ends of every var range -> derive and once
 programs -> ready.
 
-Replay: `run` enqueues launch by launch; `issue` uses the program's CUDA graph when it declares
-`graph: true` (one capture per key of read vars). Inputs go through resident pinned staging on the
-compute stream; `read_output` synchronises.
+Replay: `run` enqueues launch by launch (`run_range` only the calls of an index range); `issue` uses
+the program's CUDA graph when it declares `graph: true` (one capture per key of read vars). Inputs go
+through resident pinned staging on the compute stream; `read_output` synchronises.
 """
 
 from __future__ import annotations
@@ -184,6 +184,7 @@ class Runtime(PoolMethods, PeerMethods, StepMethods, StateMethods):
         # its copy has completed (_reclaim_readbacks), instead of staying pinned until close
         self._readback_busy: list[tuple[weakref.ref, tuple[Allocation, Any]]] = []
         self._ranks: dict[str, int] = {}
+        self._rank_sizes: dict[str, int] = {}  # group -> size given as ranks={group: (index, size)}
         self._init_peers()  # multi-GPU (multigpu.py)
         self._pooled_state: PoolState | None = None  # pool API (pooled.py)
 
@@ -192,14 +193,15 @@ class Runtime(PoolMethods, PeerMethods, StepMethods, StateMethods):
     @classmethod
     def load(cls, manifest: Any, kernels_dir: str | os.PathLike[str], tensors: Tensors | None, gpu: int = 0,
              capacity: Capacity = Capacity(tokens=4096, seqs=1), progress: Progress | None = None, *,
-             ranks: Mapping[str, int] | None = None, resident: Resident | None = None,
+             ranks: Mapping[str, int | tuple[int, int]] | None = None, resident: Resident | None = None,
              threads: int | None = None) -> "Runtime":
         """Load `manifest` (path, JSON, dict or kern_manifest.Manifest) on device `gpu`.
 
         `kernels_dir`: directory of `<module>-<sha12>.cubin`; `tensors`: the checkpoint (None only
         for a manifest without checkpoint-bound weights); `capacity`: pooled-state budget;
         `progress(bytes_done, bytes_total)`: weight-load progress (worker threads); `ranks`: this
-        process's index per topology group; `resident`: device weights kept by `into_resident()` on
+        process's place per topology group, `{group: index}` or `{group: (index, size)}` (a given size
+        must equal the manifest's size of the group); `resident`: device weights kept by `into_resident()` on
         the same GPU; `threads`: weight-loading threads (an int >= 1; None: one per CPU, at most 16).
         Raises ManifestParseError/ManifestVerifyError, KernelArtifactError, WeightArtifactError,
         ApiError (an argument of the wrong type or value, named in the message: kernels_dir, tensors,
@@ -207,13 +209,14 @@ class Runtime(PoolMethods, PeerMethods, StepMethods, StateMethods):
         or larger than the device's free memory; NCCL externs), DriverError/BlasError. Argument errors
         are raised before anything is allocated (`resident` is then left as it was).
         """
-        gpu, ranks_, threads = _check_load_args(kernels_dir, tensors, gpu, capacity, progress, ranks, resident,
-                                                threads)
+        gpu, ranks_, sizes, threads = _check_load_args(kernels_dir, tensors, gpu, capacity, progress, ranks,
+                                                       resident, threads)
         spec = load_spec(manifest)
         rt = cls()
         rt.spec = spec
         rt.gpu = gpu
         rt._ranks = ranks_
+        rt._rank_sizes = sizes
         try:
             rt._check_topology()
             rt._open_context(gpu)
@@ -509,6 +512,32 @@ class Runtime(PoolMethods, PeerMethods, StepMethods, StateMethods):
         self._require_ready(state)  # peers connected, NCCL joined (multigpu.py)
         self._enqueue(state, normalise_vars(vars, self.spec.vars, state.reads, program))
 
+    def run_range(self, program: str, vars: Mapping[str, int] | None, start: int, stop: int) -> None:
+        """`run` restricted to the program's calls `start <= index < stop` (indices into the manifest's call
+        list of `program`; every launch of each of those calls, `when` deciding activity as in `run`, in
+        program order). Eager and not synchronising, like `run`; `start == stop` enqueues nothing. Vars are
+        checked and patched into the whole program as `run` does, so the range sees exactly the launch
+        configuration `run` would. Raises ApiError (unknown program; start or stop not an integer, a bool
+        included; start < 0, stop > the program's number of calls, start > stop; bad vars; a peer table
+        not filled or an NCCL group not joined, as `run`), CallError (a failing call). Every ApiError is
+        raised before anything is enqueued."""
+        self._activate()
+        state = self._program(program)
+        count = len(self.spec.programs[state.name].calls)
+        first = int_arg(start, f"run_range({program!r}): start")
+        end = int_arg(stop, f"run_range({program!r}): stop")
+        if first < 0:
+            raise ApiError(f"run_range({program!r}): start {first} is negative")
+        if end > count:
+            raise ApiError(f"run_range({program!r}): stop {end} is past the program's {count} call(s)")
+        if first > end:
+            raise ApiError(f"run_range({program!r}): start {first} is after stop {end}")
+        self._require_ready(state)  # peers connected, NCCL joined (multigpu.py)
+        self._patch(state, normalise_vars(vars, self.spec.vars, state.reads, program))
+        for rec in state.records:  # in call order (_compile), a call's launches together
+            if first <= rec.call_index < end and rec.active:
+                self._enqueue_record(state, rec)
+
     def issue(self, program: str, vars: Mapping[str, int] | None = None, eager: bool = False) -> None:
         """Enqueue `program`: as its CUDA graph when it declares `graph: true` (captured on first use
         per key of read vars) unless `eager`; launch by launch otherwise. Does not synchronise.
@@ -748,9 +777,10 @@ class Runtime(PoolMethods, PeerMethods, StepMethods, StateMethods):
 
 
 def _check_load_args(kernels_dir: Any, tensors: Any, gpu: Any, capacity: Any, progress: Any, ranks: Any,
-                     resident: Any, threads: Any) -> tuple[int, dict[str, int], int | None]:
-    """`Runtime.load`'s arguments checked before anything is allocated: (gpu, ranks, threads) as ints.
-    Raises ApiError naming the argument."""
+                     resident: Any, threads: Any) -> tuple[int, dict[str, int], dict[str, int], int | None]:
+    """`Runtime.load`'s arguments checked before anything is allocated: (gpu, ranks as {group: index},
+    the group sizes `ranks` gave as {group: size}, threads) as ints. Raises ApiError naming the argument;
+    the sizes are checked against the manifest's topology later (`_check_topology`)."""
     if not isinstance(kernels_dir, (str, os.PathLike)):
         raise ApiError(f"kernels_dir must be a directory path (str or os.PathLike), got {type(kernels_dir).__name__}")
     if tensors is not None and not isinstance(tensors, Tensors):
@@ -764,12 +794,20 @@ def _check_load_args(kernels_dir: Any, tensors: Any, gpu: Any, capacity: Any, pr
     if ranks is None:
         ranks = {}
     if not isinstance(ranks, Mapping):
-        raise ApiError(f"ranks must be a mapping of topology group -> rank, got {type(ranks).__name__}")
+        raise ApiError(f"ranks must be a mapping of topology group -> index or (index, size), "
+                       f"got {type(ranks).__name__}")
     checked: dict[str, int] = {}
+    sizes: dict[str, int] = {}
     for group, rank in ranks.items():
         if not isinstance(group, str):
             raise ApiError(f"ranks: group names are strings, got {group!r}")
-        checked[group] = int_arg(rank, f"ranks[{group!r}]")
+        if isinstance(rank, (tuple, list)):  # (index, size): the topology's entry for this group
+            if len(rank) != 2:
+                raise ApiError(f"ranks[{group!r}] must be an index or an (index, size) pair, got {rank!r}")
+            checked[group] = int_arg(rank[0], f"ranks[{group!r}] index")
+            sizes[group] = int_arg(rank[1], f"ranks[{group!r}] size")
+        else:
+            checked[group] = int_arg(rank, f"ranks[{group!r}]")
     if resident is not None:
         if not isinstance(resident, Resident):
             raise ApiError(f"resident must be a Resident (from into_resident()), got {type(resident).__name__}")
@@ -777,7 +815,7 @@ def _check_load_args(kernels_dir: Any, tensors: Any, gpu: Any, capacity: Any, pr
             raise ApiError(f"resident weights live on GPU {resident.gpu}, not {gpu}")
     if threads is not None:
         threads = int_arg(threads, "threads", 1)
-    return gpu, checked, threads
+    return gpu, checked, sizes, threads
 
 
 def _when_json(when) -> dict[str, list[str]] | None:
