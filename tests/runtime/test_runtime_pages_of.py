@@ -153,6 +153,9 @@ def test_runtime_address_book_carries_the_pool_reserved_pages() -> None:
     rt.spec = load_spec(manifest())
     rt.pool = plan_pool(rt.spec.states, Capacity(tokens=4100, seqs=3), 2 * MiB)
     assert rt._address_book().pages == rt.pool.reserved_pages
+    # and every pooled state's reserved bytes, which a tensor map's fill dim spans
+    assert rt._address_book().reserve == {name: rt.pool.reserve_bytes for name in rt.pool.layout.states}
+    assert rt._address_book().reserve and all(v > 0 for v in rt._address_book().reserve.values())
     assert rt.reserved_pages == dict(rt.pool.reserved_pages)
     book = AddressBook({"kv.0": 0x4000_0000}, pages=rt._address_book().pages)
     (rec,) = compile_decode(manifest(), book)

@@ -440,7 +440,8 @@ class TensorMap:
     """A `CUtensorMap` encoded at load with `cuTensorMapEncodeTiled` over pointer argument `arg`
     (+ `offset` bytes). `dims` (elements, innermost first as the driver wants them), `strides` (bytes,
     `len(dims) - 1` of them: dims 1..), `box` and `elem_strides` (`len(dims)` each); the enum fields
-    are passed through to the runtime as written."""
+    are passed through to the runtime as written. The outermost dim may be the constant 0, a fill dim:
+    the map spans the reserved range of the pooled state the call passes (resolved by the runtime)."""
 
     arg: str
     dtype: str

@@ -454,6 +454,7 @@ class _Verifier(OpChecks):
                                       "{\"pages_of\": state}")
                 else:
                     self.check_int_arg(op, arg.name, value, vpath)
+        self.check_fill_targets(op, call, apath, local)
 
     def check_ref(self, op: Op, arg: str, ref: Ref, path: str, local: set[str]) -> None:
         m = self.m

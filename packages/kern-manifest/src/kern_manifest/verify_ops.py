@@ -16,6 +16,8 @@ from .model import (
     INT_ENCODINGS,
     TENSORMAP_BYTES,
     ArgWiring,
+    Buffer,
+    Call,
     ExprWiring,
     ExternLaunch,
     Launch,
@@ -27,7 +29,9 @@ from .model import (
     PackTensorMapField,
     PackWiring,
     RankWiring,
+    Ref,
     ScratchWiring,
+    State,
     TensorMap,
     Wiring,
 )
@@ -40,6 +44,34 @@ from .verify_base import (
     MAX_TENSORMAP_RANK,
     VerifierBase,
 )
+
+
+def is_fill(e: Expr) -> bool:
+    """True for a tensor map dim written as the constant 0: a fill dim (docs/manifest.md, "pack"), allowed as
+    the outermost dim of a map over a pooled state, resolved by the runtime at load."""
+    if not e.is_const:
+        return False
+    try:
+        return e.eval({}) == 0
+    except ExprError:  # a bad constant is reported by the dim check
+        return False
+
+
+def fill_tensormaps(op: Op, path: str) -> list[tuple[str, int, TensorMap, int]]:
+    """The tensor maps of `op` (at `path`, e.g. `$.ops.attn`) with a fill outermost dim: (JSON path of the
+    tensor map, launch index, the map, the index of its fill dim)."""
+    out = []
+    for li, launch in enumerate(op.launches):
+        lpath = index_path(key_path(path, "launches"), li)
+        for wi, w in enumerate(launch.args):
+            if not isinstance(w, PackWiring):
+                continue
+            fields_path = key_path(key_path(index_path(key_path(lpath, "args"), wi), "pack"), "fields")
+            for fi, f in enumerate(w.fields):
+                if isinstance(f, PackTensorMapField) and f.tensormap.dims and is_fill(f.tensormap.dims[-1]):
+                    tpath = key_path(index_path(fields_path, fi), "tensormap")
+                    out.append((tpath, li, f.tensormap, len(f.tensormap.dims) - 1))
+    return out
 
 
 class OpChecks(VerifierBase):
@@ -269,7 +301,14 @@ class OpChecks(VerifierBase):
             if items is not None and len(items) != want:
                 self.fault(key_path(path, key), f"{key} has {len(items)} entries; a rank-{rank} map needs {want}")
         for j, e in enumerate(t.dims):
-            self.values(e, index_path(key_path(path, "dims"), j), "tensor map dimension", lo=1)
+            dpath = index_path(key_path(path, "dims"), j)
+            if is_fill(e):
+                if j != rank - 1:
+                    self.fault(dpath, f"tensor map dimension {j} is 0, an inner dim: only the outermost dim "
+                                      f"(dims[{rank - 1}]) may be 0 (a fill dim, spanning the reserved range of "
+                                      "the pooled state the call passes); give inner dims >= 1")
+                continue  # the outermost: the calls must pass a pooled state (check_fill_targets)
+            self.values(e, dpath, "tensor map dimension", lo=1)
         for j, e in enumerate(t.strides):
             self.values(e, index_path(key_path(path, "strides"), j), "tensor map stride (bytes)", lo=1)
         for j, b in enumerate(t.box):
@@ -280,6 +319,40 @@ class OpChecks(VerifierBase):
                 self.fault(index_path(key_path(path, "elem_strides"), j), f"element stride {s}; it must be 1..8")
         if t.offset is not None:
             self.values(t.offset, key_path(path, "offset"), "byte offset", lo=0)
+
+    def check_fill_targets(self, op: Op, call: Call, path: str, local: set[str]) -> None:
+        """A tensor map whose outermost dim is 0 (a fill dim) spans the reserved range of a pooled state, which
+        only the runtime sizes (from the caller's capacity): each call of `op` must pass a `paged` or `per_seq`
+        state for that map's `arg`. A buffer, a derive source or a `fixed` state is a fault at the call's
+        argument (`path` is the call's `args`), once per argument, naming the op, launch and tensor map."""
+        seen: set[str] = set()
+        for tpath, launch_index, t, j in fill_tensormaps(op, key_path("$.ops", op.name)):
+            ref = call.args.get(t.arg)
+            if t.arg in seen or not isinstance(ref, Ref):
+                continue  # a missing or non-pointer argument is reported by check_call
+            seen.add(t.arg)
+            target: Buffer | State | None
+            if ref.form == "state":
+                target = self.m.states.get(ref.name)
+            elif ref.form == "buffer":
+                target = self.m.buffers.get(ref.name)
+            else:
+                target = self.m.buffers.get(ref.name) or self.m.states.get(ref.name)
+            if isinstance(target, State) and target.pooled:
+                continue
+            if isinstance(target, State):
+                what = f"a {target.kind} state ({target.bytes} bytes)"
+            elif isinstance(target, Buffer):
+                what = "a buffer"
+            elif ref.name in local:
+                what = "a derive source (a staging buffer)"
+            else:
+                continue  # unknown target: reported by check_ref
+            self.fault(key_path(path, t.arg),
+                       f"op {op.name!r} launch {launch_index} maps argument {t.arg!r} with a fill dim "
+                       f"({tpath}.dims[{j}] is 0), which spans the reserved range of a pooled (paged or per_seq) "
+                       f"state; {ref.name!r} is {what}, whose size the manifest knows: pass a pooled state or "
+                       "write the dim out")
 
     def ptr_arg(self, op: Op, name: str, path: str) -> None:
         arg = op.arg(name)

@@ -11,7 +11,9 @@ For each call of a program and each launch of the call's op, `compile_program` b
 
 Pointers resolve as `base(target) + call offset + wiring offset` where targets are buffers, states
 and derive sources (`AddressBook`); a `{"pages_of": state}` int argument resolves to the page count
-of the state's reserved range (`AddressBook.pages`), a constant staged once like a literal.
+of the state's reserved range (`AddressBook.pages`), a constant staged once like a literal. A pack's
+tensor map with a fill dim (outermost dim 0, over a pooled state) is encoded with that dim resolved to
+the whole outermost rows in the state's reserved range (`AddressBook.reserve`), also once.
 Everything here is pure Python over integers: the CPU tests build records against fake addresses.
 """
 
@@ -28,6 +30,7 @@ from .spec import (
     ArgWiring, CallSpec, ExprWiring, ExternLaunch, IntArg, KernelLaunch, LiteralWiring, NullWiring,
     OpSpec, PackWiring, PagesArg, PtrArg, RankWiring, ScratchWiring, Spec, Wiring,
 )
+from .tensormaps import fill_dim, resolve_fill
 
 Values = Mapping[str, int]
 ValueFn = Callable[[Values], Any]
@@ -47,12 +50,15 @@ NCCL_EXTERNS = frozenset(
 class AddressBook:
     """Where names live. `targets`: buffer / state / derive-source name -> base address;
     `scratch`: (op, scratch name) -> address; `ranks`: topology group -> this process's index;
-    `pages`: paged state -> pages in its reserved virtual range (`PoolLayout.reserved_pages`)."""
+    `pages`: paged state -> pages in its reserved virtual range (`PoolLayout.reserved_pages`);
+    `reserve`: pooled (paged or per-seq) state -> bytes of its reserved virtual range
+    (`PoolLayout.reserve_bytes`), what a tensor map's fill dim spans."""
 
     targets: Mapping[str, int]
     scratch: Mapping[tuple[str, str], int] = field(default_factory=dict)
     ranks: Mapping[str, int] = field(default_factory=dict)
     pages: Mapping[str, int] = field(default_factory=dict)
+    reserve: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -167,7 +173,7 @@ def _resolve_pack(pack: PackWiring, call: CallSpec, op: OpSpec, book: AddressBoo
                 raise ManifestError(f"{fpath}: tensormap fields need a CUDA device to encode")
             if f.offset + 128 > pack.nbytes:
                 raise ManifestError(f"{fpath}: a 128-byte tensormap at offset {f.offset} overflows the {pack.nbytes}-byte pack")
-            parts.append((f.offset, "tensormap", (ptr, tm)))
+            parts.append((f.offset, "tensormap", (ptr, tm, _fill_range(tm, call, book, fpath))))
         elif f.kind == "arg":
             ptr = resolve_pointer_arg(f.arg or "", call, op, book, None)
             reads |= ptr.reads
@@ -182,8 +188,12 @@ def _resolve_pack(pack: PackWiring, call: CallSpec, op: OpSpec, book: AddressBoo
         out = bytearray(pack.nbytes)
         for offset, how, payload in parts:
             if how == "tensormap":
-                ptr, tm = payload
-                data = encoder(ptr.fn(values), tm, values)  # type: ignore[misc]
+                ptr, tm, fill = payload
+                address = ptr.fn(values)
+                if fill is not None:  # the fill dim: whole rows from the map's address to the range's end
+                    state, end, where = fill
+                    tm = resolve_fill(tm, end - address, values, where, repr(state))
+                data = encoder(address, tm, values)  # type: ignore[misc]
             elif how == "ptr":
                 data = encode_pointer(payload.fn(values))
             else:
@@ -199,6 +209,25 @@ def _resolve_pack(pack: PackWiring, call: CallSpec, op: OpSpec, book: AddressBoo
         data = build({})
         return _const("bytes", data)
     return Resolved("bytes", build, frozen_reads)
+
+
+def _fill_range(tm: Mapping[str, Any], call: CallSpec, book: AddressBook, fpath: str) -> tuple[str, int, str] | None:
+    """For a tensor map with a fill dim: (the pooled state its `arg` names, the end address of the state's reserved
+    range, the dim's path); None without a fill dim. Raises ManifestError when the call passes anything but a
+    pooled state of this runtime (the verifier refuses buffers and fixed states first)."""
+    k = fill_dim(tm)
+    if k is None:
+        return None
+    where = f"{fpath}.tensormap.dims[{k}]"
+    arg = call.args.get(tm["arg"])
+    target = arg.target if isinstance(arg, PtrArg) else None
+    reserve = book.reserve.get(target) if target is not None else None
+    base = book.targets.get(target) if target is not None else None
+    if reserve is None or base is None:
+        raise ManifestError(f"{where}: a fill dim (0) spans the reserved range of a pooled state, but {call.path}.args."
+                            f"{tm['arg']} passes {target!r}, not a pooled state of this runtime (pooled: "
+                            f"{', '.join(sorted(book.reserve)) or 'none'})")
+    return target, base + reserve, where
 
 
 def encode_for_param(resolved: Resolved, wiring: Wiring, size: int, path: str) -> Callable[[Values], bytes]:

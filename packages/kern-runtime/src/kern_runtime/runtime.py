@@ -358,7 +358,9 @@ class Runtime(PoolMethods, PeerMethods, StepMethods, StateMethods):
         targets.update(extra or {})
         scratch = {key: a.address for key, a in self._scratch.items()}
         pages = dict(self.pool.reserved_pages) if self.pool is not None else {}
-        return AddressBook(targets, scratch, self._ranks, pages)
+        # a tensor map's fill dim spans its pooled state's whole reserved range (records._fill_range)
+        reserve = {name: self.pool.reserve_bytes for name in self.pool.layout.states} if self.pool is not None else {}
+        return AddressBook(targets, scratch, self._ranks, pages, reserve)
 
     def _compile(self, name: str, book: AddressBook) -> ProgramState:
         from .tensormaps import encode_tiled

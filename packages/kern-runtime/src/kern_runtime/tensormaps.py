@@ -5,6 +5,11 @@ first), `strides` (bytes, dims 1..), `box`, optional `elem_strides`, `interleave
 `l2_promotion`, `oob_fill`. Enum fields are integers or names, with or without the driver prefix
 (`"128B"`, `"CU_TENSOR_MAP_SWIZZLE_128B"`). `tiled_args` is pure (CPU-tested); `encode_tiled` calls
 the driver and returns the 128-byte image.
+
+A fill dim (the outermost dim written as the constant 0, allowed only over a pooled state) is not a
+size: `fill_dim` finds it, and `resolve_fill` replaces it, before encoding, by the number of whole
+outermost rows in the state's reserved range (records.py does this at compile time), so pages and
+slots that later remaps map are addressable through a map encoded once at load.
 """
 
 from __future__ import annotations
@@ -12,10 +17,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from kern_manifest import Expr
+from kern_manifest import DTYPE_BYTES, Expr
 
 from .driver import call, cu
-from .errors import ManifestError
+from .errors import ApiError, ManifestError
 
 TENSORMAP_DTYPES = {
     "u8": "UINT8", "u16": "UINT16", "u32": "UINT32", "i32": "INT32", "u64": "UINT64", "i64": "INT64",
@@ -28,6 +33,7 @@ ENUM_PREFIX = {
     "l2_promotion": ("CUtensorMapL2promotion", "CU_TENSOR_MAP_L2_PROMOTION_", "NONE"),
     "oob_fill": ("CUtensorMapFloatOOBfill", "CU_TENSOR_MAP_FLOAT_OOB_FILL_", "NONE"),
 }
+MAX_TENSORMAP_DIM = 1 << 32  # cuTensorMapEncodeTiled: every globalDim is 1..2^32
 
 
 @dataclass(frozen=True)
@@ -53,12 +59,59 @@ def tiled_args(tm: Mapping[str, Any], values: Mapping[str, int], where: str = "t
     if not 1 <= rank <= 5 or len(strides) != rank - 1 or len(box) != rank or len(elem) != rank:
         raise ManifestError(f"{where}: rank {rank} needs {rank - 1} strides and {rank} box / elem_strides, "
                             f"got {len(strides)}, {len(box)}, {len(elem)}")
+    for j, d in enumerate(dims):
+        if d < 1:
+            hint = (" (a fill dim: resolve it against the pooled state's reserved range first, resolve_fill)"
+                    if d == 0 and j == rank - 1 else "")
+            raise ManifestError(f"{where}: dims[{j}] is {d}; a tensor map dim must be >= 1{hint}")
     if any(s % 16 for s in strides):
         raise ManifestError(f"{where}: strides {list(strides)} must be multiples of 16 bytes")
     if tm["dtype"] not in TENSORMAP_DTYPES:
         raise ManifestError(f"{where}: dtype {tm['dtype']!r} has no tensor-map type")
     enums = {k: tm[k] for k in ENUM_PREFIX if tm.get(k) is not None}
     return TiledArgs(tm["dtype"], dims, strides, box, elem, enums)
+
+
+def fill_dim(tm: Mapping[str, Any]) -> int | None:
+    """The index of `tm`'s fill dim: its outermost dim when written as the constant 0 (docs/manifest.md,
+    "pack"); None when it has none."""
+    dims = tm.get("dims") or []
+    if not dims:
+        return None
+    e = Expr(dims[-1])
+    return len(dims) - 1 if e.is_const and e.eval({}) == 0 else None
+
+
+def resolve_fill(tm: Mapping[str, Any], span_bytes: int, values: Mapping[str, int], where: str = "tensormap",
+                 state: str = "the state") -> dict[str, Any]:
+    """`tm` with its fill dim replaced by the whole outermost rows in `span_bytes` (the pooled state's reserved
+    range from the map's address to its end). A row is the outermost dim's byte stride (`strides[-1]`); for a
+    rank-1 map, one element. Raises ApiError when the range holds no whole row, or more rows than
+    cuTensorMapEncodeTiled takes (2^32): both depend on the capacity the caller loaded with."""
+    k = fill_dim(tm)
+    if k is None:
+        return dict(tm)
+    strides = tm.get("strides") or []
+    if k > 0:
+        if len(strides) != k:
+            raise ManifestError(f"{where}: a rank-{k + 1} map needs {k} strides, got {len(strides)}")
+        row = Expr(strides[k - 1]).eval(values)
+    elif tm["dtype"] in DTYPE_BYTES:
+        row = DTYPE_BYTES[tm["dtype"]]
+    else:
+        raise ManifestError(f"{where}: dtype {tm['dtype']!r} has no element size")
+    if row < 1:
+        raise ManifestError(f"{where}: the outermost stride is {row} bytes; it must be >= 1")
+    rows = max(span_bytes, 0) // row
+    if rows < 1:
+        raise ApiError(f"{where}: the fill dim spans {span_bytes} bytes of {state}'s reserved range, less than one "
+                       f"{row}-byte row; load with a larger capacity")
+    if rows > MAX_TENSORMAP_DIM:
+        raise ApiError(f"{where}: the fill dim spans {rows} rows of {row} bytes in {state}'s reserved range, more "
+                       f"than cuTensorMapEncodeTiled's {MAX_TENSORMAP_DIM}; load with a smaller capacity")
+    out = dict(tm)
+    out["dims"] = [*list(tm["dims"])[:k], rows]
+    return out
 
 
 def _enum(kind: str, value: str | int | None):
