@@ -39,10 +39,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kern_pool import HostCopies
+from kern_pool import HostCopies, Misuse, PageCopy, SlotCopy
 
 from .driver import call, cu
-from .pool_exec import ClassGeometry, pair_runs
+from .pool_exec import ClassGeometry, IdCheck, check_pairs, pair_runs
 
 MPOL_DEFAULT = 0
 MPOL_PREFERRED = 1
@@ -206,6 +206,34 @@ def host_copies(plan: HostCopies, dev_pages: ClassGeometry, dev_slots: ClassGeom
     out += class_copies(((c.src_slot_id, c.dst_slot_id) for c in plan.slot_copies), dev_slots,
                         host.slots(host_base), to_host, max_pitch)
     return out
+
+
+def host_id_check(count: int, name: str) -> IdCheck:
+    """Ids of a host tier of `count` units of one class (`name`: "host page" / "host slot"): 0..count-1."""
+    def why(oid: int) -> str | None:
+        return None if oid < count else f"{name} {oid} is outside this runtime's {count} {name}s"
+    return why
+
+
+def check_host_copies(plan: Any, direction: str, dev_page: IdCheck, dev_slot: IdCheck, host: HostGeometry,
+                      what: str) -> HostCopies:
+    """`plan` if it is a kern_pool `HostCopies` of `direction` ("park": device -> host, "wake": host ->
+    device) whose device ids pass `dev_page` / `dev_slot` and whose host ids lie in `host`; else kern_pool
+    `Misuse` (no destination written twice either). Pure: nothing is issued (K3 `copy_out` / `copy_in`)."""
+    if not isinstance(plan, HostCopies):
+        raise Misuse(f"{what} needs a kern_pool HostCopies, got {type(plan).__name__}")
+    if plan.direction != direction:
+        way = "device -> host" if direction == "park" else "host -> device"
+        raise Misuse(f"{what} executes {direction!r} plans ({way}), got {plan.direction!r}")
+    host_page = host_id_check(host.num_pages, "host page")
+    host_slot = host_id_check(host.num_slots, "host slot")
+    to_host = direction == "park"
+    for items, kind, dev, hst in ((plan.page_copies, PageCopy, dev_page, host_page),
+                                  (plan.slot_copies, SlotCopy, dev_slot, host_slot)):
+        src, dst = (dev, hst) if to_host else (hst, dev)
+        field = "page_copies" if kind is PageCopy else "slot_copies"
+        check_pairs(items, kind, f"{what} {field}", src, dst, same_space=False)
+    return plan
 
 
 def issue_copies(copies: Sequence[Copy2D], stream: Any) -> None:

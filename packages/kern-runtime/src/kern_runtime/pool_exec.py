@@ -5,17 +5,23 @@ pooled states' virtual ranges; contiguous runs of ids are folded into one call p
 100 fresh pages whose slot and pages are zeroed is one `cuMemsetD8Async` per state, not 100).
 `execute` issues them with `cuMemsetD8Async` / `cuMemcpyDtoDAsync` on a stream.
 
+A plan decided elsewhere (another rank's pool, K3: `Runtime.copy` / `copy_out` / `copy_in`) is checked
+first by `check_copies` / `check_pairs`: every id an int the caller's predicate accepts (mapped here, not
+scratch, inside the host tier), no destination written twice, and no source that is also a destination
+(the runs below are issued in id order, which is only the plan's meaning under those two rules).
+
 Address rule (docs/manifest.md "States"): object `i` of a state is `object_bytes` bytes at
 `base + i * object_bytes`, where `base` is the start of the state's never-moving virtual range.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kern_pool import Copies
+from kern_pool import Copies, Misuse, PageCopy, SlotCopy
+from kern_pool.errors import check_count
 
 from .driver import call
 
@@ -120,6 +126,73 @@ def plan_ops(copies: Copies, pages: ClassGeometry, slots: ClassGeometry) -> list
     ops += copy_ops(((c.src_page_id, c.dst_page_id) for c in copies.page_copies), pages)
     ops += copy_ops(((c.src_slot_id, c.dst_slot_id) for c in copies.slot_copies), slots)
     return ops
+
+
+IdCheck = Callable[[int], str | None]
+"""Why an id may not appear in a plan here (a sentence naming the id), or None when it may."""
+
+_PAIR_FIELDS: dict[type, tuple[str, str]] = {
+    PageCopy: ("src_page_id", "dst_page_id"),
+    SlotCopy: ("src_slot_id", "dst_slot_id"),
+}
+
+
+def check_ids(ids: Any, what: str, why: IdCheck) -> list[int]:
+    """`ids` (a tuple or list) as ints, each accepted by `why`; else kern_pool `Misuse` naming `what[i]`."""
+    if not isinstance(ids, (tuple, list)):
+        raise Misuse(f"{what} must be a tuple of ids, got {type(ids).__name__}")
+    out: list[int] = []
+    for i, oid in enumerate(ids):
+        n = check_count(oid, f"{what}[{i}]")
+        reason = why(n)
+        if reason is not None:
+            raise Misuse(f"{what}[{i}]: {reason}")
+        out.append(n)
+    return out
+
+
+def check_pairs(items: Any, kind: type, what: str, src_why: IdCheck, dst_why: IdCheck,
+                same_space: bool) -> list[tuple[int, int]]:
+    """`items` (a tuple or list of `PageCopy` / `SlotCopy`, per `kind`) as `(src, dst)` pairs, or `Misuse`.
+
+    Every source is accepted by `src_why` and every destination by `dst_why`; no destination is written by
+    two different sources; with `same_space` (device -> device) no source is also a destination. These are
+    the rules kern_pool's own plans keep and `pair_runs` relies on (it issues runs in source order)."""
+    if not isinstance(items, (tuple, list)):
+        raise Misuse(f"{what} must be a tuple of {kind.__name__}, got {type(items).__name__}")
+    src_field, dst_field = _PAIR_FIELDS[kind]
+    pairs: list[tuple[int, int]] = []
+    written: dict[int, int] = {}
+    for i, item in enumerate(items):
+        if not isinstance(item, kind):
+            raise Misuse(f"{what}[{i}] must be a kern_pool {kind.__name__}, got {type(item).__name__}")
+        src = check_count(getattr(item, src_field), f"{what}[{i}].{src_field}")
+        dst = check_count(getattr(item, dst_field), f"{what}[{i}].{dst_field}")
+        for field, oid, why in ((src_field, src, src_why), (dst_field, dst, dst_why)):
+            reason = why(oid)
+            if reason is not None:
+                raise Misuse(f"{what}[{i}].{field}: {reason}")
+        if written.setdefault(dst, src) != src:
+            raise Misuse(f"{what}[{i}]: destination {dst} is written twice (from {written[dst]} and {src})")
+        pairs.append((src, dst))
+    if same_space:
+        both = sorted({s for s, _ in pairs} & set(written))
+        if both:
+            raise Misuse(f"{what}: id {both[0]} is both a source and a destination; the order of the copies "
+                         "would decide what it holds")
+    return pairs
+
+
+def check_copies(copies: Any, page_why: IdCheck, slot_why: IdCheck, what: str = "copy()") -> Copies:
+    """`copies` if it is a kern_pool `Copies` whose every id passes (`check_ids` / `check_pairs`); else
+    `Misuse`. Pure: nothing is issued."""
+    if not isinstance(copies, Copies):
+        raise Misuse(f"{what} needs a kern_pool Copies, got {type(copies).__name__}")
+    check_ids(copies.zero_pages, f"{what} zero_pages", page_why)
+    check_ids(copies.zero_slots, f"{what} zero_slots", slot_why)
+    check_pairs(copies.page_copies, PageCopy, f"{what} page_copies", page_why, page_why, same_space=True)
+    check_pairs(copies.slot_copies, SlotCopy, f"{what} slot_copies", slot_why, slot_why, same_space=True)
+    return copies
 
 
 def execute(ops: Sequence[Op], stream: Any) -> None:

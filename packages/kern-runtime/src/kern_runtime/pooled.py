@@ -11,7 +11,14 @@ and the returned plan is executed before the call returns:
   `Misuse`; with `wait=False` it re-raises `Remapping` and the plan is collected (new objects zeroed
   on the stream, `Pool.land`) at the next `lease` / `checkpoint` / `lease_from` / `fork` / `wake`;
 * host copies (host_tier.py) on the transfer stream, or on the compute stream for `park_now` /
-  `wake_now`.
+  `wake_now`;
+* plans another pool decided (K3: the head rank's, for ranks holding the same ids): `copy(copies)`,
+  `copy_out(park plan)`, `copy_in(wake plan)` check every id against this runtime's mapped pages / slots
+  and host tier before issuing anything, then run on the compute stream; this runtime's own pool and
+  host accounting are not consulted or changed.
+
+The host tier is sized by counts (`reserve_host(pages, slots)`) or by bytes
+(`reserve_host_bytes(host_bytes, turn_tokens)`, the counts of `host_split(host_bytes, turn_tokens)`).
 
 Handles here wrap kern_pool's (`Lease.inner`, `Checkpoint.inner`); closing or dropping one returns
 its pages and slot to the pool at once: launches already enqueued that use them still run first,
@@ -33,9 +40,10 @@ from kern_pool.errors import check_count
 from .driver import call, cu
 from .errors import ApiError, int_arg
 from .host_tier import (
-    HostGeometry, PinnedHost, event_done, gpu_pci_bus_id, host_copies, issue_copies, new_event, numa_target,
+    HostGeometry, PinnedHost, check_host_copies, event_done, gpu_pci_bus_id, host_copies, issue_copies, new_event,
+    numa_target,
 )
-from .pool_exec import ClassGeometry, execute, plan_ops, zero_ops
+from .pool_exec import ClassGeometry, check_copies, execute, plan_ops, zero_ops
 from .remap import Arena, RemapWorker
 
 T = TypeVar("T")
@@ -527,14 +535,52 @@ class PoolMethods:
         machine's physical memory (`os.sysconf` pages x page size; pinned memory cannot be swapped out), kern_pool
         `Misuse` when `pages` or `slots` is not an int >= 0 (both before anything is allocated)."""
         ps = self._ps()
-        if ps.host is not None:
-            raise ApiError("reserve_host() was already called: the host tier is allocated once")
+        _no_host_yet(ps)
         pages = check_count(pages, "reserve_host pages")
         slots = check_count(slots, "reserve_host slots")
+        return self._reserve_host(ps, pages, slots, f"reserve_host({pages}, {slots})")
+
+    def host_units(self, host_bytes: int, turn_tokens: int) -> int:
+        """Whole host units in `host_bytes` for this runtime's layout (kern_pool `host_units`): one unit is
+        the pages of one turn of `turn_tokens` tokens plus one slot (pages alone without per-seq states, one
+        slot alone without paged states). Raises kern_pool `Misuse` for `host_bytes` not an int >= 0 or
+        `turn_tokens` not an int >= 1, ApiError without pooled states."""
+        ps = self._ps()
+        host_bytes, turn_tokens = _host_bytes_args(host_bytes, turn_tokens, "host_units")
+        return kern_pool.host_units(host_bytes, ps.layout, turn_tokens)
+
+    def host_split(self, host_bytes: int, turn_tokens: int) -> tuple[int, int]:
+        """`(host pages, host slots)` that `host_bytes` of pinned memory hold for this runtime's layout
+        (kern_pool `host_split`: `host_units` units of `ceil(turn_tokens / page_tokens)` pages + one slot;
+        a pure-KV layout gives every byte to pages, a layout without paged states to slots). Pure: nothing
+        is allocated; `reserve_host(*rt.host_split(b, t))` is `reserve_host_bytes(b, t)`. Raises like
+        `host_units`."""
+        ps = self._ps()
+        host_bytes, turn_tokens = _host_bytes_args(host_bytes, turn_tokens, "host_split")
+        return kern_pool.host_split(host_bytes, ps.layout, turn_tokens)
+
+    def reserve_host_bytes(self, host_bytes: int, turn_tokens: int) -> int:
+        """`reserve_host` with the counts `host_split(host_bytes, turn_tokens)` gives (the spec's
+        `--host-gib` bytes with one slot per `--host-turn` tokens of pages). Returns the bytes allocated:
+        at most `host_bytes`, less than one unit short of it. Raises ApiError when called twice, when
+        `host_bytes` holds no unit at all (the message gives a unit's bytes) or when the tier would exceed
+        the machine's physical memory; kern_pool `Misuse` for `host_bytes` not an int >= 0 or `turn_tokens`
+        not an int >= 1; all before anything is allocated."""
+        ps = self._ps()
+        _no_host_yet(ps)
+        host_bytes, turn_tokens = _host_bytes_args(host_bytes, turn_tokens, "reserve_host_bytes")
+        pages, slots = kern_pool.host_split(host_bytes, ps.layout, turn_tokens)
+        what = f"reserve_host_bytes({host_bytes}, {turn_tokens})"
+        if pages == 0 and slots == 0:
+            unit_bytes, unit = _smallest_unit(ps.layout, turn_tokens)
+            raise ApiError(f"{what}: {host_bytes} bytes hold no host unit; one unit ({unit}) is {unit_bytes} bytes")
+        return self._reserve_host(ps, pages, slots, f"{what} -> {pages} pages + {slots} slots")
+
+    def _reserve_host(self, ps: PoolState, pages: int, slots: int, what: str) -> int:
         geometry = HostGeometry(pages, slots, ps.layout.page_bytes, ps.layout.slot_bytes)
         physical = host_memory_bytes()
         if physical is not None and geometry.total_bytes > physical:
-            raise ApiError(f"reserve_host({pages}, {slots}): {geometry.total_bytes} bytes of pinned memory "
+            raise ApiError(f"{what}: {geometry.total_bytes} bytes of pinned memory "
                            f"({ps.layout.page_bytes} per page, {ps.layout.slot_bytes} per slot) exceed this "
                            f"machine's {physical} bytes of physical memory")
         device = call("cuDeviceGet", self.gpu)
@@ -662,6 +708,87 @@ class PoolMethods:
         issue_copies(hs.copies(inner.plan, ps.pages, ps.slots), self.stream)
         inner.land()
         return Lease(self, inner.lease)
+
+    # ------------------------------------------------------------ plans decided elsewhere (K3)
+
+    def copy(self, copies: kern_pool.Copies) -> None:
+        """Execute a `kern_pool.Copies` that another pool decided (the head rank's, for ranks / segments
+        holding the same page and slot ids) on this runtime's pooled states: zero first, then copy, on the
+        compute stream, coalesced like this runtime's own plans (one call per state per run).
+
+        Every id is checked before anything is issued: an int naming a page / slot mapped here now (not a
+        hole, not one a remap in flight adds or removes) and not the scratch page / slot (the pool never
+        leases those, so no plan names them); no destination written twice and no source that is also a
+        destination. Raises kern_pool `Misuse` (not a `Copies`, a bad id), ApiError without pooled states.
+        Which ids hold what is the plan's owner's business: this runtime's own pool is not consulted or
+        changed."""
+        ps = self._ps()
+        ps.collect(self.stream)
+        check_copies(copies, _device_id_check(ps.pool, "page"), _device_id_check(ps.pool, "slot"))
+        ps.run(copies, self.stream)
+
+    def copy_out(self, plan: kern_pool.HostCopies) -> None:
+        """`copy` across the host boundary, device -> host: execute another pool's `"park"` `HostCopies`
+        (device page / slot ids -> this runtime's host page / slot ids) on the compute stream (ordered like
+        `park_now`: later launches may reuse the pages at once). Device ids are checked as in `copy`, host
+        ids against this runtime's host tier (`reserve_host`), before anything is issued. Raises kern_pool
+        `Misuse` (not a `HostCopies`, a `"wake"` plan, a bad id), ApiError (no host tier). This runtime's
+        host accounting (`host_tier`) is not consulted or changed."""
+        self._copy_host(plan, "park", "copy_out()")
+
+    def copy_in(self, plan: kern_pool.HostCopies) -> None:
+        """`copy_out`'s mirror, host -> device: execute another pool's `"wake"` `HostCopies` (host ids ->
+        device ids) on the compute stream (like `wake_now`). Refusals as `copy_out` (a `"park"` plan is
+        `Misuse`)."""
+        self._copy_host(plan, "wake", "copy_in()")
+
+    def _copy_host(self, plan: kern_pool.HostCopies, direction: str, what: str) -> None:
+        ps, hs = self._hs()
+        ps.collect(self.stream)
+        check_host_copies(plan, direction, _device_id_check(ps.pool, "page"), _device_id_check(ps.pool, "slot"),
+                          hs.geometry, what)
+        issue_copies(hs.copies(plan, ps.pages, ps.slots), self.stream)
+
+
+def _no_host_yet(ps: PoolState) -> None:
+    if ps.host is not None:
+        raise ApiError("reserve_host() was already called: the host tier is allocated once")
+
+
+def _host_bytes_args(host_bytes: Any, turn_tokens: Any, what: str) -> tuple[int, int]:
+    """(host_bytes, turn_tokens) as ints, or kern_pool `Misuse` naming `what` (before anything is allocated)."""
+    return check_count(host_bytes, f"{what} host_bytes"), check_count(turn_tokens, f"{what} turn_tokens", 1)
+
+
+def _smallest_unit(layout: Layout, turn_tokens: int) -> tuple[int, str]:
+    """Bytes and wording of the smallest amount `host_split` turns into something: a turn's pages plus one
+    slot; one page without per-seq states (every byte to pages); one slot without paged states."""
+    page, slot = sum(layout.page_bytes), sum(layout.slot_bytes)
+    if not slot:
+        return page, f"one page of {layout.page_tokens} tokens"
+    if not page:
+        return slot, "one slot"
+    turn_pages = -(-turn_tokens // layout.page_tokens)
+    return turn_pages * page + slot, f"{turn_pages} pages of {layout.page_tokens} tokens + one slot"
+
+
+def _device_id_check(pool: Pool, name: str) -> Callable[[int], str | None]:
+    """Which page (or slot) ids a plan executed here may name: mapped now (free or held; not a hole, not
+    added or removed by a remap in flight) and not scratch. Reads kern_pool's per-id refcounts (>= 0:
+    mapped), so each check is O(1)."""
+    objs = pool._pages if name == "page" else pool._slots
+    scratch = pool.scratch_page_id if name == "page" else pool.scratch_slot_id
+
+    def why(oid: int) -> str | None:
+        refs = objs.refs
+        if oid == scratch:
+            return f"{name} {oid} is the scratch {name} (never leased, so never in a plan)"
+        if oid >= len(refs) or refs[oid] < 0:
+            mapped = sum(1 for r in refs if r >= 0)
+            return (f"{name} {oid} is not mapped on this runtime ({mapped} {name}s mapped, ids below {len(refs)}; "
+                    "a hole, or added / removed by a remap in flight)")
+        return None
+    return why
 
 
 def host_memory_bytes() -> int | None:
