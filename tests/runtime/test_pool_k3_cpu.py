@@ -259,6 +259,9 @@ BAD_COPIES = [
     (Copies(zero_pages=5), r"zero_pages must be a tuple of ids, got int"),  # type: ignore[arg-type]
     (Copies(page_copies=(PageCopy(1, 3), PageCopy(2, 3))), r"destination 3 is written twice \(from 1 and 2\)"),
     (Copies(page_copies=(PageCopy(1, 2), PageCopy(2, 3))), r"id 2 is both a source and a destination"),
+    (Copies(zero_pages=(1,), page_copies=(PageCopy(1, 2),)), r"page 1 is both zeroed and copied"),
+    (Copies(zero_pages=(3,), page_copies=(PageCopy(1, 3),)), r"page 3 is both zeroed and copied"),
+    (Copies(zero_slots=(2,), slot_copies=(SlotCopy(2, 1),)), r"slot 2 is both zeroed and copied"),
     (HostCopies("park", (PageCopy(1, 2),)), r"copy\(\) needs a kern_pool Copies, got HostCopies"),
     (None, r"needs a kern_pool Copies, got NoneType"),
 ]

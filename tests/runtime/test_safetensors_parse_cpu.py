@@ -203,6 +203,9 @@ def test_non_contiguous_buffers_and_an_empty_list() -> None:
         SafetensorsTensors.parse(memoryview(GOOD * 2)[::2])
     with pytest.raises(WeightArtifactError, match="no safetensors bytes given"):
         SafetensorsTensors.parse([])
+    # an object array's buffer is Python object pointers, not file bytes
+    with pytest.raises(ApiError, match="holds Python object pointers"):
+        SafetensorsTensors.parse(np.array([GOOD], dtype=object))
     # any contiguous buffer is its raw bytes, whatever its numpy dtype or shape
     padded = np.frombuffer(GOOD + bytes(-len(GOOD) % 8), np.uint8).copy()  # trailing bytes are allowed
     t = SafetensorsTensors.parse(padded.view(np.uint32).reshape(2, -1))

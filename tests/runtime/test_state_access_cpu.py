@@ -170,6 +170,8 @@ def test_zero_states_zeroes_exactly_the_named_states(rt: Runtime, fake: BackedDr
     (lambda rt: rt.write_state_at("fx", 0, None), "data must be bytes, .* got NoneType"),
     (lambda rt: rt.write_state_at("fx", 0, np.array([b"x", 1], dtype=object)), "holds Python objects"),
     (lambda rt: rt.write_state_at("fx", 0, np.ones(2, ">f4")), "big-endian"),
+    (lambda rt: rt.write_state_at("fx", 0, np.zeros(2, [("a", "<i4"), ("b", ">f4")])), "big-endian"),
+    (lambda rt: rt.write_state_at("fx", 0, np.zeros(2, [("a", ">i2", (3,))])), "big-endian"),
     (lambda rt: rt.zero_states("fx"), "names must be None or a list / tuple / set of state names, got str"),
     (lambda rt: rt.zero_states(7), "got int"),
 ])

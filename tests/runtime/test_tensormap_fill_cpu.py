@@ -122,11 +122,19 @@ def test_resolve_fill_counts_whole_rows_of_the_outermost_stride() -> None:
     assert tm["dims"] == [64, 16, 0]  # the field's JSON is not changed
     # the stride may read vars
     tm_var = dict(tm, strides=[4096, "tokens * 4096"])
-    assert resolve_fill(tm_var, 1 << 20, {"tokens": 8})["dims"] == [64, 16, (1 << 20) // (8 * 4096)]
+    # (a 32 KiB stride under rows of 16 x 4096 bytes: rows overlap, the last one must end inside the 1 MiB)
+    extent = 2 + 63 * 2 + 15 * 4096
+    assert resolve_fill(tm_var, 1 << 20, {"tokens": 8})["dims"] == [64, 16, ((1 << 20) - extent) // (8 * 4096) + 1]
+    assert resolve_fill(tm_var, 1 << 20, {"tokens": 16})["dims"] == [64, 16, (1 << 20) // (16 * 4096)]
     # rank 1: a row is one element
     assert resolve_fill({"dtype": "f32", "dims": [0], "strides": [], "box": [64]}, 1 << 20, {})["dims"] == [1 << 18]
     # without a fill dim the map is unchanged
     assert resolve_fill(dict(tm, dims=[64, 16, 3]), 10 * PAGE, {})["dims"] == [64, 16, 3]
+    # overlapping rows (a row of 64 bf16 = 128 bytes every 64 bytes): the last row must end inside the span,
+    # so 15 rows in 1024 bytes (row 14 ends at 14 * 64 + 128 = 1024), not 1024 // 64 = 16
+    overlap = {"dtype": "bf16", "dims": [64, 0], "strides": [64], "box": [64, 1]}
+    assert resolve_fill(overlap, 1024, {})["dims"] == [64, 15]
+    assert resolve_fill(overlap, 1023, {})["dims"] == [64, 14]
 
 
 def test_resolve_fill_refuses_less_than_a_row_and_more_than_the_driver_takes() -> None:

@@ -184,14 +184,22 @@ def check_pairs(items: Any, kind: type, what: str, src_why: IdCheck, dst_why: Id
 
 
 def check_copies(copies: Any, page_why: IdCheck, slot_why: IdCheck, what: str = "copy()") -> Copies:
-    """`copies` if it is a kern_pool `Copies` whose every id passes (`check_ids` / `check_pairs`); else
-    `Misuse`. Pure: nothing is issued."""
+    """`copies` if it is a kern_pool `Copies` whose every id passes (`check_ids` / `check_pairs`) and no id is
+    both zeroed and copied from or to (zeroing runs first: a copy from a zeroed id would copy zeros, a copy to
+    one would undo the zero), as in kern_pool's own plans; else `Misuse`. Pure: nothing is issued."""
     if not isinstance(copies, Copies):
         raise Misuse(f"{what} needs a kern_pool Copies, got {type(copies).__name__}")
     check_ids(copies.zero_pages, f"{what} zero_pages", page_why)
     check_ids(copies.zero_slots, f"{what} zero_slots", slot_why)
-    check_pairs(copies.page_copies, PageCopy, f"{what} page_copies", page_why, page_why, same_space=True)
-    check_pairs(copies.slot_copies, SlotCopy, f"{what} slot_copies", slot_why, slot_why, same_space=True)
+    page_pairs = check_pairs(copies.page_copies, PageCopy, f"{what} page_copies", page_why, page_why,
+                             same_space=True)
+    slot_pairs = check_pairs(copies.slot_copies, SlotCopy, f"{what} slot_copies", slot_why, slot_why,
+                             same_space=True)
+    for kind, zeroed, pairs in (("page", copies.zero_pages, page_pairs), ("slot", copies.zero_slots, slot_pairs)):
+        both = sorted(set(zeroed) & {i for pair in pairs for i in pair})
+        if both:
+            raise Misuse(f"{what}: {kind} {both[0]} is both zeroed and copied; zeroing runs first, so the copy "
+                         "would read or overwrite the zeros")
     return copies
 
 

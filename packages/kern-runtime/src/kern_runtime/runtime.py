@@ -33,6 +33,7 @@ from .errors import (
     WeightArtifactError, int_arg,
 )
 from .graphs import GraphCache, graph_key, normalise_vars
+from .host_tier import event_done
 from .launch import launch_kernel
 from .memory import Allocation, Ledger, vmm_granularity_bytes
 from .modules import (
@@ -123,12 +124,6 @@ class Resident:
 def weight_identity(buffer: BufferSpec, shape: tuple[int, ...]) -> tuple:
     """What must agree for a weight buffer to be reused: name, dtype, shape, placement, export, bind."""
     return (buffer.name, buffer.dtype, shape, buffer.placement, buffer.export, repr(buffer.bind))
-
-
-def event_done(event: Any) -> bool:
-    """cuEventQuery: True when every operation the event captured has completed (CUDA_SUCCESS)."""
-    result = cu().cuEventQuery(event)
-    return int(result[0] if isinstance(result, tuple) else result) == 0
 
 
 class ReadbackHandle:

@@ -116,8 +116,16 @@ def _as_bytes(data: object, what: str) -> np.ndarray:
         raise ApiError(f"{what} must be bytes, bytearray, memoryview or a numpy array, got {type(data).__name__}")
     if array.dtype.hasobject:
         raise ApiError(f"{what}: an array of {array.dtype} holds Python objects, not bytes")
-    if array.dtype.byteorder == ">":
+    if _big_endian(array.dtype):
         raise ApiError(f"{what}: a big-endian array ({array.dtype}); the device is little-endian, pass "
                        f"array.astype(array.dtype.newbyteorder('<'))")
     return np.ascontiguousarray(array).reshape(-1).view(np.uint8)
 
+
+def _big_endian(dtype: np.dtype) -> bool:
+    """Whether any scalar in `dtype` (a structured dtype's fields and sub-arrays included) is big-endian."""
+    if dtype.fields:
+        return any(_big_endian(field[0]) for field in dtype.fields.values())
+    if dtype.subdtype is not None:
+        return _big_endian(dtype.subdtype[0])
+    return dtype.byteorder == ">"

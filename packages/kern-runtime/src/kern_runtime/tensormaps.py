@@ -84,10 +84,13 @@ def fill_dim(tm: Mapping[str, Any]) -> int | None:
 
 def resolve_fill(tm: Mapping[str, Any], span_bytes: int, values: Mapping[str, int], where: str = "tensormap",
                  state: str = "the state") -> dict[str, Any]:
-    """`tm` with its fill dim replaced by the whole outermost rows in `span_bytes` (the pooled state's reserved
-    range from the map's address to its end). A row is the outermost dim's byte stride (`strides[-1]`); for a
-    rank-1 map, one element. Raises ApiError when the range holds no whole row, or more rows than
-    cuTensorMapEncodeTiled takes (2^32): both depend on the capacity the caller loaded with."""
+    """`tm` with its fill dim replaced by the outermost rows whose bytes lie inside `span_bytes` (the pooled
+    state's reserved range from the map's address to its end). Rows start every outermost stride
+    (`strides[-1]`; for a rank-1 map, every element); row r covers bytes `[r * stride, r * stride + extent)`,
+    `extent` = one element plus `(dims[i] - 1) * stride_i` over the inner dims; rows = the whole strides in
+    the span, fewer when rows overlap (extent > stride) so that the last row ends inside it. Raises ApiError when
+    the range holds no whole row, or more rows than cuTensorMapEncodeTiled takes (2^32): both depend on the
+    capacity the caller loaded with."""
     k = fill_dim(tm)
     if k is None:
         return dict(tm)
@@ -102,7 +105,15 @@ def resolve_fill(tm: Mapping[str, Any], span_bytes: int, values: Mapping[str, in
         raise ManifestError(f"{where}: dtype {tm['dtype']!r} has no element size")
     if row < 1:
         raise ManifestError(f"{where}: the outermost stride is {row} bytes; it must be >= 1")
-    rows = max(span_bytes, 0) // row
+    elem = DTYPE_BYTES.get(tm["dtype"])
+    if elem is None:
+        raise ManifestError(f"{where}: dtype {tm['dtype']!r} has no element size")
+    dims = list(tm["dims"])
+    extent = elem  # the bytes one outermost row touches, from its start
+    for i in range(k):
+        extent += (Expr(dims[i]).eval(values) - 1) * (elem if i == 0 else Expr(strides[i - 1]).eval(values))
+    # whole strides only (a partial trailing stride is not a row), and the last row's bytes inside the span
+    rows = min(span_bytes // row, (span_bytes - extent) // row + 1) if span_bytes >= extent else 0
     if rows < 1:
         raise ApiError(f"{where}: the fill dim spans {span_bytes} bytes of {state}'s reserved range, less than one "
                        f"{row}-byte row; load with a larger capacity")

@@ -169,6 +169,8 @@ def _byte_view(data: object, where: str) -> np.ndarray:
     if not view.c_contiguous:
         raise ApiError(f"{where} is a non-contiguous {type(data).__name__}; pass contiguous bytes "
                        "(e.g. numpy.ascontiguousarray)")
+    if isinstance(data, np.ndarray) and data.dtype.hasobject:
+        raise ApiError(f"{where}: a numpy array of {data.dtype} holds Python object pointers, not file bytes")
     try:
         array = np.frombuffer(view, dtype=np.uint8)  # the raw bytes whatever the buffer's format and shape
     except (ValueError, TypeError, BufferError) as exc:
