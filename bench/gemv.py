@@ -41,7 +41,7 @@ sys.path.insert(0, str(REPO / "tests" / "kernels"))
 import torch  # noqa: E402
 from cuda.bindings import driver as cu  # noqa: E402
 from gemv_gpu_helpers import compile_gemv, gemv_kernels, kernels_from_cubin, launch, sm_count  # noqa: E402
-from gpu_helpers import Gpu  # noqa: E402
+from gpu_helpers import open_gpu  # noqa: E402
 
 COPY_RATE = 4.3e12  # bytes/s, H200 device-to-device copy (read + write), GPU-MACHINE.md
 ROTATE_BYTES = 256 << 20
@@ -291,7 +291,7 @@ def main() -> int:
     parser.add_argument("--no-step", action="store_true", help="skip the 8 GB step chain")
     opts = parser.parse_args()
 
-    gpu = Gpu()
+    gpu = open_gpu()
     torch.cuda.init()
     SMS = sm_count(gpu)
     kernels, origin = gemv_kernels(gpu)

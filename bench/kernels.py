@@ -11,6 +11,7 @@ H200 copy rate, shared/design/GPU-MACHINE.md). Prefill attention also reports TF
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import sys
 from pathlib import Path
@@ -23,7 +24,7 @@ sys.path.insert(0, str(REPO / "tests" / "kernels"))
 sys.path.insert(0, str(REPO / "tools"))
 
 from cuda.bindings import driver as cu  # noqa: E402
-from gpu_helpers import Gpu, check  # noqa: E402
+from gpu_helpers import check, open_gpu  # noqa: E402
 
 from gen_qwen3 import PREFILL_ATTN  # noqa: E402
 from tools import reference_kernels as ref  # noqa: E402
@@ -64,8 +65,9 @@ def time_graph(stream, launches) -> float:
     return statistics.median(times)
 
 
-def main() -> int:
-    gpu = Gpu()
+def main(argv: list[str] | None = None) -> int:
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args(argv)  # --help; takes no options
+    gpu = open_gpu()
     stream = check(cu.cuStreamCreate(1), "cuStreamCreate")  # non-blocking: capturable
     rng = np.random.default_rng(0)
     rows = []

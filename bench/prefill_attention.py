@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests" / "kernels"))
 
 from cuda.bindings import driver as cu  # noqa: E402
-from gpu_helpers import Gpu, check  # noqa: E402
+from gpu_helpers import check, open_gpu  # noqa: E402
 
 sys.path.insert(0, str(REPO / "tools"))
 from gen_qwen3 import PREFILL_ATTN  # noqa: E402
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         if prefix < 0 or chunk < 1:
             ap.error(f"case {case!r}: use PREFIX+CHUNK with PREFIX >= 0 and CHUNK >= 1 (e.g. --cases 0+2048,6144+2048)")
         cases.append((prefix, chunk))
-    gpu = Gpu()
+    gpu = open_gpu()
     start, end = check(cu.cuEventCreate(0), "cuEventCreate"), check(cu.cuEventCreate(0), "cuEventCreate")
     rows_out: list[tuple[str, str, float, float, str]] = []
     for prefix, chunk in cases:

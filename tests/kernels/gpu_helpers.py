@@ -15,6 +15,7 @@ import ctypes
 import hashlib
 import json
 import struct
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -122,6 +123,17 @@ class Kernel:
         )
         if sync:
             check(cu.cuCtxSynchronize(), f"cuCtxSynchronize after {self.name}")
+
+
+def open_gpu(device: int = 0) -> "Gpu":
+    """`Gpu(device)` for a benchmark script, or exit 3 with one line on stderr when there is no usable CUDA
+    device or driver (the traceback would say nothing more)."""
+    try:
+        return Gpu(device)
+    except Exception as exc:  # no libcuda (cuda.pathfinder's DynamicLibNotFoundError), cuInit failing, no device
+        print(f"no CUDA device: {type(exc).__name__}: {exc}; this benchmark needs an NVIDIA GPU and driver",
+              file=sys.stderr)
+        raise SystemExit(3) from None
 
 
 class Gpu:
