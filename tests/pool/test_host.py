@@ -10,6 +10,7 @@ from pool_testkit import Memory, invariant
 from kern_pool import (
     Busy,
     Closed,
+    Copies,
     ExceedsPool,
     Host,
     Layout,
@@ -358,3 +359,17 @@ def test_settle_runs_before_an_unlanded_entry_releases_anything() -> None:
     waking.land()
     assert waking.close() and parked.close() and len(calls) == 3  # landed entries release without the hook
     invariant(pool, host=host)
+
+
+def test_waking_lease_copies_is_the_woken_lease_plan() -> None:
+    """Waking.lease_copies is the pool's device plan for the woken lease, readable before and after land():
+    empty for a pure-KV pool (nothing to zero), the same object the executor runs."""
+    pool, host, mem = setup(pages=8, host_pages=8)
+    lease = pool.lease(14)
+    mem.fill(lease, list(range(14)))
+    parked = host.park_now(pool.retire(lease, 14))  # type: ignore[arg-type]
+    waking = host.wake(parked, 14, 16)
+    before = waking.lease_copies
+    assert before == Copies()  # pure-KV layout: the fresh lease has no slot to zero
+    waking.land()
+    assert waking.lease_copies is before is waking.lease.plan

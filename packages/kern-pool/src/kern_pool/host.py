@@ -212,6 +212,13 @@ class Waking:
     def landed(self) -> bool:
         return self._landed
 
+    @property
+    def lease_copies(self) -> Copies:
+        """The pool's own device plan for the woken lease (e.g. its fresh slot zeroed when the parked entry
+        holds none); an executor runs it before `plan`'s host copies, and a rank following this pool
+        (kern-runtime `copy`) runs it too. Readable before and after `land()`."""
+        return self._lease.plan
+
     def land(self) -> None:
         self._landed = True
 

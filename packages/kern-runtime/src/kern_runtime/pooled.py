@@ -668,7 +668,7 @@ class PoolMethods:
         ps, hs = self._hs()
         inner = self._pool_request(lambda pool: hs.host.wake(parked, num_tokens, lease_tokens, hold=hold), wait)
         self._transfer_after_compute(hs)
-        ps.run(inner._lease.plan, hs.stream)  # zero a slot the host does not fill
+        ps.run(inner.lease_copies, hs.stream)  # zero a slot the host does not fill
         issue_copies(hs.copies(inner.plan, ps.pages, ps.slots), hs.stream)
         event = new_event()
         call("cuEventRecord", event, hs.stream)
@@ -704,7 +704,7 @@ class PoolMethods:
         """`wake` with the copies on the compute stream: the lease is usable at once."""
         ps, hs = self._hs()
         inner = self._pool_request(lambda pool: hs.host.wake(parked, num_tokens, lease_tokens, hold=hold), wait)
-        ps.run(inner._lease.plan, self.stream)
+        ps.run(inner.lease_copies, self.stream)
         issue_copies(hs.copies(inner.plan, ps.pages, ps.slots), self.stream)
         inner.land()
         return Lease(self, inner.lease)
