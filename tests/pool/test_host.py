@@ -98,9 +98,8 @@ def test_next_turn_parks_only_new_pages_and_a_woken_session_parks_nothing_new() 
     woken = waking.lease
     again = pool.retire(woken, 14)
     p3 = host.park_now(again)  # type: ignore[arg-type]
-    # full pages are linked to their host copies; only the partial tail page is copied again
-    assert len(p3.plan.page_copies) == 1
-    assert p3.host_page_ids()[:3] == p2.host_page_ids()[:3]
+    # full pages are linked to their host copies, and the unchanged partial tail is p2's: not a byte
+    assert p3.plan.page_copies == () and p3.host_page_ids() == p2.host_page_ids()
     invariant(pool, host=host)
     for p in (p1, p2, p3):
         p.close()
@@ -373,3 +372,159 @@ def test_waking_lease_copies_is_the_woken_lease_plan() -> None:
     assert before == Copies()  # pure-KV layout: the fresh lease has no slot to zero
     waking.land()
     assert waking.lease_copies is before is waking.lease.plan
+
+
+def _woken(pool: Pool, host: Host, mem: Memory, toks: list[int], slot: bool = False) -> tuple[object, object]:
+    """A session of `toks` parked, then woken whole: (the parked entry, the woken lease)."""
+    lease = pool.lease(len(toks))
+    mem.fill(lease, toks)
+    if slot:
+        mem.slots[lease.seq_slot_id] = tuple(toks)  # type: ignore[index]
+    parked = host.park_now(pool.retire(lease, len(toks)))  # type: ignore[arg-type]
+    mem.apply(parked.plan)
+    waking = host.wake(parked, len(toks), len(toks) + 4)
+    mem.apply(waking.lease_copies)
+    mem.apply(waking.plan)
+    waking.land()
+    return parked, waking.lease
+
+
+def _host_tokens(mem: Memory, parked: object, n: int) -> list[object]:
+    pages = parked.host_page_ids()  # type: ignore[attr-defined]
+    return [mem.host_pages[pages[i // P]][i % P] for i in range(n)]
+
+
+@pytest.mark.parametrize("retire", [True, False])
+def test_a_woken_session_parked_again_unchanged_copies_not_a_byte(retire: bool) -> None:
+    """runtime.md (K3): "醒来的再睡一个字节不拷": the full pages (weak links), the partial tail page and the slot
+    all stay the host's when the session goes back at its woken length while its source is still parked."""
+    pool, host, mem = setup(pages=10, slots=3, host_pages=8, host_slots=4)
+    toks = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
+    parked, woken = _woken(pool, host, mem, toks, slot=True)
+    cp = pool.retire(woken, 10) if retire else pool.checkpoint(woken, 10)  # type: ignore[arg-type]
+    mem.apply(cp.plan)  # type: ignore[union-attr]
+    room = host.room(cp)  # type: ignore[arg-type]
+    assert room.num_host_pages == 0 and host.free_pages == 5 and host.free_slots == 3  # nothing reserved
+    again = host.park(room)
+    assert again.plan.page_copies == () and again.plan.slot_copies == ()
+    assert again.host_page_ids() == parked.host_page_ids() and again.slot_id == parked.slot_id  # type: ignore[attr-defined]
+    again.land()
+    invariant(pool, host=host)
+    if not retire:
+        woken.close()  # type: ignore[attr-defined]
+    for entry in (parked, again):
+        assert _host_tokens(mem, entry, 10) == toks and mem.host_slots[entry.slot_id] == tuple(toks)  # type: ignore[attr-defined]
+    parked.close()  # type: ignore[attr-defined]
+    invariant(pool, host=host)
+    assert host.free_pages == 5 and host.free_slots == 3  # the shared pages, tail and slot live on in `again`
+    waking = host.wake(again, 10, 10)
+    mem.apply(waking.plan)
+    waking.land()
+    assert mem.read(waking.lease, 10) == toks and mem.slots[waking.lease.seq_slot_id] == tuple(toks)  # type: ignore[index]
+    waking.lease.close()
+    again.close()
+    invariant(pool, host=host)
+    assert host.free_pages == 8 and host.free_slots == 4
+
+
+def test_a_longer_or_shorter_re_park_copies_what_changed() -> None:
+    pool, host, mem = setup(pages=10, host_pages=12)
+    parked, woken = _woken(pool, host, mem, [1, 2, 3, 4, 5, 6])  # tail page: 2 tokens
+    shorter = pool.checkpoint(woken, 5)  # type: ignore[arg-type]
+    p_short = host.park_now(shorter)
+    assert p_short.plan.page_copies == () and p_short.tail_page_id == parked.tail_page_id  # type: ignore[attr-defined]
+    mem.write(woken, 6, 7)  # type: ignore[arg-type]
+    longer = pool.checkpoint(woken, 7)  # type: ignore[arg-type]
+    grown_tail = longer.page_ids()[1]
+    p_long = host.park_now(longer)
+    assert [c.src_page_id for c in p_long.plan.page_copies] == [grown_tail]  # the grown tail only
+    mem.apply(p_long.plan)
+    mem.fill(woken, [8, 9], 7)  # type: ignore[arg-type]
+    across = pool.retire(woken, 9)  # type: ignore[arg-type]
+    new_pages = across.page_ids()[1:]  # type: ignore[union-attr]
+    p_across = host.park_now(across)  # type: ignore[arg-type]
+    assert [c.src_page_id for c in p_across.plan.page_copies] == new_pages  # page 1 is full now: copied whole
+    mem.apply(p_across.plan)
+    for entry, toks in ((parked, [1, 2, 3, 4, 5, 6]), (p_short, [1, 2, 3, 4, 5]), (p_long, [1, 2, 3, 4, 5, 6, 7]),
+                        (p_across, [1, 2, 3, 4, 5, 6, 7, 8, 9])):
+        assert _host_tokens(mem, entry, len(toks)) == toks
+    invariant(pool, host=host)
+    for entry in (parked, p_long, p_short, p_across):
+        entry.close()  # type: ignore[attr-defined]
+        invariant(pool, host=host)
+    assert host.free_pages == 12
+
+
+def test_a_tail_shared_by_two_parked_entries_lives_until_both_are_gone() -> None:
+    pool, host, mem = setup(pages=10, host_pages=6)
+    first, woken = _woken(pool, host, mem, [1, 2, 3, 4, 5, 6])
+    second = host.park_now(pool.retire(woken, 6))  # type: ignore[arg-type]
+    assert second.plan.page_copies == () and host.free_pages == 4
+    tail = first.tail_page_id  # type: ignore[attr-defined]
+    first.close()  # type: ignore[attr-defined]
+    invariant(pool, host=host)
+    assert host.free_pages == 4 and second.tail_page_id == tail  # second still holds the chain and the tail
+    assert _host_tokens(mem, second, 6) == [1, 2, 3, 4, 5, 6]
+    again = host.park_now(pool.checkpoint(pool.lease(8), 8))  # other sessions never get those host pages
+    assert tail not in again.host_page_ids()
+    again.close()
+    second.close()
+    invariant(pool, host=host)
+    assert host.free_pages == 6
+
+
+def test_a_room_holds_the_kept_tail_and_slot_until_parked_or_closed() -> None:
+    pool, host, mem = setup(pages=10, slots=3, host_pages=4, host_slots=2)
+    parked, woken = _woken(pool, host, mem, [1, 2, 3, 4, 5, 6], slot=True)
+    room = host.room(pool.retire(woken, 6))  # type: ignore[arg-type]
+    parked.close()  # type: ignore[attr-defined]
+    invariant(pool, host=host)
+    assert host.free_pages == 2 and host.free_slots == 1  # the room keeps the chain, tail and slot
+    assert room.close()
+    invariant(pool, host=host)
+    assert host.free_pages == 4 and host.free_slots == 2
+
+
+def test_recycled_device_pages_never_reuse_a_host_tail() -> None:
+    """The woken tail page returns to the pool and a new session writes other tokens on the same page id, under
+    the same chain node, at the same length: its park copies (host-side state alone cannot tell them apart)."""
+    for keep_at_six in (False, True):
+        pool, host, mem = setup(pages=10, host_pages=8)
+        parked, woken = _woken(pool, host, mem, [1, 2, 3, 4, 5, 6])
+        tail_page = woken.page_ids()[1]  # type: ignore[attr-defined]
+        at4 = pool.checkpoint(woken, 4)  # type: ignore[arg-type]
+        at6 = pool.checkpoint(woken, 6) if keep_at_six else None  # type: ignore[arg-type]
+        woken.close()  # type: ignore[attr-defined]
+        if at6 is not None:
+            at6.close()  # the page stayed held past the lease, then is freed here
+        other = pool.lease_from(at4, 8)
+        assert other.page_ids()[1] == tail_page
+        mem.fill(other, [7, 8], 4)
+        cp = pool.retire(other, 6)
+        assert cp._chain is at4._chain and cp.tail_page_id == tail_page  # type: ignore[union-attr]
+        p2 = host.park_now(cp)  # type: ignore[arg-type]
+        assert [c.src_page_id for c in p2.plan.page_copies] == [tail_page]
+        mem.apply(p2.plan)
+        assert _host_tokens(mem, p2, 6) == [1, 2, 3, 4, 7, 8] and _host_tokens(mem, parked, 6) == [1, 2, 3, 4, 5, 6]
+        invariant(pool, host=host)
+
+
+def test_a_partial_wake_re_parks_on_the_full_host_page() -> None:
+    """Woken at 6 of 10 tokens, page 1 came whole from a full host page: parking the session again at 6 keeps
+    that page (held as the new entry's tail: the source may go first)."""
+    pool, host, mem = setup(pages=10, host_pages=6)
+    lease = pool.lease(10)
+    mem.fill(lease, list(range(1, 11)))
+    parked = host.park_now(pool.retire(lease, 10))  # type: ignore[arg-type]
+    mem.apply(parked.plan)
+    waking = host.wake(parked, 6, 8)
+    mem.apply(waking.plan)
+    waking.land()
+    again = host.park_now(pool.retire(waking.lease, 6))  # type: ignore[arg-type]
+    assert again.plan.page_copies == () and again.host_page_ids() == parked.host_page_ids()[:2]
+    parked.close()
+    invariant(pool, host=host)
+    assert host.free_pages == 4 and _host_tokens(mem, again, 6) == [1, 2, 3, 4, 5, 6]
+    again.close()
+    invariant(pool, host=host)
+    assert host.free_pages == 6

@@ -52,6 +52,10 @@ class PoolMachine(RuleBasedStateMachine):
         self.leases: list[tuple[Lease, list[int]]] = []
         self.cps: list[Checkpoint] = []
         self.hits: list[Any] = []
+        self.parked: list[Any] = []  # entries parked by `park_cp` (outside the prefix tree)
+        # woken lease -> (the parked entry it woke from, woken length): re-parking it unchanged copies nothing
+        self.woken: weakref.WeakKeyDictionary[Lease, tuple[Any, int]] = weakref.WeakKeyDictionary()
+        self.sources: weakref.WeakKeyDictionary[Checkpoint, tuple[Any, int]] = weakref.WeakKeyDictionary()
         self.tokens: weakref.WeakKeyDictionary[Any, tuple[int, ...]] = weakref.WeakKeyDictionary()
         # the model's own record of the position each lease's slot has provably reached
         self.reached: weakref.WeakKeyDictionary[Lease, int] = weakref.WeakKeyDictionary()
@@ -156,6 +160,8 @@ class PoolMachine(RuleBasedStateMachine):
             if cp is not None:
                 self.reached[lease] = max(self.reached[lease], n)
             self.keep(cp, toks)
+        if cp is not None and lease in self.woken:
+            self.sources[cp] = self.woken[lease]
 
     @precondition(lambda self: self.leases)
     @rule(i=st.integers(0, 99), frac=st.floats(0, 1), extra=st.integers(0, 5))
@@ -273,6 +279,66 @@ class PoolMachine(RuleBasedStateMachine):
             self.mem.slots[lease.seq_slot_id] = tuple(toks)
         self.add(lease, toks)
 
+    @precondition(lambda self: self.host is not None and self.cps)
+    @rule(i=st.integers(0, 99))
+    def park_cp(self, i: int) -> None:
+        """Park a kept checkpoint directly; a woken session re-parked at its woken length copies nothing
+        that its source entry (still parked) holds: no full page, no tail page, no slot."""
+        cp = self.cps.pop(i % len(self.cps))
+        source = self.sources.get(cp)
+        parked = self.park(cp)
+        if parked is None:
+            cp.close()
+            return
+        self.parked.append(parked)
+        if source is not None and not source[0].closed and source[1] == cp.num_tokens:
+            assert parked.plan.page_copies == () and parked.plan.slot_copies == ()
+            assert parked.host_page_ids() == source[0].host_page_ids()[: len(parked.host_page_ids())]
+
+    @precondition(lambda self: self.parked)
+    @rule(i=st.integers(0, 99), frac=st.floats(0, 1), extra=st.integers(0, 4))
+    def wake_parked(self, i: int, frac: float, extra: int) -> None:
+        assert self.host is not None
+        parked = self.parked[i % len(self.parked)]
+        toks = list(self.tokens[parked])
+        n = len(toks) if parked.has_slot or not parked.paged else int(len(toks) * frac)
+        waking = self.attempt(lambda: self.host.wake(parked, n, n + extra if parked.paged else 0))
+        if waking is None:
+            return
+        self.mem.apply(waking.lease_copies)
+        self.mem.apply(waking.plan)
+        waking.land()
+        lease = waking.lease
+        if lease.seq_slot_id is not None and not parked.has_slot:
+            self.mem.slots[lease.seq_slot_id] = tuple(toks[:n])
+        self.add(lease, toks[:n])
+        self.woken[lease] = (parked, n)
+
+    @precondition(lambda self: self.host is not None and any(lease in self.woken for lease, _ in self.leases))
+    @rule(i=st.integers(0, 99), frac=st.floats(0, 1), retire=st.booleans())
+    def sleep_again(self, i: int, frac: float, retire: bool) -> None:
+        """A woken lease goes back to the host (checkpoint or retire, then park) at its current length or,
+        pure KV, shorter; a checkpoint at the woken length whose source is still parked copies nothing."""
+        woken = [k for k, (lease, _) in enumerate(self.leases) if lease in self.woken]
+        k = woken[i % len(woken)]
+        lease, toks = self.leases[k]
+        n = len(toks) if lease.seq_slot_id is not None or not lease.paged else int(len(toks) * frac)
+        if retire:
+            self.leases.pop(k)
+        cp = self.pool.retire(lease, n) if retire else self.attempt(lambda: self.pool.checkpoint(lease, n))
+        if cp is None:
+            return
+        if not retire:
+            self.reached[lease] = max(self.reached[lease], n)
+        self.keep(cp, toks)
+        self.sources[cp] = self.woken[lease]
+        self.park_cp(len(self.cps) - 1)
+
+    @precondition(lambda self: self.parked)
+    @rule(i=st.integers(0, 99))
+    def drop_parked(self, i: int) -> None:
+        self.parked.pop(i % len(self.parked)).close()
+
     @rule(park=st.booleans())
     def evict(self, park: bool) -> None:
         self.prefix.evict(self.park if park and self.host is not None else None)
@@ -306,6 +372,13 @@ class PoolMachine(RuleBasedStateMachine):
                 pages = parked.host_page_ids()
                 got = tuple(self.mem.host_pages[pages[i // self.P]][i % self.P] for i in range(len(toks)))
                 assert got == toks
+        for parked in self.parked:
+            toks = self.tokens[parked]
+            if parked.paged:
+                pages = parked.host_page_ids()
+                assert tuple(self.mem.host_pages[pages[i // self.P]][i % self.P] for i in range(len(toks))) == toks
+            if parked.has_slot:
+                assert self.mem.host_slots[parked.slot_id] == toks
 
     def teardown(self) -> None:
         if not hasattr(self, "pool"):
@@ -316,6 +389,8 @@ class PoolMachine(RuleBasedStateMachine):
             lease.close()
         for cp in self.cps:
             cp.close()
+        for parked in self.parked:
+            parked.close()
         self.prefix.clear()
         if self.pool.remap_in_flight is not None:
             self.pool.land(self.pool.remap_in_flight)
@@ -395,3 +470,193 @@ def _replay(kind: str, ops: list[tuple[str, int, int]]) -> list[object]:
 @given(kind=st.sampled_from(sorted(LAYOUTS)), ops=OPS)
 def test_same_inputs_give_same_plans(kind: str, ops: list[tuple[str, int, int]]) -> None:
     assert _replay(kind, ops) == _replay(kind, ops)
+
+
+# ---- the host tier around sessions that sleep and wake -----------------------------------------------
+class HostMachine(RuleBasedStateMachine):
+    """Sessions written, cut (checkpoint / retire), parked, woken, resumed (lease_from, which recycles
+    device pages), cut again and re-parked, in any order. Every parked entry must hold its tokens (and
+    slot) on the host whatever it shares, and a session woken and parked again at its woken length,
+    with its source still parked, copies nothing."""
+
+    @initialize(kind=st.sampled_from(["kv", "kv2", "slots"]))
+    def setup(self, kind: str) -> None:
+        self.pool = Pool({"kv": lambda: Layout.simple(page_tokens=4, pages=10),
+                          "kv2": lambda: Layout.simple(page_tokens=2, pages=14),
+                          "slots": lambda: Layout.simple(page_tokens=4, pages=10, slots=6)}[kind]())
+        self.P = self.pool.page_tokens
+        self.host = Host(self.pool, 12, 6)
+        self.mem = Memory(self.pool)
+        self.leases: list[tuple[Lease, list[int]]] = []
+        self.cps: list[Checkpoint] = []
+        self.parked: list[Any] = []
+        self.tokens: weakref.WeakKeyDictionary[Any, tuple[int, ...]] = weakref.WeakKeyDictionary()
+        self.woken: weakref.WeakKeyDictionary[Any, tuple[Any, int]] = weakref.WeakKeyDictionary()
+        self.kept = 0  # parks that copied nothing (the case under test must actually happen)
+
+    def call(self, make: Any) -> Any:
+        """A request, remaps landed at once; None when refused (Busy / ExceedsPool)."""
+        while True:
+            try:
+                return make()
+            except Remapping as r:
+                self.mem.apply(r.plan)
+                self.pool.land(r.plan)
+            except (Busy, ExceedsPool):
+                return None
+
+    def length(self, lease: Lease, toks: list[int], frac: float) -> int:
+        return len(toks) if lease.seq_slot_id is not None else int(len(toks) * frac)
+
+    def add(self, lease: Lease | None, toks: list[int], woken: Any = None) -> None:
+        if lease is None:
+            return
+        self.mem.apply(lease.plan)
+        if lease.seq_slot_id is not None and lease.plan.zero_slots:
+            self.mem.slots[lease.seq_slot_id] = tuple(toks)
+        self.leases.append((lease, toks))
+        if woken is not None:
+            self.woken[lease] = woken
+
+    @rule(toks=st.lists(TOKENS, min_size=1, max_size=10))
+    def session(self, toks: list[int]) -> None:
+        lease = self.call(lambda: self.pool.lease(len(toks)))
+        if lease is None:
+            return
+        self.add(lease, [])
+        self.mem.fill(lease, toks)
+        self.leases[-1][1].extend(toks)
+        if lease.seq_slot_id is not None:
+            self.mem.slots[lease.seq_slot_id] = tuple(toks)
+
+    @precondition(lambda self: self.leases)
+    @rule(i=st.integers(0, 99), more=st.lists(TOKENS, min_size=1, max_size=5))
+    def write(self, i: int, more: list[int]) -> None:
+        lease, toks = self.leases[i % len(self.leases)]
+        if self.call(lambda: lease.grow(len(toks) + len(more)) or True) is None:
+            return
+        self.mem.fill(lease, more, len(toks))
+        toks.extend(more)
+        if lease.seq_slot_id is not None:
+            self.mem.slots[lease.seq_slot_id] = tuple(toks)
+
+    @precondition(lambda self: self.leases)
+    @rule(i=st.integers(0, 99), frac=st.floats(0, 1), retire=st.booleans(), park=st.booleans())
+    def cut(self, i: int, frac: float, retire: bool, park: bool) -> None:
+        k = i % len(self.leases)
+        lease, toks = self.leases[k]
+        n = self.length(lease, toks, frac)
+        source = self.woken.get(lease)
+        if retire:
+            self.leases.pop(k)
+            cp = self.pool.retire(lease, n)
+        else:
+            try:
+                cp = self.call(lambda: self.pool.checkpoint(lease, n))
+            except Misuse:  # a slot already checkpointed further on
+                return
+        if cp is None:
+            return
+        self.mem.apply(cp.plan)
+        self.tokens[cp] = tuple(toks[:n])
+        if not park:
+            self.cps.append(cp)
+            return
+        try:
+            parked = self.host.park(self.host.room(cp))
+        except (Busy, ExceedsPool):
+            cp.close()
+            return
+        self.mem.apply(parked.plan)
+        parked.land()
+        self.tokens[parked] = self.tokens[cp]
+        self.parked.append(parked)
+        if source is not None and not source[0].closed and source[1] == n:
+            assert parked.plan.page_copies == () and parked.plan.slot_copies == (), parked.plan
+            self.kept += 1
+
+    @precondition(lambda self: self.cps)
+    @rule(i=st.integers(0, 99), frac=st.floats(0, 1), extra=st.integers(0, 5))
+    def resume(self, i: int, frac: float, extra: int) -> None:
+        cp = self.cps[i % len(self.cps)]
+        toks = list(self.tokens[cp])
+        n = len(toks) if cp.has_slot else int(len(toks) * frac)
+        self.add(self.call(lambda: self.pool.lease_from(cp, n + extra, prefix_tokens=n)), toks[:n])
+
+    @precondition(lambda self: self.parked)
+    @rule(i=st.integers(0, 99), frac=st.floats(0, 1), extra=st.integers(0, 5))
+    def wake(self, i: int, frac: float, extra: int) -> None:
+        parked = self.parked[i % len(self.parked)]
+        toks = list(self.tokens[parked])
+        n = len(toks) if parked.has_slot else int(len(toks) * frac)
+        waking = self.call(lambda: self.host.wake(parked, n, n + extra))
+        if waking is None:
+            return
+        self.mem.apply(waking.lease_copies)
+        self.mem.apply(waking.plan)
+        waking.land()
+        self.add(waking.lease, toks[:n], (parked, n))
+
+    @precondition(lambda self: any(lease in self.woken and lease.paged for lease, _ in self.leases))
+    @rule(i=st.integers(0, 99), back=st.integers(0, 6), more=st.lists(TOKENS, min_size=1, max_size=5),
+          frac=st.floats(0, 1))
+    def recycle(self, i: int, back: int, more: list[int], frac: float) -> None:
+        """A woken session keeps a shorter prefix and ends: its pages go back to the pool (LIFO), a new
+        session resumes that prefix on them with other tokens and parks; nothing may be taken for the
+        old host copies (the device page ids, chain node and length can all be the same)."""
+        woken = [k for k, (lease, _) in enumerate(self.leases) if lease in self.woken and lease.paged]
+        lease, toks = self.leases.pop(woken[i % len(woken)])
+        n = max(0, len(toks) - back) if lease.seq_slot_id is None else len(toks)
+        cp = self.call(lambda: self.pool.checkpoint(lease, n))
+        lease.close()
+        if cp is None:
+            return
+        self.mem.apply(cp.plan)
+        self.tokens[cp] = tuple(toks[:n])
+        self.cps.append(cp)
+        self.resume(len(self.cps) - 1, 1.0, len(more))
+        if self.leases and self.leases[-1][1] == toks[:n]:
+            self.write(len(self.leases) - 1, more)
+            self.cut(len(self.leases) - 1, frac, True, True)
+
+    @rule(kind=st.sampled_from(["lease", "checkpoint", "parked"]), i=st.integers(0, 99))
+    def drop(self, kind: str, i: int) -> None:
+        items: list[Any] = {"lease": self.leases, "checkpoint": self.cps, "parked": self.parked}[kind]
+        if items:
+            item = items.pop(i % len(items))
+            (item[0] if kind == "lease" else item).close()
+
+    @invariant()
+    def consistent(self) -> None:
+        if not hasattr(self, "pool"):
+            return
+        global_invariant(self.pool, host=self.host)
+        for lease, toks in self.leases:
+            assert self.mem.read(lease, len(toks)) == toks
+        for cp in self.cps:
+            assert tuple(self.mem.read(cp, cp.num_tokens)) == self.tokens[cp]
+        for parked in self.parked:
+            toks = self.tokens[parked]
+            pages = parked.host_page_ids()
+            assert tuple(self.mem.host_pages[pages[i // self.P]][i % self.P] for i in range(len(toks))) == toks
+            if parked.has_slot:
+                assert self.mem.host_slots[parked.slot_id] == toks
+
+    def teardown(self) -> None:
+        if not hasattr(self, "pool"):
+            return
+        for lease, _ in self.leases:
+            lease.close()
+        for item in [*self.cps, *self.parked]:
+            item.close()
+        if self.pool.remap_in_flight is not None:
+            self.pool.land(self.pool.remap_in_flight)
+        global_invariant(self.pool, host=self.host)
+        assert self.host.free_pages == self.host.num_pages and self.host.free_slots == self.host.num_slots
+        assert self.pool.held_pages == 0 and not self.pool.live_handles()
+
+
+HostMachine.TestCase.settings = settings(
+    max_examples=150, stateful_step_count=40, deadline=None, suppress_health_check=list(HealthCheck)
+)
+TestHostMachine = HostMachine.TestCase

@@ -89,7 +89,7 @@ class Lease(Handle):
 
     __slots__ = (
         "_pool", "_chain", "_pages", "_origins", "seq_slot_id", "prefix_tokens", "_frozen",
-        "_closed", "_hold", "plan", "paged", "__weakref__",
+        "_closed", "_hold", "plan", "paged", "_woken_tail", "_woken_slot", "__weakref__",
     )
 
     def __init__(self, pool: Pool, paged: bool) -> None:
@@ -104,6 +104,10 @@ class Lease(Handle):
         self._closed = False
         self._hold: Any = None
         self.plan = _NO_COPIES
+        # set by Host.wake: (page index, tokens frozen in it, weak link to its host page) and (woken
+        # length, weak link to the host slot); checkpoints inherit the links (Pool._make_checkpoint)
+        self._woken_tail: tuple[int, int, Any] | None = None
+        self._woken_slot: tuple[int, Any] | None = None
 
     @property
     def closed(self) -> bool:
@@ -181,7 +185,7 @@ class Checkpoint(Handle):
 
     __slots__ = (
         "_pool", "_chain", "tail_page_id", "seq_slot_id", "num_tokens", "paged", "_closed", "plan",
-        "__weakref__",
+        "host_tail", "host_slot", "__weakref__",
     )
 
     def __init__(self, pool: Pool, num_tokens: int, paged: bool) -> None:
@@ -193,6 +197,8 @@ class Checkpoint(Handle):
         self.seq_slot_id: int | None = None
         self._closed = False
         self.plan = _NO_COPIES
+        self.host_tail: Any = None  # weak link to a host copy of the tail's first tokens (see host.py)
+        self.host_slot: Any = None  # weak link to a host copy of the slot at num_tokens
 
     @property
     def closed(self) -> bool:

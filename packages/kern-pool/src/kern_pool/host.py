@@ -55,7 +55,10 @@ def host_units(host_bytes: int, layout: Layout, turn_tokens: int) -> int:
 
 
 class HostNode:
-    """A parked full page: host page `page_id`, the node before it, and its direct holders `refs`."""
+    """A parked page: host page `page_id`, the node before it, and its direct holders `refs`.
+
+    A full page sits in a chain (`parent` is the page before it); a partial tail page is a node of its
+    own (`parent` None), held by every parked entry (and room) that ends with it."""
 
     __slots__ = ("page_id", "parent", "refs", "alive", "__weakref__")
 
@@ -64,6 +67,23 @@ class HostNode:
         self.parent = parent
         self.refs = 1
         self.alive = True
+
+
+class HostSlot:
+    """A parked slot: host slot `slot_id` and its direct holders `refs` (parked entries, rooms)."""
+
+    __slots__ = ("slot_id", "refs", "alive", "__weakref__")
+
+    def __init__(self, slot_id: int) -> None:
+        self.slot_id = slot_id
+        self.refs = 1
+        self.alive = True
+
+
+def _live(ref: Any) -> Any:
+    """The object behind a weak link (`HostNode` / `HostSlot`) while it is alive, else None."""
+    obj = ref() if ref is not None else None
+    return obj if obj is not None and obj.alive else None
 
 
 def _live_host(node: _Node) -> HostNode | None:
@@ -83,15 +103,19 @@ class Room(Handle):
     dropped unparked) returns all of them; `park` consumes the room.
     """
 
-    __slots__ = ("_host", "checkpoint", "_pages", "_slot", "_shared", "_new", "_closed", "__weakref__")
+    __slots__ = ("_host", "checkpoint", "_pages", "_slot", "_shared", "_tail", "_kept_slot", "_new", "_closed",
+                 "__weakref__")
 
     def __init__(self, host: Host, checkpoint: Checkpoint, pages: list[int], slot: int | None,
-                 shared: HostNode | None, new: list[_Node]) -> None:
+                 shared: HostNode | None, new: list[_Node], tail: HostNode | None = None,
+                 kept_slot: HostSlot | None = None) -> None:
         self._host = host
         self.checkpoint = checkpoint
         self._pages = pages
         self._slot = slot
         self._shared = shared
+        self._tail = tail  # a host tail the checkpoint's tail page still equals (held: no copy)
+        self._kept_slot = kept_slot  # likewise a host slot
         self._new = new
         self._closed = False
 
@@ -117,6 +141,10 @@ class Room(Handle):
         self._pages, self._slot, self._new = [], None, []
         shared, self._shared = self._shared, None
         host._unref_chain(shared)
+        tail, self._tail = self._tail, None
+        host._unref_chain(tail)
+        kept, self._kept_slot = self._kept_slot, None
+        host._unref_slot(kept)
         return True
 
 
@@ -130,7 +158,7 @@ class Parked(Handle):
     unit is reused.
     """
 
-    __slots__ = ("_host", "num_tokens", "_chain", "tail_page_id", "slot_id", "_has_slot", "_paged", "plan",
+    __slots__ = ("_host", "num_tokens", "_chain", "_tail", "_slot", "_has_slot", "_paged", "plan",
                  "_checkpoint", "_closed", "__weakref__")
 
     def __init__(self, host: Host, num_tokens: int, has_slot: bool, paged: bool) -> None:
@@ -139,8 +167,8 @@ class Parked(Handle):
         self._has_slot = has_slot
         self._paged = paged
         self._chain: HostNode | None = None
-        self.tail_page_id: int | None = None
-        self.slot_id: int | None = None
+        self._tail: HostNode | None = None
+        self._slot: HostSlot | None = None
         self.plan = HostCopies("park")
         self._checkpoint: Checkpoint | None = None
         self._closed = False
@@ -153,6 +181,16 @@ class Parked(Handle):
     def paged(self) -> bool:
         """Whether the parked checkpoint held pages (False: a slot-only checkpoint, e.g. a peer rank's)."""
         return self._paged
+
+    @property
+    def tail_page_id(self) -> int | None:
+        """Host page of the partial last page (possibly shared with other parked entries)."""
+        return self._tail.page_id if self._tail is not None else None
+
+    @property
+    def slot_id(self) -> int | None:
+        """Host slot (possibly shared with other parked entries)."""
+        return self._slot.slot_id if self._slot is not None else None
 
     @property
     def landed(self) -> bool:
@@ -300,8 +338,10 @@ class Host:
             new.append(node)
             node = node.parent
         new.reverse()
-        n_pages = len(new) + (checkpoint.tail_page_id is not None)
-        n_slots = 1 if checkpoint.has_slot else 0
+        tail = _live(checkpoint.host_tail) if checkpoint.tail_page_id is not None else None
+        kept_slot = _live(checkpoint.host_slot) if checkpoint.has_slot else None
+        n_pages = len(new) + (checkpoint.tail_page_id is not None and tail is None)
+        n_slots = 1 if checkpoint.has_slot and kept_slot is None else 0
         if n_pages > self.num_pages or n_slots > self.num_slots:
             raise ExceedsPool(f"{n_pages} host pages + {n_slots} slots exceed the host's {self.num_pages} + {self.num_slots}")
         if n_pages > len(self._free_pages) or n_slots > len(self._free_slots):
@@ -310,9 +350,10 @@ class Host:
         pages = [self._free_pages.pop() for _ in range(n_pages)]
         slot = self._free_slots.pop() if n_slots else None
         self._reserved += n_pages + n_slots
-        if shared is not None:
-            shared.refs += 1  # the room's own reference: the chain outlives its parked holders
-        room = Room(self, checkpoint, pages, slot, shared, new)
+        for held in (shared, tail, kept_slot):
+            if held is not None:
+                held.refs += 1  # the room's own reference: it outlives the parked entries holding it
+        room = Room(self, checkpoint, pages, slot, shared, new, tail, kept_slot)
         self._rooms.add(room)
         return room
 
@@ -343,12 +384,14 @@ class Host:
             dev.host = weakref.ref(chain)
             copies.append(PageCopy(dev.page_id, host_page))
         parked._chain = chain
-        if cp.tail_page_id is not None:
-            parked.tail_page_id = pages.pop(0)
-            copies.append(PageCopy(cp.tail_page_id, parked.tail_page_id))
+        parked._tail, room._tail = room._tail, None  # a kept tail: the room's reference passes on
+        if cp.tail_page_id is not None and parked._tail is None:
+            parked._tail = HostNode(pages.pop(0), None)
+            copies.append(PageCopy(cp.tail_page_id, parked._tail.page_id))
         slot_copies: tuple[SlotCopy, ...] = ()
+        parked._slot, room._kept_slot = room._kept_slot, None
         if room._slot is not None:
-            parked.slot_id = room._slot
+            parked._slot = HostSlot(room._slot)
             slot_copies = (SlotCopy(cp.seq_slot_id, room._slot),)  # type: ignore[arg-type]
         assert not pages, "kern bug: room reserved more host pages than the park used"
         self._reserved -= len(room._pages) + (room._slot is not None)
@@ -400,14 +443,18 @@ class Host:
             nodes.append(node)
             node = node.parent
         nodes.reverse()
-        host_pages = [n.page_id for n in nodes] + ([parked.tail_page_id] if parked.tail_page_id is not None else [])
+        if parked._tail is not None:
+            nodes.append(parked._tail)
         dev_pages = lease.page_ids()
         needed = full + (1 if partial else 0)
-        copies = tuple(PageCopy(host_pages[i], dev_pages[i]) for i in range(needed))
+        copies = tuple(PageCopy(nodes[i].page_id, dev_pages[i]) for i in range(needed))
+        if partial:  # the lease is frozen below num_tokens: its page `full` keeps the host page's first tokens
+            lease._woken_tail = (full, partial, weakref.ref(nodes[full]))
         slot_copies: tuple[SlotCopy, ...] = ()
-        if parked.slot_id is not None and lease.seq_slot_id is not None:
-            slot_copies = (SlotCopy(parked.slot_id, lease.seq_slot_id),)
+        if parked._slot is not None and lease.seq_slot_id is not None:
+            slot_copies = (SlotCopy(parked._slot.slot_id, lease.seq_slot_id),)
             lease.plan = Copies()
+            lease._woken_slot = (num_tokens, weakref.ref(parked._slot))
         lease._origins = {i: nodes[i] for i in range(full)}
         lease.prefix_tokens = lease._frozen = num_tokens
         lease._hold = hold
@@ -437,16 +484,21 @@ class Host:
             self._free_pages.append(node.page_id)
             node = node.parent
 
+    def _unref_slot(self, slot: HostSlot | None) -> None:
+        if slot is None:
+            return
+        slot.refs -= 1
+        assert slot.refs >= 0, "kern bug: host slot released more often than held"
+        if not slot.refs:
+            slot.alive = False
+            self._free_slots.append(slot.slot_id)
+
     def _release_parked(self, parked: Parked) -> None:
-        node = parked._chain
-        parked._chain = None
+        node, tail, slot = parked._chain, parked._tail, parked._slot
+        parked._chain = parked._tail = parked._slot = None
         self._unref_chain(node)
-        if parked.tail_page_id is not None:
-            self._free_pages.append(parked.tail_page_id)
-            parked.tail_page_id = None
-        if parked.slot_id is not None:
-            self._free_slots.append(parked.slot_id)
-            parked.slot_id = None
+        self._unref_chain(tail)
+        self._unref_slot(slot)
 
     def check(self) -> None:
         """Assert host accounting (kern bugs): node refs = holders (parked entries, open rooms, child
@@ -455,6 +507,15 @@ class Host:
         held_slots: list[int] = []
         refs: dict[int, int] = {}
         nodes: dict[int, HostNode] = {}
+        slots: dict[int, HostSlot] = {}
+
+        def hold_slot(slot: HostSlot | None) -> None:
+            if slot is not None:
+                assert slot.alive, "kern bug: a parked entry or room holds a dead host slot"
+                refs[id(slot)] = refs.get(id(slot), 0) + 1
+                if id(slot) not in slots:
+                    slots[id(slot)] = slot
+                    held_slots.append(slot.slot_id)
 
         def hold(tail: HostNode | None) -> None:
             if tail is not None:
@@ -472,18 +533,20 @@ class Host:
         for r in list(self._rooms):
             if not r._closed:
                 hold(r._shared)
+                hold(r._tail)
+                hold_slot(r._kept_slot)
                 reserved += len(r._pages) + (r._slot is not None)
         assert reserved == self._reserved, "kern bug: reserved host units differ from open rooms"
         for p in list(self._parked):
             if p.closed:
                 continue
             hold(p._chain)
-            if p.tail_page_id is not None:
-                held_pages.append(p.tail_page_id)
-            if p.slot_id is not None:
-                held_slots.append(p.slot_id)
+            hold(p._tail)
+            hold_slot(p._slot)
         for key, node in nodes.items():
             assert node.refs == refs.get(key, 0), "kern bug: host node refs differ from holders"
+        for key, slot in slots.items():
+            assert slot.refs == refs[key], "kern bug: host slot refs differ from holders"
         for held, free in ((held_pages, self._free_pages), (held_slots, self._free_slots)):
             assert len(set(free)) == len(free), "kern bug: duplicate free host unit"
             assert len(set(held)) == len(held), "kern bug: host unit held twice"

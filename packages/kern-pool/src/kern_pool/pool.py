@@ -474,6 +474,9 @@ class Pool:
     def _make_checkpoint(self, lease: Lease, num_tokens: int) -> Checkpoint:
         cp = Checkpoint(self, num_tokens, lease.paged)
         self._handles.add(cp)
+        woken = lease._woken_slot  # a woken slot checkpointed at its woken length: still the host's copy
+        if woken is not None and woken[0] == num_tokens:
+            cp.host_slot = woken[1]
         if not lease.paged:
             return cp
         full, partial = divmod(num_tokens, self.page_tokens)
@@ -487,6 +490,9 @@ class Pool:
             page = node_at(lease._chain, full).page_id if full < depth else lease._pages[full - depth]  # type: ignore[union-attr]
             self._pages.refs[page] += 1
             cp.tail_page_id = page
+            tail = lease._woken_tail  # the woken partial page, frozen below its woken tokens
+            if tail is not None and tail[0] == full and partial <= tail[1]:
+                cp.host_tail = tail[2]
         return cp
 
     def _branch(self, chain_tail: _Node | None, full: int, src_partial: int | None, src_slot: int | None,
