@@ -61,6 +61,11 @@ class Memory:
         pages = handle.page_ids()
         return [self.page(pages[i // self.P])[i % self.P] for i in range(num_tokens)]
 
+    def read_host(self, parked: Any, num_tokens: int) -> list[Any]:
+        """The first `num_tokens` tokens a parked entry holds on the host (through its host page ids)."""
+        pages = parked.host_page_ids()
+        return [self.host_pages[pages[i // self.P]][i % self.P] for i in range(num_tokens)]
+
 
 def invariant(pool: Pool, prefix: Prefix | None = None, host: Host | None = None) -> None:
     """The global invariant after every step: free + distinct held blocks = budget, each refcount =

@@ -389,11 +389,6 @@ def _woken(pool: Pool, host: Host, mem: Memory, toks: list[int], slot: bool = Fa
     return parked, waking.lease
 
 
-def _host_tokens(mem: Memory, parked: object, n: int) -> list[object]:
-    pages = parked.host_page_ids()  # type: ignore[attr-defined]
-    return [mem.host_pages[pages[i // P]][i % P] for i in range(n)]
-
-
 @pytest.mark.parametrize("retire", [True, False])
 def test_a_woken_session_parked_again_unchanged_copies_not_a_byte(retire: bool) -> None:
     """runtime.md (K3): "醒来的再睡一个字节不拷": the full pages (weak links), the partial tail page and the slot
@@ -413,7 +408,7 @@ def test_a_woken_session_parked_again_unchanged_copies_not_a_byte(retire: bool) 
     if not retire:
         woken.close()  # type: ignore[attr-defined]
     for entry in (parked, again):
-        assert _host_tokens(mem, entry, 10) == toks and mem.host_slots[entry.slot_id] == tuple(toks)  # type: ignore[attr-defined]
+        assert mem.read_host(entry, 10) == toks and mem.host_slots[entry.slot_id] == tuple(toks)  # type: ignore[attr-defined]
     parked.close()  # type: ignore[attr-defined]
     invariant(pool, host=host)
     assert host.free_pages == 5 and host.free_slots == 3  # the shared pages, tail and slot live on in `again`
@@ -447,7 +442,7 @@ def test_a_longer_or_shorter_re_park_copies_what_changed() -> None:
     mem.apply(p_across.plan)
     for entry, toks in ((parked, [1, 2, 3, 4, 5, 6]), (p_short, [1, 2, 3, 4, 5]), (p_long, [1, 2, 3, 4, 5, 6, 7]),
                         (p_across, [1, 2, 3, 4, 5, 6, 7, 8, 9])):
-        assert _host_tokens(mem, entry, len(toks)) == toks
+        assert mem.read_host(entry, len(toks)) == toks
     invariant(pool, host=host)
     for entry in (parked, p_long, p_short, p_across):
         entry.close()  # type: ignore[attr-defined]
@@ -464,7 +459,7 @@ def test_a_tail_shared_by_two_parked_entries_lives_until_both_are_gone() -> None
     first.close()  # type: ignore[attr-defined]
     invariant(pool, host=host)
     assert host.free_pages == 4 and second.tail_page_id == tail  # second still holds the chain and the tail
-    assert _host_tokens(mem, second, 6) == [1, 2, 3, 4, 5, 6]
+    assert mem.read_host(second, 6) == [1, 2, 3, 4, 5, 6]
     again = host.park_now(pool.checkpoint(pool.lease(8), 8))  # other sessions never get those host pages
     assert tail not in again.host_page_ids()
     again.close()
@@ -505,7 +500,7 @@ def test_recycled_device_pages_never_reuse_a_host_tail() -> None:
         p2 = host.park_now(cp)  # type: ignore[arg-type]
         assert [c.src_page_id for c in p2.plan.page_copies] == [tail_page]
         mem.apply(p2.plan)
-        assert _host_tokens(mem, p2, 6) == [1, 2, 3, 4, 7, 8] and _host_tokens(mem, parked, 6) == [1, 2, 3, 4, 5, 6]
+        assert mem.read_host(p2, 6) == [1, 2, 3, 4, 7, 8] and mem.read_host(parked, 6) == [1, 2, 3, 4, 5, 6]
         invariant(pool, host=host)
 
 
@@ -524,7 +519,7 @@ def test_a_partial_wake_re_parks_on_the_full_host_page() -> None:
     assert again.plan.page_copies == () and again.host_page_ids() == parked.host_page_ids()[:2]
     parked.close()
     invariant(pool, host=host)
-    assert host.free_pages == 4 and _host_tokens(mem, again, 6) == [1, 2, 3, 4, 5, 6]
+    assert host.free_pages == 4 and mem.read_host(again, 6) == [1, 2, 3, 4, 5, 6]
     again.close()
     invariant(pool, host=host)
     assert host.free_pages == 6

@@ -369,14 +369,11 @@ class PoolMachine(RuleBasedStateMachine):
                 assert tuple(self.mem.read(cp, cp.num_tokens)) == self.tokens[cp]
         for toks, tier, parked in self.prefix.entries():
             if tier is not Resident:
-                pages = parked.host_page_ids()
-                got = tuple(self.mem.host_pages[pages[i // self.P]][i % self.P] for i in range(len(toks)))
-                assert got == toks
+                assert tuple(self.mem.read_host(parked, len(toks))) == toks
         for parked in self.parked:
             toks = self.tokens[parked]
             if parked.paged:
-                pages = parked.host_page_ids()
-                assert tuple(self.mem.host_pages[pages[i // self.P]][i % self.P] for i in range(len(toks))) == toks
+                assert tuple(self.mem.read_host(parked, len(toks))) == toks
             if parked.has_slot:
                 assert self.mem.host_slots[parked.slot_id] == toks
 
@@ -637,8 +634,7 @@ class HostMachine(RuleBasedStateMachine):
             assert tuple(self.mem.read(cp, cp.num_tokens)) == self.tokens[cp]
         for parked in self.parked:
             toks = self.tokens[parked]
-            pages = parked.host_page_ids()
-            assert tuple(self.mem.host_pages[pages[i // self.P]][i % self.P] for i in range(len(toks))) == toks
+            assert tuple(self.mem.read_host(parked, len(toks))) == toks
             if parked.has_slot:
                 assert self.mem.host_slots[parked.slot_id] == toks
 

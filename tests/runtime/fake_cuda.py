@@ -180,13 +180,17 @@ class FakeDriver(types.ModuleType):
         return (OK, Handle("graph exec"))
 
 
+def install(monkeypatch: pytest.MonkeyPatch, fake: FakeDriver) -> FakeDriver:
+    """Install `fake` (a FakeDriver, or a test's subclass of it) as `cuda.bindings.driver` for the test."""
+    import cuda.bindings
+
+    monkeypatch.setitem(sys.modules, "cuda.bindings.driver", fake)
+    monkeypatch.setattr(cuda.bindings, "driver", fake)
+    return fake
+
+
 @pytest.fixture
 def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeDriver]:
     """A fresh `FakeDriver` installed as `cuda.bindings.driver` for the test's duration."""
-    import cuda.bindings
-
-    fake = FakeDriver()
-    monkeypatch.setitem(sys.modules, "cuda.bindings.driver", fake)
-    monkeypatch.setattr(cuda.bindings, "driver", fake)
-    yield fake
+    yield install(monkeypatch, FakeDriver())
     gc.collect()  # finalizers of dropped handles still talk to the fake, not the real driver

@@ -8,7 +8,6 @@ are 8 KiB and the arena stays small). Remaps do not move bytes here; the API ref
 from __future__ import annotations
 
 import ctypes
-import sys
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -16,7 +15,7 @@ import numpy as np
 import pytest
 
 import kern_pool
-from fake_cuda import FakeDriver
+from fake_cuda import FakeDriver, install
 from kern_runtime import ApiError, Capacity, Runtime
 from kern_runtime.pooled import remapped_states
 from runtime_helpers import base_manifest
@@ -38,12 +37,7 @@ class BackedDriver(FakeDriver):
 
 @pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[BackedDriver]:
-    import cuda.bindings
-
-    driver = BackedDriver()
-    monkeypatch.setitem(sys.modules, "cuda.bindings.driver", driver)
-    monkeypatch.setattr(cuda.bindings, "driver", driver)
-    yield driver
+    yield install(monkeypatch, BackedDriver())
 
 
 def manifest() -> dict:

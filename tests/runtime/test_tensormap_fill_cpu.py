@@ -6,12 +6,11 @@ resolved at compile time to the whole outermost rows of the pooled state's reser
 from __future__ import annotations
 
 import struct
-import sys
 from types import SimpleNamespace
 from typing import Any, Iterator
 
 import pytest
-from fake_cuda import OK, FakeDriver
+from fake_cuda import OK, FakeDriver, install
 from runtime_helpers import base_manifest
 
 from kern_runtime import ApiError, Capacity, ManifestError, ManifestVerifyError, plan_pool
@@ -38,12 +37,7 @@ class TensorMapDriver(FakeDriver):
 
 @pytest.fixture
 def driver(monkeypatch: pytest.MonkeyPatch) -> Iterator[TensorMapDriver]:
-    import cuda.bindings
-
-    fake = TensorMapDriver()
-    monkeypatch.setitem(sys.modules, "cuda.bindings.driver", fake)
-    monkeypatch.setattr(cuda.bindings, "driver", fake)
-    yield fake
+    yield install(monkeypatch, TensorMapDriver())
 
 
 def encoded(driver: TensorMapDriver) -> list[tuple[int, list[int], list[int]]]:
