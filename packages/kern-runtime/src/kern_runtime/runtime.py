@@ -648,15 +648,13 @@ class Runtime(PoolMethods, PeerMethods, StepMethods, StateMethods):
         if nbytes:
             call("cuMemcpyDtoHAsync", staging.host_address, alloc.address, nbytes, self.stream)
         call("cuEventRecord", event, self.stream)
-        busy: list = []  # this readback's entry in _readback_busy, filled below
-
         def done() -> None:  # the handle was waited: its pair is free now
-            self._readback_busy.remove(busy[0])
+            self._readback_busy.remove(entry)
             self._readback_free.append(pair)
 
         handle = ReadbackHandle(staging, event, tuple(shape), dtype, nbytes, done)
-        busy.append((weakref.ref(handle), pair))
-        self._readback_busy.append(busy[0])
+        entry = (weakref.ref(handle), pair)  # this readback in _readback_busy (done() reads it when called)
+        self._readback_busy.append(entry)
         return handle
 
     def _reclaim_readbacks(self) -> None:
