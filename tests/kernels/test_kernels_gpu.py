@@ -325,12 +325,7 @@ def run_attn_decode(dev, rng, hq, hkv, head_dim, page_tokens, seq_lens, split_to
     q[-1] *= 8.0  # a peaky softmax for the last sequence
     q = ref.bf16_round(q)
     scale = head_dim**-0.5
-    q_bits = ref.bf16_bits(q)
-    if q_misalign:
-        d_q_buf = dev.array(np.concatenate([np.zeros(2, dtype=q_bits.dtype), q_bits.ravel()]))
-        d_q = type("Shifted", (), {"ptr": d_q_buf.ptr + 4})()  # kern_attn_prefill reads q in 4-byte words
-    else:
-        d_q = dev.array(q_bits)
+    d_q = dev.array(ref.bf16_bits(q))
     d_cache = dev.array(ref.bf16_bits(cache))
     d_bt, d_lens = dev.array(block_table), dev.array(seq_lens)
     d_po = dev.alloc(seqs * hq * num_splits * head_dim * 4)
@@ -624,7 +619,13 @@ def run_attn_prefill(dev, rng, hq, hkv, head_dim, page_tokens, plan, bound=None,
     q[cu_seqlens[1] : cu_seqlens[2]] *= 6.0  # peaky rows
     q = ref.bf16_round(q)
     scale = head_dim**-0.5
-    d_q, d_cache = dev.array(ref.bf16_bits(q)), dev.array(ref.bf16_bits(cache))
+    q_bits = ref.bf16_bits(q)
+    if q_misalign:  # q 4 bytes past a 16-byte boundary: the entries' element-load path for Q
+        d_q_buf = dev.array(np.concatenate([np.zeros(2, dtype=q_bits.dtype), q_bits.ravel()]))
+        d_q = type("Shifted", (), {"ptr": d_q_buf.ptr + 4})()
+    else:
+        d_q = dev.array(q_bits)
+    d_cache = dev.array(ref.bf16_bits(cache))
     d_bt, d_cu, d_lens = dev.array(block_table), dev.array(cu_seqlens), dev.array(seq_lens)
     d_out = dev.alloc(total * hq * head_dim * 2)
     d_out.poison()
