@@ -811,53 +811,7 @@ KERN_DEV void prefill_body(PrefillSmem& sm, const __nv_bfloat16* q, const __nv_b
                         }
                     }
                 }
-                float mx_a = -CUDART_INF_F, mx_b = -CUDART_INF_F;
-#pragma unroll
-                for (int nt = 0; nt < PF_BN / 8; ++nt) {
-                    mx_a = fmaxf(mx_a, fmaxf(sacc[nt][0], sacc[nt][1]));
-                    mx_b = fmaxf(mx_b, fmaxf(sacc[nt][2], sacc[nt][3]));
-                }
-                // A row's 64 scores sit in the 4 lanes of a quad.
-                mx_a = fmaxf(mx_a, __shfl_xor_sync(FULL_MASK, mx_a, 1));
-                mx_a = fmaxf(mx_a, __shfl_xor_sync(FULL_MASK, mx_a, 2));
-                mx_b = fmaxf(mx_b, __shfl_xor_sync(FULL_MASK, mx_b, 1));
-                mx_b = fmaxf(mx_b, __shfl_xor_sync(FULL_MASK, mx_b, 2));
-                const float mn_a = fmaxf(m_a, mx_a * sl2), mn_b = fmaxf(m_b, mx_b * sl2);  // scale > 0
-                const float base_a = (mn_a == -CUDART_INF_F) ? 0.0f : mn_a;
-                const float base_b = (mn_b == -CUDART_INF_F) ? 0.0f : mn_b;
-                const float alpha_a = exp2f(m_a - base_a), alpha_b = exp2f(m_b - base_b);
-                float sum_a = 0.0f, sum_b = 0.0f;
-#pragma unroll
-                for (int nt = 0; nt < PF_BN / 8; ++nt) {
-                    sacc[nt][0] = exp2f(fmaf(sacc[nt][0], sl2, -base_a));
-                    sacc[nt][1] = exp2f(fmaf(sacc[nt][1], sl2, -base_a));
-                    sacc[nt][2] = exp2f(fmaf(sacc[nt][2], sl2, -base_b));
-                    sacc[nt][3] = exp2f(fmaf(sacc[nt][3], sl2, -base_b));
-                    sum_a += sacc[nt][0] + sacc[nt][1];
-                    sum_b += sacc[nt][2] + sacc[nt][3];
-                }
-                sum_a += __shfl_xor_sync(FULL_MASK, sum_a, 1);
-                sum_a += __shfl_xor_sync(FULL_MASK, sum_a, 2);
-                sum_b += __shfl_xor_sync(FULL_MASK, sum_b, 1);
-                sum_b += __shfl_xor_sync(FULL_MASK, sum_b, 2);
-                l_a = l_a * alpha_a + sum_a;
-                l_b = l_b * alpha_b + sum_b;
-                m_a = mn_a;
-                m_b = mn_b;
-#pragma unroll
-                for (int dt = 0; dt < 2 * NK; ++dt) {
-                    o[dt][0] *= alpha_a;
-                    o[dt][1] *= alpha_a;
-                    o[dt][2] *= alpha_b;
-                    o[dt][3] *= alpha_b;
-                }
-#pragma unroll
-                for (int kk = 0; kk < PF_BN / 16; ++kk) {
-                    pa[kk][0] = pack_bf16x2(sacc[2 * kk][0], sacc[2 * kk][1]);
-                    pa[kk][1] = pack_bf16x2(sacc[2 * kk][2], sacc[2 * kk][3]);
-                    pa[kk][2] = pack_bf16x2(sacc[2 * kk + 1][0], sacc[2 * kk + 1][1]);
-                    pa[kk][3] = pack_bf16x2(sacc[2 * kk + 1][2], sacc[2 * kk + 1][3]);
-                }
+                pf_softmax_tile<NK>(sacc, m_a, m_b, l_a, l_b, sl2, o, pa);
             }
             if (tid < PF_BN) sm.off[buf ^ 1][tid] = token_off(kv0 + PF_BN, next_pi, next_page);
             cp_async_wait_all();

@@ -1,6 +1,6 @@
-// Prefill attention on Hopper's warpgroup MMA (wgmma): kern_attn_prefill_wg, two warpgroups per block sharing
-// every K / V tile. Built for sm_90a (tools/build_kernels.py MODULE_ARCH): wgmma exists only on the
-// architecture-specific target.
+// Prefill attention on Hopper's warpgroup MMA (wgmma): kern_attn_prefill_wg, warp-specialized (a producer warpgroup
+// copies K / V tiles, two consumer warpgroups compute). Built for sm_90a (tools/build_kernels.py MODULE_ARCH):
+// wgmma and setmaxnreg exist only on the architecture-specific target.
 //
 // The contract of kern_attn_prefill (same parameters, same paged reads, the same 64-token K/V tiles walked from
 // position 0, the same per-row online softmax: prefill.cuh), so every output row is bit for bit
@@ -10,45 +10,55 @@
 //   O += P V    wgmma.m64n{D}k16, A = P from registers (the S accumulator rounded to bf16: the accumulator
 //               layout of m64nNk16 is the A-fragment layout, per warp that of mma.m16n8k16), B = the V tile
 //               in shared memory (N-major, "transposed", the same swizzle).
-// A warpgroup is 4 warps, 64 rows = one wgmma M; warp w owns the 16 query rows of one q head as
-// kern_attn_prefill's warps do (G = 4: 16 positions x 4 heads per warpgroup; G = 2: 32 x 2; G = 1: 64 x 1;
-// other G: passes of 4 heads). Every warp walks the block's tiles, also those wholly past its own rows (wgmma is
-// warpgroup-wide), where kern_attn_prefill's warp skips them: there P = 0 and alpha = 1, so its rows are
-// unchanged as long as V is finite (a non-finite V at a later position of the chunk would reach them).
-// Software pipeline per warpgroup: S of tile t + 1 and O += P(t) V(t) are in
-// flight together and the softmax of tile t + 1 runs under P V (FlashAttention-3's intra-warpgroup overlap,
-// Shah et al. 2024, section 3.2). K is copied two tiles ahead and V one (cp.async, double buffers), one
-// barrier per tile. A tile is 64 tokens x 128 bytes per 64 head dims, 16-byte chunk c of token r at chunk
-// c ^ (r % 8) (the SWIZZLE_128B pattern the descriptors name), so neither the copies nor the tensor cores'
-// reads conflict; the tiles start on a 1,024-byte boundary (the pattern's period), hence 1,024 bytes of slack
-// in WG_SMEM_BYTES. A launch with less dynamic shared memory, a head_dim other than 64 / 128, or a kv_cache
-// not 16-byte aligned returns after the PDL wait without writing (tools/gen_qwen3.py keeps r32 for other
-// head_dims). grid.x >= cdiv(max q rows, 16 WGS); blocks past a sequence's rows exit; heaviest blocks first.
+// Block: 384 threads, three warpgroups (FlashAttention-3's warp specialization, Shah et al. 2024, section 3.1):
+//   warpgroup 0, the producer (setmaxnreg 40): per tile it reads the block table, writes the 64 tokens' byte
+//     addresses to shared memory, waits until the ring stage is free (mbarrier `empty`), copies the tile's K and
+//     V into it with cp.async (zero fill for absent tokens), and once the copies of the tile before have landed
+//     fences them for the async proxy and arrives on that stage's `full` mbarrier;
+//   warpgroups 1 and 2, the consumers (setmaxnreg 232): 64 query rows each, one wgmma M. Consumer warp w owns
+//     the 16 query rows of one q head as kern_attn_prefill's warps do (G = 4: 16 positions x 4 heads per
+//     warpgroup; G = 2: 32 x 2; G = 1: 64 x 1; other G: passes of 4 heads). Per tile t: wait `full` of tile
+//     t + 1, issue S(t + 1) and O += P(t) V(t) together, softmax of tile t + 1 under P V (the intra-warpgroup
+//     overlap, section 3.2), then each warp arrives on `empty` of tile t. The two consumer warpgroups take turns
+//     to issue (named barriers 2 and 3: ping-pong, section 3.1), so one's softmax runs under the other's wgmma.
+// Nothing but the mbarriers couples the three: no block-wide barrier after the start. Every consumer warp walks
+// the block's tiles, also those wholly past its own rows (wgmma is warpgroup-wide), where kern_attn_prefill's
+// warp skips them: there P = 0 and alpha = 1, so its rows are unchanged as long as V is finite (a non-finite V
+// at a later position of the chunk would reach them). O is rescaled only when a row of the warp changed its max
+// (x * 1 is x). A tile is 64 tokens x 128 bytes per 64 head dims, 16-byte chunk c of token r at chunk c ^ (r %
+// 8) (the SWIZZLE_128B pattern the descriptors name), so neither the copies nor the tensor cores' reads
+// conflict; the tiles start on a 1,024-byte boundary (the pattern's period), hence 1,024 bytes of slack in
+// WG_SMEM_BYTES. A launch with less dynamic shared memory, a head_dim other than 64 / 128, or a kv_cache not
+// 16-byte aligned returns after the PDL wait without writing (tools/gen_qwen3.py keeps r32 for other
+// head_dims). grid.x >= cdiv(max q rows, 32); blocks past a sequence's rows exit; heaviest blocks first.
 //
-// PTX ISA 8.x, "Asynchronous Warpgroup Level Matrix Multiply-Accumulate": the shared-memory matrix
-// descriptor (start, leading / stride byte offsets >> 4, swizzle mode in bits 62-63), the canonical
-// SWIZZLE_128B layouts (K-major: 8-row groups SBO apart, LBO unused; MN-major: 64-element atoms LBO apart
-// along N, 8-row groups SBO apart along K), and the fence / commit / wait rules followed below.
+// PTX ISA 8.x: "Asynchronous Warpgroup Level Matrix Multiply-Accumulate" (the shared-memory matrix descriptor:
+// start, leading / stride byte offsets >> 4, swizzle mode in bits 62-63; the canonical SWIZZLE_128B layouts,
+// K-major: 8-row groups SBO apart, LBO unused; MN-major: 64-element atoms LBO apart along N, 8-row groups SBO
+// apart along K; the fence / commit / wait rules followed below), "mbarrier" (init, arrive, try_wait.parity:
+// phase parities), "setmaxnreg", "bar.sync / bar.arrive" (named barriers).
 #include "common.cuh"
 #include "prefill.cuh"
 
-#define WG_ROWS 16                          // query rows per warp: a warpgroup is one m64 tile
+#define WG_ROWS 16                            // query rows per consumer warp: a warpgroup is one m64 tile
 #define WG_TILE_BYTES (PF_BN * PF_MAX_D * 2)  // one K or V tile at the largest head_dim: 16,384 bytes
-#define WG_CB_BYTES (PF_BN * 128)           // one 64-dim column block of a tile (8,192 bytes)
-#define WG_Q_BYTES (4 * WG_ROWS * 256)     // Q staging of one warpgroup: 64 rows of 256 bytes
+#define WG_CB_BYTES (PF_BN * 128)             // one 64-dim column block of a tile (8,192 bytes)
+#define WG_Q_BYTES (4 * WG_ROWS * 256)        // Q staging of one warpgroup: 64 rows of 256 bytes
+#define WG_STAGES 4                           // K / V ring stages (>= 3: the producer publishes a tile one late)
+#define WG_THREADS 384                        // producer + two consumer warpgroups
 
-// WGS warpgroups share each K / V tile. Dynamic shared memory: sizeof + 1,024 of alignment slack
-// (WG_SMEM_BYTES): 102,912 bytes for kern_attn_prefill_wg's two warpgroups.
-template <int WGS>
+// Dynamic shared memory: sizeof + 1,024 of alignment slack (WG_SMEM_BYTES), 169,024 bytes.
 struct PrefillSmemWg {
-    unsigned char k[2][WG_TILE_BYTES];  // K of tiles t (buffer t % 2) and t + 1
-    unsigned char v[2][WG_TILE_BYTES];  // V of tiles t and t + 1
-    unsigned char q[WGS * WG_Q_BYTES];  // Q rows, staged once per pass on their way to registers
-    int64_t off[3][PF_BN];  // tile j's token element offsets from kv_cache (-1: absent) in off[j % 3]
-    float2 sink[128 * WGS];  // written, never read: orders each thread's softmax before its wgmma wait
+    unsigned char k[WG_STAGES][WG_TILE_BYTES];  // K of tile j in stage j % WG_STAGES
+    unsigned char v[WG_STAGES][WG_TILE_BYTES];  // V of tile j, the same stage
+    unsigned char q[2 * WG_Q_BYTES];            // Q rows of both consumer warpgroups, staged once per pass
+    int64_t addr[WG_STAGES][PF_BN];             // producer only: the stage's tokens' K row byte addresses (0: absent)
+    uint64_t full[WG_STAGES];   // mbarrier, 128 producer arrivals: the stage's K and V landed
+    uint64_t empty[WG_STAGES];  // mbarrier, 8 consumer-warp arrivals: the stage's K and V were read
+    float2 sink[2 * 128];       // written, never read: orders each consumer thread's softmax before its wgmma wait
 };
-#define WG_SMEM_BYTES(wgs) (sizeof(PrefillSmemWg<wgs>) + 1024)
-static_assert(WG_SMEM_BYTES(2) == 102912, "tools/gen_qwen3.py PREFILL_ATTN['wg'] shared memory bytes");
+#define WG_SMEM_BYTES (sizeof(PrefillSmemWg) + 1024)
+static_assert(WG_SMEM_BYTES == 169024, "tools/gen_qwen3.py PREFILL_ATTN['wg'] shared memory bytes");
 
 KERN_DEV uint32_t smem_addr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
 
@@ -129,103 +139,145 @@ KERN_DEV void wgmma_pv(float (&o)[D / 8][4], const uint32_t (&pa)[4], uint64_t d
     }
 }
 
-// Copy part (K or V: part_base, 16-byte aligned) of the tile whose token element offsets are in offs[] (-1:
-// absent) into the swizzled tile at dst, asynchronously (cp.async, zero fill for absent tokens). Thread (r0 =
-// tid / 16, c = tid % 16) of THREADS copies 16-byte chunk c of tokens r0 + (THREADS / 16) i.
-template <int THREADS>
-KERN_DEV void wg_copy(unsigned char* dst, const int64_t* offs, const __nv_bfloat16* part_base, int C, int tid) {
-    constexpr int STEP = THREADS / 16;  // tokens per pass, a multiple of 8
-    const int c = tid & 15, r0 = tid >> 4;
-    if (c >= C) return;
-    const __nv_bfloat16* base = part_base + c * 8;
-    unsigned char* col = dst + (c >> 3) * WG_CB_BYTES + (((c & 7) ^ (r0 & 7)) << 4);  // (r0 + STEP i) % 8 == r0 % 8
-#pragma unroll
-    for (int i = 0; i < PF_BN / STEP; ++i) {
-        const int r = r0 + STEP * i;
-        const int64_t off = offs[r];
-        cp_async16(col + r * 128, off >= 0 ? base + off : part_base, off >= 0 ? 16 : 0);
-    }
-}
-
 // Q staging: 64 rows of 256 bytes per warpgroup, 16-byte chunk c of row r at chunk
 // (c & 8) | ((c ^ r) & 7), so ldmatrix's 8 rows of one chunk hit 8 different bank groups.
 KERN_DEV int q_chunk_byte(int r, int c) { return r * 256 + (((c & 8) | ((c ^ r) & 7)) << 4); }
 
-template <int D, int WGS>
-KERN_DEV void prefill_body_wg(PrefillSmemWg<WGS>& sm, const __nv_bfloat16* q, const __nv_bfloat16* kv_cache,
+KERN_DEV void mbar_init(uint64_t* b, uint32_t count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(b)), "r"(count) : "memory");
+}
+KERN_DEV void mbar_arrive(uint64_t* b) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(b)) : "memory");
+}
+// Until the phase of parity `parity` of barrier b completed; traps after ~2^20 polls (a hang becomes an error).
+KERN_DEV void mbar_wait(uint64_t* b, uint32_t parity) {
+    const uint32_t a = smem_addr(b);
+    for (uint32_t spins = 0;; ++spins) {
+        uint32_t ok;
+        asm volatile(
+            "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+            : "=r"(ok)
+            : "r"(a), "r"(parity)
+            : "memory");
+        if (ok) return;
+        if (spins > (1u << 20)) __trap();
+    }
+}
+KERN_DEV void named_bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
+KERN_DEV void named_bar_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
+
+template <int D>
+KERN_DEV void prefill_body_wg(PrefillSmemWg& sm, const __nv_bfloat16* q, const __nv_bfloat16* kv_cache,
                               const int32_t* bt_row, __nv_bfloat16* out, int num_q_heads, int num_kv_heads,
                               int page_tokens, int bt_stride, int num_pages, float scale, int kvh, int q_start,
                               int q_len, int ctx0, int row0, int kv_end, int hpb, int slabs, int G) {
-    constexpr int NK = D / 16;  // k-steps of S = Q K^T; O has 2 NK n8 tiles
-    constexpr int C = D / 8;    // 16-byte chunks per token row
+    constexpr int NK = D / 16;
+    constexpr int C = D / 8;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int gid = lane >> 2, tig = lane & 3, mi = lane >> 3;
-    const bool qvec = aligned16(q);
     const int64_t token_elems = (int64_t)num_kv_heads * D;
     const int64_t head_off = (int64_t)kvh * D;
-    const float sl2 = scale * LOG2E;
     const uint32_t page_limit = (uint32_t)max(num_pages, 0);
     const int tiles = (kv_end + PF_BN - 1) / PF_BN;  // block-uniform
+    const int passes = (G + hpb - 1) / hpb;
 
-    const int slab = warp / hpb;
+    if (warp < 4) {  // ---- producer warpgroup: block table -> addresses -> cp.async K / V -> full[stage]
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+        const int64_t v_delta = 2 * (int64_t)page_tokens * token_elems;
+        const int c = tid & 15, r0 = tid >> 4;  // chunk c of tokens r0 + 8 i
+        auto page_of = [&](int tok, int& pi) -> int {
+            pi = tok / page_tokens;
+            return (tok < kv_end && pi < bt_stride) ? bt_row[pi] : -1;
+        };
+        int it = 0;
+        for (int pass = 0; pass < passes; ++pass) {
+            int pi = 0, page = -1;
+            if (tid < PF_BN) page = page_of(tid, pi);
+            for (int j = 0; j < tiles; ++j, ++it) {
+                const int st = it % WG_STAGES;
+                if (tid < PF_BN) {
+                    const int tok = j * PF_BN + tid;
+                    sm.addr[st][tid] =
+                        (uint32_t)page < page_limit
+                            ? reinterpret_cast<int64_t>(kv_cache) +
+                                  2 * (((int64_t)page * 2 * page_tokens + (tok - pi * page_tokens)) * token_elems + head_off)
+                            : 0;
+                    page = page_of(tok + PF_BN, pi);  // the next tile's page, read under this tile's copies
+                }
+                named_bar_sync(1, 128);
+                mbar_wait(&sm.empty[st], ((it / WG_STAGES) & 1) ^ 1);
+                const int64_t add = c * 16;
+#pragma unroll
+                for (int i = 0; i < PF_BN / 8; ++i) {
+                    const int r = r0 + 8 * i;
+                    const int64_t a = sm.addr[st][r];
+                    const int sw = (r * 128) + (((c & 7) ^ (r & 7)) << 4) + (c >> 3) * WG_CB_BYTES;
+                    if (c < C) {
+                        cp_async16(sm.k[st] + sw, a != 0 ? reinterpret_cast<const void*>(a + add) : kv_cache, a != 0 ? 16 : 0);
+                        cp_async16(sm.v[st] + sw, a != 0 ? reinterpret_cast<const void*>(a + v_delta + add) : kv_cache,
+                                   a != 0 ? 16 : 0);
+                    }
+                }
+                cp_async_commit();
+                if (j > 0) {  // the previous tile's copies landed: publish them
+                    asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+                    fence_proxy_async_smem();
+                    mbar_arrive(&sm.full[(it - 1) % WG_STAGES]);
+                }
+            }
+            if (tiles > 0) {
+                cp_async_wait_all();
+                fence_proxy_async_smem();
+                mbar_arrive(&sm.full[(it - 1) % WG_STAGES]);
+            }
+        }
+        return;
+    }
+
+    // ---- two consumer warpgroups: cw 0 / 1, warps cwarp 0..7 as kern_attn_prefill_wg's
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+    const int cwarp = warp - 4, cw = cwarp >> 2;
+    const int gid = lane >> 2, tig = lane & 3, mi = lane >> 3;
+    const bool qvec = aligned16(q);
+    const float sl2 = scale * LOG2E;
+    const int slab = cwarp / hpb;
     const int wr0 = row0 + slab * WG_ROWS;
-    const bool rows_ok = slab < slabs && wr0 < q_len;  // warp-uniform
+    const bool rows_ok = slab < slabs && wr0 < q_len;
     const int w_first = ctx0 + wr0;
-
-    auto token_page = [&](int kv0, int& pi) -> int {
-        const int tok = kv0 + tid;
-        pi = tok / page_tokens;
-        return (tid < PF_BN && tok < kv_end && pi < bt_stride) ? bt_row[pi] : -1;
-    };
-    auto token_off = [&](int kv0, int pi, int page) -> int64_t {
-        return (uint32_t)page < page_limit
-                   ? ((int64_t)page * 2 * page_tokens + (kv0 + tid - pi * page_tokens)) * token_elems + head_off
-                   : -1;
-    };
-    // Tile j's row offsets live in off[j % 3]: its K is copied two iterations ahead, its V one.
-    auto fill_off = [&](int j) {
-        int pi;
-        const int page = token_page(j * PF_BN, pi);
-        if (tid < PF_BN) sm.off[j % 3][tid] = token_off(j * PF_BN, pi, page);
-    };
-    const __nv_bfloat16* k_base = kv_cache;
-    const __nv_bfloat16* v_base = kv_cache + (int64_t)page_tokens * token_elems;
-    auto copy_k = [&](int j) { wg_copy<128 * WGS>(sm.k[j & 1], sm.off[j % 3], k_base, C, tid); };
-    auto copy_v = [&](int j) { wg_copy<128 * WGS>(sm.v[j & 1], sm.off[j % 3], v_base, C, tid); };
-    const uint32_t k_sh = smem_addr(sm.k[0]), v_sh = smem_addr(sm.v[0]);
     unsigned char* qs = sm.q;
-    const uint32_t sink = smem_addr(&sm.sink[tid]);
+    const uint32_t k_sh = smem_addr(sm.k[0]), v_sh = smem_addr(sm.v[0]);
+    const uint32_t sink = smem_addr(&sm.sink[tid - 128]);
+    int it = 0;
 
     for (int g0 = 0; g0 < G; g0 += hpb) {
-        const int g = g0 + warp % hpb;
-        const bool active = rows_ok && g < G;  // warp-uniform
+        const int g = g0 + cwarp % hpb;
+        const bool active = rows_ok && g < G;
         const int hq = kvh * G + g;
-
         float o[2 * NK][4];
 #pragma unroll
         for (int dt = 0; dt < 2 * NK; ++dt) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
         float m_a = -CUDART_INF_F, m_b = -CUDART_INF_F, l_a = 0.0f, l_b = 0.0f;
-        uint32_t qf[NK][4];         // Q A fragments
-        float s[PF_BN / 8][4];      // S of the tile in flight
-        uint32_t pa[PF_BN / 16][4]; // P of the tile whose O += P V is next
+        uint32_t qf[NK][4];
+        float s[PF_BN / 8][4];
+        uint32_t pa[PF_BN / 16][4];
 
-        // S = Q K(j)^T issued (not waited): NK k-steps, column block kk / 4, 32 bytes per k-step within it.
         auto issue_qk = [&](int j) {
-            const uint32_t kt = k_sh + (j & 1) * WG_TILE_BYTES;
+            const uint32_t kt = k_sh + ((it + j) % WG_STAGES) * WG_TILE_BYTES;
 #pragma unroll
             for (int kk = 0; kk < NK; ++kk)
                 wgmma_m64n64k16_rs<0>(s, qf[kk], sw128_desc(kt + (kk >> 2) * WG_CB_BYTES + (kk & 3) * 32, 16, 1024),
                                       kk > 0);
             wgmma_commit();
         };
-        // O += P V(j) issued: 4 k-steps of 16 tokens (2,048 bytes apart); N = D in 64-dim atoms 8,192 apart.
         auto issue_pv = [&](int j) {
-            const uint32_t vt = v_sh + (j & 1) * WG_TILE_BYTES;
+            const uint32_t vt = v_sh + ((it + j) % WG_STAGES) * WG_TILE_BYTES;
 #pragma unroll
             for (int kk = 0; kk < PF_BN / 16; ++kk) wgmma_pv<D>(o, pa[kk], sw128_desc(vt + kk * 16 * 128, WG_CB_BYTES, 1024));
             wgmma_commit();
         };
-        // Causal mask of tile j's scores, when the tile crosses this warp's diagonal (warp-uniform).
+        auto wait_full = [&](int j) { mbar_wait(&sm.full[(it + j) % WG_STAGES], ((it + j) / WG_STAGES) & 1); };
+        auto release = [&](int j) {
+            if (lane == 0) mbar_arrive(&sm.empty[(it + j) % WG_STAGES]);
+        };
         auto mask = [&](int j) {
             const int kv0 = j * PF_BN;
             if (kv0 + PF_BN - 1 > w_first) {
@@ -241,17 +293,14 @@ KERN_DEV void prefill_body_wg(PrefillSmemWg<WGS>& sm, const __nv_bfloat16* q, co
             }
         };
 
-        __syncthreads();  // a previous pass is done with the tiles and the row tables
-        // This warp's 16 Q rows into rows 16 warp + [0, 16) of the staging: lane copies chunk lane % 16 of rows
-        // lane / 16 + 2 i; rows past q_len and idle warps get zeros.
-        {
+        {  // this warp's 16 Q rows (its own staging rows: a warp-level wait is enough)
             const int c = lane & 15;
 #pragma unroll
             for (int i = 0; i < WG_ROWS / 2; ++i) {
                 const int r = (lane >> 4) + 2 * i;
                 const bool ok = active && wr0 + r < q_len && c < C;
                 const __nv_bfloat16* src = q + ((int64_t)(q_start + wr0 + r) * num_q_heads + hq) * D + c * 8;
-                unsigned char* dst = qs + q_chunk_byte(warp * WG_ROWS + r, c);
+                unsigned char* dst = qs + q_chunk_byte(cwarp * WG_ROWS + r, c);
                 if (c >= C) continue;
                 if (qvec) {
                     cp_async16(dst, ok ? src : q, ok ? 16 : 0);
@@ -262,25 +311,18 @@ KERN_DEV void prefill_body_wg(PrefillSmemWg<WGS>& sm, const __nv_bfloat16* q, co
                     store8_vec(reinterpret_cast<__nv_bfloat16*>(dst), f);
                 }
             }
+            cp_async_commit();
+            cp_async_wait_all();
+            __syncwarp();
         }
-        fill_off(0);
-        fill_off(1);
-        fill_off(2);
-        __syncthreads();
-        if (tiles > 0) {
-            copy_k(0);
-            copy_v(0);
-        }
-        if (tiles > 1) copy_k(1);
-        cp_async_commit();  // Q, K(0), V(0), K(1)
-        cp_async_wait_all();
-        fence_proxy_async_smem();
-        __syncthreads();
 #pragma unroll
         for (int kk = 0; kk < NK; ++kk)
             ldsm_x4(qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3],
-                    qs + q_chunk_byte(warp * WG_ROWS + (mi & 1) * 8 + (lane & 7), kk * 2 + (mi >> 1)));
-        if (tiles > 0) {  // P(0)
+                    qs + q_chunk_byte(cwarp * WG_ROWS + (mi & 1) * 8 + (lane & 7), kk * 2 + (mi >> 1)));
+        // ping-pong: warpgroup cw issues its batch after the other's (bar 2 + cw); cw 1 lets cw 0 go first
+        if (cw == 1 && tiles > 1) named_bar_arrive(2, 256);
+        if (tiles > 0) {
+            wait_full(0);
             wgmma_fence();
             issue_qk(0);
             wgmma_wait<0>();
@@ -291,57 +333,39 @@ KERN_DEV void prefill_body_wg(PrefillSmemWg<WGS>& sm, const __nv_bfloat16* q, co
             pf_rescale(o, alpha_a, alpha_b);
             pf_pack_p(s, pa);
         }
-
-        // Iteration t: S(t + 1) and O += P(t) V(t) in flight together; the softmax of tile t + 1 runs under P V.
-        // The loop body is branch-free around the wgmma (ptxas serializes them when a pipeline stage is opened
-        // under a condition); the last tile's P V follows the loop.
         for (int t = 0; t + 1 < tiles; ++t) {
-            // K(t + 1) and V(t) landed; every warp is past S(t) (K buffer t % 2 is free) and past O += P(t - 1)
-            // V(t - 1) (V buffer (t + 1) % 2 is free)
-            cp_async_wait_all();
-            fence_proxy_async_smem();
-            __syncthreads();
-            if (t + 2 < tiles) copy_k(t + 2);
-            copy_v(t + 1);
-            cp_async_commit();
-            int next_pi;
-            const int next_page = token_page((t + 3) * PF_BN, next_pi);  // block-table read overlaps the math
-
-            // Each batch opens its own wgmma pipeline stage (a fence); o was rescaled and pa written above.
+            wait_full(t + 1);
+            named_bar_sync(2 + cw, 256);  // my turn to issue
             reg_fence(o);
             reg_fence_u32(pa);
             wgmma_fence();
             issue_qk(t + 1);
             wgmma_fence();
             issue_pv(t);
-            wgmma_wait<1>();  // S(t + 1) done (groups retire in commit order); P V still running
+            if (cw == 0 || t + 2 < tiles) named_bar_arrive(3 - cw, 256);  // the other's turn (cw 1 owes none at the end)
+            wgmma_wait<1>();
             reg_fence(s);
             mask(t + 1);
             float alpha_a, alpha_b;
             pf_softmax_stats(s, m_a, m_b, l_a, l_b, sl2, alpha_a, alpha_b);
-            // A shared-memory store of the row sums (which need every exp of the tile) before the wait: ptxas keeps
-            // it before the wgmma wait and so cannot hoist the wait above the softmax (it does without it).
             asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(sink), "f"(l_a), "f"(l_b) : "memory");
             wgmma_wait<0>();
             reg_fence(o);
-            reg_fence_u32(pa);  // P(t) stays in its registers until its wgmma is done
-            pf_rescale(o, alpha_a, alpha_b);
+            reg_fence_u32(pa);
+            release(t);  // K(t) (read by S(t), done last iteration) and V(t) (P V just done)
+            if (__any_sync(FULL_MASK, alpha_a != 1.0f || alpha_b != 1.0f)) pf_rescale(o, alpha_a, alpha_b);
             pf_pack_p(s, pa);
-            // off[t % 3] (tile t's) was last read by V(t)'s copy, issued before this iteration's barrier
-            if (tid < PF_BN) sm.off[t % 3][tid] = token_off((t + 3) * PF_BN, next_pi, next_page);
         }
-        if (tiles > 0) {  // O += P V of the last tile
-            cp_async_wait_all();
-            fence_proxy_async_smem();
-            __syncthreads();
+        if (tiles > 0) {
             reg_fence(o);
             reg_fence_u32(pa);
             wgmma_fence();
             issue_pv(tiles - 1);
             wgmma_wait<0>();
             reg_fence(o);
+            release(tiles - 1);
         }
-        cp_async_wait_all();  // no copy outlives the pass
+        it += tiles;
 
         if (active) {
             const int row_a = wr0 + gid, row_b = row_a + 8;
@@ -361,27 +385,23 @@ KERN_DEV void prefill_body_wg(PrefillSmemWg<WGS>& sm, const __nv_bfloat16* q, co
     }
 }
 
-// grid (>= cdiv(max_q_tokens, 16 WGS), num_kv_heads, seqs), block (128 WGS,1,1), dynamic shared memory
-// WG_SMEM_BYTES(WGS). Parameters as kern_attn_prefill.
-template <int WGS>
 KERN_DEV void attn_prefill_wg(const __nv_bfloat16* q, const __nv_bfloat16* kv_cache, const int32_t* block_table,
                               const int32_t* cu_seqlens_q, const int32_t* seq_lens, __nv_bfloat16* out,
                               int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim, int32_t page_tokens,
                               int32_t bt_stride, int32_t num_pages, float scale, unsigned char* smem) {
     kern_pdl_wait();
     kern_pdl_launch_dependents();
-    const uint32_t pad = (0u - smem_addr(smem)) & 1023u;  // tiles on a 1,024-byte boundary
-    if (dynamic_smem_bytes() < sizeof(PrefillSmemWg<WGS>) + pad) return;
-    PrefillSmemWg<WGS>& sm = *reinterpret_cast<PrefillSmemWg<WGS>*>(smem + pad);
+    const uint32_t pad = (0u - smem_addr(smem)) & 1023u;
+    if (dynamic_smem_bytes() < sizeof(PrefillSmemWg) + pad) return;
+    PrefillSmemWg& sm = *reinterpret_cast<PrefillSmemWg*>(smem + pad);
     const int kvh = blockIdx.y, s = blockIdx.z;
     const int D = head_dim;
     if (num_kv_heads <= 0 || kvh >= num_kv_heads || num_q_heads % num_kv_heads != 0 || (D != 64 && D != 128) ||
         page_tokens <= 0 || !(scale > 0.0f) || !aligned16(kv_cache))
         return;
-    constexpr int warps = 4 * WGS;
     const int G = num_q_heads / num_kv_heads;
-    const int hpb = (G <= 4 && 4 % G == 0) ? G : 4;  // heads per pass; a warpgroup is whole slabs
-    const int slabs = warps / hpb;
+    const int hpb = (G <= 4 && 4 % G == 0) ? G : 4;
+    const int slabs = 8 / hpb;
     const int qt = gridDim.x - 1 - blockIdx.x;
     const int q_start = cu_seqlens_q[s];
     const int q_len = cu_seqlens_q[s + 1] - q_start;
@@ -392,25 +412,29 @@ KERN_DEV void attn_prefill_wg(const __nv_bfloat16* q, const __nv_bfloat16* kv_ca
     const int ctx0 = seq_len - q_len;
     const int kv_end = max(0, min(seq_len, ctx0 + row0 + rows_here));
     const int32_t* bt_row = block_table + (int64_t)s * bt_stride;
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < WG_STAGES; ++i) {
+            mbar_init(&sm.full[i], 128);
+            mbar_init(&sm.empty[i], 8);
+        }
+    }
+    __syncthreads();
     if (D == 128)
-        prefill_body_wg<128, WGS>(sm, q, kv_cache, bt_row, out, num_q_heads, num_kv_heads, page_tokens, bt_stride,
-                                  num_pages, scale, kvh, q_start, q_len, ctx0, row0, kv_end, hpb, slabs, G);
+        prefill_body_wg<128>(sm, q, kv_cache, bt_row, out, num_q_heads, num_kv_heads, page_tokens, bt_stride,
+                                num_pages, scale, kvh, q_start, q_len, ctx0, row0, kv_end, hpb, slabs, G);
     else
-        prefill_body_wg<64, WGS>(sm, q, kv_cache, bt_row, out, num_q_heads, num_kv_heads, page_tokens, bt_stride,
-                                 num_pages, scale, kvh, q_start, q_len, ctx0, row0, kv_end, hpb, slabs, G);
+        prefill_body_wg<64>(sm, q, kv_cache, bt_row, out, num_q_heads, num_kv_heads, page_tokens, bt_stride,
+                               num_pages, scale, kvh, q_start, q_len, ctx0, row0, kv_end, hpb, slabs, G);
 }
 
-#define WG_ENTRY(name, wgs, min_blocks)                                                                            \
-    extern "C" __global__ void __launch_bounds__(128 * wgs, min_blocks)                                           \
-        name(const __nv_bfloat16* q, const __nv_bfloat16* kv_cache, const int32_t* block_table,                  \
-             const int32_t* cu_seqlens_q, const int32_t* seq_lens, __nv_bfloat16* out, int32_t num_q_heads,       \
-             int32_t num_kv_heads, int32_t head_dim, int32_t page_tokens, int32_t bt_stride, int32_t num_pages,    \
-             float scale) {                                                                                      \
-        extern __shared__ __align__(16) unsigned char smem[];                                                    \
-        attn_prefill_wg<wgs>(q, kv_cache, block_table, cu_seqlens_q, seq_lens, out, num_q_heads, num_kv_heads,    \
-                             head_dim, page_tokens, bt_stride, num_pages, scale, smem);                          \
-    }
-// Two warpgroups per block, one block per SM (203 registers). One warpgroup per block (two blocks per SM, twice
-// the K / V tile traffic per row) measured slower at every chunk (docs/perf.md "Prefill, tenth session").
-WG_ENTRY(kern_attn_prefill_wg, 2, 1)
-#undef WG_ENTRY
+// grid (>= cdiv(max_q_tokens, 32), num_kv_heads, seqs), block (384,1,1), dynamic shared memory WG_SMEM_BYTES.
+// Parameters as kern_attn_prefill. One block per SM (169 KB of shared memory).
+extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
+    kern_attn_prefill_wg(const __nv_bfloat16* q, const __nv_bfloat16* kv_cache, const int32_t* block_table,
+                         const int32_t* cu_seqlens_q, const int32_t* seq_lens, __nv_bfloat16* out, int32_t num_q_heads,
+                         int32_t num_kv_heads, int32_t head_dim, int32_t page_tokens, int32_t bt_stride,
+                         int32_t num_pages, float scale) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    attn_prefill_wg(q, kv_cache, block_table, cu_seqlens_q, seq_lens, out, num_q_heads, num_kv_heads, head_dim,
+                    page_tokens, bt_stride, num_pages, scale, smem);
+}

@@ -50,6 +50,17 @@ KERN_DEV uint32_t pack_bf16x2(float lo, float hi) {
     return *reinterpret_cast<const uint32_t*>(&v);
 }
 
+// 2^x with results below 2^-126 flushed to +0 (ex2.approx.ftz.f32: one MUFU.EX2; exp2f without fast math adds a
+// range check and two multiplies per call to produce denormal results). Such a probability is below 2^-126 where
+// the row's largest is 1: dropping it leaves the row sum as it was and changes an output element only when every
+// other term of that element is as small. Every prefill entry uses this one function, so they stay bit for bit
+// alike.
+KERN_DEV float pf_ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
 // Online softmax of one m-tile's 16 x 64 scores (s, in raw q.k units): s becomes the unnormalised
 // probabilities, the running max / sum of its two rows (a = gid, b = gid + 8) advance, and alpha_a / alpha_b
 // are the factors the rows' O accumulators must be multiplied by before P V of this tile is added
@@ -69,15 +80,15 @@ KERN_DEV void pf_softmax_stats(float (&s)[PF_BN / 8][4], float& m_a, float& m_b,
     const float mn_a = fmaxf(m_a, mx_a * sl2), mn_b = fmaxf(m_b, mx_b * sl2);
     const float base_a = (mn_a == -CUDART_INF_F) ? 0.0f : mn_a;
     const float base_b = (mn_b == -CUDART_INF_F) ? 0.0f : mn_b;
-    alpha_a = exp2f(m_a - base_a);
-    alpha_b = exp2f(m_b - base_b);
+    alpha_a = pf_ex2(m_a - base_a);
+    alpha_b = pf_ex2(m_b - base_b);
     float sum_a = 0.0f, sum_b = 0.0f;
 #pragma unroll
     for (int nt = 0; nt < PF_BN / 8; ++nt) {
-        s[nt][0] = exp2f(fmaf(s[nt][0], sl2, -base_a));
-        s[nt][1] = exp2f(fmaf(s[nt][1], sl2, -base_a));
-        s[nt][2] = exp2f(fmaf(s[nt][2], sl2, -base_b));
-        s[nt][3] = exp2f(fmaf(s[nt][3], sl2, -base_b));
+        s[nt][0] = pf_ex2(fmaf(s[nt][0], sl2, -base_a));
+        s[nt][1] = pf_ex2(fmaf(s[nt][1], sl2, -base_a));
+        s[nt][2] = pf_ex2(fmaf(s[nt][2], sl2, -base_b));
+        s[nt][3] = pf_ex2(fmaf(s[nt][3], sl2, -base_b));
         sum_a += s[nt][0] + s[nt][1];
         sum_b += s[nt][2] + s[nt][3];
     }

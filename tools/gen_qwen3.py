@@ -120,13 +120,13 @@ EARLY_PARTIALS: dict[str, tuple[str, int, int]] = {
 DECODE_ATTN = ("split", *EARLY_PARTIALS)
 # --prefill-attn values: name -> (entry, query rows per grid.x step, dynamic shared memory bytes, threads per
 # block); docs/kernels.md "Prefill". Every entry computes every row bit for bit alike
-# (tests/kernels/test_kernels_gpu.py): r16 / r32 on mma.sync, wg on Hopper wgmma (attention_wg.cu, two
-# warpgroups sharing each K / V tile; head_dim 64 or 128 only: PREFILL_WG_HEAD_DIMS). "auto" (the default) is
+# (tests/kernels/test_kernels_gpu.py): r16 / r32 on mma.sync, wg on Hopper wgmma (attention_wg.cu, a producer
+# warpgroup and two consumer warpgroups; head_dim 64 or 128 only: PREFILL_WG_HEAD_DIMS). "auto" (the default) is
 # wg where the head_dim allows, else r32.
 PREFILL_ATTN: dict[str, tuple[str, int, int, int]] = {
     "r16": ("kern_attn_prefill", 16, 0, 128),
     "r32": ("kern_attn_prefill_r32", 32, 105472, 128),
-    "wg": ("kern_attn_prefill_wg", 32, 102912, 256),
+    "wg": ("kern_attn_prefill_wg", 32, 169024, 384),
 }
 # head_dims kern_attn_prefill_wg is compiled for (its O += P V is one wgmma of N = head_dim)
 PREFILL_WG_HEAD_DIMS = (64, 128)
@@ -266,9 +266,9 @@ class GenOptions:
     # holds the early-contract entries. A fused one-launch entry and an L2 prefetch of later weights measured
     # slower and were removed (docs/perf.md "Decode, fourth session"; their cubins stay in kernels/)
     decode_attn: str = "wide"
-    # prefill attention (PREFILL_ATTN): "wg" kern_attn_prefill_wg (Hopper wgmma, two warpgroups per block; H200
-    # 4B: 1.13-1.19x kern_attn_prefill_r32 on a 2048 chunk after a 6k-14k prefix, 1.55x on a 512 chunk after 7.7k,
-    # docs/perf.md "Prefill, tenth session"; head_dim 64 or 128), "r32" kern_attn_prefill_r32 (mma.sync, two
+    # prefill attention (PREFILL_ATTN): "wg" kern_attn_prefill_wg (Hopper wgmma, warp-specialized: a producer
+    # warpgroup, two consumer warpgroups; H200 4B: 1.7-1.8x kern_attn_prefill_r32 on a 2048 chunk after a 6k-14k
+    # prefix, docs/perf.md "Prefill, eleventh session"; head_dim 64 or 128), "r32" kern_attn_prefill_r32 (mma.sync, two
     # m-tiles per warp), "r16" kern_attn_prefill (one); "auto": wg where the head_dim allows, else r32
     prefill_attn: str = "auto"
     # q/k norm + rope + K/V write at tokens >= 2: "warp" kern_qk_norm_rope_kv_warp (one warp per token and head;

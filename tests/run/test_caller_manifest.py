@@ -197,14 +197,14 @@ def test_attention_bounds_page_ids_by_the_pages_of_its_layer_state(opts: dict) -
 @pytest.mark.parametrize("prefill_attn", ["auto", "wg", "r32", "r16"])
 def test_prefill_attention_launch_shape(prefill_attn: str) -> None:
     """The prefill attention launch: wg (the default, "auto" at head_dim 128) covers 32 query rows per grid.x step
-    with 256 threads (two warpgroups) and 102,912 bytes of dynamic shared memory (2 x (K, V) tiles of 64 rows x
-    256 bytes, 128 staged Q rows x 256 bytes, 3 row tables of 64 x 8 bytes, 256 x 8 bytes of sink and 1 KiB of
-    alignment slack); r32 32 rows with its 105,472 bytes (sizeof(PrefillSmemR32): 128 Q rows + 2 x (K, V) tiles
+    with 384 threads (a producer and two consumer warpgroups) and 169,024 bytes of dynamic shared memory (4 ring
+    stages of (K, V) tiles of 64 rows x 256 bytes, 128 staged Q rows x 256 bytes, 4 address tables of 64 x 8
+    bytes, 2 x 4 mbarriers of 8 bytes, 256 x 8 bytes of sink and 1 KiB of alignment slack); r32 32 rows with its 105,472 bytes (sizeof(PrefillSmemR32): 128 Q rows + 2 x (K, V) tiles
     of 64 rows at 272 bytes, 1 KiB of row tables); r16 16 rows and static shared memory only."""
     m = _manifest(**({} if prefill_attn == "auto" else {"prefill_attn": prefill_attn}))
     (launch,) = m["ops"]["attn_prefill"]["launches"]
     name = "wg" if prefill_attn == "auto" else prefill_attn
-    rows, smem, threads = {"wg": (32, 4 * 64 * 256 + 128 * 256 + 3 * 64 * 8 + 256 * 8 + 1024, 256),
+    rows, smem, threads = {"wg": (32, 8 * 64 * 256 + 128 * 256 + 4 * 64 * 8 + 8 * 8 + 256 * 8 + 1024, 384),
                            "r32": (32, 128 * 272 + 4 * 64 * 272 + 2 * 64 * 8, 128), "r16": (16, 0, 128)}[name]
     assert launch["entry"] == gq.PREFILL_ATTN[name][0]
     assert launch["grid"][0] == f"cdiv(tokens, {rows})"
