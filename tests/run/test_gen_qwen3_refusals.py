@@ -310,6 +310,37 @@ def test_malformed_kernels_json_names_the_file_and_entry(raw: object, message: s
     assert str(err.value) == message
 
 
+def _without(entry: str) -> dict:
+    """The stub kernels.json with `entry` removed from its module."""
+    module = gq.KERNEL_SIGNATURES[entry][0]
+    return _stub_with(lambda r: r["modules"][module]["entries"].pop(entry))
+
+
+def test_an_entry_the_options_do_not_use_may_be_missing() -> None:
+    """kernels.json without kern_attn_prefill_wg still builds an r32 manifest (and one without the r32 entry a wg
+    one), the same bytes as with the full kernels.json; the option that needs the missing entry is refused, naming
+    the file, the entry and its module."""
+    cfg = gq.Qwen3Config.from_json(_cfg())
+    for missing, ok, needs in (("kern_attn_prefill_wg", "r32", "wg"), ("kern_attn_prefill_r32", "wg", "r32")):
+        abi = gq.KernelAbi.from_json(_without(missing), "k.json")
+        assert missing not in abi.entries
+        full = gq.build_manifest(cfg, gq.KernelAbi.from_json(gq.stub_kernels_json(), "k.json"),
+                                 gq.GenOptions("tiny", prefill_attn=ok))
+        assert gq.build_manifest(cfg, abi, gq.GenOptions("tiny", prefill_attn=ok)) == full
+        with pytest.raises(gq.GenError) as err:
+            gq.build_manifest(cfg, abi, gq.GenOptions("tiny", prefill_attn=needs))
+        module = gq.KERNEL_SIGNATURES[missing][0]
+        assert str(err.value) == (f"k.json has no entry {missing!r} (expected in module {module!r}), which these "
+                                  "options use; rebuild with tools/build_kernels.py")
+
+
+def test_an_entry_with_the_wrong_param_sizes_is_refused_even_unused() -> None:
+    raw = _stub_with(lambda r: r["modules"]["attention_wg"]["entries"]["kern_attn_prefill_wg"].update(
+        params=[[0, 8]]))
+    with pytest.raises(gq.GenError, match=r"k.json entry 'kern_attn_prefill_wg' has param sizes \[8\]"):
+        gq.KernelAbi.from_json(raw, "k.json")
+
+
 def test_cli_bad_kernels_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "m.json"
     kernels = tmp_path / "kernels.json"
