@@ -380,3 +380,19 @@ def test_against_transformers_single_file_needs_config_beside_it(sharded_ckpt: P
             assert check_request(req, ok) is None
         except RefusalError as exc:
             assert not isinstance(exc, WeightsError) and "pip install torch transformers" in str(exc)
+
+
+def test_a_weights_path_that_is_neither_file_nor_directory(tmp_path: Path) -> None:
+    """A character device (/dev/null) or a named pipe exists but holds no checkpoint: refused as such, not as a
+    path that does not exist; a missing path still says it does not exist."""
+    import os
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    for odd in (Path("/dev/null"), fifo):
+        with pytest.raises(WeightsError) as err:
+            preflight.checkpoint_files(odd)
+        assert str(err.value) == (f"weights {odd} is neither a regular file nor a directory (a device, pipe or "
+                                  "socket): pass a checkpoint directory or a .safetensors file")
+    with pytest.raises(WeightsError, match="do not exist"):
+        preflight.checkpoint_files(tmp_path / "missing")

@@ -265,6 +265,9 @@ def checkpoint_files(weights: Path) -> list[Path]:
     *.safetensors). Raises WeightsError."""
     if weights.is_file():
         return [weights]
+    if weights.exists() and not weights.is_dir():
+        raise WeightsError(f"weights {weights} is neither a regular file nor a directory (a device, pipe or "
+                           "socket): pass a checkpoint directory or a .safetensors file")
     if not weights.is_dir():
         raise WeightsError(f"weights {weights} do not exist: make them with `python tools/make_checkpoint.py "
                            f"--shape <shape> --out {weights}` or pass --weights")
