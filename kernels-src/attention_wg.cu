@@ -28,9 +28,9 @@
 // (x * 1 is x). A tile is 64 tokens x 128 bytes per 64 head dims, 16-byte chunk c of token r at chunk c ^ (r %
 // 8) (the SWIZZLE_128B pattern the descriptors name), so neither the copies nor the tensor cores' reads
 // conflict; the tiles start on a 1,024-byte boundary (the pattern's period), hence 1,024 bytes of slack in
-// WG_SMEM_BYTES. A launch with less dynamic shared memory, a head_dim other than 64 / 128, or a kv_cache not
-// 16-byte aligned returns after the PDL wait without writing (tools/gen_qwen3.py keeps r32 for other
-// head_dims). grid.x >= cdiv(max q rows, 32); blocks past a sequence's rows exit; heaviest blocks first.
+// WG_SMEM_BYTES. A launch with less dynamic shared memory, a block other than 384 threads, no q head, a head_dim
+// other than 64 / 128, or a kv_cache not 16-byte aligned returns after the PDL wait without writing
+// (tools/gen_qwen3.py keeps r32 for other head_dims). grid.x >= cdiv(max q rows, 32); blocks past a sequence's rows exit; heaviest blocks first.
 //
 // PTX ISA 8.x: "Asynchronous Warpgroup Level Matrix Multiply-Accumulate" (the shared-memory matrix descriptor:
 // start, leading / stride byte offsets >> 4, swizzle mode in bits 62-63; the canonical SWIZZLE_128B layouts,
@@ -149,10 +149,19 @@ KERN_DEV void mbar_init(uint64_t* b, uint32_t count) {
 KERN_DEV void mbar_arrive(uint64_t* b) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(b)) : "memory");
 }
-// Until the phase of parity `parity` of barrier b completed; traps after ~2^20 polls (a hang becomes an error).
+KERN_DEV uint64_t global_ns() {
+    uint64_t t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+// Until the phase of parity `parity` of barrier b completed. A wait longer than WG_WAIT_LIMIT_NS (the clock read
+// every 1,024 polls) traps, so a broken pipeline is a launch error rather than a hang; the legitimate waits here
+// last microseconds (one tile's copies or math).
+#define WG_WAIT_LIMIT_NS 10000000000ull  // 10 s
 KERN_DEV void mbar_wait(uint64_t* b, uint32_t parity) {
     const uint32_t a = smem_addr(b);
-    for (uint32_t spins = 0;; ++spins) {
+    uint64_t since = 0;
+    for (uint32_t spins = 1;; ++spins) {
         uint32_t ok;
         asm volatile(
             "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
@@ -160,7 +169,14 @@ KERN_DEV void mbar_wait(uint64_t* b, uint32_t parity) {
             : "r"(a), "r"(parity)
             : "memory");
         if (ok) return;
-        if (spins > (1u << 20)) __trap();
+        if ((spins & 1023u) == 0) {
+            const uint64_t now = global_ns();
+            if (since == 0) {
+                since = now;
+            } else if (now - since > WG_WAIT_LIMIT_NS) {
+                __trap();
+            }
+        }
     }
 }
 KERN_DEV void named_bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
@@ -396,8 +412,11 @@ KERN_DEV void attn_prefill_wg(const __nv_bfloat16* q, const __nv_bfloat16* kv_ca
     PrefillSmemWg& sm = *reinterpret_cast<PrefillSmemWg*>(smem + pad);
     const int kvh = blockIdx.y, s = blockIdx.z;
     const int D = head_dim;
-    if (num_kv_heads <= 0 || kvh >= num_kv_heads || num_q_heads % num_kv_heads != 0 || (D != 64 && D != 128) ||
-        page_tokens <= 0 || !(scale > 0.0f) || !aligned16(kv_cache))
+    // The roles are fixed warpgroups and the setmaxnreg budget is 384 threads x 168 registers (kernels.json must
+    // say 168: tests/kernels/test_build.py), so any other block size writes nothing.
+    if (blockDim.x != WG_THREADS || num_q_heads <= 0 || num_kv_heads <= 0 || kvh >= num_kv_heads ||
+        num_q_heads % num_kv_heads != 0 || (D != 64 && D != 128) || page_tokens <= 0 || !(scale > 0.0f) ||
+        !aligned16(kv_cache))
         return;
     const int G = num_q_heads / num_kv_heads;
     const int hpb = (G <= 4 && 4 % G == 0) ? G : 4;

@@ -93,6 +93,10 @@ def test_committed_kernels_json_matches_contract_and_files():
             # tile; measured, docs/perf.md "Prefill, ninth session"); anything more is a regression
             limit = {"kern_rope_table": None, "kern_attn_prefill_r32": 64}.get(entry, 0)
             assert limit is None or info["local"] <= limit, f"{entry}: {info['local']} local bytes (spills?)"
+    # kern_attn_prefill_wg moves registers between its warpgroups with setmaxnreg (producer 40, consumers 232):
+    # 128 x 40 + 256 x 232 = 65,536 - 1,024 fits only if the launch allocates exactly 168 per thread (384
+    # threads); at fewer the consumers' setmaxnreg.inc would wait forever
+    assert entries["kern_attn_prefill_wg"]["registers"] == 168
     for entry, kinds in CONTRACT.items():
         assert entry in entries, f"{entry} missing from kernels.json"
         assert entries[entry]["params"] == c_layout(kinds), f"{entry}: ABI differs from docs/kernels.md"

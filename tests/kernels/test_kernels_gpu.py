@@ -301,7 +301,8 @@ def corrupt_block_table(rng, block_table, seq_lens, page_tokens, num_pages, cach
 
 
 ATTN_CONFIGS = [(4, 2, 32, 4), (4, 2, 64, 16), (4, 2, 128, 16), (8, 1, 128, 16), (32, 8, 128, 16), (4, 2, 96, 16)]
-# prefill also: groups of 1 (64 query rows per block) and 3 (a pass of 4 warps with one idle)
+# prefill also: groups of 1 (64 query rows per block with kern_attn_prefill_r32, 128 with the wgmma entry's two
+# consumer warpgroups) and 3 (a pass of 4 warps with one idle)
 # (and pages of 4 and 64 tokens at the wgmma entry's head_dims)
 PREFILL_CONFIGS = ATTN_CONFIGS + [(4, 4, 128, 16), (6, 2, 64, 16), (4, 2, 64, 4), (8, 1, 128, 64)]
 
@@ -693,14 +694,16 @@ def test_attn_prefill_short_context_and_unaligned_q(dev, entry, hq, hkv, head_di
 
 
 REFUSALS = [(entry, "short shared memory") for entry in sorted({"kern_attn_prefill_r32"} | WG_ENTRIES)] + [
-    (entry, fault) for entry in sorted(WG_ENTRIES) for fault in ("unaligned kv_cache", "head_dim 96")]
+    (entry, fault) for entry in sorted(WG_ENTRIES)
+    for fault in ("unaligned kv_cache", "head_dim 96", "block of 256 threads", "num_q_heads 0")]
 
 
 @pytest.mark.parametrize("entry,fault", REFUSALS)
 def test_attn_prefill_refuses_launch_outside_its_contract(dev, entry, fault):
     """Launched with less dynamic shared memory than it needs (up to 1,040 bytes short: the wgmma entries' 1,024
-    of alignment slack), or (wgmma entries) a kv_cache 2 bytes past a 16-byte boundary or a head_dim it is not
-    compiled for, the entry writes nothing."""
+    of alignment slack), or (wgmma entries) a kv_cache 2 bytes past a 16-byte boundary, a head_dim it is not
+    compiled for, a block other than its 384 threads (its warpgroup roles) or no q head, the entry writes nothing
+    (and returns: no hang)."""
     rng = np.random.default_rng(5)
     hq, hkv, d, page = 4, 2, 96 if fault == "head_dim 96" else 64, 16
     cache, table = make_paged_cache(rng, page, hkv, d, np.array([40], dtype=np.int32), spare_pages=0, spare_cols=0)
@@ -711,11 +714,12 @@ def test_attn_prefill_refuses_launch_outside_its_contract(dev, entry, fault):
     d_out.poison()
     smem = PREFILL_ENTRIES[entry][1]
     kv_ptr = d_cache.ptr + (2 if fault == "unaligned kv_cache" else 0)
-    launch_attn_prefill(dev, entry, 40, hkv, 1,
-                        [("p", d_q.ptr), ("p", kv_ptr), ("p", d_bt.ptr), ("p", d_cu.ptr), ("p", d_lens.ptr),
-                         ("p", d_out.ptr), ("i", hq), ("i", hkv), ("i", d), ("i", page), ("i", table.shape[1]),
-                         ("i", cache.shape[0]), ("f", d**-0.5)],
-                        shared_mem=smem - 1040 if fault == "short shared memory" else smem)
+    rows, _, threads = PREFILL_ENTRIES[entry]
+    dev.kernel(entry).launch((cdiv(40, rows), hkv, 1), (256 if fault == "block of 256 threads" else threads,),
+                             [("p", d_q.ptr), ("p", kv_ptr), ("p", d_bt.ptr), ("p", d_cu.ptr), ("p", d_lens.ptr),
+                              ("p", d_out.ptr), ("i", 0 if fault == "num_q_heads 0" else hq), ("i", hkv), ("i", d),
+                              ("i", page), ("i", table.shape[1]), ("i", cache.shape[0]), ("f", d**-0.5)],
+                             shared_mem=smem - 1040 if fault == "short shared memory" else smem)
     assert (d_out.download(np.uint8, (40 * hq * d * 2,)) == 0xFF).all(), f"{entry} wrote output despite {fault}"
 
 
