@@ -396,3 +396,15 @@ def test_a_weights_path_that_is_neither_file_nor_directory(tmp_path: Path) -> No
                                   "socket): pass a checkpoint directory or a .safetensors file")
     with pytest.raises(WeightsError, match="do not exist"):
         preflight.checkpoint_files(tmp_path / "missing")
+
+
+@pytest.mark.parametrize("command", ["run", "test"])
+def test_an_empty_weights_flag_is_refused_not_read_as_the_current_directory(command: str, tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--weights ''` (an unset shell variable) is refused in one line before anything loads; a Path option would
+    turn it into '.', the current directory, and load whatever checkpoint is there."""
+    monkeypatch.chdir(tmp_path)
+    result = _invoke(command, "--weights", "")
+    assert result.exit_code == 2, result.output
+    assert "--weights '': an empty path (an unset shell variable?)" in result.output
+    assert "Traceback" not in result.output

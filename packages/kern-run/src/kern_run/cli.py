@@ -151,8 +151,8 @@ TargetOpt = Annotated[Optional[str], typer.Option("--target", "-t", help="kern.t
 ConfigOpt = Annotated[Optional[Path], typer.Option("--config", help="kern.toml path (default: $KERN_TOML or search up)")]
 ManifestOpt = Annotated[Optional[Path], typer.Option("--manifest", help="manifest JSON")]
 KernelsOpt = Annotated[Optional[Path], typer.Option("--kernels", help="kernels directory (<module>-<sha12>.cubin)")]
-WeightsOpt = Annotated[Optional[list[Path]], typer.Option(
-    "--weights", help="HF checkpoint directory or one .safetensors file; repeat the flag for several .safetensors "
+WeightsOpt = Annotated[Optional[list[str]], typer.Option(
+    "--weights", metavar="PATH", help="HF checkpoint directory or one .safetensors file; repeat the flag for several .safetensors "
                       "files (no directory in a list; tokenizer.json and config.json beside the first); replaces "
                       "the target's weights")]
 ChunkOpt = Annotated[Optional[int], typer.Option("--chunk", help="prefill chunk in tokens (default: the target's; "
@@ -201,11 +201,16 @@ def _guarded(command: str, level: str, fn: Any) -> Any:
         raise typer.Exit(130) from None
 
 
-def _overrides(manifest: Path | None, kernels: Path | None, weights: list[Path] | None, gpu: int | None,
+def _overrides(manifest: Path | None, kernels: Path | None, weights: list[str] | None, gpu: int | None,
                capacity: int | None, chunk: int | None) -> dict[str, Any]:
-    """The flags as config.resolve_config's overrides (None: not given); `weights`: every --weights given."""
-    return {"manifest": manifest, "kernels": kernels, "weights": weights, "gpu": gpu, "capacity": capacity,
-            "chunk": chunk}
+    """The flags as config.resolve_config's overrides (None: not given); `weights`: every --weights given, as
+    paths. Raises RefusalError for an empty --weights (taken as a str: a Path would read it as the current
+    directory and load whatever checkpoint sits there)."""
+    if weights is not None and any(w == "" for w in weights):
+        raise RefusalError("--weights '': an empty path (an unset shell variable?): give a checkpoint directory "
+                           "or a .safetensors file")
+    return {"manifest": manifest, "kernels": kernels, "weights": None if weights is None else [Path(w) for w in weights],
+            "gpu": gpu, "capacity": capacity, "chunk": chunk}
 
 
 @app.command()
