@@ -155,8 +155,9 @@ KERN_DEV uint64_t global_ns() {
     return t;
 }
 // Until the phase of parity `parity` of barrier b completed. A wait longer than WG_WAIT_LIMIT_NS (the clock read
-// every 1,024 polls) traps, so a broken pipeline is a launch error rather than a hang; the legitimate waits here
-// last microseconds (one tile's copies or math).
+// every 1,024 polls) traps, so a broken mbarrier protocol is a launch error rather than a hang; the legitimate
+// waits here last microseconds (one tile's copies or math). Only these waits: the named barriers and setmaxnreg
+// have no timeout, which is why the entry refuses every launch shape that could leave them waiting.
 #define WG_WAIT_LIMIT_NS 10000000000ull  // 10 s
 KERN_DEV void mbar_wait(uint64_t* b, uint32_t parity) {
     const uint32_t a = smem_addr(b);

@@ -19,7 +19,7 @@ The manifest (docs/manifest.md) is everything model-specific; this generator is 
   two-stage argmax into `next_token`, then `kern_decode_advance` writes the next step's inputs and
   the token ring on the device: docs/caller.md "Decode on the device").
 
-Prefill issues 10 launches per layer (add_rmsnorm, qkv GEMM, qk_norm_rope_kv, attention, o GEMM,
+Prefill issues 9 launches per layer (add_rmsnorm, qkv GEMM, qk_norm_rope_kv, attention, o GEMM,
 add_rmsnorm, gate_up GEMM, silu_mul, down GEMM) with cuBLASLt GEMMs. Decode (`--decode gemv`, the
 default, bs = 1) issues 7: the M = 1 GEMVs of kernels-src/gemv.cu fold the RMSNorms into the qkv /
 gate_up / lm_head prologues and the residual adds into the o / down epilogues (the residual stream is
@@ -36,7 +36,7 @@ Errors (exit 1, one line on stderr naming the file, key or option; nothing writt
 kernels.json that cannot be read or is not UTF-8 JSON; a config value of the wrong JSON type or range
 (integers JSON integers >= 1, tie_word_embeddings a boolean, rope_theta and rms_norm_eps finite numbers > 0); a
 kernels.json module without a sha256 string, an entry whose params are not [offset, size] integer pairs or do
-not match the kernel contract; a head_dim the kernels do not cover (kern_attn_prefill: a multiple of 16, at
+not match the kernel contract, or no entry for a kernel the options use (an entry they do not use may be missing); a head_dim the kernels do not cover (kern_attn_prefill: a multiple of 16, at
 most 128; `--decode-attn wide`: at most 128); an option out of range (--max-context, --chunk-max in
 [1, max-context], --decode-split-tokens >= 1 and a multiple of the page size, --sms >= 1, --decode-splits
 >= 0, --carveout 0..100 or -1, --gemv-threads-per-sm 32..2048); an --algos pins file that is malformed, was
@@ -273,7 +273,9 @@ class GenOptions:
     prefill_attn: str = "auto"
     # q/k norm + rope + K/V write at tokens >= 2: "warp" kern_qk_norm_rope_kv_warp (one warp per token and head;
     # head_dim a multiple of 64, at most 256, else "block"), "block" kern_qk_norm_rope_kv (one block per token and
-    # head, as at tokens = 1, where decode keeps it). Bit for bit the same rows; docs/perf.md "Prefill, ninth session"
+    # head, as at tokens = 1, where decode keeps it). Bit for bit the same rows; docs/perf.md "Prefill, ninth session".
+    # "warp" falls back to "block" (and the manifest's meta.caller.prefill_rope says so) at a head_dim the warp
+    # entry does not take or with chunk_max 1
     prefill_rope: str = "warp"
     # preferred shared-memory carveout (percent of the maximum) on every kernel launch (manifest `carveout`;
     # None: not written, the driver's choice). 100: every kernel prefers the largest shared-memory split, so
@@ -672,8 +674,10 @@ def build_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: GenOptions, config_di
         rope_block["when"] = {"tokens": [1, 1]}
         rope_warp["when"] = {"tokens": [2, opts.chunk_max]}
         rope_launches = [rope_block, rope_warp]
-    else:
+        prefill_rope = "warp"
+    else:  # --prefill-rope block, a head_dim the warp entry does not take, or no chunk of 2 tokens
         rope_launches = [rope_block]
+        prefill_rope = "block"
     b.op("qk_norm_rope_kv",
          [_ptr("qkv"), _ptr("q_norm"), _ptr("k_norm"), _ptr("rope"), _ptr("positions"), _ptr("slots"),
           _ptr("q_out"), _ptr("kv"), _int("num_pages")], rope_launches)
@@ -824,7 +828,7 @@ def build_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: GenOptions, config_di
                        "decode": opts.decode, **({"decode_gemv": opts.gemv} if opts.gemv != "v1" else {}),
                        "decode_split_tokens": opts.split_tokens, "decode_splits": num_splits,
                        "decode_attention": opts.decode_attn,
-                       "prefill_attention": prefill_attn, "prefill_rope": opts.prefill_rope,
+                       "prefill_attention": prefill_attn, "prefill_rope": prefill_rope,
                        "decode_advance": {"ring": "token_ring", "ring_len": opts.ring_len}},
             **({"cublaslt_pins": dict(opts.algos_source)} if opts.algos else {}),
         },

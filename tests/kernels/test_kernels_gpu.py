@@ -301,8 +301,8 @@ def corrupt_block_table(rng, block_table, seq_lens, page_tokens, num_pages, cach
 
 
 ATTN_CONFIGS = [(4, 2, 32, 4), (4, 2, 64, 16), (4, 2, 128, 16), (8, 1, 128, 16), (32, 8, 128, 16), (4, 2, 96, 16)]
-# prefill also: groups of 1 (64 query rows per block with kern_attn_prefill_r32, 128 with the wgmma entry's two
-# consumer warpgroups) and 3 (a pass of 4 warps with one idle)
+# prefill also: groups of 1 (64 query rows per block with kern_attn_prefill, 128 with kern_attn_prefill_r32 and the
+# wgmma entry) and 3 (a pass of 4 warps with one idle)
 # (and pages of 4 and 64 tokens at the wgmma entry's head_dims)
 PREFILL_CONFIGS = ATTN_CONFIGS + [(4, 4, 128, 16), (6, 2, 64, 16), (4, 2, 64, 4), (8, 1, 128, 64)]
 

@@ -472,13 +472,15 @@ def test_decode_gemm_projections_take_their_own_m1_pins_never_a_prefill_pin(tmp_
 def test_prefill_rope_launches(opts: dict, warp: bool | None) -> None:
     """qk_norm_rope_kv: the block entry at one token (decode keeps it), the warp entry (8 heads per 256-thread
     block) for 2..chunk_max tokens, as one `when`-group; --prefill-rope block or chunk_max 1: the block entry
-    alone. The tiny shape's head_dim decides for itself (warp when a multiple of 64)."""
+    alone. The tiny shape's head_dim decides for itself (warp when a multiple of 64). meta.caller.prefill_rope
+    names the entry used, not the option asked for."""
     shape = opts.pop("shape", "qwen3-4b")
     m = _manifest(shape=shape, **opts)
     launches = m["ops"]["qk_norm_rope_kv"]["launches"]
     if warp is None:
         d = m["meta"]["model"]["head_dim"]
         warp = d % 64 == 0 and d <= 256
+    assert m["meta"]["caller"]["prefill_rope"] == ("warp" if warp else "block")
     if not warp:
         assert [(l["entry"], "when" in l) for l in launches] == [("kern_qk_norm_rope_kv", False)]
         return
