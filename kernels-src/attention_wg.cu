@@ -30,7 +30,8 @@
 // conflict; the tiles start on a 1,024-byte boundary (the pattern's period), hence 1,024 bytes of slack in
 // WG_SMEM_BYTES. A launch with less dynamic shared memory, a block other than 384 threads, no q head, a head_dim
 // other than 64 / 128, or a kv_cache not 16-byte aligned returns after the PDL wait without writing
-// (tools/gen_qwen3.py keeps r32 for other head_dims). grid.x >= cdiv(max q rows, 32); blocks past a sequence's rows exit; heaviest blocks first.
+// (tools/gen_qwen3.py keeps r32 for other head_dims). grid.x >= cdiv(max q rows, 32); blocks past a sequence's
+// rows exit; heaviest blocks first.
 //
 // PTX ISA 8.x: "Asynchronous Warpgroup Level Matrix Multiply-Accumulate" (the shared-memory matrix descriptor:
 // start, leading / stride byte offsets >> 4, swizzle mode in bits 62-63; the canonical SWIZZLE_128B layouts,
