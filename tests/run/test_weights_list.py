@@ -21,7 +21,7 @@ from kern_run.config import RunConfig, normalize_weights, resolve_config, runtim
 from kern_run.errors import ConfigError, InputError, RefusalError, WeightsError
 from kern_run.generate import Generator
 from kern_run.text import checkpoint_dir, load_codec
-from kern_run_testutil import PROBED, FakeRuntime, make_checkpoint, make_manifest
+from kern_run_testutil import PROBED, ROOT, FakeRuntime, make_checkpoint, make_manifest
 
 SIDE_FILES = ("tokenizer.json", "config.json", "generation_config.json")
 
@@ -408,3 +408,28 @@ def test_an_empty_weights_flag_is_refused_not_read_as_the_current_directory(comm
     assert result.exit_code == 2, result.output
     assert "--weights '': an empty path (an unset shell variable?)" in result.output
     assert "Traceback" not in result.output
+
+
+def test_a_checkpoint_of_another_model_names_the_manifest(sharded_ckpt: Path) -> None:
+    """`kern test --against B` prepares two manifests against one checkpoint: the wrong-model refusal names the
+    manifest it was checked against."""
+    from kern_run.session import prepare
+
+    manifest = ROOT / "manifests" / "qwen3-4b.json"
+    cfg = RunConfig(manifest=manifest, kernels=ROOT / "kernels", weights=sharded_ckpt)
+    with pytest.raises(WeightsError) as err:
+        prepare(cfg, check_device=False)
+    assert "wrong model for this manifest" in str(err.value)
+    assert str(err.value).endswith(f"(manifest {manifest})")
+
+
+def test_a_file_that_is_not_safetensors_is_said_so_once(tmp_path: Path) -> None:
+    short = tmp_path / "short.safetensors"
+    short.write_bytes(b"garbage")
+    with pytest.raises(WeightsError) as err:
+        preflight.read_safetensors_header(short)
+    assert str(err.value).count("safetensors file") == 1 and str(err.value).endswith("(remake the checkpoint)")
+    zeros = tmp_path / "zeros.safetensors"
+    zeros.write_bytes(bytes(8))
+    with pytest.raises(WeightsError, match="header is not JSON .*: not a usable safetensors file"):
+        preflight.read_safetensors_header(zeros)

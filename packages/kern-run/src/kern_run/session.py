@@ -13,7 +13,7 @@ from typing import Any, Callable, Sequence
 
 from .config import RunConfig
 from .generate import Generator
-from .errors import InputError
+from .errors import InputError, WeightsError
 from .preflight import (
     ManifestFacts, check_kernels, check_prompt, check_weights, checkpoint_tensors, probe_device, read_manifest,
     resolve_chunk, weight_bytes,
@@ -43,7 +43,10 @@ def prepare(cfg: RunConfig, check_device: bool = True, prompts: Sequence[str] = 
     chunk = resolve_chunk(cfg.chunk, facts)
     check_kernels(facts, cfg.kernels)
     tensors = checkpoint_tensors(cfg.weights)
-    check_weights(facts, tensors, cfg.weights)
+    try:
+        check_weights(facts, tensors, cfg.weights)
+    except WeightsError as exc:  # name the manifest: `kern test --against B` prepares two
+        raise WeightsError(f"{exc} (manifest {cfg.manifest})") from None
     codec = load_codec(cfg.weights)
     prompt_ids = []
     for i, prompt in enumerate(prompts, 1):
