@@ -391,3 +391,20 @@ def test_pure_kv_lease_may_still_be_cut_at_any_length() -> None:
         h.close()
     invariant(pool)
     assert pool.held_pages == 0
+
+
+def test_refcounts_is_a_live_view_of_one_kind() -> None:
+    """`Pool.refcounts(kind)`: per-id refcounts (the scratch id held by the pool, a leased page at 1), live (a
+    lease taken later shows), and only for 'page' or 'slot'."""
+    pool = Pool(Layout.simple(P, 8, slots=3))
+    pages, slots = pool.refcounts("page"), pool.refcounts("slot")
+    assert pages[pool.scratch_page_id] == 1 and slots[pool.scratch_slot_id] == 1
+    before = list(pages)
+    lease = pool.lease(P)
+    (page,) = lease.page_ids()
+    assert before[page] == 0 and pages[page] == 1 == pool.page_refs(page)
+    assert slots[lease.seq_slot_id] == 1
+    for kind in ("pages", "lease", ""):
+        with pytest.raises(Misuse, match=r"kind is 'page' or 'slot'"):
+            pool.refcounts(kind)
+    lease.close()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import heapq
 import weakref
+from collections.abc import Sequence
 from typing import Any
 
 from .blocks import PAGES, SLOTS, Blocks
@@ -123,6 +124,14 @@ class Pool:
     @property
     def remap_in_flight(self) -> RemapPlan | None:
         return self._remap
+
+    def refcounts(self, kind: str) -> Sequence[int]:
+        """The live per-id refcounts of `kind` ("page" or "slot"), indexed by id, not copied (read it, never
+        write it): >= 0 mapped (0 free; the scratch id is held by the pool), negative a hole or an id a remap
+        in flight adds or removes. Raises Misuse for another kind."""
+        if kind not in ("page", "slot"):
+            raise Misuse(f"refcounts({kind!r}): kind is 'page' or 'slot'")
+        return self._pages.refs if kind == "page" else self._slots.refs
 
     def page_refs(self, page_id: int) -> int:
         """Direct holders of `page_id` (a chain node, leases' own pages, checkpoints' tails)."""

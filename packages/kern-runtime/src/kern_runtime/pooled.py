@@ -775,12 +775,11 @@ def _smallest_unit(layout: Layout, turn_tokens: int) -> tuple[int, str]:
 def _device_id_check(pool: Pool, name: str) -> Callable[[int], str | None]:
     """Which page (or slot) ids a plan executed here may name: mapped now (free or held; not a hole, not
     added or removed by a remap in flight) and not scratch. Reads kern_pool's per-id refcounts (>= 0:
-    mapped), so each check is O(1)."""
-    objs = pool._pages if name == "page" else pool._slots
+    mapped; `Pool.refcounts`), so each check is O(1)."""
+    refs = pool.refcounts(name)
     scratch = pool.scratch_page_id if name == "page" else pool.scratch_slot_id
 
     def why(oid: int) -> str | None:
-        refs = objs.refs
         if oid == scratch:
             return f"{name} {oid} is the scratch {name} (never leased, so never in a plan)"
         if oid >= len(refs) or refs[oid] < 0:
