@@ -479,10 +479,12 @@ class Runtime(PoolMethods, PeerMethods, StepMethods, StateMethods):
                 raise CallError(state.name, rec.call_index, rec.op, exc) from exc
         state.patched_key = key
 
-    def _enqueue(self, state: ProgramState, values: Mapping[str, int]) -> None:
+    def _enqueue(self, state: ProgramState, values: Mapping[str, int], calls: range | None = None) -> None:
+        """Patch `values` into the whole program, then enqueue its active records (of the calls in `calls`
+        only, when given) in call order (_compile keeps a call's launches together)."""
         self._patch(state, values)
         for rec in state.records:
-            if rec.active:
+            if rec.active and (calls is None or rec.call_index in calls):
                 self._enqueue_record(state, rec)
 
     def _enqueue_record(self, state: ProgramState, rec: Record) -> None:
@@ -530,10 +532,7 @@ class Runtime(PoolMethods, PeerMethods, StepMethods, StateMethods):
         if first > end:
             raise ApiError(f"run_range({program!r}): start {first} is after stop {end}")
         self._require_ready(state)  # peers connected, NCCL joined (multigpu.py)
-        self._patch(state, normalise_vars(vars, self.spec.vars, state.reads, program))
-        for rec in state.records:  # in call order (_compile), a call's launches together
-            if first <= rec.call_index < end and rec.active:
-                self._enqueue_record(state, rec)
+        self._enqueue(state, normalise_vars(vars, self.spec.vars, state.reads, program), range(first, end))
 
     def issue(self, program: str, vars: Mapping[str, int] | None = None, eager: bool = False) -> None:
         """Enqueue `program`: as its CUDA graph when it declares `graph: true` (captured on first use
