@@ -95,19 +95,17 @@ def resolve_fill(tm: Mapping[str, Any], span_bytes: int, values: Mapping[str, in
     if k is None:
         return dict(tm)
     strides = tm.get("strides") or []
+    elem = DTYPE_BYTES.get(tm["dtype"])
+    if elem is None:
+        raise ManifestError(f"{where}: dtype {tm['dtype']!r} has no element size")
     if k > 0:
         if len(strides) != k:
             raise ManifestError(f"{where}: a rank-{k + 1} map needs {k} strides, got {len(strides)}")
         row = Expr(strides[k - 1]).eval(values)
-    elif tm["dtype"] in DTYPE_BYTES:
-        row = DTYPE_BYTES[tm["dtype"]]
     else:
-        raise ManifestError(f"{where}: dtype {tm['dtype']!r} has no element size")
+        row = elem
     if row < 1:
         raise ManifestError(f"{where}: the outermost stride is {row} bytes; it must be >= 1")
-    elem = DTYPE_BYTES.get(tm["dtype"])
-    if elem is None:
-        raise ManifestError(f"{where}: dtype {tm['dtype']!r} has no element size")
     dims = list(tm["dims"])
     extent = elem  # the bytes one outermost row touches, from its start
     for i in range(k):
