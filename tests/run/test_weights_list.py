@@ -423,12 +423,7 @@ def test_a_checkpoint_of_another_model_names_the_manifest(sharded_ckpt: Path) ->
     assert str(err.value).endswith(f"(manifest {manifest})")
 
 
-def test_a_file_that_is_not_safetensors_is_said_so_once(tmp_path: Path) -> None:
-    short = tmp_path / "short.safetensors"
-    short.write_bytes(b"garbage")
-    with pytest.raises(WeightsError) as err:
-        preflight.read_safetensors_header(short)
-    assert str(err.value).count("safetensors file") == 1 and str(err.value).endswith("(remake the checkpoint)")
+def test_a_file_that_is_not_safetensors_is_refused_with_the_reason(tmp_path: Path) -> None:
     zeros = tmp_path / "zeros.safetensors"
     zeros.write_bytes(bytes(8))
     with pytest.raises(WeightsError, match="header is not JSON .*: not a usable safetensors file"):

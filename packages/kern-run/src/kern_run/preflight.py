@@ -211,9 +211,7 @@ def read_safetensors_header(path: Path) -> dict[str, tuple[str, tuple[int, ...]]
     try:
         entries = read_header(path)
     except WeightArtifactError as exc:
-        reason = str(exc)  # kern_runtime's reason may already say "not a safetensors file"
-        verdict = "" if "not a safetensors file" in reason else ": not a usable safetensors file"
-        raise WeightsError(f"weights {reason}{verdict} (remake the checkpoint)") from None
+        raise WeightsError(f"weights {exc}: not a usable safetensors file (remake the checkpoint)") from None
     return {name: (meta.dtype, meta.shape) for name, (meta, _offset, _nbytes) in entries.items()}
 
 
