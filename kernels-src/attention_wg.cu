@@ -217,7 +217,8 @@ KERN_DEV void prefill_body_wg(PrefillSmemWg& sm, const __nv_bfloat16* q, const _
                     sm.addr[st][tid] =
                         (uint32_t)page < page_limit
                             ? reinterpret_cast<int64_t>(kv_cache) +
-                                  2 * (((int64_t)page * 2 * page_tokens + (tok - pi * page_tokens)) * token_elems + head_off)
+                                  2 * (((int64_t)page * 2 * page_tokens + (tok - pi * page_tokens)) * token_elems +
+                                       head_off)
                             : 0;
                     page = page_of(tok + PF_BN, pi);  // the next tile's page, read under this tile's copies
                 }
@@ -230,7 +231,8 @@ KERN_DEV void prefill_body_wg(PrefillSmemWg& sm, const __nv_bfloat16* q, const _
                     const int64_t a = sm.addr[st][r];
                     const int sw = (r * 128) + (((c & 7) ^ (r & 7)) << 4) + (c >> 3) * WG_CB_BYTES;
                     if (c < C) {
-                        cp_async16(sm.k[st] + sw, a != 0 ? reinterpret_cast<const void*>(a + add) : kv_cache, a != 0 ? 16 : 0);
+                        cp_async16(sm.k[st] + sw, a != 0 ? reinterpret_cast<const void*>(a + add) : kv_cache,
+                                   a != 0 ? 16 : 0);
                         cp_async16(sm.v[st] + sw, a != 0 ? reinterpret_cast<const void*>(a + v_delta + add) : kv_cache,
                                    a != 0 ? 16 : 0);
                     }
@@ -360,7 +362,8 @@ KERN_DEV void prefill_body_wg(PrefillSmemWg& sm, const __nv_bfloat16* q, const _
             issue_qk(t + 1);
             wgmma_fence();
             issue_pv(t);
-            if (cw == 0 || t + 2 < tiles) named_bar_arrive(3 - cw, 256);  // the other's turn (cw 1 owes none at the end)
+            // the other's turn (cw 1 owes none after its last issue)
+            if (cw == 0 || t + 2 < tiles) named_bar_arrive(3 - cw, 256);
             wgmma_wait<1>();
             reg_fence(s);
             mask(t + 1);

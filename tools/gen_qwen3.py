@@ -36,8 +36,8 @@ Errors (exit 1, one line on stderr naming the file, key or option; nothing writt
 kernels.json that cannot be read or is not UTF-8 JSON; a config value of the wrong JSON type or range
 (integers JSON integers >= 1, tie_word_embeddings a boolean, rope_theta and rms_norm_eps finite numbers > 0); a
 kernels.json module without a sha256 string, an entry whose params are not [offset, size] integer pairs or do
-not match the kernel contract, or no entry for a kernel the options use (an entry they do not use may be missing); a head_dim the kernels do not cover (kern_attn_prefill: a multiple of 16, at
-most 128; `--decode-attn wide`: at most 128); an option out of range (--max-context, --chunk-max in
+not match the kernel contract, or no entry for a kernel the options use (an entry they do not use may be
+missing); a head_dim the kernels do not cover (kern_attn_prefill: a multiple of 16, at most 128; `--decode-attn wide`: at most 128); an option out of range (--max-context, --chunk-max in
 [1, max-context], --decode-split-tokens >= 1 and a multiple of the page size, --sms >= 1, --decode-splits
 >= 0, --carveout 0..100 or -1, --gemv-threads-per-sm 32..2048); an --algos pins file that is malformed, was
 proven for a smaller M than --chunk-max, or matches none of the model's GEMM shapes; an --out that is a
@@ -268,8 +268,8 @@ class GenOptions:
     decode_attn: str = "wide"
     # prefill attention (PREFILL_ATTN): "wg" kern_attn_prefill_wg (Hopper wgmma, warp-specialized: a producer
     # warpgroup, two consumer warpgroups; H200 4B: 1.7-1.8x kern_attn_prefill_r32 on a 2048 chunk after a 6k-14k
-    # prefix, docs/perf.md "Prefill, eleventh session"; head_dim 64 or 128), "r32" kern_attn_prefill_r32 (mma.sync, two
-    # m-tiles per warp), "r16" kern_attn_prefill (one); "auto": wg where the head_dim allows, else r32
+    # prefix, docs/perf.md "Prefill, eleventh session"; head_dim 64 or 128), "r32" kern_attn_prefill_r32
+    # (mma.sync, two m-tiles per warp), "r16" kern_attn_prefill (one); "auto": wg where the head_dim allows, else r32
     prefill_attn: str = "auto"
     # q/k norm + rope + K/V write at tokens >= 2: "warp" kern_qk_norm_rope_kv_warp (one warp per token and head;
     # head_dim a multiple of 64, at most 256, else "block"), "block" kern_qk_norm_rope_kv (one block per token and

@@ -199,8 +199,9 @@ def test_prefill_attention_launch_shape(prefill_attn: str) -> None:
     """The prefill attention launch: wg (the default, "auto" at head_dim 128) covers 32 query rows per grid.x step
     with 384 threads (a producer and two consumer warpgroups) and 169,024 bytes of dynamic shared memory (4 ring
     stages of (K, V) tiles of 64 rows x 256 bytes, 128 staged Q rows x 256 bytes, 4 address tables of 64 x 8
-    bytes, 2 x 4 mbarriers of 8 bytes, 256 x 8 bytes of sink and 1 KiB of alignment slack); r32 32 rows with its 105,472 bytes (sizeof(PrefillSmemR32): 128 Q rows + 2 x (K, V) tiles
-    of 64 rows at 272 bytes, 1 KiB of row tables); r16 16 rows and static shared memory only."""
+    bytes, 2 x 4 mbarriers of 8 bytes, 256 x 8 bytes of sink and 1 KiB of alignment slack); r32 32 rows with its
+    105,472 bytes (sizeof(PrefillSmemR32): 128 Q rows + 2 x (K, V) tiles of 64 rows at 272 bytes, 1 KiB of row
+    tables); r16 16 rows and static shared memory only."""
     m = _manifest(**({} if prefill_attn == "auto" else {"prefill_attn": prefill_attn}))
     (launch,) = m["ops"]["attn_prefill"]["launches"]
     name = "wg" if prefill_attn == "auto" else prefill_attn

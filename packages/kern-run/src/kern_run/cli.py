@@ -209,8 +209,9 @@ def _overrides(manifest: Path | None, kernels: Path | None, weights: list[str] |
     if weights is not None and any(w == "" for w in weights):
         raise RefusalError("--weights '': an empty path (an unset shell variable?): give a checkpoint directory "
                            "or a .safetensors file")
-    return {"manifest": manifest, "kernels": kernels, "weights": None if weights is None else [Path(w) for w in weights],
-            "gpu": gpu, "capacity": capacity, "chunk": chunk}
+    paths = None if weights is None else [Path(w) for w in weights]
+    return {"manifest": manifest, "kernels": kernels, "weights": paths, "gpu": gpu, "capacity": capacity,
+            "chunk": chunk}
 
 
 @app.command()
