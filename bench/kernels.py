@@ -26,7 +26,7 @@ sys.path.insert(0, str(REPO / "tools"))
 from cuda.bindings import driver as cu  # noqa: E402
 from gpu_helpers import check, open_gpu  # noqa: E402
 
-from gen_qwen3 import PREFILL_ATTN  # noqa: E402
+from gen_qwen3 import PREFILL_ATTN, rope_warp_heads  # noqa: E402
 from tools import reference_kernels as ref  # noqa: E402
 
 PEAK_BYTES_PER_S = 4.3e12
@@ -108,8 +108,8 @@ def main(argv: list[str] | None = None) -> int:
         rope_bytes = n * (width * 2 + HQ * D * 2 + 2 * HKV * D * 2 + D * 4) + 4 * D
         bench(f"qk_norm_rope_kv n={n}", "kern_qk_norm_rope_kv", (n, HQ + HKV), (D,), sets, rope_bytes)
         if n > 1:  # the prefill entry (chunks of 2 or more tokens)
-            bench(f"qk_norm_rope_kv_warp n={n}", "kern_qk_norm_rope_kv_warp", (n, cdiv(HQ + HKV, 8)), (256,), sets,
-                  rope_bytes)
+            bench(f"qk_norm_rope_kv_warp n={n}", "kern_qk_norm_rope_kv_warp", (n, cdiv(HQ + HKV, rope_warp_heads(D))),
+                  (256,), sets, rope_bytes)
 
     # decode attention, one sequence, the launch shape of manifests/qwen3-4b-v2.json: kern_attn_decode_partial_wide
     # (gen_qwen3 --decode-attn wide, 256 threads; and the 4-warp kern_attn_decode_partial_early for comparison)

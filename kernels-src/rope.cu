@@ -101,20 +101,21 @@ extern "C" __global__ void __launch_bounds__(1024) kern_qk_norm_rope_kv(
     }
 }
 
-// kern_qk_norm_rope_kv_warp: kern_qk_norm_rope_kv with one warp per (token, head) instead of one block, for
-// chunks of many tokens (H200, 4B shape, 2048 tokens alone in a graph: 82.8 us against the block version's
-// 103.7; both far from the bandwidth of their 51 MB, docs/perf.md "Prefill, ninth session"). grid (n_tokens, cdiv(Hq + Hkv, 8), 1), block
-// (256,1,1): warp w of block (t, y) takes head 8 y + w of token t. head_dim a multiple of 64 and at most 256
-// (any other launch writes nothing, after its wait). Results bit for bit kern_qk_norm_rope_kv's: lane l holds
-// elements d = l + 32 i (i < head_dim / 32), so "warp i" of the block version is element group i here; each
-// group's sum of squares uses that version's shfl_down tree (lane 0's value, broadcast) and the groups are added
-// in order from 0.0f; rotate_half pairs i with i +- head_dim / 64 in the same lane. PDL: positions /
-// slot_mapping / norm weights / rope read before the wait, qkv after it, as kern_qk_norm_rope_kv, but no early
-// trigger (no griddepcontrol.launch_dependents: the dependents launch as this grid completes): the kernel after
-// it in prefill, kern_attn_prefill_r32, holds all of an SM's registers with two blocks, and early-launched
-// blocks of it would wait on SMs this grid still needs. Measured, it made no difference (docs/perf.md
-// "Prefill, ninth session": 12.44 ms per 8k prefill with the trigger, 12.74 without); kept for the reason.
+// kern_qk_norm_rope_kv_warp: kern_qk_norm_rope_kv for chunks of many tokens, one block per 8 warps' worth of heads
+// of a token, D / 8 lanes per head (head_dim 128: two heads per warp; 64: four; 192, 256: one). grid (n_tokens,
+// cdiv(Hq + Hkv, 8 * max(1, 256 / head_dim)), 1) (a larger y is allowed: extra heads exit), block (256,1,1). head_dim
+// a multiple of 64 and at most 256 (any other launch writes nothing, after its wait). Results bit for bit
+// kern_qk_norm_rope_kv's. The lanes of a head hold, for slot p < hg = head_dim / 64 and j < 8, the elements
+// 32 p + j + 8 k and 32 (p + hg) + j + 8 k (k < 4) of groups p and p + hg (the block version's warps p and p + hg:
+// rotate_half partners, so the rotation stays in the lane). A group's sum of squares is the block version's
+// shfl_down tree exactly: its levels 16 and 8 are the lane's own (s_j + s_j+16) + (s_j+8 + s_j+24), levels 4, 2
+// and 1 an xor butterfly over the group's 8 lanes (a + b == b + a, so every lane ends with the tree's value); the
+// group sums are then added in order from 0.0f. 3 + 2 hg shuffles per lane where one warp per head needed 6 per
+// group (24 at head_dim 128, H200 4B: docs/perf.md "Prefill, eleventh session"). PDL: positions / slot_mapping /
+// norm weights / rope read before the wait, qkv after it, no early trigger (no griddepcontrol.launch_dependents: the
+// dependents launch as this grid completes, measured no different, docs/perf.md "Prefill, ninth session").
 #define ROPE_WARP_MAX_GROUPS 8  // head_dim <= 256
+#define ROPE_WARP_MAX_HG (ROPE_WARP_MAX_GROUPS / 2)
 #define FULL_MASK_ROPE 0xffffffffu
 
 extern "C" __global__ void __launch_bounds__(256) kern_qk_norm_rope_kv_warp(
@@ -124,59 +125,77 @@ extern "C" __global__ void __launch_bounds__(256) kern_qk_norm_rope_kv_warp(
     int32_t max_pos, int32_t num_pages, float eps) {
     const int lane = threadIdx.x & 31;
     const int t = blockIdx.x;
-    const int h = blockIdx.y * 8 + (threadIdx.x >> 5);
     const int D = head_dim;
-    const int groups = D / 32;
-    // warp-uniform
-    bool ok = t < n_tokens && h < num_q_heads + num_kv_heads && D > 0 && D % 64 == 0 &&
-              groups <= ROPE_WARP_MAX_GROUPS && page_tokens > 0;
+    const int groups = D / 32, hg = groups / 2;
+    // block-uniform
+    bool ok = t < n_tokens && D > 0 && D % 64 == 0 && groups <= ROPE_WARP_MAX_GROUPS && page_tokens > 0;
+    const int lanes_per_head = max(D / 8, 8);  // 8 lanes per rotate_half pair of groups
+    const int per_warp = ok ? 32 / lanes_per_head : 1;
+    const int hs = lane / lanes_per_head;  // this lane's head within the warp (hs >= per_warp: an idle lane)
+    const int p = (lane % lanes_per_head) / 8, j = lane & 7;
+    const int h = (blockIdx.y * 8 + (threadIdx.x >> 5)) * per_warp + hs;
     const int32_t pos = ok ? positions[t] : -1;
     ok = ok && pos >= 0 && pos < max_pos;
     const bool is_q = h < num_q_heads;
-    const int j = h - num_q_heads;
+    const int kvh = h - num_q_heads;
     int64_t slot = 0;
-    if (ok && !is_q) {
+    bool mine = ok && hs < per_warp && h < num_q_heads + num_kv_heads;  // this lane has a head to write
+    if (mine && !is_q) {
         slot = slot_mapping[t];
-        ok = slot >= 0 && slot < (int64_t)max(num_pages, 0) * page_tokens;
+        mine = slot >= 0 && slot < (int64_t)max(num_pages, 0) * page_tokens;
     }
-    const int half = D / 2, hg = groups / 2;  // rotate_half partner: group i +- hg
-    float wv[ROPE_WARP_MAX_GROUPS], c[ROPE_WARP_MAX_GROUPS], sn[ROPE_WARP_MAX_GROUPS];
-    if (ok) {
+    const int half = D / 2;
+    // element k of this lane in group p is d = 32 p + j + 8 k (< half), in group p + hg it is d + half
+    float wv[2][4], c[4], sn[4];
+    if (mine) {
         const float* rope_row = rope + (int64_t)pos * D;
         const __nv_bfloat16* w = is_q ? q_norm_w : k_norm_w;
 #pragma unroll
-        for (int i = 0; i < ROPE_WARP_MAX_GROUPS; ++i) {
-            if (i < groups) {
-                const int d = 32 * i + lane;
-                const int f = d < half ? d : d - half;
-                wv[i] = bf2f(w[d]);
-                c[i] = rope_row[f];
-                sn[i] = rope_row[half + f];
-            }
+        for (int k = 0; k < 4; ++k) {
+            const int d = 32 * p + j + 8 * k;  // f of rope: d for group p, (d + half) - half for group p + hg
+            wv[0][k] = bf2f(w[d]);
+            wv[1][k] = bf2f(w[d + half]);
+            c[k] = rope_row[d];
+            sn[k] = rope_row[half + d];
         }
     }
     kern_pdl_wait();  // the qkv row is the previous kernel's output; nothing is written before this
-    if (!ok) return;
+    if (!ok) return;  // block-uniform: every lane of every warp leaves together
     const int row_elems = (num_q_heads + 2 * num_kv_heads) * D;
     const __nv_bfloat16* row = qkv + (int64_t)t * row_elems;
-    const __nv_bfloat16* x_ptr = is_q ? row + (int64_t)h * D : row + (int64_t)(num_q_heads + j) * D;
-    float x[ROPE_WARP_MAX_GROUPS];
+    const __nv_bfloat16* x_ptr = is_q ? row + (int64_t)h * D : row + (int64_t)(num_q_heads + kvh) * D;
+    float x[2][4], part[2];
+#pragma unroll
+    for (int g = 0; g < 2; ++g) {
+#pragma unroll
+        for (int k = 0; k < 4; ++k) x[g][k] = mine ? bf2f(x_ptr[32 * p + j + 8 * k + g * half]) : 0.0f;
+        // the tree's levels 16 and 8 in this lane: (s_j + s_j+16) + (s_j+8 + s_j+24)
+        part[g] = (__fmul_rn(x[g][0], x[g][0]) + __fmul_rn(x[g][2], x[g][2])) +
+                  (__fmul_rn(x[g][1], x[g][1]) + __fmul_rn(x[g][3], x[g][3]));
+    }
+#pragma unroll
+    for (int o = 4; o > 0; o >>= 1) {  // levels 4, 2, 1 over the group's 8 lanes
+#pragma unroll
+        for (int g = 0; g < 2; ++g) part[g] += __shfl_xor_sync(FULL_MASK_ROPE, part[g], o);
+    }
+    // group sums in the block version's order: groups 0 .. hg - 1 (slot q's first value), then hg .. 2 hg - 1
+    const int base = lane - lane % lanes_per_head;
     float total = 0.0f;
 #pragma unroll
-    for (int i = 0; i < ROPE_WARP_MAX_GROUPS; ++i) {
-        if (i < groups) {
-            x[i] = bf2f(x_ptr[32 * i + lane]);
-            float s = __fmul_rn(x[i], x[i]);
+    for (int g = 0; g < 2; ++g) {
 #pragma unroll
-            for (int o = 16; o > 0; o >>= 1) s += __shfl_down_sync(FULL_MASK_ROPE, s, o);
-            total += __shfl_sync(FULL_MASK_ROPE, s, 0);  // block_sum's order: groups 0, 1, ... from 0.0f
+        for (int q = 0; q < ROPE_WARP_MAX_HG; ++q) {
+            const float v = __shfl_sync(FULL_MASK_ROPE, part[g], (base + 8 * q) & 31);
+            if (q < hg) total += v;
         }
     }
+    if (!mine) return;  // no shuffle follows
     const float rs = rsqrtf(total / (float)D + eps);
-    float n[ROPE_WARP_MAX_GROUPS];
+    float n[2][4];
 #pragma unroll
-    for (int i = 0; i < ROPE_WARP_MAX_GROUPS; ++i)
-        if (i < groups) n[i] = round_bf(wv[i] * round_bf(x[i] * rs));
+    for (int g = 0; g < 2; ++g)
+#pragma unroll
+        for (int k = 0; k < 4; ++k) n[g][k] = round_bf(wv[g][k] * round_bf(x[g][k] * rs));
     __nv_bfloat16* dst;
     const __nv_bfloat16* v_src = nullptr;
     __nv_bfloat16* v_dst = nullptr;
@@ -186,20 +205,19 @@ extern "C" __global__ void __launch_bounds__(256) kern_qk_norm_rope_kv_warp(
         const int64_t page = slot / page_tokens;
         const int64_t off = slot % page_tokens;
         const int64_t token_elems = (int64_t)num_kv_heads * D;
-        dst = kv_cache + ((page * 2 + 0) * page_tokens + off) * token_elems + (int64_t)j * D;
-        v_dst = kv_cache + ((page * 2 + 1) * page_tokens + off) * token_elems + (int64_t)j * D;
-        v_src = row + (int64_t)(num_q_heads + num_kv_heads + j) * D;
+        dst = kv_cache + ((page * 2 + 0) * page_tokens + off) * token_elems + (int64_t)kvh * D;
+        v_dst = kv_cache + ((page * 2 + 1) * page_tokens + off) * token_elems + (int64_t)kvh * D;
+        v_src = row + (int64_t)(num_q_heads + num_kv_heads + kvh) * D;
     }
 #pragma unroll
-    for (int i = 0; i < ROPE_WARP_MAX_GROUPS; ++i) {
-        if (i < groups) {
-            float rot = 0.0f;
-#pragma unroll
-            for (int k = 0; k < ROPE_WARP_MAX_GROUPS; ++k)  // the partner group, a compile-time index
-                if (k < groups && (i < hg ? k == i + hg : k == i - hg)) rot = i < hg ? -n[k] : n[k];
-            const int d = 32 * i + lane;
-            dst[d] = f2bf(round_bf(n[i] * c[i]) + round_bf(rot * sn[i]));
-            if (v_dst) v_dst[d] = v_src[d];
+    for (int k = 0; k < 4; ++k) {
+        const int d = 32 * p + j + 8 * k;
+        // rotate_half: y[d] = n[d] c - n[d + half] s for d < half, y[d + half] = n[d + half] c + n[d] s
+        dst[d] = f2bf(round_bf(n[0][k] * c[k]) + round_bf(-n[1][k] * sn[k]));
+        dst[d + half] = f2bf(round_bf(n[1][k] * c[k]) + round_bf(n[0][k] * sn[k]));
+        if (v_dst) {
+            v_dst[d] = v_src[d];
+            v_dst[d + half] = v_src[d + half];
         }
     }
 }

@@ -128,6 +128,12 @@ PREFILL_ATTN: dict[str, tuple[str, int, int, int]] = {
     "r32": ("kern_attn_prefill_r32", 32, 105472, 128),
     "wg": ("kern_attn_prefill_wg", 32, 169024, 384),
 }
+def rope_warp_heads(head_dim: int) -> int:
+    """Heads one 256-thread block of kern_qk_norm_rope_kv_warp covers: head_dim / 8 lanes per head, so 8 warps x
+    max(1, 256 / head_dim) (kernels-src/rope.cu)."""
+    return 8 * max(1, 256 // head_dim)
+
+
 # head_dims kern_attn_prefill_wg is compiled for (its O += P V is one wgmma of N = head_dim)
 PREFILL_WG_HEAD_DIMS = (64, 128)
 TYPE_BYTES = {"p": 8, "i32": 4, "f32": 4, "i64": 8}
@@ -669,8 +675,8 @@ def build_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: GenOptions, config_di
     rope_block = b.launch("kern_qk_norm_rope_kv", ["tokens", Hq + Hkv, 1], [D, 1, 1], rope_args, pdl=pdl_small)
     if opts.prefill_rope == "warp" and D % 64 == 0 and D <= 256 and opts.chunk_max > 1:
         # one token (decode, and 1-token chunks): the block entry; longer chunks: the warp entry (same results)
-        rope_warp = b.launch("kern_qk_norm_rope_kv_warp", ["tokens", -(-(Hq + Hkv) // 8), 1], [256, 1, 1],
-                             rope_args, pdl=pdl_small)
+        rope_warp = b.launch("kern_qk_norm_rope_kv_warp", ["tokens", -(-(Hq + Hkv) // rope_warp_heads(D)), 1],
+                             [256, 1, 1], rope_args, pdl=pdl_small)
         rope_block["when"] = {"tokens": [1, 1]}
         rope_warp["when"] = {"tokens": [2, opts.chunk_max]}
         rope_launches = [rope_block, rope_warp]

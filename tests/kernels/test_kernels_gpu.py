@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tools import reference_kernels as ref  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
-from gen_qwen3 import KERNEL_SIGNATURES, PREFILL_ATTN, PREFILL_WG_HEAD_DIMS  # noqa: E402
+from gen_qwen3 import KERNEL_SIGNATURES, PREFILL_ATTN, PREFILL_WG_HEAD_DIMS, rope_warp_heads  # noqa: E402
 
 BF = np.uint16  # device representation of bf16
 
@@ -132,10 +132,13 @@ def test_rope_table(dev, max_pos, head_dim, theta):
 
 
 # entry -> (launch of n tokens x heads: grid, block); kern_qk_norm_rope_kv_warp (head_dim a multiple of 64, at most
-# 256) must equal kern_qk_norm_rope_kv bit for bit
+# 256; head_dim / 8 lanes per head: several heads per warp at head_dim <= 128, an idle quarter at 192) must equal
+# kern_qk_norm_rope_kv bit for bit, with the generator's grid and with a larger one
 ROPE_ENTRIES = {
     "kern_qk_norm_rope_kv": lambda n, heads, d: ((n, heads), (d,)),
-    "kern_qk_norm_rope_kv_warp": lambda n, heads, d: ((n, cdiv(heads, 8)), (256,)),
+    "kern_qk_norm_rope_kv_warp": lambda n, heads, d: ((n, cdiv(heads, rope_warp_heads(d))), (256,)),
+    # one warp per head, the grid of the earlier contract: larger than needed, the extra heads exit
+    "kern_qk_norm_rope_kv_warp/wide": lambda n, heads, d: ((n, cdiv(heads, 8)), (256,)),
 }
 
 
@@ -172,7 +175,7 @@ def test_qk_norm_rope_kv(dev, entry, hq, hkv, head_dim, page_tokens):
 
     def launch(name, q_buf, cache_buf):
         grid, block = ROPE_ENTRIES[name](n_tokens, hq + hkv, head_dim)
-        dev.kernel(name).launch(
+        dev.kernel(name.split("/")[0]).launch(
             grid, block,
             [("p", d_qkv.ptr), ("p", d_qw.ptr), ("p", d_kw.ptr), ("p", d_rope.ptr), ("p", d_pos.ptr),
              ("p", d_slots.ptr), ("p", q_buf.ptr), ("p", cache_buf.ptr), ("i", n_tokens), ("i", hq), ("i", hkv),
@@ -180,7 +183,7 @@ def test_qk_norm_rope_kv(dev, entry, hq, hkv, head_dim, page_tokens):
         )
 
     launch(entry, d_q, d_cache)
-    if entry == "kern_qk_norm_rope_kv_warp" and head_dim % 64:
+    if entry.startswith("kern_qk_norm_rope_kv_warp") and head_dim % 64:
         assert (d_q.download(np.uint8, (n_tokens * hq * head_dim * 2,)) == 0xFF).all(), "q written"
         np.testing.assert_array_equal(d_cache.download(BF, cache.shape), ref.bf16_bits(cache))
         return

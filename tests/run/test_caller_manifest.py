@@ -471,8 +471,8 @@ def test_decode_gemm_projections_take_their_own_m1_pins_never_a_prefill_pin(tmp_
 @pytest.mark.parametrize(("opts", "warp"), [({}, True), ({"prefill_rope": "block"}, False), ({"chunk_max": 1}, False),
                                             ({"chunk_max": 2}, True), ({"shape": "tiny"}, None)])
 def test_prefill_rope_launches(opts: dict, warp: bool | None) -> None:
-    """qk_norm_rope_kv: the block entry at one token (decode keeps it), the warp entry (8 heads per 256-thread
-    block) for 2..chunk_max tokens, as one `when`-group; --prefill-rope block or chunk_max 1: the block entry
+    """qk_norm_rope_kv: the block entry at one token (decode keeps it), the warp entry (16 heads per 256-thread
+    block at head_dim 128) for 2..chunk_max tokens, as one `when`-group; --prefill-rope block or chunk_max 1: the block entry
     alone. The tiny shape's head_dim decides for itself (warp when a multiple of 64). meta.caller.prefill_rope
     names the entry used, not the option asked for."""
     shape = opts.pop("shape", "qwen3-4b")
@@ -490,7 +490,8 @@ def test_prefill_rope_launches(opts: dict, warp: bool | None) -> None:
     assert (block["entry"], block["when"], block["grid"]) == ("kern_qk_norm_rope_kv", {"tokens": [1, 1]},
                                                               ["tokens", heads, 1])
     assert (per_warp["entry"], per_warp["when"], per_warp["grid"], per_warp["block"]) == (
-        "kern_qk_norm_rope_kv_warp", {"tokens": [2, m["vars"]["tokens"]["max"]]}, ["tokens", -(-heads // 8), 1],
+        "kern_qk_norm_rope_kv_warp", {"tokens": [2, m["vars"]["tokens"]["max"]]},
+        ["tokens", -(-heads // gq.rope_warp_heads(m["meta"]["model"]["head_dim"])), 1],
         [256, 1, 1])
     assert per_warp["args"] == block["args"]
     km = pytest.importorskip("kern_manifest")
