@@ -550,14 +550,16 @@ def pages_of(layer: int) -> dict[str, str]:
 def build_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: GenOptions, config_digest: str = "") -> dict[str, Any]:
     """The Qwen3 manifest object (with its digest). Raises GenError for inconsistent options."""
     if opts.max_context > cfg.max_position_embeddings:
-        raise GenError(f"--max-context {opts.max_context} exceeds max_position_embeddings {cfg.max_position_embeddings}")
+        raise GenError(f"max_context (--max-context) {opts.max_context} exceeds max_position_embeddings "
+                       f"{cfg.max_position_embeddings}")
     if opts.split_tokens < 1:
-        raise GenError(f"split_tokens {opts.split_tokens}: the minimum context tokens per decode split must be >= 1 "
-                       "(--decode-split-tokens)")
+        raise GenError(f"split_tokens (--decode-split-tokens) {opts.split_tokens}: the minimum context tokens per decode "
+                       "split must be >= 1")
     if opts.split_tokens % opts.page_tokens:
-        raise GenError(f"split_tokens {opts.split_tokens} is not a multiple of page_tokens {opts.page_tokens}")
+        raise GenError(f"split_tokens (--decode-split-tokens) {opts.split_tokens} is not a multiple of page_tokens "
+                       f"{opts.page_tokens}")
     if not 1 <= opts.chunk_max <= opts.max_context:
-        raise GenError(f"chunk_max {opts.chunk_max} must lie in [1, max_context {opts.max_context}]")
+        raise GenError(f"chunk_max (--chunk-max) {opts.chunk_max} must lie in [1, max_context {opts.max_context}]")
     H, D, Hq, Hkv, I, V = cfg.hidden, cfg.head_dim, cfg.q_heads, cfg.kv_heads, cfg.intermediate, cfg.vocab
     q_dim, kv_dim = Hq * D, Hkv * D
     qkv_dim = q_dim + 2 * kv_dim
@@ -565,24 +567,26 @@ def build_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: GenOptions, config_di
     page_tokens = opts.page_tokens
     pages_per_seq = -(-opts.max_context // page_tokens)
     if opts.decode not in ("gemv", "gemm"):
-        raise GenError(f"decode {opts.decode!r}: use 'gemv' (M = 1 GEMVs) or 'gemm' (cuBLASLt)")
+        raise GenError(f"decode (--decode) {opts.decode!r}: use 'gemv' (M = 1 GEMVs) or 'gemm' (cuBLASLt)")
     if opts.m1_gemv and opts.decode != "gemm":
         raise GenError("--m1-gemv is an option of --decode gemm (the gemv decode has its own fused GEMVs)")
     if opts.gemv not in ("v1", "v2"):
-        raise GenError(f"gemv {opts.gemv!r}: use 'v1' or 'v2'")
+        raise GenError(f"gemv (--gemv) {opts.gemv!r}: use 'v1' or 'v2'")
     if opts.gemv == "v2" and opts.decode != "gemv":
         raise GenError("--gemv v2 is a wiring of --decode gemv")
     if not 32 <= opts.gemv_threads_per_sm <= 2048:
-        raise GenError(f"gemv_threads_per_sm {opts.gemv_threads_per_sm}: use 32..2048 (threads an SM holds)")
+        raise GenError(f"gemv_threads_per_sm (--gemv-threads-per-sm) {opts.gemv_threads_per_sm}: use 32..2048 (threads an "
+                       "SM holds)")
     if opts.prefill_rope not in ("warp", "block"):
-        raise GenError(f"prefill_rope {opts.prefill_rope!r}: use 'warp' or 'block'")
+        raise GenError(f"prefill_rope (--prefill-rope) {opts.prefill_rope!r}: use 'warp' or 'block'")
     if opts.prefill_attn not in (*PREFILL_ATTN, "auto"):
-        raise GenError(f"prefill_attn {opts.prefill_attn!r}: use 'auto' or one of {', '.join(map(repr, PREFILL_ATTN))}")
+        raise GenError(f"prefill_attn (--prefill-attn) {opts.prefill_attn!r}: use 'auto' or one of "
+                       f"{', '.join(map(repr, PREFILL_ATTN))}")
     if opts.prefill_attn == "wg" and cfg.head_dim not in PREFILL_WG_HEAD_DIMS:
-        raise GenError(f"prefill_attn 'wg': head_dim {cfg.head_dim} is not one of {PREFILL_WG_HEAD_DIMS} "
+        raise GenError(f"prefill_attn (--prefill-attn) 'wg': head_dim {cfg.head_dim} is not one of {PREFILL_WG_HEAD_DIMS} "
                        "(kern_attn_prefill_wg's compiled widths); use 'r32' or 'auto'")
     if opts.decode_attn not in DECODE_ATTN:
-        raise GenError(f"decode_attn {opts.decode_attn!r}: use one of {', '.join(map(repr, DECODE_ATTN))}")
+        raise GenError(f"decode_attn (--decode-attn) {opts.decode_attn!r}: use one of {', '.join(map(repr, DECODE_ATTN))}")
     if cfg.head_dim > 256:  # DEC_MAX_D of kernels-src/attention.cu: every decode partial entry writes nothing past it
         raise GenError(f"decode_attn {opts.decode_attn!r}: head_dim {cfg.head_dim} > 256 (the decode partial's limit)")
     if opts.decode_attn in EARLY_PARTIALS and cfg.head_dim > EARLY_PARTIALS[opts.decode_attn][2]:
@@ -591,14 +595,14 @@ def build_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: GenOptions, config_di
     if cfg.head_dim % 16 or cfg.head_dim > 128:  # PF_MAX_D; the mma.sync tiles (docs/kernels.md "Attention limits")
         raise GenError(f"head_dim {cfg.head_dim}: kern_attn_prefill needs a multiple of 16 and at most 128")
     if opts.sms < 1:
-        raise GenError(f"sms {opts.sms}: the target GPU's multiprocessor count must be >= 1 (--sms)")
+        raise GenError(f"sms (--sms) {opts.sms}: the target GPU's multiprocessor count must be >= 1")
     if opts.decode_splits < 0:
-        raise GenError(f"decode_splits {opts.decode_splits}: use >= 1, or 0 for the automatic count (--decode-splits)")
+        raise GenError(f"decode_splits (--decode-splits) {opts.decode_splits}: use >= 1, or 0 for the automatic count")
     if opts.carveout is not None and not 0 <= opts.carveout <= 100:
-        raise GenError(f"carveout {opts.carveout}: a percent of the maximum shared memory, 0..100 (None: write "
+        raise GenError(f"carveout (--carveout) {opts.carveout}: a percent of the maximum shared memory, 0..100 (None: write "
                        "none; the CLI's --carveout -1)")
     if opts.decode == "gemv" and opts.seqs_max != 1:
-        raise GenError(f"--decode gemv computes one row (bs = 1) but seqs max is {opts.seqs_max}: use --decode gemm")
+        raise GenError(f"decode (--decode) 'gemv' computes one row (bs = 1) but seqs_max is {opts.seqs_max}: use --decode gemm")
     num_splits = decode_num_splits(cfg, opts)
     prefill_attn = opts.prefill_attn
     if prefill_attn == "auto":

@@ -82,8 +82,8 @@ def test_split_tokens_below_one_are_refused(split_tokens: int) -> None:
     cfg = gq.Qwen3Config.from_json(_cfg())
     with pytest.raises(gq.GenError) as err:
         gq.build_manifest(cfg, STUB, gq.GenOptions("x", max_context=4096, split_tokens=split_tokens))
-    assert str(err.value) == (f"split_tokens {split_tokens}: the minimum context tokens per decode split must be "
-                              ">= 1 (--decode-split-tokens)")
+    assert str(err.value) == (f"split_tokens (--decode-split-tokens) {split_tokens}: the minimum context tokens "
+                              "per decode split must be >= 1")
 
 
 @pytest.mark.parametrize("value", ["0", "-16"])
@@ -91,13 +91,13 @@ def test_cli_split_tokens_below_one(tmp_path: Path, capsys: pytest.CaptureFixtur
     out = tmp_path / "m.json"
     assert gq.main(["--shape", "tiny", "--kernels", str(KERNELS), "--out", str(out),
                     "--decode-split-tokens", value]) == 1
-    assert _one_line(capsys).startswith(f"gen_qwen3: split_tokens {value}: ")
+    assert _one_line(capsys).startswith(f"gen_qwen3: split_tokens (--decode-split-tokens) {value}: ")
     assert not out.exists()
 
 
 @pytest.mark.parametrize(("opts", "message"), [
-    ({"sms": 0}, "sms 0: the target GPU's multiprocessor count must be >= 1 (--sms)"),
-    ({"decode_splits": -2}, "decode_splits -2: use >= 1, or 0 for the automatic count (--decode-splits)"),
+    ({"sms": 0}, "sms (--sms) 0: the target GPU's multiprocessor count must be >= 1"),
+    ({"decode_splits": -2}, "decode_splits (--decode-splits) -2: use >= 1, or 0 for the automatic count"),
 ])
 def test_other_launch_geometry_options_out_of_range(opts: dict, message: str) -> None:
     with pytest.raises(gq.GenError) as err:

@@ -270,7 +270,7 @@ def checkpoint_files(weights: Path) -> list[Path]:
                            "socket): pass a checkpoint directory or a .safetensors file")
     if not weights.is_dir():
         raise WeightsError(f"weights {weights} do not exist: make them with `python tools/make_checkpoint.py "
-                           f"--shape <shape> --out {weights}` or pass --weights")
+                           f"--shape <shape> --out {weights}`, or point --weights at an existing checkpoint")
     index = weights / "model.safetensors.index.json"
     if index.is_file():
         names = _index_shards(index)
@@ -282,7 +282,7 @@ def checkpoint_files(weights: Path) -> list[Path]:
         files = sorted(weights.glob("*.safetensors"))
     if not files:
         raise WeightsError(f"weights directory {weights} holds no .safetensors files: make one with "
-                           "tools/make_checkpoint.py or pass --weights")
+                           "tools/make_checkpoint.py, or point --weights at a checkpoint")
     return files
 
 
