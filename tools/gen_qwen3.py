@@ -277,9 +277,10 @@ class GenOptions:
     # prefix, docs/perf.md "Prefill, eleventh session"; head_dim 64 or 128), "r32" kern_attn_prefill_r32
     # (mma.sync, two m-tiles per warp), "r16" kern_attn_prefill (one); "auto": wg where the head_dim allows, else r32
     prefill_attn: str = "auto"
-    # q/k norm + rope + K/V write at tokens >= 2: "warp" kern_qk_norm_rope_kv_warp (one warp per token and head;
-    # head_dim a multiple of 64, at most 256, else "block"), "block" kern_qk_norm_rope_kv (one block per token and
-    # head, as at tokens = 1, where decode keeps it). Bit for bit the same rows; docs/perf.md "Prefill, ninth session".
+    # q/k norm + rope + K/V write at tokens >= 2: "warp" kern_qk_norm_rope_kv_warp (head_dim / 8 lanes per token and
+    # head; head_dim a multiple of 64, at most 256, else "block"), "block" kern_qk_norm_rope_kv (one block per token
+    # and head, as at tokens = 1, where decode keeps it). Bit for bit the same rows; docs/perf.md "Prefill, ninth
+    # session" and "Prefill, twelfth session".
     # "warp" falls back to "block" (and the manifest's meta.caller.prefill_rope says so) at a head_dim the warp
     # entry does not take or with chunk_max 1
     prefill_rope: str = "warp"
@@ -1100,8 +1101,8 @@ def main(argv: list[str] | None = None) -> int:
                              "kern_attn_prefill_r32 (r32) or kern_attn_prefill (r16) on mma.sync; identical rows; "
                              "auto: wg where the head_dim allows, else r32 (default %(default)s)")
     parser.add_argument("--prefill-rope", choices=["warp", "block"], default=GenOptions.prefill_rope,
-                        help="q/k norm + rope + K/V write for chunks of 2 or more tokens: one warp (warp) or one "
-                             "block (block) per token and head; identical rows (default %(default)s)")
+                        help="q/k norm + rope + K/V write for chunks of 2 or more tokens: head_dim / 8 lanes (warp) "
+                             "or one block (block) per token and head; identical rows (default %(default)s)")
     parser.add_argument("--carveout", type=int, default=GenOptions.carveout,
                         help="preferred shared-memory carveout (percent, 0..100) on every kernel launch (default "
                              "%(default)s; -1: none, the driver's choice)")
