@@ -118,8 +118,8 @@ EARLY_PARTIALS: dict[str, tuple[str, int, int]] = {
     "wide": ("kern_attn_decode_partial_wide", 256, 128),
 }
 DECODE_ATTN = ("split", *EARLY_PARTIALS)
-# --prefill-attn values: name -> (entry, query rows per grid.x step, dynamic shared memory bytes, threads per
-# block); docs/kernels.md "Prefill". Every entry computes every row bit for bit alike
+# --prefill-attn values: name -> (entry, query rows per grid.x step at a GQA group of 4, dynamic shared memory
+# bytes, threads per block); docs/kernels.md "Prefill". Every entry computes every row bit for bit alike
 # (tests/kernels/test_kernels_gpu.py): r16 / r32 on mma.sync, wg on Hopper wgmma (attention_wg.cu, a producer
 # warpgroup and two consumer warpgroups; head_dim 64 or 128 only: PREFILL_WG_HEAD_DIMS). "auto" (the default) is
 # wg where the head_dim allows, else r32.
@@ -128,6 +128,17 @@ PREFILL_ATTN: dict[str, tuple[str, int, int, int]] = {
     "r32": ("kern_attn_prefill_r32", 32, 105472, 128),
     "wg": ("kern_attn_prefill_wg", 32, 169024, 384),
 }
+
+
+def prefill_rows_per_block(rows_at_group4: int, group: int) -> int:
+    """Query rows (tokens) one block of a prefill attention entry covers for a GQA group of `group` q heads per kv
+    head: the entries give hpb = group heads to a pass when group divides 4, else 4, and 4 / hpb times the rows
+    of a group of 4 (kernels-src/attention.cu, attention_wg.cu: `hpb`, `slabs`). The launch's grid.x is
+    cdiv(tokens, this); a larger grid is allowed (its extra blocks exit)."""
+    hpb = group if group <= 4 and 4 % group == 0 else 4
+    return rows_at_group4 * (4 // hpb)
+
+
 def rope_warp_heads(head_dim: int) -> int:
     """Heads one 256-thread block of kern_qk_norm_rope_kv_warp covers: head_dim / 8 lanes per head, so 8 warps x
     max(1, 256 / head_dim) (kernels-src/rope.cu)."""
@@ -696,7 +707,8 @@ def build_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: GenOptions, config_di
     b.op("attn_prefill",
          [_ptr("q"), _ptr("kv"), _ptr("block_table"), _ptr("cu_seqlens_q"), _ptr("seq_lens"), _ptr("out"),
           _int("num_pages")],
-         [b.launch(prefill_entry, [f"cdiv(tokens, {prefill_rows})", Hkv, "seqs"], [prefill_threads, 1, 1],
+         [b.launch(prefill_entry, [f"cdiv(tokens, {prefill_rows_per_block(prefill_rows, Hq // Hkv)})", Hkv, "seqs"],
+                   [prefill_threads, 1, 1],
                    [{"arg": "q"}, {"arg": "kv"}, {"arg": "block_table"}, {"arg": "cu_seqlens_q"}, {"arg": "seq_lens"},
                     {"arg": "out"}, {"i32": Hq}, {"i32": Hkv}, {"i32": D}, {"i32": page_tokens},
                     {"i32": pages_per_seq}, num_pages_i32, {"f32": scale}], shared_mem=prefill_smem)])

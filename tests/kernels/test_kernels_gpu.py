@@ -22,7 +22,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tools import reference_kernels as ref  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
-from gen_qwen3 import KERNEL_SIGNATURES, PREFILL_ATTN, PREFILL_WG_HEAD_DIMS, rope_warp_heads  # noqa: E402
+from gen_qwen3 import (  # noqa: E402
+    KERNEL_SIGNATURES, PREFILL_ATTN, PREFILL_WG_HEAD_DIMS, prefill_rows_per_block, rope_warp_heads,
+)
 
 BF = np.uint16  # device representation of bf16
 
@@ -593,14 +595,17 @@ def built(dev, entry):
     return any(entry in info["entries"] for info in dev.meta["modules"].values())
 
 
-def launch_attn_prefill(dev, entry, max_q, hkv, seqs, args, shared_mem=None):
+def launch_attn_prefill(dev, entry, max_q, hq, hkv, seqs, args, shared_mem=None, extra_blocks=0):
+    """The generator's launch of `entry` (grid.x = cdiv(max_q, rows per block at the GQA group hq / hkv)), plus
+    `extra_blocks` along x (a larger grid is allowed: those blocks exit)."""
     rows, smem, threads = PREFILL_ENTRIES[entry]
-    dev.kernel(entry).launch((cdiv(max_q, rows), hkv, seqs), (threads,), args,
+    grid_x = cdiv(max_q, prefill_rows_per_block(rows, hq // hkv)) + extra_blocks
+    dev.kernel(entry).launch((grid_x, hkv, seqs), (threads,), args,
                              shared_mem=smem if shared_mem is None else shared_mem)
 
 
 def run_attn_prefill(dev, rng, hq, hkv, head_dim, page_tokens, plan, bound=None, entry="kern_attn_prefill",
-                     seq_lens=None, q_misalign=False):
+                     seq_lens=None, q_misalign=False, extra_blocks=0):
     """Launch `entry` over the chunks of `plan` ((cached prefix, chunk length) per sequence) and check
     every sequence's rows against ref.attn_prefill. `bound` None: num_pages = the cache's page count and an
     intact block table; else num_pages = bound(cache_pages) and a table from corrupt_block_table, whose
@@ -608,7 +613,8 @@ def run_attn_prefill(dev, rng, hq, hkv, head_dim, page_tokens, plan, bound=None,
     other than kern_attn_prefill (every one is in PREFILL_BITWISE), also launch kern_attn_prefill on the same
     inputs: the two outputs must be identical bit for bit. `seq_lens` (optional) replaces prefix + chunk per
     sequence: shorter than the chunk puts its first rows at negative positions (no key: zeros). `q_misalign`: q
-    starts 4 bytes past a 16-byte boundary (the element-load path for Q). Returns the output bits."""
+    starts 4 bytes past a 16-byte boundary (the element-load path for Q). `extra_blocks`: launch `entry` with that
+    many more blocks along x than the generator does. Returns the output bits."""
     if not built(dev, entry):
         pytest.fail(f"{entry} not built (kernels/kernels.json)")
     q_lens = np.array([c for _, c in plan], dtype=np.int32)
@@ -638,12 +644,12 @@ def run_attn_prefill(dev, rng, hq, hkv, head_dim, page_tokens, plan, bound=None,
                 ("p", d_out.ptr), ("i", hq), ("i", hkv), ("i", head_dim), ("i", page_tokens), ("i", bt_stride),
                 ("i", num_pages), ("f", scale)]
 
-    launch_attn_prefill(dev, entry, int(q_lens.max()), hkv, seqs, args(d_out))
+    launch_attn_prefill(dev, entry, int(q_lens.max()), hq, hkv, seqs, args(d_out), extra_blocks=extra_blocks)
     bits = d_out.download(BF, (total, hq * head_dim))
     if entry != "kern_attn_prefill":
         d_base = dev.alloc(total * hq * head_dim * 2)
         d_base.poison()
-        launch_attn_prefill(dev, "kern_attn_prefill", int(q_lens.max()), hkv, seqs, args(d_base))
+        launch_attn_prefill(dev, "kern_attn_prefill", int(q_lens.max()), hq, hkv, seqs, args(d_base))
         base = d_base.download(BF, (total, hq * head_dim))
         diff = np.flatnonzero(bits != base)
         assert entry in PREFILL_BITWISE
@@ -685,6 +691,15 @@ def test_attn_prefill_long_chunks(dev, entry, hq, hkv, head_dim, page_tokens):
     rng = np.random.default_rng(hq * 29 + head_dim)
     run_attn_prefill(dev, rng, hq, hkv, head_dim, page_tokens, [(0, 511), (1000, 257), (64, 31), (5, 33)],
                      entry=entry)
+
+
+@pytest.mark.parametrize("entry,hq,hkv,head_dim", prefill_cases([(8, 8, 128), (16, 8, 64), (32, 8, 128)]))
+def test_attn_prefill_grid_larger_than_needed(dev, entry, hq, hkv, head_dim):
+    """Groups of 1, 2 and 4 (a block covers 4x, 2x and 1x the rows of a group of 4): three more blocks along x than
+    the generator launches exit without writing (the rows still equal the reference and kern_attn_prefill's); the
+    heaviest-first order (qt = gridDim.x - 1 - blockIdx.x) does not depend on the grid being tight."""
+    rng = np.random.default_rng(hq * 13 + head_dim)
+    run_attn_prefill(dev, rng, hq, hkv, head_dim, 16, [(0, 130), (40, 257), (9, 1)], entry=entry, extra_blocks=3)
 
 
 @pytest.mark.parametrize("entry,hq,hkv,head_dim", prefill_cases([(32, 8, 128), (16, 2, 64), (6, 2, 64)]))

@@ -215,6 +215,32 @@ def test_prefill_attention_launch_shape(prefill_attn: str) -> None:
     assert m["meta"]["caller"]["prefill_attention"] == name
 
 
+@pytest.mark.parametrize(("q_heads", "kv_heads", "scale"), [(2, 2, 4), (4, 2, 2), (8, 2, 1), (6, 2, 1), (16, 2, 1)])
+@pytest.mark.parametrize("prefill_attn", ["wg", "r32", "r16"])
+def test_prefill_attention_grid_follows_the_group(q_heads: int, kv_heads: int, scale: int, prefill_attn: str) -> None:
+    """A block of every prefill entry covers 4 / hpb times the rows it covers at a GQA group of 4 (hpb = the group
+    when it divides 4, else 4 heads per pass): groups 1 and 2 launch a quarter and a half of the blocks that a
+    group of 4 would (before, their extra blocks only exited), groups 3 and 8 as many."""
+    cfg_json = {**mc.config_json(mc.SHAPES["tiny"]), "num_attention_heads": q_heads, "num_key_value_heads": kv_heads,
+                "head_dim": 128}
+    m = gq.build_manifest(gq.Qwen3Config.from_json(cfg_json), gq.KernelAbi.from_json(gq.stub_kernels_json()),
+                          gq.GenOptions("tiny", prefill_attn=prefill_attn))
+    (launch,) = m["ops"]["attn_prefill"]["launches"]
+    rows = gq.PREFILL_ATTN[prefill_attn][1]
+    assert launch["grid"] == [f"cdiv(tokens, {rows * scale})", kv_heads, "seqs"]
+
+
+def test_committed_manifests_launch_the_prefill_attention_per_group() -> None:
+    """qwen3-0.6b and the tiny shape (16 / 8 and 4 / 2 heads: groups of 2) cover 64 rows per wg block; the 4B and
+    tiny-en (groups of 4) 32."""
+    want = {"qwen3-0.6b": 64, "qwen3-tiny": 64, "qwen3-tiny-v2": 64, "qwen3-4b": 32, "qwen3-4b-v2": 32,
+            "qwen3-4b-c2048": 32, "qwen3-tiny-en": 32, "qwen3-tiny-en-gemm": 32}
+    for name, rows in want.items():
+        m = json.loads((ROOT / "manifests" / f"{name}.json").read_text())
+        (launch,) = m["ops"]["attn_prefill"]["launches"]
+        assert (launch["entry"], launch["grid"][0]) == ("kern_attn_prefill_wg", f"cdiv(tokens, {rows})"), name
+
+
 def test_prefill_attention_auto_keeps_r32_where_wg_has_no_width() -> None:
     """head_dim 96 (a multiple of 16, not one kern_attn_prefill_wg is compiled for): "auto" picks r32, and asking
     for wg is refused with the reason."""
