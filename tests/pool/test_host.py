@@ -523,3 +523,45 @@ def test_a_partial_wake_re_parks_on_the_full_host_page() -> None:
     again.close()
     invariant(pool, host=host)
     assert host.free_pages == 6
+
+
+def test_one_host_tier_per_pool() -> None:
+    """A second live Host on a pool is refused: the pool's chain nodes hold one weak link to a parked page, and a
+    second tier read the first one's links (its room planned too few pages and parked into the other's host
+    ids). Once the first tier is dropped, a new one may be made."""
+    pool = Pool(Layout.simple(P, 8))
+    first = Host(pool, 8)
+    with pytest.raises(Misuse, match="this pool already has a host tier"):
+        Host(pool, 8)
+    lease = pool.lease(4 * P)
+    parked = first.park_now(pool.checkpoint(lease, 2 * P))
+    assert parked.host_page_ids() == [0, 1]
+    parked.close()
+    del parked, first
+    gc.collect()
+    second = Host(pool, 8)
+    room = second.room(pool.checkpoint(lease, 4 * P))
+    assert room.num_host_pages == 4  # none of the dropped tier's pages counts as already parked
+    room.close()
+    lease.close()
+    second.check()
+    pool.check()
+
+
+def test_a_closed_waking_hands_out_no_lease() -> None:
+    """close() before land() releases the woken lease; land() and .lease then raise Closed (before, .lease
+    returned the closed lease)."""
+    pool, host, mem = setup(pages=8, slots=2, host_pages=8, host_slots=2)
+    lease = pool.lease(8)
+    mem.write(lease, 0, list(range(1, 9)))
+    parked = host.park_now(pool.checkpoint(lease, 8))
+    lease.close()
+    waking = host.wake(parked, 8, 8)
+    assert waking.close() is True
+    with pytest.raises(Closed):
+        waking.land()
+    with pytest.raises(Closed):
+        waking.lease  # noqa: B018
+    parked.close()
+    invariant(pool, host=host)
+    assert pool.free_pages == 8

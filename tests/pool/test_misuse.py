@@ -408,3 +408,28 @@ def test_refcounts_is_a_live_view_of_one_kind() -> None:
         with pytest.raises(Misuse, match=r"kind is 'page' or 'slot'"):
             pool.refcounts(kind)
     lease.close()
+
+
+@pytest.mark.parametrize("bad", [None, object(), "plan"])
+def test_land_of_something_not_a_plan_is_misuse(bad: Any) -> None:
+    pool = Pool(Layout.simple(P, 4))
+    with pytest.raises(Misuse, match=f"land\\(\\) needs the RemapPlan in flight, got {type(bad).__name__}"):
+        pool.land(bad)
+    pool.check()
+
+
+@pytest.mark.parametrize("bad", [None, "layout", 16])
+def test_pool_needs_a_layout(bad: Any) -> None:
+    with pytest.raises(Misuse, match=f"Pool needs a Layout, got {type(bad).__name__}"):
+        Pool(bad)
+
+
+def test_page_refs_refuses_ids_outside_the_pool() -> None:
+    """-1 used to read the last page's count (Python indexing), a large id raised IndexError."""
+    pool = Pool(Layout.simple(P, 4))
+    lease = pool.lease(2 * P)
+    assert [pool.page_refs(i) for i in lease.page_ids()] == [1, 1]
+    for bad in (-1, 5, 10**6, 1.0):
+        with pytest.raises(Misuse, match="page_refs"):
+            pool.page_refs(bad)
+    lease.close()

@@ -86,3 +86,27 @@ def test_whole_capacities_still_accepted(tmp_path: Path, capsys: pytest.CaptureF
         assert main(["simulate", str(trace), "--capacity", capacity, "--json"]) == 0
     assert main(["simulate", str(trace), "--host-tokens", "512"]) == 0
     capsys.readouterr()
+
+
+def test_an_integer_over_the_digit_limit_is_refused_with_its_line(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(GOOD + '{"input_length": 1' + "0" * 5000 + ', "hash_ids": [1]}\n')
+    _refused(capsys, ["simulate", str(trace)], f"{trace}:2: not a request", "4300")
+
+
+def test_a_trace_that_is_not_a_regular_file(capsys: pytest.CaptureFixture[str]) -> None:
+    _refused(capsys, ["simulate", "/dev/null"], "trace /dev/null is not a regular file")
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--capacity", "1e9", "--page-tokens", "1"], "--capacity 1e+09 tokens at --page-tokens 1 is 1000000000 pages"),
+    (["--host-tokens", "1e9", "--page-tokens", "16"], "--host-tokens 1e+09 tokens at --page-tokens 16"),
+    (["--sweep", "--page-tokens", "4"], "--capacity 5e+07 tokens at --page-tokens 4"),
+])
+def test_pools_of_too_many_pages_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str],
+                                             needle: str) -> None:
+    """MAX_TOKENS bounds tokens; at a page of a few tokens that is still 1e9 page ids in Python lists."""
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(GOOD)
+    _refused(capsys, ["simulate", str(trace), *argv], needle, "over the 4194304 a replay allocates")

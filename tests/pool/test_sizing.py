@@ -92,3 +92,44 @@ def test_simple_layout_is_page_sized_blocks() -> None:
     assert layout.num_blocks == 4 + 3
     assert layout.initial_pages == 4 and layout.initial_slots == 3
     assert layout.va_bytes_per_state == 7 * MIB
+
+
+def test_page_units_must_divide_the_largest() -> None:
+    """16 and 24 tokens: a 24-token page holds no whole number of 16-token pages, so the layout is refused,
+    naming both (4 and 8 above are accepted)."""
+    a = PooledState("a", bytes_per_token=MIB, page_tokens=16)
+    b = PooledState("b", bytes_per_token=MIB, page_tokens=24)
+    with pytest.raises(Misuse, match="must divide the largest, 24; got a 16, b 24"):
+        Layout.from_capacity([a, b], Capacity(tokens=96, seqs=0))
+
+
+def test_states_may_be_any_iterable_of_pooled_states() -> None:
+    """A generator of states is read once: its per-seq state is not lost between the paged and per-seq passes."""
+    kv = PooledState("kv", bytes_per_token=1024, page_tokens=16)
+    rec = PooledState("rec", bytes_per_seq=MIB)
+    from_list = Layout.from_capacity([kv, rec], Capacity(tokens=1024, seqs=1))
+    from_gen = Layout.from_capacity((s for s in [kv, rec]), Capacity(tokens=1024, seqs=1))
+    assert from_gen == from_list
+    assert from_gen.slot_bytes == (MIB,)
+    assert block_bytes_for(iter([4 * MIB])) == block_bytes_for([4 * MIB]) == 2 * MIB
+
+
+@pytest.mark.parametrize(("call", "needle"), [
+    (lambda: Layout.from_capacity([("kv", 1)], Capacity(100, 1)), "states[0] is a tuple, expected a PooledState"),
+    (lambda: Layout.from_capacity([PooledState("kv", bytes_per_token=1, page_tokens=16)], None),
+     "from_capacity needs a Capacity, got NoneType"),
+    (lambda: Layout.from_capacity(PooledState("kv", bytes_per_token=1, page_tokens=16), Capacity(100, 1)),
+     "states must be a sequence of PooledState"),
+    (lambda: PooledState(None, bytes_per_token=1, page_tokens=16), "name must be a non-empty str, got None"),
+    (lambda: PooledState("", bytes_per_seq=1), "name must be a non-empty str"),
+    (lambda: Layout(16, [MIB], (), MIB, 4, 2, 0), "Layout page_bytes must be a tuple, got list"),
+    (lambda: Layout(16, MIB, (), MIB, 4, 2, 0), "Layout page_bytes must be a tuple, got int"),
+    (lambda: Layout(16, (MIB,), (), MIB, 4, 2, 0, states=("a", "b", "c")), "one distinct non-empty name per"),
+    (lambda: Layout(16, (MIB, MIB), (), MIB, 4, 2, 0, states=("a", "a")), "one distinct non-empty name per"),
+    (lambda: Layout.simple(16, 10**19), "ids are int32 on the device, at most 2147483646"),
+    (lambda: block_bytes_for("abc"), "object sizes must be a sequence of ints, got str"),
+])
+def test_layout_inputs_of_the_wrong_kind_are_misuse(call, needle: str) -> None:
+    with pytest.raises(Misuse) as err:
+        call()
+    assert needle in str(err.value)

@@ -94,8 +94,9 @@ def shapes(draw: st.DrawFn) -> Shape:
     n_paged = draw(st.one_of(st.integers(0, 4), st.integers(0, 80)))
     n_seq = draw(st.integers(0 if n_paged else 1, 4))
     per_token = st.one_of(st.integers(1, 16 * 1024), st.integers(1, 2 * MIB))
-    states = [PooledState(f"kv.{i}", bytes_per_token=draw(per_token),
-                          page_tokens=draw(st.sampled_from([1, 2, 3, 16, 64, 256])))
+    # page units that divide the largest (others are refused): a unit's divisors, or powers of two
+    units = draw(st.sampled_from([[1, 2, 16, 64, 256], [1, 3], [3, 6, 48]]))
+    states = [PooledState(f"kv.{i}", bytes_per_token=draw(per_token), page_tokens=draw(st.sampled_from(units)))
               for i in range(n_paged)]
     per_seq = st.one_of(st.integers(1, 4 * MIB), st.integers(1, GIB))
     states += [PooledState(f"rec.{j}", bytes_per_seq=draw(per_seq)) for j in range(n_seq)]

@@ -15,6 +15,7 @@ from .simulate import SWEEP_TOKENS, SimConfig, SimResult, TraceError, plot_sweep
 
 MAX_TOKENS = 1e9  # above any trace's total (the largest here has 1.45e8 input tokens); a pool of more pages
 # than this would only allocate free lists: 'inf' replays with everything fitting instead
+MAX_PAGES = 1 << 22  # device or host pages of one replay: the pool keeps a Python free list of every page id
 
 
 def _tokens(text: str) -> float:
@@ -74,7 +75,8 @@ HEADER = f"{'tokens':>6} {'pages':>8} {'hit_tok':>8} {'hit_req':>8} {'evictions'
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if not args.trace.is_file():
-        what = "is a directory, not a trace file" if args.trace.is_dir() else "not found"
+        what = ("is a directory, not a trace file" if args.trace.is_dir() else
+                "is not a regular file (a device, pipe or socket)" if args.trace.exists() else "not found")
         print(f"kern-pool: trace {args.trace} {what}", file=sys.stderr)
         return 2
     if args.png is not None and not args.sweep:
@@ -94,6 +96,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"kern-pool: --host-tokens {args.host_tokens} holds no page of --page-tokens {args.page_tokens}: "
               f"pass 0 (no host tier) or >= {args.page_tokens}", file=sys.stderr)
         return 2
+    finite = [c for c in (SWEEP_TOKENS if args.sweep else (capacity,)) if not math.isinf(c)]
+    for flag, tokens in (("--capacity", max(finite, default=0)), ("--host-tokens", args.host_tokens)):
+        if tokens // args.page_tokens > MAX_PAGES:
+            print(f"kern-pool: {flag} {tokens:g} tokens at --page-tokens {args.page_tokens} is "
+                  f"{int(tokens // args.page_tokens)} pages, over the {MAX_PAGES} a replay allocates: raise "
+                  "--page-tokens or lower the tokens", file=sys.stderr)
+            return 2
     if args.png is not None:
         if importlib.util.find_spec("matplotlib") is None:  # checked before a sweep of minutes, not after
             print("kern-pool: --png needs matplotlib: pip install 'kern-pool[plot]'", file=sys.stderr)

@@ -258,10 +258,16 @@ class Waking:
         return self._lease.plan
 
     def land(self) -> None:
+        """The executor reports the wake copies done. Raises `Closed` after `close()` (the lease is gone)."""
+        if self._taken and self._lease.closed:
+            raise Closed("land() of a Waking that was closed: its lease was released")
         self._landed = True
 
     @property
     def lease(self) -> Lease:
+        """The woken lease, once landed. Raises `NotLanded` before `land()`, `Closed` after `close()`."""
+        if self._lease.closed:
+            raise Closed("this Waking was closed: its lease was released")
         if not self._landed:
             raise NotLanded("wake copies have not landed: the lease is not usable yet")
         self._taken = True
@@ -285,8 +291,9 @@ class Host:
 
     def __init__(self, pool: Pool, num_pages: int, num_slots: int = 0, *,
                  settle: Callable[[Parked | Waking], None] | None = None) -> None:
-        """Raises `Misuse` for a `pool` that is not a `Pool` or sizes (counts of units) that are not
-        ints >= 0.
+        """Raises `Misuse` for a `pool` that is not a `Pool`, a pool that already has a live host tier (parked
+        pages are linked from the pool's chain nodes, one link per node: two tiers would read each other's
+        links), or sizes (counts of units) that are not ints >= 0.
 
         `settle`: the executor's hook for a `Parked` or `Waking` closed (or dropped) before `land()`:
         it returns once that entry's copies are done (and may land it), before any of its device or host
@@ -295,6 +302,10 @@ class Host:
             raise Misuse(f"Host needs a Pool, got {type(pool).__name__}")
         num_pages = check_count(num_pages, "Host num_pages")
         num_slots = check_count(num_slots, "Host num_slots")
+        if pool._host_tier is not None and pool._host_tier() is not None:
+            raise Misuse("this pool already has a host tier: one Host per Pool (parked pages are linked from the "
+                         "pool's chain nodes); drop the other Host first")
+        pool._host_tier = weakref.ref(self)
         self.settle = settle
         self.pool = pool
         self.num_pages = num_pages

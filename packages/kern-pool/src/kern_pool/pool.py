@@ -77,6 +77,9 @@ class Pool:
     """
 
     def __init__(self, layout: Layout) -> None:
+        """Raises `Misuse` for a `layout` that is not a `Layout`."""
+        if not isinstance(layout, Layout):
+            raise Misuse(f"Pool needs a Layout, got {type(layout).__name__}")
         self.layout = layout
         self.page_tokens = layout.page_tokens
         self._blocks = Blocks(layout)
@@ -86,6 +89,7 @@ class Pool:
         self._remap_serial = 0
         self._leasable_pages = max(0, layout.initial_pages - 1)
         self._handles: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._host_tier: weakref.ref[Any] | None = None  # the pool's Host, if any (kern_pool.host: one per pool)
 
     # ---- read-only views -------------------------------------------------------------------------
     @property
@@ -134,7 +138,11 @@ class Pool:
         return self._pages.refs if kind == "page" else self._slots.refs
 
     def page_refs(self, page_id: int) -> int:
-        """Direct holders of `page_id` (a chain node, leases' own pages, checkpoints' tails)."""
+        """Direct holders of `page_id` (a chain node, leases' own pages, checkpoints' tails). Raises `Misuse` for an
+        id that is not an int in [0, page ids)."""
+        page_id = check_count(page_id, "page_refs page_id")
+        if page_id >= len(self._pages.refs):
+            raise Misuse(f"page_refs({page_id}): page ids are 0 .. {len(self._pages.refs) - 1}")
         return self._pages.refs[page_id]
 
     def holders(self, page_id: int) -> int:
@@ -321,6 +329,8 @@ class Pool:
 
     def land(self, plan: RemapPlan) -> None:
         """The executor reports `plan` executed: its new pages / slots become leasable."""
+        if not isinstance(plan, RemapPlan):
+            raise Misuse(f"land() needs the RemapPlan in flight, got {type(plan).__name__}")
         if self._remap is None or plan is not self._remap:
             raise Misuse(f"land(): plan {plan.serial} is not the plan in flight")
         for objs, added, removed in (

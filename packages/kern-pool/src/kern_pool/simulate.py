@@ -154,6 +154,8 @@ def read_trace(path: Path, limit: int | None = None) -> list[Request]:
                 raise TraceError(f"{where}: not JSON ({e.msg} at column {e.colno})") from None
             except RecursionError:
                 raise TraceError(f"{where}: not a request (JSON nested too deeply)") from None
+            except ValueError as e:  # an integer literal past Python's int-string limit (4300 digits)
+                raise TraceError(f"{where}: not a request ({e})") from None
             out.append(_request(d, where, TRACE_BLOCK_TOKENS))
     if not out:
         raise TraceError(f"no requests in {path}: a trace has one JSON request per line")

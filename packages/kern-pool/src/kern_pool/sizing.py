@@ -5,7 +5,7 @@ Source of the rules: the original runtime spec (state memory, K1b) and ARCHITECT
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from .errors import ExceedsPool, Misuse, check_count
@@ -15,6 +15,7 @@ GIB = 1 << 30
 GRANULARITY_BYTES = 2 * MIB  # cuMemGetAllocationGranularity on current NVIDIA GPUs
 MAX_BLOCK_BYTES = 64 * MIB  # driver cost of a pool operation is per block: keep blocks few
 HEADROOM_BYTES = 1 * GIB  # left free when `Capacity.tokens is None`
+MAX_IDS = (1 << 31) - 1  # pages, slots and blocks: ids are int32 in block tables and slot mappings
 
 
 def block_bytes_for(
@@ -29,6 +30,9 @@ def block_bytes_for(
     the cap is taken. Raises `Misuse` for an empty size list, a size, granularity or cap that is not
     an int > 0, or a cap that is not a multiple of the granularity.
     """
+    if isinstance(object_bytes, (str, bytes)) or not isinstance(object_bytes, Iterable):
+        raise Misuse(f"object sizes must be a sequence of ints, got {type(object_bytes).__name__}")
+    object_bytes = tuple(object_bytes)  # an iterator is read once
     if not object_bytes:
         raise Misuse("object sizes must be non-empty")
     for size in object_bytes:
@@ -47,7 +51,8 @@ def block_bytes_for(
 class PooledState:
     """A pooled state: paged (`bytes_per_token` > 0, page unit `page_tokens`) or per-seq (`bytes_per_seq` > 0).
 
-    Raises `Misuse` for sizes that are not ints >= 0 or not exactly one of the two kinds."""
+    Raises `Misuse` for a name that is not a non-empty str, sizes that are not ints >= 0 or not exactly one of the
+    two kinds."""
 
     name: str
     bytes_per_token: int = 0
@@ -55,6 +60,8 @@ class PooledState:
     page_tokens: int = 0
 
     def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise Misuse(f"a pooled state's name must be a non-empty str, got {self.name!r}")
         check_count(self.bytes_per_token, f"state {self.name!r}: bytes_per_token")
         check_count(self.bytes_per_seq, f"state {self.name!r}: bytes_per_seq")
         check_count(self.page_tokens, f"state {self.name!r}: page_tokens")
@@ -110,6 +117,9 @@ class Layout:
     states: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        for name in ("page_bytes", "slot_bytes", "states"):
+            if not isinstance(getattr(self, name), tuple):
+                raise Misuse(f"Layout {name} must be a tuple, got {type(getattr(self, name)).__name__}")
         for name in ("page_tokens", "num_blocks", "initial_pages", "initial_slots"):
             check_count(getattr(self, name), f"Layout {name}")
         check_count(self.block_bytes, "Layout block_bytes", 1)
@@ -129,6 +139,11 @@ class Layout:
         used += sum(_blocks_covering(self.initial_slots, b, self.block_bytes) for b in self.slot_bytes)
         if used > self.num_blocks:
             raise Misuse(f"initial objects need {used} blocks, only {self.num_blocks} exist")
+        n_states = len(self.page_bytes) + len(self.slot_bytes)
+        if self.states and (len(self.states) != n_states or len(set(self.states)) != n_states
+                            or not all(isinstance(n, str) and n for n in self.states)):
+            raise Misuse(f"Layout states {self.states!r}: one distinct non-empty name per pooled state, pages first "
+                         f"({len(self.page_bytes)} paged + {len(self.slot_bytes)} per-seq)")
         if not self.states:
             names = tuple(f"page{i}" for i in range(len(self.page_bytes))) + tuple(
                 f"slot{j}" for j in range(len(self.slot_bytes))
@@ -154,11 +169,14 @@ class Layout:
 
         `pages` and `slots` are the leasable counts; the scratch page / slot are added on top, and the
         block budget is exactly what they need (block = page when `blocks_per_page` is 1). Raises
-        `Misuse` for counts that are not ints (`page_tokens`, `blocks_per_page` > 0; the rest >= 0).
+        `Misuse` for counts that are not ints (`page_tokens`, `blocks_per_page` > 0; the rest >= 0) or `pages` /
+        `slots` past the int32 ids.
         """
         check_count(page_tokens, "Layout.simple page_tokens", 1)
-        check_count(pages, "Layout.simple pages")
-        check_count(slots, "Layout.simple slots")
+        for what, count in (("pages", pages), ("slots", slots)):
+            if check_count(count, f"Layout.simple {what}") >= MAX_IDS:
+                raise Misuse(f"Layout.simple {what} {count}: ids are int32 on the device, at most {MAX_IDS - 1} "
+                             "leasable (plus the scratch one)")
         check_count(blocks_per_page, "Layout.simple blocks_per_page", 1)
         block = MIB
         n_pages = pages + 1
@@ -186,7 +204,8 @@ class Layout:
     ) -> Layout:
         """Size the pool for `capacity`.
 
-        tokens are aligned down to the largest page unit (the block-table stride); slots are
+        tokens are aligned down to the largest page unit (the block-table stride; every paged state's
+        `page_tokens` must divide it, else `Misuse`); slots are
         `seqs + 2` (slot 0 of them is the scratch slot); one scratch page is added on top of the
         tokens. Budget bytes = tokens * sum(bytes_per_token) + (seqs + 2) * sum(bytes_per_seq)
         (+ one scratch page), rounded up to whole blocks per state on its own. `tokens=None` fills
@@ -200,11 +219,22 @@ class Layout:
         if free_bytes is not None:
             check_count(free_bytes, "free_bytes")
         check_count(headroom_bytes, "headroom_bytes")
+        if not isinstance(capacity, Capacity):
+            raise Misuse(f"from_capacity needs a Capacity, got {type(capacity).__name__}")
+        if isinstance(states, (str, bytes)) or not isinstance(states, Iterable):
+            raise Misuse(f"states must be a sequence of PooledState, got {type(states).__name__}")
+        states = tuple(states)  # an iterator is read once
+        for i, s in enumerate(states):
+            if not isinstance(s, PooledState):
+                raise Misuse(f"states[{i}] is a {type(s).__name__}, expected a PooledState")
         paged = [s for s in states if s.paged]
         per_seq = [s for s in states if not s.paged]
         if not states:
             raise Misuse("no pooled states")
         page_tokens = max((s.page_tokens for s in paged), default=0)
+        if any(page_tokens % s.page_tokens for s in paged):  # a page of the largest unit holds whole smaller pages
+            raise Misuse(f"every paged state's page_tokens must divide the largest, {page_tokens}; got "
+                         + ", ".join(f"{s.name} {s.page_tokens}" for s in paged))
         page_bytes = tuple(s.bytes_per_token * page_tokens for s in paged)
         slot_bytes = tuple(s.bytes_per_seq for s in per_seq)
         block = block_bytes_for(page_bytes + slot_bytes, granularity_bytes, cap_bytes)
