@@ -219,3 +219,15 @@ def test_verify_remembers_a_passed_manifest_object_only(monkeypatch: pytest.Monk
         with pytest.raises(ManifestVerifyError):
             verify(bad)
     assert len(calls) == 4
+
+
+def test_group_sizes_and_rank_encodings_are_bounded() -> None:
+    """A topology group of 2^40 ranks is a fault at its size (at most 65,536, so a rank fits every wiring type)."""
+    def group(size: int):
+        def change(o: dict) -> None:
+            o["topology"] = {"tp": {"size": size}}
+            ops(o)["embed"]["launches"][0]["args"][4] = {"rank": "tp", "type": "i32"}
+        return change
+    assert_verify_faults(mutate(EXAMPLE, group(2**40)), ["$.topology.tp.size"], "it must be 1..65536")
+    obj = mutate(EXAMPLE, group(4))
+    verify(parse_manifest(obj))  # the same wiring in a group of 4 verifies

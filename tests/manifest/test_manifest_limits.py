@@ -4,6 +4,7 @@ chains, deep free-form values, long chains of inlined programs (found by a break
 
 from __future__ import annotations
 
+import copy
 import errno
 import json
 import os
@@ -150,3 +151,38 @@ def test_read_manifest_bytes(tmp_path: Path) -> None:
     with pytest.raises(OSError, match="not a regular file") as info:
         read_manifest_bytes("/dev/zero")
     assert info.value.errno == errno.EINVAL
+
+
+@pytest.mark.parametrize("where", ["name", "meta value", "meta key", "buffer key"])
+def test_a_lone_surrogate_is_a_parse_fault(where: str) -> None:
+    """JSON's \\ud800 escape decodes to a lone surrogate, which no UTF-8 output carries: refused at its path
+    (before, the manifest verified and `kern-manifest check` died printing its summary)."""
+    lone = "\ud800"
+    obj = copy.deepcopy(EXAMPLE)
+    path = {"name": "$.name", "meta value": "$.meta.note", "meta key": "$.meta", "buffer key": "$.buffers"}[where]
+    if where == "name":
+        obj["name"] = lone
+    elif where == "meta value":
+        obj["meta"] = {"note": "x" + lone}
+    elif where == "meta key":
+        obj["meta"] = {lone: 1}
+    else:
+        obj["buffers"][lone] = obj["buffers"].pop(next(iter(obj["buffers"])))
+    text = json.dumps(obj)  # ASCII with \ud800 escapes: valid JSON text
+    for source in (obj, text):
+        with pytest.raises(ManifestParseError) as info:
+            parse_manifest(source)
+        assert info.value.path == path
+        assert "lone surrogate (U+D800" in str(info.value)
+
+
+@pytest.mark.parametrize("meta", [[1, 2], None, "text", 3])
+def test_meta_must_be_an_object(meta: Any) -> None:
+    assert_parse_fault(json.dumps({**EXAMPLE, "meta": meta}), "$.meta", "expected an object")
+
+
+@pytest.mark.parametrize("values", [{"tokens": 7.5}, {"tokens": "ab"}, {"tokens": True}, None, [("tokens", 2)]])
+def test_expression_var_values_must_be_ints(values: Any) -> None:
+    with pytest.raises(ExprError):
+        Expr("tokens // 2").eval(values)
+    assert Expr("tokens // 2").eval({"tokens": 7}) == 3

@@ -171,3 +171,13 @@ def test_fill_faults_are_reported_with_every_other_fault() -> None:
 
 def test_the_base_is_not_mutated_by_the_tests() -> None:
     assert copy.deepcopy(BASE) == BASE and the_map(BASE)["dims"] == [64, 16, 0]
+
+
+@pytest.mark.parametrize("value, ok", [(0, True), (3, True), (2**32 - 1, True), (2**32, False), (-1, False),
+                                       (2**70, False), ("CU_TENSOR_MAP_SWIZZLE_128B", True)])
+def test_tensormap_enum_integers_are_32_bit(value: Any, ok: bool) -> None:
+    obj = mutated(lambda o: the_map(o).update(swizzle=value))
+    if ok:
+        verify(parse_manifest(obj))
+    else:
+        assert_verify_faults(obj, ["$.ops.tma.launches[0].args[0].pack.fields[0].tensormap.swizzle"], "0..2^32-1")

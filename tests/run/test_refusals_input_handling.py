@@ -144,9 +144,18 @@ def _set_caller(key: str, value: object):  # type: ignore[no-untyped-def]
     return lambda raw: raw["meta"]["caller"].__setitem__(key, value)
 
 
+@pytest.mark.parametrize("meta", [[], None])
+def test_meta_that_is_not_an_object_is_a_manifest_fault(tiny_manifest: Path, kernels_dir: Path, tiny_ckpt: Path,
+                                                        tmp_path: Path, meta) -> None:
+    """kern_manifest's parser refuses it at $.meta (the format types `meta` as an object)."""
+    path = _with_meta(tiny_manifest, tmp_path, lambda raw: raw.__setitem__("meta", meta))
+    line = _refused(["run", *_target(path, kernels_dir, tiny_ckpt)], "$.meta")
+    assert "expected an object" in line
+    with pytest.raises(ConfigError, match=r"\$\.meta.*expected an object"):
+        preflight.read_manifest(path)
+
+
 @pytest.mark.parametrize("edit, json_path, shown", [
-    (lambda raw: raw.__setitem__("meta", []), "$.meta", "[]"),
-    (lambda raw: raw.__setitem__("meta", None), "$.meta", "null"),
     (lambda raw: raw["meta"].__setitem__("caller", 5), "$.meta.caller", "5"),
     (lambda raw: raw["meta"].__setitem__("caller", ["x"]), "$.meta.caller", '["x"]'),
     (_set_caller("prefill_batch_invariant", "no"), "$.meta.caller.prefill_batch_invariant", '"no"'),

@@ -221,8 +221,11 @@ class Expr:
         return not self._vars
 
     def eval(self, vars: Mapping[str, int]) -> int:
-        """Value with the given var values. Raises `ExprError` for a missing var, a divisor <= 0, or any
-        intermediate value outside the signed 64-bit range."""
+        """Value with the given var values. Raises `ExprError` for a `vars` that is not a mapping, a missing var,
+        a var value that is not an int, a divisor <= 0, or any intermediate value outside the signed 64-bit
+        range."""
+        if not isinstance(vars, Mapping):
+            raise ExprError(self.source, f"var values must be a mapping of names to ints, got {type(vars).__name__}")
         return self._eval(self._node, vars)
 
     def _eval(self, root: Node, vars: Mapping[str, int]) -> int:
@@ -251,6 +254,8 @@ class Expr:
             if node[1] not in vars:
                 raise ExprError(self.source, f"var {node[1]!r} has no value")
             value = vars[node[1]]
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ExprError(self.source, f"var {node[1]!r} = {value!r}: a var's value is an int")
         elif tag == "neg":
             value = -args[0]
         elif tag == "call":

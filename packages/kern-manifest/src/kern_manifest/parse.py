@@ -88,13 +88,26 @@ def _check(value: Any, kind: str, path: str) -> Any:
     }[kind]
     if not ok:
         raise ManifestParseError(path, f"expected {_TYPE_NAMES[kind]}, got {_json_type(value)}")
+    if isinstance(value, str):
+        _unicode_text(value, path)
     if kind == "number" and not _finite_float(value):
         shown = f"an integer of {value.bit_length()} bits" if isinstance(value, int) else repr(value)
         raise ManifestParseError(path, f"expected a finite number (one a double holds), got {shown}")
     for key in value if kind == "object" else ():
         if not isinstance(key, str):
             raise ManifestParseError(path, f"object keys must be strings, got {key!r}")
+        _unicode_text(key, path)
     return value
+
+
+def _unicode_text(text: str, path: str) -> None:
+    """Refuse a string UTF-8 cannot encode: a lone surrogate, which JSON's \\uD800 escapes decode to and which
+    no output (the CLI's summary, `to_json` written as UTF-8) can carry."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ManifestParseError(path, f"a string holds a lone surrogate (U+{ord(text[exc.start]):04X} at index "
+                                       f"{exc.start}): not Unicode text") from None
 
 
 def _finite_float(value: int | float) -> bool:
@@ -123,6 +136,8 @@ def _plain_json(value: Any, path: str, depth: int = 0) -> None:
             _plain_json(v, index_path(path, i), depth + 1)
     elif isinstance(value, float):
         _check(value, "number", path)
+    elif isinstance(value, str):
+        _unicode_text(value, path)
     elif value is not None and not isinstance(value, (str, int, bool)):
         raise ManifestParseError(path, f"not a JSON value: {type(value).__name__}")
 
@@ -218,6 +233,7 @@ def parse_manifest(text_or_obj: str | bytes | Mapping[str, Any]) -> Manifest:
     if top.has("meta"):
         meta = top.value["meta"]
         top.read.add("meta")
+        _check(meta, "object", top.at("meta"))
         _plain_json(meta, top.at("meta"))
         meta = freeze(meta)
     vars_ = FrozenMap({n: _var(n, v, p) for n, v, p in _named(top.req("vars", "object"), top.at("vars"))})

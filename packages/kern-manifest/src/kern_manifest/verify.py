@@ -12,6 +12,8 @@ import weakref
 
 from .errors import ExprError, Fault, ManifestError, ManifestVerifyError
 from .expr import FUNCS, I64_MAX, Expr
+
+MAX_GROUP_SIZE = 1 << 16  # ranks of a topology group: far above any NCCL communicator kern builds
 from .frozen import index_path, key_path
 from .model import (
     BUFFER_KINDS,
@@ -93,8 +95,9 @@ class _Verifier(OpChecks):
             path = key_path("$.topology", name)
             self.name(name, path, "topology group")
             self.unknown(group.extra, path, ("size",))
-            if group.size < 1:
-                self.fault(key_path(path, "size"), f"group size is {group.size}; it must be >= 1")
+            if not 1 <= group.size <= MAX_GROUP_SIZE:
+                self.fault(key_path(path, "size"), f"group size is {group.size}; it must be 1..{MAX_GROUP_SIZE} "
+                                                   "(GPUs, one rank each)")
         for name, buf in m.buffers.items():
             self.check_buffer(buf, key_path("$.buffers", name))
         self.check_states()

@@ -319,6 +319,10 @@ class OpChecks(VerifierBase):
                 self.fault(index_path(key_path(path, "elem_strides"), j), f"element stride {s}; it must be 1..8")
         if t.offset is not None:
             self.values(t.offset, key_path(path, "offset"), "byte offset", lo=0)
+        for key in ("interleave", "swizzle", "l2_promotion", "oob_fill"):
+            value = getattr(t, key)
+            if isinstance(value, int) and not 0 <= value <= 0xFFFF_FFFF:  # the driver's enums are 32-bit
+                self.fault(key_path(path, key), f"{key} {value}: an enum value of cuTensorMapEncodeTiled, 0..2^32-1")
 
     def check_fill_targets(self, op: Op, call: Call, path: str, local: set[str]) -> None:
         """A tensor map whose outermost dim is 0 (a fill dim) spans the reserved range of a pooled state, which

@@ -147,15 +147,11 @@ def _shown(value: Any, limit: int = 60) -> str:
 
 
 def caller_meta(raw: dict[str, Any], path: Path) -> dict[str, Any]:
-    """The manifest's `meta.caller` object (docs/caller.md), {} when `meta` or `meta.caller` is absent. `meta` is
-    free-form to kern_manifest, but what kern run reads from it must have the contract's shape: raises ConfigError
-    naming the file and the JSON path when `meta` or `meta.caller` is present and not an object."""
-    if "meta" not in raw:
-        return {}
-    meta = raw["meta"]
-    if not isinstance(meta, dict):
-        raise ConfigError(f"manifest {path}: $.meta = {_shown(meta)} must be an object; regenerate it "
-                          "(tools/gen_qwen3.py)")
+    """The manifest's `meta.caller` object (docs/caller.md), {} when `meta` or `meta.caller` is absent. `raw` has
+    passed kern_manifest's parser, so `meta` is an object (free-form inside), but what kern run reads from it must
+    have the contract's shape: raises ConfigError naming the file and the JSON path when `meta.caller` is present
+    and not an object."""
+    meta = raw.get("meta", {})
     if "caller" not in meta:
         return {}
     caller = meta["caller"]
