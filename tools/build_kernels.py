@@ -6,8 +6,9 @@ Usage (from anywhere):
                                              # equal the committed kernels/kernels.json
 
 Each `kernels-src/<module>.cu` (headers `*.cuh` are included, not built) becomes one module compiled with
-`nvcc` FLAGS. The `kernels/` directory is append-only: a cubin already there is never rewritten or
-deleted, so old manifests keep loading. Each entry's parameter layout is read from the cubin itself
+`nvcc` FLAGS. A cubin already in `kernels/` is never rewritten (its name is its hash); one that neither
+kernels.json nor a committed manifest names any more is removed with `tools/kernels_dir.py prune` (git
+keeps it: `tools/kernels_dir.py restore REV` brings an older commit's back for an A/B). Each entry's parameter layout is read from the cubin itself
 (`cuobjdump -elf`, EIATTR_KPARAM_INFO), registers / shared / local bytes from `cuobjdump -res-usage`.
 Format: docs/kernels.md. Builds are reproducible: the same sources and toolchain give the same bytes
 (checked by --check; nvcc embeds no paths or timestamps in a -cubin without -G/-lineinfo).
