@@ -610,9 +610,9 @@ def run_attn_prefill(dev, rng, hq, hkv, head_dim, page_tokens, plan, bound=None,
     every sequence's rows against ref.attn_prefill. `bound` None: num_pages = the cache's page count and an
     intact block table; else num_pages = bound(cache_pages) and a table from corrupt_block_table, whose
     entries outside [0, num_pages) must read as K = V = 0, exactly as the reference reads them. For an entry
-    other than kern_attn_prefill (every one is in PREFILL_BITWISE), also launch kern_attn_prefill on the same
-    inputs: the two outputs must be identical bit for bit. `seq_lens` (optional) replaces prefix + chunk per
-    sequence: shorter than the chunk puts its first rows at negative positions (no key: zeros). `q_misalign`: q
+    in PREFILL_BITWISE, also launch kern_attn_prefill on the same inputs: the two outputs must be identical bit
+    for bit. `seq_lens` (optional) replaces prefix + chunk per sequence: shorter than the chunk puts its first
+    rows at negative positions (no key: zeros). `q_misalign`: q
     starts 4 bytes past a 16-byte boundary (the element-load path for Q). `extra_blocks`: launch `entry` with that
     many more blocks along x than the generator does. Returns the output bits."""
     if not built(dev, entry):
@@ -646,13 +646,12 @@ def run_attn_prefill(dev, rng, hq, hkv, head_dim, page_tokens, plan, bound=None,
 
     launch_attn_prefill(dev, entry, int(q_lens.max()), hq, hkv, seqs, args(d_out), extra_blocks=extra_blocks)
     bits = d_out.download(BF, (total, hq * head_dim))
-    if entry != "kern_attn_prefill":
+    if entry in PREFILL_BITWISE:
         d_base = dev.alloc(total * hq * head_dim * 2)
         d_base.poison()
         launch_attn_prefill(dev, "kern_attn_prefill", int(q_lens.max()), hq, hkv, seqs, args(d_base))
         base = d_base.download(BF, (total, hq * head_dim))
         diff = np.flatnonzero(bits != base)
-        assert entry in PREFILL_BITWISE
         assert diff.size == 0, (f"{entry}: {diff.size} of {bits.size} outputs differ from kern_attn_prefill "
                                 f"(first at row {diff[0] // (hq * head_dim)})")
     got = ref.from_bf16_bits(bits)
@@ -714,6 +713,41 @@ def test_attn_prefill_short_context_and_unaligned_q(dev, entry, hq, hkv, head_di
 REFUSALS = [(entry, "short shared memory") for entry in sorted({"kern_attn_prefill_r32"} | WG_ENTRIES)] + [
     (entry, fault) for entry in sorted(WG_ENTRIES)
     for fault in ("unaligned kv_cache", "head_dim 96", "block of 256 threads", "num_q_heads 0")]
+
+
+@pytest.mark.parametrize("entry,hq,hkv,head_dim,page_tokens",
+                         prefill_cases([(32, 8, 128, 16), (16, 8, 64, 16), (8, 8, 128, 64)]))
+def test_attn_prefill_rows_do_not_depend_on_the_chunking(dev, entry, hq, hkv, head_dim, page_tokens):
+    """A sequence's rows computed in one chunk of 700 and as the chunks 0-299, 300-556, 557-699 (after their
+    prefixes, on the same cache) are identical bit for bit: the K/V tiles start at position 0 whatever the
+    chunk, which is what makes a cached prefix resume exactly."""
+    if not built(dev, entry):
+        pytest.fail(f"{entry} not built (kernels/kernels.json)")
+    rng = np.random.default_rng(hq * 3 + head_dim + page_tokens)
+    n = 700
+    seq_lens = np.array([n], dtype=np.int32)
+    cache, table = make_paged_cache(rng, page_tokens, hkv, head_dim, seq_lens, spare_pages=1, spare_cols=1)
+    q = ref.bf16_round(rand_bf16(rng, (n, hq, head_dim)))
+    d_q, d_cache, d_bt = dev.array(ref.bf16_bits(q)), dev.array(ref.bf16_bits(cache)), dev.array(table)
+
+    def rows(lo, hi):
+        """Rows lo..hi-1 as one chunk after a prefix of lo tokens."""
+        d_cu = dev.array(np.array([0, hi - lo], dtype=np.int32))
+        d_lens_c = dev.array(np.array([hi], dtype=np.int32))
+        d_out = dev.alloc((hi - lo) * hq * head_dim * 2)
+        d_out.poison()
+        launch_attn_prefill(dev, entry, hi - lo, hq, hkv, 1,
+                            [("p", d_q.ptr + lo * hq * head_dim * 2), ("p", d_cache.ptr), ("p", d_bt.ptr),
+                             ("p", d_cu.ptr), ("p", d_lens_c.ptr), ("p", d_out.ptr), ("i", hq), ("i", hkv),
+                             ("i", head_dim), ("i", page_tokens), ("i", table.shape[1]), ("i", cache.shape[0]),
+                             ("f", head_dim**-0.5)])
+        return d_out.download(BF, (hi - lo, hq * head_dim))
+
+    whole = rows(0, n)
+    for lo, hi in ((0, 300), (300, 557), (557, n)):
+        part = rows(lo, hi)
+        diff = np.flatnonzero(part != whole[lo:hi])
+        assert diff.size == 0, f"{entry}: rows {lo}..{hi - 1} as a chunk differ from the whole prompt's ({diff.size})"
 
 
 @pytest.mark.parametrize("entry,fault", REFUSALS)
