@@ -3,6 +3,7 @@ option, exit 2, never a traceback or an all-zero table."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -102,7 +103,7 @@ def test_a_trace_that_is_not_a_regular_file(capsys: pytest.CaptureFixture[str]) 
 @pytest.mark.parametrize("argv, needle", [
     (["--capacity", "1e9", "--page-tokens", "1"], "--capacity 1e+09 tokens at --page-tokens 1 is 1000000000 pages"),
     (["--host-tokens", "1e9", "--page-tokens", "16"], "--host-tokens 1e+09 tokens at --page-tokens 16"),
-    (["--sweep", "--page-tokens", "4"], "--capacity 5e+07 tokens at --page-tokens 4"),
+    (["--sweep", "--page-tokens", "4"], "the sweep's largest capacity, 5e+07 tokens at --page-tokens 4"),
 ])
 def test_pools_of_too_many_pages_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str],
                                              needle: str) -> None:
@@ -110,3 +111,13 @@ def test_pools_of_too_many_pages_are_refused(tmp_path: Path, capsys: pytest.Capt
     trace = tmp_path / "t.jsonl"
     trace.write_text(GOOD)
     _refused(capsys, ["simulate", str(trace), *argv], needle, "over the 4194304 a replay allocates")
+
+
+def test_capacity_inf_is_bounded_by_the_traces_tokens(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """'inf' sizes the pool to the trace's whole input: 3 requests of 1.5e6 tokens (2930 blocks of 512) at 1-token
+    pages is 4.5e6 pages, over 2^22."""
+    trace = tmp_path / "t.jsonl"
+    line = json.dumps({"input_length": 1_500_000, "output_length": 1, "hash_ids": list(range(2930))})
+    trace.write_text((line + "\n") * 3)
+    _refused(capsys, ["simulate", str(trace), "--capacity", "inf", "--page-tokens", "1"],
+             "capacity inf (the trace's tokens): 4.5e+06 tokens at 1 tokens per page is 4500001 pages")

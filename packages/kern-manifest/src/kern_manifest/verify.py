@@ -12,8 +12,6 @@ import weakref
 
 from .errors import ExprError, Fault, ManifestError, ManifestVerifyError
 from .expr import FUNCS, I64_MAX, Expr
-
-MAX_GROUP_SIZE = 1 << 16  # ranks of a topology group: far above any NCCL communicator kern builds
 from .frozen import index_path, key_path
 from .model import (
     BUFFER_KINDS,
@@ -42,6 +40,7 @@ from .model import (
 from .verify_base import EXTERN_INT_ROLES, MAX_CORNER_VARS, SHA256, STATE_FIELDS, TOP_KEYS, VAR_NAME
 from .verify_ops import OpChecks
 
+MAX_GROUP_SIZE = 1 << 16  # ranks of a topology group: far above any NCCL communicator kern builds
 
 # Manifests (frozen, so a verdict never goes stale) that passed `verify`, by identity: a caller that checks a
 # manifest up front and hands the same object to the runtime pays for one verification, not two.

@@ -10,12 +10,13 @@ import sys
 from pathlib import Path
 
 from .errors import PoolError
-from .simulate import SWEEP_TOKENS, SimConfig, SimResult, TraceError, plot_sweep, simulate, sweep, trace_kind
+from .simulate import (
+    MAX_PAGES, SWEEP_TOKENS, SimConfig, SimResult, TraceError, plot_sweep, simulate, sweep, trace_kind,
+)
 
 
 MAX_TOKENS = 1e9  # above any trace's total (the largest here has 1.45e8 input tokens); a pool of more pages
 # than this would only allocate free lists: 'inf' replays with everything fitting instead
-MAX_PAGES = 1 << 22  # device or host pages of one replay: the pool keeps a Python free list of every page id
 
 
 def _tokens(text: str) -> float:
@@ -97,11 +98,13 @@ def main(argv: list[str] | None = None) -> int:
               f"pass 0 (no host tier) or >= {args.page_tokens}", file=sys.stderr)
         return 2
     finite = [c for c in (SWEEP_TOKENS if args.sweep else (capacity,)) if not math.isinf(c)]
-    for flag, tokens in (("--capacity", max(finite, default=0)), ("--host-tokens", args.host_tokens)):
-        if tokens // args.page_tokens > MAX_PAGES:
+    largest = "the sweep's largest capacity," if args.sweep else "--capacity"
+    for flag, tokens in ((largest, max(finite, default=0)), ("--host-tokens", args.host_tokens)):
+        if tokens // args.page_tokens > MAX_PAGES:  # before any replay (a sweep would fail after minutes)
             print(f"kern-pool: {flag} {tokens:g} tokens at --page-tokens {args.page_tokens} is "
                   f"{int(tokens // args.page_tokens)} pages, over the {MAX_PAGES} a replay allocates: raise "
-                  "--page-tokens or lower the tokens", file=sys.stderr)
+                  "--page-tokens" + ("" if args.sweep and flag == largest else " or lower the tokens"),
+                  file=sys.stderr)
             return 2
     if args.png is not None:
         if importlib.util.find_spec("matplotlib") is None:  # checked before a sweep of minutes, not after

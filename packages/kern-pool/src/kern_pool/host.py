@@ -304,7 +304,8 @@ class Host:
         num_slots = check_count(num_slots, "Host num_slots")
         if pool._host_tier is not None and pool._host_tier() is not None:
             raise Misuse("this pool already has a host tier: one Host per Pool (parked pages are linked from the "
-                         "pool's chain nodes); drop the other Host first")
+                         "pool's chain nodes); drop the other Host and every Room / Parked / Waking it handed out "
+                         "(closed ones too) first")
         pool._host_tier = weakref.ref(self)
         self.settle = settle
         self.pool = pool

@@ -38,6 +38,7 @@ BASELINE = {
                   (2e7, .651), (5e7, .651), (math.inf, .651)),
 }
 SWEEP_TOKENS = (1e4, 1e5, 1e6, 2e6, 3e6, 5e6, 1e7, 2e7, 5e7, math.inf)
+MAX_PAGES = 1 << 22  # device or host pages of one replay: the pool keeps a Python free list of every page id
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,6 +184,12 @@ def _build(cfg: SimConfig, requests: list[Request]) -> tuple[Pool, Host | None]:
     cap = cfg.capacity_tokens
     if math.isinf(cap):
         cap = sum(r.input_length + (r.output_length if cfg.reserve_output else 0) for r in requests) + cfg.page_tokens
+    for what, tokens in (("capacity" if cap == cfg.capacity_tokens else "capacity inf (the trace's tokens)", cap),
+                         ("host tier", cfg.host_tokens)):
+        if tokens // cfg.page_tokens > MAX_PAGES:
+            raise ExceedsPool(f"{what}: {tokens:g} tokens at {cfg.page_tokens} tokens per page is "
+                              f"{int(tokens // cfg.page_tokens)} pages, over the {MAX_PAGES} a replay allocates: "
+                              "use larger pages or fewer tokens")
     state = PooledState("kv", bytes_per_token=cfg.bytes_per_token, page_tokens=cfg.page_tokens)
     layout = Layout.from_capacity([state], Capacity(tokens=int(cap), seqs=1))
     pool = Pool(layout)
