@@ -15,7 +15,7 @@ GIB = 1 << 30
 GRANULARITY_BYTES = 2 * MIB  # cuMemGetAllocationGranularity on current NVIDIA GPUs
 MAX_BLOCK_BYTES = 64 * MIB  # driver cost of a pool operation is per block: keep blocks few
 HEADROOM_BYTES = 1 * GIB  # left free when `Capacity.tokens is None`
-MAX_IDS = (1 << 31) - 1  # pages, slots and blocks: ids are int32 in block tables and slot mappings
+MAX_IDS = (1 << 31) - 1  # page and slot ids are int32 in block tables and slot mappings
 
 
 def block_bytes_for(
