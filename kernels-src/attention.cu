@@ -875,28 +875,19 @@ extern "C" __global__ void __launch_bounds__(PF_THREADS, 3) kern_attn_prefill(
     __shared__ __align__(16) PrefillSmem sm;
     kern_pdl_wait();
     kern_pdl_launch_dependents();
-    const int kvh = blockIdx.y, s = blockIdx.z;
+    const int kvh = blockIdx.y;
     const int D = head_dim;
     if (num_kv_heads <= 0 || kvh >= num_kv_heads || num_q_heads % num_kv_heads != 0 || D <= 0 || D > PF_MAX_D ||
         D % 16 != 0 || page_tokens <= 0 || !(scale > 0.0f))
         return;
-    const int G = num_q_heads / num_kv_heads;
-    const int hpb = (G <= PF_WARPS && PF_WARPS % G == 0) ? G : PF_WARPS;  // q heads per pass
-    const int slabs = PF_WARPS / hpb;                                       // 16-row slabs per block
-    const int qt = gridDim.x - 1 - blockIdx.x;
-    const int q_start = cu_seqlens_q[s];
-    const int q_len = cu_seqlens_q[s + 1] - q_start;
-    const int row0 = qt * 16 * slabs;
-    if (row0 >= q_len) return;  // uniform over the block
-    const int rows_here = min(16 * slabs, q_len - row0);
-    const int seq_len = max(seq_lens[s], 0);  // a negative length reads as 0: every row writes zeros
-    const int ctx0 = seq_len - q_len;  // absolute position of query row 0 of this sequence (may be negative)
-    const int kv_end = max(0, min(seq_len, ctx0 + row0 + rows_here));
-    const int32_t* bt_row = block_table + (int64_t)s * bt_stride;
+    PfBlock b;
+    if (!pf_block(cu_seqlens_q, seq_lens, block_table, bt_stride, num_q_heads, num_kv_heads, PF_WARPS, 16, b))
+        return;
     // One compiled width (128) for every D: narrower heads run on zero-padded dims (Qwen3 uses D = 128;
     // a second instantiation for D <= 64 pushed the shared register allocation into spills).
-    prefill_body<PF_MAX_D / 16>(sm, q, kv_cache, bt_row, out, num_q_heads, num_kv_heads, D, page_tokens, bt_stride,
-                                num_pages, scale, kvh, q_start, q_len, ctx0, row0, kv_end, hpb, slabs, G);
+    prefill_body<PF_MAX_D / 16>(sm, q, kv_cache, b.bt_row, out, num_q_heads, num_kv_heads, D, page_tokens,
+                                bt_stride, num_pages, scale, kvh, b.q_start, b.q_len, b.ctx0, b.row0, b.kv_end, b.hpb,
+                                b.slabs, b.G);
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -1145,25 +1136,16 @@ extern "C" __global__ void __launch_bounds__(PF_THREADS, 2) kern_attn_prefill_r3
     kern_pdl_launch_dependents();
     if (dynamic_smem_bytes() < sizeof(PrefillSmemR32)) return;
     PrefillSmemR32& sm = *reinterpret_cast<PrefillSmemR32*>(pf_r32_smem);
-    const int kvh = blockIdx.y, s = blockIdx.z;
+    const int kvh = blockIdx.y;
     const int D = head_dim;
     if (num_kv_heads <= 0 || kvh >= num_kv_heads || num_q_heads % num_kv_heads != 0 || D <= 0 || D > PF_MAX_D ||
         D % 16 != 0 || page_tokens <= 0 || !(scale > 0.0f))
         return;
-    const int G = num_q_heads / num_kv_heads;
-    const int hpb = (G <= PF_WARPS && PF_WARPS % G == 0) ? G : PF_WARPS;
-    const int slabs = PF_WARPS / hpb;
-    const int qt = gridDim.x - 1 - blockIdx.x;
-    const int q_start = cu_seqlens_q[s];
-    const int q_len = cu_seqlens_q[s + 1] - q_start;
-    const int row0 = qt * PF_R32_ROWS * slabs;
-    if (row0 >= q_len) return;
-    const int rows_here = min(PF_R32_ROWS * slabs, q_len - row0);
-    const int seq_len = max(seq_lens[s], 0);
-    const int ctx0 = seq_len - q_len;
-    const int kv_end = max(0, min(seq_len, ctx0 + row0 + rows_here));
-    const int32_t* bt_row = block_table + (int64_t)s * bt_stride;
-    prefill_body_r32<PF_MAX_D / 16>(sm, q, kv_cache, bt_row, out, num_q_heads, num_kv_heads, D, page_tokens,
-                                    bt_stride, num_pages, scale, kvh, q_start, q_len, ctx0, row0, kv_end, hpb, slabs,
-                                    G);
+    PfBlock b;
+    if (!pf_block(cu_seqlens_q, seq_lens, block_table, bt_stride, num_q_heads, num_kv_heads, PF_WARPS, PF_R32_ROWS,
+                  b))
+        return;
+    prefill_body_r32<PF_MAX_D / 16>(sm, q, kv_cache, b.bt_row, out, num_q_heads, num_kv_heads, D, page_tokens,
+                                    bt_stride, num_pages, scale, kvh, b.q_start, b.q_len, b.ctx0, b.row0, b.kv_end,
+                                    b.hpb, b.slabs, b.G);
 }

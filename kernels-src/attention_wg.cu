@@ -415,7 +415,7 @@ KERN_DEV void attn_prefill_wg(const __nv_bfloat16* q, const __nv_bfloat16* kv_ca
     const uint32_t pad = (0u - smem_addr(smem)) & 1023u;
     if (dynamic_smem_bytes() < sizeof(PrefillSmemWg) + pad) return;
     PrefillSmemWg& sm = *reinterpret_cast<PrefillSmemWg*>(smem + pad);
-    const int kvh = blockIdx.y, s = blockIdx.z;
+    const int kvh = blockIdx.y;
     const int D = head_dim;
     // The roles are fixed warpgroups and the setmaxnreg budget is 384 threads x 168 registers (kernels.json must
     // say 168: tests/kernels/test_build.py), so any other block size writes nothing.
@@ -423,19 +423,8 @@ KERN_DEV void attn_prefill_wg(const __nv_bfloat16* q, const __nv_bfloat16* kv_ca
         num_q_heads % num_kv_heads != 0 || (D != 64 && D != 128) || page_tokens <= 0 || !(scale > 0.0f) ||
         !aligned16(kv_cache))
         return;
-    const int G = num_q_heads / num_kv_heads;
-    const int hpb = (G <= 4 && 4 % G == 0) ? G : 4;
-    const int slabs = 8 / hpb;
-    const int qt = gridDim.x - 1 - blockIdx.x;
-    const int q_start = cu_seqlens_q[s];
-    const int q_len = cu_seqlens_q[s + 1] - q_start;
-    const int row0 = qt * WG_ROWS * slabs;
-    if (row0 >= q_len) return;
-    const int rows_here = min(WG_ROWS * slabs, q_len - row0);
-    const int seq_len = max(seq_lens[s], 0);
-    const int ctx0 = seq_len - q_len;
-    const int kv_end = max(0, min(seq_len, ctx0 + row0 + rows_here));
-    const int32_t* bt_row = block_table + (int64_t)s * bt_stride;
+    PfBlock b;  // the 8 consumer warps: 16-row slabs
+    if (!pf_block(cu_seqlens_q, seq_lens, block_table, bt_stride, num_q_heads, num_kv_heads, 8, WG_ROWS, b)) return;
     if (threadIdx.x == 0) {
         for (int i = 0; i < WG_STAGES; ++i) {
             mbar_init(&sm.full[i], 128);
@@ -444,11 +433,11 @@ KERN_DEV void attn_prefill_wg(const __nv_bfloat16* q, const __nv_bfloat16* kv_ca
     }
     __syncthreads();
     if (D == 128)
-        prefill_body_wg<128>(sm, q, kv_cache, bt_row, out, num_q_heads, num_kv_heads, page_tokens, bt_stride,
-                                num_pages, scale, kvh, q_start, q_len, ctx0, row0, kv_end, hpb, slabs, G);
+        prefill_body_wg<128>(sm, q, kv_cache, b.bt_row, out, num_q_heads, num_kv_heads, page_tokens, bt_stride,
+                             num_pages, scale, kvh, b.q_start, b.q_len, b.ctx0, b.row0, b.kv_end, b.hpb, b.slabs, b.G);
     else
-        prefill_body_wg<64>(sm, q, kv_cache, bt_row, out, num_q_heads, num_kv_heads, page_tokens, bt_stride,
-                               num_pages, scale, kvh, q_start, q_len, ctx0, row0, kv_end, hpb, slabs, G);
+        prefill_body_wg<64>(sm, q, kv_cache, b.bt_row, out, num_q_heads, num_kv_heads, page_tokens, bt_stride,
+                            num_pages, scale, kvh, b.q_start, b.q_len, b.ctx0, b.row0, b.kv_end, b.hpb, b.slabs, b.G);
 }
 
 // grid (>= cdiv(max_q_tokens, 32), num_kv_heads, seqs), block (384,1,1), dynamic shared memory WG_SMEM_BYTES.

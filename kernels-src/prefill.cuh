@@ -20,6 +20,41 @@
 #define PF_MAX_D 128          // head_dim must be a multiple of 16 and at most this
 #define PF_LD (PF_MAX_D + 8)  // shared row stride in bf16 (272 bytes: conflict-free ldmatrix rows)
 
+// The query rows and context one block of a prefill entry covers. The block's `warps` warps (4; the wg entry's 8
+// consumer warps) take hpb q heads of the GQA group G per pass (G when G divides 4, else 4: several passes) and
+// warps / hpb slabs of `slab_rows` query rows each; blocks are taken heaviest first (the last rows of a sequence
+// attend to the most keys). tools/gen_qwen3.py prefill_rows_per_block sizes grid.x from the same rule.
+struct PfBlock {
+    int G, hpb, slabs;
+    int q_start, q_len;  // the sequence's query rows in q / out
+    int row0;            // the block's first query row within the sequence
+    int ctx0;            // absolute position of the sequence's query row 0 (may be negative)
+    int kv_end;          // keys [0, kv_end) are attended by some row of the block
+    const int32_t* bt_row;
+};
+
+// Fills `b` for block (blockIdx.x, kv head, sequence blockIdx.z); false when the block has no rows of its
+// sequence (uniform over the block: it returns). num_q_heads a positive multiple of num_kv_heads (checked by
+// the caller).
+KERN_DEV bool pf_block(const int32_t* cu_seqlens_q, const int32_t* seq_lens, const int32_t* block_table,
+                       int bt_stride, int num_q_heads, int num_kv_heads, int warps, int slab_rows, PfBlock& b) {
+    const int s = blockIdx.z;
+    b.G = num_q_heads / num_kv_heads;
+    b.hpb = (b.G <= 4 && 4 % b.G == 0) ? b.G : 4;
+    b.slabs = warps / b.hpb;
+    const int qt = gridDim.x - 1 - blockIdx.x;
+    b.q_start = cu_seqlens_q[s];
+    b.q_len = cu_seqlens_q[s + 1] - b.q_start;
+    b.row0 = qt * slab_rows * b.slabs;
+    if (b.row0 >= b.q_len) return false;
+    const int rows_here = min(slab_rows * b.slabs, b.q_len - b.row0);
+    const int seq_len = max(seq_lens[s], 0);  // a negative length reads as 0: every row writes zeros
+    b.ctx0 = seq_len - b.q_len;
+    b.kv_end = max(0, min(seq_len, b.ctx0 + b.row0 + rows_here));
+    b.bt_row = block_table + (int64_t)s * bt_stride;
+    return true;
+}
+
 KERN_DEV void mma_bf16_16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
                              uint32_t b1) {
     asm volatile(
