@@ -133,7 +133,7 @@ PREFILL_ATTN: dict[str, tuple[str, int, int, int]] = {
 def prefill_rows_per_block(rows_at_group4: int, group: int) -> int:
     """Query rows (tokens) one block of a prefill attention entry covers for a GQA group of `group` q heads per kv
     head: the entries give hpb = group heads to a pass when group divides 4, else 4, and 4 / hpb times the rows
-    of a group of 4 (kernels-src/attention.cu, attention_wg.cu: `hpb`, `slabs`). The launch's grid.x is
+    of a group of 4 (kernels-src/prefill.cuh `pf_block`, which every prefill entry calls). The launch's grid.x is
     cdiv(tokens, this); a larger grid is allowed (its extra blocks exit)."""
     hpb = group if group <= 4 and 4 % group == 0 else 4
     return rows_at_group4 * (4 // hpb)
