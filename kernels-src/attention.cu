@@ -802,14 +802,7 @@ KERN_DEV void prefill_body(PrefillSmem& sm, const __nv_bfloat16* q, const __nv_b
                 }
                 // Causal mask, only on tiles that reach past the warp's first query position.
                 if (kv0 + PF_BN - 1 > w_first) {
-#pragma unroll
-                    for (int nt = 0; nt < PF_BN / 8; ++nt) {
-#pragma unroll
-                        for (int e = 0; e < 4; ++e) {
-                            const int key = kv0 + nt * 8 + tig * 2 + (e & 1);
-                            if (key > ((e < 2) ? pos_a : pos_b)) sacc[nt][e] = -CUDART_INF_F;
-                        }
-                    }
+                    pf_causal_mask(sacc, kv0, tig, pos_a, pos_b);
                 }
                 pf_softmax_tile<NK>(sacc, m_a, m_b, l_a, l_b, sl2, o, pa);
             }
@@ -998,15 +991,8 @@ KERN_DEV void prefill_body_r32(PrefillSmemR32& sm, const __nv_bfloat16* q, const
             if (kv0 + PF_BN - 1 > w_first) {
 #pragma unroll
                 for (int mt = 0; mt < 2; ++mt) {
-                    const int pos_a = w_first + mt * 16 + gid, pos_b = pos_a + 8;
-#pragma unroll
-                    for (int nt = 0; nt < PF_BN / 8; ++nt) {
-#pragma unroll
-                        for (int e = 0; e < 4; ++e) {
-                            const int key = kv0 + nt * 8 + tig * 2 + (e & 1);
-                            if (key > ((e < 2) ? pos_a : pos_b)) sacc[mt][nt][e] = -CUDART_INF_F;
-                        }
-                    }
+                    const int pos_a = w_first + mt * 16 + gid;
+                    pf_causal_mask(sacc[mt], kv0, tig, pos_a, pos_a + 8);
                 }
             }
 #pragma unroll

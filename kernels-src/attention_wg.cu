@@ -301,15 +301,7 @@ KERN_DEV void prefill_body_wg(PrefillSmemWg& sm, const __nv_bfloat16* q, const _
         auto mask = [&](int j) {
             const int kv0 = j * PF_BN;
             if (kv0 + PF_BN - 1 > w_first) {
-                const int pos_a = w_first + gid, pos_b = pos_a + 8;
-#pragma unroll
-                for (int nt = 0; nt < PF_BN / 8; ++nt) {
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        const int key = kv0 + nt * 8 + tig * 2 + (e & 1);
-                        if (key > ((e < 2) ? pos_a : pos_b)) s[nt][e] = -CUDART_INF_F;
-                    }
-                }
+                pf_causal_mask(s, kv0, tig, w_first + gid, w_first + gid + 8);
             }
         };
 

@@ -137,6 +137,20 @@ KERN_DEV void pf_softmax_stats(float (&s)[PF_BN / 8][4], float& m_a, float& m_b,
     m_b = mn_b;
 }
 
+// Causal mask of one m-tile's 16 x 64 scores of the tile starting at key kv0: a key past its row's absolute
+// position (pos_a for row gid, pos_b for row gid + 8) scores -inf. Callers skip tiles wholly at or before the
+// warp's first position.
+KERN_DEV void pf_causal_mask(float (&s)[PF_BN / 8][4], int kv0, int tig, int pos_a, int pos_b) {
+#pragma unroll
+    for (int nt = 0; nt < PF_BN / 8; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int key = kv0 + nt * 8 + tig * 2 + (e & 1);
+            if (key > ((e < 2) ? pos_a : pos_b)) s[nt][e] = -CUDART_INF_F;
+        }
+    }
+}
+
 // The probabilities of pf_softmax_stats as bf16 A fragments of O += P V (P's 16 x 64 tile: 4 k-steps of 16).
 KERN_DEV void pf_pack_p(const float (&s)[PF_BN / 8][4], uint32_t (&pa)[PF_BN / 16][4]) {
 #pragma unroll
