@@ -84,7 +84,9 @@ def load_manifest(path: str | os.PathLike[str]) -> Manifest:
     return manifest
 
 
+__version__ = "0.1.0"  # the one source of the version: [tool.hatch.version] reads it, the kern pins must equal it
 __all__ = [
+    "__version__",
     "DTYPE_BYTES", "EXTERNS", "FORMAT", "MAX_MANIFEST_BYTES", "read_manifest_bytes", "Algo", "AnyLaunch", "ArgWiring", "Buffer", "Call", "CallArg",
     "DerivedSegment", "Expr", "ExprError", "ExprWiring", "ExternLaunch", "Fault", "FrozenMap", "IntValue",
     "InterleaveSegment", "Launch", "LiteralWiring", "Manifest", "ManifestError", "ManifestParseError",

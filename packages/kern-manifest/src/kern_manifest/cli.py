@@ -11,6 +11,7 @@ import sys
 from collections.abc import Sequence
 from typing import TextIO
 
+from . import __version__
 from .errors import ManifestParseError, ManifestVerifyError
 from .model import ExternLaunch, Manifest
 from .files import format_bytes as _bytes
@@ -85,6 +86,7 @@ def check(path: str, out: TextIO, err: TextIO) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="kern-manifest", description="kern manifest tools (docs/manifest.md)")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     p_check = sub.add_parser("check", help="verify a manifest and summarise it, or list its faults (exit 1)")
     p_check.add_argument("file", help="manifest JSON file")

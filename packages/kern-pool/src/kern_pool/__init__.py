@@ -20,7 +20,9 @@ from .sizing import (
     block_bytes_for,
 )
 
+__version__ = "0.1.0"  # the one source of the version: [tool.hatch.version] reads it, the kern pins must equal it
 __all__ = [
+    "__version__",
     "BlockMove", "Busy", "Capacity", "Checkpoint", "Closed", "Copies", "Eviction", "ExceedsPool",
     "GRANULARITY_BYTES", "HEADROOM_BYTES", "Hit", "Host", "HostCopies", "HostNode", "Kept", "Layout",
     "Lease", "MAX_BLOCK_BYTES", "Misuse", "NotLanded", "PageCopy", "Parked", "ParkedTier", "Pool",

@@ -9,6 +9,7 @@ import math
 import sys
 from pathlib import Path
 
+from . import __version__
 from .errors import PoolError
 from .simulate import (
     MAX_PAGES, SWEEP_TOKENS, SimConfig, SimResult, TraceError, plot_sweep, simulate, sweep, trace_kind,
@@ -50,6 +51,7 @@ def _count(low: int):
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kern-pool", description="kern-pool: host-side KV pool tools")
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("simulate", help="replay a Mooncake-format trace through Pool + Prefix")
     s.add_argument("trace", type=Path, help="JSONL trace (timestamp, input_length, output_length, hash_ids)")

@@ -26,7 +26,9 @@ from .weights import (
     plan_bind,
 )
 
+__version__ = "0.1.0"  # the one source of the version: [tool.hatch.version] reads it, the kern pins must equal it
 __all__ = [
+    "__version__",
     "KERN_ERRORS", "ApiError", "BindPlan", "BlasError", "Blob", "CallError", "Capacity", "Copy", "CudaError",
     "DeviceBlob", "DriverError", "EventHandle", "FileBlob", "HostBlob", "HostTensors", "KernError", "KernelArtifactError",
     "ManifestError", "ManifestParseError", "ManifestVerifyError", "ParamBlock", "PoolLayout", "ReadbackHandle",
