@@ -1,6 +1,6 @@
 """The four packages' metadata, read from the source tree: one version per package (`__version__`, which
 hatchling reads), exact pins between the kern packages, the LICENSE copies, py.typed, and the `--version`
-flags."""
+flags. tests/test_wheels.py checks the same things in built wheels."""
 
 from __future__ import annotations
 
