@@ -123,16 +123,15 @@ app.add_typer(manifest_app, name="manifest")
 
 
 def package_versions() -> str:
-    """`kern-run X, kern-runtime Y, kern-manifest Z, kern-pool W` from the installed distributions' metadata
-    ("not installed" for one on PYTHONPATH only, as on the GPU machine's tools/gpu-env.sh)."""
-    from importlib.metadata import PackageNotFoundError, version
+    """`kern-run X, kern-runtime Y, kern-manifest Z, kern-pool W`: each package's `__version__` (the one source
+    its wheel's metadata is built from), so it also answers for packages on PYTHONPATH only, as on the GPU
+    machine's tools/gpu-env.sh."""
+    import importlib
 
     parts = []
     for dist in ("kern-run", "kern-runtime", "kern-manifest", "kern-pool"):
-        try:
-            parts.append(f"{dist} {version(dist)}")
-        except PackageNotFoundError:
-            parts.append(f"{dist} not installed")
+        module = importlib.import_module(dist.replace("-", "_"))
+        parts.append(f"{dist} {module.__version__}")
     return ", ".join(parts)
 
 
