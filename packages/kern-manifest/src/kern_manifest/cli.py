@@ -16,6 +16,7 @@ from .model import ExternLaunch, Manifest
 from .files import format_bytes as _bytes
 from .files import read_manifest_bytes
 from .parse import parse_manifest
+from .pipes import quiet_on_closed_pipe
 from .verify import verify
 
 
@@ -84,6 +85,12 @@ def check(path: str, out: TextIO, err: TextIO) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """`kern-manifest` with `argv` (default: sys.argv); the exit code. A closed stdout (`| head -1`) ends it
+    quietly with exit 1 (kern_manifest.pipes)."""
+    return quiet_on_closed_pipe(lambda: _main(argv))
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = argparse.ArgumentParser(prog="kern-manifest", description="kern manifest tools (docs/manifest.md)")
     sub = parser.add_subparsers(dest="command", required=True)
     p_check = sub.add_parser("check", help="verify a manifest and summarise it, or list its faults (exit 1)")

@@ -95,9 +95,16 @@ class _OneLineUsageErrors(typer.core.TyperGroup):
 
     def main(self, args: Any = None, prog_name: str | None = None, complete_var: str | None = None,
              standalone_mode: bool = True, **extra: Any) -> Any:
+        _hide_flag_types(self)
         if not standalone_mode:
             return super().main(args=args, prog_name=prog_name, complete_var=complete_var, standalone_mode=False,
                                 **extra)
+        from kern_manifest.pipes import quiet_on_closed_pipe
+
+        # a closed stdout (`kern inspect M | head -1`): exit 1 quietly, not a BrokenPipeError traceback
+        sys.exit(quiet_on_closed_pipe(lambda: self._one_line_main(args, prog_name, complete_var, **extra)))
+
+    def _one_line_main(self, args: Any, prog_name: str | None, complete_var: str | None, **extra: Any) -> int:
         argv = list(sys.argv[1:] if args is None else args)
         try:
             rv = super().main(args=argv, prog_name=prog_name, complete_var=complete_var, standalone_mode=False,
@@ -113,7 +120,24 @@ class _OneLineUsageErrors(typer.core.TyperGroup):
         except typer.Abort:
             print("Aborted!", file=sys.stderr)
             sys.exit(1)
-        sys.exit(rv if isinstance(rv, int) else 0)
+        return rv if isinstance(rv, int) else 0
+
+
+def _hide_flag_types(command: Any) -> None:
+    """No value type in the help of a flag (`--eager`, `--ignore-eos`, `--version`, `--help`): typer shows one
+    (`--eager <bool>`), though a flag takes no value (`--eager true` is refused). Sets the metavar of every flag of
+    `command` and its subcommands to "" (what the help prints as the type) unless one was given."""
+    params = list(getattr(command, "params", []))
+    help_option = getattr(command, "get_help_option", None)
+    if help_option is not None:
+        option = help_option(typer.Context(command))
+        if option is not None:
+            params.append(option)
+    for param in params:
+        if getattr(param, "is_flag", False) and param.metavar is None:
+            param.metavar = ""
+    for sub in (getattr(command, "commands", None) or {}).values():
+        _hide_flag_types(sub)
 
 
 app = typer.Typer(cls=_OneLineUsageErrors, add_completion=False, no_args_is_help=True,
