@@ -45,3 +45,26 @@ def test_a_flag_shows_no_value_type_in_the_help(args: list[str], flags: tuple[st
     if args[0] == "run":
         assert re.search(r"--steps +-n +<int> ", result.stdout)  # an option with a value keeps its type
         assert _refusal(["run", "--eager", "true"]) == "kern run: Got unexpected extra argument(s) (true)"
+
+
+# ---------------------------------------------------------------- a pins file for a manifest
+
+ROOT = Path(__file__).resolve().parents[2]
+PINS_FILE = ROOT / "manifests" / "algos" / "h200.json"
+PINS_IS = ("is a cuBLASLt algorithm pins file (format 'kern-cublaslt-pins/1'; tools/pick_algos.py writes it, "
+           "tools/gen_qwen3.py --algos reads it), not a manifest: pass a manifest (kern-manifest/1, e.g. "
+           "manifests/*.json)")
+
+
+@pytest.mark.parametrize("args, line", [
+    (["inspect", str(PINS_FILE)], f"kern inspect: manifest {PINS_FILE} {PINS_IS}"),
+    (["run", "--manifest", str(PINS_FILE), "--kernels", str(ROOT), "--weights", str(ROOT)],
+     f"kern run: manifest {PINS_FILE} {PINS_IS}"),
+])
+def test_a_pins_file_given_for_a_manifest_is_named(args: list[str], line: str) -> None:
+    assert _refusal(args) == line
+
+
+def test_kern_manifest_check_names_a_pins_file() -> None:
+    result = CliRunner().invoke(app, ["manifest", "check", str(PINS_FILE)])
+    assert (result.exit_code, result.stdout, result.stderr) == (1, "", f"{PINS_FILE} {PINS_IS}\n")

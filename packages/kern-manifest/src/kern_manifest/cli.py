@@ -15,6 +15,7 @@ from .errors import ManifestParseError, ManifestVerifyError
 from .model import ExternLaunch, Manifest
 from .files import format_bytes as _bytes
 from .files import read_manifest_bytes
+from .formats import other_kern_file
 from .parse import parse_manifest
 from .pipes import quiet_on_closed_pipe
 from .verify import verify
@@ -73,6 +74,10 @@ def check(path: str, out: TextIO, err: TextIO) -> int:
         manifest = parse_manifest(text)
         verify(manifest)
     except ManifestParseError as exc:
+        other = other_kern_file(text)
+        if other is not None:  # a pins file or kernels.json given for a manifest: say what it is
+            print(f"{path} is {other}: pass a manifest (kern-manifest/1, e.g. manifests/*.json)", file=err)
+            return 1
         print(f"{path}: parse error at {exc.path}: {exc.message}", file=err)
         return 1
     except ManifestVerifyError as exc:

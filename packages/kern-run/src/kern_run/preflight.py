@@ -101,9 +101,13 @@ def load_verified(path: Path, hint: str = "") -> tuple[Any, Any]:
     read as `kern manifest check` reads it), not UTF-8 or not JSON (each message ending in `hint`), or its first
     parse or verification fault."""
     from kern_manifest import read_manifest_bytes
+    from kern_manifest.formats import other_kern_file
 
     text = read_text(Path(path), "manifest", ConfigError, hint, read=read_manifest_bytes)
     raw = parse_json(text, path, "manifest", ConfigError, hint)
+    other = other_kern_file(raw)
+    if other is not None:  # a pins file or kernels.json given for a manifest: say what it is
+        raise ConfigError(f"manifest {path} is {other}: pass a manifest (kern-manifest/1, e.g. manifests/*.json)")
     return raw, check_verifies(text, path)
 
 
