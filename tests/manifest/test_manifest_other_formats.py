@@ -54,3 +54,16 @@ def test_other_kern_file_reads_text_bytes_and_values() -> None:
     assert other_kern_file(doc) == other_kern_file(json.dumps(doc)) == other_kern_file(json.dumps(doc).encode())
     assert other_kern_file(doc).startswith("a cuBLASLt algorithm pins file (format 'kern-cublaslt-pins/2'")
     assert other_kern_file(b"\xff\xfe{") is None and other_kern_file("{not json") is None
+
+
+def test_buffer_and_state_names_are_listed_in_natural_order() -> None:
+    """The committed qwen3-4b manifest's weights used to read `k_norm.0, k_norm.1, k_norm.10` (its key order)."""
+    from kern_manifest.cli import natural_key
+
+    assert sorted(["k_norm.10", "k_norm.2", "k_norm.1", "embed", "kv.0"], key=natural_key) == [
+        "embed", "k_norm.1", "k_norm.2", "k_norm.10", "kv.0"]
+    code, out, _ = _check(ROOT / "manifests" / "qwen3-4b.json")
+    lines = out.splitlines()
+    assert code == 0
+    assert any(line.endswith("embed, final_norm, k_norm.0, k_norm.1, k_norm.2, k_norm.3 ...") for line in lines), out
+    assert "  kv.0, kv.1, kv.2, kv.3 ... (36): paged, 4096 B/token, 16 tokens/page" in lines

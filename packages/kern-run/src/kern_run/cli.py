@@ -184,6 +184,7 @@ ChunkOpt = Annotated[Optional[int], typer.Option("--chunk", help="prefill chunk 
                                                  "that max is refused)")]
 CapacityOpt = Annotated[Optional[int], typer.Option("--capacity", help="KV capacity in tokens (default: the target's; "
                                                     "4096 without one)")]
+DEFAULT_PROMPT = "The capital of France is"
 GpuOpt = Annotated[Optional[int], typer.Option("--gpu", help="CUDA device ordinal")]
 LogOpt = Annotated[Optional[str], typer.Option("--log-level", help="debug|info|warning|error (default $KERN_LOG or info)")]
 
@@ -240,7 +241,8 @@ def _overrides(manifest: Path | None, kernels: Path | None, weights: list[str] |
 
 @app.command()
 def run(
-    prompt: Annotated[str, typer.Option("--prompt", "-p", help="prompt text")] = "The capital of France is",
+    prompt: Annotated[Optional[str], typer.Option("--prompt", "-p", help=f"prompt text (default: {DEFAULT_PROMPT!r}; "
+                                                  "not with --prompts)")] = None,
     steps: Annotated[int, typer.Option("--steps", "-n", help="tokens to generate at most")] = 128,
     eager: Annotated[bool, typer.Option("--eager", help="replay decode launch by launch (no CUDA graph)")] = False,
     ignore_eos: Annotated[bool, typer.Option("--ignore-eos", help="do not stop at EOS")] = False,
@@ -260,6 +262,10 @@ def run(
 
     def go() -> None:
         cfg = resolve_config(find_toml(config), target, _overrides(manifest, kernels, weights, gpu, capacity, chunk))
+        if prompt is not None and prompts is not None:
+            raise RefusalError(f"--prompt with --prompts {prompts}: pass one or the other (the prompts file's lines "
+                               "are the prompts)")
+        text = DEFAULT_PROMPT if prompt is None else prompt
         if steps < 0:
             raise RefusalError(f"--steps {steps} must be >= 0")
         if tp < 1:
@@ -269,14 +275,14 @@ def run(
                 raise RefusalError("--prompts with --tp > 1 is not supported: run the prompts at --tp 1")
             from .tp import run_tp
 
-            run_tp(cfg, prompt, steps, eager, ignore_eos, tp, log)
+            run_tp(cfg, text, steps, eager, ignore_eos, tp, log)
             return
         if prompts is not None:
             from .prefix_cache import read_prompts, run_prompts
 
-            run_prompts(cfg, read_prompts(prompts), RunRequest(prompt, steps, eager, ignore_eos), log)
+            run_prompts(cfg, read_prompts(prompts), RunRequest(text, steps, eager, ignore_eos), log)
             return
-        run_target(cfg, RunRequest(prompt, steps, eager, ignore_eos), log)
+        run_target(cfg, RunRequest(text, steps, eager, ignore_eos), log)
 
     _guarded("run", level, go)
 
