@@ -113,3 +113,71 @@ def test_a_capacity_that_is_not_a_whole_number_is_refused(capsys: pytest.Capture
         main(["simulate", str(DATA / "tiny.jsonl"), "--capacity", capacity])
     assert exc.value.code == 2
     assert f"capacity must be a whole number of tokens, got {capacity}" in capsys.readouterr().err
+
+
+class _Recorder:
+    """Stands in for matplotlib (not installed on the CPU machine): records what plot_sweep draws."""
+
+    def __init__(self) -> None:
+        self.labels: list[str] = []
+        self.texts: list[str] = []
+        self.saved: list[Path] = []
+        self.pyplot = self
+
+    def use(self, backend: str) -> None:
+        assert backend == "Agg"
+
+    def subplots(self, figsize: tuple[float, float]) -> tuple["_Recorder", "_Recorder"]:
+        return self, self
+
+    def plot(self, xs: list[float], ys: list[float], style: str, label: str) -> None:
+        self.labels.append(label)
+
+    def text(self, x: float, y: float, text: str, fontsize: int) -> None:
+        self.texts.append(text)
+
+    def savefig(self, path: Path, dpi: int) -> None:
+        self.saved.append(path)
+
+    def __getattr__(self, name: str):  # set_xscale, legend, tight_layout, close ...: accepted, ignored
+        return lambda *args, **kwargs: None
+
+
+@pytest.mark.parametrize("with_reference", [True, False])
+def test_plot_labels_say_which_references_are_drawn(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                    with_reference: bool) -> None:
+    import sys
+
+    from kern_pool.sweep_plot import plot_sweep
+
+    fake = _Recorder()
+    monkeypatch.setitem(sys.modules, "matplotlib", fake)
+    monkeypatch.setitem(sys.modules, "matplotlib.pyplot", fake)
+    results = [simulate(DATA / "tiny.jsonl", SimConfig(cap)) for cap in SWEEP_TOKENS[:2]]
+    plot_sweep(results, REFERENCES[0] if with_reference else None, tmp_path / "c.png")
+    assert fake.saved == [tmp_path / "c.png"]
+    if with_reference:
+        assert fake.labels == ["kern-pool (this run, 5 requests)",
+                               "FAST'25 Fig. 9, mooncake_conversation_trace.jsonl (read off, +-0.02)",
+                               "helper baseline (block LRU), mooncake_conversation_trace.jsonl"]
+        assert fake.texts == [REFERENCES[0].caption()]
+    else:
+        assert (fake.labels, fake.texts) == (["kern-pool (this run, 5 requests)"], [])
+
+
+def test_a_limited_sweep_of_the_real_trace_draws_no_reference(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str],
+                                                               conversation: Path) -> None:
+    """`--sweep --limit 300 --png` used to draw the full-trace reference curves beside a 300-request run."""
+    import sys
+
+    fake = _Recorder()
+    fake.__spec__ = "matplotlib (fake)"  # what importlib.util.find_spec reads from sys.modules
+    monkeypatch.setitem(sys.modules, "matplotlib", fake)
+    monkeypatch.setitem(sys.modules, "matplotlib.pyplot", fake)
+    png = tmp_path / "c.png"
+    assert main(["simulate", str(conversation), "--sweep", "--limit", "300", "--png", str(png), "--json"]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["kern-pool: no reference curves: they were measured on all of mooncake_conversation_trace.jsonl; "
+                   "--limit 300 replays 300 of its 12,031 requests", f"wrote {png}"]
+    assert fake.labels == ["kern-pool (this run, 300 requests)"] and fake.texts == []
