@@ -218,7 +218,7 @@ def test_cli_check_prints_summary() -> None:
     digest = parse_manifest(EXAMPLE).digest
     assert lines[0] == f"tiny-lm  (kern-manifest/1, digest {digest[:12]})"
     assert lines[1] == "vars: tokens=[1, 64], seqs=[1, 4]"
-    assert "  weight       4 buffer(s)   56.1 KiB   embed, final_norm, w_qkv.0, rope" in lines
+    assert "  weight       4 buffer(s)   56.1 KiB   embed, final_norm, rope, w_qkv.0" in lines  # natural order
     assert "  kv.0: paged, 128 B/token, 16 tokens/page" in lines and "states (1):" in lines
     assert "  decode [run]: graph (5 calls -> 1 graph launch), capture key: tokens" in lines
     assert "  load [once]: 1 call(s)" in lines

@@ -148,3 +148,26 @@ def test_tensor_in_two_distinct_shards_names_both(tiny_manifest: Path, kernels_d
     code, line = _run(tiny_manifest, kernels_dir, ckpt)
     assert code == 2 and "two shards" in line, line
     assert "copy.safetensors" in line and shard in line, line
+
+
+def test_tp_weights_never_made_are_said_not_to_exist(tp_dir: Path, kernels_dir: Path, tmp_path: Path) -> None:
+    """--tp 2 used to read the tokenizer first and say `no tokenizer.json next to the weights (.../tokenizer.json)`,
+    naming the parent folder; at --tp 1 the same case says the weights do not exist."""
+    weights = tmp_path / "weights" / "qwen3-tiny"
+    want = (f"kern run: weights {weights} do not exist: make them with `python tools/make_checkpoint.py --shape "
+            f"<shape> --out {weights}`, or point --weights at an existing checkpoint")
+    for extra in (("--tp", "2"), ()):
+        assert _run(tp_dir / "tiny.json", kernels_dir, weights, *extra) == (2, want)
+
+
+def test_tp_capacity_above_the_max_context_is_refused(tp_dir: Path, kernels_dir: Path, ckpt: Path) -> None:
+    code, line = _run(tp_dir / "tiny.json", kernels_dir, ckpt, "--tp", "2", "--capacity", "8000")
+    assert (code, line) == (2, "kern run: --capacity 8000 is more than the manifest's max context (1024 tokens), "
+                               "which is all one sequence can use: pass --capacity <= 1024")
+
+
+def test_tp_too_many_ranks_lists_a_few_missing_manifests(tp_dir: Path, kernels_dir: Path, ckpt: Path) -> None:
+    code, line = _run(tp_dir / "tiny.json", kernels_dir, ckpt, "--tp", "100000")
+    assert code == 2 and line.endswith(f"'... (100000 in all)'] not found: python tools/gen_qwen3_tp.py --tp 100000 "
+                                       f"--out-dir {tp_dir} ..."), line
+    assert len(line) < 600

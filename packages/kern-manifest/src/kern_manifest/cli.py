@@ -7,6 +7,7 @@ an unreadable file, refused before it is read).
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from collections.abc import Sequence
 from typing import TextIO
@@ -16,19 +17,30 @@ from .errors import ManifestParseError, ManifestVerifyError
 from .model import ExternLaunch, Manifest
 from .files import format_bytes as _bytes
 from .files import read_manifest_bytes
+from .formats import other_kern_file
 from .parse import parse_manifest
+from .pipes import quiet_on_closed_pipe
 from .verify import verify
+
+
+def natural_key(name: str) -> tuple[tuple[int, int | str], ...]:
+    """Sort key putting digit runs in number order: `k_norm.2` before `k_norm.10` (plain sorting gives
+    `k_norm.0, k_norm.1, k_norm.10`)."""
+    return tuple((0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", name) if part)
 
 
 def summary(m: Manifest) -> str:
     """A short human summary of a verified manifest: vars, modules, buffers by kind (bytes at var max),
-    states, ops, programs (call counts, graph capture keys)."""
+    states, ops, programs (call counts, graph capture keys). Buffer and state names are listed in natural order
+    (`natural_key`), ops and programs in the manifest's."""
     lines = [f"{m.name}  ({m.format}, digest {m.digest[:12]})"]
     lines.append("vars: " + ", ".join(f"{n}=[{v.min}, {v.max}]" for n, v in m.vars.items()))
     lines.append(f"modules ({len(m.modules)}): " + ", ".join(mod.cubin_filename for mod in m.modules.values()))
     by_kind: dict[str, list[tuple[str, int]]] = {}
-    for name, buf in m.buffers.items():
+    for name, buf in m.buffers.items():  # kinds in the manifest's order, names in natural order
         by_kind.setdefault(buf.kind, []).append((name, buf.nbytes_at_max(m.vars)))
+    for items in by_kind.values():
+        items.sort(key=lambda item: natural_key(item[0]))
     lines.append("buffers (bytes at var max):")
     for kind, items in by_kind.items():
         total = sum(n for _, n in items)
@@ -37,7 +49,7 @@ def summary(m: Manifest) -> str:
     if m.states:
         lines.append(f"states ({len(m.states)}):")
         groups: dict[str, list[str]] = {}
-        for name, st in m.states.items():
+        for name, st in sorted(m.states.items(), key=lambda item: natural_key(item[0])):  # groups: first name's order
             detail = {"fixed": f"{st.bytes} B", "paged": f"{st.bytes_per_token} B/token, {st.page_tokens} tokens/page",
                       "per_seq": f"{st.bytes_per_seq} B/seq"}[st.kind]
             groups.setdefault(f"{st.kind}, {detail}", []).append(name)
@@ -73,6 +85,10 @@ def check(path: str, out: TextIO, err: TextIO) -> int:
         manifest = parse_manifest(text)
         verify(manifest)
     except ManifestParseError as exc:
+        other = other_kern_file(text)
+        if other is not None:  # a pins file or kernels.json given for a manifest: say what it is
+            print(f"{path} is {other}: pass a manifest (kern-manifest/1, e.g. manifests/*.json)", file=err)
+            return 1
         print(f"{path}: parse error at {exc.path}: {exc.message}", file=err)
         return 1
     except ManifestVerifyError as exc:
@@ -85,6 +101,12 @@ def check(path: str, out: TextIO, err: TextIO) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """`kern-manifest` with `argv` (default: sys.argv); the exit code. A closed stdout (`| head -1`) ends it
+    quietly with exit 1 (kern_manifest.pipes)."""
+    return quiet_on_closed_pipe(lambda: _main(argv))
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = argparse.ArgumentParser(prog="kern-manifest", description="kern manifest tools (docs/manifest.md)")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)

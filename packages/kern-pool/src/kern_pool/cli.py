@@ -1,4 +1,8 @@
-"""`kern-pool` command line: `kern-pool simulate TRACE [options]`. Parses options, calls simulate."""
+"""`kern-pool` command line: `kern-pool simulate TRACE [options]`. Parses options, calls simulate.
+
+Every refusal is one stderr line before any replay runs; a sweep shows its progress on stderr when that is a
+terminal; a closed stdout (`| head -1`) ends the command quietly with exit 1.
+"""
 
 from __future__ import annotations
 
@@ -6,14 +10,17 @@ import argparse
 import importlib.util
 import json
 import math
+import os
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Callable, TextIO
 
 from . import __version__
 from .errors import PoolError
-from .simulate import (
-    MAX_PAGES, SWEEP_TOKENS, SimConfig, SimResult, TraceError, plot_sweep, simulate, sweep, trace_kind,
-)
+from .simulate import MAX_PAGES, SWEEP_TOKENS, SimConfig, SimResult, TraceError, simulate, sweep
+from .sweep_plot import Reference, check_png_path, plot_sweep, reference_for
 
 
 MAX_TOKENS = 1e9  # above any trace's total (the largest here has 1.45e8 input tokens); a pool of more pages
@@ -66,8 +73,19 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def tokens_text(tokens: float) -> str:
+    """A token count as the table prints it, exactly: `1e4`, `1.5e6`, `1536`, `inf` (never rounded)."""
+    if math.isinf(tokens):
+        return "inf"
+    digits = str(int(tokens))
+    mantissa = digits.rstrip("0")
+    if len(digits) - len(mantissa) < 3:  # fewer than three trailing zeros: the digits are shorter
+        return digits
+    return f"{mantissa[0]}{'.' + mantissa[1:] if len(mantissa) > 1 else ''}e{len(digits) - 1}"
+
+
 def _line(r: SimResult) -> str:
-    cap = "inf" if math.isinf(r.capacity_tokens) else f"{r.capacity_tokens:.0e}"
+    cap = tokens_text(r.capacity_tokens)
     return (f"{cap:>6} {r.pool_pages:>8} {r.hit_rate:>8.3f} {r.request_hit_rate:>8.3f} {r.evictions:>9} "
             f"{r.parks:>6} {r.wakes:>6} {r.peak_pages:>8} {r.refused_exceeds + r.refused_busy:>8}")
 
@@ -76,6 +94,33 @@ HEADER = f"{'tokens':>6} {'pages':>8} {'hit_tok':>8} {'hit_req':>8} {'evictions'
 
 
 def main(argv: list[str] | None = None) -> int:
+    """`kern-pool` with `argv` (default: sys.argv); the exit code."""
+    return _quiet_on_closed_pipe(lambda: _main(argv))
+
+
+def _quiet_on_closed_pipe(main: Callable[[], int]) -> int:
+    """`main()`'s exit code, output flushed; 1 (as click and the Python docs' recipe), printing nothing more, when the reader of stdout
+    or stderr has gone (`| head -1`): stdout and stderr then point at /dev/null, so the interpreter's exit flush
+    cannot fail either (the recipe of the Python docs' "Note on SIGPIPE"; kern_manifest.pipes is the same for
+    kern-manifest and kern, which kern-pool does not import)."""
+    try:
+        try:
+            return main()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                os.dup2(devnull, stream.fileno())
+            except (AttributeError, OSError, ValueError):  # not a file descriptor (a test's capture buffer)
+                pass
+        os.close(devnull)
+        return 1
+
+
+def _main(argv: list[str] | None) -> int:
     args = _parser().parse_args(argv)
     if not args.trace.is_file():
         what = ("is a directory, not a trace file" if args.trace.is_dir() else
@@ -109,23 +154,57 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr)
             return 2
     if args.png is not None:
+        fault = check_png_path(args.png)
+        if fault is not None:
+            print(f"kern-pool: {fault}", file=sys.stderr)
+            return 2
         if importlib.util.find_spec("matplotlib") is None:  # checked before a sweep of minutes, not after
             print("kern-pool: --png needs matplotlib: pip install 'kern-pool[plot]'", file=sys.stderr)
             return 3
     cfg = SimConfig(capacity, args.host_tokens, args.page_tokens, args.limit, args.reserve_output)
     try:
         return _run(args, cfg)
+    except BrokenPipeError:  # the reader of stdout has gone: _quiet_on_closed_pipe's, not a trace error
+        raise
     except (TraceError, PoolError, OSError) as e:
         print(f"kern-pool: {e}", file=sys.stderr)
         return 2
 
 
+def sweep_progress(results: Iterator[SimResult], capacities: tuple[float, ...], err: TextIO) -> Iterator[SimResult]:
+    """`results` (one replay per capacity, in order) passed through, with a progress line on `err` rewritten before
+    each replay (`sweep 3/10: capacity 1e6, 8 s so far`) and cleared at the end; nothing when `err` is not a
+    terminal (a log file or pipe gets no carriage returns)."""
+    if not err.isatty():
+        yield from results
+        return
+    t0 = time.monotonic()
+    try:
+        for i, cap in enumerate(capacities, 1):
+            err.write(f"\r\x1b[Ksweep {i}/{len(capacities)}: capacity {tokens_text(cap)}, "
+                      f"{time.monotonic() - t0:.0f} s so far")
+            err.flush()
+            result = next(results, None)
+            if result is None:
+                return
+            err.write("\r\x1b[K")  # the table row, if any, lands on a clean line
+            err.flush()
+            yield result
+    finally:
+        err.write("\r\x1b[K")
+        err.flush()
+
+
 def _run(args: argparse.Namespace, cfg: SimConfig) -> int:
     if args.sweep:
+        reference: Reference | None = None
+        if args.png is not None:
+            reference, which = reference_for(args.trace, cfg)
+            print(f"kern-pool: {which}", file=sys.stderr)
         results = []
         if not args.json:
-            print(HEADER)
-        for r in sweep(args.trace, cfg, SWEEP_TOKENS):
+            print(HEADER, flush=True)
+        for r in sweep_progress(sweep(args.trace, cfg, SWEEP_TOKENS), SWEEP_TOKENS, sys.stderr):
             results.append(r)
             if not args.json:
                 print(_line(r), flush=True)
@@ -133,7 +212,7 @@ def _run(args: argparse.Namespace, cfg: SimConfig) -> int:
             print(json.dumps([r.to_json() for r in results], indent=1))
         if args.png is not None:
             try:
-                plot_sweep(results, trace_kind(args.trace), args.png)
+                plot_sweep(results, reference, args.png)
             except RuntimeError as e:
                 print(f"kern-pool: {e}", file=sys.stderr)
                 return 3

@@ -25,18 +25,6 @@ from .sizing import Capacity, Layout, PooledState
 TRACE_BLOCK_TOKENS = 512  # tokens per hash id in the Mooncake traces
 QWEN3_4B_BYTES_PER_TOKEN = 36 * 8 * 128 * 2 * 2  # layers * kv heads * head_dim * (K, V) * bf16 = 144 KiB
 
-# Published (FAST'25 Figure 9, read off the plot, +-0.02) and helper-baseline (traces/README.md) points:
-# capacity in tokens -> hit rate by tokens. math.inf stands for "everything fits".
-PUBLISHED = {
-    "conversation": ((1e4, .045), (1e5, .07), (1e6, .09), (2e6, .12), (3e6, .165), (1e7, .33), (5e7, .40), (1e9, .40)),
-    "synthetic": ((1e4, .00), (1e5, .012), (1e6, .15), (2e6, .23), (3e6, .30), (1e7, .59), (5e7, .66), (1e9, .66)),
-}
-BASELINE = {
-    "conversation": ((1e4, .026), (1e5, .043), (1e6, .054), (2e6, .086), (3e6, .138), (5e6, .210), (1e7, .291),
-                     (2e7, .358), (5e7, .371), (math.inf, .374)),
-    "synthetic": ((1e4, .000), (1e5, .012), (1e6, .142), (2e6, .232), (3e6, .315), (5e6, .428), (1e7, .577),
-                  (2e7, .651), (5e7, .651), (math.inf, .651)),
-}
 SWEEP_TOKENS = (1e4, 1e5, 1e6, 2e6, 3e6, 5e6, 1e7, 2e7, 5e7, math.inf)
 MAX_PAGES = 1 << 22  # device or host pages of one replay: the pool keeps a Python free list of every page id
 
@@ -174,12 +162,6 @@ def synth_tokens(req: Request, block_tokens: int = TRACE_BLOCK_TOKENS) -> tuple[
     return tuple(toks)
 
 
-def trace_kind(path: Path) -> str | None:
-    """'conversation' / 'synthetic' from the file name, for picking the reference points."""
-    name = path.name.lower()
-    return next((k for k in PUBLISHED if k in name), None)
-
-
 def _build(cfg: SimConfig, requests: list[Request]) -> tuple[Pool, Host | None]:
     cap = cfg.capacity_tokens
     if math.isinf(cap):
@@ -288,37 +270,3 @@ def sweep(path: Path, cfg: SimConfig, capacities: tuple[float, ...] = SWEEP_TOKE
     for cap in capacities:
         yield simulate(path, SimConfig(cap, cfg.host_tokens, cfg.page_tokens, cfg.limit, cfg.reserve_output,
                                        cfg.bytes_per_token), reqs)
-
-
-def plot_sweep(results: list[SimResult], kind: str | None, out_png: Path) -> None:
-    """Hit rate vs capacity (log x) beside the published and baseline points. Needs matplotlib
-    (`pip install 'kern-pool[plot]'`); raises `RuntimeError` with that hint when it is missing."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as e:  # pragma: no cover - depends on the environment
-        raise RuntimeError("plotting needs matplotlib: pip install 'kern-pool[plot]'") from e
-    finite = [r.capacity_tokens for r in results if not math.isinf(r.capacity_tokens)]
-    inf_x = (max(finite) if finite else 1e7) * 4
-
-    def x(v: float) -> float:
-        return inf_x if math.isinf(v) else v
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    ax.plot([x(r.capacity_tokens) for r in results], [r.hit_rate for r in results], "o-", label="kern-pool (this run)")
-    if kind is not None:
-        pub = PUBLISHED[kind]
-        ax.plot([p[0] for p in pub], [p[1] for p in pub], "s--", label="FAST'25 Fig. 9 (read off, +-0.02)")
-        base = BASELINE[kind]
-        ax.plot([x(p[0]) for p in base], [p[1] for p in base], "^:", label="helper baseline (block LRU)")
-    ax.set_xscale("log")
-    ax.set_xlabel("cache capacity (tokens; rightmost = everything fits)")
-    ax.set_ylabel("prefix hit rate (tokens)")
-    ax.set_title(f"{results[0].trace if results else ''}")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(out_png, dpi=120)
-    plt.close(fig)

@@ -27,6 +27,7 @@ from .generate import GenerateOptions, Generator
 from .session import open_generator, prepare
 from .text import TextCodec
 
+MAX_TEST_PROMPTS = 10_000  # `kern test --prompts`: the prompts are built before the first comparison runs
 PROMPTS = (
     "The capital of France is",
     "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
@@ -68,6 +69,9 @@ def check_request(req: AbRequest, cfg: RunConfig) -> "RunConfig | None":
     without torch + transformers)."""
     if req.prompts < 1:
         raise InputError(f"--prompts {req.prompts}: need at least 1 prompt")
+    if req.prompts > MAX_TEST_PROMPTS:
+        raise InputError(f"--prompts {req.prompts}: at most {MAX_TEST_PROMPTS} prompts (each is a generation and a "
+                         "teacher-forced pass on both sides)")
     if req.steps < 1:
         raise InputError(f"--steps {req.steps}: need at least 1 step")
     if req.seed < 0:

@@ -95,9 +95,16 @@ class _OneLineUsageErrors(typer.core.TyperGroup):
 
     def main(self, args: Any = None, prog_name: str | None = None, complete_var: str | None = None,
              standalone_mode: bool = True, **extra: Any) -> Any:
+        _hide_flag_types(self)
         if not standalone_mode:
             return super().main(args=args, prog_name=prog_name, complete_var=complete_var, standalone_mode=False,
                                 **extra)
+        from kern_manifest.pipes import quiet_on_closed_pipe
+
+        # a closed stdout (`kern inspect M | head -1`): exit 1 quietly, not a BrokenPipeError traceback
+        sys.exit(quiet_on_closed_pipe(lambda: self._one_line_main(args, prog_name, complete_var, **extra)))
+
+    def _one_line_main(self, args: Any, prog_name: str | None, complete_var: str | None, **extra: Any) -> int:
         argv = list(sys.argv[1:] if args is None else args)
         try:
             rv = super().main(args=argv, prog_name=prog_name, complete_var=complete_var, standalone_mode=False,
@@ -113,7 +120,24 @@ class _OneLineUsageErrors(typer.core.TyperGroup):
         except typer.Abort:
             print("Aborted!", file=sys.stderr)
             sys.exit(1)
-        sys.exit(rv if isinstance(rv, int) else 0)
+        return rv if isinstance(rv, int) else 0
+
+
+def _hide_flag_types(command: Any) -> None:
+    """No value type in the help of a flag (`--eager`, `--ignore-eos`, `--version`, `--help`): typer shows one
+    (`--eager <bool>`), though a flag takes no value (`--eager true` is refused). Sets the metavar of every flag of
+    `command` and its subcommands to "" (what the help prints as the type) unless one was given."""
+    params = list(getattr(command, "params", []))
+    help_option = getattr(command, "get_help_option", None)
+    if help_option is not None:
+        option = help_option(typer.Context(command))
+        if option is not None:
+            params.append(option)
+    for param in params:
+        if getattr(param, "is_flag", False) and param.metavar is None:
+            param.metavar = ""
+    for sub in (getattr(command, "commands", None) or {}).values():
+        _hide_flag_types(sub)
 
 
 app = typer.Typer(cls=_OneLineUsageErrors, add_completion=False, no_args_is_help=True,
@@ -159,6 +183,7 @@ ChunkOpt = Annotated[Optional[int], typer.Option("--chunk", help="prefill chunk 
                                                  "that max is refused)")]
 CapacityOpt = Annotated[Optional[int], typer.Option("--capacity", help="KV capacity in tokens (default: the target's; "
                                                     "4096 without one)")]
+DEFAULT_PROMPT = "The capital of France is"
 GpuOpt = Annotated[Optional[int], typer.Option("--gpu", help="CUDA device ordinal")]
 LogOpt = Annotated[Optional[str], typer.Option("--log-level", help="debug|info|warning|error (default $KERN_LOG or info)")]
 
@@ -215,7 +240,8 @@ def _overrides(manifest: Path | None, kernels: Path | None, weights: list[str] |
 
 @app.command()
 def run(
-    prompt: Annotated[str, typer.Option("--prompt", "-p", help="prompt text")] = "The capital of France is",
+    prompt: Annotated[Optional[str], typer.Option("--prompt", "-p", help=f"prompt text (default: {DEFAULT_PROMPT!r}; "
+                                                  "not with --prompts)")] = None,
     steps: Annotated[int, typer.Option("--steps", "-n", help="tokens to generate at most")] = 128,
     eager: Annotated[bool, typer.Option("--eager", help="replay decode launch by launch (no CUDA graph)")] = False,
     ignore_eos: Annotated[bool, typer.Option("--ignore-eos", help="do not stop at EOS")] = False,
@@ -235,6 +261,10 @@ def run(
 
     def go() -> None:
         cfg = resolve_config(find_toml(config), target, _overrides(manifest, kernels, weights, gpu, capacity, chunk))
+        if prompt is not None and prompts is not None:
+            raise RefusalError(f"--prompt with --prompts {prompts}: pass one or the other (the prompts file's lines "
+                               "are the prompts)")
+        text = DEFAULT_PROMPT if prompt is None else prompt
         if steps < 0:
             raise RefusalError(f"--steps {steps} must be >= 0")
         if tp < 1:
@@ -244,14 +274,14 @@ def run(
                 raise RefusalError("--prompts with --tp > 1 is not supported: run the prompts at --tp 1")
             from .tp import run_tp
 
-            run_tp(cfg, prompt, steps, eager, ignore_eos, tp, log)
+            run_tp(cfg, text, steps, eager, ignore_eos, tp, log)
             return
         if prompts is not None:
             from .prefix_cache import read_prompts, run_prompts
 
-            run_prompts(cfg, read_prompts(prompts), RunRequest(prompt, steps, eager, ignore_eos), log)
+            run_prompts(cfg, read_prompts(prompts), RunRequest(text, steps, eager, ignore_eos), log)
             return
-        run_target(cfg, RunRequest(prompt, steps, eager, ignore_eos), log)
+        run_target(cfg, RunRequest(text, steps, eager, ignore_eos), log)
 
     _guarded("run", level, go)
 

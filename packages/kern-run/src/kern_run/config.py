@@ -86,24 +86,36 @@ class RunConfig:
     capacity_tokens: int = DEFAULT_CAPACITY_TOKENS
     chunk: int | None = None
     target: str | None = None
+    # where capacity_tokens was given ("--capacity", "kern.toml target 'x' capacity"); None: the default
+    capacity_from: str | None = None
 
 
 def find_toml(explicit: Path | None = None, start: Path | None = None) -> Path | None:
     """The kern.toml to use: `explicit`, else $KERN_TOML, else the first in `start` (cwd) or a parent."""
     if explicit is not None:
-        if not explicit.is_file():
-            raise ConfigError(f"--config {explicit}: no such file")
+        _check_toml_file(explicit, f"--config {explicit}")
         return explicit
     env = os.environ.get("KERN_TOML")
     if env:
-        if not Path(env).is_file():
-            raise ConfigError(f"KERN_TOML={env}: no such file")
+        _check_toml_file(Path(env), f"KERN_TOML={env}")
         return Path(env)
     here = (start or Path.cwd()).resolve()
     for d in (here, *here.parents):
         if (d / TOML_NAME).is_file():
             return d / TOML_NAME
     return None
+
+
+def _check_toml_file(path: Path, where: str) -> None:
+    """Raises ConfigError when `path` is not a regular file: a directory, something else that is no file, or
+    nothing at all, each said as such."""
+    if path.is_file():
+        return
+    if path.is_dir():
+        raise ConfigError(f"{where} is a directory: pass the kern.toml file (e.g. {path / TOML_NAME})")
+    if path.exists():
+        raise ConfigError(f"{where} is not a regular file (a device, pipe or socket): pass a kern.toml file")
+    raise ConfigError(f"{where}: no such file")
 
 
 def load_targets(path: Path) -> tuple[str | None, dict[str, dict[str, Any]]]:
@@ -183,6 +195,7 @@ def resolve_config(toml_path: Path | None, target: str | None, overrides: dict[s
     """
     fields: dict[str, Any] = {}
     chosen = None
+    capacity_from = None
     if toml_path is not None:
         default, targets = load_targets(toml_path)
         chosen = target or default
@@ -190,6 +203,8 @@ def resolve_config(toml_path: Path | None, target: str | None, overrides: dict[s
             if chosen not in targets:
                 raise ConfigError(f"target {chosen!r} is not in {toml_path} (have {sorted(targets)})")
             fields.update(targets[chosen])
+            if "capacity" in targets[chosen]:
+                capacity_from = f"kern.toml target {chosen!r} capacity"
     elif target is not None:
         raise ConfigError(f"--target {target}: no kern.toml found (pass --config or run from the repository)")
     for key, value in overrides.items():
@@ -199,6 +214,8 @@ def resolve_config(toml_path: Path | None, target: str | None, overrides: dict[s
             if key == "weights":
                 fields[key] = normalize_weights(value)
             else:
+                if key == "capacity":
+                    capacity_from = "--capacity"
                 fields[key] = Path(value) if key in ("manifest", "kernels") else value
     missing = [k for k in ("manifest", "kernels", "weights") if k not in fields]
     if missing:
@@ -212,5 +229,5 @@ def resolve_config(toml_path: Path | None, target: str | None, overrides: dict[s
         manifest=Path(fields["manifest"]), kernels=Path(fields["kernels"]),
         weights=normalize_weights(fields["weights"]),
         gpu=int(fields.get("gpu", 0)), capacity_tokens=int(fields.get("capacity", DEFAULT_CAPACITY_TOKENS)),
-        chunk=fields.get("chunk"), target=chosen,
+        chunk=fields.get("chunk"), target=chosen, capacity_from=capacity_from,
     )

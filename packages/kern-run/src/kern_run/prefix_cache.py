@@ -46,15 +46,16 @@ def read_prompts(path: str | Path) -> list[str]:
     `"\\ud800"`), naming the line number in the file.
     """
     try:
-        numbered = [(i, line) for i, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1)
-                    if line.strip()]
+        all_lines = Path(path).read_text(encoding="utf-8").splitlines()
     except OSError as exc:
         raise InputError(f"--prompts {path}: {exc}") from None
     except UnicodeDecodeError as exc:
         raise InputError(f"--prompts {path}: {json_text_fault(exc)}") from None
+    numbered = [(i, line) for i, line in enumerate(all_lines, 1) if line.strip()]
     lines = [line for _, line in numbered]
     if not lines:
-        raise InputError(f"--prompts {path}: no prompts (the file is empty)")
+        what = f"its {len(all_lines)} line(s) are all blank" if all_lines else "the file is empty"
+        raise InputError(f"--prompts {path}: no prompts ({what}): write one prompt per line")
     if any(line.lstrip().startswith(("{", "[")) for line in lines):
         prompts = []
         for i, line in numbered:

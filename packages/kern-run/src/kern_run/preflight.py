@@ -21,6 +21,7 @@ from .errors import ConfigError, InputError, KernelsError, NoDeviceError, Weight
 from .jsonfile import parse_json, read_text
 
 DEFAULT_CHUNK = 512
+MAX_PAGE_IDS = (1 << 31) - 1  # page ids are int32 in the device block tables (kern_pool.sizing.MAX_IDS)
 
 
 # ---------------------------------------------------------------- device
@@ -101,9 +102,13 @@ def load_verified(path: Path, hint: str = "") -> tuple[Any, Any]:
     read as `kern manifest check` reads it), not UTF-8 or not JSON (each message ending in `hint`), or its first
     parse or verification fault."""
     from kern_manifest import read_manifest_bytes
+    from kern_manifest.formats import other_kern_file
 
     text = read_text(Path(path), "manifest", ConfigError, hint, read=read_manifest_bytes)
     raw = parse_json(text, path, "manifest", ConfigError, hint)
+    other = other_kern_file(raw)
+    if other is not None:  # a pins file or kernels.json given for a manifest: say what it is
+        raise ConfigError(f"manifest {path} is {other}: pass a manifest (kern-manifest/1, e.g. manifests/*.json)")
     return raw, check_verifies(text, path)
 
 
@@ -207,7 +212,9 @@ def read_safetensors_header(path: Path) -> dict[str, tuple[str, tuple[int, ...]]
     try:
         entries = read_header(path)
     except WeightArtifactError as exc:
-        raise WeightsError(f"weights {exc}: not a usable safetensors file (remake the checkpoint)") from None
+        said = "not a safetensors file" in str(exc) or "not safetensors data" in str(exc)  # say it once
+        verdict = "" if said else ": not a usable safetensors file"
+        raise WeightsError(f"weights {exc}{verdict} (remake the checkpoint)") from None
     return {name: (meta.dtype, meta.shape) for name, (meta, _offset, _nbytes) in entries.items()}
 
 
@@ -355,12 +362,34 @@ def kv_bytes_per_token(facts: ManifestFacts) -> int:
     return sum(int(s.get("bytes_per_token", 0)) for s in facts.raw.get("states", {}).values())
 
 
+def check_capacity(capacity_tokens: int, capacity_from: str | None, facts: ManifestFacts,
+                   one_sequence: bool = True) -> None:
+    """A KV capacity given explicitly (`capacity_from`: the flag or kern.toml key; None: the default, not checked
+    here) must hold at most one sequence's context when one sequence uses the pool (`one_sequence`; several
+    `--prompts` also keep cached prefixes in it), and its pages must have int32 ids. Raises InputError naming
+    both numbers."""
+    if capacity_from is None:
+        return
+    pages = -(-capacity_tokens // facts.page_tokens)
+    if pages >= MAX_PAGE_IDS:
+        raise InputError(f"{capacity_from} {capacity_tokens} tokens is {pages} pages of {facts.page_tokens}, more "
+                         f"than the {MAX_PAGE_IDS - 1} page ids the device block tables hold (int32)")
+    if one_sequence and capacity_tokens > facts.max_context:
+        raise InputError(f"{capacity_from} {capacity_tokens} is more than the manifest's max context "
+                         f"({facts.max_context} tokens), which is all one sequence can use: pass --capacity <= "
+                         f"{facts.max_context}")
+
+
 def check_prompt(prompt_tokens: int, capacity_tokens: int, facts: ManifestFacts) -> None:
-    """The prompt must fit the KV capacity and the manifest's context. Raises InputError."""
-    limit = min(capacity_tokens, facts.max_context)
-    if prompt_tokens > limit:
-        what = "--capacity" if capacity_tokens <= facts.max_context else "the manifest's max context"
-        raise InputError(f"the prompt is {prompt_tokens} tokens, more than {what} ({limit} tokens): "
+    """The prompt must fit the KV capacity and the manifest's context. Raises InputError, whose hint is one the
+    user can follow: raising --capacity only while it is below the max context."""
+    if prompt_tokens > facts.max_context:
+        also = f" and --capacity ({capacity_tokens})" if capacity_tokens < prompt_tokens else ""
+        raise InputError(f"the prompt is {prompt_tokens} tokens, more than the manifest's max context "
+                         f"({facts.max_context} tokens){also}: shorten it, or use a manifest generated with a larger "
+                         "--max-context (tools/gen_qwen3.py)")
+    if prompt_tokens > capacity_tokens:
+        raise InputError(f"the prompt is {prompt_tokens} tokens, more than --capacity ({capacity_tokens} tokens): "
                          f"shorten it or raise --capacity (<= {facts.max_context})")
 
 

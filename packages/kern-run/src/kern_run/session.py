@@ -15,8 +15,8 @@ from .config import RunConfig
 from .generate import Generator
 from .errors import InputError, WeightsError
 from .preflight import (
-    ManifestFacts, check_kernels, check_prompt, check_weights, checkpoint_tensors, probe_device, read_manifest,
-    resolve_chunk, weight_bytes,
+    ManifestFacts, check_capacity, check_kernels, check_prompt, check_weights, checkpoint_tensors, probe_device,
+    read_manifest, resolve_chunk, weight_bytes,
 )
 from .summary import manifest_lines, runtime_lines
 from .text import TextCodec, checked_prompt, load_codec
@@ -36,10 +36,12 @@ class Prepared:
 
 def prepare(cfg: RunConfig, check_device: bool = True, prompts: Sequence[str] = ()) -> Prepared:
     """Every refusal that needs no GPU, then the device probe last, so a machine without a GPU still
-    reports a bad manifest, kernels directory, checkpoint, chunk or prompt (each of `prompts` is tokenized
-    and checked against the capacity; with several, the refusal names the prompt's number).
-    Raises RefusalError subclasses."""
+    reports a bad manifest, capacity, kernels directory, checkpoint, chunk or prompt (each of `prompts` is
+    tokenized and checked against the capacity; with several, the refusal names the prompt's number). A capacity
+    given above the manifest's max context is refused unless several prompts share the pool (their cached
+    prefixes use it). Raises RefusalError subclasses."""
     facts = read_manifest(cfg.manifest)
+    check_capacity(cfg.capacity_tokens, cfg.capacity_from, facts, one_sequence=len(prompts) <= 1)
     chunk = resolve_chunk(cfg.chunk, facts)
     check_kernels(facts, cfg.kernels)
     tensors = checkpoint_tensors(cfg.weights)

@@ -23,8 +23,8 @@ from .config import RunConfig, runtime_weights
 from .errors import RefusalError, WeightsError
 from .generate import GenerateOptions, GenerateResult, Generator
 from .preflight import (
-    ManifestFacts, check_kernels, check_prompt, check_weights, checkpoint_tensors, load_verified, probe_device,
-    read_manifest, resolve_chunk, weight_list_files,
+    ManifestFacts, check_capacity, check_kernels, check_prompt, check_weights, checkpoint_tensors, load_verified,
+    probe_device, read_manifest, resolve_chunk,
 )
 from .text import StreamDecoder, checked_prompt, load_codec
 
@@ -87,9 +87,11 @@ def tp_preflight(cfg: RunConfig, tp: int) -> ManifestFacts:
     paths = [rank_manifest(Path(cfg.manifest), tp, r) for r in range(tp)]
     missing = [str(p) for p in paths if not p.is_file()]
     if missing:
-        raise RefusalError(f"--tp {tp}: rank manifest(s) {missing} not found: python tools/gen_qwen3_tp.py "
+        shown = missing if len(missing) <= 4 else [*missing[:3], f"... ({len(missing)} in all)"]
+        raise RefusalError(f"--tp {tp}: rank manifest(s) {shown} not found: python tools/gen_qwen3_tp.py "
                            f"--tp {tp} --out-dir {Path(cfg.manifest).parent} ...")
     facts = read_manifest(paths[0])
+    check_capacity(cfg.capacity_tokens, cfg.capacity_from, facts)
     check_kernels(facts, cfg.kernels)
     tensors = checkpoint_tensors(cfg.weights)
     for rank, path in enumerate(paths):
@@ -138,10 +140,9 @@ def run_tp(cfg: RunConfig, prompt: str, steps: int, eager: bool, ignore_eos: boo
            out: TextIO | None = None) -> GenerateResult:
     """`kern run --tp N`: like run_target, over N GPUs. Raises RefusalError / kern_runtime.KernError."""
     out = out if out is not None else sys.stdout
-    weight_list_files(cfg.weights)  # a --weights list's entries before the tokenizer beside its first file
-    codec = load_codec(cfg.weights)
     facts = tp_preflight(cfg, tp)  # host-only checks (prompt included) before any GPU is touched
     chunk = resolve_chunk(cfg.chunk, facts)
+    codec = load_codec(cfg.weights)  # after the weights: weights never made are refused as such, not as no tokenizer
     prompt_ids = checked_prompt(codec, prompt)
     check_prompt(len(prompt_ids), cfg.capacity_tokens, facts)
     gen, facts = open_tp(cfg, tp, codec.eos_ids, log, facts)
