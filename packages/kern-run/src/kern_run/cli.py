@@ -299,9 +299,7 @@ def inspect(
     level = resolve_level(log_level)
 
     def go() -> None:
-        raw, parsed = load_verified(manifest)
-        raw = {**raw, "digest": parsed.digest}  # the computed digest, declared or not
-        for line in manifest_lines(raw, parsed):
+        for line in manifest_lines(load_verified(manifest)):  # the computed digest, declared or not
             print(line)
 
     _guarded("inspect", level, go)
