@@ -116,7 +116,7 @@ def test_page_sources_are_page_sources() -> None:
     sources = [SeqPages(rt, 16), PrefixPages(rt, Prefix(), 32, 16)]
     assert all(isinstance(s, PageSource) for s in sources)
     assert [s.max_tokens for s in sources] == [128, 128]  # 8 pages besides the scratch page
-    assert [s.reserve(40).page_ids for s in sources] == [[1, 2, 3], [4, 5, 6]]
+    assert [s.reserve(40).page_ids for s in sources] == [(1, 2, 3), (4, 5, 6)]
     for s in sources:
         s.release()
     assert rt.kern_pool.held_pages == 0

@@ -143,7 +143,7 @@ def test_given_page_source_and_its_cached_prefix(facts: ManifestFacts) -> None:
 
         def reserve(self, num_tokens: int, prompt_ids=()) -> Reserved:  # type: ignore[no-untyped-def]
             self.reserved.append((num_tokens, tuple(prompt_ids)))
-            return Reserved([5, 9, 2, 7], cached_tokens=20)
+            return Reserved((5, 9, 2, 7), cached_tokens=20)
 
         def release(self) -> None:
             self.released += 1

@@ -131,7 +131,7 @@ class Reserved:
     0..cached_tokens-1 already hold the K/V of the prompt's first `cached_tokens` ids (a resumed prefix): the
     Generator's prefill starts there. 0 for fresh pages."""
 
-    page_ids: list[int]
+    page_ids: tuple[int, ...]
     cached_tokens: int = 0
 
 

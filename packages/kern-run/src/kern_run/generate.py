@@ -38,7 +38,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -121,7 +121,7 @@ class SeqPages:
             self._lease = self.rt.lease(num_tokens)
         except PoolError as exc:
             raise InputError(f"{num_tokens} tokens do not fit the KV pool: {exc}") from None
-        return Reserved(list(self._lease.page_ids()))
+        return Reserved(tuple(self._lease.page_ids()))
 
     def release(self) -> None:
         if self._lease is not None:
@@ -152,8 +152,8 @@ class Generator:
         self.pages: PageSource = pages if pages is not None else SeqPages(runtime, self.page_tokens)
         self.steps = steps
         self.max_positions = min(self.pages.max_tokens, facts.max_context)  # positions 0..max_positions-1 fit
-        self._page_ids: list[int] = []
-        self._advance: Any = facts.decode_advance  # checked by preflight.read_manifest
+        self._page_ids: tuple[int, ...] = ()
+        self._advance: Mapping[str, Any] | None = facts.decode_advance  # checked by preflight.read_manifest
         self._ring: np.ndarray | None = None
 
     def with_pages(self, pages: PageSource) -> "Generator":

@@ -141,7 +141,7 @@ class PrefixPages:
                     hit.close()
                 raise InputError(f"{num_tokens} tokens do not fit the KV pool: {exc}") from None
         self._lease, self.cached = lease, cached
-        return Reserved(list(lease.page_ids()), cached)
+        return Reserved(tuple(lease.page_ids()), cached)
 
     def keep(self, num_tokens: int) -> bool:
         """Retire the current lease keeping its first `num_tokens` tokens in the prefix tree (keyed by
