@@ -38,9 +38,9 @@ def rank_manifest(manifest: Path, tp: int, rank: int) -> Path:
 
 class TpRuntime:
     """The `contract.CallerRuntime` of a `LocalGroup`: writes to every rank (the group's `write_input`), issues
-    through the group, reads rank 0. Its pages are leases of one kern_pool `Pool` over rank 0's pool layout: the
-    ranks share page ids (same manifest family, same capacity), and with paged states only a lease plans no
-    device work. Deliberately not a `DeviceSteps` (no `record_event` / `host_array`) nor a `PrefixRuntime`: the
+    through the group, reads rank 0. Its pages are leases of one kern_pool `Pool` over rank 0's pool layout
+    (`Runtime.pool.layout`): the ranks share page ids (same manifest family, same capacity); a lease's plan is
+    not executed, and with paged states only (the Qwen3 manifests) a fresh lease plans no copies. Deliberately not a `DeviceSteps` (no `record_event` / `host_array`) nor a `PrefixRuntime`: the
     Generator uses its write-inputs-per-step loop, and prefix reuse is single-GPU."""
 
     def __init__(self, group: Any) -> None:
