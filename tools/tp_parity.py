@@ -124,7 +124,7 @@ def _compare(args: argparse.Namespace, tmp: Path) -> int:
 
     codec = load_codec(args.ckpt)
     rng = np.random.default_rng(args.seed + 7)
-    vocab = int(read_manifest(manifest).raw["meta"]["model"]["vocab"])
+    vocab = int(read_manifest(manifest).manifest.meta["model"]["vocab"])
     ids_decode = rng.integers(0, min(vocab, 151643), size=args.positions).tolist()
     ids_long = rng.integers(0, min(vocab, 151643), size=args.prompt_tokens + 32).tolist()
     text_ids = codec.encode(PROMPT)

@@ -209,7 +209,7 @@ def test_tp2_matches_tp1_on_tiny(tiny_tp) -> None:
     facts = read_manifest(tp1)
     rt = Runtime.load(str(tp1), str(REPO / "kernels"), SafetensorsTensors.open(weights), gpu=0,
                       capacity=Capacity(tokens=1024, seqs=1))
-    with Generator(rt, facts) as gen:
+    with Generator(rt, facts, steps=rt) as gen:
         ref = gen.generate(prompt, GenerateOptions(32, 4, stop_at_eos=False)).tokens
         ref_logits, _ = gen.teacher_forced(prompt + ref[:-1], prefill_tokens=len(prompt) - 1)
     log = SimpleNamespace(info=lambda *a, **k: None, debug=lambda *a, **k: None)

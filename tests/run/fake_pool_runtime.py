@@ -6,8 +6,6 @@ from __future__ import annotations
 import numpy as np
 from kern_run_testutil import FakeRuntime
 
-from kern_pool import Layout, Pool
-
 
 class FakePoolRuntime(FakeRuntime):
     """KV is stored per slot (page_id * page_tokens + offset) -> (position, token); page copies of a
@@ -17,11 +15,10 @@ class FakePoolRuntime(FakeRuntime):
 
     def __init__(self, page_tokens: int = 16, num_pages: int = 64, vocab: int = 300) -> None:
         super().__init__(page_tokens, num_pages, vocab)
-        self.kern_pool = Pool(Layout.simple(page_tokens, pages=num_pages - 1))
         self.slot_kv: dict[int, tuple[int, int]] = {}
         self.copied_pages = 0
 
-    # ---- pool API (the subset kern_run.prefix_cache uses)
+    # ---- pool API (contract.PrefixRuntime: what kern_run.prefix_cache uses)
     def _run(self, plan) -> None:  # type: ignore[no-untyped-def]
         P = self.page_tokens
         for c in plan.page_copies:
@@ -33,12 +30,12 @@ class FakePoolRuntime(FakeRuntime):
                 else:
                     self.slot_kv.pop(c.dst_page_id * P + k, None)
 
-    def lease(self, num_tokens: int):  # type: ignore[no-untyped-def]
+    def lease(self, num_tokens: int, *, wait: bool = True):  # type: ignore[no-untyped-def]
         lease = self.kern_pool.lease(num_tokens)
         self._run(lease.plan)
         return lease
 
-    def lease_from(self, checkpoint, num_tokens: int, *, prefix_tokens=None, hold=None):  # type: ignore[no-untyped-def]
+    def lease_from(self, checkpoint, num_tokens: int, *, prefix_tokens=None, hold=None, wait=True):  # type: ignore[no-untyped-def]
         lease = self.kern_pool.lease_from(checkpoint, num_tokens, prefix_tokens=prefix_tokens, hold=hold)
         self._run(lease.plan)
         return lease

@@ -100,8 +100,11 @@ class FakeRuntime:
     """
 
     def __init__(self, page_tokens: int = 16, num_pages: int = 64, vocab: int = 300) -> None:
+        from kern_pool import Layout, Pool
+
         self.page_tokens = page_tokens
         self.num_pages = num_pages
+        self.kern_pool = Pool(Layout.simple(page_tokens, pages=num_pages - 1))  # page 0: the scratch page
         self.vocab = vocab
         self.inputs: dict[str, np.ndarray] = {}
         self.calls: list[tuple[str, dict[str, int], bool]] = []
@@ -141,16 +144,22 @@ class FakeRuntime:
             self.logits[:] = 0
             self.logits[0, nxt] = 1.0
 
-    def read_output(self, name: str) -> np.ndarray:
-        assert name == "next_token"
+    def read_output(self, name: str, rows: int | None = None) -> np.ndarray:
+        assert name == "next_token" and rows is None
         return self.next_token.copy()
 
-    def read_buffer(self, name: str) -> np.ndarray:
-        assert name == "logits"
+    def read_buffer(self, name: str, rows: int | None = None) -> np.ndarray:
+        assert name == "logits" and rows is None
         return self.logits.copy()
+
+    def lease(self, num_tokens: int, *, wait: bool = True):  # type: ignore[no-untyped-def]
+        return self.kern_pool.lease(num_tokens)
 
     def describe(self) -> dict:
         return {"graphs": {"decode": 1}}
+
+    def into_resident(self) -> None:
+        return None
 
     def close(self) -> None:
         self.closed = True

@@ -78,7 +78,8 @@ def fakes(monkeypatch: pytest.MonkeyPatch, tiny_manifest: Path):
     monkeypatch.setattr(bench_decode, "_cu", lambda: drv)
 
     def fake_open(cls, manifest, kernels, weights, facts, gpu=0, capacity_tokens=4096, **kw):
-        return cls(BenchRuntime(num_pages=capacity_tokens // 16 + 2, max_pos=facts.max_context), facts)
+        rt = BenchRuntime(num_pages=capacity_tokens // 16 + 2, max_pos=facts.max_context)
+        return cls(rt, facts, steps=rt)  # as Generator.open: the runtime's DeviceSteps
 
     monkeypatch.setattr(Generator, "open", classmethod(fake_open))
     return drv

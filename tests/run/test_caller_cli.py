@@ -239,19 +239,20 @@ def test_unknown_log_level_is_a_usage_error() -> None:
 def test_summary_counts_only_the_when_alternative_that_runs() -> None:
     """A graph step is counted at its smallest vars: of a `when` group only the launch selected there (the
     tiny-en cuBLASLt decode pins tokens = 1 and keeps the heuristic for 2..512 as a second launch)."""
-    import json
+    from kern_manifest import load_manifest
 
     from kern_run.summary import launches_at, manifest_lines
 
     root = Path(__file__).resolve().parents[2]
-    raw = json.loads((root / "manifests" / "qwen3-tiny-en-gemm.json").read_text())
-    pinned = next(op for name, op in raw["ops"].items() if name.startswith("gemm_m1_"))
-    assert len(pinned["launches"]) == 2
+    manifest = load_manifest(root / "manifests" / "qwen3-tiny-en-gemm.json")
+    pinned = next(op for name, op in manifest.ops.items() if name.startswith("gemm_m1_"))
+    assert len(pinned.launches) == 2
     assert launches_at(pinned, {"tokens": 1, "seqs": 1}) == 1 and launches_at(pinned, {"tokens": 7, "seqs": 1}) == 1
-    all_launches = sum(len(raw["ops"][c["op"]]["launches"]) for c in raw["programs"]["decode"]["calls"])
-    running = sum(launches_at(raw["ops"][c["op"]], {"tokens": 1, "seqs": 1}) for c in raw["programs"]["decode"]["calls"])
+    calls = manifest.programs["decode"].calls
+    all_launches = sum(len(manifest.ops[c.op].launches) for c in calls)
+    running = sum(launches_at(manifest.ops[c.op], {"tokens": 1, "seqs": 1}) for c in calls)
     assert running < all_launches
-    line = next(ln for ln in manifest_lines(raw) if ln.startswith("program decode"))
+    line = next(ln for ln in manifest_lines(manifest) if ln.startswith("program decode"))
     assert f"{running} launches at seqs=1, tokens=1, graph: {running} launches -> 1 graph launch per step" in line
 
 
@@ -319,7 +320,7 @@ def test_duplicate_key_manifest_refused_like_manifest_check(tiny_manifest: Path,
     _refused(_invoke(*_base(dup, kernels_dir, tiny_ckpt), "--prompt", "hi"), 2, "dup.json", "duplicate key 'format'")
     with pytest.raises(ConfigError, match=r"dup\.json: \$: duplicate key 'format' in one JSON object"):
         preflight.read_manifest(dup)
-    assert preflight.read_manifest(tiny_manifest).parsed.name == json.loads(tiny_manifest.read_text())["name"]
+    assert preflight.read_manifest(tiny_manifest).manifest.name == json.loads(tiny_manifest.read_text())["name"]
 
 
 def test_kern_test_refuses_a_bad_against_manifest_before_the_device_probe(

@@ -106,17 +106,16 @@ def test_stream_decoder_holds_partial_utf8(tmp_path: Path) -> None:
     assert pieces[ids.index(ids[1]) + 1] == "é"  # emitted once its second byte arrived
 
 
-def test_pages_from_the_runtime_pool_when_it_has_the_pool_api(facts: ManifestFacts) -> None:
-    """A runtime with `lease` (kern_runtime.Runtime): the sequence's pages are a lease of the runtime's own
-    pool, returned when the next generation starts and on close; no second (shadow) pool."""
-    from types import SimpleNamespace
-
+def test_pages_from_the_runtime_pool(facts: ManifestFacts) -> None:
+    """The sequence's pages are a lease of the runtime's own pool (`CallerRuntime.lease`), returned when the next
+    generation starts and on close; no second (shadow) pool."""
     from fake_pool_runtime import FakePoolRuntime
 
+    from kern_run.generate import SeqPages
+
     rt = FakePoolRuntime(num_pages=64)
-    rt.pool = SimpleNamespace(layout=rt.kern_pool.layout)
     gen = Generator(rt, facts)
-    assert gen.pages.source == "runtime pool lease"
+    assert isinstance(gen.pages, SeqPages) and gen.pages.source == "runtime pool lease"
     assert gen.max_positions == min(63 * 16, facts.max_context)
     prompt = list(range(3, 43))
     assert gen.generate(prompt, GenerateOptions(8, 16, stop_at_eos=False)).tokens == FakePoolRuntime.expected(prompt, 8)
@@ -130,24 +129,68 @@ def test_pages_from_the_runtime_pool_when_it_has_the_pool_api(facts: ManifestFac
     rt.kern_pool.check()
 
 
-def test_pages_from_kern_pool_lease(facts: ManifestFacts) -> None:
-    """With the runtime's pool layout, pages come from a kern_pool lease (never the scratch page 0)."""
-    from kern_runtime import Capacity, plan_pool, spec_from_json
+def test_given_page_source_and_its_cached_prefix(facts: ManifestFacts) -> None:
+    """The Generator takes its pages from the PageSource it is given; positions the reservation says are cached
+    are not prefilled again (prefill starts at them, chunked from there)."""
+    from kern_run.contract import PageSource, Reserved
 
-    spec = spec_from_json(facts.raw)
-    layout = plan_pool(spec.states, Capacity(tokens=256, seqs=1), 2 << 20)
-    rt = FakeRuntime(num_pages=layout.num_pages)
-    rt.pool = layout
-    gen = Generator(rt, facts)
-    assert gen.pages.source == "kern_pool lease over the runtime's layout"
-    assert gen.max_positions == min((layout.num_pages - 1) * 16, facts.max_context)
+    class Source:
+        max_tokens = 512
+
+        def __init__(self) -> None:
+            self.reserved: list[tuple[int, tuple[int, ...]]] = []
+            self.released = 0
+
+        def reserve(self, num_tokens: int, prompt_ids=()) -> Reserved:  # type: ignore[no-untyped-def]
+            self.reserved.append((num_tokens, tuple(prompt_ids)))
+            return Reserved((5, 9, 2, 7), cached_tokens=20)
+
+        def release(self) -> None:
+            self.released += 1
+
+    rt, source = FakeRuntime(), Source()
+    assert isinstance(source, PageSource)
+    gen = Generator(rt, facts, pages=source)
+    assert gen.max_positions == 512
+    prompt = list(range(10, 60))  # 50 tokens
+    rt.kv.update({p: prompt[p] for p in range(20)})  # the cached positions' K/V, as a resumed prefix holds it
+    result = gen.generate(prompt, GenerateOptions(4, 16))
+    assert source.reserved == [(54, tuple(prompt))]
+    assert [(c[0], c[1]["tokens"]) for c in rt.calls if c[0] == "prefill"] == [("prefill", 16), ("prefill", 13)]
+    assert list(rt.inputs["block_table"][0, :5]) == [5, 9, 2, 7, 7]
+    assert result.tokens == _expected(prompt, 4) and result.timings.prefill_tokens == 29
+    gen.close()
+    assert source.released == 2  # before the reservation, and on close
+
+
+def test_tp_runtime_leases_from_a_pool_over_rank0s_layout(facts: ManifestFacts) -> None:
+    """The TP group's pages: one kern_pool Pool over rank 0's pool layout (the ranks share page ids), never the
+    scratch page 0; inputs go to every rank, outputs come from rank 0."""
+    from types import SimpleNamespace
+
+    from kern_pool import Layout
+
+    from kern_run.tp import TpRuntime
+
+    layout = SimpleNamespace(layout=Layout.simple(16, pages=40))  # what Runtime.pool holds: its kern_pool Layout
+    ranks = [FakeRuntime(num_pages=41) for _ in range(2)]  # ids 0..40, page 0 the scratch page
+    for r in ranks:
+        r.pool = layout
+        r.kern_pool = None  # the group never leases from a rank's own pool
+    group = SimpleNamespace(runtimes=ranks, write_input=lambda n, a: [r.write_input(n, a) for r in ranks],
+                            issue=lambda p, v, eager=False: [r.issue(p, v, eager) for r in ranks],
+                            close=lambda: [r.close() for r in ranks])
+    gen = Generator(TpRuntime(group), facts)
+    assert gen.max_positions == 40 * 16
     result = gen.generate(list(range(40)), GenerateOptions(8, 16))
     assert result.tokens == _expected(list(range(40)), 8)
-    row = rt.inputs["block_table"][0]
-    assert 0 not in row[:3] and len(set(row[:3])) == 3
+    row = ranks[1].inputs["block_table"][0]
+    assert list(row[:3]) == [1, 2, 3] and list(ranks[0].inputs["block_table"][0]) == list(row)
     gen.generate(list(range(30)), GenerateOptions(4, 16))  # the previous lease was returned
-    with pytest.raises(InputError, match="hold 1024"):
-        gen.teacher_forced(list(range(gen.max_positions + 1)))
+    with pytest.raises(InputError, match="the KV pool and context hold 640"):
+        gen.teacher_forced(list(range(641)))
+    gen.close()
+    assert all(r.closed for r in ranks)
 
 
 def test_open_hands_the_verified_manifest_to_the_runtime(facts: ManifestFacts, tiny_manifest: Path,
@@ -160,7 +203,7 @@ def test_open_hands_the_verified_manifest_to_the_runtime(facts: ManifestFacts, t
     import kern_runtime
     from kern_runtime.runtime import load_spec
 
-    assert isinstance(facts.parsed, kern_manifest.Manifest)
+    assert isinstance(facts.manifest, kern_manifest.Manifest)
     seen: list[object] = []
 
     class Loaded(Exception):
@@ -174,7 +217,7 @@ def test_open_hands_the_verified_manifest_to_the_runtime(facts: ManifestFacts, t
     monkeypatch.setattr(kern_runtime.Runtime, "load", staticmethod(fake_load))
     with pytest.raises(Loaded):
         Generator.open(tiny_manifest, "kernels", "weights", facts)
-    assert seen == [facts.parsed]
+    assert seen == [facts.manifest]
     verifier = sys.modules["kern_manifest.verify"]
     monkeypatch.setattr(verifier, "find_faults", lambda m: pytest.fail("verified a second time"))
-    assert load_spec(facts.parsed).vars["tokens"].max == facts.tokens_max
+    assert load_spec(facts.manifest).vars["tokens"].max == facts.tokens_max

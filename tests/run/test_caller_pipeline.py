@@ -71,16 +71,16 @@ def facts(tiny_manifest: Path) -> ManifestFacts:
 
 def _run(rt: FakeRuntime, facts: ManifestFacts, prompt: list[int], opts: GenerateOptions, eos=frozenset()):
     seen: list[int] = []
-    result = Generator(rt, facts, eos_ids=eos).generate(prompt, opts, seen.append)
+    steps = rt if isinstance(rt, AdvancingFakeRuntime) else None  # what Generator.open gives: the DeviceSteps
+    result = Generator(rt, facts, eos_ids=eos, steps=steps).generate(prompt, opts, seen.append)
     return result, seen
 
 
 def test_manifest_declares_the_ring(facts: ManifestFacts) -> None:
-    adv = facts.raw["meta"]["caller"]["decode_advance"]
-    assert adv == {"ring": "token_ring", "ring_len": 64}
-    assert facts.raw["buffers"]["token_ring"] == {"kind": "output", "dtype": "i64", "shape": ["seqs", 64],
-                                                  "placement": "host"}
-    assert facts.raw["programs"]["decode"]["calls"][-1]["op"] == "decode_advance"
+    assert facts.decode_advance == {"ring": "token_ring", "ring_len": 64}
+    assert facts.manifest.buffers["token_ring"].to_json() == {"kind": "output", "dtype": "i64", "shape": ["seqs", 64],
+                                                              "placement": "host"}
+    assert facts.manifest.programs["decode"].calls[-1].op == "decode_advance"
 
 
 @pytest.mark.parametrize("lookahead", [1, 2, 4, 62, 500])
@@ -125,7 +125,7 @@ def test_context_stop_and_eager(facts: ManifestFacts) -> None:
 def test_teacher_forcing_still_feeds_from_the_host(facts: ManifestFacts) -> None:
     rt = AdvancingFakeRuntime()
     ids = [9, 8, 7, 6, 5, 4]
-    _, argmax = Generator(rt, facts).teacher_forced(ids, prefill_tokens=2, chunk=64)
+    _, argmax = Generator(rt, facts, steps=rt).teacher_forced(ids, prefill_tokens=2, chunk=64)
     assert list(argmax) == [FakeRuntime.predict(t, p) for p, t in enumerate(ids)][2:]
 
 

@@ -45,7 +45,10 @@ def _shards(ckpt: Path) -> list[Path]:
 @pytest.fixture
 def load_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[object, object]]:
     """kern_runtime's real `SafetensorsTensors.open` (headers only), then a `Runtime.load` that records what it
-    was given and returns a FakeRuntime: [(the argument of SafetensorsTensors.open, the tensors Runtime.load got)]."""
+    was given and returns a FakeRuntime with the DeviceSteps a Runtime has (test_caller_pipeline's
+    AdvancingFakeRuntime): [(the argument of SafetensorsTensors.open, the tensors Runtime.load got)]."""
+    from test_caller_pipeline import AdvancingFakeRuntime
+
     calls: list[tuple[object, object]] = []
     real_open = kern_runtime.SafetensorsTensors.open
 
@@ -56,7 +59,7 @@ def load_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[object, object]]:
 
     def load(manifest, kernels, tensors, gpu=0, capacity=None, progress=None, **extra):
         assert calls and calls[-1][1] is tensors
-        return FakeRuntime(num_pages=capacity.tokens // 16)
+        return AdvancingFakeRuntime(num_pages=capacity.tokens // 16)
 
     monkeypatch.setattr(kern_runtime.SafetensorsTensors, "open", staticmethod(open_tensors))
     monkeypatch.setattr(kern_runtime.Runtime, "load", staticmethod(load))

@@ -66,8 +66,10 @@ from .model import (
     var_min,
 )
 from .files import MAX_MANIFEST_BYTES, read_manifest_bytes
+from .formats import other_kern_file
 from .jsontext import json_text_fault
 from .parse import parse_manifest
+from .pipes import quiet_on_closed_pipe
 from .verify import find_faults, verify
 
 
@@ -94,5 +96,6 @@ __all__ = [
     "PackTensorMapField", "PackWiring", "PagesOf", "PeersOf", "Program", "ProgramCall", "RankGroup", "RankWiring",
     "Ref", "RowsSegment", "ScratchWiring", "Segment", "State", "TensorMap", "TensorSegment", "Topology", "Var",
     "Wiring", "canonical_json", "dtype_size", "encoding_size", "family_digest_of", "find_faults", "json_text_fault",
-    "load_manifest", "parse_expr", "parse_manifest", "var_max", "var_min", "verify",
+    "load_manifest", "other_kern_file", "parse_expr", "parse_manifest", "quiet_on_closed_pipe", "var_max",
+    "var_min", "verify",
 ]

@@ -168,7 +168,7 @@ def run_ab(cfg: RunConfig, req: AbRequest, log: Any) -> tuple[list[Comparison], 
         ref.close()
     elif prep_b is not None:
         gen.pages.release()
-        resident = gen.rt.into_resident() if hasattr(gen.rt, "into_resident") else None
+        resident = gen.rt.into_resident()  # None: the runtime keeps no weights (and is still open)
         if resident is None:
             gen.close()
             log.info("loading B after A is closed: the weights are read twice")

@@ -99,7 +99,7 @@ class _OneLineUsageErrors(typer.core.TyperGroup):
         if not standalone_mode:
             return super().main(args=args, prog_name=prog_name, complete_var=complete_var, standalone_mode=False,
                                 **extra)
-        from kern_manifest.pipes import quiet_on_closed_pipe
+        from kern_manifest import quiet_on_closed_pipe
 
         # a closed stdout (`kern inspect M | head -1`): exit 1 quietly, not a BrokenPipeError traceback
         sys.exit(quiet_on_closed_pipe(lambda: self._one_line_main(args, prog_name, complete_var, **extra)))
@@ -328,9 +328,7 @@ def inspect(
     level = resolve_level(log_level)
 
     def go() -> None:
-        raw, parsed = load_verified(manifest)
-        raw = {**raw, "digest": parsed.digest}  # the computed digest, declared or not
-        for line in manifest_lines(raw, parsed):
+        for line in manifest_lines(load_verified(manifest)):  # the computed digest, declared or not
             print(line)
 
     _guarded("inspect", level, go)

@@ -13,12 +13,12 @@ and issues `prefill` with tokens=L. Per decode step at position p with token t:
 and issues `decode` with tokens=1 (captured once as a CUDA graph unless eager). The block table is
 written once per sequence. `slot(p) = page_ids[p // page_tokens] * page_tokens + p % page_tokens`.
 
-Pages: the sequence's pages come from the runtime's own pool (`Runtime.lease`; a runtime without the pool
-API, e.g. the TP group, from a kern_pool `Pool` over its pool layout `rt.pool.layout`): one `Lease` per
-generation, for prompt + steps tokens; its `page_ids()` are the block-table row and `slot(p)` its slot
-mapping. A runtime without a pool layout (the CPU tests' fake) gets identity pages
-1..k (page 0 is the runtime's scratch page). The block-table row is padded with the last page id:
-entries past the sequence's length are never read.
+Pages: the Generator is given a page source (contract.PageSource). The default, `SeqPages`, takes one
+lease of the runtime's pool (`CallerRuntime.lease`) per generation, for prompt + steps tokens; its
+`page_ids()` are the block-table row and `slot(p)` its slot mapping (page 0 is the runtime's scratch page
+and is never leased). `prefix_cache.PrefixPages` resumes a cached prefix instead: its reservation says
+how many prompt positions already hold their K/V, and prefill starts after them. The block-table row is
+padded with the last page id: entries past the sequence's length are never read.
 
 The next step is issued before the previous token is detokenized and printed, so host work overlaps
 the GPU's step instead of adding to the step boundary.
@@ -30,7 +30,7 @@ writes inputs only for the first decode step, keeps up to `lookahead` further st
 and reads each token from the ring once an event recorded behind its step has completed; stop conditions
 (EOS, steps, context) are checked as tokens arrive, and the few steps queued past a stop are waited for
 and discarded. Tokens are identical to the synchronous loop (`lookahead=0`), which remains the path for
-runtimes without `record_event` / `host_array` and for teacher forcing.
+a Generator given no `DeviceSteps` (the TP group) and for teacher forcing.
 """
 
 from __future__ import annotations
@@ -38,25 +38,13 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from .contract import CallerRuntime, DeviceSteps, PageSource, Reserved, SeqLease
 from .errors import InputError
 from .preflight import ManifestFacts
-
-
-class RuntimeLike(Protocol):
-    """The part of `kern_runtime.Runtime` the caller uses (a fake implements it in CPU tests)."""
-
-    page_tokens: int
-    num_pages: int
-
-    def write_input(self, name: str, array: np.ndarray) -> None: ...
-    def issue(self, program: str, values: dict[str, int], eager: bool = False) -> None: ...
-    def read_output(self, name: str) -> np.ndarray: ...
-    def read_buffer(self, name: str) -> np.ndarray: ...
-    def close(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -109,49 +97,31 @@ def bf16_to_f32(array: np.ndarray) -> np.ndarray:
 
 
 class SeqPages:
-    """One sequence's KV pages: a lease from the runtime's own pool (`Runtime.lease`) when it has one, else
-    a kern_pool lease over the runtime's pool layout (runtimes without the pool API, e.g. the TP group,
-    whose ranks share page ids), else identity pages.
+    """The `PageSource` of a single generation: one lease of the runtime's pool (`CallerRuntime.lease`) per
+    sequence. The tensor-parallel group's `lease` comes from a kern_pool `Pool` over its ranks' shared layout.
 
-    `max_tokens`: tokens one sequence can hold; `reserve(n)` returns the page ids (block-table row)
-    covering n tokens (a fresh lease: the previous one is released); `release()` returns them. Raises
-    InputError when the pool cannot hold n tokens.
+    `max_tokens`: tokens one sequence can hold, (num_pages - 1) * page_tokens (page 0 is the scratch page);
+    `reserve(n)` returns the page ids (block-table row) covering n tokens (a fresh lease: the previous one is
+    released; `cached_tokens` 0); `release()` returns them. Raises InputError when the pool cannot hold n tokens.
     """
 
-    def __init__(self, runtime: Any, page_tokens: int) -> None:
+    source = "runtime pool lease"
+
+    def __init__(self, runtime: CallerRuntime, page_tokens: int) -> None:
+        self.rt = runtime
         self.page_tokens = page_tokens
-        layout = getattr(getattr(runtime, "pool", None), "layout", None)
-        lease = getattr(runtime, "lease", None)
-        self._lease_fn = None
-        self._lease = None
-        if layout is not None:
-            from kern_pool import Pool
+        self.max_tokens = pool_tokens(runtime, page_tokens)
+        self._lease: SeqLease | None = None
 
-            pool = Pool(layout)
-            self.max_tokens = pool.leasable_pages * page_tokens
-            if callable(lease):
-                self._lease_fn = lease
-                self.source = "runtime pool lease"
-            else:
-                self._lease_fn = pool.lease
-                self.source = "kern_pool lease over the runtime's layout"
-        else:
-            self.max_tokens = max(0, int(getattr(runtime, "num_pages", 0) or 0) - 1) * page_tokens
-            self.source = "identity pages 1..k"
-
-    def reserve(self, num_tokens: int) -> list[int]:
-        self.release()
-        if self._lease_fn is None:
-            if num_tokens > self.max_tokens:
-                raise InputError(f"{num_tokens} tokens do not fit the KV pool ({self.max_tokens} tokens)")
-            return list(range(1, 1 + -(-num_tokens // self.page_tokens)))
+    def reserve(self, num_tokens: int, prompt_ids: Sequence[int] = ()) -> Reserved:
         from kern_pool import PoolError
 
+        self.release()
         try:
-            self._lease = self._lease_fn(num_tokens)
+            self._lease = self.rt.lease(num_tokens)
         except PoolError as exc:
             raise InputError(f"{num_tokens} tokens do not fit the KV pool: {exc}") from None
-        return list(self._lease.page_ids())
+        return Reserved(tuple(self._lease.page_ids()))
 
     def release(self) -> None:
         if self._lease is not None:
@@ -159,31 +129,49 @@ class SeqPages:
             self._lease = None
 
 
-class Generator:
-    """Drives one sequence through a runtime loaded from a Qwen3 manifest. Not thread-safe."""
+def pool_tokens(runtime: CallerRuntime, page_tokens: int) -> int:
+    """Tokens one sequence of `runtime`'s pool can hold: every page but the scratch page 0 (0 without pages)."""
+    return max(0, (runtime.num_pages or 0) - 1) * page_tokens
 
-    def __init__(self, runtime: RuntimeLike, facts: ManifestFacts, eos_ids: frozenset[int] = frozenset()) -> None:
+
+class Generator:
+    """Drives one sequence through a runtime loaded from a Qwen3 manifest. Not thread-safe.
+
+    `runtime`: the `CallerRuntime` (docs/caller.md "The runtime contract"). `pages`: the `PageSource` of the
+    sequence's KV pages (default `SeqPages(runtime)`: a fresh lease per generation; `prefix_cache.PrefixPages`
+    resumes cached prefixes). `steps`: the runtime's events and host views (`DeviceSteps`) when it has them,
+    for the pipelined decode loop; None: the synchronous loop.
+    """
+
+    def __init__(self, runtime: CallerRuntime, facts: ManifestFacts, eos_ids: frozenset[int] = frozenset(), *,
+                 pages: PageSource | None = None, steps: DeviceSteps | None = None) -> None:
         self.rt = runtime
         self.facts = facts
         self.eos_ids = eos_ids
-        self.page_tokens = int(getattr(runtime, "page_tokens", None) or facts.page_tokens)
-        self.pages = SeqPages(runtime, self.page_tokens)
+        self.page_tokens = int(runtime.page_tokens or facts.page_tokens)
+        self.pages: PageSource = pages if pages is not None else SeqPages(runtime, self.page_tokens)
+        self.steps = steps
         self.max_positions = min(self.pages.max_tokens, facts.max_context)  # positions 0..max_positions-1 fit
-        self._page_ids: list[int] = []
-        self._advance: dict[str, Any] | None = facts.decode_advance  # checked by preflight.read_manifest
+        self._page_ids: tuple[int, ...] = ()
+        self._advance: Mapping[str, Any] | None = facts.decode_advance  # checked by preflight.read_manifest
         self._ring: np.ndarray | None = None
+
+    def with_pages(self, pages: PageSource) -> "Generator":
+        """A Generator over the same runtime, facts, eos ids and steps that takes its pages from `pages`. This
+        one's pages are released; it stays usable (its next generation leases anew)."""
+        self.pages.release()
+        return Generator(self.rt, self.facts, self.eos_ids, pages=pages, steps=self.steps)
 
     @property
     def can_pipeline(self) -> bool:
-        """The manifest advances decode inputs on the device and the runtime offers events and host views."""
-        return (self._advance is not None and callable(getattr(self.rt, "record_event", None))
-                and callable(getattr(self.rt, "host_array", None)))
+        """The manifest advances decode inputs on the device and the runtime's `DeviceSteps` were given."""
+        return self._advance is not None and self.steps is not None
 
     def _ring_view(self) -> np.ndarray:
         """i64[seqs, ring_len]: the decode program's token ring (host-mapped, read after the step's event)."""
         if self._ring is None:
-            assert self._advance is not None
-            self._ring = self.rt.host_array(str(self._advance["ring"]))  # type: ignore[attr-defined]
+            assert self._advance is not None and self.steps is not None
+            self._ring = self.steps.host_array(str(self._advance["ring"]))
         return self._ring
 
     # ---------------------------------------------------------------- loading
@@ -194,21 +182,22 @@ class Generator:
              progress: Callable[[int, int], None] | None = None, resident: Any = None) -> "Generator":
         """Load the runtime (verify, kernels, weights, once programs). Raises kern_runtime.KernError.
 
-        `manifest`: its path; when `facts` carries the manifest read_manifest parsed and verified, the runtime
-        loads that object instead of reading the file again. `weights`: a checkpoint directory or one
+        `manifest`: its path; the runtime loads `facts.manifest`, the Manifest read_manifest parsed and verified
+        (`runtime_manifest`), instead of reading the file again. `weights`: a checkpoint directory or one
         .safetensors file, or a list of .safetensors files (config.Weights), as `SafetensorsTensors.open` takes
         them. `resident`: weights kept by an earlier runtime's `into_resident()` (loaded over, not re-read).
+        The Generator gets the runtime's `DeviceSteps` (the pipelined decode loop).
         """
         from kern_runtime import Capacity, Runtime, SafetensorsTensors
 
         from .config import runtime_weights
+        from .preflight import runtime_manifest
 
         tensors = SafetensorsTensors.open(runtime_weights(weights))
         extra = {"resident": resident} if resident is not None else {}
-        source = facts.parsed if facts.parsed is not None else str(manifest)
-        rt = Runtime.load(source, str(kernels), tensors, gpu=gpu,
+        rt = Runtime.load(runtime_manifest(facts.manifest, manifest), str(kernels), tensors, gpu=gpu,
                           capacity=Capacity(tokens=capacity_tokens, seqs=1), progress=progress, **extra)
-        return cls(rt, facts, eos_ids)
+        return cls(rt, facts, eos_ids, steps=rt)
 
     def close(self) -> None:
         self.pages.release()
@@ -232,13 +221,16 @@ class Generator:
         pages = np.asarray(self._page_ids, dtype=np.int64)[pos // self.page_tokens]
         return (pages * self.page_tokens + pos % self.page_tokens).astype(np.int32)
 
-    def _begin(self, num_tokens: int) -> None:
-        """A new sequence of up to `num_tokens` tokens: fresh pages, block table written once."""
+    def _begin(self, num_tokens: int, prompt_ids: Sequence[int] = ()) -> int:
+        """A new sequence of up to `num_tokens` tokens starting with `prompt_ids`: pages from the page source,
+        block table written once. Returns the positions the source already holds (`Reserved.cached_tokens`)."""
         self.pages.release()
-        self._page_ids = self.pages.reserve(num_tokens)
+        reserved = self.pages.reserve(num_tokens, prompt_ids)
+        self._page_ids = reserved.page_ids
         row = np.full(self.facts.pages_per_seq, self._page_ids[-1], dtype=np.int32)  # i32[pages_per_seq]
         row[:len(self._page_ids)] = self._page_ids  # padding past the sequence: never read
         self.rt.write_input("block_table", row.reshape(1, -1))
+        return reserved.cached_tokens
 
     def prefill(self, ids: list[int], chunk: int, start: int = 0) -> None:
         """Run `ids` (absolute positions start..start+len-1) through `prefill` in chunks of `chunk`."""
@@ -293,14 +285,15 @@ class Generator:
             raise InputError("empty prompt")
         self.check_fits(n)
         budget = min(opts.max_new_tokens, self.max_positions - n + 1)  # last position written: n - 1 + budget - 1
-        self._begin(min(n + max(budget, 0), self.max_positions))
-        timings = Timings(prefill_tokens=n - 1)
+        cached = self._begin(min(n + max(budget, 0), self.max_positions), prompt_ids)
+        skip = min(cached, n - 1)  # prompt positions whose K/V the page source resumed
+        timings = Timings(prefill_tokens=n - 1 - skip)
         tokens: list[int] = []
         if budget <= 0:
             return GenerateResult(list(prompt_ids), tokens, "steps" if opts.max_new_tokens <= 0 else "context", timings)
         t0 = time.perf_counter()
-        if n > 1:
-            self.prefill(prompt_ids[:-1], opts.chunk)
+        if n - 1 > skip:
+            self.prefill(prompt_ids[skip:-1], opts.chunk, start=skip)
         if opts.lookahead > 0 and self.can_pipeline:
             return self._generate_pipelined(prompt_ids, opts, on_token, budget, timings, t0)
         self._decode_issue(prompt_ids[-1], n - 1, opts.eager)
@@ -338,13 +331,15 @@ class Generator:
         in_flight = max(1, min(opts.lookahead + 1, ring_len - 1))
         base = n - 1  # position of step 0
         self._decode_issue(prompt_ids[-1], base, opts.eager)  # step 0: inputs from the host
-        pending: deque[tuple[int, Any]] = deque([(base, self.rt.record_event())])  # type: ignore[attr-defined]
+        steps = self.steps
+        assert steps is not None  # can_pipeline
+        pending: deque[tuple[int, Any]] = deque([(base, steps.record_event())])
         issued = 1
 
         def issue_next() -> None:
             nonlocal issued
             self.rt.issue("decode", {"tokens": 1, "seqs": 1}, eager=opts.eager)  # inputs advanced on the GPU
-            pending.append((base + issued, self.rt.record_event()))  # type: ignore[attr-defined]
+            pending.append((base + issued, steps.record_event()))
             issued += 1
 
         while issued < budget and len(pending) < in_flight:

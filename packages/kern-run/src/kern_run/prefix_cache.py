@@ -16,8 +16,10 @@ decode steps (generated tokens) is not cached: decode computes K/V with other ke
 prefill, so its bits may differ.
 When the pool is full the coldest unlocked entry is evicted (dropped) and the lease asked again.
 
-`PrefixSession` plugs into an open `Generator` without changing it: it swaps the generator's page
-source (`gen.pages`) and wraps its `prefill` so the cached positions are skipped.
+Prefix reuse plugs into the `Generator` through its page source (contract.PageSource): `PrefixPages` is the
+source, and its reservation tells the Generator how many prompt positions already hold their K/V, so its
+prefill starts after them. `PrefixSession` runs a Generator over the same runtime with that source
+(`Generator.with_pages`); the runtime must be a `contract.PrefixRuntime` (`lease_from`, `retire`).
 """
 
 from __future__ import annotations
@@ -27,12 +29,14 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, TextIO
+from typing import Any, Callable, Sequence, TextIO
 
 from kern_manifest import json_text_fault
+from kern_pool import Prefix
 
+from .contract import PrefixRuntime, Reserved, SeqLease
 from .errors import InputError
-from .generate import GenerateOptions, GenerateResult, Generator
+from .generate import GenerateOptions, GenerateResult, Generator, pool_tokens
 from .text import text_fault
 
 
@@ -87,28 +91,33 @@ def aligned_prefix(hit_tokens: int, chunk: int, batch_invariant: bool = False) -
 
 
 class PrefixPages:
-    """The generator's page source in a multi-prompt run: leases from the runtime's pool, resumed from
-    the longest cached prefix of `prompt` (set before each generation)."""
+    """The `PageSource` of a multi-prompt run: leases from the runtime's pool, resumed from the longest cached
+    prefix of the prompt being reserved for (`reserve(num_tokens, prompt_ids)`).
 
-    def __init__(self, runtime: Any, prefix: Any, chunk: int, max_tokens: int, batch_invariant: bool = False) -> None:
-        from kern_pool import Prefix
+    `max_tokens`: as `generate.SeqPages`. After `reserve`, `prompt` and `cached` are the prompt reserved for and
+    the positions resumed from the cache; `keep` files the sequence's prefill KV under the prompt."""
 
+    source = "runtime pool + prefix cache"
+
+    def __init__(self, runtime: PrefixRuntime, prefix: Prefix[Any, Any], chunk: int, page_tokens: int,
+                 batch_invariant: bool = False) -> None:
         self.rt = runtime
-        self.prefix: Prefix[Any, Any] = prefix
+        self.prefix = prefix
         self.chunk = chunk
         self.batch_invariant = batch_invariant
-        self.max_tokens = max_tokens
+        self.max_tokens = pool_tokens(runtime, page_tokens)
         self.prompt: list[int] = []
         self.cached = 0
-        self.source = "runtime pool + prefix cache"
-        self._lease: Any = None
+        self._lease: SeqLease | None = None
 
-    def reserve(self, num_tokens: int) -> list[int]:
-        """Pages for `num_tokens` tokens, the first `self.cached` of them reused. Raises InputError when
-        the pool cannot hold them even after evicting every unlocked cached prefix."""
+    def reserve(self, num_tokens: int, prompt_ids: Sequence[int] = ()) -> Reserved:
+        """Pages for `num_tokens` tokens, the first `cached_tokens` of them reused from the longest cached prefix
+        of `prompt_ids` (aligned_prefix; none for `()`). Raises InputError when the pool cannot hold them even
+        after evicting every unlocked cached prefix."""
         from kern_pool import Busy, ExceedsPool
 
         self.release()
+        self.prompt, self.cached = list(prompt_ids), 0
         hit = self.prefix.lookup(self.prompt) if len(self.prompt) > 1 else None
         cached = aligned_prefix(hit.num_tokens, self.chunk, self.batch_invariant) if hit is not None else 0
         if hit is not None and cached == 0:
@@ -133,7 +142,7 @@ class PrefixPages:
                     hit.close()
                 raise InputError(f"{num_tokens} tokens do not fit the KV pool: {exc}") from None
         self._lease, self.cached = lease, cached
-        return list(lease.page_ids())
+        return Reserved(tuple(lease.page_ids()), cached)
 
     def keep(self, num_tokens: int) -> bool:
         """Retire the current lease keeping its first `num_tokens` tokens in the prefix tree (keyed by
@@ -162,49 +171,34 @@ class PromptResult:
 
 
 class PrefixSession:
-    """Runs prompts one after another on `gen`, reusing cached prefixes (module docstring).
+    """Runs prompts one after another on a Generator over `gen`'s runtime, reusing cached prefixes (module
+    docstring): `gen.with_pages(PrefixPages(...))` (`gen`'s own pages are released; `gen` stays usable).
 
-    Needs a runtime with the pool API (`lease`, `lease_from`, `retire`). `close()` drops the cache and
-    gives the generator back its own page source.
+    Needs a `contract.PrefixRuntime` (the pool API: `lease`, `lease_from`, `retire`): raises InputError for
+    another runtime. `close()` drops the cache.
     """
 
     def __init__(self, gen: Generator, chunk: int) -> None:
-        from kern_pool import Prefix
-
         rt = gen.rt
-        if not all(callable(getattr(rt, name, None)) for name in ("lease", "lease_from", "retire")):
-            raise InputError("this runtime has no pool API (lease / lease_from / retire): no prefix reuse")
-        self.gen = gen
+        if not isinstance(rt, PrefixRuntime):
+            raise InputError(f"this runtime ({type(rt).__name__}) has no pool API (lease / lease_from / retire): "
+                             "no prefix reuse")
         self.prefix: Prefix[Any, Any] = Prefix()
-        invariant = bool(getattr(gen.facts, "prefill_batch_invariant", False))
-        self.pages = PrefixPages(rt, self.prefix, chunk, gen.max_positions, invariant)
-        self._own_pages = gen.pages
-        self._own_pages.release()
-        gen.pages = self.pages
-        gen.prefill = self._prefill  # type: ignore[method-assign]
-        self._prefilled = False
-
-    def _prefill(self, ids: list[int], chunk: int, start: int = 0) -> None:
-        skip = min(self.pages.cached, len(ids)) if start == 0 else 0
-        self._prefilled = True
-        Generator.prefill(self.gen, ids[skip:], chunk, start + skip)
+        self.pages = PrefixPages(rt, self.prefix, chunk, gen.page_tokens, gen.facts.prefill_batch_invariant)
+        self.gen = gen.with_pages(self.pages)
 
     def generate(self, prompt_ids: list[int], opts: GenerateOptions,
                  on_token: Callable[[int], None] | None = None) -> PromptResult:
         """`Generator.generate` with the prompt's cached prefix reused; then its prefill KV is cached."""
         if opts.chunk != self.pages.chunk:
             raise InputError(f"chunk {opts.chunk} differs from the session's {self.pages.chunk}")
-        self.pages.prompt = list(prompt_ids)
-        self.pages.cached = 0
-        self._prefilled = False
         try:
             result = self.gen.generate(prompt_ids, opts, on_token)
         except BaseException:
             self.pages.release()
             raise
         cached = self.pages.cached
-        result.timings.prefill_tokens = max(0, len(prompt_ids) - 1 - cached)
-        if self._prefilled or len(prompt_ids) - 1 <= cached:
+        if result.tokens or len(prompt_ids) - 1 <= cached:  # the prefill KV was written (or all of it resumed)
             self.pages.keep(len(prompt_ids) - 1)
         else:
             self.pages.release()
@@ -213,8 +207,6 @@ class PrefixSession:
     def close(self) -> None:
         self.pages.release()
         self.prefix.clear()
-        self.gen.pages = self._own_pages
-        self.gen.__dict__.pop("prefill", None)
 
 
 def run_prompts(cfg: Any, prompts: list[str], req: Any, log: Any, out: TextIO | None = None) -> list[PromptResult]:

@@ -9,12 +9,14 @@ weights, tokenizer and prompt, then the device probe last (docs/caller.md).
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
-import math
 import os
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, Mapping
+
+from kern_manifest import Buffer, DerivedSegment, InterleaveSegment, Manifest, RowsSegment, TensorSegment, var_max
 
 from .config import Weights, normalize_weights, weights_label
 from .errors import ConfigError, InputError, KernelsError, NoDeviceError, WeightsError
@@ -55,28 +57,27 @@ def probe_device(gpu: int) -> int:
 
 @dataclass(frozen=True)
 class ManifestFacts:
-    """What the caller needs from a manifest before loading it."""
+    """What the caller needs from a manifest before loading it. `manifest`: the kern_manifest.Manifest that passed
+    verification here, the one typed model kern run reads; handed to the runtime (`runtime_manifest`), which then
+    neither reads nor parses the file again."""
 
-    raw: dict[str, Any]
+    manifest: Manifest
     tokens_max: int
     page_tokens: int
     pages_per_seq: int
     # meta.caller.prefill_batch_invariant: a token's K/V bits do not depend on the chunk that prefilled it
     # (tools/gen_qwen3.py --algos), so a cached prefix may be resumed at any token
     prefill_batch_invariant: bool = False
-    # the kern_manifest.Manifest that passed verification here: handed to the runtime, which then neither
-    # parses nor verifies the file again (None: load from the path)
-    parsed: Any = None
-    # meta.caller.decode_advance: {"ring": the host-mapped token ring buffer, ...} when the decode program
-    # advances its own inputs (generate.py's pipelined loop); None: the host writes every step's inputs
-    decode_advance: dict[str, Any] | None = None
+    # meta.caller.decode_advance: {"ring": the host-mapped token ring buffer, ...} (frozen JSON) when the decode
+    # program advances its own inputs (generate.py's pipelined loop); None: the host writes every step's inputs
+    decode_advance: Mapping[str, Any] | None = None
 
     @property
     def max_context(self) -> int:
         return self.page_tokens * self.pages_per_seq
 
 
-def check_verifies(source: Any, path: Path) -> Any:
+def check_verifies(source: Any, path: Path) -> Manifest:
     """kern_manifest's parse + verify on the host, so a broken manifest is refused before any GPU work.
     `source`: the manifest file's text (then kern_manifest's JSON rules hold too, as in `kern manifest check`:
     no duplicate keys, no NaN / Infinity) or an already decoded JSON object. Returns the verified
@@ -95,72 +96,86 @@ def check_verifies(source: Any, path: Path) -> Any:
     return parsed
 
 
-def load_verified(path: Path, hint: str = "") -> tuple[Any, Any]:
-    """(the decoded JSON, the verified kern_manifest.Manifest) of the manifest file at `path`; the Manifest is
-    parsed from the file's text, so a duplicate key is refused as by `kern manifest check`. Raises ConfigError
-    naming the file: unreadable, not a regular file or larger than kern_manifest's MAX_MANIFEST_BYTES (64 MiB;
-    read as `kern manifest check` reads it), not UTF-8 or not JSON (each message ending in `hint`), or its first
-    parse or verification fault."""
+def load_verified(path: Path, hint: str = "") -> Manifest:
+    """The verified kern_manifest.Manifest of the manifest file at `path`, parsed from the file's text (so a
+    duplicate key is refused as by `kern manifest check`). Raises ConfigError naming the file: unreadable, not a
+    regular file or larger than kern_manifest's MAX_MANIFEST_BYTES (64 MiB; read as `kern manifest check` reads
+    it), not UTF-8 or not JSON (each message ending in `hint`), or its first parse or verification fault."""
     from kern_manifest import read_manifest_bytes
-    from kern_manifest.formats import other_kern_file
+    from kern_manifest import other_kern_file
 
     text = read_text(Path(path), "manifest", ConfigError, hint, read=read_manifest_bytes)
-    raw = parse_json(text, path, "manifest", ConfigError, hint)
+    raw = parse_json(text, path, "manifest", ConfigError, hint)  # the JSON refusals name the file and end in `hint`
     other = other_kern_file(raw)
     if other is not None:  # a pins file or kernels.json given for a manifest: say what it is
         raise ConfigError(f"manifest {path} is {other}: pass a manifest (kern-manifest/1, e.g. manifests/*.json)")
-    return raw, check_verifies(text, path)
+    return check_verifies(text, path)
+
+
+CALLER_BUFFERS = ("token_ids", "positions", "slot_mapping", "seq_lens", "cu_seqlens_q", "next_token")
+CALLER_PROGRAMS = ("prefill", "decode")
 
 
 def read_manifest(path: Path) -> ManifestFacts:
-    """Parse the manifest JSON and pull the caller contract's facts. Raises ConfigError."""
-    raw, parsed = load_verified(path, "; generate it with tools/gen_qwen3.py")
+    """Parse and verify the manifest and pull the caller contract's facts. Raises ConfigError."""
+    manifest = load_verified(path, "; generate it with tools/gen_qwen3.py")
     try:
-        tokens_max = int(raw["vars"]["tokens"]["max"])
-        paged = [s for s in raw.get("states", {}).values() if s.get("kind") == "paged"]
-        page_tokens = int(paged[0]["page_tokens"]) if paged else 16
-        bt_shape = raw["buffers"]["block_table"]["shape"]
-        pages_per_seq = int(bt_shape[-1])
-        for name in ("token_ids", "positions", "slot_mapping", "seq_lens", "cu_seqlens_q", "next_token"):
-            raw["buffers"][name]
-        for name in ("prefill", "decode"):
-            raw["programs"][name]
-    except (KeyError, IndexError, TypeError, ValueError) as exc:
+        tokens_max = manifest.vars["tokens"].max
+        paged = [s for s in manifest.states.values() if s.kind == "paged"]
+        page_tokens = int(paged[0].page_tokens or 0) if paged else 16
+        pages_per_seq = manifest.buffers["block_table"].shape_at(var_max(manifest.vars))[-1]
+        for name in CALLER_BUFFERS:
+            manifest.buffers[name]
+        for name in CALLER_PROGRAMS:
+            manifest.programs[name]
+    except (KeyError, IndexError) as exc:
         raise ConfigError(f"manifest {path} does not follow the Qwen3 caller contract (docs/caller.md): "
                           f"missing or malformed {exc}") from None
-    caller = caller_meta(raw, path)
+    caller = caller_meta(manifest, path)
     invariant = caller.get("prefill_batch_invariant", False)
     if not isinstance(invariant, bool):
         raise ConfigError(f"manifest {path}: $.meta.caller.prefill_batch_invariant = {_shown(invariant)} must be "
                           "true or false; regenerate it (tools/gen_qwen3.py)")
     advance = caller.get("decode_advance")
     if "decode_advance" in caller:
-        if not isinstance(advance, dict):
+        if not isinstance(advance, Mapping):
             raise ConfigError(f"manifest {path}: $.meta.caller.decode_advance = {_shown(advance)} must be an object "
                               "naming the token ring ({\"ring\": BUFFER, ...}); regenerate it (tools/gen_qwen3.py)")
         ring = advance.get("ring")
-        if not isinstance(ring, str) or ring not in raw["buffers"]:
+        if not isinstance(ring, str) or ring not in manifest.buffers:
             raise ConfigError(f"manifest {path}: $.meta.caller.decode_advance.ring = {_shown(ring)} must name a "
                               "buffer of the manifest (the token ring); regenerate it (tools/gen_qwen3.py)")
-    return ManifestFacts(raw, tokens_max, page_tokens, pages_per_seq, invariant, parsed, advance)
+    return ManifestFacts(manifest, tokens_max, page_tokens, pages_per_seq, invariant, advance)
+
+
+def runtime_manifest(manifest: Manifest, path: str | os.PathLike[str]) -> Any:  # merge: issue 24
+    """What `kern run` hands `kern_runtime.Runtime.load`: the Manifest read_manifest parsed and verified (so a run
+    parses and verifies it once), unless `Runtime.load` declares a `manifest` parameter that takes paths only
+    (an annotation naming neither `Manifest` nor `Any`): then the file's `path`. Today's runtime and issue 24's
+    both take the Manifest; after the merge this is `manifest`."""
+    from kern_runtime import Runtime
+
+    annotation = inspect.signature(Runtime.load).parameters["manifest"].annotation
+    text = "Any" if annotation is inspect.Parameter.empty else str(annotation)
+    return manifest if "Any" in text or "Manifest" in text else str(path)
 
 
 def _shown(value: Any, limit: int = 60) -> str:
-    """A JSON value as it appears in a message: its JSON text, cut at `limit` characters."""
-    text = json.dumps(value)
+    """A (frozen) JSON value as it appears in a message: its JSON text, cut at `limit` characters."""
+    text = json.dumps(value, default=dict)  # FrozenMap -> object; tuples are arrays already
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
-def caller_meta(raw: dict[str, Any], path: Path) -> dict[str, Any]:
-    """The manifest's `meta.caller` object (docs/caller.md), {} when `meta` or `meta.caller` is absent. `raw` has
-    passed kern_manifest's parser, so `meta` is an object (free-form inside), but what kern run reads from it must
-    have the contract's shape: raises ConfigError naming the file and the JSON path when `meta.caller` is present
-    and not an object."""
-    meta = raw.get("meta", {})
+def caller_meta(manifest: Manifest, path: Path) -> Mapping[str, Any]:
+    """The manifest's `meta.caller` object (docs/caller.md), {} when `meta` or `meta.caller` is absent. The manifest
+    has passed kern_manifest's parser, so `meta` is an object (free-form inside, frozen JSON), but what kern run
+    reads from it must have the contract's shape: raises ConfigError naming the file and the JSON path when
+    `meta.caller` is present and not an object."""
+    meta = manifest.meta if manifest.meta is not None else {}
     if "caller" not in meta:
         return {}
     caller = meta["caller"]
-    if not isinstance(caller, dict):
+    if not isinstance(caller, Mapping):
         raise ConfigError(f"manifest {path}: $.meta.caller = {_shown(caller)} must be an object (the caller "
                           "contract's geometry and flags, docs/caller.md); regenerate it (tools/gen_qwen3.py)")
     return caller
@@ -187,10 +202,11 @@ def check_kernels(facts: ManifestFacts, kernels_dir: Path) -> None:
     if not kernels_dir.is_dir():
         raise KernelsError(f"kernels directory {kernels_dir} does not exist: run `kern kernels` "
                            "(tools/build_kernels.py) or pass --kernels")
-    for module, sha in sorted(facts.raw.get("modules", {}).items()):
-        path = kernels_dir / f"{module}-{sha[:12]}.cubin"
+    for module in sorted(facts.manifest.modules.values(), key=lambda m: m.name):
+        sha = module.sha256
+        path = kernels_dir / module.cubin_filename
         if not path.is_file():
-            raise KernelsError(f"kernels directory {kernels_dir} lacks {path.name} (module {module!r} pinned at "
+            raise KernelsError(f"kernels directory {kernels_dir} lacks {path.name} (module {module.name!r} pinned at "
                                f"sha256 {sha[:12]}...): run `kern kernels` or pass the --kernels it was built into")
         digest = hashlib.sha256(path.read_bytes()).hexdigest()
         if digest != sha:
@@ -206,8 +222,8 @@ def read_safetensors_header(path: Path) -> dict[str, tuple[str, tuple[int, ...]]
 
     kern_runtime's reader: the header is capped at 100 MiB, every entry needs a known dtype, a shape and
     data offsets that agree with it and end inside the file (a truncated shard is refused here)."""
-    from kern_runtime.errors import WeightArtifactError
-    from kern_runtime.weights import read_safetensors_header as read_header
+    from kern_runtime import WeightArtifactError
+    from kern_runtime.weights import read_safetensors_header as read_header  # merge: issue 24 (not in __all__ yet)
 
     try:
         entries = read_header(path)
@@ -220,8 +236,8 @@ def read_safetensors_header(path: Path) -> dict[str, tuple[str, tuple[int, ...]]
 
 def _index_shards(index: Path) -> list[str]:
     """kern_runtime's reading of model.safetensors.index.json, its refusal as a WeightsError."""
-    from kern_runtime.errors import WeightArtifactError
-    from kern_runtime.weights.safetensors import index_shards
+    from kern_runtime import WeightArtifactError
+    from kern_runtime.weights.safetensors import index_shards  # merge: issue 24 (not in __all__ yet)
 
     try:
         return index_shards(index)
@@ -321,45 +337,58 @@ def check_weights(facts: ManifestFacts, tensors: dict[str, tuple[str, tuple[int,
     tensor exists with the buffer's dtype, then kern_runtime's own `plan_bind` (trailing dims, `rows` and `cols`
     ranges inside the tensor, interleave blocks, dim 0 covered exactly) at the vars' max. Raises WeightsError
     naming the tensor and the buffer (and, for a list of files, the file holding the tensor at fault)."""
-    from kern_runtime.errors import WeightArtifactError
-    from kern_runtime.spec import InterleaveSegment, TensorSegment, spec_from_json
-    from kern_runtime.weights import TensorMeta, plan_bind
+    from kern_runtime import TensorMeta, WeightArtifactError, plan_bind
 
-    spec = spec_from_json(facts.parsed.to_json() if facts.parsed is not None else facts.raw)
+    manifest = facts.manifest
+    at_max = var_max(manifest.vars)
+    bind_targets = runtime_bind_buffers(manifest)
     metas = {name: TensorMeta(dtype, tuple(shape)) for name, (dtype, shape) in tensors.items()}
     listed = not isinstance(weights, (str, os.PathLike))
-    found_in: dict[str, Path] = getattr(tensors, "found_in", {}) if listed else {}
+    found_in: dict[str, Path] = tensors.found_in if listed and isinstance(tensors, CheckpointTensors) else {}
     label = weights_label(weights) if listed else str(weights)
 
     def in_file(*tnames: str) -> str:  # " (in FILE)" for a list of files; "" for one path, as before lists
         files = list(dict.fromkeys(str(found_in[t]) for t in tnames if t in found_in))
         return f" (in {', '.join(files)})" if files else ""
 
-    for bname, buf in sorted(spec.buffers.items()):
-        if buf.kind != "weight" or buf.bind is None or buf.derived:
+    for bname, buf in sorted(manifest.buffers.items()):
+        if buf.kind != "weight" or buf.bind is None or any(isinstance(s, DerivedSegment) for s in buf.bind):
             continue
-        for seg in buf.bind:
-            names = seg.tensors if isinstance(seg, InterleaveSegment) else (seg.tensor,) if isinstance(
-                seg, TensorSegment) else ()
-            for tname in names:
-                if tname not in metas:
-                    raise WeightsError(f"checkpoint {label} has no tensor {tname!r} (bound into buffer {bname!r}): "
-                                       "the checkpoint does not match the manifest")
-                if metas[tname].dtype != buf.dtype:
-                    raise WeightsError(f"tensor {tname!r}{in_file(tname)} is {metas[tname].dtype}, buffer {bname!r} "
-                                       f"wants {buf.dtype}: convert the checkpoint or regenerate the manifest")
+        for tname in bound_tensors(buf):
+            if tname not in metas:
+                raise WeightsError(f"checkpoint {label} has no tensor {tname!r} (bound into buffer {bname!r}): "
+                                   "the checkpoint does not match the manifest")
+            if metas[tname].dtype != buf.dtype:
+                raise WeightsError(f"tensor {tname!r}{in_file(tname)} is {metas[tname].dtype}, buffer {bname!r} "
+                                   f"wants {buf.dtype}: convert the checkpoint or regenerate the manifest")
         try:
-            plan_bind(buf, metas, spec.max_values)
+            plan_bind(bind_targets[bname], metas, at_max)
         except WeightArtifactError as exc:
-            shape = list(buf.shape_at(spec.max_values))
-            bound = [t for seg in buf.bind for t in (seg.tensors if isinstance(seg, InterleaveSegment) else (
-                seg.tensor,) if isinstance(seg, TensorSegment) else ())]
-            raise WeightsError(f"checkpoint {label}: {exc} (buffer {bname!r} has shape {shape}){in_file(*bound)}: "
-                               "wrong model for this manifest") from None
+            shape = list(buf.shape_at(at_max))
+            raise WeightsError(f"checkpoint {label}: {exc} (buffer {bname!r} has shape {shape})"
+                               f"{in_file(*bound_tensors(buf))}: wrong model for this manifest") from None
 
 
-def kv_bytes_per_token(facts: ManifestFacts) -> int:
-    return sum(int(s.get("bytes_per_token", 0)) for s in facts.raw.get("states", {}).values())
+def bound_tensors(buffer: Buffer) -> list[str]:
+    """The checkpoint tensors a weight buffer's bind reads, in bind order (none for a derived buffer)."""
+    names: list[str] = []
+    for seg in buffer.bind or ():
+        if isinstance(seg, InterleaveSegment):
+            names.extend(seg.tensors)
+        elif isinstance(seg, (TensorSegment, RowsSegment)):
+            names.append(seg.tensor)
+    return names
+
+
+def runtime_bind_buffers(manifest: Manifest) -> Mapping[str, Any]:  # merge: issue 24
+    """The buffers in the form `kern_runtime.plan_bind` takes: the runtime's own spec of them while kern_runtime
+    still has one (`spec_from_json`), else kern_manifest's Buffers (issue 24: one manifest model). After the
+    merge this is `manifest.buffers`."""
+    try:
+        from kern_runtime import spec_from_json
+    except ImportError:
+        return manifest.buffers
+    return spec_from_json(manifest.to_json()).buffers
 
 
 def check_capacity(capacity_tokens: int, capacity_from: str | None, facts: ManifestFacts,
@@ -391,8 +420,3 @@ def check_prompt(prompt_tokens: int, capacity_tokens: int, facts: ManifestFacts)
     if prompt_tokens > capacity_tokens:
         raise InputError(f"the prompt is {prompt_tokens} tokens, more than --capacity ({capacity_tokens} tokens): "
                          f"shorten it or raise --capacity (<= {facts.max_context})")
-
-
-def weight_bytes(tensors: dict[str, tuple[str, tuple[int, ...]]]) -> int:
-    sizes = {"bf16": 2, "f16": 2, "f32": 4, "f64": 8, "i8": 1, "u8": 1, "i32": 4, "i64": 8}
-    return sum(math.prod(shape) * sizes.get(dtype, 1) for dtype, shape in tensors.values())

@@ -16,7 +16,7 @@ from .generate import Generator
 from .errors import InputError, WeightsError
 from .preflight import (
     ManifestFacts, check_capacity, check_kernels, check_prompt, check_weights, checkpoint_tensors, probe_device,
-    read_manifest, resolve_chunk, weight_bytes,
+    read_manifest, resolve_chunk,
 )
 from .summary import manifest_lines, runtime_lines
 from .text import TextCodec, checked_prompt, load_codec
@@ -24,13 +24,12 @@ from .text import TextCodec, checked_prompt, load_codec
 
 @dataclass(frozen=True)
 class Prepared:
-    """A target that passed preflight: manifest facts, tokenizer, chunk, checkpoint size."""
+    """A target that passed preflight: manifest facts, tokenizer, chunk."""
 
     cfg: RunConfig
     facts: ManifestFacts
     codec: TextCodec
     chunk: int
-    weight_bytes: int
     prompt_ids: tuple[tuple[int, ...], ...] = ()  # the `prompts` given to prepare, tokenized and checked
 
 
@@ -62,7 +61,7 @@ def prepare(cfg: RunConfig, check_device: bool = True, prompts: Sequence[str] = 
         prompt_ids.append(tuple(ids))
     if check_device:
         probe_device(cfg.gpu)
-    return Prepared(cfg, facts, codec, chunk, weight_bytes(tensors), tuple(prompt_ids))
+    return Prepared(cfg, facts, codec, chunk, tuple(prompt_ids))
 
 
 def progress_reporter(enabled: bool) -> tuple[Callable[[int, int], None] | None, Callable[[], None]]:
@@ -88,7 +87,7 @@ def open_generator(prep: Prepared, log: Any, show_progress: bool | None = None, 
 
     `resident`: device weights kept by `Runtime.into_resident()` of an earlier runtime on the same GPU.
     """
-    for line in manifest_lines(prep.facts.raw, prep.facts.parsed):
+    for line in manifest_lines(prep.facts.manifest):
         log.info(line)
     if show_progress is None:
         show_progress = sys.stderr.isatty()
@@ -101,13 +100,10 @@ def open_generator(prep: Prepared, log: Any, show_progress: bool | None = None, 
     finally:
         stop_progress()
     secs = time.perf_counter() - t0
-    stats = getattr(gen.rt, "weight_load_stats", None)
-    nbytes, wsecs = stats if stats else (prep.weight_bytes, secs)
+    nbytes, wsecs = gen.rt.weight_load_stats
     log.info(f"weights: {nbytes / 1e9:.2f} GB in {wsecs:.2f} s = {nbytes / 1e9 / max(wsecs, 1e-9):.1f} GB/s; "
              f"runtime ready in {secs:.2f} s")
-    describe = getattr(gen.rt, "describe", None)
-    if describe is not None:
-        for line in runtime_lines(describe()):
-            log.debug(line)
-    log.info(f"kv pool: {gen.max_positions} positions ({getattr(gen.rt, 'num_pages', '?')} pages of {gen.page_tokens})")
+    for line in runtime_lines(gen.rt.describe()):
+        log.debug(line)
+    log.info(f"kv pool: {gen.max_positions} positions ({gen.rt.num_pages} pages of {gen.page_tokens})")
     return gen

@@ -1,109 +1,95 @@
 """What a manifest declares, as short text lines: `kern inspect` prints them, `kern run` logs them at start.
 
-Computed from the manifest JSON alone (no GPU): vars, states, buffer classes with bytes at var max, each
-op's launches (entry + parameter layout + module, or the runtime built-in), weight binds, and per
+Computed from the verified kern_manifest.Manifest alone (no GPU): vars, states, buffer classes with bytes at
+var max, each op's launches (entry + parameter layout + module, or the runtime built-in), weight binds, and per
 program its calls and launches (inlined programs expanded) and whether it is captured as a graph.
 `runtime_lines` adds what only a loaded runtime knows (its `describe()`): allocated bytes, pages, captured graphs.
 """
 
 from __future__ import annotations
 
-import math
 from collections import Counter
-from typing import Any
+from typing import Any, Mapping
 
-DTYPE_BYTES = {"bf16": 2, "f16": 2, "f32": 4, "f64": 8, "i8": 1, "u8": 1, "i16": 2, "i32": 4, "u32": 4,
-               "i64": 8, "u64": 8, "fp8_e4m3": 1, "fp8_e5m2": 1}
-
-
-def eval_at_max(dim: Any, var_max: dict[str, int]) -> int:
-    """A shape dim (int or expression string) at the vars' max, via kern_manifest's parser when present."""
-    if isinstance(dim, int):
-        return dim
-    try:
-        from kern_manifest.expr import parse_expr  # type: ignore[attr-defined]
-
-        return int(parse_expr(dim).eval(var_max))
-    except Exception:  # noqa: BLE001 - fall back to the runtime's compiler, then to a plain lookup
-        try:
-            from kern_runtime.exprs import compile_expr
-
-            return int(compile_expr(dim).eval(var_max))
-        except Exception:  # noqa: BLE001
-            return int(var_max.get(str(dim).strip(), 0))
-
-
-def buffer_bytes(buf: dict[str, Any], var_max: dict[str, int]) -> int:
-    return math.prod(eval_at_max(d, var_max) for d in buf["shape"]) * DTYPE_BYTES.get(buf["dtype"], 1)
+from kern_manifest import (
+    AnyLaunch, Buffer, DerivedSegment, ExternLaunch, InterleaveSegment, Manifest, Op, var_max, var_min,
+)
 
 
 def _gib(n: int) -> str:
     return f"{n / 2**30:.3f} GiB" if n >= 2**30 else f"{n / 2**20:.2f} MiB"
 
 
-def _params(params: list[list[int]]) -> str:
+def _params(params: tuple[tuple[int, int], ...]) -> str:
     return " ".join(f"{o}:{s}" for o, s in params)
 
 
-def manifest_lines(raw: dict[str, Any], parsed: Any = None) -> list[str]:
-    """Human summary of a manifest, one fact per line. `parsed`: the kern_manifest.Manifest of `raw` (parsed
-    here when not given); a program's calls and launches count the programs it inlines, expanded as the runtime
-    replays them (kern_manifest's `Program.flat_calls`, as `kern manifest check` counts)."""
-    if parsed is None:
-        from kern_manifest import parse_manifest
+def _when_text(launch: AnyLaunch) -> str:
+    """` when {'tokens': [1, 16]}` as the launch's JSON `when` reads, "" without one."""
+    if launch.when is None:
+        return ""
+    return f" when { {var: [lo.json, hi.json] for var, (lo, hi) in launch.when.items()} }"
 
-        parsed = parse_manifest(raw)
-    var_max = {k: int(v["max"]) for k, v in raw.get("vars", {}).items()}
-    lines = [f"manifest {raw.get('name', '?')} ({raw.get('format', '?')}), digest {str(raw.get('digest', '-'))[:12]}"]
-    lines.append("vars: " + ", ".join(f"{k} [{v['min']}, {v['max']}]" for k, v in sorted(raw.get("vars", {}).items())))
-    states = raw.get("states", {})
-    kinds = Counter(s["kind"] for s in states.values())
-    per_token = sum(int(s.get("bytes_per_token", 0)) for s in states.values())
-    page_tokens = sorted({int(s["page_tokens"]) for s in states.values() if s.get("kind") == "paged"})
+
+def _bound_tensors(buf: Buffer) -> int:
+    """Checkpoint tensors a weight buffer's bind reads (an interleave counts each of its tensors)."""
+    return sum(len(s.tensors) if isinstance(s, InterleaveSegment) else 1
+               for s in buf.bind or () if not isinstance(s, DerivedSegment))
+
+
+def manifest_lines(manifest: Manifest) -> list[str]:
+    """Human summary of a verified manifest, one fact per line; the digest is the one computed from its content.
+    A program's calls and launches count the programs it inlines, expanded as the runtime replays them
+    (kern_manifest's `Program.flat_calls`, as `kern manifest check` counts)."""
+    vars_ = manifest.vars
+    at_max = var_max(vars_)
+    lines = [f"manifest {manifest.name} ({manifest.format}), digest {manifest.digest[:12]}"]
+    lines.append("vars: " + ", ".join(f"{k} [{v.min}, {v.max}]" for k, v in sorted(vars_.items())))
+    states = manifest.states
+    kinds = Counter(s.kind for s in states.values())
+    per_token = sum(s.bytes_per_token or 0 for s in states.values())
+    page_tokens = sorted({s.page_tokens for s in states.values() if s.kind == "paged" and s.page_tokens})
     lines.append(f"states: {len(states)} ({', '.join(f'{n} {k}' for k, n in sorted(kinds.items()))}); "
                  f"paged: {per_token} bytes/token in all, page_tokens {page_tokens}")
     by_kind: dict[str, list[int]] = {}
-    for buf in raw.get("buffers", {}).values():
-        by_kind.setdefault(buf["kind"], []).append(buffer_bytes(buf, var_max))
+    for buf in manifest.buffers.values():
+        by_kind.setdefault(buf.kind, []).append(buf.nbytes_at_max(vars_))
     lines.append("buffers: " + ", ".join(f"{k} {len(v)} ({_gib(sum(v))})" for k, v in sorted(by_kind.items())))
-    lines.append(f"modules: " + ", ".join(f"{m} {sha[:12]}" for m, sha in sorted(raw.get("modules", {}).items())))
-    for name, op in raw.get("ops", {}).items():
-        for i, launch in enumerate(op.get("launches", [])):
-            if "extern" in launch:
-                what = f"extern:{str(launch['extern']).removeprefix('extern:')} (runtime built-in)"
+    lines.append("modules: " + ", ".join(f"{m} {mod.sha256[:12]}" for m, mod in sorted(manifest.modules.items())))
+    for name, op in manifest.ops.items():
+        for i, launch in enumerate(op.launches):
+            if isinstance(launch, ExternLaunch):
+                what = f"extern:{launch.extern.removeprefix('extern:')} (runtime built-in)"
             else:
-                what = f"{launch['entry']} in {launch['module']} params [{_params(launch['params'])}]"
-            when = f" when {launch['when']}" if "when" in launch else ""
-            lines.append(f"op {name}[{i}]: {what}{when}")
-    weights = [b for b in raw.get("buffers", {}).values() if b["kind"] == "weight"]
-    tensors = sum(len(s.get("interleave", [s.get("tensor")])) for b in weights for s in b.get("bind", []) if not s.get("derived"))
-    concat = sum(1 for b in weights if len(b.get("bind", [])) > 1)
-    derived = sum(1 for b in weights if any(s.get("derived") for s in b.get("bind", [])))
-    lines.append(f"weights: {len(weights)} buffers ({_gib(sum(buffer_bytes(b, var_max) for b in weights))}) bound from "
+                what = f"{launch.entry} in {launch.module} params [{_params(launch.params)}]"
+            lines.append(f"op {name}[{i}]: {what}{_when_text(launch)}")
+    weights = [b for b in manifest.buffers.values() if b.kind == "weight"]
+    tensors = sum(_bound_tensors(b) for b in weights)
+    concat = sum(1 for b in weights if len(b.bind or ()) > 1)
+    derived = sum(1 for b in weights if any(isinstance(s, DerivedSegment) for s in b.bind or ()))
+    lines.append(f"weights: {len(weights)} buffers ({_gib(sum(b.nbytes_at_max(vars_) for b in weights))}) bound from "
                  f"{tensors} checkpoint tensors; {concat} concatenations, {derived} derived")
-    ops = raw.get("ops", {})
-    var_min = {k: int(v["min"]) for k, v in raw.get("vars", {}).items()}
-    for pname, prog in raw.get("programs", {}).items():
-        calls = parsed.programs[pname].flat_calls(parsed)  # inlined programs expanded
-        at = var_min if prog.get("graph") else var_max  # a graph step at its smallest vars (decode: tokens = 1)
-        launches = sum(launches_at(ops.get(c.op, {}), at) for c in calls)
+    at_min = var_min(vars_)
+    for pname, prog in manifest.programs.items():
+        calls = prog.flat_calls(manifest)  # inlined programs expanded
+        at = at_min if prog.graph else at_max  # a graph step at its smallest vars (decode: tokens = 1)
+        launches = sum(launches_at(manifest.ops[c.op], at) for c in calls)
         where = ", ".join(f"{k}={v}" for k, v in sorted(at.items()))
-        kind = prog.get("kind", "run")
-        graph = f"graph: {launches} launches -> 1 graph launch per step" if prog.get("graph") else "eager"
-        lines.append(f"program {pname} ({kind}): {len(calls)} calls, {launches} launches at {where}, {graph}")
+        graph = f"graph: {launches} launches -> 1 graph launch per step" if prog.graph else "eager"
+        lines.append(f"program {pname} ({prog.kind}): {len(calls)} calls, {launches} launches at {where}, {graph}")
     return lines
 
 
-def launches_at(op: dict[str, Any], values: dict[str, int]) -> int:
-    """Launches of `op` that run at var `values`: a launch with `when` only where every bound holds
-    (bounds are kern_manifest expressions over the vars; of a `when` group exactly one launch holds)."""
-    from kern_manifest import parse_expr
+def launches_at(op: Op, values: Mapping[str, int]) -> int:
+    """Launches of `op` that run at var `values`: a launch with `when` only where every bound holds (bounds are
+    kern_manifest expressions over the vars, a var absent from `values` is not bounded; of a `when` group exactly
+    one launch holds)."""
 
-    def holds(when: dict[str, Any]) -> bool:
-        return all(var not in values or parse_expr(lo).eval(values) <= values[var] <= parse_expr(hi).eval(values)
-                   for var, (lo, hi) in when.items())
+    def holds(launch: AnyLaunch) -> bool:
+        return all(var not in values or lo.eval(values) <= values[var] <= hi.eval(values)
+                   for var, (lo, hi) in (launch.when or {}).items())
 
-    return sum(1 for launch in op.get("launches", []) if holds(launch.get("when") or {}))
+    return sum(1 for launch in op.launches if holds(launch))
 
 
 def runtime_lines(described: dict[str, Any]) -> list[str]:
