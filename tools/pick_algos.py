@@ -18,15 +18,15 @@ Inference", 2025). This tool finds such a configuration per (n, k) and proves it
 4. speed: median time at M = 512 and M = m_max (CUDA events over 10 back-to-back calls, 5 repeats);
    the fastest invariant candidate by the sum of the two wins. The heuristic's own choice is timed too.
 
-Writes JSON (`--out`, default stdout) read by `tools/gen_qwen3.py --algos`:
+Writes JSON (`--out`, default stdout) read by `kern manifest build --algos`:
 
     {"format": "kern-cublaslt-pins/1", "device": "...", "cublaslt_version": 130xxx, "m_max": 2048,
      "pins": [{"n": 6144, "k": 2560, "algo": {"id": .., "tile": .., ...}, "us_512": .., "us_max": ..,
                "heuristic_us_512": .., "heuristic_us_max": .., "heuristic_invariant": false}, ...]}
 
 Host-side refusals (exit 2, one line on stderr, before the device is touched): an unknown --shape, a --config
-that cannot be read, is not UTF-8 JSON or holds a value tools/gen_qwen3.py refuses (named by key), a --tp below
-1 or not dividing every shape's q / kv heads and MLP width, an --m-max below 1, a malformed --keep-pins file,
+that cannot be read, is not UTF-8 JSON or holds a value the builder (kern_run.models.qwen3) refuses (named by
+key), a --tp below 1 or not dividing every shape's q / kv heads and MLP width, an --m-max below 1, a malformed --keep-pins file,
 no shape to pick. Then no CUDA device, or --keep-pins --decode stamped by another device or cuBLASLt.
 
 Run on the GPU machine (needs a CUDA device, cuda-bindings and nvmath-python):
