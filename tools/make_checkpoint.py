@@ -46,45 +46,18 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
 
-from atomic_files import write_files
+from kern_run.files import write_files
+from kern_run.models.qwen3.shapes import SHAPES, Qwen3Shape, config_json
 
 STAMP_FORMAT = "kern-checkpoint/1"
 CHUNK_ELEMS = 1 << 22  # 4 Mi elements per random chunk (16 MiB of f32 while generating)
 WEIGHT_STD = 0.02
 NORM_STD = 0.05
-
-
-@dataclass(frozen=True)
-class Qwen3Shape:
-    """The Qwen3 hyper-parameters that decide tensor shapes (names as in config.json)."""
-
-    hidden_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    intermediate_size: int
-    vocab_size: int = 151936
-    tie_word_embeddings: bool = True
-    rope_theta: float = 1000000.0
-    rms_norm_eps: float = 1e-6
-    max_position_embeddings: int = 40960
-
-
-SHAPES: dict[str, Qwen3Shape] = {
-    # Qwen/Qwen3-4B config.json
-    "qwen3-4b": Qwen3Shape(2560, 36, 32, 8, 128, 9728),
-    # Qwen/Qwen3-0.6B config.json
-    "qwen3-0.6b": Qwen3Shape(1024, 28, 16, 8, 128, 3072),
-    # Fast tests: the real vocabulary (so the real tokenizer applies), head_dim 128 as every Qwen3,
-    # q width (4 x 128 = 512) != hidden (256) as in the 4B shape, 4 layers.
-    "tiny": Qwen3Shape(256, 4, 4, 2, 128, 512),
-}
 
 
 def tensor_shapes(shape: Qwen3Shape) -> dict[str, tuple[int, ...]]:
@@ -109,38 +82,6 @@ def tensor_shapes(shape: Qwen3Shape) -> dict[str, tuple[int, ...]]:
     if not shape.tie_word_embeddings:
         out["lm_head.weight"] = (shape.vocab_size, hid)
     return out
-
-
-def config_json(shape: Qwen3Shape) -> dict:
-    """config.json with the keys and values transformers' Qwen3Config writes (Qwen3-4B's file as template)."""
-    return {
-        "architectures": ["Qwen3ForCausalLM"],
-        "attention_bias": False,
-        "attention_dropout": 0.0,
-        "bos_token_id": 151643,
-        "eos_token_id": 151645,
-        "head_dim": shape.head_dim,
-        "hidden_act": "silu",
-        "hidden_size": shape.hidden_size,
-        "initializer_range": 0.02,
-        "intermediate_size": shape.intermediate_size,
-        "max_position_embeddings": shape.max_position_embeddings,
-        "max_window_layers": shape.num_hidden_layers,
-        "model_type": "qwen3",
-        "num_attention_heads": shape.num_attention_heads,
-        "num_hidden_layers": shape.num_hidden_layers,
-        "num_key_value_heads": shape.num_key_value_heads,
-        "rms_norm_eps": shape.rms_norm_eps,
-        "rope_scaling": None,
-        "rope_theta": int(shape.rope_theta) if float(shape.rope_theta).is_integer() else shape.rope_theta,
-        "sliding_window": None,
-        "tie_word_embeddings": shape.tie_word_embeddings,
-        "torch_dtype": "bfloat16",
-        "transformers_version": "4.51.0",
-        "use_cache": True,
-        "use_sliding_window": False,
-        "vocab_size": shape.vocab_size,
-    }
 
 
 def generation_config_json() -> dict:
@@ -257,7 +198,7 @@ def _read_stamp(path: Path) -> dict | None:
 def _tokenizer_files(source: str | None) -> dict[str, bytes]:
     """tokenizer.json and tokenizer_config.json exactly as qwen_tokenizer_json writes them, built in a scratch
     directory so that missing or malformed ranks fail before anything in the output directory is touched."""
-    from qwen_tokenizer_json import write_tokenizer_files  # imported only when a tokenizer is wanted
+    from tools.qwen_tokenizer_json import write_tokenizer_files  # imported only when a tokenizer is wanted
 
     with tempfile.TemporaryDirectory(prefix="kern-tokenizer-") as tmp:
         try:
@@ -334,7 +275,7 @@ def write_checkpoint(
     malformed. Then shards go to temporary files; a failure there (OSError, ...) removes them and leaves
     `out_dir` as it was. Only when every shard is complete is the old stamp replaced by a "writing" one (still
     this tool's, matching no checkpoint), the shards renamed into place, the json and tokenizer files written
-    whole (atomic_files), stale shards of the old checkpoint removed, and the new stamp written last.
+    whole (kern_run.files.write_files), stale shards of the old checkpoint removed, and the new stamp written last.
     """
     out_dir = Path(out_dir)
     if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or seed < 0:

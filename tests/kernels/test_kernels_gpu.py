@@ -8,23 +8,17 @@ Run on the GPU machine:  KERN_REQUIRE_GPU=1 python -m pytest tests/kernels -q
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 pytestmark = pytest.mark.gpu
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from tools import reference_kernels as ref  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
-from gen_qwen3 import (  # noqa: E402
+from kern_run.models.qwen3 import (
     KERNEL_SIGNATURES, PREFILL_ATTN, PREFILL_WG_HEAD_DIMS, prefill_rows_per_block, rope_warp_heads,
 )
+from tools import reference_kernels as ref
 
 BF = np.uint16  # device representation of bf16
 

@@ -5,7 +5,8 @@
     kern test [--against eager|chunk1|transformers|MANIFEST] [--prompts N] [--steps N]
     kern inspect MANIFEST
     kern manifest check MANIFEST
-    kern kernels [ARGS...]          (tools/build_kernels.py)
+    kern manifest build (--config config.json | --shape S) [options] --out m.json   (kern_run.models.qwen3)
+    kern kernels [ARGS...]          (tools/build_kernels.py: needs the kern checkout)
     kern --version                  (the four kern packages' installed versions)
 
 Refusals (docs/caller.md) print one line on stderr and exit non-zero; a traceback only with
@@ -349,17 +350,76 @@ def manifest_check(
         raise typer.Exit(code)
 
 
+@manifest_app.command("build")
+def manifest_build(
+    out: Annotated[Path, typer.Option("--out", help="manifest to write (with --tp N: the rank files "
+                                      "<stem>-tp<N>-r<rank>.json beside it)")],
+    config: Annotated[Optional[Path], typer.Option("--config", help="a Qwen3 config.json")] = None,
+    shape: Annotated[Optional[str], typer.Option("--shape", help="a known shape instead: qwen3-4b, qwen3-0.6b, tiny")] = None,
+    kernels: Annotated[Path, typer.Option("--kernels", help="kernels directory (its kernels.json: the ABI), or the "
+                                          "kernels.json itself")] = Path("kernels"),
+    name: Annotated[Optional[str], typer.Option("--name", help="manifest name (default: the shape, or the config's "
+                                                "directory name)")] = None,
+    chunk_max: Annotated[int, typer.Option("--chunk-max", help="tokens var max (largest prefill chunk)")] = 512,
+    max_context: Annotated[Optional[int], typer.Option("--max-context", help="positions per sequence (default "
+                                                       "min(40960, max_position_embeddings); tiny 4096)")] = None,
+    decode: Annotated[Optional[str], typer.Option("--decode", help="decode projections: gemv (M = 1 GEMVs, fused "
+                                                  "norms and residuals; default) or gemm (cuBLASLt; with --tp)")] = None,
+    m1_gemv: Annotated[bool, typer.Option("--m1-gemv", help="with --decode gemm: the decode projections on "
+                                          "kern_gemv_rows (M = 1)")] = False,
+    gemv: Annotated[str, typer.Option("--gemv", help="decode GEMV wiring: v1 warp-per-row, v2 rows family with the "
+                                      "SwiGLU epilogue")] = "v1",
+    decode_attn: Annotated[str, typer.Option("--decode-attn", help="decode attention: wide, early or split")] = "wide",
+    prefill_attn: Annotated[str, typer.Option("--prefill-attn", help="prefill attention: auto (wg where the head_dim "
+                                              "allows, else r32), wg, r32 or r16")] = "auto",
+    prefill_rope: Annotated[str, typer.Option("--prefill-rope", help="q/k norm + rope for chunks of 2+ tokens: warp "
+                                              "or block")] = "warp",
+    carveout: Annotated[int, typer.Option("--carveout", help="preferred shared-memory carveout, percent 0..100 "
+                                          "(-1: none, the driver's choice)")] = 100,
+    decode_splits: Annotated[int, typer.Option("--decode-splits", help="decode attention splits (0: auto)")] = 0,
+    decode_split_tokens: Annotated[int, typer.Option("--decode-split-tokens", help="minimum context tokens per "
+                                                     "decode split (a multiple of the page size)")] = 64,
+    sms: Annotated[int, typer.Option("--sms", help="SM count of the target GPU (132: H200)")] = 132,
+    gemv_threads_per_sm: Annotated[int, typer.Option("--gemv-threads-per-sm", help="decode GEMV grids fill at "
+                                                     "most this many threads per SM")] = 1024,
+    no_pdl: Annotated[bool, typer.Option("--no-pdl", help="no programmatic dependent launch in decode")] = False,
+    no_pdl_small: Annotated[bool, typer.Option("--no-pdl-small", help="PDL on the GEMVs and decode attention "
+                                               "only")] = False,
+    algos: Annotated[Optional[Path], typer.Option("--algos", help="cuBLASLt pins of tools/pick_algos.py "
+                                                  "(batch-invariant prefill GEMMs)")] = None,
+    tp: Annotated[int, typer.Option("--tp", help="tensor-parallel ranks: write one manifest per rank")] = 1,
+    no_verify: Annotated[bool, typer.Option("--no-verify", help="skip verification with kern_manifest")] = False,
+    log_level: LogOpt = None,
+) -> None:
+    """Build a Qwen3 manifest from a config.json (or a known --shape) and the kernels' ABI (docs/manifest.md).
+    Refusals name the file, config field or flag; nothing is written then."""
+    from .models.qwen3 import BuildRequest, build
+
+    options = {"chunk_max": chunk_max, "decode": decode, "m1_gemv": m1_gemv, "gemv": gemv, "decode_attn": decode_attn,
+               "prefill_attn": prefill_attn, "prefill_rope": prefill_rope,
+               "carveout": None if carveout == -1 else carveout, "decode_splits": decode_splits,
+               "split_tokens": decode_split_tokens, "sms": sms, "gemv_threads_per_sm": gemv_threads_per_sm,
+               "pdl": not no_pdl, "pdl_small": not no_pdl_small}
+    request = BuildRequest(out=out, config=config, shape=shape, kernels=kernels, name=name, max_context=max_context,
+                           tp=tp, algos=algos, verify=not no_verify, options=options)
+    for line in _guarded("manifest build", resolve_level(log_level), lambda: build(request)):
+        print(f"kern manifest build: {line}")
+
+
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True}, add_help_option=False)
 def kernels(ctx: typer.Context) -> None:
     """Build the cubins and kernels/kernels.json: runs tools/build_kernels.py with the given arguments
-    (--help: its options)."""
+    (--help: its options). Building kernels needs the kern checkout (kernels-src/ and tools/); an installed
+    kern-run without one says so in one line (exit 2)."""
     toml = find_toml()
     root = toml.parent if toml else Path.cwd()
     script = root / "tools" / "build_kernels.py"
     if not script.is_file():
-        print(f"kern kernels: {script} not found: run from the kern repository", file=sys.stderr)
+        print(f"kern kernels: building kernels needs the kern checkout (kernels-src/ and tools/build_kernels.py); "
+              f"{script} not found: run it inside the kern repository", file=sys.stderr)
         raise typer.Exit(2)
-    raise typer.Exit(subprocess.call([sys.executable, str(script), *ctx.args], cwd=root))
+    # as a module from the checkout's root: `tools.*` resolves there without the workspace's editable install
+    raise typer.Exit(subprocess.call([sys.executable, "-m", "tools.build_kernels", *ctx.args], cwd=root))
 
 
 def main() -> None:  # `python -m kern_run.cli`
