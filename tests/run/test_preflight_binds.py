@@ -167,6 +167,6 @@ def test_tp_capacity_above_the_max_context_is_refused(tp_dir: Path, kernels_dir:
 
 def test_tp_too_many_ranks_lists_a_few_missing_manifests(tp_dir: Path, kernels_dir: Path, ckpt: Path) -> None:
     code, line = _run(tp_dir / "tiny.json", kernels_dir, ckpt, "--tp", "100000")
-    assert code == 2 and line.endswith(f"'... (100000 in all)'] not found: python tools/gen_qwen3_tp.py --tp 100000 "
-                                       f"--out-dir {tp_dir} ..."), line
+    assert code == 2 and line.endswith(f"'... (100000 in all)'] not found: kern manifest build --tp 100000 "
+                                       f"--out {tp_dir / 'tiny.json'} ..."), line
     assert len(line) < 600
