@@ -83,6 +83,17 @@ class Lease:
         return self.inner.frozen_tokens
 
     @property
+    def reached_tokens(self) -> int:
+        """The position the sequence has reached (kern_pool `Lease.reached_tokens`); with a slot, checkpoint /
+        fork / retire only at exactly this length."""
+        return self.inner.reached_tokens
+
+    def advance_to(self, num_tokens: int) -> None:
+        """Declare the first `num_tokens` tokens consumed (kern_pool `Lease.advance_to`): for positions written
+        without `slot` / `slots`, e.g. a slot-only lease. kern_pool `Misuse` going back or past the pages."""
+        self.inner.advance_to(num_tokens)
+
+    @property
     def paged(self) -> bool:
         return self.inner.paged
 
