@@ -513,6 +513,23 @@ class Pool:
                 cp.host_tail = tail[2]
         return cp
 
+    def _copy_source(self, cp: Checkpoint) -> Checkpoint:
+        """A second holder of `cp`'s chain, tail page and slot, for a copy in flight that reads them (a park:
+        kern_pool.host). Closing `cp` then releases nothing the copy reads; closing this one (when the copy
+        lands) does. Pool-internal: it is a live handle for `check()`, never handed to a caller."""
+        hold = Checkpoint(self, cp.num_tokens, cp.paged)
+        self._handles.add(hold)
+        if cp._chain is not None:
+            cp._chain.refs += 1
+        hold._chain = cp._chain
+        if cp.tail_page_id is not None:
+            self._pages.refs[cp.tail_page_id] += 1
+            hold.tail_page_id = cp.tail_page_id
+        if cp.seq_slot_id is not None:
+            self._slots.refs[cp.seq_slot_id] += 1
+            hold.seq_slot_id = cp.seq_slot_id
+        return hold
+
     def _branch(self, chain_tail: _Node | None, full: int, src_partial: int | None, src_slot: int | None,
                 length: int, num_tokens: int, hold: Any) -> Lease:
         n_pages = self._pages_for(num_tokens)
