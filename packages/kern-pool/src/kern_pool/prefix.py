@@ -251,13 +251,15 @@ class Prefix(Generic[R, P]):
             searched = None  # the subtree below this point already holds no usable pure-KV entry
             for i in range(len(path) - 1, 0, -1):
                 point = path[i]
-                found = self._find_usable_kv(point, ti, searched) if point.counts[2 + ti] else None
-                if found is not None:
+                if point.counts[2 + ti]:
                     usable = min(pos if i == len(path) - 1 else point.depth, limit)
-                    if usable > best_len or (usable == best_len and ti == 0 and best is not None
-                                             and best.tier is Parked):
+                    if not (usable > best_len or (usable == best_len and ti == 0 and best is not None
+                                                  and best.tier is Parked)):
+                        break  # shallower points share fewer tokens still
+                    found = self._find_usable_kv(point, ti, searched)
+                    if found is not None:
                         best, best_len = found, usable
-                    break
+                        break
                 searched = point
         if best is None:
             return None
