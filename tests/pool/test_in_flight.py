@@ -15,7 +15,7 @@ import gc
 import pytest
 from pool_testkit import Memory, invariant, pool_state
 
-from kern_pool import Host, Layout, NotLanded, ParkedTier, Pool, Prefix, Resident
+from kern_pool import Host, Layout, Lease, NotLanded, ParkedTier, Pool, Prefix, Resident
 
 P = 4
 
@@ -25,7 +25,7 @@ def setup(pages: int = 6, slots: int = 0, host_pages: int = 6, host_slots: int =
     return pool, Host(pool, host_pages, host_slots), Memory(pool)
 
 
-def written(pool: Pool, mem: Memory, tokens: list[int], lease_tokens: int | None = None):  # type: ignore[no-untyped-def]
+def written(pool: Pool, mem: Memory, tokens: list[int], lease_tokens: int | None = None) -> Lease:
     """A lease with `tokens` written at positions 0.. (its slot, if any, holding the tuple of them)."""
     lease = pool.lease(lease_tokens if lease_tokens is not None else len(tokens))
     mem.apply(lease.plan)

@@ -1,4 +1,5 @@
-"""The runtime's host copies in flight, without a GPU (issue 29, points 2 to 4).
+"""The runtime's host copies in flight, without a GPU (issue 29, points 2 to 4), and its slot cuts at exactly
+the position reached (point 1: the runtime's calls are kern_pool's).
 
 `park` / `wake` run on the transfer stream, after an event recorded on the compute stream; `park_now` /
 `wake_now` run on the compute stream, which never waits for the transfer stream. A wake of an entry whose
@@ -79,6 +80,35 @@ def runs(plan: kern_pool.HostCopies) -> int:
     """Driver copies a host plan takes here: one per run of consecutive ids (one paged, one per-seq state)."""
     return (len(pair_runs((c.src_page_id, c.dst_page_id) for c in plan.page_copies))
             + len(pair_runs((c.src_slot_id, c.dst_slot_id) for c in plan.slot_copies)))
+
+
+# ---- point 1: with a slot, checkpoint / fork / retire only at the position reached --------------------------
+
+
+def test_runtime_slot_cuts_are_at_exactly_the_written_position(rec: Recorder) -> None:
+    """Positions 0..9 written through `Lease.slots`: a checkpoint, fork or retire at 8 (or 11) is Misuse naming
+    both lengths and issues nothing (before: the 10-token slot state was copied and filed as an 8-token one)."""
+    rt = FakeRuntime(LAYOUT)
+    lease = rt.lease(16)
+    lease.slots(0, 10)
+    assert lease.reached_tokens == 10
+    rec.clear()
+    for asked in (8, 11):
+        for call in (lambda: rt.checkpoint(lease, asked), lambda: rt.fork(lease, asked, 16),
+                     lambda: rt.retire(lease, asked)):
+            reached = f", {asked}\\): the lease's per-seq state has reached 10 tokens"
+            with pytest.raises(kern_pool.Misuse, match=reached):
+                call()
+    assert rec.names(*COPIES, "cuMemcpyDtoDAsync") == [] and not lease.closed
+    cp = rt.checkpoint(lease, 10)
+    assert cp.num_tokens == 10 and rec.names("cuMemcpyDtoDAsync")  # the slot copied
+    share = rt.lease_slot()
+    share.advance_to(7)  # a slot-only lease writes no position: the caller says how far it is
+    kept_share = rt.retire(share, 7)
+    assert kept_share is not None and kept_share.num_tokens == 7
+    for h in (cp, lease, kept_share):
+        h.close()
+    rt.kern_pool.check()
 
 
 # ---- point 4: every mix of park / park_now with wake / wake_now -----------------------------------------------
