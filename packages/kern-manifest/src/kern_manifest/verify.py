@@ -379,6 +379,8 @@ class _Verifier(OpChecks):
                                                                "are staged only for its own run, it cannot be inlined")
                 else:
                     self.check_call(call, cpath, local)
+        for name, message in m.program_size_faults:
+            self.fault(key_path(key_path("$.programs", name), "calls") if name else "$.programs", message)
 
     def check_cycles(self) -> set[str]:
         """Fault every cycle of `{"program": ...}` references once; returns the programs on cycles."""
@@ -499,6 +501,8 @@ class _Verifier(OpChecks):
                 both = e.vars | extra.vars
                 if nbytes is None or not all(v in m.vars for v in both) or len(both) > MAX_CORNER_VARS:
                     continue
+                if not self.afford((e, extra), epath, "call offset"):
+                    return
                 for corner in self.corners(both):
                     try:
                         total = e.eval(corner) + extra.eval(corner)

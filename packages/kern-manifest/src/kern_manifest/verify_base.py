@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -16,6 +17,9 @@ NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]*")
 VAR_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 SHA256 = re.compile(r"[0-9a-f]{64}")
 MAX_CORNER_VARS = 12  # 4096 corners
+# Expression nodes the verifier evaluates, over all corners of all expressions of one manifest (about a second;
+# the Qwen3-4B manifest needs 4,070): a manifest past it is refused rather than verified for minutes.
+MAX_CORNER_WORK = 1 << 20
 F32_MAX = 3.4028234663852886e38
 MAX_BLOCK_THREADS = 1024
 MAX_GRID = (2**31 - 1, 65535, 65535)
@@ -36,6 +40,7 @@ class VerifierBase:
     def __init__(self, m: Manifest) -> None:
         self.m = m
         self.faults: list[Fault] = []
+        self.corner_work = 0  # expression nodes evaluated so far (MAX_CORNER_WORK)
 
     # -------------------------------------------------------------------------------- helpers
 
@@ -49,6 +54,24 @@ class VerifierBase:
     def name(self, name: str, path: str, what: str) -> None:
         if not NAME.fullmatch(name):
             self.fault(path, f"{what} name {name!r} must match [A-Za-z_][A-Za-z0-9_.-]*")
+
+    def afford(self, exprs: Iterable[Expr], path: str, what: str) -> bool:
+        """Charge evaluating `exprs` at every corner of the vars they read to the manifest's MAX_CORNER_WORK;
+        False (with one fault, at the first expression past the budget) when it does not fit."""
+        exprs = list(exprs)
+        names = frozenset().union(*(e.vars for e in exprs))
+        corners = math.prod(len({self.m.vars[n].min, self.m.vars[n].max}) for n in names if n in self.m.vars)
+        work = corners * sum(e.nodes for e in exprs)
+        spent = self.corner_work
+        self.corner_work += work
+        if self.corner_work <= MAX_CORNER_WORK:
+            return True
+        if spent <= MAX_CORNER_WORK:  # the first one past the budget; the manifest is refused already after it
+            self.fault(path, f"{what} {exprs[0].source[:60]!r}{'...' if len(exprs[0].source) > 60 else ''}: "
+                             f"checking it at its {corners} corner(s) evaluates {work} expression nodes, past what "
+                             f"is left of the {MAX_CORNER_WORK} nodes the verifier evaluates for one manifest "
+                             "(simplify the expressions or read fewer vars in each)")
+        return False
 
     def corners(self, names: frozenset[str]) -> list[dict[str, int]]:
         ordered = sorted(names)
@@ -66,6 +89,8 @@ class VerifierBase:
             return None
         if len(e.vars) > MAX_CORNER_VARS:
             self.fault(path, f"{what} {e.source!r} reads {len(e.vars)} vars; at most {MAX_CORNER_VARS} are supported")
+            return None
+        if not self.afford((e,), path, what):
             return None
         out = []
         for corner in self.corners(e.vars):
