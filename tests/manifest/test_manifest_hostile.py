@@ -12,13 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from manifest_testkit import assert_parse_fault, assert_verify_faults, mutate
-
 from kern_manifest import ManifestError, ManifestParseError, parse_manifest, verify
 from kern_manifest.cli import main as manifest_cli
 from kern_manifest.inline import MAX_MANIFEST_CALLS, MAX_PROGRAM_CALLS
 from kern_manifest.parse import MAX_MANIFEST_VALUES
 from kern_manifest.verify_base import MAX_CORNER_WORK
+from manifest_testkit import assert_parse_fault, assert_verify_faults, mutate
 
 EXAMPLE: dict[str, Any] = json.loads((Path(__file__).parent / "data" / "example.json").read_text())
 STEP_OPS = [c["op"] for c in EXAMPLE["programs"]["step"]["calls"]]

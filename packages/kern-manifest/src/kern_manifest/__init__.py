@@ -65,7 +65,7 @@ from .model import (
     var_max,
     var_min,
 )
-from .files import MAX_MANIFEST_BYTES, read_manifest_bytes
+from .files import MAX_MANIFEST_BYTES, file_kind, read_manifest_bytes, read_regular_file
 from .jsontext import json_text_fault
 from .parse import parse_manifest
 from .verify import find_faults, verify
@@ -85,7 +85,7 @@ def load_manifest(path: str | os.PathLike[str]) -> Manifest:
 
 
 __all__ = [
-    "DTYPE_BYTES", "EXTERNS", "FORMAT", "MAX_MANIFEST_BYTES", "read_manifest_bytes", "Algo", "AnyLaunch", "ArgWiring", "Buffer", "Call", "CallArg",
+    "DTYPE_BYTES", "EXTERNS", "FORMAT", "MAX_MANIFEST_BYTES", "file_kind", "read_manifest_bytes", "read_regular_file", "Algo", "AnyLaunch", "ArgWiring", "Buffer", "Call", "CallArg",
     "DerivedSegment", "Expr", "ExprError", "ExprWiring", "ExternLaunch", "Fault", "FrozenMap", "IntValue",
     "InterleaveSegment", "Launch", "LiteralWiring", "Manifest", "ManifestError", "ManifestParseError",
     "ManifestVerifyError", "Module", "NullWiring", "Op", "OpArg", "PackField", "PackLiteralField", "PackPointerField",

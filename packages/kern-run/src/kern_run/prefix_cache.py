@@ -29,9 +29,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, TextIO
 
-from kern_manifest import json_text_fault
+from kern_manifest import json_text_fault, read_regular_file
 
 from .errors import InputError
+from .jsonfile import MAX_PROMPTS_BYTES
 from .generate import GenerateOptions, GenerateResult, Generator
 from .text import text_fault
 
@@ -46,10 +47,10 @@ def read_prompts(path: str | Path) -> list[str]:
     `"\\ud800"`), naming the line number in the file.
     """
     try:
-        numbered = [(i, line) for i, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1)
-                    if line.strip()]
+        data = read_regular_file(path, MAX_PROMPTS_BYTES, "a prompts file is a text or JSONL file", "a prompts file")
+        numbered = [(i, line) for i, line in enumerate(data.decode("utf-8").splitlines(), 1) if line.strip()]
     except OSError as exc:
-        raise InputError(f"--prompts {path}: {exc}") from None
+        raise InputError(f"--prompts {path}: {exc.strerror or exc}") from None
     except UnicodeDecodeError as exc:
         raise InputError(f"--prompts {path}: {json_text_fault(exc)}") from None
     lines = [line for _, line in numbered]
