@@ -65,6 +65,7 @@ from atomic_files import write_files  # noqa: F401 - the writer ablate_manifest,
 
 # kern-manifest is standard library only: importable from the checkout by any python3
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "packages" / "kern-manifest" / "src"))
+from kern_manifest import MAX_MANIFEST_BYTES, read_regular_file  # noqa: E402 - bounded reads
 from kern_manifest import json_text_fault  # noqa: E402 - why a JSON file is unusable, worded as everywhere in kern
 
 FORMAT = "kern-manifest/1"
@@ -1045,10 +1046,11 @@ def verify_with_kern_manifest(text: str) -> str:
 
 
 def read_json_file(path: Path) -> tuple[Any, str]:
-    """(the parsed JSON, the text) of a file. Raises GenError naming the file when it cannot be read, is not UTF-8
-    or is not (usable) JSON: `{path}: {kern_manifest.json_text_fault's reason}`."""
+    """(the parsed JSON, the text) of a file. Raises GenError naming the file when it cannot be read, is not a
+    regular file of at most 64 MiB (kern_manifest.read_regular_file), is not UTF-8 or is not (usable) JSON:
+    `{path}: {kern_manifest.json_text_fault's reason}`."""
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_regular_file(path, MAX_MANIFEST_BYTES, "expected a JSON file", "a JSON file").decode("utf-8")
         return json.loads(text), text
     except OSError as exc:
         raise GenError(f"{path}: {exc.strerror or exc}") from None

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from kern_manifest.cli import main as manifest_cli
+from kern_run.cli import app
 from kern_run.errors import InputError
 from kern_run.jsonfile import MAX_CONFIG_BYTES, MAX_PROMPTS_BYTES, MAX_TOKENIZER_BYTES
 from kern_run.prefix_cache import read_prompts
@@ -23,6 +24,7 @@ from kern_runtime.errors import ApiError, ManifestParseError, WeightArtifactErro
 from kern_runtime.runtime import load_spec
 from kern_runtime.weights import SafetensorsTensors
 from kern_runtime.weights.safetensors import MAX_INDEX_BYTES, index_shards
+from typer.testing import CliRunner
 
 pytestmark = pytest.mark.usefixtures("stub_device_probe")  # kern_run_testutil: the probe is exit 3
 
@@ -184,3 +186,31 @@ def test_check_and_inspect_give_one_reason(data: bytes, reason: str, tmp_path: P
     with pytest.raises(ManifestParseError) as info:
         load_spec(path)
     assert (info.value.path, info.value.message) == ("$", reason)
+
+
+def test_the_manifest_generators_read_bounded(tmp_path: Path) -> None:
+    """tools/gen_qwen3.py's reader of config.json / kernels.json / manifests (gen_qwen3_tp, pick_algos,
+    ablate_manifest use it too) read /dev/zero until memory ran out."""
+    import gen_qwen3  # on sys.path through kern_run_testutil
+
+    big = _sparse(tmp_path / "config.json", 2**30)
+    for path, why in ((Path("/dev/zero"), "not a regular file (a character device); expected a JSON file"),
+                      (big, "too large (1.0 GiB; a JSON file may hold at most 64.0 MiB)")):
+        with pytest.raises(gen_qwen3.GenError) as info:
+            gen_qwen3.read_json_file(path)
+        assert str(info.value) == f"{path}: {why}"
+
+
+def test_inspect_expands_a_1000_program_chain(tmp_path: Path) -> None:
+    """`kern inspect` of a verified manifest whose programs inline a chain of 1,000 programs was a RecursionError."""
+    import json
+
+    obj = json.loads(EXAMPLE.read_text())
+    for i in range(1000):
+        obj["programs"][f"p{i}"] = {"calls": [{"program": f"p{i + 1}"}]}
+    obj["programs"]["p1000"] = {"calls": [{"program": "step"}]}
+    path = tmp_path / "chain.json"
+    path.write_text(json.dumps(obj))
+    result = CliRunner().invoke(app, ["inspect", str(path)])
+    assert result.exit_code == 0, result.stderr[-2000:]
+    assert "program p0 (run): 5 calls, 6 launches at seqs=4, tokens=64, eager" in result.stdout
