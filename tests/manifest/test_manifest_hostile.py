@@ -16,7 +16,7 @@ from kern_manifest import ManifestError, ManifestParseError, parse_manifest, ver
 from kern_manifest.cli import main as manifest_cli
 from kern_manifest.inline import MAX_MANIFEST_CALLS, MAX_PROGRAM_CALLS
 from kern_manifest.parse import MAX_MANIFEST_VALUES
-from kern_manifest.verify_base import MAX_CORNER_WORK
+from kern_manifest.verify_base import MAX_CORNER_WORK, MAX_WHEN_WORK
 from manifest_testkit import assert_parse_fault, assert_verify_faults, mutate
 
 EXAMPLE: dict[str, Any] = json.loads((Path(__file__).parent / "data" / "example.json").read_text())
@@ -34,8 +34,8 @@ def within(seconds: float) -> Iterator[None]:
 
 def test_the_limits_are_the_documented_ones() -> None:
     doc = (Path(__file__).parents[2] / "docs" / "manifest.md").read_text()
-    assert (MAX_PROGRAM_CALLS, MAX_MANIFEST_CALLS, MAX_CORNER_WORK, MAX_MANIFEST_VALUES) == (
-        65536, 1048576, 1048576, 1048576)
+    assert (MAX_PROGRAM_CALLS, MAX_MANIFEST_CALLS, MAX_CORNER_WORK, MAX_MANIFEST_VALUES, MAX_WHEN_WORK) == (
+        65536, 1048576, 1048576, 1048576, 1048576)
     for figure in ("65,536", "1,048,576"):
         assert figure in doc
 
@@ -120,6 +120,17 @@ def test_400_point_intervals_are_checked_quickly() -> None:
         assert_verify_faults(_gemm_launches(whens[:200] + whens[201:], {"tokens": (1, 400)}),
                              ["$.ops.gemm.launches[0].when"],
                              "the 'when' ranges of launches 0..398 leave tokens=201 uncovered")
+
+
+def test_the_when_checks_have_a_budget() -> None:
+    """O(n^2 k) is polynomial, but a 64 MiB manifest can hold 100,000 launches in one op: the comparisons are
+    budgeted, and the launch where the budget runs out is the one fault."""
+    whens = [{"tokens": [t, t]} for t in range(1, 3001)]
+    obj = _gemm_launches(whens, {"tokens": (1, 3000)})
+    obj["programs"]["step"]["calls"] *= 200  # 400 calls of the 3,000-launch op: checked per op, not per call
+    with within(4):
+        assert_verify_faults(obj, ["$.ops.gemm.launches[1023].when"],
+                             "checking the 'when' partitions needs more than the 1048576 range comparisons")
 
 
 def test_overlapping_ranges_still_fault_once_and_close_their_group() -> None:

@@ -20,6 +20,10 @@ MAX_CORNER_VARS = 12  # 4096 corners
 # Expression nodes the verifier evaluates, over all corners of all expressions of one manifest (about a second;
 # the Qwen3-4B manifest needs 4,070): a manifest past it is refused rather than verified for minutes.
 MAX_CORNER_WORK = 1 << 20
+# Range comparisons of the `when` partition checks of one manifest (verify_ops.check_when_partition: about 2 n^2 k
+# for a group of n launches over k vars; committed manifests need a few hundred): O(n^2) is polynomial, but a 64 MiB
+# file can hold 100,000 launches in one op.
+MAX_WHEN_WORK = 1 << 20
 F32_MAX = 3.4028234663852886e38
 MAX_BLOCK_THREADS = 1024
 MAX_GRID = (2**31 - 1, 65535, 65535)
@@ -41,6 +45,8 @@ class VerifierBase:
         self.m = m
         self.faults: list[Fault] = []
         self.corner_work = 0  # expression nodes evaluated so far (MAX_CORNER_WORK)
+        self.when_work = 0  # `when` range comparisons so far (MAX_WHEN_WORK)
+        self.fill_maps: dict[str, list[Any]] = {}  # op -> its fill tensor maps (verify_ops.fill_tensormaps)
 
     # -------------------------------------------------------------------------------- helpers
 

@@ -42,6 +42,7 @@ from .verify_base import (
     MAX_GRID,
     MAX_TENSORMAP_BOX,
     MAX_TENSORMAP_RANK,
+    MAX_WHEN_WORK,
     VerifierBase,
 )
 
@@ -330,7 +331,9 @@ class OpChecks(VerifierBase):
         state for that map's `arg`. A buffer, a derive source or a `fixed` state is a fault at the call's
         argument (`path` is the call's `args`), once per argument, naming the op, launch and tensor map."""
         seen: set[str] = set()
-        for tpath, launch_index, t, j in fill_tensormaps(op, key_path("$.ops", op.name)):
+        if op.name not in self.fill_maps:  # once per op, not per call
+            self.fill_maps[op.name] = fill_tensormaps(op, key_path("$.ops", op.name))
+        for tpath, launch_index, t, j in self.fill_maps[op.name]:
             ref = call.args.get(t.arg)
             if t.arg in seen or not isinstance(ref, Ref):
                 continue  # a missing or non-pointer argument is reported by check_call
@@ -504,6 +507,10 @@ class OpChecks(VerifierBase):
                 continue
             if group and set(group[0][1]) != set(box):
                 close()
+            # this launch is compared with the group so far (and the hole search at close costs as much again)
+            if not self.afford_when(2 * (len(group) + 1) * len(box), key_path(index_path(key_path(path, "launches"), i),
+                                                                             "when")):
+                return
             for j, other in group:
                 if all(max(box[v][0], other[v][0]) <= min(box[v][1], other[v][1]) for v in box):
                     at = ", ".join(f"{v}=[{max(box[v][0], other[v][0])}, {min(box[v][1], other[v][1])}]" for v in box)
@@ -517,6 +524,19 @@ class OpChecks(VerifierBase):
                 group.clear()
                 covered, overlapped = 0, False
         close()
+
+    def afford_when(self, work: int, path: str) -> bool:
+        """Charge `work` box-var comparisons to the manifest's MAX_WHEN_WORK; False (with one fault, the first
+        time) past it: the partition checks of the remaining launches are skipped, the manifest is refused."""
+        spent = self.when_work
+        self.when_work += work
+        if self.when_work <= MAX_WHEN_WORK:
+            return True
+        if spent <= MAX_WHEN_WORK:
+            self.fault(path, f"checking the 'when' partitions needs more than the {MAX_WHEN_WORK} range comparisons "
+                             "the verifier makes for one manifest (a group of n launches over k vars costs about "
+                             "2 n^2 k): use fewer launches per op or fewer vars per 'when'")
+        return False
 
     def domain(self, box: Mapping[str, tuple[int, int]]) -> dict[str, tuple[int, int]]:
         """The var box of the vars `box` names: var -> (min, max)."""
