@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import math
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -46,6 +45,7 @@ class VerifierBase:
         self.faults: list[Fault] = []
         self.corner_work = 0  # expression nodes evaluated so far (MAX_CORNER_WORK)
         self.when_work = 0  # `when` range comparisons so far (MAX_WHEN_WORK)
+        self._corners: dict[frozenset[str], list[dict[str, int]]] = {}
         self.fill_maps: dict[str, list[Any]] = {}  # op -> its fill tensor maps (verify_ops.fill_tensormaps)
 
     # -------------------------------------------------------------------------------- helpers
@@ -65,8 +65,8 @@ class VerifierBase:
         """Charge evaluating `exprs` at every corner of the vars they read to the manifest's MAX_CORNER_WORK;
         False (with one fault, at the first expression past the budget) when it does not fit."""
         exprs = list(exprs)
-        names = frozenset().union(*(e.vars for e in exprs))
-        corners = math.prod(len({self.m.vars[n].min, self.m.vars[n].max}) for n in names if n in self.m.vars)
+        names = exprs[0].vars if len(exprs) == 1 else frozenset().union(*(e.vars for e in exprs))
+        corners = 1 << sum(1 for n in names if n in self.m.vars and self.m.vars[n].min != self.m.vars[n].max)
         work = corners * sum(e.nodes for e in exprs)
         spent = self.corner_work
         self.corner_work += work
@@ -80,9 +80,14 @@ class VerifierBase:
         return False
 
     def corners(self, names: frozenset[str]) -> list[dict[str, int]]:
-        ordered = sorted(names)
-        ranges = [sorted({self.m.vars[n].min, self.m.vars[n].max}) for n in ordered]
-        return [dict(zip(ordered, combo)) for combo in itertools.product(*ranges)]
+        """Every combination of min and max of the vars `names` (declared vars), made once per set of names:
+        callers only read the list and its dicts."""
+        made = self._corners.get(names)
+        if made is None:
+            ordered = sorted(names)
+            ranges = [sorted({self.m.vars[n].min, self.m.vars[n].max}) for n in ordered]
+            made = self._corners[names] = [dict(zip(ordered, combo)) for combo in itertools.product(*ranges)]
+        return made
 
     def values(self, e: Expr, path: str, what: str, lo: int | None = None, hi: int | None = None,
                hint: str = "") -> list[tuple[dict[str, int], int]] | None:
@@ -100,16 +105,14 @@ class VerifierBase:
             return None
         out = []
         for corner in self.corners(e.vars):
-            at = ", ".join(f"{k}={v}" for k, v in corner.items())
-            where = f" at {at}" if at else ""
             try:
                 value = e.eval(corner)
             except ExprError as exc:
-                self.fault(path, f"{what} {e.source!r}{where}: {exc.message}")
+                self.fault(path, f"{what} {e.source!r}{_at(corner)}: {exc.message}")
                 return None
             if (lo is not None and value < lo) or (hi is not None and value > hi):
                 bounds = f">= {lo}" if hi is None else (f"<= {hi}" if lo is None else f"in [{lo}, {hi}]")
-                self.fault(path, f"{what} {e.source!r} is {value}{where}; it must be {bounds}{hint}")
+                self.fault(path, f"{what} {e.source!r} is {value}{_at(corner)}; it must be {bounds}{hint}")
                 return None
             out.append((corner, value))
         return out
@@ -117,3 +120,9 @@ class VerifierBase:
     def max_value(self, e: Expr, path: str, what: str, lo: int | None = None, hi: int | None = None) -> int | None:
         vals = self.values(e, path, what, lo, hi)
         return None if vals is None else max(v for _, v in vals)
+
+
+def _at(corner: Mapping[str, int]) -> str:
+    """" at tokens=1, seqs=4" for a fault message ("" for no vars)."""
+    at = ", ".join(f"{k}={v}" for k, v in corner.items())
+    return f" at {at}" if at else ""
