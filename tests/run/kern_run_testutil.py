@@ -217,3 +217,19 @@ def stub_device_probe(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 
     monkeypatch.setattr(session, "probe_device", probe)
     monkeypatch.setattr(tp, "probe_device", probe)
+
+
+def refused_line(args: list[str], *needles: str, code: int = 2) -> str:
+    """`kern ARGS` through typer's runner: exit `code`, exactly one stderr line holding every needle, no traceback,
+    nothing on stdout. Returns the line."""
+    from typer.testing import CliRunner
+
+    from kern_run.cli import app
+
+    result = CliRunner().invoke(app, args)
+    lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
+    assert result.exit_code == code and len(lines) == 1, (result.exit_code, result.stderr[-2000:])
+    assert "Traceback" not in result.stderr and result.stdout == ""
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    return lines[0]

@@ -7,17 +7,18 @@ import json
 from pathlib import Path
 from typing import Any
 
-from kern_manifest import json_text_fault
+from kern_manifest import MAX_MANIFEST_BYTES, json_text_fault, read_regular_file
 
 from ...errors import ManifestBuildError
 
 
 def read_json_file(path: Path, what: str = "") -> tuple[Any, str]:
     """(the parsed JSON, the text) of a file. Raises ManifestBuildError naming the file when it cannot be read, is
-    not UTF-8 or is not (usable) JSON: `{path}: {what}{kern_manifest.json_text_fault's reason}` (`what`, e.g.
-    "not a pins file: ", goes before the reason)."""
+    not a regular file of at most 64 MiB (kern_manifest.read_regular_file), is not UTF-8 or is not (usable) JSON:
+    `{path}: {what}{kern_manifest.json_text_fault's reason}` (`what`, e.g. "not a pins file: ", goes before the
+    reason)."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = read_regular_file(path, MAX_MANIFEST_BYTES, "expected a JSON file", "a JSON file").decode("utf-8")
         return json.loads(text), text
     except OSError as exc:
         raise ManifestBuildError(f"{path}: {exc.strerror or exc}") from None
