@@ -1,5 +1,5 @@
 """`kern serve` on the default tiny-en target on a loopback port: one non-streaming and one streaming completion
-with httpx, each equal to `kern run` of the same prompt (greedy), then SIGTERM ends the server cleanly.
+with httpx, each equal to `kern run` of the same prompt (greedy), then SIGTERM ends the server (after its drain, by the signal: status -15).
 
 Run on the H200:  KERN_REQUIRE_GPU=1 uv run --frozen pytest -q -p no:cacheprovider tests/serve/test_serve_gpu.py
 """
@@ -97,11 +97,11 @@ def test_streaming_equals_kern_run(server, alone) -> None:
     assert "".join(text) == alone
 
 
-def test_metrics_then_sigterm_drains_and_exits_zero(server) -> None:
+def test_metrics_then_sigterm_ends_the_server(server) -> None:
     import httpx
 
     base, proc = server
     metrics = httpx.get(f"{base}/metrics", timeout=10).text
     assert "kern_ttft_seconds_count" in metrics and "kern_healthy 1.0" in metrics
     proc.send_signal(signal.SIGTERM)
-    assert proc.wait(60) == 0
+    assert proc.wait(60) == -signal.SIGTERM  # uvicorn re-raises the signal after its graceful shutdown

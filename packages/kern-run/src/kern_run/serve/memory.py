@@ -161,12 +161,13 @@ class PoolMemory:
 
 
 class RuntimeMemory:
-    """`KvMemory` over a kern_runtime `Runtime` (its pool; plans executed on its streams)."""
+    """`KvMemory` over a kern_runtime `Runtime` (its pool; plans executed on its streams). `has_host`: the runtime
+    already has a host tier (else `reserve_host_bytes` pins one)."""
 
-    def __init__(self, rt: Any) -> None:
+    def __init__(self, rt: Any, has_host: bool = False) -> None:
         self.rt = rt
-        self.page_tokens = int(rt.page_tokens)
-        self._has_host = False
+        self.page_tokens = int(rt.kern_pool.page_tokens)
+        self._has_host = has_host
         self._parks: list[Any] = []
 
     def reserve_host_bytes(self, host_bytes: int, turn_tokens: int) -> int:

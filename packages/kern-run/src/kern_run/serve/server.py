@@ -3,7 +3,7 @@
 SIGTERM (or Ctrl-C): uvicorn stops accepting connections and waits up to `drain_s` for the responses in flight
 (their requests keep being scheduled meanwhile), then the app's shutdown waits for the scheduler to drain for
 what is left of `drain_s` more, stops the scheduler thread (requests still in flight end with 503) and closes the
-runtime.
+runtime. uvicorn then re-raises the signal: the process ends by SIGTERM (status 143), as any SIGTERM-ended one.
 """
 
 from __future__ import annotations
