@@ -145,6 +145,9 @@ def test_models_health_metrics(srv):
     ({"model": "tiny", "prompt": "x", "top_p": 0.9}, 400, "top_p", "unsupported_sampling"),
     ({"model": "tiny", "prompt": "x", "logprobs": 2}, 400, "logprobs", "unsupported_sampling"),
     ({"model": "tiny"}, 400, "prompt", "invalid_value"),
+    ({"model": "tiny", "prompt": "x", "echo": True}, 400, "echo", "unsupported_parameter"),
+    ({"model": "tiny", "prompt": "x", "logit_bias": {"5": 100}}, 400, "logit_bias", "unsupported_parameter"),
+    ({"model": "tiny", "prompt": "x", "best_of": 3}, 400, "best_of", "unsupported_parameter"),
 ])
 def test_completion_refusals(srv, body, status, param, code):
     resp = call(srv, "POST", "/v1/completions", body)
@@ -159,7 +162,8 @@ def test_completion_refusals(srv, body, status, param, code):
 
 def test_greedy_parameters_are_accepted_by_a_greedy_engine(srv):
     resp = call(srv, "POST", "/v1/completions", {"model": "tiny", "prompt": "x", "max_tokens": 2, "temperature": 0,
-                                                 "top_p": 1, "top_k": -1, "seed": 7})
+                                                 "top_p": 1, "top_k": -1, "seed": 7, "echo": False, "best_of": 1,
+                                                 "user": "someone", "logit_bias": None})
     assert resp.status_code == 200
 
 
@@ -169,6 +173,13 @@ def test_invalid_json(srv):
     assert resp.json()["error"]["code"] == "invalid_json" and resp.json()["error"]["type"] == "invalid_request_error"
     resp = call(srv, "POST", "/v1/completions", raw=b"[1, 2]", headers={"content-type": "application/json"})
     assert resp.status_code == 400 and "JSON object" in resp.json()["error"]["message"]
+
+
+def test_chat_tools_are_refused_not_ignored(srv):
+    resp = call(srv, "POST", "/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "x"}],
+                                                      "tools": [{"type": "function", "function": {"name": "f"}}]})
+    assert resp.status_code == 400
+    assert (resp.json()["error"]["param"], resp.json()["error"]["code"]) == ("tools", "unsupported_parameter")
 
 
 @pytest.mark.parametrize("messages, param, code", [

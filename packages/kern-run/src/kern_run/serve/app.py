@@ -135,6 +135,10 @@ def create_app(loop: ServeLoop, cfg: AppConfig, codec: Codec, chat_template: Cha
                                code="invalid_api_key")
 
     def check_model(req: SamplingFields) -> None:
+        field = req.unsupported_field()
+        if field is not None:
+            raise BadRequest(f"{field} is not supported by kern serve: leave it out", param=field,
+                             code="unsupported_parameter")
         if req.model != cfg.model:
             raise NotFound(f"the model {req.model!r} does not exist: this server serves {cfg.model!r}",
                            param="model", code="model_not_found")

@@ -22,12 +22,20 @@ class OpenAIModel(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
 
+# OpenAI request fields kern does not implement: refused with a 400 naming the field when given (not null), rather
+# than ignored, since ignoring them would change what the client asked for. Other unknown fields are ignored.
+UNSUPPORTED_FIELDS = ("echo", "suffix", "best_of", "logit_bias", "response_format", "tools", "tool_choice",
+                      "functions", "function_call", "parallel_tool_calls", "prediction", "audio", "modalities")
+
+
 class StreamOptions(OpenAIModel):
     include_usage: bool = True  # kern always sends the usage chunk; the field is accepted for compatibility
 
 
 class SamplingFields(OpenAIModel):
     """The request fields both endpoints share: limits, sampling (issue 26's set), stop, seed, n."""
+
+    model_config = ConfigDict(extra="allow")  # kept, so that `unsupported_field` can name what was sent
 
     model: str
     max_tokens: Optional[int] = Field(None, ge=1)  # None: up to the context
@@ -55,6 +63,15 @@ class SamplingFields(OpenAIModel):
             raise ValueError("a stop string must not be empty")
         return value
 
+    def unsupported_field(self) -> str | None:
+        """The first field of UNSUPPORTED_FIELDS the request gives a value (not null, false or 1 for best_of)."""
+        extra = self.model_extra or {}
+        for name in UNSUPPORTED_FIELDS:
+            value = extra.get(name)
+            if value is not None and value is not False and not (name == "best_of" and value == 1):
+                return name
+        return None
+
     def stop_strings(self) -> tuple[str, ...]:
         if self.stop is None:
             return ()
@@ -78,7 +95,6 @@ class CompletionRequest(SamplingFields):
 
     prompt: Union[str, list[int]]
     logprobs: Optional[int] = Field(None, ge=0, le=20)
-    echo: bool = False
 
     @field_validator("prompt")
     @classmethod
