@@ -10,7 +10,6 @@ tests the scheduler's memory handling, not only its bookkeeping.
 
 from __future__ import annotations
 
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -46,7 +45,6 @@ class FakeEngine:
     decode_calls: int = 0
     prefill_calls: int = 0
     rows_seen: list[int] = field(default_factory=list)  # rows per decode call
-    lock: threading.Lock = field(default_factory=threading.Lock)
 
     # ---------------------------------------------------------------- plan executor
 
