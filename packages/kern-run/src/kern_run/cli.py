@@ -3,6 +3,7 @@
     kern run [--target T] [--prompt P] [--steps N] [--chunk C] [--capacity K] [--eager] [--gpu G] ...
              [--weights DIR_OR_FILE | --weights A.safetensors --weights B.safetensors ...]
     kern test [--against eager|chunk1|transformers|MANIFEST] [--prompts N] [--steps N]
+    kern serve [--target T] [--host H] [--port P] [--max-seqs N] [--host-gib G] [--api-key K] [--max-queue N]
     kern inspect MANIFEST
     kern manifest check MANIFEST
     kern manifest build (--config config.json | --shape S) [options] --out m.json   (kern_run.models.qwen3)
@@ -285,6 +286,39 @@ def run(
         run_target(cfg, RunRequest(text, steps, eager, ignore_eos), log)
 
     _guarded("run", level, go)
+
+
+@app.command()
+def serve(
+    host: Annotated[str, typer.Option("--host", help="address to listen on")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="TCP port")] = 8000,
+    max_seqs: Annotated[int, typer.Option("--max-seqs", help="decode rows per step (1 until batched decode)")] = 1,
+    host_gib: Annotated[float, typer.Option("--host-gib", help="pinned host tier for parked prefixes, GiB")] = 0.0,
+    api_key: Annotated[Optional[str], typer.Option("--api-key", help="require 'Authorization: Bearer KEY'")] = None,
+    max_queue: Annotated[int, typer.Option("--max-queue", help="requests in flight at most (429 beyond)")] = 256,
+    token_budget: Annotated[Optional[int], typer.Option("--token-budget", help="tokens per step, decode rows plus "
+                                                        "prefill (default: chunk + max-seqs)")] = None,
+    drain_timeout: Annotated[float, typer.Option("--drain-timeout", help="seconds SIGTERM waits for requests in "
+                                                 "flight")] = 30.0,
+    model_name: Annotated[Optional[str], typer.Option("--model-name", help="the model name requests use "
+                                                      "(default: the target's)")] = None,
+    eager: Annotated[bool, typer.Option("--eager", help="replay decode launch by launch (no CUDA graph)")] = False,
+    target: TargetOpt = None, config: ConfigOpt = None, manifest: ManifestOpt = None, kernels: KernelsOpt = None,
+    weights: WeightsOpt = None, chunk: ChunkOpt = None, capacity: CapacityOpt = None, gpu: GpuOpt = None,
+    log_level: LogOpt = None,
+) -> None:
+    """Serve a target over an OpenAI-compatible HTTP API (docs/serve.md)."""
+    from .serve.server import ServeOptions, serve_target
+
+    level = resolve_level(log_level)
+    log = setup_logging(level)
+
+    def go() -> None:
+        cfg = resolve_config(find_toml(config), target, _overrides(manifest, kernels, weights, gpu, capacity, chunk))
+        serve_target(cfg, ServeOptions(host, port, max_seqs, host_gib, api_key, max_queue, token_budget,
+                                       drain_timeout, model_name, eager), log)
+
+    _guarded("serve", level, go)
 
 
 @app.command("test")
