@@ -363,3 +363,17 @@ def test_make_checkpoint_config_writes_that_shape(tmp_path: Path, capsys: pytest
     assert capsys.readouterr().err == (f"make_checkpoint: --config {bad}: architectures = ['Qwen3MoeForCausalLM'] is "
                                        "not supported: mixture-of-experts layers have no kernels (dense Qwen3 only)\n")
     assert not (tmp_path / "x").exists()
+
+
+def test_the_cache_root_without_platformdirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """tools/gpu-env.sh puts kern on PYTHONPATH without its dependencies: the same directory as platformdirs."""
+    import sys
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    for xdg in (str(tmp_path / "xdg"), "", "relative/dir"):
+        monkeypatch.setenv("XDG_CACHE_HOME", xdg)
+        with_platformdirs = pins_cache.cache_root()
+        monkeypatch.setitem(sys.modules, "platformdirs", None)  # import platformdirs raises ImportError
+        assert pins_cache.cache_root() == with_platformdirs
+        monkeypatch.delitem(sys.modules, "platformdirs")
+    assert with_platformdirs == tmp_path / "home" / ".cache" / "kern"

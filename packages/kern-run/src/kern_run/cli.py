@@ -2,6 +2,8 @@
 
     kern run [--target T] [--prompt P] [--steps N] [--chunk C] [--capacity K] [--eager] [--gpu G] ...
              [--weights DIR_OR_FILE | --weights A.safetensors --weights B.safetensors ...]
+    kern run --weights DIR|ORG/NAME [--no-pins] ...   (no --manifest / --target: the manifest built from
+             DIR/config.json and cached, kern_run.auto_manifest; ORG/NAME from the local HF cache)
     kern test [--against eager|chunk1|transformers|MANIFEST] [--prompts N] [--steps N]
     kern inspect MANIFEST
     kern manifest check MANIFEST
@@ -386,7 +388,8 @@ def manifest_build(
     out: Annotated[Path, typer.Option("--out", help="manifest to write (with --tp N: the rank files "
                                       "<stem>-tp<N>-r<rank>.json beside it)")],
     config: Annotated[Optional[Path], typer.Option("--config", help="a Qwen3 config.json")] = None,
-    shape: Annotated[Optional[str], typer.Option("--shape", help="a known shape instead: qwen3-0.6b, -1.7b, -4b, -8b, -14b, -32b or tiny")] = None,
+    shape: Annotated[Optional[str], typer.Option("--shape", help="a known shape instead: qwen3-0.6b, -1.7b, -4b, "
+                                                 "-8b, -14b, -32b or tiny")] = None,
     kernels: Annotated[Optional[Path], typer.Option("--kernels", help="kernels directory (its kernels.json: the "
                                                     "ABI), or the kernels.json itself (default: kern_run.kernels_dir(), "
                                                     "the wheel's or the checkout's)")] = None,

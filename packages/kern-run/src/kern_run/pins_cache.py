@@ -14,6 +14,7 @@ cache file, and --no-pins.
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -23,9 +24,14 @@ from .package_data import committed_pins_dir
 
 
 def cache_root() -> Path:
-    """`user_cache_dir("kern")` (platformdirs: $XDG_CACHE_HOME/kern, else ~/.cache/kern on Linux)."""
-    from platformdirs import user_cache_dir
-
+    """`user_cache_dir("kern")` (platformdirs: $XDG_CACHE_HOME/kern, else ~/.cache/kern on Linux). Where
+    platformdirs is not importable (the GPU machine's PYTHONPATH setup, tools/gpu-env.sh, installs no
+    dependencies), the directory it gives on Linux."""
+    try:
+        from platformdirs import user_cache_dir
+    except ImportError:
+        xdg = os.environ.get("XDG_CACHE_HOME", "").strip()
+        return (Path(xdg) if os.path.isabs(xdg) else Path.home() / ".cache") / "kern"
     return Path(user_cache_dir("kern"))
 
 
