@@ -21,8 +21,12 @@ the arithmetic), so a 4B checkpoint (8.05 GB) takes seconds on 16 cores.
 
 Usage:
     python tools/make_checkpoint.py --shape qwen3-4b --out /tmp/qwen3-4b [--seed 0] [--untied]
+    python tools/make_checkpoint.py --config tests/data/configs/Qwen3-14B.json --out /tmp/qwen3-14b
 
-Options: --shape, --out (a directory, created), --seed (>= 0), --untied, --max-shard-gb (a finite size > 0),
+Shapes: qwen3-0.6b, qwen3-1.7b, qwen3-4b (tied), qwen3-8b, qwen3-14b, qwen3-32b (untied), tiny; or --config with
+any Qwen3 dense config.json the builder takes (the published ones: tests/data/configs/).
+
+Options: --shape or --config, --out (a directory, created), --seed (>= 0), --untied, --max-shard-gb (a finite size > 0),
 --tokenizer-source, --no-tokenizer, --threads (>= 1; default: the CPU count). A rerun whose stamp matches skips
 the work only when every file of the checkpoint is there: config.json, generation_config.json, the index and
 every shard it lists at its full size (and the tokenizer files unless --no-tokenizer). Errors (exit 1, one line
@@ -52,6 +56,8 @@ from pathlib import Path
 import numpy as np
 
 from kern_run.files import write_files
+from kern_run.errors import ManifestBuildError
+from kern_run.models.qwen3 import Qwen3Config, read_json_file
 from kern_run.models.qwen3.shapes import SHAPES, Qwen3Shape, config_json
 
 STAMP_FORMAT = "kern-checkpoint/1"
@@ -337,13 +343,24 @@ def write_checkpoint(
     return out_dir
 
 
+def shape_from_config(path: Path) -> Qwen3Shape:
+    """The Qwen3Shape of a config.json, validated by kern_run.models.qwen3.Qwen3Config (the refusals of `kern
+    manifest build --config`). Raises ManifestBuildError naming the file and the field."""
+    cfg = Qwen3Config.from_json(read_json_file(path)[0], str(path))
+    return Qwen3Shape(cfg.hidden, cfg.layers, cfg.q_heads, cfg.kv_heads, cfg.head_dim, cfg.intermediate, cfg.vocab,
+                      cfg.tied, cfg.rope_theta, cfg.eps, cfg.max_position_embeddings)
+
+
 def _json(obj: dict) -> str:
     return json.dumps(obj, indent=2, sort_keys=True) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Make a seeded Qwen3 checkpoint in Hugging Face layout.")
-    parser.add_argument("--shape", choices=sorted(SHAPES), required=True)
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--shape", choices=sorted(SHAPES), help="a known shape (kern_run.models.qwen3.SHAPES)")
+    source.add_argument("--config", type=Path, help="a Qwen3 config.json (e.g. tests/data/configs/Qwen3-14B.json): "
+                                                    "its shape, validated as kern manifest build does")
     parser.add_argument("--out", type=Path, required=True, help="output directory")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--untied", action="store_true", help="separate lm_head.weight (as Qwen3-8B and larger)")
@@ -352,13 +369,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-tokenizer", action="store_true", help="skip tokenizer.json")
     parser.add_argument("--threads", type=int, default=None)
     args = parser.parse_args(argv)
-    shape = SHAPES[args.shape]
-    if args.untied:
-        shape = replace(shape, tie_word_embeddings=False)
 
     def refuse(msg: str) -> int:
         print(f"make_checkpoint: {msg}", file=sys.stderr)
         return 1
+
+    if args.config is not None:
+        try:
+            shape = shape_from_config(args.config)
+        except ManifestBuildError as exc:
+            return refuse(f"--config {exc}")
+    else:
+        shape = SHAPES[args.shape]
+    if args.untied:
+        shape = replace(shape, tie_word_embeddings=False)
 
     # every option checked before anything is written
     if args.seed < 0:

@@ -29,13 +29,18 @@ NAN_BITS = 0xFFFF  # what DeviceBuffer.poison() leaves in a bf16
 ENTRIES = ("kern_gemv", "kern_gemv_rmsnorm", "kern_gemv_residual", "kern_gemv_silu_residual")
 RESIDUAL_ENTRIES = ("kern_gemv_residual", "kern_gemv_silu_residual")
 
-# Qwen3-4B projections at bs = 1, (n, k): W is [n, k] row-major as in the checkpoint.
+# Qwen3-4B projections at bs = 1 (and the 14B / 32B ones), (n, k): W is [n, k] row-major as in the checkpoint.
 MODEL_SHAPES = {
     "qkv": (6144, 2560),
     "o": (2560, 4096),
     "gate_up": (19456, 2560),
     "down": (2560, 9728),
     "lm_head": (151936, 2560),
+    # the widest published sizes (kern run --weights): Qwen3-14B qkv and gate_up, Qwen3-32B o and down
+    "qkv_14b": (7168, 5120),
+    "gate_up_14b": (34816, 5120),
+    "o_32b": (5120, 8192),
+    "down_32b": (5120, 25600),
 }
 
 

@@ -472,15 +472,15 @@ def test_cli_source_flags_and_tp_decode(tmp_path: Path, capsys: pytest.CaptureFi
     out = tmp_path / "m.json"
     assert kern_manifest_build(["--kernels", str(KERNELS), "--out", str(out)]) == 1
     assert _one_line(capsys) == ("kern manifest build: give exactly one of --config CONFIG.JSON and --shape "
-                                 "(qwen3-4b|qwen3-0.6b|tiny)")
+                                 "(qwen3-4b|qwen3-0.6b|qwen3-1.7b|qwen3-8b|qwen3-14b|qwen3-32b|tiny)")
     config = tmp_path / "config.json"
     config.write_text(json.dumps(_cfg()))
     assert kern_manifest_build(["--config", str(config), "--shape", "tiny", "--kernels", str(KERNELS),
                                 "--out", str(out)]) == 1
     assert _one_line(capsys).startswith("kern manifest build: give exactly one of --config")
-    assert kern_manifest_build(["--shape", "qwen3-8b", "--kernels", str(KERNELS), "--out", str(out)]) == 1
-    assert _one_line(capsys) == ("kern manifest build: --shape 'qwen3-8b': not a known Qwen3 shape (known: qwen3-4b, "
-                                 "qwen3-0.6b, tiny)")
+    assert kern_manifest_build(["--shape", "qwen3-7b", "--kernels", str(KERNELS), "--out", str(out)]) == 1
+    assert _one_line(capsys) == ("kern manifest build: --shape 'qwen3-7b': not a known Qwen3 shape (known: qwen3-4b, "
+                                 "qwen3-0.6b, qwen3-1.7b, qwen3-8b, qwen3-14b, qwen3-32b, tiny)")
     assert kern_manifest_build(["--shape", "tiny", "--kernels", str(KERNELS), "--out", str(out), "--tp", "2",
                                 "--decode", "gemv"]) == 1
     assert _one_line(capsys) == ("kern manifest build: --decode gemv with --tp 2: tensor-parallel ranks decode "

@@ -2,6 +2,8 @@
 
     kern run [--target T] [--prompt P] [--steps N] [--chunk C] [--capacity K] [--eager] [--gpu G] ...
              [--weights DIR_OR_FILE | --weights A.safetensors --weights B.safetensors ...]
+    kern run --weights DIR|ORG/NAME [--no-pins] ...   (no --manifest / --target: the manifest built from
+             DIR/config.json and cached, kern_run.auto_manifest; ORG/NAME from the local HF cache)
     kern test [--against eager|chunk1|transformers|MANIFEST] [--prompts N] [--steps N]
     kern serve [--target T] [--host H] [--port P] [--max-seqs N] [--host-gib G] [--api-key K] [--max-queue N]
     kern inspect MANIFEST
@@ -235,9 +237,32 @@ def _overrides(manifest: Path | None, kernels: Path | None, weights: list[str] |
     if weights is not None and any(w == "" for w in weights):
         raise RefusalError("--weights '': an empty path (an unset shell variable?): give a checkpoint directory "
                            "or a .safetensors file")
-    paths = None if weights is None else [Path(w) for w in weights]
+    from .hub import resolve_weights_arg
+
+    paths = None if weights is None else [resolve_weights_arg(w) for w in weights]  # ORG/NAME: the HF cache's
     return {"manifest": manifest, "kernels": kernels, "weights": paths, "gpu": gpu, "capacity": capacity,
             "chunk": chunk}
+
+
+NoPinsOpt = Annotated[bool, typer.Option("--no-pins", help="with --weights alone: build the manifest without "
+                                         "cuBLASLt pins (prefill then not batch-invariant)")]
+
+
+def _run_config(config: Path | None, target: str | None, overrides: dict[str, Any], no_pins: bool,
+                command: str) -> Any:
+    """The RunConfig of `kern run` / `kern test`: --weights without --manifest and --target builds (or reuses) the
+    manifest of the checkpoint's config.json (kern_run.auto_manifest); otherwise the kern.toml target with the
+    flags over it. Raises RefusalError (--no-pins given with a manifest or target)."""
+    if overrides["weights"] and overrides["manifest"] is None and target is None:
+        from .auto_manifest import AutoRequest, auto_config
+
+        return auto_config(AutoRequest(overrides["weights"], overrides["kernels"], overrides["gpu"] or 0,
+                                       overrides["capacity"], overrides["chunk"], pins=not no_pins),
+                           command=command)
+    if no_pins:
+        raise RefusalError("--no-pins is an option of --weights DIR alone (the manifest built from its config.json); "
+                           "a --manifest or --target manifest carries its own pins")
+    return resolve_config(find_toml(config), target, overrides)
 
 
 @app.command()
@@ -253,16 +278,22 @@ def run(
                                                     "{\"prompt\": ...}; cached prefixes are shared")] = None,
     target: TargetOpt = None, config: ConfigOpt = None, manifest: ManifestOpt = None, kernels: KernelsOpt = None,
     weights: WeightsOpt = None, chunk: ChunkOpt = None, capacity: CapacityOpt = None, gpu: GpuOpt = None,
-    log_level: LogOpt = None,
+    no_pins: NoPinsOpt = False, log_level: LogOpt = None,
 ) -> None:
-    """Generate greedily from a prompt; stdout carries only the generated text."""
+    """Generate greedily from a prompt; stdout carries only the generated text. `--weights DIR` alone (no
+    --manifest, no --target): the manifest is built from DIR/config.json and cached (DIR may be a hub id ORG/NAME
+    in the local Hugging Face cache)."""
     from .run import RunRequest, run_target
 
     level = resolve_level(log_level)
     log = setup_logging(level)
 
     def go() -> None:
-        cfg = resolve_config(find_toml(config), target, _overrides(manifest, kernels, weights, gpu, capacity, chunk))
+        if tp > 1 and weights and manifest is None and target is None:
+            raise RefusalError(f"--tp {tp} with --weights alone: build the rank manifests with `kern manifest build "
+                               f"--config CONFIG.JSON --tp {tp} --out m.json` and pass --manifest m.json")
+        cfg = _run_config(config, target, _overrides(manifest, kernels, weights, gpu, capacity, chunk), no_pins,
+                          "run")
         if prompt is not None and prompts is not None:
             raise RefusalError(f"--prompt with --prompts {prompts}: pass one or the other (the prompts file's lines "
                                "are the prompts)")
@@ -331,16 +362,18 @@ def test_cmd(
                                                         "disagreement is not a mismatch")] = None,
     target: TargetOpt = None, config: ConfigOpt = None, manifest: ManifestOpt = None, kernels: KernelsOpt = None,
     weights: WeightsOpt = None, chunk: ChunkOpt = None, capacity: CapacityOpt = None, gpu: GpuOpt = None,
-    log_level: LogOpt = None,
+    no_pins: NoPinsOpt = False, log_level: LogOpt = None,
 ) -> None:
-    """A/B: the target against eager decode, chunk-1 prefill, another manifest or transformers."""
+    """A/B: the target against eager decode, chunk-1 prefill, another manifest or transformers (`--weights DIR`
+    alone: the manifest built from DIR/config.json, as for kern run)."""
     from .abtest import AbRequest, run_ab
 
     level = resolve_level(log_level)
     log = setup_logging(level)
 
     def go() -> int:
-        cfg = resolve_config(find_toml(config), target, _overrides(manifest, kernels, weights, gpu, capacity, chunk))
+        cfg = _run_config(config, target, _overrides(manifest, kernels, weights, gpu, capacity, chunk), no_pins,
+                          "test")
         comparisons, report = run_ab(cfg, AbRequest(against, prompts, steps, seed, margin_tol=margin_tol), log)
         print(report)
         return sum(len(c.hard_mismatches) for c in comparisons)
@@ -389,9 +422,11 @@ def manifest_build(
     out: Annotated[Path, typer.Option("--out", help="manifest to write (with --tp N: the rank files "
                                       "<stem>-tp<N>-r<rank>.json beside it)")],
     config: Annotated[Optional[Path], typer.Option("--config", help="a Qwen3 config.json")] = None,
-    shape: Annotated[Optional[str], typer.Option("--shape", help="a known shape instead: qwen3-4b, qwen3-0.6b, tiny")] = None,
-    kernels: Annotated[Path, typer.Option("--kernels", help="kernels directory (its kernels.json: the ABI), or the "
-                                          "kernels.json itself")] = Path("kernels"),
+    shape: Annotated[Optional[str], typer.Option("--shape", help="a known shape instead: qwen3-0.6b, -1.7b, -4b, "
+                                                 "-8b, -14b, -32b or tiny")] = None,
+    kernels: Annotated[Optional[Path], typer.Option("--kernels", help="kernels directory (its kernels.json: the "
+                                                    "ABI), or the kernels.json itself (default: kern_run.kernels_dir(), "
+                                                    "the wheel's or the checkout's)")] = None,
     name: Annotated[Optional[str], typer.Option("--name", help="manifest name (default: the shape, or the config's "
                                                 "directory name)")] = None,
     chunk_max: Annotated[int, typer.Option("--chunk-max", help="tokens var max (largest prefill chunk)")] = 512,
@@ -434,9 +469,15 @@ def manifest_build(
                "carveout": None if carveout == -1 else carveout, "decode_splits": decode_splits,
                "split_tokens": decode_split_tokens, "sms": sms, "gemv_threads_per_sm": gemv_threads_per_sm,
                "pdl": not no_pdl, "pdl_small": not no_pdl_small}
-    request = BuildRequest(out=out, config=config, shape=shape, kernels=kernels, name=name, max_context=max_context,
-                           tp=tp, algos=algos, verify=not no_verify, options=options)
-    for line in _guarded("manifest build", resolve_level(log_level), lambda: build(request)):
+
+    def go() -> list[str]:
+        from .package_data import kernels_dir
+
+        return build(BuildRequest(out=out, config=config, shape=shape, name=name, max_context=max_context, tp=tp,
+                                  kernels=kernels if kernels is not None else kernels_dir(), algos=algos,
+                                  verify=not no_verify, options=options))
+
+    for line in _guarded("manifest build", resolve_level(log_level), go):
         print(f"kern manifest build: {line}")
 
 

@@ -47,17 +47,49 @@ class _Fields:
         return float(value)
 
 
-def _refuse_unsupported(cfg: dict[str, Any], source: str) -> None:
-    """The config.json features this builder does not cover."""
+ARCHITECTURE = "Qwen3ForCausalLM"
+# architectures refused with a reason of their own; any other one is "not supported"
+_NOT_YET = {
+    "LlamaForCausalLM": "not yet supported (Llama 3 needs a rope without q/k norm and head_dim 64 kernels)",
+    "Qwen3MoeForCausalLM": "not supported: mixture-of-experts layers have no kernels (dense Qwen3 only)",
+    "Qwen2ForCausalLM": "not supported: Qwen2 / Qwen2.5 have qkv bias and no q/k norm (Qwen3 dense only)",
+}
+
+
+def _refuse_architecture(cfg: dict[str, Any], source: str) -> None:
+    """`architectures` (when present) must be exactly [Qwen3ForCausalLM], and `model_type` qwen3."""
+    archs = cfg.get("architectures", [ARCHITECTURE])
+    if archs != [ARCHITECTURE]:
+        named = next((a for a in archs if a in _NOT_YET), None) if isinstance(archs, list) else None
+        why = _NOT_YET[named] if named else f"not supported (kern builds {ARCHITECTURE} manifests)"
+        raise ManifestBuildError(f"{source}: architectures = {_shown(archs)} is {why}")
     if cfg.get("model_type") != "qwen3":
         raise ManifestBuildError(f"{source}: model_type is {cfg.get('model_type')!r}; this generator makes qwen3 "
                                  "manifests")
+
+
+def _refuse_unsupported(cfg: dict[str, Any], source: str) -> None:
+    """The config.json features this builder does not cover: another architecture, rope scaling (rope_scaling
+    not null, or rope_parameters with a rope_type other than "default"), sliding-window attention, attention
+    bias, an activation other than silu, a checkpoint dtype other than bfloat16."""
+    _refuse_architecture(cfg, source)
     if cfg.get("rope_scaling") not in (None, {}):
         raise ManifestBuildError(f"{source}: rope_scaling {cfg['rope_scaling']!r} is not supported (plain RoPE only)")
+    params = cfg.get("rope_parameters")
+    if isinstance(params, dict) and params.get("rope_type", "default") != "default":
+        raise ManifestBuildError(f"{source}: rope_parameters.rope_type = {params['rope_type']!r} is not supported "
+                                 "(plain RoPE only)")
     if cfg.get("use_sliding_window"):
         raise ManifestBuildError(f"{source}: use_sliding_window is true; sliding-window attention is not supported")
     if cfg.get("attention_bias"):
         raise ManifestBuildError(f"{source}: attention_bias is true; Qwen3 projections without bias only")
+    if cfg.get("hidden_act", "silu") != "silu":
+        raise ManifestBuildError(f"{source}: hidden_act = {_shown(cfg['hidden_act'])} is not supported (the MLP "
+                                 "kernels compute SiLU)")
+    for key in ("torch_dtype", "dtype"):  # transformers < 4.56 writes torch_dtype, later ones dtype
+        if cfg.get(key, "bfloat16") != "bfloat16":
+            raise ManifestBuildError(f"{source}: {key} = {_shown(cfg[key])} is not supported (kern's kernels and "
+                                     "weight binds are bfloat16)")
 
 
 def _head_dim(f: _Fields, hidden: int, q_heads: int) -> int:
@@ -124,7 +156,7 @@ class Qwen3Config:
 
     @classmethod
     def from_name(cls, name: str) -> "Qwen3Config":
-        """A shape of the known-shapes table (shapes.SHAPES: qwen3-4b, qwen3-0.6b, tiny). Raises
+        """A shape of the known-shapes table (shapes.SHAPES: qwen3-0.6b, -1.7b, -4b, -8b, -14b, -32b, tiny). Raises
         ManifestBuildError naming `name` and the known ones."""
         if name not in SHAPES:
             raise ManifestBuildError(f"--shape {name!r}: not a known Qwen3 shape (known: {', '.join(SHAPES)})")

@@ -34,6 +34,12 @@ SHAPES: dict[str, Qwen3Shape] = {
     "qwen3-4b": Qwen3Shape(2560, 36, 32, 8, 128, 9728),
     # Qwen/Qwen3-0.6B config.json
     "qwen3-0.6b": Qwen3Shape(1024, 28, 16, 8, 128, 3072),
+    # the other published dense sizes (their config.json files: tests/data/configs/Qwen3-*.json); GQA groups 2
+    # (0.6B, 1.7B), 4 (4B, 8B), 5 (14B), 8 (32B: 64 q heads); lm_head tied up to 4B, untied from 8B
+    "qwen3-1.7b": Qwen3Shape(2048, 28, 16, 8, 128, 6144),
+    "qwen3-8b": Qwen3Shape(4096, 36, 32, 8, 128, 12288, tie_word_embeddings=False),
+    "qwen3-14b": Qwen3Shape(5120, 40, 40, 8, 128, 17408, tie_word_embeddings=False),
+    "qwen3-32b": Qwen3Shape(5120, 64, 64, 8, 128, 25600, tie_word_embeddings=False),
     # Fast tests: the real vocabulary (so the real tokenizer applies), head_dim 128 as every Qwen3,
     # q width (4 x 128 = 512) != hidden (256) as in the 4B shape, 4 layers.
     "tiny": Qwen3Shape(256, 4, 4, 2, 128, 512),
