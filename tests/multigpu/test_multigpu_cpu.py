@@ -19,9 +19,9 @@ from kern_runtime import sass
 from kern_runtime.memory import Allocation
 from kern_runtime.nccl import NCCL_ENV_DEFAULTS, check_extent, element_counts, nccl_call, pin_nccl_env, split_extern
 from kern_runtime.peers import Offer, PeerBlock, PeerHandle, check_offers, export_handle, missing_peer_tables
-from kern_runtime.records import AddressBook, compile_call
+from kern_runtime.records import AddressBook, compile_program
 from kern_runtime.runtime import ProgramState, Runtime, load_spec
-from kern_runtime.spec import BufferSpec, TensorSegment
+from kern_manifest import Buffer, Expr, RowsSegment
 from kern_runtime.weights.plan import plan_bind
 from kern_runtime.weights.tensors import TensorMeta
 
@@ -195,8 +195,8 @@ def test_family_digest_ignores_binds_name_meta_only() -> None:
 
 def test_cols_bind_plan_copies_the_column_slice() -> None:
     full = np.arange(8 * 6, dtype=np.uint16).reshape(8, 6)
-    buf = BufferSpec("w", "weight", "bf16", (), bind=(TensorSegment("t", (2, 6), (8, 6), (3, 6)),))
-    object.__setattr__(buf, "shape", tuple(__import__("kern_manifest").Expr(d) for d in (4, 3)))
+    buf = Buffer(name="w", kind="weight", dtype="bf16", shape=(Expr(4), Expr(3)),
+                 bind=(RowsSegment(tensor="t", start=2, stop=6, shape=(8, 6), cols=(3, 6)),))
     plan = plan_bind(buf, {"t": TensorMeta("bf16", (8, 6))})
     (copy,) = plan.copies  # one 2-D copy: 3 columns of rows 2..5, source pitch = the tensor's row
     assert (copy.src_offset, copy.src_pitch, copy.dst_offset, copy.dst_pitch, copy.width, copy.height) == (
@@ -262,7 +262,7 @@ def test_reference_collectives() -> None:
 
 def _bare_runtime(manifest: dict, ranks: dict) -> Runtime:
     rt = Runtime()
-    rt.spec = load_spec(manifest)
+    rt._set_manifest(load_spec(manifest))
     rt._ranks = ranks
     return rt
 
@@ -273,8 +273,7 @@ def test_nccl_program_refused_before_join() -> None:
     assert rt._nccl_groups == {"tp"}
     book = AddressBook({"send_f32": 0x1000, "recv_f32": 0x10000, "send_bf16": 0x20000, "recv_bf16": 0x30000},
                        ranks={"tp": 0})
-    call = rt.spec.programs["allreduce_f32"].calls[0]
-    records = compile_call(0, call, rt.spec, book, lambda op, li: None)
+    records, _ = compile_program(rt.manifest, "allreduce_f32", book, lambda op, li: None)
     state = ProgramState("allreduce_f32", False, "run", records, frozenset())
     with pytest.raises(ApiError, match="NCCL group 'tp' was never joined"):
         rt._require_ready(state)

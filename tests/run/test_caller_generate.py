@@ -132,9 +132,9 @@ def test_pages_from_the_runtime_pool_when_it_has_the_pool_api(facts: ManifestFac
 
 def test_pages_from_kern_pool_lease(facts: ManifestFacts) -> None:
     """With the runtime's pool layout, pages come from a kern_pool lease (never the scratch page 0)."""
-    from kern_runtime import Capacity, plan_pool, spec_from_json
+    from kern_runtime import Capacity, load_spec, plan_pool
 
-    spec = spec_from_json(facts.raw)
+    spec = load_spec(facts.raw)
     layout = plan_pool(spec.states, Capacity(tokens=256, seqs=1), 2 << 20)
     rt = FakeRuntime(num_pages=layout.num_pages)
     rt.pool = layout

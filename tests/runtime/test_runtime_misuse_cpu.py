@@ -14,7 +14,7 @@ from kern_runtime import (
     KERN_ERRORS, ApiError, Capacity, HostTensors, Runtime, WeightArtifactError,
 )
 from kern_runtime.graphs import normalise_vars
-from kern_runtime.spec import VarSpec
+from kern_manifest import Var
 from runtime_helpers import base_manifest
 
 Q = np.arange(128, dtype=np.uint16).reshape(8, 16)
@@ -235,7 +235,7 @@ def test_reserve_host_refuses_more_than_physical_memory(fake_cuda: FakeDriver, t
 # ---------------------------------------------------------------- 6. var values
 
 
-VARS = {"tokens": VarSpec("tokens", 1, 64)}
+VARS = {"tokens": Var(name="tokens", min=1, max=64)}
 
 
 @pytest.mark.parametrize("value", [3, np.int64(3), np.int32(3), np.uint8(3)])

@@ -314,11 +314,11 @@ def check_weights(facts: ManifestFacts, tensors: dict[str, tuple[str, tuple[int,
     tensor exists with the buffer's dtype, then kern_runtime's own `plan_bind` (trailing dims, `rows` and `cols`
     ranges inside the tensor, interleave blocks, dim 0 covered exactly) at the vars' max. Raises WeightsError
     naming the tensor and the buffer (and, for a list of files, the file holding the tensor at fault)."""
-    from kern_runtime.errors import WeightArtifactError
-    from kern_runtime.spec import InterleaveSegment, TensorSegment, spec_from_json
-    from kern_runtime.weights import TensorMeta, plan_bind
+    from kern_manifest import InterleaveSegment, RowsSegment, TensorSegment, parse_manifest, var_max
+    from kern_runtime import TensorMeta, WeightArtifactError, plan_bind
 
-    spec = spec_from_json(facts.parsed.to_json() if facts.parsed is not None else facts.raw)
+    spec = facts.parsed if facts.parsed is not None else parse_manifest(facts.raw)
+    max_values = var_max(spec.vars)
     metas = {name: TensorMeta(dtype, tuple(shape)) for name, (dtype, shape) in tensors.items()}
     listed = not isinstance(weights, (str, os.PathLike))
     found_in: dict[str, Path] = getattr(tensors, "found_in", {}) if listed else {}
@@ -333,7 +333,7 @@ def check_weights(facts: ManifestFacts, tensors: dict[str, tuple[str, tuple[int,
             continue
         for seg in buf.bind:
             names = seg.tensors if isinstance(seg, InterleaveSegment) else (seg.tensor,) if isinstance(
-                seg, TensorSegment) else ()
+                seg, (TensorSegment, RowsSegment)) else ()
             for tname in names:
                 if tname not in metas:
                     raise WeightsError(f"checkpoint {label} has no tensor {tname!r} (bound into buffer {bname!r}): "
@@ -342,11 +342,11 @@ def check_weights(facts: ManifestFacts, tensors: dict[str, tuple[str, tuple[int,
                     raise WeightsError(f"tensor {tname!r}{in_file(tname)} is {metas[tname].dtype}, buffer {bname!r} "
                                        f"wants {buf.dtype}: convert the checkpoint or regenerate the manifest")
         try:
-            plan_bind(buf, metas, spec.max_values)
+            plan_bind(buf, metas, max_values)
         except WeightArtifactError as exc:
-            shape = list(buf.shape_at(spec.max_values))
+            shape = list(buf.shape_at(max_values))
             bound = [t for seg in buf.bind for t in (seg.tensors if isinstance(seg, InterleaveSegment) else (
-                seg.tensor,) if isinstance(seg, TensorSegment) else ())]
+                seg.tensor,) if isinstance(seg, (TensorSegment, RowsSegment)) else ())]
             raise WeightsError(f"checkpoint {label}: {exc} (buffer {bname!r} has shape {shape}){in_file(*bound)}: "
                                "wrong model for this manifest") from None
 
@@ -365,5 +365,6 @@ def check_prompt(prompt_tokens: int, capacity_tokens: int, facts: ManifestFacts)
 
 
 def weight_bytes(tensors: dict[str, tuple[str, tuple[int, ...]]]) -> int:
-    sizes = {"bf16": 2, "f16": 2, "f32": 4, "f64": 8, "i8": 1, "u8": 1, "i32": 4, "i64": 8}
-    return sum(math.prod(shape) * sizes.get(dtype, 1) for dtype, shape in tensors.values())
+    from kern_manifest import DTYPE_BYTES
+
+    return sum(math.prod(shape) * DTYPE_BYTES.get(dtype, 1) for dtype, shape in tensors.values())

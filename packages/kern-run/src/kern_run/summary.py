@@ -12,8 +12,7 @@ import math
 from collections import Counter
 from typing import Any
 
-DTYPE_BYTES = {"bf16": 2, "f16": 2, "f32": 4, "f64": 8, "i8": 1, "u8": 1, "i16": 2, "i32": 4, "u32": 4,
-               "i64": 8, "u64": 8, "fp8_e4m3": 1, "fp8_e5m2": 1}
+from kern_manifest import DTYPE_BYTES
 
 
 def eval_at_max(dim: Any, var_max: dict[str, int]) -> int:

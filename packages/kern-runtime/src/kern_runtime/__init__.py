@@ -20,7 +20,6 @@ from .params import ParamBlock, encode_pointer, encode_scalar
 from .pooled import Checkpoint, Lease, Waking
 from .runtime import ReadbackHandle, Resident, Runtime, load_spec
 from .stepping import EventHandle
-from .spec import Spec, spec_from_json
 from .weights import (
     BindPlan, Blob, Copy, DeviceBlob, FileBlob, HostBlob, HostTensors, SafetensorsTensors, TensorMeta, Tensors,
     plan_bind,
@@ -30,7 +29,7 @@ __all__ = [
     "KERN_ERRORS", "ApiError", "BindPlan", "BlasError", "Blob", "CallError", "Capacity", "Copy", "CudaError",
     "DeviceBlob", "DriverError", "EventHandle", "FileBlob", "HostBlob", "HostTensors", "KernError", "KernelArtifactError",
     "ManifestError", "ManifestParseError", "ManifestVerifyError", "ParamBlock", "PoolLayout", "ReadbackHandle",
-    "Resident", "Runtime", "SafetensorsTensors", "Spec", "TensorMeta", "Tensors", "WeightArtifactError",
-    "encode_pointer", "encode_scalar", "load_spec", "plan_bind", "plan_pool", "spec_from_json",
+    "Resident", "Runtime", "SafetensorsTensors", "TensorMeta", "Tensors", "WeightArtifactError",
+    "encode_pointer", "encode_scalar", "load_spec", "plan_bind", "plan_pool",
     "Checkpoint", "Lease", "Waking",
 ]

@@ -23,6 +23,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 import numpy as np
+from kern_manifest import ExternLaunch, Launch, RankWiring, Ref
 
 from .driver import call, cu
 from .errors import ApiError, CallError, KernError, KernelArtifactError, ManifestError
@@ -30,20 +31,19 @@ from .graphs import graph_key, normalise_vars
 from .memory import vmm_granularity_bytes
 from .nccl import Communicator, NcclCall, check_extent, group_end, group_start, nccl_call, pin_nccl_env, unique_id
 from .peers import Offer, PeerHandle, check_offers, export_handle, fabric_wanted, map_peer, missing_peer_tables, vmm_with_fallback
-from .records import NCCL_EXTERNS, ExternRecord, args_at_range_ends
-from .spec import ExternLaunch, KernelLaunch, PtrArg, RankWiring
+from .records import NCCL_EXTERNS, ExternRecord, args_at_range_ends, call_sites, launch_path
 
 
-def nccl_group(launch: ExternLaunch) -> str:
-    """The topology group of an NCCL extern launch (its `{"rank": g}` wiring)."""
+def nccl_group(launch: ExternLaunch, path: str) -> str:
+    """The topology group of an NCCL extern launch (its `{"rank": g}` wiring) at JSON path `path`."""
     for w in launch.args:
         if isinstance(w, RankWiring):
-            return w.group
-    raise ManifestError(f"{launch.path}: extern {launch.extern} has no {{\"rank\": group}} argument")
+            return w.rank
+    raise ManifestError(f"{path}: extern {launch.name} has no {{\"rank\": group}} argument")
 
 
 def is_nccl(rec: Any) -> bool:
-    return isinstance(rec, ExternRecord) and rec.launch.extern in NCCL_EXTERNS
+    return isinstance(rec, ExternRecord) and rec.name in NCCL_EXTERNS
 
 
 def has_nccl(state: Any) -> bool:
@@ -67,7 +67,7 @@ class PeerMethods:
     def _check_topology(self) -> None:
         """Ranks for every group used (in range, of the manifest's group size where `ranks` gave one), the
         peer tables, the groups NCCL externs name."""
-        topo = self.spec.topology
+        topo = self.topology
         sizes: Mapping[str, int] = getattr(self, "_rank_sizes", {})
         for group, rank in self._ranks.items():
             if group not in topo:
@@ -77,15 +77,16 @@ class PeerMethods:
                                f"topology has size {topo[group]}")
             if not 0 <= rank < topo[group]:
                 raise ApiError(f"rank {rank} is outside group {group!r} of size {topo[group]}")
-        for name, buf in self.spec.buffers.items():
+        for name, buf in self.manifest.buffers.items():
             if buf.peers is not None:
-                self._peer_tables[name] = buf.peers
-        for op in self.spec.ops.values():
-            for launch in op.launches:
-                if isinstance(launch, ExternLaunch) and launch.extern in NCCL_EXTERNS:
-                    group = nccl_group(launch)
+                self._peer_tables[name] = (buf.peers.of, buf.peers.group)
+        for op in self.manifest.ops.values():
+            for li, launch in enumerate(op.launches):
+                if isinstance(launch, ExternLaunch) and launch.name in NCCL_EXTERNS:
+                    path = launch_path(op.name, li)
+                    group = nccl_group(launch, path)
                     if group not in topo:
-                        raise ManifestError(f"{launch.path}: extern {launch.extern} names group {group!r}, which the "
+                        raise ManifestError(f"{path}: extern {launch.name} names group {group!r}, which the "
                                             f"topology does not declare ({sorted(topo)})")
                     self._nccl_groups.add(group)
         needed = self._nccl_groups | {g for _, g in self._peer_tables.values()}
@@ -97,7 +98,7 @@ class PeerMethods:
     def _peer_sensitive(self) -> set[str]:
         """Buffers and states peers reach: peer tables, export buffers, and what some table maps."""
         names = set(self._peer_tables) | {of for of, _ in self._peer_tables.values()}
-        return names | {n for n, b in self.spec.buffers.items() if b.export}
+        return names | {n for n, b in self.manifest.buffers.items() if b.export}
 
     def _scan_peer_launches(self, images: Mapping[str, bytes]) -> None:
         """Every kernel launch of an op that some call passes peer-reachable memory has its SASS
@@ -108,17 +109,18 @@ class PeerMethods:
         if not sensitive:
             return
         done: set[tuple[str, int]] = set()
-        for program in self.spec.programs.values():
-            for c in program.calls:
-                if not any(isinstance(a, PtrArg) and a.target in sensitive for a in c.args.values()):
+        for program in self.manifest.programs:
+            for site in call_sites(self.manifest, program):
+                if not any(isinstance(a, Ref) and a.name in sensitive for a in site.call.args.values()):
                     continue
-                for li, launch in enumerate(self.spec.ops[c.op].launches):
-                    if not isinstance(launch, KernelLaunch) or (c.op, li) in done:
+                for li, launch in enumerate(site.op.launches):
+                    if not isinstance(launch, Launch) or (site.op.name, li) in done:
                         continue
-                    done.add((c.op, li))
+                    done.add((site.op.name, li))
+                    path = launch_path(site.op.name, li)
                     if launch.module not in images:
-                        raise KernelArtifactError(f"{launch.path}: module {launch.module!r} is not pinned")
-                    check_peer_launch(images[launch.module], launch.module, launch.entry, f"{launch.path} (called by {c.path})")
+                        raise KernelArtifactError(f"{path}: module {launch.module!r} is not pinned")
+                    check_peer_launch(images[launch.module], launch.module, launch.entry, f"{path} (called by {site.path})")
 
     def _peer_vmm(self, nbytes: int, label: str) -> Any:
         """One-block VMM allocation a peer can map (fabric handle where the device gives one)."""
@@ -141,21 +143,21 @@ class PeerMethods:
         """Every NCCL record at both ends of the var ranges: count >= 1, rank in the group, send and
         recv inside their allocations (refused at load, never mid-run)."""
         ranges = None
-        minv, maxv = self.spec.min_values, self.spec.max_values
+        minv, maxv = self.min_values, self.max_values
         for state in self._programs.values():
             for rec in state.records:
                 if not is_nccl(rec):
                     continue
                 ranges = ranges if ranges is not None else self._allocation_ranges()
                 for args in args_at_range_ends(rec, minv, maxv):
-                    ncall = nccl_call(rec.launch.extern, args, nccl_group(rec.launch), self.spec.topology, rec.launch.path)
-                    check_extent(ncall, ranges, f"{rec.launch.path} (program {state.name!r} call #{rec.call_index})")
+                    ncall = nccl_call(rec.name, args, nccl_group(rec.launch, rec.path), self.topology, rec.path)
+                    check_extent(ncall, ranges, f"{rec.path} (program {state.name!r} call #{rec.call_index})")
 
     def _check_once_program(self, name: str, state: Any) -> None:
         """Once programs run at load, before connect: no peer tables, no NCCL."""
         tables = set(self._peer_tables)
-        uses = [c.path for c in self.spec.programs[name].calls
-                if any(isinstance(a, PtrArg) and a.target in tables for a in c.args.values())]
+        uses = [site.path for site in call_sites(self.manifest, name)
+                if any(isinstance(a, Ref) and a.name in tables for a in site.call.args.values())]
         if uses or has_nccl(state):
             raise ApiError(f"once program {name!r} uses peer tables or NCCL ({(uses or ['an NCCL extern'])[0]}); once "
                            "programs run at load, before connect: make it a run program issued after connect")
@@ -163,14 +165,15 @@ class PeerMethods:
     # ------------------------------------------------------------ replay hooks
 
     def _nccl_call(self, rec: ExternRecord) -> NcclCall:
-        group = nccl_group(rec.launch)
+        group = nccl_group(rec.launch, rec.path)
         if group not in self._comms:
-            raise ApiError(f"{rec.launch.path}: extern {rec.launch.extern} runs on NCCL group {group!r}, which this "
+            raise ApiError(f"{rec.path}: extern {rec.name} runs on NCCL group {group!r}, which this "
                            "runtime never joined: connect() (or connect_local) first")
-        return nccl_call(rec.launch.extern, rec.args, group, self.spec.topology, rec.launch.path)
+        return nccl_call(rec.name, rec.args, group, self.topology, rec.path)
 
     def _nccl_issue(self, rec: ExternRecord) -> None:
-        self._comms[nccl_group(rec.launch)].issue(self._nccl_call(rec), int(self.stream))
+        ncall = self._nccl_call(rec)
+        self._comms[ncall.group].issue(ncall, int(self.stream))
 
     def _require_ready(self, state: Any, via_group: bool = False) -> None:
         """Refuse a run before every peer table is filled or while an NCCL group it uses is not joined,
@@ -182,8 +185,8 @@ class PeerMethods:
         if not has_nccl(state):
             return
         for rec in state.records:
-            if is_nccl(rec) and nccl_group(rec.launch) not in self._comms:
-                raise ApiError(f"program {state.name!r}: {rec.launch.path}: NCCL group {nccl_group(rec.launch)!r} was "
+            if is_nccl(rec) and nccl_group(rec.launch, rec.path) not in self._comms:
+                raise ApiError(f"program {state.name!r}: {rec.path}: NCCL group {nccl_group(rec.launch, rec.path)!r} was "
                                "never joined: connect() (or connect_local) first")
         if self._local_group is not None and not via_group:
             raise ApiError(f"program {state.name!r} holds NCCL collectives and this runtime was connected with "
@@ -206,7 +209,7 @@ class PeerMethods:
         """A PeerHandle for every export buffer and every VMM-backed state, by name."""
         self._activate()
         out = {}
-        for name, buf in self.spec.buffers.items():
+        for name, buf in self.manifest.buffers.items():
             if buf.export:
                 out[name] = export_handle(name, self._buffers[name])
         for name, alloc in self._states.items():
@@ -220,9 +223,9 @@ class PeerMethods:
         (target, member) is mapped once and stays mapped for the runtime's life. Raises ApiError for a
         wrong member count or a missing handle."""
         self._activate()
-        size = self.spec.topology.get(group)
+        size = self.topology.get(group)
         if size is None:
-            raise ApiError(f"unknown topology group {group!r}; the manifest declares {sorted(self.spec.topology)}")
+            raise ApiError(f"unknown topology group {group!r}; the manifest declares {sorted(self.topology)}")
         if len(members) != size:
             raise ApiError(f"group {group!r} has {size} members, import_peers got {len(members)} handle tables")
         me = self._ranks.get(group)
@@ -249,7 +252,7 @@ class PeerMethods:
         """This rank's side of the handshake: family digest, ranks, peer handles, and a fresh NCCL
         unique id for each NCCL group in which this rank is member 0."""
         ids = {g: unique_id() for g in sorted(self._nccl_groups) if self._ranks.get(g) == 0}
-        return Offer(self.spec.family_digest, self.spec.digest, dict(self._ranks), self.export_handles(), ids)
+        return Offer(self.manifest.family_digest, self.manifest.digest, dict(self._ranks), self.export_handles(), ids)
 
     def connect(self, offers: Mapping[str, Sequence[Offer]]) -> None:
         """Join every group: `offers[group]` is the members' offers in member order (this rank's
@@ -265,9 +268,9 @@ class PeerMethods:
             if group not in offers:
                 raise ApiError(f"connect: no offers for group {group!r}, which the manifest uses")
         for group, members in offers.items():
-            if group not in self.spec.topology:
-                raise ApiError(f"connect: unknown group {group!r}; the manifest declares {sorted(self.spec.topology)}")
-            check_offers(group, self.spec.topology[group], list(members), self.spec.family_digest, self._ranks.get(group))
+            if group not in self.topology:
+                raise ApiError(f"connect: unknown group {group!r}; the manifest declares {sorted(self.topology)}")
+            check_offers(group, self.topology[group], list(members), self.manifest.family_digest, self._ranks.get(group))
             self.import_peers(group, [o.handles for o in members])
         missing = missing_peer_tables(self._peer_tables, self._peers_filled)
         if missing:
@@ -275,7 +278,7 @@ class PeerMethods:
 
     def _join_nccl(self, group: str, uid: bytes) -> None:
         self._activate()
-        comm = Communicator.create(group, self.spec.topology[group], self._ranks[group], uid, self.gpu)
+        comm = Communicator.create(group, self.topology[group], self._ranks[group], uid, self.gpu)
         self._comms[group] = comm
         self._ledger.on_close(f"NCCL communicator {group}", comm.close)
 
@@ -298,7 +301,7 @@ def connect_local(runtimes: Sequence[Any]) -> "LocalGroup":
     if not rts:
         raise ApiError("connect_local needs at least one runtime")
     offers_by_rt = [rt.offer() for rt in rts]
-    groups = set().union(*(set(rt.spec.topology) for rt in rts))
+    groups = set().union(*(set(rt.topology) for rt in rts))
     offers: dict[str, list[Offer]] = {}
     for group in sorted(groups):
         members: dict[int, Offer] = {}
@@ -309,7 +312,7 @@ def connect_local(runtimes: Sequence[Any]) -> "LocalGroup":
             if rank in members:
                 raise ApiError(f"connect_local: two runtimes are rank {rank} of group {group!r}")
             members[rank] = offer
-        size = rts[0].spec.topology.get(group, 0)
+        size = rts[0].topology.get(group, 0)
         if members and sorted(members) != list(range(size)):
             raise ApiError(f"connect_local: group {group!r} of size {size} has runtimes for ranks {sorted(members)}; "
                            "one process must hold every rank")
@@ -325,7 +328,7 @@ def connect_local(runtimes: Sequence[Any]) -> "LocalGroup":
         try:
             for rt, g in joins:
                 rt._activate()
-                created.append((rt, g, Communicator.create(g, rt.spec.topology[g], rt.ranks[g], nccl_id_of(g, offers[g]), rt.gpu)))
+                created.append((rt, g, Communicator.create(g, rt.topology[g], rt.ranks[g], nccl_id_of(g, offers[g]), rt.gpu)))
         finally:
             group_end()
         for rt, g, comm in created:
@@ -360,7 +363,7 @@ class LocalGroup:
             rt._activate()
             state = rt._program(program)
             rt._require_ready(state, via_group=True)
-            out.append((rt, state, normalise_vars(vars, rt.spec.vars, state.reads, program)))
+            out.append((rt, state, normalise_vars(vars, rt.manifest.vars, state.reads, program)))
         counts = {len(s.records) for _, s, _ in out}
         if len(counts) != 1:
             raise ApiError(f"program {program!r} compiles to {sorted(counts)} records on the ranks; the manifests disagree")

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import numpy as np
+from kern_manifest import Buffer, ExternLaunch, Launch, Manifest, var_max, var_min
 
 from .blas import EXTERN_GEMMS, WORKSPACE_BYTES, Blas, check_algo_keys, gemm_call
 from .capacity import Capacity, PoolLayout, plan_pool
@@ -42,11 +43,11 @@ from .modules import (
 from .multigpu import PeerMethods, is_nccl
 from .pooled import PoolMethods, PoolState
 from .records import (
-    NCCL_EXTERNS, AddressBook, ExternRecord, KernelRecord, Record, args_at_range_ends, compile_call, program_reads,
+    AddressBook, ExternRecord, KernelRecord, Record, args_at_range_ends, compile_program, launch_path,
+    program_reads, when_of,
 )
 from .state_access import StateMethods
 from .stepping import StepMethods
-from .spec import BufferSpec, ExternLaunch, KernelLaunch, Spec, spec_from_json
 from .weights.loader import Progress, Target, WeightLoader
 from .weights.plan import BindPlan, Copy, plan_bind
 from .weights.tensors import Tensors
@@ -57,8 +58,11 @@ SHARED_DEFAULT_LIMIT_BYTES = 48 * 1024
 # ---------------------------------------------------------------- manifest intake
 
 
-def load_spec(manifest: Any) -> Spec:
-    """Parse + verify a manifest given as a path, JSON text, a JSON dict or a kern_manifest.Manifest.
+def load_spec(manifest: Any) -> Manifest:
+    """Parse + verify a manifest given as a path, JSON text, a JSON dict or a kern_manifest.Manifest, and
+    return the kern_manifest.Manifest (the runtime's only model of it). A Manifest that kern_manifest.verify
+    (or load_manifest) has already accepted is returned as it is, neither parsed nor verified again: so
+    `kern run` parses and verifies once and hands the object to `Runtime.load`.
 
     Raises ManifestParseError / ManifestVerifyError (subclasses of kern_manifest's) for bad input.
     """
@@ -80,7 +84,7 @@ def load_spec(manifest: Any) -> Spec:
         raise ManifestParseError(exc.path, exc.message) from exc
     except kern_manifest.ManifestVerifyError as exc:
         raise ManifestVerifyError(exc.faults) from exc
-    return spec_from_json(parsed.to_json())
+    return parsed
 
 
 # ---------------------------------------------------------------- helper records
@@ -95,6 +99,7 @@ class ProgramState:
     kind: str
     records: list[Record]
     reads: frozenset[str]
+    calls: int = 0  # op calls of the program, inlined programs expanded (run_range's bound)
     patched_key: tuple | None = None
 
 
@@ -121,7 +126,7 @@ class Resident:
         call("cuDevicePrimaryCtxRelease", self.device)
 
 
-def weight_identity(buffer: BufferSpec, shape: tuple[int, ...]) -> tuple:
+def weight_identity(buffer: Buffer, shape: tuple[int, ...]) -> tuple:
     """What must agree for a weight buffer to be reused: name, dtype, shape, placement, export, bind."""
     return (buffer.name, buffer.dtype, shape, buffer.placement, buffer.export, repr(buffer.bind))
 
@@ -157,7 +162,10 @@ class Runtime(PoolMethods, PeerMethods, StepMethods, StateMethods):
     def __init__(self) -> None:  # use Runtime.load
         self._ledger = Ledger()
         self._closed = False
-        self.spec: Spec
+        self.manifest: Manifest
+        self.max_values: dict[str, int] = {}  # every var at its max: what buffers are allocated at
+        self.min_values: dict[str, int] = {}  # every var at its min: what unread vars normalise to
+        self.topology: dict[str, int] = {}  # topology group -> size
         self.gpu = 0
         self.context: Any = None
         self.stream: Any = None
@@ -206,9 +214,8 @@ class Runtime(PoolMethods, PeerMethods, StepMethods, StateMethods):
         """
         gpu, ranks_, sizes, threads = _check_load_args(kernels_dir, tensors, gpu, capacity, progress, ranks,
                                                        resident, threads)
-        spec = load_spec(manifest)
         rt = cls()
-        rt.spec = spec
+        rt._set_manifest(load_spec(manifest))
         rt.gpu = gpu
         rt._ranks = ranks_
         rt._rank_sizes = sizes
@@ -243,6 +250,16 @@ class Runtime(PoolMethods, PeerMethods, StepMethods, StateMethods):
         kwargs.setdefault("gpu", resident.gpu)
         return cls.load(manifest, kernels_dir, tensors, resident=resident, **kwargs)
 
+    def _set_manifest(self, manifest: Manifest) -> None:
+        self.manifest = manifest
+        self.max_values, self.min_values = var_max(manifest.vars), var_min(manifest.vars)
+        self.topology = manifest.topology.sizes()
+
+    @property
+    def spec(self) -> Manifest:
+        """The loaded kern_manifest.Manifest (the older name of `manifest`)."""
+        return self.manifest
+
     def _open_context(self, gpu: int) -> None:
         call("cuInit", 0)
         count = int(call("cuDeviceGetCount"))
@@ -257,24 +274,25 @@ class Runtime(PoolMethods, PeerMethods, StepMethods, StateMethods):
         self._ledger.on_close("compute stream", lambda: call("cuStreamDestroy", stream))
 
     def _load_modules(self, kernels_dir: str | os.PathLike[str]) -> None:
-        images = read_pinned_modules(kernels_dir, self.spec.modules)
+        images = read_pinned_modules(kernels_dir, {n: m.sha256 for n, m in self.manifest.modules.items()})
         self._scan_peer_launches(images)  # multicast check of launches that receive peer memory
         modules = {name: load_module(image, name, self._ledger) for name, image in images.items()}
-        maxv, minv = self.spec.max_values, self.spec.min_values
+        maxv, minv = self.max_values, self.min_values
         # The dynamic shared memory limit and the preferred carveout are properties of the function, not
         # of a launch: one function launched by several ops gets the largest of their shared sizes and
         # their one carveout (modules.function_attributes).
         uses: list[tuple[Any, str, int, int | None]] = []
-        for op in self.spec.ops.values():
+        for op in self.manifest.ops.values():
             for li, launch in enumerate(op.launches):
-                if not isinstance(launch, KernelLaunch):
+                if not isinstance(launch, Launch):
                     continue
+                path = launch_path(op.name, li)
                 if launch.module not in modules:
-                    raise KernelArtifactError(f"{launch.path}: module {launch.module!r} is not pinned")
+                    raise KernelArtifactError(f"{path}: module {launch.module!r} is not pinned")
                 fn = resolve_function(modules[launch.module], launch.entry, launch.params,
-                                      f"{launch.path} (module {launch.module!r})")
+                                      f"{path} (module {launch.module!r})")
                 shared = max(launch.shared_mem.eval(maxv), launch.shared_mem.eval(minv))
-                uses.append((fn, launch.path, shared, launch.carveout))
+                uses.append((fn, path, shared, launch.carveout))
                 self._functions[(op.name, li)] = fn
                 self._function_modules[(op.name, li)] = launch.module
         for attrs in function_attributes(uses):
@@ -284,7 +302,7 @@ class Runtime(PoolMethods, PeerMethods, StepMethods, StateMethods):
                 set_shared_carveout(attrs.function, attrs.carveout)
 
     def _allocate(self, capacity: Capacity, resident: Resident | None) -> None:
-        spec, maxv = self.spec, self.spec.max_values
+        spec, maxv = self.manifest, self.max_values
         granularity = None
         for name, buf in spec.buffers.items():
             shape = buf.shape_at(maxv)
@@ -304,17 +322,18 @@ class Runtime(PoolMethods, PeerMethods, StepMethods, StateMethods):
                 alloc = self._ledger.device(nbytes, f"buffer {name}")
             self._buffers[name] = alloc
         for op in spec.ops.values():
-            for sname, expr in op.scratch:
+            for sname, expr in op.scratch.items():
                 self._scratch[(op.name, sname)] = self._ledger.device(expr.eval(maxv), f"scratch {op.name}.{sname}")
         for name, state in spec.states.items():
             if state.kind == "fixed":
-                if spec.topology:  # peers may map states: VMM
-                    alloc = self._peer_vmm(state.nbytes, f"state {name}")
+                nbytes = state.bytes or 0
+                if self.topology:  # peers may map states: VMM
+                    alloc = self._peer_vmm(nbytes, f"state {name}")
                 else:
-                    alloc = self._ledger.device(state.nbytes, f"state {name}")
-                call("cuMemsetD8Async", alloc.address, 0, max(state.nbytes, 1), self.stream)
+                    alloc = self._ledger.device(nbytes, f"state {name}")
+                call("cuMemsetD8Async", alloc.address, 0, max(nbytes, 1), self.stream)
                 self._states[name] = alloc
-        if any(isinstance(l, ExternLaunch) and l.extern in EXTERN_GEMMS for op in spec.ops.values() for l in op.launches):
+        if any(isinstance(l, ExternLaunch) and l.name in EXTERN_GEMMS for op in spec.ops.values() for l in op.launches):
             workspace = self._ledger.device(WORKSPACE_BYTES, "cuBLASLt workspace")
             self._blas = Blas(workspace.address)
             blas = self._blas
@@ -360,15 +379,13 @@ class Runtime(PoolMethods, PeerMethods, StepMethods, StateMethods):
     def _compile(self, name: str, book: AddressBook) -> ProgramState:
         from .tensormaps import encode_tiled
 
-        program = self.spec.programs[name]
-        records: list[Record] = []
-        for index, c in enumerate(program.calls):
-            records.extend(compile_call(index, c, self.spec, book, lambda op, li: self._functions[(op, li)], encode_tiled))
-        return ProgramState(name, program.graph, program.kind, records, program_reads(records))
+        program = self.manifest.programs[name]
+        records, calls = compile_program(self.manifest, name, book, lambda op, li: self._functions[(op, li)], encode_tiled)
+        return ProgramState(name, program.graph, program.kind, records, program_reads(records), calls)
 
     def _compile_programs(self) -> None:
         book = self._address_book()
-        for name, program in self.spec.programs.items():
+        for name, program in self.manifest.programs.items():
             if program.kind == "derive":
                 continue  # compiled against the source staging area in _bind_weights
             self._programs[name] = self._compile(name, book)
@@ -377,20 +394,19 @@ class Runtime(PoolMethods, PeerMethods, StepMethods, StateMethods):
         """Every pinned algorithm at both ends of its var ranges (when-vars clamped to the interval)."""
         if self._blas is None:
             return
-        minv, maxv = self.spec.min_values, self.spec.max_values
+        minv, maxv = self.min_values, self.max_values
         for state in self._programs.values():
             for rec in state.records:
-                if not isinstance(rec, ExternRecord) or rec.launch.extern not in EXTERN_GEMMS or not rec.launch.algo:
+                if not isinstance(rec, ExternRecord) or rec.name not in EXTERN_GEMMS or not rec.algo:
                     continue
-                check_algo_keys(rec.launch.algo, rec.launch.path)
+                check_algo_keys(rec.algo, rec.path)
                 for args in args_at_range_ends(rec, minv, maxv):
-                    self._blas.plan(gemm_call(rec.launch.extern, args, rec.launch.path), rec.launch.algo,
-                                    rec.launch.path)
+                    self._blas.plan(gemm_call(rec.name, args, rec.path), rec.algo, rec.path)
 
     def _bind_weights(self, tensors: Tensors | None, progress: Progress | None, threads: int | None) -> None:
-        maxv = self.spec.max_values
+        maxv = self.max_values
         targets = []
-        for name, buf in self.spec.buffers.items():
+        for name, buf in self.manifest.buffers.items():
             if buf.kind != "weight" or buf.bind is None or buf.derived:
                 continue
             shape = buf.shape_at(maxv)
@@ -404,7 +420,7 @@ class Runtime(PoolMethods, PeerMethods, StepMethods, StateMethods):
             targets.append(Target(plan, alloc.address, alloc.host_address))
             if buf.placement == "device":
                 self._weights[key] = alloc
-        derive = [p for p in self.spec.programs.values() if p.kind == "derive"]
+        derive = [p for p in self.manifest.programs.values() if p.kind == "derive"]
         start = time.perf_counter()
         nbytes = 0
         if targets:
@@ -418,11 +434,11 @@ class Runtime(PoolMethods, PeerMethods, StepMethods, StateMethods):
 
     def _run_derive(self, name: str, tensors: Tensors | None, threads: int | None) -> int:
         """Stream a derive program's source tensors into one staging area and run it once."""
-        program = self.spec.programs[name]
+        sources = self.manifest.programs[name].sources or {}
         if tensors is None:
             raise ApiError(f"derive program {name!r} needs checkpoint tensors, none were given")
         offsets, targets, total = {}, [], 0
-        for src, tensor in program.sources.items():
+        for src, tensor in sources.items():
             meta = tensors.meta(tensor)
             if meta is None:
                 raise WeightArtifactError(f"checkpoint has no tensor {tensor!r} (source {src!r} of derive program {name!r})")
@@ -431,7 +447,7 @@ class Runtime(PoolMethods, PeerMethods, StepMethods, StateMethods):
         ledger = Ledger()
         try:
             staging = ledger.device(total, f"derive staging {name}")
-            for src, tensor in program.sources.items():
+            for src, tensor in sources.items():
                 meta = tensors.meta(tensor)
                 assert meta is not None
                 copy = Copy.linear(tensor, 0, 0, meta.nbytes)
@@ -439,17 +455,17 @@ class Runtime(PoolMethods, PeerMethods, StepMethods, StateMethods):
                 targets.append(Target(plan, staging.address + offsets[src]))
             WeightLoader(tensors, self.context, threads=threads).run(targets)
             state = self._compile(name, self._address_book({s: staging.address + o for s, o in offsets.items()}))
-            self._enqueue(state, self.spec.min_values)
+            self._enqueue(state, self.min_values)
             call("cuStreamSynchronize", self.stream)
         finally:
             ledger.close()
         return total
 
     def _run_once_programs(self) -> None:
-        for name, program in self.spec.programs.items():
+        for name, program in self.manifest.programs.items():
             if program.kind == "once":
                 self._check_once_program(name, self._programs[name])  # no peers / NCCL before connect
-                self._enqueue(self._programs[name], self.spec.min_values)
+                self._enqueue(self._programs[name], self.min_values)
 
     # ------------------------------------------------------------ replay
 
@@ -497,8 +513,8 @@ class Runtime(PoolMethods, PeerMethods, StepMethods, StateMethods):
                 self._nccl_issue(rec)  # multigpu.py
             else:
                 assert self._blas is not None
-                g = gemm_call(rec.launch.extern, rec.args, rec.launch.path)
-                self._blas.matmul(g, int(stream), rec.launch.algo, rec.launch.path)
+                g = gemm_call(rec.name, rec.args, rec.path)
+                self._blas.matmul(g, int(stream), rec.algo, rec.path)
         except KernError as exc:
             raise CallError(state.name, rec.call_index, rec.op, exc) from exc
 
@@ -509,7 +525,7 @@ class Runtime(PoolMethods, PeerMethods, StepMethods, StateMethods):
         self._activate()
         state = self._program(program)
         self._require_ready(state)  # peers connected, NCCL joined (multigpu.py)
-        self._enqueue(state, normalise_vars(vars, self.spec.vars, state.reads, program))
+        self._enqueue(state, normalise_vars(vars, self.manifest.vars, state.reads, program))
 
     def run_range(self, program: str, vars: Mapping[str, int] | None, start: int, stop: int) -> None:
         """`run` restricted to the program's calls `start <= index < stop` (indices into the manifest's call
@@ -522,7 +538,7 @@ class Runtime(PoolMethods, PeerMethods, StepMethods, StateMethods):
         raised before anything is enqueued."""
         self._activate()
         state = self._program(program)
-        count = len(self.spec.programs[state.name].calls)
+        count = state.calls
         first = int_arg(start, f"run_range({program!r}): start")
         end = int_arg(stop, f"run_range({program!r}): stop")
         if first < 0:
@@ -532,7 +548,7 @@ class Runtime(PoolMethods, PeerMethods, StepMethods, StateMethods):
         if first > end:
             raise ApiError(f"run_range({program!r}): start {first} is after stop {end}")
         self._require_ready(state)  # peers connected, NCCL joined (multigpu.py)
-        self._enqueue(state, normalise_vars(vars, self.spec.vars, state.reads, program), range(first, end))
+        self._enqueue(state, normalise_vars(vars, self.manifest.vars, state.reads, program), range(first, end))
 
     def issue(self, program: str, vars: Mapping[str, int] | None = None, eager: bool = False) -> None:
         """Enqueue `program`: as its CUDA graph when it declares `graph: true` (captured on first use
@@ -542,7 +558,7 @@ class Runtime(PoolMethods, PeerMethods, StepMethods, StateMethods):
         self._activate()
         state = self._program(program)
         self._require_ready(state)  # peers connected, NCCL joined (multigpu.py)
-        values = normalise_vars(vars, self.spec.vars, state.reads, program)
+        values = normalise_vars(vars, self.manifest.vars, state.reads, program)
         if eager or not state.graph:
             self._enqueue(state, values)
             return
@@ -561,8 +577,8 @@ class Runtime(PoolMethods, PeerMethods, StepMethods, StateMethods):
 
     # ------------------------------------------------------------ inputs and outputs
 
-    def _buffer(self, name: str, kinds: tuple[str, ...] | None = None) -> tuple[BufferSpec, Allocation]:
-        spec = self.spec.buffers.get(name)
+    def _buffer(self, name: str, kinds: tuple[str, ...] | None = None) -> tuple[Buffer, Allocation]:
+        spec = self.manifest.buffers.get(name)
         if spec is None:
             raise ApiError(f"unknown buffer {name!r}")
         if kinds is not None and spec.kind not in kinds:
@@ -580,7 +596,7 @@ class Runtime(PoolMethods, PeerMethods, StepMethods, StateMethods):
         want = numpy_dtype(spec.dtype)
         if array.dtype.newbyteorder("<") != want.newbyteorder("<") or array.dtype.byteorder == ">":
             raise ApiError(f"input {name!r} is {spec.dtype} ({want}), got an array of {array.dtype}")
-        shape = spec.shape_at(self.spec.max_values)
+        shape = spec.shape_at(self.max_values)
         if array.ndim == 0 and not shape:
             pass
         elif array.ndim != len(shape) or tuple(array.shape[1:]) != tuple(shape[1:]) or array.shape[0] > shape[0]:
@@ -599,7 +615,7 @@ class Runtime(PoolMethods, PeerMethods, StepMethods, StateMethods):
         an integer in 0..the buffer's rows)."""
         self._activate()
         spec, alloc = self._buffer(name)
-        shape = list(spec.shape_at(self.spec.max_values))
+        shape = list(spec.shape_at(self.max_values))
         if rows is not None:
             rows = int_arg(rows, f"buffer {name!r} rows")
             if not shape or not 0 <= rows <= shape[0]:
@@ -626,7 +642,7 @@ class Runtime(PoolMethods, PeerMethods, StepMethods, StateMethods):
         not an integer in 0..the buffer's rows) before anything is allocated."""
         self._activate()
         spec, alloc = self._buffer(name, ("output",))
-        shape = list(spec.shape_at(self.spec.max_values))
+        shape = list(spec.shape_at(self.max_values))
         if rows is not None:
             rows = int_arg(rows, f"output {name!r} rows")
             if not shape or not 0 <= rows <= shape[0]:
@@ -699,7 +715,7 @@ class Runtime(PoolMethods, PeerMethods, StepMethods, StateMethods):
 
     def describe(self) -> dict[str, Any]:
         """A JSON-able summary for startup logs."""
-        spec, maxv = self.spec, self.spec.max_values
+        spec, maxv = self.manifest, self.max_values
         classes: dict[str, dict[str, int]] = {}
         for name, buf in spec.buffers.items():
             entry = classes.setdefault(buf.kind, {"count": 0, "bytes": 0})
@@ -708,12 +724,12 @@ class Runtime(PoolMethods, PeerMethods, StepMethods, StateMethods):
         launches = []
         for op in spec.ops.values():
             for li, launch in enumerate(op.launches):
-                if isinstance(launch, KernelLaunch):
+                if isinstance(launch, Launch):
                     launches.append({"op": op.name, "entry": launch.entry, "module": launch.module,
-                                     "params": [list(p) for p in launch.params], "when": _when_json(launch.when)})
+                                     "params": [list(p) for p in launch.params], "when": _when_json(launch)})
                 else:
-                    launches.append({"op": op.name, "extern": launch.extern, "module": "runtime built-in",
-                                     "algo": dict(launch.algo) if launch.algo else None, "when": _when_json(launch.when)})
+                    launches.append({"op": op.name, "extern": launch.name, "module": "runtime built-in",
+                                     "algo": launch.algo.to_json() if launch.algo else None, "when": _when_json(launch)})
         weights = [b for b in spec.buffers.values() if b.kind == "weight"]
         states = {}
         for name, st in spec.states.items():
@@ -731,7 +747,7 @@ class Runtime(PoolMethods, PeerMethods, StepMethods, StateMethods):
                       "segments": sum(len(b.bind or ()) for b in weights),
                       "bytes": sum(b.nbytes_at(maxv) for b in weights)},
             "weight_load": {"bytes": self.weight_load_stats[0], "seconds": self.weight_load_stats[1]},
-            "programs": {n: {"kind": p.kind, "graph": p.graph, "calls": len(spec.programs[n].calls),
+            "programs": {n: {"kind": p.kind, "graph": p.graph, "calls": p.calls,
                              "launches": len(p.records), "graph_launches": 1 if p.graph else None,
                              "vars_read": sorted(p.reads)} for n, p in self._programs.items()},
         }
@@ -812,7 +828,8 @@ def _check_load_args(kernels_dir: Any, tensors: Any, gpu: Any, capacity: Any, pr
     return gpu, checked, sizes, threads
 
 
-def _when_json(when) -> dict[str, list[str]] | None:
+def _when_json(launch: Launch | ExternLaunch) -> dict[str, list[str]] | None:
+    when = when_of(launch)
     if not when:
         return None
     return {var: [lo.source, hi.source] for var, lo, hi in when}

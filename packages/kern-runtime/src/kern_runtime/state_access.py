@@ -42,17 +42,17 @@ class StateMethods:
         Raises ApiError: not a string, unknown, or a pooled state a remap plan has touched."""
         if not isinstance(name, str):
             raise ApiError(f"{what}: a state name must be a string, got {name!r} ({type(name).__name__})")
-        spec = self.spec.states.get(name)
+        spec = self.manifest.states.get(name)
         if spec is None:
             kind = "a buffer, not a state" if name in self._buffers else "not a state"
-            raise ApiError(f"{what}: {name!r} is {kind}; states: {sorted(self.spec.states)}")
+            raise ApiError(f"{what}: {name!r} is {kind}; states: {sorted(self.manifest.states)}")
         ps = self._pooled_state
         serial = ps.remapped.get(name) if ps is not None else None
         if serial is not None:
             raise ApiError(f"{what}: state {name!r} ({spec.kind}) was remapped (remap plan {serial}): whole-state "
                            f"reads and writes are valid only before the first remap (runtime.md, state memory); "
                            f"use state_object_address(state, id) for one page or slot")
-        size = spec.nbytes if spec.kind == "fixed" else self._states[name].nbytes
+        size = (spec.bytes or 0) if spec.kind == "fixed" else self._states[name].nbytes
         return self._states[name].address, size
 
     def read_state(self, name: str) -> np.ndarray:
@@ -94,7 +94,7 @@ class StateMethods:
         a named state (with None: any pooled state)."""
         self._activate()
         if names is None:
-            chosen = list(self.spec.states)
+            chosen = list(self.manifest.states)
         elif isinstance(names, (list, tuple, set, frozenset)):
             chosen = list(names)
         else:

@@ -90,7 +90,7 @@ class StepMethods:
         spec, alloc = self._buffer(name)  # type: ignore[attr-defined]
         if spec.placement != "host" or not alloc.host_address:
             raise ApiError(f"buffer {name!r} is placed on the {spec.placement}; host_array needs placement host")
-        shape = tuple(spec.shape_at(self.spec.max_values))
+        shape = tuple(spec.shape_at(self.max_values))
         dtype = numpy_dtype(spec.dtype)
         count = math.prod(shape)
         return alloc.host_view()[: count * dtype.itemsize].view(dtype).reshape(shape)
@@ -112,7 +112,7 @@ class StepMethods:
         require = getattr(self, "_require_ready", None)
         if require is not None:
             require(state)
-        values = normalise_vars(vars, self.spec.vars, state.reads, program)
+        values = normalise_vars(vars, self.manifest.vars, state.reads, program)
         self._patch(state, values)  # type: ignore[attr-defined]
         enqueue_one = getattr(self, "_enqueue_record", None) or self._enqueue_one
         for index, rec in enumerate(state.records):
@@ -130,7 +130,7 @@ class StepMethods:
 
                 blas = getattr(self, "_blas")
                 assert blas is not None
-                g = gemm_call(rec.launch.extern, rec.args, rec.launch.path)
-                blas.matmul(g, int(self.stream), rec.launch.algo, rec.launch.path)
+                g = gemm_call(rec.name, rec.args, rec.path)
+                blas.matmul(g, int(self.stream), rec.algo, rec.path)
         except KernError as exc:
             raise CallError(state.name, rec.call_index, rec.op, exc) from exc
