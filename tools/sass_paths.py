@@ -33,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "packages" / "kern-runtime" / "src"))
 
-from kern_runtime import sass  # noqa: E402  (cuobjdump discovery, disassembly and the SASS line format)
+from kern_runtime.cuda import sass  # noqa: E402  (cuobjdump discovery, disassembly and the SASS line format)
 
 _TARGET = re.compile(r"0x([0-9a-f]+)\s*$")
 
@@ -111,7 +111,7 @@ def unwaited_exits(instrs: list[Instr]) -> list[int]:
 
 
 def cubin_functions(cubin: Path, cuobjdump: str) -> dict[str, list[Instr]]:
-    """Every function of a cubin, disassembled with `cuobjdump -sass` (kern_runtime.sass.disassemble: nvdisasm
+    """Every function of a cubin, disassembled with `cuobjdump -sass` (kern_runtime.cuda.sass.disassemble: nvdisasm
     beside cuobjdump, on NVDISASM_PATH or from the wheels). Raises SassPathError when the cubin is not a file,
     the disassembly fails or lists no function (nothing to prove: never "every path waits")."""
     if not cubin.is_file():

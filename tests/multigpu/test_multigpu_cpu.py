@@ -15,11 +15,11 @@ from mg_helpers import FIXTURES, REPO, barrier_manifest, nccl_manifest, referenc
 
 from kern_manifest import ManifestVerifyError, find_faults, parse_manifest, verify
 from kern_runtime import ApiError, KernelArtifactError, ManifestError
-from kern_runtime import sass
-from kern_runtime.memory import Allocation
-from kern_runtime.nccl import NCCL_ENV_DEFAULTS, check_extent, element_counts, nccl_call, pin_nccl_env, split_extern
-from kern_runtime.peers import Offer, PeerBlock, PeerHandle, check_offers, export_handle, missing_peer_tables
-from kern_runtime.records import AddressBook, compile_program
+from kern_runtime.cuda import sass
+from kern_runtime.cuda.memory import Allocation
+from kern_runtime.cuda.nccl import NCCL_ENV_DEFAULTS, check_extent, element_counts, nccl_call, pin_nccl_env, split_extern
+from kern_runtime.multigpu.peers import Offer, PeerBlock, PeerHandle, check_offers, export_handle, missing_peer_tables
+from kern_runtime.program.records import AddressBook, compile_program
 from kern_runtime.runtime import ProgramState, Runtime, load_spec
 from kern_manifest import Buffer, Expr, RowsSegment
 from kern_runtime.weights.plan import plan_bind

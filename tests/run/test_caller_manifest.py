@@ -386,7 +386,7 @@ def test_committed_manifest_is_current(fname: str, tmp_path: Path, capsys: pytes
 def test_runtime_compiles_every_call(fname: str) -> None:
     """The runtime's (pure) record compiler accepts every call of the committed manifests at fake addresses,
     and the decode step reads only tokens and seqs (its graph key)."""
-    records = pytest.importorskip("kern_runtime.records")
+    records = pytest.importorskip("kern_runtime.program.records")
     from kern_runtime import load_spec
 
     path = ROOT / "manifests" / fname

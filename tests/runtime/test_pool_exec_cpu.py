@@ -10,9 +10,9 @@ import pytest
 
 import kern_pool
 from kern_pool import Copies, HostCopies, Layout, PageCopy, SlotCopy
-from kern_runtime import host_tier, pool_exec, pooled, remap
-from kern_runtime.host_tier import Copy2D, HostGeometry, class_copies, host_copies
-from kern_runtime.pool_exec import ClassGeometry, DtoD, Memset, copy_ops, id_runs, pair_runs, plan_ops, zero_ops
+from kern_runtime.kv import host_tier, pool_exec, pooled, remap
+from kern_runtime.kv.host_tier import Copy2D, HostGeometry, class_copies, host_copies
+from kern_runtime.kv.pool_exec import ClassGeometry, DtoD, Memset, copy_ops, id_runs, pair_runs, plan_ops, zero_ops
 
 MIB = 1 << 20
 

@@ -22,7 +22,7 @@ from runtime_helpers import KERNELS_DIR
 
 from kern_pool import Busy, ExceedsPool, Misuse, Remapping
 from kern_runtime import Capacity, Lease, Runtime
-from kern_runtime.driver import call
+from kern_runtime.cuda.driver import call
 
 pytestmark = pytest.mark.gpu
 

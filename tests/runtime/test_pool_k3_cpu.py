@@ -20,8 +20,9 @@ import pytest
 import kern_pool
 from fake_cuda import FakeDriver, fake_cuda  # noqa: F401 - the fixture
 from kern_pool import Copies, HostCopies, Layout, PageCopy, SlotCopy
-from kern_runtime import ApiError, Capacity, Runtime, pooled
-from kern_runtime.host_tier import HostGeometry
+from kern_runtime import ApiError, Capacity, Runtime
+from kern_runtime.kv import pooled
+from kern_runtime.kv.host_tier import HostGeometry
 from runtime_helpers import base_manifest
 from test_pool_exec_cpu import FakeRuntime, Recorder, rec  # noqa: F401 - rec is the fixture
 

@@ -16,7 +16,7 @@ from kern_runtime import (
 from kern_runtime.errors import CudaError
 from kern_runtime.runtime import load_spec
 from runtime_helpers import state_of
-from kern_runtime.tensormaps import tiled_args
+from kern_runtime.cuda.tensormaps import tiled_args
 
 MiB = 1 << 20
 
@@ -84,7 +84,7 @@ def test_tiled_args() -> None:
 
 
 def test_ledger_frees_last_first_and_keeps_going_after_a_failure() -> None:
-    from kern_runtime.memory import Allocation, Ledger
+    from kern_runtime.cuda.memory import Allocation, Ledger
 
     freed: list[str] = []
 

@@ -13,7 +13,7 @@ from fake_cuda import FakeDriver, fake_cuda  # noqa: F401 - the fixture
 from kern_runtime import (
     KERN_ERRORS, ApiError, Capacity, HostTensors, Runtime, WeightArtifactError,
 )
-from kern_runtime.graphs import normalise_vars
+from kern_runtime.cuda.graphs import normalise_vars
 from kern_manifest import Var
 from runtime_helpers import base_manifest
 
@@ -219,7 +219,7 @@ def test_reserve_host_refuses_bad_counts_before_allocating(fake_cuda: FakeDriver
 def test_reserve_host_refuses_more_than_physical_memory(fake_cuda: FakeDriver, tmp_path: Path,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """A host tier larger than the machine's memory is refused before anything is pinned; one that fits is not."""
-    import kern_runtime.pooled as pooled
+    import kern_runtime.kv.pooled as pooled
 
     with load_pool(tmp_path) as rt:
         monkeypatch.setattr(pooled, "host_memory_bytes", lambda: 1 << 20)

@@ -11,7 +11,7 @@ import pytest
 from runtime_helpers import base_manifest, scale_op
 
 from kern_runtime import KernelArtifactError, ManifestError, ManifestParseError, ManifestVerifyError
-from kern_runtime.modules import choose_instance, function_attributes, module_path, read_pinned_modules
+from kern_runtime.cuda.modules import choose_instance, function_attributes, module_path, read_pinned_modules
 from kern_runtime.runtime import load_spec
 from kern_manifest import Launch
 

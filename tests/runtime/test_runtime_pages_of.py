@@ -11,8 +11,8 @@ from runtime_helpers import base_manifest
 
 from kern_pool.blocks import PAGES, Blocks
 from kern_runtime import ApiError, Capacity, ManifestError, plan_pool
-from kern_runtime.params import encode_pointer, encode_scalar
-from kern_runtime.records import AddressBook, ExternRecord, KernelRecord, compile_program, program_reads
+from kern_runtime.program.params import encode_pointer, encode_scalar
+from kern_runtime.program.records import AddressBook, ExternRecord, KernelRecord, compile_program, program_reads
 from kern_runtime.runtime import Runtime, load_spec
 from kern_manifest import PagesOf
 from runtime_helpers import state_of

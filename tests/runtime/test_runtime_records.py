@@ -9,9 +9,9 @@ from runtime_helpers import base_manifest, scale_op
 
 from kern_manifest import var_max, var_min
 from kern_runtime import ApiError, ManifestVerifyError
-from kern_runtime.graphs import graph_key, normalise_vars
-from kern_runtime.params import encode_pointer, encode_scalar
-from kern_runtime.records import AddressBook, ExternRecord, KernelRecord, args_at_range_ends, compile_program as compile_call_table, program_reads
+from kern_runtime.cuda.graphs import graph_key, normalise_vars
+from kern_runtime.program.params import encode_pointer, encode_scalar
+from kern_runtime.program.records import AddressBook, ExternRecord, KernelRecord, args_at_range_ends, compile_program as compile_call_table, program_reads
 from kern_runtime.runtime import load_spec
 
 SHA = "ab" * 32

@@ -11,9 +11,9 @@ import struct
 
 from runtime_helpers import base_manifest
 
-from kern_runtime.graphs import graph_key
-from kern_runtime.params import encode_pointer
-from kern_runtime.records import AddressBook, ExternRecord, KernelRecord, compile_program, program_reads
+from kern_runtime.cuda.graphs import graph_key
+from kern_runtime.program.params import encode_pointer
+from kern_runtime.program.records import AddressBook, ExternRecord, KernelRecord, compile_program, program_reads
 from kern_runtime.runtime import load_spec
 
 SHA = "ab" * 32

@@ -2,7 +2,7 @@
 
 The target's manifest `<dir>/<name>.json` names the TP=1 model; the rank manifests are
 `<dir>/<name>-tp<N>-r<rank>.json` (tools/gen_qwen3_tp.py). Each rank loads its manifest with
-`ranks={"tp": rank}`, the runtimes are joined with `kern_runtime.multigpu.connect_local` (peers, and
+`ranks={"tp": rank}`, the runtimes are joined with `kern_runtime.multigpu.connect.connect_local` (peers, and
 every NCCL communicator inside one group call), and the ordinary `Generator` drives a `TpRuntime`:
 inputs are written to every rank, programs are issued through the `LocalGroup` (the ranks' calls
 interleaved, NCCL collectives grouped, decode captured as one graph per rank), outputs are read from
@@ -110,7 +110,7 @@ def open_tp(cfg: RunConfig, tp: int, eos_ids: frozenset[int], log: Any,
     `facts`: what `tp_preflight` returned, when the caller ran it already. Returns (generator, facts of
     rank 0). Raises RefusalError / kern_runtime.KernError."""
     from kern_runtime import Capacity, Runtime, SafetensorsTensors
-    from kern_runtime.multigpu import connect_local
+    from kern_runtime.multigpu.connect import connect_local
 
     if facts is None:
         facts = tp_preflight(cfg, tp)

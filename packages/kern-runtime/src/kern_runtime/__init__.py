@@ -11,15 +11,15 @@
 `import kern_runtime` does not load CUDA: the driver, cuBLASLt and NCCL are imported on first use.
 """
 
-from .capacity import Capacity, PoolLayout, plan_pool
+from .kv.capacity import Capacity, PoolLayout, plan_pool
 from .errors import (
     KERN_ERRORS, ApiError, BlasError, CallError, CudaError, DriverError, KernelArtifactError, KernError,
     ManifestError, ManifestParseError, ManifestVerifyError, WeightArtifactError,
 )
-from .params import ParamBlock, encode_pointer, encode_scalar
-from .pooled import Checkpoint, Lease, Waking
+from .program.params import ParamBlock, encode_pointer, encode_scalar
+from .kv.pooled import Checkpoint, Lease, Waking
 from .runtime import ReadbackHandle, Resident, Runtime, load_spec
-from .stepping import EventHandle
+from .program.stepping import EventHandle
 from .weights import (
     BindPlan, Blob, Copy, DeviceBlob, FileBlob, HostBlob, HostTensors, SafetensorsTensors, TensorMeta, Tensors,
     plan_bind,

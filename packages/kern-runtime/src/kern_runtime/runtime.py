@@ -25,29 +25,29 @@ from typing import Any, Callable, Mapping
 import numpy as np
 from kern_manifest import Buffer, ExternLaunch, Launch, Manifest, var_max, var_min
 
-from .blas import EXTERN_GEMMS, WORKSPACE_BYTES, Blas, check_algo_keys, gemm_call
-from .capacity import Capacity, PoolLayout, plan_pool
-from .driver import call, cu
-from .dtypes import item_bytes, numpy_dtype
+from .cuda.blas import EXTERN_GEMMS, WORKSPACE_BYTES, Blas, check_algo_keys, gemm_call
+from .kv.capacity import Capacity, PoolLayout, plan_pool
+from .cuda.driver import call, cu
+from .cuda.dtypes import item_bytes, numpy_dtype
 from .errors import (
     ApiError, CallError, KernError, KernelArtifactError, ManifestParseError, ManifestVerifyError,
     WeightArtifactError, int_arg,
 )
-from .graphs import GraphCache, graph_key, normalise_vars
-from .host_tier import event_done
-from .launch import launch_kernel
-from .memory import Allocation, Ledger, vmm_granularity_bytes
-from .modules import (
+from .cuda.graphs import GraphCache, graph_key, normalise_vars
+from .kv.host_tier import event_done
+from .cuda.launch import launch_kernel
+from .cuda.memory import Allocation, Ledger, vmm_granularity_bytes
+from .cuda.modules import (
     function_attributes, load_module, raise_shared_limit, read_pinned_modules, resolve_function, set_shared_carveout,
 )
-from .multigpu import PeerMethods, is_nccl
-from .pooled import PoolMethods, PoolState
-from .records import (
+from .multigpu.connect import PeerMethods, is_nccl
+from .kv.pooled import PoolMethods, PoolState
+from .program.records import (
     AddressBook, ExternRecord, KernelRecord, Record, args_at_range_ends, compile_program, launch_path,
     program_reads, when_of,
 )
-from .state_access import StateMethods
-from .stepping import StepMethods
+from .kv.state_access import StateMethods
+from .program.stepping import StepMethods
 from .weights.loader import Progress, Target, WeightLoader
 from .weights.plan import BindPlan, Copy, plan_bind
 from .weights.tensors import Tensors
@@ -377,7 +377,7 @@ class Runtime(PoolMethods, PeerMethods, StepMethods, StateMethods):
         return AddressBook(targets, scratch, self._ranks, pages, reserve)
 
     def _compile(self, name: str, book: AddressBook) -> ProgramState:
-        from .tensormaps import encode_tiled
+        from .cuda.tensormaps import encode_tiled
 
         program = self.manifest.programs[name]
         records, calls = compile_program(self.manifest, name, book, lambda op, li: self._functions[(op, li)], encode_tiled)

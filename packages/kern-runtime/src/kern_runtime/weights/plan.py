@@ -24,7 +24,7 @@ from typing import Callable, Iterator, Mapping
 
 from kern_manifest import Buffer, DerivedSegment, InterleaveSegment, RowsSegment, TensorSegment
 
-from ..dtypes import item_bytes
+from ..cuda.dtypes import item_bytes
 from ..errors import WeightArtifactError
 from .tensors import TensorMeta
 

@@ -11,7 +11,7 @@ import importlib
 from types import ModuleType
 from typing import Any
 
-from .errors import CudaError, DriverError
+from ..errors import CudaError, DriverError
 
 
 def cu() -> ModuleType:

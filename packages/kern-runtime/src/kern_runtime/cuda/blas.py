@@ -23,7 +23,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from .errors import ApiError, BlasError, KernelArtifactError, ManifestError
+from ..errors import ApiError, BlasError, KernelArtifactError, ManifestError
 
 WORKSPACE_BYTES = 32 * 1024 * 1024
 

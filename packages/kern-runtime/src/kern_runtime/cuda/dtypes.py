@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 from kern_manifest import DTYPE_BYTES
 
-from .errors import ApiError
+from ..errors import ApiError
 
 NUMPY_DTYPE: dict[str, np.dtype] = {
     "bf16": np.dtype("<u2"), "f16": np.dtype("<f2"), "f32": np.dtype("<f4"), "f64": np.dtype("<f8"),

@@ -20,11 +20,11 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from .driver import call, cu
-from .dtypes import numpy_dtype
-from .errors import ApiError, CallError, KernError
-from .graphs import normalise_vars
-from .launch import launch_kernel
+from ..cuda.driver import call, cu
+from ..cuda.dtypes import numpy_dtype
+from ..errors import ApiError, CallError, KernError
+from ..cuda.graphs import normalise_vars
+from ..cuda.launch import launch_kernel
 from .records import KernelRecord, Record
 
 
@@ -126,7 +126,7 @@ class StepMethods:
             if isinstance(rec, KernelRecord):
                 launch_kernel(rec, self.stream)
             else:
-                from .blas import gemm_call
+                from ..cuda.blas import gemm_call
 
                 blas = getattr(self, "_blas")
                 assert blas is not None

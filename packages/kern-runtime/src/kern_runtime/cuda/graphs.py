@@ -13,7 +13,7 @@ from typing import Any, Callable, Mapping
 from kern_manifest import Var
 
 from .driver import call, cu
-from .errors import ApiError, as_integer
+from ..errors import ApiError, as_integer
 
 GraphKey = tuple[str, tuple[tuple[str, int], ...]]
 

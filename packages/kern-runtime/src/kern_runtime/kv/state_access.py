@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from .driver import call
-from .errors import ApiError, int_arg
+from ..cuda.driver import call
+from ..errors import ApiError, int_arg
 
 
 class StateMethods:

@@ -17,7 +17,7 @@ from kern_manifest import State
 from kern_pool.errors import PoolError
 from kern_pool.sizing import Capacity, Layout, PooledState
 
-from .errors import ApiError
+from ..errors import ApiError
 
 __all__ = ["Capacity", "PoolLayout", "plan_pool"]
 

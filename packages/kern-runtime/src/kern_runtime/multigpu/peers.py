@@ -29,8 +29,8 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from .driver import call, cu
-from .errors import ApiError, DriverError
+from ..cuda.driver import call, cu
+from ..errors import ApiError, DriverError
 
 OFFER_MAGIC = b"KERN-OFFER/1\n"
 FABRIC_HANDLE_BYTES = 64

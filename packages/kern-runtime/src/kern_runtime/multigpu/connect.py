@@ -25,13 +25,13 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 from kern_manifest import ExternLaunch, Launch, RankWiring, Ref
 
-from .driver import call, cu
-from .errors import ApiError, CallError, KernError, KernelArtifactError, ManifestError
-from .graphs import graph_key, normalise_vars
-from .memory import vmm_granularity_bytes
-from .nccl import Communicator, NcclCall, check_extent, group_end, group_start, nccl_call, pin_nccl_env, unique_id
+from ..cuda.driver import call, cu
+from ..errors import ApiError, CallError, KernError, KernelArtifactError, ManifestError
+from ..cuda.graphs import graph_key, normalise_vars
+from ..cuda.memory import vmm_granularity_bytes
+from ..cuda.nccl import Communicator, NcclCall, check_extent, group_end, group_start, nccl_call, pin_nccl_env, unique_id
 from .peers import Offer, PeerHandle, check_offers, export_handle, fabric_wanted, map_peer, missing_peer_tables, vmm_with_fallback
-from .records import NCCL_EXTERNS, ExternRecord, args_at_range_ends, call_sites, launch_path
+from ..program.records import NCCL_EXTERNS, ExternRecord, args_at_range_ends, call_sites, launch_path
 
 
 def nccl_group(launch: ExternLaunch, path: str) -> str:
@@ -103,7 +103,7 @@ class PeerMethods:
     def _scan_peer_launches(self, images: Mapping[str, bytes]) -> None:
         """Every kernel launch of an op that some call passes peer-reachable memory has its SASS
         checked for multicast instructions (sass.py; KernelArtifactError)."""
-        from .sass import check_peer_launch
+        from ..cuda.sass import check_peer_launch
 
         sensitive = self._peer_sensitive()
         if not sensitive:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from .driver import call, check, cu
-from .errors import DriverError, KernelArtifactError, ManifestError
+from ..errors import DriverError, KernelArtifactError, ManifestError
 
 Layout = tuple[tuple[int, int], ...]
 

@@ -31,9 +31,9 @@ from kern_manifest import (
     Wiring, encoding_size,
 )
 
-from .errors import ApiError, ManifestError
+from ..errors import ApiError, ManifestError
 from .params import INT_RANGES, ParamBlock, encode_pointer, encode_scalar
-from .tensormaps import fill_dim, resolve_fill
+from ..cuda.tensormaps import fill_dim, resolve_fill
 
 Values = Mapping[str, int]
 When = tuple[tuple[str, Expr, Expr], ...]
