@@ -1,12 +1,21 @@
 """kern-runtime: kern's executor.
 
+    import numpy as np
     from kern_runtime import Runtime, Capacity, SafetensorsTensors, KernError
-    tensors = SafetensorsTensors.open("weights/Qwen3-4B")
-    with Runtime.load("manifests/qwen3-4b.json", "kernels", tensors, gpu=0,
+    tensors = SafetensorsTensors.open("models/qwen3-tiny-en")
+    with Runtime.load("manifests/qwen3-tiny-en.json", "kernels", tensors, gpu=0,
                       capacity=Capacity(tokens=4096, seqs=1)) as rt:
-        rt.write_input("token_ids", ids)
-        rt.issue("decode", {"tokens": 1})
-        token = rt.read_output("next_token")
+        lease = rt.lease(1)                                      # pages for one token
+        rt.write_input("token_ids", np.array([42], np.int32))    # the prompt's one token
+        rt.write_input("positions", np.array([0], np.int32))
+        rt.write_input("seq_lens", np.array([1], np.int32))
+        rt.write_input("slot_mapping", lease.slots(0, 1))
+        rt.write_input("block_table", rt.block_table([lease], width=128))
+        rt.issue("decode", {"tokens": 1, "seqs": 1})             # every var the program reads
+        token = rt.read_output("next_token")                     # synchronises
+
+(from the repository root: the tiny checkpoint and its manifest are committed; tests/runtime/
+test_docstring_example_cpu.py runs this block against the fake driver.)
 
 `import kern_runtime` does not load CUDA: the driver, cuBLASLt and NCCL are imported on first use.
 """

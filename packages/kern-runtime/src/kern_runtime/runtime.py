@@ -27,7 +27,7 @@ from kern_manifest import Buffer, ExternLaunch, Launch, Manifest, var_max, var_m
 
 from .cuda.blas import EXTERN_GEMMS, WORKSPACE_BYTES, Blas, check_algo_keys, gemm_call
 from .kv.capacity import Capacity, PoolLayout, plan_pool
-from .cuda.driver import call, cu
+from .cuda.driver import call, cu, init_driver
 from .cuda.dtypes import item_bytes, numpy_dtype
 from .errors import (
     ApiError, CallError, KernError, KernelArtifactError, ManifestParseError, ManifestVerifyError,
@@ -261,7 +261,7 @@ class Runtime(PoolMethods, PeerMethods, StepMethods, StateMethods):
         return self.manifest
 
     def _open_context(self, gpu: int) -> None:
-        call("cuInit", 0)
+        init_driver()  # CudaError (not cuda.pathfinder's exception) when libcuda cannot be loaded
         count = int(call("cuDeviceGetCount"))
         if not 0 <= gpu < count:
             raise ApiError(f"gpu {gpu} does not exist: {count} device(s) visible")
