@@ -16,6 +16,8 @@ from .model import ExternLaunch, Manifest
 from .files import format_bytes as _bytes
 from .files import read_manifest_bytes
 from .parse import parse_manifest
+
+__all__ = ["check", "main"]  # `kern manifest check` (kern_run.cli) runs `check` itself
 from .verify import verify
 
 

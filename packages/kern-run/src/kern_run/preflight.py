@@ -201,8 +201,8 @@ def read_safetensors_header(path: Path) -> dict[str, tuple[str, tuple[int, ...]]
 
     kern_runtime's reader: the header is capped at 100 MiB, every entry needs a known dtype, a shape and
     data offsets that agree with it and end inside the file (a truncated shard is refused here)."""
-    from kern_runtime.errors import WeightArtifactError
-    from kern_runtime.weights import read_safetensors_header as read_header
+    from kern_runtime import WeightArtifactError
+    from kern_runtime import read_safetensors_header as read_header
 
     try:
         entries = read_header(path)
@@ -213,8 +213,7 @@ def read_safetensors_header(path: Path) -> dict[str, tuple[str, tuple[int, ...]]
 
 def _index_shards(index: Path) -> list[str]:
     """kern_runtime's reading of model.safetensors.index.json, its refusal as a WeightsError."""
-    from kern_runtime.errors import WeightArtifactError
-    from kern_runtime.weights.safetensors import index_shards
+    from kern_runtime import WeightArtifactError, index_shards
 
     try:
         return index_shards(index)

@@ -20,16 +20,11 @@ def eval_at_max(dim: Any, var_max: dict[str, int]) -> int:
     if isinstance(dim, int):
         return dim
     try:
-        from kern_manifest.expr import parse_expr  # type: ignore[attr-defined]
+        from kern_manifest import parse_expr
 
         return int(parse_expr(dim).eval(var_max))
-    except Exception:  # noqa: BLE001 - fall back to the runtime's compiler, then to a plain lookup
-        try:
-            from kern_runtime.exprs import compile_expr
-
-            return int(compile_expr(dim).eval(var_max))
-        except Exception:  # noqa: BLE001
-            return int(var_max.get(str(dim).strip(), 0))
+    except Exception:  # noqa: BLE001 - fall back to a plain lookup
+        return int(var_max.get(str(dim).strip(), 0))
 
 
 def buffer_bytes(buf: dict[str, Any], var_max: dict[str, int]) -> int:

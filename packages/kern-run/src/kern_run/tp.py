@@ -110,7 +110,7 @@ def open_tp(cfg: RunConfig, tp: int, eos_ids: frozenset[int], log: Any,
     `facts`: what `tp_preflight` returned, when the caller ran it already. Returns (generator, facts of
     rank 0). Raises RefusalError / kern_runtime.KernError."""
     from kern_runtime import Capacity, Runtime, SafetensorsTensors
-    from kern_runtime.multigpu.connect import connect_local
+    from kern_runtime import connect_local
 
     if facts is None:
         facts = tp_preflight(cfg, tp)

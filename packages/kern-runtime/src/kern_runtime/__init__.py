@@ -26,19 +26,23 @@ from .errors import (
     ManifestError, ManifestParseError, ManifestVerifyError, WeightArtifactError,
 )
 from .program.params import ParamBlock, encode_pointer, encode_scalar
-from .kv.pooled import Checkpoint, Lease, Waking
-from .runtime import ReadbackHandle, Resident, Runtime, load_spec
+from .kv.pooled import DeviceCheckpoint, DeviceLease, DeviceWaking
+from .multigpu.connect import LocalGroup, connect_local
+from .multigpu.peers import Offer, PeerHandle
+from .runtime import ReadbackHandle, ResidentWeights, Runtime, load_spec
 from .program.stepping import EventHandle
+from .weights.loader import STAGING_BYTES
 from .weights import (
     BindPlan, Blob, Copy, DeviceBlob, FileBlob, HostBlob, HostTensors, SafetensorsTensors, TensorMeta, Tensors,
-    plan_bind,
+    index_shards, parse_safetensors_header, plan_bind, read_safetensors_header,
 )
 
 __all__ = [
     "KERN_ERRORS", "ApiError", "BindPlan", "BlasError", "Blob", "CallError", "Capacity", "Copy", "CudaError",
     "DeviceBlob", "DriverError", "EventHandle", "FileBlob", "HostBlob", "HostTensors", "KernError", "KernelArtifactError",
     "ManifestError", "ManifestParseError", "ManifestVerifyError", "ParamBlock", "PoolLayout", "ReadbackHandle",
-    "Resident", "Runtime", "SafetensorsTensors", "TensorMeta", "Tensors", "WeightArtifactError",
+    "ResidentWeights", "Runtime", "SafetensorsTensors", "TensorMeta", "Tensors", "WeightArtifactError",
     "encode_pointer", "encode_scalar", "load_spec", "plan_bind", "plan_pool",
-    "Checkpoint", "Lease", "Waking",
+    "DeviceCheckpoint", "DeviceLease", "DeviceWaking", "LocalGroup", "Offer", "PeerHandle", "connect_local", "index_shards",
+    "parse_safetensors_header", "read_safetensors_header", "STAGING_BYTES",
 ]

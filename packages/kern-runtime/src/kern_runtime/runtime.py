@@ -104,7 +104,7 @@ class ProgramState:
 
 
 @dataclass
-class Resident:
+class ResidentWeights:
     """Device weight buffers kept from a closed runtime for `Runtime.load(..., resident=...)`.
 
     `buffers`: identity key (see `weight_identity`) -> Allocation. Holds a reference on the GPU's
@@ -196,8 +196,8 @@ class Runtime(PoolMethods, PeerMethods, StepMethods, StateMethods):
     @classmethod
     def load(cls, manifest: Any, kernels_dir: str | os.PathLike[str], tensors: Tensors | None, gpu: int = 0,
              capacity: Capacity = Capacity(tokens=4096, seqs=1), progress: Progress | None = None, *,
-             ranks: Mapping[str, int | tuple[int, int]] | None = None, resident: Resident | None = None,
-             threads: int | None = None) -> "Runtime":
+             ranks: Mapping[str, int | tuple[int, int]] | None = None, resident: ResidentWeights | None = None,
+             threads: int | None = None, staging_bytes: int | None = None) -> "Runtime":
         """Load `manifest` (path, JSON, dict or kern_manifest.Manifest) on device `gpu`.
 
         `kernels_dir`: directory of `<module>-<sha12>.cubin`; `tensors`: the checkpoint (None only
@@ -205,7 +205,9 @@ class Runtime(PoolMethods, PeerMethods, StepMethods, StateMethods):
         `progress(bytes_done, bytes_total)`: weight-load progress (worker threads); `ranks`: this
         process's place per topology group, `{group: index}` or `{group: (index, size)}` (a given size
         must equal the manifest's size of the group); `resident`: device weights kept by `into_resident()` on
-        the same GPU; `threads`: weight-loading threads (an int >= 1; None: one per CPU, at most 16).
+        the same GPU; `threads`: weight-loading threads (an int >= 1; None: one per CPU, at most 16);
+        `staging_bytes`: bytes of each loading thread's two pinned staging buffers (an int >= 1; None: the
+        loader's 8 MiB).
         Raises ManifestParseError/ManifestVerifyError, KernelArtifactError, WeightArtifactError,
         ApiError (an argument of the wrong type or value, named in the message: kernels_dir, tensors,
         gpu, capacity, progress, ranks, resident of another GPU, threads; a capacity kern_pool refuses
@@ -214,6 +216,8 @@ class Runtime(PoolMethods, PeerMethods, StepMethods, StateMethods):
         """
         gpu, ranks_, sizes, threads = _check_load_args(kernels_dir, tensors, gpu, capacity, progress, ranks,
                                                        resident, threads)
+        if staging_bytes is not None:
+            staging_bytes = int_arg(staging_bytes, "staging_bytes", 1)
         rt = cls()
         rt._set_manifest(load_spec(manifest))
         rt.gpu = gpu
@@ -227,7 +231,7 @@ class Runtime(PoolMethods, PeerMethods, StepMethods, StateMethods):
             rt._compile_programs()
             rt._check_algo_pins()
             rt._check_nccl_records()
-            rt._bind_weights(tensors, progress, threads)
+            rt._bind_weights(tensors, progress, threads, staging_bytes)
             rt._run_once_programs()
             call("cuStreamSynchronize", rt.stream)
         except BaseException:
@@ -240,13 +244,13 @@ class Runtime(PoolMethods, PeerMethods, StepMethods, StateMethods):
         return rt
 
     @classmethod
-    def load_over(cls, resident: Resident, manifest: Any, kernels_dir: str | os.PathLike[str], tensors: Tensors | None,
+    def load_over(cls, resident: ResidentWeights, manifest: Any, kernels_dir: str | os.PathLike[str], tensors: Tensors | None,
                   **kwargs: Any) -> "Runtime":
         """`load` reusing identical device weight buffers from `resident`, on its GPU unless `gpu` says
-        otherwise. Raises like `load` (ApiError when `resident` is not a Resident or lives on another GPU:
+        otherwise. Raises like `load` (ApiError when `resident` is not a ResidentWeights or lives on another GPU:
         `load` checks the GPU)."""
-        if not isinstance(resident, Resident):
-            raise ApiError(f"load_over: resident must be a Resident (from into_resident()), got {type(resident).__name__}")
+        if not isinstance(resident, ResidentWeights):
+            raise ApiError(f"load_over: resident must be a ResidentWeights (from into_resident()), got {type(resident).__name__}")
         kwargs.setdefault("gpu", resident.gpu)
         return cls.load(manifest, kernels_dir, tensors, resident=resident, **kwargs)
 
@@ -301,7 +305,7 @@ class Runtime(PoolMethods, PeerMethods, StepMethods, StateMethods):
             if attrs.carveout is not None:
                 set_shared_carveout(attrs.function, attrs.carveout)
 
-    def _allocate(self, capacity: Capacity, resident: Resident | None) -> None:
+    def _allocate(self, capacity: Capacity, resident: ResidentWeights | None) -> None:
         spec, maxv = self.manifest, self.max_values
         granularity = None
         for name, buf in spec.buffers.items():
@@ -403,7 +407,8 @@ class Runtime(PoolMethods, PeerMethods, StepMethods, StateMethods):
                 for args in args_at_range_ends(rec, minv, maxv):
                     self._blas.plan(gemm_call(rec.name, args, rec.path), rec.algo, rec.path)
 
-    def _bind_weights(self, tensors: Tensors | None, progress: Progress | None, threads: int | None) -> None:
+    def _bind_weights(self, tensors: Tensors | None, progress: Progress | None, threads: int | None,
+                      staging_bytes: int | None = None) -> None:
         maxv = self.max_values
         targets = []
         for name, buf in self.manifest.buffers.items():
@@ -412,7 +417,7 @@ class Runtime(PoolMethods, PeerMethods, StepMethods, StateMethods):
             shape = buf.shape_at(maxv)
             key = weight_identity(buf, shape)
             if key in self._weights:
-                continue  # claimed from a Resident: already filled
+                continue  # claimed from a ResidentWeights: already filled
             if tensors is None:
                 raise ApiError(f"buffer {name!r} binds checkpoint tensors, but no tensors were given")
             plan = plan_bind(buf, tensors.meta, maxv)
@@ -425,7 +430,8 @@ class Runtime(PoolMethods, PeerMethods, StepMethods, StateMethods):
         nbytes = 0
         if targets:
             assert tensors is not None
-            loader = WeightLoader(tensors, self.context, threads=threads, progress=progress)
+            loader = WeightLoader(tensors, self.context, threads=threads, progress=progress,
+                                  staging_bytes=staging_bytes)
             nbytes, _ = loader.run(targets)
             self.weight_load_timings = dict(loader.timings)
         for program in derive:
@@ -754,7 +760,7 @@ class Runtime(PoolMethods, PeerMethods, StepMethods, StateMethods):
 
     # ------------------------------------------------------------ lifetime
 
-    def into_resident(self) -> Resident:
+    def into_resident(self) -> ResidentWeights:
         """Close this runtime but keep its device weight buffers (checkpoint-bound, not derived)
         for `Runtime.load(..., resident=...)` / `load_over` on the same GPU."""
         self._activate()
@@ -763,7 +769,7 @@ class Runtime(PoolMethods, PeerMethods, StepMethods, StateMethods):
         self._weights.clear()
         device = call("cuDeviceGet", self.gpu)
         call("cuDevicePrimaryCtxRetain", device)  # the resident keeps the context alive
-        resident = Resident(self.gpu, self.context, device, kept)
+        resident = ResidentWeights(self.gpu, self.context, device, kept)
         self.close()
         return resident
 
@@ -819,8 +825,8 @@ def _check_load_args(kernels_dir: Any, tensors: Any, gpu: Any, capacity: Any, pr
         else:
             checked[group] = int_arg(rank, f"ranks[{group!r}]")
     if resident is not None:
-        if not isinstance(resident, Resident):
-            raise ApiError(f"resident must be a Resident (from into_resident()), got {type(resident).__name__}")
+        if not isinstance(resident, ResidentWeights):
+            raise ApiError(f"resident must be a ResidentWeights (from into_resident()), got {type(resident).__name__}")
         if resident.gpu != gpu:
             raise ApiError(f"resident weights live on GPU {resident.gpu}, not {gpu}")
     if threads is not None:

@@ -50,53 +50,40 @@ T = TypeVar("T")
 MAX_PLANS_PER_REQUEST = 4  # a request needs at most one plan; a few more tolerate plans left by others
 
 
-class Lease:
-    """A live sequence on the device: its page ids (block-table row), slot mapping and per-seq slot.
+class _Inner:
+    """A read-only attribute forwarded to the kern_pool handle a device handle wraps (`.inner`): the device
+    handles add device facts and execution, never a second copy of kern_pool's state or logic."""
 
-    Wraps a kern_pool `Lease` (`inner`); see docs/pool.md for the semantics of each field.
-    """
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        if obj is None:
+            return self
+        return getattr(obj.inner, self.name)
+
+
+def _forwards(*names: str) -> Callable[[type[T]], type[T]]:
+    """Class decorator: each of `names` reads through to the kern_pool handle in `.inner`."""
+    def decorate(cls: type[T]) -> type[T]:
+        for name in names:
+            setattr(cls, name, _Inner(name))
+        return cls
+    return decorate
+
+
+@_forwards("page_ids", "slot", "seq_slot_id", "prefix_tokens", "frozen_tokens", "paged", "num_pages",
+           "capacity_tokens", "closed", "close")
+class DeviceLease:
+    """A kern_pool `Lease` (`inner`) on this runtime's device: kern_pool's facts (`page_ids()`, `slot(pos)`,
+    `seq_slot_id`, lengths, `closed`, `close()`) read through, plus what needs the device or the runtime: `slots` as an array, `grow` (which may execute a remap),
+    `seq_line` into a block table. See docs/pool.md for the semantics of each field."""
 
     __slots__ = ("_rt", "inner", "__weakref__")
 
     def __init__(self, rt: Any, inner: kern_pool.Lease) -> None:
         self._rt = rt
         self.inner = inner
-
-    def page_ids(self) -> list[int]:
-        """Page ids in sequence order (the block-table row)."""
-        return self.inner.page_ids()
-
-    def slot(self, pos: int) -> int:
-        """Slot-mapping value of position `pos`: page_id * page_tokens + pos % page_tokens (kern_pool refusals)."""
-        return self.inner.slot(pos)
-
-    @property
-    def seq_slot_id(self) -> int | None:
-        return self.inner.seq_slot_id
-
-    @property
-    def prefix_tokens(self) -> int:
-        return self.inner.prefix_tokens
-
-    @property
-    def frozen_tokens(self) -> int:
-        return self.inner.frozen_tokens
-
-    @property
-    def paged(self) -> bool:
-        return self.inner.paged
-
-    @property
-    def num_pages(self) -> int:
-        return self.inner.num_pages
-
-    @property
-    def capacity_tokens(self) -> int:
-        return self.inner.capacity_tokens
-
-    @property
-    def closed(self) -> bool:
-        return self.inner.closed
 
     def slots(self, start: int, stop: int) -> np.ndarray:
         """i32[stop - start]: slot-mapping values of positions start..stop-1 (same refusals as `slot`)."""
@@ -105,7 +92,7 @@ class Lease:
             self.inner.slot(stop - 1)
         pages = np.asarray(self.inner.page_ids(), dtype=np.int64)
         pos = np.arange(start, stop)
-        P = self.inner._pool.page_tokens
+        P = self.inner.pool.page_tokens
         return (pages[pos // P] * P + pos % P).astype(np.int32)
 
     def grow(self, num_tokens: int, *, wait: bool = True) -> None:
@@ -127,13 +114,10 @@ class Lease:
         if len(ids) > line.shape[0]:
             raise ApiError(f"lease holds {len(ids)} pages; block-table row {index} has room for {line.shape[0]}")
         line[: len(ids)] = ids
-        line[len(ids):] = self.inner._pool.scratch_page_id or 0
+        line[len(ids):] = self.inner.pool.scratch_page_id or 0
         return line
 
-    def close(self) -> bool:
-        return self.inner.close()
-
-    def __enter__(self) -> Lease:
+    def __enter__(self) -> DeviceLease:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -143,41 +127,17 @@ class Lease:
         return f"runtime {self.inner!r}"
 
 
-class Checkpoint:
-    """A kept prefix on the device (wraps a kern_pool `Checkpoint`; `Prefix` can keep it)."""
+@_forwards("num_tokens", "has_slot", "paged", "seq_slot_id", "closed", "page_ids", "close")
+class DeviceCheckpoint:
+    """A kern_pool `Checkpoint` (`inner`) kept on this runtime's device (`Prefix` can keep it); its facts are
+    kern_pool's, read through."""
 
     __slots__ = ("inner", "__weakref__")
 
     def __init__(self, inner: kern_pool.Checkpoint) -> None:
         self.inner = inner
 
-    @property
-    def num_tokens(self) -> int:
-        return self.inner.num_tokens
-
-    @property
-    def has_slot(self) -> bool:
-        return self.inner.has_slot
-
-    @property
-    def paged(self) -> bool:
-        return self.inner.paged
-
-    @property
-    def seq_slot_id(self) -> int | None:
-        return self.inner.seq_slot_id
-
-    @property
-    def closed(self) -> bool:
-        return self.inner.closed
-
-    def page_ids(self) -> list[int]:
-        return self.inner.page_ids()
-
-    def close(self) -> bool:
-        return self.inner.close()
-
-    def __enter__(self) -> Checkpoint:
+    def __enter__(self) -> DeviceCheckpoint:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -187,8 +147,8 @@ class Checkpoint:
         return f"runtime {self.inner!r}"
 
 
-class Waking:
-    """Pages being filled from the host on the transfer stream; `Runtime.awake` hands out the lease
+class DeviceWaking:
+    """A kern_pool `Waking` (`inner`): pages being filled from the host on the transfer stream; `Runtime.awake` hands out the lease
     once the copies have landed. `close()` before that waits for the copies, then releases the pages."""
 
     __slots__ = ("_rt", "inner", "_event", "__weakref__")
@@ -371,35 +331,35 @@ class PoolMethods:
             raise ApiError("the manifest declares no paged or per-seq states: there is no pool")
         return ps
 
-    def _own_lease(self, lease: Any, what: str) -> Lease:
+    def _own_lease(self, lease: Any, what: str) -> DeviceLease:
         """`lease` if it is a kern_runtime `Lease` of this runtime, else kern_pool `Misuse` (the pool
         layer refuses a closed one with `Closed`)."""
-        if not isinstance(lease, Lease):
-            raise Misuse(f"{what} needs a kern_runtime Lease of this runtime, got {type(lease).__name__}")
+        if not isinstance(lease, DeviceLease):
+            raise Misuse(f"{what} needs a kern_runtime DeviceLease of this runtime, got {type(lease).__name__}")
         if lease._rt is not self:
             raise Misuse(f"{what} with a lease of another pool (another runtime)")
         return lease
 
     @staticmethod
-    def _own_checkpoint(checkpoint: Any, what: str) -> Checkpoint:
+    def _own_checkpoint(checkpoint: Any, what: str) -> DeviceCheckpoint:
         """`checkpoint` if it is a kern_runtime `Checkpoint`, else kern_pool `Misuse` (the pool layer
         refuses one of another pool with `Misuse`, a closed one with `Closed`)."""
-        if not isinstance(checkpoint, Checkpoint):
-            raise Misuse(f"{what} needs a kern_runtime Checkpoint, got {type(checkpoint).__name__}")
+        if not isinstance(checkpoint, DeviceCheckpoint):
+            raise Misuse(f"{what} needs a kern_runtime DeviceCheckpoint, got {type(checkpoint).__name__}")
         return checkpoint
 
     def _own_parked(self, hs: _HostState, parked: Any, what: str) -> kern_pool.Parked:
         """`parked` if it is a kern_pool `Parked` of this runtime's host tier, else `Misuse`."""
         if not isinstance(parked, kern_pool.Parked):
             raise Misuse(f"{what} needs a Parked (from park / park_now), got {type(parked).__name__}")
-        if parked._host is not hs.host:
+        if parked.host is not hs.host:
             raise Misuse(f"{what} of a parked entry of another host (another runtime)")
         return parked
 
-    def _own_waking(self, waking: Any, what: str) -> Waking:
+    def _own_waking(self, waking: Any, what: str) -> DeviceWaking:
         """`waking` if it is a kern_runtime `Waking` of this runtime, else `Misuse`."""
-        if not isinstance(waking, Waking):
-            raise Misuse(f"{what} needs a kern_runtime Waking (from wake), got {type(waking).__name__}")
+        if not isinstance(waking, DeviceWaking):
+            raise Misuse(f"{what} needs a kern_runtime DeviceWaking (from wake), got {type(waking).__name__}")
         if waking._rt is not self:
             raise Misuse(f"{what} of a waking of another host (another runtime)")
         return waking
@@ -445,7 +405,7 @@ class PoolMethods:
 
     # ------------------------------------------------------------ leases and checkpoints
 
-    def lease(self, num_tokens: int, *, wait: bool = True) -> Lease:
+    def lease(self, num_tokens: int, *, wait: bool = True) -> DeviceLease:
         """A fresh sequence: pages for `num_tokens` tokens and (with per-seq states) a zeroed slot.
 
         Raises kern_pool `Busy` (evict something), `ExceedsPool`, `Misuse`, and `Remapping` only with
@@ -453,15 +413,15 @@ class PoolMethods:
         """
         lease = self._pool_request(lambda pool: pool.lease(num_tokens), wait)
         self._pooled_state.run(lease.plan, self.stream)  # type: ignore[union-attr]
-        return Lease(self, lease)
+        return DeviceLease(self, lease)
 
-    def lease_slot(self, *, wait: bool = True) -> Lease:
+    def lease_slot(self, *, wait: bool = True) -> DeviceLease:
         """A slot-only lease (no pages), its slot zeroed on the compute stream."""
         lease = self._pool_request(lambda pool: pool.lease_slot(), wait)
         self._pooled_state.run(lease.plan, self.stream)  # type: ignore[union-attr]
-        return Lease(self, lease)
+        return DeviceLease(self, lease)
 
-    def checkpoint(self, lease: Lease, num_tokens: int, *, wait: bool = True) -> Checkpoint:
+    def checkpoint(self, lease: DeviceLease, num_tokens: int, *, wait: bool = True) -> DeviceCheckpoint:
         """Keep the first `num_tokens` tokens of `lease` (which keeps running); the slot is copied on
         the compute stream, after every launch already enqueued (so checkpoint at the lease's current
         position when it has per-seq state). Raises kern_pool `Misuse` (not a Lease of this runtime, bad
@@ -469,19 +429,19 @@ class PoolMethods:
         self._own_lease(lease, "checkpoint()")
         cp = self._pool_request(lambda pool: pool.checkpoint(lease.inner, num_tokens), wait)
         self._pooled_state.run(cp.plan, self.stream)  # type: ignore[union-attr]
-        return Checkpoint(cp)
+        return DeviceCheckpoint(cp)
 
-    def retire(self, lease: Lease, num_tokens: int) -> Checkpoint | None:
+    def retire(self, lease: DeviceLease, num_tokens: int) -> DeviceCheckpoint | None:
         """End `lease`, keeping its first `num_tokens` tokens without a copy (None if already closed).
         Raises kern_pool `Misuse` (not a Lease of this runtime, bad length)."""
         self._own_lease(lease, "retire()")
         ps = self._ps()
         ps.collect(self.stream)
         cp = ps.pool.retire(lease.inner, num_tokens)
-        return Checkpoint(cp) if cp is not None else None
+        return DeviceCheckpoint(cp) if cp is not None else None
 
-    def lease_from(self, checkpoint: Checkpoint, num_tokens: int, *, prefix_tokens: int | None = None,
-                   hold: Any = None, wait: bool = True) -> Lease:
+    def lease_from(self, checkpoint: DeviceCheckpoint, num_tokens: int, *, prefix_tokens: int | None = None,
+                   hold: Any = None, wait: bool = True) -> DeviceLease:
         """A new sequence resuming `checkpoint` (at `prefix_tokens`, default all of it) with pages for
         `num_tokens` tokens; a mid-page prefix copies that page, the slot is copied (compute stream).
         Raises kern_pool `Misuse` (not a Checkpoint of this runtime, bad lengths), `Closed`, `Busy`,
@@ -490,17 +450,17 @@ class PoolMethods:
         lease = self._pool_request(
             lambda pool: pool.lease_from(checkpoint.inner, num_tokens, prefix_tokens=prefix_tokens, hold=hold), wait)
         self._pooled_state.run(lease.plan, self.stream)  # type: ignore[union-attr]
-        return Lease(self, lease)
+        return DeviceLease(self, lease)
 
-    def fork(self, parent: Lease, prefix_tokens: int, num_tokens: int, *, wait: bool = True) -> Lease:
+    def fork(self, parent: DeviceLease, prefix_tokens: int, num_tokens: int, *, wait: bool = True) -> DeviceLease:
         """A new sequence sharing the first `prefix_tokens` tokens of the live `parent`. Raises kern_pool
         `Misuse` (not a Lease of this runtime, bad lengths), `Closed`, `Busy`, `ExceedsPool`."""
         self._own_lease(parent, "fork()")
         lease = self._pool_request(lambda pool: pool.fork(parent.inner, prefix_tokens, num_tokens), wait)
         self._pooled_state.run(lease.plan, self.stream)  # type: ignore[union-attr]
-        return Lease(self, lease)
+        return DeviceLease(self, lease)
 
-    def block_table(self, leases: Sequence[Lease | None], width: int, rows: int | None = None) -> np.ndarray:
+    def block_table(self, leases: Sequence[DeviceLease | None], width: int, rows: int | None = None) -> np.ndarray:
         """i32[rows, width]: row r is `leases[r]`'s page ids (`seq_line`); rows past the leases and
         None entries are all scratch page (padding of a captured program).
 
@@ -616,7 +576,7 @@ class PoolMethods:
         """The pinned allocation (tests read it through `.view()`)."""
         return self._hs()[1].memory
 
-    def room(self, checkpoint: Checkpoint) -> kern_pool.Room:
+    def room(self, checkpoint: DeviceCheckpoint) -> kern_pool.Room:
         """Reserve host units for `checkpoint`. Raises `Busy` (err.checkpoint is `checkpoint`, untouched),
         `ExceedsPool`, `Misuse` (not a Checkpoint of this runtime), `Closed`."""
         self._own_checkpoint(checkpoint, "room()")
@@ -647,7 +607,7 @@ class PoolMethods:
         hs.parks.append((parked, event))
         return parked
 
-    def park_now(self, checkpoint: Checkpoint) -> kern_pool.Parked:
+    def park_now(self, checkpoint: DeviceCheckpoint) -> kern_pool.Parked:
         """room + park on the compute stream: the checkpoint's pages return at once (later launches
         are ordered after the copy). Raises like `room`."""
         self._own_checkpoint(checkpoint, "park_now()")
@@ -662,7 +622,7 @@ class PoolMethods:
         return parked
 
     def wake(self, parked: kern_pool.Parked, num_tokens: int, lease_tokens: int, *, hold: Any = None,
-             wait: bool = True) -> Waking:
+             wait: bool = True) -> DeviceWaking:
         """Lease `lease_tokens` tokens of pages and fill the first `num_tokens` from `parked` on the
         transfer stream (after everything queued on the compute stream). `awake` hands out the lease."""
         ps, hs = self._hs()
@@ -672,42 +632,42 @@ class PoolMethods:
         issue_copies(hs.copies(inner.plan, ps.pages, ps.slots), hs.stream)
         event = new_event()
         call("cuEventRecord", event, hs.stream)
-        return Waking(self, inner, event)
+        return DeviceWaking(self, inner, event)
 
-    def landed(self, item: kern_pool.Parked | Waking) -> bool:
+    def landed(self, item: kern_pool.Parked | DeviceWaking) -> bool:
         """Non-blocking: have the copies of a park or a wake landed? (A landed park returns its pages.)
         Raises kern_pool `Misuse` for anything but a Parked or Waking of this runtime."""
         ps, hs = self._hs()
-        if isinstance(item, Waking):
+        if isinstance(item, DeviceWaking):
             return self._own_waking(item, "landed()").landed
         self._own_parked(hs, item, "landed()")
         hs.poll()
         return item.landed
 
-    def awake(self, waking: Waking) -> Lease | None:
+    def awake(self, waking: DeviceWaking) -> DeviceLease | None:
         """The woken lease once its copies have landed, else None (never blocks). The lease is handed
-        out once: a successful awake consumes the Waking (runtime.md: awake(waking) -> Lease).
+        out once: a successful awake consumes the Waking (runtime.md: awake(waking) -> DeviceLease).
         Raises kern_pool `Misuse` (not a Waking of this runtime), `Closed` (the Waking or its lease was
         closed, or the Waking was already awakened)."""
         self._activate()
         self._own_waking(waking, "awake()")
-        if waking.inner._lease.closed:
+        if waking.inner.lease_closed:
             raise Closed("awake() of a closed Waking (or of one whose lease was closed)")
-        if waking.inner._taken:  # its lease went to an earlier awake: a second wrapper would share it
+        if waking.inner.taken:  # its lease went to an earlier awake: a second wrapper would share it
             raise Closed("awake() of a Waking already awakened: awake consumes it, the lease was handed out once")
         if not waking.landed:
             return None
-        return Lease(self, waking.inner.lease)
+        return DeviceLease(self, waking.inner.lease)
 
     def wake_now(self, parked: kern_pool.Parked, num_tokens: int, lease_tokens: int, *, hold: Any = None,
-                 wait: bool = True) -> Lease:
+                 wait: bool = True) -> DeviceLease:
         """`wake` with the copies on the compute stream: the lease is usable at once."""
         ps, hs = self._hs()
         inner = self._pool_request(lambda pool: hs.host.wake(parked, num_tokens, lease_tokens, hold=hold), wait)
         ps.run(inner.lease_copies, self.stream)
         issue_copies(hs.copies(inner.plan, ps.pages, ps.slots), self.stream)
         inner.land()
-        return Lease(self, inner.lease)
+        return DeviceLease(self, inner.lease)
 
     # ------------------------------------------------------------ plans decided elsewhere (K3)
 
