@@ -20,7 +20,8 @@ from kern_runtime.cuda.memory import Allocation
 from kern_runtime.cuda.nccl import NCCL_ENV_DEFAULTS, check_extent, element_counts, nccl_call, pin_nccl_env, split_extern
 from kern_runtime.multigpu.peers import Offer, PeerBlock, PeerHandle, check_offers, export_handle, missing_peer_tables
 from kern_runtime.program.records import AddressBook, compile_program
-from kern_runtime.runtime import ProgramState, Runtime, load_spec
+from kern_runtime.program.replay import ProgramState
+from kern_runtime.runtime import Runtime, load_spec
 from kern_manifest import Buffer, Expr, RowsSegment
 from kern_runtime.weights.plan import plan_bind
 from kern_runtime.weights.tensors import TensorMeta

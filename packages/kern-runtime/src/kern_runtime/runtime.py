@@ -27,26 +27,26 @@ from kern_manifest import Buffer, ExternLaunch, Launch, Manifest, var_max, var_m
 
 from .cuda.blas import EXTERN_GEMMS, WORKSPACE_BYTES, Blas, check_algo_keys, gemm_call
 from .kv.capacity import Capacity, PoolLayout, plan_pool
-from .cuda.driver import call, cu, init_driver
+from .cuda.driver import call, init_driver
 from .cuda.dtypes import item_bytes, numpy_dtype
 from .errors import (
-    ApiError, CallError, KernError, KernelArtifactError, ManifestParseError, ManifestVerifyError,
+    ApiError, KernelArtifactError, ManifestParseError, ManifestVerifyError,
     WeightArtifactError, int_arg,
 )
-from .cuda.graphs import GraphCache, graph_key, normalise_vars
+from .cuda.graphs import graph_key, normalise_vars
 from .kv.host_tier import event_done
-from .cuda.launch import launch_kernel
 from .cuda.memory import Allocation, Ledger, vmm_granularity_bytes
 from .cuda.modules import (
     function_attributes, load_module, raise_shared_limit, read_pinned_modules, resolve_function, set_shared_carveout,
 )
-from .multigpu.connect import PeerMethods, is_nccl
+from .multigpu.connect import PeerMethods
 from .kv.pooled import PoolMethods, PoolState
 from .program.records import (
-    AddressBook, ExternRecord, KernelRecord, Record, args_at_range_ends, compile_program, launch_path,
+    AddressBook, ExternRecord, args_at_range_ends, compile_program, launch_path,
     program_reads, when_of,
 )
 from .kv.state_access import StateMethods
+from .program.replay import Launcher, Programs, ProgramState
 from .program.stepping import StepMethods
 from .weights.loader import Progress, Target, WeightLoader
 from .weights.plan import BindPlan, Copy, plan_bind
@@ -88,19 +88,6 @@ def load_spec(manifest: Any) -> Manifest:
 
 
 # ---------------------------------------------------------------- helper records
-
-
-@dataclass
-class ProgramState:
-    """A compiled program: its records, the vars they read, and the last values patched in."""
-
-    name: str
-    graph: bool
-    kind: str
-    records: list[Record]
-    reads: frozenset[str]
-    calls: int = 0  # op calls of the program, inlined programs expanded (run_range's bound)
-    patched_key: tuple | None = None
 
 
 @dataclass
@@ -178,8 +165,7 @@ class Runtime(PoolMethods, PeerMethods, StepMethods, StateMethods):
         self._weights: dict[tuple, Allocation] = {}
         self._functions: dict[tuple[str, int], Any] = {}
         self._function_modules: dict[tuple[str, int], str] = {}
-        self._programs: dict[str, ProgramState] = {}
-        self._graphs = GraphCache()
+        self.programs: Programs | None = None  # compiled programs and their replay (program/replay.py)
         self._blas: Blas | None = None
         self._input_staging: dict[str, tuple[Allocation, Any]] = {}
         self._readback_free: list[tuple[Allocation, Any]] = []
@@ -388,18 +374,19 @@ class Runtime(PoolMethods, PeerMethods, StepMethods, StateMethods):
         return ProgramState(name, program.graph, program.kind, records, program_reads(records), calls)
 
     def _compile_programs(self) -> None:
+        self.programs = Programs(Launcher(self.stream, self._blas, self._nccl_issue))
         book = self._address_book()
         for name, program in self.manifest.programs.items():
             if program.kind == "derive":
                 continue  # compiled against the source staging area in _bind_weights
-            self._programs[name] = self._compile(name, book)
+            self.programs.states[name] = self._compile(name, book)
 
     def _check_algo_pins(self) -> None:
         """Every pinned algorithm at both ends of its var ranges (when-vars clamped to the interval)."""
         if self._blas is None:
             return
         minv, maxv = self.min_values, self.max_values
-        for state in self._programs.values():
+        for state in self._states_compiled():
             for rec in state.records:
                 if not isinstance(rec, ExternRecord) or rec.name not in EXTERN_GEMMS or not rec.algo:
                     continue
@@ -461,7 +448,7 @@ class Runtime(PoolMethods, PeerMethods, StepMethods, StateMethods):
                 targets.append(Target(plan, staging.address + offsets[src]))
             WeightLoader(tensors, self.context, threads=threads).run(targets)
             state = self._compile(name, self._address_book({s: staging.address + o for s, o in offsets.items()}))
-            self._enqueue(state, self.min_values)
+            self._programs().enqueue(state, self.min_values)
             call("cuStreamSynchronize", self.stream)
         finally:
             ledger.close()
@@ -470,8 +457,9 @@ class Runtime(PoolMethods, PeerMethods, StepMethods, StateMethods):
     def _run_once_programs(self) -> None:
         for name, program in self.manifest.programs.items():
             if program.kind == "once":
-                self._check_once_program(name, self._programs[name])  # no peers / NCCL before connect
-                self._enqueue(self._programs[name], self.min_values)
+                state = self._programs().states[name]
+                self._check_once_program(name, state)  # no peers / NCCL before connect
+                self._programs().enqueue(state, self.min_values)
 
     # ------------------------------------------------------------ replay
 
@@ -480,49 +468,17 @@ class Runtime(PoolMethods, PeerMethods, StepMethods, StateMethods):
             raise ApiError("the runtime is closed")
         call("cuCtxSetCurrent", self.context)
 
+    def _programs(self) -> Programs:
+        assert self.programs is not None, "kern bug: programs used before they were compiled"
+        return self.programs
+
+    def _states_compiled(self) -> list[ProgramState]:
+        return list(self.programs.states.values()) if self.programs is not None else []
+
     def _program(self, name: str) -> ProgramState:
-        state = self._programs.get(name) if isinstance(name, str) else None
-        if state is None:
-            runnable = sorted(n for n, p in self._programs.items() if p.kind == "run")
-            raise ApiError(f"unknown program {name!r}; runnable programs: {runnable}")
-        return state
-
-    def _patch(self, state: ProgramState, values: Mapping[str, int]) -> None:
-        key = tuple(sorted((v, values[v]) for v in state.reads))
-        if key == state.patched_key:
-            return
-        state.patched_key = None
-        for rec in state.records:
-            try:
-                rec.patch(values)
-            except KernError as exc:
-                raise CallError(state.name, rec.call_index, rec.op, exc) from exc
-            except Exception as exc:  # kern_manifest.ExprError and friends
-                raise CallError(state.name, rec.call_index, rec.op, exc) from exc
-        state.patched_key = key
-
-    def _enqueue(self, state: ProgramState, values: Mapping[str, int], calls: range | None = None) -> None:
-        """Patch `values` into the whole program, then enqueue its active records (of the calls in `calls`
-        only, when given) in call order (_compile keeps a call's launches together)."""
-        self._patch(state, values)
-        for rec in state.records:
-            if rec.active and (calls is None or rec.call_index in calls):
-                self._enqueue_record(state, rec)
-
-    def _enqueue_record(self, state: ProgramState, rec: Record) -> None:
-        """One patched, active record on the compute stream (CallError on failure)."""
-        stream = self.stream
-        try:
-            if isinstance(rec, KernelRecord):
-                launch_kernel(rec, stream)
-            elif is_nccl(rec):
-                self._nccl_issue(rec)  # multigpu.py
-            else:
-                assert self._blas is not None
-                g = gemm_call(rec.name, rec.args, rec.path)
-                self._blas.matmul(g, int(stream), rec.algo, rec.path)
-        except KernError as exc:
-            raise CallError(state.name, rec.call_index, rec.op, exc) from exc
+        if self.programs is None:
+            raise ApiError(f"unknown program {name!r}: this runtime has no compiled programs")
+        return self.programs.get(name)
 
     def run(self, program: str, vars: Mapping[str, int] | None = None) -> None:
         """Enqueue `program` launch by launch (eager) on the compute stream; does not synchronise.
@@ -531,7 +487,7 @@ class Runtime(PoolMethods, PeerMethods, StepMethods, StateMethods):
         self._activate()
         state = self._program(program)
         self._require_ready(state)  # peers connected, NCCL joined (multigpu.py)
-        self._enqueue(state, normalise_vars(vars, self.manifest.vars, state.reads, program))
+        self._programs().enqueue(state, normalise_vars(vars, self.manifest.vars, state.reads, program))
 
     def run_range(self, program: str, vars: Mapping[str, int] | None, start: int, stop: int) -> None:
         """`run` restricted to the program's calls `start <= index < stop` (indices into the manifest's call
@@ -554,7 +510,8 @@ class Runtime(PoolMethods, PeerMethods, StepMethods, StateMethods):
         if first > end:
             raise ApiError(f"run_range({program!r}): start {first} is after stop {end}")
         self._require_ready(state)  # peers connected, NCCL joined (multigpu.py)
-        self._enqueue(state, normalise_vars(vars, self.manifest.vars, state.reads, program), range(first, end))
+        self._programs().enqueue(state, normalise_vars(vars, self.manifest.vars, state.reads, program),
+                                 range(first, end))
 
     def issue(self, program: str, vars: Mapping[str, int] | None = None, eager: bool = False) -> None:
         """Enqueue `program`: as its CUDA graph when it declares `graph: true` (captured on first use
@@ -565,16 +522,17 @@ class Runtime(PoolMethods, PeerMethods, StepMethods, StateMethods):
         state = self._program(program)
         self._require_ready(state)  # peers connected, NCCL joined (multigpu.py)
         values = normalise_vars(vars, self.manifest.vars, state.reads, program)
+        programs = self.programs
         if eager or not state.graph:
-            self._enqueue(state, values)
+            programs.enqueue(state, values)
             return
         key = graph_key(program, values, state.reads)
-        self._graphs.replay(key, lambda: self._enqueue(state, values), self.stream)
+        programs.graphs.replay(key, lambda: programs.enqueue(state, values), self.stream)
 
     @property
     def graph_keys(self) -> list[tuple]:
         """Keys of the graphs captured so far."""
-        return self._graphs.keys()
+        return self.programs.graphs.keys() if self.programs is not None else []
 
     def synchronize(self) -> None:
         """Wait for everything enqueued on the compute stream."""
@@ -755,7 +713,8 @@ class Runtime(PoolMethods, PeerMethods, StepMethods, StateMethods):
             "weight_load": {"bytes": self.weight_load_stats[0], "seconds": self.weight_load_stats[1]},
             "programs": {n: {"kind": p.kind, "graph": p.graph, "calls": p.calls,
                              "launches": len(p.records), "graph_launches": 1 if p.graph else None,
-                             "vars_read": sorted(p.reads)} for n, p in self._programs.items()},
+                             "vars_read": sorted(p.reads)} for n, p in
+                          (self.programs.states.items() if self.programs is not None else ())},
         }
 
     # ------------------------------------------------------------ lifetime
@@ -780,7 +739,8 @@ class Runtime(PoolMethods, PeerMethods, StepMethods, StateMethods):
         try:
             call("cuCtxSetCurrent", self.context)
             call("cuStreamSynchronize", self.stream)
-            self._graphs.close()
+            if self.programs is not None:
+                self.programs.close()
         finally:
             self._closed = True
             self._ledger.close()

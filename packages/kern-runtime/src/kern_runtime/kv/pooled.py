@@ -37,7 +37,7 @@ import kern_pool
 from kern_pool import Busy, Closed, Layout, Misuse, Pool, Remapping
 from kern_pool.errors import check_count
 
-from ..cuda.driver import call, cu
+from ..cuda.driver import call
 from ..errors import ApiError, int_arg
 from .host_tier import (
     HostGeometry, PinnedHost, check_host_copies, event_done, gpu_pci_bus_id, host_copies, issue_copies, new_event,

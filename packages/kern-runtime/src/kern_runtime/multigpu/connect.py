@@ -26,10 +26,11 @@ import numpy as np
 from kern_manifest import ExternLaunch, Launch, RankWiring, Ref
 
 from ..cuda.driver import call, cu
-from ..errors import ApiError, CallError, KernError, KernelArtifactError, ManifestError
+from ..errors import ApiError, KernError, KernelArtifactError, ManifestError
 from ..cuda.graphs import graph_key, normalise_vars
 from ..cuda.memory import vmm_granularity_bytes
 from ..cuda.nccl import Communicator, NcclCall, check_extent, group_end, group_start, nccl_call, pin_nccl_env, unique_id
+from ..program.replay import is_nccl
 from .peers import Offer, PeerHandle, check_offers, export_handle, fabric_wanted, map_peer, missing_peer_tables, vmm_with_fallback
 from ..program.records import NCCL_EXTERNS, ExternRecord, args_at_range_ends, call_sites, launch_path
 
@@ -40,10 +41,6 @@ def nccl_group(launch: ExternLaunch, path: str) -> str:
         if isinstance(w, RankWiring):
             return w.rank
     raise ManifestError(f"{path}: extern {launch.name} has no {{\"rank\": group}} argument")
-
-
-def is_nccl(rec: Any) -> bool:
-    return isinstance(rec, ExternRecord) and rec.name in NCCL_EXTERNS
 
 
 def has_nccl(state: Any) -> bool:
@@ -144,7 +141,7 @@ class PeerMethods:
         recv inside their allocations (refused at load, never mid-run)."""
         ranges = None
         minv, maxv = self.min_values, self.max_values
-        for state in self._programs.values():
+        for state in self._states_compiled():
             for rec in state.records:
                 if not is_nccl(rec):
                     continue
@@ -370,29 +367,26 @@ class LocalGroup:
         return out
 
     def _enqueue_all(self, items: list[tuple[Any, Any, dict[str, int]]]) -> None:
+        """Every rank's records, interleaved call by call, each through its runtime's one enqueue path
+        (`Launcher.enqueue`); an NCCL collective of all ranks inside one ncclGroupStart/End."""
         for rt, state, values in items:
             rt._activate()
-            rt._patch(state, values)
+            rt.programs.patch(state, values)
         for i in range(len(items[0][1].records)):
             recs = [state.records[i] for _, state, _ in items]
             if not any(r.active for r in recs):
                 continue
-            if is_nccl(recs[0]):
-                calls = [(rt, rt._nccl_call(rec)) for (rt, _, _), rec in zip(items, recs) if rec.active]
+            grouped = is_nccl(recs[0])
+            if grouped:
                 group_start()
-                try:
-                    for rt, ncall in calls:
-                        call("cuCtxSetCurrent", rt.context)
-                        rt._comms[ncall.group].issue(ncall, int(rt.stream))
-                except KernError as exc:
-                    raise CallError(items[0][1].name, recs[0].call_index, recs[0].op, exc) from exc
-                finally:
+            try:
+                for (rt, state, _), rec in zip(items, recs):
+                    if rec.active:
+                        rt._activate()
+                        rt.programs.launcher.enqueue(state, rec)
+            finally:
+                if grouped:
                     group_end()
-                continue
-            for (rt, state, _), rec in zip(items, recs):
-                if rec.active:
-                    rt._activate()
-                    rt._enqueue_record(state, rec)
 
     def run(self, program: str, vars: Mapping[str, int] | None = None) -> None:
         """Every rank's `program`, launch by launch (eager). Does not synchronise."""
@@ -406,11 +400,11 @@ class LocalGroup:
             self._enqueue_all(items)
             return
         keys = [graph_key(program, values, state.reads) for _, state, values in items]
-        if not all(key in rt._graphs for (rt, _, _), key in zip(items, keys)):
+        if not all(key in rt.programs.graphs for (rt, _, _), key in zip(items, keys)):
             self._capture(items, keys)
         for (rt, _, _), key in zip(items, keys):
             rt._activate()
-            rt._graphs.replay(key, lambda: None, rt.stream)
+            rt.programs.graphs.replay(key, lambda: None, rt.stream)
 
     def _capture(self, items: list[tuple[Any, Any, dict[str, int]]], keys: list[Any]) -> None:
         driver = cu()
@@ -438,7 +432,7 @@ class LocalGroup:
         for (rt, _, _), key, graph in zip(items, keys, graphs):
             rt._activate()
             try:
-                rt._graphs.put(key, call("cuGraphInstantiate", graph, 0))
+                rt.programs.graphs.put(key, call("cuGraphInstantiate", graph, 0))
             finally:
                 call("cuGraphDestroy", graph)
 

@@ -9,8 +9,8 @@
   replay calling `on_launch(index, record)` before each launch, so a profiler can put events between
   launches (bench/decode.py --breakdown).
 
-Needs from `Runtime`: `stream`, `spec`, `_ledger`, `_activate()`, `_program()`, `_buffer()`, `_patch()`,
-and the enqueue of one record.
+Needs from `Runtime`: `stream`, `manifest`, `programs`, `_ledger`, `_activate()`, `_program()`, `_buffer()`,
+`_require_ready()`.
 """
 
 from __future__ import annotations
@@ -22,10 +22,9 @@ import numpy as np
 
 from ..cuda.driver import call, cu
 from ..cuda.dtypes import numpy_dtype
-from ..errors import ApiError, CallError, KernError
+from ..errors import ApiError
 from ..cuda.graphs import normalise_vars
-from ..cuda.launch import launch_kernel
-from .records import KernelRecord, Record
+from .records import Record
 
 
 class EventHandle:
@@ -109,28 +108,6 @@ class StepMethods:
         if not callable(on_launch):
             raise ApiError(f"run_hooked: on_launch must be callable(index, record), got {type(on_launch).__name__}")
         state = self._program(program)  # type: ignore[attr-defined]
-        require = getattr(self, "_require_ready", None)
-        if require is not None:
-            require(state)
+        self._require_ready(state)  # type: ignore[attr-defined]
         values = normalise_vars(vars, self.manifest.vars, state.reads, program)
-        self._patch(state, values)  # type: ignore[attr-defined]
-        enqueue_one = getattr(self, "_enqueue_record", None) or self._enqueue_one
-        for index, rec in enumerate(state.records):
-            if rec.active:
-                on_launch(index, rec)
-                enqueue_one(state, rec)
-
-    def _enqueue_one(self, state: Any, rec: Record) -> None:
-        """One active record (kernel or cuBLASLt extern) on the compute stream."""
-        try:
-            if isinstance(rec, KernelRecord):
-                launch_kernel(rec, self.stream)
-            else:
-                from ..cuda.blas import gemm_call
-
-                blas = getattr(self, "_blas")
-                assert blas is not None
-                g = gemm_call(rec.name, rec.args, rec.path)
-                blas.matmul(g, int(self.stream), rec.algo, rec.path)
-        except KernError as exc:
-            raise CallError(state.name, rec.call_index, rec.op, exc) from exc
+        self.programs.enqueue_hooked(state, values, on_launch)  # type: ignore[attr-defined]
