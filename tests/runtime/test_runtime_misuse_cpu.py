@@ -219,7 +219,7 @@ def test_reserve_host_refuses_bad_counts_before_allocating(fake_cuda: FakeDriver
 def test_reserve_host_refuses_more_than_physical_memory(fake_cuda: FakeDriver, tmp_path: Path,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """A host tier larger than the machine's memory is refused before anything is pinned; one that fits is not."""
-    import kern_runtime.kv.pooled as pooled
+    import kern_runtime.kv.device_pool as pooled
 
     with load_pool(tmp_path) as rt:
         monkeypatch.setattr(pooled, "host_memory_bytes", lambda: 1 << 20)

@@ -26,7 +26,7 @@ from .errors import (
     ManifestError, ManifestParseError, ManifestVerifyError, WeightArtifactError,
 )
 from .program.params import ParamBlock, encode_pointer, encode_scalar
-from .kv.pooled import DeviceCheckpoint, DeviceLease, DeviceWaking
+from .kv.handles import DeviceCheckpoint, DeviceLease, DeviceWaking
 from .multigpu.connect import LocalGroup, connect_local
 from .multigpu.peers import Offer, PeerHandle
 from .runtime import ReadbackHandle, ResidentWeights, Runtime, load_spec

@@ -40,7 +40,9 @@ from .cuda.modules import (
     function_attributes, load_module, raise_shared_limit, read_pinned_modules, resolve_function, set_shared_carveout,
 )
 from .multigpu.connect import PeerMethods
-from .kv.pooled import PoolMethods, PoolState
+from .kv.device_pool import DevicePool
+from .kv.pooled import PoolState
+from .parts import delegates
 from .program.records import (
     AddressBook, ExternRecord, args_at_range_ends, compile_program, launch_path,
     program_reads, when_of,
@@ -143,8 +145,20 @@ class ReadbackHandle:
 # ---------------------------------------------------------------- the runtime
 
 
-class Runtime(PoolMethods, PeerMethods, StepMethods, StateMethods):
-    """A loaded manifest on one GPU. Build with `Runtime.load`; close with `close()` (or `with`)."""
+POOL_API = (
+    "kern_pool", "scratch_slot_id", "settle", "state_object_address", "lease", "lease_slot", "checkpoint", "retire",
+    "lease_from", "fork", "block_table", "reserve_host", "host_units", "host_split", "reserve_host_bytes",
+    "host_tier", "host_memory", "room", "park", "park_now", "wake", "landed", "awake", "wake_now", "copy",
+    "copy_out", "copy_in",
+)
+
+
+@delegates("kv", DevicePool, *POOL_API)
+class Runtime(PeerMethods, StepMethods, StateMethods):
+    """A loaded manifest on one GPU. Build with `Runtime.load`; close with `close()` (or `with`).
+
+    A façade over parts held as attributes: `programs` (compiled programs, the one enqueue path, graphs:
+    program/replay.py) and `kv` (the device pool: kv/device_pool.py; the pool API below is `kv`'s)."""
 
     def __init__(self) -> None:  # use Runtime.load
         self._ledger = Ledger()
@@ -175,7 +189,8 @@ class Runtime(PoolMethods, PeerMethods, StepMethods, StateMethods):
         self._ranks: dict[str, int] = {}
         self._rank_sizes: dict[str, int] = {}  # group -> size given as ranks={group: (index, size)}
         self._init_peers()  # multi-GPU (multigpu.py)
-        self._pooled_state: PoolState | None = None  # pool API (pooled.py)
+        self._pooled_state: PoolState | None = None
+        self.kv = DevicePool(None, None, 0, self._activate)  # the device pool; replaced in _allocate
 
     # ------------------------------------------------------------ load
 
@@ -353,6 +368,7 @@ class Runtime(PoolMethods, PeerMethods, StepMethods, StateMethods):
             ps = PoolState.create(self.pool.layout, self.gpu, self.context, self.stream)
             self._ledger.on_close("pooled states", ps.close)
             self._pooled_state = ps
+            self.kv = DevicePool(ps, self.stream, self.gpu, self._activate)
             for i, name in enumerate(self.pool.layout.states):
                 self._states[name] = Allocation(f"state {name}", ps.arena.state_base(i), self.pool.mapped_bytes[name])
 
