@@ -29,8 +29,8 @@ from .program.params import ParamBlock, encode_pointer, encode_scalar
 from .kv.handles import DeviceCheckpoint, DeviceLease, DeviceWaking
 from .multigpu.connect import LocalGroup, connect_local
 from .multigpu.peers import Offer, PeerHandle
-from .runtime import ReadbackHandle, ResidentWeights, Runtime, load_spec
-from .program.stepping import EventHandle
+from .runtime import ResidentWeights, Runtime, load_spec
+from .buffer_io import EventHandle, ReadbackHandle
 from .weights.loader import STAGING_BYTES
 from .weights import (
     BindPlan, Blob, Copy, DeviceBlob, FileBlob, HostBlob, HostTensors, SafetensorsTensors, TensorMeta, Tensors,

@@ -17,24 +17,21 @@ from __future__ import annotations
 import math
 import os
 import time
-import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-import numpy as np
 from kern_manifest import Buffer, ExternLaunch, Launch, Manifest, var_max, var_min
 
 from .cuda.blas import EXTERN_GEMMS, WORKSPACE_BYTES, Blas, check_algo_keys, gemm_call
 from .kv.capacity import Capacity, PoolLayout, plan_pool
 from .cuda.driver import call, init_driver
-from .cuda.dtypes import item_bytes, numpy_dtype
+from .cuda.dtypes import item_bytes
 from .errors import (
     ApiError, KernelArtifactError, ManifestParseError, ManifestVerifyError,
     WeightArtifactError, int_arg,
 )
 from .cuda.graphs import graph_key, normalise_vars
-from .kv.host_tier import event_done
 from .cuda.memory import Allocation, Ledger, vmm_granularity_bytes
 from .cuda.modules import (
     function_attributes, load_module, raise_shared_limit, read_pinned_modules, resolve_function, set_shared_carveout,
@@ -44,12 +41,12 @@ from .kv.device_pool import DevicePool
 from .kv.pooled import PoolState
 from .parts import delegates
 from .program.records import (
-    AddressBook, ExternRecord, args_at_range_ends, compile_program, launch_path,
+    AddressBook, ExternRecord, Record, args_at_range_ends, compile_program, launch_path,
     program_reads, when_of,
 )
 from .kv.state_access import StateMethods
 from .program.replay import Launcher, Programs, ProgramState
-from .program.stepping import StepMethods
+from .buffer_io import BufferIO
 from .weights.loader import Progress, Target, WeightLoader
 from .weights.plan import BindPlan, Copy, plan_bind
 from .weights.tensors import Tensors
@@ -120,28 +117,6 @@ def weight_identity(buffer: Buffer, shape: tuple[int, ...]) -> tuple:
     return (buffer.name, buffer.dtype, shape, buffer.placement, buffer.export, repr(buffer.bind))
 
 
-class ReadbackHandle:
-    """An output copy in flight: `ready()` polls, `wait()` blocks and returns the array (a copy)."""
-
-    def __init__(self, staging: Allocation, event: Any, shape: tuple[int, ...], dtype: np.dtype, nbytes: int,
-                 on_done: Callable[[], None]) -> None:
-        self._staging, self._event = staging, event
-        self._shape, self._dtype, self._nbytes = shape, dtype, nbytes
-        self._on_done = on_done
-        self._result: np.ndarray | None = None
-
-    def ready(self) -> bool:
-        return self._result is not None or event_done(self._event)
-
-    def wait(self) -> np.ndarray:
-        if self._result is None:
-            call("cuEventSynchronize", self._event)
-            raw = self._staging.host_view()[: self._nbytes].copy()
-            self._result = raw.view(self._dtype).reshape(self._shape)
-            self._on_done()
-        return self._result
-
-
 # ---------------------------------------------------------------- the runtime
 
 
@@ -153,12 +128,17 @@ POOL_API = (
 )
 
 
+IO_API = ("write_input", "read_buffer", "read_output", "read_output_async", "record_event", "host_array")
+
+
 @delegates("kv", DevicePool, *POOL_API)
-class Runtime(PeerMethods, StepMethods, StateMethods):
+@delegates("io", BufferIO, *IO_API)
+class Runtime(PeerMethods, StateMethods):
     """A loaded manifest on one GPU. Build with `Runtime.load`; close with `close()` (or `with`).
 
     A façade over parts held as attributes: `programs` (compiled programs, the one enqueue path, graphs:
-    program/replay.py) and `kv` (the device pool: kv/device_pool.py; the pool API below is `kv`'s)."""
+    program/replay.py), `io` (inputs, outputs, events: buffer_io.py) and `kv` (the device pool:
+    kv/device_pool.py); the I/O and pool methods below are theirs."""
 
     def __init__(self) -> None:  # use Runtime.load
         self._ledger = Ledger()
@@ -182,10 +162,7 @@ class Runtime(PeerMethods, StepMethods, StateMethods):
         self.programs: Programs | None = None  # compiled programs and their replay (program/replay.py)
         self._blas: Blas | None = None
         self._input_staging: dict[str, tuple[Allocation, Any]] = {}
-        self._readback_free: list[tuple[Allocation, Any]] = []
-        # (handle, its staging and event) per readback not yet waited: a dropped handle's pair is reused once
-        # its copy has completed (_reclaim_readbacks), instead of staying pinned until close
-        self._readback_busy: list[tuple[weakref.ref, tuple[Allocation, Any]]] = []
+        self.io: BufferIO  # inputs, outputs, events (buffer_io.py); made in _allocate
         self._ranks: dict[str, int] = {}
         self._rank_sizes: dict[str, int] = {}  # group -> size given as ranks={group: (index, size)}
         self._init_peers()  # multi-GPU (multigpu.py)
@@ -350,6 +327,8 @@ class Runtime(PeerMethods, StepMethods, StateMethods):
                 event = call("cuEventCreate", 2)
                 self._ledger.on_close(f"input event {name}", lambda e=event: call("cuEventDestroy", e))
                 self._input_staging[name] = (staging, event)
+        self.io = BufferIO(self.manifest, self.max_values, self._buffers, self._input_staging, self._ledger,
+                           self.stream, self._activate)
         # the pool last: sized from what the allocations above left free
         if any(s.pooled for s in spec.states.values()):
             granularity = granularity or vmm_granularity_bytes(self.gpu)
@@ -557,109 +536,23 @@ class Runtime(PeerMethods, StepMethods, StateMethods):
 
     # ------------------------------------------------------------ inputs and outputs
 
-    def _buffer(self, name: str, kinds: tuple[str, ...] | None = None) -> tuple[Buffer, Allocation]:
-        spec = self.manifest.buffers.get(name)
-        if spec is None:
-            raise ApiError(f"unknown buffer {name!r}")
-        if kinds is not None and spec.kind not in kinds:
-            raise ApiError(f"buffer {name!r} is a {spec.kind} buffer, expected {' or '.join(kinds)}")
-        return spec, self._buffers[name]
+    def records(self, program: str) -> list[Record]:
+        """The compiled launch records of `program` in order (`rec.op`, `rec.call_index`, `rec.active` after
+        the last patch, `rec.path`, `rec.launch.entry` or `rec.name` of an extern)."""
+        return list(self._program(program).records)
 
-    def write_input(self, name: str, array: np.ndarray) -> None:
-        """Copy `array` into input buffer `name` (a prefix of rows is allowed: fewer dim-0 rows than
-        the buffer holds; later rows keep their old bytes). Async on the compute stream from the
-        buffer's resident pinned staging area. Raises ApiError for a dtype, trailing-shape or row
-        count mismatch."""
+    def run_hooked(self, program: str, vars: Mapping[str, int] | None,
+                   on_launch: Callable[[int, Record], None]) -> None:
+        """`run` (eager, no synchronisation) calling `on_launch(index, record)` on this thread before each
+        active record is enqueued; the hook may enqueue its own work on `self.stream` (events, a gate).
+        Raises ApiError (unknown program, bad vars, `on_launch` not callable), CallError (a failing call)."""
         self._activate()
-        spec, alloc = self._buffer(name, ("input",))
-        array = np.asarray(array)
-        want = numpy_dtype(spec.dtype)
-        if array.dtype.newbyteorder("<") != want.newbyteorder("<") or array.dtype.byteorder == ">":
-            raise ApiError(f"input {name!r} is {spec.dtype} ({want}), got an array of {array.dtype}")
-        shape = spec.shape_at(self.max_values)
-        if array.ndim == 0 and not shape:
-            pass
-        elif array.ndim != len(shape) or tuple(array.shape[1:]) != tuple(shape[1:]) or array.shape[0] > shape[0]:
-            raise ApiError(f"input {name!r} holds up to {list(shape)}, got an array of shape {list(array.shape)}")
-        staging, event = self._input_staging[name]
-        call("cuEventSynchronize", event)  # the previous copy out of the staging area is done
-        nbytes = array.nbytes
-        staging.host_view()[:nbytes] = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
-        if nbytes:
-            call("cuMemcpyHtoDAsync", alloc.address, staging.host_address, nbytes, self.stream)
-        call("cuEventRecord", event, self.stream)
-
-    def read_buffer(self, name: str, rows: int | None = None) -> np.ndarray:
-        """Synchronise and copy any buffer (or its first `rows` dim-0 rows) into a new array.
-        bf16 / fp8 come back as raw bits (uint16 / uint8). Raises ApiError (unknown buffer, `rows` not
-        an integer in 0..the buffer's rows)."""
-        self._activate()
-        spec, alloc = self._buffer(name)
-        shape = list(spec.shape_at(self.max_values))
-        if rows is not None:
-            rows = int_arg(rows, f"buffer {name!r} rows")
-            if not shape or not 0 <= rows <= shape[0]:
-                raise ApiError(f"buffer {name!r} has {shape[0] if shape else 0} rows, asked for {rows}")
-            shape[0] = rows
-        dtype = numpy_dtype(spec.dtype)
-        out = np.empty(shape, dtype=dtype)
-        call("cuStreamSynchronize", self.stream)
-        if out.nbytes:
-            if alloc.host_address:
-                out.reshape(-1).view(np.uint8)[:] = alloc.host_view()[: out.nbytes]
-            else:
-                call("cuMemcpyDtoH", out.ctypes.data, alloc.address, out.nbytes)
-        return out
-
-    def read_output(self, name: str, rows: int | None = None) -> np.ndarray:
-        """`read_buffer` for an output buffer (ApiError for any other kind, or a bad `rows`)."""
-        self._buffer(name, ("output",))
-        return self.read_buffer(name, rows)
-
-    def read_output_async(self, name: str, rows: int | None = None) -> ReadbackHandle:
-        """Enqueue a copy of output `name` into pinned memory after the work already on the compute
-        stream; the handle's `wait()` returns the array. Raises ApiError (not an output buffer, `rows`
-        not an integer in 0..the buffer's rows) before anything is allocated."""
-        self._activate()
-        spec, alloc = self._buffer(name, ("output",))
-        shape = list(spec.shape_at(self.max_values))
-        if rows is not None:
-            rows = int_arg(rows, f"output {name!r} rows")
-            if not shape or not 0 <= rows <= shape[0]:
-                raise ApiError(f"output {name!r} has {shape[0] if shape else 0} rows, asked for {rows}")
-            shape[0] = rows
-        dtype = numpy_dtype(spec.dtype)
-        nbytes = math.prod(shape) * dtype.itemsize
-        self._reclaim_readbacks()
-        pair = next((p for p in self._readback_free if p[0].nbytes >= nbytes), None)
-        if pair is None:
-            staging = self._ledger.pinned(max(nbytes, 8), f"readback {name}")
-            event = call("cuEventCreate", 2)
-            self._ledger.on_close("readback event", lambda e=event: call("cuEventDestroy", e))
-            pair = (staging, event)
-        else:
-            self._readback_free.remove(pair)
-        staging, event = pair
-        if nbytes:
-            call("cuMemcpyDtoHAsync", staging.host_address, alloc.address, nbytes, self.stream)
-        call("cuEventRecord", event, self.stream)
-        def done() -> None:  # the handle was waited: its pair is free now
-            self._readback_busy.remove(entry)
-            self._readback_free.append(pair)
-
-        handle = ReadbackHandle(staging, event, tuple(shape), dtype, nbytes, done)
-        entry = (weakref.ref(handle), pair)  # this readback in _readback_busy (done() reads it when called)
-        self._readback_busy.append(entry)
-        return handle
-
-    def _reclaim_readbacks(self) -> None:
-        """Move the staging of every readback whose handle was dropped unwaited, and whose copy has completed,
-        to the free list (a dropped handle's copy may still be running: its buffer is kept until it ends)."""
-        for entry in list(self._readback_busy):
-            ref, pair = entry
-            if ref() is None and event_done(pair[1]):
-                self._readback_busy.remove(entry)
-                self._readback_free.append(pair)
+        if not callable(on_launch):
+            raise ApiError(f"run_hooked: on_launch must be callable(index, record), got {type(on_launch).__name__}")
+        state = self._program(program)
+        self._require_ready(state)
+        values = normalise_vars(vars, self.manifest.vars, state.reads, program)
+        self.programs.enqueue_hooked(state, values, on_launch)
 
     # ------------------------------------------------------------ geometry and description
 
