@@ -125,18 +125,24 @@ class BufferIO:
             call("cuMemcpyHtoDAsync", alloc.address, staging.host_address, nbytes, self.stream)
         call("cuEventRecord", event, self.stream)
 
+    def _rows_shape(self, spec: Buffer, rows: int | None, what: str) -> list[int]:
+        """The buffer's shape at var max, dim 0 cut to `rows` when given. Raises ApiError naming `what` for
+        `rows` not an integer in 0..the buffer's rows."""
+        shape = list(spec.shape_at(self._max_values))
+        if rows is not None:
+            rows = int_arg(rows, f"{what} rows")
+            if not shape or not 0 <= rows <= shape[0]:
+                raise ApiError(f"{what} has {shape[0] if shape else 0} rows, asked for {rows}")
+            shape[0] = rows
+        return shape
+
     def read_buffer(self, name: str, rows: int | None = None) -> np.ndarray:
         """Synchronise and copy any buffer (or its first `rows` dim-0 rows) into a new array.
         bf16 / fp8 come back as raw bits (uint16 / uint8). Raises ApiError (unknown buffer, `rows` not
         an integer in 0..the buffer's rows)."""
         self._activate()
         spec, alloc = self.buffer(name)
-        shape = list(spec.shape_at(self._max_values))
-        if rows is not None:
-            rows = int_arg(rows, f"buffer {name!r} rows")
-            if not shape or not 0 <= rows <= shape[0]:
-                raise ApiError(f"buffer {name!r} has {shape[0] if shape else 0} rows, asked for {rows}")
-            shape[0] = rows
+        shape = self._rows_shape(spec, rows, f"buffer {name!r}")
         dtype = numpy_dtype(spec.dtype)
         out = np.empty(shape, dtype=dtype)
         call("cuStreamSynchronize", self.stream)
@@ -158,12 +164,7 @@ class BufferIO:
         not an integer in 0..the buffer's rows) before anything is allocated."""
         self._activate()
         spec, alloc = self.buffer(name, ("output",))
-        shape = list(spec.shape_at(self._max_values))
-        if rows is not None:
-            rows = int_arg(rows, f"output {name!r} rows")
-            if not shape or not 0 <= rows <= shape[0]:
-                raise ApiError(f"output {name!r} has {shape[0] if shape else 0} rows, asked for {rows}")
-            shape[0] = rows
+        shape = self._rows_shape(spec, rows, f"output {name!r}")
         dtype = numpy_dtype(spec.dtype)
         nbytes = math.prod(shape) * dtype.itemsize
         self._reclaim_readbacks()
