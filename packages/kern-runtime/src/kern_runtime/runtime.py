@@ -44,7 +44,7 @@ from .program.records import (
     AddressBook, ExternRecord, Record, args_at_range_ends, compile_program, launch_path,
     program_reads, when_of,
 )
-from .kv.state_access import StateMethods
+from .kv.state_access import StateAccess
 from .program.replay import Launcher, Programs, ProgramState
 from .buffer_io import BufferIO
 from .weights.loader import Progress, Target, WeightLoader
@@ -128,17 +128,20 @@ POOL_API = (
 )
 
 
+STATE_API = ("read_state", "write_state_at", "zero_states")
 IO_API = ("write_input", "read_buffer", "read_output", "read_output_async", "record_event", "host_array")
 
 
 @delegates("kv", DevicePool, *POOL_API)
 @delegates("io", BufferIO, *IO_API)
-class Runtime(PeerMethods, StateMethods):
+@delegates("states", StateAccess, *STATE_API)
+class Runtime(PeerMethods):
     """A loaded manifest on one GPU. Build with `Runtime.load`; close with `close()` (or `with`).
 
     A façade over parts held as attributes: `programs` (compiled programs, the one enqueue path, graphs:
-    program/replay.py), `io` (inputs, outputs, events: buffer_io.py) and `kv` (the device pool:
-    kv/device_pool.py); the I/O and pool methods below are theirs."""
+    program/replay.py), `io` (inputs, outputs, events: buffer_io.py), `kv` (the device pool:
+    kv/device_pool.py) and `states` (whole-state access: kv/state_access.py); the I/O, pool and state methods
+    below are theirs."""
 
     def __init__(self) -> None:  # use Runtime.load
         self._ledger = Ledger()
@@ -285,7 +288,6 @@ class Runtime(PeerMethods, StateMethods):
 
     def _allocate(self, capacity: Capacity, resident: ResidentWeights | None) -> None:
         spec, maxv = self.manifest, self.max_values
-        granularity = None
         for name, buf in spec.buffers.items():
             shape = buf.shape_at(maxv)
             nbytes = math.prod(shape) * item_bytes(buf.dtype)
@@ -329,9 +331,15 @@ class Runtime(PeerMethods, StateMethods):
                 self._input_staging[name] = (staging, event)
         self.io = BufferIO(self.manifest, self.max_values, self._buffers, self._input_staging, self._ledger,
                            self.stream, self._activate)
-        # the pool last: sized from what the allocations above left free
+        # the pool last: sized from what the allocations above left free; then the whole-state access over all
+        self._allocate_pool(capacity)
+        self.states = StateAccess(self.manifest, self._states, self._buffers, self._pooled_state, self.stream,
+                                  self._activate)
+
+    def _allocate_pool(self, capacity: Capacity) -> None:
+        spec = self.manifest
         if any(s.pooled for s in spec.states.values()):
-            granularity = granularity or vmm_granularity_bytes(self.gpu)
+            granularity = vmm_granularity_bytes(self.gpu)
             # free memory after every other allocation (buffers, scratch, fixed states, the cuBLASLt
             # workspace, input staging): tokens=None takes it less the headroom (spec, K1b)
             free_bytes, _ = call("cuMemGetInfo")
