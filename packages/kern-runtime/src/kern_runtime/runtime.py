@@ -17,108 +17,54 @@ from __future__ import annotations
 import math
 import os
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from kern_manifest import Buffer, ExternLaunch, Launch, Manifest, var_max, var_min
+from kern_manifest import ExternLaunch, Launch, Manifest, var_max, var_min
 
+from .buffer_io import BufferIO
 from .cuda.blas import EXTERN_GEMMS, WORKSPACE_BYTES, Blas, check_algo_keys, gemm_call
-from .kv.capacity import Capacity, PoolLayout, plan_pool
 from .cuda.driver import call, init_driver
 from .cuda.dtypes import item_bytes
-from .errors import (
-    ApiError, KernelArtifactError, ManifestParseError, ManifestVerifyError,
-    WeightArtifactError, int_arg,
-)
 from .cuda.graphs import graph_key, normalise_vars
 from .cuda.memory import Allocation, Ledger, vmm_granularity_bytes
 from .cuda.modules import (
-    function_attributes, load_module, raise_shared_limit, read_pinned_modules, resolve_function, set_shared_carveout,
+    function_attributes,
+    load_module,
+    raise_shared_limit,
+    read_pinned_modules,
+    resolve_function,
+    set_shared_carveout,
 )
-from .multigpu.connect import PeerMethods
+from .describe import describe
+from .errors import (
+    ApiError,
+    KernelArtifactError,
+    WeightArtifactError,
+    int_arg,
+)
+from .kv.capacity import Capacity, PoolLayout, plan_pool
 from .kv.device_pool import DevicePool
 from .kv.pooled import PoolState
+from .kv.state_access import StateAccess
+from .load_args import check_load_args, load_spec
+from .multigpu.connect import PeerMethods
 from .parts import delegates
 from .program.records import (
-    AddressBook, ExternRecord, Record, args_at_range_ends, compile_program, launch_path,
-    program_reads, when_of,
+    AddressBook,
+    ExternRecord,
+    Record,
+    args_at_range_ends,
+    compile_program,
+    launch_path,
+    program_reads,
 )
-from .kv.state_access import StateAccess
 from .program.replay import Launcher, Programs, ProgramState
-from .buffer_io import BufferIO
 from .weights.loader import Progress, Target, WeightLoader
 from .weights.plan import BindPlan, Copy, plan_bind
+from .weights.resident import ResidentWeights, weight_identity
 from .weights.tensors import Tensors
 
 SHARED_DEFAULT_LIMIT_BYTES = 48 * 1024
-
-
-# ---------------------------------------------------------------- manifest intake
-
-
-def load_spec(manifest: Any) -> Manifest:
-    """Parse + verify a manifest given as a path, JSON text, a JSON dict or a kern_manifest.Manifest, and
-    return the kern_manifest.Manifest (the runtime's only model of it). A Manifest that kern_manifest.verify
-    (or load_manifest) has already accepted is returned as it is, neither parsed nor verified again: so
-    `kern run` parses and verifies once and hands the object to `Runtime.load`.
-
-    Raises ManifestParseError / ManifestVerifyError (subclasses of kern_manifest's) for bad input.
-    """
-    import kern_manifest
-
-    try:
-        if isinstance(manifest, kern_manifest.Manifest):
-            parsed = manifest
-        elif isinstance(manifest, (str, os.PathLike)) and not str(manifest).lstrip().startswith("{"):
-            try:
-                text = Path(manifest).read_bytes()
-            except OSError as exc:
-                raise kern_manifest.ManifestParseError("$", f"cannot read manifest {os.fspath(manifest)!r}: {exc}") from None
-            parsed = kern_manifest.parse_manifest(text)
-        else:
-            parsed = kern_manifest.parse_manifest(manifest)
-        kern_manifest.verify(parsed)
-    except kern_manifest.ManifestParseError as exc:
-        raise ManifestParseError(exc.path, exc.message) from exc
-    except kern_manifest.ManifestVerifyError as exc:
-        raise ManifestVerifyError(exc.faults) from exc
-    return parsed
-
-
-# ---------------------------------------------------------------- helper records
-
-
-@dataclass
-class ResidentWeights:
-    """Device weight buffers kept from a closed runtime for `Runtime.load(..., resident=...)`.
-
-    `buffers`: identity key (see `weight_identity`) -> Allocation. Holds a reference on the GPU's
-    primary context; `close()` frees what no load claimed and drops that reference (idempotent)."""
-
-    gpu: int
-    context: Any
-    device: Any
-    buffers: dict[tuple, Allocation] = field(default_factory=dict)
-
-    def close(self) -> None:
-        if self.context is None:
-            return
-        call("cuCtxSetCurrent", self.context)
-        while self.buffers:
-            _, alloc = self.buffers.popitem()
-            alloc.free()
-        self.context = None
-        call("cuDevicePrimaryCtxRelease", self.device)
-
-
-def weight_identity(buffer: Buffer, shape: tuple[int, ...]) -> tuple:
-    """What must agree for a weight buffer to be reused: name, dtype, shape, placement, export, bind."""
-    return (buffer.name, buffer.dtype, shape, buffer.placement, buffer.export, repr(buffer.bind))
-
-
-# ---------------------------------------------------------------- the runtime
-
 
 POOL_API = (
     "kern_pool", "scratch_slot_id", "settle", "state_object_address", "lease", "lease_slot", "checkpoint", "retire",
@@ -126,8 +72,6 @@ POOL_API = (
     "host_tier", "host_memory", "room", "park", "park_now", "wake", "landed", "awake", "wake_now", "copy",
     "copy_out", "copy_in",
 )
-
-
 STATE_API = ("read_state", "write_state_at", "zero_states")
 IO_API = ("write_input", "read_buffer", "read_output", "read_output_async", "record_event", "host_array")
 
@@ -195,7 +139,7 @@ class Runtime(PeerMethods):
         or larger than the device's free memory; NCCL externs), DriverError/BlasError. Argument errors
         are raised before anything is allocated (`resident` is then left as it was).
         """
-        gpu, ranks_, sizes, threads = _check_load_args(kernels_dir, tensors, gpu, capacity, progress, ranks,
+        gpu, ranks_, sizes, threads = check_load_args(kernels_dir, tensors, gpu, capacity, progress, ranks,
                                                        resident, threads)
         if staging_bytes is not None:
             staging_bytes = int_arg(staging_bytes, "staging_bytes", 1)
@@ -595,44 +539,8 @@ class Runtime(PeerMethods):
         return alloc.address
 
     def describe(self) -> dict[str, Any]:
-        """A JSON-able summary for startup logs."""
-        spec, maxv = self.manifest, self.max_values
-        classes: dict[str, dict[str, int]] = {}
-        for name, buf in spec.buffers.items():
-            entry = classes.setdefault(buf.kind, {"count": 0, "bytes": 0})
-            entry["count"] += 1
-            entry["bytes"] += buf.nbytes_at(maxv)
-        launches = []
-        for op in spec.ops.values():
-            for li, launch in enumerate(op.launches):
-                if isinstance(launch, Launch):
-                    launches.append({"op": op.name, "entry": launch.entry, "module": launch.module,
-                                     "params": [list(p) for p in launch.params], "when": _when_json(launch)})
-                else:
-                    launches.append({"op": op.name, "extern": launch.name, "module": "runtime built-in",
-                                     "algo": launch.algo.to_json() if launch.algo else None, "when": _when_json(launch)})
-        weights = [b for b in spec.buffers.values() if b.kind == "weight"]
-        states = {}
-        for name, st in spec.states.items():
-            states[name] = {"kind": st.kind, "bytes": self._states[name].nbytes if name in self._states else 0}
-        return {
-            "manifest": spec.name, "digest": spec.digest, "gpu": self.gpu,
-            "vars": {n: [v.min, v.max] for n, v in spec.vars.items()},
-            "states": states,
-            "pool": None if self.pool is None else {
-                "page_tokens": self.pool.page_tokens, "num_pages": self.pool.num_pages, "num_slots": self.pool.num_slots,
-                "block_bytes": self.pool.block_bytes, "scratch_page_id": self.pool.scratch_page_id},
-            "buffers": classes,
-            "launches": launches,
-            "binds": {"buffers": len(weights), "derived": sum(1 for b in weights if b.derived),
-                      "segments": sum(len(b.bind or ()) for b in weights),
-                      "bytes": sum(b.nbytes_at(maxv) for b in weights)},
-            "weight_load": {"bytes": self.weight_load_stats[0], "seconds": self.weight_load_stats[1]},
-            "programs": {n: {"kind": p.kind, "graph": p.graph, "calls": p.calls,
-                             "launches": len(p.records), "graph_launches": 1 if p.graph else None,
-                             "vars_read": sorted(p.reads)} for n, p in
-                          (self.programs.states.items() if self.programs is not None else ())},
-        }
+        """A JSON-able summary for startup logs (describe.py)."""
+        return describe(self)
 
     # ------------------------------------------------------------ lifetime
 
@@ -669,50 +577,3 @@ class Runtime(PeerMethods):
         self.close()
 
 
-def _check_load_args(kernels_dir: Any, tensors: Any, gpu: Any, capacity: Any, progress: Any, ranks: Any,
-                     resident: Any, threads: Any) -> tuple[int, dict[str, int], dict[str, int], int | None]:
-    """`Runtime.load`'s arguments checked before anything is allocated: (gpu, ranks as {group: index},
-    the group sizes `ranks` gave as {group: size}, threads) as ints. Raises ApiError naming the argument;
-    the sizes are checked against the manifest's topology later (`_check_topology`)."""
-    if not isinstance(kernels_dir, (str, os.PathLike)):
-        raise ApiError(f"kernels_dir must be a directory path (str or os.PathLike), got {type(kernels_dir).__name__}")
-    if tensors is not None and not isinstance(tensors, Tensors):
-        raise ApiError(f"tensors must be a Tensors (SafetensorsTensors, HostTensors, ...) or None, "
-                       f"got {type(tensors).__name__}")
-    gpu = int_arg(gpu, "gpu")
-    if not isinstance(capacity, Capacity):
-        raise ApiError(f"capacity must be a Capacity(tokens=..., seqs=...), got {type(capacity).__name__}")
-    if progress is not None and not callable(progress):
-        raise ApiError(f"progress must be callable(bytes_done, bytes_total) or None, got {type(progress).__name__}")
-    if ranks is None:
-        ranks = {}
-    if not isinstance(ranks, Mapping):
-        raise ApiError(f"ranks must be a mapping of topology group -> index or (index, size), "
-                       f"got {type(ranks).__name__}")
-    checked: dict[str, int] = {}
-    sizes: dict[str, int] = {}
-    for group, rank in ranks.items():
-        if not isinstance(group, str):
-            raise ApiError(f"ranks: group names are strings, got {group!r}")
-        if isinstance(rank, (tuple, list)):  # (index, size): the topology's entry for this group
-            if len(rank) != 2:
-                raise ApiError(f"ranks[{group!r}] must be an index or an (index, size) pair, got {rank!r}")
-            checked[group] = int_arg(rank[0], f"ranks[{group!r}] index")
-            sizes[group] = int_arg(rank[1], f"ranks[{group!r}] size")
-        else:
-            checked[group] = int_arg(rank, f"ranks[{group!r}]")
-    if resident is not None:
-        if not isinstance(resident, ResidentWeights):
-            raise ApiError(f"resident must be a ResidentWeights (from into_resident()), got {type(resident).__name__}")
-        if resident.gpu != gpu:
-            raise ApiError(f"resident weights live on GPU {resident.gpu}, not {gpu}")
-    if threads is not None:
-        threads = int_arg(threads, "threads", 1)
-    return gpu, checked, sizes, threads
-
-
-def _when_json(launch: Launch | ExternLaunch) -> dict[str, list[str]] | None:
-    when = when_of(launch)
-    if not when:
-        return None
-    return {var: [lo.source, hi.source] for var, lo, hi in when}

@@ -12,8 +12,8 @@ from typing import Any, Callable, Mapping
 
 from kern_manifest import Var
 
-from .driver import call, cu
 from ..errors import ApiError, as_integer
+from .driver import call, cu
 
 GraphKey = tuple[str, tuple[tuple[str, int], ...]]
 

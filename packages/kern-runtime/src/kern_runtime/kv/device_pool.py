@@ -31,9 +31,8 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-import numpy as np
-
 import kern_pool
+import numpy as np
 from kern_pool import Busy, Closed, Layout, Misuse, Pool, Remapping
 from kern_pool.errors import check_count
 
@@ -41,7 +40,13 @@ from ..cuda.driver import call
 from ..errors import ApiError, int_arg
 from .handles import DeviceCheckpoint, DeviceLease, DeviceWaking
 from .host_tier import (
-    HostGeometry, PinnedHost, check_host_copies, gpu_pci_bus_id, issue_copies, new_event, numa_target,
+    HostGeometry,
+    PinnedHost,
+    check_host_copies,
+    gpu_pci_bus_id,
+    issue_copies,
+    new_event,
+    numa_target,
 )
 from .pool_exec import check_copies
 from .pooled import HostState, PoolState

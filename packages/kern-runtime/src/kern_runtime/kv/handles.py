@@ -12,9 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-import numpy as np
-
 import kern_pool
+import numpy as np
 
 from ..cuda.driver import call
 from ..errors import ApiError, int_arg

@@ -26,13 +26,22 @@ import numpy as np
 from kern_manifest import ExternLaunch, Launch, RankWiring, Ref
 
 from ..cuda.driver import call, cu
-from ..errors import ApiError, KernError, KernelArtifactError, ManifestError
 from ..cuda.graphs import graph_key, normalise_vars
 from ..cuda.memory import vmm_granularity_bytes
 from ..cuda.nccl import Communicator, NcclCall, check_extent, group_end, group_start, nccl_call, pin_nccl_env, unique_id
-from ..program.replay import is_nccl
-from .peers import Offer, PeerHandle, check_offers, export_handle, fabric_wanted, map_peer, missing_peer_tables, vmm_with_fallback
+from ..errors import ApiError, KernelArtifactError, KernError, ManifestError
 from ..program.records import NCCL_EXTERNS, ExternRecord, args_at_range_ends, call_sites, launch_path
+from ..program.replay import is_nccl
+from .peers import (
+    Offer,
+    PeerHandle,
+    check_offers,
+    export_handle,
+    fabric_wanted,
+    map_peer,
+    missing_peer_tables,
+    vmm_with_fallback,
+)
 
 
 def nccl_group(launch: ExternLaunch, path: str) -> str:

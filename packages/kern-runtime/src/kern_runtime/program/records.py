@@ -26,14 +26,31 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping
 
 from kern_manifest import (
-    ArgWiring, Call, Expr, ExprWiring, ExternLaunch, Launch, LiteralWiring, Manifest, NullWiring, Op,
-    PackLiteralField, PackPointerField, PackTensorMapField, PackWiring, PagesOf, RankWiring, Ref, ScratchWiring,
-    Wiring, encoding_size,
+    ArgWiring,
+    Call,
+    Expr,
+    ExprWiring,
+    ExternLaunch,
+    Launch,
+    LiteralWiring,
+    Manifest,
+    NullWiring,
+    Op,
+    PackLiteralField,
+    PackPointerField,
+    PackTensorMapField,
+    PackWiring,
+    PagesOf,
+    RankWiring,
+    Ref,
+    ScratchWiring,
+    Wiring,
+    encoding_size,
 )
 
+from ..cuda.tensormaps import fill_dim, resolve_fill
 from ..errors import ApiError, ManifestError
 from .params import INT_RANGES, ParamBlock, encode_pointer, encode_scalar
-from ..cuda.tensormaps import fill_dim, resolve_fill
 
 Values = Mapping[str, int]
 When = tuple[tuple[str, Expr, Expr], ...]
