@@ -21,7 +21,9 @@ from kern_runtime.cuda.nccl import NCCL_ENV_DEFAULTS, check_extent, element_coun
 from kern_runtime.multigpu.peers import Offer, PeerBlock, PeerHandle, check_offers, export_handle, missing_peer_tables
 from kern_runtime.program.records import AddressBook, compile_program
 from kern_runtime.program.replay import ProgramState
-from kern_runtime.runtime import Runtime, load_spec
+from kern_manifest import var_max, var_min
+from kern_runtime.multigpu.connect import Peers
+from kern_runtime.runtime import load_spec
 from kern_manifest import Buffer, Expr, RowsSegment
 from kern_runtime.weights.plan import plan_bind
 from kern_runtime.weights.tensors import TensorMeta
@@ -261,41 +263,39 @@ def test_reference_collectives() -> None:
 # ---------------------------------------------------------------- runtime refusals (no GPU)
 
 
-def _bare_runtime(manifest: dict, ranks: dict) -> Runtime:
-    rt = Runtime()
-    rt._set_manifest(load_spec(manifest))
-    rt._ranks = ranks
-    return rt
+def _bare_runtime(manifest: dict, ranks: dict) -> Peers:
+    """The multi-GPU part of a runtime on its own (no GPU): it checks the topology when it is made."""
+    m = load_spec(manifest)
+    return Peers(m, m.topology.sizes(), var_min(m.vars), var_max(m.vars), ranks, {}, 0, None, {}, {}, {},
+                 lambda: None)
 
 
 def test_nccl_program_refused_before_join() -> None:
     rt = _bare_runtime(nccl_manifest(), {"tp": 0})
-    rt._check_topology()
-    assert rt._nccl_groups == {"tp"}
+    assert rt.nccl_groups == {"tp"}
     book = AddressBook({"send_f32": 0x1000, "recv_f32": 0x10000, "send_bf16": 0x20000, "recv_bf16": 0x30000},
                        ranks={"tp": 0})
     records, _ = compile_program(rt.manifest, "allreduce_f32", book, lambda op, li: None)
     state = ProgramState("allreduce_f32", False, "run", records, frozenset())
     with pytest.raises(ApiError, match="NCCL group 'tp' was never joined"):
-        rt._require_ready(state)
+        rt.require_ready(state)
     assert not rt.peers_ready
 
 
 def test_ranks_required_and_checked() -> None:
     with pytest.raises(ApiError, match=r"pass ranks=\{group: index\}"):
-        _bare_runtime(nccl_manifest(), {})._check_topology()
+        _bare_runtime(nccl_manifest(), {})
     with pytest.raises(ApiError, match="outside group 'tp'"):
-        _bare_runtime(nccl_manifest(), {"tp": 2})._check_topology()
+        _bare_runtime(nccl_manifest(), {"tp": 2})
 
 
 def test_run_refused_before_peer_tables_filled() -> None:
     rt = _bare_runtime(barrier_manifest(), {"world": 1})
-    rt._check_topology()
     state = ProgramState("barrier", False, "run", [], frozenset())
     with pytest.raises(ApiError, match=r"peer table\(s\) not filled yet: peers \(peers of flags in world\)"):
-        rt._require_ready(state)
-    rt._peers_filled.add("peers")
-    rt._require_ready(state)
+        rt.require_ready(state)
+    rt.peers_filled.add("peers")
+    rt.require_ready(state)
 
 
 def test_once_program_with_peer_table_refused() -> None:
@@ -303,9 +303,8 @@ def test_once_program_with_peer_table_refused() -> None:
     raw.pop("digest")
     raw["programs"]["barrier"]["kind"] = "once"
     rt = _bare_runtime(raw, {"world": 0})
-    rt._check_topology()
     with pytest.raises(ApiError, match="once program 'barrier' uses peer tables"):
-        rt._check_once_program("barrier", ProgramState("barrier", False, "once", [], frozenset()))
+        rt.check_once_program("barrier", ProgramState("barrier", False, "once", [], frozenset()))
 
 
 # ---------------------------------------------------------------- tensor-parallel manifests

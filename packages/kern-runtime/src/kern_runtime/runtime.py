@@ -47,7 +47,7 @@ from .kv.device_pool import DevicePool
 from .kv.pooled import PoolState
 from .kv.state_access import StateAccess
 from .load_args import check_load_args, load_spec
-from .multigpu.connect import PeerMethods
+from .multigpu.connect import Peers
 from .parts import delegates
 from .program.records import (
     AddressBook,
@@ -72,6 +72,7 @@ POOL_API = (
     "host_tier", "host_memory", "room", "park", "park_now", "wake", "landed", "awake", "wake_now", "copy",
     "copy_out", "copy_in",
 )
+PEER_API = ("ranks", "peers_ready", "export_handles", "import_peers", "offer", "connect")
 STATE_API = ("read_state", "write_state_at", "zero_states")
 IO_API = ("write_input", "read_buffer", "read_output", "read_output_async", "record_event", "host_array")
 
@@ -79,10 +80,11 @@ IO_API = ("write_input", "read_buffer", "read_output", "read_output_async", "rec
 @delegates("kv", DevicePool, *POOL_API)
 @delegates("io", BufferIO, *IO_API)
 @delegates("states", StateAccess, *STATE_API)
-class Runtime(PeerMethods):
+@delegates("peers", Peers, *PEER_API)
+class Runtime:
     """A loaded manifest on one GPU. Build with `Runtime.load`; close with `close()` (or `with`).
 
-    A façade over parts held as attributes: `programs` (compiled programs, the one enqueue path, graphs:
+    A façade over parts held as attributes: `peers` (multi-GPU: multigpu/connect.py), `programs` (compiled programs, the one enqueue path, graphs:
     program/replay.py), `io` (inputs, outputs, events: buffer_io.py), `kv` (the device pool:
     kv/device_pool.py) and `states` (whole-state access: kv/state_access.py); the I/O, pool and state methods
     below are theirs."""
@@ -112,7 +114,7 @@ class Runtime(PeerMethods):
         self.io: BufferIO  # inputs, outputs, events (buffer_io.py); made in _allocate
         self._ranks: dict[str, int] = {}
         self._rank_sizes: dict[str, int] = {}  # group -> size given as ranks={group: (index, size)}
-        self._init_peers()  # multi-GPU (multigpu.py)
+        self.peers: Peers  # the multi-GPU part (multigpu/connect.py); made first in load
         self._pooled_state: PoolState | None = None
         self.kv = DevicePool(None, None, 0, self._activate)  # the device pool; replaced in _allocate
 
@@ -149,13 +151,14 @@ class Runtime(PeerMethods):
         rt._ranks = ranks_
         rt._rank_sizes = sizes
         try:
-            rt._check_topology()
+            rt.peers = Peers(rt.manifest, rt.topology, rt.min_values, rt.max_values, rt._ranks, rt._rank_sizes, gpu,
+                             rt._ledger, rt._buffers, rt._states, rt._scratch, rt._activate)  # checks the topology
             rt._open_context(gpu)
             rt._load_modules(kernels_dir)
             rt._allocate(capacity, resident)
             rt._compile_programs()
             rt._check_algo_pins()
-            rt._check_nccl_records()
+            rt.peers.check_nccl_records(rt._states_compiled())
             rt._bind_weights(tensors, progress, threads, staging_bytes)
             rt._run_once_programs()
             call("cuStreamSynchronize", rt.stream)
@@ -204,7 +207,7 @@ class Runtime(PeerMethods):
 
     def _load_modules(self, kernels_dir: str | os.PathLike[str]) -> None:
         images = read_pinned_modules(kernels_dir, {n: m.sha256 for n, m in self.manifest.modules.items()})
-        self._scan_peer_launches(images)  # multicast check of launches that receive peer memory
+        self.peers.scan_peer_launches(images)  # multicast check of launches that receive peer memory
         modules = {name: load_module(image, name, self._ledger) for name, image in images.items()}
         maxv, minv = self.max_values, self.min_values
         # The dynamic shared memory limit and the preferred carveout are properties of the function, not
@@ -245,7 +248,7 @@ class Runtime(PeerMethods):
             if buf.placement == "host":
                 alloc = self._ledger.pinned(nbytes, f"buffer {name}")
             elif buf.export:
-                alloc = self._peer_vmm(nbytes, f"buffer {name}")  # one VMM block peers can map
+                alloc = self.peers.peer_vmm(nbytes, f"buffer {name}", self.stream)  # one VMM block peers can map
             else:
                 alloc = self._ledger.device(nbytes, f"buffer {name}")
             self._buffers[name] = alloc
@@ -256,7 +259,7 @@ class Runtime(PeerMethods):
             if state.kind == "fixed":
                 nbytes = state.bytes or 0
                 if self.topology:  # peers may map states: VMM
-                    alloc = self._peer_vmm(nbytes, f"state {name}")
+                    alloc = self.peers.peer_vmm(nbytes, f"state {name}", self.stream)
                 else:
                     alloc = self._ledger.device(nbytes, f"state {name}")
                 call("cuMemsetD8Async", alloc.address, 0, max(nbytes, 1), self.stream)
@@ -321,7 +324,7 @@ class Runtime(PeerMethods):
         return ProgramState(name, program.graph, program.kind, records, program_reads(records), calls)
 
     def _compile_programs(self) -> None:
-        self.programs = Programs(Launcher(self.stream, self._blas, self._nccl_issue))
+        self.programs = Programs(Launcher(self.stream, self._blas, self.peers.nccl_issue))
         book = self._address_book()
         for name, program in self.manifest.programs.items():
             if program.kind == "derive":
@@ -405,7 +408,7 @@ class Runtime(PeerMethods):
         for name, program in self.manifest.programs.items():
             if program.kind == "once":
                 state = self._programs().states[name]
-                self._check_once_program(name, state)  # no peers / NCCL before connect
+                self.peers.check_once_program(name, state)  # no peers / NCCL before connect
                 self._programs().enqueue(state, self.min_values)
 
     # ------------------------------------------------------------ replay
@@ -433,7 +436,7 @@ class Runtime(PeerMethods):
         CallError (a failing call)."""
         self._activate()
         state = self._program(program)
-        self._require_ready(state)  # peers connected, NCCL joined (multigpu.py)
+        self.peers.require_ready(state)  # peers connected, NCCL joined (multigpu.py)
         self._programs().enqueue(state, normalise_vars(vars, self.manifest.vars, state.reads, program))
 
     def run_range(self, program: str, vars: Mapping[str, int] | None, start: int, stop: int) -> None:
@@ -456,7 +459,7 @@ class Runtime(PeerMethods):
             raise ApiError(f"run_range({program!r}): stop {end} is past the program's {count} call(s)")
         if first > end:
             raise ApiError(f"run_range({program!r}): start {first} is after stop {end}")
-        self._require_ready(state)  # peers connected, NCCL joined (multigpu.py)
+        self.peers.require_ready(state)  # peers connected, NCCL joined (multigpu.py)
         self._programs().enqueue(state, normalise_vars(vars, self.manifest.vars, state.reads, program),
                                  range(first, end))
 
@@ -467,7 +470,7 @@ class Runtime(PeerMethods):
         CallError (a failing call)."""
         self._activate()
         state = self._program(program)
-        self._require_ready(state)  # peers connected, NCCL joined (multigpu.py)
+        self.peers.require_ready(state)  # peers connected, NCCL joined (multigpu.py)
         values = normalise_vars(vars, self.manifest.vars, state.reads, program)
         programs = self.programs
         if eager or not state.graph:
@@ -502,7 +505,7 @@ class Runtime(PeerMethods):
         if not callable(on_launch):
             raise ApiError(f"run_hooked: on_launch must be callable(index, record), got {type(on_launch).__name__}")
         state = self._program(program)
-        self._require_ready(state)
+        self.peers.require_ready(state)
         values = normalise_vars(vars, self.manifest.vars, state.reads, program)
         self.programs.enqueue_hooked(state, values, on_launch)
 

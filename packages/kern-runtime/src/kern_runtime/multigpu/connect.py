@@ -1,4 +1,4 @@
-"""Multi-GPU: the runtime's peer and NCCL methods (`PeerMethods`, mixed into `Runtime`), and
+"""Multi-GPU: the runtime's peer and NCCL part (`Peers`, held as `Runtime.peers`), and
 `connect_local` / `LocalGroup` for one process holding every rank.
 
 Handshake (docs/runtime.md "Multi-GPU"):
@@ -20,10 +20,11 @@ rank's stream at once, and replayed with one `cuGraphLaunch` per rank.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from typing import Any, Mapping, Sequence
 
 import numpy as np
-from kern_manifest import ExternLaunch, Launch, RankWiring, Ref
+from kern_manifest import ExternLaunch, Launch, Manifest, RankWiring, Ref
 
 from ..cuda.driver import call, cu
 from ..cuda.graphs import graph_key, normalise_vars
@@ -56,25 +57,41 @@ def has_nccl(state: Any) -> bool:
     return any(is_nccl(r) for r in state.records)
 
 
-class PeerMethods:
-    """Multi-GPU part of `Runtime` (state initialised by `_init_peers`)."""
+class Peers:
+    """The multi-GPU part of one runtime (`Runtime.peers`): topology checks, peer tables, export handles,
+    offer / connect, NCCL communicators and their dispatch, run gating.
 
-    def _init_peers(self) -> None:
-        self._peer_tables: dict[str, tuple[str, str]] = {}  # peer table buffer -> (of, group)
-        self._peers_filled: set[str] = set()
+    `manifest`, `topology` (group -> size), `min_values` / `max_values`: the loaded manifest's facts; `ranks`:
+    this process's index per group, `rank_sizes` the sizes `ranks` gave; `gpu`, `ledger`: where peer mappings
+    and communicators are registered; `buffers`, `states`, `scratch`: name -> allocation (filled as the runtime
+    allocates); `activate()`: makes the runtime's context current, ApiError once it is closed. Checks the
+    topology at construction (ApiError / ManifestError), before anything is allocated."""
+
+    def __init__(self, manifest: Manifest, topology: Mapping[str, int], min_values: Mapping[str, int],
+                 max_values: Mapping[str, int], ranks: Mapping[str, int], rank_sizes: Mapping[str, int], gpu: int,
+                 ledger: Any, buffers: Mapping[str, Any], states: Mapping[str, Any], scratch: Mapping[Any, Any],
+                 activate: Callable[[], None]) -> None:
+        self.manifest, self.topology = manifest, topology
+        self.min_values, self.max_values = min_values, max_values
+        self._ranks, self._rank_sizes, self.gpu, self._ledger = dict(ranks), dict(rank_sizes), gpu, ledger
+        self._buffers, self._states, self._scratch, self._activate = buffers, states, scratch, activate
+        self.peer_tables: dict[str, tuple[str, str]] = {}  # peer table buffer -> (of, group)
+        self.peers_filled: set[str] = set()
         self._peer_maps: dict[tuple[str, str, int], int] = {}  # (of, group, member) -> address mapped here
-        self._comms: dict[str, Communicator] = {}
-        self._nccl_groups: set[str] = set()  # groups NCCL externs name
-        self._local_group: Any = None  # connect_local's LocalGroup
+        self.comms: dict[str, Communicator] = {}
+        self.nccl_groups: set[str] = set()  # groups NCCL externs name
+        self.local_group: Any = None  # connect_local's LocalGroup
         self._fabric = False
+        self._peer_granularity: int | None = None
+        self.check_topology()
 
     # ------------------------------------------------------------ load-time checks
 
-    def _check_topology(self) -> None:
+    def check_topology(self) -> None:
         """Ranks for every group used (in range, of the manifest's group size where `ranks` gave one), the
         peer tables, the groups NCCL externs name."""
         topo = self.topology
-        sizes: Mapping[str, int] = getattr(self, "_rank_sizes", {})
+        sizes = self._rank_sizes
         for group, rank in self._ranks.items():
             if group not in topo:
                 raise ApiError(f"ranks names group {group!r}; the manifest's topology has {sorted(topo)}")
@@ -85,7 +102,7 @@ class PeerMethods:
                 raise ApiError(f"rank {rank} is outside group {group!r} of size {topo[group]}")
         for name, buf in self.manifest.buffers.items():
             if buf.peers is not None:
-                self._peer_tables[name] = (buf.peers.of, buf.peers.group)
+                self.peer_tables[name] = (buf.peers.of, buf.peers.group)
         for op in self.manifest.ops.values():
             for li, launch in enumerate(op.launches):
                 if isinstance(launch, ExternLaunch) and launch.name in NCCL_EXTERNS:
@@ -94,24 +111,24 @@ class PeerMethods:
                     if group not in topo:
                         raise ManifestError(f"{path}: extern {launch.name} names group {group!r}, which the "
                                             f"topology does not declare ({sorted(topo)})")
-                    self._nccl_groups.add(group)
-        needed = self._nccl_groups | {g for _, g in self._peer_tables.values()}
+                    self.nccl_groups.add(group)
+        needed = self.nccl_groups | {g for _, g in self.peer_tables.values()}
         missing = sorted(g for g in needed if g not in self._ranks)
         if missing:
             raise ApiError(f"the manifest uses topology group(s) {missing}: pass ranks={{group: index}} "
                            "(or {group: (index, size)}) to load")
 
-    def _peer_sensitive(self) -> set[str]:
+    def peer_sensitive(self) -> set[str]:
         """Buffers and states peers reach: peer tables, export buffers, and what some table maps."""
-        names = set(self._peer_tables) | {of for of, _ in self._peer_tables.values()}
+        names = set(self.peer_tables) | {of for of, _ in self.peer_tables.values()}
         return names | {n for n, b in self.manifest.buffers.items() if b.export}
 
-    def _scan_peer_launches(self, images: Mapping[str, bytes]) -> None:
+    def scan_peer_launches(self, images: Mapping[str, bytes]) -> None:
         """Every kernel launch of an op that some call passes peer-reachable memory has its SASS
         checked for multicast instructions (sass.py; KernelArtifactError)."""
         from ..cuda.sass import check_peer_launch
 
-        sensitive = self._peer_sensitive()
+        sensitive = self.peer_sensitive()
         if not sensitive:
             return
         done: set[tuple[str, int]] = set()
@@ -128,15 +145,16 @@ class PeerMethods:
                         raise KernelArtifactError(f"{path}: module {launch.module!r} is not pinned")
                     check_peer_launch(images[launch.module], launch.module, launch.entry, f"{path} (called by {site.path})")
 
-    def _peer_vmm(self, nbytes: int, label: str) -> Any:
-        """One-block VMM allocation a peer can map (fabric handle where the device gives one)."""
-        if not hasattr(self, "_peer_granularity"):
+    def peer_vmm(self, nbytes: int, label: str, stream: Any) -> Any:
+        """One-block VMM allocation a peer can map (fabric handle where the device gives one), zeroed on
+        `stream`."""
+        if self._peer_granularity is None:
             self._fabric = fabric_wanted(self.gpu)
             self._peer_granularity = vmm_granularity_bytes(self.gpu)
         size = -(-max(int(nbytes), 1) // self._peer_granularity) * self._peer_granularity
         alloc = vmm_with_fallback(self._ledger, size, size, size, self.gpu, label, self._fabric)
         self._fabric = self._fabric and alloc.fabric  # one refusal: local from then on
-        call("cuMemsetD8Async", alloc.address, 0, size, self.stream)
+        call("cuMemsetD8Async", alloc.address, 0, size, stream)
         return alloc
 
     def _allocation_ranges(self) -> dict[str, tuple[int, int]]:
@@ -145,12 +163,12 @@ class PeerMethods:
         ranges.update({f"scratch {op}.{sc}": (a.address, a.nbytes) for (op, sc), a in self._scratch.items()})
         return ranges
 
-    def _check_nccl_records(self) -> None:
+    def check_nccl_records(self, programs: Iterable[Any]) -> None:
         """Every NCCL record at both ends of the var ranges: count >= 1, rank in the group, send and
         recv inside their allocations (refused at load, never mid-run)."""
         ranges = None
         minv, maxv = self.min_values, self.max_values
-        for state in self._states_compiled():
+        for state in programs:
             for rec in state.records:
                 if not is_nccl(rec):
                     continue
@@ -159,9 +177,9 @@ class PeerMethods:
                     ncall = nccl_call(rec.name, args, nccl_group(rec.launch, rec.path), self.topology, rec.path)
                     check_extent(ncall, ranges, f"{rec.path} (program {state.name!r} call #{rec.call_index})")
 
-    def _check_once_program(self, name: str, state: Any) -> None:
+    def check_once_program(self, name: str, state: Any) -> None:
         """Once programs run at load, before connect: no peer tables, no NCCL."""
-        tables = set(self._peer_tables)
+        tables = set(self.peer_tables)
         uses = [site.path for site in call_sites(self.manifest, name)
                 if any(isinstance(a, Ref) and a.name in tables for a in site.call.args.values())]
         if uses or has_nccl(state):
@@ -172,29 +190,30 @@ class PeerMethods:
 
     def _nccl_call(self, rec: ExternRecord) -> NcclCall:
         group = nccl_group(rec.launch, rec.path)
-        if group not in self._comms:
+        if group not in self.comms:
             raise ApiError(f"{rec.path}: extern {rec.name} runs on NCCL group {group!r}, which this "
                            "runtime never joined: connect() (or connect_local) first")
         return nccl_call(rec.name, rec.args, group, self.topology, rec.path)
 
-    def _nccl_issue(self, rec: ExternRecord) -> None:
+    def nccl_issue(self, rec: ExternRecord, stream: Any) -> None:
+        """Enqueue NCCL record `rec` on `stream` (the `Launcher`'s NCCL path). Raises ApiError before a join."""
         ncall = self._nccl_call(rec)
-        self._comms[ncall.group].issue(ncall, int(self.stream))
+        self.comms[ncall.group].issue(ncall, int(stream))
 
-    def _require_ready(self, state: Any, via_group: bool = False) -> None:
+    def require_ready(self, state: Any, via_group: bool = False) -> None:
         """Refuse a run before every peer table is filled or while an NCCL group it uses is not joined,
         and an NCCL program of a connect_local runtime issued on its own."""
-        missing = missing_peer_tables(self._peer_tables, self._peers_filled)
+        missing = missing_peer_tables(self.peer_tables, self.peers_filled)
         if missing:
             raise ApiError(f"program {state.name!r}: peer table(s) not filled yet: {', '.join(missing)}; connect() "
                            "(or connect_local) first")
         if not has_nccl(state):
             return
         for rec in state.records:
-            if is_nccl(rec) and nccl_group(rec.launch, rec.path) not in self._comms:
+            if is_nccl(rec) and nccl_group(rec.launch, rec.path) not in self.comms:
                 raise ApiError(f"program {state.name!r}: {rec.path}: NCCL group {nccl_group(rec.launch, rec.path)!r} was "
                                "never joined: connect() (or connect_local) first")
-        if self._local_group is not None and not via_group:
+        if self.local_group is not None and not via_group:
             raise ApiError(f"program {state.name!r} holds NCCL collectives and this runtime was connected with "
                            "connect_local: issue it through the LocalGroup (group.issue / group.run), which interleaves "
                            "the ranks' calls in one thread")
@@ -209,7 +228,7 @@ class PeerMethods:
     @property
     def peers_ready(self) -> bool:
         """Every peer table filled and every NCCL group joined."""
-        return not missing_peer_tables(self._peer_tables, self._peers_filled) and self._nccl_groups <= set(self._comms)
+        return not missing_peer_tables(self.peer_tables, self.peers_filled) and self.nccl_groups <= set(self.comms)
 
     def export_handles(self) -> dict[str, PeerHandle]:
         """A PeerHandle for every export buffer and every VMM-backed state, by name."""
@@ -235,13 +254,13 @@ class PeerMethods:
         if len(members) != size:
             raise ApiError(f"group {group!r} has {size} members, import_peers got {len(members)} handle tables")
         me = self._ranks.get(group)
-        for table, (of, g) in self._peer_tables.items():
+        for table, (of, g) in self.peer_tables.items():
             if g != group:
                 continue
             addresses = []
             for i, handles in enumerate(members):
                 if i == me:
-                    addresses.append(self.address_of(of))
+                    addresses.append((self._buffers.get(of) or self._states[of]).address)
                     continue
                 key = (of, group, i)
                 if key not in self._peer_maps:
@@ -252,24 +271,24 @@ class PeerMethods:
                 addresses.append(self._peer_maps[key])
             data = np.asarray(addresses, dtype=np.uint64)
             call("cuMemcpyHtoD", self._buffers[table].address, data.ctypes.data, data.nbytes)
-            self._peers_filled.add(table)
+            self.peers_filled.add(table)
 
     def offer(self) -> Offer:
         """This rank's side of the handshake: family digest, ranks, peer handles, and a fresh NCCL
         unique id for each NCCL group in which this rank is member 0."""
-        ids = {g: unique_id() for g in sorted(self._nccl_groups) if self._ranks.get(g) == 0}
+        ids = {g: unique_id() for g in sorted(self.nccl_groups) if self._ranks.get(g) == 0}
         return Offer(self.manifest.family_digest, self.manifest.digest, dict(self._ranks), self.export_handles(), ids)
 
     def connect(self, offers: Mapping[str, Sequence[Offer]]) -> None:
         """Join every group: `offers[group]` is the members' offers in member order (this rank's
         included). Checks the manifests agree, imports peers, checks no peer table is unfilled, joins
         the NCCL groups (blocks until every member joins). Raises ApiError."""
-        self._prepare_connect(offers)
-        for group in sorted(self._nccl_groups):
-            self._join_nccl(group, nccl_id_of(group, offers[group]))
+        self.prepare_connect(offers)
+        for group in sorted(self.nccl_groups):
+            self.join_nccl(group, nccl_id_of(group, offers[group]))
 
-    def _prepare_connect(self, offers: Mapping[str, Sequence[Offer]]) -> None:
-        needed = self._nccl_groups | {g for _, g in self._peer_tables.values()}
+    def prepare_connect(self, offers: Mapping[str, Sequence[Offer]]) -> None:
+        needed = self.nccl_groups | {g for _, g in self.peer_tables.values()}
         for group in sorted(needed):
             if group not in offers:
                 raise ApiError(f"connect: no offers for group {group!r}, which the manifest uses")
@@ -278,14 +297,18 @@ class PeerMethods:
                 raise ApiError(f"connect: unknown group {group!r}; the manifest declares {sorted(self.topology)}")
             check_offers(group, self.topology[group], list(members), self.manifest.family_digest, self._ranks.get(group))
             self.import_peers(group, [o.handles for o in members])
-        missing = missing_peer_tables(self._peer_tables, self._peers_filled)
+        missing = missing_peer_tables(self.peer_tables, self.peers_filled)
         if missing:
             raise ApiError(f"connect: peer table(s) left unfilled: {', '.join(missing)}")
 
-    def _join_nccl(self, group: str, uid: bytes) -> None:
+    def own(self, label: str, undo: Callable[[], None]) -> None:
+        """Register `undo` (a communicator's close) on the runtime's ledger."""
+        self._ledger.on_close(label, undo)
+
+    def join_nccl(self, group: str, uid: bytes) -> None:
         self._activate()
         comm = Communicator.create(group, self.topology[group], self._ranks[group], uid, self.gpu)
-        self._comms[group] = comm
+        self.comms[group] = comm
         self._ledger.on_close(f"NCCL communicator {group}", comm.close)
 
 
@@ -325,8 +348,8 @@ def connect_local(runtimes: Sequence[Any]) -> "LocalGroup":
         if members:
             offers[group] = [members[r] for r in range(size)]
     for rt in rts:
-        rt._prepare_connect({g: o for g, o in offers.items() if g in rt.ranks})
-    joins = [(rt, g) for rt in rts for g in sorted(rt._nccl_groups)]
+        rt.peers.prepare_connect({g: o for g, o in offers.items() if g in rt.ranks})
+    joins = [(rt, g) for rt in rts for g in sorted(rt.peers.nccl_groups)]
     if joins:
         pin_nccl_env()
         created: list[tuple[Any, str, Communicator]] = []
@@ -338,11 +361,11 @@ def connect_local(runtimes: Sequence[Any]) -> "LocalGroup":
         finally:
             group_end()
         for rt, g, comm in created:
-            rt._comms[g] = comm
-            rt._ledger.on_close(f"NCCL communicator {g}", comm.close)
+            rt.peers.comms[g] = comm
+            rt.peers.own(f"NCCL communicator {g}", comm.close)
     group = LocalGroup(rts)
     for rt in rts:
-        rt._local_group = group
+        rt.peers.local_group = group
     return group
 
 
@@ -368,7 +391,7 @@ class LocalGroup:
         for rt in self.runtimes:
             rt._activate()
             state = rt._program(program)
-            rt._require_ready(state, via_group=True)
+            rt.peers.require_ready(state, via_group=True)
             out.append((rt, state, normalise_vars(vars, rt.manifest.vars, state.reads, program)))
         counts = {len(s.records) for _, s, _ in out}
         if len(counts) != 1:
@@ -447,5 +470,5 @@ class LocalGroup:
 
     def close(self) -> None:
         for rt in self.runtimes:
-            rt._local_group = None
+            rt.peers.local_group = None
             rt.close()

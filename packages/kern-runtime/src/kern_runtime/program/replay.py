@@ -43,10 +43,10 @@ def is_nccl(rec: Any) -> bool:
 
 class Launcher:
     """Enqueues one patched, active record on `stream`: kernels directly, GEMM externs through `blas` (None when
-    the manifest has none), NCCL externs through `nccl(rec)` (the runtime's peers part, which knows the
+    the manifest has none), NCCL externs through `nccl(rec, stream)` (the runtime's peers part, which knows the
     communicators). Raises CallError naming the program, the call index and the op."""
 
-    def __init__(self, stream: Any, blas: Blas | None, nccl: Callable[[ExternRecord], None]) -> None:
+    def __init__(self, stream: Any, blas: Blas | None, nccl: Callable[[ExternRecord, Any], None]) -> None:
         self.stream = stream
         self.blas = blas
         self.nccl = nccl
@@ -56,7 +56,7 @@ class Launcher:
             if isinstance(rec, KernelRecord):
                 launch_kernel(rec, self.stream)
             elif rec.name in NCCL_EXTERNS:
-                self.nccl(rec)
+                self.nccl(rec, self.stream)
             else:
                 assert self.blas is not None, "kern bug: a GEMM extern record without a cuBLASLt handle"
                 self.blas.matmul(gemm_call(rec.name, rec.args, rec.path), int(self.stream), rec.algo, rec.path)
