@@ -391,3 +391,12 @@ def test_public_and_private_checks_catch_each_kind(tmp_path: Path) -> None:
                    "reads _host, a private attribute of another kern package",
                    "reads _pool, a private attribute of another kern package",
                    "reads private kern_pool._hidden"]
+
+
+@pytest.mark.parametrize("module", sorted(PUBLIC_MODULES))
+def test_every_exported_name_exists(module: str) -> None:
+    """What a public module's `__all__` promises is there (importing it loads no CUDA library)."""
+    import importlib
+
+    mod = importlib.import_module(module)
+    assert [name for name in mod.__all__ if not hasattr(mod, name)] == []

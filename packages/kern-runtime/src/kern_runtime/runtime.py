@@ -19,7 +19,7 @@ import os
 import time
 from typing import Any, Callable, Mapping
 
-from kern_manifest import ExternLaunch, Launch, Manifest, var_max, var_min
+from kern_manifest import ExternLaunch, Manifest, var_max, var_min
 
 from .buffer_io import BufferIO
 from .cuda.blas import EXTERN_GEMMS, WORKSPACE_BYTES, Blas, check_algo_keys, gemm_call
@@ -28,17 +28,13 @@ from .cuda.dtypes import item_bytes
 from .cuda.graphs import graph_key, normalise_vars
 from .cuda.memory import Allocation, Ledger, vmm_granularity_bytes
 from .cuda.modules import (
-    function_attributes,
     load_module,
-    raise_shared_limit,
     read_pinned_modules,
-    resolve_function,
-    set_shared_carveout,
+    resolve_launches,
 )
 from .describe import describe
 from .errors import (
     ApiError,
-    KernelArtifactError,
     WeightArtifactError,
     int_arg,
 )
@@ -55,7 +51,6 @@ from .program.records import (
     Record,
     args_at_range_ends,
     compile_program,
-    launch_path,
     program_reads,
 )
 from .program.replay import Launcher, Programs, ProgramState
@@ -63,8 +58,6 @@ from .weights.loader import Progress, Target, WeightLoader
 from .weights.plan import BindPlan, Copy, plan_bind
 from .weights.resident import ResidentWeights, weight_identity
 from .weights.tensors import Tensors
-
-SHARED_DEFAULT_LIMIT_BYTES = 48 * 1024
 
 POOL_API = (
     "kern_pool", "scratch_slot_id", "settle", "state_object_address", "lease", "lease_slot", "checkpoint", "retire",
@@ -209,29 +202,8 @@ class Runtime:
         images = read_pinned_modules(kernels_dir, {n: m.sha256 for n, m in self.manifest.modules.items()})
         self.peers.scan_peer_launches(images)  # multicast check of launches that receive peer memory
         modules = {name: load_module(image, name, self._ledger) for name, image in images.items()}
-        maxv, minv = self.max_values, self.min_values
-        # The dynamic shared memory limit and the preferred carveout are properties of the function, not
-        # of a launch: one function launched by several ops gets the largest of their shared sizes and
-        # their one carveout (modules.function_attributes).
-        uses: list[tuple[Any, str, int, int | None]] = []
-        for op in self.manifest.ops.values():
-            for li, launch in enumerate(op.launches):
-                if not isinstance(launch, Launch):
-                    continue
-                path = launch_path(op.name, li)
-                if launch.module not in modules:
-                    raise KernelArtifactError(f"{path}: module {launch.module!r} is not pinned")
-                fn = resolve_function(modules[launch.module], launch.entry, launch.params,
-                                      f"{path} (module {launch.module!r})")
-                shared = max(launch.shared_mem.eval(maxv), launch.shared_mem.eval(minv))
-                uses.append((fn, path, shared, launch.carveout))
-                self._functions[(op.name, li)] = fn
-                self._function_modules[(op.name, li)] = launch.module
-        for attrs in function_attributes(uses):
-            if attrs.shared_mem > SHARED_DEFAULT_LIMIT_BYTES:
-                raise_shared_limit(attrs.function, attrs.shared_mem)
-            if attrs.carveout is not None:
-                set_shared_carveout(attrs.function, attrs.carveout)
+        self._functions, self._function_modules = resolve_launches(self.manifest, modules, self.max_values,
+                                                                   self.min_values)
 
     def _allocate(self, capacity: Capacity, resident: ResidentWeights | None) -> None:
         spec, maxv = self.manifest, self.max_values
