@@ -270,7 +270,7 @@ class Runtime:
             if pool_bytes > free_bytes:
                 raise ApiError(f"capacity {capacity}: the pool needs {pool_bytes} bytes of device memory, "
                                f"GPU {self.gpu} has {free_bytes} bytes free")
-            # one arena for every pooled state, mapped where kern_pool says, zeroed (remap.py, pooled.py)
+            # one arena for every pooled state, mapped where kern_pool says, zeroed (kv/remap.py, kv/pooled.py)
             ps = PoolState.create(self.pool.layout, self.gpu, self.context, self.stream)
             self._ledger.on_close("pooled states", ps.close)
             self._pooled_state = ps
@@ -398,9 +398,11 @@ class Runtime:
         return list(self.programs.states.values()) if self.programs is not None else []
 
     def _program(self, name: str) -> ProgramState:
-        if self.programs is None:
+        programs = self.programs
+        if programs is None:
             raise ApiError(f"unknown program {name!r}: this runtime has no compiled programs")
-        return self.programs.get(name)
+        state = programs.states.get(name) if isinstance(name, str) else None  # the per-step path: one dict get
+        return state if state is not None else programs.get(name)
 
     def run(self, program: str, vars: Mapping[str, int] | None = None) -> None:
         """Enqueue `program` launch by launch (eager) on the compute stream; does not synchronise.
@@ -408,7 +410,7 @@ class Runtime:
         CallError (a failing call)."""
         self._activate()
         state = self._program(program)
-        self.peers.require_ready(state)  # peers connected, NCCL joined (multigpu.py)
+        self.peers.require_ready(state)  # peers connected, NCCL joined (multigpu/connect.py)
         self._programs().enqueue(state, normalise_vars(vars, self.manifest.vars, state.reads, program))
 
     def run_range(self, program: str, vars: Mapping[str, int] | None, start: int, stop: int) -> None:
@@ -431,7 +433,7 @@ class Runtime:
             raise ApiError(f"run_range({program!r}): stop {end} is past the program's {count} call(s)")
         if first > end:
             raise ApiError(f"run_range({program!r}): start {first} is after stop {end}")
-        self.peers.require_ready(state)  # peers connected, NCCL joined (multigpu.py)
+        self.peers.require_ready(state)  # peers connected, NCCL joined (multigpu/connect.py)
         self._programs().enqueue(state, normalise_vars(vars, self.manifest.vars, state.reads, program),
                                  range(first, end))
 
@@ -442,7 +444,7 @@ class Runtime:
         CallError (a failing call)."""
         self._activate()
         state = self._program(program)
-        self.peers.require_ready(state)  # peers connected, NCCL joined (multigpu.py)
+        self.peers.require_ready(state)  # peers connected, NCCL joined (multigpu/connect.py)
         values = normalise_vars(vars, self.manifest.vars, state.reads, program)
         programs = self.programs
         if eager or not state.graph:
