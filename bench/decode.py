@@ -192,7 +192,7 @@ def kern_breakdown(gen: Any, prompt: list[int], chunk: int, replays: int, batch:
             marks.append((index, start, stop))
             pending.append(marks[-1])
             launch = rec.launch
-            names[index] = (rec.op, getattr(launch, "entry", None) or f"cublasLt {launch.extern}")
+            names[index] = (rec.op, getattr(launch, "entry", None) or f"cublasLt {launch.name}")
 
         rt.run_hooked("decode", {"tokens": 1, "seqs": 1}, on_launch)
         ev.record(marks[-1][2])

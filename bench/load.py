@@ -95,12 +95,10 @@ def main() -> int:
                         help="bytes of each of a worker's two pinned staging buffers (default: the loader's)")
     args = parser.parse_args()
 
-    from kern_runtime import Runtime, SafetensorsTensors
-    from kern_runtime.weights import loader
+    from kern_runtime import STAGING_BYTES, Runtime, SafetensorsTensors
 
-    if args.staging_mib is not None:
-        loader.STAGING_BYTES = int(args.staging_mib * (1 << 20))
-    staging_mib = loader.STAGING_BYTES / (1 << 20)
+    staging_bytes = int(args.staging_mib * (1 << 20)) if args.staging_mib is not None else STAGING_BYTES
+    staging_mib = staging_bytes / (1 << 20)
     names = make_checkpoint(args.dir, args.gib)
     t0 = time.perf_counter()
     warmed = warm(args.dir)
@@ -109,7 +107,7 @@ def main() -> int:
     m = manifest(names, args.layout)
     best = 0.0
     for r in range(args.repeat):
-        rt = Runtime.load(m, args.dir, tensors, gpu=args.gpu, threads=args.threads)
+        rt = Runtime.load(m, args.dir, tensors, gpu=args.gpu, threads=args.threads, staging_bytes=staging_bytes)
         nbytes, seconds = rt.weight_load_stats
         timings = rt.weight_load_timings
         rt.close()

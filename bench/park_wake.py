@@ -18,7 +18,7 @@ import sys
 import time
 
 from kern_runtime import Capacity, Runtime
-from kern_runtime.driver import call
+from kern_runtime.cuda import call
 
 
 def manifest(states: int, bytes_per_token: int) -> dict:

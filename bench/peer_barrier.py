@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from tools.gen_peer_barrier import build_manifest
     from kern_runtime import Runtime
-    from kern_runtime.multigpu import connect_local
+    from kern_runtime import connect_local
 
     manifest = build_manifest(args.gpus, json.loads((args.kernels / "kernels.json").read_text()), args.burst,
                               args.timeout_ms * 1_000_000)

@@ -70,7 +70,7 @@ class Bench:
     """Device buffers, a stream and events for one (n, k) shape at M up to m_max."""
 
     def __init__(self, blas: Any, n: int, k: int, m_max: int, seed: int) -> None:
-        from kern_runtime.driver import call
+        from kern_runtime.cuda import call
 
         self.call, self.blas, self.n, self.k, self.m_max = call, blas, n, k, m_max
         rng = np.random.default_rng(seed)
@@ -92,7 +92,7 @@ class Bench:
         self.call("cuStreamDestroy", self.stream)
 
     def gemm(self, a: int, c: int, m: int) -> Any:
-        from kern_runtime.blas import gemm_call
+        from kern_runtime.cuda import gemm_call
 
         return gemm_call("cublaslt_bf16_tn", (a, self.w, c, m, self.n, self.k), f"pick_algos n={self.n} k={self.k}")
 
@@ -164,10 +164,10 @@ class Bench:
 
 
 def algo_config(algo: np.ndarray) -> dict[str, int]:
-    """Every pinnable attribute of a cublasLtMatmulAlgo_t (kern_runtime.blas.ALGO_KEYS)."""
+    """Every pinnable attribute of a cublasLtMatmulAlgo_t (kern_runtime.cuda.blas.ALGO_KEYS)."""
     from nvmath.bindings import cublasLt as lt
 
-    from kern_runtime.blas import ALGO_KEYS
+    from kern_runtime.cuda import ALGO_KEYS
 
     out = {}
     for key, name in ALGO_KEYS.items():
@@ -184,12 +184,12 @@ def candidates(bench: Bench, ms: list[int], count: int = 24, split_k: bool = Fal
     """Distinct heuristic configurations at each M; with no split-K and no reduction scheme unless `split_k`."""
     from nvmath.bindings import cublasLt as lt
 
-    from kern_runtime.blas import WORKSPACE_BYTES, alignment_bytes, blas_call
+    from kern_runtime.cuda import WORKSPACE_BYTES, alignment_bytes, blas_call
 
     blas, seen, out = bench.blas, set(), []
     for m in ms:
         g = bench.gemm(bench.a, bench.c, m)
-        desc, a, b, c = blas._describe(g)
+        desc, a, b, c = blas.describe_gemm(g)
         pref = blas_call("cublasLtMatmulPreferenceCreate", lt.matmul_preference_create)
         try:
             P = lt.MatmulPreferenceAttribute
@@ -225,7 +225,7 @@ def candidates(bench: Bench, ms: list[int], count: int = 24, split_k: bool = Fal
 
 
 def pick(blas: Any, n: int, k: int, m_max: int, log: Any) -> dict[str, Any]:
-    from kern_runtime.errors import KernelArtifactError
+    from kern_runtime import KernelArtifactError
 
     bench = Bench(blas, n, k, m_max, seed=n * 131 + k)
     try:
@@ -267,7 +267,7 @@ def pick(blas: Any, n: int, k: int, m_max: int, log: Any) -> dict[str, Any]:
 def pick_m1(blas: Any, n: int, k: int, log: Any) -> dict[str, Any]:
     """The fastest configuration at M = 1 (decode: no invariance needed, split-K allowed), graph-timed, against
     the heuristic's own choice."""
-    from kern_runtime.errors import KernelArtifactError
+    from kern_runtime import KernelArtifactError
 
     bench = Bench(blas, n, k, 1, seed=n * 131 + k)
     try:
@@ -355,8 +355,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from nvmath.bindings import cublasLt as lt
 
-    from kern_runtime.blas import WORKSPACE_BYTES, Blas
-    from kern_runtime.driver import call
+    from kern_runtime.cuda import WORKSPACE_BYTES, Blas
+    from kern_runtime.cuda import call
 
     shapes = sorted({s for cfg in configs for tp in (args.tp or [1]) for s in gemm_shapes(cfg, tp)})
     call("cuInit", 0)

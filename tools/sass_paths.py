@@ -30,7 +30,7 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
-from kern_runtime import sass  # cuobjdump discovery, disassembly and the SASS line format
+from kern_runtime.cuda import sass  # cuobjdump discovery, disassembly and the SASS line format
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -110,7 +110,7 @@ def unwaited_exits(instrs: list[Instr]) -> list[int]:
 
 
 def cubin_functions(cubin: Path, cuobjdump: str) -> dict[str, list[Instr]]:
-    """Every function of a cubin, disassembled with `cuobjdump -sass` (kern_runtime.sass.disassemble: nvdisasm
+    """Every function of a cubin, disassembled with `cuobjdump -sass` (kern_runtime.cuda.sass.disassemble: nvdisasm
     beside cuobjdump, on NVDISASM_PATH or from the wheels). Raises SassPathError when the cubin is not a file,
     the disassembly fails or lists no function (nothing to prove: never "every path waits")."""
     if not cubin.is_file():

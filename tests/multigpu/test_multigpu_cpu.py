@@ -14,13 +14,16 @@ from mg_helpers import FIXTURES, REPO, barrier_manifest, nccl_manifest, referenc
 
 from kern_manifest import ManifestVerifyError, find_faults, parse_manifest, verify
 from kern_runtime import ApiError, KernelArtifactError, ManifestError
-from kern_runtime import sass
-from kern_runtime.memory import Allocation
-from kern_runtime.nccl import NCCL_ENV_DEFAULTS, check_extent, element_counts, nccl_call, pin_nccl_env, split_extern
-from kern_runtime.peers import Offer, PeerBlock, PeerHandle, check_offers, export_handle, missing_peer_tables
-from kern_runtime.records import AddressBook, compile_call
-from kern_runtime.runtime import ProgramState, Runtime, load_spec
-from kern_runtime.spec import BufferSpec, TensorSegment
+from kern_runtime.cuda import sass
+from kern_runtime.cuda.memory import Allocation
+from kern_runtime.cuda.nccl import NCCL_ENV_DEFAULTS, check_extent, element_counts, nccl_call, pin_nccl_env, split_extern
+from kern_runtime.multigpu.peers import Offer, PeerBlock, PeerHandle, check_offers, export_handle, missing_peer_tables
+from kern_runtime.program.records import AddressBook, compile_program
+from kern_runtime.program.replay import ProgramState
+from kern_manifest import var_max, var_min
+from kern_runtime.multigpu.connect import Peers
+from kern_runtime.runtime import load_spec
+from kern_manifest import Buffer, Expr, RowsSegment
 from kern_runtime.weights.plan import plan_bind
 from kern_runtime.weights.tensors import TensorMeta
 
@@ -194,8 +197,8 @@ def test_family_digest_ignores_binds_name_meta_only() -> None:
 
 def test_cols_bind_plan_copies_the_column_slice() -> None:
     full = np.arange(8 * 6, dtype=np.uint16).reshape(8, 6)
-    buf = BufferSpec("w", "weight", "bf16", (), bind=(TensorSegment("t", (2, 6), (8, 6), (3, 6)),))
-    object.__setattr__(buf, "shape", tuple(__import__("kern_manifest").Expr(d) for d in (4, 3)))
+    buf = Buffer(name="w", kind="weight", dtype="bf16", shape=(Expr(4), Expr(3)),
+                 bind=(RowsSegment(tensor="t", start=2, stop=6, shape=(8, 6), cols=(3, 6)),))
     plan = plan_bind(buf, {"t": TensorMeta("bf16", (8, 6))})
     (copy,) = plan.copies  # one 2-D copy: 3 columns of rows 2..5, source pitch = the tensor's row
     assert (copy.src_offset, copy.src_pitch, copy.dst_offset, copy.dst_pitch, copy.width, copy.height) == (
@@ -259,42 +262,39 @@ def test_reference_collectives() -> None:
 # ---------------------------------------------------------------- runtime refusals (no GPU)
 
 
-def _bare_runtime(manifest: dict, ranks: dict) -> Runtime:
-    rt = Runtime()
-    rt.spec = load_spec(manifest)
-    rt._ranks = ranks
-    return rt
+def _bare_runtime(manifest: dict, ranks: dict) -> Peers:
+    """The multi-GPU part of a runtime on its own (no GPU): it checks the topology when it is made."""
+    m = load_spec(manifest)
+    return Peers(m, m.topology.sizes(), var_min(m.vars), var_max(m.vars), ranks, {}, 0, None, {}, {}, {},
+                 lambda: None)
 
 
 def test_nccl_program_refused_before_join() -> None:
     rt = _bare_runtime(nccl_manifest(), {"tp": 0})
-    rt._check_topology()
-    assert rt._nccl_groups == {"tp"}
+    assert rt.nccl_groups == {"tp"}
     book = AddressBook({"send_f32": 0x1000, "recv_f32": 0x10000, "send_bf16": 0x20000, "recv_bf16": 0x30000},
                        ranks={"tp": 0})
-    call = rt.spec.programs["allreduce_f32"].calls[0]
-    records = compile_call(0, call, rt.spec, book, lambda op, li: None)
+    records, _ = compile_program(rt.manifest, "allreduce_f32", book, lambda op, li: None)
     state = ProgramState("allreduce_f32", False, "run", records, frozenset())
     with pytest.raises(ApiError, match="NCCL group 'tp' was never joined"):
-        rt._require_ready(state)
+        rt.require_ready(state)
     assert not rt.peers_ready
 
 
 def test_ranks_required_and_checked() -> None:
     with pytest.raises(ApiError, match=r"pass ranks=\{group: index\}"):
-        _bare_runtime(nccl_manifest(), {})._check_topology()
+        _bare_runtime(nccl_manifest(), {})
     with pytest.raises(ApiError, match="outside group 'tp'"):
-        _bare_runtime(nccl_manifest(), {"tp": 2})._check_topology()
+        _bare_runtime(nccl_manifest(), {"tp": 2})
 
 
 def test_run_refused_before_peer_tables_filled() -> None:
     rt = _bare_runtime(barrier_manifest(), {"world": 1})
-    rt._check_topology()
     state = ProgramState("barrier", False, "run", [], frozenset())
     with pytest.raises(ApiError, match=r"peer table\(s\) not filled yet: peers \(peers of flags in world\)"):
-        rt._require_ready(state)
-    rt._peers_filled.add("peers")
-    rt._require_ready(state)
+        rt.require_ready(state)
+    rt.peers_filled.add("peers")
+    rt.require_ready(state)
 
 
 def test_once_program_with_peer_table_refused() -> None:
@@ -302,9 +302,8 @@ def test_once_program_with_peer_table_refused() -> None:
     raw.pop("digest")
     raw["programs"]["barrier"]["kind"] = "once"
     rt = _bare_runtime(raw, {"world": 0})
-    rt._check_topology()
     with pytest.raises(ApiError, match="once program 'barrier' uses peer tables"):
-        rt._check_once_program("barrier", ProgramState("barrier", False, "once", [], frozenset()))
+        rt.check_once_program("barrier", ProgramState("barrier", False, "once", [], frozenset()))
 
 
 # ---------------------------------------------------------------- tensor-parallel manifests

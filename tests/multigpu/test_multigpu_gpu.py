@@ -66,7 +66,7 @@ def _bf16_value(bits: np.ndarray) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def nccl_group(nccl_ok):
-    from kern_runtime.multigpu import connect_local
+    from kern_runtime.multigpu.connect import connect_local
 
     rts = _load_pair(nccl_manifest(2, COUNT), "tp")
     group = connect_local(rts)
@@ -121,7 +121,7 @@ def test_nccl_extern_vs_numpy(nccl_group, coll: str, dt: str, captured: bool) ->
 
 @pytest.fixture(scope="module")
 def barrier_group(two_gpus):
-    from kern_runtime.multigpu import connect_local
+    from kern_runtime.multigpu.connect import connect_local
 
     rts = _load_pair(barrier_manifest(2, timeout_ns=300_000_000, burst=10), "world")
     group = connect_local(rts)
@@ -130,7 +130,7 @@ def barrier_group(two_gpus):
 
 
 def test_peer_memory_written_and_read_across_gpus(barrier_group) -> None:
-    from kern_runtime.driver import call
+    from kern_runtime.cuda.driver import call
 
     rts = barrier_group.runtimes
     for rt in rts:

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from kern_runtime import ApiError
-from kern_runtime.peers import OFFER_MAGIC, Offer, PeerBlock, PeerHandle
+from kern_runtime.multigpu.peers import OFFER_MAGIC, Offer, PeerBlock, PeerHandle
 
 
 def _offer() -> Offer:

@@ -336,12 +336,12 @@ def test_params_come_from_kernels_json() -> None:
     assert m["ops"]["silu_mul"]["launches"][0]["params"] == [[0, 8], [16, 8], [32, 4], [40, 4]]
 
 
-def test_runtime_spec_parses() -> None:
-    spec_mod = pytest.importorskip("kern_runtime.spec")
+def test_runtime_loads_the_generated_manifest() -> None:
+    runtime = pytest.importorskip("kern_runtime.runtime")
     raw = _manifest("tiny", max_context=4096)
-    spec = spec_mod.spec_from_json(raw)
+    spec = runtime.load_spec(raw)
     assert spec.digest == raw["digest"]
-    assert len(spec.programs["decode"].calls) == len(raw["programs"]["decode"]["calls"])
+    assert spec.programs["decode"].num_calls(spec) == len(raw["programs"]["decode"]["calls"])
 
 
 def test_manifest_matches_checkpoint(tiny_ckpt: Path, tiny_manifest: Path, tmp_path: Path, kernels_dir: Path) -> None:
@@ -383,19 +383,17 @@ def test_committed_manifest_is_current(fname: str) -> None:
 def test_runtime_compiles_every_call(fname: str) -> None:
     """The runtime's (pure) record compiler accepts every call of the committed manifests at fake addresses,
     and the decode step reads only tokens and seqs (its graph key)."""
-    records = pytest.importorskip("kern_runtime.records")
-    from kern_runtime import spec_from_json
+    records = pytest.importorskip("kern_runtime.program.records")
+    from kern_runtime import load_spec
 
     path = ROOT / "manifests" / fname
-    spec = spec_from_json(json.loads(path.read_text()))
+    spec = load_spec(json.loads(path.read_text()))
     targets = {name: 0x10000 * (i + 1) for i, name in enumerate([*spec.buffers, *spec.states])}
-    scratch = {(op.name, s): 0x7000_0000 + 0x1000 * i for i, op in enumerate(spec.ops.values()) for s, _ in op.scratch}
+    scratch = {(op.name, s): 0x7000_0000 + 0x1000 * i for i, op in enumerate(spec.ops.values()) for s in op.scratch}
     pages = {name: 1000 + i for i, (name, st) in enumerate(spec.states.items()) if st.kind == "paged"}
     book = records.AddressBook(targets, scratch, pages=pages)
     for pname in ("load", "prefill", "decode"):
-        recs = []
-        for i, call in enumerate(spec.programs[pname].calls):
-            recs += records.compile_call(i, call, spec, book, lambda op, li: None)
+        recs, _ = records.compile_program(spec, pname, book, lambda op, li: None)
         for rec in recs:
             rec.patch({"tokens": 1, "seqs": 1})
         if pname == "decode":
@@ -404,9 +402,9 @@ def test_runtime_compiles_every_call(fname: str) -> None:
         # each attention launch stages its own layer's page count after bt_stride, once, at compile
         attn = [r for r in recs if getattr(r.launch, "entry", "") in NUM_PAGES_AT]
         assert len(attn) == sum({"attn_decode": 1, "attn_prefill": 1, "qk_norm_rope_kv": 1}.get(
-            c.op, 0) for c in spec.programs[pname].calls)
+            c.op, 0) for c in spec.programs[pname].flat_calls(spec))
         for r in attn:
-            layer_state = spec.programs[pname].calls[r.call_index].args["kv"].target
+            layer_state = spec.programs[pname].flat_calls(spec)[r.call_index].args["kv"].name
             index = NUM_PAGES_AT[r.launch.entry]
             assert r.params.read(index) == pages[layer_state].to_bytes(4, "little")
             assert index not in [i for i, _ in r.dynamic]

@@ -21,7 +21,7 @@ import pytest
 from kern_run.models import qwen3 as gq
 from tools import sass_paths
 from kern_run_testutil import ROOT
-from kern_runtime.sass import find_cuobjdump
+from kern_runtime.cuda.sass import find_cuobjdump
 
 MANIFESTS = sorted((ROOT / "manifests").glob("*.json"))
 

@@ -255,8 +255,8 @@ def fake_device(monkeypatch: pytest.MonkeyPatch) -> dict[str, object]:
     def call(name: str, *args: object) -> object:
         return str(state["name"]).encode() + b"\x00\x00" if name == "cuDeviceGetName" else 1
 
-    monkeypatch.setattr("kern_runtime.driver.call", call)
-    monkeypatch.setattr("kern_runtime.blas.Blas", lambda workspace: types.SimpleNamespace(close=lambda: None))
+    monkeypatch.setattr("kern_runtime.cuda.call", call)  # the public names tools/pick_algos.py imports
+    monkeypatch.setattr("kern_runtime.cuda.Blas", lambda workspace: types.SimpleNamespace(close=lambda: None))
 
     def pick_m1(blas: object, n: int, k: int, log: object) -> dict:
         state["picked"].append((n, k))

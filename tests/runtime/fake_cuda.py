@@ -2,7 +2,7 @@
 
 Use the `fake_cuda` fixture (import it into the test module): it puts a `FakeDriver` in
 `sys.modules["cuda.bindings.driver"]` for one test and restores the real module afterwards, so
-`kern_runtime.driver.cu()` (which imports the module on every use) sees the fake.
+`kern_runtime.cuda.driver.cu()` (which imports the module on every use) sees the fake.
 
 What the fake does:
 

@@ -43,3 +43,41 @@ def scale_op(module: str = "toy", entry: str = "kern_scale") -> dict[str, Any]:
             "args": [{"arg": "x"}, {"arg": "y"}, {"arg": "n", "type": "i32"}, {"f32": 2.0}],
         }],
     }
+
+
+# ---------------------------------------------------------------- kern_manifest objects, built short
+
+
+def seg(tensor: str, rows: tuple[int, int] | None = None, shape: tuple[int, ...] | None = None,
+        cols: tuple[int, int] | None = None) -> Any:
+    """A bind segment of checkpoint tensor `tensor`: its rows `[rows[0], rows[1])` (a kern_manifest
+    `RowsSegment`) or all of it (`TensorSegment`), optionally a column range."""
+    from kern_manifest import RowsSegment, TensorSegment
+
+    if rows is None:
+        return TensorSegment(tensor=tensor, shape=shape, cols=cols)
+    return RowsSegment(tensor=tensor, start=rows[0], stop=rows[1], shape=shape, cols=cols)
+
+
+def interleave(tensors: tuple[str, ...], rows: int) -> Any:
+    """kern_manifest `InterleaveSegment`: blocks of `rows` rows of each of `tensors` in turn."""
+    from kern_manifest import InterleaveSegment
+
+    return InterleaveSegment(tensors=tuple(tensors), rows=rows)
+
+
+def buffer_of(name: str, kind: str, dtype: str, shape: tuple[Any, ...], placement: str = "device",
+              export: bool = False, bind: tuple[Any, ...] | None = None) -> Any:
+    """kern_manifest `Buffer` (shape: ints, expression strings or Exprs)."""
+    from kern_manifest import Buffer, Expr
+
+    dims = tuple(d if isinstance(d, Expr) else Expr(d) for d in shape)
+    return Buffer(name=name, kind=kind, dtype=dtype, shape=dims, placement=placement, export=export,
+                  bind=tuple(bind) if bind is not None else None)
+
+
+def state_of(name: str, kind: str, **sizes: int) -> Any:
+    """kern_manifest `State` (`bytes`, `bytes_per_token` + `page_tokens`, or `bytes_per_seq`)."""
+    from kern_manifest import State
+
+    return State(name=name, kind=kind, **sizes)

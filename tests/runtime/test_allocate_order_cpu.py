@@ -15,7 +15,7 @@ import pytest
 from fake_cuda import FakeDriver, fake_cuda  # noqa: F401 - the fixture
 from kern_pool.sizing import HEADROOM_BYTES
 from kern_runtime import Capacity, Runtime
-from kern_runtime.blas import WORKSPACE_BYTES
+from kern_runtime.cuda.blas import WORKSPACE_BYTES
 from runtime_helpers import base_manifest
 
 MiB = 1 << 20

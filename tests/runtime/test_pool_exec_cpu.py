@@ -10,9 +10,9 @@ import pytest
 
 import kern_pool
 from kern_pool import Copies, HostCopies, Layout, PageCopy, SlotCopy
-from kern_runtime import host_tier, pool_exec, pooled, remap
-from kern_runtime.host_tier import Copy2D, HostGeometry, class_copies, host_copies
-from kern_runtime.pool_exec import ClassGeometry, DtoD, Memset, copy_ops, id_runs, pair_runs, plan_ops, zero_ops
+from kern_runtime.kv import device_pool, handles, host_tier, pool_exec, pooled, remap
+from kern_runtime.kv.host_tier import Copy2D, HostGeometry, class_copies, host_copies
+from kern_runtime.kv.pool_exec import ClassGeometry, DtoD, Memset, copy_ops, id_runs, pair_runs, plan_ops, zero_ops
 
 MIB = 1 << 20
 
@@ -184,25 +184,20 @@ class Recorder:
         self.calls.clear()
 
 
-class FakeRuntime(pooled.PoolMethods):
-    def __init__(self, layout: Layout) -> None:
-        self.stream = "compute"
-        self.context = "ctx"
-        self.gpu = 0
-        self._pooled_state = pooled.PoolState.create(layout, 0, "ctx", "compute")
-
-    def _activate(self) -> None:
-        pass
+def FakeRuntime(layout: Layout) -> device_pool.DevicePool:
+    """The runtime's device pool part on its own (the recorder stands in for the driver)."""
+    return device_pool.DevicePool(pooled.PoolState.create(layout, 0, "ctx", "compute"), "compute", 0, lambda: None)
 
 
 @pytest.fixture
 def rec(monkeypatch: pytest.MonkeyPatch) -> Recorder:
     r = Recorder()
-    for mod in (pool_exec, remap, pooled, host_tier):
+    for mod in (pool_exec, remap, pooled, host_tier, device_pool, handles):
         monkeypatch.setattr(mod, "call", r)
-    monkeypatch.setattr(pooled, "event_done", lambda event: True)
+    for mod in (pooled, handles):
+        monkeypatch.setattr(mod, "event_done", lambda event: True)
     monkeypatch.setattr(host_tier, "numa_target", lambda bdf, sys_root="/sys": None)
-    monkeypatch.setattr(pooled, "numa_target", lambda bdf, sys_root="/sys": None)
+    monkeypatch.setattr(device_pool, "numa_target", lambda bdf, sys_root="/sys": None)
     return r
 
 
@@ -309,9 +304,9 @@ def test_awake_consumes_the_waking_a_second_awake_is_closed(rec: Recorder, monke
     lease.advance_to(40)
     parked = rt.park_now(rt.retire(lease, 40))
     waking = rt.wake(parked, 40, 64)
-    monkeypatch.setattr(pooled, "event_done", lambda event: False)
+    monkeypatch.setattr(handles, "event_done", lambda event: False)
     assert rt.awake(waking) is None and rt.awake(waking) is None  # not landed: asking again is fine
-    monkeypatch.setattr(pooled, "event_done", lambda event: True)
+    monkeypatch.setattr(handles, "event_done", lambda event: True)
     woken = rt.awake(waking)
     assert woken is not None and woken.prefix_tokens == 40 and woken.seq_slot_id is not None
     pool = rt.kern_pool

@@ -21,8 +21,8 @@ import pytest
 from runtime_helpers import KERNELS_DIR
 
 from kern_pool import Busy, ExceedsPool, Misuse, Remapping
-from kern_runtime import Capacity, Lease, Runtime
-from kern_runtime.driver import call
+from kern_runtime import Capacity, DeviceLease, Runtime
+from kern_runtime.cuda.driver import call
 
 pytestmark = pytest.mark.gpu
 
@@ -132,12 +132,12 @@ def slot_bytes(rt: Runtime, slot_id: int) -> np.ndarray:
     return read_device(rt.state_object_address("ss", slot_id), BPS)
 
 
-def token_bytes(rt: Runtime, state: str, lease: Lease, pos: int) -> np.ndarray:
+def token_bytes(rt: Runtime, state: str, lease: DeviceLease, pos: int) -> np.ndarray:
     page = lease.page_ids()[pos // PT]
     return page_bytes(rt, state, page)[(pos % PT) * BPT:(pos % PT + 1) * BPT]
 
 
-def write(rt: Runtime, rows: list[tuple[Lease | None, int, int]], salt: int, *, tokens: int | None = None) -> None:
+def write(rt: Runtime, rows: list[tuple[DeviceLease | None, int, int]], salt: int, *, tokens: int | None = None) -> None:
     """Write positions [start, stop) of each row's lease with `salt`; None rows and tokens past the live
     ones are padding (scratch page slot 0, scratch per-seq slot). `tokens` fixes the launch size."""
     slots, pos, trows = [], [], []
@@ -165,7 +165,7 @@ def write(rt: Runtime, rows: list[tuple[Lease | None, int, int]], salt: int, *, 
     rt.issue("write", {"tokens": n})
 
 
-def mismatches(rt: Runtime, rows: list[tuple[Lease, int]], salt: int) -> list[int]:
+def mismatches(rt: Runtime, rows: list[tuple[DeviceLease, int]], salt: int) -> list[int]:
     """Bytes of each (lease, length) row that differ from the pattern, counted on the GPU."""
     rt.write_input("block_table", rt.block_table([lease for lease, _ in rows], WIDTH))
     rt.write_input("seq_lens", np.asarray([n for _, n in rows], np.int32))
@@ -175,7 +175,7 @@ def mismatches(rt: Runtime, rows: list[tuple[Lease, int]], salt: int) -> list[in
     return rt.read_output("mismatches", rows=len(rows)).tolist()
 
 
-def assert_tokens(rt: Runtime, lease: Lease, start: int, stop: int, salt: int) -> None:
+def assert_tokens(rt: Runtime, lease: DeviceLease, start: int, stop: int, salt: int) -> None:
     for p in range(start, stop):
         for tag, state in ((0, "pa"), (1, "pb")):
             got = token_bytes(rt, state, lease, p)

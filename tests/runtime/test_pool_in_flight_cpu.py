@@ -19,8 +19,8 @@ import pytest
 
 import kern_pool
 from kern_pool import Layout, NotLanded
-from kern_runtime import pooled
-from kern_runtime.pool_exec import pair_runs
+from kern_runtime.kv import handles, pooled
+from kern_runtime.kv.pool_exec import pair_runs
 from test_pool_exec_cpu import FakeRuntime, Recorder, rec  # noqa: F401 - rec is the fixture
 
 LAYOUT = Layout.simple(page_tokens=16, pages=8, slots=3)  # one paged state, one per-seq state, 1 MiB each
@@ -44,7 +44,8 @@ class Events:
 @pytest.fixture
 def events(rec: Recorder, monkeypatch: pytest.MonkeyPatch) -> Events:
     ev = Events(rec)
-    monkeypatch.setattr(pooled, "event_done", ev)
+    for module in (pooled, handles):  # the parks' poll; a Waking's landed
+        monkeypatch.setattr(module, "event_done", ev)
     return ev
 
 
@@ -52,7 +53,7 @@ def tier(rec: Recorder) -> tuple[FakeRuntime, Any]:
     """A runtime with a host tier of 8 pages + 2 slots, and its transfer stream."""
     rt = FakeRuntime(LAYOUT)
     rt.reserve_host(8, 2)
-    return rt, rt._pooled_state.host.stream  # type: ignore[union-attr]
+    return rt, rt._state.host.stream  # type: ignore[union-attr]
 
 
 def kept(rt: FakeRuntime, num_tokens: int) -> Any:

@@ -14,13 +14,13 @@ import numpy as np
 import pytest
 from test_pool_gpu import BPT, PT, host_page, kdir, mismatches, page_pattern, rt, write  # noqa: F401 - fixtures
 
-from kern_runtime import Lease, Runtime
-from kern_runtime.driver import call
+from kern_runtime import DeviceLease, Runtime
+from kern_runtime.cuda import call
 
 pytestmark = pytest.mark.gpu
 
 
-def awoken(rt: Runtime, waking: object) -> Lease:
+def awoken(rt: Runtime, waking: object) -> DeviceLease:
     woken = None
     while woken is None:
         woken = rt.awake(waking)  # type: ignore[arg-type]

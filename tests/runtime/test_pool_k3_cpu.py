@@ -20,8 +20,9 @@ import pytest
 import kern_pool
 from fake_cuda import FakeDriver, fake_cuda  # noqa: F401 - the fixture
 from kern_pool import Copies, HostCopies, Layout, PageCopy, SlotCopy
-from kern_runtime import ApiError, Capacity, Runtime, pooled
-from kern_runtime.host_tier import HostGeometry
+from kern_runtime import ApiError, Capacity, Runtime
+from kern_runtime.kv import device_pool as pooled
+from kern_runtime.kv.host_tier import HostGeometry
 from runtime_helpers import base_manifest
 from test_pool_exec_cpu import FakeRuntime, Recorder, rec  # noqa: F401 - rec is the fixture
 
@@ -292,7 +293,7 @@ def test_copy_refuses_ids_a_remap_in_flight_adds_or_removes(rec: Recorder, monke
     plan = exc.value.plan
     assert plan.zero_slots == (2,) and plan.removed_pages == (6,)
     with monkeypatch.context() as m:
-        m.setattr(rt._pooled_state.worker, "done", lambda: False)  # still on its thread
+        m.setattr(rt._state.worker, "done", lambda: False)  # still on its thread
         rec.clear()
         for copies, match in ((Copies(zero_slots=(2,)), "slot 2 is not mapped"),
                               (Copies(page_copies=(PageCopy(6, 1),)), "page 6 is not mapped")):

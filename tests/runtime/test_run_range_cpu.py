@@ -165,13 +165,13 @@ def test_run_range_on_closed_runtime(rt: Runtime, fake_cuda: FakeDriver) -> None
 
 
 def test_run_range_refused_before_peer_tables_filled(rt: Runtime, fake_cuda: FakeDriver) -> None:
-    """The readiness check of `run` (multigpu.py `_require_ready`) guards run_range too."""
-    rt._peer_tables["peers"] = ("y", "world")  # as if the manifest had a peer table not yet filled
+    """The readiness check of `run` (multigpu/connect.py `Peers.require_ready`) guards run_range too."""
+    rt.peers.peer_tables["peers"] = ("y", "world")  # as if the manifest had a peer table not yet filled
     mark = len(fake_cuda.calls)
     for runner in (lambda: rt.run("step", {"tokens": 1}), lambda: rt.run_range("step", {"tokens": 1}, 0, 1)):
         with pytest.raises(ApiError, match=r"peer table\(s\) not filled yet"):
             runner()
     assert launches(fake_cuda, mark) == []
-    rt._peers_filled.add("peers")
+    rt.peers.peers_filled.add("peers")
     rt.run_range("step", {"tokens": 1}, 0, 1)
     assert len(launches(fake_cuda, mark)) == 1

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from kern_runtime import ApiError, ManifestError
-from kern_runtime.blas import alignment_bytes, check_algo_keys, gemm_call, lt_shape, shape_key
+from kern_runtime.cuda.blas import alignment_bytes, check_algo_keys, gemm_call, lt_shape, shape_key
 
 
 def test_default_strides_and_mapping() -> None:

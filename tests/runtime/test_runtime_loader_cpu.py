@@ -22,7 +22,8 @@ import pytest
 from test_runtime_safetensors import write_bf16_file
 
 from kern_runtime import DriverError, HostTensors, SafetensorsTensors, WeightArtifactError, plan_bind
-from kern_runtime.spec import BufferSpec, InterleaveSegment, TensorSegment
+from kern_manifest import Buffer
+from runtime_helpers import buffer_of, interleave, seg
 from kern_runtime.weights import DeviceBlob, loader
 from kern_runtime.weights.loader import Target, WeightLoader
 from kern_manifest import Expr
@@ -158,8 +159,8 @@ def fake(monkeypatch: pytest.MonkeyPatch):
     return make
 
 
-def buffer(name: str, shape: tuple[int, ...], bind, placement: str = "device") -> BufferSpec:
-    return BufferSpec(name, "weight", "bf16", tuple(Expr(d) for d in shape), placement=placement, bind=tuple(bind))
+def buffer(name: str, shape: tuple[int, ...], bind, placement: str = "device") -> Buffer:
+    return buffer_of(name, "weight", "bf16", tuple(Expr(d) for d in shape), placement=placement, bind=tuple(bind))
 
 
 def checkpoint(tmp_path: Path) -> dict[str, np.ndarray]:
@@ -171,24 +172,24 @@ def checkpoint(tmp_path: Path) -> dict[str, np.ndarray]:
     return t
 
 
-def buffers_and_expected(t: dict[str, np.ndarray]) -> list[tuple[BufferSpec, np.ndarray]]:
+def buffers_and_expected(t: dict[str, np.ndarray]) -> list[tuple[Buffer, np.ndarray]]:
     """Every segment kind, with what numpy slicing of the checkpoint says each buffer holds."""
     tri = np.concatenate([t[n][b:b + 4] for b in range(0, 24, 4) for n in ("gate", "up", "extra")])
     return [
-        (buffer("tri", (72, 40), [InterleaveSegment(("gate", "up", "extra"), 4)]), tri),
-        (buffer("pair1", (48, 40), [InterleaveSegment(("gate", "up"), 1)]),
+        (buffer("tri", (72, 40), [interleave(("gate", "up", "extra"), 4)]), tri),
+        (buffer("pair1", (48, 40), [interleave(("gate", "up"), 1)]),
          np.stack([t["gate"], t["up"]], axis=1).reshape(48, 40)),
-        (buffer("o_end", (33, 25), [TensorSegment("o", None, (33, 50), (25, 50))]), t["o"][:, 25:50]),
-        (buffer("o_mid_rows", (20, 13), [TensorSegment("o", (5, 25), None, (7, 20))]), t["o"][5:25, 7:20]),
-        (buffer("down_mix", (17 + 3, 30), [TensorSegment("down", None, None, (31, 61)),
-                                           TensorSegment("down", (2, 5), None, (0, 30))]),
+        (buffer("o_end", (33, 25), [seg("o", None, (33, 50), (25, 50))]), t["o"][:, 25:50]),
+        (buffer("o_mid_rows", (20, 13), [seg("o", (5, 25), None, (7, 20))]), t["o"][5:25, 7:20]),
+        (buffer("down_mix", (17 + 3, 30), [seg("down", None, None, (31, 61)),
+                                           seg("down", (2, 5), None, (0, 30))]),
          np.concatenate([t["down"][:, 31:61], t["down"][2:5, 0:30]])),
-        (buffer("qkv_rows", (5 + 24, 40), [TensorSegment("q", (2, 7)), TensorSegment("up")]),
+        (buffer("qkv_rows", (5 + 24, 40), [seg("q", (2, 7)), seg("up")]),
          np.concatenate([t["q"][2:7], t["up"]])),
     ]
 
 
-def place(specs: list[tuple[BufferSpec, np.ndarray]], meta) -> tuple[list[Target], list[int], int]:
+def place(specs: list[tuple[Buffer, np.ndarray]], meta) -> tuple[list[Target], list[int], int]:
     targets, offsets, at = [], [], 0
     for spec, want in specs:
         plan = plan_bind(spec, meta)
@@ -229,7 +230,7 @@ def test_staged_copies_land_byte_for_byte(tmp_path: Path, fake, staging: int | N
 def test_default_staging_makes_one_2d_copy_per_column_slice(tmp_path: Path, fake) -> None:
     t = checkpoint(tmp_path)
     tensors = SafetensorsTensors.open(tmp_path)
-    spec = buffer("o_end", (33, 25), [TensorSegment("o", None, (33, 50), (25, 50))])
+    spec = buffer("o_end", (33, 25), [seg("o", None, (33, 50), (25, 50))])
     driver = fake(33 * 25 * 2)
     WeightLoader(tensors, "ctx", threads=4).run([Target(plan_bind(spec, tensors.meta), BASE)])
     (op,) = driver.copies
@@ -243,7 +244,7 @@ def test_host_tensors_go_through_staging_too(fake) -> None:
     rng = np.random.default_rng(3)
     a = rng.integers(0, 2**16, (10, 12), dtype=np.uint16)
     tensors = HostTensors({"a": ("bf16", a)})
-    spec = buffer("a_cols", (9, 5), [TensorSegment("a", (1, 10), None, (7, 12))])
+    spec = buffer("a_cols", (9, 5), [seg("a", (1, 10), None, (7, 12))])
     driver = fake(9 * 5 * 2)
     WeightLoader(tensors, "ctx", threads=2, staging_bytes=60).run([Target(plan_bind(spec, tensors.meta), BASE)])
     np.testing.assert_array_equal(driver.device(0, 90).view(np.uint16).reshape(9, 5), a[1:10, 7:12])
@@ -271,8 +272,8 @@ def test_device_sources_copy_2d_and_fall_back_to_rows(fake, refuse: bool) -> Non
     for name, arr in (("o", o), ("g", g), ("u", u)):
         driver.device(offsets[name], arr.nbytes)[:] = arr.reshape(-1).view(np.uint8)
     tensors = DeviceTensors({"o": ("bf16", o), "g": ("bf16", g), "u": ("bf16", u)}, offsets)
-    cols = plan_bind(buffer("c", (6, 4), [TensorSegment("o", None, None, (6, 10))]), tensors.meta)
-    inter = plan_bind(buffer("i", (8, 10), [InterleaveSegment(("g", "u"), 2)]), tensors.meta)
+    cols = plan_bind(buffer("c", (6, 4), [seg("o", None, None, (6, 10))]), tensors.meta)
+    inter = plan_bind(buffer("i", (8, 10), [interleave(("g", "u"), 2)]), tensors.meta)
     WeightLoader(tensors, "ctx").run([Target(cols, BASE + 2048), Target(inter, BASE + 3072)])
     np.testing.assert_array_equal(driver.device(2048, 48).view(np.uint16).reshape(6, 4), o[:, 6:])
     np.testing.assert_array_equal(driver.device(3072, 160).view(np.uint16).reshape(8, 10),

@@ -15,8 +15,8 @@ from kern_runtime import (
 )
 from kern_runtime.errors import CudaError
 from kern_runtime.runtime import load_spec
-from kern_runtime.spec import StateSpec
-from kern_runtime.tensormaps import tiled_args
+from runtime_helpers import state_of
+from kern_runtime.cuda.tensormaps import tiled_args
 
 MiB = 1 << 20
 
@@ -50,9 +50,9 @@ def test_manifest_errors_are_runtime_errors_too() -> None:
 
 def test_plan_pool_pages_slots_and_blocks() -> None:
     states = {
-        "kv.0": StateSpec("kv.0", "paged", bytes_per_token=4096, page_tokens=16),
-        "kv.1": StateSpec("kv.1", "paged", bytes_per_token=4096, page_tokens=16),
-        "conv": StateSpec("conv", "per_seq", bytes_per_seq=65536),
+        "kv.0": state_of("kv.0", "paged", bytes_per_token=4096, page_tokens=16),
+        "kv.1": state_of("kv.1", "paged", bytes_per_token=4096, page_tokens=16),
+        "conv": state_of("conv", "per_seq", bytes_per_seq=65536),
     }
     pool = plan_pool(states, Capacity(tokens=4100, seqs=3), 2 * MiB)
     # kern_pool: 4100 tokens -> 256 whole pages + the scratch page, then every page the whole-block arena holds
@@ -66,7 +66,7 @@ def test_plan_pool_pages_slots_and_blocks() -> None:
 
 
 def test_plan_pool_fills_free_memory_and_refuses_nothing() -> None:
-    states = {"kv": StateSpec("kv", "paged", bytes_per_token=256 * 1024, page_tokens=16)}  # 4 MiB pages
+    states = {"kv": state_of("kv", "paged", bytes_per_token=256 * 1024, page_tokens=16)}  # 4 MiB pages
     pool = plan_pool(states, Capacity(tokens=None, seqs=1), 2 * MiB, free_bytes=(1 << 30) + 400 * MiB)
     assert pool.block_bytes == 2 * MiB
     assert pool.num_pages * 4 * MiB <= 400 * MiB + 4 * MiB
@@ -84,7 +84,7 @@ def test_tiled_args() -> None:
 
 
 def test_ledger_frees_last_first_and_keeps_going_after_a_failure() -> None:
-    from kern_runtime.memory import Allocation, Ledger
+    from kern_runtime.cuda.memory import Allocation, Ledger
 
     freed: list[str] = []
 

@@ -13,8 +13,8 @@ from fake_cuda import FakeDriver, fake_cuda  # noqa: F401 - the fixture
 from kern_runtime import (
     KERN_ERRORS, ApiError, Capacity, HostTensors, Runtime, WeightArtifactError,
 )
-from kern_runtime.graphs import normalise_vars
-from kern_runtime.spec import VarSpec
+from kern_runtime.cuda.graphs import normalise_vars
+from kern_manifest import Var
 from runtime_helpers import base_manifest
 
 Q = np.arange(128, dtype=np.uint16).reshape(8, 16)
@@ -224,7 +224,7 @@ def test_reserve_host_refuses_bad_counts_before_allocating(fake_cuda: FakeDriver
 def test_reserve_host_refuses_more_than_physical_memory(fake_cuda: FakeDriver, tmp_path: Path,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """A host tier larger than the machine's memory is refused before anything is pinned; one that fits is not."""
-    import kern_runtime.pooled as pooled
+    import kern_runtime.kv.device_pool as pooled
 
     with load_pool(tmp_path) as rt:
         monkeypatch.setattr(pooled, "host_memory_bytes", lambda: 1 << 20)
@@ -240,7 +240,7 @@ def test_reserve_host_refuses_more_than_physical_memory(fake_cuda: FakeDriver, t
 # ---------------------------------------------------------------- 6. var values
 
 
-VARS = {"tokens": VarSpec("tokens", 1, 64)}
+VARS = {"tokens": Var(name="tokens", min=1, max=64)}
 
 
 @pytest.mark.parametrize("value", [3, np.int64(3), np.int32(3), np.uint8(3)])

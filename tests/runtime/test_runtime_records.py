@@ -7,10 +7,11 @@ import struct
 import pytest
 from runtime_helpers import base_manifest, scale_op
 
+from kern_manifest import var_max, var_min
 from kern_runtime import ApiError, ManifestVerifyError
-from kern_runtime.graphs import graph_key, normalise_vars
-from kern_runtime.params import encode_pointer, encode_scalar
-from kern_runtime.records import AddressBook, ExternRecord, KernelRecord, args_at_range_ends, compile_call, program_reads
+from kern_runtime.cuda.graphs import graph_key, normalise_vars
+from kern_runtime.program.params import encode_pointer, encode_scalar
+from kern_runtime.program.records import AddressBook, ExternRecord, KernelRecord, args_at_range_ends, compile_program as compile_call_table, program_reads
 from kern_runtime.runtime import load_spec
 
 SHA = "ab" * 32
@@ -18,9 +19,7 @@ SHA = "ab" * 32
 
 def compile_program(manifest: dict, program: str, book: AddressBook):
     spec = load_spec(manifest)
-    records = []
-    for i, call in enumerate(spec.programs[program].calls):
-        records.extend(compile_call(i, call, spec, book, lambda op, li: (op, li)))
+    records, _ = compile_call_table(spec, program, book, lambda op, li: (op, li))
     return spec, records
 
 
@@ -122,7 +121,7 @@ def test_args_at_range_ends_clamp_when_vars() -> None:
         ops=ops, programs={"step": {"calls": [{"op": op, "args": {"a": "a", "w": "w", "c": "c"}}
                                               for op in ("split", "whole")]}})
     spec, recs = compile_program(m, "step", AddressBook({"a": 0x100000, "w": 0x200000, "c": 0x300000}))
-    got = [list(args_at_range_ends(rec, spec.min_values, spec.max_values)) for rec in recs]
+    got = [list(args_at_range_ends(rec, var_min(spec.vars), var_max(spec.vars))) for rec in recs]
     ptrs = (0x100000, 0x200000, 0x300000)
     assert got == [[(*ptrs, 2 * t, n, 16, 96) for t in ends] for n, ends in ((32, (1, 5)), (48, (6, 64)), (64, (1, 64)))]
 

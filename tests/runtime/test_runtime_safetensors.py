@@ -11,7 +11,7 @@ import pytest
 from safetensors.numpy import save_file
 
 from kern_runtime import FileBlob, SafetensorsTensors, TensorMeta, WeightArtifactError, plan_bind
-from kern_runtime.spec import BufferSpec, InterleaveSegment, TensorSegment
+from runtime_helpers import buffer_of, interleave, seg
 from kern_runtime.weights.loader import Target, WeightLoader
 from kern_runtime.weights.safetensors import read_safetensors_header
 from kern_manifest import Expr
@@ -103,8 +103,8 @@ def test_host_placement_load_from_sharded_bf16_with_interleave(tmp_path: Path) -
     write_bf16_file(tmp_path / "s1.safetensors", {"gate": gate, "emb": emb})
     write_bf16_file(tmp_path / "s2.safetensors", {"up": up})
     tensors = SafetensorsTensors.open(tmp_path)
-    buf = BufferSpec("gate_up", "weight", "bf16", (Expr(17), Expr(8)), placement="host",
-                     bind=(TensorSegment("emb", (0, 5)), InterleaveSegment(("gate", "up"), 2)))
+    buf = buffer_of("gate_up", "weight", "bf16", (Expr(17), Expr(8)), placement="host",
+                     bind=(seg("emb", (0, 5)), interleave(("gate", "up"), 2)))
     plan = plan_bind(buf, tensors.meta)
     host = np.zeros(17 * 8, dtype=np.uint16)
     seen = []
@@ -127,10 +127,10 @@ def test_host_placement_load_of_cols_rows_and_three_way_interleave(tmp_path: Pat
     write_bf16_file(tmp_path / "s1.safetensors", {"o": o, "a": a})
     write_bf16_file(tmp_path / "s2.safetensors", {"b": b, "c": c})
     tensors = SafetensorsTensors.open(tmp_path)
-    cols = BufferSpec("o_cols", "weight", "bf16", (Expr(9 + 5), Expr(5)), placement="host",
-                      bind=(TensorSegment("o", None, (9, 14), (9, 14)), TensorSegment("o", (2, 7), None, (4, 9))))
-    tri = BufferSpec("abc", "weight", "bf16", (Expr(2 + 18), Expr(4)), placement="host",
-                     bind=(TensorSegment("c", (4, 6)), InterleaveSegment(("a", "b", "c"), 2)))
+    cols = buffer_of("o_cols", "weight", "bf16", (Expr(9 + 5), Expr(5)), placement="host",
+                      bind=(seg("o", None, (9, 14), (9, 14)), seg("o", (2, 7), None, (4, 9))))
+    tri = buffer_of("abc", "weight", "bf16", (Expr(2 + 18), Expr(4)), placement="host",
+                     bind=(seg("c", (4, 6)), interleave(("a", "b", "c"), 2)))
     out_cols = np.zeros(14 * 5, dtype=np.uint16)
     out_tri = np.zeros(20 * 4, dtype=np.uint16)
     loader = WeightLoader(tensors, None, staging_bytes=staging)

@@ -87,7 +87,7 @@ def meta_get(metadata: Any, key: str, default: Any = None) -> Any:
 
 
 def device_arch() -> int:
-    from kern_runtime.driver import call, cu
+    from kern_runtime.cuda.driver import call, cu
 
     call("cuInit", 0)
     device = call("cuDeviceGet", 0)
@@ -99,8 +99,8 @@ def device_arch() -> int:
 
 def probe(cubin: bytes, entry: str) -> tuple[int, tuple[tuple[int, int], ...]]:
     """(functions named `entry` in the cubin, the first one's cuFuncGetParamInfo layout)."""
-    from kern_runtime.driver import call
-    from kern_runtime.modules import functions_named, param_layout
+    from kern_runtime.cuda.driver import call
+    from kern_runtime.cuda.modules import functions_named, param_layout
 
     call("cuInit", 0)
     device = call("cuDeviceGet", 0)

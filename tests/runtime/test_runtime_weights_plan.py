@@ -7,14 +7,16 @@ import numpy as np
 import pytest
 
 from kern_runtime import WeightArtifactError, plan_bind
-from kern_runtime.spec import BufferSpec, DerivedSegment, InterleaveSegment, TensorSegment
+from kern_manifest import DerivedSegment
+from kern_manifest import Buffer
+from runtime_helpers import buffer_of, interleave, seg
 from kern_runtime.weights import TensorMeta
 from kern_runtime.weights.plan import MAX_PITCH, BindPlan, Copy, prove_coverage, split_copy
 from kern_manifest import Expr
 
 
-def weight(shape, bind, dtype="bf16", name="w") -> BufferSpec:
-    return BufferSpec(name, "weight", dtype, tuple(Expr(d) for d in shape), bind=tuple(bind))
+def weight(shape, bind, dtype="bf16", name="w") -> Buffer:
+    return buffer_of(name, "weight", dtype, tuple(Expr(d) for d in shape), bind=tuple(bind))
 
 
 META = {
@@ -50,7 +52,7 @@ def filled(plan: BindPlan, shape: tuple[int, ...]) -> np.ndarray:
 
 
 def test_concatenation_is_dense_copies() -> None:
-    plan = plan_bind(weight([8, 8], [TensorSegment("q"), TensorSegment("k"), TensorSegment("v")]), META)
+    plan = plan_bind(weight([8, 8], [seg("q"), seg("k"), seg("v")]), META)
     assert plan.copies == (Copy.linear("q", 0, 0, 4 * ROW), Copy.linear("k", 0, 4 * ROW, 2 * ROW),
                            Copy.linear("v", 0, 6 * ROW, 2 * ROW))
     assert all(c.dense and c.height == 1 for c in plan.copies)
@@ -59,14 +61,14 @@ def test_concatenation_is_dense_copies() -> None:
 
 
 def test_row_ranges() -> None:
-    plan = plan_bind(weight([3, 8], [TensorSegment("q", (1, 3)), TensorSegment("k", (0, 1))]), META)
+    plan = plan_bind(weight([3, 8], [seg("q", (1, 3)), seg("k", (0, 1))]), META)
     assert [(c.src_offset, c.src_stop, c.dst_offset) for c in plan.copies] == [(ROW, 3 * ROW, 0), (0, ROW, 2 * ROW)]
     src = sources()
     np.testing.assert_array_equal(filled(plan, (3, 8)), np.concatenate([src["q"][1:3], src["k"][0:1]]))
 
 
 def test_empty_row_range_makes_no_copy() -> None:
-    plan = plan_bind(weight([4, 8], [TensorSegment("k", (1, 1)), TensorSegment("q")]), META)
+    plan = plan_bind(weight([4, 8], [seg("k", (1, 1)), seg("q")]), META)
     assert plan.copies == (Copy.linear("q", 0, 0, 4 * ROW),)
 
 
@@ -77,7 +79,7 @@ def interleaved(src: dict[str, np.ndarray], names: list[str], r: int) -> np.ndar
 
 @pytest.mark.parametrize("rows_each", [1, 2, 3, 6])
 def test_interleave_is_one_2d_copy_per_tensor(rows_each: int) -> None:
-    plan = plan_bind(weight([12, 8], [InterleaveSegment(("gate", "up"), rows_each)]), META)
+    plan = plan_bind(weight([12, 8], [interleave(("gate", "up"), rows_each)]), META)
     block = rows_each * ROW
     # each tensor read whole (source pitch = width), its blocks every 2 blocks of the buffer
     assert plan.copies == (Copy("gate", 0, block, 0, 2 * block, block, 6 // rows_each),
@@ -89,7 +91,7 @@ def test_interleave_is_one_2d_copy_per_tensor(rows_each: int) -> None:
 
 @pytest.mark.parametrize("rows_each", [1, 2, 3, 6])
 def test_interleave_of_three_tensors(rows_each: int) -> None:
-    plan = plan_bind(weight([18 + 2, 8], [TensorSegment("k"), InterleaveSegment(("gate", "up", "extra"), rows_each)]),
+    plan = plan_bind(weight([18 + 2, 8], [seg("k"), interleave(("gate", "up", "extra"), rows_each)]),
                      META)
     block = rows_each * ROW
     assert [(c.tensor, c.dst_offset, c.dst_pitch, c.width, c.height) for c in plan.copies[1:]] == [
@@ -100,7 +102,7 @@ def test_interleave_of_three_tensors(rows_each: int) -> None:
 
 
 def test_interleave_after_a_tensor_segment() -> None:
-    plan = plan_bind(weight([16, 8], [TensorSegment("q"), InterleaveSegment(("gate", "up"), 3)]), META)
+    plan = plan_bind(weight([16, 8], [seg("q"), interleave(("gate", "up"), 3)]), META)
     src = sources()
     want = np.concatenate([src["q"], src["gate"][:3], src["up"][:3], src["gate"][3:], src["up"][3:]])
     np.testing.assert_array_equal(filled(plan, (16, 8)), want)
@@ -114,7 +116,7 @@ def test_interleave_after_a_tensor_segment() -> None:
 def test_cols_are_one_2d_copy(cols: tuple[int, int], rows: tuple[int, int] | None) -> None:
     c0, c1 = cols
     r0, r1 = rows or (0, 5)
-    plan = plan_bind(weight([r1 - r0, c1 - c0], [TensorSegment("o", rows, (5, 12), cols)]), META)
+    plan = plan_bind(weight([r1 - r0, c1 - c0], [seg("o", rows, (5, 12), cols)]), META)
     if r1 == r0:
         assert plan.copies == ()
         return
@@ -128,7 +130,7 @@ def test_cols_are_one_2d_copy(cols: tuple[int, int], rows: tuple[int, int] | Non
 
 def test_cols_segments_stacked_with_rows_and_cols() -> None:
     """Two column slices of different tensors (one with a row range) stacked in one buffer."""
-    bind = [TensorSegment("o", (1, 5), None, (8, 11)), TensorSegment("down", None, None, (6, 9))]
+    bind = [seg("o", (1, 5), None, (8, 11)), seg("down", None, None, (6, 9))]
     plan = plan_bind(weight([4 + 7, 3], bind), META)
     assert [(c.tensor, c.src_offset, c.src_pitch, c.dst_offset, c.dst_pitch, c.width, c.height) for c in plan.copies] == [
         ("o", 1 * 24 + 16, 24, 0, 6, 6, 4), ("down", 12, 18, 4 * 6, 6, 6, 7)]
@@ -137,7 +139,7 @@ def test_cols_segments_stacked_with_rows_and_cols() -> None:
 
 
 def test_one_dimensional_tensor() -> None:
-    plan = plan_bind(weight([12], [TensorSegment("vec")]), META)
+    plan = plan_bind(weight([12], [seg("vec")]), META)
     assert plan.copies == (Copy.linear("vec", 0, 0, 24),)
 
 
@@ -149,19 +151,19 @@ def test_derived_has_no_copies() -> None:
 @pytest.mark.parametrize(
     ("shape", "bind", "message"),
     [
-        ([8, 8], [TensorSegment("q"), TensorSegment("nope")], "checkpoint has no tensor 'nope'"),
-        ([4, 8], [TensorSegment("f")], "tensor 'f' is f32, buffer 'w' bind\\[0\\] expects bf16"),
-        ([4, 4], [TensorSegment("q")], r"tensor 'q' has shape \[4, 8\], buffer 'w' bind\[0\] expects \[rows, 4\]"),
-        ([6, 8], [TensorSegment("q")], "bind covers 4 rows of the checkpoint, the buffer has 6"),
-        ([3, 8], [TensorSegment("q", (2, 5))], r"rows \[2, 5\) lie outside tensor 'q' of 4 rows"),
-        ([6, 8], [InterleaveSegment(("q", "k"), 1)], "interleaved tensor 'k' has 2 rows, 'q' has 4"),
-        ([12, 8], [InterleaveSegment(("gate", "up"), 4)], "has 6 rows, not a multiple of 4"),
-        ([4, 8], [TensorSegment("q", None, (5, 8))], r"tensor 'q' has shape \[4, 8\], buffer 'w' bind\[0\] declares \[5, 8\]"),
-        ([5, 6], [TensorSegment("o", None, None, (8, 14))], r"columns \[8, 14\) of tensor 'o' \(12 columns\)"),
-        ([5, 5], [TensorSegment("o", None, None, (0, 6))], r"do not fill the buffer's 5-column rows"),
-        ([12, 1], [TensorSegment("vec", None, None, (0, 1))], r"a column range needs a 2-D tensor"),
-        ([3, 4], [TensorSegment("o", (3, 6), None, (0, 4))], r"rows \[3, 6\) lie outside tensor 'o' of 5 rows"),
-        ([5, 4], [TensorSegment("f", None, None, (0, 4))], "tensor 'f' is f32"),
+        ([8, 8], [seg("q"), seg("nope")], "checkpoint has no tensor 'nope'"),
+        ([4, 8], [seg("f")], "tensor 'f' is f32, buffer 'w' bind\\[0\\] expects bf16"),
+        ([4, 4], [seg("q")], r"tensor 'q' has shape \[4, 8\], buffer 'w' bind\[0\] expects \[rows, 4\]"),
+        ([6, 8], [seg("q")], "bind covers 4 rows of the checkpoint, the buffer has 6"),
+        ([3, 8], [seg("q", (2, 5))], r"rows \[2, 5\) lie outside tensor 'q' of 4 rows"),
+        ([6, 8], [interleave(("q", "k"), 1)], "interleaved tensor 'k' has 2 rows, 'q' has 4"),
+        ([12, 8], [interleave(("gate", "up"), 4)], "has 6 rows, not a multiple of 4"),
+        ([4, 8], [seg("q", None, (5, 8))], r"tensor 'q' has shape \[4, 8\], buffer 'w' bind\[0\] declares \[5, 8\]"),
+        ([5, 6], [seg("o", None, None, (8, 14))], r"columns \[8, 14\) of tensor 'o' \(12 columns\)"),
+        ([5, 5], [seg("o", None, None, (0, 6))], r"do not fill the buffer's 5-column rows"),
+        ([12, 1], [seg("vec", None, None, (0, 1))], r"a column range needs a 2-D tensor"),
+        ([3, 4], [seg("o", (3, 6), None, (0, 4))], r"rows \[3, 6\) lie outside tensor 'o' of 5 rows"),
+        ([5, 4], [seg("f", None, None, (0, 4))], "tensor 'f' is f32"),
     ],
 )
 def test_checkpoint_mismatches_name_the_tensor(shape, bind, message) -> None:

@@ -13,7 +13,7 @@ from hypothesis import strategies as st  # noqa: E402
 from test_runtime_weights_plan import apply, interleaved, weight  # noqa: E402
 
 from kern_runtime import plan_bind  # noqa: E402
-from kern_runtime.spec import InterleaveSegment, TensorSegment  # noqa: E402
+from runtime_helpers import interleave, seg  # noqa: E402
 from kern_runtime.weights import TensorMeta  # noqa: E402
 from kern_runtime.weights.plan import BindPlan, Copy, prove_coverage, split_copy  # noqa: E402
 
@@ -60,7 +60,7 @@ def test_random_binds_tile_and_their_pieces_too(data) -> None:
             for n in names:
                 meta[n] = TensorMeta("bf16", (rows, cols_n))
                 src[n] = rng.integers(0, 2**16, (rows, cols_n), dtype=np.uint16)
-            bind.append(InterleaveSegment(tuple(names), r))
+            bind.append(interleave(tuple(names), r))
             want.append(interleaved(src, names, r))
             continue
         full_cols = cols_n + (data.draw(st.integers(0, 5)) if kind == "cols" else 0)
@@ -72,10 +72,10 @@ def test_random_binds_tile_and_their_pieces_too(data) -> None:
         r1 = data.draw(st.integers(r0, rows))
         if kind == "cols":
             c0 = data.draw(st.integers(0, full_cols - cols_n))
-            bind.append(TensorSegment(name, (r0, r1), None, (c0, c0 + cols_n)))
+            bind.append(seg(name, (r0, r1), None, (c0, c0 + cols_n)))
             want.append(src[name][r0:r1, c0:c0 + cols_n])
         else:
-            bind.append(TensorSegment(name, (r0, r1)))
+            bind.append(seg(name, (r0, r1)))
             want.append(src[name][r0:r1])
     total = sum(w.shape[0] for w in want)
     if total == 0:

@@ -14,7 +14,7 @@ import pytest
 from safetensors.numpy import save, save_file
 
 from kern_runtime import ApiError, HostBlob, SafetensorsTensors, TensorMeta, WeightArtifactError, plan_bind
-from kern_runtime.spec import BufferSpec, InterleaveSegment, TensorSegment
+from runtime_helpers import buffer_of, interleave, seg
 from kern_runtime.weights import parse_safetensors_header
 from kern_runtime.weights.loader import Target, WeightLoader
 from kern_runtime.weights.safetensors import read_safetensors_header
@@ -229,8 +229,8 @@ def test_host_placement_load_binds_from_parsed_shards() -> None:
         return _st(header, b"".join(blobs))
 
     tensors = SafetensorsTensors.parse([bf16({"gate": gate, "emb": emb}), bytearray(bf16({"up": up}))])
-    buf = BufferSpec("gate_up", "weight", "bf16", (Expr(17), Expr(8)), placement="host",
-                     bind=(TensorSegment("emb", (0, 5)), InterleaveSegment(("gate", "up"), 2)))
+    buf = buffer_of("gate_up", "weight", "bf16", (Expr(17), Expr(8)), placement="host",
+                     bind=(seg("emb", (0, 5)), interleave(("gate", "up"), 2)))
     want = np.concatenate([emb, gate[0:2], up[0:2], gate[2:4], up[2:4], gate[4:6], up[4:6]])
     for staging in (None, 48, 7):
         host = np.zeros(17 * 8, dtype=np.uint16)

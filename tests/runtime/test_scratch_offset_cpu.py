@@ -11,9 +11,9 @@ import struct
 
 from runtime_helpers import base_manifest
 
-from kern_runtime.graphs import graph_key
-from kern_runtime.params import encode_pointer
-from kern_runtime.records import AddressBook, ExternRecord, KernelRecord, compile_call, program_reads
+from kern_runtime.cuda.graphs import graph_key
+from kern_runtime.program.params import encode_pointer
+from kern_runtime.program.records import AddressBook, ExternRecord, KernelRecord, compile_program, program_reads
 from kern_runtime.runtime import load_spec
 
 SHA = "ab" * 32
@@ -25,8 +25,7 @@ def _records(op: dict, **overrides):
                       **overrides)
     spec = load_spec(m)
     book = AddressBook({}, scratch={("p", "tmp"): SCRATCH})
-    return [r for i, call in enumerate(spec.programs["step"].calls)
-            for r in compile_call(i, call, spec, book, lambda o, li: (o, li))]
+    return compile_program(spec, "step", book, lambda o, li: (o, li))[0]
 
 
 def _kernel_op(*wirings: dict) -> dict:
@@ -69,8 +68,8 @@ def test_scratch_offset_in_an_extern_launch() -> None:
                  "w": {"kind": "input", "dtype": "bf16", "shape": [32, 16]}},
         ops={"g": op}, programs={"step": {"calls": [{"op": "g", "args": {"a": "a", "w": "w"}}]}})
     spec = load_spec(m)
-    (rec,) = compile_call(0, spec.programs["step"].calls[0], spec,
-                          AddressBook({"a": 0x100000, "w": 0x200000}, scratch={("g", "tmp"): SCRATCH}), lambda o, li: 0)
+    (rec,), _ = compile_program(spec, "step", AddressBook({"a": 0x100000, "w": 0x200000}, scratch={("g", "tmp"): SCRATCH}),
+                                lambda o, li: 0)
     assert isinstance(rec, ExternRecord)
     rec.patch({"tokens": 7})
     assert rec.args == (0x100000, 0x200000, SCRATCH + 14, 7, 32, 16)

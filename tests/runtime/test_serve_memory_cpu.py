@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from kern_pool import Layout
-from kern_runtime import pooled
+from kern_runtime.kv import handles, pooled
 from kern_run.serve.memory import RuntimeMemory
 from kern_run.serve.sampling import GREEDY
 from kern_run.serve.scheduler import Scheduler, SchedulerConfig
@@ -28,7 +28,8 @@ def _drive(sched: Scheduler, steps: int = 500) -> dict[int, int]:
 
 def test_parks_land_on_their_event_and_a_parked_hit_wakes(rec: Recorder, monkeypatch: pytest.MonkeyPatch) -> None:
     done = {"events": False}
-    monkeypatch.setattr(pooled, "event_done", lambda event: done["events"])
+    for module in (pooled, handles):  # the parks' poll; a Waking's landed
+        monkeypatch.setattr(module, "event_done", lambda event: done["events"])
     rt = FakeRuntime(Layout.simple(page_tokens=4, pages=10))
     rt.reserve_host(pages=12)
     memory = RuntimeMemory(rt, has_host=True)
@@ -59,7 +60,8 @@ def test_parks_land_on_their_event_and_a_parked_hit_wakes(rec: Recorder, monkeyp
 
 
 def test_cancelling_a_waking_request_returns_its_pages(rec: Recorder, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(pooled, "event_done", lambda event: True)
+    for module in (pooled, handles):  # the parks' poll; a Waking's landed
+        monkeypatch.setattr(module, "event_done", lambda event: True)
     rt = FakeRuntime(Layout.simple(page_tokens=4, pages=10))
     rt.reserve_host(pages=12)
     memory = RuntimeMemory(rt, has_host=True)
@@ -70,7 +72,8 @@ def test_cancelling_a_waking_request_returns_its_pages(rec: Recorder, monkeypatc
     sched.add(2, list(range(100, 109)), 20, GREEDY)  # grows to 7 pages: a's entry is parked on the way
     _drive(sched)
     assert sched.stats.parks == 1 and rt.kern_pool.held_pages == 2  # b's 8 prefill positions stay cached
-    monkeypatch.setattr(pooled, "event_done", lambda event: False)  # the wake's copies stay in flight
+    for module in (pooled, handles):  # the wake's copies stay in flight
+        monkeypatch.setattr(module, "event_done", lambda event: False)
     sched.add(3, a + [7], 3, GREEDY)
     assert sched.schedule().wakes == 1
     assert sched.schedule().decodes == ()  # still waking

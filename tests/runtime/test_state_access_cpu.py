@@ -17,7 +17,7 @@ import pytest
 import kern_pool
 from fake_cuda import FakeDriver, install
 from kern_runtime import ApiError, Capacity, Runtime
-from kern_runtime.pooled import remapped_states
+from kern_runtime.kv.pooled import remapped_states
 from runtime_helpers import base_manifest
 
 PAGE = 16 * 1024  # pa: 1024 bytes per token, 16-token pages

@@ -14,9 +14,9 @@ from fake_cuda import OK, FakeDriver, install
 from runtime_helpers import base_manifest
 
 from kern_runtime import ApiError, Capacity, ManifestError, ManifestVerifyError, plan_pool
-from kern_runtime.records import AddressBook, KernelRecord, compile_call
+from kern_runtime.program.records import AddressBook, KernelRecord, compile_program
 from kern_runtime.runtime import load_spec
-from kern_runtime.tensormaps import MAX_TENSORMAP_DIM, encode_tiled, fill_dim, resolve_fill, tiled_args
+from kern_runtime.cuda.tensormaps import MAX_TENSORMAP_DIM, encode_tiled, fill_dim, resolve_fill, tiled_args
 
 SHA = "cd" * 32
 MiB = 1 << 20
@@ -90,8 +90,7 @@ def book(reserve: int | dict[str, int] = 1 << 30, **overrides: Any) -> AddressBo
 
 def compile_decode(m: dict[str, Any], address_book: AddressBook) -> KernelRecord:
     spec = load_spec(m)
-    (call,) = spec.programs["decode"].calls
-    (rec,) = compile_call(0, call, spec, address_book, lambda op, li: (op, li), encode_tiled)
+    (rec,), _ = compile_program(spec, "decode", address_book, lambda op, li: (op, li), encode_tiled)
     assert isinstance(rec, KernelRecord)
     return rec
 

@@ -22,6 +22,8 @@ from .parse import parse_manifest
 from .pipes import quiet_on_closed_pipe
 from .verify import verify
 
+__all__ = ["check", "main"]  # `kern manifest check` (kern_run.cli) runs `check` itself
+
 
 def natural_key(name: str) -> tuple[tuple[int, int | str], ...]:
     """Sort key putting digit runs in number order: `k_norm.2` before `k_norm.10` (plain sorting gives

@@ -139,17 +139,25 @@ def num_calls(manifest: Manifest, root: str) -> int:
 def flat_calls(manifest: Manifest, root: str) -> list[Call]:
     """The op calls of program `root` in replay order, inlined programs expanded. Raises `ManifestError` as
     `num_calls` does, before expanding anything."""
+    return [call for _, call in located_calls(manifest, root)]
+
+
+def located_calls(manifest: Manifest, root: str) -> list[tuple[str, Call]]:
+    """`flat_calls` with the JSON path of each call where it is written (`programs.P.calls[i]`, P the program
+    that holds it: `root` or one it inlines). Expanded with an explicit stack, never recursively. Raises
+    `ManifestError` as `num_calls` does, before expanding anything."""
     from .model import ProgramCall
 
     num_calls(manifest, root)
-    out: list[Call] = []
-    stack = [iter(manifest.programs[root].calls)]
+    out: list[tuple[str, Call]] = []
+    stack = [(root, iter(enumerate(manifest.programs[root].calls)))]
     while stack:
-        call = next(stack[-1], None)
-        if call is None:
+        name, calls = stack[-1]
+        item = next(calls, None)
+        if item is None:
             stack.pop()
-        elif isinstance(call, ProgramCall):
-            stack.append(iter(manifest.programs[call.program].calls))
+        elif isinstance(item[1], ProgramCall):
+            stack.append((item[1].program, iter(enumerate(manifest.programs[item[1].program].calls))))
         else:
-            out.append(call)
+            out.append((f"programs.{name}.calls[{item[0]}]", item[1]))
     return out

@@ -260,9 +260,19 @@ class Buffer:
         """The shape with the given var values (raises `ExprError` when one is missing)."""
         return tuple(dim.eval(values) for dim in self.shape)
 
+    def nbytes_at(self, values: Mapping[str, int]) -> int:
+        """Bytes of the buffer with the given var values: product of `shape_at(values)` times the dtype size
+        (raises `ExprError` when a var is missing, `ManifestError` for an unknown dtype)."""
+        return math.prod(self.shape_at(values)) * dtype_size(self.dtype)
+
     def nbytes_at_max(self, vars: Mapping[str, Var]) -> int:
         """Bytes allocated: product of the shape with every var at its max, times the dtype size."""
-        return math.prod(self.shape_at(var_max(vars))) * dtype_size(self.dtype)
+        return self.nbytes_at(var_max(vars))
+
+    @property
+    def derived(self) -> bool:
+        """Filled by a program (`once` / `derive`), not from the checkpoint: a bind with a derived segment."""
+        return self.bind is not None and any(isinstance(s, DerivedSegment) for s in self.bind)
 
     def row_elems_at_max(self, vars: Mapping[str, Var]) -> int:
         """Elements per row (product of `shape[1:]`) with every var at its max."""
@@ -845,6 +855,13 @@ class Program:
 
         return flat_calls(manifest, self.name)
 
+    def located_calls(self, manifest: Manifest) -> list[tuple[str, Call]]:
+        """`flat_calls` with the JSON path of each call where it is written (`programs.P.calls[i]`, P the
+        program that holds it: this one or one it inlines). Raises like `flat_calls`."""
+        from .inline import located_calls
+
+        return located_calls(manifest, self.name)
+
     def vars_read(self, manifest: Manifest) -> frozenset[str]:
         """The vars a run of this program depends on (the graph capture key): every var its ops'
         launches read plus the vars of the call arguments those launches forward, through inlined
@@ -902,6 +919,10 @@ class Topology:
     """Rank groups by name (empty for a single-GPU manifest)."""
 
     groups: FrozenMap[str, RankGroup] = field(default=FrozenMap())
+
+    def sizes(self) -> dict[str, int]:
+        """Group name -> number of ranks."""
+        return {name: g.size for name, g in self.groups.items()}
 
     def to_json(self) -> dict[str, Any]:
         return {name: g.to_json() for name, g in self.groups.items()}

@@ -117,6 +117,11 @@ class Lease(Handle):
         return self._closed
 
     @property
+    def pool(self) -> Pool:
+        """The `Pool` that leased it (its `page_tokens`, `scratch_page_id`; an executor checks ownership)."""
+        return self._pool
+
+    @property
     def sealed_pages(self) -> int:
         """Pages at the front that are sealed into a shared chain (never written again)."""
         return self._chain.index + 1 if self._chain is not None else 0

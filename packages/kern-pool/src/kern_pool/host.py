@@ -220,6 +220,11 @@ class Parked(Handle):
         return True
 
     @property
+    def host(self) -> Host:
+        """The `Host` tier it is parked in (an executor checks a Parked is its own)."""
+        return self._host
+
+    @property
     def closed(self) -> bool:
         return self._closed
 
@@ -279,6 +284,16 @@ class Waking:
     @property
     def landed(self) -> bool:
         return self._landed
+
+    @property
+    def taken(self) -> bool:
+        """The lease was handed out (`lease` read after landing) or the Waking was closed: nothing more to take."""
+        return self._taken
+
+    @property
+    def lease_closed(self) -> bool:
+        """The woken lease was closed (through this Waking or by its holder)."""
+        return self._lease.closed
 
     @property
     def lease_copies(self) -> Copies:

@@ -409,7 +409,7 @@ def manifest_check(
 ) -> None:
     """Parse and verify a manifest: the summary, or every fault with its JSON path (exit 1). The same
     command as `kern-manifest check` (kern_manifest.cli)."""
-    from kern_manifest.cli import check
+    from kern_manifest.cli import check  # the `kern-manifest check` command itself (kern_manifest.cli.__all__)
 
     resolve_level(log_level)
     code = check(str(manifest), sys.stdout, sys.stderr)

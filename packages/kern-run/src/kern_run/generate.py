@@ -183,7 +183,7 @@ class Generator:
         """Load the runtime (verify, kernels, weights, once programs). Raises kern_runtime.KernError.
 
         `manifest`: its path; the runtime loads `facts.manifest`, the Manifest read_manifest parsed and verified
-        (`runtime_manifest`), instead of reading the file again. `weights`: a checkpoint directory or one
+        (`Runtime.load` takes it as it is), instead of reading the file again. `weights`: a checkpoint directory or one
         .safetensors file, or a list of .safetensors files (config.Weights), as `SafetensorsTensors.open` takes
         them. `resident`: weights kept by an earlier runtime's `into_resident()` (loaded over, not re-read).
         The Generator gets the runtime's `DeviceSteps` (the pipelined decode loop).
@@ -191,11 +191,10 @@ class Generator:
         from kern_runtime import Capacity, Runtime, SafetensorsTensors
 
         from .config import runtime_weights
-        from .preflight import runtime_manifest
 
         tensors = SafetensorsTensors.open(runtime_weights(weights))
         extra = {"resident": resident} if resident is not None else {}
-        rt = Runtime.load(runtime_manifest(facts.manifest, manifest), str(kernels), tensors, gpu=gpu,
+        rt = Runtime.load(facts.manifest, str(kernels), tensors, gpu=gpu,
                           capacity=Capacity(tokens=capacity_tokens, seqs=1), progress=progress, **extra)
         return cls(rt, facts, eos_ids, steps=rt)
 

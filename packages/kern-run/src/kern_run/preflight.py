@@ -9,7 +9,6 @@ weights, tokenizer and prompt, then the device probe last (docs/caller.md).
 from __future__ import annotations
 
 import hashlib
-import inspect
 import json
 import os
 from dataclasses import dataclass
@@ -58,7 +57,7 @@ def probe_device(gpu: int) -> int:
 @dataclass(frozen=True)
 class ManifestFacts:
     """What the caller needs from a manifest before loading it. `manifest`: the kern_manifest.Manifest that passed
-    verification here, the one typed model kern run reads; handed to the runtime (`runtime_manifest`), which then
+    verification here, the one typed model kern run reads; handed to the runtime (`Runtime.load` takes it), which then
     neither reads nor parses the file again."""
 
     manifest: Manifest
@@ -148,18 +147,6 @@ def read_manifest(path: Path) -> ManifestFacts:
     return ManifestFacts(manifest, tokens_max, page_tokens, pages_per_seq, invariant, advance)
 
 
-def runtime_manifest(manifest: Manifest, path: str | os.PathLike[str]) -> Any:  # merge: issue 24
-    """What `kern run` hands `kern_runtime.Runtime.load`: the Manifest read_manifest parsed and verified (so a run
-    parses and verifies it once), unless `Runtime.load` declares a `manifest` parameter that takes paths only
-    (an annotation naming neither `Manifest` nor `Any`): then the file's `path`. Today's runtime and issue 24's
-    both take the Manifest; after the merge this is `manifest`."""
-    from kern_runtime import Runtime
-
-    annotation = inspect.signature(Runtime.load).parameters["manifest"].annotation
-    text = "Any" if annotation is inspect.Parameter.empty else str(annotation)
-    return manifest if "Any" in text or "Manifest" in text else str(path)
-
-
 def _shown(value: Any, limit: int = 60) -> str:
     """A (frozen) JSON value as it appears in a message: its JSON text, cut at `limit` characters."""
     text = json.dumps(value, default=dict)  # FrozenMap -> object; tuples are arrays already
@@ -223,7 +210,7 @@ def read_safetensors_header(path: Path) -> dict[str, tuple[str, tuple[int, ...]]
     kern_runtime's reader: the header is capped at 100 MiB, every entry needs a known dtype, a shape and
     data offsets that agree with it and end inside the file (a truncated shard is refused here)."""
     from kern_runtime import WeightArtifactError
-    from kern_runtime.weights import read_safetensors_header as read_header  # merge: issue 24 (not in __all__ yet)
+    from kern_runtime import read_safetensors_header as read_header
 
     try:
         entries = read_header(path)
@@ -236,8 +223,7 @@ def read_safetensors_header(path: Path) -> dict[str, tuple[str, tuple[int, ...]]
 
 def _index_shards(index: Path) -> list[str]:
     """kern_runtime's reading of model.safetensors.index.json, its refusal as a WeightsError."""
-    from kern_runtime import WeightArtifactError
-    from kern_runtime.weights.safetensors import index_shards  # merge: issue 24 (not in __all__ yet)
+    from kern_runtime import WeightArtifactError, index_shards
 
     try:
         return index_shards(index)
@@ -341,7 +327,6 @@ def check_weights(facts: ManifestFacts, tensors: dict[str, tuple[str, tuple[int,
 
     manifest = facts.manifest
     at_max = var_max(manifest.vars)
-    bind_targets = runtime_bind_buffers(manifest)
     metas = {name: TensorMeta(dtype, tuple(shape)) for name, (dtype, shape) in tensors.items()}
     listed = not isinstance(weights, (str, os.PathLike))
     found_in: dict[str, Path] = tensors.found_in if listed and isinstance(tensors, CheckpointTensors) else {}
@@ -362,7 +347,7 @@ def check_weights(facts: ManifestFacts, tensors: dict[str, tuple[str, tuple[int,
                 raise WeightsError(f"tensor {tname!r}{in_file(tname)} is {metas[tname].dtype}, buffer {bname!r} "
                                    f"wants {buf.dtype}: convert the checkpoint or regenerate the manifest")
         try:
-            plan_bind(bind_targets[bname], metas, at_max)
+            plan_bind(buf, metas, at_max)
         except WeightArtifactError as exc:
             shape = list(buf.shape_at(at_max))
             raise WeightsError(f"checkpoint {label}: {exc} (buffer {bname!r} has shape {shape})"
@@ -378,17 +363,6 @@ def bound_tensors(buffer: Buffer) -> list[str]:
         elif isinstance(seg, (TensorSegment, RowsSegment)):
             names.append(seg.tensor)
     return names
-
-
-def runtime_bind_buffers(manifest: Manifest) -> Mapping[str, Any]:  # merge: issue 24
-    """The buffers in the form `kern_runtime.plan_bind` takes: the runtime's own spec of them while kern_runtime
-    still has one (`spec_from_json`), else kern_manifest's Buffers (issue 24: one manifest model). After the
-    merge this is `manifest.buffers`."""
-    try:
-        from kern_runtime import spec_from_json
-    except ImportError:
-        return manifest.buffers
-    return spec_from_json(manifest.to_json()).buffers
 
 
 def check_capacity(capacity_tokens: int, capacity_from: str | None, facts: ManifestFacts,

@@ -2,7 +2,7 @@
 
 The target's manifest `<dir>/<name>.json` names the TP=1 model; the rank manifests are
 `<dir>/<name>-tp<N>-r<rank>.json` (kern manifest build --tp N). Each rank loads its manifest with
-`ranks={"tp": rank}`, the runtimes are joined with `kern_runtime.multigpu.connect_local` (peers, and
+`ranks={"tp": rank}`, the runtimes are joined with `kern_runtime.connect_local` (peers, and
 every NCCL communicator inside one group call), and the ordinary `Generator` drives a `TpRuntime`, the
 group's `contract.CallerRuntime`: inputs are written to every rank, programs are issued through the
 `LocalGroup` (the ranks' calls interleaved, NCCL collectives grouped, decode captured as one graph per
@@ -26,7 +26,7 @@ from .errors import RefusalError, WeightsError
 from .generate import GenerateOptions, GenerateResult, Generator
 from .preflight import (
     ManifestFacts, check_capacity, check_kernels, check_prompt, check_weights, checkpoint_tensors, load_verified,
-    probe_device, read_manifest, resolve_chunk, runtime_manifest, weight_list_files,
+    probe_device, read_manifest, resolve_chunk, weight_list_files,
 )
 from .text import StreamDecoder, checked_prompt, load_codec
 
@@ -131,10 +131,10 @@ def open_tp(cfg: RunConfig, tp: int, eos_ids: frozenset[int], log: Any,
             ranks: list[ManifestFacts] | None = None) -> tuple[Generator, ManifestFacts]:
     """Load the rank manifests on GPUs cfg.gpu .. cfg.gpu + tp - 1, connect_local, wrap in a Generator.
     `ranks`: what `tp_preflight` returned, when the caller ran it already (each rank's runtime loads its verified
-    Manifest: `runtime_manifest`). Returns (generator, facts of rank 0). Raises RefusalError /
+    Manifest, as it is). Returns (generator, facts of rank 0). Raises RefusalError /
     kern_runtime.KernError."""
     from kern_runtime import Capacity, Runtime, SafetensorsTensors
-    from kern_runtime.multigpu import connect_local  # merge: issue 24 (not in kern_runtime's __all__ yet)
+    from kern_runtime import connect_local
 
     if ranks is None:
         ranks = tp_preflight(cfg, tp)
@@ -146,7 +146,7 @@ def open_tp(cfg: RunConfig, tp: int, eos_ids: frozenset[int], log: Any,
     t0 = time.perf_counter()
     try:
         for r, (path, rank_facts) in enumerate(zip(paths, ranks)):
-            rts.append(Runtime.load(runtime_manifest(rank_facts.manifest, path), str(cfg.kernels), tensors,
+            rts.append(Runtime.load(rank_facts.manifest, str(cfg.kernels), tensors,
                                     gpu=cfg.gpu + r, capacity=Capacity(tokens=cfg.capacity_tokens, seqs=1),
                                     ranks={"tp": r}))
         group = connect_local(rts)

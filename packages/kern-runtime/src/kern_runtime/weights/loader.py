@@ -32,7 +32,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ..driver import call, cu
+from ..cuda.driver import call, cu
 from ..errors import ApiError, DriverError, WeightArtifactError
 from .plan import BindPlan, Copy, split_copy
 from .tensors import DeviceBlob, FileBlob, HostBlob, Tensors

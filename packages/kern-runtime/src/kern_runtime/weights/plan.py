@@ -22,9 +22,10 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Iterator, Mapping
 
-from ..dtypes import item_bytes
+from kern_manifest import Buffer, DerivedSegment, InterleaveSegment, RowsSegment, TensorSegment
+
+from ..cuda.dtypes import item_bytes
 from ..errors import WeightArtifactError
-from ..spec import BufferSpec, DerivedSegment, InterleaveSegment, TensorSegment
 from .tensors import TensorMeta
 
 MAX_PITCH = (1 << 31) - 1
@@ -114,7 +115,7 @@ def _lookup(meta: MetaLookup, name: str) -> TensorMeta | None:
     return meta(name) if callable(meta) else meta.get(name)
 
 
-def _checked_meta(meta: MetaLookup, name: str, buffer: BufferSpec, trailing: tuple[int, ...], where: str) -> TensorMeta:
+def _checked_meta(meta: MetaLookup, name: str, buffer: Buffer, trailing: tuple[int, ...], where: str) -> TensorMeta:
     tm = _lookup(meta, name)
     if tm is None:
         raise WeightArtifactError(f"checkpoint has no tensor {name!r} (bound by {where})")
@@ -130,7 +131,7 @@ def _checked_meta(meta: MetaLookup, name: str, buffer: BufferSpec, trailing: tup
     return tm
 
 
-def plan_bind(buffer: BufferSpec, meta: MetaLookup, values: Mapping[str, int] | None = None) -> BindPlan:
+def plan_bind(buffer: Buffer, meta: MetaLookup, values: Mapping[str, int] | None = None) -> BindPlan:
     """Copies that fill `buffer` from the checkpoint described by `meta` (name -> TensorMeta).
 
     `values`: var values for the buffer's shape (default: the shape must be constant).
@@ -152,7 +153,7 @@ def plan_bind(buffer: BufferSpec, meta: MetaLookup, values: Mapping[str, int] | 
     row = 0  # next buffer row to fill
     for si, seg in enumerate(buffer.bind):
         where = f"buffer {buffer.name!r} bind[{si}]"
-        if isinstance(seg, TensorSegment):
+        if isinstance(seg, (TensorSegment, RowsSegment)):
             if seg.cols is not None:
                 row = _plan_cols(seg, buffer, meta, trailing, row, where, copies)
                 continue
@@ -161,7 +162,7 @@ def plan_bind(buffer: BufferSpec, meta: MetaLookup, values: Mapping[str, int] | 
                 raise WeightArtifactError(
                     f"tensor {seg.tensor!r} has shape {list(tm.shape)}, {where} declares {list(seg.shape)}"
                 )
-            start, stop = seg.rows if seg.rows is not None else (0, tm.rows)
+            start, stop = _rows(seg, tm)
             if not 0 <= start <= stop <= tm.rows:
                 raise WeightArtifactError(f"{where}: rows [{start}, {stop}) lie outside tensor {seg.tensor!r} of {tm.rows} rows")
             if stop > start:
@@ -171,7 +172,7 @@ def plan_bind(buffer: BufferSpec, meta: MetaLookup, values: Mapping[str, int] | 
         elif isinstance(seg, InterleaveSegment):
             metas = [_checked_meta(meta, t, buffer, trailing, where) for t in seg.tensors]
             each = metas[0].rows
-            r = seg.rows_each
+            r = seg.rows
             if r <= 0:
                 raise WeightArtifactError(f"{where}: interleave rows {r} is not positive")
             for t, tm in zip(seg.tensors, metas):
@@ -205,7 +206,12 @@ def _in_source(copy: Copy, tm: TensorMeta, where: str) -> Copy:
     return copy
 
 
-def _plan_cols(seg: TensorSegment, buffer: BufferSpec, meta: MetaLookup, trailing: tuple[int, ...], row: int,
+def _rows(seg: TensorSegment | RowsSegment, tm: TensorMeta) -> tuple[int, int]:
+    """Rows `[start, stop)` of the tensor a segment takes: a `rows` range, or every row."""
+    return (seg.start, seg.stop) if isinstance(seg, RowsSegment) else (0, tm.rows)
+
+
+def _plan_cols(seg: TensorSegment | RowsSegment, buffer: Buffer, meta: MetaLookup, trailing: tuple[int, ...], row: int,
                where: str, copies: list[Copy]) -> int:
     """A column range `[c0, c1)` of rows `[r0, r1)` of a 2-D tensor: one 2-D copy, `(c1 - c0) * item`
     bytes of each source row (source pitch: the tensor's row) into consecutive buffer rows. Returns
@@ -225,7 +231,7 @@ def _plan_cols(seg: TensorSegment, buffer: BufferSpec, meta: MetaLookup, trailin
     if not 0 <= c0 < c1 <= tm.shape[1] or c1 - c0 != trailing[0]:
         raise WeightArtifactError(f"{where}: columns [{c0}, {c1}) of tensor {seg.tensor!r} ({tm.shape[1]} columns) "
                                   f"do not fill the buffer's {trailing[0]}-column rows")
-    start, stop = seg.rows if seg.rows is not None else (0, tm.rows)
+    start, stop = _rows(seg, tm)
     if not 0 <= start <= stop <= tm.rows:
         raise WeightArtifactError(f"{where}: rows [{start}, {stop}) lie outside tensor {seg.tensor!r} of {tm.rows} rows")
     item = item_bytes(buffer.dtype)

@@ -36,7 +36,7 @@ from typing import Iterable, Sequence
 import numpy as np
 from kern_manifest import json_text_fault, read_regular_file
 
-from ..dtypes import SAFETENSORS_DTYPE, item_bytes
+from ..cuda.dtypes import SAFETENSORS_DTYPE, item_bytes
 from ..errors import ApiError, WeightArtifactError
 from .tensors import Blob, FileBlob, HostBlob, TensorMeta
 

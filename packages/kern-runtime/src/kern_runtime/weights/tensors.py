@@ -18,7 +18,7 @@ from typing import Iterable, Mapping, Protocol, runtime_checkable
 
 import numpy as np
 
-from ..dtypes import item_bytes, numpy_dtype
+from ..cuda.dtypes import item_bytes, numpy_dtype
 from ..errors import WeightArtifactError
 
 

@@ -1,4 +1,4 @@
-"""Multi-GPU: the runtime's peer and NCCL methods (`PeerMethods`, mixed into `Runtime`), and
+"""Multi-GPU: the runtime's peer and NCCL part (`Peers`, held as `Runtime.peers`), and
 `connect_local` / `LocalGroup` for one process holding every rank.
 
 Handshake (docs/runtime.md "Multi-GPU"):
@@ -20,55 +20,78 @@ rank's stream at once, and replayed with one `cuGraphLaunch` per rank.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from typing import Any, Mapping, Sequence
 
 import numpy as np
+from kern_manifest import ExternLaunch, Launch, Manifest, RankWiring, Ref
 
-from .driver import call, cu
-from .errors import ApiError, CallError, KernError, KernelArtifactError, ManifestError
-from .graphs import graph_key, normalise_vars
-from .memory import vmm_granularity_bytes
-from .nccl import Communicator, NcclCall, check_extent, group_end, group_start, nccl_call, pin_nccl_env, unique_id
-from .peers import Offer, PeerHandle, check_offers, export_handle, fabric_wanted, map_peer, missing_peer_tables, vmm_with_fallback
-from .records import NCCL_EXTERNS, ExternRecord, args_at_range_ends
-from .spec import ExternLaunch, KernelLaunch, PtrArg, RankWiring
+from ..cuda.driver import call, cu
+from ..cuda.graphs import graph_key, normalise_vars
+from ..cuda.memory import vmm_granularity_bytes
+from ..cuda.nccl import Communicator, NcclCall, check_extent, group_end, group_start, nccl_call, pin_nccl_env, unique_id
+from ..errors import ApiError, KernelArtifactError, KernError, ManifestError
+from ..program.records import NCCL_EXTERNS, ExternRecord, args_at_range_ends, call_sites, launch_path
+from ..program.replay import is_nccl
+from .peers import (
+    Offer,
+    PeerHandle,
+    check_offers,
+    export_handle,
+    fabric_wanted,
+    map_peer,
+    missing_peer_tables,
+    vmm_with_fallback,
+)
 
 
-def nccl_group(launch: ExternLaunch) -> str:
-    """The topology group of an NCCL extern launch (its `{"rank": g}` wiring)."""
+def nccl_group(launch: ExternLaunch, path: str) -> str:
+    """The topology group of an NCCL extern launch (its `{"rank": g}` wiring) at JSON path `path`."""
     for w in launch.args:
         if isinstance(w, RankWiring):
-            return w.group
-    raise ManifestError(f"{launch.path}: extern {launch.extern} has no {{\"rank\": group}} argument")
-
-
-def is_nccl(rec: Any) -> bool:
-    return isinstance(rec, ExternRecord) and rec.launch.extern in NCCL_EXTERNS
+            return w.rank
+    raise ManifestError(f"{path}: extern {launch.name} has no {{\"rank\": group}} argument")
 
 
 def has_nccl(state: Any) -> bool:
     return any(is_nccl(r) for r in state.records)
 
 
-class PeerMethods:
-    """Multi-GPU part of `Runtime` (state initialised by `_init_peers`)."""
+class Peers:
+    """The multi-GPU part of one runtime (`Runtime.peers`): topology checks, peer tables, export handles,
+    offer / connect, NCCL communicators and their dispatch, run gating.
 
-    def _init_peers(self) -> None:
-        self._peer_tables: dict[str, tuple[str, str]] = {}  # peer table buffer -> (of, group)
-        self._peers_filled: set[str] = set()
+    `manifest`, `topology` (group -> size), `min_values` / `max_values`: the loaded manifest's facts; `ranks`:
+    this process's index per group, `rank_sizes` the sizes `ranks` gave; `gpu`, `ledger`: where peer mappings
+    and communicators are registered; `buffers`, `states`, `scratch`: name -> allocation (filled as the runtime
+    allocates); `activate()`: makes the runtime's context current, ApiError once it is closed. Checks the
+    topology at construction (ApiError / ManifestError), before anything is allocated."""
+
+    def __init__(self, manifest: Manifest, topology: Mapping[str, int], min_values: Mapping[str, int],
+                 max_values: Mapping[str, int], ranks: Mapping[str, int], rank_sizes: Mapping[str, int], gpu: int,
+                 ledger: Any, buffers: Mapping[str, Any], states: Mapping[str, Any], scratch: Mapping[Any, Any],
+                 activate: Callable[[], None]) -> None:
+        self.manifest, self.topology = manifest, topology
+        self.min_values, self.max_values = min_values, max_values
+        self._ranks, self._rank_sizes, self.gpu, self._ledger = dict(ranks), dict(rank_sizes), gpu, ledger
+        self._buffers, self._states, self._scratch, self._activate = buffers, states, scratch, activate
+        self.peer_tables: dict[str, tuple[str, str]] = {}  # peer table buffer -> (of, group)
+        self.peers_filled: set[str] = set()
         self._peer_maps: dict[tuple[str, str, int], int] = {}  # (of, group, member) -> address mapped here
-        self._comms: dict[str, Communicator] = {}
-        self._nccl_groups: set[str] = set()  # groups NCCL externs name
-        self._local_group: Any = None  # connect_local's LocalGroup
+        self.comms: dict[str, Communicator] = {}
+        self.nccl_groups: set[str] = set()  # groups NCCL externs name
+        self.local_group: Any = None  # connect_local's LocalGroup
         self._fabric = False
+        self._peer_granularity: int | None = None
+        self.check_topology()
 
     # ------------------------------------------------------------ load-time checks
 
-    def _check_topology(self) -> None:
+    def check_topology(self) -> None:
         """Ranks for every group used (in range, of the manifest's group size where `ranks` gave one), the
         peer tables, the groups NCCL externs name."""
-        topo = self.spec.topology
-        sizes: Mapping[str, int] = getattr(self, "_rank_sizes", {})
+        topo = self.topology
+        sizes = self._rank_sizes
         for group, rank in self._ranks.items():
             if group not in topo:
                 raise ApiError(f"ranks names group {group!r}; the manifest's topology has {sorted(topo)}")
@@ -77,58 +100,61 @@ class PeerMethods:
                                f"topology has size {topo[group]}")
             if not 0 <= rank < topo[group]:
                 raise ApiError(f"rank {rank} is outside group {group!r} of size {topo[group]}")
-        for name, buf in self.spec.buffers.items():
+        for name, buf in self.manifest.buffers.items():
             if buf.peers is not None:
-                self._peer_tables[name] = buf.peers
-        for op in self.spec.ops.values():
-            for launch in op.launches:
-                if isinstance(launch, ExternLaunch) and launch.extern in NCCL_EXTERNS:
-                    group = nccl_group(launch)
+                self.peer_tables[name] = (buf.peers.of, buf.peers.group)
+        for op in self.manifest.ops.values():
+            for li, launch in enumerate(op.launches):
+                if isinstance(launch, ExternLaunch) and launch.name in NCCL_EXTERNS:
+                    path = launch_path(op.name, li)
+                    group = nccl_group(launch, path)
                     if group not in topo:
-                        raise ManifestError(f"{launch.path}: extern {launch.extern} names group {group!r}, which the "
+                        raise ManifestError(f"{path}: extern {launch.name} names group {group!r}, which the "
                                             f"topology does not declare ({sorted(topo)})")
-                    self._nccl_groups.add(group)
-        needed = self._nccl_groups | {g for _, g in self._peer_tables.values()}
+                    self.nccl_groups.add(group)
+        needed = self.nccl_groups | {g for _, g in self.peer_tables.values()}
         missing = sorted(g for g in needed if g not in self._ranks)
         if missing:
             raise ApiError(f"the manifest uses topology group(s) {missing}: pass ranks={{group: index}} "
                            "(or {group: (index, size)}) to load")
 
-    def _peer_sensitive(self) -> set[str]:
+    def peer_sensitive(self) -> set[str]:
         """Buffers and states peers reach: peer tables, export buffers, and what some table maps."""
-        names = set(self._peer_tables) | {of for of, _ in self._peer_tables.values()}
-        return names | {n for n, b in self.spec.buffers.items() if b.export}
+        names = set(self.peer_tables) | {of for of, _ in self.peer_tables.values()}
+        return names | {n for n, b in self.manifest.buffers.items() if b.export}
 
-    def _scan_peer_launches(self, images: Mapping[str, bytes]) -> None:
+    def scan_peer_launches(self, images: Mapping[str, bytes]) -> None:
         """Every kernel launch of an op that some call passes peer-reachable memory has its SASS
         checked for multicast instructions (sass.py; KernelArtifactError)."""
-        from .sass import check_peer_launch
+        from ..cuda.sass import check_peer_launch
 
-        sensitive = self._peer_sensitive()
+        sensitive = self.peer_sensitive()
         if not sensitive:
             return
         done: set[tuple[str, int]] = set()
-        for program in self.spec.programs.values():
-            for c in program.calls:
-                if not any(isinstance(a, PtrArg) and a.target in sensitive for a in c.args.values()):
+        for program in self.manifest.programs:
+            for site in call_sites(self.manifest, program):
+                if not any(isinstance(a, Ref) and a.name in sensitive for a in site.call.args.values()):
                     continue
-                for li, launch in enumerate(self.spec.ops[c.op].launches):
-                    if not isinstance(launch, KernelLaunch) or (c.op, li) in done:
+                for li, launch in enumerate(site.op.launches):
+                    if not isinstance(launch, Launch) or (site.op.name, li) in done:
                         continue
-                    done.add((c.op, li))
+                    done.add((site.op.name, li))
+                    path = launch_path(site.op.name, li)
                     if launch.module not in images:
-                        raise KernelArtifactError(f"{launch.path}: module {launch.module!r} is not pinned")
-                    check_peer_launch(images[launch.module], launch.module, launch.entry, f"{launch.path} (called by {c.path})")
+                        raise KernelArtifactError(f"{path}: module {launch.module!r} is not pinned")
+                    check_peer_launch(images[launch.module], launch.module, launch.entry, f"{path} (called by {site.path})")
 
-    def _peer_vmm(self, nbytes: int, label: str) -> Any:
-        """One-block VMM allocation a peer can map (fabric handle where the device gives one)."""
-        if not hasattr(self, "_peer_granularity"):
+    def peer_vmm(self, nbytes: int, label: str, stream: Any) -> Any:
+        """One-block VMM allocation a peer can map (fabric handle where the device gives one), zeroed on
+        `stream`."""
+        if self._peer_granularity is None:
             self._fabric = fabric_wanted(self.gpu)
             self._peer_granularity = vmm_granularity_bytes(self.gpu)
         size = -(-max(int(nbytes), 1) // self._peer_granularity) * self._peer_granularity
         alloc = vmm_with_fallback(self._ledger, size, size, size, self.gpu, label, self._fabric)
         self._fabric = self._fabric and alloc.fabric  # one refusal: local from then on
-        call("cuMemsetD8Async", alloc.address, 0, size, self.stream)
+        call("cuMemsetD8Async", alloc.address, 0, size, stream)
         return alloc
 
     def _allocation_ranges(self) -> dict[str, tuple[int, int]]:
@@ -137,25 +163,25 @@ class PeerMethods:
         ranges.update({f"scratch {op}.{sc}": (a.address, a.nbytes) for (op, sc), a in self._scratch.items()})
         return ranges
 
-    def _check_nccl_records(self) -> None:
+    def check_nccl_records(self, programs: Iterable[Any]) -> None:
         """Every NCCL record at both ends of the var ranges: count >= 1, rank in the group, send and
         recv inside their allocations (refused at load, never mid-run)."""
         ranges = None
-        minv, maxv = self.spec.min_values, self.spec.max_values
-        for state in self._programs.values():
+        minv, maxv = self.min_values, self.max_values
+        for state in programs:
             for rec in state.records:
                 if not is_nccl(rec):
                     continue
                 ranges = ranges if ranges is not None else self._allocation_ranges()
                 for args in args_at_range_ends(rec, minv, maxv):
-                    ncall = nccl_call(rec.launch.extern, args, nccl_group(rec.launch), self.spec.topology, rec.launch.path)
-                    check_extent(ncall, ranges, f"{rec.launch.path} (program {state.name!r} call #{rec.call_index})")
+                    ncall = nccl_call(rec.name, args, nccl_group(rec.launch, rec.path), self.topology, rec.path)
+                    check_extent(ncall, ranges, f"{rec.path} (program {state.name!r} call #{rec.call_index})")
 
-    def _check_once_program(self, name: str, state: Any) -> None:
+    def check_once_program(self, name: str, state: Any) -> None:
         """Once programs run at load, before connect: no peer tables, no NCCL."""
-        tables = set(self._peer_tables)
-        uses = [c.path for c in self.spec.programs[name].calls
-                if any(isinstance(a, PtrArg) and a.target in tables for a in c.args.values())]
+        tables = set(self.peer_tables)
+        uses = [site.path for site in call_sites(self.manifest, name)
+                if any(isinstance(a, Ref) and a.name in tables for a in site.call.args.values())]
         if uses or has_nccl(state):
             raise ApiError(f"once program {name!r} uses peer tables or NCCL ({(uses or ['an NCCL extern'])[0]}); once "
                            "programs run at load, before connect: make it a run program issued after connect")
@@ -163,29 +189,31 @@ class PeerMethods:
     # ------------------------------------------------------------ replay hooks
 
     def _nccl_call(self, rec: ExternRecord) -> NcclCall:
-        group = nccl_group(rec.launch)
-        if group not in self._comms:
-            raise ApiError(f"{rec.launch.path}: extern {rec.launch.extern} runs on NCCL group {group!r}, which this "
+        group = nccl_group(rec.launch, rec.path)
+        if group not in self.comms:
+            raise ApiError(f"{rec.path}: extern {rec.name} runs on NCCL group {group!r}, which this "
                            "runtime never joined: connect() (or connect_local) first")
-        return nccl_call(rec.launch.extern, rec.args, group, self.spec.topology, rec.launch.path)
+        return nccl_call(rec.name, rec.args, group, self.topology, rec.path)
 
-    def _nccl_issue(self, rec: ExternRecord) -> None:
-        self._comms[nccl_group(rec.launch)].issue(self._nccl_call(rec), int(self.stream))
+    def nccl_issue(self, rec: ExternRecord, stream: Any) -> None:
+        """Enqueue NCCL record `rec` on `stream` (the `Launcher`'s NCCL path). Raises ApiError before a join."""
+        ncall = self._nccl_call(rec)
+        self.comms[ncall.group].issue(ncall, int(stream))
 
-    def _require_ready(self, state: Any, via_group: bool = False) -> None:
+    def require_ready(self, state: Any, via_group: bool = False) -> None:
         """Refuse a run before every peer table is filled or while an NCCL group it uses is not joined,
         and an NCCL program of a connect_local runtime issued on its own."""
-        missing = missing_peer_tables(self._peer_tables, self._peers_filled)
+        missing = missing_peer_tables(self.peer_tables, self.peers_filled)
         if missing:
             raise ApiError(f"program {state.name!r}: peer table(s) not filled yet: {', '.join(missing)}; connect() "
                            "(or connect_local) first")
         if not has_nccl(state):
             return
         for rec in state.records:
-            if is_nccl(rec) and nccl_group(rec.launch) not in self._comms:
-                raise ApiError(f"program {state.name!r}: {rec.launch.path}: NCCL group {nccl_group(rec.launch)!r} was "
+            if is_nccl(rec) and nccl_group(rec.launch, rec.path) not in self.comms:
+                raise ApiError(f"program {state.name!r}: {rec.path}: NCCL group {nccl_group(rec.launch, rec.path)!r} was "
                                "never joined: connect() (or connect_local) first")
-        if self._local_group is not None and not via_group:
+        if self.local_group is not None and not via_group:
             raise ApiError(f"program {state.name!r} holds NCCL collectives and this runtime was connected with "
                            "connect_local: issue it through the LocalGroup (group.issue / group.run), which interleaves "
                            "the ranks' calls in one thread")
@@ -200,13 +228,13 @@ class PeerMethods:
     @property
     def peers_ready(self) -> bool:
         """Every peer table filled and every NCCL group joined."""
-        return not missing_peer_tables(self._peer_tables, self._peers_filled) and self._nccl_groups <= set(self._comms)
+        return not missing_peer_tables(self.peer_tables, self.peers_filled) and self.nccl_groups <= set(self.comms)
 
     def export_handles(self) -> dict[str, PeerHandle]:
         """A PeerHandle for every export buffer and every VMM-backed state, by name."""
         self._activate()
         out = {}
-        for name, buf in self.spec.buffers.items():
+        for name, buf in self.manifest.buffers.items():
             if buf.export:
                 out[name] = export_handle(name, self._buffers[name])
         for name, alloc in self._states.items():
@@ -220,19 +248,19 @@ class PeerMethods:
         (target, member) is mapped once and stays mapped for the runtime's life. Raises ApiError for a
         wrong member count or a missing handle."""
         self._activate()
-        size = self.spec.topology.get(group)
+        size = self.topology.get(group)
         if size is None:
-            raise ApiError(f"unknown topology group {group!r}; the manifest declares {sorted(self.spec.topology)}")
+            raise ApiError(f"unknown topology group {group!r}; the manifest declares {sorted(self.topology)}")
         if len(members) != size:
             raise ApiError(f"group {group!r} has {size} members, import_peers got {len(members)} handle tables")
         me = self._ranks.get(group)
-        for table, (of, g) in self._peer_tables.items():
+        for table, (of, g) in self.peer_tables.items():
             if g != group:
                 continue
             addresses = []
             for i, handles in enumerate(members):
                 if i == me:
-                    addresses.append(self.address_of(of))
+                    addresses.append((self._buffers.get(of) or self._states[of]).address)
                     continue
                 key = (of, group, i)
                 if key not in self._peer_maps:
@@ -243,40 +271,44 @@ class PeerMethods:
                 addresses.append(self._peer_maps[key])
             data = np.asarray(addresses, dtype=np.uint64)
             call("cuMemcpyHtoD", self._buffers[table].address, data.ctypes.data, data.nbytes)
-            self._peers_filled.add(table)
+            self.peers_filled.add(table)
 
     def offer(self) -> Offer:
         """This rank's side of the handshake: family digest, ranks, peer handles, and a fresh NCCL
         unique id for each NCCL group in which this rank is member 0."""
-        ids = {g: unique_id() for g in sorted(self._nccl_groups) if self._ranks.get(g) == 0}
-        return Offer(self.spec.family_digest, self.spec.digest, dict(self._ranks), self.export_handles(), ids)
+        ids = {g: unique_id() for g in sorted(self.nccl_groups) if self._ranks.get(g) == 0}
+        return Offer(self.manifest.family_digest, self.manifest.digest, dict(self._ranks), self.export_handles(), ids)
 
     def connect(self, offers: Mapping[str, Sequence[Offer]]) -> None:
         """Join every group: `offers[group]` is the members' offers in member order (this rank's
         included). Checks the manifests agree, imports peers, checks no peer table is unfilled, joins
         the NCCL groups (blocks until every member joins). Raises ApiError."""
-        self._prepare_connect(offers)
-        for group in sorted(self._nccl_groups):
-            self._join_nccl(group, nccl_id_of(group, offers[group]))
+        self.prepare_connect(offers)
+        for group in sorted(self.nccl_groups):
+            self.join_nccl(group, nccl_id_of(group, offers[group]))
 
-    def _prepare_connect(self, offers: Mapping[str, Sequence[Offer]]) -> None:
-        needed = self._nccl_groups | {g for _, g in self._peer_tables.values()}
+    def prepare_connect(self, offers: Mapping[str, Sequence[Offer]]) -> None:
+        needed = self.nccl_groups | {g for _, g in self.peer_tables.values()}
         for group in sorted(needed):
             if group not in offers:
                 raise ApiError(f"connect: no offers for group {group!r}, which the manifest uses")
         for group, members in offers.items():
-            if group not in self.spec.topology:
-                raise ApiError(f"connect: unknown group {group!r}; the manifest declares {sorted(self.spec.topology)}")
-            check_offers(group, self.spec.topology[group], list(members), self.spec.family_digest, self._ranks.get(group))
+            if group not in self.topology:
+                raise ApiError(f"connect: unknown group {group!r}; the manifest declares {sorted(self.topology)}")
+            check_offers(group, self.topology[group], list(members), self.manifest.family_digest, self._ranks.get(group))
             self.import_peers(group, [o.handles for o in members])
-        missing = missing_peer_tables(self._peer_tables, self._peers_filled)
+        missing = missing_peer_tables(self.peer_tables, self.peers_filled)
         if missing:
             raise ApiError(f"connect: peer table(s) left unfilled: {', '.join(missing)}")
 
-    def _join_nccl(self, group: str, uid: bytes) -> None:
+    def own(self, label: str, undo: Callable[[], None]) -> None:
+        """Register `undo` (a communicator's close) on the runtime's ledger."""
+        self._ledger.on_close(label, undo)
+
+    def join_nccl(self, group: str, uid: bytes) -> None:
         self._activate()
-        comm = Communicator.create(group, self.spec.topology[group], self._ranks[group], uid, self.gpu)
-        self._comms[group] = comm
+        comm = Communicator.create(group, self.topology[group], self._ranks[group], uid, self.gpu)
+        self.comms[group] = comm
         self._ledger.on_close(f"NCCL communicator {group}", comm.close)
 
 
@@ -298,7 +330,7 @@ def connect_local(runtimes: Sequence[Any]) -> "LocalGroup":
     if not rts:
         raise ApiError("connect_local needs at least one runtime")
     offers_by_rt = [rt.offer() for rt in rts]
-    groups = set().union(*(set(rt.spec.topology) for rt in rts))
+    groups = set().union(*(set(rt.topology) for rt in rts))
     offers: dict[str, list[Offer]] = {}
     for group in sorted(groups):
         members: dict[int, Offer] = {}
@@ -309,15 +341,15 @@ def connect_local(runtimes: Sequence[Any]) -> "LocalGroup":
             if rank in members:
                 raise ApiError(f"connect_local: two runtimes are rank {rank} of group {group!r}")
             members[rank] = offer
-        size = rts[0].spec.topology.get(group, 0)
+        size = rts[0].topology.get(group, 0)
         if members and sorted(members) != list(range(size)):
             raise ApiError(f"connect_local: group {group!r} of size {size} has runtimes for ranks {sorted(members)}; "
                            "one process must hold every rank")
         if members:
             offers[group] = [members[r] for r in range(size)]
     for rt in rts:
-        rt._prepare_connect({g: o for g, o in offers.items() if g in rt.ranks})
-    joins = [(rt, g) for rt in rts for g in sorted(rt._nccl_groups)]
+        rt.peers.prepare_connect({g: o for g, o in offers.items() if g in rt.ranks})
+    joins = [(rt, g) for rt in rts for g in sorted(rt.peers.nccl_groups)]
     if joins:
         pin_nccl_env()
         created: list[tuple[Any, str, Communicator]] = []
@@ -325,15 +357,15 @@ def connect_local(runtimes: Sequence[Any]) -> "LocalGroup":
         try:
             for rt, g in joins:
                 rt._activate()
-                created.append((rt, g, Communicator.create(g, rt.spec.topology[g], rt.ranks[g], nccl_id_of(g, offers[g]), rt.gpu)))
+                created.append((rt, g, Communicator.create(g, rt.topology[g], rt.ranks[g], nccl_id_of(g, offers[g]), rt.gpu)))
         finally:
             group_end()
         for rt, g, comm in created:
-            rt._comms[g] = comm
-            rt._ledger.on_close(f"NCCL communicator {g}", comm.close)
+            rt.peers.comms[g] = comm
+            rt.peers.own(f"NCCL communicator {g}", comm.close)
     group = LocalGroup(rts)
     for rt in rts:
-        rt._local_group = group
+        rt.peers.local_group = group
     return group
 
 
@@ -359,37 +391,34 @@ class LocalGroup:
         for rt in self.runtimes:
             rt._activate()
             state = rt._program(program)
-            rt._require_ready(state, via_group=True)
-            out.append((rt, state, normalise_vars(vars, rt.spec.vars, state.reads, program)))
+            rt.peers.require_ready(state, via_group=True)
+            out.append((rt, state, normalise_vars(vars, rt.manifest.vars, state.reads, program)))
         counts = {len(s.records) for _, s, _ in out}
         if len(counts) != 1:
             raise ApiError(f"program {program!r} compiles to {sorted(counts)} records on the ranks; the manifests disagree")
         return out
 
     def _enqueue_all(self, items: list[tuple[Any, Any, dict[str, int]]]) -> None:
+        """Every rank's records, interleaved call by call, each through its runtime's one enqueue path
+        (`Launcher.enqueue`); an NCCL collective of all ranks inside one ncclGroupStart/End."""
         for rt, state, values in items:
             rt._activate()
-            rt._patch(state, values)
+            rt.programs.patch(state, values)
         for i in range(len(items[0][1].records)):
             recs = [state.records[i] for _, state, _ in items]
             if not any(r.active for r in recs):
                 continue
-            if is_nccl(recs[0]):
-                calls = [(rt, rt._nccl_call(rec)) for (rt, _, _), rec in zip(items, recs) if rec.active]
+            grouped = is_nccl(recs[0])
+            if grouped:
                 group_start()
-                try:
-                    for rt, ncall in calls:
-                        call("cuCtxSetCurrent", rt.context)
-                        rt._comms[ncall.group].issue(ncall, int(rt.stream))
-                except KernError as exc:
-                    raise CallError(items[0][1].name, recs[0].call_index, recs[0].op, exc) from exc
-                finally:
+            try:
+                for (rt, state, _), rec in zip(items, recs):
+                    if rec.active:
+                        rt._activate()
+                        rt.programs.launcher.enqueue(state, rec)
+            finally:
+                if grouped:
                     group_end()
-                continue
-            for (rt, state, _), rec in zip(items, recs):
-                if rec.active:
-                    rt._activate()
-                    rt._enqueue_record(state, rec)
 
     def run(self, program: str, vars: Mapping[str, int] | None = None) -> None:
         """Every rank's `program`, launch by launch (eager). Does not synchronise."""
@@ -403,11 +432,11 @@ class LocalGroup:
             self._enqueue_all(items)
             return
         keys = [graph_key(program, values, state.reads) for _, state, values in items]
-        if not all(key in rt._graphs for (rt, _, _), key in zip(items, keys)):
+        if not all(key in rt.programs.graphs for (rt, _, _), key in zip(items, keys)):
             self._capture(items, keys)
         for (rt, _, _), key in zip(items, keys):
             rt._activate()
-            rt._graphs.replay(key, lambda: None, rt.stream)
+            rt.programs.graphs.replay(key, lambda: None, rt.stream)
 
     def _capture(self, items: list[tuple[Any, Any, dict[str, int]]], keys: list[Any]) -> None:
         driver = cu()
@@ -435,11 +464,11 @@ class LocalGroup:
         for (rt, _, _), key, graph in zip(items, keys, graphs):
             rt._activate()
             try:
-                rt._graphs.put(key, call("cuGraphInstantiate", graph, 0))
+                rt.programs.graphs.put(key, call("cuGraphInstantiate", graph, 0))
             finally:
                 call("cuGraphDestroy", graph)
 
     def close(self) -> None:
         for rt in self.runtimes:
-            rt._local_group = None
+            rt.peers.local_group = None
             rt.close()

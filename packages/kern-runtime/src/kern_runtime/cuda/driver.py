@@ -11,7 +11,7 @@ import importlib
 from types import ModuleType
 from typing import Any
 
-from .errors import CudaError, DriverError
+from ..errors import CudaError, DriverError, KernError
 
 
 def cu() -> ModuleType:
@@ -63,6 +63,26 @@ def check(call_name: str, outcome: Any) -> Any:
 def call(call_name: str, *args: Any) -> Any:
     """Call driver function `call_name` with `args` and `check()` the result."""
     return check(call_name, getattr(cu(), call_name)(*args))
+
+
+NO_DRIVER_LIBRARY = ("no CUDA device: the CUDA driver library cannot be loaded ({kind}); kern needs an NVIDIA GPU "
+                     "and driver")
+"""The one line `kern run` prints (kern_run.preflight.probe_device) when libcuda cannot be loaded."""
+
+
+def init_driver() -> None:
+    """`cuInit(0)`: the first driver call, where cuda-bindings loads libcuda. Raises `CudaError` with the
+    `NO_DRIVER_LIBRARY` line when the library cannot be loaded (cuda.pathfinder's `DynamicLibNotFoundError`,
+    or any other failure to load it, would otherwise escape as a non-kern exception), `DriverError` when
+    cuInit itself fails (no device, driver too old)."""
+    try:
+        init = getattr(cu(), "cuInit")
+        outcome = init(0)
+    except KernError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - no libcuda at all raises from inside cuda-bindings
+        raise CudaError(NO_DRIVER_LIBRARY.format(kind=type(exc).__name__)) from exc
+    check("cuInit", outcome)
 
 
 def handle_int(handle: Any) -> int:

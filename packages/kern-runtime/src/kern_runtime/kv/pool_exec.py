@@ -23,7 +23,7 @@ from typing import Any
 from kern_pool import Copies, Misuse, PageCopy, SlotCopy
 from kern_pool.errors import check_count
 
-from .driver import call
+from ..cuda.driver import call
 
 
 @dataclass(frozen=True, slots=True)

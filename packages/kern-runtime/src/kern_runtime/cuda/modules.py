@@ -23,8 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
+from kern_manifest import Launch, Manifest
+
 from .driver import call, check, cu
-from .errors import DriverError, KernelArtifactError, ManifestError
+from ..errors import DriverError, KernelArtifactError, ManifestError
 
 Layout = tuple[tuple[int, int], ...]
 
@@ -182,3 +184,41 @@ def set_shared_carveout(function: Any, percent: int) -> None:
     driver = cu()
     call("cuFuncSetAttribute", function,
          driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, int(percent))
+
+
+SHARED_DEFAULT_LIMIT_BYTES = 48 * 1024
+
+
+def resolve_launches(manifest: Manifest, modules: Mapping[str, Any], max_values: Mapping[str, int],
+                     min_values: Mapping[str, int]) -> tuple[dict[tuple[str, int], Any], dict[tuple[str, int], str]]:
+    """Every kernel launch's function in its own loaded module (`resolve_function`, by parameter layout), and the
+    per-function attributes set once: dynamic shared memory above 48 KiB, preferred carveout. Returns
+    ((op, launch index) -> CUfunction, (op, launch index) -> module name). Raises KernelArtifactError (a module
+    not pinned, an ABI mismatch), ManifestError (two carveouts for one function)."""
+    from ..program.records import launch_path
+
+    functions: dict[tuple[str, int], Any] = {}
+    owners: dict[tuple[str, int], str] = {}
+    # The dynamic shared memory limit and the preferred carveout are properties of the function, not of a
+    # launch: one function launched by several ops gets the largest of their shared sizes and their one
+    # carveout (function_attributes).
+    uses: list[tuple[Any, str, int, int | None]] = []
+    for op in manifest.ops.values():
+        for li, launch in enumerate(op.launches):
+            if not isinstance(launch, Launch):
+                continue
+            path = launch_path(op.name, li)
+            if launch.module not in modules:
+                raise KernelArtifactError(f"{path}: module {launch.module!r} is not pinned")
+            fn = resolve_function(modules[launch.module], launch.entry, launch.params,
+                                  f"{path} (module {launch.module!r})")
+            shared = max(launch.shared_mem.eval(max_values), launch.shared_mem.eval(min_values))
+            uses.append((fn, path, shared, launch.carveout))
+            functions[(op.name, li)] = fn
+            owners[(op.name, li)] = launch.module
+    for attrs in function_attributes(uses):
+        if attrs.shared_mem > SHARED_DEFAULT_LIMIT_BYTES:
+            raise_shared_limit(attrs.function, attrs.shared_mem)
+        if attrs.carveout is not None:
+            set_shared_carveout(attrs.function, attrs.carveout)
+    return functions, owners

@@ -1,4 +1,7 @@
-"""Element types: manifest names, byte sizes, numpy views and safetensors names.
+"""Element types: the numpy views and safetensors names of kern_manifest's dtypes.
+
+The byte sizes are kern_manifest's one table (`DTYPE_BYTES`); this module adds only what the runtime
+exchanges arrays as.
 
 numpy has no bfloat16 / float8: arrays of those types are exchanged as their raw bits
 (`bf16` -> uint16, `fp8_*` -> uint8). Callers convert (e.g. `bits.astype(np.uint32) << 16`
@@ -8,14 +11,9 @@ viewed as float32 gives exact bf16 values).
 from __future__ import annotations
 
 import numpy as np
+from kern_manifest import DTYPE_BYTES
 
-from .errors import ApiError
-
-ITEM_BYTES: dict[str, int] = {
-    "bf16": 2, "f16": 2, "f32": 4, "f64": 8,
-    "i8": 1, "u8": 1, "i16": 2, "i32": 4, "u32": 4, "i64": 8, "u64": 8,
-    "fp8_e4m3": 1, "fp8_e5m2": 1,
-}
+from ..errors import ApiError
 
 NUMPY_DTYPE: dict[str, np.dtype] = {
     "bf16": np.dtype("<u2"), "f16": np.dtype("<f2"), "f32": np.dtype("<f4"), "f64": np.dtype("<f8"),
@@ -23,6 +21,8 @@ NUMPY_DTYPE: dict[str, np.dtype] = {
     "u32": np.dtype("<u4"), "i64": np.dtype("<i8"), "u64": np.dtype("<u8"),
     "fp8_e4m3": np.dtype("u1"), "fp8_e5m2": np.dtype("u1"),
 }
+assert set(NUMPY_DTYPE) == set(DTYPE_BYTES), "kern bug: a manifest dtype without a numpy view"
+assert all(NUMPY_DTYPE[d].itemsize == n for d, n in DTYPE_BYTES.items()), "kern bug: numpy view of another size"
 
 # safetensors header dtype -> manifest dtype name
 SAFETENSORS_DTYPE: dict[str, str] = {
@@ -35,9 +35,9 @@ SAFETENSORS_DTYPE: dict[str, str] = {
 def item_bytes(dtype: str) -> int:
     """Bytes per element of manifest dtype `dtype`. Raises ApiError for an unknown name."""
     try:
-        return ITEM_BYTES[dtype]
+        return DTYPE_BYTES[dtype]
     except KeyError:
-        raise ApiError(f"unknown dtype {dtype!r}; expected one of {sorted(ITEM_BYTES)}") from None
+        raise ApiError(f"unknown dtype {dtype!r}; expected one of {sorted(DTYPE_BYTES)}") from None
 
 
 def numpy_dtype(dtype: str) -> np.dtype:

@@ -10,14 +10,15 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
+from kern_manifest import Var
+
+from ..errors import ApiError, as_integer
 from .driver import call, cu
-from .errors import ApiError, as_integer
-from .spec import VarSpec
 
 GraphKey = tuple[str, tuple[tuple[str, int], ...]]
 
 
-def normalise_vars(values: Mapping[str, int] | None, vars_: Mapping[str, VarSpec], reads: frozenset[str],
+def normalise_vars(values: Mapping[str, int] | None, vars_: Mapping[str, Var], reads: frozenset[str],
                    program: str) -> dict[str, int]:
     """Full var values for a run of `program`: given values for the vars it reads (each in range),
     every other var at its min, whether the caller gave it or not and whatever its value (a var the program

@@ -13,11 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping
 
+from kern_manifest import State
 from kern_pool.errors import PoolError
 from kern_pool.sizing import Capacity, Layout, PooledState
 
-from .errors import ApiError
-from .spec import StateSpec
+from ..errors import ApiError
 
 __all__ = ["Capacity", "PoolLayout", "plan_pool"]
 
@@ -48,17 +48,17 @@ class PoolLayout:
         return 0 if self.num_pages is not None else None
 
 
-def _pooled(states: Mapping[str, StateSpec]) -> list[PooledState]:
+def _pooled(states: Mapping[str, State]) -> list[PooledState]:
     out = []
     for s in states.values():
         if s.kind == "paged":
-            out.append(PooledState(s.name, bytes_per_token=s.bytes_per_token, page_tokens=s.page_tokens))
+            out.append(PooledState(s.name, bytes_per_token=s.bytes_per_token or 0, page_tokens=s.page_tokens or 0))
         elif s.kind == "per_seq":
-            out.append(PooledState(s.name, bytes_per_seq=s.bytes_per_seq))
+            out.append(PooledState(s.name, bytes_per_seq=s.bytes_per_seq or 0))
     return out
 
 
-def plan_pool(states: Mapping[str, StateSpec], capacity: Capacity, granularity_bytes: int,
+def plan_pool(states: Mapping[str, State], capacity: Capacity, granularity_bytes: int,
               free_bytes: int | None = None) -> PoolLayout | None:
     """Size the pooled states (None when the manifest has none).
 

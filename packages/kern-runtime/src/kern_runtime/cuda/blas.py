@@ -23,7 +23,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from .errors import ApiError, BlasError, KernelArtifactError, ManifestError
+from ..errors import ApiError, BlasError, KernelArtifactError, ManifestError
 
 WORKSPACE_BYTES = 32 * 1024 * 1024
 
@@ -221,7 +221,10 @@ class Blas:
         buf = np.array([value], dtype=dtype)
         blas_call("cublasLtMatmulDescSetAttribute", lt.matmul_desc_set_attribute, desc, int(attr), buf.ctypes.data, buf.nbytes)
 
-    def _describe(self, g: GemmCall) -> tuple[int, int, int, int]:
+    def describe_gemm(self, g: GemmCall) -> tuple[int, int, int, int]:
+        """(matmul desc, A, B, C layout) handles for `g` (row-major C[m, n] = A[m, k] @ W[n, k]^T as cuBLASLt's
+        column-major TN, f32 compute); the caller destroys them. tools/pick_algos.py asks cuBLASLt's heuristics
+        with them. Raises BlasError."""
         lt = _lt()
         from nvmath.bindings import cublas
 
@@ -312,7 +315,7 @@ class Blas:
         if plan is not None:
             return plan
         lt = _lt()
-        desc, a, b, c = self._describe(g)
+        desc, a, b, c = self.describe_gemm(g)
         try:
             if algo_pin:
                 algo, workspace = self._pinned(g, algo_pin, desc, a, b, c, where)

@@ -23,8 +23,8 @@ from typing import Any
 
 from kern_pool import BlockMove, Layout, RemapPlan
 
-from .driver import call, cu
-from .memory import vmm_properties
+from ..cuda.driver import call, cu
+from ..cuda.memory import vmm_properties
 
 
 class Arena:

@@ -15,7 +15,7 @@ import struct
 
 import numpy as np
 
-from .errors import ApiError
+from ..errors import ApiError
 
 _SCALAR_FORMATS: dict[str, str] = {"i32": "<i", "u32": "<I", "i64": "<q", "u64": "<Q", "f32": "<f", "f64": "<d"}
 INT_RANGES: dict[str, tuple[int, int]] = {

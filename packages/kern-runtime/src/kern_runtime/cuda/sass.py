@@ -33,7 +33,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from .errors import KernelArtifactError
+from ..errors import KernelArtifactError
 
 MULTICAST_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("LDGMC (multimem.ld_reduce)", re.compile(r"\bLDGMC\b")),

@@ -1,4 +1,5 @@
-"""Mixin of `Runtime`: whole-state access for tests and tools (`read_state`, `write_state_at`, `zero_states`).
+"""Whole-state access for tests and tools (`read_state`, `write_state_at`, `zero_states`): `StateAccess`,
+held as `Runtime.states`.
 
 A state is bytes (the manifest gives it no dtype or shape). Its whole extent is, for a fixed state, its
 declared `bytes`; for a pooled state (paged, per-seq), the bytes mapped at load from the base of its
@@ -12,47 +13,47 @@ Ordering follows the rest of the I/O API: every copy and memset is on the comput
 already enqueued there (the host tier's transfer stream is not waited for: `settle()` or `Waking.wait()`
 first). Refusals are `ApiError`s raised before anything is enqueued.
 
-Needs from `Runtime`: `spec`, `stream`, `_states`, `_buffers`, `_pooled_state`, `_activate()`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
+from kern_manifest import Manifest
 
-from .driver import call
-from .errors import ApiError, int_arg
+from ..cuda.driver import call
+from ..errors import ApiError, int_arg
 
 
-class StateMethods:
-    """Mixin of `Runtime`: read, write and zero whole states (valid only before the first remap)."""
+class StateAccess:
+    """Read, write and zero whole states (valid only before the first remap). `manifest`: the loaded manifest;
+    `states` / `buffers`: name -> allocation; `pooled`: the pooled states' PoolState (None without any), whose
+    `remapped` record refuses a remapped state; `stream`: the compute stream; `activate()`: makes the runtime's
+    context current, ApiError once it is closed."""
 
-    spec: Any
-    stream: Any
-    _states: dict[str, Any]
-    _buffers: dict[str, Any]
-    _pooled_state: Any
-
-    def _activate(self) -> None: ...  # provided by Runtime
+    def __init__(self, manifest: Manifest, states: dict[str, Any], buffers: dict[str, Any], pooled: Any,
+                 stream: Any, activate: Callable[[], None]) -> None:
+        self._manifest, self._states, self._buffers, self._pooled = manifest, states, buffers, pooled
+        self.stream, self._activate = stream, activate
 
     def _whole_state(self, name: object, what: str) -> tuple[int, int]:
         """(device address, size in bytes) of state `name` for whole-state access `what`.
         Raises ApiError: not a string, unknown, or a pooled state a remap plan has touched."""
         if not isinstance(name, str):
             raise ApiError(f"{what}: a state name must be a string, got {name!r} ({type(name).__name__})")
-        spec = self.spec.states.get(name)
+        spec = self._manifest.states.get(name)
         if spec is None:
             kind = "a buffer, not a state" if name in self._buffers else "not a state"
-            raise ApiError(f"{what}: {name!r} is {kind}; states: {sorted(self.spec.states)}")
-        ps = self._pooled_state
+            raise ApiError(f"{what}: {name!r} is {kind}; states: {sorted(self._manifest.states)}")
+        ps = self._pooled
         serial = ps.remapped.get(name) if ps is not None else None
         if serial is not None:
             raise ApiError(f"{what}: state {name!r} ({spec.kind}) was remapped (remap plan {serial}): whole-state "
                            f"reads and writes are valid only before the first remap (runtime.md, state memory); "
                            f"use state_object_address(state, id) for one page or slot")
-        size = spec.nbytes if spec.kind == "fixed" else self._states[name].nbytes
+        size = (spec.bytes or 0) if spec.kind == "fixed" else self._states[name].nbytes
         return self._states[name].address, size
 
     def read_state(self, name: str) -> np.ndarray:
@@ -94,7 +95,7 @@ class StateMethods:
         a named state (with None: any pooled state)."""
         self._activate()
         if names is None:
-            chosen = list(self.spec.states)
+            chosen = list(self._manifest.states)
         elif isinstance(names, (list, tuple, set, frozenset)):
             chosen = list(names)
         else:

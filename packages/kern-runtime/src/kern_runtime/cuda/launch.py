@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .driver import call, cu
-from .records import KernelRecord
+
+if TYPE_CHECKING:
+    from ..program.records import KernelRecord
 
 
 def launch_kernel(record: KernelRecord, stream: Any) -> None:

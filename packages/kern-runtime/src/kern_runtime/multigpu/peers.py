@@ -31,8 +31,8 @@ from typing import Any, Mapping
 
 from kern_manifest import json_text_fault
 
-from .driver import call, cu
-from .errors import ApiError, DriverError
+from ..cuda.driver import call, cu
+from ..errors import ApiError, DriverError
 
 OFFER_MAGIC = b"KERN-OFFER/1\n"
 FABRIC_HANDLE_BYTES = 64

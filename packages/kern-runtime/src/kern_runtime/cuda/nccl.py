@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Mapping, MutableMapping, Sequence
 
-from .errors import ApiError, CudaError, ManifestError
+from ..errors import ApiError, CudaError, ManifestError
 
 COLLECTIVES = ("allreduce", "allgather", "reducescatter", "alltoall")
 NCCL_DTYPES: dict[str, tuple[int, int]] = {"f32": (7, 4), "bf16": (9, 2)}  # name -> (ncclDataType_t, item bytes)

@@ -41,7 +41,7 @@ from typing import Any
 
 from kern_pool import HostCopies, Misuse, PageCopy, SlotCopy
 
-from .driver import call, cu
+from ..cuda.driver import call, cu
 from .pool_exec import ClassGeometry, IdCheck, check_pairs, pair_runs
 
 MPOL_DEFAULT = 0
@@ -272,7 +272,7 @@ def event_done(event: Any) -> bool:
         return True
     if code == int(cu().CUresult.CUDA_ERROR_NOT_READY):
         return False
-    from .driver import check
+    from ..cuda.driver import check
 
     check("cuEventQuery", result)  # raises DriverError
     return False

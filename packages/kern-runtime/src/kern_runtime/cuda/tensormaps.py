@@ -20,7 +20,7 @@ from typing import Any, Mapping
 from kern_manifest import DTYPE_BYTES, Expr
 
 from .driver import call, cu
-from .errors import ApiError, ManifestError
+from ..errors import ApiError, ManifestError
 
 TENSORMAP_DTYPES = {
     "u8": "UINT8", "u16": "UINT16", "u32": "UINT32", "i32": "INT32", "u64": "UINT64", "i64": "INT64",
