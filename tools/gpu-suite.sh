@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# The whole GPU suite on the GPU machine in one call, KERN_REQUIRE_GPU=1 (a GPU test cannot pass by skipping):
+# `pytest -m gpu` in two processes at once, tests/kernels (kernel references, no pool sizing) beside the
+# rest (runtime, pool, caller, parity: these size pools from free device memory, so they run in one process).
+# Logs go to $OUT/gpu-<group>.log; a summary line per group and the failures are printed last.
+#   source tools/gpu-env.sh && bash tools/gpu-suite.sh [LIMIT_S]     # LIMIT_S per group, default 540
+set -u
+root="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$root"
+OUT="${OUT:-/tmp/kern-out}"; mkdir -p "$OUT"
+limit="${1:-540}"
+export KERN_REQUIRE_GPU=1
+run_group() {  # run_group NAME PYTEST_ARGS...
+  local name=$1; shift
+  timeout "$limit" python3 -m pytest -m gpu -q -p no:cacheprovider -rfE "$@" >"$OUT/gpu-$name.log" 2>&1
+  echo "rc=$?" >>"$OUT/gpu-$name.log"
+}
+run_group kernels tests/kernels &
+run_group rest tests packages --ignore=tests/kernels &
+wait
+for name in kernels rest; do
+  echo "===== $name: $(grep -E '(passed|failed|error)' "$OUT/gpu-$name.log" | tail -n1) $(tail -n1 "$OUT/gpu-$name.log")"
+  grep -E '^(FAILED|ERROR)' "$OUT/gpu-$name.log" | cut -c1-220 | head -n 40
+done
