@@ -34,3 +34,7 @@ class WeightsError(RefusalError):
 
 class InputError(RefusalError):
     """The prompt or generation options do not fit the manifest or the capacity."""
+
+
+class SamplingError(InputError):
+    """A sampling parameter outside its range (kern_run.sampling): names the field, the value and the range."""
