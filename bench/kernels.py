@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         positions = arr(np.arange(n_rows, dtype=np.int32))
         out = gpu.alloc(n_rows * 8).ptr
         for label, params in sample_cases:
-            prm = arr(np.frombuffer(pack_params([params] * n_rows), dtype=np.uint8))
+            prm = arr(np.frombuffer(pack_params([params] * n_rows), dtype=np.uint8).copy())
             sets = [[("p", lg), ("p", prm), ("p", positions), ("p", 0), ("p", 0), ("i", 0), ("i", VOCAB), ("p", out),
                      ("p", out + 4 * n_rows), ("p", 0)] for lg in logit_sets]
             bench(f"sample rows={n_rows} {label}", "kern_sample_bf16", (n_rows,), (1024,), sets, n_rows * (VOCAB * 2 + 8))

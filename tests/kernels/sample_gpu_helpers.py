@@ -49,13 +49,13 @@ class Sampler:
         """Host-side writes of one step's inputs (what a caller does outside the graph)."""
         assert logits.shape == (self.rows, self.vocab) and len(params) == self.rows
         self.logits.upload(device_logits(logits, self.dtype))
-        self.params.upload(np.frombuffer(pack_params(params), dtype=np.uint8))
+        self.params.upload(np.frombuffer(pack_params(params), dtype=np.uint8).copy())
         self.positions.upload(np.asarray(positions, dtype=np.int32))
         if self.hist_cap:
             rows = history if history is not None else [[] for _ in range(self.rows)]
             tokens, counts = pack_history(rows, self.hist_cap)
-            self.hist_tokens.upload(np.frombuffer(tokens, dtype=np.uint8))
-            self.hist_counts.upload(np.frombuffer(counts, dtype=np.uint8))
+            self.hist_tokens.upload(np.frombuffer(tokens, dtype=np.uint8).copy())
+            self.hist_counts.upload(np.frombuffer(counts, dtype=np.uint8).copy())
         self.out.poison()
         if self.stats is not None:
             self.stats.poison()

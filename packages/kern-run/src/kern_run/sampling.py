@@ -82,8 +82,7 @@ class SamplingParams:
         if not _number("repetition_penalty", self.repetition_penalty) > 0.0:
             raise SamplingError(
                 f"sampling: repetition_penalty = {self.repetition_penalty!r} is not above 0 (allowed: > 0; 1 is off)")
-        for name in ("presence_penalty", "frequency_penalty"):
-            value = getattr(self, name)
+        for name, value in (("presence_penalty", self.presence_penalty), ("frequency_penalty", self.frequency_penalty)):
             if not -PENALTY_LIMIT <= _number(name, value) <= PENALTY_LIMIT:
                 raise SamplingError(f"sampling: {name} = {value!r} is outside [-2, 2] (0 is off)")
         if self.seed is not None and not 0 <= _integer("seed", self.seed) <= SEED_MAX:
