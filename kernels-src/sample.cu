@@ -37,6 +37,7 @@
 #define SAMPLE_THREADS 1024
 #define SAMPLE_WARPS (SAMPLE_THREADS / 32)
 #define SAMPLE_CANDIDATES 1024
+#define SAMPLE_MAX_VOCAB (1 << 20)
 #define SAMPLE_PARAM_WORDS 12  // 48 bytes per row
 
 // One row's parameters (48 bytes, little-endian; kern_run.sampling packs them).
@@ -139,6 +140,7 @@ struct SampleShared {
     unsigned key_a, key_b;
     int sel;
     float z_k;
+    float base;
     float cand_val[SAMPLE_CANDIDATES];
     float cand_p[SAMPLE_CANDIDATES];
     int cand_idx[SAMPLE_CANDIDATES];
@@ -253,7 +255,9 @@ KERN_DEV void sample_row(T* logits, const uint32_t* params_words, const int32_t*
     __shared__ SampleShared sh;
     const int r = blockIdx.x, tid = threadIdx.x;
     const int n = vocab;
-    if (n <= 0 || blockDim.x != SAMPLE_THREADS) return;  // uniform per launch: no barrier is split
+    // uniform per launch: no barrier is split. vocab <= 2^20: a thread's walk (ceil(vocab / (1024 V)) groups of V)
+    // fits the block's 1024 threads
+    if (n <= 0 || n > SAMPLE_MAX_VOCAB || blockDim.x != SAMPLE_THREADS) return;
     const SampleParams p = *reinterpret_cast<const SampleParams*>(params_words + (int64_t)r * SAMPLE_PARAM_WORDS);
     T* row = logits + (int64_t)r * n;
     const bool vec = (n % (16 / (int)sizeof(T)) == 0) && aligned16(logits);
@@ -448,27 +452,23 @@ KERN_DEV void sample_row(T* logits, const uint32_t* params_words, const int32_t*
     const float incl = block_scan_incl(s, &z_kept, sh.scan);
     const float target = u * z_kept;
     const int sel = select_thread(s, incl, target, sh);
-    if (tid == sel) {
-        float acc = incl - s;
-        int pick = -1, last = -1;
-        float pick_l = 0.0f, last_l = 0.0f;
-        for_each_logit(row, n, vec, [&](int i, float x) {
-            const float l = scaled_logit(x, inv_t);
-            if (pick >= 0 || !(l >= thr)) return;
-            acc += __expf(l - m);
-            last = i;
-            last_l = l;
-            if (acc > target) {
-                pick = i;
-                pick_l = l;
-            }
-        });
-        if (pick < 0) {
-            pick = last;
-            pick_l = last_l;
-        }
-        out_token[r] = pick;
-        out_logprob[r] = (pick_l - m) - logf(z_kept);
+    // then inside thread `sel`'s elements, spread over the block: element q of its walk (group q / V, lane
+    // q % V of the group) goes to thread q, an inclusive scan from its prefix, the same selection rule
+    if (tid == sel) sh.base = incl - s;
+    __syncthreads();
+    constexpr int V = 16 / (int)sizeof(T);
+    const int64_t idx = ((int64_t)sel + (int64_t)(tid / V) * SAMPLE_THREADS) * V + tid % V;
+    float l = -CUDART_INF_F, w = 0.0f;
+    if (idx < n) {
+        l = scaled_logit(load_f(row + idx), inv_t);
+        if (l >= thr) w = __expf(l - m);
+    }
+    float chunk;
+    const float incl_q = sh.base + block_scan_incl(w, &chunk, sh.scan);
+    const int q = select_thread(w, incl_q, target, sh);
+    if (tid == q) {
+        out_token[r] = (int32_t)idx;
+        out_logprob[r] = (l - m) - logf(z_kept);
         if (stats) reinterpret_cast<float4*>(stats)[r] = make_float4(m, logf(z_kept), thr, inv_t);
     }
 }

@@ -86,6 +86,17 @@ def test_greedy_equals_numpy_argmax(dev, rows, vocab, dtype):
     np.testing.assert_allclose(res.logprobs, lp, rtol=0, atol=LOGPROB_ATOL)
 
 
+def test_all_nan_row_gives_token_0_and_minus_inf_and_past_vocab_limit_writes_nothing(dev):
+    logits = np.full((2, 1000), np.nan, dtype=np.float32)
+    logits[1, 3] = 1.0
+    res = Sampler(dev, 2, 1000).run(logits, [SamplingParams(temperature=1.0, seed=1)] * 2, [0, 1])
+    assert res.tokens.tolist() == [0, 3] and res.logprobs[0] == -np.inf and res.logprobs[1] == 0.0
+    big = 2**20 + 8  # past the sampler's vocabulary limit
+    sampler = Sampler(dev, 1, big)
+    res = sampler.run(np.zeros((1, big), dtype=np.float32), [SamplingParams()], [0])
+    assert res.tokens.tolist() == [-1] and np.isnan(res.logprobs[0])  # still the poison
+
+
 # --------------------------------------------------------------------------------------- chi-square
 
 # (name, vocab, dtype, logits scale, params, history or None)
