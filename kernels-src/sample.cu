@@ -37,6 +37,7 @@
 #define SAMPLE_THREADS 1024
 #define SAMPLE_WARPS (SAMPLE_THREADS / 32)
 #define SAMPLE_CANDIDATES 1024
+#define SAMPLE_BRUTE 256  // up to this many candidates: thresholds by per-candidate counts
 #define SAMPLE_MAX_VOCAB (1 << 20)
 #define SAMPLE_PARAM_WORDS 12  // 48 bytes per row
 
@@ -246,6 +247,46 @@ KERN_DEV int select_thread(float w, float incl, float target, SampleShared& sh) 
     return sel;
 }
 
+// t_k and t_p (docs/kernels.md "Sampling") by a bitwise search over the float keys, the largest key meeting
+// each condition, from count_mass(key, want_mass, &cnt, &mass): the count and mass of the elements whose key
+// is >= key (called uniformly: it may hold barriers). Returns thr raised by them; a top-p search that meets
+// nothing (its mass fell short by rounding) raises thr to fallback_key instead (0: no raise).
+template <typename CountMass>
+KERN_DEV float search_thresholds(CountMass&& count_mass, bool use_k, bool use_p, int k, float top_p, float z,
+                                 uint32_t fallback_key, float thr) {
+    int cnt;
+    float mass;
+    uint32_t tk_key = 0u;
+    float z_k = z;
+    if (use_k) {
+        for (int b = 31; b >= 0; --b) {
+            const uint32_t cand = tk_key | (1u << b);
+            count_mass(cand, false, &cnt, &mass);
+            if (cnt >= k) tk_key = cand;
+        }
+        if (tk_key != 0u) {  // 0: fewer than k elements (min-p raised the pivot past t_k): no top-k bound
+            count_mass(tk_key, true, &cnt, &z_k);
+            thr = fmaxf(thr, key_float(tk_key));
+        }
+    }
+    if (use_p) {
+        const float target_k = top_p * z_k;
+        uint32_t tp_key = 0u;
+        for (int b = 31; b >= 0; --b) {
+            const uint32_t cand = tp_key | (1u << b);
+            bool ok = cand <= tk_key;  // at or below t_k the top-k set's mass is all there
+            if (!ok) {
+                count_mass(cand, true, &cnt, &mass);
+                ok = mass >= target_k;
+            }
+            if (ok) tp_key = cand;
+        }
+        const uint32_t key = tp_key != 0u ? tp_key : fallback_key;
+        if (key != 0u) thr = fmaxf(thr, key_float(key));
+    }
+    return thr;
+}
+
 // ------------------------------------------------------------------------------------------ sampler
 
 template <typename T>
@@ -367,7 +408,7 @@ KERN_DEV void sample_row(T* logits, const uint32_t* params_words, const int32_t*
                 __syncthreads();
                 const bool own = tid < total;
                 const float cv = own ? sh.cand_val[tid] : -CUDART_INF_F;
-                if (use_k || use_p) {
+                if ((use_k || use_p) && total <= SAMPLE_BRUTE) {
                     // per candidate: count and mass of the candidates >= it (summed in candidate order)
                     int ge = 0;
                     float mass_ge = 0.0f;
@@ -395,6 +436,17 @@ KERN_DEV void sample_row(T* logits, const uint32_t* params_words, const int32_t*
                         const uint32_t tp_key = sh.key_b != 0u ? sh.key_b : pivot;
                         thr = fmaxf(thr, key_float(tp_key));
                     }
+                } else if (use_k || use_p) {
+                    // more candidates: the bitwise search, over the candidates (one per thread)
+                    const uint32_t ck = float_key(cv);
+                    const float cp = own ? sh.cand_p[tid] : 0.0f;
+                    thr = search_thresholds(
+                        [&](uint32_t key, bool want_mass, int* cnt, float* mass) {
+                            const bool in = own && ck >= key;
+                            *cnt = __syncthreads_count(in);
+                            *mass = want_mass ? block_sum_all(in ? cp : 0.0f, sh.red) : 0.0f;
+                        },
+                        use_k, use_p, k, p.top_p, z, pivot, thr);
                 }
                 // the draw over the kept candidates, in candidate order
                 const float w = (own && cv >= thr) ? sh.cand_p[tid] : 0.0f;
@@ -411,34 +463,12 @@ KERN_DEV void sample_row(T* logits, const uint32_t* params_words, const int32_t*
             }
         }
         if (!fast && (use_k || use_p)) {
-            // exact bitwise search over full passes
-            int cnt;
-            float mass;
-            uint32_t tk_key = 0u;
-            float z_k = z;
-            if (use_k) {
-                for (int b = 31; b >= 0; --b) {
-                    const uint32_t cand = tk_key | (1u << b);
-                    row_count_mass(row, n, vec, inv_t, m, cand, false, &cnt, &mass, sh);
-                    if (cnt >= k) tk_key = cand;
-                }
-                row_count_mass(row, n, vec, inv_t, m, tk_key, true, &cnt, &z_k, sh);
-                thr = fmaxf(thr, key_float(tk_key));
-            }
-            if (use_p) {
-                const float target_k = p.top_p * z_k;
-                uint32_t tp_key = 0u;
-                for (int b = 31; b >= 0; --b) {
-                    const uint32_t cand = tp_key | (1u << b);
-                    bool ok = cand <= tk_key;
-                    if (!ok) {
-                        row_count_mass(row, n, vec, inv_t, m, cand, true, &cnt, &mass, sh);
-                        ok = mass >= target_k;
-                    }
-                    if (ok) tp_key = cand;
-                }
-                thr = fmaxf(thr, key_float(tp_key));
-            }
+            // the bitwise search with a full pass over the row per step
+            thr = search_thresholds(
+                [&](uint32_t key, bool want_mass, int* cnt, float* mass) {
+                    row_count_mass(row, n, vec, inv_t, m, key, want_mass, cnt, mass, sh);
+                },
+                use_k, use_p, k, p.top_p, z, 0u, thr);
         }
     }
 
