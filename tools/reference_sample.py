@@ -153,11 +153,36 @@ def log_probs(row: np.ndarray, temperature: float, top_k: int = 0, top_p: float 
         thr = thresholds(l, top_k, top_p, min_p).thr
     else:
         l, thr = scaled(row, 1.0), -np.inf
-    l64 = l.astype(np.float64)
+    return log_probs_at(l, thr)
+
+
+def log_probs_at(l: np.ndarray, thr: float) -> np.ndarray:
+    """Log-probabilities [vocab] float64 of l [vocab] float32 restricted to l >= thr (-inf elsewhere)."""
+    l64 = np.asarray(l, dtype=np.float32).astype(np.float64)
     m = l64.max()
-    kept = l >= thr
+    kept = np.asarray(l) >= thr
     log_z = math.log(np.exp(l64[kept] - m).sum())
     return np.where(kept, l64 - m - log_z, -np.inf)
+
+
+def rounding_boundary(l: np.ndarray, thr_a: float, thr_b: float, top_k: int, top_p: float, min_p: float,
+                      rel: float = 1e-4) -> bool:
+    """Whether two thresholds over l [vocab] differ only at a float-rounding boundary: no value of l lies
+    strictly between them, and at the higher one either the top-p mass meets top_p * mass(l >= t_k) within
+    ``rel`` of that mass, or the value sits within ``rel`` (relative to max(1, |m|)) of t_min. A kernel that
+    sums its masses in float32 may decide such a boundary either way."""
+    l = np.asarray(l, dtype=np.float32)
+    lo, hi = min(thr_a, thr_b), max(thr_a, thr_b)
+    if ((l > lo) & (l < hi)).any():
+        return False
+    t = thresholds(l, top_k, top_p, min_p)
+    m = float(t.m)
+    p = np.exp(l.astype(np.float64) - m)
+    if top_p < 1.0:
+        z_k = p[l >= t.t_k].sum()
+        if abs(p[l >= hi].sum() - float(np.float32(top_p)) * z_k) <= rel * z_k:
+            return True
+    return min_p > 0 and abs(hi - float(t.t_min)) <= rel * max(1.0, abs(m))
 
 
 def top_n(row: np.ndarray, temperature: float, n: int) -> np.ndarray:

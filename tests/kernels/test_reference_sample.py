@@ -127,3 +127,16 @@ def test_chi_square_pools_small_cells_and_refuses_impossible_draws():
     assert df == 2 and stat == pytest.approx(100 / 50 + 25 / 25 + 25 / 25)
     with pytest.raises(ValueError, match="1 draws fell on tokens of probability 0"):
         rs.chi_square(np.array([50, 25, 24, 1]), probs)
+
+
+def test_log_probs_at_and_rounding_boundary():
+    np.testing.assert_allclose(rs.log_probs_at(LOGS, LOGS[1]), [np.log(0.4 / 0.7), np.log(0.3 / 0.7), -np.inf,
+                                                                -np.inf, -np.inf], rtol=1e-6)
+    # top_p 0.7 is met exactly by the two largest (0.4 + 0.3): keeping 2 or 3 is a rounding boundary
+    assert rs.rounding_boundary(LOGS, LOGS[1], LOGS[2], 0, 0.7, 0.0)
+    # 0.6 is not near a cumulative mass (0.4, 0.7): not a boundary; nor thresholds with a value between them
+    assert not rs.rounding_boundary(LOGS, LOGS[1], LOGS[2], 0, 0.6, 0.0)
+    assert not rs.rounding_boundary(LOGS, LOGS[0], LOGS[2], 0, 0.7, 0.0)
+    # min_p 0.375 puts t_min at log(0.15): 0.15 and 0.1 straddle it only by rounding
+    assert rs.rounding_boundary(LOGS, LOGS[2], LOGS[3], 0, 1.0, 0.375)
+    assert not rs.rounding_boundary(LOGS, LOGS[2], LOGS[3], 0, 1.0, 0.3)

@@ -133,16 +133,28 @@ def test_filter_distribution_chi_square(dev, name, vocab, dtype, scale, kw, hist
     p = SamplingParams(seed=1234, **kw)
     penalized = rs.penalize(row, [t for t, _ in hist_pairs], [c for _, c in hist_pairs], p.repetition_penalty,
                             p.presence_penalty, p.frequency_penalty, dtype)
-    probs = rs.sampling_distribution(penalized, p.temperature, p.top_k, p.top_p, p.min_p)
-    logp = rs.log_probs(penalized, p.temperature, p.top_k, p.top_p, p.min_p)
-    sampler = Sampler(dev, DRAWS_ROWS, vocab, dtype, hist_cap=hist_cap)
+    l = rs.scaled(penalized, p.temperature)
+    thr = rs.thresholds(l, p.top_k, p.top_p, p.min_p).thr
+    sampler = Sampler(dev, DRAWS_ROWS, vocab, dtype, hist_cap=hist_cap, stats=True)
     logits = np.repeat(row[None, :], DRAWS_ROWS, axis=0)
     counts = np.zeros(vocab, dtype=np.int64)
     for launch in range(DRAWS_LAUNCHES):
         positions = launch * DRAWS_ROWS + np.arange(DRAWS_ROWS)
         res = sampler.run(logits, [p] * DRAWS_ROWS, positions, [hist_pairs] * DRAWS_ROWS if hist_cap else None)
-        if launch == 0 and hist_cap:
-            np.testing.assert_array_equal(res.logits_after[0], penalized)  # the in-place penalties
+        if launch == 0:
+            if hist_cap:
+                np.testing.assert_array_equal(res.logits_after[0], penalized)  # the in-place penalties
+            # the kernel's threshold (the same in every row): the reference's, or one across a float32
+            # rounding boundary (a top-p mass or t_min within 1e-4 relative; then the draws are tested
+            # against the distribution at the kernel's threshold)
+            thr_dev = res.stats[:, 2]
+            assert (thr_dev == thr_dev[0]).all()
+            if thr_dev[0] != thr:
+                assert rs.rounding_boundary(l, thr, thr_dev[0], p.top_k, p.top_p, p.min_p), (thr, thr_dev[0])
+                print(f"{name}: threshold {thr_dev[0]!r} against the reference's {thr!r} (a rounding boundary)")
+                thr = thr_dev[0]
+            probs = rs.distribution(l, thr)
+            logp = rs.log_probs_at(l, thr)
         assert (res.tokens >= 0).all() and (res.tokens < vocab).all(), res.tokens[:8]
         np.testing.assert_allclose(res.logprobs, logp[res.tokens], rtol=0, atol=LOGPROB_ATOL)
         np.add.at(counts, res.tokens, 1)
