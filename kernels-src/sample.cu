@@ -137,7 +137,6 @@ struct SampleShared {
     float red[SAMPLE_WARPS];
     int red_i[SAMPLE_WARPS];
     float scan[SAMPLE_WARPS];
-    int count;
     unsigned key_a, key_b;
     int sel;
     float z_k;
