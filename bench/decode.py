@@ -215,7 +215,6 @@ def _summarise_breakdown(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def kern_worker(args: argparse.Namespace, out: str) -> None:
-    sys.path.insert(0, str(ROOT))
     from kern_run.generate import GenerateOptions, Generator
     from kern_run.preflight import read_manifest
 
@@ -274,8 +273,7 @@ def _resize_cache(model: Any, size: int) -> None:
 def torch_worker(args: argparse.Namespace, out: str, mode: str | None, label: str) -> None:
     import torch
 
-    sys.path.insert(0, str(ROOT / "bench"))
-    from torch_qwen3 import GraphedStep, TorchQwen3
+    from bench.torch_qwen3 import GraphedStep, TorchQwen3
 
     round64 = lambda n: -(-n // 64) * 64  # noqa: E731
     torch.cuda.set_device(args.gpu)
@@ -319,7 +317,6 @@ def torch_worker(args: argparse.Namespace, out: str, mode: str | None, label: st
 def hf_worker(args: argparse.Namespace, out: str) -> None:
     import torch
 
-    sys.path.insert(0, str(ROOT / "packages" / "kern-run" / "src"))
     from kern_run.reference import HfReference
 
     t0 = time.perf_counter()

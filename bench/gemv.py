@@ -28,20 +28,17 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tests" / "kernels"))
+import torch
+from cuda.bindings import driver as cu
 
-import torch  # noqa: E402
-from cuda.bindings import driver as cu  # noqa: E402
-from gemv_gpu_helpers import compile_gemv, gemv_kernels, kernels_from_cubin, launch, sm_count  # noqa: E402
-from gpu_helpers import open_gpu  # noqa: E402
+from tests.kernels.gemv_gpu_helpers import compile_gemv, gemv_kernels, kernels_from_cubin, launch, sm_count
+from tests.kernels.gpu_helpers import open_gpu
+
 
 COPY_RATE = 4.3e12  # bytes/s, H200 device-to-device copy (read + write), GPU-MACHINE.md
 ROTATE_BYTES = 256 << 20

@@ -14,21 +14,16 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tests" / "kernels"))
-sys.path.insert(0, str(REPO / "tools"))
+from cuda.bindings import driver as cu
 
-from cuda.bindings import driver as cu  # noqa: E402
-from gpu_helpers import check, open_gpu  # noqa: E402
+from kern_run.models.qwen3 import PREFILL_ATTN, rope_warp_heads
+from kern_run.sampling import SamplingParams, pack_params
+from tests.kernels.gpu_helpers import check, open_gpu
+from tools import reference_kernels as ref
 
-from gen_qwen3 import PREFILL_ATTN, rope_warp_heads  # noqa: E402
-from kern_run.sampling import SamplingParams, pack_params  # noqa: E402
-from tools import reference_kernels as ref  # noqa: E402
 
 PEAK_BYTES_PER_S = 4.3e12
 HIDDEN, HQ, HKV, D, INTER, VOCAB = 2560, 32, 8, 128, 9728, 151936

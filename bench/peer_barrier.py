@@ -24,7 +24,6 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tools"))
 os.environ["NCCL_NVLS_ENABLE"] = "0"  # never NVLink multicast (the barrier uses no NCCL anyway)
 
 
@@ -39,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kernels", type=Path, default=REPO / "kernels")
     args = parser.parse_args(argv)
 
-    from gen_peer_barrier import build_manifest
+    from tools.gen_peer_barrier import build_manifest
     from kern_runtime import Runtime
     from kern_runtime.multigpu import connect_local
 

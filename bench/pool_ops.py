@@ -73,6 +73,7 @@ def pool_rows() -> list[tuple[str, float]]:
         pool = Pool(Layout.simple(page_tokens=PAGE_TOKENS, pages=pages, slots=8))
         rows.append((f"lease {n // 1024}k tokens + close", median_us(lambda: pool.lease(n).close())))
         lease = pool.lease(n)
+        lease.advance_to(n - 5)  # with a slot, cuts only at the position reached
 
         def ckpt() -> None:
             pool.checkpoint(lease, n - 5).close()
@@ -82,7 +83,12 @@ def pool_rows() -> list[tuple[str, float]]:
         rows.append((f"fork {n // 1024}k mid-page + close", median_us(lambda: pool.fork(lease, n - 5, n + 16).close())))
         cp = pool.checkpoint(lease, n - 5)
         rows.append((f"lease_from {n // 1024}k mid-page + close", median_us(lambda: pool.lease_from(cp, n + 16).close())))
-        rows.append((f"retire {n // 1024}k + close", median_us(lambda: pool.retire(pool.lease(n), n).close())))  # type: ignore[union-attr]
+        def retire() -> None:
+            fresh = pool.lease(n)
+            fresh.advance_to(n)
+            pool.retire(fresh, n).close()  # type: ignore[union-attr]
+
+        rows.append((f"retire {n // 1024}k + close", median_us(retire)))
     return rows
 
 

@@ -26,10 +26,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
+from bench.decode import _emit, _prompt, _resize_cache, _run_worker
 
-from decode import _emit, _prompt, _resize_cache, _run_worker  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 PEERS = ("kern", "torch", "hf")
 TARGET_TOKENS_PER_S = 20_000
@@ -66,7 +65,7 @@ def kern_worker(args: argparse.Namespace, out: str) -> None:
 
 def torch_worker(args: argparse.Namespace, out: str) -> None:
     import torch
-    from torch_qwen3 import TorchQwen3
+    from bench.torch_qwen3 import TorchQwen3
 
     torch.cuda.set_device(args.gpu)
     round64 = lambda v: -(-v // 64) * 64  # noqa: E731

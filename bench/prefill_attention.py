@@ -19,18 +19,14 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests" / "kernels"))
+from cuda.bindings import driver as cu
 
-from cuda.bindings import driver as cu  # noqa: E402
-from gpu_helpers import check, open_gpu  # noqa: E402
+from kern_run.models.qwen3 import PREFILL_ATTN
+from tests.kernels.gpu_helpers import check, open_gpu
 
-sys.path.insert(0, str(REPO / "tools"))
-from gen_qwen3 import PREFILL_ATTN  # noqa: E402
 
 HQ, HKV, D, PAGE = 32, 8, 128, 16
 # entry -> (query rows per grid.x step, dynamic shared memory bytes, threads); docs/kernels.md "Entries"

@@ -27,10 +27,9 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
+from bench.decode import _emit, _prompt, _run_worker
 
-from decode import _emit, _prompt, _run_worker  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 PEERS = ("kern", "hf")
 CLASSES = ("attention", "gemm", "other")

@@ -35,8 +35,7 @@ import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from decode import _check, _cu, _prompt, _start_sequence  # noqa: E402  (bench/decode.py helpers)
+from bench.decode import _check, _cu, _prompt, _start_sequence
 
 ROOT = Path(__file__).resolve().parents[1]
 METRICS = (

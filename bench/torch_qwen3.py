@@ -14,36 +14,13 @@ and transformers' own eager ``generate`` (not in this file).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
-
-@dataclass(frozen=True)
-class Qwen3Shape:
-    hidden: int
-    layers: int
-    q_heads: int
-    kv_heads: int
-    head_dim: int
-    intermediate: int
-    vocab: int
-    rope_theta: float
-    eps: float
-    tied: bool
-
-    @classmethod
-    def from_config(cls, config_path: Path) -> "Qwen3Shape":
-        c = json.loads(Path(config_path).read_text())
-        return cls(
-            hidden=c["hidden_size"], layers=c["num_hidden_layers"], q_heads=c["num_attention_heads"],
-            kv_heads=c["num_key_value_heads"], head_dim=c.get("head_dim", c["hidden_size"] // c["num_attention_heads"]),
-            intermediate=c["intermediate_size"], vocab=c["vocab_size"], rope_theta=float(c.get("rope_theta", 1e6)),
-            eps=float(c["rms_norm_eps"]), tied=bool(c.get("tie_word_embeddings", False)),
-        )
+from kern_run.models.qwen3 import Qwen3Config
 
 
 def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
@@ -68,7 +45,8 @@ class TorchQwen3:
 
     def __init__(self, checkpoint_dir: Path, max_context: int, device: str = "cuda") -> None:
         checkpoint_dir = Path(checkpoint_dir)
-        self.shape = s = Qwen3Shape.from_config(checkpoint_dir / "config.json")
+        config = checkpoint_dir / "config.json"
+        self.shape = s = Qwen3Config.from_json(json.loads(config.read_text()), str(config))
         self.max_context = max_context
         tensors: dict[str, torch.Tensor] = {}
         for shard in sorted(checkpoint_dir.glob("*.safetensors")):

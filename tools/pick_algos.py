@@ -18,15 +18,15 @@ Inference", 2025). This tool finds such a configuration per (n, k) and proves it
 4. speed: median time at M = 512 and M = m_max (CUDA events over 10 back-to-back calls, 5 repeats);
    the fastest invariant candidate by the sum of the two wins. The heuristic's own choice is timed too.
 
-Writes JSON (`--out`, default stdout) read by `tools/gen_qwen3.py --algos`:
+Writes JSON (`--out`, default stdout) read by `kern manifest build --algos`:
 
     {"format": "kern-cublaslt-pins/1", "device": "...", "cublaslt_version": 130xxx, "m_max": 2048,
      "pins": [{"n": 6144, "k": 2560, "algo": {"id": .., "tile": .., ...}, "us_512": .., "us_max": ..,
                "heuristic_us_512": .., "heuristic_us_max": .., "heuristic_invariant": false}, ...]}
 
 Host-side refusals (exit 2, one line on stderr, before the device is touched): an unknown --shape, a --config
-that cannot be read, is not UTF-8 JSON or holds a value tools/gen_qwen3.py refuses (named by key), a --tp below
-1 or not dividing every shape's q / kv heads and MLP width, an --m-max below 1, a malformed --keep-pins file,
+that cannot be read, is not UTF-8 JSON or holds a value the builder (kern_run.models.qwen3) refuses (named by
+key), a --tp below 1 or not dividing every shape's q / kv heads and MLP width, an --m-max below 1, a malformed --keep-pins file,
 no shape to pick. Then no CUDA device, or --keep-pins --decode stamped by another device or cuBLASLt.
 
 Run on the GPU machine (needs a CUDA device, cuda-bindings and nvmath-python):
@@ -47,15 +47,14 @@ from typing import Any
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
 
 PROBE_MS = (1, 2, 3, 7, 16, 17, 100, 511)
 TIMED_MS = (512,)
 
 
 def gemm_shapes(cfg: Any, tp: int) -> list[tuple[int, int]]:
-    """(n, k) of the four prefill projections of one rank (qkv, o, gate_up, down), as tools/gen_qwen3.py
-    (tp 1) and tools/gen_qwen3_tp.py (column-parallel qkv/gate_up: n / tp; row-parallel o/down: k / tp) wire them."""
+    """(n, k) of the four prefill projections of one rank (qkv, o, gate_up, down), as kern_run.models.qwen3
+    wires them at tp 1 and for tensor-parallel ranks (column-parallel qkv/gate_up: n / tp; row-parallel o/down: k / tp)."""
     D, H = cfg.head_dim, cfg.hidden
     q, kv, inter = cfg.q_heads * D // tp, cfg.kv_heads * D // tp, cfg.intermediate // tp
     return [(q + 2 * kv, H), (H, q), (2 * inter, H), (H, inter)]
@@ -293,10 +292,11 @@ def pick_m1(blas: Any, n: int, k: int, log: Any) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import gen_qwen3 as gq
+    from kern_run.files import write_files
+    from kern_run.models import qwen3 as gq
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--shape", action="append", default=[], help="a named shape of tools/gen_qwen3.py (repeatable)")
+    ap.add_argument("--shape", action="append", default=[], help="a known shape of kern_run.models.qwen3 (repeatable)")
     ap.add_argument("--config", action="append", default=[], help="a Hugging Face config.json (repeatable)")
     ap.add_argument("--tp", action="append", type=int, default=[], help="tensor-parallel degrees (default 1)")
     ap.add_argument("--m-max", type=int, default=2048, help="largest M (tokens var max) the pins must serve")
@@ -314,22 +314,20 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     # everything the host can check comes before the device
-    from make_checkpoint import SHAPES, config_json
-
-    unknown = [s for s in args.shape if s not in SHAPES]
+    unknown = [s for s in args.shape if s not in gq.SHAPES]
     if unknown:
-        return refuse(f"--shape {unknown[0]!r} is not a known shape ({', '.join(sorted(SHAPES))})")
-    configs = [gq.Qwen3Config.from_json(config_json(SHAPES[s])) for s in args.shape]
+        return refuse(f"--shape {unknown[0]!r} is not a known shape ({', '.join(sorted(gq.SHAPES))})")
+    configs = [gq.Qwen3Config.from_name(s) for s in args.shape]
     labels = [f"--shape {s}" for s in args.shape]
     for c in args.config:
-        try:  # GenError names the file and the key (Qwen3Config.from_json checks types and ranges)
+        try:  # ManifestBuildError names the file and the key (Qwen3Config.from_json checks types and ranges)
             configs.append(gq.Qwen3Config.from_json(gq.read_json_file(Path(c))[0], c))
-        except gq.GenError as exc:
+        except gq.ManifestBuildError as exc:
             return refuse(f"--config {exc}")
         labels.append(f"--config {c}")
     if not configs and (args.decode or not args.keep_pins):
         return refuse("no shapes to pick: pass --shape or --config")
-    for tp in args.tp:  # gemm_shapes divides by tp as tools/gen_qwen3_tp.py's shard_config does: exactly
+    for tp in args.tp:  # gemm_shapes divides by tp as kern_run.models.qwen3.shard_config does: exactly
         if tp < 1:
             return refuse(f"--tp {tp}: a tensor-parallel degree is >= 1")
         for label, cfg in zip(labels, configs):
@@ -341,10 +339,10 @@ def main(argv: list[str] | None = None) -> int:
         return refuse(f"--m-max {args.m_max}: the largest M must be >= 1")
     kept = None
     if args.keep_pins:
-        try:  # gen_qwen3 must accept the file we write: its format, stamp and every pin checked as it will be
+        try:  # the builder must accept the file we write: its format, stamp and every pin checked as it will be
             gq.load_algos(args.keep_pins, 1)
             kept = json.loads(args.keep_pins.read_text(encoding="utf-8"))
-        except (OSError, gq.GenError) as exc:
+        except (OSError, gq.ManifestBuildError) as exc:
             return refuse(f"--keep-pins: {exc}")
 
     from kern_run.errors import RefusalError
@@ -401,7 +399,7 @@ def main(argv: list[str] | None = None) -> int:
     text = json.dumps(doc, indent=1) + "\n"
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        gq.write_files({args.out: text})  # through a temporary file: never a half-written pins file
+        write_files({args.out: text})  # through a temporary file: never a half-written pins file
     else:
         sys.stdout.write(text)
     log(f"{'n':>7} {'k':>6} {'pinned us@512':>13} {'heur us@512':>11} {'pinned us@max':>13} {'heur us@max':>11} heur-inv")

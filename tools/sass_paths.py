@@ -30,10 +30,9 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "packages" / "kern-runtime" / "src"))
+from kern_runtime import sass  # cuobjdump discovery, disassembly and the SASS line format
 
-from kern_runtime import sass  # noqa: E402  (cuobjdump discovery, disassembly and the SASS line format)
+ROOT = Path(__file__).resolve().parents[1]
 
 _TARGET = re.compile(r"0x([0-9a-f]+)\s*$")
 

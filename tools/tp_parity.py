@@ -13,8 +13,8 @@ TP=1's single reduction; what must hold is that the difference is bf16 rounding,
   top-2 margin there (a near tie within the measured error is the only acceptable cause);
 - decode ms/token (graph) of both.
 
-Manifests are generated into a temporary directory (tools/gen_qwen3.py --decode gemm for TP=1, the wiring
-tools/gen_qwen3_tp.py shards; --algos passed to both). Needs N GPUs, torch + transformers for the float32
+Manifests are generated into a temporary directory (`kern manifest build --decode gemm` for TP=1, the wiring
+`--tp N` shards; --algos passed to both). Needs N GPUs, torch + transformers for the float32
 reference (--no-reference to skip it). Prints tables; exits 1 when a check fails.
 
     python tools/tp_parity.py --shape qwen3-4b --ckpt /tmp/kern-weights/qwen3-4b --tp 2
@@ -34,20 +34,16 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tools"))
-for pkg in ("kern-manifest", "kern-pool", "kern-runtime", "kern-run"):
-    sys.path.insert(0, str(ROOT / "packages" / pkg / "src"))
 
 PROMPT = "The capital of France is Paris. The capital of Germany is Berlin. The capital of Italy is"
 
 
-def _gen(args: list[str], tool: str) -> None:
-    import gen_qwen3
-    import gen_qwen3_tp
+def _gen(args: list[str]) -> None:
+    """`kern manifest build ARGS`; SystemExit when it refuses."""
+    from tools.gen_qwen3 import main
 
-    main = gen_qwen3.main if tool == "gen_qwen3" else gen_qwen3_tp.main
     if main(args) != 0:
-        raise SystemExit(f"tp_parity: {tool} {' '.join(args)} failed")
+        raise SystemExit(f"tp_parity: kern manifest build {' '.join(args)} failed")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -68,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-reference", action="store_true", help="skip the float32 transformers reference")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--m1-gemv", action="store_true",
-                    help="both sides' decode projections on kern_gemv_rows (gen_qwen3.py --m1-gemv) instead of cuBLASLt")
+                    help="both sides' decode projections on kern_gemv_rows (kern manifest build --m1-gemv) instead of cuBLASLt")
     args = ap.parse_args(argv)
     if args.tp < 2:
         print(f"tp_parity: --tp {args.tp}: compares TP=N against TP=1, pass --tp >= 2", file=sys.stderr)
@@ -89,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tp_parity: {exc}", file=sys.stderr)
         return 2
 
-    import make_checkpoint as mc
+    from tools import make_checkpoint as mc
 
     if args.shape:
         mc.write_checkpoint(args.ckpt, mc.SHAPES[args.shape], seed=args.seed)
@@ -119,8 +115,8 @@ def _compare(args: argparse.Namespace, tmp: Path) -> int:
     extra += ["--max-context", str(args.max_context)] if args.max_context else []
     extra += ["--m1-gemv"] if args.m1_gemv else []
     manifest = tmp / f"{name}.json"
-    _gen([*source, "--decode", "gemm", "--name", name, "--out", str(manifest), *extra], "gen_qwen3")
-    _gen([*source, "--tp", str(args.tp), "--name", name, "--out-dir", str(tmp), *extra], "gen_qwen3_tp")
+    _gen([*source, "--decode", "gemm", "--name", name, "--out", str(manifest), *extra])
+    _gen([*source, "--tp", str(args.tp), "--name", name, "--out", str(manifest), *extra])  # <name>-tp<N>-r<rank>.json
 
     codec = load_codec(args.ckpt)
     rng = np.random.default_rng(args.seed + 7)

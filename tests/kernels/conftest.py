@@ -10,7 +10,7 @@ import pytest
 
 @pytest.fixture(scope="module")
 def gpu():
-    from gpu_helpers import Gpu
+    from tests.kernels.gpu_helpers import Gpu
 
     g = Gpu()
     yield g
@@ -30,7 +30,7 @@ def dev(gpu):
 @pytest.fixture(scope="module")
 def kernels(gpu) -> dict[str, Any]:
     """The gemv module's entries (the committed cubin, or built from source with KERN_GEMV_FROM_SOURCE=1)."""
-    from gemv_gpu_helpers import gemv_kernels
+    from tests.kernels.gemv_gpu_helpers import gemv_kernels
 
     found, origin = gemv_kernels(gpu)
     print(f"gemv cubin: {origin}")
@@ -39,6 +39,6 @@ def kernels(gpu) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def sms(gpu) -> int:
-    from gemv_gpu_helpers import sm_count
+    from tests.kernels.gemv_gpu_helpers import sm_count
 
     return sm_count(gpu)

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from cuda.bindings import driver as cu
-from gpu_helpers import Gpu, Kernel, check
+from tests.kernels.gpu_helpers import Gpu, Kernel, check
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 NVCC_FLAGS = ("-cubin", "-arch=sm_90", "-O3", "-std=c++17")  # tools/build_kernels.py FLAGS

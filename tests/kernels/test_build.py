@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO_ROOT))
 
 from tools import build_kernels  # noqa: E402
 from tools.kernel_abi import KernelAbiError, parse_kparam_info, parse_res_usage  # noqa: E402

@@ -12,9 +12,7 @@ Run on the GPU machine:  KERN_REQUIRE_GPU=1 python -m pytest tests/kernels/test_
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -22,8 +20,6 @@ import pytest
 
 pytestmark = pytest.mark.gpu
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from tools import reference_gemv as ref  # noqa: E402
 from tools.reference_kernels import bf16_bits, bf16_round, from_bf16_bits  # noqa: E402
@@ -33,13 +29,18 @@ NAN_BITS = 0xFFFF  # what DeviceBuffer.poison() leaves in a bf16
 ENTRIES = ("kern_gemv", "kern_gemv_rmsnorm", "kern_gemv_residual", "kern_gemv_silu_residual")
 RESIDUAL_ENTRIES = ("kern_gemv_residual", "kern_gemv_silu_residual")
 
-# Qwen3-4B projections at bs = 1, (n, k): W is [n, k] row-major as in the checkpoint.
+# Qwen3-4B projections at bs = 1 (and the 14B / 32B ones), (n, k): W is [n, k] row-major as in the checkpoint.
 MODEL_SHAPES = {
     "qkv": (6144, 2560),
     "o": (2560, 4096),
     "gate_up": (19456, 2560),
     "down": (2560, 9728),
     "lm_head": (151936, 2560),
+    # the widest published sizes (kern run --weights): Qwen3-14B qkv and gate_up, Qwen3-32B o and down
+    "qkv_14b": (7168, 5120),
+    "gate_up_14b": (34816, 5120),
+    "o_32b": (5120, 8192),
+    "down_32b": (5120, 25600),
 }
 
 
@@ -56,7 +57,7 @@ def default_launch(n: int, k: int, sms: int) -> Launch:
 
 
 def run(kernel: Any, launch: Launch, args: list[tuple[str, Any]], stream: Any = 0, pdl: bool = False) -> None:
-    from gemv_gpu_helpers import launch as launch_kernel
+    from tests.kernels.gemv_gpu_helpers import launch as launch_kernel
 
     launch_kernel(kernel, launch.grid, launch.block, launch.smem_bytes, args, stream=stream, pdl=pdl)
 
@@ -64,7 +65,7 @@ def run(kernel: Any, launch: Launch, args: list[tuple[str, Any]], stream: Any = 
 def sync(what: str) -> None:
     """cuCtxSynchronize, raising with `what` if a launch faulted."""
     from cuda.bindings import driver as cu
-    from gpu_helpers import check
+    from tests.kernels.gpu_helpers import check
 
     check(cu.cuCtxSynchronize(), f"cuCtxSynchronize after {what}")
 
@@ -202,7 +203,7 @@ def test_k_not_multiple_of_8(dev, kernels, sms, entry: str, n: int, k: int) -> N
 @pytest.mark.parametrize("entry", ENTRIES)
 def test_unaligned_weight_pointer(dev, kernels, sms, entry: str) -> None:
     from cuda.bindings import driver as cu
-    from gpu_helpers import check
+    from tests.kernels.gpu_helpers import check
 
     n, k = 300, 2560
     case = Case(dev, np.random.default_rng(), entry, n, k)
@@ -268,8 +269,8 @@ def test_rmsnorm_prologue_matches_norm_kernel(dev, kernels, sms) -> None:
 # ---- programmatic dependent launch: a decoder layer's GEMVs chained with PDL == the same without ----
 def test_pdl_chain_matches_serial(dev, kernels, sms) -> None:
     from cuda.bindings import driver as cu
-    from gemv_gpu_helpers import create_stream
-    from gpu_helpers import check
+    from tests.kernels.gemv_gpu_helpers import create_stream
+    from tests.kernels.gpu_helpers import check
 
     rng = np.random.default_rng()
     hidden, inter, qkv_n, attn_k = 2560, 9728, 6144, 4096

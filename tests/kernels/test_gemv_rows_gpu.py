@@ -10,8 +10,6 @@ Run on the GPU machine:  KERN_REQUIRE_GPU=1 python -m pytest tests/kernels/test_
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -19,8 +17,6 @@ import pytest
 
 pytestmark = pytest.mark.gpu
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from test_gemv_gpu import EPS, NAN_BITS, Case, Launch, run, sync  # noqa: E402
 from tools import reference_gemv as ref  # noqa: E402
@@ -49,7 +45,7 @@ def check_rows(dev, kernels, entry: str, n: int, k: int, launch: Launch, w_bits:
     w_ptr = None
     if w_shift:  # W 2 bytes into an allocation: not 16-byte aligned (element path)
         from cuda.bindings import driver as cu
-        from gpu_helpers import check
+        from tests.kernels.gpu_helpers import check
 
         shifted = dev.alloc(case.w_bits.nbytes + 2)
         check(cu.cuMemcpyHtoD(shifted.ptr + 2, case.w_bits, case.w_bits.nbytes), "cuMemcpyHtoD")
@@ -230,8 +226,8 @@ def test_swiglu_matches_gemv_rmsnorm_then_silu_mul(dev, kernels, sms) -> None:
 # ---- PDL chain of a v2 layer == the same chain without PDL ----
 def test_rows_pdl_chain_matches_serial(dev, kernels, sms) -> None:
     from cuda.bindings import driver as cu
-    from gemv_gpu_helpers import create_stream
-    from gpu_helpers import check
+    from tests.kernels.gemv_gpu_helpers import create_stream
+    from tests.kernels.gpu_helpers import check
 
     rng = np.random.default_rng()
     hidden, inter, qkv_n, attn_k = 2560, 9728, 6144, 4096

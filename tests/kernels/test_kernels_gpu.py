@@ -8,23 +8,17 @@ Run on the GPU machine:  KERN_REQUIRE_GPU=1 python -m pytest tests/kernels -q
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 pytestmark = pytest.mark.gpu
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from tools import reference_kernels as ref  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
-from gen_qwen3 import (  # noqa: E402
+from kern_run.models.qwen3 import (
     KERNEL_SIGNATURES, PREFILL_ATTN, PREFILL_WG_HEAD_DIMS, prefill_rows_per_block, rope_warp_heads,
 )
+from tools import reference_kernels as ref
 
 BF = np.uint16  # device representation of bf16
 
@@ -309,7 +303,8 @@ ATTN_CONFIGS = [(4, 2, 32, 4), (4, 2, 64, 16), (4, 2, 128, 16), (8, 1, 128, 16),
 # prefill also: groups of 1 (64 query rows per block with kern_attn_prefill, 128 with kern_attn_prefill_r32 and the
 # wgmma entry) and 3 (a pass of 4 warps with one idle)
 # (and pages of 4 and 64 tokens at the wgmma entry's head_dims)
-PREFILL_CONFIGS = ATTN_CONFIGS + [(4, 4, 128, 16), (6, 2, 64, 16), (4, 2, 64, 4), (8, 1, 128, 64)]
+PREFILL_CONFIGS = ATTN_CONFIGS + [(4, 4, 128, 16), (6, 2, 64, 16), (4, 2, 64, 4), (8, 1, 128, 64),
+                                  (40, 8, 128, 16), (64, 8, 128, 16)]  # Qwen3-14B (group 5) and -32B (group 8)
 
 
 def run_attn_decode(dev, rng, hq, hkv, head_dim, page_tokens, seq_lens, split_tokens, num_splits,
@@ -466,7 +461,7 @@ def test_attn_decode_partial_fast_bitwise(dev, hq, hkv, head_dim, page_tokens, s
 # group sizes G = hq / hkv: 4 (Qwen3-4B), 3, 8 (two full passes of 4 heads), 2, 1, 6 and 5 (a second, partial
 # pass: 2 and 1 heads), at head_dim 32..256
 DECODE_CONFIGS = [(32, 8, 128, 16), (4, 2, 32, 4), (6, 2, 64, 16), (8, 1, 128, 16), (4, 2, 96, 16), (4, 4, 64, 16),
-                 (16, 2, 256, 16), (12, 2, 128, 16), (10, 2, 64, 16)]
+                 (16, 2, 256, 16), (12, 2, 128, 16), (10, 2, 64, 16), (40, 8, 128, 16), (64, 8, 128, 16)]
 
 
 def run_decode_chain(dev, rng, hq, hkv, head_dim, page_tokens, split_tokens, num_splits, num_pages_cut=0):

@@ -4,13 +4,10 @@ in prefill (docs/kernels.md "Block tables")."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from tools import reference_kernels as ref  # noqa: E402
 

@@ -21,8 +21,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from cuda.bindings import driver as cu
-from gpu_helpers import check
-from sample_gpu_helpers import Sampler
+from tests.kernels.gpu_helpers import check
+from tests.kernels.sample_gpu_helpers import Sampler
 
 from kern_run.sampling import SamplingParams, history_counts
 from tools import reference_kernels as ref

@@ -9,16 +9,12 @@ Run on the GPU machine:  KERN_REQUIRE_GPU=1 python -m pytest tests/kernels/test_
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 pytestmark = pytest.mark.gpu
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from tools.reference_step import decode_advance  # noqa: E402
 
@@ -90,7 +86,7 @@ def test_decode_advance_many_blocks_and_zero_seqs(gpu) -> None:
 
 def test_spin_ns_lasts_at_least_the_request(gpu) -> None:
     from cuda.bindings import driver as cu
-    from gpu_helpers import check
+    from tests.kernels.gpu_helpers import check
 
     k = gpu.kernel("kern_spin_ns")
     start, stop = (check(cu.cuEventCreate(0), "cuEventCreate") for _ in range(2))

@@ -96,9 +96,15 @@ def _program_chain(n: int, back_to: str | None) -> dict[str, Any]:
 
 
 def test_long_chains_of_inlined_programs() -> None:
-    verify(parse_manifest(_program_chain(1500, None)))  # deeper than the recursion limit: fine
+    m = parse_manifest(_program_chain(1000, None))  # deeper than the recursion limit: fine
+    verify(m)
+    # expanded without recursion (this used to be a RecursionError in kern-manifest check / kern inspect / kern run)
+    assert [c.op for c in m.programs["p0"].flat_calls(m)] == [c["op"] for c in EXAMPLE["programs"]["step"]["calls"]]
+    assert m.programs["p0"].num_calls(m) == len(EXAMPLE["programs"]["step"]["calls"])
     # the same chain closed into a cycle: one fault, at the call that closes it
-    assert_verify_faults(_program_chain(1500, "p0"), ['$.programs.p1500.calls[0].program'], "program cycle p0 -> p1")
+    assert_verify_faults(_program_chain(1000, "p0"), ['$.programs.p1000.calls[0].program'], "program cycle p0 -> p1")
+    # 1,500 programs: each one expands the rest of the chain, 1.1 M expansion steps together
+    assert_verify_faults(_program_chain(1500, None), ["$.programs"], "the programs together expand to 1")
 
 
 def test_cli_lists_the_fault_instead_of_a_traceback(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

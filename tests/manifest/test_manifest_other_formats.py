@@ -14,7 +14,7 @@ from kern_manifest.formats import other_kern_file
 
 ROOT = Path(__file__).resolve().parents[2]
 PINS = "a cuBLASLt algorithm pins file (format 'kern-cublaslt-pins/1'; tools/pick_algos.py writes it, " \
-       "tools/gen_qwen3.py --algos reads it), not a manifest"
+       "kern manifest build --algos reads it), not a manifest"
 
 
 def _check(path: Path) -> tuple[int, str, str]:

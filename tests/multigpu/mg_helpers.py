@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = Path(__file__).parent / "fixtures"
-sys.path.insert(0, str(REPO / "tools"))
 
 COLLECTIVES = ("allreduce", "allgather", "reducescatter", "alltoall")
 DTYPES = ("f32", "bf16")
@@ -43,7 +41,7 @@ def nccl_manifest(size: int = 2, count: int = 1024) -> dict[str, Any]:
 
 
 def barrier_manifest(size: int = 2, timeout_ns: int = 1_000_000_000, burst: int = 10) -> dict[str, Any]:
-    from gen_peer_barrier import build_manifest
+    from tools.gen_peer_barrier import build_manifest
 
     return build_manifest(size, json.loads((REPO / "kernels" / "kernels.json").read_text()), burst, timeout_ns)
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -313,27 +312,21 @@ def test_once_program_with_peer_table_refused() -> None:
 
 @pytest.fixture(scope="module")
 def tp_manifests():
-    sys.path.insert(0, str(REPO / "tools"))
-    import gen_qwen3 as g
-    import gen_qwen3_tp as gtp
-    from make_checkpoint import SHAPES, config_json
+    from kern_run.models import qwen3 as g
 
-    cfg = g.Qwen3Config.from_json(config_json(SHAPES["tiny"]))
+    cfg = g.Qwen3Config.from_name("tiny")
     abi = g.KernelAbi.from_json(json.loads((REPO / "kernels" / "kernels.json").read_text()))
-    return cfg, gtp.build_rank_manifests(cfg, abi, g.GenOptions("tiny", 64, 4096), 2)
+    return cfg, g.build_rank_manifests(cfg, abi, g.BuildOptions("tiny", 64, 4096), 2)
 
 
 def test_tp_m1_gemv_keeps_an_allreduce_after_each_row_parallel_projection() -> None:
-    """gen_qwen3_tp --m1-gemv: the rank's o and down projections are gemv_m1 ops writing `hidden`, each followed by the
+    """`kern manifest build --tp 2 --m1-gemv`: the rank's o and down projections are gemv_m1 ops writing `hidden`, each followed by the
     all-reduce of `hidden` (as the cuBLASLt gemm ops are), and the ranks still share one family digest."""
-    sys.path.insert(0, str(REPO / "tools"))
-    import gen_qwen3 as g
-    import gen_qwen3_tp as gtp
-    from make_checkpoint import SHAPES, config_json
+    from kern_run.models import qwen3 as g
 
-    cfg = g.Qwen3Config.from_json(config_json(SHAPES["tiny"]))
+    cfg = g.Qwen3Config.from_name("tiny")
     abi = g.KernelAbi.from_json(json.loads((REPO / "kernels" / "kernels.json").read_text()))
-    ms = gtp.build_rank_manifests(cfg, abi, g.GenOptions("tiny", 64, 4096, m1_gemv=True), 2)
+    ms = g.build_rank_manifests(cfg, abi, g.BuildOptions("tiny", 64, 4096, m1_gemv=True), 2)
     parsed = [parse_manifest(m) for m in ms]
     for p in parsed:
         verify(p)
@@ -348,14 +341,12 @@ def test_tp_m1_gemv_keeps_an_allreduce_after_each_row_parallel_projection() -> N
 
 @pytest.mark.parametrize(("attn", "rope"), [("wg", "warp"), ("r32", "warp"), ("r16", "block")])
 def test_tp_cli_passes_the_prefill_entries(tmp_path: Path, attn: str, rope: str) -> None:
-    """gen_qwen3_tp --prefill-attn / --prefill-rope reach every rank's manifest (defaults: auto, which is wg at
-    head_dim 128, and warp)."""
-    sys.path.insert(0, str(REPO / "tools"))
-    import gen_qwen3 as g
-    import gen_qwen3_tp as gtp
+    """`kern manifest build --tp 2` (through tools/gen_qwen3_tp.py --out-dir): --prefill-attn / --prefill-rope reach
+    every rank's manifest (defaults: auto, which is wg at head_dim 128, and warp)."""
+    from kern_run.models import qwen3 as g
+    from tools import gen_qwen3_tp as gtp
 
-    args = ["--shape", "qwen3-4b", "--tp", "2", "--out-dir", str(tmp_path), "--kernels",
-            str(REPO / "kernels" / "kernels.json")]
+    args = ["--shape", "qwen3-4b", "--tp", "2", "--out-dir", str(tmp_path), "--kernels", str(REPO / "kernels")]
     if (attn, rope) != ("wg", "warp"):
         args += ["--prefill-attn", attn, "--prefill-rope", rope]
     assert gtp.main(args) == 0

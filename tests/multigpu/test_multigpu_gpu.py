@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 
 import numpy as np
@@ -172,12 +171,10 @@ def test_barrier_timeout_names_the_absent_rank(barrier_group) -> None:
 
 @pytest.fixture(scope="module")
 def tiny_tp(tmp_path_factory, nccl_ok):
-    sys.path.insert(0, str(REPO / "tools"))
     import dataclasses
 
-    import gen_qwen3 as g
-    import gen_qwen3_tp as gtp
-    from make_checkpoint import SHAPES, write_checkpoint
+    from kern_run.models import qwen3 as g
+    from tools.make_checkpoint import SHAPES, write_checkpoint
 
     out = tmp_path_factory.mktemp("tp")
     weights = os.environ.get("KERN_TINY_WEIGHTS")
@@ -186,13 +183,13 @@ def tiny_tp(tmp_path_factory, nccl_ok):
         write_checkpoint(out / "ckpt", SHAPES["tiny"], with_tokenizer=False, log=lambda *a, **k: None)
     cfg = g.Qwen3Config.from_json(json.loads((__import__("pathlib").Path(weights) / "config.json").read_text()))
     abi = g.KernelAbi.from_json(json.loads((REPO / "kernels" / "kernels.json").read_text()))
-    opts = g.GenOptions("tiny", 64, 1024)
+    opts = g.BuildOptions("tiny", 64, 1024)
     if "decode" in {f.name for f in dataclasses.fields(opts)}:
         opts = dataclasses.replace(opts, decode="gemm")
     tp1 = out / "tiny.json"
     tp1.write_text(g.dumps(g.build_manifest(cfg, abi, opts)))
-    for r, m in enumerate(gtp.build_rank_manifests(cfg, abi, g.GenOptions("tiny", 64, 1024), 2)):
-        gtp.rank_path(out, "tiny", 2, r).write_text(g.dumps(m))
+    for r, m in enumerate(g.build_rank_manifests(cfg, abi, g.BuildOptions("tiny", 64, 1024), 2)):
+        g.rank_path(tp1, 2, r).write_text(g.dumps(m))
     return tp1, weights
 
 

@@ -12,7 +12,6 @@ Needs torch + transformers (present on the GPU machine); run with `KERN_REQUIRE_
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -21,14 +20,13 @@ import pytest
 pytestmark = pytest.mark.gpu
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tools"))
 
 REL_TOL = 2e-2
 
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    import make_checkpoint as mc
+    from tools import make_checkpoint as mc
 
     out = tmp_path_factory.mktemp("parity") / "qwen3-tiny"
     try:

@@ -7,7 +7,6 @@ Run with `KERN_REQUIRE_GPU=1 pytest tests/parity/test_parity_v2_gpu.py`.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -16,8 +15,6 @@ import pytest
 pytestmark = pytest.mark.gpu
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tools"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from test_parity_gpu import REL_TOL, _check, _ids, ckpt  # noqa: E402,F401  (ckpt: the shared fixture)
 

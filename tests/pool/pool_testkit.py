@@ -108,3 +108,11 @@ def pool_state(pool: Pool, host: Host | None = None) -> tuple[object, ...]:
     if host is not None:
         state += (list(host._free_pages), list(host._free_slots), host._reserved)
     return state
+
+
+def retired(pool: Pool, num_tokens: int) -> Any:
+    """A checkpoint of `num_tokens` tokens retired from a fresh lease that reached them (`advance_to`: with a
+    slot, retire only at the lease's position)."""
+    lease = pool.lease(num_tokens)
+    lease.advance_to(num_tokens)
+    return pool.retire(lease, num_tokens)

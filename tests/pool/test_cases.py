@@ -132,6 +132,7 @@ def test_case3_leaves_first_with_per_seq_entries() -> None:
         pool.lease(12)  # no free slot and no free page: nothing to remap either
     assert prefix.evict() is None
     invariant(pool, prefix)
+    lease.advance_to(9)  # position 8 computed: the slot's state is at 9 tokens
     cp = pool.retire(lease, 9)
     prefix.insert(seq(1, 9), cp)  # type: ignore[arg-type]
     assert len(prefix) == 2  # entries with per-seq state are distinct at every length

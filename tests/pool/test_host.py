@@ -5,7 +5,7 @@ from __future__ import annotations
 import gc
 
 import pytest
-from pool_testkit import Memory, invariant
+from pool_testkit import Memory, invariant, retired
 
 from kern_pool import (
     Busy,
@@ -119,12 +119,12 @@ def test_host_link_dies_with_its_parked_copy() -> None:
 
 def test_room_refusals_hand_the_checkpoint_back() -> None:
     pool, host, mem = setup(pages=8, host_pages=3)
-    big = pool.retire(pool.lease(16), 16)
+    big = retired(pool, 16)
     with pytest.raises(ExceedsPool):
         host.room(big)  # type: ignore[arg-type]
-    small = pool.retire(pool.lease(8), 8)
+    small = retired(pool, 8)
     room = host.room(small)  # type: ignore[arg-type]
-    other = pool.retire(pool.lease(8), 8)
+    other = retired(pool, 8)
     with pytest.raises(Busy) as info:
         host.room(other)  # type: ignore[arg-type]
     assert info.value.checkpoint is other and not other.closed  # type: ignore[union-attr]
@@ -156,7 +156,7 @@ def test_partial_wake_copies_only_needed_pages() -> None:
 
 def test_refused_wake_changes_nothing_and_closing_a_waking_releases() -> None:
     pool, host, mem = setup(pages=3, host_pages=8)
-    parked = host.park_now(pool.retire(pool.lease(12), 12))  # type: ignore[arg-type]
+    parked = host.park_now(retired(pool, 12))  # type: ignore[arg-type]
     hold = pool.lease(4)
     with pytest.raises(Busy):
         host.wake(parked, 12, 12)
@@ -169,7 +169,7 @@ def test_refused_wake_changes_nothing_and_closing_a_waking_releases() -> None:
 
 def test_parked_closed_before_landing_returns_everything() -> None:
     pool, host, mem = setup(pages=4, host_pages=4)
-    parked = host.park(host.room(pool.retire(pool.lease(8), 8)))  # type: ignore[arg-type]
+    parked = host.park(host.room(retired(pool, 8)))  # type: ignore[arg-type]
     assert parked.close() and not parked.close()
     assert pool.free_pages == 4 and host.free_pages == 4
     with pytest.raises(Closed):
@@ -274,6 +274,7 @@ def test_wake_on_a_pool_without_paged_states() -> None:
     lease = pool.lease_slot()
     mem.apply(lease.plan)
     mem.slots[lease.seq_slot_id] = "state"  # type: ignore[index]
+    lease.advance_to(5)
     parked = host.park_now(pool.retire(lease, 5))  # type: ignore[arg-type]
     mem.apply(parked.plan)
     assert pool.free_slots == 2 and host.free_slots == 1
@@ -311,6 +312,7 @@ def test_slot_only_entry_wakes_slot_only_in_a_pool_with_pages() -> None:
     lease = pool.lease_slot()
     mem.apply(lease.plan)
     mem.slots[lease.seq_slot_id] = "peer state"  # type: ignore[index]
+    lease.advance_to(10)
     parked = host.park_now(pool.retire(lease, 10))  # type: ignore[arg-type]
     mem.apply(parked.plan)
     assert not parked.paged and parked.has_slot and parked.host_page_ids() == []
@@ -327,7 +329,7 @@ def test_slot_only_entry_wakes_slot_only_in_a_pool_with_pages() -> None:
     assert mem.slots[woken.seq_slot_id] == "peer state"  # type: ignore[index]
     assert pool.free_pages == 6 and pool.free_slots == 2
     invariant(pool, host=host)
-    paged = host.park_now(pool.retire(pool.lease(8), 8))  # type: ignore[arg-type]
+    paged = host.park_now(retired(pool, 8))  # type: ignore[arg-type]
     assert paged.paged and host.wake(paged, 8, 8).close()  # a paged entry of the same pool still wakes with pages
     woken.close()
     parked.close()
@@ -342,11 +344,11 @@ def test_settle_runs_before_an_unlanded_entry_releases_anything() -> None:
     calls: list[tuple[str, int, int]] = []
     pool = Pool(Layout.simple(page_tokens=P, pages=4, slots=0))
     host = Host(pool, 4, 0, settle=lambda item: calls.append((type(item).__name__, pool.free_pages, host.free_pages)))
-    parked = host.park(host.room(pool.retire(pool.lease(8), 8)))  # type: ignore[arg-type]
+    parked = host.park(host.room(retired(pool, 8)))  # type: ignore[arg-type]
     assert pool.free_pages == 2 and host.free_pages == 2
     assert parked.close()
     assert calls == [("Parked", 2, 2)] and pool.free_pages == 4 and host.free_pages == 4
-    parked = host.park_now(pool.retire(pool.lease(8), 8))  # type: ignore[arg-type]
+    parked = host.park_now(retired(pool, 8))  # type: ignore[arg-type]
     waking = host.wake(parked, 8, 8)
     assert pool.free_pages == 2
     del waking
@@ -553,7 +555,7 @@ def test_a_closed_waking_hands_out_no_lease() -> None:
     returned the closed lease)."""
     pool, host, mem = setup(pages=8, slots=2, host_pages=8, host_slots=2)
     lease = pool.lease(8)
-    mem.write(lease, 0, list(range(1, 9)))
+    mem.fill(lease, list(range(1, 9)))
     parked = host.park_now(pool.checkpoint(lease, 8))
     lease.close()
     waking = host.wake(parked, 8, 8)

@@ -6,7 +6,7 @@ import gc
 from typing import Any, Callable
 
 import pytest
-from pool_testkit import K, invariant, pool_state
+from pool_testkit import K, Memory, invariant, pool_state, retired
 
 from kern_pool import (
     Capacity,
@@ -45,6 +45,7 @@ def test_a_float_checkpoint_length_takes_no_slot() -> None:
 def _pool_calls(pool: Pool) -> dict[str, Callable[[Any], object]]:
     """Each public pool entry point with one length argument left open; every other argument valid."""
     a = pool.lease(20)
+    a.advance_to(20)
     cp = pool.checkpoint(a, 20)
     calls: dict[str, Callable[[Any], object]] = {
         "lease": lambda v: pool.lease(v),
@@ -60,7 +61,8 @@ def _pool_calls(pool: Pool) -> dict[str, Callable[[Any], object]]:
     if not cp.has_slot:  # a shorter prefix is allowed only for pure-KV checkpoints
         calls["lease_from prefix"] = lambda v: pool.lease_from(cp, 40, prefix_tokens=v)
     if pool.layout.has_slots:
-        s = pool.lease_slot()  # a slot-only lease takes any int length: only the type is checked
+        s = pool.lease_slot()  # a slot-only lease: only the type is checked first
+        s.advance_to(20)
         calls["checkpoint slot-only"] = lambda v: pool.checkpoint(s, v)
         calls["retire slot-only"] = lambda v: pool.retire(s, v)
     return calls
@@ -89,7 +91,9 @@ def test_non_int_lengths_are_misuse_before_any_change(slots: int, bad: Any) -> N
 def test_wake_lengths_are_misuse_before_any_lease() -> None:
     pool = Pool(Layout.simple(P, 8, slots=3))
     host = Host(pool, 8, 2)
-    parked = host.park_now(pool.retire(pool.lease(20), 20))  # type: ignore[arg-type]
+    lease = pool.lease(20)
+    lease.advance_to(20)
+    parked = host.park_now(pool.retire(lease, 20))  # type: ignore[arg-type]
     before = pool_state(pool, host)
     free = (pool.free_pages, pool.free_slots, host.free_pages, host.free_slots)
     for bad in NOT_COUNTS:
@@ -246,6 +250,7 @@ def test_integer_types_other_than_int_are_counts() -> None:
     assert lease.num_pages == 2
     pool.grow(lease, _Index(40))  # type: ignore[arg-type]
     assert lease.num_pages == 3
+    lease.advance_to(_Index(33))  # type: ignore[arg-type]
     cp = pool.checkpoint(lease, _Index(33))  # type: ignore[arg-type]
     assert cp.num_tokens == 33
     for h in (cp, lease):
@@ -257,9 +262,9 @@ def test_a_hold_without_close_is_refused_before_anything_is_leased() -> None:
     """lease_from / wake close `hold` with the lease: one without close() is refused at the call (before, the
     AttributeError came when the lease was dropped, after the pages had been handed out)."""
     pool = Pool(Layout.simple(P, 8, slots=0))
-    cp = pool.retire(pool.lease(20), 20)
+    cp = retired(pool, 20)
     host = Host(pool, 4, 0)
-    parked = host.park_now(pool.retire(pool.lease(16), 16))
+    parked = host.park_now(retired(pool, 16))
     before = pool_state(pool, host)
     with pytest.raises(Misuse, match="hold"):
         pool.lease_from(cp, 32, hold=object())
@@ -279,13 +284,14 @@ def test_a_hold_without_close_is_refused_before_anything_is_leased() -> None:
     invariant(pool, host=host)
 
 
-# ---- a per-seq (recurrent) state cannot go back: checkpoint / fork / retire below its position -----------
-# runtime.md, fork (K2): "带循环状态的模型只能在父的当前位置分叉". The pool refuses a length below what the
-# lease's slot has provably reached (`frozen_tokens`: the inherited prefix, lengths checkpointed or forked at).
+# ---- a per-seq (recurrent) state is at one position: checkpoint / fork / retire only there -------------------
+# runtime.md, fork (K2): "带循环状态的模型只能在父的当前位置分叉". The pool refuses any length other than the one
+# the lease has reached (`reached_tokens`: the inherited prefix, lengths checkpointed or forked at, every
+# position handed out by `slot(pos)`, `advance_to`).
 
 
-def _refused_below(pool: Pool, lease: Any, reached: int, asked: int, host: Host | None = None) -> None:
-    """checkpoint / fork / retire of `lease` at `asked` < `reached` are Misuse naming the lease, both lengths,
+def _refused_at(pool: Pool, lease: Any, reached: int, asked: int, host: Host | None = None) -> None:
+    """checkpoint / fork / retire of `lease` at `asked` != `reached` are Misuse naming the lease, both lengths,
     and change nothing (the lease keeps running)."""
     before = pool_state(pool, host)
     free = (pool.free_pages, pool.free_slots)
@@ -298,27 +304,50 @@ def _refused_below(pool: Pool, lease: Any, reached: int, asked: int, host: Host 
         assert not isinstance(err.value, Closed)
         text = str(err.value)
         assert text.startswith(f"{name}({lease!r}, {asked})") and f"reached {reached} tokens" in text, text
+        assert f"exactly the current position {reached}" in text, text
         gc.collect()
         assert pool_state(pool, host) == before, name
         assert (pool.free_pages, pool.free_slots) == free, name
         assert not lease.closed, name
+    assert lease.reached_tokens == reached
     invariant(pool, host=host)
 
 
-def test_slot_lease_cannot_checkpoint_fork_or_retire_below_a_checkpointed_length() -> None:
-    """The audit's sequence: lease(64), checkpoint(l, 40), then checkpoint(l, 20), fork(l, 10, ...), retire(l, 20)
-    were all accepted, copying or moving a slot that holds position 40's state."""
+def test_a_slot_checkpoint_is_taken_at_exactly_the_written_position() -> None:
+    """The audit's case: positions 0..9 written, then checkpoint(lease, 8) was accepted and filed the 10-token
+    state as an 8-token one (before, only a cut below an earlier checkpoint was refused)."""
+    pool = Pool(Layout.simple(P, 12, slots=6))
+    mem = Memory(pool)
+    lease = pool.lease(64)
+    mem.fill(lease, list(range(1, 11)))  # positions 0..9
+    assert lease.reached_tokens == 10 and lease.frozen_tokens == 0
+    _refused_at(pool, lease, 10, 8)
+    _refused_at(pool, lease, 10, 11)  # tokens the state has not seen
+    cp = pool.checkpoint(lease, 10)
+    assert cp.num_tokens == 10 and cp.has_slot
+    for h in (cp, lease):
+        h.close()
+    invariant(pool)
+
+
+def test_slot_lease_cannot_checkpoint_fork_or_retire_off_its_position() -> None:
+    """The first audit's sequence: lease(64), checkpoint(l, 40), then checkpoint(l, 20), fork(l, 10, ...),
+    retire(l, 20) were all accepted, copying or moving a slot that holds position 40's state."""
     pool = Pool(Layout.simple(P, 12, slots=6))
     lease = pool.lease(64)
+    _refused_at(pool, lease, 0, 40)  # nothing written yet
+    lease.advance_to(40)
     cp40 = pool.checkpoint(lease, 40)
     assert lease.frozen_tokens == 40
-    for asked in (0, 10, 20, 39):
-        _refused_below(pool, lease, 40, asked)
-    again = pool.checkpoint(lease, 40)  # at the reached length: nothing proves the state moved on
-    later = pool.checkpoint(lease, 50)  # past it: the state may have advanced
-    _refused_below(pool, lease, 50, 45)
+    for asked in (0, 10, 20, 39, 41):
+        _refused_at(pool, lease, 40, asked)
+    again = pool.checkpoint(lease, 40)  # at the reached length again
+    lease.slot(49)  # position 49 written
+    _refused_at(pool, lease, 50, 45)
+    later = pool.checkpoint(lease, 50)
     child = pool.fork(lease, 50, 64)
-    assert child.plan.slot_copies and child.prefix_tokens == 50
+    assert child.plan.slot_copies and child.prefix_tokens == 50 and child.reached_tokens == 50
+    lease.advance_to(60)
     kept = pool.retire(lease, 60)
     assert kept is not None and lease.closed and kept.has_slot
     for h in (child, kept, later, again, cp40):
@@ -327,16 +356,37 @@ def test_slot_lease_cannot_checkpoint_fork_or_retire_below_a_checkpointed_length
     assert pool.held_pages == 0
 
 
+def test_advance_to_only_moves_forward_within_the_pages() -> None:
+    pool = Pool(Layout.simple(P, 12, slots=2))
+    lease = pool.lease(32)
+    lease.advance_to(20)
+    with pytest.raises(Misuse, match=r"advance_to\(19\) on .*already reached 20 tokens"):
+        lease.advance_to(19)
+    with pytest.raises(Misuse, match="beyond the lease's 32 tokens"):
+        lease.advance_to(33)
+    with pytest.raises(Misuse, match="advance_to\\(\\) num_tokens must be an int >= 0"):
+        lease.advance_to(20.0)  # type: ignore[arg-type]
+    assert lease.reached_tokens == 20
+    lease.close()
+    with pytest.raises(Closed):
+        lease.advance_to(20)
+    share = pool.lease_slot()
+    share.advance_to(1000)  # a slot-only lease has no pages to bound it
+    assert share.reached_tokens == 1000
+    share.close()
+
+
 def test_fork_of_a_slot_lease_freezes_the_parent_at_the_fork_length() -> None:
     pool = Pool(Layout.simple(P, 12, slots=4))
     parent = pool.lease(64)
+    parent.advance_to(40)
     child = pool.fork(parent, 40, 48)  # mid-page: page 2 copied for the child, the slot copied
     assert parent.frozen_tokens == 40
     with pytest.raises(Misuse, match="below 40"):
         parent.slot(39)  # writing below would rewind the state
     assert parent.slot(40) == parent.page_ids()[2] * P + 8
-    _refused_below(pool, parent, 40, 32)
-    _refused_below(pool, child, 40, 39)  # the child's slot is at its prefix too
+    _refused_at(pool, parent, 41, 40)  # slot(40) handed position 40 out
+    _refused_at(pool, child, 40, 39)  # the child's slot is at its prefix
     cp = pool.checkpoint(child, 40)
     for h in (cp, child, parent):
         h.close()
@@ -346,31 +396,38 @@ def test_fork_of_a_slot_lease_freezes_the_parent_at_the_fork_length() -> None:
 def test_lease_from_and_wake_of_a_slot_checkpoint_start_at_its_length() -> None:
     pool = Pool(Layout.simple(P, 16, slots=6))
     host = Host(pool, 8, 2)
-    cp = pool.retire(pool.lease(40), 40)
+    lease = pool.lease(40)
+    lease.advance_to(40)
+    cp = pool.retire(lease, 40)
     assert cp is not None and cp.has_slot
     resumed = pool.lease_from(cp, 64)
-    _refused_below(pool, resumed, 40, 20, host)
+    _refused_at(pool, resumed, 40, 20, host)
+    _refused_at(pool, resumed, 40, 41, host)
     parked = host.park_now(cp)
     waking = host.wake(parked, 40, 64)
     waking.land()
     woken = waking.lease
-    _refused_below(pool, woken, 40, 39, host)
+    _refused_at(pool, woken, 40, 39, host)
     pool.checkpoint(woken, 40).close()
     for h in (woken, resumed, parked):
         h.close()
     invariant(pool, host=host)
 
 
-def test_slot_only_lease_cannot_go_back_either() -> None:
-    """A peer rank's slot-only share: the caller says the length, the pool still refuses going back."""
+def test_slot_only_lease_is_cut_only_where_the_caller_advanced_it() -> None:
+    """A peer rank's slot-only share writes no position: the caller says how far it is (`advance_to`), and the
+    pool refuses every other length."""
     pool = Pool(Layout.simple(P, 8, slots=6))
     share = pool.lease_slot()
+    _refused_at(pool, share, 0, 40)
+    share.advance_to(40)
     cp = pool.checkpoint(share, 40)
-    _refused_below(pool, share, 40, 20)
+    _refused_at(pool, share, 40, 20)
+    share.advance_to(48)
     child = pool.fork(share, 48, 0)  # a slot-only fork also marks the parent's position
     assert child.prefix_tokens == 48 and not child.paged
-    _refused_below(pool, share, 48, 40)
-    _refused_below(pool, child, 48, 47)
+    _refused_at(pool, share, 48, 40)
+    _refused_at(pool, child, 48, 47)
     kept = pool.retire(share, 48)
     assert kept is not None and kept.num_tokens == 48 and not kept.paged
     for h in (kept, child, cp):

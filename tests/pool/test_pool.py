@@ -5,7 +5,7 @@ from __future__ import annotations
 import gc
 
 import pytest
-from pool_testkit import Memory, invariant
+from pool_testkit import Memory, invariant, retired
 
 from kern_pool import (
     BlockMove,
@@ -96,6 +96,7 @@ def test_grow_before_writing_past_a_page() -> None:
 def test_checkpoint_shares_pages_and_copies_slot() -> None:
     pool = mixed_pool(4, 3)
     lease = pool.lease(10)
+    lease.advance_to(10)
     cp = pool.checkpoint(lease, 10)
     assert cp.page_ids() == lease.page_ids()
     assert cp.plan == Copies(slot_copies=(SlotCopy(lease.seq_slot_id, cp.seq_slot_id),))
@@ -109,6 +110,7 @@ def test_retire_is_zero_copy_and_returns_pages_past_the_length() -> None:
     pool = mixed_pool(4, 2)
     lease = pool.lease(16)
     slot = lease.seq_slot_id
+    lease.slot(4)  # position 4 written: the slot is at 5 tokens
     cp = pool.retire(lease, 5)
     assert cp is not None and lease.closed
     assert cp.num_pages == 2 and cp.seq_slot_id == slot and cp.plan.empty
@@ -121,6 +123,7 @@ def test_retire_is_zero_copy_and_returns_pages_past_the_length() -> None:
 def test_fork_shares_full_pages_and_copies_the_mid_page() -> None:
     pool = mixed_pool(8, 3)
     parent = pool.lease(7)
+    parent.advance_to(7)
     child = pool.fork(parent, 7, 12)
     pp, cp = parent.page_ids(), child.page_ids()
     assert cp[0] == pp[0] and cp[1] != pp[1] and len(cp) == 3
@@ -133,11 +136,12 @@ def test_fork_shares_full_pages_and_copies_the_mid_page() -> None:
 def test_lease_from_shorter_length_only_for_pure_kv() -> None:
     pool = mixed_pool(6, 3)
     lease = pool.lease(8)
+    lease.advance_to(8)
     cp = pool.retire(lease, 8)
     with pytest.raises(Misuse):
         pool.lease_from(cp, 8, prefix_tokens=5)
     kv = kv_pool(6)
-    cp2 = kv.retire(kv.lease(8), 8)
+    cp2 = retired(kv, 8)
     child = kv.lease_from(cp2, 9, prefix_tokens=5)
     assert child.prefix_tokens == 5 and child.num_pages == 3
     assert child.page_ids()[0] == cp2.page_ids()[0]
@@ -245,7 +249,8 @@ def test_slot_only_lease() -> None:
     assert not lease.paged and lease.num_pages == 0
     with pytest.raises(Misuse):
         lease.slot(0)
-    cp = pool.checkpoint(lease, 17)  # length is the caller's word
+    lease.advance_to(17)  # a slot-only lease writes no position: the caller says how far it is
+    cp = pool.checkpoint(lease, 17)
     assert cp.num_tokens == 17 and cp.has_slot and cp.page_ids() == []
     child = pool.lease_from(cp, 0)
     assert child.plan.slot_copies == (SlotCopy(cp.seq_slot_id, child.seq_slot_id),)

@@ -4,17 +4,26 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tools"))
+from kern_run.models import qwen3
+from tools import make_checkpoint
 
-import gen_qwen3  # noqa: E402
-import make_checkpoint  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def kern_manifest_build(argv: list[str]) -> int:
+    """`kern manifest build ARGV` in-process (its output to the test's capsys); the exit status."""
+    from kern_run.cli import app
+
+    try:
+        app(["manifest", "build", *argv], prog_name="kern")
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 1
+    return 0
 
 
 def byte_tokenizer(path: Path, eos_token: str = "<|endoftext|>") -> Path:
@@ -35,8 +44,7 @@ def byte_tokenizer(path: Path, eos_token: str = "<|endoftext|>") -> Path:
 
 
 def make_checkpoint_byte_map() -> list[str]:
-    sys.path.insert(0, str(ROOT / "tools"))
-    from qwen_tokenizer_json import bytes_to_unicode
+    from tools.qwen_tokenizer_json import bytes_to_unicode
 
     m = bytes_to_unicode()
     return [m[b] for b in range(256)]
@@ -60,7 +68,7 @@ def tiny_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def stub_kernels(dir_: Path) -> Path:
     """A kernels dir whose cubins are fake bytes and whose kernels.json pins their real sha256."""
-    raw = gen_qwen3.stub_kernels_json()
+    raw = qwen3.stub_kernels_json()
     dir_.mkdir(parents=True, exist_ok=True)
     for name, mod in raw["modules"].items():
         content = f"fake cubin {name}".encode()
@@ -80,10 +88,10 @@ def make_manifest(path: Path, kernels: Path, shape: str = "tiny", untied: bool =
                   max_context: int = 1024) -> Path:
     cfg_json = make_checkpoint.config_json(make_checkpoint.SHAPES[shape])
     cfg_json["tie_word_embeddings"] = not untied
-    cfg = gen_qwen3.Qwen3Config.from_json(cfg_json)
-    abi = gen_qwen3.KernelAbi.from_json(json.loads((kernels / "kernels.json").read_text()))
-    manifest = gen_qwen3.build_manifest(cfg, abi, gen_qwen3.GenOptions(shape, chunk_max, max_context))
-    path.write_text(gen_qwen3.dumps(manifest))
+    cfg = qwen3.Qwen3Config.from_json(cfg_json)
+    abi = qwen3.read_kernel_abi(kernels)
+    manifest = qwen3.build_manifest(cfg, abi, qwen3.BuildOptions(shape, chunk_max, max_context))
+    path.write_text(qwen3.dumps(manifest))
     return path
 
 
@@ -209,3 +217,19 @@ def stub_device_probe(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 
     monkeypatch.setattr(session, "probe_device", probe)
     monkeypatch.setattr(tp, "probe_device", probe)
+
+
+def refused_line(args: list[str], *needles: str, code: int = 2) -> str:
+    """`kern ARGS` through typer's runner: exit `code`, exactly one stderr line holding every needle, no traceback,
+    nothing on stdout. Returns the line."""
+    from typer.testing import CliRunner
+
+    from kern_run.cli import app
+
+    result = CliRunner().invoke(app, args)
+    lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
+    assert result.exit_code == code and len(lines) == 1, (result.exit_code, result.stderr[-2000:])
+    assert "Traceback" not in result.stderr and result.stdout == ""
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    return lines[0]

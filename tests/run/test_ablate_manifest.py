@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-import ablate_manifest as am
-import gen_qwen3 as gq
+from tools import ablate_manifest as am
+from kern_run.models import qwen3 as gq
 from kern_run_testutil import ROOT
 
 V2 = ROOT / "manifests" / "qwen3-4b-v2.json"

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -14,12 +13,10 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
-sys.path.insert(0, str(ROOT / "tests" / "run"))
 
-import decode as bench_decode  # noqa: E402
-import prefill as bench_prefill  # noqa: E402
-from test_caller_pipeline import AdvancingFakeRuntime  # noqa: E402
+from bench import decode as bench_decode
+from bench import prefill as bench_prefill
+from test_caller_pipeline import AdvancingFakeRuntime
 
 
 class FakeDriver:
@@ -161,7 +158,7 @@ def test_decode_variants_run_kern_once_per_manifest(tmp_path: Path, monkeypatch:
 def test_profile_step_timeline_advances_sum_to_the_step(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """bench/profile_step.py --graph's summary: per op the start lag and the advance of the step's end; the
     advances of a step add up to its GPU time, an overlapped kernel's lag is negative."""
-    import profile_step
+    from bench import profile_step
 
     ops = [("gemv_qkv", "kern_a"), ("rope", "kern_b"), ("gemv_o", "kern_c")]
     # two steps; within a step: a [0, 10), b [8, 12) (overlaps a by 2), c [13, 20) (1 us gap)
@@ -223,7 +220,7 @@ def test_exit_status_says_whether_any_peer_measured(bench: str, tmp_path: Path, 
 
 # ---------------------------------------------------------------- bench/prefill_profile.py
 
-import prefill_profile as bench_profile  # noqa: E402
+from bench import prefill_profile as bench_profile  # noqa: E402
 
 
 @pytest.mark.parametrize(("name", "cls"), [

@@ -6,16 +6,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sys
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
-from kern_run_testutil import ROOT
-
-sys.path.insert(0, str(ROOT))
-
-from tools import build_kernels as bk  # noqa: E402
+from kern_run.cli import app
+from tools import build_kernels as bk
 
 VERSION = "Cuda compilation tools, release 99.0, V99.0.1"
 # nvcc: --version prints VERSION; a compile copies the source (the last argument, relative to the cwd) to -o
@@ -146,3 +143,15 @@ def test_an_out_that_is_a_file(tools: dict[str, Path], capsys: pytest.CaptureFix
     assert bk.main(["--src", str(tools["src"]), "--out", str(out)]) == 2
     assert _err(capsys) == f"build_kernels: --out {out} exists and is not a directory"
     assert out.read_text() == "keep"
+
+
+def test_kern_kernels_outside_the_checkout_says_it_needs_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An installed kern-run away from the checkout: `kern kernels` is one line naming what is missing (the build
+    needs kernels-src/ and tools/), exit 2, no traceback, nothing run."""
+    (tmp_path / "kern.toml").write_text('default = "x"\n')
+    monkeypatch.setenv("KERN_TOML", str(tmp_path / "kern.toml"))
+    result = CliRunner().invoke(app, ["kernels", "--check"])
+    assert result.exit_code == 2 and "Traceback" not in result.stderr
+    assert result.stderr == (f"kern kernels: building kernels needs the kern checkout (kernels-src/ and "
+                             f"tools/build_kernels.py); {tmp_path / 'tools' / 'build_kernels.py'} not found: run it "
+                             "inside the kern repository\n")

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from safetensors import safe_open
 
-import make_checkpoint as mc
+from tools import make_checkpoint as mc
 
 
 def _sha(path: Path) -> str:

@@ -1,4 +1,4 @@
-"""tools/gen_qwen3.py against the stub ABI (and the committed manifests against kernels/kernels.json)."""
+"""The Qwen3 builder (kern_run.models.qwen3, `kern manifest build`) against the stub ABI (and the committed manifests against kernels/kernels.json)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-import gen_qwen3 as gq
-import make_checkpoint as mc
-from kern_run_testutil import ROOT, make_manifest
+from kern_run.models import qwen3 as gq
+from tools import make_checkpoint as mc
+from kern_run_testutil import ROOT, kern_manifest_build, make_manifest
 
 from kern_run.preflight import check_weights, checkpoint_tensors, read_manifest
 from kern_run.errors import WeightsError
@@ -21,7 +21,7 @@ def _manifest(shape: str = "qwen3-4b", tied: bool = True, **opts) -> dict:
     cfg_json = mc.config_json(mc.SHAPES[shape])
     cfg_json["tie_word_embeddings"] = tied
     abi = gq.KernelAbi.from_json(gq.stub_kernels_json())
-    return gq.build_manifest(gq.Qwen3Config.from_json(cfg_json), abi, gq.GenOptions(shape, **opts))
+    return gq.build_manifest(gq.Qwen3Config.from_json(cfg_json), abi, gq.BuildOptions(shape, **opts))
 
 
 def test_verifies_with_kern_manifest() -> None:
@@ -57,7 +57,7 @@ def test_decode_has_seven_launches_per_layer() -> None:
         "kern_attn_decode_partial_fast")
     rope = [c for c in calls if c["op"] == "qk_norm_rope_kv"]
     assert [c["args"]["kv"] for c in rope] == [f"kv.{i}" for i in range(36)]
-    with pytest.raises(gq.GenError, match="decode_attn"):
+    with pytest.raises(gq.ManifestBuildError, match="decode_attn"):
         _manifest(decode_attn="fused")  # the one-launch experiment, removed (docs/perf.md "Decode, fourth session")
 
 
@@ -66,7 +66,7 @@ def test_decode_gemm_path_keeps_ten_launches_per_layer() -> None:
     launches = [len(_at_one_token(m["ops"][c["op"]])) for c in m["programs"]["decode"]["calls"]]
     assert sum(launches) == 1 + 36 * 10 + 1 + 1 + 2 + 1
     assert not any(op.startswith("gemv_") for op in m["ops"])
-    with pytest.raises(gq.GenError, match="seqs"):
+    with pytest.raises(gq.ManifestBuildError, match="seqs"):
         _manifest(seqs_max=2)
     assert _manifest(decode="gemm", seqs_max=2)["vars"]["seqs"]["max"] == 2
 
@@ -94,7 +94,7 @@ def test_m1_gemv_runs_the_gemm_wiring_s_decode_projections_on_kern_gemv_rows() -
         assert gemv["shared_mem"] == 16 * (k // 8)
         assert (rest["extern"], rest["when"]) == ("cublaslt_bf16_tn", {"tokens": [2, 512]})
     assert not any(c["op"].startswith("gemv_m1_") for c in m["programs"]["prefill"]["calls"])
-    with pytest.raises(gq.GenError, match="--m1-gemv is an option of --decode gemm"):
+    with pytest.raises(gq.ManifestBuildError, match="--m1-gemv is an option of --decode gemm"):
         _manifest(m1_gemv=True)
 
 
@@ -124,7 +124,7 @@ def test_gemv_launches_and_pdl() -> None:
     part = o["attn_decode"]["launches"][0]
     assert part["grid"] == [8, 16, "seqs"] and part["args"][13:15] == [{"i32": 64}, {"i32": 16}]
     assert gq.decode_num_splits(gq.Qwen3Config.from_json(mc.config_json(mc.SHAPES["qwen3-4b"])),
-                                gq.GenOptions("x", sms=264)) == 32
+                                gq.BuildOptions("x", sms=264)) == 32
     assert _manifest("tiny", max_context=4096)["ops"]["attn_decode"]["launches"][0]["grid"][1] == 64
     assert _manifest(decode_splits=8)["ops"]["attn_decode"]["launches"][0]["grid"][1] == 8
 
@@ -139,8 +139,8 @@ def test_wide_decode_attention() -> None:
     assert part_w["args"] == part_e["args"] and part_w["grid"] == part_e["grid"]
     assert wide["launches"][1] == early["launches"][1] and wide["args"] == early["args"]
     cfg = gq.Qwen3Config.from_json({**mc.config_json(mc.SHAPES["qwen3-4b"]), "head_dim": 256})
-    with pytest.raises(gq.GenError, match="head_dim 256 > 128"):
-        gq.build_manifest(cfg, gq.KernelAbi.from_json(gq.stub_kernels_json()), gq.GenOptions("x", decode_attn="wide"))
+    with pytest.raises(gq.ManifestBuildError, match="head_dim 256 > 128"):
+        gq.build_manifest(cfg, gq.KernelAbi.from_json(gq.stub_kernels_json()), gq.BuildOptions("x", decode_attn="wide"))
 
 
 def test_carveout_on_every_kernel_launch() -> None:
@@ -155,7 +155,7 @@ def test_carveout_on_every_kernel_launch() -> None:
     assert not any("carveout" in l for op in plain["ops"].values() for l in op["launches"])
     km = pytest.importorskip("kern_manifest")
     km.verify(km.parse_manifest(gq.dumps(_manifest(gemv="v2", carveout=50))))
-    with pytest.raises(gq.GenError, match=re.escape("carveout (--carveout) 101")):
+    with pytest.raises(gq.ManifestBuildError, match=re.escape("carveout (--carveout) 101")):
         _manifest(carveout=101)
 
 
@@ -224,7 +224,7 @@ def test_prefill_attention_grid_follows_the_group(q_heads: int, kv_heads: int, s
     cfg_json = {**mc.config_json(mc.SHAPES["tiny"]), "num_attention_heads": q_heads, "num_key_value_heads": kv_heads,
                 "head_dim": 128}
     m = gq.build_manifest(gq.Qwen3Config.from_json(cfg_json), gq.KernelAbi.from_json(gq.stub_kernels_json()),
-                          gq.GenOptions("tiny", prefill_attn=prefill_attn))
+                          gq.BuildOptions("tiny", prefill_attn=prefill_attn))
     (launch,) = m["ops"]["attn_prefill"]["launches"]
     rows = gq.PREFILL_ATTN[prefill_attn][1]
     assert launch["grid"] == [f"cdiv(tokens, {rows * scale})", kv_heads, "seqs"]
@@ -247,11 +247,11 @@ def test_prefill_attention_auto_keeps_r32_where_wg_has_no_width() -> None:
     cfg_json = {**mc.config_json(mc.SHAPES["tiny"]), "head_dim": 96}
     cfg = gq.Qwen3Config.from_json(cfg_json)
     abi = gq.KernelAbi.from_json(gq.stub_kernels_json())
-    m = gq.build_manifest(cfg, abi, gq.GenOptions("tiny"))
+    m = gq.build_manifest(cfg, abi, gq.BuildOptions("tiny"))
     assert m["ops"]["attn_prefill"]["launches"][0]["entry"] == "kern_attn_prefill_r32"
     assert m["meta"]["caller"]["prefill_attention"] == "r32"
-    with pytest.raises(gq.GenError, match="head_dim 96 is not one of"):
-        gq.build_manifest(cfg, abi, gq.GenOptions("tiny", prefill_attn="wg"))
+    with pytest.raises(gq.ManifestBuildError, match="head_dim 96 is not one of"):
+        gq.build_manifest(cfg, abi, gq.BuildOptions("tiny", prefill_attn="wg"))
 
 
 def test_decode_advance_and_ring() -> None:
@@ -273,9 +273,9 @@ def test_gemv_refuses_unaligned_k() -> None:
     cfg_json["intermediate_size"] = 500
     cfg = gq.Qwen3Config.from_json(cfg_json)
     abi = gq.KernelAbi.from_json(gq.stub_kernels_json())
-    with pytest.raises(gq.GenError, match="multiple of 8"):
-        gq.build_manifest(cfg, abi, gq.GenOptions("x", max_context=4096))
-    gq.build_manifest(cfg, abi, gq.GenOptions("x", max_context=4096, decode="gemm"))
+    with pytest.raises(gq.ManifestBuildError, match="multiple of 8"):
+        gq.build_manifest(cfg, abi, gq.BuildOptions("x", max_context=4096))
+    gq.build_manifest(cfg, abi, gq.BuildOptions("x", max_context=4096, decode="gemm"))
 
 
 def test_prefill_fills_kv_only() -> None:
@@ -319,20 +319,20 @@ def test_untied_binds_lm_head() -> None:
 def test_abi_mismatch_is_refused() -> None:
     raw = gq.stub_kernels_json()
     raw["modules"]["norm"]["entries"]["kern_add_rmsnorm"]["params"][4] = [32, 8]
-    with pytest.raises(gq.GenError, match="kern_add_rmsnorm"):
+    with pytest.raises(gq.ManifestBuildError, match="kern_add_rmsnorm"):
         gq.KernelAbi.from_json(raw)
     raw = gq.stub_kernels_json()
     del raw["modules"]["argmax"]["entries"]["kern_argmax_final"]  # every manifest uses it: refused at its launch
     abi = gq.KernelAbi.from_json(raw)
-    with pytest.raises(gq.GenError, match="kern_argmax_final"):
-        gq.build_manifest(gq.Qwen3Config.from_json(mc.config_json(mc.SHAPES["tiny"])), abi, gq.GenOptions("tiny"))
+    with pytest.raises(gq.ManifestBuildError, match="kern_argmax_final"):
+        gq.build_manifest(gq.Qwen3Config.from_json(mc.config_json(mc.SHAPES["tiny"])), abi, gq.BuildOptions("tiny"))
 
 
 def test_params_come_from_kernels_json() -> None:
     raw = gq.stub_kernels_json()
     raw["modules"]["act"]["entries"]["kern_silu_mul"]["params"] = [[0, 8], [16, 8], [32, 4], [40, 4]]
     m = gq.build_manifest(gq.Qwen3Config.from_json(mc.config_json(mc.SHAPES["tiny"])), gq.KernelAbi.from_json(raw),
-                          gq.GenOptions("tiny", max_context=4096))
+                          gq.BuildOptions("tiny", max_context=4096))
     assert m["ops"]["silu_mul"]["launches"][0]["params"] == [[0, 8], [16, 8], [32, 4], [40, 4]]
 
 
@@ -355,14 +355,14 @@ def test_manifest_matches_checkpoint(tiny_ckpt: Path, tiny_manifest: Path, tmp_p
 
 def test_cli_writes_and_rejects(tmp_path: Path, kernels_dir: Path) -> None:
     out = tmp_path / "m.json"
-    assert gq.main(["--shape", "tiny", "--kernels", str(kernels_dir / "kernels.json"), "--out", str(out)]) == 0
+    assert kern_manifest_build(["--shape", "tiny", "--kernels", str(kernels_dir), "--out", str(out)]) == 0
     assert json.loads(out.read_text())["vars"]["tokens"] == {"min": 1, "max": 512}
     bad = tmp_path / "cfg.json"
     bad.write_text(json.dumps({**mc.config_json(mc.SHAPES["tiny"]), "model_type": "llama"}))
-    assert gq.main(["--config", str(bad), "--kernels", str(kernels_dir / "kernels.json"), "--out", str(out)]) == 1
+    assert kern_manifest_build(["--config", str(bad), "--kernels", str(kernels_dir), "--out", str(out)]) == 1
 
 
-import regen_manifests as rm
+from tools import regen_manifests as rm
 
 COMMITTED = rm.COMMITTED
 
@@ -372,14 +372,11 @@ def test_every_committed_manifest_is_checked() -> None:
 
 
 @pytest.mark.parametrize("fname", sorted(COMMITTED))
-def test_committed_manifest_is_current(fname: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """manifests/*.json must be what the generator makes from the current kernels/kernels.json."""
-    kernels_json = ROOT / "kernels" / "kernels.json"
+def test_committed_manifest_is_current(fname: str) -> None:
+    """manifests/*.json must be what the builder makes from the current kernels/kernels.json, byte for byte."""
     committed = ROOT / "manifests" / fname
-    out = tmp_path / fname
-    args = rm.gen_args(fname, out, kernels_json, rm.ALGOS)
-    assert gq.main(args) == 0, capsys.readouterr().err
-    assert out.read_text() == committed.read_text(), f"regenerate: python tools/gen_qwen3.py {' '.join(args)}"
+    (text,) = gq.build_texts(rm.request(fname, ROOT / "kernels", rm.ALGOS)).values()
+    assert text == committed.read_text(), "regenerate: python tools/regen_manifests.py"
 
 
 @pytest.mark.parametrize("fname", sorted(COMMITTED))
@@ -464,15 +461,15 @@ def test_partial_pins_leave_the_rest_on_the_heuristic_and_are_not_batch_invarian
      "not a pins file"),
 ])
 def test_load_algos_refusals(tmp_path: Path, mutate, match: str) -> None:
-    with pytest.raises(gq.GenError, match=match):
+    with pytest.raises(gq.ManifestBuildError, match=match):
         gq.load_algos(mutate(tmp_path), chunk_max=512)
 
 
 def test_gen_main_with_algos_writes_pinned_manifest(tmp_path: Path) -> None:
     pins = _pins_file(tmp_path, [(1024, 256), (256, 512)])  # tiny: qkv and gate_up are 1024x256, o and down 256x512
     out = tmp_path / "m.json"
-    assert gq.main(["--shape", "tiny", "--kernels", str(ROOT / "kernels" / "kernels.json"), "--out", str(out),
-                    "--algos", str(pins)]) == 0
+    assert kern_manifest_build(["--shape", "tiny", "--kernels", str(ROOT / "kernels"), "--out", str(out),
+                                "--algos", str(pins)]) == 0
     m = json.loads(out.read_text())
     assert m["meta"]["caller"]["prefill_batch_invariant"] is True
     assert read_manifest(out).prefill_batch_invariant

@@ -4,7 +4,6 @@ against the synchronous loop, over a fake runtime that emulates kern_decode_adva
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -12,9 +11,8 @@ import pytest
 
 from kern_run.generate import GenerateOptions, Generator
 from kern_run.preflight import ManifestFacts, read_manifest
-from kern_run_testutil import ROOT, FakeRuntime
+from kern_run_testutil import FakeRuntime
 
-sys.path.insert(0, str(ROOT))
 from tools.reference_step import decode_advance  # noqa: E402
 
 

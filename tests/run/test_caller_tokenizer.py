@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-import qwen_tokenizer_json as qtj
+from tools import qwen_tokenizer_json as qtj
 
 TEXTS = [
     "The capital of France is Paris. The capital of Germany is Berlin.",

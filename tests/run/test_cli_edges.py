@@ -52,7 +52,7 @@ def test_a_flag_shows_no_value_type_in_the_help(args: list[str], flags: tuple[st
 ROOT = Path(__file__).resolve().parents[2]
 PINS_FILE = ROOT / "manifests" / "algos" / "h200.json"
 PINS_IS = ("is a cuBLASLt algorithm pins file (format 'kern-cublaslt-pins/1'; tools/pick_algos.py writes it, "
-           "tools/gen_qwen3.py --algos reads it), not a manifest: pass a manifest (kern-manifest/1, e.g. "
+           "kern manifest build --algos reads it), not a manifest: pass a manifest (kern-manifest/1, e.g. "
            "manifests/*.json)")
 
 
@@ -175,10 +175,10 @@ def test_several_prompts_may_pool_more_than_one_context(stub_device_probe: None,
 
 @pytest.mark.parametrize("capacity, prompt_bytes, line", [
     (None, 1500, "kern run: the prompt is 1500 tokens, more than the manifest's max context (1024 tokens): shorten "
-                 "it, or use a manifest generated with a larger --max-context (tools/gen_qwen3.py)"),
+                 "it, or use a manifest generated with a larger --max-context (kern manifest build)"),
     ("256", 1500, "kern run: the prompt is 1500 tokens, more than the manifest's max context (1024 tokens) and "
                   "--capacity (256): shorten it, or use a manifest generated with a larger --max-context "
-                  "(tools/gen_qwen3.py)"),
+                  "(kern manifest build)"),
     ("256", 300, "kern run: the prompt is 300 tokens, more than --capacity (256 tokens): shorten it or raise "
                  "--capacity (<= 1024)"),
 ])

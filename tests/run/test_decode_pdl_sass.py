@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-import gen_qwen3 as gq
-import sass_paths
+from kern_run.models import qwen3 as gq
+from tools import sass_paths
 from kern_run_testutil import ROOT
 from kern_runtime.sass import find_cuobjdump
 

@@ -6,14 +6,13 @@ from pathlib import Path
 
 import pytest
 
-import decode_variants as dv
-import gen_qwen3 as gq
-from kern_run_testutil import ROOT  # noqa: F401 - puts tools/ on sys.path
+from tools import decode_variants as dv
+from tools import gen_qwen3 as gq
 
 
 @pytest.fixture
 def no_generation(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(gq, "main", lambda argv: pytest.fail(f"gen_qwen3 ran: {argv}"))
+    monkeypatch.setattr(gq, "main", lambda argv: pytest.fail(f"kern manifest build ran: {argv}"))
 
 
 def test_out_that_is_a_file(tmp_path: Path, capsys: pytest.CaptureFixture[str], no_generation: None) -> None:

@@ -1,4 +1,5 @@
-"""Hostile inputs to tools/gen_qwen3.py, tools/gen_qwen3_tp.py and tools/regen_manifests.py: a config.json or
+"""Hostile inputs to the Qwen3 builder (kern_run.models.qwen3, `kern manifest build`; tools/gen_qwen3_tp.py, its
+`--out-dir` wrapper) and tools/regen_manifests.py: a config.json or
 kernels.json of the wrong types or ranges, head dims the attention kernels do not cover, options out of range,
 pins that match nothing. One stderr line naming the file / key / option, exit 1, no traceback, nothing written
 (and no earlier output touched)."""
@@ -11,11 +12,15 @@ from pathlib import Path
 
 import pytest
 
-import gen_qwen3 as gq
-import gen_qwen3_tp as gtp
-import make_checkpoint as mc
-import regen_manifests as rm
-from kern_run_testutil import ROOT
+from kern_manifest import ManifestError
+
+from kern_run.files import write_files
+from kern_run.models import qwen3 as gq
+from kern_run.models.qwen3 import command
+from kern_run_testutil import ROOT, kern_manifest_build
+from tools import gen_qwen3_tp as gtp
+from tools import make_checkpoint as mc
+from tools import regen_manifests as rm
 
 KERNELS = ROOT / "kernels" / "kernels.json"
 STUB = gq.KernelAbi.from_json(gq.stub_kernels_json())
@@ -50,8 +55,8 @@ def _one_line(capsys: pytest.CaptureFixture[str]) -> str:
 def test_head_dims_the_attention_kernels_do_not_cover_are_refused(head_dim: int, attn: str, decode: str,
                                                                    message: str) -> None:
     cfg = gq.Qwen3Config.from_json(_cfg(head_dim=head_dim))
-    with pytest.raises(gq.GenError) as err:
-        gq.build_manifest(cfg, STUB, gq.GenOptions("x", max_context=4096, decode_attn=attn, decode=decode))
+    with pytest.raises(gq.ManifestBuildError) as err:
+        gq.build_manifest(cfg, STUB, gq.BuildOptions("x", max_context=4096, decode_attn=attn, decode=decode))
     assert str(err.value) == message
 
 
@@ -59,7 +64,7 @@ def test_head_dims_the_attention_kernels_do_not_cover_are_refused(head_dim: int,
 def test_head_dims_within_the_limits_still_build(head_dim: int) -> None:
     cfg = gq.Qwen3Config.from_json(_cfg(head_dim=head_dim))
     for attn in ("split", "early", "wide"):
-        m = gq.build_manifest(cfg, STUB, gq.GenOptions("x", max_context=4096, decode_attn=attn))
+        m = gq.build_manifest(cfg, STUB, gq.BuildOptions("x", max_context=4096, decode_attn=attn))
         prefill = m["ops"]["attn_prefill"]["launches"][0]
         assert prefill["args"][8] == {"i32": head_dim} and m["meta"]["model"]["head_dim"] == head_dim
 
@@ -68,9 +73,9 @@ def test_cli_head_dim_256_split_writes_nothing(tmp_path: Path, capsys: pytest.Ca
     config = tmp_path / "config.json"
     config.write_text(json.dumps(_cfg(head_dim=256)))
     out = tmp_path / "m.json"
-    assert gq.main(["--config", str(config), "--kernels", str(KERNELS), "--out", str(out),
+    assert kern_manifest_build(["--config", str(config), "--kernels", str(KERNELS), "--out", str(out),
                     "--decode-attn", "split"]) == 1
-    assert _one_line(capsys) == "gen_qwen3: head_dim 256: kern_attn_prefill needs a multiple of 16 and at most 128"
+    assert _one_line(capsys) == "kern manifest build: head_dim 256: kern_attn_prefill needs a multiple of 16 and at most 128"
     assert not out.exists()
 
 
@@ -80,8 +85,8 @@ def test_cli_head_dim_256_split_writes_nothing(tmp_path: Path, capsys: pytest.Ca
 @pytest.mark.parametrize("split_tokens", [0, -16])
 def test_split_tokens_below_one_are_refused(split_tokens: int) -> None:
     cfg = gq.Qwen3Config.from_json(_cfg())
-    with pytest.raises(gq.GenError) as err:
-        gq.build_manifest(cfg, STUB, gq.GenOptions("x", max_context=4096, split_tokens=split_tokens))
+    with pytest.raises(gq.ManifestBuildError) as err:
+        gq.build_manifest(cfg, STUB, gq.BuildOptions("x", max_context=4096, split_tokens=split_tokens))
     assert str(err.value) == (f"split_tokens (--decode-split-tokens) {split_tokens}: the minimum context tokens "
                               "per decode split must be >= 1")
 
@@ -89,9 +94,9 @@ def test_split_tokens_below_one_are_refused(split_tokens: int) -> None:
 @pytest.mark.parametrize("value", ["0", "-16"])
 def test_cli_split_tokens_below_one(tmp_path: Path, capsys: pytest.CaptureFixture[str], value: str) -> None:
     out = tmp_path / "m.json"
-    assert gq.main(["--shape", "tiny", "--kernels", str(KERNELS), "--out", str(out),
+    assert kern_manifest_build(["--shape", "tiny", "--kernels", str(KERNELS), "--out", str(out),
                     "--decode-split-tokens", value]) == 1
-    assert _one_line(capsys).startswith(f"gen_qwen3: split_tokens (--decode-split-tokens) {value}: ")
+    assert _one_line(capsys).startswith(f"kern manifest build: split_tokens (--decode-split-tokens) {value}: ")
     assert not out.exists()
 
 
@@ -100,8 +105,8 @@ def test_cli_split_tokens_below_one(tmp_path: Path, capsys: pytest.CaptureFixtur
     ({"decode_splits": -2}, "decode_splits (--decode-splits) -2: use >= 1, or 0 for the automatic count"),
 ])
 def test_other_launch_geometry_options_out_of_range(opts: dict, message: str) -> None:
-    with pytest.raises(gq.GenError) as err:
-        gq.build_manifest(gq.Qwen3Config.from_json(_cfg()), STUB, gq.GenOptions("x", max_context=4096, **opts))
+    with pytest.raises(gq.ManifestBuildError) as err:
+        gq.build_manifest(gq.Qwen3Config.from_json(_cfg()), STUB, gq.BuildOptions("x", max_context=4096, **opts))
     assert str(err.value) == message
 
 
@@ -115,24 +120,24 @@ SOURCE = (("device", "NVIDIA H200"), ("cublaslt_version", 130100), ("m_max", 204
 def test_pins_for_another_model_are_refused() -> None:
     """tiny's GEMMs are 1024x256 (qkv, gate_up) and 256x512 (o, down); pins of the 4B shapes only apply to none."""
     cfg = gq.Qwen3Config.from_json(_cfg())
-    opts = gq.GenOptions("x", max_context=4096, algos=((6144, 2560, PIN), (9728, 2560, PIN)), algos_source=SOURCE)
-    with pytest.raises(gq.GenError) as err:
+    opts = gq.BuildOptions("x", max_context=4096, algos=((6144, 2560, PIN), (9728, 2560, PIN)), algos_source=SOURCE)
+    with pytest.raises(gq.ManifestBuildError) as err:
         gq.build_manifest(cfg, STUB, opts)
     assert str(err.value) == ("the cuBLASLt pins (--algos) match none of this model's GEMM shapes (256x512, "
                               "1024x256); they pin 6144x2560, 9728x2560: pick pins for this model with "
                               "tools/pick_algos.py")
     # decode pins only count where the decode program uses cuBLASLt
-    only_decode = gq.GenOptions("x", max_context=4096, decode_algos=((1024, 256, PIN),), algos_source=SOURCE)
-    with pytest.raises(gq.GenError, match=r"\(256x512, 1024x256\); the file has decode pins only"):
+    only_decode = gq.BuildOptions("x", max_context=4096, decode_algos=((1024, 256, PIN),), algos_source=SOURCE)
+    with pytest.raises(gq.ManifestBuildError, match=r"\(256x512, 1024x256\); the file has decode pins only"):
         gq.build_manifest(cfg, STUB, only_decode)
-    m = gq.build_manifest(cfg, STUB, gq.GenOptions("x", max_context=4096, decode="gemm", decode_algos=(
+    m = gq.build_manifest(cfg, STUB, gq.BuildOptions("x", max_context=4096, decode="gemm", decode_algos=(
         (1024, 256, PIN),), algos_source=SOURCE))
     assert "gemm_m1_1024x256" in m["ops"] and "cublaslt_pins" not in m["meta"]
 
 
 def test_pins_matching_some_shapes_keep_the_current_behaviour() -> None:
     cfg = gq.Qwen3Config.from_json(_cfg())
-    opts = gq.GenOptions("x", max_context=4096, algos=((1024, 256, PIN), (6144, 2560, PIN)), algos_source=SOURCE)
+    opts = gq.BuildOptions("x", max_context=4096, algos=((1024, 256, PIN), (6144, 2560, PIN)), algos_source=SOURCE)
     m = gq.build_manifest(cfg, STUB, opts)
     assert m["meta"]["cublaslt_pins"] == {"device": "NVIDIA H200", "cublaslt_version": 130100, "m_max": 2048}
     assert m["ops"]["gemm_1024x256"]["launches"] == [
@@ -147,7 +152,7 @@ def test_cli_pins_of_another_model(tmp_path: Path, capsys: pytest.CaptureFixture
                                 "cublaslt_version": 130100, "m_max": 2048,
                                 "pins": [{"n": 6144, "k": 2560, "algo": {"id": 66}}]}))
     out = tmp_path / "m.json"
-    assert gq.main(["--shape", "tiny", "--kernels", str(KERNELS), "--out", str(out), "--algos", str(pins)]) == 1
+    assert kern_manifest_build(["--shape", "tiny", "--kernels", str(KERNELS), "--out", str(out), "--algos", str(pins)]) == 1
     assert "match none of this model's GEMM shapes (256x512, 1024x256)" in _one_line(capsys)
     assert not out.exists()
     # the TP generator: rank shards of tiny at tp 2 are 512x256 / 256x256, decode (cuBLASLt) adds the lm_head
@@ -189,7 +194,7 @@ def test_cli_pins_of_another_model(tmp_path: Path, capsys: pytest.CaptureFixture
     ({"num_attention_heads": 3}, "num_attention_heads 3 is not a multiple of num_key_value_heads 2"),
 ])
 def test_config_values_are_type_and_range_checked(over: dict, message: str) -> None:
-    with pytest.raises(gq.GenError) as err:
+    with pytest.raises(gq.ManifestBuildError) as err:
         gq.Qwen3Config.from_json(_cfg(**over), "models/x/config.json")
     assert str(err.value) == f"models/x/config.json: {message}"
 
@@ -199,21 +204,21 @@ def test_config_shape_refusals_name_the_file() -> None:
                          ("qwen3", "a JSON str, expected a config.json object"),
                          ({**_cfg(), "model_type": "llama"}, "model_type is 'llama'; this generator makes qwen3 "
                                                              "manifests")):
-        with pytest.raises(gq.GenError) as err:
+        with pytest.raises(gq.ManifestBuildError) as err:
             gq.Qwen3Config.from_json(doc, "c.json")
         assert str(err.value) == f"c.json: {message}"
     no_vocab = _cfg()
     del no_vocab["vocab_size"]
-    with pytest.raises(gq.GenError) as err:
+    with pytest.raises(gq.ManifestBuildError) as err:
         gq.Qwen3Config.from_json(no_vocab, "c.json")
     assert str(err.value) == "c.json lacks 'vocab_size'"
     params = _cfg(rope_parameters=[1e6])
     del params["rope_theta"]
-    with pytest.raises(gq.GenError) as err:
+    with pytest.raises(gq.ManifestBuildError) as err:
         gq.Qwen3Config.from_json(params, "c.json")
     assert str(err.value) == "c.json: rope_parameters = [1000000.0] must be a JSON object"
     head = _cfg(hidden_size=2, num_attention_heads=4, head_dim=None)
-    with pytest.raises(gq.GenError) as err:
+    with pytest.raises(gq.ManifestBuildError) as err:
         gq.Qwen3Config.from_json(head, "c.json")
     assert str(err.value) == "c.json: head_dim (hidden_size 2 // num_attention_heads 4) is 0"
 
@@ -246,25 +251,25 @@ def test_cli_bad_config_is_one_line_naming_the_file(tmp_path: Path, capsys: pyte
     config = tmp_path / "config.json"
     config.write_bytes(content)
     out = tmp_path / "m.json"
-    assert gq.main(["--config", str(config), "--kernels", str(KERNELS), "--out", str(out)]) == 1
-    assert _one_line(capsys) == f"gen_qwen3: {config}: {reason}"
+    assert kern_manifest_build(["--config", str(config), "--kernels", str(KERNELS), "--out", str(out)]) == 1
+    assert _one_line(capsys) == f"kern manifest build: {config}: {reason}"
     assert not out.exists()
     assert gtp.main(["--config", str(config), "--kernels", str(KERNELS), "--out-dir", str(tmp_path / "tp")]) == 1
-    assert _one_line(capsys) == f"gen_qwen3_tp: {config}: {reason}"
+    assert _one_line(capsys) == f"kern manifest build: {config}: {reason}"
     assert not (tmp_path / "tp").exists()
 
 
 @pytest.mark.parametrize("value", ["0", "-5"])
 def test_cli_max_context_below_one_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str], value: str) -> None:
     out = tmp_path / "m.json"
-    assert gq.main(["--shape", "tiny", "--kernels", str(KERNELS), "--out", str(out), "--max-context", value]) == 1
-    assert _one_line(capsys) == f"gen_qwen3: --max-context {value}: positions per sequence must be >= 1"
+    assert kern_manifest_build(["--shape", "tiny", "--kernels", str(KERNELS), "--out", str(out), "--max-context", value]) == 1
+    assert _one_line(capsys) == f"kern manifest build: --max-context {value}: positions per sequence must be >= 1"
     assert not out.exists()
     assert gtp.main(["--shape", "tiny", "--kernels", str(KERNELS), "--out-dir", str(tmp_path), "--max-context",
                      value]) == 1
-    assert _one_line(capsys) == f"gen_qwen3_tp: --max-context {value}: positions per sequence must be >= 1"
+    assert _one_line(capsys) == f"kern manifest build: --max-context {value}: positions per sequence must be >= 1"
     # no flag: the default (tiny: 4096)
-    assert gq.main(["--shape", "tiny", "--kernels", str(KERNELS), "--out", str(out)]) == 0
+    assert kern_manifest_build(["--shape", "tiny", "--kernels", str(KERNELS), "--out", str(out)]) == 0
     assert json.loads(out.read_text())["meta"]["caller"]["max_context"] == 4096
     capsys.readouterr()
 
@@ -305,7 +310,7 @@ def _stub_with(mutate) -> dict:
      "k.json: modules.act.entries.kern_silu_mul.params must be a list of [offset, size] integer pairs, got \"0,8\""),
 ])
 def test_malformed_kernels_json_names_the_file_and_entry(raw: object, message: str) -> None:
-    with pytest.raises(gq.GenError) as err:
+    with pytest.raises(gq.ManifestBuildError) as err:
         gq.KernelAbi.from_json(raw, "k.json")
     assert str(err.value) == message
 
@@ -325,10 +330,10 @@ def test_an_entry_the_options_do_not_use_may_be_missing() -> None:
         abi = gq.KernelAbi.from_json(_without(missing), "k.json")
         assert missing not in abi.entries
         full = gq.build_manifest(cfg, gq.KernelAbi.from_json(gq.stub_kernels_json(), "k.json"),
-                                 gq.GenOptions("tiny", prefill_attn=ok))
-        assert gq.build_manifest(cfg, abi, gq.GenOptions("tiny", prefill_attn=ok)) == full
-        with pytest.raises(gq.GenError) as err:
-            gq.build_manifest(cfg, abi, gq.GenOptions("tiny", prefill_attn=needs))
+                                 gq.BuildOptions("tiny", prefill_attn=ok))
+        assert gq.build_manifest(cfg, abi, gq.BuildOptions("tiny", prefill_attn=ok)) == full
+        with pytest.raises(gq.ManifestBuildError) as err:
+            gq.build_manifest(cfg, abi, gq.BuildOptions("tiny", prefill_attn=needs))
         module = gq.KERNEL_SIGNATURES[missing][0]
         assert str(err.value) == (f"k.json has no entry {missing!r} (expected in module {module!r}), which these "
                                   "options use; rebuild with tools/build_kernels.py")
@@ -337,7 +342,7 @@ def test_an_entry_the_options_do_not_use_may_be_missing() -> None:
 def test_an_entry_with_the_wrong_param_sizes_is_refused_even_unused() -> None:
     raw = _stub_with(lambda r: r["modules"]["attention_wg"]["entries"]["kern_attn_prefill_wg"].update(
         params=[[0, 8]]))
-    with pytest.raises(gq.GenError, match=r"k.json entry 'kern_attn_prefill_wg' has param sizes \[8\]"):
+    with pytest.raises(gq.ManifestBuildError, match=r"k.json entry 'kern_attn_prefill_wg' has param sizes \[8\]"):
         gq.KernelAbi.from_json(raw, "k.json")
 
 
@@ -349,23 +354,23 @@ def test_cli_bad_kernels_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]
                                    "column 2)"),
                             (b"\xfe", "not UTF-8 text (byte 0xfe at offset 0)")):
         kernels.write_bytes(content)
-        assert gq.main(["--shape", "tiny", "--kernels", str(kernels), "--out", str(out)]) == 1
-        assert _one_line(capsys) == f"gen_qwen3: {kernels}: {reason}"
+        assert kern_manifest_build(["--shape", "tiny", "--kernels", str(kernels), "--out", str(out)]) == 1
+        assert _one_line(capsys) == f"kern manifest build: {kernels}: {reason}"
     kernels.write_text(json.dumps(_stub_with(lambda r: r["modules"]["norm"].pop("sha256"))))
-    assert gq.main(["--shape", "tiny", "--kernels", str(kernels), "--out", str(out)]) == 1
-    assert _one_line(capsys) == f"gen_qwen3: {kernels}: modules.norm.sha256 is null, expected the cubin's sha256 string"
-    assert gq.main(["--shape", "tiny", "--kernels", str(tmp_path / "none.json"), "--out", str(out)]) == 1
-    assert _one_line(capsys) == f"gen_qwen3: {tmp_path / 'none.json'}: No such file or directory"
+    assert kern_manifest_build(["--shape", "tiny", "--kernels", str(kernels), "--out", str(out)]) == 1
+    assert _one_line(capsys) == f"kern manifest build: {kernels}: modules.norm.sha256 is null, expected the cubin's sha256 string"
+    assert kern_manifest_build(["--shape", "tiny", "--kernels", str(tmp_path / "none.json"), "--out", str(out)]) == 1
+    assert _one_line(capsys) == f"kern manifest build: {tmp_path / 'none.json'}: No such file or directory"
     assert not out.exists()
 
 
 def test_cli_out_that_is_a_directory_or_below_a_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert gq.main(["--shape", "tiny", "--kernels", str(KERNELS), "--out", str(tmp_path)]) == 1
-    assert _one_line(capsys) == f"gen_qwen3: --out {tmp_path} is a directory"
+    assert kern_manifest_build(["--shape", "tiny", "--kernels", str(KERNELS), "--out", str(tmp_path)]) == 1
+    assert _one_line(capsys) == f"kern manifest build: --out {tmp_path} is a directory"
     parent = tmp_path / "file"
     parent.write_text("keep")
-    assert gq.main(["--shape", "tiny", "--kernels", str(KERNELS), "--out", str(parent / "m.json")]) == 1
-    assert _one_line(capsys) == f"gen_qwen3: --out {parent / 'm.json'}: Not a directory"
+    assert kern_manifest_build(["--shape", "tiny", "--kernels", str(KERNELS), "--out", str(parent / "m.json")]) == 1
+    assert _one_line(capsys) == f"kern manifest build: --out {parent / 'm.json'}: Not a directory"
     assert parent.read_text() == "keep" and sorted(p.name for p in tmp_path.iterdir()) == ["file"]
 
 
@@ -374,13 +379,13 @@ def test_write_files_is_all_or_nothing(tmp_path: Path) -> None:
     first.write_text("old")
     first.chmod(0o640)
     with pytest.raises(FileNotFoundError) as err:
-        gq.write_files({first: "new", second: "new"})
+        write_files({first: "new", second: "new"})
     assert err.value.filename == str(second)
     assert first.read_text() == "old" and sorted(p.name for p in tmp_path.iterdir()) == ["a.json"]
     with pytest.raises(IsADirectoryError):
-        gq.write_files({first: "new", tmp_path: b"x"})
+        write_files({first: "new", tmp_path: b"x"})
     assert first.read_text() == "old" and sorted(p.name for p in tmp_path.iterdir()) == ["a.json"]
-    gq.write_files({first: "new", tmp_path / "c.json": b"\x00"})
+    write_files({first: "new", tmp_path / "c.json": b"\x00"})
     assert first.read_text() == "new" and (tmp_path / "c.json").read_bytes() == b"\x00"
     assert first.stat().st_mode & 0o777 == 0o640  # an existing target keeps its permissions
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json", "c.json"]
@@ -393,16 +398,17 @@ def test_tp_writes_no_rank_when_a_later_rank_does_not_verify(tmp_path: Path, mon
                                                              capsys: pytest.CaptureFixture[str]) -> None:
     seen: list[str] = []
 
-    def verify(text: str) -> str:
+    def parse(text: str) -> str:
         seen.append(json.loads(text)["meta"]["tp"]["rank"])
         if len(seen) == 2:
-            raise ValueError("buffers.w_o.0: bad bind")
-        return "verified"
+            raise ManifestError("buffers.w_o.0: bad bind")
+        return text
 
-    monkeypatch.setattr(gq, "verify_with_kern_manifest", verify)
+    monkeypatch.setattr(command, "parse_manifest", parse)
+    monkeypatch.setattr(command, "verify", lambda manifest: None)
     out_dir = tmp_path / "tp"
     assert gtp.main(["--shape", "tiny", "--kernels", str(KERNELS), "--out-dir", str(out_dir)]) == 1
-    assert _one_line(capsys) == "gen_qwen3_tp: rank 1's manifest does not verify: buffers.w_o.0: bad bind"
+    assert _one_line(capsys) == "kern manifest build: rank 1's manifest does not verify: buffers.w_o.0: bad bind"
     assert seen == [0, 1] and not out_dir.exists()
 
 
@@ -410,7 +416,7 @@ def test_tp_out_dir_that_is_a_file(tmp_path: Path, capsys: pytest.CaptureFixture
     out_dir = tmp_path / "tp"
     out_dir.write_text("keep")
     assert gtp.main(["--shape", "tiny", "--kernels", str(KERNELS), "--out-dir", str(out_dir)]) == 1
-    assert _one_line(capsys) == f"gen_qwen3_tp: --out-dir {out_dir} exists and is not a directory"
+    assert _one_line(capsys) == f"kern manifest build: --out {out_dir / 'tiny.json'}: Not a directory"
     assert out_dir.read_text() == "keep"
 
 
@@ -418,7 +424,7 @@ def test_tp_writes_both_ranks(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert gtp.main(["--shape", "tiny", "--kernels", str(KERNELS), "--out-dir", str(tmp_path)]) == 0
     ranks = [json.loads((tmp_path / f"tiny-tp2-r{r}.json").read_text())["meta"]["tp"]["rank"] for r in (0, 1)]
     assert ranks == [0, 1] and sorted(p.name for p in tmp_path.iterdir()) == ["tiny-tp2-r0.json", "tiny-tp2-r1.json"]
-    assert capsys.readouterr().out.count("gen_qwen3_tp: wrote") == 2
+    assert capsys.readouterr().out.count("kern manifest build: wrote") == 2
 
 
 def test_regen_writes_nothing_when_a_later_manifest_fails(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -448,10 +454,63 @@ def test_regen_out_dir_must_exist(tmp_path: Path, capsys: pytest.CaptureFixture[
 def test_read_json_file_refuses_json_python_cannot_decode(tmp_path: Path) -> None:
     deep = tmp_path / "deep.json"
     deep.write_text("[" * 100_000 + "]" * 100_000)
-    with pytest.raises(gq.GenError, match=r"deep.json: not usable JSON \(nested too deeply\)$"):
+    with pytest.raises(gq.ManifestBuildError, match=r"deep.json: not usable JSON \(nested too deeply\)$"):
         gq.read_json_file(deep)
     big = tmp_path / "big.json"
     big.write_text('{"vocab_size": ' + "7" * 5000 + "}")
-    with pytest.raises(gq.GenError, match=r"big.json: not usable JSON \(an integer literal has more than "
+    with pytest.raises(gq.ManifestBuildError, match=r"big.json: not usable JSON \(an integer literal has more than "
                                           rf"{sys.get_int_max_str_digits()} digits\)$"):
         gq.read_json_file(big)
+
+
+# ---------------------------------------------------------------- 12. the package's own surface
+
+
+def test_cli_source_flags_and_tp_decode(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Exactly one of --config / --shape; a shape outside the table is named with the known ones; the TP ranks
+    decode through cuBLASLt, so an explicit --decode gemv with --tp is refused, not overridden."""
+    out = tmp_path / "m.json"
+    assert kern_manifest_build(["--kernels", str(KERNELS), "--out", str(out)]) == 1
+    assert _one_line(capsys) == ("kern manifest build: give exactly one of --config CONFIG.JSON and --shape "
+                                 "(qwen3-4b|qwen3-0.6b|qwen3-1.7b|qwen3-8b|qwen3-14b|qwen3-32b|tiny)")
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(_cfg()))
+    assert kern_manifest_build(["--config", str(config), "--shape", "tiny", "--kernels", str(KERNELS),
+                                "--out", str(out)]) == 1
+    assert _one_line(capsys).startswith("kern manifest build: give exactly one of --config")
+    assert kern_manifest_build(["--shape", "qwen3-7b", "--kernels", str(KERNELS), "--out", str(out)]) == 1
+    assert _one_line(capsys) == ("kern manifest build: --shape 'qwen3-7b': not a known Qwen3 shape (known: qwen3-4b, "
+                                 "qwen3-0.6b, qwen3-1.7b, qwen3-8b, qwen3-14b, qwen3-32b, tiny)")
+    assert kern_manifest_build(["--shape", "tiny", "--kernels", str(KERNELS), "--out", str(out), "--tp", "2",
+                                "--decode", "gemv"]) == 1
+    assert _one_line(capsys) == ("kern manifest build: --decode gemv with --tp 2: tensor-parallel ranks decode "
+                                 "through cuBLASLt (--decode gemm)")
+    assert not out.exists() and not (tmp_path / "m-tp2-r0.json").exists()
+
+
+def test_cli_writes_what_build_manifest_builds(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`kern manifest build --kernels DIR` reads DIR/kernels.json; the file is build_manifest's dumps, byte for
+    byte, and the summary line names it."""
+    out = tmp_path / "sub" / "m.json"
+    assert kern_manifest_build(["--shape", "tiny", "--kernels", str(KERNELS.parent), "--out", str(out),
+                                "--gemv", "v2"]) == 0
+    want = gq.build_manifest(gq.Qwen3Config.from_name("tiny"), gq.read_kernel_abi(KERNELS.parent),
+                             gq.BuildOptions("tiny", max_context=4096, gemv="v2"),
+                             gq.jsonio.sha256_text(gq.config_text(gq.SHAPES["tiny"])))
+    assert out.read_text() == gq.dumps(want)
+    assert capsys.readouterr().out == (f"kern manifest build: wrote {out} ({len(gq.dumps(want))} bytes, digest "
+                                       f"{want['digest'][:12]}, decode 28 calls, verified)\n")
+
+
+def test_pin_attributes_are_the_manifest_models() -> None:
+    """The builder's copy of the cuBLASLt algo attributes is the manifest model's (kern_manifest.model.ALGO_KEYS),
+    so a pin the builder accepts is one the verifier accepts."""
+    from kern_manifest.model import ALGO_KEYS
+
+    assert gq.ALGO_ATTRS == ALGO_KEYS
+
+
+def test_from_name_is_the_shape_table_through_from_json() -> None:
+    for name, shape in gq.SHAPES.items():
+        assert gq.Qwen3Config.from_name(name) == gq.Qwen3Config.from_json(gq.config_json(shape))
+    assert gq.Qwen3Config.from_name("qwen3-0.6b").q_heads == 16

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-import kernels_dir as kd
+from tools import kernels_dir as kd
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import make_checkpoint as mc
+from tools import make_checkpoint as mc
 
 
 def _snapshot(d: Path) -> dict[str, str]:

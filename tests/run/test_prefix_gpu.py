@@ -16,12 +16,11 @@ import pytest
 pytestmark = pytest.mark.gpu
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tools"))
 
 
 @pytest.fixture(scope="module")
 def gen(tmp_path_factory: pytest.TempPathFactory):
-    import make_checkpoint as mc
+    from tools import make_checkpoint as mc
 
     from kern_run.generate import Generator
     from kern_run.preflight import read_manifest

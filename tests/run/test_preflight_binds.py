@@ -13,12 +13,11 @@ import shutil
 import struct
 from pathlib import Path
 
-import gen_qwen3_tp
 import pytest
 from typer.testing import CliRunner
 
 from kern_run.cli import app
-from kern_run_testutil import PROBED
+from kern_run_testutil import PROBED, kern_manifest_build
 
 pytestmark = pytest.mark.usefixtures("stub_device_probe")  # kern_run_testutil: exit 3 and PROBED
 
@@ -34,10 +33,10 @@ def _run(manifest: Path, kernels: Path, weights: Path, *extra: str) -> tuple[int
 
 @pytest.fixture
 def tp_dir(tmp_path: Path, kernels_dir: Path, tiny_manifest: Path) -> Path:
-    """tools/gen_qwen3_tp.py's tiny rank manifests (tp 2) beside a copy of the TP=1 manifest `tiny.json`."""
+    """`kern manifest build --tp 2`'s tiny rank manifests beside a copy of the TP=1 manifest `tiny.json`."""
     out = tmp_path / "tp"
-    assert gen_qwen3_tp.main(["--shape", "tiny", "--tp", "2", "--kernels", str(kernels_dir / "kernels.json"),
-                              "--out-dir", str(out), "--chunk-max", "64", "--max-context", "1024"]) == 0
+    assert kern_manifest_build(["--shape", "tiny", "--tp", "2", "--kernels", str(kernels_dir),
+                                "--out", str(out / "tiny.json"), "--chunk-max", "64", "--max-context", "1024"]) == 0
     shutil.copyfile(tiny_manifest, out / "tiny.json")
     return out
 
@@ -168,6 +167,6 @@ def test_tp_capacity_above_the_max_context_is_refused(tp_dir: Path, kernels_dir:
 
 def test_tp_too_many_ranks_lists_a_few_missing_manifests(tp_dir: Path, kernels_dir: Path, ckpt: Path) -> None:
     code, line = _run(tp_dir / "tiny.json", kernels_dir, ckpt, "--tp", "100000")
-    assert code == 2 and line.endswith(f"'... (100000 in all)'] not found: python tools/gen_qwen3_tp.py --tp 100000 "
-                                       f"--out-dir {tp_dir} ..."), line
+    assert code == 2 and line.endswith(f"'... (100000 in all)'] not found: kern manifest build --tp 100000 "
+                                       f"--out {tp_dir / 'tiny.json'} ..."), line
     assert len(line) < 600

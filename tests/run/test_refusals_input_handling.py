@@ -22,7 +22,7 @@ from kern_run.config import load_targets
 from kern_run.errors import ConfigError, InputError
 from kern_run.generate import Generator
 from kern_run.prefix_cache import read_prompts
-from kern_run_testutil import PROBED, FakeRuntime
+from kern_run_testutil import PROBED, FakeRuntime, refused_line
 
 pytestmark = pytest.mark.usefixtures("stub_device_probe")  # kern_run_testutil: the probe is exit 3
 
@@ -30,14 +30,7 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "tests" / "manifest" / "data" / "example.json"
 
 
-def _refused(args: list[str], *needles: str, code: int = 2) -> str:
-    result = CliRunner().invoke(app, args)
-    lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
-    assert result.exit_code == code and len(lines) == 1, (result.exit_code, result.stderr[-2000:])
-    assert "Traceback" not in result.stderr and result.stdout == ""
-    for needle in needles:
-        assert needle in lines[0], lines[0]
-    return lines[0]
+_refused = refused_line
 
 
 def _target(manifest: Path, kernels: Path, weights: Path) -> list[str]:

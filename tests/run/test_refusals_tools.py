@@ -1,4 +1,4 @@
-"""Hostile inputs to the tools: gen_qwen3's pins file (`load_algos`), tp_parity and pick_algos without a GPU
+"""Hostile inputs to the tools: the builder's pins file (`load_algos`), tp_parity and pick_algos without a GPU
 or with a bad pins file. One line naming the file, shape and key; exit 2 before anything touches a device."""
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-import gen_qwen3 as gq
-from kern_run_testutil import ROOT  # noqa: F401  (puts tools/ on sys.path)
+from kern_run.models import qwen3 as gq
+from kern_run_testutil import ROOT, kern_manifest_build
 
-import pick_algos  # noqa: E402
-import tp_parity  # noqa: E402
+from tools import pick_algos
+from tools import tp_parity
 from kern_run.errors import NoDeviceError
 
 PIN = {"id": 66, "tile": 20, "stages": 12, "split_k": 1, "swizzle": 1}
@@ -36,7 +36,7 @@ def _write(tmp_path: Path, doc: object) -> Path:
     return path
 
 
-# ---------------------------------------------------------------- 6. gen_qwen3.load_algos
+# ---------------------------------------------------------------- 6. kern_run.models.qwen3.load_algos
 
 
 def _pin(n: int, k: int, **algo: object) -> dict:
@@ -67,7 +67,7 @@ def _pin(n: int, k: int, **algo: object) -> dict:
 ])
 def test_load_algos_refusals_name_file_shape_and_key(tmp_path: Path, doc: object, needles: list[str]) -> None:
     path = _write(tmp_path, doc)
-    with pytest.raises(gq.GenError) as err:
+    with pytest.raises(gq.ManifestBuildError) as err:
         gq.load_algos(path, chunk_max=512)
     assert str(err.value).startswith(f"{path}: "), err.value
     for needle in needles:
@@ -77,7 +77,7 @@ def test_load_algos_refusals_name_file_shape_and_key(tmp_path: Path, doc: object
 def test_load_algos_non_utf8(tmp_path: Path) -> None:
     path = tmp_path / "pins.json"
     path.write_bytes(b'{"format": "\xff"}')
-    with pytest.raises(gq.GenError, match="not a pins file"):
+    with pytest.raises(gq.ManifestBuildError, match="not a pins file"):
         gq.load_algos(path, chunk_max=512)
 
 
@@ -90,8 +90,8 @@ def test_load_algos_good_file(tmp_path: Path) -> None:
 
 def test_gen_main_refuses_bad_pins_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = _write(tmp_path, [1, 2])
-    rc = gq.main(["--shape", "tiny", "--kernels", str(ROOT / "kernels" / "kernels.json"), "--out",
-                  str(tmp_path / "m.json"), "--algos", str(path)])
+    rc = kern_manifest_build(["--shape", "tiny", "--kernels", str(ROOT / "kernels"), "--out", str(tmp_path / "m.json"),
+                              "--algos", str(path)])
     err = capsys.readouterr().err
     assert rc == 1 and str(path) in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
 
@@ -143,19 +143,19 @@ def test_tp_parity_explicit_algos_must_exist(monkeypatch: pytest.MonkeyPatch, ca
 
 
 def test_tp_parity_removes_its_manifest_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    import make_checkpoint
+    from tools import make_checkpoint
 
     monkeypatch.setattr("kern_run.preflight.probe_device", lambda gpu: 4)
     monkeypatch.setattr(make_checkpoint, "write_checkpoint", lambda *a, **k: None)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     seen: list[Path] = []
 
-    def failing_gen(args: list[str], tool: str) -> None:
+    def failing_gen(args: list[str]) -> None:
         out = Path(args[args.index("--out") + 1])
         seen.append(out.parent)
         out.write_text("{}")
         assert "--algos" not in args or Path(args[args.index("--algos") + 1]).is_file()
-        raise SystemExit("tp_parity: gen_qwen3 failed")
+        raise SystemExit("tp_parity: kern manifest build failed")
 
     monkeypatch.setattr(tp_parity, "_gen", failing_gen)
     with pytest.raises(SystemExit):
@@ -205,7 +205,7 @@ def test_pick_algos_host_checks(monkeypatch: pytest.MonkeyPatch, capsys: pytest.
 def test_pick_algos_refuses_bad_config_values_before_the_device(monkeypatch: pytest.MonkeyPatch,
                                                                  capsys: pytest.CaptureFixture[str],
                                                                  tmp_path: Path) -> None:
-    from make_checkpoint import SHAPES, config_json
+    from tools.make_checkpoint import SHAPES, config_json
 
     probed = _no_device(monkeypatch)
     config = tmp_path / "config.json"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-import sass_paths as sp  # tools/ (on sys.path through conftest.py)
+from tools import sass_paths as sp
 
 
 def sass(*lines: str) -> list[sp.Instr]:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-import qwen_tokenizer_json as qtj
+from tools import qwen_tokenizer_json as qtj
 
 
 def _err(capsys: pytest.CaptureFixture[str]) -> str:

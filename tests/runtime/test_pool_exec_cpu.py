@@ -225,6 +225,7 @@ def test_lease_from_mid_page_copies_one_page_and_the_slot(rec: Recorder) -> None
     lease = rt.lease(40)
     assert lease.page_ids() == [1, 2, 3] and lease.seq_slot_id == 1
     assert rec.calls == [("cuMemsetD8Async", (base + stride + MIB, 0, MIB, "compute"))]  # the slot is zeroed
+    lease.advance_to(40)  # with a slot, checkpoint only at the position reached
     cp = rt.checkpoint(lease, 40)
     assert rec.calls[-1] == ("cuMemcpyDtoDAsync", (base + stride + 2 * MIB, base + stride + MIB, MIB, "compute"))
     rec.clear()
@@ -304,7 +305,9 @@ def test_awake_consumes_the_waking_a_second_awake_is_closed(rec: Recorder, monke
     layout = Layout.simple(page_tokens=16, pages=8, slots=3)
     rt = FakeRuntime(layout)
     rt.reserve_host(pages=4, slots=2)
-    parked = rt.park_now(rt.retire(rt.lease(40), 40))
+    lease = rt.lease(40)
+    lease.advance_to(40)
+    parked = rt.park_now(rt.retire(lease, 40))
     waking = rt.wake(parked, 40, 64)
     monkeypatch.setattr(pooled, "event_done", lambda event: False)
     assert rt.awake(waking) is None and rt.awake(waking) is None  # not landed: asking again is fine

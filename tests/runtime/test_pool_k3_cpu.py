@@ -88,7 +88,9 @@ def test_reserve_host_bytes_tier_parks_and_wakes(rec: Recorder) -> None:
     rt = FakeRuntime(KV_SLOTS)
     rt.reserve_host_bytes(30 * MIB, 32)  # 2 pages + 1 slot = 6 MiB a unit: 5 units -> 10 pages, 5 slots
     assert (rt.host_tier.num_pages, rt.host_tier.num_slots) == (10, 5)
-    parked = rt.park_now(rt.retire(rt.lease(40), 40))
+    lease = rt.lease(40)
+    lease.advance_to(40)
+    parked = rt.park_now(rt.retire(lease, 40))
     assert rt.host_tier.free_pages == 7 and rt.host_tier.free_slots == 4
     woken = rt.wake_now(parked, 40, 48)
     assert woken.prefix_tokens == 40
@@ -194,9 +196,9 @@ def test_copy_issues_exactly_the_calls_the_head_issued(rec: Recorder) -> None:
     leases: list[Any] = []
     steps = [
         lambda: head.lease(40),
-        lambda: head.checkpoint(leases[0], 40),
+        lambda: (leases[0].advance_to(40), head.checkpoint(leases[0], 40))[1],
         lambda: head.lease_from(leases[1], 60),
-        lambda: (leases[0].close(), head.fork(leases[2], 60, 70))[1],
+        lambda: (leases[0].close(), leases[2].advance_to(60), head.fork(leases[2], 60, 70))[2],
     ]
     for step in steps:
         rec.clear()
@@ -313,6 +315,7 @@ def test_copy_out_and_copy_in_issue_the_heads_host_copies_on_the_compute_stream(
     lease = head.lease(40)
     rank.copy(lease.inner.plan)
     rec.clear()
+    lease.advance_to(40)
     parked = head.park_now(head.retire(lease, 40))
     park_calls = rec.names("cuMemcpyDtoHAsync")
     assert len(park_calls) == 3  # 3 pages in each of 2 states (one run each) + the slot

@@ -110,6 +110,7 @@ def test_handles_of_another_runtime_refused(fake_cuda: FakeDriver, tmp_path: Pat
     rt.reserve_host(4, 2)
     rt2.reserve_host(4, 2)
     lease2 = rt2.lease(20)
+    lease2.advance_to(20)
     parked2 = rt2.park(rt2.room(rt2.checkpoint(lease2, 20)))
     rt2.settle()
     waking2 = rt2.wake(parked2, 20, 32)
@@ -133,7 +134,9 @@ def test_handles_of_another_runtime_refused(fake_cuda: FakeDriver, tmp_path: Pat
 def test_awake_of_closed_waking_raises_closed(fake_cuda: FakeDriver, tmp_path: Path) -> None:
     with load_pool(tmp_path) as rt:
         rt.reserve_host(4, 2)
-        parked = rt.park(rt.room(rt.checkpoint(rt.lease(20), 20)))
+        lease = rt.lease(20)
+        lease.slots(0, 20)  # positions 0..19 written
+        parked = rt.park(rt.room(rt.checkpoint(lease, 20)))
         rt.settle()
         waking = rt.wake(parked, 20, 32)
         waking.close()
@@ -148,7 +151,9 @@ def test_pool_api_refuses_wrong_handle_types(fake_cuda: FakeDriver, tmp_path: Pa
     with load_pool(tmp_path) as rt:
         rt.reserve_host(4, 2)
         lease = rt.lease(20)
-        parked = rt.park_now(rt.checkpoint(lease, 16))  # lengths in order: the lease holds a slot
+        lease.advance_to(16)
+        parked = rt.park_now(rt.checkpoint(lease, 16))  # each at the position reached: the lease holds a slot
+        lease.advance_to(20)
         cp = rt.checkpoint(lease, 20)
         pool = rt.kern_pool
         free = (pool.free_pages, pool.free_slots, rt.host_tier.free_pages)

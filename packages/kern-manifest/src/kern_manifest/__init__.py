@@ -65,7 +65,7 @@ from .model import (
     var_max,
     var_min,
 )
-from .files import MAX_MANIFEST_BYTES, read_manifest_bytes
+from .files import MAX_MANIFEST_BYTES, file_kind, read_manifest_bytes, read_regular_file
 from .formats import other_kern_file
 from .jsontext import json_text_fault
 from .parse import parse_manifest
@@ -89,7 +89,8 @@ def load_manifest(path: str | os.PathLike[str]) -> Manifest:
 __version__ = "0.1.0"  # the one source of the version: [tool.hatch.version] reads it, the kern pins must equal it
 __all__ = [
     "__version__",
-    "DTYPE_BYTES", "EXTERNS", "FORMAT", "MAX_MANIFEST_BYTES", "read_manifest_bytes", "Algo", "AnyLaunch", "ArgWiring", "Buffer", "Call", "CallArg",
+    "DTYPE_BYTES", "EXTERNS", "FORMAT", "MAX_MANIFEST_BYTES", "file_kind", "read_manifest_bytes", "read_regular_file",
+    "Algo", "AnyLaunch", "ArgWiring", "Buffer", "Call", "CallArg",
     "DerivedSegment", "Expr", "ExprError", "ExprWiring", "ExternLaunch", "Fault", "FrozenMap", "IntValue",
     "InterleaveSegment", "Launch", "LiteralWiring", "Manifest", "ManifestError", "ManifestParseError",
     "ManifestVerifyError", "Module", "NullWiring", "Op", "OpArg", "PackField", "PackLiteralField", "PackPointerField",

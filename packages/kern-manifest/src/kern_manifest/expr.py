@@ -150,15 +150,19 @@ def _children(node: Node) -> tuple[Node, ...]:
     return (node[1], node[2])
 
 
-def _collect_vars(root: Node, out: set[str]) -> None:
+def _collect_vars(root: Node, out: set[str]) -> int:
+    """Add the var names under `root` to `out`; returns the number of nodes."""
     # iterative: `1+1+...+1` (up to MAX_SOURCE_CHARS) parses into a left-deep tree far deeper than Python's
     # recursion limit, while its parentheses nest only MAX_DEPTH deep
     stack = [root]
+    nodes = 0
     while stack:
         node = stack.pop()
+        nodes += 1
         if node[0] == "var":
             out.add(node[1])
         stack.extend(_children(node))
+    return nodes
 
 
 def _show(value: int) -> str:
@@ -177,7 +181,7 @@ class Expr:
     what the digest sees.
     """
 
-    __slots__ = ("_json", "_node", "_vars")
+    __slots__ = ("_json", "_node", "_vars", "_nodes")
 
     def __init__(self, source: int | str, path: str = "$") -> None:
         if isinstance(source, bool) or not isinstance(source, (int, str)):
@@ -192,7 +196,7 @@ class Expr:
                 raise ManifestParseError(path, f"expression longer than {MAX_SOURCE_CHARS} characters")
             node = _Parser(source, path).parse()
         names: set[str] = set()
-        _collect_vars(node, names)
+        object.__setattr__(self, "_nodes", _collect_vars(node, names))
         object.__setattr__(self, "_json", source)
         object.__setattr__(self, "_node", node)
         object.__setattr__(self, "_vars", frozenset(names))
@@ -214,6 +218,11 @@ class Expr:
     def vars(self) -> frozenset[str]:
         """Names of the vars the expression reads."""
         return self._vars
+
+    @property
+    def nodes(self) -> int:
+        """Nodes of the parsed expression (operators, literals, var reads): what one `eval` visits."""
+        return self._nodes
 
     @property
     def is_const(self) -> bool:

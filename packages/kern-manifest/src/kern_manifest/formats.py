@@ -12,7 +12,7 @@ from typing import Any
 
 # format prefix (before the "/<version>") -> what the file is and which tool makes or reads it
 OTHER_FORMATS = {
-    "kern-cublaslt-pins": "a cuBLASLt algorithm pins file (tools/pick_algos.py writes it, tools/gen_qwen3.py "
+    "kern-cublaslt-pins": "a cuBLASLt algorithm pins file (tools/pick_algos.py writes it, kern manifest build "
                           "--algos reads it)",
     "kern-kernels": "a kernels index (kernels/kernels.json, written by `kern kernels`)",
 }

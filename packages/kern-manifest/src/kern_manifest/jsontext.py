@@ -7,8 +7,10 @@ Standard library only.
 from __future__ import annotations
 
 import json
+import re
 import sys
 
+_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
 _UTF8 = frozenset({"utf-8", "utf8", "utf-8-sig", "utf_8", "utf_8_sig"})
 
 
@@ -40,3 +42,15 @@ def json_text_fault(exc: BaseException) -> str | None:
     if type(exc) is ValueError and "integer string conversion" in str(exc):
         return f"not usable JSON (an integer literal has more than {sys.get_int_max_str_digits()} digits)"
     return None
+
+
+def json_value_bound(text: str) -> int:
+    """An upper bound on the JSON values (objects, arrays, scalars, at any depth) that `json.loads(text)` builds,
+    computed without building them: one more than the commas, `[` and `{` outside strings (every value but the
+    first of a container follows a comma). Costs a scan of the text (C speed: a count of the three characters,
+    and only when that count is large, a second count with the strings taken out)."""
+    rough = text.count(",") + text.count("[") + text.count("{") + 1
+    if rough <= 1 << 16:
+        return rough
+    bare = _STRING.sub("", text)
+    return bare.count(",") + bare.count("[") + bare.count("{") + 1

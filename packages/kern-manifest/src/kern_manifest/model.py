@@ -838,22 +838,12 @@ class Program:
     explicit: frozenset[str] = _explicit()
 
     def flat_calls(self, manifest: Manifest) -> list[Call]:
-        """The op calls in replay order, inlined programs expanded. Raises `ManifestError` on a
-        missing or cyclic program reference (a verified manifest has none)."""
-        out: list[Call] = []
-        self._flatten(manifest, out, (self.name,))
-        return out
+        """The op calls in replay order, inlined programs expanded (iteratively). Raises `ManifestError` on a
+        missing or cyclic program reference, or an expansion past `inline.MAX_PROGRAM_CALLS` op calls, found
+        before expanding (a verified manifest has none of these)."""
+        from .inline import flat_calls
 
-    def _flatten(self, manifest: Manifest, out: list[Call], stack: tuple[str, ...]) -> None:
-        for call in self.calls:
-            if isinstance(call, Call):
-                out.append(call)
-                continue
-            if call.program in stack:
-                raise ManifestError(f"program cycle: {' -> '.join((*stack, call.program))}")
-            if call.program not in manifest.programs:
-                raise ManifestError(f"program {self.name!r} inlines unknown program {call.program!r}")
-            manifest.programs[call.program]._flatten(manifest, out, (*stack, call.program))
+        return flat_calls(manifest, self.name)
 
     def vars_read(self, manifest: Manifest) -> frozenset[str]:
         """The vars a run of this program depends on (the graph capture key): every var its ops'
@@ -877,8 +867,11 @@ class Program:
         return frozenset(out)
 
     def num_calls(self, manifest: Manifest) -> int:
-        """Op calls per run, inlined programs expanded."""
-        return len(self.flat_calls(manifest))
+        """Op calls per run, inlined programs expanded (counted without expanding). Raises `ManifestError` as
+        `flat_calls` does."""
+        from .inline import num_calls
+
+        return num_calls(manifest, self.name)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -956,6 +949,21 @@ class Manifest:
     def digest(self) -> str:
         """sha256 (hex) of the canonical JSON of the manifest without its `digest` key."""
         return hashlib.sha256(canonical_json(self.to_json(with_digest=False)).encode("ascii")).hexdigest()
+
+    @functools.cached_property
+    def program_sizes(self) -> Mapping[str, Any]:
+        """Each program's expansion size, `kern_manifest.inline.Size` (op calls, expansion steps), saturating
+        past the limits; programs on an inline cycle or reaching an unknown program are absent."""
+        from .inline import expanded_sizes
+
+        return FrozenMap(expanded_sizes(self))
+
+    @functools.cached_property
+    def program_size_faults(self) -> tuple[tuple[str, str], ...]:
+        """(program, message) per program past kern_manifest.inline's size limits ("" for the whole manifest)."""
+        from .inline import size_faults
+
+        return tuple(size_faults(self))
 
     @functools.cached_property
     def family_digest(self) -> str:

@@ -11,7 +11,7 @@ from typing import Any
 from .errors import ManifestParseError
 from .expr import Expr
 from .frozen import FrozenMap, freeze, index_path, key_path
-from .jsontext import json_text_fault
+from .jsontext import json_text_fault, json_value_bound
 from .model import (
     ALGO_KEYS,
     Algo,
@@ -121,6 +121,9 @@ def _finite_float(value: int | float) -> bool:
 # Free-form values (`meta`, unknown keys) may nest this deep; deeper is refused rather than left to Python's
 # recursion limit.
 MAX_FREE_DEPTH = 128
+# JSON values (objects, arrays, scalars) one manifest may hold, counted before decoding (jsontext.json_value_bound):
+# the Qwen3-4B manifest holds 9,108; 60 MiB of empty objects would otherwise decode into 21 M dicts (4 GB, minutes).
+MAX_MANIFEST_VALUES = 1 << 20
 
 
 def _plain_json(value: Any, path: str, depth: int = 0) -> None:
@@ -209,6 +212,12 @@ def _loads(text: str | bytes) -> Any:
         raise ManifestParseError("$", f"{name} is not valid JSON")
 
     try:
+        if not isinstance(text, str):  # JSON is UTF-8 (RFC 8259 section 8.1): no guessing UTF-16 or UTF-32
+            text = bytes(text).decode("utf-8")
+        values = json_value_bound(text)
+        if values > MAX_MANIFEST_VALUES:
+            raise ManifestParseError("$", f"holds up to {values} JSON values (counted from its commas and brackets); "
+                                          f"a manifest may hold at most {MAX_MANIFEST_VALUES}")
         return json.loads(text, object_pairs_hook=pairs, parse_constant=constant)
     except (ValueError, RecursionError) as exc:  # invalid JSON or UTF-8, too deep, past the digit limit
         reason = json_text_fault(exc)

@@ -74,6 +74,8 @@ def find_faults(manifest: Manifest) -> list[Fault]:
 class _Verifier(OpChecks):
     def __init__(self, m: Manifest) -> None:
         super().__init__(m)
+        self._int_arg_facts: dict[tuple[str, str], tuple[int | None, int | None, str, tuple[tuple[str, bool], ...]]] = {}
+        self._launch_offsets: dict[tuple[str, str], list[Expr]] = {}
 
     # -------------------------------------------------------------------------------- top level
 
@@ -379,6 +381,8 @@ class _Verifier(OpChecks):
                                                                "are staged only for its own run, it cannot be inlined")
                 else:
                     self.check_call(call, cpath, local)
+        for name, message in m.program_size_faults:
+            self.fault(key_path(key_path("$.programs", name), "calls") if name else "$.programs", message)
 
     def check_cycles(self) -> set[str]:
         """Fault every cycle of `{"program": ...}` references once; returns the programs on cycles."""
@@ -490,8 +494,12 @@ class _Verifier(OpChecks):
         if not offsets:
             offsets = [(Expr(0), path)]
         # The call's offset plus every launch-side offset on this argument must stay inside the target.
-        launch_offsets = [w.offset for launch in op.launches for w in launch.args
-                          if isinstance(w, ArgWiring) and w.arg == arg and w.offset is not None]
+        key = (op.name, arg)
+        if key not in self._launch_offsets:  # once per (op, argument), distinct offsets only
+            self._launch_offsets[key] = list(dict.fromkeys(
+                w.offset for launch in op.launches for w in launch.args
+                if isinstance(w, ArgWiring) and w.arg == arg and w.offset is not None))
+        launch_offsets = self._launch_offsets[key]
         for e, epath in offsets:
             if self.values(e, epath, "byte offset", lo=0, hi=nbytes, hint=" (the target's byte size)") is None:
                 return
@@ -499,6 +507,8 @@ class _Verifier(OpChecks):
                 both = e.vars | extra.vars
                 if nbytes is None or not all(v in m.vars for v in both) or len(both) > MAX_CORNER_VARS:
                     continue
+                if not self.afford((e, extra), epath, "call offset"):
+                    return
                 for corner in self.corners(both):
                     try:
                         total = e.eval(corner) + extra.eval(corner)
@@ -527,6 +537,26 @@ class _Verifier(OpChecks):
                               "paged state's reserved range")
 
     def check_int_arg(self, op: Op, arg: str, e: Expr, path: str) -> None:
+        lo, hi, hint, roles = self.int_arg_facts(op, arg)
+        if self.values(e, path, "int argument", lo=lo, hi=hi, hint=hint) is None:
+            return
+        for role, fp8_k in roles:
+            self.values(e, path, role, lo=1)
+            if fp8_k:
+                for _, value in self.values(e, path, "k") or ():
+                    if value % 16:
+                        self.fault(path, f"fp8 GEMMs need k % 16 == 0; k is {value}")
+                        break
+
+    def int_arg_facts(self, op: Op, arg: str) -> tuple[int | None, int | None, str, tuple[tuple[str, bool], ...]]:
+        """What every call's `int` argument `arg` of `op` must satisfy, computed once per (op, argument) and not
+        per call (an op of many launches called many times would otherwise cost calls x launches): the bounds
+        of the encodings it is wired as, their hint, and the distinct GEMM-dimension roles it plays (the role's
+        wording, whether it is an fp8 GEMM's k)."""
+        key = (op.name, arg)
+        facts = self._int_arg_facts.get(key)
+        if facts is not None:
+            return facts
         encodings = {w.type for launch in op.launches for w in launch.args
                      if isinstance(w, ArgWiring) and w.arg == arg and w.type in INT_ENCODINGS}
         lo, hi = None, None
@@ -534,17 +564,15 @@ class _Verifier(OpChecks):
             lo = max(INT_ENCODINGS[t][1] for t in encodings)
             hi = min(INT_ENCODINGS[t][2] for t in encodings)
         hint = f" to fit {', '.join(sorted(encodings))}" if encodings else ""
-        if self.values(e, path, "int argument", lo=lo, hi=hi, hint=hint) is None:
-            return
+        roles: dict[tuple[str, bool], None] = {}
         for launch in op.launches:
             if not isinstance(launch, ExternLaunch) or launch.name not in EXTERN_INT_ROLES:
                 continue
             required, _ = EXTERNS[launch.name]
             for j, w in enumerate(launch.args[:len(required)]):
                 if isinstance(w, ArgWiring) and w.arg == arg and j in EXTERN_INT_ROLES[launch.name]:
-                    self.values(e, path, f"GEMM dimension (argument {j} of {launch.name})", lo=1)
-                    if launch.name.startswith("cublaslt_fp8") and j == len(required) - 1:
-                        for _, value in self.values(e, path, "k") or ():
-                            if value % 16:
-                                self.fault(path, f"fp8 GEMMs need k % 16 == 0; k is {value}")
-                                break
+                    fp8_k = launch.name.startswith("cublaslt_fp8") and j == len(required) - 1
+                    roles[(f"GEMM dimension (argument {j} of {launch.name})", fp8_k)] = None
+        facts = (lo, hi, hint, tuple(roles))
+        self._int_arg_facts[key] = facts
+        return facts

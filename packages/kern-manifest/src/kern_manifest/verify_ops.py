@@ -3,12 +3,12 @@
 
 from __future__ import annotations
 
-import itertools
 import math
+from collections.abc import Mapping
 from typing import Any
 
 from .errors import ExprError
-from .expr import Expr
+from .expr import I64_MAX, I64_MIN, Expr
 from .frozen import index_path, key_path
 from .model import (
     DTYPE_BYTES,
@@ -42,6 +42,7 @@ from .verify_base import (
     MAX_GRID,
     MAX_TENSORMAP_BOX,
     MAX_TENSORMAP_RANK,
+    MAX_WHEN_WORK,
     VerifierBase,
 )
 
@@ -330,7 +331,9 @@ class OpChecks(VerifierBase):
         state for that map's `arg`. A buffer, a derive source or a `fixed` state is a fault at the call's
         argument (`path` is the call's `args`), once per argument, naming the op, launch and tensor map."""
         seen: set[str] = set()
-        for tpath, launch_index, t, j in fill_tensormaps(op, key_path("$.ops", op.name)):
+        if op.name not in self.fill_maps:  # once per op, not per call
+            self.fill_maps[op.name] = fill_tensormaps(op, key_path("$.ops", op.name))
+        for tpath, launch_index, t, j in self.fill_maps[op.name]:
             ref = call.args.get(t.arg)
             if t.arg in seen or not isinstance(ref, Ref):
                 continue  # a missing or non-pointer argument is reported by check_call
@@ -414,6 +417,10 @@ class OpChecks(VerifierBase):
                                       "or an integer literal")
                 elif isinstance(w, (ExprWiring, LiteralWiring)) and role == "i" and j in EXTERN_INT_ROLES.get(
                         launch.name, {}) and j < len(required):
+                    if isinstance(w, LiteralWiring) and not I64_MIN <= w.value <= I64_MAX:
+                        # a u64 literal past i64 (its own range is checked with the launch's literals)
+                        self.fault(wpath, f"GEMM dimension {w.value} is past the signed 64-bit range cuBLASLt takes")
+                        continue
                     e = w.expr if isinstance(w, ExprWiring) else Expr(int(w.value))
                     self.values(e, wpath, "GEMM dimension", lo=1)
                     if launch.name.startswith("cublaslt_fp8") and j == len(required) - 1:
@@ -469,18 +476,26 @@ class OpChecks(VerifierBase):
         """Launches with `when` come in groups: a group is a run of consecutive `when` launches over the same
         var set, closed as soon as their ranges cover the var box (or by a launch without `when`, a launch
         over other vars, or the end of the op). Inside a group no two ranges may overlap, and a closed
-        group must cover every point."""
+        group must cover every point.
+
+        Cost: O(n^2 * k) for a group of n launches over k vars (each pair compared once; coverage kept as the
+        sum of the disjoint boxes' sizes, a hole found by `first_hole`), never the product of the cuts."""
         group: list[tuple[int, dict[str, tuple[int, int]]]] = []
+        covered = 0  # points of the var box inside the group's boxes, while they are disjoint
+        overlapped = False  # an overlap was reported: sizes no longer add up, holes are not looked for
 
         def close() -> None:
-            if group:
-                hole = self.uncovered(group)
+            nonlocal covered, overlapped
+            if group and not overlapped:
+                hole = first_hole([box for _, box in group], self.domain(group[0][1]))
                 if hole is not None:
                     first = index_path(key_path(path, "launches"), group[0][0])
-                    idx = ", ".join(str(i) for i, _ in group)
+                    idx = (", ".join(str(i) for i, _ in group) if len(group) <= 4
+                           else f"{group[0][0]}..{group[-1][0]}")  # a group is a run of consecutive launches
                     self.fault(key_path(first, "when"), f"the 'when' ranges of launches {idx} leave {hole} uncovered; "
                                                         "every var value needs exactly one launch")
-                group.clear()
+            group.clear()
+            covered, overlapped = 0, False
 
         for i, launch in enumerate(op.launches):
             if launch.when is None:
@@ -492,29 +507,67 @@ class OpChecks(VerifierBase):
                 continue
             if group and set(group[0][1]) != set(box):
                 close()
+            # this launch is compared with the group so far (and the hole search at close costs as much again)
+            if not self.afford_when(2 * (len(group) + 1) * len(box), key_path(index_path(key_path(path, "launches"), i),
+                                                                             "when")):
+                return
             for j, other in group:
                 if all(max(box[v][0], other[v][0]) <= min(box[v][1], other[v][1]) for v in box):
                     at = ", ".join(f"{v}=[{max(box[v][0], other[v][0])}, {min(box[v][1], other[v][1])}]" for v in box)
                     self.fault(key_path(index_path(key_path(path, "launches"), i), "when"),
                                f"'when' overlaps launch {j} at {at}; ranges of one group must not overlap")
+                    overlapped = True
                     break
-            group.append((i, box))  # even when it overlaps: a hole is then only reported if there is one
-            if self.uncovered(group) is None:
+            group.append((i, box))  # even when it overlaps: the group still closes once the sizes reach the box
+            covered += _points(box)
+            if covered >= _points(self.domain(box)):
                 group.clear()
+                covered, overlapped = 0, False
         close()
 
-    def uncovered(self, group: list[tuple[int, dict[str, tuple[int, int]]]]) -> str | None:
-        """A description of one point-range no box covers, or None when the boxes cover the var box."""
-        names = sorted(group[0][1])
-        cuts = []
-        for n in names:
-            v = self.m.vars[n]
-            points = {v.min, v.max + 1}
-            for _, box in group:
-                points |= {box[n][0], box[n][1] + 1}
-            cuts.append(sorted(p for p in points if v.min <= p <= v.max + 1))
-        for cell in itertools.product(*[list(zip(c, c[1:])) for c in cuts]):
-            if not any(all(box[n][0] <= cell[k][0] and cell[k][1] - 1 <= box[n][1] for k, n in enumerate(names))
-                       for _, box in group):
-                return ", ".join(f"{n}={a}" if a == b - 1 else f"{n}={a}..{b - 1}" for n, (a, b) in zip(names, cell))
-        return None
+    def afford_when(self, work: int, path: str) -> bool:
+        """Charge `work` box-var comparisons to the manifest's MAX_WHEN_WORK; False (with one fault, the first
+        time) past it: the partition checks of the remaining launches are skipped, the manifest is refused."""
+        spent = self.when_work
+        self.when_work += work
+        if self.when_work <= MAX_WHEN_WORK:
+            return True
+        if spent <= MAX_WHEN_WORK:
+            self.fault(path, f"checking the 'when' partitions needs more than the {MAX_WHEN_WORK} range comparisons "
+                             "the verifier makes for one manifest (a group of n launches over k vars costs about "
+                             "2 n^2 k): use fewer launches per op or fewer vars per 'when'")
+        return False
+
+    def domain(self, box: Mapping[str, tuple[int, int]]) -> dict[str, tuple[int, int]]:
+        """The var box of the vars `box` names: var -> (min, max)."""
+        return {n: (self.m.vars[n].min, self.m.vars[n].max) for n in box}
+
+
+def _points(box: Mapping[str, tuple[int, int]]) -> int:
+    """Integer points of an inclusive box."""
+    return math.prod(hi - lo + 1 for lo, hi in box.values())
+
+
+def first_hole(boxes: list[dict[str, tuple[int, int]]], domain: dict[str, tuple[int, int]]) -> str | None:
+    """A description of one sub-box of `domain` that no box covers ("tokens=2", "m=3..7, n=1"), or None when the
+    boxes (pairwise disjoint, inside `domain`) cover it.
+
+    Sweep var by var: cut the current var at every box boundary, take the first slab whose boxes (all spanning
+    the slab) cover fewer points of the remaining vars than the slab holds, and go on inside it. O(k * n^2) for
+    n boxes over k vars."""
+    names = sorted(domain)
+    region = dict(domain)
+    live = boxes
+    for k, n in enumerate(names):
+        rest = names[k + 1:]
+        need = math.prod(region[r][1] - region[r][0] + 1 for r in rest)
+        lo, hi = region[n]
+        cuts = sorted({lo, hi + 1} | {p for b in live for p in (b[n][0], b[n][1] + 1) if lo <= p <= hi + 1})
+        for a, end in zip(cuts, cuts[1:]):
+            inside = [b for b in live if b[n][0] <= a and end - 1 <= b[n][1]]
+            if sum(math.prod(b[r][1] - b[r][0] + 1 for r in rest) for b in inside) < need:
+                region[n], live = (a, end - 1), inside
+                break
+        else:
+            return None
+    return ", ".join(f"{n}={a}" if a == b else f"{n}={a}..{b}" for n, (a, b) in ((n, region[n]) for n in names))

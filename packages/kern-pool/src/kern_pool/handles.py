@@ -84,12 +84,14 @@ class Lease(Handle):
 
     `prefix_tokens`: tokens inherited from a checkpoint / parent (never written by this lease).
     `plan`: the `Copies` to execute before the first use. Positions below `frozen_tokens` (the prefix,
-    sealed pages, checkpointed lengths) are refused by `slot(pos)`.
+    sealed pages, checkpointed lengths) are refused by `slot(pos)`. `reached_tokens`: the position the
+    sequence has reached (`slot(pos)` raises it to `pos + 1`, `advance_to(n)` to `n`); a checkpoint, fork
+    or retire of a lease holding a slot must name exactly it.
     """
 
     __slots__ = (
         "_pool", "_chain", "_pages", "_origins", "seq_slot_id", "prefix_tokens", "_frozen",
-        "_closed", "_hold", "plan", "paged", "_woken_tail", "_woken_slot", "__weakref__",
+        "_closed", "_hold", "plan", "paged", "_woken_tail", "_woken_slot", "_reached", "__weakref__",
     )
 
     def __init__(self, pool: Pool, paged: bool) -> None:
@@ -101,6 +103,7 @@ class Lease(Handle):
         self.seq_slot_id: int | None = None
         self.prefix_tokens = 0
         self._frozen = 0
+        self._reached = 0  # 1 + the highest position written (slot) or declared (advance_to)
         self._closed = False
         self._hold: Any = None
         self.plan = _NO_COPIES
@@ -131,6 +134,28 @@ class Lease(Handle):
     def frozen_tokens(self) -> int:
         return max(self._frozen, self.sealed_pages * self._pool.page_tokens)
 
+    @property
+    def reached_tokens(self) -> int:
+        """Tokens the sequence has reached (its per-seq state's position, in tokens): the largest of the
+        inherited prefix, `frozen_tokens`, `pos + 1` for every position handed out by `slot(pos)`, and the
+        last `advance_to(n)`. Only grows."""
+        return max(self._reached, self.prefix_tokens, self.frozen_tokens)
+
+    def advance_to(self, num_tokens: int) -> None:
+        """Declare that the sequence has consumed its first `num_tokens` tokens (for callers that write
+        positions without `slot(pos)`: a slot mapping computed from `page_ids()`, a slot-only lease).
+
+        Raises `Misuse` for a count that is not an int, below `reached_tokens` (a per-seq state cannot go
+        back) or, paged, beyond the reserved pages; `Closed` after close. A refusal changes nothing."""
+        self._check()
+        num_tokens = check_count(num_tokens, "advance_to() num_tokens")
+        reached = self.reached_tokens
+        if num_tokens < reached:
+            raise Misuse(f"advance_to({num_tokens}) on {self!r}: it has already reached {reached} tokens")
+        if self.paged and num_tokens > self.capacity_tokens:
+            raise Misuse(f"advance_to({num_tokens}) is beyond the lease's {self.capacity_tokens} tokens: grow it first")
+        self._reached = num_tokens
+
     def page_ids(self) -> list[int]:
         """Page ids in sequence order (the block-table row). Raises `Closed` after close."""
         self._check()
@@ -138,6 +163,7 @@ class Lease(Handle):
 
     def slot(self, pos: int) -> int:
         """Slot-mapping value for writing position `pos`: `page_id * page_tokens + pos % page_tokens`.
+        Raises `reached_tokens` to at least `pos + 1` (the position is about to be written).
 
         Raises `Misuse` for a position that is not an int, before `frozen_tokens` (the prefix, a sealed
         page, a checkpointed length), beyond the reserved pages, or on a slot-only lease; `Closed` after
@@ -153,6 +179,8 @@ class Lease(Handle):
         index = pos // page_tokens - self.sealed_pages
         if index >= len(self._pages):
             raise Misuse(f"position {pos} is beyond the lease's {self.capacity_tokens} tokens: grow it first")
+        if pos >= self._reached:
+            self._reached = pos + 1
         return self._pages[index] * page_tokens + pos % page_tokens
 
     def grow(self, num_tokens: int) -> None:

@@ -58,32 +58,42 @@ class HostNode:
     """A parked page: host page `page_id`, the node before it, and its direct holders `refs`.
 
     A full page sits in a chain (`parent` is the page before it); a partial tail page is a node of its
-    own (`parent` None), held by every parked entry (and room) that ends with it."""
+    own (`parent` None), held by every parked entry (and room) that ends with it. `writer` is a weak link
+    to the `Parked` whose copy writes the page (it may still be in flight)."""
 
-    __slots__ = ("page_id", "parent", "refs", "alive", "__weakref__")
+    __slots__ = ("page_id", "parent", "refs", "alive", "writer", "__weakref__")
 
     def __init__(self, page_id: int, parent: HostNode | None) -> None:
         self.page_id = page_id
         self.parent = parent
         self.refs = 1
         self.alive = True
+        self.writer: weakref.ref[Parked] | None = None
 
 
 class HostSlot:
     """A parked slot: host slot `slot_id` and its direct holders `refs` (parked entries, rooms)."""
 
-    __slots__ = ("slot_id", "refs", "alive", "__weakref__")
+    __slots__ = ("slot_id", "refs", "alive", "writer", "__weakref__")
 
     def __init__(self, slot_id: int) -> None:
         self.slot_id = slot_id
         self.refs = 1
         self.alive = True
+        self.writer: weakref.ref[Parked] | None = None  # as HostNode.writer
 
 
 def _live(ref: Any) -> Any:
     """The object behind a weak link (`HostNode` / `HostSlot`) while it is alive, else None."""
     obj = ref() if ref is not None else None
     return obj if obj is not None and obj.alive else None
+
+
+def _in_flight_writer(unit: HostNode | HostSlot | None) -> Parked | None:
+    """The `Parked` whose copy writes `unit` if that copy has not landed (a closed writer has landed)."""
+    ref = unit.writer if unit is not None else None
+    writer = ref() if ref is not None else None
+    return writer if writer is not None and not writer.landed else None
 
 
 def _live_host(node: _Node) -> HostNode | None:
@@ -152,14 +162,16 @@ class Parked(Handle):
     """A checkpoint's copy on the host: `num_tokens`, `has_slot`, `paged`, host page ids, `plan`
     (device->host).
 
-    Until `land()` it also holds the device checkpoint (the copy reads its pages); landing closes it.
-    `close()` (also dropping it) returns the host units (and the checkpoint if still held); before
-    `land()` it first calls the host's `settle` hook, so an executor waits for the copies before any
-    unit is reused.
+    Until `land()` it holds the device checkpoint and, apart from it, the checkpoint's pages and slot
+    themselves (the copy reads them), so closing the checkpoint while the copy flies releases nothing;
+    landing releases both. `landed` is True once its own copy and every in-flight park whose host pages
+    it reuses have landed. `close()` (also dropping it) returns the host units (and the checkpoint if still
+    held); before it has landed it first calls the host's `settle` hook, so an executor waits for the
+    copies before any unit is reused.
     """
 
     __slots__ = ("_host", "num_tokens", "_chain", "_tail", "_slot", "_has_slot", "_paged", "plan",
-                 "_checkpoint", "_closed", "__weakref__")
+                 "_checkpoint", "_source", "_after", "_closed", "__weakref__")
 
     def __init__(self, host: Host, num_tokens: int, has_slot: bool, paged: bool) -> None:
         self._host = host
@@ -171,6 +183,8 @@ class Parked(Handle):
         self._slot: HostSlot | None = None
         self.plan = HostCopies("park")
         self._checkpoint: Checkpoint | None = None
+        self._source: Checkpoint | None = None  # the pool's own hold on what the copy reads
+        self._after: tuple[weakref.ref[Parked], ...] = ()  # in-flight parks writing host units it shares
         self._closed = False
 
     @property
@@ -194,7 +208,16 @@ class Parked(Handle):
 
     @property
     def landed(self) -> bool:
-        return self._checkpoint is None
+        """True when every copy its host bytes come from is done: its own park (`land()`) and the in-flight
+        parks whose host pages / slot it reuses (a checkpoint sharing pages with another checkpoint whose park
+        is still writing them). Only then may it be woken or served by a lookup."""
+        if self._source is not None:
+            return False
+        if self._after:
+            if any(dep is not None and not dep.landed for dep in (ref() for ref in self._after)):
+                return False
+            self._after = ()  # landed once, landed for good
+        return True
 
     @property
     def closed(self) -> bool:
@@ -212,8 +235,12 @@ class Parked(Handle):
         return out
 
     def land(self) -> None:
-        """The executor reports the park copies done: the device checkpoint is released."""
+        """The executor reports this park's copies done: the device checkpoint and the park's own hold on its
+        pages and slot are released. (`landed` also waits for the parks it shares host units with.)"""
+        source, self._source = self._source, None
         cp, self._checkpoint = self._checkpoint, None
+        if source is not None:
+            source.close()
         if cp is not None:
             cp.close()
 
@@ -233,18 +260,21 @@ class Parked(Handle):
 
 class Waking:
     """A lease being filled from the host. `plan` is host->device; `lease` raises `NotLanded` until
-    the executor reports `land()`. `close()` (also dropping it) before taking the lease releases it;
-    before `land()` it first calls the host's `settle` hook, so an executor waits for the copies
-    before the pages can be leased again."""
+    the executor reports `land()`. Until then it also holds the host pages and slot the copies read, so
+    closing the parked entry it wakes from frees none of them. `close()` (also dropping it) before taking
+    the lease releases it; before `land()` it first calls the host's `settle` hook, so an executor waits for
+    the copies before the pages (device or host) can be used again."""
 
-    __slots__ = ("_host", "_lease", "plan", "_landed", "_taken")
+    __slots__ = ("_host", "_lease", "plan", "_landed", "_taken", "_reads", "__weakref__")
 
-    def __init__(self, host: Host, lease: Lease, plan: HostCopies) -> None:
+    def __init__(self, host: Host, lease: Lease, plan: HostCopies,
+                 reads: tuple[HostNode | None, HostNode | None, HostSlot | None] | None = None) -> None:
         self._host = host
         self._lease = lease
         self.plan = plan
         self._landed = False
         self._taken = False
+        self._reads = reads  # (chain node, tail node, slot) the copies read, one reference each; None once landed
 
     @property
     def landed(self) -> bool:
@@ -262,6 +292,15 @@ class Waking:
         if self._taken and self._lease.closed:
             raise Closed("land() of a Waking that was closed: its lease was released")
         self._landed = True
+        self._release_reads()
+
+    def _release_reads(self) -> None:
+        reads, self._reads = self._reads, None
+        if reads is not None:
+            chain, tail, slot = reads
+            self._host._unref_chain(chain)
+            self._host._unref_chain(tail)
+            self._host._unref_slot(slot)
 
     @property
     def lease(self) -> Lease:
@@ -277,8 +316,9 @@ class Waking:
         if self._taken:
             return False
         if not self._landed:
-            self._host._settle(self)  # the copies write the lease's pages and slot
+            self._host._settle(self)  # the copies write the lease's pages and slot, and read host units
         self._taken = True
+        self._release_reads()
         return self._lease.close()
 
     def __del__(self) -> None:
@@ -315,6 +355,7 @@ class Host:
         self._free_slots = list(range(num_slots - 1, -1, -1))
         self._parked: weakref.WeakSet[Parked] = weakref.WeakSet()
         self._rooms: weakref.WeakSet[Room] = weakref.WeakSet()  # open rooms (they hold shared chains)
+        self._wakings: weakref.WeakSet[Waking] = weakref.WeakSet()  # wakes (in flight until landed or closed)
         self._reserved = 0  # host units held by open rooms
 
     @classmethod
@@ -387,29 +428,37 @@ class Host:
             room.close()
             raise Closed("the checkpoint was closed after room()")
         parked = Parked(self, cp.num_tokens, cp.has_slot, cp.paged)
+        me = weakref.ref(parked)
+        # the shared host units may still be written by another park in flight: this one lands after it
+        after = {id(w): w for w in map(_in_flight_writer, (room._shared, room._tail, room._kept_slot)) if w is not None}
         pages = list(room._pages)
         copies: list[PageCopy] = []
         chain, room._shared = room._shared, None  # the room's reference becomes the parked entry's
         for dev in room._new:
             host_page = pages.pop(0)
             chain = HostNode(host_page, chain)  # the new node holds its parent's reference
+            chain.writer = me
             dev.host = weakref.ref(chain)
             copies.append(PageCopy(dev.page_id, host_page))
         parked._chain = chain
         parked._tail, room._tail = room._tail, None  # a kept tail: the room's reference passes on
         if cp.tail_page_id is not None and parked._tail is None:
             parked._tail = HostNode(pages.pop(0), None)
+            parked._tail.writer = me
             copies.append(PageCopy(cp.tail_page_id, parked._tail.page_id))
         slot_copies: tuple[SlotCopy, ...] = ()
         parked._slot, room._kept_slot = room._kept_slot, None
         if room._slot is not None:
             parked._slot = HostSlot(room._slot)
+            parked._slot.writer = me
             slot_copies = (SlotCopy(cp.seq_slot_id, room._slot),)  # type: ignore[arg-type]
         assert not pages, "kern bug: room reserved more host pages than the park used"
         self._reserved -= len(room._pages) + (room._slot is not None)
         room._pages, room._slot, room._new, room._closed = [], None, [], True
         parked.plan = HostCopies("park", tuple(copies), slot_copies)
         parked._checkpoint = cp
+        parked._source = self.pool._copy_source(cp)  # the copy reads these until it lands, whoever closes cp
+        parked._after = tuple(weakref.ref(w) for w in after.values())
         self._parked.add(parked)
         return parked
 
@@ -446,6 +495,10 @@ class Host:
                          + ("" if paged else " (a slot-only parked entry reserves no tokens: pass 0)"))
         if num_tokens < parked.num_tokens and parked.has_slot:
             raise Misuse("a parked entry with per-seq state wakes only at its full length")
+        if not parked.landed:
+            raise NotLanded(f"wake() of {parked!r}: its park has not landed (its host pages are still being "
+                            "written, by its own copy or by a park it shares pages with); wake it once "
+                            "parked.landed is True")
         lease = self.pool.lease(lease_tokens) if paged else self.pool.lease_slot()
         P = self.pool.page_tokens
         full, partial = divmod(num_tokens, P) if paged else (0, 0)
@@ -470,7 +523,18 @@ class Host:
         lease._origins = {i: nodes[i] for i in range(full)}
         lease.prefix_tokens = lease._frozen = num_tokens
         lease._hold = hold
-        return Waking(self, lease, HostCopies("wake", copies, slot_copies))
+        # the copies read host units until they land: hold them (the node of the last page read holds the
+        # pages before it; the tail page is a node of its own), so closing `parked` frees none of them
+        in_chain = len(nodes) - (parked._tail is not None)
+        read_chain = nodes[needed - 1] if 0 < needed <= in_chain else (parked._chain if needed else None)
+        read_tail = parked._tail if needed > in_chain else None
+        read_slot = parked._slot if slot_copies else None
+        for unit in (read_chain, read_tail, read_slot):
+            if unit is not None:
+                unit.refs += 1
+        waking = Waking(self, lease, HostCopies("wake", copies, slot_copies), (read_chain, read_tail, read_slot))
+        self._wakings.add(waking)
+        return waking
 
     def _settle(self, item: Parked | Waking) -> None:
         if self.settle is not None:
@@ -513,8 +577,8 @@ class Host:
         self._unref_slot(slot)
 
     def check(self) -> None:
-        """Assert host accounting (kern bugs): node refs = holders (parked entries, open rooms, child
-        nodes), every unit free xor held once, reserved units = open rooms' units."""
+        """Assert host accounting (kern bugs): node refs = holders (parked entries, open rooms, wakes in
+        flight, child nodes), every unit free xor held once, reserved units = open rooms' units."""
         held_pages: list[int] = []
         held_slots: list[int] = []
         refs: dict[int, int] = {}
@@ -555,6 +619,12 @@ class Host:
             hold(p._chain)
             hold(p._tail)
             hold_slot(p._slot)
+        for w in list(self._wakings):  # a wake in flight holds what its copies read
+            if w._reads is not None:
+                chain, tail, slot = w._reads
+                hold(chain)
+                hold(tail)
+                hold_slot(slot)
         for key, node in nodes.items():
             assert node.refs == refs.get(key, 0), "kern bug: host node refs differ from holders"
         for key, slot in slots.items():

@@ -204,9 +204,8 @@ class Pool:
 
         Full pages are sealed into the shared chain (the lease can no longer write them); the
         partial last page is shared and the lease may only write it from `num_tokens` on; the slot
-        is copied into a new slot (`checkpoint.plan.slot_copies`). With per-seq state the caller
-        must checkpoint at the lease's current position; the pool refuses a length below the one the
-        slot has provably reached (`_check_slot_len`). Raises `Closed`, `Misuse` (not a `Lease` of
+        is copied into a new slot (`checkpoint.plan.slot_copies`). With per-seq state the length
+        must be exactly the lease's `reached_tokens` (`_check_slot_len`). Raises `Closed`, `Misuse` (not a `Lease` of
         this pool, length not an int or out of range), `Busy` / `Remapping` (no slot for the copy),
         `ExceedsPool`; a refusal changes nothing.
         """
@@ -227,7 +226,7 @@ class Pool:
         """End `lease`, keeping its first `num_tokens` tokens, with no copy: pages past them return,
         the slot moves to the checkpoint. A second retire (or retire after close) is a checked
         no-op returning None. Raises `Misuse` for a length that is not an int, negative or beyond the
-        lease, below the position a lease's slot has reached (`_check_slot_len`), or a handle that is
+        lease, other than a slot-holding lease's `reached_tokens` (`_check_slot_len`), or a handle that is
         not a `Lease` of this pool; a refusal leaves the lease running."""
         if isinstance(lease, Lease) and lease.closed:
             return None
@@ -287,7 +286,7 @@ class Pool:
         Full pages are sealed into the parent's chain and shared; a mid-page `prefix_tokens` copies
         that page for the child (the parent keeps writing its own); the parent's slot is copied (so
         with per-seq state the fork must be at the parent's current position: a length below the one
-        the slot has provably reached is refused, and a fork of a lease with a slot freezes the
+        the slot has reached (`reached_tokens`) is refused, and a fork of a lease with a slot freezes the
         parent below `prefix_tokens`, as a checkpoint does). Raises `Closed`, `Misuse` (lengths not
         ints or out of range), `ExceedsPool`, `Busy`, `Remapping`; a refusal changes nothing.
         """
@@ -374,23 +373,23 @@ class Pool:
 
     @staticmethod
     def _check_slot_len(lease: Lease, num_tokens: int, what: str) -> None:
-        """Misuse when `lease` holds a slot and `num_tokens` is below the position its state has reached.
+        """Misuse when `lease` holds a slot and `num_tokens` is not exactly the position it has reached.
 
-        A per-seq (recurrent) state cannot go back in time: checkpoint / fork / retire copy or move the
-        slot as it is now, so they are only valid at the lease's current position (runtime.md, fork
-        (K2): "只能在父的当前位置分叉"). The pool cannot see the current position, but it can prove a
-        lower bound: the largest of the lease's inherited prefix (`prefix_tokens`: lease_from / wake /
-        fork copied the slot at that length) and `frozen_tokens` (every length it was checkpointed or
-        forked at, and its sealed pages, which only those calls seal). Pure-KV leases may be cut at any
-        length in range, as before.
+        A per-seq (recurrent) state holds the sequence as it is *now*: checkpoint / fork copy the slot and
+        retire hands it over, so they are valid only at the lease's current position (runtime.md, fork
+        (K2): "只能在父的当前位置分叉"). A shorter length would file the state of `reached` tokens under a
+        length it does not have; a longer one, tokens the state never saw. The position is
+        `lease.reached_tokens` (the inherited prefix, checkpointed / forked lengths, every position
+        handed out by `slot(pos)`, `advance_to`). Pure-KV leases may be cut at any length in range.
         """
         if lease.seq_slot_id is None:
             return
-        reached = max(lease.prefix_tokens, lease.frozen_tokens)  # a slot-only branch sets only the prefix
-        if num_tokens < reached:
+        reached = lease.reached_tokens
+        if num_tokens != reached:
+            way = "cannot go back" if num_tokens < reached else "has not seen the tokens past it"
             raise Misuse(
-                f"{what}({lease!r}, {num_tokens}): the lease's per-seq state has already reached {reached} "
-                f"tokens and cannot go back; with a slot, {what} only at the current position (>= {reached})"
+                f"{what}({lease!r}, {num_tokens}): the lease's per-seq state has reached {reached} tokens and "
+                f"{way}; with a slot, {what} only at exactly the current position {reached}"
             )
 
     def _acquire(self, n_pages: int, n_slots: int, total_pages: int) -> tuple[list[int], list[int]]:
@@ -513,6 +512,23 @@ class Pool:
             if tail is not None and tail[0] == full and partial <= tail[1]:
                 cp.host_tail = tail[2]
         return cp
+
+    def _copy_source(self, cp: Checkpoint) -> Checkpoint:
+        """A second holder of `cp`'s chain, tail page and slot, for a copy in flight that reads them (a park:
+        kern_pool.host). Closing `cp` then releases nothing the copy reads; closing this one (when the copy
+        lands) does. Pool-internal: it is a live handle for `check()`, never handed to a caller."""
+        hold = Checkpoint(self, cp.num_tokens, cp.paged)
+        self._handles.add(hold)
+        if cp._chain is not None:
+            cp._chain.refs += 1
+        hold._chain = cp._chain
+        if cp.tail_page_id is not None:
+            self._pages.refs[cp.tail_page_id] += 1
+            hold.tail_page_id = cp.tail_page_id
+        if cp.seq_slot_id is not None:
+            self._slots.refs[cp.seq_slot_id] += 1
+            hold.seq_slot_id = cp.seq_slot_id
+        return hold
 
     def _branch(self, chain_tail: _Node | None, full: int, src_partial: int | None, src_slot: int | None,
                 length: int, num_tokens: int, hold: Any) -> Lease:

@@ -1,14 +1,17 @@
 """Prefix: a token-keyed radix tree over kept prefixes, in two tiers (Resident, Parked).
 
 Generic over what it keeps: anything with `num_tokens`, `has_slot` and `close()` (a `Checkpoint`
-and a host `Parked` on one device; a tuple of them on a tray). Rules:
+and a host `Parked` on one device; a tuple of them on a tray), and optionally `landed`: an entry whose
+kept object says `landed` False (a host `Parked` whose copy is still in flight) is filed but serves no
+lookup until it lands. Rules:
 
 * `insert(tokens, kept)` files `kept` at the node for exactly `tokens`; the same tokens are the same
   entry. A pure-KV entry (no slot) serves every depth along its path, so it makes shallower pure-KV
   entries of its tier redundant (they are dropped) and is itself redundant under a deeper one.
 * `lookup(tokens)` gives the longest usable entry for a strict prefix of the prompt (never its last
   token): an entry with a slot is usable only at its own length; a pure-KV entry for as many tokens
-  as it shares with the prompt. Ties go to `Resident`. A hit locks its entry until closed.
+  as it shares with the prompt; an entry not landed is not usable. Ties go to `Resident`. A hit locks
+  its entry until closed.
   Lookups never change the tree structure (they only stamp the logical clock).
 * `evict(park)` takes the coldest evictable resident entry (unlocked, and a leaf: no resident entry
   below it, or a pure-KV entry covered by a deeper one) and parks it through `park` or drops it.
@@ -41,6 +44,11 @@ class Kept(Protocol):
     def has_slot(self) -> bool: ...
 
     def close(self) -> object: ...
+
+
+def _usable(entry: Entry) -> bool:
+    """Whether a lookup may serve `entry`: its kept object has landed (objects without `landed` always have)."""
+    return getattr(entry.kept, "landed", True) is not False
 
 
 R = TypeVar("R", bound=Kept)
@@ -199,8 +207,9 @@ class Prefix(Generic[R, P]):
         """Longest usable entry for a strict prefix of `tokens` (never the last token), or None.
 
         The hit's `num_tokens` is what to resume (a slot entry's own length; for a pure-KV entry the
-        tokens it shares with the prompt, capped at len(tokens) - 1). Ties prefer `Resident`. The
-        entry is stamped with the clock and locked until the hit closes. No structure changes.
+        tokens it shares with the prompt, capped at len(tokens) - 1). Ties prefer `Resident`. An entry
+        whose kept object is not `landed` (a host park in flight) is skipped. The entry is stamped with
+        the clock and locked until the hit closes. No structure changes.
 
         Cost: one walk down the prompt's path (one slice comparison per edge, so O(len(tokens))
         token comparisons at C speed) with O(b) Python steps for the b nodes on the path; then, per
@@ -220,7 +229,7 @@ class Prefix(Generic[R, P]):
         while True:
             if 0 < pos <= limit:
                 for e in node.entries:
-                    if e is not None and (pos > best_len or (pos == best_len and e.tier is Resident)):
+                    if e is not None and (pos > best_len or (pos == best_len and e.tier is Resident)) and _usable(e):
                         best, best_len = e, pos
             path.append(node)
             if pos >= len(toks):
@@ -239,14 +248,19 @@ class Prefix(Generic[R, P]):
         # Pure-KV entries serve what they share with the prompt: the deepest path point whose subtree
         # holds one of the tier gives its length (the last point shares `pos`, each full node its depth).
         for ti in (0, 1):
+            searched = None  # the subtree below this point already holds no usable pure-KV entry
             for i in range(len(path) - 1, 0, -1):
                 point = path[i]
                 if point.counts[2 + ti]:
                     usable = min(pos if i == len(path) - 1 else point.depth, limit)
-                    if usable > best_len or (usable == best_len and ti == 0 and best is not None
-                                             and best.tier is Parked):
-                        best, best_len = self._find_kv(point, ti), usable
-                    break
+                    if not (usable > best_len or (usable == best_len and ti == 0 and best is not None
+                                                  and best.tier is Parked)):
+                        break  # shallower points share fewer tokens still
+                    found = self._find_usable_kv(point, ti, searched)
+                    if found is not None:
+                        best, best_len = found, usable
+                        break
+                searched = point
         if best is None:
             return None
         self._touch(best)
@@ -434,6 +448,22 @@ class Prefix(Generic[R, P]):
                     break
             else:
                 raise AssertionError("kern bug: kv count without a kv entry")
+
+    def _find_usable_kv(self, node: _TreeNode, ti: int, searched: _TreeNode | None) -> Entry | None:
+        """A usable (landed) pure-KV entry of tier ti in node's subtree, or None. `_find_kv`'s when that one
+        is usable (the common case, and the same choice as before); else a search of the subtree that skips
+        the child `searched` (already known to hold none), so one lookup visits each node at most once."""
+        first = self._find_kv(node, ti)
+        if _usable(first):
+            return first
+        stack = [node]
+        while stack:
+            at = stack.pop()
+            e = at.entries[ti]
+            if e is not None and e.kv and _usable(e):
+                return e
+            stack.extend(c for c in reversed(list(at.children.values())) if c is not searched and c.counts[2 + ti])
+        return None
 
     def _touch(self, entry: Entry) -> None:
         self._clock += 1

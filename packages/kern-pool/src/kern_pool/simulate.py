@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .errors import Busy, ExceedsPool, Remapping
+from .files import open_regular
 from .host import Host
 from .pool import Pool
 from .prefix import Prefix, Resident
@@ -27,6 +28,11 @@ QWEN3_4B_BYTES_PER_TOKEN = 36 * 8 * 128 * 2 * 2  # layers * kv heads * head_dim 
 
 SWEEP_TOKENS = (1e4, 1e5, 1e6, 2e6, 3e6, 5e6, 1e7, 2e7, 5e7, math.inf)
 MAX_PAGES = 1 << 22  # device or host pages of one replay: the pool keeps a Python free list of every page id
+# Bounds of a trace file: its size, one line, one request's prompt (synth_tokens makes a tuple of that many ints;
+# the Mooncake traces' longest prompt is about 128 K tokens).
+MAX_TRACE_BYTES = 4 * 2**30
+MAX_TRACE_LINE_BYTES = 2**20
+MAX_REQUEST_TOKENS = 2**22  # 32 MiB of token ids
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +118,9 @@ def _request(d: object, where: str, block_tokens: int) -> Request:
         raise TraceError(f"{where}: output_length must be an integer >= 0, got {output_length!r}")
     if not (isinstance(hash_ids, list) and all(_int(h) and h >= 0 for h in hash_ids)):
         raise TraceError(f"{where}: hash_ids must be a list of integers >= 0")
+    if input_length > MAX_REQUEST_TOKENS:
+        raise TraceError(f"{where}: input_length {input_length} is past the {MAX_REQUEST_TOKENS} tokens a replayed "
+                         "request may have (its tokens are synthesized, 8 bytes each)")
     if len(hash_ids) != -(-input_length // block_tokens):
         raise TraceError(f"{where}: {len(hash_ids)} hash_ids for input_length {input_length}; a trace has one per "
                          f"{block_tokens}-token block ({-(-input_length // block_tokens)})")
@@ -125,11 +134,15 @@ def read_trace(path: Path, limit: int | None = None) -> list[Request]:
     or a trace with no requests, and OSError when the file cannot be read."""
     out: list[Request] = []
     offset = 0
-    with open(path, "rb") as f:
-        for number, raw in enumerate(f, 1):
+    with open_regular(path, MAX_TRACE_BYTES, "a trace is a JSONL file") as f:
+        # lines read with a bound: a file without newlines (a sparse or binary one) is refused at its first MiB
+        for number, raw in enumerate(iter(lambda: f.readline(MAX_TRACE_LINE_BYTES + 1), b""), 1):
             if limit is not None and len(out) >= limit:
                 break
             where = f"{path}:{number}"
+            if len(raw) > MAX_TRACE_LINE_BYTES:
+                raise TraceError(f"{where}: a line longer than {MAX_TRACE_LINE_BYTES} bytes; a Mooncake request "
+                                 "line is a few KiB")
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as e:
@@ -152,7 +165,11 @@ def read_trace(path: Path, limit: int | None = None) -> list[Request]:
 
 
 def synth_tokens(req: Request, block_tokens: int = TRACE_BLOCK_TOKENS) -> tuple[int, ...]:
-    """Token ids for a request: block i is (hash_ids[i], 0, ..., 0), cut to `input_length` tokens."""
+    """Token ids for a request: block i is (hash_ids[i], 0, ..., 0), cut to `input_length` tokens. Raises
+    TraceError past MAX_REQUEST_TOKENS tokens (a Request built by hand; read_trace refuses such a line)."""
+    if req.input_length > MAX_REQUEST_TOKENS or len(req.hash_ids) * block_tokens > MAX_REQUEST_TOKENS + block_tokens:
+        raise TraceError(f"a request of {req.input_length} tokens ({len(req.hash_ids)} hash ids): past the "
+                         f"{MAX_REQUEST_TOKENS} tokens a replayed request may have")
     pad = (0,) * (block_tokens - 1)
     toks: list[int] = []
     for h in req.hash_ids:

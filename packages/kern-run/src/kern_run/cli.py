@@ -2,10 +2,14 @@
 
     kern run [--target T] [--prompt P] [--steps N] [--chunk C] [--capacity K] [--eager] [--gpu G] ...
              [--weights DIR_OR_FILE | --weights A.safetensors --weights B.safetensors ...]
+    kern run --weights DIR|ORG/NAME [--no-pins] ...   (no --manifest / --target: the manifest built from
+             DIR/config.json and cached, kern_run.auto_manifest; ORG/NAME from the local HF cache)
     kern test [--against eager|chunk1|transformers|MANIFEST] [--prompts N] [--steps N]
+    kern serve [--target T] [--host H] [--port P] [--max-seqs N] [--host-gib G] [--api-key K] [--max-queue N]
     kern inspect MANIFEST
     kern manifest check MANIFEST
-    kern kernels [ARGS...]          (tools/build_kernels.py)
+    kern manifest build (--config config.json | --shape S) [options] --out m.json   (kern_run.models.qwen3)
+    kern kernels [ARGS...]          (tools/build_kernels.py: needs the kern checkout)
     kern --version                  (the four kern packages' installed versions)
 
 Refusals (docs/caller.md) print one line on stderr and exit non-zero; a traceback only with
@@ -233,9 +237,32 @@ def _overrides(manifest: Path | None, kernels: Path | None, weights: list[str] |
     if weights is not None and any(w == "" for w in weights):
         raise RefusalError("--weights '': an empty path (an unset shell variable?): give a checkpoint directory "
                            "or a .safetensors file")
-    paths = None if weights is None else [Path(w) for w in weights]
+    from .hub import resolve_weights_arg
+
+    paths = None if weights is None else [resolve_weights_arg(w) for w in weights]  # ORG/NAME: the HF cache's
     return {"manifest": manifest, "kernels": kernels, "weights": paths, "gpu": gpu, "capacity": capacity,
             "chunk": chunk}
+
+
+NoPinsOpt = Annotated[bool, typer.Option("--no-pins", help="with --weights alone: build the manifest without "
+                                         "cuBLASLt pins (prefill then not batch-invariant)")]
+
+
+def _run_config(config: Path | None, target: str | None, overrides: dict[str, Any], no_pins: bool,
+                command: str) -> Any:
+    """The RunConfig of `kern run` / `kern test`: --weights without --manifest and --target builds (or reuses) the
+    manifest of the checkpoint's config.json (kern_run.auto_manifest); otherwise the kern.toml target with the
+    flags over it. Raises RefusalError (--no-pins given with a manifest or target)."""
+    if overrides["weights"] and overrides["manifest"] is None and target is None:
+        from .auto_manifest import AutoRequest, auto_config
+
+        return auto_config(AutoRequest(overrides["weights"], overrides["kernels"], overrides["gpu"] or 0,
+                                       overrides["capacity"], overrides["chunk"], pins=not no_pins),
+                           command=command)
+    if no_pins:
+        raise RefusalError("--no-pins is an option of --weights DIR alone (the manifest built from its config.json); "
+                           "a --manifest or --target manifest carries its own pins")
+    return resolve_config(find_toml(config), target, overrides)
 
 
 @app.command()
@@ -251,16 +278,22 @@ def run(
                                                     "{\"prompt\": ...}; cached prefixes are shared")] = None,
     target: TargetOpt = None, config: ConfigOpt = None, manifest: ManifestOpt = None, kernels: KernelsOpt = None,
     weights: WeightsOpt = None, chunk: ChunkOpt = None, capacity: CapacityOpt = None, gpu: GpuOpt = None,
-    log_level: LogOpt = None,
+    no_pins: NoPinsOpt = False, log_level: LogOpt = None,
 ) -> None:
-    """Generate greedily from a prompt; stdout carries only the generated text."""
+    """Generate greedily from a prompt; stdout carries only the generated text. `--weights DIR` alone (no
+    --manifest, no --target): the manifest is built from DIR/config.json and cached (DIR may be a hub id ORG/NAME
+    in the local Hugging Face cache)."""
     from .run import RunRequest, run_target
 
     level = resolve_level(log_level)
     log = setup_logging(level)
 
     def go() -> None:
-        cfg = resolve_config(find_toml(config), target, _overrides(manifest, kernels, weights, gpu, capacity, chunk))
+        if tp > 1 and weights and manifest is None and target is None:
+            raise RefusalError(f"--tp {tp} with --weights alone: build the rank manifests with `kern manifest build "
+                               f"--config CONFIG.JSON --tp {tp} --out m.json` and pass --manifest m.json")
+        cfg = _run_config(config, target, _overrides(manifest, kernels, weights, gpu, capacity, chunk), no_pins,
+                          "run")
         if prompt is not None and prompts is not None:
             raise RefusalError(f"--prompt with --prompts {prompts}: pass one or the other (the prompts file's lines "
                                "are the prompts)")
@@ -286,6 +319,39 @@ def run(
     _guarded("run", level, go)
 
 
+@app.command()
+def serve(
+    host: Annotated[str, typer.Option("--host", help="address to listen on")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="TCP port")] = 8000,
+    max_seqs: Annotated[int, typer.Option("--max-seqs", help="decode rows per step (1 until batched decode)")] = 1,
+    host_gib: Annotated[float, typer.Option("--host-gib", help="pinned host tier for parked prefixes, GiB")] = 0.0,
+    api_key: Annotated[Optional[str], typer.Option("--api-key", help="require 'Authorization: Bearer KEY'")] = None,
+    max_queue: Annotated[int, typer.Option("--max-queue", help="requests in flight at most (429 beyond)")] = 256,
+    token_budget: Annotated[Optional[int], typer.Option("--token-budget", help="tokens per step, decode rows plus "
+                                                        "prefill (default: chunk + max-seqs)")] = None,
+    drain_timeout: Annotated[float, typer.Option("--drain-timeout", help="seconds SIGTERM waits for requests in "
+                                                 "flight")] = 30.0,
+    model_name: Annotated[Optional[str], typer.Option("--model-name", help="the model name requests use "
+                                                      "(default: the target's)")] = None,
+    eager: Annotated[bool, typer.Option("--eager", help="replay decode launch by launch (no CUDA graph)")] = False,
+    target: TargetOpt = None, config: ConfigOpt = None, manifest: ManifestOpt = None, kernels: KernelsOpt = None,
+    weights: WeightsOpt = None, chunk: ChunkOpt = None, capacity: CapacityOpt = None, gpu: GpuOpt = None,
+    log_level: LogOpt = None,
+) -> None:
+    """Serve a target over an OpenAI-compatible HTTP API (docs/serve.md)."""
+    from .serve.server import ServeOptions, serve_target
+
+    level = resolve_level(log_level)
+    log = setup_logging(level)
+
+    def go() -> None:
+        cfg = resolve_config(find_toml(config), target, _overrides(manifest, kernels, weights, gpu, capacity, chunk))
+        serve_target(cfg, ServeOptions(host, port, max_seqs, host_gib, api_key, max_queue, token_budget,
+                                       drain_timeout, model_name, eager), log)
+
+    _guarded("serve", level, go)
+
+
 @app.command("test")
 def test_cmd(
     against: Annotated[str, typer.Option("--against", help="eager | chunk1 | transformers | path to manifest B")] = "eager",
@@ -296,16 +362,18 @@ def test_cmd(
                                                         "disagreement is not a mismatch")] = None,
     target: TargetOpt = None, config: ConfigOpt = None, manifest: ManifestOpt = None, kernels: KernelsOpt = None,
     weights: WeightsOpt = None, chunk: ChunkOpt = None, capacity: CapacityOpt = None, gpu: GpuOpt = None,
-    log_level: LogOpt = None,
+    no_pins: NoPinsOpt = False, log_level: LogOpt = None,
 ) -> None:
-    """A/B: the target against eager decode, chunk-1 prefill, another manifest or transformers."""
+    """A/B: the target against eager decode, chunk-1 prefill, another manifest or transformers (`--weights DIR`
+    alone: the manifest built from DIR/config.json, as for kern run)."""
     from .abtest import AbRequest, run_ab
 
     level = resolve_level(log_level)
     log = setup_logging(level)
 
     def go() -> int:
-        cfg = resolve_config(find_toml(config), target, _overrides(manifest, kernels, weights, gpu, capacity, chunk))
+        cfg = _run_config(config, target, _overrides(manifest, kernels, weights, gpu, capacity, chunk), no_pins,
+                          "test")
         comparisons, report = run_ab(cfg, AbRequest(against, prompts, steps, seed, margin_tol=margin_tol), log)
         print(report)
         return sum(len(c.hard_mismatches) for c in comparisons)
@@ -349,17 +417,84 @@ def manifest_check(
         raise typer.Exit(code)
 
 
+@manifest_app.command("build")
+def manifest_build(
+    out: Annotated[Path, typer.Option("--out", help="manifest to write (with --tp N: the rank files "
+                                      "<stem>-tp<N>-r<rank>.json beside it)")],
+    config: Annotated[Optional[Path], typer.Option("--config", help="a Qwen3 config.json")] = None,
+    shape: Annotated[Optional[str], typer.Option("--shape", help="a known shape instead: qwen3-0.6b, -1.7b, -4b, "
+                                                 "-8b, -14b, -32b or tiny")] = None,
+    kernels: Annotated[Optional[Path], typer.Option("--kernels", help="kernels directory (its kernels.json: the "
+                                                    "ABI), or the kernels.json itself (default: kern_run.kernels_dir(), "
+                                                    "the wheel's or the checkout's)")] = None,
+    name: Annotated[Optional[str], typer.Option("--name", help="manifest name (default: the shape, or the config's "
+                                                "directory name)")] = None,
+    chunk_max: Annotated[int, typer.Option("--chunk-max", help="tokens var max (largest prefill chunk)")] = 512,
+    max_context: Annotated[Optional[int], typer.Option("--max-context", help="positions per sequence (default "
+                                                       "min(40960, max_position_embeddings); tiny 4096)")] = None,
+    decode: Annotated[Optional[str], typer.Option("--decode", help="decode projections: gemv (M = 1 GEMVs, fused "
+                                                  "norms and residuals; default) or gemm (cuBLASLt; with --tp)")] = None,
+    m1_gemv: Annotated[bool, typer.Option("--m1-gemv", help="with --decode gemm: the decode projections on "
+                                          "kern_gemv_rows (M = 1)")] = False,
+    gemv: Annotated[str, typer.Option("--gemv", help="decode GEMV wiring: v1 warp-per-row, v2 rows family with the "
+                                      "SwiGLU epilogue")] = "v1",
+    decode_attn: Annotated[str, typer.Option("--decode-attn", help="decode attention: wide, early or split")] = "wide",
+    prefill_attn: Annotated[str, typer.Option("--prefill-attn", help="prefill attention: auto (wg where the head_dim "
+                                              "allows, else r32), wg, r32 or r16")] = "auto",
+    prefill_rope: Annotated[str, typer.Option("--prefill-rope", help="q/k norm + rope for chunks of 2+ tokens: warp "
+                                              "or block")] = "warp",
+    carveout: Annotated[int, typer.Option("--carveout", help="preferred shared-memory carveout, percent 0..100 "
+                                          "(-1: none, the driver's choice)")] = 100,
+    decode_splits: Annotated[int, typer.Option("--decode-splits", help="decode attention splits (0: auto)")] = 0,
+    decode_split_tokens: Annotated[int, typer.Option("--decode-split-tokens", help="minimum context tokens per "
+                                                     "decode split (a multiple of the page size)")] = 64,
+    sms: Annotated[int, typer.Option("--sms", help="SM count of the target GPU (132: H200)")] = 132,
+    gemv_threads_per_sm: Annotated[int, typer.Option("--gemv-threads-per-sm", help="decode GEMV grids fill at "
+                                                     "most this many threads per SM")] = 1024,
+    no_pdl: Annotated[bool, typer.Option("--no-pdl", help="no programmatic dependent launch in decode")] = False,
+    no_pdl_small: Annotated[bool, typer.Option("--no-pdl-small", help="PDL on the GEMVs and decode attention "
+                                               "only")] = False,
+    algos: Annotated[Optional[Path], typer.Option("--algos", help="cuBLASLt pins of tools/pick_algos.py "
+                                                  "(batch-invariant prefill GEMMs)")] = None,
+    tp: Annotated[int, typer.Option("--tp", help="tensor-parallel ranks: write one manifest per rank")] = 1,
+    no_verify: Annotated[bool, typer.Option("--no-verify", help="skip verification with kern_manifest")] = False,
+    log_level: LogOpt = None,
+) -> None:
+    """Build a Qwen3 manifest from a config.json (or a known --shape) and the kernels' ABI (docs/manifest.md).
+    Refusals name the file, config field or flag; nothing is written then."""
+    from .models.qwen3 import BuildRequest, build
+
+    options = {"chunk_max": chunk_max, "decode": decode, "m1_gemv": m1_gemv, "gemv": gemv, "decode_attn": decode_attn,
+               "prefill_attn": prefill_attn, "prefill_rope": prefill_rope,
+               "carveout": None if carveout == -1 else carveout, "decode_splits": decode_splits,
+               "split_tokens": decode_split_tokens, "sms": sms, "gemv_threads_per_sm": gemv_threads_per_sm,
+               "pdl": not no_pdl, "pdl_small": not no_pdl_small}
+
+    def go() -> list[str]:
+        from .package_data import kernels_dir
+
+        return build(BuildRequest(out=out, config=config, shape=shape, name=name, max_context=max_context, tp=tp,
+                                  kernels=kernels if kernels is not None else kernels_dir(), algos=algos,
+                                  verify=not no_verify, options=options))
+
+    for line in _guarded("manifest build", resolve_level(log_level), go):
+        print(f"kern manifest build: {line}")
+
+
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True}, add_help_option=False)
 def kernels(ctx: typer.Context) -> None:
     """Build the cubins and kernels/kernels.json: runs tools/build_kernels.py with the given arguments
-    (--help: its options)."""
+    (--help: its options). Building kernels needs the kern checkout (kernels-src/ and tools/); an installed
+    kern-run without one says so in one line (exit 2)."""
     toml = find_toml()
     root = toml.parent if toml else Path.cwd()
     script = root / "tools" / "build_kernels.py"
     if not script.is_file():
-        print(f"kern kernels: {script} not found: run from the kern repository", file=sys.stderr)
+        print(f"kern kernels: building kernels needs the kern checkout (kernels-src/ and tools/build_kernels.py); "
+              f"{script} not found: run it inside the kern repository", file=sys.stderr)
         raise typer.Exit(2)
-    raise typer.Exit(subprocess.call([sys.executable, str(script), *ctx.args], cwd=root))
+    # as a module from the checkout's root: `tools.*` resolves there without the workspace's editable install
+    raise typer.Exit(subprocess.call([sys.executable, "-m", "tools.build_kernels", *ctx.args], cwd=root))
 
 
 def main() -> None:  # `python -m kern_run.cli`

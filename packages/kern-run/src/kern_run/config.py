@@ -29,9 +29,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence, Union
 
-from kern_manifest import json_text_fault
+from kern_manifest import json_text_fault, read_regular_file
 
 from .errors import ConfigError
+from .jsonfile import MAX_CONFIG_BYTES
 
 TOML_NAME = "kern.toml"
 TARGET_KEYS = frozenset({"manifest", "kernels", "weights", "gpu", "capacity", "chunk"})
@@ -121,10 +122,12 @@ def _check_toml_file(path: Path, where: str) -> None:
 def load_targets(path: Path) -> tuple[str | None, dict[str, dict[str, Any]]]:
     """(default target name, {name: fields with paths made absolute}). Raises ConfigError."""
     try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+        raw = tomllib.loads(read_regular_file(path, MAX_CONFIG_BYTES, "kern.toml is a TOML file").decode("utf-8"))
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path} is {json_text_fault(exc)}") from None
-    except (OSError, tomllib.TOMLDecodeError) as exc:
+    except OSError as exc:
+        raise ConfigError(f"{path}: {exc.strerror or exc}") from None
+    except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: {exc}") from None
     except RecursionError:
         raise ConfigError(f"{path} is not usable TOML: it is nested too deeply") from None

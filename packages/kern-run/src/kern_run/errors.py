@@ -36,5 +36,12 @@ class InputError(RefusalError):
     """The prompt or generation options do not fit the manifest or the capacity."""
 
 
+class ManifestBuildError(RefusalError):
+    """A manifest builder (kern_run.models) cannot make a manifest from this config.json, kernels.json, pins
+    file or these options; the message names the file and key, or the option (`field (--flag) value`)."""
+
+    exit_code = 1
+
+
 class SamplingError(InputError):
     """A sampling parameter outside its range (kern_run.sampling): names the field, the value and the range."""

@@ -31,12 +31,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence, TextIO
 
-from kern_manifest import json_text_fault
+from kern_manifest import json_text_fault, read_regular_file
 from kern_pool import Prefix
 
 from .contract import PrefixRuntime, Reserved, SeqLease
 from .errors import InputError
 from .generate import GenerateOptions, GenerateResult, Generator, pool_tokens
+from .jsonfile import MAX_PROMPTS_BYTES
 from .text import text_fault
 
 
@@ -50,9 +51,10 @@ def read_prompts(path: str | Path) -> list[str]:
     `"\\ud800"`), naming the line number in the file.
     """
     try:
-        all_lines = Path(path).read_text(encoding="utf-8").splitlines()
+        data = read_regular_file(path, MAX_PROMPTS_BYTES, "a prompts file is a text or JSONL file", "a prompts file")
+        all_lines = data.decode("utf-8").splitlines()
     except OSError as exc:
-        raise InputError(f"--prompts {path}: {exc}") from None
+        raise InputError(f"--prompts {path}: {exc.strerror or exc}") from None
     except UnicodeDecodeError as exc:
         raise InputError(f"--prompts {path}: {json_text_fault(exc)}") from None
     numbered = [(i, line) for i, line in enumerate(all_lines, 1) if line.strip()]

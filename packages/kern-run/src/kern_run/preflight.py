@@ -66,7 +66,7 @@ class ManifestFacts:
     page_tokens: int
     pages_per_seq: int
     # meta.caller.prefill_batch_invariant: a token's K/V bits do not depend on the chunk that prefilled it
-    # (tools/gen_qwen3.py --algos), so a cached prefix may be resumed at any token
+    # (kern manifest build --algos), so a cached prefix may be resumed at any token
     prefill_batch_invariant: bool = False
     # meta.caller.decode_advance: {"ring": the host-mapped token ring buffer, ...} (frozen JSON) when the decode
     # program advances its own inputs (generate.py's pipelined loop); None: the host writes every step's inputs
@@ -88,7 +88,7 @@ def check_verifies(source: Any, path: Path) -> Manifest:
         parsed = parse_manifest(source)
         verify(parsed)
     except ManifestParseError as exc:
-        raise ConfigError(f"manifest {path}: {exc}; regenerate it (tools/gen_qwen3.py)") from None
+        raise ConfigError(f"manifest {path}: {exc}; regenerate it (kern manifest build)") from None
     except ManifestVerifyError as exc:
         first = exc.faults[0]
         more = f" (+{len(exc.faults) - 1} more: kern-manifest check {path})" if len(exc.faults) > 1 else ""
@@ -118,7 +118,7 @@ CALLER_PROGRAMS = ("prefill", "decode")
 
 def read_manifest(path: Path) -> ManifestFacts:
     """Parse and verify the manifest and pull the caller contract's facts. Raises ConfigError."""
-    manifest = load_verified(path, "; generate it with tools/gen_qwen3.py")
+    manifest = load_verified(path, "; generate it with kern manifest build")
     try:
         tokens_max = manifest.vars["tokens"].max
         paged = [s for s in manifest.states.values() if s.kind == "paged"]
@@ -135,16 +135,16 @@ def read_manifest(path: Path) -> ManifestFacts:
     invariant = caller.get("prefill_batch_invariant", False)
     if not isinstance(invariant, bool):
         raise ConfigError(f"manifest {path}: $.meta.caller.prefill_batch_invariant = {_shown(invariant)} must be "
-                          "true or false; regenerate it (tools/gen_qwen3.py)")
+                          "true or false; regenerate it (kern manifest build)")
     advance = caller.get("decode_advance")
     if "decode_advance" in caller:
         if not isinstance(advance, Mapping):
             raise ConfigError(f"manifest {path}: $.meta.caller.decode_advance = {_shown(advance)} must be an object "
-                              "naming the token ring ({\"ring\": BUFFER, ...}); regenerate it (tools/gen_qwen3.py)")
+                              "naming the token ring ({\"ring\": BUFFER, ...}); regenerate it (kern manifest build)")
         ring = advance.get("ring")
         if not isinstance(ring, str) or ring not in manifest.buffers:
             raise ConfigError(f"manifest {path}: $.meta.caller.decode_advance.ring = {_shown(ring)} must name a "
-                              "buffer of the manifest (the token ring); regenerate it (tools/gen_qwen3.py)")
+                              "buffer of the manifest (the token ring); regenerate it (kern manifest build)")
     return ManifestFacts(manifest, tokens_max, page_tokens, pages_per_seq, invariant, advance)
 
 
@@ -177,7 +177,7 @@ def caller_meta(manifest: Manifest, path: Path) -> Mapping[str, Any]:
     caller = meta["caller"]
     if not isinstance(caller, Mapping):
         raise ConfigError(f"manifest {path}: $.meta.caller = {_shown(caller)} must be an object (the caller "
-                          "contract's geometry and flags, docs/caller.md); regenerate it (tools/gen_qwen3.py)")
+                          "contract's geometry and flags, docs/caller.md); regenerate it (kern manifest build)")
     return caller
 
 
@@ -416,7 +416,7 @@ def check_prompt(prompt_tokens: int, capacity_tokens: int, facts: ManifestFacts)
         also = f" and --capacity ({capacity_tokens})" if capacity_tokens < prompt_tokens else ""
         raise InputError(f"the prompt is {prompt_tokens} tokens, more than the manifest's max context "
                          f"({facts.max_context} tokens){also}: shorten it, or use a manifest generated with a larger "
-                         "--max-context (tools/gen_qwen3.py)")
+                         "--max-context (kern manifest build)")
     if prompt_tokens > capacity_tokens:
         raise InputError(f"the prompt is {prompt_tokens} tokens, more than --capacity ({capacity_tokens} tokens): "
                          f"shorten it or raise --capacity (<= {facts.max_context})")

@@ -33,14 +33,15 @@ class Prepared:
     prompt_ids: tuple[tuple[int, ...], ...] = ()  # the `prompts` given to prepare, tokenized and checked
 
 
-def prepare(cfg: RunConfig, check_device: bool = True, prompts: Sequence[str] = ()) -> Prepared:
+def prepare(cfg: RunConfig, check_device: bool = True, prompts: Sequence[str] = (),
+            shared_pool: bool = False) -> Prepared:
     """Every refusal that needs no GPU, then the device probe last, so a machine without a GPU still
     reports a bad manifest, capacity, kernels directory, checkpoint, chunk or prompt (each of `prompts` is
     tokenized and checked against the capacity; with several, the refusal names the prompt's number). A capacity
     given above the manifest's max context is refused unless several prompts share the pool (their cached
-    prefixes use it). Raises RefusalError subclasses."""
+    prefixes use it), or `shared_pool` says requests will (`kern serve`). Raises RefusalError subclasses."""
     facts = read_manifest(cfg.manifest)
-    check_capacity(cfg.capacity_tokens, cfg.capacity_from, facts, one_sequence=len(prompts) <= 1)
+    check_capacity(cfg.capacity_tokens, cfg.capacity_from, facts, one_sequence=len(prompts) <= 1 and not shared_pool)
     chunk = resolve_chunk(cfg.chunk, facts)
     check_kernels(facts, cfg.kernels)
     tensors = checkpoint_tensors(cfg.weights)

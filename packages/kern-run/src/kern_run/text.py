@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Callable, TextIO
 
 from .errors import InputError
-from .jsonfile import read_json
+from .jsonfile import MAX_TOKENIZER_BYTES, bounded, read_json, read_text
 
 
 def checkpoint_dir(weights: Any) -> Path:
@@ -76,8 +76,10 @@ def load_codec(weights: Any) -> TextCodec:
     if not path.is_file():
         raise InputError(f"no tokenizer.json next to the weights ({path}); make_checkpoint.py writes one, "
                          "or copy the model's tokenizer.json there")
+    text = read_text(path, "tokenizer", InputError, ": copy the model's tokenizer.json there",
+                     bounded(MAX_TOKENIZER_BYTES))
     try:
-        tokenizer = Tokenizer.from_file(str(path))
+        tokenizer = Tokenizer.from_str(text)
     except Exception as exc:  # noqa: BLE001 - tokenizers raises a bare Exception for any bad file
         reason = " ".join(str(exc).split()) or type(exc).__name__
         raise InputError(f"{path} is not a usable tokenizer.json ({reason}): copy the model's tokenizer.json "

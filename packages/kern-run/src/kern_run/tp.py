@@ -1,7 +1,7 @@
 """`kern run --tp N`: one process, N runtimes (GPUs gpu .. gpu+N-1), tensor-parallel manifests.
 
 The target's manifest `<dir>/<name>.json` names the TP=1 model; the rank manifests are
-`<dir>/<name>-tp<N>-r<rank>.json` (tools/gen_qwen3_tp.py). Each rank loads its manifest with
+`<dir>/<name>-tp<N>-r<rank>.json` (kern manifest build --tp N). Each rank loads its manifest with
 `ranks={"tp": rank}`, the runtimes are joined with `kern_runtime.multigpu.connect_local` (peers, and
 every NCCL communicator inside one group call), and the ordinary `Generator` drives a `TpRuntime`, the
 group's `contract.CallerRuntime`: inputs are written to every rank, programs are issued through the
@@ -107,8 +107,8 @@ def tp_preflight(cfg: RunConfig, tp: int) -> list[ManifestFacts]:
     missing = [str(p) for p in paths if not p.is_file()]
     if missing:
         shown = missing if len(missing) <= 4 else [*missing[:3], f"... ({len(missing)} in all)"]
-        raise RefusalError(f"--tp {tp}: rank manifest(s) {shown} not found: python tools/gen_qwen3_tp.py "
-                           f"--tp {tp} --out-dir {Path(cfg.manifest).parent} ...")
+        raise RefusalError(f"--tp {tp}: rank manifest(s) {shown} not found: kern manifest build "
+                           f"--tp {tp} --out {cfg.manifest} ...")
     facts = read_manifest(paths[0])
     check_capacity(cfg.capacity_tokens, cfg.capacity_from, facts)
     check_kernels(facts, cfg.kernels)
@@ -117,7 +117,7 @@ def tp_preflight(cfg: RunConfig, tp: int) -> list[ManifestFacts]:
     for rank, path in enumerate(paths):
         rank_facts = facts
         if rank:
-            manifest = load_verified(path, f"; regenerate it with tools/gen_qwen3_tp.py --tp {tp}")
+            manifest = load_verified(path, f"; regenerate it with kern manifest build --tp {tp}")
             rank_facts = replace(facts, manifest=manifest)
         try:
             check_weights(rank_facts, tensors, cfg.weights)

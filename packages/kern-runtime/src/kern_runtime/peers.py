@@ -29,11 +29,15 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from kern_manifest import json_text_fault
+
 from .driver import call, cu
 from .errors import ApiError, DriverError
 
 OFFER_MAGIC = b"KERN-OFFER/1\n"
 FABRIC_HANDLE_BYTES = 64
+NCCL_ID_BYTES = 128  # ncclUniqueId
+MAX_OFFER_BYTES = 64 * 2**20  # an offer of 40 GiB of states in 2 MiB blocks is about 2 MiB
 
 
 @dataclass(frozen=True)
@@ -68,14 +72,65 @@ class PeerHandle:
                 "blocks": [[b.offset, b.nbytes, base64.b64encode(bytes(b.handle)).decode("ascii")] for b in self.blocks]}
 
     @classmethod
-    def from_json(cls, obj: Mapping[str, Any]) -> "PeerHandle":
+    def from_json(cls, obj: Any) -> "PeerHandle":
+        """The handle of `to_json()`'s object. Raises ApiError for anything else: a value of the wrong JSON type,
+        a negative count (nbytes, gpu, pid, a block's offset or size), blocks out of order, overlapping or past
+        `nbytes`, or a fabric handle that is not 64 bytes."""
+        o = _wire_object(obj, "peer handle")
+        name = _wire_str(o.get("name"), "peer handle name")
+        where = f"peer handle {name!r}"
+        nbytes = _wire_count(o.get("nbytes"), f"{where}: nbytes")
         blocks = []
-        for offset, nbytes, data in obj["blocks"]:
-            raw = base64.b64decode(data)
+        end = 0
+        for i, item in enumerate(_wire_list(o.get("blocks"), f"{where}: blocks")):
+            if not isinstance(item, list) or len(item) != 3:
+                raise ApiError(f"malformed kern offer: {where}: block {i} is not [offset, nbytes, handle]")
+            offset = _wire_count(item[0], f"{where}: block {i} offset")
+            size = _wire_count(item[1], f"{where}: block {i} nbytes", low=1)
+            if offset < end or offset + size > nbytes:
+                raise ApiError(f"malformed kern offer: {where}: block {i} spans bytes {offset}..{offset + size}; blocks "
+                               f"ascend without overlap inside the {nbytes} bytes of the allocation")
+            end = offset + size
+            try:
+                raw = base64.b64decode(_wire_str(item[2], f"{where}: block {i} handle"), validate=True)
+            except ValueError:
+                raise ApiError(f"malformed kern offer: {where}: block {i} handle is not base64") from None
             if len(raw) != FABRIC_HANDLE_BYTES:
-                raise ApiError(f"peer handle {obj['name']!r}: a fabric handle is {FABRIC_HANDLE_BYTES} bytes, got {len(raw)}")
-            blocks.append(PeerBlock(int(offset), int(nbytes), raw))
-        return cls(str(obj["name"]), "fabric", int(obj["nbytes"]), tuple(blocks), int(obj["gpu"]), int(obj["pid"]))
+                raise ApiError(f"peer handle {name!r}: a fabric handle is {FABRIC_HANDLE_BYTES} bytes, got {len(raw)}")
+            blocks.append(PeerBlock(offset, size, raw))
+        return cls(name, "fabric", nbytes, tuple(blocks), _wire_count(o.get("gpu"), f"{where}: gpu"),
+                   _wire_count(o.get("pid"), f"{where}: pid", low=1))
+
+
+def _wire_kind(value: Any) -> str:
+    return {dict: "an object", list: "an array", str: "a string", bool: "a boolean", int: "an integer",
+            float: "a number", type(None): "null"}.get(type(value), type(value).__name__)
+
+
+def _wire_object(value: Any, what: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ApiError(f"malformed kern offer: {what} is {_wire_kind(value)}, expected an object")
+    return value
+
+
+def _wire_list(value: Any, what: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise ApiError(f"malformed kern offer: {what} is {_wire_kind(value)}, expected an array")
+    return value
+
+
+def _wire_str(value: Any, what: str) -> str:
+    if not isinstance(value, str):
+        raise ApiError(f"malformed kern offer: {what} is {_wire_kind(value)}, expected a string")
+    return value
+
+
+def _wire_count(value: Any, what: str, low: int = 0) -> int:
+    """An integer >= `low` (a JSON integer: not a boolean, a number with a fraction or a string)."""
+    if type(value) is not int or value < low:
+        shown = repr(value)[:40] if type(value) is int else _wire_kind(value)
+        raise ApiError(f"malformed kern offer: {what} is {shown}, expected an integer >= {low}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -99,16 +154,39 @@ class Offer:
 
     @classmethod
     def from_bytes(cls, data: bytes) -> "Offer":
-        """Parse `to_bytes()` output. Raises ApiError for anything else."""
+        """Parse `to_bytes()` output (bytes-like, at most MAX_OFFER_BYTES). Raises ApiError for anything else:
+        not bytes, no magic line, not ASCII JSON (nested too deeply included), a missing key or a value of the
+        wrong JSON type, a negative rank, byte count, GPU or block range (`PeerHandle.from_json`), an NCCL id
+        that is not base64 of 128 bytes."""
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise ApiError(f"a kern offer is bytes (Offer.to_bytes), got {type(data).__name__}")
+        data = bytes(data)
         if not data.startswith(OFFER_MAGIC):
             raise ApiError("not a kern offer (the wire form starts with 'KERN-OFFER/1')")
+        if len(data) > MAX_OFFER_BYTES:
+            raise ApiError(f"malformed kern offer: {len(data)} bytes, more than the {MAX_OFFER_BYTES} an offer may hold")
         try:
             body = json.loads(data[len(OFFER_MAGIC):].decode("ascii"))
-            return cls(str(body["family_digest"]), str(body["digest"]), {g: int(r) for g, r in body["ranks"].items()},
-                       {n: PeerHandle.from_json(h) for n, h in body["handles"].items()},
-                       {g: base64.b64decode(u) for g, u in body["nccl_ids"].items()})
-        except (KeyError, TypeError, ValueError, UnicodeDecodeError) as exc:
-            raise ApiError(f"malformed kern offer: {type(exc).__name__}: {exc}") from None
+        except (ValueError, RecursionError) as exc:  # not ASCII, not JSON, nested too deeply, too many digits
+            raise ApiError(f"malformed kern offer: {json_text_fault(exc) or exc}") from None
+        o = _wire_object(body, "the offer")
+        for key in ("family_digest", "digest", "ranks", "handles", "nccl_ids"):
+            if key not in o:
+                raise ApiError(f"malformed kern offer: no {key!r}")
+        ranks = {_wire_str(g, "a group name"): _wire_count(r, f"rank in group {g!r}")
+                 for g, r in _wire_object(o["ranks"], "ranks").items()}
+        handles = {n: PeerHandle.from_json(h) for n, h in _wire_object(o["handles"], "handles").items()}
+        nccl_ids = {}
+        for g, u in _wire_object(o["nccl_ids"], "nccl_ids").items():
+            try:
+                nccl_ids[g] = base64.b64decode(_wire_str(u, f"NCCL id of group {g!r}"), validate=True)
+            except ValueError:
+                raise ApiError(f"malformed kern offer: the NCCL id of group {g!r} is not base64") from None
+            if len(nccl_ids[g]) != NCCL_ID_BYTES:
+                raise ApiError(f"malformed kern offer: the NCCL id of group {g!r} is {len(nccl_ids[g])} bytes, "
+                               f"expected {NCCL_ID_BYTES}")
+        return cls(_wire_str(o["family_digest"], "family_digest"), _wire_str(o["digest"], "digest"), ranks, handles,
+                   nccl_ids)
 
 
 def check_offers(group: str, size: int, offers: list[Offer], family_digest: str, my_rank: int | None = None) -> None:

@@ -83,6 +83,17 @@ class Lease:
         return self.inner.frozen_tokens
 
     @property
+    def reached_tokens(self) -> int:
+        """The position the sequence has reached (kern_pool `Lease.reached_tokens`); with a slot, checkpoint /
+        fork / retire only at exactly this length."""
+        return self.inner.reached_tokens
+
+    def advance_to(self, num_tokens: int) -> None:
+        """Declare the first `num_tokens` tokens consumed (kern_pool `Lease.advance_to`): for positions written
+        without `slot` / `slots`, e.g. a slot-only lease. kern_pool `Misuse` going back or past the pages."""
+        self.inner.advance_to(num_tokens)
+
+    @property
     def paged(self) -> bool:
         return self.inner.paged
 
@@ -635,8 +646,9 @@ class PoolMethods:
 
     def park(self, room: kern_pool.Room) -> kern_pool.Parked:
         """Copy the room's checkpoint to the host on the transfer stream (after everything queued on
-        the compute stream). The checkpoint's device pages return when the copy lands (`landed`,
-        `settle`, or any later pool call that finds it done)."""
+        the compute stream). The checkpoint's device pages and slot return when the copy lands (`landed`,
+        `settle`, or any later pool call that finds it done), even if the checkpoint is closed before
+        (kern_pool's park holds them)."""
         ps, hs = self._hs()
         parked = hs.host.park(room)
         copies = hs.copies(parked.plan, ps.pages, ps.slots)
@@ -664,8 +676,11 @@ class PoolMethods:
     def wake(self, parked: kern_pool.Parked, num_tokens: int, lease_tokens: int, *, hold: Any = None,
              wait: bool = True) -> Waking:
         """Lease `lease_tokens` tokens of pages and fill the first `num_tokens` from `parked` on the
-        transfer stream (after everything queued on the compute stream). `awake` hands out the lease."""
+        transfer stream (after everything queued on the compute stream). `awake` hands out the lease.
+        A `parked` whose park has not landed (its own copy, or a park whose host pages it reuses): with
+        `wait` this blocks until the parks in flight land; else kern_pool `NotLanded`, nothing issued."""
         ps, hs = self._hs()
+        _after_parks(hs, parked, wait)
         inner = self._pool_request(lambda pool: hs.host.wake(parked, num_tokens, lease_tokens, hold=hold), wait)
         self._transfer_after_compute(hs)
         ps.run(inner.lease_copies, hs.stream)  # zero a slot the host does not fill
@@ -701,8 +716,11 @@ class PoolMethods:
 
     def wake_now(self, parked: kern_pool.Parked, num_tokens: int, lease_tokens: int, *, hold: Any = None,
                  wait: bool = True) -> Lease:
-        """`wake` with the copies on the compute stream: the lease is usable at once."""
+        """`wake` with the copies on the compute stream: the lease is usable at once. The compute stream never
+        waits for the transfer stream: a `parked` whose park has not landed is waited for on the host (`wait`)
+        or refused (kern_pool `NotLanded`), as in `wake`."""
         ps, hs = self._hs()
+        _after_parks(hs, parked, wait)
         inner = self._pool_request(lambda pool: hs.host.wake(parked, num_tokens, lease_tokens, hold=hold), wait)
         ps.run(inner.lease_copies, self.stream)
         issue_copies(hs.copies(inner.plan, ps.pages, ps.slots), self.stream)
@@ -748,6 +766,13 @@ class PoolMethods:
         check_host_copies(plan, direction, _device_id_check(ps.pool, "page"), _device_id_check(ps.pool, "slot"),
                           hs.geometry, what)
         issue_copies(hs.copies(plan, ps.pages, ps.slots), self.stream)
+
+
+def _after_parks(hs: _HostState, parked: Any, wait: bool) -> None:
+    """A wake reads host pages that a park in flight may still be writing; kern_pool refuses it (`NotLanded`)
+    until that park has landed. With `wait`, block until every park in flight has landed first."""
+    if wait and isinstance(parked, kern_pool.Parked) and not parked.closed and not parked.landed:
+        hs.poll(block=True)
 
 
 def _no_host_yet(ps: PoolState) -> None:

@@ -19,7 +19,6 @@ import os
 import time
 import weakref
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import numpy as np
@@ -69,9 +68,10 @@ def load_spec(manifest: Any) -> Spec:
             parsed = manifest
         elif isinstance(manifest, (str, os.PathLike)) and not str(manifest).lstrip().startswith("{"):
             try:
-                text = Path(manifest).read_bytes()
+                text = kern_manifest.read_manifest_bytes(manifest)  # a regular file of at most 64 MiB
             except OSError as exc:
-                raise kern_manifest.ManifestParseError("$", f"cannot read manifest {os.fspath(manifest)!r}: {exc}") from None
+                raise kern_manifest.ManifestParseError(
+                    "$", f"cannot read manifest {os.fspath(manifest)!r}: {exc.strerror or exc}") from None
             parsed = kern_manifest.parse_manifest(text)
         else:
             parsed = kern_manifest.parse_manifest(manifest)

@@ -432,14 +432,26 @@ def _call_args(op: OpSpec, args: Mapping[str, Any], path: str) -> dict[str, Call
 
 
 def _flatten(name: str, raw_programs: Mapping[str, Any], ops: Mapping[str, OpSpec], stack: tuple[str, ...]) -> list[CallSpec]:
-    if name in stack:
-        raise ManifestError(f"programs.{name}: inline cycle {' -> '.join(stack + (name,))}")
+    """The op calls of program `name`, inlined programs expanded with an explicit stack (a verified manifest's
+    chain of inlined programs may be longer than Python's recursion limit; its expansion is at most
+    kern_manifest's MAX_PROGRAM_CALLS)."""
     calls: list[CallSpec] = []
-    for i, call in enumerate(raw_programs[name].get("calls", [])):
-        path = f"programs.{name}.calls[{i}]"
-        if "program" in call:
-            calls.extend(_flatten(call["program"], raw_programs, ops, stack + (name,)))
+    frames = [(name, iter(enumerate(raw_programs[name].get("calls", []))))]
+    names = [*stack, name]
+    while frames:
+        current, items = frames[-1]
+        i, call = next(items, (None, None))
+        if call is None:
+            frames.pop()
+            names.pop()
             continue
+        if "program" in call:
+            if call["program"] in names:
+                raise ManifestError(f"programs.{call['program']}: inline cycle {' -> '.join((*names, call['program']))}")
+            frames.append((call["program"], iter(enumerate(raw_programs[call["program"]].get("calls", [])))))
+            names.append(call["program"])
+            continue
+        path = f"programs.{current}.calls[{i}]"
         op = ops.get(call["op"])
         if op is None:
             raise ManifestError(f"{path}.op: unknown op {call['op']!r}")

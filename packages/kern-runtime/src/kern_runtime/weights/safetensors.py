@@ -28,12 +28,13 @@ from __future__ import annotations
 import json
 import math
 import os
+import stat
 import struct
 from pathlib import Path, PurePosixPath
 from typing import Iterable, Sequence
 
 import numpy as np
-from kern_manifest import json_text_fault
+from kern_manifest import json_text_fault, read_regular_file
 
 from ..dtypes import SAFETENSORS_DTYPE, item_bytes
 from ..errors import ApiError, WeightArtifactError
@@ -41,6 +42,7 @@ from .tensors import Blob, FileBlob, HostBlob, TensorMeta
 
 INDEX_NAME = "model.safetensors.index.json"
 MAX_HEADER_BYTES = 100 * 1024 * 1024
+MAX_INDEX_BYTES = 64 * 2**20  # model.safetensors.index.json (a few hundred KiB for the largest checkpoints)
 
 
 class _DuplicateKey(Exception):
@@ -82,7 +84,12 @@ def read_safetensors_header(path: str | os.PathLike[str]) -> dict[str, tuple[Ten
     """
     path = os.fspath(path)
     try:
-        with open(path, "rb") as fh:
+        # O_NONBLOCK: a FIFO named *.safetensors opens at once (and is refused below) instead of waiting forever
+        with open(os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)), "rb") as fh:
+            mode = os.fstat(fh.fileno()).st_mode
+            if not stat.S_ISREG(mode):
+                kind = "a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "a device"
+                raise WeightArtifactError(f"{path}: not a regular file ({kind}); a safetensors shard is a file")
             head = fh.read(8)
             if len(head) != 8:
                 raise WeightArtifactError(f"{path}: not a safetensors file (shorter than 8 bytes)")
@@ -185,7 +192,7 @@ def index_shards(index: Path) -> list[str]:
     naming the index (and the entry) for an unreadable file, no `weight_map` object, or a shard path that
     is absolute or leaves the directory."""
     try:
-        text = index.read_text(encoding="utf-8")
+        text = read_regular_file(index, MAX_INDEX_BYTES, "an index is a JSON file", "an index").decode("utf-8")
     except OSError as exc:
         raise WeightArtifactError(f"{index}: {exc.strerror or exc}") from None
     except UnicodeDecodeError as exc:
@@ -260,12 +267,20 @@ class SafetensorsTensors:
     def open(cls, path: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> "SafetensorsTensors":
         """Open a checkpoint directory (with or without index json), one file, or a list of files.
 
-        Raises WeightArtifactError when nothing is found or a shard named by the index is missing.
+        Raises WeightArtifactError when nothing is found, a shard named by the index is missing, or a file is
+        not a regular file (a FIFO named `*.safetensors` is refused, never waited on); ApiError when `path` (or
+        a list item) is not a str or os.PathLike.
         """
+        items = list(path) if isinstance(path, (list, tuple)) else [path]
+        for i, item in enumerate(items):
+            if not isinstance(item, (str, os.PathLike)):
+                where = "path" if not isinstance(path, (list, tuple)) else f"path #{i}"
+                raise ApiError(f"SafetensorsTensors.open: {where} is {repr(item)[:60]} ({type(item).__name__}), not a "
+                               "str or os.PathLike (a checkpoint directory or .safetensors file; bytes go to parse)")
         if isinstance(path, (list, tuple)):
-            return cls(list(path))
+            return cls(items)
         root = Path(path)
-        if root.is_file():
+        if root.is_file() or (root.exists() and not root.is_dir()):  # a FIFO or device: refused by its header read
             return cls([root])
         if not root.is_dir():
             raise WeightArtifactError(f"{root}: no such checkpoint file or directory")

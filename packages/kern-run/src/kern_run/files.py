@@ -1,6 +1,6 @@
-"""Writing tool outputs whole: every file of a set goes to a temporary file beside its target and is renamed
-over it only when all are written, so no tool leaves a half-written or truncated output. Standard library only;
-used by gen_qwen3 (and the tools that reuse its writer), build_kernels and qwen_tokenizer_json."""
+"""Writing outputs whole: every file of a set goes to a temporary file beside its target and is renamed over it only
+when all are written, so no kern command or tool leaves a half-written or truncated output. Standard library only;
+used by `kern manifest build` and the tools (build_kernels, make_checkpoint, pick_algos, regen_manifests, ...)."""
 
 from __future__ import annotations
 

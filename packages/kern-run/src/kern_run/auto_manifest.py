@@ -1,0 +1,128 @@
+"""`kern run --weights DIR` without --manifest / --target: the manifest built from DIR/config.json in-process
+(kern_run.models.qwen3) and cached, so a later run reuses it (docs/caller.md "Your own checkpoint").
+
+The cache file is `user_cache_dir("kern")/manifests/<name>-<key16>.json`, the key a sha256 over the config.json
+text, kernels.json, the build options, the pins file and kern-run's version: any change builds a new manifest.
+Everything here runs before anything loads: the config refusals (Qwen3Config.from_json: the field and its value),
+the tie check against the checkpoint's tensor names, the pins lookup (kern_run.pins_cache).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, TextIO
+
+from . import __version__
+from .config import DEFAULT_CAPACITY_TOKENS, RunConfig, Weights, normalize_weights, weights_label
+from .errors import ConfigError, ManifestBuildError
+from .models.qwen3 import BuildRequest, Qwen3Config, build_texts, read_json_file
+from .models.qwen3.abi import kernels_json_path
+from .models.qwen3.command import write_outputs
+from .models.qwen3.options import BuildOptions, validate
+from .package_data import kernels_dir
+from .pins_cache import cache_root, device_stamp, find_pins
+
+DEFAULT_CHUNK_MAX = 512  # `kern manifest build`'s --chunk-max default
+
+
+@dataclass(frozen=True)
+class AutoRequest:
+    """The `kern run` flags that decide the manifest. `weights`: one path or several .safetensors files (config.json
+    beside the first); `kernels` None: kern_run.kernels_dir(); `pins` False: --no-pins; `chunk`: --chunk (a chunk
+    maximum of at least 512 tokens is built, more when --chunk asks for more)."""
+
+    weights: Weights
+    kernels: Path | None = None
+    gpu: int = 0
+    capacity: int | None = None
+    chunk: int | None = None
+    pins: bool = True
+
+
+def config_path(weights: Weights) -> Path:
+    """config.json beside the checkpoint: in the directory, or beside the (first) .safetensors file."""
+    first = weights if isinstance(weights, Path) else weights[0]
+    return first / "config.json" if first.is_dir() else first.parent / "config.json"
+
+
+def model_name(config: Path) -> str:
+    """The manifest name: the checkpoint directory's name, or for a hub snapshot
+    (`models--ORG--NAME/snapshots/REV/`) NAME."""
+    folder = config.resolve().parent
+    if folder.parent.name == "snapshots" and folder.parent.parent.name.startswith("models--"):
+        return folder.parent.parent.name.split("--")[-1]
+    return folder.name
+
+
+def check_tie(cfg: Qwen3Config, weights: Weights, source: str) -> None:
+    """tie_word_embeddings against the checkpoint: a tied config with an lm_head.weight tensor, or an untied one
+    without, is refused (one line naming the field, its value and the checkpoint). Raises WeightsError for an
+    unreadable checkpoint (preflight.checkpoint_tensors), ManifestBuildError for a mismatch."""
+    from .preflight import checkpoint_tensors
+
+    has_head = "lm_head.weight" in checkpoint_tensors(weights)
+    if cfg.tied and has_head:
+        raise ManifestBuildError(f"{source}: tie_word_embeddings = true, but the checkpoint {weights_label(weights)} "
+                                 "holds lm_head.weight (an untied checkpoint): the config and the weights disagree")
+    if not cfg.tied and not has_head:
+        raise ManifestBuildError(f"{source}: tie_word_embeddings = false, but the checkpoint "
+                                 f"{weights_label(weights)} has no lm_head.weight (a tied checkpoint): the config "
+                                 "and the weights disagree")
+
+
+def cache_key(config_text: str, kernels_json: bytes, options: dict, pins_text: str | None) -> str:
+    """sha256 (hex) over what decides the manifest: the config.json text, kernels.json, the options, the pins
+    file's text (None: --no-pins) and kern-run's version (the builder's)."""
+    doc = {"config": hashlib.sha256(config_text.encode()).hexdigest(),
+           "kernels": hashlib.sha256(kernels_json).hexdigest(), "options": options,
+           "pins": None if pins_text is None else hashlib.sha256(pins_text.encode()).hexdigest(),
+           "kern_run": __version__}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+
+
+def auto_config(req: AutoRequest, err: TextIO | None = None,
+                stamp: Callable[[int], tuple[str, int]] = device_stamp, command: str = "run") -> RunConfig:
+    """The RunConfig of `req`, its manifest built (or found in the cache). Prints one line on `err` (stderr):
+    `kern COMMAND: built manifest PATH (...)` or `kern COMMAND: reused manifest PATH (...)`. `stamp`: (GPU name,
+    cuBLASLt version) of a device ordinal (pins_cache.device_stamp; tests pass their own). Raises ConfigError (no
+    config.json), ManifestBuildError (the config or options refused, tie mismatch), WeightsError, RefusalError /
+    NoDeviceError (pins)."""
+    err = err if err is not None else sys.stderr
+    weights = normalize_weights(req.weights)
+    config = config_path(weights)
+    if not config.is_file():
+        raise ConfigError(f"--weights {weights_label(weights)}: no config.json at {config}: a Hugging Face "
+                          "checkpoint directory has one (or pass --manifest / --target)")
+    raw, text = read_json_file(config)
+    cfg = Qwen3Config.from_json(raw, str(config))
+    check_tie(cfg, weights, str(config))
+    kernels = req.kernels if req.kernels is not None else kernels_dir()
+    chunk_max = max(DEFAULT_CHUNK_MAX, req.chunk or 0)
+    name = model_name(config)
+    plan = validate(cfg, BuildOptions(name, max_context=min(40960, cfg.max_position_embeddings), chunk_max=chunk_max))
+    pins = None
+    if req.pins:
+        device, version = stamp(req.gpu)
+        pins = find_pins(plan.prefill_shapes, device, version, chunk_max)
+    try:
+        kernels_bytes = kernels_json_path(kernels).read_bytes()
+    except OSError as exc:
+        raise ManifestBuildError(f"--kernels {kernels}: {kernels_json_path(kernels)}: {exc.strerror or exc}") from None
+    options = {"chunk_max": chunk_max}
+    key = cache_key(text, kernels_bytes, {**options, "name": name}, None if pins is None else pins.read_text())
+    out = cache_root() / "manifests" / f"{name}-{key[:16]}.json"
+    what = f"from {config}, pins {pins}" if pins else f"from {config}, --no-pins: prefill not batch-invariant"
+    if out.is_file():
+        print(f"kern {command}: reused manifest {out} ({what})", file=err)
+    else:
+        texts = build_texts(BuildRequest(out=out, config=config, kernels=kernels, name=name, algos=pins,
+                                         options=options))
+        write_outputs(texts)
+        print(f"kern {command}: built manifest {out} ({what})", file=err)
+    return RunConfig(manifest=out, kernels=kernels, weights=weights, gpu=req.gpu,
+                     capacity_tokens=req.capacity or DEFAULT_CAPACITY_TOKENS, chunk=req.chunk,
+                     capacity_from="--capacity" if req.capacity else None)

@@ -1,0 +1,85 @@
+"""The attention ops: q/k RMSNorm + RoPE + paged K/V write, chunked-prefill attention, split-K decode attention.
+
+`num_pages` (int) is the page-id bound of the attention kernels and the slot bound of the K/V writes, passed as
+{"pages_of": "kv.<layer>"} (the pages of that state's reserved range, resolved by the runtime at load;
+docs/manifest.md "Programs").
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .builder import Builder, int_arg, ptr, tokens_i32
+from .entries import EARLY_PARTIALS, PREFILL_ATTN, prefill_rows_per_block, rope_warp_heads
+from .options import Plan
+
+_NUM_PAGES = {"arg": "num_pages", "type": "i32"}
+
+
+def add_qk_norm_rope_kv_op(b: Builder, plan: Plan) -> None:
+    """`qk_norm_rope_kv`: qkv [tokens, q + 2 kv] -> q_out [tokens, q] and the K/V cache. One token (decode, and
+    1-token chunks): the block entry (a block of head_dim threads per token and head); longer chunks, when
+    plan.prefill_rope is "warp": the warp entry (same results)."""
+    cfg, opts = plan.cfg, plan.opts
+    Hq, Hkv, D = cfg.q_heads, cfg.kv_heads, cfg.head_dim
+    args = [{"arg": "qkv"}, {"arg": "q_norm"}, {"arg": "k_norm"}, {"arg": "rope"}, {"arg": "positions"},
+            {"arg": "slots"}, {"arg": "q_out"}, {"arg": "kv"}, tokens_i32(), {"i32": Hq}, {"i32": Hkv},
+            {"i32": D}, {"i32": opts.page_tokens}, {"i32": opts.max_context}, dict(_NUM_PAGES), {"f32": cfg.eps}]
+    pdl = opts.pdl_small_launches
+    launches = [b.launch("kern_qk_norm_rope_kv", ["tokens", Hq + Hkv, 1], [D, 1, 1], args, pdl=pdl)]
+    if plan.prefill_rope == "warp":
+        warp = b.launch("kern_qk_norm_rope_kv_warp", ["tokens", -(-(Hq + Hkv) // rope_warp_heads(D)), 1],
+                        [256, 1, 1], args, pdl=pdl)
+        launches[0]["when"] = {"tokens": [1, 1]}
+        warp["when"] = {"tokens": [2, opts.chunk_max]}
+        launches.append(warp)
+    b.op("qk_norm_rope_kv",
+         [ptr("qkv"), ptr("q_norm"), ptr("k_norm"), ptr("rope"), ptr("positions"), ptr("slots"),
+          ptr("q_out"), ptr("kv"), int_arg("num_pages")], launches)
+
+
+def add_prefill_attention_op(b: Builder, plan: Plan) -> None:
+    """`attn_prefill`: causal attention of a chunk's q rows over the paged cache, the plan's PREFILL_ATTN entry;
+    grid (cdiv(tokens, rows per block), kv_heads, seqs)."""
+    cfg, opts = plan.cfg, plan.opts
+    Hq, Hkv, D = cfg.q_heads, cfg.kv_heads, cfg.head_dim
+    entry, rows, smem, threads = PREFILL_ATTN[plan.prefill_attn]
+    b.op("attn_prefill",
+         [ptr("q"), ptr("kv"), ptr("block_table"), ptr("cu_seqlens_q"), ptr("seq_lens"), ptr("out"),
+          int_arg("num_pages")],
+         [b.launch(entry, [f"cdiv(tokens, {prefill_rows_per_block(rows, Hq // Hkv)})", Hkv, "seqs"],
+                   [threads, 1, 1],
+                   [{"arg": "q"}, {"arg": "kv"}, {"arg": "block_table"}, {"arg": "cu_seqlens_q"}, {"arg": "seq_lens"},
+                    {"arg": "out"}, {"i32": Hq}, {"i32": Hkv}, {"i32": D}, {"i32": opts.page_tokens},
+                    {"i32": plan.pages_per_seq}, dict(_NUM_PAGES), {"f32": 1.0 / (D ** 0.5)}], shared_mem=smem)])
+
+
+def _decode_partial(plan: Plan) -> tuple[str, int, bool]:
+    """(entry, threads per block, early contract) of the decode attention's partial launch."""
+    attn = plan.opts.decode_attn
+    if attn in EARLY_PARTIALS:
+        entry, threads, _ = EARLY_PARTIALS[attn]
+        return entry, threads, True
+    return ("kern_attn_decode_partial_fast" if plan.opts.gemv == "v2" else "kern_attn_decode_partial"), 128, False
+
+
+def add_decode_attention_op(b: Builder, plan: Plan) -> None:
+    """`attn_decode`: one query row per sequence, split-K over the context: a partial launch of grid (kv_heads,
+    num_splits, seqs) into scratch part_out (f32 [seqs, q_heads, splits, head_dim]) / part_ml (f32 max and sum),
+    then a reduce launch. The early contract also passes slot_mapping (reloaded after the PDL wait)."""
+    cfg, opts = plan.cfg, plan.opts
+    Hq, Hkv, D, splits = cfg.q_heads, cfg.kv_heads, cfg.head_dim, plan.num_splits
+    partial, threads, early = _decode_partial(plan)
+    slots: list[dict[str, Any]] = [{"arg": "slots"}] if early else []
+    b.op("attn_decode",
+         [ptr("q"), ptr("kv"), ptr("block_table"), ptr("seq_lens"), *([ptr("slots")] if early else []), ptr("out"),
+          int_arg("num_pages")],
+         [b.launch(partial, [Hkv, splits, "seqs"], [threads, 1, 1],
+                   [{"arg": "q"}, {"arg": "kv"}, {"arg": "block_table"}, {"arg": "seq_lens"}, *slots,
+                    {"scratch": "part_out"}, {"scratch": "part_ml"}, {"i32": Hq}, {"i32": Hkv}, {"i32": D},
+                    {"i32": opts.page_tokens}, {"i32": plan.pages_per_seq}, dict(_NUM_PAGES),
+                    {"i32": opts.split_tokens}, {"i32": splits}, {"f32": 1.0 / (D ** 0.5)}], pdl=opts.pdl),
+          b.launch("kern_attn_decode_reduce", [Hq, "seqs", 1], [D, 1, 1],
+                   [{"scratch": "part_out"}, {"scratch": "part_ml"}, {"arg": "seq_lens"}, {"arg": "out"},
+                    {"i32": Hq}, {"i32": D}, {"i32": opts.split_tokens}, {"i32": splits}], pdl=opts.pdl)],
+         scratch={"part_out": f"seqs * {Hq * splits * D * 4}", "part_ml": f"seqs * {Hq * splits * 2 * 4}"})

@@ -1,0 +1,214 @@
+"""Build options (the `kern manifest build` flags) and their validation against a config: `validate` turns
+(Qwen3Config, BuildOptions) into a `Plan`, the checked options with every automatic choice made and the derived
+geometry the buffers, ops and programs read. Refusals name the option field, its flag and its value."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ...errors import ManifestBuildError
+from .config import Qwen3Config
+from .entries import DECODE_ATTN, DECODE_MAX_HEAD_DIM, EARLY_PARTIALS, PREFILL_ATTN, PREFILL_WG_HEAD_DIMS
+
+# cuBLASLt pins: ((n, k, ((attr, value), ...)), ...)
+Pins = tuple[tuple[int, int, tuple[tuple[str, int], ...]], ...]
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    """Builder options. `max_context` bounds positions (rope rows) and block-table width; lengths in tokens."""
+
+    name: str
+    chunk_max: int = 512  # tokens var max: the largest prefill chunk
+    max_context: int = 40960  # positions 0..max_context-1
+    page_tokens: int = 16
+    # decode attention: MINIMUM context tokens per split (multiple of page_tokens). 64 = one tile of the decode
+    # partial at head_dim 128 (4 warps x 8 slots x 2 tokens): a shorter split leaves most of its tile's lanes
+    # idle and only adds working blocks; H200 4B ctx 128: 2.693 ms/token against 2.711 with 16 (docs/perf.md)
+    split_tokens: int = 64
+    argmax_chunks: int = 64  # two-stage argmax: first-stage blocks per row
+    seqs_max: int = 1
+    decode: str = "gemv"  # decode projections: "gemv" (M = 1 GEMVs, fused norms/residuals) or "gemm" (cuBLASLt)
+    # with decode "gemm": the decode program's projections run kern_gemv_rows at tokens = 1 (same call table:
+    # separate norms, residual adds and, on tensor-parallel ranks, the all-reduces between them)
+    m1_gemv: bool = False
+    decode_splits: int = 0  # decode attention splits (launch constant); 0: auto (decode_num_splits)
+    sms: int = 132  # multiprocessors of the target GPU (H200): GEMV grids and the auto split count
+    pdl: bool = True  # mark launches of abi.PDL_ENTRIES with `pdl: true` (decode program only)
+    # also the small kernels (embed, qk_norm_rope_kv, argmax, decode_advance); their ops serve prefill too,
+    # where PDL is harmless (they write nothing before the wait and read before it only what no kernel in
+    # flight writes: docs/kernels.md "Programmatic dependent launch")
+    pdl_small: bool = True
+    ring_len: int = 64  # token ring (host-mapped output) entries per sequence
+    gemv: str = "v1"  # decode GEMV wiring (--decode gemv): "v1" warp-per-row entries, "v2" rows family + swiglu
+    # GEMV grids fill at most this many threads per SM (2048 max; 1024 = all a <= 64-register kernel can hold);
+    # less leaves room for the next kernel's blocks to become resident early under PDL
+    gemv_threads_per_sm: int = 1024
+    # decode attention: "split" (kern_qk_norm_rope_kv, then the partial and reduce launches), "early" (the same
+    # with kern_attn_decode_partial_early: block table and first K/V tile read before its PDL wait), "wide" (the
+    # early contract on kern_attn_decode_partial_wide: 8 warps x 4 token slots, head_dim <= 128); EARLY_PARTIALS
+    # holds the early-contract entries. A fused one-launch entry and an L2 prefetch of later weights measured
+    # slower and were removed (docs/perf.md "Decode, fourth session"; their cubins stay in kernels/)
+    decode_attn: str = "wide"
+    # prefill attention (PREFILL_ATTN): "wg" kern_attn_prefill_wg (Hopper wgmma, warp-specialized: a producer
+    # warpgroup, two consumer warpgroups; H200 4B: 1.7-1.8x kern_attn_prefill_r32 on a 2048 chunk after a 6k-14k
+    # prefix, docs/perf.md "Prefill, eleventh session"; head_dim 64 or 128), "r32" kern_attn_prefill_r32
+    # (mma.sync, two m-tiles per warp), "r16" kern_attn_prefill (one); "auto": wg where the head_dim allows, else r32
+    prefill_attn: str = "auto"
+    # q/k norm + rope + K/V write at tokens >= 2: "warp" kern_qk_norm_rope_kv_warp (head_dim / 8 lanes per token and
+    # head; head_dim a multiple of 64, at most 256, else "block"), "block" kern_qk_norm_rope_kv (one block per token
+    # and head, as at tokens = 1, where decode keeps it). Bit for bit the same rows; docs/perf.md "Prefill, ninth
+    # session" and "Prefill, twelfth session". "warp" falls back to "block" (and the manifest's
+    # meta.caller.prefill_rope says so) at a head_dim the warp entry does not take or with chunk_max 1
+    prefill_rope: str = "warp"
+    # preferred shared-memory carveout (percent of the maximum) on every kernel launch (manifest `carveout`;
+    # None: not written, the driver's choice). 100: every kernel prefers the largest shared-memory split, so
+    # kernels overlapping under PDL never want different L1 / shared splits on one SM (our reading of why it
+    # helps; not measured directly). H200 4B decode 0.9-1.8% faster (docs/perf.md "Decode, sixth session"); the TP
+    # builder inherits it (not measured there)
+    carveout: int | None = 100
+    # cuBLASLt pins (pins.load_algos): a projection whose (n, k) is here gets its own op `gemm_<n>x<k>` with that
+    # algorithm for every M (batch-invariant prefill)
+    algos: Pins = ()
+    # M = 1 pins for the cuBLASLt decode (--decode gemm): fastest by graph timing, split-K allowed
+    decode_algos: Pins = ()
+    algos_source: tuple[tuple[str, Any], ...] = ()  # (device, cublaslt_version, m_max) of the pins file, for meta
+
+    @property
+    def pdl_small_launches(self) -> bool:
+        """Whether the small kernels (embed, qk_norm_rope_kv, argmax, decode_advance) launch with PDL: only
+        when PDL is on at all."""
+        return self.pdl and self.pdl_small
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Validated options with the automatic choices made, and the derived geometry (element counts, tokens)."""
+
+    cfg: Qwen3Config
+    opts: BuildOptions
+    num_splits: int  # decode attention splits
+    prefill_attn: str  # a key of PREFILL_ATTN ("auto" resolved)
+    prefill_rope: str  # "warp" or "block" (the warp entry's preconditions applied)
+
+    @property
+    def q_dim(self) -> int:
+        return self.cfg.q_heads * self.cfg.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.cfg.kv_heads * self.cfg.head_dim
+
+    @property
+    def qkv_dim(self) -> int:
+        return self.q_dim + 2 * self.kv_dim
+
+    @property
+    def pages_per_seq(self) -> int:
+        return -(-self.opts.max_context // self.opts.page_tokens)
+
+    @property
+    def prefill_shapes(self) -> set[tuple[int, int]]:
+        """(n, k) of the four prefill projections: qkv, o, gate_up, down."""
+        H, I = self.cfg.hidden, self.cfg.intermediate
+        return {(self.qkv_dim, H), (H, self.q_dim), (2 * I, H), (H, I)}
+
+
+def decode_num_splits(cfg: Qwen3Config, opts: BuildOptions) -> int:
+    """Decode attention splits: the given number, else the largest power of two with kv_heads * splits <=
+    the SM count (one wave of partial blocks; at least 1, capped at 64 and at the splits the longest context
+    can use). The split length itself is derived on the device from seq_lens (docs/kernels.md "Decode
+    splits"), so one captured grid serves every context length. Measured on the H200, Qwen3-4B (8 kv heads,
+    docs/perf.md): 16 splits 2.886 / 3.280 ms per token at ctx 128 / 4096, against 2.937 / 3.271 with 32
+    (the earlier rule, smallest power of two covering the SMs) and 2.857 / 3.491 with 8."""
+    cap = -(-opts.max_context // opts.split_tokens)
+    if opts.decode_splits:
+        return min(opts.decode_splits, cap)
+    splits = 1
+    while splits * 2 * cfg.kv_heads <= opts.sms and splits < 64:
+        splits *= 2
+    return max(1, min(splits, cap))
+
+
+def _check_context(cfg: Qwen3Config, opts: BuildOptions) -> None:
+    if opts.max_context > cfg.max_position_embeddings:
+        raise ManifestBuildError(f"max_context (--max-context) {opts.max_context} exceeds max_position_embeddings "
+                                 f"{cfg.max_position_embeddings}")
+    if opts.split_tokens < 1:
+        raise ManifestBuildError(f"split_tokens (--decode-split-tokens) {opts.split_tokens}: the minimum context "
+                                 "tokens per decode split must be >= 1")
+    if opts.split_tokens % opts.page_tokens:
+        raise ManifestBuildError(f"split_tokens (--decode-split-tokens) {opts.split_tokens} is not a multiple of "
+                                 f"page_tokens {opts.page_tokens}")
+    if not 1 <= opts.chunk_max <= opts.max_context:
+        raise ManifestBuildError(f"chunk_max (--chunk-max) {opts.chunk_max} must lie in [1, max_context "
+                                 f"{opts.max_context}]")
+
+
+def _check_decode(opts: BuildOptions) -> None:
+    if opts.decode not in ("gemv", "gemm"):
+        raise ManifestBuildError(f"decode (--decode) {opts.decode!r}: use 'gemv' (M = 1 GEMVs) or 'gemm' (cuBLASLt)")
+    if opts.m1_gemv and opts.decode != "gemm":
+        raise ManifestBuildError("--m1-gemv is an option of --decode gemm (the gemv decode has its own fused GEMVs)")
+    if opts.gemv not in ("v1", "v2"):
+        raise ManifestBuildError(f"gemv (--gemv) {opts.gemv!r}: use 'v1' or 'v2'")
+    if opts.gemv == "v2" and opts.decode != "gemv":
+        raise ManifestBuildError("--gemv v2 is a wiring of --decode gemv")
+    if not 32 <= opts.gemv_threads_per_sm <= 2048:
+        raise ManifestBuildError(f"gemv_threads_per_sm (--gemv-threads-per-sm) {opts.gemv_threads_per_sm}: use "
+                                 "32..2048 (threads an SM holds)")
+
+
+def _check_attention(cfg: Qwen3Config, opts: BuildOptions) -> None:
+    """The attention options against the head_dim the kernels cover (docs/kernels.md "Attention limits")."""
+    if opts.prefill_rope not in ("warp", "block"):
+        raise ManifestBuildError(f"prefill_rope (--prefill-rope) {opts.prefill_rope!r}: use 'warp' or 'block'")
+    if opts.prefill_attn not in (*PREFILL_ATTN, "auto"):
+        raise ManifestBuildError(f"prefill_attn (--prefill-attn) {opts.prefill_attn!r}: use 'auto' or one of "
+                                 f"{', '.join(map(repr, PREFILL_ATTN))}")
+    if opts.prefill_attn == "wg" and cfg.head_dim not in PREFILL_WG_HEAD_DIMS:
+        raise ManifestBuildError(f"prefill_attn (--prefill-attn) 'wg': head_dim {cfg.head_dim} is not one of "
+                                 f"{PREFILL_WG_HEAD_DIMS} (kern_attn_prefill_wg's compiled widths); use 'r32' or "
+                                 "'auto'")
+    if opts.decode_attn not in DECODE_ATTN:
+        raise ManifestBuildError(f"decode_attn (--decode-attn) {opts.decode_attn!r}: use one of "
+                                 f"{', '.join(map(repr, DECODE_ATTN))}")
+    if cfg.head_dim > DECODE_MAX_HEAD_DIM:
+        raise ManifestBuildError(f"decode_attn {opts.decode_attn!r}: head_dim {cfg.head_dim} > {DECODE_MAX_HEAD_DIM} "
+                                 "(the decode partial's limit)")
+    if opts.decode_attn in EARLY_PARTIALS and cfg.head_dim > EARLY_PARTIALS[opts.decode_attn][2]:
+        entry, _, max_d = EARLY_PARTIALS[opts.decode_attn]
+        raise ManifestBuildError(f"decode_attn {opts.decode_attn!r}: head_dim {cfg.head_dim} > {max_d} ({entry}'s "
+                                 "limit)")
+    if cfg.head_dim % 16 or cfg.head_dim > 128:  # PF_MAX_D; the mma.sync tiles
+        raise ManifestBuildError(f"head_dim {cfg.head_dim}: kern_attn_prefill needs a multiple of 16 and at most 128")
+
+
+def _check_launch(opts: BuildOptions) -> None:
+    if opts.sms < 1:
+        raise ManifestBuildError(f"sms (--sms) {opts.sms}: the target GPU's multiprocessor count must be >= 1")
+    if opts.decode_splits < 0:
+        raise ManifestBuildError(f"decode_splits (--decode-splits) {opts.decode_splits}: use >= 1, or 0 for the "
+                                 "automatic count")
+    if opts.carveout is not None and not 0 <= opts.carveout <= 100:
+        raise ManifestBuildError(f"carveout (--carveout) {opts.carveout}: a percent of the maximum shared memory, "
+                                 "0..100 (None: write none; the CLI's --carveout -1)")
+    if opts.decode == "gemv" and opts.seqs_max != 1:
+        raise ManifestBuildError(f"decode (--decode) 'gemv' computes one row (bs = 1) but seqs_max is "
+                                 f"{opts.seqs_max}: use --decode gemm")
+
+
+def validate(cfg: Qwen3Config, opts: BuildOptions) -> Plan:
+    """The Plan of `opts` for `cfg`. Raises ManifestBuildError, naming the field and its flag, for an option out
+    of range, an inconsistent combination, or a head_dim the chosen kernels do not cover."""
+    _check_context(cfg, opts)
+    _check_decode(opts)
+    _check_attention(cfg, opts)
+    _check_launch(opts)
+    prefill_attn = opts.prefill_attn
+    if prefill_attn == "auto":
+        prefill_attn = "wg" if cfg.head_dim in PREFILL_WG_HEAD_DIMS else "r32"
+    D = cfg.head_dim
+    warp = opts.prefill_rope == "warp" and D % 64 == 0 and D <= 256 and opts.chunk_max > 1
+    return Plan(cfg, opts, decode_num_splits(cfg, opts), prefill_attn, "warp" if warp else "block")

@@ -1,0 +1,104 @@
+"""`kern serve` on the CPU: its flag refusals (one line, before anything loads) and the whole wiring of
+serve.server.build over a fake runtime with the pool API, answered through httpx."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+httpx = pytest.importorskip("httpx")  # the dev group has it; the GPU machines may not (their -m gpu run collects this)
+pytest.importorskip("fastapi")
+from fake_pool_runtime import FakePoolRuntime
+from fake_serve_runtime import ServedFakeRuntime
+from typer.testing import CliRunner
+
+import kern_run.session as session
+from kern_run.cli import app
+from kern_run.config import RunConfig
+from kern_run.generate import Generator
+from kern_run.log import setup_logging
+from kern_run.serve.server import ServeOptions, build
+from kern_run.text import load_codec
+
+
+@pytest.fixture
+def with_device(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    empty = tmp_path / "empty-kern.toml"
+    empty.write_text("")
+    monkeypatch.setenv("KERN_TOML", str(empty))
+    monkeypatch.setattr(session, "probe_device", lambda gpu: 1)
+
+
+@pytest.fixture
+def served_runtime(monkeypatch: pytest.MonkeyPatch) -> list[ServedFakeRuntime]:
+    made: list[ServedFakeRuntime] = []
+
+    def open_fake(manifest, kernels, weights, facts, gpu=0, capacity_tokens=4096, eos_ids=frozenset(), progress=None,
+                  resident=None):
+        rt = ServedFakeRuntime(num_pages=capacity_tokens // 16)
+        made.append(rt)
+        return Generator(rt, facts, eos_ids)
+
+    monkeypatch.setattr(Generator, "open", staticmethod(open_fake))
+    return made
+
+
+@pytest.mark.parametrize("flags, needle", [
+    (["--max-seqs", "2"], "--max-seqs 2: today's runtime decodes 1 sequence per step (batched decode is issue 26)"),
+    (["--port", "70000"], "--port 70000: expected 0..65535"),
+    (["--max-queue", "0"], "--max-queue 0: expected >= 1"),
+    (["--host-gib", "-1"], "--host-gib -1.0: expected >= 0"),
+    (["--api-key", ""], "--api-key '': an empty key"),
+    (["--token-budget", "3"], "--token-budget: scheduler token_budget 3: expected an int >= chunk_tokens + max_seqs"),
+])
+def test_flag_refusals_are_one_line(with_device, served_runtime, tiny_manifest: Path, kernels_dir: Path,
+                                    tiny_ckpt: Path, flags: list[str], needle: str) -> None:
+    result = CliRunner().invoke(app, ["serve", "--manifest", str(tiny_manifest), "--kernels", str(kernels_dir),
+                                      "--weights", str(tiny_ckpt), *flags])
+    lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
+    assert result.exit_code == 2 and len(lines) == 1, (result.exit_code, result.stderr)
+    assert lines[0].startswith("kern serve: ") and needle in lines[0], lines[0]
+    assert served_runtime == []  # refused before loading
+
+
+def test_build_serves_the_target(with_device, served_runtime, tiny_manifest: Path, kernels_dir: Path,
+                                 tiny_ckpt: Path) -> None:
+    cfg = RunConfig(manifest=tiny_manifest, kernels=kernels_dir, weights=tiny_ckpt, capacity_tokens=2048, chunk=16,
+                    capacity_from="--capacity")  # above the context: requests share the pool
+    web, loop = build(cfg, ServeOptions(api_key="k", model_name="tiny"), setup_logging("error"))
+    codec = load_codec(tiny_ckpt)
+    prompt = "Hello, kern serve"
+    ids = codec.encode(prompt)
+    want = FakePoolRuntime.expected(ids, 7)
+    try:
+        async def go():
+            transport = httpx.ASGITransport(app=web)
+            async with httpx.AsyncClient(transport=transport, base_url="http://kern",
+                                         headers={"authorization": "Bearer k"}) as client:
+                one = await client.post("/v1/completions", json={"model": "tiny", "prompt": prompt, "max_tokens": 7,
+                                                                 "ignore_eos": True})
+                two = await client.post("/v1/completions", json={"model": "tiny", "prompt": prompt, "max_tokens": 7,
+                                                                 "ignore_eos": True, "stream": True})
+                sampled = await client.post("/v1/completions", json={"model": "tiny", "prompt": prompt,
+                                                                     "temperature": 0.8})
+                models = await client.get("/v1/models")
+                metrics = await client.get("/metrics")
+                return one, two, sampled, models, metrics
+
+        one, two, sampled, models, metrics = asyncio.run(go())
+        assert one.status_code == 200, one.text
+        assert one.json()["choices"][0]["text"] == codec.decode(want)
+        assert one.json()["usage"] == {"prompt_tokens": len(ids), "completion_tokens": 7,
+                                       "total_tokens": len(ids) + 7}
+        assert two.text.endswith("data: [DONE]\n\n")
+        assert sampled.status_code == 400 and sampled.json()["error"]["param"] == "temperature"
+        assert "issue 26" in sampled.json()["error"]["message"]
+        assert models.json()["data"][0]["max_model_len"] == 1024
+        assert loop.scheduler.stats.reused_tokens == (len(ids) - 1) // 16 * 16  # the second request reused it
+        held = served_runtime[0].kern_pool.held_pages  # the cached prefix, read through RuntimeMemory
+        assert held == -(-(len(ids) - 1) // 16) and f"kern_kv_pages_in_use {float(held)}" in metrics.text
+    finally:
+        loop.stop()
+    assert not served_runtime[0].closed  # closed by the app's shutdown (lifespan), not by build
