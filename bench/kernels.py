@@ -20,6 +20,7 @@ import numpy as np
 from cuda.bindings import driver as cu
 
 from kern_run.models.qwen3 import PREFILL_ATTN, rope_warp_heads
+from kern_run.sampling import SamplingParams, pack_params
 from tests.kernels.gpu_helpers import check, open_gpu
 from tools import reference_kernels as ref
 
@@ -176,6 +177,23 @@ def main(argv: list[str] | None = None) -> int:
           [[("p", logits), ("i", VOCAB), ("i", chunk), ("p", pv), ("p", pi), ("i", num_chunks)]], VOCAB * 2 + num_chunks * 8)
     bench("argmax_final", "kern_argmax_final", (1,), (256,), [[("p", pv), ("p", pi), ("i", num_chunks), ("p", o)]],
           num_chunks * 8 + 8)
+
+    # the sampler (kernels-src/sample.cu): one 1024-thread block per row over [rows, VOCAB] bf16 logits (normal x 3),
+    # no penalties (they rewrite the logits in place); positions differ per row
+    sample_cases = [("greedy", SamplingParams()), ("T=1", SamplingParams(temperature=1.0, seed=1)),
+                    ("T=0.7 k=50 p=0.9", SamplingParams(temperature=0.7, top_k=50, top_p=0.9, seed=1)),
+                    ("T=1 min_p=0.05", SamplingParams(temperature=1.0, min_p=0.05, seed=1)),
+                    ("T=1 p=0.95 alone (slow path here)", SamplingParams(temperature=1.0, top_p=0.95, seed=1))]
+    for n_rows in (1, 8, 64):
+        n_sets = max(1, cdiv(60_000_000, n_rows * VOCAB * 2))  # rotate past the 50 MB L2
+        logit_sets = [arr(rand_bits(rng, (n_rows, VOCAB), 3.0)) for _ in range(min(n_sets, 4))]
+        positions = arr(np.arange(n_rows, dtype=np.int32))
+        out = gpu.alloc(n_rows * 8).ptr
+        for label, params in sample_cases:
+            prm = arr(np.frombuffer(pack_params([params] * n_rows), dtype=np.uint8).copy())
+            sets = [[("p", lg), ("p", prm), ("p", positions), ("p", 0), ("p", 0), ("i", 0), ("i", VOCAB), ("p", out),
+                     ("p", out + 4 * n_rows), ("p", 0)] for lg in logit_sets]
+            bench(f"sample rows={n_rows} {label}", "kern_sample_bf16", (n_rows,), (1024,), sets, n_rows * (VOCAB * 2 + 8))
 
     print(f"{'kernel':46s} {'us':>9s} {'MB moved':>9s} {'floor us':>9s} {'% 4.3TB/s':>10s} {'TFLOP/s':>8s}")
     for name, us, nbytes, floor_us, tflops in rows:

@@ -32,6 +32,12 @@ CONTRACT = {
     "kern_silu_mul": "ppii",
     "kern_argmax_partial": "piippi",
     "kern_argmax_final": "ppip",
+    "kern_sample_bf16": "pppppiippp",
+    "kern_sample_f32": "pppppiippp",
+    "kern_sample_top_logprobs_bf16": "ppiipp",
+    "kern_sample_top_logprobs_f32": "ppiipp",
+    "kern_sample_history_append": "pppii",
+    "kern_philox4x32_10": "ppi",
 }
 
 

@@ -41,3 +41,7 @@ class ManifestBuildError(RefusalError):
     file or these options; the message names the file and key, or the option (`field (--flag) value`)."""
 
     exit_code = 1
+
+
+class SamplingError(InputError):
+    """A sampling parameter outside its range (kern_run.sampling): names the field, the value and the range."""
