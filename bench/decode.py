@@ -405,15 +405,26 @@ def _table(results: list[dict[str, Any]], contexts: list[int], floor_ms: float, 
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_target_args(p: argparse.ArgumentParser, manifest: str) -> None:
+    """--ckpt (the qwen3-4b checkpoint under $KERN_WEIGHTS) and --manifest (manifests/`manifest`), shared by the
+    benches."""
     p.add_argument("--ckpt", type=Path, default=Path(os.environ.get("KERN_WEIGHTS", "/tmp/kern-weights")) / "qwen3-4b")
-    p.add_argument("--manifest", type=Path, default=ROOT / "manifests" / "qwen3-4b-v2.json")
-    p.add_argument("--variants", default="", help="comma list of manifests: the kern worker once per manifest, "
-                   "rows labelled [manifest stem] (replaces --manifest for kern)")
+    p.add_argument("--manifest", type=Path, default=ROOT / "manifests" / manifest)
+
+
+def add_peer_args(p: argparse.ArgumentParser, peers: tuple[str, ...], only_help: str | None = None) -> None:
+    """--kernels, --gpu and --only (a comma list of `peers`, all by default), shared by the benches."""
     p.add_argument("--kernels", type=Path, default=ROOT / "kernels")
     p.add_argument("--gpu", type=int, default=0)
-    p.add_argument("--only", default=",".join(PEERS), help=f"comma list of {', '.join(PEERS)}")
+    p.add_argument("--only", default=",".join(peers), help=only_help)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_target_args(p, "qwen3-4b-v2.json")
+    p.add_argument("--variants", default="", help="comma list of manifests: the kern worker once per manifest, "
+                   "rows labelled [manifest stem] (replaces --manifest for kern)")
+    add_peer_args(p, PEERS, only_help=f"comma list of {', '.join(PEERS)}")
     p.add_argument("--contexts", default="128,4096")
     p.add_argument("--steps", type=int, default=256)
     p.add_argument("--lookahead", type=int, default=4)

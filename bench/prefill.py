@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.decode import _emit, _prompt, _resize_cache, _run_worker
+from bench.decode import _emit, _prompt, _resize_cache, _run_worker, add_peer_args, add_target_args
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -130,11 +130,8 @@ def _table(results: list[dict[str, Any]], prompts: list[int], notes: list[str]) 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--ckpt", type=Path, default=Path(os.environ.get("KERN_WEIGHTS", "/tmp/kern-weights")) / "qwen3-4b")
-    p.add_argument("--manifest", type=Path, default=ROOT / "manifests" / "qwen3-4b-c2048.json")
-    p.add_argument("--kernels", type=Path, default=ROOT / "kernels")
-    p.add_argument("--gpu", type=int, default=0)
-    p.add_argument("--only", default=",".join(PEERS))
+    add_target_args(p, "qwen3-4b-c2048.json")
+    add_peer_args(p, PEERS)
     p.add_argument("--prompts", default="512,2048,8192")
     p.add_argument("--chunks", default="512,2048")
     p.add_argument("--repeats", type=int, default=3)
