@@ -27,7 +27,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from bench.decode import _emit, _prompt, _run_worker, add_peer_args, add_target_args
+from bench.decode import _emit, _prompt, _run_worker, add_peer_args, add_target_args, write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -152,9 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         results += got
         if status != "ok":
             notes.append(f"{peer}: {status[:300]}")
-    target = args.json or (Path(os.environ["OUT"]) / "prefill-profile.json" if os.environ.get("OUT") else None)
-    if target:
-        Path(target).write_text(json.dumps({"results": results, "notes": notes}, indent=1))
+    write_json(args.json, "prefill-profile.json", {"results": results, "notes": notes})
     print(_table(results, args.n) + "".join(f"\nnote: {n}" for n in notes))
     return 0 if results else 1
 
