@@ -405,15 +405,44 @@ def _table(results: list[dict[str, Any]], contexts: list[int], floor_ms: float, 
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_target_args(p: argparse.ArgumentParser, manifest: str) -> None:
+    """--ckpt (the qwen3-4b checkpoint under $KERN_WEIGHTS) and --manifest (manifests/`manifest`), shared by the
+    benches."""
     p.add_argument("--ckpt", type=Path, default=Path(os.environ.get("KERN_WEIGHTS", "/tmp/kern-weights")) / "qwen3-4b")
-    p.add_argument("--manifest", type=Path, default=ROOT / "manifests" / "qwen3-4b-v2.json")
-    p.add_argument("--variants", default="", help="comma list of manifests: the kern worker once per manifest, "
-                   "rows labelled [manifest stem] (replaces --manifest for kern)")
+    p.add_argument("--manifest", type=Path, default=ROOT / "manifests" / manifest)
+
+
+def add_peer_args(p: argparse.ArgumentParser, peers: tuple[str, ...], only_help: str | None = None) -> None:
+    """--kernels, --gpu and --only (a comma list of `peers`, all by default), shared by the benches."""
     p.add_argument("--kernels", type=Path, default=ROOT / "kernels")
     p.add_argument("--gpu", type=int, default=0)
-    p.add_argument("--only", default=",".join(PEERS), help=f"comma list of {', '.join(PEERS)}")
+    p.add_argument("--only", default=",".join(peers), help=only_help)
+
+
+def write_json(requested: str | Path | None, name: str, summary: dict[str, Any], notes: list[str] | None = None) -> None:
+    """Write `summary` (indented JSON) to `requested`, else to $OUT/`name` when OUT is set, else nowhere; with
+    `notes`, append `JSON: <path>` to them."""
+    target = requested or (Path(os.environ["OUT"]) / name if os.environ.get("OUT") else None)
+    if target:
+        Path(target).write_text(json.dumps(summary, indent=1))
+        if notes is not None:
+            notes.append(f"JSON: {target}")
+
+
+def exit_code(results: list[dict[str, Any]], key: str, script: str) -> int:
+    """0 when some result row has `key` (a measurement), else 1 after saying so on stderr."""
+    if not any(key in r for r in results):
+        print(f"{script}: no peer produced a measurement (see the notes above)", file=sys.stderr)
+        return 1
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_target_args(p, "qwen3-4b-v2.json")
+    p.add_argument("--variants", default="", help="comma list of manifests: the kern worker once per manifest, "
+                   "rows labelled [manifest stem] (replaces --manifest for kern)")
+    add_peer_args(p, PEERS, only_help=f"comma list of {', '.join(PEERS)}")
     p.add_argument("--contexts", default="128,4096")
     p.add_argument("--steps", type=int, default=256)
     p.add_argument("--lookahead", type=int, default=4)
@@ -499,15 +528,9 @@ def main(argv: list[str] | None = None) -> int:
     floor_ms = 1e3 * wbytes / HBM_BYTES_PER_S
     summary = {"floor_ms_weights": floor_ms, "checkpoint_bytes": wbytes, "contexts": args.contexts,
                "results": results, "notes": notes, "seconds": time.perf_counter() - start}
-    target = args.json or (Path(os.environ["OUT"]) / "bench-decode.json" if os.environ.get("OUT") else None)
-    if target:
-        Path(target).write_text(json.dumps(summary, indent=1))
-        notes.append(f"JSON: {target}")
+    write_json(args.json, "bench-decode.json", summary, notes)
     print(_table(results, args.contexts, floor_ms, kv_bytes_per_token, notes))
-    if not any("ms_per_token" in r for r in results):
-        print("bench/decode.py: no peer produced a measurement (see the notes above)", file=sys.stderr)
-        return 1
-    return 0
+    return exit_code(results, "ms_per_token", "bench/decode.py")
 
 
 if __name__ == "__main__":

@@ -22,9 +22,27 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any, Callable
 
 REPO = Path(__file__).resolve().parent.parent
 os.environ["NCCL_NVLS_ENABLE"] = "0"  # never NVLink multicast (the barrier uses no NCCL anyway)
+
+
+def _timed_rounds(rts: list, group, step: Callable[[Any], None], rounds: int, *, sync_each: bool) -> float:
+    """Seconds for `rounds` rounds of `step(rt)` on every rank's runtime, after one warm-up round and a group
+    synchronize; the group synchronizes after each round (`sync_each`) or once after the last."""
+    for rt in rts:
+        step(rt)
+    group.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(rounds):
+        for rt in rts:
+            step(rt)
+        if sync_each:
+            group.synchronize()
+    if not sync_each:
+        group.synchronize()
+    return time.perf_counter() - t0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -53,24 +71,10 @@ def main(argv: list[str] | None = None) -> int:
     ok = True
     try:
         if args.drop is None:
-            for rt in rts:  # warm-up
-                rt.run("barrier")
-            group.synchronize()
-            t0 = time.perf_counter()
-            for _ in range(args.iters):
-                for rt in rts:
-                    rt.run("barrier")
-                group.synchronize()
-            eager_us = 1e6 * (time.perf_counter() - t0) / args.iters
-            for rt in rts:
-                rt.issue("burst")
-            group.synchronize()
-            t0 = time.perf_counter()
-            for _ in range(args.bursts):
-                for rt in rts:
-                    rt.issue("burst")
-            group.synchronize()
-            burst_us = 1e6 * (time.perf_counter() - t0) / (args.bursts * args.burst)
+            eager_s = _timed_rounds(rts, group, lambda rt: rt.run("barrier"), args.iters, sync_each=True)
+            eager_us = 1e6 * eager_s / args.iters
+            burst_s = _timed_rounds(rts, group, lambda rt: rt.issue("burst"), args.bursts, sync_each=False)
+            burst_us = 1e6 * burst_s / (args.bursts * args.burst)
             status = [rt.read_output("status").tolist() for rt in rts]
             ok = all(s == [0, -1] for s in status)
             result.update(eager_run_sync_us=round(eager_us, 2), captured_burst_us_per_barrier=round(burst_us, 3),

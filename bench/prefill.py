@@ -17,7 +17,6 @@ Exit 1 when no peer produced a measurement (every worker failed: no GPU, no torc
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -26,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.decode import _emit, _prompt, _resize_cache, _run_worker
+from bench.decode import _emit, _prompt, _resize_cache, _run_worker, add_peer_args, add_target_args, exit_code, write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -130,11 +129,8 @@ def _table(results: list[dict[str, Any]], prompts: list[int], notes: list[str]) 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--ckpt", type=Path, default=Path(os.environ.get("KERN_WEIGHTS", "/tmp/kern-weights")) / "qwen3-4b")
-    p.add_argument("--manifest", type=Path, default=ROOT / "manifests" / "qwen3-4b-c2048.json")
-    p.add_argument("--kernels", type=Path, default=ROOT / "kernels")
-    p.add_argument("--gpu", type=int, default=0)
-    p.add_argument("--only", default=",".join(PEERS))
+    add_target_args(p, "qwen3-4b-c2048.json")
+    add_peer_args(p, PEERS)
     p.add_argument("--prompts", default="512,2048,8192")
     p.add_argument("--chunks", default="512,2048")
     p.add_argument("--repeats", type=int, default=3)
@@ -168,16 +164,10 @@ def main(argv: list[str] | None = None) -> int:
         if status != "ok":
             notes.append(f"{peer}: {status[:300]}")
         results += got
-    target = args.json or (Path(os.environ["OUT"]) / "bench-prefill.json" if os.environ.get("OUT") else None)
-    if target:
-        Path(target).write_text(json.dumps({"results": results, "notes": notes,
-                                            "seconds": time.perf_counter() - start}, indent=1))
-        notes.append(f"JSON: {target}")
+    write_json(args.json, "bench-prefill.json", {"results": results, "notes": notes,
+                                                 "seconds": time.perf_counter() - start}, notes)
     print(_table(results, args.prompts, notes))
-    if not any("ttft_ms" in r for r in results):
-        print("bench/prefill.py: no peer produced a measurement (see the notes above)", file=sys.stderr)
-        return 1
-    return 0
+    return exit_code(results, "ttft_ms", "bench/prefill.py")
 
 
 if __name__ == "__main__":

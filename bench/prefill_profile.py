@@ -27,7 +27,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from bench.decode import _emit, _prompt, _run_worker
+from bench.decode import _emit, _prompt, _run_worker, add_peer_args, add_target_args, write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -128,11 +128,8 @@ def _table(results: list[dict[str, Any]], n: int) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--ckpt", type=Path, default=Path(os.environ.get("KERN_WEIGHTS", "/tmp/kern-weights")) / "qwen3-4b")
-    p.add_argument("--manifest", type=Path, default=ROOT / "manifests" / "qwen3-4b-c2048.json")
-    p.add_argument("--kernels", type=Path, default=ROOT / "kernels")
-    p.add_argument("--gpu", type=int, default=0)
-    p.add_argument("--only", default=",".join(PEERS))
+    add_target_args(p, "qwen3-4b-c2048.json")
+    add_peer_args(p, PEERS)
     p.add_argument("--n", type=int, default=8192, help="prompt tokens")
     p.add_argument("--chunk", type=int, default=2048, help="kern's prefill chunk")
     p.add_argument("--timeout", type=float, default=150.0, help="seconds per worker")
@@ -155,9 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         results += got
         if status != "ok":
             notes.append(f"{peer}: {status[:300]}")
-    target = args.json or (Path(os.environ["OUT"]) / "prefill-profile.json" if os.environ.get("OUT") else None)
-    if target:
-        Path(target).write_text(json.dumps({"results": results, "notes": notes}, indent=1))
+    write_json(args.json, "prefill-profile.json", {"results": results, "notes": notes})
     print(_table(results, args.n) + "".join(f"\nnote: {n}" for n in notes))
     return 0 if results else 1
 

@@ -38,6 +38,15 @@ MANIFESTS = {"qwen3-4b": "qwen3-4b-v2.json", "qwen3-0.6b": "qwen3-0.6b.json", "t
 PROMPT = "The capital of France is Paris. The capital of Germany is Berlin. The capital of Italy is"
 
 
+def verdict(failures: list[str], name: str) -> int:
+    """Print each failure as `FAIL <failure>`, then `<name>: ok` or `<name>: N failure(s)`; the exit status (1 when
+    anything failed, else 0)."""
+    for f in failures:
+        print(f"FAIL {f}")
+    print(f"{name}: ok" if not failures else f"{name}: {len(failures)} failure(s)")
+    return 1 if failures else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="kern vs transformers parity at a real Qwen3 shape")
     parser.add_argument("--shape", choices=sorted(MANIFESTS), default="qwen3-4b")
@@ -171,10 +180,7 @@ def main(argv: list[str] | None = None) -> int:
           f"prefill {t.prefill_tokens} tokens {t.prefill_tokens_per_s:.0f} tokens/s (incl. first decode); "
           f"decode {t.decode_ms_per_token:.3f} ms/token over {t.decode_steps} steps (graph); "
           f"transformers load {ref_load_s:.1f} s")
-    for f in failures:
-        print(f"FAIL {f}")
-    print("parity: ok" if not failures else f"parity: {len(failures)} failure(s)")
-    return 1 if failures else 0
+    return verdict(failures, "parity")
 
 
 if __name__ == "__main__":

@@ -108,6 +108,7 @@ def _compare(args: argparse.Namespace, tmp: Path) -> int:
     from kern_run.preflight import read_manifest
     from kern_run.text import load_codec
     from kern_run.tp import open_tp
+    from tools.parity import verdict
 
     name = args.shape or args.ckpt.resolve().name
     source = ["--shape", args.shape] if args.shape else ["--config", str(args.config)]
@@ -206,10 +207,7 @@ def _compare(args: argparse.Namespace, tmp: Path) -> int:
             failures.append(f"greedy: divergence at step {first} with margin {margin:.4f} > 2 x error {err:.4f}")
     print(f"decode ms/token (graph): TP=1 {one['ms']:.3f}, TP={args.tp} {many['ms']:.3f}; "
           f"load TP=1 {load1:.1f} s, TP={args.tp} {loadn:.1f} s")
-    for f in failures:
-        print(f"FAIL {f}")
-    print("tp_parity: ok" if not failures else f"tp_parity: {len(failures)} failure(s)")
-    return 1 if failures else 0
+    return verdict(failures, "tp_parity")
 
 
 if __name__ == "__main__":

@@ -21,10 +21,12 @@ import struct
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
+import numpy as np
 from cuda.bindings import driver as cu
 from tests.kernels.gpu_helpers import Gpu, Kernel, check
+from tools.reference_kernels import from_bf16_bits
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 NVCC_FLAGS = ("-cubin", "-arch=sm_90", "-O3", "-std=c++17")  # tools/build_kernels.py FLAGS
@@ -85,6 +87,20 @@ def gemv_kernels(gpu: Gpu) -> tuple[dict[str, Kernel], str]:
 
 def create_stream() -> Any:
     return check(cu.cuStreamCreate(0), "cuStreamCreate")
+
+
+def assert_pdl_chain_matches_serial(chain: Callable[..., tuple[Any, Any]], stream: Any) -> None:
+    """`chain(pdl=False)` once (its residual and qkv, uint16 bf16 bits, must be finite), then `chain(pdl=True)`
+    five times, each bit for bit equal to it; destroys `stream` afterwards, also when an assertion fails."""
+    try:
+        serial_residual, serial_qkv = chain(pdl=False)
+        assert np.isfinite(from_bf16_bits(serial_qkv)).all() and np.isfinite(from_bf16_bits(serial_residual)).all()
+        for attempt in range(5):
+            pdl_residual, pdl_qkv = chain(pdl=True)
+            assert np.array_equal(pdl_residual, serial_residual), f"PDL chain (try {attempt}): residual != serial"
+            assert np.array_equal(pdl_qkv, serial_qkv), f"PDL chain (try {attempt}): qkv != serial"
+    finally:
+        check(cu.cuStreamDestroy(stream), "cuStreamDestroy")
 
 
 def sm_count(gpu: Gpu) -> int:

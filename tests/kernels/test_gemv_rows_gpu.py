@@ -18,7 +18,7 @@ import pytest
 pytestmark = pytest.mark.gpu
 
 
-from test_gemv_gpu import EPS, NAN_BITS, Case, Launch, run, sync  # noqa: E402
+from test_gemv_gpu import EPS, NAN_BITS, Case, Launch, layer_inputs, run, sync  # noqa: E402
 from tools import reference_gemv as ref  # noqa: E402
 from tools.reference_kernels import bf16_bits, bf16_round, from_bf16_bits  # noqa: E402
 
@@ -226,18 +226,11 @@ def test_swiglu_matches_gemv_rmsnorm_then_silu_mul(dev, kernels, sms) -> None:
 # ---- PDL chain of a v2 layer == the same chain without PDL ----
 def test_rows_pdl_chain_matches_serial(dev, kernels, sms) -> None:
     from cuda.bindings import driver as cu
-    from tests.kernels.gemv_gpu_helpers import create_stream
+    from tests.kernels.gemv_gpu_helpers import assert_pdl_chain_matches_serial, create_stream
     from tests.kernels.gpu_helpers import check
 
-    rng = np.random.default_rng()
     hidden, inter, qkv_n, attn_k = 2560, 9728, 6144, 4096
-    w_qkv = dev.array(ref.random_bf16_bits(rng, (qkv_n, hidden), 0.05))
-    w_o = dev.array(ref.random_bf16_bits(rng, (hidden, attn_k), 0.05))
-    w_gu = dev.array(ref.random_bf16_bits(rng, (2 * inter, hidden), 0.05))
-    w_down = dev.array(ref.random_bf16_bits(rng, (hidden, inter), 0.02))
-    norm_w = dev.array(bf16_bits(bf16_round(1.0 + 0.2 * rng.standard_normal(hidden, dtype=np.float32))))
-    residual0 = bf16_bits(bf16_round(3.0 * rng.standard_normal(hidden, dtype=np.float32)))
-    attn = dev.array(bf16_bits(bf16_round(rng.standard_normal(attn_k, dtype=np.float32))))
+    w_qkv, w_o, w_gu, w_down, norm_w, residual0, attn = layer_inputs(dev, hidden, inter, qkv_n, attn_k)
     residual, qkv, act = dev.alloc(2 * hidden), dev.alloc(2 * qkv_n), dev.alloc(2 * inter)
     stream = create_stream()
 
@@ -259,12 +252,4 @@ def test_rows_pdl_chain_matches_serial(dev, kernels, sms) -> None:
         check(cu.cuStreamSynchronize(stream), "cuStreamSynchronize")
         return residual.download(np.uint16, hidden), qkv.download(np.uint16, qkv_n)
 
-    try:
-        serial_residual, serial_qkv = chain(pdl=False)
-        assert np.isfinite(from_bf16_bits(serial_qkv)).all() and np.isfinite(from_bf16_bits(serial_residual)).all()
-        for attempt in range(5):
-            pdl_residual, pdl_qkv = chain(pdl=True)
-            assert np.array_equal(pdl_residual, serial_residual), f"PDL chain (try {attempt}): residual != serial"
-            assert np.array_equal(pdl_qkv, serial_qkv), f"PDL chain (try {attempt}): qkv != serial"
-    finally:
-        check(cu.cuStreamDestroy(stream), "cuStreamDestroy")
+    assert_pdl_chain_matches_serial(chain, stream)

@@ -8,32 +8,21 @@ the committed cubins, the seeded `tiny` checkpoint).
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import numpy as np
 import pytest
+from test_parity_gpu import _ids, _open
 
 pytestmark = pytest.mark.gpu
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def gen(tmp_path_factory: pytest.TempPathFactory):
     from tools import make_checkpoint as mc
-    from kern_run.generate import Generator
-    from kern_run.preflight import read_manifest
 
     ckpt = tmp_path_factory.mktemp("pipeline") / "qwen3-tiny"
     mc.write_checkpoint(ckpt, mc.SHAPES["tiny"], seed=0, with_tokenizer=False, log=lambda *_: None)
-    manifest = ROOT / "manifests" / "qwen3-tiny.json"
-    g = Generator.open(manifest, ROOT / "kernels", ckpt, read_manifest(manifest), gpu=0, capacity_tokens=4096)
+    g = _open(ckpt, "qwen3-tiny.json")
     yield g
     g.close()
-
-
-def _ids(n: int, seed: int) -> list[int]:
-    return np.random.default_rng(seed).integers(0, 151643, size=n).tolist()
 
 
 def test_pipelined_equals_synchronous(gen) -> None:

@@ -13,6 +13,7 @@ Needs torch + transformers (present on the GPU machine); run with `KERN_REQUIRE_
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, Callable
 
 import numpy as np
 import pytest
@@ -36,26 +37,41 @@ def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-@pytest.fixture(scope="module")
-def gen(ckpt: Path):
+def _open(ckpt_dir: Path, name: str):
+    """A Generator of manifests/`name` over `ckpt_dir` on GPU 0 (4096 tokens of capacity)."""
     from kern_run.generate import Generator
     from kern_run.preflight import read_manifest
 
-    manifest = ROOT / "manifests" / "qwen3-tiny.json"
-    g = Generator.open(manifest, ROOT / "kernels", ckpt, read_manifest(manifest), gpu=0, capacity_tokens=4096)
-    yield g
-    g.close()
+    manifest = ROOT / "manifests" / name
+    return Generator.open(manifest, ROOT / "kernels", ckpt_dir, read_manifest(manifest), gpu=0, capacity_tokens=4096)
 
 
-@pytest.fixture(scope="module")
-def ref(ckpt: Path, gen):
+def _reference(ckpt_dir: Path):
+    """transformers over `ckpt_dir` on GPU 0 (skips without torch or transformers)."""
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     from kern_run.reference import HfReference
 
-    r = HfReference(ckpt, gpu=0)
-    yield r
-    r.close()
+    return HfReference(ckpt_dir, gpu=0)
+
+
+def closing_fixture(name: str, make: Callable[[Path], Any], after: str | None = None):
+    """A module-scoped fixture `name`: `make(ckpt)`, closed after the module; with `after`, that fixture is set up
+    first (the reference opens only once kern's generator is up)."""
+
+    @pytest.fixture(scope="module", name=name)
+    def fixture(request: pytest.FixtureRequest, ckpt: Path):
+        if after is not None:
+            request.getfixturevalue(after)
+        thing = make(ckpt)
+        yield thing
+        thing.close()
+
+    return fixture
+
+
+gen = closing_fixture("gen", lambda ckpt_dir: _open(ckpt_dir, "qwen3-tiny.json"))
+ref = closing_fixture("ref", _reference, after="gen")
 
 
 def _ids(n: int, seed: int) -> list[int]:

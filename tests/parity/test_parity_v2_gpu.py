@@ -14,17 +14,7 @@ import pytest
 
 pytestmark = pytest.mark.gpu
 
-ROOT = Path(__file__).resolve().parents[2]
-
-from test_parity_gpu import REL_TOL, _check, _ids, ckpt  # noqa: E402,F401  (ckpt: the shared fixture)
-
-
-def _open(ckpt_dir: Path, name: str):
-    from kern_run.generate import Generator
-    from kern_run.preflight import read_manifest
-
-    manifest = ROOT / "manifests" / name
-    return Generator.open(manifest, ROOT / "kernels", ckpt_dir, read_manifest(manifest), gpu=0, capacity_tokens=4096)
+from test_parity_gpu import REL_TOL, _check, _ids, _open, _reference, ckpt, closing_fixture  # noqa: E402,F401  (ckpt: the shared fixture)
 
 
 def test_v2_logits_match_v1(ckpt: Path) -> None:
@@ -44,22 +34,8 @@ def test_v2_logits_match_v1(ckpt: Path) -> None:
     assert rel.max() < REL_TOL, f"v2 vs v1 logits: max relative error per row {rel.max():.3e}"
 
 
-@pytest.fixture(scope="module")
-def gen_v2(ckpt: Path):
-    g = _open(ckpt, "qwen3-tiny-v2.json")
-    yield g
-    g.close()
-
-
-@pytest.fixture(scope="module")
-def ref_v2(ckpt: Path, gen_v2):
-    pytest.importorskip("torch")
-    pytest.importorskip("transformers")
-    from kern_run.reference import HfReference
-
-    r = HfReference(ckpt, gpu=0)
-    yield r
-    r.close()
+gen_v2 = closing_fixture("gen_v2", lambda ckpt_dir: _open(ckpt_dir, "qwen3-tiny-v2.json"))
+ref_v2 = closing_fixture("ref_v2", _reference, after="gen_v2")
 
 
 def test_v2_decode_teacher_forced_from_position_0(gen_v2, ref_v2) -> None:

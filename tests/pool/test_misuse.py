@@ -91,9 +91,7 @@ def test_non_int_lengths_are_misuse_before_any_change(slots: int, bad: Any) -> N
 def test_wake_lengths_are_misuse_before_any_lease() -> None:
     pool = Pool(Layout.simple(P, 8, slots=3))
     host = Host(pool, 8, 2)
-    lease = pool.lease(20)
-    lease.advance_to(20)
-    parked = host.park_now(pool.retire(lease, 20))  # type: ignore[arg-type]
+    parked = host.park_now(retired(pool, 20))
     before = pool_state(pool, host)
     free = (pool.free_pages, pool.free_slots, host.free_pages, host.free_slots)
     for bad in NOT_COUNTS:
@@ -396,9 +394,7 @@ def test_fork_of_a_slot_lease_freezes_the_parent_at_the_fork_length() -> None:
 def test_lease_from_and_wake_of_a_slot_checkpoint_start_at_its_length() -> None:
     pool = Pool(Layout.simple(P, 16, slots=6))
     host = Host(pool, 8, 2)
-    lease = pool.lease(40)
-    lease.advance_to(40)
-    cp = pool.retire(lease, 40)
+    cp = retired(pool, 40)
     assert cp is not None and cp.has_slot
     resumed = pool.lease_from(cp, 64)
     _refused_at(pool, resumed, 40, 20, host)

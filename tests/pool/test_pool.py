@@ -135,9 +135,7 @@ def test_fork_shares_full_pages_and_copies_the_mid_page() -> None:
 
 def test_lease_from_shorter_length_only_for_pure_kv() -> None:
     pool = mixed_pool(6, 3)
-    lease = pool.lease(8)
-    lease.advance_to(8)
-    cp = pool.retire(lease, 8)
+    cp = retired(pool, 8)
     with pytest.raises(Misuse):
         pool.lease_from(cp, 8, prefix_tokens=5)
     kv = kv_pool(6)

@@ -179,17 +179,16 @@ class FakeRuntime:
         self.close()
 
 
-@pytest.fixture
-def fake_runtime(monkeypatch: pytest.MonkeyPatch) -> list[FakeRuntime]:
-    """`Generator.open` builds a FakeRuntime (pages for the requested capacity) instead of loading anything; the
-    runtimes made, in order (empty: nothing was loaded)."""
+def patch_generator_open(monkeypatch: pytest.MonkeyPatch, runtime_class: type) -> list:
+    """Make `Generator.open` build `runtime_class(num_pages=capacity_tokens // 16)` instead of loading anything;
+    returns the runtimes made, in order (empty: nothing was loaded)."""
     from kern_run.generate import Generator
 
-    made: list[FakeRuntime] = []
+    made: list = []
 
     def open_fake(manifest, kernels, weights, facts, gpu=0, capacity_tokens=4096, eos_ids=frozenset(), progress=None,
                   resident=None):
-        rt = FakeRuntime(num_pages=capacity_tokens // 16)
+        rt = runtime_class(num_pages=capacity_tokens // 16)
         made.append(rt)
         return Generator(rt, facts, eos_ids)
 
@@ -197,7 +196,30 @@ def fake_runtime(monkeypatch: pytest.MonkeyPatch) -> list[FakeRuntime]:
     return made
 
 
+@pytest.fixture
+def fake_runtime(monkeypatch: pytest.MonkeyPatch) -> list[FakeRuntime]:
+    """`Generator.open` builds a FakeRuntime (pages for the requested capacity) instead of loading anything; the
+    runtimes made, in order (empty: nothing was loaded)."""
+    return patch_generator_open(monkeypatch, FakeRuntime)
+
+
 PROBED = "stub device probe reached"  # what stub_device_probe's refusal says (exit 3, as no device would)
+
+
+def _empty_kern_toml(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """KERN_TOML names an empty file: no repository target."""
+    empty = tmp_path / "empty-kern.toml"
+    empty.write_text("")
+    monkeypatch.setenv("KERN_TOML", str(empty))
+
+
+@pytest.fixture
+def with_device(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """An empty kern.toml and a device probe that finds one GPU."""
+    import kern_run.session as session
+
+    _empty_kern_toml(monkeypatch, tmp_path)
+    monkeypatch.setattr(session, "probe_device", lambda gpu: 1)
 
 
 @pytest.fixture
@@ -208,9 +230,7 @@ def stub_device_probe(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     import kern_run.tp as tp
     from kern_run.errors import NoDeviceError
 
-    empty = tmp_path / "empty-kern.toml"
-    empty.write_text("")
-    monkeypatch.setenv("KERN_TOML", str(empty))
+    _empty_kern_toml(monkeypatch, tmp_path)
 
     def probe(gpu: int) -> int:
         raise NoDeviceError(f"{PROBED} (gpu {gpu})")

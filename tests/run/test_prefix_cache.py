@@ -32,6 +32,23 @@ def _alone(facts: ManifestFacts, prompt: list[int], opts: GenerateOptions) -> tu
     return result.tokens, [c[1]["tokens"] for c in rt.calls if c[0] == "prefill"]
 
 
+_SHARING_600_OPTS = GenerateOptions(4, 64, stop_at_eos=False)
+
+
+def _second_of_two_sharing_600(facts: ManifestFacts):
+    """Two prompts sharing 600 tokens (then 50 and 90 of their own) through one PrefixSession (chunk 64) on a fresh
+    fake: (runtime, session, the second prompt, its result, the prefill chunk sizes it ran)."""
+    shared = _ids(600, 4)
+    a, b = shared + _ids(50, 5), shared + _ids(90, 6)
+    rt = FakePoolRuntime()
+    session = PrefixSession(Generator(rt, facts), chunk=64)
+    session.generate(a, _SHARING_600_OPTS)
+    before = len(rt.calls)
+    rb = session.generate(b, _SHARING_600_OPTS)
+    sizes = [c[1]["tokens"] for c in rt.calls[before:] if c[0] == "prefill"]
+    return rt, session, b, rb, sizes
+
+
 @pytest.mark.parametrize("aligned, hit, chunk", [(600, 600, 40), (576, 600, 64), (0, 30, 40), (0, 5, 0)])
 def test_aligned_prefix(aligned: int, hit: int, chunk: int) -> None:
     assert aligned_prefix(hit, chunk) == aligned
@@ -42,16 +59,8 @@ def test_batch_invariant_manifest_reuses_the_whole_hit_and_prefills_only_new_tok
     import dataclasses
 
     inv = dataclasses.replace(facts, prefill_batch_invariant=True)
-    shared = _ids(600, 4)
-    a, b = shared + _ids(50, 5), shared + _ids(90, 6)
-    opts = GenerateOptions(4, 64, stop_at_eos=False)
-    rt = FakePoolRuntime()
-    session = PrefixSession(Generator(rt, inv), chunk=64)
-    session.generate(a, opts)
-    before = len(rt.calls)
-    rb = session.generate(b, opts)
+    rt, session, b, rb, sizes = _second_of_two_sharing_600(inv)
     assert rb.cached_tokens == 600  # not rounded down to 576
-    sizes = [c[1]["tokens"] for c in rt.calls[before:] if c[0] == "prefill"]
     assert sum(sizes) == len(b) - 1 - 600 == rb.result.timings.prefill_tokens
     assert sizes == [64, 25]  # the new 89 prefill tokens, chunked from position 600
     assert rb.result.tokens == FakePoolRuntime.expected(b, 4)
@@ -82,17 +91,9 @@ def test_two_prompts_sharing_600_tokens_reuse_them_and_match_running_alone(facts
 
 
 def test_reuse_is_rounded_down_to_the_chunk_so_prefill_chunks_match_running_alone(facts: ManifestFacts) -> None:
-    shared = _ids(600, 4)
-    a, b = shared + _ids(50, 5), shared + _ids(90, 6)
-    opts = GenerateOptions(4, 64, stop_at_eos=False)
-    rt = FakePoolRuntime()
-    session = PrefixSession(Generator(rt, facts), chunk=64)
-    session.generate(a, opts)
-    before = len(rt.calls)
-    rb = session.generate(b, opts)
+    rt, session, b, rb, sizes = _second_of_two_sharing_600(facts)
     assert rb.cached_tokens == 576
-    sizes = [c[1]["tokens"] for c in rt.calls[before:] if c[0] == "prefill"]
-    tokens, alone_sizes = _alone(facts, b, opts)
+    tokens, alone_sizes = _alone(facts, b, _SHARING_600_OPTS)
     assert alone_sizes[576 // 64:] == sizes  # the same chunk boundaries from 576 on
     assert rb.result.tokens == tokens
     session.close()

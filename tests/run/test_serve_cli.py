@@ -12,37 +12,19 @@ httpx = pytest.importorskip("httpx")  # the dev group has it; the GPU machines m
 pytest.importorskip("fastapi")
 from fake_pool_runtime import FakePoolRuntime
 from fake_serve_runtime import ServedFakeRuntime
+from kern_run_testutil import patch_generator_open
 from typer.testing import CliRunner
 
-import kern_run.session as session
 from kern_run.cli import app
 from kern_run.config import RunConfig
-from kern_run.generate import Generator
 from kern_run.log import setup_logging
 from kern_run.serve.server import ServeOptions, build
 from kern_run.text import load_codec
 
 
 @pytest.fixture
-def with_device(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    empty = tmp_path / "empty-kern.toml"
-    empty.write_text("")
-    monkeypatch.setenv("KERN_TOML", str(empty))
-    monkeypatch.setattr(session, "probe_device", lambda gpu: 1)
-
-
-@pytest.fixture
 def served_runtime(monkeypatch: pytest.MonkeyPatch) -> list[ServedFakeRuntime]:
-    made: list[ServedFakeRuntime] = []
-
-    def open_fake(manifest, kernels, weights, facts, gpu=0, capacity_tokens=4096, eos_ids=frozenset(), progress=None,
-                  resident=None):
-        rt = ServedFakeRuntime(num_pages=capacity_tokens // 16)
-        made.append(rt)
-        return Generator(rt, facts, eos_ids)
-
-    monkeypatch.setattr(Generator, "open", staticmethod(open_fake))
-    return made
+    return patch_generator_open(monkeypatch, ServedFakeRuntime)
 
 
 @pytest.mark.parametrize("flags, needle", [

@@ -86,16 +86,6 @@ def _refused(result, code: int, *needles: str) -> str:
     return lines[0]
 
 
-@pytest.fixture
-def with_device(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    import kern_run.session as session
-
-    empty = tmp_path / "empty-kern.toml"
-    empty.write_text("")
-    monkeypatch.setenv("KERN_TOML", str(empty))
-    monkeypatch.setattr(session, "probe_device", lambda gpu: 1)
-
-
 # ---------------------------------------------------------------- config
 
 

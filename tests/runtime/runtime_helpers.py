@@ -4,10 +4,26 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import json
+import struct
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 KERNELS_DIR = Path(__file__).parent / "kernels"
+
+
+def write_bf16_file(path: Path, tensors: dict[str, np.ndarray]) -> None:
+    """A safetensors file with BF16 tensors given as uint16 bits (numpy has no bfloat16)."""
+    header, blobs, offset = {}, [], 0
+    for name, bits in tensors.items():
+        raw = np.ascontiguousarray(bits, dtype="<u2").tobytes()
+        header[name] = {"dtype": "BF16", "shape": list(bits.shape), "data_offsets": [offset, offset + len(raw)]}
+        blobs.append(raw)
+        offset += len(raw)
+    text = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(text)) + text + b"".join(blobs))
 
 
 def sha256_file(path: Path) -> str:

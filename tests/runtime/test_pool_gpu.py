@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from runtime_helpers import KERNELS_DIR
 
-from kern_pool import Busy, ExceedsPool, Misuse, Remapping
+from kern_pool import Busy, ExceedsPool, Misuse, Parked, Remapping
 from kern_runtime import Capacity, DeviceLease, Runtime
 from kern_runtime.cuda.driver import call
 
@@ -329,12 +329,18 @@ def test_park_right_after_the_writing_step_1000_times(rt: Runtime) -> None:
         parked.close()
 
 
-def test_page_released_and_reused_by_a_wake_is_never_corrupted(rt: Runtime) -> None:
+def _parked_page(rt: Runtime) -> Parked:
+    """Host room for 2 pages and 1 slot, and one parked (settled) page of 16 tokens written with salt 6."""
     rt.reserve_host(pages=2, slots=1)
     src = rt.lease(16)
     write(rt, [(src, 0, 16)], salt=6, tokens=16)
     parked = rt.park(rt.room(rt.retire(src, 16)))
     rt.settle()
+    return parked
+
+
+def test_page_released_and_reused_by_a_wake_is_never_corrupted(rt: Runtime) -> None:
+    parked = _parked_page(rt)
     for i in range(50):
         victim = rt.lease(16)
         for _ in range(8):  # the releasing lease's last steps are still queued when it closes
@@ -356,11 +362,7 @@ def test_in_flight_copies_closed_or_dropped_never_corrupt_reused_units(rt: Runti
     host units only after the copies are done (kern_pool's settle hook): the page a dropped wake was filling is
     leased and written at once, the host page a closed park was writing is parked into at once on the compute
     stream, and neither ever sees the late copy."""
-    rt.reserve_host(pages=2, slots=1)
-    src = rt.lease(16)
-    write(rt, [(src, 0, 16)], salt=6, tokens=16)
-    parked = rt.park(rt.room(rt.retire(src, 16)))
-    rt.settle()
+    parked = _parked_page(rt)
     for i in range(50):
         waking = rt.wake(parked, 16, 16)
         page = waking.inner.plan.page_copies[0].dst_page_id  # host page -> this device page

@@ -9,13 +9,12 @@ import copy
 import hashlib
 import json
 import shutil
-import struct
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from runtime_helpers import KERNELS_DIR, base_manifest
+from runtime_helpers import KERNELS_DIR, base_manifest, write_bf16_file
 
 from kern_runtime import (
     ApiError, Capacity, KernelArtifactError, Runtime, SafetensorsTensors, WeightArtifactError,
@@ -463,17 +462,6 @@ def test_inapplicable_algo_pin_is_refused(tmp_path: Path) -> None:
 # ---------------------------------------------------------------- weights
 
 
-def write_bf16_shard(path: Path, tensors: dict[str, np.ndarray]) -> None:
-    header, blobs, offset = {}, [], 0
-    for name, bits in tensors.items():
-        raw = np.ascontiguousarray(bits, dtype="<u2").tobytes()
-        header[name] = {"dtype": "BF16", "shape": list(bits.shape), "data_offsets": [offset, offset + len(raw)]}
-        blobs.append(raw)
-        offset += len(raw)
-    text = json.dumps(header).encode()
-    path.write_bytes(struct.pack("<Q", len(text)) + text + b"".join(blobs))
-
-
 def weights_manifest() -> dict:
     return {
         "format": "kern-manifest/1", "name": "weights", "vars": {"tokens": {"min": 1, "max": 4}}, "modules": {},
@@ -497,8 +485,8 @@ def test_weights_from_sharded_checkpoint_byte_for_byte(tmp_path: Path) -> None:
          {"gate": (4096, 256), "up": (4096, 256), "q": (96, 256), "k": (32, 256), "v": (32, 256), "emb": (200, 256)}.items()}
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
-    write_bf16_shard(ckpt / "model-00001-of-00002.safetensors", {"gate": t["gate"], "q": t["q"], "emb": t["emb"]})
-    write_bf16_shard(ckpt / "model-00002-of-00002.safetensors", {"up": t["up"], "k": t["k"], "v": t["v"]})
+    write_bf16_file(ckpt / "model-00001-of-00002.safetensors", {"gate": t["gate"], "q": t["q"], "emb": t["emb"]})
+    write_bf16_file(ckpt / "model-00002-of-00002.safetensors", {"up": t["up"], "k": t["k"], "v": t["v"]})
     (ckpt / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {
         "gate": "model-00001-of-00002.safetensors", "q": "model-00001-of-00002.safetensors",
         "emb": "model-00001-of-00002.safetensors", "up": "model-00002-of-00002.safetensors",
@@ -528,7 +516,7 @@ def test_weights_from_sharded_checkpoint_byte_for_byte(tmp_path: Path) -> None:
 
 
 def test_weight_mismatch_names_the_tensor(tmp_path: Path) -> None:
-    write_bf16_shard(tmp_path / "m.safetensors", {"q": np.zeros((96, 128), np.uint16)})
+    write_bf16_file(tmp_path / "m.safetensors", {"q": np.zeros((96, 128), np.uint16)})
     m = weights_manifest()
     m["buffers"] = {"w": {"kind": "weight", "dtype": "bf16", "shape": [96, 256], "bind": [{"tensor": "q"}]}}
     with pytest.raises(WeightArtifactError, match=r"tensor 'q' has shape \[96, 128\]"):
@@ -546,8 +534,8 @@ def segments_checkpoint(root: Path, big: bool) -> dict[str, np.ndarray]:
     root.mkdir()
     first = [n for n in t if n in ("g", "o", "emb", "big")]
     second = [n for n in t if n not in first]
-    write_bf16_shard(root / "model-00001-of-00002.safetensors", {n: t[n] for n in first})
-    write_bf16_shard(root / "model-00002-of-00002.safetensors", {n: t[n] for n in second})
+    write_bf16_file(root / "model-00001-of-00002.safetensors", {n: t[n] for n in first})
+    write_bf16_file(root / "model-00002-of-00002.safetensors", {n: t[n] for n in second})
     weight_map = {n: "model-00001-of-00002.safetensors" for n in first}
     weight_map.update({n: "model-00002-of-00002.safetensors" for n in second})
     (root / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))

@@ -19,11 +19,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-from test_runtime_safetensors import write_bf16_file
 
 from kern_runtime import DriverError, HostTensors, SafetensorsTensors, WeightArtifactError, plan_bind
 from kern_manifest import Buffer
-from runtime_helpers import buffer_of, interleave, seg
+from runtime_helpers import buffer_of, interleave, seg, write_bf16_file
 from kern_runtime.weights import DeviceBlob, loader
 from kern_runtime.weights.loader import Target, WeightLoader
 from kern_manifest import Expr

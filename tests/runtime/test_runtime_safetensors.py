@@ -11,22 +11,10 @@ import pytest
 from safetensors.numpy import save_file
 
 from kern_runtime import FileBlob, SafetensorsTensors, TensorMeta, WeightArtifactError, plan_bind
-from runtime_helpers import buffer_of, interleave, seg
+from runtime_helpers import buffer_of, interleave, seg, write_bf16_file
 from kern_runtime.weights.loader import Target, WeightLoader
 from kern_runtime.weights.safetensors import read_safetensors_header
 from kern_manifest import Expr
-
-
-def write_bf16_file(path: Path, tensors: dict[str, np.ndarray]) -> None:
-    """A safetensors file with BF16 tensors given as uint16 bits (numpy has no bfloat16)."""
-    header, blobs, offset = {}, [], 0
-    for name, bits in tensors.items():
-        raw = np.ascontiguousarray(bits, dtype="<u2").tobytes()
-        header[name] = {"dtype": "BF16", "shape": list(bits.shape), "data_offsets": [offset, offset + len(raw)]}
-        blobs.append(raw)
-        offset += len(raw)
-    text = json.dumps(header).encode()
-    path.write_bytes(struct.pack("<Q", len(text)) + text + b"".join(blobs))
 
 
 def make_sharded(root: Path) -> dict[str, np.ndarray]:

@@ -58,21 +58,17 @@ _TYPE_NAMES = {"int": "an integer", "str": "a string", "bool": "a boolean", "num
 _LITERAL_KEYS = (*INT_ENCODINGS, *FLOAT_ENCODINGS)
 
 
+# Checked in this order: bool before int (a bool is an int in Python).
+_JSON_TYPES = ((bool, "a boolean"), (int, "an integer"), (float, "a number"), (str, "a string"),
+               (list, "an array"), (dict, "an object"))
+
+
 def _json_type(value: Any) -> str:
     if value is None:
         return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int):
-        return "an integer"
-    if isinstance(value, float):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "an array"
-    if isinstance(value, dict):
-        return "an object"
+    for python_type, name in _JSON_TYPES:
+        if isinstance(value, python_type):
+            return name
     return type(value).__name__
 
 

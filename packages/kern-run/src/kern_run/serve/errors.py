@@ -26,6 +26,14 @@ class ServeError(Exception):
         if kind is not None:
             self.kind = kind
 
+    def __init_subclass__(cls, *, status: int | None = None, kind: str | None = None, **kwargs: Any) -> None:
+        """`class X(ServeError, status=..., kind=...)`: the subclass's HTTP status and body `type`."""
+        super().__init_subclass__(**kwargs)
+        if status is not None:
+            cls.status = status
+        if kind is not None:
+            cls.kind = kind
+
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
 
@@ -34,35 +42,24 @@ class BadRequest(ServeError):
     """400: the request itself is wrong (a value out of range, a prompt longer than the context, ...)."""
 
 
-class Unauthorized(ServeError):
-    status = 401
-    kind = "authentication_error"
+class Unauthorized(ServeError, status=401, kind="authentication_error"):
+    """401: a missing or wrong API key."""
 
 
-class NotFound(ServeError):
-    status = 404
-    kind = "not_found_error"
+class NotFound(ServeError, status=404, kind="not_found_error"):
+    """404: the request names a model this server does not serve."""
 
 
-class Overloaded(ServeError):
+class Overloaded(ServeError, status=429, kind="rate_limit_error"):
     """429: more requests in flight than `--max-queue`."""
 
-    status = 429
-    kind = "rate_limit_error"
 
-
-class EngineFault(ServeError):
+class EngineFault(ServeError, status=500, kind="server_error"):
     """500: the engine failed the step this request was in (logged; /health turns unhealthy)."""
 
-    status = 500
-    kind = "server_error"
 
-
-class Unavailable(ServeError):
+class Unavailable(ServeError, status=503, kind="server_error"):
     """503: the server is draining or unhealthy and takes no new requests."""
-
-    status = 503
-    kind = "server_error"
 
 
 class ConfigError(ValueError):

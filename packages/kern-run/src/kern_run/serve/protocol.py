@@ -160,11 +160,17 @@ class CompletionChoice(BaseModel):
     finish_reason: Optional[str] = None
 
 
-class CompletionResponse(BaseModel):
+class _Response(BaseModel):
+    """The fields every response body starts with, in this order (a subclass narrows `object` in place)."""
+
     id: str
-    object: Literal["text_completion"] = "text_completion"
+    object: str
     created: int = Field(default_factory=lambda: int(time.time()))
     model: str
+
+
+class CompletionResponse(_Response):
+    object: Literal["text_completion"] = "text_completion"
     choices: list[CompletionChoice]
     usage: Optional[Usage] = None
 
@@ -181,11 +187,8 @@ class ChatChoice(BaseModel):
     finish_reason: Optional[str] = None
 
 
-class ChatCompletionResponse(BaseModel):
-    id: str
+class ChatCompletionResponse(_Response):
     object: Literal["chat.completion"] = "chat.completion"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    model: str
     choices: list[ChatChoice]
     usage: Usage
 
@@ -202,11 +205,8 @@ class ChatChunkChoice(BaseModel):
     finish_reason: Optional[str] = None
 
 
-class ChatCompletionChunk(BaseModel):
-    id: str
+class ChatCompletionChunk(_Response):
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    model: str
     choices: list[ChatChunkChoice]
     usage: Optional[Usage] = None
 

@@ -99,20 +99,11 @@ def _memcpy2d(src: int, src_pitch: int, src_is_host: bool, dst: int, dst_pitch: 
     `dst + i * dst_pitch`."""
     driver = cu()
     p = driver.CUDA_MEMCPY2D()
-    host_t = driver.CUmemorytype.CU_MEMORYTYPE_HOST
-    dev_t = driver.CUmemorytype.CU_MEMORYTYPE_DEVICE
-    p.srcMemoryType = host_t if src_is_host else dev_t
-    if src_is_host:
-        p.srcHost = src
-    else:
-        p.srcDevice = src
-    p.srcPitch = src_pitch
-    p.dstMemoryType = host_t if dst_is_host else dev_t
-    if dst_is_host:
-        p.dstHost = dst
-    else:
-        p.dstDevice = dst
-    p.dstPitch = dst_pitch
+    for side, address, pitch, is_host in (("src", src, src_pitch, src_is_host), ("dst", dst, dst_pitch, dst_is_host)):
+        memory = driver.CUmemorytype.CU_MEMORYTYPE_HOST if is_host else driver.CUmemorytype.CU_MEMORYTYPE_DEVICE
+        setattr(p, f"{side}MemoryType", memory)
+        setattr(p, f"{side}Host" if is_host else f"{side}Device", address)
+        setattr(p, f"{side}Pitch", pitch)
     p.WidthInBytes = width
     p.Height = height
     if stream is None:
