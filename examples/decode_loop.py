@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import NoReturn
 
 import numpy as np
-from kern_runtime import Capacity, KernError, Runtime, SafetensorsTensors
+from kern_pool import PoolError
+from kern_runtime import Capacity, DeviceLease, KernError, Runtime, SafetensorsTensors
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = ROOT / "models" / "qwen3-tiny-en"
@@ -70,7 +71,7 @@ def slot_mapping(page_ids: np.ndarray, page_tokens: int, start: int, stop: int) 
 class Sequence:
     """One sequence of the tiny model: its lease, its block-table row, and the inputs its programs read."""
 
-    def __init__(self, rt: Runtime, lease: object) -> None:
+    def __init__(self, rt: Runtime, lease: DeviceLease) -> None:
         self.rt, self.lease = rt, lease
         width = rt.manifest.buffers["block_table"].shape_at({"seqs": 1})[1]  # i32[seqs, pages_per_seq]
         table = rt.block_table([lease], width=width)  # i32[1, width]: page ids, then the scratch page
@@ -78,15 +79,17 @@ class Sequence:
         self.pages = table[0]
         self.page_tokens = rt.page_tokens  # 16 for this manifest (states.kv.*.page_tokens)
 
-    def prefill(self, ids: list[int]) -> None:
-        """K/V of positions 0..len(ids)-1, in one chunk (the manifest's tokens var allows 512)."""
-        n = len(ids)
-        self.rt.write_input("token_ids", np.asarray(ids, np.int32))                   # i32[tokens]
-        self.rt.write_input("positions", np.arange(n, dtype=np.int32))                # i32[tokens]
-        self.rt.write_input("slot_mapping", slot_mapping(self.pages, self.page_tokens, 0, n))
-        self.rt.write_input("seq_lens", np.asarray([n], np.int32))                    # i32[seqs]
-        self.rt.write_input("cu_seqlens_q", np.asarray([0, n], np.int32))             # i32[seqs + 1]
-        self.rt.issue("prefill", {"tokens": n, "seqs": 1})
+    def prefill(self, ids: list[int], chunk: int = 512) -> None:
+        """K/V of positions 0..len(ids)-1, in chunks of at most `chunk` tokens (the manifest's tokens var: 1..512)."""
+        for start in range(0, len(ids), chunk):
+            piece = np.asarray(ids[start:start + chunk], np.int32)                    # i32[tokens]
+            stop = start + len(piece)
+            self.rt.write_input("token_ids", piece)
+            self.rt.write_input("positions", np.arange(start, stop, dtype=np.int32))  # i32[tokens]
+            self.rt.write_input("slot_mapping", slot_mapping(self.pages, self.page_tokens, start, stop))
+            self.rt.write_input("seq_lens", np.asarray([stop], np.int32))            # i32[seqs]: K/V after it
+            self.rt.write_input("cu_seqlens_q", np.asarray([0, len(piece)], np.int32))  # i32[seqs + 1]
+            self.rt.issue("prefill", {"tokens": len(piece), "seqs": 1})
 
     def step(self, token: int, position: int) -> int:
         """Run `token` at `position` through `decode`; the greedy next token (argmax on the GPU)."""
@@ -131,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
             resumed = again.generate(prompt[-1], n - 1, args.steps)
             rt.retire(again.lease, total - 1).close()
             prefix.close()                                     # its pages return to the pool
-    except KernError as exc:
+    except (KernError, PoolError) as exc:  # a refusal of the runtime, or of its page pool (Busy, ExceedsPool, ...)
         print(f"decode_loop.py: {exc}", file=sys.stderr)
         return 1
     print(f"prompt ids {prompt}")

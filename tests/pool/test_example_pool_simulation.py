@@ -68,7 +68,8 @@ def test_a_bad_trace_line_names_file_and_line(tmp_path: Path, capsys: pytest.Cap
     trace = tmp_path / "t.jsonl"
     trace.write_text('{"input_length": 10, "hash_ids": [1]}\n{"hash_ids": [1]}\n')
     assert example_main()(["--trace", str(trace)]) == 2
-    assert capsys.readouterr().err == f"pool_simulation.py: --trace {trace}: {trace}:2: not a request (KeyError('input_length'))\n"
+    want = f"pool_simulation.py: --trace {trace}: {trace}:2: not a request (KeyError('input_length'))\n"
+    assert capsys.readouterr().err == want
 
 
 def test_an_unknown_flag_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:

@@ -6,7 +6,9 @@ runtime passes to cuLaunchKernel, so the example's own numpy check runs end to e
 
 from __future__ import annotations
 
+import ast
 import ctypes
+import itertools
 import runpy
 from collections.abc import Callable
 from pathlib import Path
@@ -15,6 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 from fake_cuda import OK, FakeDriver, fake_cuda  # noqa: F401 - the fixture
+from tokenizers import Tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
@@ -32,7 +35,8 @@ def _params(address: int, layout: tuple[tuple[int, int], ...]) -> list[int]:
 
 
 def _array(address: int, dtype: Any, count: int) -> np.ndarray:
-    return np.ctypeslib.as_array((ctypes.c_uint8 * (count * np.dtype(dtype).itemsize)).from_address(address)).view(dtype)
+    raw = (ctypes.c_uint8 * (count * np.dtype(dtype).itemsize)).from_address(address)
+    return np.ctypeslib.as_array(raw).view(dtype)
 
 
 def _i32(value: int) -> int:
@@ -127,22 +131,30 @@ def test_custom_manifest_missing_kernels_dir_is_one_line(tmp_path: Path, capsys:
     assert err.count("\n") == 1
 
 
-def test_decode_loop_drives_leases_checkpoint_and_reuse(fake_cuda: FakeDriver, monkeypatch: pytest.MonkeyPatch,
-                                                        capsys: pytest.CaptureFixture[str]) -> None:
-    """On the fake every next_token reads 0 (no kernel runs), so both runs give the same zeros; what is checked
-    is that the API sequence runs: 2 x steps decode steps, each a launch of the captured graph."""
+@pytest.fixture
+def tiny_fake(fake_cuda: FakeDriver, monkeypatch: pytest.MonkeyPatch) -> FakeDriver:
+    """The fake driver showing the tiny manifest's kernel entries, cuBLASLt stubbed."""
     import kern_runtime.runtime
     from test_docstring_example_cpu import StubBlas, entry_layouts
 
     monkeypatch.setattr(kern_runtime.runtime, "Blas", StubBlas)
     fake_cuda.entries = entry_layouts()
+    return fake_cuda
+
+
+def test_decode_loop_drives_leases_checkpoint_and_reuse(tiny_fake: FakeDriver,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """On the fake every next_token reads 0 (no kernel runs), so both runs give the same zeros; what is checked
+    is that the API sequence runs: 2 x steps decode steps, each a launch of the captured graph."""
     main = example_main("decode_loop.py")
     assert main(["--kernels", str(ROOT / "kernels"), "--prompt", "The capital of France is", "--steps", "3"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "prompt ids [392, 1493, 6034, 294, 7436, 691, 290]"
-    assert out[1:] == ["tokens     [0, 0, 0]", f"text       {out[2][11:]}",
+    tokenizer = Tokenizer.from_file(str(ROOT / "models" / "qwen3-tiny-en" / "tokenizer.json"))
+    zeros = tokenizer.decode([0, 0, 0], skip_special_tokens=False)  # what the example prints for ids 0, 0, 0
+    assert out[1:] == ["tokens     [0, 0, 0]", f"text       {zeros!r}",
                        "resumed from the checkpoint (6 tokens): the same 3 tokens"]
-    assert fake_cuda.called("cuGraphLaunch") == 6  # decode: one capture, then every step launches the graph
+    assert tiny_fake.called("cuGraphLaunch") == 6  # decode: one capture, then every step launches the graph
 
 
 @pytest.mark.parametrize(("argv", "line"), [
@@ -160,3 +172,43 @@ def test_decode_loop_bad_argument_is_one_line(argv: list[str], line: str, capsys
 def test_decode_loop_empty_prompt_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     assert example_main("decode_loop.py")(["--kernels", str(ROOT / "kernels"), "--prompt", ""]) == 2
     assert capsys.readouterr().err == "decode_loop.py: --prompt '': expected text with at least one token\n"
+
+
+def test_decode_loop_reports_a_resumed_run_that_differs(tiny_fake: FakeDriver, monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """The check can fail: next_token counting up gives the resumed run other tokens than the first."""
+    import kern_runtime
+
+    counter = itertools.count()
+    monkeypatch.setattr(kern_runtime.Runtime, "read_output", lambda self, name, rows=None: np.array([next(counter)]))
+    assert example_main("decode_loop.py")(["--kernels", str(ROOT / "kernels"), "--steps", "3"]) == 1
+    captured = capsys.readouterr()
+    assert captured.out.splitlines()[1] == "tokens     [0, 1, 2]"
+    assert captured.err == "decode_loop.py: the run resumed from the checkpoint gave [3, 4, 5]\n"
+
+
+def test_decode_loop_one_token_prompt_resumes_an_empty_checkpoint(tiny_fake: FakeDriver,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--kernels", str(ROOT / "kernels"), "--prompt", "Hello", "--steps", "2"]
+    assert example_main("decode_loop.py")(argv) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "prompt ids [7378]"
+    assert out[-1] == "resumed from the checkpoint (0 tokens): the same 2 tokens"
+
+
+def test_decode_loop_prefills_a_long_prompt_in_chunks(tiny_fake: FakeDriver,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """A prompt past the prefill program's 512 tokens is prefilled in pieces of at most 512."""
+    prompt = "Hello " * 700
+    assert example_main("decode_loop.py")(["--kernels", str(ROOT / "kernels"), "--prompt", prompt, "--steps", "1"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    n = len(ast.literal_eval(out[0].removeprefix("prompt ids ")))
+    assert n > 1025
+    assert out[-1] == f"resumed from the checkpoint ({n - 1} tokens): the same 1 tokens"
+
+
+def test_decode_loop_prompt_past_the_context_is_one_line(tiny_fake: FakeDriver,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    assert example_main("decode_loop.py")(["--kernels", str(ROOT / "kernels"), "--prompt", "Hello " * 2100,
+                                           "--steps", "1"]) == 1
+    assert capsys.readouterr().err == "decode_loop.py: lease holds 263 pages; block-table row 0 has room for 128\n"
