@@ -236,7 +236,7 @@ PUBLIC_MODULES = {
     "kern_manifest.cli": "packages/kern-manifest/src/kern_manifest/cli.py",  # `kern manifest check` runs its `check`
     "kern_pool": "packages/kern-pool/src/kern_pool/__init__.py",
 }
-CALLERS = ("packages/kern-run/src", "tools", "bench")
+CALLERS = ("packages/kern-run/src", "tools", "bench", "examples")
 
 
 def exported_names(path: Path) -> frozenset[str]:
@@ -362,7 +362,7 @@ def test_callers_import_only_exported_names() -> None:
 
 def test_no_package_reads_another_packages_private_names() -> None:
     groups = {pkg.module: _py_files(pkg.src) for pkg in PACKAGES}
-    groups.update({c: _py_files(ROOT / c) for c in ("tools", "bench")})
+    groups.update({c: _py_files(ROOT / c) for c in ("tools", "bench", "examples")})
     assert private_read_violations(groups, ROOT) == []
 
 

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-CHECKED = ("packages", "tests", "tools", "bench")
+CHECKED = ("packages", "tests", "tools", "bench", "examples")
 
 
 def test_no_undefined_names() -> None:
