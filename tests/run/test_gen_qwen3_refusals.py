@@ -7,6 +7,8 @@ pins that match nothing. One stderr line naming the file / key / option, exit 1,
 from __future__ import annotations
 
 import json
+import os
+import stat
 import sys
 from pathlib import Path
 
@@ -14,7 +16,7 @@ import pytest
 
 from kern_manifest import ManifestError
 
-from kern_run.files import write_files
+from kern_run.files import NotRegularFileError, write_files
 from kern_run.models import qwen3 as gq
 from kern_run.models.qwen3 import command
 from kern_run_testutil import ROOT, kern_manifest_build
@@ -372,6 +374,36 @@ def test_cli_out_that_is_a_directory_or_below_a_file(tmp_path: Path, capsys: pyt
     assert kern_manifest_build(["--shape", "tiny", "--kernels", str(KERNELS), "--out", str(parent / "m.json")]) == 1
     assert _one_line(capsys) == f"kern manifest build: --out {parent / 'm.json'}: Not a directory"
     assert parent.read_text() == "keep" and sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+
+
+def test_write_files_refuses_a_fifo_or_a_symlink_target(tmp_path: Path) -> None:
+    """A FIFO or a symbolic link is never renamed over (as root, `--out /dev/null` replaced the device)."""
+    fifo, real, link = tmp_path / "pipe", tmp_path / "real.json", tmp_path / "link.json"
+    os.mkfifo(fifo)
+    real.write_text("old")
+    link.symlink_to(real)
+    with pytest.raises(NotRegularFileError) as err:
+        write_files({real: "new", fifo: "x"})
+    assert (err.value.filename, err.value.strerror) == (str(fifo), "is a FIFO, not a regular file; refusing to replace it")
+    with pytest.raises(NotRegularFileError) as err:
+        write_files({link: "new"})
+    assert (err.value.filename, err.value.strerror) == (
+        str(link), "is a symbolic link; refusing to replace it (give the link's target)")
+    assert link.is_symlink() and stat.S_ISFIFO(os.lstat(fifo).st_mode) and real.read_text() == "old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link.json", "pipe", "real.json"]
+
+
+def test_cli_out_that_is_a_fifo_or_a_symlink(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    fifo, real, link = tmp_path / "pipe", tmp_path / "real.json", tmp_path / "link.json"
+    os.mkfifo(fifo)
+    real.write_text("old")
+    link.symlink_to(real)
+    assert kern_manifest_build(["--shape", "tiny", "--kernels", str(KERNELS), "--out", str(fifo)]) == 1
+    assert _one_line(capsys) == f"kern manifest build: --out {fifo}: is a FIFO, not a regular file; refusing to replace it"
+    assert kern_manifest_build(["--shape", "tiny", "--kernels", str(KERNELS), "--out", str(link)]) == 1
+    assert _one_line(capsys) == (f"kern manifest build: --out {link}: is a symbolic link; refusing to replace it "
+                                 "(give the link's target)")
+    assert link.is_symlink() and stat.S_ISFIFO(os.lstat(fifo).st_mode) and real.read_text() == "old"
 
 
 def test_write_files_is_all_or_nothing(tmp_path: Path) -> None:
