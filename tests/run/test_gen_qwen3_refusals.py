@@ -201,6 +201,28 @@ def test_config_values_are_type_and_range_checked(over: dict, message: str) -> N
     assert str(err.value) == f"models/x/config.json: {message}"
 
 
+@pytest.mark.parametrize(("key", "value", "bound"), [
+    ("num_hidden_layers", 10**9, 1024), ("num_hidden_layers", 1025, 1024), ("num_attention_heads", 1025, 1024),
+    ("num_key_value_heads", 2048, 1024), ("head_dim", 1040, 1024), ("hidden_size", 65537, 65536),
+    ("intermediate_size", 262145, 262144), ("vocab_size", 4194305, 4194304),
+    ("max_position_embeddings", 16777217, 16777216),
+])
+def test_config_sizes_above_their_bound_are_refused_before_building(key: str, value: int, bound: int) -> None:
+    """A huge num_hidden_layers ran for minutes (1e5) or forever (1e9) before the verifier refused it."""
+    with pytest.raises(gq.ManifestBuildError) as err:
+        gq.Qwen3Config.from_json(_cfg(**{key: value}), "models/x/config.json")
+    assert str(err.value) == (f"models/x/config.json: {key} = {value} is above {bound} (the largest this builder "
+                              "accepts)")
+
+
+def test_config_sizes_at_their_bounds_build_a_manifest_that_verifies() -> None:
+    cfg = gq.Qwen3Config.from_json(_cfg(num_hidden_layers=1024, num_attention_heads=512, num_key_value_heads=512,
+                                        head_dim=128, hidden_size=1 << 16, intermediate_size=1 << 18,
+                                        vocab_size=1 << 22, max_position_embeddings=1 << 24))
+    text = command.dumps(gq.build_manifest(cfg, gq.read_kernel_abi(KERNELS), gq.BuildOptions("x", max_context=4096)))
+    command.verify_manifest_text(text, "the largest manifest")
+
+
 def test_config_shape_refusals_name_the_file() -> None:
     for doc, message in (([1, 2], "a JSON list, expected a config.json object"),
                          ("qwen3", "a JSON str, expected a config.json object"),

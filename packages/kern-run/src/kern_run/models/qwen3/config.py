@@ -12,6 +12,20 @@ from .shapes import SHAPES, config_json
 
 _REQUIRED = object()  # a config key without a default
 
+# The largest value of each size field: far above any Qwen3 checkpoint, and small enough that the manifest stays
+# within kern_manifest's limits (MAX_PROGRAM_CALLS expansion steps per program: decode launches a handful of
+# kernels per layer) and is built in seconds. Checked before anything is built (docs/manifest.md).
+BOUNDS = {
+    "num_hidden_layers": 1024,
+    "num_attention_heads": 1024,
+    "num_key_value_heads": 1024,
+    "head_dim": 1024,
+    "hidden_size": 1 << 16,
+    "intermediate_size": 1 << 18,
+    "vocab_size": 1 << 22,
+    "max_position_embeddings": 1 << 24,
+}
+
 
 def _shown(value: Any) -> str:
     text = repr(value)
@@ -33,10 +47,13 @@ class _Fields:
         return self.raw[key]
 
     def integer(self, key: str, default: Any = _REQUIRED) -> int:
-        """A JSON integer >= 1."""
+        """A JSON integer >= 1 and at most BOUNDS[key]."""
         value = self.get(key, default)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ManifestBuildError(f"{self.source}: {key} = {_shown(value)} must be a JSON integer >= 1")
+        if value > BOUNDS[key]:
+            raise ManifestBuildError(f"{self.source}: {key} = {_shown(value)} is above {BOUNDS[key]} (the largest "
+                                     "this builder accepts)")
         return value
 
     def positive(self, key: str, value: Any) -> float:
