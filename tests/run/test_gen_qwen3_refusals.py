@@ -241,10 +241,10 @@ def test_config_shape_refusals_name_the_file() -> None:
     with pytest.raises(gq.ManifestBuildError) as err:
         gq.Qwen3Config.from_json(params, "c.json")
     assert str(err.value) == "c.json: rope_parameters = [1000000.0] must be a JSON object"
-    head = _cfg(hidden_size=2, num_attention_heads=4, head_dim=None)
     with pytest.raises(gq.ManifestBuildError) as err:
-        gq.Qwen3Config.from_json(head, "c.json")
-    assert str(err.value) == "c.json: head_dim (hidden_size 2 // num_attention_heads 4) is 0"
+        gq.Qwen3Config.from_json(_cfg(head_dim=None), "c.json")
+    assert str(err.value) == ("c.json: head_dim is null; expected a JSON integer (transformers' Qwen3Config default, "
+                              "when the key is absent, is 128)")
 
 
 def test_valid_configs_keep_their_values_and_defaults() -> None:
@@ -253,14 +253,24 @@ def test_valid_configs_keep_their_values_and_defaults() -> None:
     four_b = gq.Qwen3Config.from_json(_cfg("qwen3-4b"))
     assert four_b == gq.Qwen3Config(hidden=2560, layers=36, q_heads=32, kv_heads=8, head_dim=128, intermediate=9728,
                                     vocab=151936, tied=True, rope_theta=1e6, eps=1e-6, max_position_embeddings=40960)
-    doc = _cfg(head_dim=None, rope_parameters={"rope_theta": 5e5}, tie_word_embeddings=False)
-    for key in ("rope_theta", "max_position_embeddings"):
+    doc = _cfg(rope_parameters={"rope_theta": 5e5}, tie_word_embeddings=True, num_key_value_heads=None)
+    for key in ("rope_theta", "max_position_embeddings", "head_dim", "rms_norm_eps"):
         del doc[key]
     cfg = gq.Qwen3Config.from_json(doc)
-    assert (cfg.head_dim, cfg.rope_theta, cfg.tied, cfg.max_position_embeddings) == (64, 500000.0, False, 40960)
+    # transformers' Qwen3Config defaults (configuration_qwen3.py): head_dim 128, max_position_embeddings 32768,
+    # rms_norm_eps 1e-6; a null num_key_value_heads is num_attention_heads
+    assert (cfg.head_dim, cfg.rope_theta, cfg.tied, cfg.max_position_embeddings, cfg.eps, cfg.kv_heads) == (
+        128, 500000.0, True, 32768, 1e-6, 4)
     del doc["tie_word_embeddings"], doc["rope_parameters"]
     cfg = gq.Qwen3Config.from_json(doc)
-    assert (cfg.tied, cfg.rope_theta) == (False, 1e6)
+    assert (cfg.tied, cfg.rope_theta) == (False, 10000.0)
+    for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                "intermediate_size"):
+        missing = _cfg()
+        del missing[key]
+        with pytest.raises(gq.ManifestBuildError) as err:
+            gq.Qwen3Config.from_json(missing, "c.json")
+        assert str(err.value) == f"c.json lacks {key!r}"
 
 
 @pytest.mark.parametrize(("content", "reason"), [

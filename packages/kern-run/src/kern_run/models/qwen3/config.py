@@ -12,6 +12,17 @@ from .shapes import SHAPES, config_json
 
 _REQUIRED = object()  # a config key without a default
 
+# transformers' Qwen3Config defaults (configuration_qwen3.py) of the keys a config.json may leave out; the keys
+# that decide the weight shapes (hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads,
+# intermediate_size, vocab_size) are required instead: their defaults (an 8B-like model) would only hide a mistake.
+DEFAULTS = {
+    "head_dim": 128,
+    "rope_theta": 10000.0,
+    "rms_norm_eps": 1e-6,
+    "max_position_embeddings": 32768,
+    "tie_word_embeddings": False,
+}
+
 # The largest value of each size field: far above any Qwen3 checkpoint, and small enough that the manifest stays
 # within kern_manifest's limits (MAX_PROGRAM_CALLS expansion steps per program: decode launches a handful of
 # kernels per layer) and is built in seconds. Checked before anything is built (docs/manifest.md).
@@ -109,13 +120,20 @@ def _refuse_unsupported(cfg: dict[str, Any], source: str) -> None:
                                      "weight binds are bfloat16)")
 
 
-def _head_dim(f: _Fields, hidden: int, q_heads: int) -> int:
-    if f.raw.get("head_dim") is None:  # transformers' default, also for null
-        if hidden // q_heads < 1:
-            raise ManifestBuildError(f"{f.source}: head_dim (hidden_size {hidden} // num_attention_heads {q_heads}) "
-                                     "is 0")
-        return hidden // q_heads
-    return f.integer("head_dim")
+def _head_dim(f: _Fields) -> int:
+    """transformers' Qwen3Config: head_dim 128 when absent; null is not an integer (its modeling code would fail)."""
+    if "head_dim" in f.raw and f.raw["head_dim"] is None:
+        raise ManifestBuildError(f"{f.source}: head_dim is null; expected a JSON integer (transformers' Qwen3Config "
+                                 "default, when the key is absent, is 128)")
+    return f.integer("head_dim", 128)
+
+
+def _kv_heads(f: _Fields, q_heads: int) -> int:
+    """transformers' Qwen3Config: a null num_key_value_heads means num_attention_heads (absent is refused: its
+    default of 32 decides the shapes)."""
+    if "num_key_value_heads" in f.raw and f.raw["num_key_value_heads"] is None:
+        return q_heads
+    return f.integer("num_key_value_heads")
 
 
 def _rope_theta(f: _Fields) -> float:
@@ -124,7 +142,7 @@ def _rope_theta(f: _Fields) -> float:
     params = f.raw.get("rope_parameters") or {}
     if not isinstance(params, dict):
         raise ManifestBuildError(f"{f.source}: rope_parameters = {_shown(params)} must be a JSON object")
-    return f.positive("rope_parameters.rope_theta", params.get("rope_theta", 1e6))
+    return f.positive("rope_parameters.rope_theta", params.get("rope_theta", DEFAULTS["rope_theta"]))
 
 
 @dataclass(frozen=True)
@@ -147,25 +165,28 @@ class Qwen3Config:
     def from_json(cls, cfg: Any, source: str = "config.json") -> "Qwen3Config":
         """From a config.json object. Raises ManifestBuildError, naming `source` and the key, for a model this
         builder does not cover or a value of the wrong JSON type or range: integers must be JSON integers >= 1,
-        tie_word_embeddings a JSON boolean, rope_theta and rms_norm_eps finite numbers > 0. Absent keys take
-        transformers' defaults (head_dim: hidden_size // num_attention_heads, also when null; rope_theta: 1e6 or
-        rope_parameters.rope_theta; tie_word_embeddings false; max_position_embeddings 40960)."""
+        tie_word_embeddings a JSON boolean, rope_theta and rms_norm_eps finite numbers > 0, each size at most
+        BOUNDS. Absent optional keys take transformers' Qwen3Config defaults (DEFAULTS: head_dim 128; rope_theta
+        rope_parameters.rope_theta, else 10000.0; rms_norm_eps 1e-6; max_position_embeddings 32768;
+        tie_word_embeddings false); a null num_key_value_heads is num_attention_heads; a null head_dim, or an
+        absent shape key (hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads,
+        intermediate_size, vocab_size), is refused."""
         if not isinstance(cfg, dict):
             raise ManifestBuildError(f"{source}: a JSON {type(cfg).__name__}, expected a config.json object")
         _refuse_unsupported(cfg, source)
         f = _Fields(cfg, source)
         hidden, layers = f.integer("hidden_size"), f.integer("num_hidden_layers")
-        q_heads, kv_heads = f.integer("num_attention_heads"), f.integer("num_key_value_heads")
-        head_dim = _head_dim(f, hidden, q_heads)
-        tied = f.get("tie_word_embeddings", False)
+        q_heads = f.integer("num_attention_heads")
+        kv_heads, head_dim = _kv_heads(f, q_heads), _head_dim(f)
+        tied = f.get("tie_word_embeddings", DEFAULTS["tie_word_embeddings"])
         if not isinstance(tied, bool):
             raise ManifestBuildError(f"{source}: tie_word_embeddings = {_shown(tied)} must be a JSON boolean (true or "
                                      "false)")
         rope_theta = _rope_theta(f)
         out = cls(hidden=hidden, layers=layers, q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim,
                   intermediate=f.integer("intermediate_size"), vocab=f.integer("vocab_size"), tied=tied,
-                  rope_theta=rope_theta, eps=f.positive("rms_norm_eps", f.get("rms_norm_eps")),
-                  max_position_embeddings=f.integer("max_position_embeddings", 40960))
+                  rope_theta=rope_theta, eps=f.positive("rms_norm_eps", f.get("rms_norm_eps", DEFAULTS["rms_norm_eps"])),
+                  max_position_embeddings=f.integer("max_position_embeddings", DEFAULTS["max_position_embeddings"]))
         if out.q_heads % out.kv_heads:
             raise ManifestBuildError(f"{source}: num_attention_heads {out.q_heads} is not a multiple of "
                                      f"num_key_value_heads {out.kv_heads}")
