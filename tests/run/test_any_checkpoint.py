@@ -19,6 +19,7 @@ from kern_run.auto_manifest import AutoRequest, auto_config
 from kern_run.cli import app
 from kern_run.errors import ManifestBuildError, RefusalError
 from kern_run.models import qwen3
+from kern_run.models.qwen3.command import BuildRequest, default_name
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "tests" / "data" / "configs"
@@ -74,7 +75,7 @@ def test_every_published_size_builds_and_inspects(name: str, tmp_path: Path) -> 
     assert shown.exit_code == 0, shown.output
     lines = shown.stdout.splitlines()
     cfg = json.loads((CONFIGS / f"{name}.json").read_text())
-    assert lines[0].startswith("manifest configs (kern-manifest/1), digest ")
+    assert lines[0].startswith(f"manifest {name} (kern-manifest/1), digest ")
     assert lines[2] == f"states: {cfg['num_hidden_layers']} ({cfg['num_hidden_layers']} paged); paged: {per_token} " \
                        "bytes/token in all, page_tokens [16]"
     assert lines[3].startswith(f"buffers: input 6 (0.02 MiB), output 2 (0.00 MiB), weight {weights} (")
@@ -234,6 +235,26 @@ def test_a_hub_snapshot_is_named_by_its_model() -> None:
     snap = Path("/c/hub/models--Qwen--Qwen3-8B/snapshots/abc123/config.json")
     assert auto_manifest.model_name(snap) == "Qwen3-8B"
     assert auto_manifest.model_name(Path("/w/qwen3-1.7b/config.json")) == "qwen3-1.7b"
+
+
+def test_a_hub_snapshot_config_that_links_into_blobs_is_named_by_its_model(tmp_path: Path) -> None:
+    """config.json of a hub checkout is a link into blobs/: the manifest was named "blobs"."""
+    blob = tmp_path / "models--Qwen--Qwen3-8B" / "blobs" / "0f3e"
+    blob.parent.mkdir(parents=True)
+    blob.write_text("{}")
+    snap = tmp_path / "models--Qwen--Qwen3-8B" / "snapshots" / "abc123"
+    snap.mkdir(parents=True)
+    (snap / "config.json").symlink_to(Path("..") / ".." / "blobs" / "0f3e")
+    assert auto_manifest.model_name(snap / "config.json") == "Qwen3-8B"
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "config.json").symlink_to(blob)
+    assert auto_manifest.model_name(tmp_path / "ckpt" / "config.json") == "ckpt"
+
+
+def test_a_config_file_not_named_config_json_is_named_by_its_stem() -> None:
+    assert auto_manifest.model_name(Path("tests/data/configs/Qwen3-8B.json")) == "Qwen3-8B"
+    req = BuildRequest(out=Path("m.json"), config=CONFIGS / "Qwen3-8B.json")
+    assert default_name(req) == "Qwen3-8B"
 
 
 # ---------------------------------------------------------------- pins

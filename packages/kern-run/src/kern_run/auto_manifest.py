@@ -23,6 +23,7 @@ from .models.qwen3 import BuildRequest, Qwen3Config, build_texts, read_json_file
 from .models.qwen3.abi import kernels_json_path
 from .models.qwen3.command import write_outputs
 from .models.qwen3.options import BuildOptions, validate
+from .naming import model_name
 from .package_data import kernels_dir
 from .pins_cache import cache_root, device_stamp, find_pins
 
@@ -47,15 +48,6 @@ def config_path(weights: Weights) -> Path:
     """config.json beside the checkpoint: in the directory, or beside the (first) .safetensors file."""
     first = weights if isinstance(weights, Path) else weights[0]
     return first / "config.json" if first.is_dir() else first.parent / "config.json"
-
-
-def model_name(config: Path) -> str:
-    """The manifest name: the checkpoint directory's name, or for a hub snapshot
-    (`models--ORG--NAME/snapshots/REV/`) NAME."""
-    folder = config.resolve().parent
-    if folder.parent.name == "snapshots" and folder.parent.parent.name.startswith("models--"):
-        return folder.parent.parent.name.split("--")[-1]
-    return folder.name
 
 
 def check_tie(cfg: Qwen3Config, weights: Weights, source: str) -> None:
