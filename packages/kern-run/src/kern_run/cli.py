@@ -347,9 +347,11 @@ def serve(
     log = setup_logging(level)
 
     def go() -> None:
+        opts = ServeOptions(host, port, max_seqs, host_gib, api_key, max_queue, token_budget, drain_timeout,
+                            model_name, eager)
+        opts.check()  # before the target resolves and anything probes the device
         cfg = resolve_config(find_toml(config), target, _overrides(manifest, kernels, weights, gpu, capacity, chunk))
-        serve_target(cfg, ServeOptions(host, port, max_seqs, host_gib, api_key, max_queue, token_budget,
-                                       drain_timeout, model_name, eager), log)
+        serve_target(cfg, opts, log)
 
     _guarded("serve", level, go)
 
