@@ -178,6 +178,19 @@ def test_no_config_json_is_named(tmp_path: Path, cache: Path, stub_device_probe:
                                  "Hugging Face checkpoint directory has one (or pass --manifest / --target)")
 
 
+@pytest.mark.parametrize("missing", ["x/y/nope", "Qwen/"])
+def test_a_weights_path_that_does_not_exist_is_named(missing: str, tmp_path: Path, cache: Path,
+                                                     stub_device_probe: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """It said "no config.json at <the parent>/config.json" (or "at config.json" for `Qwen/`)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "x").mkdir()
+    result = _invoke("run", "--weights", missing, "--no-pins")
+    assert result.exit_code == 2
+    assert _one_line(result) == (f"kern run: --weights {Path(missing)}: no such file or directory (give a checkpoint "
+                                 "directory, its .safetensors files, or a hub id ORG/NAME in the local Hugging Face "
+                                 "cache)")
+
+
 def test_no_pins_needs_weights_alone(tiny_manifest: Path, kernels_dir: Path, tiny_ckpt: Path) -> None:
     result = _invoke("run", "--manifest", str(tiny_manifest), "--kernels", str(kernels_dir), "--weights",
                      str(tiny_ckpt), "--no-pins")
