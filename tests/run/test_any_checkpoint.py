@@ -107,6 +107,10 @@ REFUSALS = [
      "use_sliding_window is true; sliding-window attention is not supported"),
     ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}},
      "rope_scaling {'rope_type': 'yarn', 'factor': 4.0} is not supported (plain RoPE only)"),
+    ({"rope_scaling": {"type": "linear", "factor": 2.0}},
+     "rope_scaling {'type': 'linear', 'factor': 2.0} is not supported (plain RoPE only)"),
+    ({"rope_scaling": {"rope_type": "yarn", "type": "default"}},
+     "rope_scaling {'rope_type': 'yarn', 'type': 'default'} is not supported (plain RoPE only)"),
     ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5}},
      "rope_parameters.rope_type = 'llama3' is not supported (plain RoPE only)"),
     ({"attention_bias": True}, "attention_bias is true; Qwen3 projections without bias only"),
@@ -115,6 +119,17 @@ REFUSALS = [
     ({"dtype": "float32"}, "dtype = 'float32' is not supported (kern's kernels and weight binds are bfloat16)"),
     ({"hidden_act": "gelu"}, "hidden_act = 'gelu' is not supported (the MLP kernels compute SiLU)"),
 ]
+
+
+@pytest.mark.parametrize("scaling", [{"rope_type": "default"}, {"type": "default"}, {}, None])
+def test_a_default_rope_scaling_is_plain_rope(scaling: object, tmp_path: Path) -> None:
+    """transformers reads `{"rope_type": "default"}` as plain RoPE; it was refused as not plain."""
+    plain = _invoke("manifest", "build", "--config", str(_config(tmp_path)), "--out", str(tmp_path / "plain.json"))
+    config = _config(tmp_path, rope_scaling=scaling)
+    result = _invoke("manifest", "build", "--config", str(config), "--out", str(tmp_path / "m.json"))
+    assert (plain.exit_code, result.exit_code) == (0, 0), result.output
+    plain_doc, doc = (json.loads((tmp_path / n).read_text()) for n in ("plain.json", "m.json"))
+    assert doc["programs"] == plain_doc["programs"] and doc["buffers"] == plain_doc["buffers"]
 
 
 @pytest.mark.parametrize("over, message", REFUSALS)

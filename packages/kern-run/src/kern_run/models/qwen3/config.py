@@ -96,12 +96,19 @@ def _refuse_architecture(cfg: dict[str, Any], source: str) -> None:
                                  "manifests")
 
 
+def _plain_rope(scaling: Any) -> bool:
+    """Whether a rope_scaling object is plain RoPE as transformers reads it: its `rope_type` (else the older
+    `type`) is "default"."""
+    return isinstance(scaling, dict) and scaling.get("rope_type", scaling.get("type")) == "default"
+
+
 def _refuse_unsupported(cfg: dict[str, Any], source: str) -> None:
     """The config.json features this builder does not cover: another architecture, rope scaling (rope_scaling
-    not null, or rope_parameters with a rope_type other than "default"), sliding-window attention, attention
+    other than null, {} or a "default" rope_type / type, or rope_parameters with a rope_type other than "default"), sliding-window attention, attention
     bias, an activation other than silu, a checkpoint dtype other than bfloat16."""
     _refuse_architecture(cfg, source)
-    if cfg.get("rope_scaling") not in (None, {}):
+    scaling = cfg.get("rope_scaling")
+    if scaling not in (None, {}) and not _plain_rope(scaling):
         raise ManifestBuildError(f"{source}: rope_scaling {cfg['rope_scaling']!r} is not supported (plain RoPE only)")
     params = cfg.get("rope_parameters")
     if isinstance(params, dict) and params.get("rope_type", "default") != "default":
