@@ -19,6 +19,7 @@ from kern_run.auto_manifest import AutoRequest, auto_config
 from kern_run.cli import app
 from kern_run.errors import ManifestBuildError, RefusalError
 from kern_run.models import qwen3
+from kern_run.models.qwen3.command import BuildRequest, default_name
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "tests" / "data" / "configs"
@@ -74,7 +75,7 @@ def test_every_published_size_builds_and_inspects(name: str, tmp_path: Path) -> 
     assert shown.exit_code == 0, shown.output
     lines = shown.stdout.splitlines()
     cfg = json.loads((CONFIGS / f"{name}.json").read_text())
-    assert lines[0].startswith("manifest configs (kern-manifest/1), digest ")
+    assert lines[0].startswith(f"manifest {name} (kern-manifest/1), digest ")
     assert lines[2] == f"states: {cfg['num_hidden_layers']} ({cfg['num_hidden_layers']} paged); paged: {per_token} " \
                        "bytes/token in all, page_tokens [16]"
     assert lines[3].startswith(f"buffers: input 6 (0.02 MiB), output 2 (0.00 MiB), weight {weights} (")
@@ -106,6 +107,10 @@ REFUSALS = [
      "use_sliding_window is true; sliding-window attention is not supported"),
     ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}},
      "rope_scaling {'rope_type': 'yarn', 'factor': 4.0} is not supported (plain RoPE only)"),
+    ({"rope_scaling": {"type": "linear", "factor": 2.0}},
+     "rope_scaling {'type': 'linear', 'factor': 2.0} is not supported (plain RoPE only)"),
+    ({"rope_scaling": {"rope_type": "yarn", "type": "default"}},
+     "rope_scaling {'rope_type': 'yarn', 'type': 'default'} is not supported (plain RoPE only)"),
     ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5}},
      "rope_parameters.rope_type = 'llama3' is not supported (plain RoPE only)"),
     ({"attention_bias": True}, "attention_bias is true; Qwen3 projections without bias only"),
@@ -114,6 +119,17 @@ REFUSALS = [
     ({"dtype": "float32"}, "dtype = 'float32' is not supported (kern's kernels and weight binds are bfloat16)"),
     ({"hidden_act": "gelu"}, "hidden_act = 'gelu' is not supported (the MLP kernels compute SiLU)"),
 ]
+
+
+@pytest.mark.parametrize("scaling", [{"rope_type": "default"}, {"type": "default"}, {}, None])
+def test_a_default_rope_scaling_is_plain_rope(scaling: object, tmp_path: Path) -> None:
+    """transformers reads `{"rope_type": "default"}` as plain RoPE; it was refused as not plain."""
+    plain = _invoke("manifest", "build", "--config", str(_config(tmp_path)), "--out", str(tmp_path / "plain.json"))
+    config = _config(tmp_path, rope_scaling=scaling)
+    result = _invoke("manifest", "build", "--config", str(config), "--out", str(tmp_path / "m.json"))
+    assert (plain.exit_code, result.exit_code) == (0, 0), result.output
+    plain_doc, doc = (json.loads((tmp_path / n).read_text()) for n in ("plain.json", "m.json"))
+    assert doc["programs"] == plain_doc["programs"] and doc["buffers"] == plain_doc["buffers"]
 
 
 @pytest.mark.parametrize("over, message", REFUSALS)
@@ -177,6 +193,19 @@ def test_no_config_json_is_named(tmp_path: Path, cache: Path, stub_device_probe:
                                  "Hugging Face checkpoint directory has one (or pass --manifest / --target)")
 
 
+@pytest.mark.parametrize("missing", ["x/y/nope", "Qwen/"])
+def test_a_weights_path_that_does_not_exist_is_named(missing: str, tmp_path: Path, cache: Path,
+                                                     stub_device_probe: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """It said "no config.json at <the parent>/config.json" (or "at config.json" for `Qwen/`)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "x").mkdir()
+    result = _invoke("run", "--weights", missing, "--no-pins")
+    assert result.exit_code == 2
+    assert _one_line(result) == (f"kern run: --weights {Path(missing)}: no such file or directory (give a checkpoint "
+                                 "directory, its .safetensors files, or a hub id ORG/NAME in the local Hugging Face "
+                                 "cache)")
+
+
 def test_no_pins_needs_weights_alone(tiny_manifest: Path, kernels_dir: Path, tiny_ckpt: Path) -> None:
     result = _invoke("run", "--manifest", str(tiny_manifest), "--kernels", str(kernels_dir), "--weights",
                      str(tiny_ckpt), "--no-pins")
@@ -234,6 +263,26 @@ def test_a_hub_snapshot_is_named_by_its_model() -> None:
     snap = Path("/c/hub/models--Qwen--Qwen3-8B/snapshots/abc123/config.json")
     assert auto_manifest.model_name(snap) == "Qwen3-8B"
     assert auto_manifest.model_name(Path("/w/qwen3-1.7b/config.json")) == "qwen3-1.7b"
+
+
+def test_a_hub_snapshot_config_that_links_into_blobs_is_named_by_its_model(tmp_path: Path) -> None:
+    """config.json of a hub checkout is a link into blobs/: the manifest was named "blobs"."""
+    blob = tmp_path / "models--Qwen--Qwen3-8B" / "blobs" / "0f3e"
+    blob.parent.mkdir(parents=True)
+    blob.write_text("{}")
+    snap = tmp_path / "models--Qwen--Qwen3-8B" / "snapshots" / "abc123"
+    snap.mkdir(parents=True)
+    (snap / "config.json").symlink_to(Path("..") / ".." / "blobs" / "0f3e")
+    assert auto_manifest.model_name(snap / "config.json") == "Qwen3-8B"
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "config.json").symlink_to(blob)
+    assert auto_manifest.model_name(tmp_path / "ckpt" / "config.json") == "ckpt"
+
+
+def test_a_config_file_not_named_config_json_is_named_by_its_stem() -> None:
+    assert auto_manifest.model_name(Path("tests/data/configs/Qwen3-8B.json")) == "Qwen3-8B"
+    req = BuildRequest(out=Path("m.json"), config=CONFIGS / "Qwen3-8B.json")
+    assert default_name(req) == "Qwen3-8B"
 
 
 # ---------------------------------------------------------------- pins

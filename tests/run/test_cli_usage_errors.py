@@ -69,3 +69,25 @@ def test_module_entry_point_prints_one_line() -> None:
                           text=True)
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.strip().splitlines() == ["kern run: --steps: 'abc' is not a valid integer"], proc.stderr
+
+
+@pytest.mark.parametrize("args, line", [
+    (["--steps", "-5"], "kern run: --steps -5 must be >= 0"),
+    (["--tp", "0"], "kern run: --tp 0 must be >= 1"),
+    (["--chunk", "0"], "kern run: chunk = 0 must be an integer >= 1"),
+    (["--capacity", "-1"], "kern run: capacity = -1 must be an integer >= 1"),
+    (["--gpu", "-1"], "kern run: gpu = -1 must be an integer >= 0"),
+])
+def test_weights_alone_checks_the_flags_before_the_device_probe(args: list[str], line: str, tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """`kern run --weights DIR --steps -5` said "no CUDA device": the manifest build (and its device probe for
+    the pins) ran before the flag checks."""
+    from kern_run import auto_manifest
+    from kern_run.errors import NoDeviceError
+
+    def probe(*_: object, **__: object) -> None:
+        raise NoDeviceError("no CUDA device (the probe ran)")
+
+    monkeypatch.setattr(auto_manifest, "auto_config", probe)
+    (tmp_path / "config.json").write_text("{}")
+    assert _one_line(["run", "--weights", str(tmp_path), *args]) == line

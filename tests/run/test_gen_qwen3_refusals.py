@@ -7,6 +7,8 @@ pins that match nothing. One stderr line naming the file / key / option, exit 1,
 from __future__ import annotations
 
 import json
+import os
+import stat
 import sys
 from pathlib import Path
 
@@ -14,7 +16,7 @@ import pytest
 
 from kern_manifest import ManifestError
 
-from kern_run.files import write_files
+from kern_run.files import NotRegularFileError, write_files
 from kern_run.models import qwen3 as gq
 from kern_run.models.qwen3 import command
 from kern_run_testutil import ROOT, kern_manifest_build
@@ -199,6 +201,28 @@ def test_config_values_are_type_and_range_checked(over: dict, message: str) -> N
     assert str(err.value) == f"models/x/config.json: {message}"
 
 
+@pytest.mark.parametrize(("key", "value", "bound"), [
+    ("num_hidden_layers", 10**9, 1024), ("num_hidden_layers", 1025, 1024), ("num_attention_heads", 1025, 1024),
+    ("num_key_value_heads", 2048, 1024), ("head_dim", 1040, 1024), ("hidden_size", 65537, 65536),
+    ("intermediate_size", 262145, 262144), ("vocab_size", 4194305, 4194304),
+    ("max_position_embeddings", 16777217, 16777216),
+])
+def test_config_sizes_above_their_bound_are_refused_before_building(key: str, value: int, bound: int) -> None:
+    """A huge num_hidden_layers ran for minutes (1e5) or forever (1e9) before the verifier refused it."""
+    with pytest.raises(gq.ManifestBuildError) as err:
+        gq.Qwen3Config.from_json(_cfg(**{key: value}), "models/x/config.json")
+    assert str(err.value) == (f"models/x/config.json: {key} = {value} is above {bound} (the largest this builder "
+                              "accepts)")
+
+
+def test_config_sizes_at_their_bounds_build_a_manifest_that_verifies() -> None:
+    cfg = gq.Qwen3Config.from_json(_cfg(num_hidden_layers=1024, num_attention_heads=512, num_key_value_heads=512,
+                                        head_dim=128, hidden_size=1 << 16, intermediate_size=1 << 18,
+                                        vocab_size=1 << 22, max_position_embeddings=1 << 24))
+    text = command.dumps(gq.build_manifest(cfg, gq.read_kernel_abi(KERNELS), gq.BuildOptions("x", max_context=4096)))
+    command.verify_manifest_text(text, "the largest manifest")
+
+
 def test_config_shape_refusals_name_the_file() -> None:
     for doc, message in (([1, 2], "a JSON list, expected a config.json object"),
                          ("qwen3", "a JSON str, expected a config.json object"),
@@ -217,10 +241,10 @@ def test_config_shape_refusals_name_the_file() -> None:
     with pytest.raises(gq.ManifestBuildError) as err:
         gq.Qwen3Config.from_json(params, "c.json")
     assert str(err.value) == "c.json: rope_parameters = [1000000.0] must be a JSON object"
-    head = _cfg(hidden_size=2, num_attention_heads=4, head_dim=None)
     with pytest.raises(gq.ManifestBuildError) as err:
-        gq.Qwen3Config.from_json(head, "c.json")
-    assert str(err.value) == "c.json: head_dim (hidden_size 2 // num_attention_heads 4) is 0"
+        gq.Qwen3Config.from_json(_cfg(head_dim=None), "c.json")
+    assert str(err.value) == ("c.json: head_dim is null; expected a JSON integer (transformers' Qwen3Config default, "
+                              "when the key is absent, is 128)")
 
 
 def test_valid_configs_keep_their_values_and_defaults() -> None:
@@ -229,14 +253,24 @@ def test_valid_configs_keep_their_values_and_defaults() -> None:
     four_b = gq.Qwen3Config.from_json(_cfg("qwen3-4b"))
     assert four_b == gq.Qwen3Config(hidden=2560, layers=36, q_heads=32, kv_heads=8, head_dim=128, intermediate=9728,
                                     vocab=151936, tied=True, rope_theta=1e6, eps=1e-6, max_position_embeddings=40960)
-    doc = _cfg(head_dim=None, rope_parameters={"rope_theta": 5e5}, tie_word_embeddings=False)
-    for key in ("rope_theta", "max_position_embeddings"):
+    doc = _cfg(rope_parameters={"rope_theta": 5e5}, tie_word_embeddings=True, num_key_value_heads=None)
+    for key in ("rope_theta", "max_position_embeddings", "head_dim", "rms_norm_eps"):
         del doc[key]
     cfg = gq.Qwen3Config.from_json(doc)
-    assert (cfg.head_dim, cfg.rope_theta, cfg.tied, cfg.max_position_embeddings) == (64, 500000.0, False, 40960)
+    # transformers' Qwen3Config defaults (configuration_qwen3.py): head_dim 128, max_position_embeddings 32768,
+    # rms_norm_eps 1e-6; a null num_key_value_heads is num_attention_heads
+    assert (cfg.head_dim, cfg.rope_theta, cfg.tied, cfg.max_position_embeddings, cfg.eps, cfg.kv_heads) == (
+        128, 500000.0, True, 32768, 1e-6, 4)
     del doc["tie_word_embeddings"], doc["rope_parameters"]
     cfg = gq.Qwen3Config.from_json(doc)
-    assert (cfg.tied, cfg.rope_theta) == (False, 1e6)
+    assert (cfg.tied, cfg.rope_theta) == (False, 10000.0)
+    for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                "intermediate_size"):
+        missing = _cfg()
+        del missing[key]
+        with pytest.raises(gq.ManifestBuildError) as err:
+            gq.Qwen3Config.from_json(missing, "c.json")
+        assert str(err.value) == f"c.json lacks {key!r}"
 
 
 @pytest.mark.parametrize(("content", "reason"), [
@@ -372,6 +406,36 @@ def test_cli_out_that_is_a_directory_or_below_a_file(tmp_path: Path, capsys: pyt
     assert kern_manifest_build(["--shape", "tiny", "--kernels", str(KERNELS), "--out", str(parent / "m.json")]) == 1
     assert _one_line(capsys) == f"kern manifest build: --out {parent / 'm.json'}: Not a directory"
     assert parent.read_text() == "keep" and sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+
+
+def test_write_files_refuses_a_fifo_or_a_symlink_target(tmp_path: Path) -> None:
+    """A FIFO or a symbolic link is never renamed over (as root, `--out /dev/null` replaced the device)."""
+    fifo, real, link = tmp_path / "pipe", tmp_path / "real.json", tmp_path / "link.json"
+    os.mkfifo(fifo)
+    real.write_text("old")
+    link.symlink_to(real)
+    with pytest.raises(NotRegularFileError) as err:
+        write_files({real: "new", fifo: "x"})
+    assert (err.value.filename, err.value.strerror) == (str(fifo), "is a FIFO, not a regular file; refusing to replace it")
+    with pytest.raises(NotRegularFileError) as err:
+        write_files({link: "new"})
+    assert (err.value.filename, err.value.strerror) == (
+        str(link), "is a symbolic link; refusing to replace it (give the link's target)")
+    assert link.is_symlink() and stat.S_ISFIFO(os.lstat(fifo).st_mode) and real.read_text() == "old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link.json", "pipe", "real.json"]
+
+
+def test_cli_out_that_is_a_fifo_or_a_symlink(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    fifo, real, link = tmp_path / "pipe", tmp_path / "real.json", tmp_path / "link.json"
+    os.mkfifo(fifo)
+    real.write_text("old")
+    link.symlink_to(real)
+    assert kern_manifest_build(["--shape", "tiny", "--kernels", str(KERNELS), "--out", str(fifo)]) == 1
+    assert _one_line(capsys) == f"kern manifest build: --out {fifo}: is a FIFO, not a regular file; refusing to replace it"
+    assert kern_manifest_build(["--shape", "tiny", "--kernels", str(KERNELS), "--out", str(link)]) == 1
+    assert _one_line(capsys) == (f"kern manifest build: --out {link}: is a symbolic link; refusing to replace it "
+                                 "(give the link's target)")
+    assert link.is_symlink() and stat.S_ISFIFO(os.lstat(fifo).st_mode) and real.read_text() == "old"
 
 
 def test_write_files_is_all_or_nothing(tmp_path: Path) -> None:

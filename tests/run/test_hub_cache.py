@@ -57,6 +57,22 @@ def test_a_dangling_refs_main_is_named(hf: Path) -> None:
                               f"{root / 'snapshots' / 'ffff00'} does not exist (an interrupted download?)")
 
 
+@pytest.mark.parametrize("revision", ["../../..", "a1b2c3/../../..", "/etc", ".hidden", "main branch"])
+def test_a_refs_main_that_is_not_a_plain_revision_is_refused(hf: Path, revision: str) -> None:
+    """`../../..` was followed out of the cache (snapshots/../../.. is the cache's parent, a directory)."""
+    root = _model(hf, main=revision)
+    with pytest.raises(ConfigError) as exc:
+        hub.snapshot_dir("Qwen/Qwen3-8B")
+    assert str(exc.value) == (f"--weights Qwen/Qwen3-8B: {root / 'refs' / 'main'} names revision {revision!r}: "
+                              "expected a commit hash or a plain name (letters, digits, '.', '_', '-'; no slash, no "
+                              "leading dot)")
+
+
+def test_a_plain_named_revision_is_taken(hf: Path) -> None:
+    root = _model(hf, revs=("v1.0_rc-2",), main="v1.0_rc-2")
+    assert hub.snapshot_dir("Qwen/Qwen3-8B") == root / "snapshots" / "v1.0_rc-2"
+
+
 def test_an_absent_model_names_where_it_looked(hf: Path) -> None:
     with pytest.raises(ConfigError) as exc:
         hub.snapshot_dir("Qwen/Qwen3-8B")

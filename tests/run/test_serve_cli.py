@@ -31,7 +31,7 @@ def served_runtime(monkeypatch: pytest.MonkeyPatch) -> list[ServedFakeRuntime]:
     (["--max-seqs", "2"], "--max-seqs 2: today's runtime decodes 1 sequence per step (batched decode is issue 26)"),
     (["--port", "70000"], "--port 70000: expected 0..65535"),
     (["--max-queue", "0"], "--max-queue 0: expected >= 1"),
-    (["--host-gib", "-1"], "--host-gib -1.0: expected >= 0"),
+    (["--host-gib", "-1"], "--host-gib -1.0: expected 0..4096 GiB"),
     (["--api-key", ""], "--api-key '': an empty key"),
     (["--token-budget", "3"], "--token-budget: scheduler token_budget 3: expected an int >= chunk_tokens + max_seqs"),
 ])
@@ -43,6 +43,32 @@ def test_flag_refusals_are_one_line(with_device, served_runtime, tiny_manifest: 
     assert result.exit_code == 2 and len(lines) == 1, (result.exit_code, result.stderr)
     assert lines[0].startswith("kern serve: ") and needle in lines[0], lines[0]
     assert served_runtime == []  # refused before loading
+
+
+@pytest.mark.parametrize("flags, line", [
+    (["--host-gib", "nan"], "--host-gib nan: expected 0..4096 GiB"),
+    (["--host-gib", "inf"], "--host-gib inf: expected 0..4096 GiB"),
+    (["--host-gib", "1e30"], "--host-gib 1e+30: expected 0..4096 GiB"),
+    (["--drain-timeout", "nan"], "--drain-timeout nan: expected 0..86400 seconds"),
+    (["--drain-timeout", "inf"], "--drain-timeout inf: expected 0..86400 seconds"),
+    (["--token-budget", "0"], "--token-budget 0: expected >= 1 (and at least chunk + max-seqs)"),
+    (["--max-seqs", "2"], "--max-seqs 2: today's runtime decodes 1 sequence per step (batched decode is issue 26): "
+                          "pass --max-seqs 1"),
+])
+def test_flag_refusals_come_before_any_device_probe(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                     flags: list[str], line: str) -> None:
+    """NaN / infinite / huge --host-gib and --drain-timeout, and --token-budget 0, were accepted; --max-seqs 2 was
+    refused only after the device probe."""
+    from kern_run import session
+    from kern_run.errors import NoDeviceError
+
+    def probe(*_: object, **__: object) -> None:
+        raise NoDeviceError("no CUDA device (the probe ran)")
+
+    monkeypatch.setattr(session, "prepare", probe)
+    result = CliRunner().invoke(app, ["serve", "--manifest", str(tmp_path / "m.json"), "--kernels", str(tmp_path),
+                                      "--weights", str(tmp_path), *flags])
+    assert (result.exit_code, result.stderr) == (2, f"kern serve: {line}\n")
 
 
 def test_build_serves_the_target(with_device, served_runtime, tiny_manifest: Path, kernels_dir: Path,

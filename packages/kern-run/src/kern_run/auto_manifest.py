@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,7 @@ from .models.qwen3 import BuildRequest, Qwen3Config, build_texts, read_json_file
 from .models.qwen3.abi import kernels_json_path
 from .models.qwen3.command import write_outputs
 from .models.qwen3.options import BuildOptions, validate
+from .naming import model_name
 from .package_data import kernels_dir
 from .pins_cache import cache_root, device_stamp, find_pins
 
@@ -47,15 +49,6 @@ def config_path(weights: Weights) -> Path:
     """config.json beside the checkpoint: in the directory, or beside the (first) .safetensors file."""
     first = weights if isinstance(weights, Path) else weights[0]
     return first / "config.json" if first.is_dir() else first.parent / "config.json"
-
-
-def model_name(config: Path) -> str:
-    """The manifest name: the checkpoint directory's name, or for a hub snapshot
-    (`models--ORG--NAME/snapshots/REV/`) NAME."""
-    folder = config.resolve().parent
-    if folder.parent.name == "snapshots" and folder.parent.parent.name.startswith("models--"):
-        return folder.parent.parent.name.split("--")[-1]
-    return folder.name
 
 
 def check_tie(cfg: Qwen3Config, weights: Weights, source: str) -> None:
@@ -88,11 +81,15 @@ def auto_config(req: AutoRequest, err: TextIO | None = None,
                 stamp: Callable[[int], tuple[str, int]] = device_stamp, command: str = "run") -> RunConfig:
     """The RunConfig of `req`, its manifest built (or found in the cache). Prints one line on `err` (stderr):
     `kern COMMAND: built manifest PATH (...)` or `kern COMMAND: reused manifest PATH (...)`. `stamp`: (GPU name,
-    cuBLASLt version) of a device ordinal (pins_cache.device_stamp; tests pass their own). Raises ConfigError (no
-    config.json), ManifestBuildError (the config or options refused, tie mismatch), WeightsError, RefusalError /
+    cuBLASLt version) of a device ordinal (pins_cache.device_stamp; tests pass their own). Raises ConfigError (a
+    --weights path that does not exist, no config.json), ManifestBuildError (the config or options refused, tie mismatch), WeightsError, RefusalError /
     NoDeviceError (pins)."""
     err = err if err is not None else sys.stderr
     weights = normalize_weights(req.weights)
+    for path in [weights] if isinstance(weights, Path) else weights:
+        if not os.path.lexists(path):
+            raise ConfigError(f"--weights {path}: no such file or directory (give a checkpoint directory, its "
+                              ".safetensors files, or a hub id ORG/NAME in the local Hugging Face cache)")
     config = config_path(weights)
     if not config.is_file():
         raise ConfigError(f"--weights {weights_label(weights)}: no config.json at {config}: a Hugging Face "

@@ -26,7 +26,7 @@ from typing import Annotated, Any, Optional
 import typer
 import typer.core
 
-from .config import find_toml, resolve_config
+from .config import check_numbers, find_toml, resolve_config
 from .errors import RefusalError
 from .log import resolve_level, setup_logging
 
@@ -256,6 +256,8 @@ def _run_config(config: Path | None, target: str | None, overrides: dict[str, An
     if overrides["weights"] and overrides["manifest"] is None and target is None:
         from .auto_manifest import AutoRequest, auto_config
 
+        check_numbers(overrides)  # before the device probe of the pins lookup, as resolve_config does
+
         return auto_config(AutoRequest(overrides["weights"], overrides["kernels"], overrides["gpu"] or 0,
                                        overrides["capacity"], overrides["chunk"], pins=not no_pins),
                            command=command)
@@ -292,8 +294,6 @@ def run(
         if tp > 1 and weights and manifest is None and target is None:
             raise RefusalError(f"--tp {tp} with --weights alone: build the rank manifests with `kern manifest build "
                                f"--config CONFIG.JSON --tp {tp} --out m.json` and pass --manifest m.json")
-        cfg = _run_config(config, target, _overrides(manifest, kernels, weights, gpu, capacity, chunk), no_pins,
-                          "run")
         if prompt is not None and prompts is not None:
             raise RefusalError(f"--prompt with --prompts {prompts}: pass one or the other (the prompts file's lines "
                                "are the prompts)")
@@ -302,6 +302,8 @@ def run(
             raise RefusalError(f"--steps {steps} must be >= 0")
         if tp < 1:
             raise RefusalError(f"--tp {tp} must be >= 1")
+        cfg = _run_config(config, target, _overrides(manifest, kernels, weights, gpu, capacity, chunk), no_pins,
+                          "run")
         if tp > 1:
             if prompts is not None:
                 raise RefusalError("--prompts with --tp > 1 is not supported: run the prompts at --tp 1")
@@ -345,9 +347,11 @@ def serve(
     log = setup_logging(level)
 
     def go() -> None:
+        opts = ServeOptions(host, port, max_seqs, host_gib, api_key, max_queue, token_budget, drain_timeout,
+                            model_name, eager)
+        opts.check()  # before the target resolves and anything probes the device
         cfg = resolve_config(find_toml(config), target, _overrides(manifest, kernels, weights, gpu, capacity, chunk))
-        serve_target(cfg, ServeOptions(host, port, max_seqs, host_gib, api_key, max_queue, token_budget,
-                                       drain_timeout, model_name, eager), log)
+        serve_target(cfg, opts, log)
 
     _guarded("serve", level, go)
 

@@ -191,6 +191,15 @@ def load_targets(path: Path) -> tuple[str | None, dict[str, dict[str, Any]]]:
     return default, targets
 
 
+def check_numbers(fields: dict[str, Any]) -> None:
+    """gpu (an integer >= 0), capacity and chunk (integers >= 1) of a target or the flags; None or absent: not
+    given. Raises ConfigError naming the key and its value."""
+    for key in ("gpu", "capacity", "chunk"):
+        if key in fields and fields[key] is not None and (not isinstance(fields[key], int) or isinstance(fields[key], bool)
+                                                          or fields[key] < (0 if key == "gpu" else 1)):
+            raise ConfigError(f"{key} = {fields[key]!r} must be an integer >= {0 if key == 'gpu' else 1}")
+
+
 def resolve_config(toml_path: Path | None, target: str | None, overrides: dict[str, Any]) -> RunConfig:
     """Merge the target (explicit `target`, else the file's default) with flag `overrides` (None = not given).
 
@@ -224,10 +233,7 @@ def resolve_config(toml_path: Path | None, target: str | None, overrides: dict[s
     if missing:
         where = f"target {chosen!r} in {toml_path}" if chosen else "no kern.toml target"
         raise ConfigError(f"{where} gives no {', '.join(missing)}: pass --{' --'.join(missing)}")
-    for key in ("gpu", "capacity", "chunk"):
-        if key in fields and fields[key] is not None and (not isinstance(fields[key], int) or isinstance(fields[key], bool)
-                                                          or fields[key] < (0 if key == "gpu" else 1)):
-            raise ConfigError(f"{key} = {fields[key]!r} must be an integer >= {0 if key == 'gpu' else 1}")
+    check_numbers(fields)
     return RunConfig(
         manifest=Path(fields["manifest"]), kernels=Path(fields["kernels"]),
         weights=normalize_weights(fields["weights"]),

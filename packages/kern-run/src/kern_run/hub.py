@@ -15,6 +15,8 @@ from pathlib import Path
 from .errors import ConfigError
 
 _HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
+# a revision refs/main may name: a commit hash or a plain name; no slash, no leading dot (so never `..`)
+_REVISION = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*")
 
 
 def hub_cache() -> tuple[Path, str]:
@@ -36,7 +38,8 @@ def is_hub_id(text: str) -> bool:
 
 def snapshot_dir(hub_id: str) -> Path:
     """The snapshot directory of `hub_id` in the local hub cache. Raises ConfigError, in one line naming where it
-    looked, when the model is not there, refs/main names a revision with no snapshot (dangling), or there is no
+    looked, when the model is not there, refs/main names a revision that is not a plain name (a path such as
+    `../../..` would lead out of the cache) or has no snapshot (dangling), or there is no
     refs/main and several snapshots."""
     cache, chosen = hub_cache()
     org, name = hub_id.split("/")
@@ -49,6 +52,9 @@ def snapshot_dir(hub_id: str) -> Path:
     ref = repo / "refs" / "main"
     if ref.is_file():
         revision = ref.read_text(encoding="utf-8").strip()
+        if not _REVISION.fullmatch(revision):
+            raise ConfigError(f"--weights {hub_id}: {ref} names revision {revision[:80]!r}: expected a commit hash or "
+                              "a plain name (letters, digits, '.', '_', '-'; no slash, no leading dot)")
         snap = repo / "snapshots" / revision
         if not snap.is_dir():
             raise ConfigError(f"--weights {hub_id}: {ref} names revision {revision!r}, but {snap} does not exist "

@@ -16,6 +16,8 @@ from ..config import RunConfig
 from ..errors import InputError
 
 GIB = 1 << 30
+MAX_HOST_GIB = 4096  # the largest --host-gib: 4 TiB of pinned host memory
+MAX_DRAIN_S = 86400  # the longest --drain-timeout: a day
 
 
 @dataclass(frozen=True)
@@ -38,17 +40,25 @@ class ServeOptions:
     eager: bool = False
 
     def check(self) -> None:
-        """Raises InputError naming the flag for a value out of range."""
+        """Raises InputError naming the flag and its allowed range for a value out of range (NaN and infinities
+        included); needs no device, so `kern serve` refuses before any probe or load."""
+        from .runtime_engine import RuntimeEngine
+
         if not 0 <= self.port <= 65535:
             raise InputError(f"--port {self.port}: expected 0..65535")
         if self.max_seqs < 1:
             raise InputError(f"--max-seqs {self.max_seqs}: expected >= 1")
-        if self.host_gib < 0:
-            raise InputError(f"--host-gib {self.host_gib}: expected >= 0")
+        if self.max_seqs > RuntimeEngine.max_seqs:
+            raise InputError(f"--max-seqs {self.max_seqs}: today's runtime decodes {RuntimeEngine.max_seqs} sequence "
+                             "per step (batched decode is issue 26): pass --max-seqs 1")
+        if not 0 <= self.host_gib <= MAX_HOST_GIB:  # False for NaN
+            raise InputError(f"--host-gib {self.host_gib}: expected 0..{MAX_HOST_GIB} GiB")
         if self.max_queue < 1:
             raise InputError(f"--max-queue {self.max_queue}: expected >= 1")
-        if self.drain_s < 0:
-            raise InputError(f"--drain-timeout {self.drain_s}: expected >= 0 seconds")
+        if self.token_budget is not None and self.token_budget < 1:
+            raise InputError(f"--token-budget {self.token_budget}: expected >= 1 (and at least chunk + max-seqs)")
+        if not 0 <= self.drain_s <= MAX_DRAIN_S:
+            raise InputError(f"--drain-timeout {self.drain_s}: expected 0..{MAX_DRAIN_S} seconds")
         if self.api_key == "":
             raise InputError("--api-key '': an empty key (an unset shell variable?): give the key or leave it out")
 
@@ -77,9 +87,6 @@ def build(cfg: RunConfig, opts: ServeOptions, log: Any) -> tuple[Any, Any]:
 
     opts.check()
     prep = prepare(cfg, shared_pool=True)
-    if opts.max_seqs > RuntimeEngine.max_seqs:
-        raise InputError(f"--max-seqs {opts.max_seqs}: today's runtime decodes {RuntimeEngine.max_seqs} sequence per "
-                         "step (batched decode is issue 26): pass --max-seqs 1")
     try:
         template = load_chat_template(checkpoint_dir(cfg.weights))
     except ValueError as exc:

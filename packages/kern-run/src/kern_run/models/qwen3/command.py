@@ -19,6 +19,7 @@ from typing import Any
 from kern_manifest import ManifestError, parse_manifest, verify
 
 from ...errors import ManifestBuildError
+from ...naming import model_name
 from ...files import write_files
 from .abi import read_kernel_abi
 from .config import Qwen3Config
@@ -62,8 +63,8 @@ def load_config(req: BuildRequest) -> tuple[Qwen3Config, str]:
 
 
 def default_name(req: BuildRequest) -> str:
-    """--name, else the shape, else the config's directory name."""
-    return req.name or req.shape or Path(req.config).resolve().parent.name
+    """--name, else the shape, else naming.model_name of the config path (links not followed)."""
+    return req.name or req.shape or model_name(req.config)
 
 
 def default_max_context(req: BuildRequest, cfg: Qwen3Config) -> int:

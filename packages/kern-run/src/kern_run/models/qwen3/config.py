@@ -12,6 +12,31 @@ from .shapes import SHAPES, config_json
 
 _REQUIRED = object()  # a config key without a default
 
+# transformers' Qwen3Config defaults (configuration_qwen3.py) of the keys a config.json may leave out; the keys
+# that decide the weight shapes (hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads,
+# intermediate_size, vocab_size) are required instead: their defaults (an 8B-like model) would only hide a mistake.
+DEFAULTS = {
+    "head_dim": 128,
+    "rope_theta": 10000.0,
+    "rms_norm_eps": 1e-6,
+    "max_position_embeddings": 32768,
+    "tie_word_embeddings": False,
+}
+
+# The largest value of each size field: far above any Qwen3 checkpoint, and small enough that the manifest stays
+# within kern_manifest's limits (MAX_PROGRAM_CALLS expansion steps per program: decode launches a handful of
+# kernels per layer) and is built in seconds. Checked before anything is built (docs/manifest.md).
+BOUNDS = {
+    "num_hidden_layers": 1024,
+    "num_attention_heads": 1024,
+    "num_key_value_heads": 1024,
+    "head_dim": 1024,
+    "hidden_size": 1 << 16,
+    "intermediate_size": 1 << 18,
+    "vocab_size": 1 << 22,
+    "max_position_embeddings": 1 << 24,
+}
+
 
 def _shown(value: Any) -> str:
     text = repr(value)
@@ -33,10 +58,13 @@ class _Fields:
         return self.raw[key]
 
     def integer(self, key: str, default: Any = _REQUIRED) -> int:
-        """A JSON integer >= 1."""
+        """A JSON integer >= 1 and at most BOUNDS[key]."""
         value = self.get(key, default)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ManifestBuildError(f"{self.source}: {key} = {_shown(value)} must be a JSON integer >= 1")
+        if value > BOUNDS[key]:
+            raise ManifestBuildError(f"{self.source}: {key} = {_shown(value)} is above {BOUNDS[key]} (the largest "
+                                     "this builder accepts)")
         return value
 
     def positive(self, key: str, value: Any) -> float:
@@ -68,12 +96,19 @@ def _refuse_architecture(cfg: dict[str, Any], source: str) -> None:
                                  "manifests")
 
 
+def _plain_rope(scaling: Any) -> bool:
+    """Whether a rope_scaling object is plain RoPE as transformers reads it: its `rope_type` (else the older
+    `type`) is "default"."""
+    return isinstance(scaling, dict) and scaling.get("rope_type", scaling.get("type")) == "default"
+
+
 def _refuse_unsupported(cfg: dict[str, Any], source: str) -> None:
     """The config.json features this builder does not cover: another architecture, rope scaling (rope_scaling
-    not null, or rope_parameters with a rope_type other than "default"), sliding-window attention, attention
+    other than null, {} or a "default" rope_type / type, or rope_parameters with a rope_type other than "default"), sliding-window attention, attention
     bias, an activation other than silu, a checkpoint dtype other than bfloat16."""
     _refuse_architecture(cfg, source)
-    if cfg.get("rope_scaling") not in (None, {}):
+    scaling = cfg.get("rope_scaling")
+    if scaling not in (None, {}) and not _plain_rope(scaling):
         raise ManifestBuildError(f"{source}: rope_scaling {cfg['rope_scaling']!r} is not supported (plain RoPE only)")
     params = cfg.get("rope_parameters")
     if isinstance(params, dict) and params.get("rope_type", "default") != "default":
@@ -92,13 +127,20 @@ def _refuse_unsupported(cfg: dict[str, Any], source: str) -> None:
                                      "weight binds are bfloat16)")
 
 
-def _head_dim(f: _Fields, hidden: int, q_heads: int) -> int:
-    if f.raw.get("head_dim") is None:  # transformers' default, also for null
-        if hidden // q_heads < 1:
-            raise ManifestBuildError(f"{f.source}: head_dim (hidden_size {hidden} // num_attention_heads {q_heads}) "
-                                     "is 0")
-        return hidden // q_heads
-    return f.integer("head_dim")
+def _head_dim(f: _Fields) -> int:
+    """transformers' Qwen3Config: head_dim 128 when absent; null is not an integer (its modeling code would fail)."""
+    if "head_dim" in f.raw and f.raw["head_dim"] is None:
+        raise ManifestBuildError(f"{f.source}: head_dim is null; expected a JSON integer (transformers' Qwen3Config "
+                                 "default, when the key is absent, is 128)")
+    return f.integer("head_dim", 128)
+
+
+def _kv_heads(f: _Fields, q_heads: int) -> int:
+    """transformers' Qwen3Config: a null num_key_value_heads means num_attention_heads (absent is refused: its
+    default of 32 decides the shapes)."""
+    if "num_key_value_heads" in f.raw and f.raw["num_key_value_heads"] is None:
+        return q_heads
+    return f.integer("num_key_value_heads")
 
 
 def _rope_theta(f: _Fields) -> float:
@@ -107,7 +149,7 @@ def _rope_theta(f: _Fields) -> float:
     params = f.raw.get("rope_parameters") or {}
     if not isinstance(params, dict):
         raise ManifestBuildError(f"{f.source}: rope_parameters = {_shown(params)} must be a JSON object")
-    return f.positive("rope_parameters.rope_theta", params.get("rope_theta", 1e6))
+    return f.positive("rope_parameters.rope_theta", params.get("rope_theta", DEFAULTS["rope_theta"]))
 
 
 @dataclass(frozen=True)
@@ -130,25 +172,28 @@ class Qwen3Config:
     def from_json(cls, cfg: Any, source: str = "config.json") -> "Qwen3Config":
         """From a config.json object. Raises ManifestBuildError, naming `source` and the key, for a model this
         builder does not cover or a value of the wrong JSON type or range: integers must be JSON integers >= 1,
-        tie_word_embeddings a JSON boolean, rope_theta and rms_norm_eps finite numbers > 0. Absent keys take
-        transformers' defaults (head_dim: hidden_size // num_attention_heads, also when null; rope_theta: 1e6 or
-        rope_parameters.rope_theta; tie_word_embeddings false; max_position_embeddings 40960)."""
+        tie_word_embeddings a JSON boolean, rope_theta and rms_norm_eps finite numbers > 0, each size at most
+        BOUNDS. Absent optional keys take transformers' Qwen3Config defaults (DEFAULTS: head_dim 128; rope_theta
+        rope_parameters.rope_theta, else 10000.0; rms_norm_eps 1e-6; max_position_embeddings 32768;
+        tie_word_embeddings false); a null num_key_value_heads is num_attention_heads; a null head_dim, or an
+        absent shape key (hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads,
+        intermediate_size, vocab_size), is refused."""
         if not isinstance(cfg, dict):
             raise ManifestBuildError(f"{source}: a JSON {type(cfg).__name__}, expected a config.json object")
         _refuse_unsupported(cfg, source)
         f = _Fields(cfg, source)
         hidden, layers = f.integer("hidden_size"), f.integer("num_hidden_layers")
-        q_heads, kv_heads = f.integer("num_attention_heads"), f.integer("num_key_value_heads")
-        head_dim = _head_dim(f, hidden, q_heads)
-        tied = f.get("tie_word_embeddings", False)
+        q_heads = f.integer("num_attention_heads")
+        kv_heads, head_dim = _kv_heads(f, q_heads), _head_dim(f)
+        tied = f.get("tie_word_embeddings", DEFAULTS["tie_word_embeddings"])
         if not isinstance(tied, bool):
             raise ManifestBuildError(f"{source}: tie_word_embeddings = {_shown(tied)} must be a JSON boolean (true or "
                                      "false)")
         rope_theta = _rope_theta(f)
         out = cls(hidden=hidden, layers=layers, q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim,
                   intermediate=f.integer("intermediate_size"), vocab=f.integer("vocab_size"), tied=tied,
-                  rope_theta=rope_theta, eps=f.positive("rms_norm_eps", f.get("rms_norm_eps")),
-                  max_position_embeddings=f.integer("max_position_embeddings", 40960))
+                  rope_theta=rope_theta, eps=f.positive("rms_norm_eps", f.get("rms_norm_eps", DEFAULTS["rms_norm_eps"])),
+                  max_position_embeddings=f.integer("max_position_embeddings", DEFAULTS["max_position_embeddings"]))
         if out.q_heads % out.kv_heads:
             raise ManifestBuildError(f"{source}: num_attention_heads {out.q_heads} is not a multiple of "
                                      f"num_key_value_heads {out.kv_heads}")
