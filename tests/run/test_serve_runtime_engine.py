@@ -16,7 +16,7 @@ from kern_run.preflight import ManifestFacts, read_manifest
 from kern_run.serve.errors import ConfigError
 from kern_run.serve.memory import RuntimeMemory
 from kern_run.serve.runtime_engine import RuntimeEngine
-from kern_run.serve.sampling import GREEDY, SamplingParams
+from kern_run.serve.sampling import GREEDY, SamplingParams, greedy_only_fault
 from kern_run.serve.scheduler import Scheduler, SchedulerConfig
 
 
@@ -89,3 +89,9 @@ def test_refusals(facts: ManifestFacts) -> None:
     engine = RuntimeEngine(gen, 64)
     assert (engine.max_seqs, engine.samples) == (1, False)
     assert not SamplingParams(temperature=0.5).greedy
+    # what the greedy-only engine serves: exact argmax, so no penalty either (the manifest's argmax applies none)
+    assert greedy_only_fault(SamplingParams()) is None
+    assert greedy_only_fault(SamplingParams(repetition_penalty=1.2))[0] == "repetition_penalty"
+    assert greedy_only_fault(SamplingParams(logprobs=True, top_logprobs=2)) == ("logprobs", (
+        "logprobs 2 needs GPU sampling, which this engine does not have yet (issue 26: batched decode and sampling); "
+        "it decodes greedily: send logprobs none or leave it out"))

@@ -78,7 +78,8 @@ class SamplingFields(OpenAIModel):
         return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
 
     def sampling(self, logprobs: Optional[int]) -> SamplingParams:
-        """The engine's per-row parameters (unset fields: greedy / off)."""
+        """The engine's per-row parameters (unset fields: greedy / off); `logprobs`: the request's top
+        log-probabilities per token (None: none asked)."""
         top_k = self.top_k if self.top_k is not None and self.top_k > 0 else 0
         return SamplingParams(
             temperature=0.0 if self.temperature is None else self.temperature,
@@ -87,7 +88,7 @@ class SamplingFields(OpenAIModel):
             repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
             presence_penalty=0.0 if self.presence_penalty is None else self.presence_penalty,
             frequency_penalty=0.0 if self.frequency_penalty is None else self.frequency_penalty,
-            seed=self.seed, logprobs=logprobs)
+            seed=self.seed, logprobs=logprobs is not None, top_logprobs=logprobs or 0)
 
 
 class CompletionRequest(SamplingFields):

@@ -22,6 +22,7 @@ import numpy as np
 
 from .engine import DecodeRow, PrefillChunk
 from .errors import ConfigError
+from .sampling import greedy_only_fault
 
 
 class RuntimeEngine:
@@ -74,7 +75,7 @@ class RuntimeEngine:
     def decode(self, rows: Sequence[DecodeRow]) -> list[int]:
         assert len(rows) == 1, len(rows)  # max_seqs 1
         r = rows[0]
-        assert r.sampling.greedy, r.sampling  # the HTTP layer refuses the rest
+        assert greedy_only_fault(r.sampling) is None, r.sampling  # the HTTP layer refuses the rest
         self._block_table(r.page_ids)
         self.rt.write_input("token_ids", np.asarray([r.token_id], dtype=np.int32))
         self.rt.write_input("positions", np.asarray([r.position], dtype=np.int32))
