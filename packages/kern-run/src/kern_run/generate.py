@@ -134,6 +134,15 @@ def pool_tokens(runtime: CallerRuntime, page_tokens: int) -> int:
     return max(0, (runtime.num_pages or 0) - 1) * page_tokens
 
 
+def slot_mapping(page_ids: Sequence[int], page_tokens: int, start: int, stop: int) -> np.ndarray:
+    """i32[stop - start]: the KV slot of each position start..stop-1 of a sequence whose block-table row is
+    `page_ids`: page_ids[p // page_tokens] * page_tokens + p % page_tokens (the caller contract, docs/caller.md).
+    IndexError for a position past the row's pages."""
+    pos = np.arange(start, stop)  # i64[L]
+    pages = np.asarray(page_ids, dtype=np.int64)[pos // page_tokens]
+    return (pages * page_tokens + pos % page_tokens).astype(np.int32)
+
+
 class Generator:
     """Drives one sequence through a runtime loaded from a Qwen3 manifest. Not thread-safe.
 
@@ -216,9 +225,7 @@ class Generator:
 
     def slots(self, start: int, stop: int) -> np.ndarray:
         """i32[stop - start]: slots of positions start..stop-1."""
-        pos = np.arange(start, stop)
-        pages = np.asarray(self._page_ids, dtype=np.int64)[pos // self.page_tokens]
-        return (pages * self.page_tokens + pos % self.page_tokens).astype(np.int32)
+        return slot_mapping(self._page_ids, self.page_tokens, start, stop)
 
     def _begin(self, num_tokens: int, prompt_ids: Sequence[int] = ()) -> int:
         """A new sequence of up to `num_tokens` tokens starting with `prompt_ids`: pages from the page source,

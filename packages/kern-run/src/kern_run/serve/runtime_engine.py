@@ -20,6 +20,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ..generate import slot_mapping
 from .engine import DecodeRow, PrefillChunk
 from .errors import ConfigError
 from .sampling import greedy_only_fault
@@ -57,9 +58,7 @@ class RuntimeEngine:
         self._table = page_ids
 
     def _slots(self, page_ids: tuple[int, ...], start: int, stop: int) -> np.ndarray:
-        pos = np.arange(start, stop)  # i64[L]
-        pages = np.asarray(page_ids, dtype=np.int64)[pos // self.page_tokens]
-        return (pages * self.page_tokens + pos % self.page_tokens).astype(np.int32)  # i32[L]
+        return slot_mapping(page_ids, self.page_tokens, start, stop)  # i32[L]
 
     def prefill(self, chunk: PrefillChunk) -> None:
         length = len(chunk.token_ids)
