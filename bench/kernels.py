@@ -149,6 +149,35 @@ def main(argv: list[str] | None = None) -> int:
         nbytes = kv_bytes + HQ * D * 2 * 2
         rows.append((f"attn_decode wide partial+reduce ctx={ctx}", us, nbytes, nbytes / PEAK_BYTES_PER_S * 1e6, None))
 
+    # batched decode attention (issue 26): `seqs` rows of one query token each, every row at context ctx over its
+    # own pages (row r: pages r * pages_per_seq ...), the same launch pair at grid (HKV, num_splits, seqs); the
+    # floor is every row's K/V read once. The cache is 2 * seqs * ctx * 16 KiB (ctx 2048, 64 rows: 4.3 GB)
+    for seqs, ctx in ((8, 128), (32, 128), (64, 128), (8, 2048), (32, 2048), (64, 2048)):
+        pages_per_seq = cdiv(ctx, PAGE)
+        cache = gpu.alloc(seqs * pages_per_seq * PAGE * 2 * HKV * D * 2)
+        check(cu.cuMemsetD16(cache.ptr, 0x3C00, cache.nbytes // 2), "cuMemsetD16")
+        q = arr(rand_bits(rng, (seqs, HQ, D)))
+        lens = arr(np.full(seqs, ctx, dtype=np.int32))
+        table = arr(np.arange(seqs * pages_per_seq, dtype=np.int32))
+        slots = arr(np.array([(r * pages_per_seq + (ctx - 1) // PAGE) * PAGE + (ctx - 1) % PAGE for r in range(seqs)],
+                             dtype=np.int32))
+        po, ml = gpu.alloc(seqs * HQ * num_splits * D * 4).ptr, gpu.alloc(seqs * HQ * num_splits * 8).ptr
+        out = gpu.alloc(seqs * HQ * D * 2).ptr
+        part = [("p", q), ("p", cache.ptr), ("p", table), ("p", lens), ("p", slots), ("p", po), ("p", ml), ("i", HQ),
+                ("i", HKV), ("i", D), ("i", PAGE), ("i", pages_per_seq), ("i", seqs * pages_per_seq), ("i", split_min),
+                ("i", num_splits), ("f", D**-0.5)]
+        red = [("p", po), ("p", ml), ("p", lens), ("p", out), ("i", HQ), ("i", D), ("i", split_min), ("i", num_splits)]
+        kp, kr = gpu.kernel("kern_attn_decode_partial_wide"), gpu.kernel("kern_attn_decode_reduce")
+
+        def batch_pair(st, kp=kp, kr=kr, part=part, red=red, seqs=seqs):
+            kp.launch((HKV, num_splits, seqs), (256,), part, stream=st, sync=False)
+            kr.launch((HQ, seqs), (D,), red, stream=st, sync=False)
+
+        us = time_graph(stream, [batch_pair])
+        nbytes = seqs * (ctx * HKV * D * 2 * 2 + HQ * D * 2 * 2)
+        rows.append((f"attn_decode wide pair seqs={seqs} ctx={ctx}", us, nbytes, nbytes / PEAK_BYTES_PER_S * 1e6, None))
+        cache.free()
+
     # prefill attention: a 512-token chunk with no prefix, one after a 1536-token prefix, a whole 2048 prompt
     for prefix, chunk in ((0, 512), (1536, 512), (0, 2048), (6144, 2048)):
         ctx = prefix + chunk
