@@ -262,12 +262,7 @@ def kern_worker(args: argparse.Namespace, out: str) -> None:
 
 def _resize_cache(model: Any, size: int) -> None:
     """Give the static-cache model a KV cache of `size` positions (the step attends over all of them)."""
-    import torch
-
-    s = model.shape
-    model.k_cache = torch.zeros(s.layers, size, s.kv_heads, s.head_dim, dtype=torch.bfloat16, device="cuda")
-    model.v_cache = torch.zeros_like(model.k_cache)
-    model.positions_all = torch.arange(size, device="cuda")
+    model.resize_cache(size)
 
 
 def torch_worker(args: argparse.Namespace, out: str, mode: str | None, label: str) -> None:
