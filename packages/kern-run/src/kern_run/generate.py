@@ -45,6 +45,7 @@ import numpy as np
 from .contract import CallerRuntime, DeviceSteps, PageSource, Reserved, SeqLease
 from .errors import InputError
 from .preflight import ManifestFacts
+from .sampling import packed_token
 
 
 @dataclass(frozen=True)
@@ -262,7 +263,8 @@ class Generator:
         self.rt.issue("decode", {"tokens": 1, "seqs": 1}, eager=eager)
 
     def _next_token(self) -> int:
-        return int(self.rt.read_output("next_token")[0])  # i64[1]: 8-byte readback, synchronises
+        # i64[1]: 8-byte readback, synchronises; the sampler's manifests pack the logprob above the token id
+        return packed_token(self.rt.read_output("next_token")[0])
 
     def check_fits(self, num_prompt_tokens: int) -> None:
         if num_prompt_tokens > self.max_positions:
@@ -356,7 +358,7 @@ class Generator:
         while pending:
             position, event = pending.popleft()
             event.wait()
-            token = int(ring[0, (position + 1) % ring_len])
+            token = packed_token(ring[0, (position + 1) % ring_len])
             now = time.perf_counter()
             if not tokens:
                 t1 = now
