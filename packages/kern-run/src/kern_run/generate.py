@@ -2,8 +2,9 @@
 
 One sequence (bs=1). Prefill: the first n-1 prompt tokens in chunks of `chunk` tokens through the
 `prefill` program (fills the KV cache only). The last prompt token goes through `decode`, which yields
-the first generated token; every further token is one `decode` step. Sampling is greedy on the GPU
-(two-stage argmax in the manifest): each step reads back 8 bytes (`next_token`, i64[1]).
+the first generated token; every further token is one `decode` step. Sampling is greedy on the GPU (the
+manifest's two-stage argmax, or its sampler at the greedy rows its `load` program sets): each step reads
+back 8 bytes (`next_token`, i64[1]; the token id is bits 0..31, `sampling.packed_token`).
 
 Per prefill chunk `[start, stop)` (length L) the caller writes prefixes of the inputs:
     token_ids[:L] = ids[start:stop]           positions[:L] = start..stop-1
