@@ -460,6 +460,11 @@ def manifest_build(
                                                "only")] = False,
     algos: Annotated[Optional[Path], typer.Option("--algos", help="cuBLASLt pins of tools/pick_algos.py "
                                                   "(batch-invariant prefill GEMMs)")] = None,
+    sampler: Annotated[str, typer.Option("--sampler", help="the decode step's end: gpu (per-row sampling in the "
+                                         "graph; next_token packs token and logprob) or argmax (greedy only, "
+                                         "plain token ids)")] = "gpu",
+    hist_cap: Annotated[int, typer.Option("--hist-cap", help="with --sampler gpu: history slots (distinct previous "
+                                          "tokens) per row for the penalties")] = 1024,
     tp: Annotated[int, typer.Option("--tp", help="tensor-parallel ranks: write one manifest per rank")] = 1,
     no_verify: Annotated[bool, typer.Option("--no-verify", help="skip verification with kern_manifest")] = False,
     log_level: LogOpt = None,
@@ -472,7 +477,7 @@ def manifest_build(
                "prefill_attn": prefill_attn, "prefill_rope": prefill_rope,
                "carveout": None if carveout == -1 else carveout, "decode_splits": decode_splits,
                "split_tokens": decode_split_tokens, "sms": sms, "gemv_threads_per_sm": gemv_threads_per_sm,
-               "pdl": not no_pdl, "pdl_small": not no_pdl_small}
+               "pdl": not no_pdl, "pdl_small": not no_pdl_small, "sampler": sampler, "hist_cap": hist_cap}
 
     def go() -> list[str]:
         from .package_data import kernels_dir

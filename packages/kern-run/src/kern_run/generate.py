@@ -2,8 +2,9 @@
 
 One sequence (bs=1). Prefill: the first n-1 prompt tokens in chunks of `chunk` tokens through the
 `prefill` program (fills the KV cache only). The last prompt token goes through `decode`, which yields
-the first generated token; every further token is one `decode` step. Sampling is greedy on the GPU
-(two-stage argmax in the manifest): each step reads back 8 bytes (`next_token`, i64[1]).
+the first generated token; every further token is one `decode` step. Sampling is greedy on the GPU (the
+manifest's two-stage argmax, or its sampler at the greedy rows its `load` program sets): each step reads
+back 8 bytes (`next_token`, i64[1]; the token id is bits 0..31, `sampling.packed_token`).
 
 Per prefill chunk `[start, stop)` (length L) the caller writes prefixes of the inputs:
     token_ids[:L] = ids[start:stop]           positions[:L] = start..stop-1
@@ -45,6 +46,7 @@ import numpy as np
 from .contract import CallerRuntime, DeviceSteps, PageSource, Reserved, SeqLease
 from .errors import InputError
 from .preflight import ManifestFacts
+from .sampling import packed_token
 
 
 @dataclass(frozen=True)
@@ -262,7 +264,8 @@ class Generator:
         self.rt.issue("decode", {"tokens": 1, "seqs": 1}, eager=eager)
 
     def _next_token(self) -> int:
-        return int(self.rt.read_output("next_token")[0])  # i64[1]: 8-byte readback, synchronises
+        # i64[1]: 8-byte readback, synchronises; the sampler's manifests pack the logprob above the token id
+        return packed_token(self.rt.read_output("next_token")[0])
 
     def check_fits(self, num_prompt_tokens: int) -> None:
         if num_prompt_tokens > self.max_positions:
@@ -356,7 +359,7 @@ class Generator:
         while pending:
             position, event = pending.popleft()
             event.wait()
-            token = int(ring[0, (position + 1) % ring_len])
+            token = packed_token(ring[0, (position + 1) % ring_len])
             now = time.perf_counter()
             if not tokens:
                 t1 = now

@@ -10,6 +10,7 @@ from typing import Any
 from ...errors import ManifestBuildError
 from .config import Qwen3Config
 from .entries import DECODE_ATTN, DECODE_MAX_HEAD_DIM, EARLY_PARTIALS, PREFILL_ATTN, PREFILL_WG_HEAD_DIMS
+from .sampling import check_sampling_options
 
 # cuBLASLt pins: ((n, k, ((attr, value), ...)), ...)
 Pins = tuple[tuple[int, int, tuple[tuple[str, int], ...]], ...]
@@ -74,6 +75,11 @@ class BuildOptions:
     # M = 1 pins for the cuBLASLt decode (--decode gemm): fastest by graph timing, split-K allowed
     decode_algos: Pins = ()
     algos_source: tuple[tuple[str, Any], ...] = ()  # (device, cublaslt_version, m_max) of the pins file, for meta
+    # the decode program's last ops (models/qwen3/sampling.py, docs/caller.md "Sampling"): "gpu" the per-row
+    # sampler (kern_sample_bf16; next_token and the ring pack token and logprob), "argmax" the two-stage argmax
+    # (next_token and the ring hold plain token ids; the manifest is the pre-sampler builder's, byte for byte)
+    sampler: str = "gpu"
+    hist_cap: int = 1024  # with sampler "gpu": history slots (distinct previous token ids) per row
 
     @property
     def pdl_small_launches(self) -> bool:
@@ -206,6 +212,7 @@ def validate(cfg: Qwen3Config, opts: BuildOptions) -> Plan:
     _check_decode(opts)
     _check_attention(cfg, opts)
     _check_launch(opts)
+    check_sampling_options(cfg, opts)
     prefill_attn = opts.prefill_attn
     if prefill_attn == "auto":
         prefill_attn = "wg" if cfg.head_dim in PREFILL_WG_HEAD_DIMS else "r32"
