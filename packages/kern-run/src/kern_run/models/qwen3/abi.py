@@ -42,6 +42,10 @@ KERNEL_SIGNATURES: dict[str, tuple[str, tuple[str, ...]]] = {
     "kern_attn_decode_partial_early": ("attention", ("p",) * 7 + ("i32",) * 8 + ("f32",)),
     "kern_attn_decode_partial_wide": ("attention", ("p",) * 7 + ("i32",) * 8 + ("f32",)),
     "kern_decode_advance": ("step", ("p",) * 7 + ("i32",) * 5),
+    # small-M MMA projections (kernels-src/gemv_mma.cu, docs/kernels-gemv.md "Small-M MMA entries"): m, n, k
+    **{f"kern_mma_{kind}_m{tile}": ("gemv_mma", ("p",) * (3 if kind == "residual" else 4) + ("i32",) * 3
+                                    + (() if kind == "residual" else ("f32",)))
+       for kind in ("rmsnorm", "residual", "rmsnorm_swiglu") for tile in (8, 16, 32, 64)},
 }
 # Entries that execute griddepcontrol.wait before reading anything a predecessor writes and before writing
 # anything (docs/kernels-gemv.md, docs/kernels.md "Programmatic dependent launch"); only these may carry
@@ -54,6 +58,7 @@ PDL_ENTRIES = frozenset({
     "kern_qk_norm_rope_kv", "kern_embed_gather", "kern_argmax_partial", "kern_argmax_final",
     "kern_decode_advance", "kern_attn_decode_partial_early", "kern_attn_decode_partial_wide",
     "kern_attn_prefill_r32", "kern_qk_norm_rope_kv_warp", "kern_attn_prefill_wg",
+    *(f"kern_mma_{kind}_m{tile}" for kind in ("rmsnorm", "residual", "rmsnorm_swiglu") for tile in (8, 16, 32, 64)),
 })
 TYPE_BYTES = {"p": 8, "i32": 4, "f32": 4, "i64": 8}
 
