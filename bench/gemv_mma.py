@@ -73,7 +73,7 @@ def crossover(gemv_kernels: dict[str, Any], sms: int, time_graph: Callable[..., 
     """Print the crossover table and the cluster sweep; return them (JSON-ready). `time_graph(list of callables)`
     -> median us per launch; `stream()` the current CUstream; `gemv_launch(entry, n_w, k)` -> (grid, block) of the
     M = 1 entry (bench/gemv.py's rows_launch / default launch)."""
-    from kern_runtime.cuda.blas import EXTERN_GEMMS, WORKSPACE_BYTES, Blas, GemmCall
+    from kern_runtime.cuda import WORKSPACE_BYTES, Blas, gemm_call
     from tests.kernels.gemv_gpu_helpers import launch as launch_gemv
     from tests.kernels.gemv_mma_gpu_helpers import MmaLaunch, launch as launch_mma, max_active_clusters, mma_kernels
     from tests.kernels.gpu_helpers import open_gpu
@@ -83,60 +83,78 @@ def crossover(gemv_kernels: dict[str, Any], sms: int, time_graph: Callable[..., 
     workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device="cuda")
     blas = Blas(workspace.data_ptr())
     out: dict[str, Any] = {"cubin": origin, "crossover": [], "cluster_sweep": []}
-    header = (f"{'shape':8s} {'m':>3s} | {'gemv M=1 us':>11s} {'%':>6s} | {'mma entry [grid/cluster]':34s} {'us':>8s} "
-              f"{'%':>6s} | {'cuBLASLt us':>11s} {'%':>6s}")
+
+    def time_mma(data: Data, entry: str, shape: Any, m: int) -> float:
+        def one(w: torch.Tensor) -> Callable[[], None]:
+            args = data.mma_args(w, m)
+            return lambda: launch_mma(mma[entry], shape, args, stream=stream())
+        return time_graph([one(w) for w in data.w])
+
+    def time_gemv(data: Data, entry: str) -> float:
+        grid, block = gemv_launch(entry, data.n_w, data.k)
+
+        def one(w: torch.Tensor) -> Callable[[], None]:
+            args = data.gemv_args(w)
+            return lambda: launch_gemv(gemv_kernels[entry], grid, block, 16 * cdiv(data.k, 8), args, stream=stream())
+        return time_graph([one(w) for w in data.w])
+
+    def time_blas(data: Data, m: int, where: str) -> float:
+        def one(w: torch.Tensor) -> Callable[[], None]:
+            g = gemm_call("cublaslt_bf16_tn", (data.src.data_ptr(), w.data_ptr(), data.out.data_ptr(), m, data.n_w,
+                                               data.k), where)
+            return lambda: blas.matmul(g, int(stream()))
+        return time_graph([one(w) for w in data.w])
+
+    def crossover_rows(name: str, kind: str, n_out: int, k: int, gemv_entry: str) -> None:
+        data = Data(kind, n_out, k)
+        gemv_us = time_gemv(data, gemv_entry)
+        geo = mma_geometry(n_out, k, sms, swiglu=kind == "rmsnorm_swiglu")
+        for m in M_VALUES:
+            tile = next(t for t in MMA_TILES if t >= m)
+            entry = f"kern_mma_{kind}_m{tile}"
+            mma_us = time_mma(data, entry, MmaLaunch(geo.grid, geo.cluster, geo.shared_mem(k, tile)), m)
+            blas_us = time_blas(data, m, f"{name} m={m}")
+            g1, g1p = _row(gemv_us, data.weight_bytes)
+            mu, mp = _row(mma_us, data.weight_bytes)
+            bu, bp = _row(blas_us, data.weight_bytes)
+            label = f"{entry.removeprefix('kern_mma_')} [{geo.grid}/{geo.cluster}]"
+            print(f"{name:8s} {m:3d} | {g1:11.2f} {g1p:6.1f} | {label:34s} {mu:8.2f} {mp:6.1f} | {bu:11.2f} {bp:6.1f}")
+            out["crossover"].append({"shape": name, "m": m, "gemv_m1_us": round(g1, 2), "mma_entry": entry,
+                                     "grid": geo.grid, "cluster": geo.cluster, "mma_us": round(mu, 2),
+                                     "cublaslt_us": round(bu, 2),
+                                     "floor_us": round(data.weight_bytes / COPY_RATE * 1e6, 2)})
+
+    def sweep_rows(name: str, kind: str, n_out: int, k: int) -> None:
+        data = Data(kind, n_out, k)
+        tiles = cdiv(n_out, 8 if kind == "rmsnorm_swiglu" else 16)
+        for m in (8, 64):
+            entry = f"kern_mma_{kind}_m{m}"
+            for cluster in (1, 2, 4, 8):
+                smem = x_slice_bytes(k, cluster, m)
+                if smem > 160 * 1024:
+                    continue
+                resident = resident_clusters(cluster, sms)
+                driver_count = max_active_clusters(mma[entry], MmaLaunch(cluster * resident, cluster, smem))
+                shape = MmaLaunch(min(tiles, resident) * cluster, cluster, smem)
+                u, p = _row(time_mma(data, entry, shape, m), data.weight_bytes)
+                mark = "*" if cluster == mma_cluster(k) else " "
+                print(f"{name:8s} {m:3d} {cluster:6d}{mark} {shape.grid:5d} {f'{driver_count} / {resident}':>28s} "
+                      f"{u:8.2f} {p:6.1f}")
+                out["cluster_sweep"].append({"shape": name, "m": m, "cluster": cluster, "grid": shape.grid,
+                                             "driver_resident_clusters": driver_count, "us": round(u, 2)})
+
     print("\ncrossover: us per launch and % of the weight floor (W bytes / 4.3 TB/s)")
-    print(header)
+    print(f"{'shape':8s} {'m':>3s} | {'gemv M=1 us':>11s} {'%':>6s} | {'mma entry [grid/cluster]':34s} {'us':>8s} "
+          f"{'%':>6s} | {'cuBLASLt us':>11s} {'%':>6s}")
     try:
         for name, kind, n_out, k, gemv_entry in SHAPES:
-            data = Data(kind, n_out, k)
-            grid, block = gemv_launch(gemv_entry, data.n_w, k)
-            gemv_us = time_graph([lambda w=w: launch_gemv(gemv_kernels[gemv_entry], grid, block, 16 * cdiv(k, 8),
-                                                           data.gemv_args(w), stream=stream()) for w in data.w])
-            geo = mma_geometry(n_out, k, sms, swiglu=kind == "rmsnorm_swiglu")
-            for m in M_VALUES:
-                tile = next(t for t in MMA_TILES if t >= m)
-                entry = f"kern_mma_{kind}_m{tile}"
-                shape = MmaLaunch(geo.grid, geo.cluster, geo.shared_mem(k, tile))
-                mma_us = time_graph([lambda w=w: launch_mma(mma[entry], shape, data.mma_args(w, m), stream=stream())
-                                     for w in data.w])
-                calls = [GemmCall(EXTERN_GEMMS["cublaslt_bf16_tn"], data.src.data_ptr(), w.data_ptr(),
-                                  data.out.data_ptr(), m, data.n_w, k, data.n_w, k) for w in data.w]
-                blas_us = time_graph([lambda g=g: blas.matmul(g, int(stream())) for g in calls])
-                g1, g1p = _row(gemv_us, data.weight_bytes)
-                mu, mp = _row(mma_us, data.weight_bytes)
-                bu, bp = _row(blas_us, data.weight_bytes)
-                label = f"{entry.removeprefix('kern_mma_')} [{geo.grid}/{geo.cluster}]"
-                print(f"{name:8s} {m:3d} | {g1:11.2f} {g1p:6.1f} | {label:34s} {mu:8.2f} {mp:6.1f} | {bu:11.2f} {bp:6.1f}")
-                out["crossover"].append({"shape": name, "m": m, "gemv_m1_us": round(g1, 2), "mma_entry": entry,
-                                         "grid": geo.grid, "cluster": geo.cluster, "mma_us": round(mu, 2),
-                                         "cublaslt_us": round(bu, 2), "floor_us": round(data.weight_bytes / COPY_RATE * 1e6, 2)})
-            del data
+            crossover_rows(name, kind, n_out, k, gemv_entry)
             torch.cuda.empty_cache()
-
         print("\ncluster sweep of the MMA entries (clusters = min(tiles, resident)); * = the builder's cluster")
-        print(f"{'shape':8s} {'m':>3s} {'cluster':>7s} {'grid':>5s} {'resident (driver / builder)':>28s} {'us':>8s} {'%':>6s}")
+        print(f"{'shape':8s} {'m':>3s} {'cluster':>7s} {'grid':>5s} {'resident (driver / builder)':>28s} {'us':>8s} "
+              f"{'%':>6s}")
         for name, kind, n_out, k, _ in SHAPES:
-            data = Data(kind, n_out, k)
-            tiles = cdiv(n_out, 8 if kind == "rmsnorm_swiglu" else 16)
-            for m in (8, 64):
-                entry = f"kern_mma_{kind}_m{m}"
-                for cluster in (1, 2, 4, 8):
-                    smem = x_slice_bytes(k, cluster, m)
-                    if smem > 160 * 1024:
-                        continue
-                    probe = MmaLaunch(cluster * resident_clusters(cluster, sms), cluster, smem)
-                    driver_count = max_active_clusters(mma[entry], probe)
-                    shape = MmaLaunch(min(tiles, resident_clusters(cluster, sms)) * cluster, cluster, smem)
-                    us = time_graph([lambda w=w: launch_mma(mma[entry], shape, data.mma_args(w, m), stream=stream())
-                                     for w in data.w])
-                    mark = "*" if cluster == mma_cluster(k) else " "
-                    resident = f"{driver_count} / {resident_clusters(cluster, sms)}"
-                    u, p = _row(us, data.weight_bytes)
-                    print(f"{name:8s} {m:3d} {cluster:6d}{mark} {shape.grid:5d} {resident:>28s} {u:8.2f} {p:6.1f}")
-                    out["cluster_sweep"].append({"shape": name, "m": m, "cluster": cluster, "grid": shape.grid,
-                                                 "driver_resident_clusters": driver_count, "us": round(u, 2)})
-            del data
+            sweep_rows(name, kind, n_out, k)
             torch.cuda.empty_cache()
     finally:
         blas.close()

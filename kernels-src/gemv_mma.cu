@@ -27,6 +27,7 @@
 // are in flight while a tile is reduced. PDL: the first two slots are loaded (coherent path) before
 // griddepcontrol.wait; nothing is read from a predecessor's output or written before it.
 #include "common.cuh"
+#include "gemv_mma.cuh"  // the hardware primitives: weight loads, cluster ranks and barriers, DSMEM, mma.sync
 
 #ifndef KERN_MMA_UNROLL
 #define KERN_MMA_UNROLL 5  // 32-wide k chunks per register slot (per warp and tile: cpr / 8 = 4..5 at Qwen3-4B)
@@ -42,33 +43,6 @@ constexpr int kUnroll = KERN_MMA_UNROLL;
 constexpr int kMaxCluster = 8;  // portable cluster size
 
 enum class Kind { kRmsnorm, kResidual, kSwiglu };
-
-// ---- loads (as kernels-src/gemv.cu) ----
-KERN_DEV uint64_t weight_policy() {
-    uint64_t policy;
-    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-    return policy;
-}
-
-// One 16-byte weight chunk: read-only path, no L1 allocation, L2 evict-first.
-KERN_DEV uint4 ldg_weight(const bf16* p, uint64_t policy) {
-    uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p), "l"(policy));
-    return v;
-}
-
-// The same through the coherent path, for the loads issued before griddepcontrol.wait (ptxas moves a .nc load
-// across the wait; a coherent one stays before it: docs/kernels-gemv.md "Programmatic dependent launch").
-KERN_DEV uint4 ldg_weight_early(const bf16* p, uint64_t policy) {
-    uint4 v;
-    asm volatile("ld.global.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p), "l"(policy)
-                 : "memory");
-    return v;
-}
 
 KERN_DEV float lo_f(uint32_t u) { return __uint_as_float(u << 16); }
 KERN_DEV float hi_f(uint32_t u) { return __uint_as_float(u & 0xffff0000u); }
@@ -90,41 +64,6 @@ KERN_DEV uint4 pack8(const float (&f)[8]) {
 
 // kern_silu_mul's exact fp32 formula (IEEE division), rounded to bf16 (kernels-src/gemv.cu silu_bf).
 KERN_DEV float silu_bf(float g) { return round_bf(g / (1.0f + expf(-g))); }
-
-// ---- clusters ----
-KERN_DEV uint32_t cluster_nranks() { uint32_t v; asm("mov.u32 %0, %%cluster_nctarank;" : "=r"(v)); return v; }
-KERN_DEV uint32_t cluster_rank() { uint32_t v; asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(v)); return v; }
-KERN_DEV uint32_t cluster_index() { uint32_t v; asm("mov.u32 %0, %%clusterid.x;" : "=r"(v)); return v; }
-KERN_DEV uint32_t cluster_count() { uint32_t v; asm("mov.u32 %0, %%nclusterid.x;" : "=r"(v)); return v; }
-
-// Every thread of the cluster: shared-memory writes before it are visible to the whole cluster after it. With
-// one block per cluster a block barrier is the same thing.
-KERN_DEV void cluster_sync(int nranks) {
-    if (nranks == 1) {
-        __syncthreads();
-        return;
-    }
-    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
-
-// The f32 at the same shared-memory offset as `local` in block `rank` of this cluster.
-KERN_DEV float ld_rank_f32(const float* local, uint32_t rank, int nranks) {
-    if (nranks == 1) return *local;
-    const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(local));
-    uint32_t remote;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(a), "r"(rank));
-    float v;
-    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
-    return v;
-}
-
-// D += A B, m16n8k16, A row-major bf16 (4 regs), B col-major bf16 (2 regs), f32 accumulators.
-KERN_DEV void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-                 "{%0, %1, %2, %3};"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
 
 KERN_DEV int cdiv(int a, int b) { return (a + b - 1) / b; }
 
@@ -151,8 +90,8 @@ KERN_DEV void mma_entry(const bf16* __restrict__ w, const bf16* __restrict__ src
                         bf16* __restrict__ out, int m, int n_out, int k, float eps) {
     static_assert(MT % 8 == 0 && MT >= 8 && MT <= 64, "MT: 8, 16, 32 or 64 token rows");
     constexpr int NT = MT / 8;
-    extern __shared__ uint4 xs[];  // [cpr][MT][4] 16-byte pieces of X (bf16)
-    __shared__ Reduce<MT> sm;
+    KERN_MMA_DYNAMIC_SHARED(uint4, xs);  // [cpr][MT][4] 16-byte pieces of X (bf16)
+    KERN_MMA_STATIC_SHARED(Reduce<MT>, sm);
 
     const int nranks = static_cast<int>(cluster_nranks());
     {
@@ -220,42 +159,34 @@ KERN_DEV void mma_entry(const bf16* __restrict__ w, const bf16* __restrict__ src
     kern_pdl_wait();  // everything below may read what the previous kernel in the stream wrote
     kern_pdl_launch_dependents();
 
-    // 2. X's slice into shared memory: piece (cl, i, pt) = X[i, (c0 + cl) * 32 + 8 pt .. + 8) at xs[(cl MT + i) 4 + pt].
+    // 2. X's slice into shared memory: piece (cl, i, pt) = X[i, (c0 + cl) * 32 + 8 pt .. + 8) at xs[(cl MT + i) 4 + pt]
+    // (the raw residual for the RMSNorm kinds), rows m..MT-1 and pieces past k zero: one cp.async per piece, all
+    // in flight at once.
     const int pieces = nc * 4;
-    if (K == Kind::kResidual) {
-        for (int idx = tid; idx < MT * pieces; idx += kThreads) {
-            const int i = idx / pieces, p = idx - i * pieces;
-            const int cl = p >> 2, pt = p & 3;
-            const int kk = (c0 + cl) * 32 + 8 * pt;
-            const bool ok = i < m && kk < k;
-            cp_async16(xs + (cl * MT + i) * 4 + pt, ok ? src + static_cast<size_t>(i) * k + kk : src, ok ? 16 : 0);
-        }
-        cp_async_commit();
-        cp_async_wait_all();
-        __syncthreads();
-    } else {
-        // RMSNorm (kernels-src/gemv.cu stage_rmsnorm's rounding): x = bf16(norm_w * bf16(r * rsqrt(mean(r^2) + eps))).
-        // Pass 1: warp w takes rows w, w + 8, ...; lane l the pieces l, l + 32, ... of the rank's slice; raw r kept.
+    for (int idx = tid; idx < MT * pieces; idx += kThreads) {
+        const int i = idx / pieces, p = idx - i * pieces;
+        const int cl = p >> 2, pt = p & 3;
+        const int kk = (c0 + cl) * 32 + 8 * pt;
+        const bool ok = i < m && kk < k;
+        cp_async16(xs + (cl * MT + i) * 4 + pt, ok ? src + static_cast<size_t>(i) * k + kk : src, ok ? 16 : 0);
+    }
+    cp_async_commit();
+    cp_async_wait_all();
+    __syncthreads();
+    if (K != Kind::kResidual) {
+        // RMSNorm (kernels-src/gemv.cu stage_rmsnorm's rounding): x = bf16(norm_w * bf16(r * rsqrt(mean(r^2) + eps))),
+        // the sum of squares over the whole row: this rank's part, then the ranks' parts in rank order.
+        // Pass 1: warp w takes rows w, w + 8, ...; lane l the pieces l, l + 32, ... of the rank's slice, in order.
         for (int i = warp; i < m; i += kWarps) {
-            const bf16* row = src + static_cast<size_t>(i) * k;
             float sum_sq = 0.0f;
-#pragma unroll 4
             for (int p = lane; p < pieces; p += 32) {
-                const int cl = p >> 2, pt = p & 3;
-                const int kk = (c0 + cl) * 32 + 8 * pt;
-                const uint4 raw = kk < k ? __ldcg(reinterpret_cast<const uint4*>(row + kk)) : make_uint4(0u, 0u, 0u, 0u);
                 float r[8];
-                unpack8(raw, r);
+                unpack8(xs[((p >> 2) * MT + i) * 4 + (p & 3)], r);
 #pragma unroll
-                for (int e = 0; e < 8; ++e) sum_sq = fmaf(r[e], r[e], sum_sq);
-                xs[(cl * MT + i) * 4 + pt] = raw;
+                for (int e = 0; e < 8; ++e) sum_sq = fmaf(r[e], r[e], sum_sq);  // padding is 0: adds nothing
             }
             sum_sq = warp_sum(sum_sq);
             if (lane == 0) sm.ss[i] = sum_sq;
-        }
-        for (int idx = tid; idx < (MT - m) * pieces; idx += kThreads) {  // rows m..MT-1: zero
-            const int i = m + idx / pieces, p = idx % pieces;
-            xs[((p >> 2) * MT + i) * 4 + (p & 3)] = make_uint4(0u, 0u, 0u, 0u);
         }
         cluster_sync(nranks);  // every rank's sums of squares are visible
         // Pass 2: same rows and pieces as pass 1 (no barrier needed for xs in between).

@@ -8,7 +8,8 @@ round to nearest even). Dot products are accumulated in float64.
 - ``gemm_f64``: (X @ W^T, |X| @ |W|^T), [m, n] float64, for the value and its accumulation-error scale;
 - ``near_tie_x``: |x| where a row's RMSNorm element lies within a hair of a bf16 rounding midpoint (the kernel's fp32
   1 / rms may round it the other way), 0 elsewhere;
-- ``swiglu_rows``: act = bf16(bf16(silu(bf16(gate))) * bf16(up)) of the float gate / up sums.
+- ``swiglu_rows``: act = bf16(bf16(silu(bf16(gate))) * bf16(up)) of the float gate / up sums;
+- ``expected_and_bound``: each output's float64 value and the bound the kernel's output must lie within.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import numpy as np
 from tools.reference_gemv import residual_add
 from tools.reference_kernels import add_rmsnorm, bf16_round, from_bf16_bits, silu_mul
 
-__all__ = ["gemm_f64", "near_tie_x", "residual_add", "rmsnorm_rows", "swiglu_rows"]
+__all__ = ["expected_and_bound", "gemm_f64", "near_tie_x", "residual_add", "rmsnorm_rows", "swiglu_rows"]
 
 
 def rmsnorm_rows(residual: np.ndarray, norm_w: np.ndarray, eps: float) -> np.ndarray:
@@ -58,3 +59,28 @@ def swiglu_rows(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     u = bf16_round(np.asarray(up, dtype=np.float64).astype(np.float32))
     with np.errstate(over="ignore"):  # exp(-g) overflows for g < -709: silu -> -0, as in fp32
         return silu_mul(np.concatenate([g, u], axis=1))
+
+
+def expected_and_bound(kind: str, dot: np.ndarray, dot_abs: np.ndarray, tie_abs: np.ndarray,
+                       residual: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(the float64 value each output should have, the bound on |output - value|), [m, n_out], for `kind`
+    ("rmsnorm", "residual", "rmsnorm_swiglu") from the reference dot products [m, n_w] (SwiGLU: gate then up),
+    their |W| |x| scales, the near-tie scales (tie_abs, zeros for `residual`) and the input residual [m, n_out].
+    The bounds (docs/kernels-gemv.md "Small-M MMA entries", as for the M = 1 entries): the bf16 output rounding
+    2^-8 |value|, fp32 accumulation 2^-14 |W| |x|, a near-tie x element 2^-7 of its |W x|; residual: two roundings
+    and twice the accumulation; SwiGLU: both projections' errors through silu (1.1-Lipschitz) and the product, plus
+    the roundings of silu and of the product."""
+    if kind == "rmsnorm_swiglu":
+        inter = dot.shape[1] // 2
+        g, u = dot[:, :inter], dot[:, inter:]
+        dg = 2.0**-8 * 1.01 * np.abs(g) + 2.0**-14 * dot_abs[:, :inter] + 2.0**-7 * tie_abs[:, :inter]
+        du = 2.0**-8 * 1.01 * np.abs(u) + 2.0**-14 * dot_abs[:, inter:] + 2.0**-7 * tie_abs[:, inter:]
+        with np.errstate(over="ignore"):
+            silu = g / (1.0 + np.exp(-g))
+        bound = (1.1 * dg * (np.abs(u) + du) + np.abs(silu) * du
+                 + 2.0**-7 * 1.01 * (np.abs(silu) + 1.1 * dg) * (np.abs(u) + du))
+        return silu * u, bound
+    if kind == "residual":
+        want = np.asarray(residual, dtype=np.float64) + dot
+        return want, 2.0**-8 * 1.01 * (np.abs(want) + np.abs(dot)) + 2.0**-13 * dot_abs
+    return dot, 2.0**-8 * np.abs(dot) + 2.0**-14 * dot_abs + 2.0**-7 * tie_abs

@@ -94,6 +94,8 @@ def launch(kernel: Kernel, shape: MmaLaunch, args: list[tuple[str, Any]], stream
     what = f"{kernel.name} grid={shape.grid} cluster={shape.cluster} block={shape.block} smem={shape.smem_bytes}"
     attr_id = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
     check(cu.cuFuncSetAttribute(kernel.func, attr_id, max(shape.smem_bytes, 48 * 1024)), f"cuFuncSetAttribute({what})")
+    carveout = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT  # as the manifests' 100
+    check(cu.cuFuncSetAttribute(kernel.func, carveout, 100), f"cuFuncSetAttribute({what}, carveout)")
     attrs = []
     cluster = cu.CUlaunchAttribute()
     cluster.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION

@@ -144,24 +144,9 @@ class MmaCase:
             assert bad.size == 0, f"{what}: wrote output rows >= m: {(bad + m)[:8].tolist()}"
         y = from_bf16_bits(out[:m]).astype(np.float64)
         assert np.isfinite(y).all(), f"{what}: non-finite (unwritten?) outputs at {np.argwhere(~np.isfinite(y))[:4].tolist()}"
-        dot, dot_abs, tie_abs = self.dot[order], self.dot_abs[order], self.tie_abs[order]
-        if self.swiglu:
-            inter = self.n_out
-            g, u = dot[:, :inter], dot[:, inter:]
-            dg = 2.0**-8 * 1.01 * np.abs(g) + 2.0**-14 * dot_abs[:, :inter] + 2.0**-7 * tie_abs[:, :inter]
-            du = 2.0**-8 * 1.01 * np.abs(u) + 2.0**-14 * dot_abs[:, inter:] + 2.0**-7 * tie_abs[:, inter:]
-            with np.errstate(over="ignore"):
-                silu = g / (1.0 + np.exp(-g))
-            want = silu * u
-            bound = (1.1 * dg * (np.abs(u) + du) + np.abs(silu) * du
-                     + 2.0**-7 * 1.01 * (np.abs(silu) + 1.1 * dg) * (np.abs(u) + du))
-        elif self.kind == "residual":
-            r = self.residual0[order].astype(np.float64)
-            want = r + dot
-            bound = 2.0**-8 * 1.01 * (np.abs(want) + np.abs(dot)) + 2.0**-13 * dot_abs
-        else:
-            want = dot
-            bound = 2.0**-8 * np.abs(want) + 2.0**-14 * dot_abs + 2.0**-7 * tie_abs
+        residual = self.residual0[order] if self.kind == "residual" else None
+        want, bound = ref.expected_and_bound(self.kind, self.dot[order], self.dot_abs[order], self.tie_abs[order],
+                                             residual)
         rel = np.linalg.norm(y - want) / max(np.linalg.norm(want), 1e-30)
         assert rel < 1e-2, f"{what}: relative error {rel:.3g}"
         bad = np.argwhere(np.abs(y - want) > bound + 1e-30)

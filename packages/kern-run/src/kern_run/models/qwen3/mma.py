@@ -57,10 +57,14 @@ def x_slice_bytes(k: int, cluster: int, tile: int) -> int:
 
 
 def resident_clusters(cluster: int, sms: int) -> int:
-    """Clusters of `cluster` one-block-per-SM blocks the GPU runs at once, as the builder counts them: sms //
-    cluster. (A GPC holds whole clusters; on the H200 bench/gemv.py --mma prints the driver's count,
-    cuOccupancyMaxActiveClusters, beside this one.)"""
-    return max(1, sms // cluster)
+    """Clusters of `cluster` one-block-per-SM blocks the builder assumes the GPU runs at once: sms // cluster for
+    clusters of 1 or 2 (a TPC holds 2 SMs), else whole clusters in 16-SM units (a GPC holds whole clusters; the
+    H200's 132 SMs: 32 clusters of 4, 16 of 8). A grid of more clusters than are resident would run the extra ones
+    after the others, twice the time for their tiles; bench/gemv.py --mma prints the driver's count
+    (cuOccupancyMaxActiveClusters) beside this one."""
+    if cluster <= 2:
+        return max(1, sms // cluster)
+    return max(1, (sms // 16) * (16 // cluster)) if cluster <= 16 else 1
 
 
 @dataclass(frozen=True)
