@@ -47,6 +47,10 @@ KERNEL_SIGNATURES: dict[str, tuple[str, tuple[str, ...]]] = {
     "kern_sample_bf16": ("sample", ("p",) * 5 + ("i32",) * 2 + ("p",) * 3),
     "kern_sample_top_logprobs_bf16": ("sample", ("p", "p", "i32", "i32", "p", "p")),
     "kern_sample_history_append": ("sample", ("p",) * 3 + ("i32",) * 2),
+    # small-M MMA projections (kernels-src/gemv_mma.cu, docs/kernels-gemv.md "Small-M MMA entries"): m, n, k
+    **{f"kern_mma_{kind}_m{tile}": ("gemv_mma", ("p",) * (3 if kind == "residual" else 4) + ("i32",) * 3
+                                    + (() if kind == "residual" else ("f32",)))
+       for kind in ("rmsnorm", "residual", "rmsnorm_swiglu") for tile in (8, 16, 32, 64)},
 }
 # Entries that execute griddepcontrol.wait before reading anything a predecessor writes and before writing
 # anything (docs/kernels-gemv.md, docs/kernels.md "Programmatic dependent launch"); only these may carry
@@ -61,6 +65,7 @@ PDL_ENTRIES = frozenset({
     "kern_attn_prefill_r32", "kern_qk_norm_rope_kv_warp", "kern_attn_prefill_wg",
     "kern_decode_advance_packed", "kern_sample_inputs_init", "kern_sample_bf16", "kern_sample_top_logprobs_bf16",
     "kern_sample_history_append",
+    *(f"kern_mma_{kind}_m{tile}" for kind in ("rmsnorm", "residual", "rmsnorm_swiglu") for tile in (8, 16, 32, 64)),
 })
 TYPE_BYTES = {"p": 8, "i32": 4, "f32": 4, "i64": 8}
 

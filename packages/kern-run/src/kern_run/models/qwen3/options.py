@@ -11,6 +11,7 @@ from ...errors import ManifestBuildError
 from .config import Qwen3Config
 from .entries import DECODE_ATTN, DECODE_MAX_HEAD_DIM, EARLY_PARTIALS, PREFILL_ATTN, PREFILL_WG_HEAD_DIMS
 from .sampling import check_sampling_options
+from .mma import MMA_TILES
 
 # cuBLASLt pins: ((n, k, ((attr, value), ...)), ...)
 Pins = tuple[tuple[int, int, tuple[tuple[str, int], ...]], ...]
@@ -200,9 +201,15 @@ def _check_launch(opts: BuildOptions) -> None:
     if opts.carveout is not None and not 0 <= opts.carveout <= 100:
         raise ManifestBuildError(f"carveout (--carveout) {opts.carveout}: a percent of the maximum shared memory, "
                                  "0..100 (None: write none; the CLI's --carveout -1)")
-    if opts.decode == "gemv" and opts.seqs_max != 1:
-        raise ManifestBuildError(f"decode (--decode) 'gemv' computes one row (bs = 1) but seqs_max is "
-                                 f"{opts.seqs_max}: use --decode gemm")
+    if opts.seqs_max < 1:
+        raise ManifestBuildError(f"seqs_max (--seqs-max) {opts.seqs_max}: the rows of a decode step must be >= 1")
+    if opts.decode == "gemv" and opts.seqs_max > 1 and opts.gemv != "v2":
+        raise ManifestBuildError(f"seqs_max (--seqs-max) {opts.seqs_max} with gemv (--gemv) {opts.gemv!r}: the v1 "
+                                 "decode GEMVs compute one row (bs = 1); use --gemv v2 (small-M MMA projections for "
+                                 "2..64 rows) or --decode gemm")
+    if opts.decode == "gemv" and opts.seqs_max > MMA_TILES[-1]:
+        raise ManifestBuildError(f"seqs_max (--seqs-max) {opts.seqs_max} with decode (--decode) 'gemv': the MMA "
+                                 f"projections take at most {MMA_TILES[-1]} rows; use --decode gemm")
 
 
 def validate(cfg: Qwen3Config, opts: BuildOptions) -> Plan:
