@@ -115,10 +115,11 @@ def test_the_rest_of_the_decode_step_is_already_per_row() -> None:
     attn = ops["attn_decode"]
     assert attn["launches"][0]["grid"][2] == "seqs" and attn["launches"][1]["grid"][1] == "seqs"
     assert all(expr.startswith("seqs * ") for expr in attn["scratch"].values())
-    argmax = ops["argmax"]
+    assert all(l["grid"][0] == "seqs" for l in ops["sample"]["launches"])
+    argmax = _manifest(gemv="v2", seqs_max=64, sampler="argmax")["ops"]["argmax"]
     assert argmax["launches"][0]["grid"][1] == "seqs" and argmax["launches"][1]["grid"][0] == "seqs"
     assert all(expr.startswith("seqs * ") for expr in argmax["scratch"].values())
-    assert SEQS in ops["decode_advance"]["launches"][0]["args"]
+    assert SEQS in ops["decode_advance_packed"]["launches"][0]["args"]
     assert ops["embed"]["launches"][0]["grid"][0] == "tokens"
     assert all(l["grid"][0] == "tokens" for l in ops["qk_norm_rope_kv"]["launches"])
     for name in ("residual", "qkv", "q", "attn_out", "act"):
