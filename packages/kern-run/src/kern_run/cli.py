@@ -436,6 +436,8 @@ def manifest_build(
     chunk_max: Annotated[int, typer.Option("--chunk-max", help="tokens var max (largest prefill chunk)")] = 512,
     seqs_max: Annotated[int, typer.Option("--seqs-max", help="seqs var max: rows of a decode step (gemv decode: "
                                           "2..64 need --gemv v2)")] = 1,
+    batch_proj: Annotated[str, typer.Option("--batch-proj", help="with --seqs-max > 1: the projections of 2..64-row "
+                                            "steps: cublaslt (default) or mma (kernels-src/gemv_mma.cu)")] = "cublaslt",
     max_context: Annotated[Optional[int], typer.Option("--max-context", help="positions per sequence (default "
                                                        "min(40960, max_position_embeddings); tiny 4096)")] = None,
     decode: Annotated[Optional[str], typer.Option("--decode", help="decode projections: gemv (M = 1 GEMVs, fused "
@@ -475,7 +477,7 @@ def manifest_build(
     Refusals name the file, config field or flag; nothing is written then."""
     from .models.qwen3 import BuildRequest, build
 
-    options = {"chunk_max": chunk_max, "seqs_max": seqs_max, "decode": decode, "m1_gemv": m1_gemv, "gemv": gemv, "decode_attn": decode_attn,
+    options = {"chunk_max": chunk_max, "seqs_max": seqs_max, "batch_proj": batch_proj, "decode": decode, "m1_gemv": m1_gemv, "gemv": gemv, "decode_attn": decode_attn,
                "prefill_attn": prefill_attn, "prefill_rope": prefill_rope,
                "carveout": None if carveout == -1 else carveout, "decode_splits": decode_splits,
                "split_tokens": decode_split_tokens, "sms": sms, "gemv_threads_per_sm": gemv_threads_per_sm,

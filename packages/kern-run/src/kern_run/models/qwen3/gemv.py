@@ -9,7 +9,7 @@ from typing import Any
 
 from ...errors import ManifestBuildError
 from .builder import Builder, ptr
-from .mma import with_mma
+from .batch_proj import batched
 from .options import BuildOptions, Plan
 
 
@@ -73,26 +73,32 @@ def add_gemv_v2_ops(b: Builder, plan: Plan) -> None:
     and up rows of one output in one block, writes act = bf16(silu(gate)) * up); `gemv_o` / `gemv_down_act`:
     kern_gemv_rows_residual (residual += W x, x = attn_out / act); `gemv_lm_head`: kern_gemv_rmsnorm as in v1
     (already at the bandwidth floor). With seqs_max > 1 each op keeps that launch for seqs = 1 and adds the
-    small-M MMA entries of the same semantics for seqs 2..seqs_max, one per token-row tile (mma.with_mma;
-    docs/kernels-gemv.md "Small-M MMA entries"): kern_mma_rmsnorm (qkv, lm_head), kern_mma_rmsnorm_swiglu
-    (gate_up), kern_mma_residual (o, down)."""
+    launches of the same semantics for seqs 2..seqs_max (batch_proj.batched: cuBLASLt with separate norm and
+    SwiGLU launches by default, or the small-M MMA entries of docs/kernels-gemv.md "Small-M MMA entries")."""
     cfg, opts = plan.cfg, plan.opts
     H, I, V = cfg.hidden, cfg.intermediate, cfg.vocab
     norm_args, norm_wiring = [ptr(a) for a in _NORM_ARGS], _wiring(_NORM_ARGS)
     eps = ({"f32": cfg.eps},)
     qkv_n = plan.qkv_dim
-    b.op("gemv_qkv", norm_args, with_mma(b, rows_launch(b, "kern_gemv_rows_rmsnorm", -(-qkv_n // 4), H,
-                                                        norm_wiring + [{"i32": qkv_n}, {"i32": H}], opts, eps),
-                                         "rmsnorm", qkv_n, H, norm_wiring, opts, eps))
-    b.op("gemv_gate_up_act", norm_args, with_mma(b, rows_launch(b, "kern_gemv_rmsnorm_swiglu", -(-I // 2), H,
-                                                                norm_wiring + [{"i32": I}, {"i32": H}], opts, eps),
-                                                 "rmsnorm_swiglu", I, H, norm_wiring, opts, eps))
-    b.op("gemv_lm_head", norm_args, with_mma(b, gemv_launch(b, "kern_gemv_rmsnorm", V, H, norm_wiring, opts, eps),
-                                             "rmsnorm", V, H, norm_wiring, opts, eps))
+    ops = [
+        ("gemv_qkv", norm_args, rows_launch(b, "kern_gemv_rows_rmsnorm", -(-qkv_n // 4), H,
+                                            norm_wiring + [{"i32": qkv_n}, {"i32": H}], opts, eps),
+         "rmsnorm", qkv_n, H, norm_wiring, eps),
+        ("gemv_gate_up_act", norm_args, rows_launch(b, "kern_gemv_rmsnorm_swiglu", -(-I // 2), H,
+                                                    norm_wiring + [{"i32": I}, {"i32": H}], opts, eps),
+         "rmsnorm_swiglu", I, H, norm_wiring, eps),
+        ("gemv_lm_head", norm_args, gemv_launch(b, "kern_gemv_rmsnorm", V, H, norm_wiring, opts, eps),
+         "rmsnorm", V, H, norm_wiring, eps),
+    ]
     res_args, res_wiring = [ptr(a) for a in _RES_ARGS], _wiring(_RES_ARGS)
-    b.op("gemv_o", res_args, with_mma(b, rows_launch(b, "kern_gemv_rows_residual", -(-H // 4), plan.q_dim,
-                                                     res_wiring + [{"i32": H}, {"i32": plan.q_dim}], opts),
-                                      "residual", H, plan.q_dim, res_wiring, opts))
-    b.op("gemv_down_act", res_args, with_mma(b, rows_launch(b, "kern_gemv_rows_residual", -(-H // 4), I,
-                                                            res_wiring + [{"i32": H}, {"i32": I}], opts),
-                                             "residual", H, I, res_wiring, opts))
+    ops += [
+        ("gemv_o", res_args, rows_launch(b, "kern_gemv_rows_residual", -(-H // 4), plan.q_dim,
+                                         res_wiring + [{"i32": H}, {"i32": plan.q_dim}], opts),
+         "residual", H, plan.q_dim, res_wiring, ()),
+        ("gemv_down_act", res_args, rows_launch(b, "kern_gemv_rows_residual", -(-H // 4), I,
+                                                res_wiring + [{"i32": H}, {"i32": I}], opts),
+         "residual", H, I, res_wiring, ()),
+    ]
+    for name, interface, bs1, kind, n, k, wiring, tail in ops:
+        launches, scratch = batched(b, plan, bs1, kind, n, k, wiring, tail)
+        b.op(name, interface, launches, scratch=scratch or None)

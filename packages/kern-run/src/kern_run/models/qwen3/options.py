@@ -80,7 +80,11 @@ class BuildOptions:
     # sampler (kern_sample_bf16; next_token and the ring pack token and logprob), "argmax" the two-stage argmax
     # (next_token and the ring hold plain token ids; the manifest is the pre-sampler builder's, byte for byte)
     sampler: str = "gpu"
-    hist_cap: int = 1024  # with sampler "gpu": history slots (distinct previous token ids) per row
+    hist_cap: int = 1024
+    # with seqs_max > 1: the projections of steps of 2..seqs_max rows (batch_proj.py): "cublaslt" (heuristic
+    # algorithm, separate RMSNorm / SiLU-mul launches, residual adds as beta = 1) or "mma" (kernels-src/gemv_mma.cu,
+    # fused like the GEMVs; 2-4x slower on the H200, docs/perf.md "Fourteenth session")
+    batch_proj: str = "cublaslt"  # with sampler "gpu": history slots (distinct previous token ids) per row
 
     @property
     def pdl_small_launches(self) -> bool:
