@@ -446,7 +446,7 @@ def manifest_build(
                                           "kern_gemv_rows (M = 1)")] = False,
     gemv: Annotated[str, typer.Option("--gemv", help="decode GEMV wiring: v1 warp-per-row, v2 rows family with the "
                                       "SwiGLU epilogue")] = "v1",
-    decode_attn: Annotated[str, typer.Option("--decode-attn", help="decode attention: wide, early or split")] = "wide",
+    decode_attn: Annotated[str, typer.Option("--decode-attn", help="decode attention: wide, early, split or stream")] = "wide",
     prefill_attn: Annotated[str, typer.Option("--prefill-attn", help="prefill attention: auto (wg where the head_dim "
                                               "allows, else r32), wg, r32 or r16")] = "auto",
     prefill_rope: Annotated[str, typer.Option("--prefill-rope", help="q/k norm + rope for chunks of 2+ tokens: warp "
