@@ -43,7 +43,7 @@ EXPECTED_4B = {
 
 def test_seqs_max_64_adds_one_mma_launch_per_tile_after_the_bs1_launch() -> None:
     km = pytest.importorskip("kern_manifest")
-    m = _manifest(gemv="v2", seqs_max=64)
+    m = _manifest(gemv="v2", seqs_max=64, batch_proj="mma")
     km.verify(km.parse_manifest(gq.dumps(m)))
     assert m["vars"]["seqs"] == {"min": 1, "max": 64}
     bs1 = _manifest(gemv="v2")["ops"]
@@ -75,7 +75,7 @@ def test_seqs_max_64_adds_one_mma_launch_per_tile_after_the_bs1_launch() -> None
 ])
 def test_the_tiles_stop_at_seqs_max(seqs_max: int, ranges: list[tuple[int, int, int]]) -> None:
     km = pytest.importorskip("kern_manifest")
-    m = _manifest("tiny", gemv="v2", seqs_max=seqs_max)
+    m = _manifest("tiny", gemv="v2", seqs_max=seqs_max, batch_proj="mma")
     km.verify(km.parse_manifest(gq.dumps(m)))
     for op in OPS:
         launches = m["ops"][op]["launches"]
@@ -151,10 +151,10 @@ def test_a_tile_past_the_shared_memory_limit_is_refused() -> None:
     """Qwen3-8B's down projection (k = 12288: 384 chunks, cluster 8, 48 per rank): the m64 tile's X slice is 192 KiB,
     with the static reductions past the 227 KiB a block may have; m32 fits."""
     with pytest.raises(gq.ManifestBuildError) as err:
-        _manifest("qwen3-8b", gemv="v2", seqs_max=64)
+        _manifest("qwen3-8b", gemv="v2", seqs_max=64, batch_proj="mma")
     msg = str(err.value)
     assert "seqs_max (--seqs-max) 64" in msg and "kern_mma_residual_m64" in msg and "k = 12288" in msg, msg
-    m = _manifest("qwen3-8b", gemv="v2", seqs_max=32)
+    m = _manifest("qwen3-8b", gemv="v2", seqs_max=32, batch_proj="mma")
     assert m["ops"]["gemv_down_act"]["launches"][-1]["entry"] == "kern_mma_residual_m32"
 
 
@@ -176,8 +176,8 @@ def test_geometry_helpers() -> None:
 def test_cli_seqs_max(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     kernels = stub_kernels(tmp_path / "kernels")
     out = tmp_path / "tiny.json"
-    assert kern_manifest_build(["--shape", "tiny", "--gemv", "v2", "--seqs-max", "16", "--kernels", str(kernels),
-                                "--out", str(out)]) == 0
+    assert kern_manifest_build(["--shape", "tiny", "--gemv", "v2", "--seqs-max", "16", "--batch-proj", "mma",
+                                "--kernels", str(kernels), "--out", str(out)]) == 0
     m = json.loads(out.read_text())
     assert m["vars"]["seqs"]["max"] == 16
     assert [l["entry"] for l in m["ops"]["gemv_o"]["launches"]] == [
@@ -211,3 +211,33 @@ def test_every_mma_entry_waits_before_it_can_exit() -> None:
         body = sass[entry]
         assert any(i.op.startswith("ACQBULK") for i in body), f"{entry}: no ACQBULK"
         assert sass_paths.unwaited_exits(body) == [], f"{entry}: an EXIT reachable without the wait"
+
+
+def test_seqs_max_64_cublaslt_projections_follow_the_bs1_launch() -> None:
+    """The default batch_proj "cublaslt": after the bs = 1 GEMV launch (seqs [1, 1]) each op runs, at seqs [2, 64],
+    the RMSNorm prologue into its scratch `normed`, the cuBLASLt GEMM (m = seqs), and for gate_up kern_silu_mul from
+    scratch `gate_up` into act; o and down accumulate into the residual (beta = 1). The manifest verifies (each
+    multi-launch alternative is a run of launches with one `when` box)."""
+    km = pytest.importorskip("kern_manifest")
+    m = _manifest(gemv="v2", seqs_max=64)
+    km.verify(km.parse_manifest(gq.dumps(m)))
+    bs1 = _manifest(gemv="v2")["ops"]
+    two = {"seqs": [2, 64]}
+    for op, kinds in (("gemv_qkv", ["kern_add_rmsnorm", "cublaslt_bf16_tn"]),
+                      ("gemv_lm_head", ["kern_add_rmsnorm", "cublaslt_bf16_tn"]),
+                      ("gemv_gate_up_act", ["kern_add_rmsnorm", "cublaslt_bf16_tn", "kern_silu_mul"]),
+                      ("gemv_o", ["cublaslt_bf16_tn_acc"]), ("gemv_down_act", ["cublaslt_bf16_tn_acc"])):
+        first, *rest = m["ops"][op]["launches"]
+        assert first == {**bs1[op]["launches"][0], "when": {"seqs": [1, 1]}}, op
+        assert [l.get("entry", l.get("extern")) for l in rest] == kinds, op
+        assert all(l["when"] == two for l in rest), op
+        gemm = next(l for l in rest if "extern" in l)
+        assert gemm["args"][3] == {"expr": "seqs", "type": "i64"}, op
+    qkv = m["ops"]["gemv_qkv"]
+    assert qkv["scratch"] == {"normed": "seqs * 5120"}
+    assert qkv["launches"][2]["args"][:3] == [{"scratch": "normed"}, {"arg": "w"}, {"arg": "y"}]
+    gate_up = m["ops"]["gemv_gate_up_act"]
+    assert gate_up["scratch"] == {"normed": "seqs * 5120", "gate_up": f"seqs * {2 * 9728 * 2}"}
+    assert gate_up["launches"][3]["args"][:2] == [{"scratch": "gate_up"}, {"arg": "y"}]
+    assert m["ops"]["gemv_o"]["launches"][1]["args"][:3] == [{"arg": "x"}, {"arg": "w"}, {"arg": "residual"}]
+    assert "gemv_mma" not in m["modules"]

@@ -310,6 +310,8 @@ def test_cli_refusals_are_one_line_and_write_nothing(tmp_path: Path, capsys: pyt
 # ---------------------------------------------------------------- verification, the runtime's compiler
 
 @pytest.mark.parametrize("shape,opts", [("tiny", {}), ("qwen3-4b", {"decode": "gemm", "seqs_max": 64}),
+                                        ("qwen3-4b", {"gemv": "v2", "seqs_max": 64}),
+                                        ("qwen3-4b", {"gemv": "v2", "seqs_max": 64, "decode_attn": "stream"}),
                                         ("qwen3-0.6b", {"hist_cap": 1})])
 def test_the_built_manifest_verifies_and_compiles(shape: str, opts: dict) -> None:
     from kern_manifest import parse_manifest, verify
@@ -328,8 +330,9 @@ def test_the_built_manifest_verifies_and_compiles(shape: str, opts: dict) -> Non
     seqs = opts.get("seqs_max", 1)
     for pname in ("load", "prefill", "decode", "top_logprobs"):
         recs, _ = records.compile_program(spec, pname, book, lambda op, li: None)
-        for rec in recs:
-            rec.patch({"tokens": seqs, "seqs": seqs})
+        for value in {1, 2, seqs}:
+            for rec in recs:
+                rec.patch({"tokens": value, "seqs": value})
         if pname == "decode":
             assert records.program_reads(recs) == {"tokens", "seqs"}  # the graph key: the params never re-capture
     assert len(records.compile_program(spec, "top_logprobs", book, lambda op, li: None)[0]) == 1
