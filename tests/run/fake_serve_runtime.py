@@ -1,4 +1,6 @@
-"""FakePoolRuntime plus the runtime call kern serve's scheduler uses beyond kern_run.prefix_cache's."""
+"""FakePoolRuntime plus what kern serve's engine and scheduler use beyond kern_run.prefix_cache's: `checkpoint`,
+`read_output(name, rows)` (the engine reads back the rows of its bucket), and all-padding decode steps (the
+engine's warm-up at load: every row on the scratch page, nothing to predict)."""
 
 from __future__ import annotations
 
@@ -8,7 +10,21 @@ from fake_pool_runtime import FakePoolRuntime
 class ServedFakeRuntime(FakePoolRuntime):
     """`checkpoint`, its plan executed on the fake KV (`kern_pool`, the Pool, is FakeRuntime's already)."""
 
+    warm_steps = 0
+
     def checkpoint(self, lease, num_tokens: int):  # type: ignore[no-untyped-def]
         cp = self.kern_pool.checkpoint(lease, num_tokens)
         self._run(cp.plan)
         return cp
+
+    def issue(self, program: str, values: dict[str, int], eager: bool = False) -> None:
+        padding = (program == "decode" and not self.inputs["block_table"][0].any()
+                   and not self.inputs["positions"][:values["tokens"]].any())
+        if padding:  # the warm-up: writes only the scratch slot, reads nothing
+            self.warm_steps += 1
+            return
+        super().issue(program, values, eager)
+
+    def read_output(self, name: str, rows: int | None = None):  # type: ignore[no-untyped-def]
+        assert name == "next_token" and rows in (None, 1), (name, rows)  # one row: the manifest's seqs max is 1
+        return self.next_token.copy()

@@ -28,7 +28,7 @@ def served_runtime(monkeypatch: pytest.MonkeyPatch) -> list[ServedFakeRuntime]:
 
 
 @pytest.mark.parametrize("flags, needle", [
-    (["--max-seqs", "2"], "--max-seqs 2: today's runtime decodes 1 sequence per step (batched decode is issue 26)"),
+    (["--max-seqs", "0"], "--max-seqs 0: expected 1..1024 (the manifest's seqs var max caps it further)"),
     (["--port", "70000"], "--port 70000: expected 0..65535"),
     (["--max-queue", "0"], "--max-queue 0: expected >= 1"),
     (["--host-gib", "-1"], "--host-gib -1.0: expected 0..4096 GiB"),
@@ -52,13 +52,12 @@ def test_flag_refusals_are_one_line(with_device, served_runtime, tiny_manifest: 
     (["--drain-timeout", "nan"], "--drain-timeout nan: expected 0..86400 seconds"),
     (["--drain-timeout", "inf"], "--drain-timeout inf: expected 0..86400 seconds"),
     (["--token-budget", "0"], "--token-budget 0: expected >= 1 (and at least chunk + max-seqs)"),
-    (["--max-seqs", "2"], "--max-seqs 2: today's runtime decodes 1 sequence per step (batched decode is issue 26): "
-                          "pass --max-seqs 1"),
+    (["--max-seqs", "2000"], "--max-seqs 2000: expected 1..1024 (the manifest's seqs var max caps it further)"),
 ])
 def test_flag_refusals_come_before_any_device_probe(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
                                                      flags: list[str], line: str) -> None:
-    """NaN / infinite / huge --host-gib and --drain-timeout, and --token-budget 0, were accepted; --max-seqs 2 was
-    refused only after the device probe."""
+    """NaN / infinite / huge --host-gib and --drain-timeout, and --token-budget 0, were accepted; --max-seqs out of
+    range is refused before the device probe too."""
     from kern_run import session
     from kern_run.errors import NoDeviceError
 
@@ -102,7 +101,8 @@ def test_build_serves_the_target(with_device, served_runtime, tiny_manifest: Pat
                                        "total_tokens": len(ids) + 7}
         assert two.text.endswith("data: [DONE]\n\n")
         assert sampled.status_code == 400 and sampled.json()["error"]["param"] == "temperature"
-        assert "issue 26" in sampled.json()["error"]["message"]
+        assert "meta.caller.sampling" in sampled.json()["error"]["message"]
+        assert loop.engine.max_seqs == 1 and served_runtime[0].warm_steps == 1  # seqs max 1: one bucket warmed
         assert models.json()["data"][0]["max_model_len"] == 1024
         assert loop.scheduler.stats.reused_tokens == (len(ids) - 1) // 16 * 16  # the second request reused it
         held = served_runtime[0].kern_pool.held_pages  # the cached prefix, read through RuntimeMemory

@@ -93,5 +93,5 @@ def test_refusals(facts: ManifestFacts) -> None:
     assert greedy_only_fault(SamplingParams()) is None
     assert greedy_only_fault(SamplingParams(repetition_penalty=1.2))[0] == "repetition_penalty"
     assert greedy_only_fault(SamplingParams(logprobs=True, top_logprobs=2)) == ("logprobs", (
-        "logprobs 2 needs GPU sampling, which this engine does not have yet (issue 26: batched decode and sampling); "
-        "it decodes greedily: send logprobs none or leave it out"))
+        "logprobs 2 needs GPU sampling, which this manifest's decode program lacks (no meta.caller.sampling: it "
+        "decodes by argmax); send logprobs none or leave it out, or serve a manifest built with the GPU sampler"))
