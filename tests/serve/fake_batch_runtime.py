@@ -54,15 +54,19 @@ def manifest_dict(hist_cap: int = 64, seqs_max: int = 64, sampling: bool = True,
     caller = m["meta"]["caller"]
     if not sampling:
         caller.pop("sampling", None)
-    elif "sampling" not in caller:  # the pre-sampler builder: add what sampling_io.py reads, at its defaults
+    elif "sampling" not in caller:  # the pre-sampler builder: add the sampler builder's buffers and meta
         m["buffers"]["sample_params"] = {"kind": "input", "dtype": "u32", "shape": ["seqs", 12]}
         m["buffers"]["hist_tokens"] = {"kind": "input", "dtype": "i32", "shape": ["seqs", hist_cap]}
         m["buffers"]["hist_counts"] = {"kind": "input", "dtype": "i32", "shape": ["seqs", hist_cap]}
-        caller["sampling"] = {}
+        caller["sampling"] = {"sampler": "gpu", "params": "sample_params", "hist_tokens": "hist_tokens",
+                              "hist_counts": "hist_counts", "hist_cap": hist_cap, "packing": "packed",
+                              "init": "greedy"}
         if top_program:
             m["buffers"]["top_ids"] = {"kind": "output", "dtype": "i32", "shape": ["seqs", TOP_N]}
             m["buffers"]["top_logprobs"] = {"kind": "output", "dtype": "f32", "shape": ["seqs", TOP_N]}
             m["programs"]["top_logprobs"] = {"kind": "run", "calls": []}
+            caller["sampling"]["top_logprobs"] = {"program": "top_logprobs", "n_top": TOP_N, "ids": "top_ids",
+                                                  "logprobs": "top_logprobs"}
     return m
 
 

@@ -117,6 +117,12 @@ def test_rows_padding_bucket_and_the_packed_readback(manifest) -> None:
     engine.decode([DecodeRow(2, 5, len(b) + 1, out2[1].token_id, pb, sb)])
     assert writes(rt, "block_table") == [1] and not buf["block_table"][0].any()
     assert buf["positions"][0] == 0 and engine.buckets[-1] == 8
+    assert writes(rt, "sample_params") == [1] and unpack_params(buf["sample_params"][0]) == params_of(GREEDY)
+    # row 5 leaves too and a new request takes row 0: bucket 1, rows 1..7 untouched
+    rt.writes.clear()
+    engine.decode([DecodeRow(3, 0, len(a) - 1, a[-1], pa, sb, tuple(a))])
+    assert engine.buckets[-1] == 1 and writes(rt, "sample_params") == [1] and writes(rt, "token_ids") == [1]
+    assert unpack_params(buf["sample_params"][5]) == params_of(sb)  # not in the bucket: not rewritten
 
 
 def test_block_table_rows_are_written_when_they_change(manifest) -> None:
@@ -228,6 +234,12 @@ def test_top_logprobs_run_the_top_program_only_when_asked(manifest) -> None:
     t = out[0].token_id
     assert out[0].top_logprobs == ((t, -0.125), ((t + 1) % VOCAB, -0.625), ((t + 2) % VOCAB, -1.125))
     assert out[0].logprob is not None and out[0].logprob <= 0
+    assert rt.readbacks[-2:] == [("top_ids", 1), ("top_logprobs", 1)]
+    rt.buffers["top_ids"][0, 1] = -1  # past the vocabulary: left out
+    rt.issues.clear()
+    rt._top = lambda rows: None  # keep the ids as set
+    out = engine.decode([DecodeRow(2, 0, 3, t, (1,), sp)])
+    assert [i for i, _ in out[0].top_logprobs] == [t, (t + 2) % VOCAB]
 
 
 def test_a_new_request_without_history_is_a_protocol_error(manifest) -> None:
@@ -265,16 +277,23 @@ def test_sampling_block_refusals() -> None:
             del m["buffers"][drop]
         return parse_manifest(m)
 
-    for block, drop, needle in (
+    base = manifest_dict()["meta"]["caller"]["sampling"]
+    for change, drop, needle in (
             ([1], None, r"\$\.meta\.caller\.sampling = \[1\] must be an object"),
             ({"params": 5}, None, r"sampling\.params = 5 must name a buffer"),
             ({}, "hist_counts", r"names buffer 'hist_counts', which the manifest lacks"),
             ({"params": "hist_tokens"}, None, r"rows are 64 x i32, expected 48 bytes"),
             ({"hist_cap": 65}, None, r"hist_cap = 65 with history buffers \[64, 64\]"),
-            ({"top_program": "nope"}, None, r"names program 'nope', which the manifest lacks")):
+            ({"packing": "plain"}, None, r"sampling\.packing = \"plain\": kern serve reads 'packed' only"),
+            ({"sampler": "cpu"}, None, r"sampling\.sampler = \"cpu\""),
+            ({"top_logprobs": {**base["top_logprobs"], "program": "nope"}}, None,
+             r"top_logprobs\.program names program 'nope', which the manifest lacks"),
+            ({"top_logprobs": {**base["top_logprobs"], "n_top": 21}}, None, r"top_logprobs\.n_top = 21"),
+            ({"top_logprobs": 3}, None, r"top_logprobs = 3 must be an object")):
+        block = change if isinstance(change, list) else {**base, **change}
         with pytest.raises(RunConfigError, match=needle):
             read_sampling_io(with_block(block, drop), "m.json")
-    assert read_sampling_io(with_block({"top_program": None})).top_n == 0
+    assert read_sampling_io(with_block({k: v for k, v in base.items() if k != "top_logprobs"})).top_n == 0
 
 
 # ------------------------------------------------------------------- the scheduler over the engine, 64 rows

@@ -23,7 +23,9 @@ from host mirrors that hold what every row should be):
 - token_ids, positions, slot_mapping, seq_lens: every step, B rows.
 - block_table: rows 0..r when row r's pages on the device differ from what the step needs (a new request, a
   page grown, a row turned padding, or row 0 after a prefill wrote its own pages there).
-- sampling params (`pack_params`): rows 0..r when row r's request changed.
+- sampling params (`pack_params`): rows 0..r when row r's request changed, when row r turned padding (a
+  padding row is set greedy, the sampler's cheapest path: docs/caller.md "Sampling"), or when the request
+  that skipped a step comes back to its row (its params are kept on the host meanwhile).
 - history (`history_counts` / `pack_history` of the request's prompt and generated tokens, the first
   hist_cap distinct ids): rows 0..r when row r's request changed, or when its history on the device is stale.
   The graph appends each step's sampled token to every row of the bucket, padding rows included; the host
@@ -100,12 +102,15 @@ class RuntimeEngine:
         self._table = np.zeros((rows, facts.pages_per_seq), dtype=np.int32)  # i32[rows, pages_per_seq] mirror
         self._table_rows: list[tuple[int, ...]] = [()] * rows  # the page ids each mirror row holds (): scratch
         self._device_rows: list[tuple[int, ...] | None] = [None] * rows  # ... each device row holds (None: unknown)
-        self._row_req: list[int | None] = [None] * rows  # the request whose parameters each device row holds
+        self._row_req: list[int | None] = [None] * rows  # the request each row's mirrors belong to (its owner)
         self.buckets: list[int] = []  # the bucket of every decode step (for tests and logs)
         if self.io is not None:
             cap = self.io.hist_cap
             greedy = np.frombuffer(pack_params([SamplingParams()]), dtype=self.io.params_dtype)
-            self._params = np.tile(greedy, (rows, 1))  # [rows, 48 / itemsize] mirror: greedy rows at load
+            self._greedy = greedy
+            self._params = np.tile(greedy, (rows, 1))  # [rows, 48 / itemsize]: what each device row should hold
+            self._owner_params = self._params.copy()  # the params of the request each row belongs to
+            self._params_owned = [False] * rows  # _params[b] is its owner's (else greedy: padding or unowned)
             self._hist_tokens = np.full((rows, cap), -1, dtype=np.int32)  # i32[rows, hist_cap] mirror
             self._hist_counts = np.zeros((rows, cap), dtype=np.int32)
             self._hist: list[_History | None] = [None] * rows  # the mirror of each penalizing row
@@ -227,24 +232,34 @@ class RuntimeEngine:
             self._hist_tokens[r, slot] = token
             self._hist_counts[r, slot] = 1
 
-    def _sampling_inputs(self, rows: Sequence[DecodeRow]) -> None:
+    def _sampling_inputs(self, rows: Sequence[DecodeRow], bucket: int) -> None:
         io = self.io
         assert io is not None
         params_high = hist_high = 0
+        live = {r.row for r in rows}
+        for b in range(bucket):
+            if b not in live and self._params_owned[b]:  # padding this step: greedy (the owner may come back)
+                self._params[b] = self._greedy
+                self._params_owned[b] = False
+                params_high = b + 1
         for r in rows:
             changed = self._row_req[r.row] != r.req_id
             if changed and r.history is None:
                 raise ConfigError(f"decode row {r.row}: request {r.req_id} is new in the row but carries no history "
                                   "(the scheduler passes it when it places a request)")
             if changed or r.history is not None:
-                self._params[r.row] = np.frombuffer(pack_params([r.sampling]), dtype=io.params_dtype)
+                self._owner_params[r.row] = np.frombuffer(pack_params([r.sampling]), dtype=io.params_dtype)
                 self._row_req[r.row] = r.req_id
-                params_high = max(params_high, r.row + 1)
+                self._params_owned[r.row] = False
                 if r.sampling.penalizes:
                     self._set_history(r.row, r.history)  # type: ignore[arg-type]
                 else:
                     self._hist[r.row] = None
                 self._hist_ok[r.row] = False
+            if not self._params_owned[r.row]:
+                self._params[r.row] = self._owner_params[r.row]
+                self._params_owned[r.row] = True
+                params_high = max(params_high, r.row + 1)
             if r.sampling.penalizes and not self._hist_ok[r.row]:
                 hist_high = max(hist_high, r.row + 1)
         if params_high:
@@ -264,7 +279,7 @@ class RuntimeEngine:
             for r in rows:
                 assert greedy_only_fault(r.sampling) is None, r.sampling  # the HTTP layer refuses the rest
         else:
-            self._sampling_inputs(rows)
+            self._sampling_inputs(rows, bucket)
         self._step_inputs(rows, bucket)
         self.rt.issue("decode", {"tokens": bucket, "seqs": bucket}, eager=self.eager)
         top = max(r.sampling.top_logprobs for r in rows)
@@ -278,8 +293,8 @@ class RuntimeEngine:
         tokens, logprobs = unpack_next_token(raw)
         top_ids = top_lps = None
         if top:
-            top_ids = np.asarray(self.rt.read_buffer(io.top_ids, rows=bucket)).view(np.int32)  # i32[bucket, top_n]
-            top_lps = np.asarray(self.rt.read_buffer(io.top_logprobs, rows=bucket)).view(np.float32)
+            top_ids = np.asarray(self.rt.read_output(io.top_ids, rows=bucket)).view(np.int32)  # i32[bucket, top_n]
+            top_lps = np.asarray(self.rt.read_output(io.top_logprobs, rows=bucket)).view(np.float32)
         out = []
         live = set()
         for r in rows:
@@ -293,7 +308,8 @@ class RuntimeEngine:
             pairs: tuple[tuple[int, float], ...] = ()
             if n:
                 assert top_ids is not None and top_lps is not None
-                pairs = tuple((int(t), float(v)) for t, v in zip(top_ids[r.row, :n], top_lps[r.row, :n]))
+                pairs = tuple((int(t), float(v)) for t, v in zip(top_ids[r.row, :n], top_lps[r.row, :n])
+                              if t >= 0)  # id -1: past the vocabulary
             out.append(Sampled(token, float(logprobs[r.row]) if r.sampling.logprobs else None, pairs))
         for b in range(bucket):
             if b not in live:
