@@ -1,9 +1,12 @@
 """FakePoolRuntime plus what kern serve's engine and scheduler use beyond kern_run.prefix_cache's: `checkpoint`,
-`read_output(name, rows)` (the engine reads back the rows of its bucket), and all-padding decode steps (the
-engine's warm-up at load: every row on the scratch page, nothing to predict)."""
+`read_output(name, rows)` (the engine reads back the rows of its bucket), all-padding decode steps (the
+engine's warm-up at load: every row on the scratch page, nothing to predict), and the decode program's
+decode_advance (the next step's inputs written "on the device", as the tiny manifest's decode ends), which the
+engine relies on when a step continues the last one."""
 
 from __future__ import annotations
 
+import numpy as np
 from fake_pool_runtime import FakePoolRuntime
 
 
@@ -24,6 +27,14 @@ class ServedFakeRuntime(FakePoolRuntime):
             self.warm_steps += 1
             return
         super().issue(program, values, eager)
+        if program == "decode":  # kern_decode_advance, one row
+            P = self.page_tokens
+            p = int(self.inputs["positions"][0]) + 1
+            table = self.inputs["block_table"][0]
+            slot = int(table[p // P]) * P + p % P if p // P < table.size else -1
+            for name, value in (("token_ids", int(self.next_token[0])), ("positions", p), ("seq_lens", p + 1),
+                                ("slot_mapping", slot)):
+                self.inputs[name] = np.asarray([value], dtype=np.int32)
 
     def read_output(self, name: str, rows: int | None = None):  # type: ignore[no-untyped-def]
         assert name == "next_token" and rows in (None, 1), (name, rows)  # one row: the manifest's seqs max is 1

@@ -8,7 +8,9 @@ kern_pool plans on its KV store, so it is also `PoolMemory`'s executor.
 
 A decode step at bucket B checks every row b < B: a padding row must be all scratch (block-table row of
 zeros, token 0, position 0, seq_len 1, slot 0); a live row's slot must follow from its block-table row and its
-seq_len from its position. Row b's token is a hash of the ids its block table reads back at positions
+seq_len from its position. Like the manifest's decode_advance, it then writes the next step's token, position,
+seq_len and slot of every row of the bucket itself (so an engine that skips writing them when they are right
+is checked too). Row b's token is a hash of the ids its block table reads back at positions
 0..position, mixed with its sampling params row (temperature, seed, position) and, when it penalizes, with
 its history row; so a wrong page, stale params or a stale history changes the output. The step then appends
 the token to every row's history (padding rows too), as kern_sample_history_append does, and packs
@@ -78,7 +80,8 @@ def batched_manifest(hist_cap: int = 64, seqs_max: int = 64, sampling: bool = Tr
 def facts_of(manifest: Any) -> ManifestFacts:
     at_max = var_max(manifest.vars)
     pages_per_seq = manifest.buffers["block_table"].shape_at(at_max)[-1]
-    return ManifestFacts(manifest, manifest.vars["tokens"].max, 16, pages_per_seq, True, None)
+    advance = manifest.meta["caller"].get("decode_advance") if manifest.meta else None
+    return ManifestFacts(manifest, manifest.vars["tokens"].max, 16, pages_per_seq, True, advance)
 
 
 def _mix(*values: int) -> int:
@@ -152,6 +155,7 @@ class FakeBatchRuntime:
         self.issues: list[tuple[str, dict[str, int], bool]] = []
         self.readbacks: list[tuple[str, int | None]] = []
         self.last_tokens: np.ndarray = np.zeros(0, dtype=np.int32)
+        self.seen: list[dict[str, np.ndarray]] = []  # each decode step's per-row inputs, as the step read them
 
     # ---------------------------------------------------------------- the runtime API the engine uses
 
@@ -219,6 +223,8 @@ class FakeBatchRuntime:
     def _decode(self, rows: int) -> None:
         b = self.buffers
         P = self.page_tokens
+        self.seen.append({k: b[k][:rows].copy() for k in ("token_ids", "positions", "slot_mapping", "seq_lens",
+                                                           "block_table")})
         out = np.zeros(rows, dtype=np.int32)
         lps = np.zeros(rows, dtype=np.float32)
         for r in range(rows):
@@ -254,6 +260,12 @@ class FakeBatchRuntime:
                     if free.size:
                         toks[free[0]], counts[free[0]] = out[r], 1
         self.last_tokens = out
+        if self.manifest.meta["caller"].get("decode_advance") is not None:  # kern_decode_advance(_packed)
+            for r in range(rows):
+                p = int(b["positions"][r]) + 1
+                table = b["block_table"][r]
+                b["token_ids"][r], b["positions"][r], b["seq_lens"][r] = out[r], p, p + 1
+                b["slot_mapping"][r] = int(table[p // P]) * P + p % P if p // P < table.size else -1
 
     def _top(self, rows: int) -> None:
         assert self.io is not None

@@ -96,9 +96,10 @@ def test_rows_padding_bucket_and_the_packed_readback(manifest) -> None:
     buf = rt.buffers
     assert buf["block_table"][0, 0] == 1 and buf["block_table"][5, 0] == 2
     assert not buf["block_table"][1:5].any() and not buf["block_table"][6:8].any()  # padding rows: scratch
-    assert buf["positions"][:8].tolist() == [7, 0, 0, 0, 0, 5, 0, 0]
-    assert buf["seq_lens"][:8].tolist() == [8, 1, 1, 1, 1, 6, 1, 1]
-    assert buf["slot_mapping"][:8].tolist() == [16 + 7, 0, 0, 0, 0, 32 + 5, 0, 0]
+    seen = rt.seen[-1]
+    assert seen["positions"].tolist() == [7, 0, 0, 0, 0, 5, 0, 0]
+    assert seen["seq_lens"].tolist() == [8, 1, 1, 1, 1, 6, 1, 1]
+    assert seen["slot_mapping"].tolist() == [16 + 7, 0, 0, 0, 0, 32 + 5, 0, 0]
     assert writes(rt, "token_ids") == writes(rt, "seq_lens") == [8]
     assert writes(rt, "sample_params") == [6]  # rows 0..5: both requests are new
     assert writes(rt, "hist_tokens") == []  # neither penalizes: the history is never read
@@ -116,7 +117,7 @@ def test_rows_padding_bucket_and_the_packed_readback(manifest) -> None:
     rt.writes.clear()
     engine.decode([DecodeRow(2, 5, len(b) + 1, out2[1].token_id, pb, sb)])
     assert writes(rt, "block_table") == [1] and not buf["block_table"][0].any()
-    assert buf["positions"][0] == 0 and engine.buckets[-1] == 8
+    assert rt.seen[-1]["positions"][0] == 0 and engine.buckets[-1] == 8
     assert writes(rt, "sample_params") == [1] and unpack_params(buf["sample_params"][0]) == params_of(GREEDY)
     # row 5 leaves too and a new request takes row 0: bucket 1, rows 1..7 untouched
     rt.writes.clear()
@@ -140,7 +141,7 @@ def test_block_table_rows_are_written_when_they_change(manifest) -> None:
     engine.decode(rows)
     assert writes(rt, "block_table") == [2]
     assert rt.buffers["block_table"][1, :3].tolist() == [11, 40, 0] and rt.buffers["block_table"][0, 0] == 10
-    assert rt.buffers["slot_mapping"][1] == 40 * 16
+    assert rt.seen[-1]["slot_mapping"][1] == 40 * 16
 
 
 def test_prefill_takes_row_0_and_decode_restores_it(manifest) -> None:
@@ -347,3 +348,32 @@ def test_64_rows_through_the_scheduler_match_each_request_alone(manifest) -> Non
     assert sched.stats.reused_tokens > 0
     sched.prefix.clear()
     assert pool.held_pages == 0
+
+
+def test_inputs_the_device_advanced_are_not_written_again(manifest) -> None:
+    rt, engine = make(manifest)
+    prompt = list(range(40, 50))
+    pages = (1, 2)
+    prefill_all(rt, engine, prompt, pages)
+    ids = list(prompt)
+    for step in range(20):  # positions 9..28: page 2 (positions 16..31) is already in the row
+        out = engine.decode([DecodeRow(1, 0, len(ids) - 1, ids[-1], pages, GREEDY, tuple(ids) if step == 0 else None)])
+        ids.append(out[0].token_id)
+    assert ids[10:] == [t for t, _ in expected(prompt, 20, params_of(GREEDY), None)]
+    assert writes(rt, "token_ids") == [9, 1]  # the prefill chunk, then the first decode step only
+    assert engine.advanced_steps == 19
+    # with a padding row in the bucket (rows 0 and 2 of bucket 4) every step writes them: the device advanced
+    # the padding rows too, off position 0
+    rt2, engine2 = make(manifest)
+    a, b = [5, 6, 7], [8, 9, 10]
+    prefill_all(rt2, engine2, a, (1,))
+    prefill_all(rt2, engine2, b, (2,))
+    ids_a, ids_b = list(a), list(b)
+    for step in range(6):
+        ha, hb = (tuple(ids_a), tuple(ids_b)) if step == 0 else (None, None)
+        out = engine2.decode([DecodeRow(1, 0, len(ids_a) - 1, ids_a[-1], (1,), GREEDY, ha),
+                              DecodeRow(2, 2, len(ids_b) - 1, ids_b[-1], (2,), GREEDY, hb)])
+        ids_a.append(out[0].token_id)
+        ids_b.append(out[1].token_id)
+    assert engine2.advanced_steps == 0 and writes(rt2, "positions")[-6:] == [4] * 6
+    assert ids_b[3:] == [t for t, _ in expected(b, 6, params_of(GREEDY), None)]

@@ -20,7 +20,10 @@ issued eagerly behind the step, before the readback.
 What is written when (runtime.write_input writes a prefix of rows, so a change at row r rewrites rows 0..r
 from host mirrors that hold what every row should be):
 
-- token_ids, positions, slot_mapping, seq_lens: every step, B rows.
+- token_ids, positions, slot_mapping, seq_lens: every step, B rows; except where the manifest's decode program
+  advances them itself (`meta.caller.decode_advance`) and this step is the last one's rows, one position on,
+  with every row of the bucket live, no block-table row changed and no prefill between: then the device
+  already holds them.
 - block_table: rows 0..r when row r's pages on the device differ from what the step needs (a new request, a
   page grown, a row turned padding, or row 0 after a prefill wrote its own pages there).
 - sampling params (`pack_params`): rows 0..r when row r's request changed, when row r turned padding (a
@@ -104,6 +107,9 @@ class RuntimeEngine:
         self._device_rows: list[tuple[int, ...] | None] = [None] * rows  # ... each device row holds (None: unknown)
         self._row_req: list[int | None] = [None] * rows  # the request each row's mirrors belong to (its owner)
         self.buckets: list[int] = []  # the bucket of every decode step (for tests and logs)
+        self.advanced_steps = 0  # decode steps whose per-row inputs the device had advanced (nothing written)
+        self._advances = facts.decode_advance is not None
+        self._expect: dict[int, tuple[int, int, int]] | None = None  # row -> (req, position, token) advanced
         if self.io is not None:
             cap = self.io.hist_cap
             greedy = np.frombuffer(pack_params([SamplingParams()]), dtype=self.io.params_dtype)
@@ -135,6 +141,7 @@ class RuntimeEngine:
         if self.io is not None and self.io.top_program is not None:
             self.rt.issue(self.io.top_program, {"tokens": bucket, "seqs": bucket}, eager=True)
         self.rt.read_output(self._next_token_name, rows=1)  # synchronises
+        self._expect = None
         if self.io is not None:
             self._hist_ok = [False] * self._rows  # padding tokens were appended everywhere
         return warmed
@@ -154,9 +161,9 @@ class RuntimeEngine:
             self._table[r, :len(pages)] = pages
         self._table_rows[r] = pages
 
-    def _write_table(self, want: Sequence[tuple[int, ...]]) -> None:
+    def _write_table(self, want: Sequence[tuple[int, ...]]) -> bool:
         """Make device block-table rows 0..len(want)-1 hold `want` (page ids; (): scratch), writing rows 0..r for
-        the highest row r that differs."""
+        the highest row r that differs. True when it wrote."""
         high = 0
         for r, pages in enumerate(want):
             if self._table_rows[r] != pages:
@@ -166,12 +173,14 @@ class RuntimeEngine:
         if high:
             self.rt.write_input("block_table", self._table[:high])
             self._device_rows[:high] = self._table_rows[:high]
+        return bool(high)
 
     # ---------------------------------------------------------------- prefill
 
     def prefill(self, chunk: PrefillChunk) -> None:
         length = len(chunk.token_ids)
         assert 1 <= length <= self.chunk_tokens, (length, self.chunk_tokens)  # the scheduler cuts chunks
+        self._expect = None  # the per-row inputs are overwritten
         if self._device_rows[0] != chunk.page_ids:  # prefill runs at seqs = 1: block-table row 0
             row = np.zeros((1, self.facts.pages_per_seq), dtype=np.int32)  # i32[1, pages_per_seq]
             row[0, :len(chunk.page_ids)] = chunk.page_ids
@@ -187,8 +196,18 @@ class RuntimeEngine:
     # ---------------------------------------------------------------- decode
 
     def _step_inputs(self, rows: Sequence[DecodeRow], bucket: int) -> None:
-        """The per-row inputs of a step at `bucket` (padding rows: token 0, position 0, seq_len 1, slot 0)."""
+        """The per-row inputs of a step at `bucket` (padding rows: token 0, position 0, seq_len 1, slot 0), left
+        as the device advanced them when they are what this step needs (module docstring)."""
         want: list[tuple[int, ...]] = [()] * bucket
+        for r in rows:
+            want[r.row] = r.page_ids
+        wrote_table = self._write_table(want)
+        expect = self._expect
+        self._expect = None
+        if (expect is not None and not wrote_table and len(rows) == bucket == len(expect)
+                and all(expect.get(r.row) == (r.req_id, r.position, r.token_id) for r in rows)):
+            self.advanced_steps += 1
+            return
         tokens = np.zeros(bucket, dtype=np.int32)  # i32[bucket]
         positions = np.zeros(bucket, dtype=np.int32)
         slots = np.zeros(bucket, dtype=np.int32)
@@ -196,12 +215,10 @@ class RuntimeEngine:
         P = self.page_tokens
         for r in rows:
             p = r.position
-            want[r.row] = r.page_ids
             tokens[r.row] = r.token_id
             positions[r.row] = p
             slots[r.row] = r.page_ids[p // P] * P + p % P
             lens[r.row] = p + 1
-        self._write_table(want)
         self.rt.write_input("token_ids", tokens)
         self.rt.write_input("positions", positions)
         self.rt.write_input("slot_mapping", slots)
@@ -270,6 +287,11 @@ class RuntimeEngine:
             for b in range(hist_high):
                 self._hist_ok[b] = True
 
+    def _advanced(self, rows: Sequence[DecodeRow], tokens: np.ndarray) -> None:
+        """What the device's decode_advance left in the per-row inputs for the next step."""
+        if self._advances:
+            self._expect = {r.row: (r.req_id, r.position + 1, int(tokens[r.row])) for r in rows}
+
     def decode(self, rows: Sequence[DecodeRow]) -> list[Sampled]:
         assert 1 <= len(rows) <= self.max_seqs and len({r.row for r in rows}) == len(rows), [r.row for r in rows]
         bucket = decode_bucket(max(r.row for r in rows) + 1, self.seqs_max)
@@ -289,8 +311,11 @@ class RuntimeEngine:
         raw = self.rt.read_output(self._next_token_name, rows=bucket)  # i64[bucket]: 8 bytes a row, synchronises
         self.buckets.append(bucket)
         if io is None:
-            return [Sampled(int(raw[r.row])) for r in rows]
+            tokens = np.asarray(raw, dtype=np.int64)
+            self._advanced(rows, tokens)
+            return [Sampled(int(tokens[r.row])) for r in rows]
         tokens, logprobs = unpack_next_token(raw)
+        self._advanced(rows, tokens)
         top_ids = top_lps = None
         if top:
             top_ids = np.asarray(self.rt.read_output(io.top_ids, rows=bucket)).view(np.int32)  # i32[bucket, top_n]
