@@ -88,7 +88,7 @@ def test_rows_padding_bucket_and_the_packed_readback(manifest) -> None:
             DecodeRow(2, 5, len(b) - 1, b[-1], pb, sb, tuple(b))]
     rt.writes.clear()
     out = engine.decode(rows)
-    assert engine.buckets == [8] and rt.issues[-1] == ("decode", {"tokens": 8, "seqs": 8}, False)
+    assert list(engine.buckets) == [8] and rt.issues[-1] == ("decode", {"tokens": 8, "seqs": 8}, False)
     assert rt.readbacks == [("next_token", 8)]  # 8 bytes a row of the bucket, nothing else
     want_a = expected(a, 1, params_of(GREEDY), None)[0]
     want_b = expected(b, 1, params_of(sb), None)[0]
@@ -264,7 +264,7 @@ def test_an_argmax_manifest_serves_greedy_rows_of_plain_ids() -> None:
     a = [9, 8, 7]
     prefill_all(rt, engine, a, (1,))
     out = engine.decode([DecodeRow(1, 3, 2, 7, (1,), GREEDY, tuple(a))])
-    assert engine.buckets == [4] and out == [Sampled(expected(a, 1, params_of(GREEDY), None)[0][0])]
+    assert list(engine.buckets) == [4] and out == [Sampled(expected(a, 1, params_of(GREEDY), None)[0][0])]
     assert [w.name for w in rt.writes if w.name.startswith(("sample", "hist"))] == []
 
 
@@ -338,7 +338,7 @@ def test_64_rows_through_the_scheduler_match_each_request_alone(manifest) -> Non
             out[e.req_id].append(Sampled(e.token_id, e.logprob, e.top_logprobs))
     assert sched.idle and req == 150
     assert max(decode_steps) == 64 and 64 in engine.buckets
-    assert engine.buckets == [decode_bucket(n, 64) for n in decode_steps]  # compaction: no bucket too large
+    assert list(engine.buckets) == [decode_bucket(n, 64) for n in decode_steps]  # compaction: no bucket too large
     for i, (prompt, steps, sp) in reqs.items():
         want = expected(prompt, steps, params_of(sp), cap=64 if sp.penalizes else None)
         assert [s.token_id for s in out[i]] == [t for t, _ in want], i

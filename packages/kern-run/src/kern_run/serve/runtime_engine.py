@@ -39,6 +39,7 @@ from host mirrors that hold what every row should be):
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Any, Sequence
 
 import numpy as np
@@ -51,6 +52,7 @@ from .sampling import greedy_only_fault
 from .sampling_io import SamplingIO, read_sampling_io
 
 _LOW32 = np.uint64(0xFFFFFFFF)
+BUCKETS_KEPT = 100_000  # decode steps whose bucket `RuntimeEngine.buckets` remembers
 
 
 def unpack_next_token(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -60,15 +62,6 @@ def unpack_next_token(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     tokens = (bits & _LOW32).astype(np.uint32).view(np.int32)
     logprobs = (bits >> np.uint64(32)).astype(np.uint32).view(np.float32)
     return tokens, logprobs
-
-
-class _History:
-    """The host mirror of one penalizing row's history: token -> slot of the i32 [hist_cap] rows it owns."""
-
-    __slots__ = ("slots",)
-
-    def __init__(self) -> None:
-        self.slots: dict[int, int] = {}
 
 
 class RuntimeEngine:
@@ -106,7 +99,7 @@ class RuntimeEngine:
         self._table_rows: list[tuple[int, ...]] = [()] * rows  # the page ids each mirror row holds (): scratch
         self._device_rows: list[tuple[int, ...] | None] = [None] * rows  # ... each device row holds (None: unknown)
         self._row_req: list[int | None] = [None] * rows  # the request each row's mirrors belong to (its owner)
-        self.buckets: list[int] = []  # the bucket of every decode step (for tests and logs)
+        self.buckets: deque[int] = deque(maxlen=BUCKETS_KEPT)  # the bucket of the last decode steps (tests, logs)
         self.advanced_steps = 0  # decode steps whose per-row inputs the device had advanced (nothing written)
         self._advances = facts.decode_advance is not None
         self._expect: dict[int, tuple[int, int, int]] | None = None  # row -> (req, position, token) advanced
@@ -119,7 +112,7 @@ class RuntimeEngine:
             self._params_owned = [False] * rows  # _params[b] is its owner's (else greedy: padding or unowned)
             self._hist_tokens = np.full((rows, cap), -1, dtype=np.int32)  # i32[rows, hist_cap] mirror
             self._hist_counts = np.zeros((rows, cap), dtype=np.int32)
-            self._hist: list[_History | None] = [None] * rows  # the mirror of each penalizing row
+            self._hist: list[dict[int, int] | None] = [None] * rows  # token -> slot, each penalizing row's mirror
             self._hist_ok = [False] * rows  # device history row == mirror row
 
     # ---------------------------------------------------------------- load
@@ -231,21 +224,19 @@ class RuntimeEngine:
         tok, cnt = pack_history([pairs], io.hist_cap)
         self._hist_tokens[r] = np.frombuffer(tok, dtype="<i4")
         self._hist_counts[r] = np.frombuffer(cnt, dtype="<i4")
-        h = _History()
-        h.slots = {t: i for i, (t, _) in enumerate(pairs)}
-        self._hist[r] = h
+        self._hist[r] = {t: i for i, (t, _) in enumerate(pairs)}
 
     def _append_history(self, r: int, token: int) -> None:
         """The device's kern_sample_history_append on the host mirror of row r: count + 1 where the row holds
         `token`, else the next empty slot gets (token, 1); a full row is left as it is."""
-        h = self._hist[r]
-        assert h is not None and self.io is not None
-        slot = h.slots.get(token)
+        slots = self._hist[r]
+        assert slots is not None and self.io is not None
+        slot = slots.get(token)
         if slot is not None:
             self._hist_counts[r, slot] += 1
-        elif len(h.slots) < self.io.hist_cap:
-            slot = len(h.slots)
-            h.slots[token] = slot
+        elif len(slots) < self.io.hist_cap:
+            slot = len(slots)
+            slots[token] = slot
             self._hist_tokens[r, slot] = token
             self._hist_counts[r, slot] = 1
 
