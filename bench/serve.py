@@ -19,6 +19,9 @@ transformers' own continuous batching on the same weights and request lengths, i
     input and output lengths scaled by one factor so the longest fits `--context`, its 512-token prefix blocks
     scaled alike and filled with token ids drawn from the block's hash id (requests that share hash ids share
     those prompt tokens), arrivals at the trace's timestamps compressed into `--trace-seconds`.
+  * `prefix cold` / `prefix hit`: one request of a `--prefix-tokens` shared prefix plus 16 tokens of its own,
+    then `--prefix-hits` more with the same prefix and other suffixes, one at a time (TTFT on a prefix hit
+    against the cold TTFT).
   Every request streams (`stream: true`). Per request: TTFT = send -> first streamed chunk, TPOT = (last chunk
   - first chunk) / (tokens - 1), tokens from the usage chunk. Output tok/s = all generated tokens / (first send
   -> last response). Prefix hit rate, parks, wakes, preemptions and the mean rows of a decode step come from
@@ -128,6 +131,12 @@ def poisson_requests(n: int, rate: float, prompt_tokens: int, output_tokens: int
     """`n` requests of distinct random prompts at Poisson arrivals (`poisson_arrivals`)."""
     return [BenchRequest(at, random_prompt(prompt_tokens, seed * 100_003 + i), output_tokens)
             for i, at in enumerate(poisson_arrivals(n, rate, seed))]
+
+
+def prefix_requests(prefix_tokens: int, hits: int, output_tokens: int, seed: int) -> list[BenchRequest]:
+    """1 + `hits` requests sharing a `prefix_tokens` prefix, each with 16 tokens of its own."""
+    shared = random_prompt(prefix_tokens, seed * 7 + 1)
+    return [BenchRequest(0.0, shared + random_prompt(16, seed * 7 + 2 + i), output_tokens) for i in range(1 + hits)]
 
 
 def read_trace(path: Path, limit: int) -> list[dict[str, Any]]:
@@ -330,6 +339,28 @@ async def run_requests(base: str, model: str, requests: Sequence[BenchRequest], 
     return outcomes
 
 
+async def run_one_at_a_time(base: str, model: str, requests: Sequence[BenchRequest], time_limit: float
+                            ) -> list[Outcome]:
+    """Send `requests` one after another (each once the last has finished), within `time_limit` seconds."""
+    import httpx
+
+    check_loopback(base)
+    outcomes: list[Outcome] = []
+    async with httpx.AsyncClient(timeout=httpx.Timeout(time_limit + 30)) as client:
+        t0 = time.perf_counter()
+        for req in requests:
+            left = time_limit - (time.perf_counter() - t0)
+            if left <= 0:
+                break
+            out = Outcome(sent=time.perf_counter() - t0)
+            outcomes.append(out)
+            try:
+                await asyncio.wait_for(_one(client, f"{base}/v1/completions", model, req, t0, out), left)
+            except asyncio.TimeoutError:
+                out.error = f"cut at the {time_limit:.0f} s time limit"
+    return outcomes
+
+
 def scrape(base: str) -> dict[str, float]:
     import httpx
 
@@ -496,6 +527,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--requests", type=int, default=64)
     p.add_argument("--prompt-tokens", type=int, default=512)
     p.add_argument("--output-tokens", type=int, default=128)
+    p.add_argument("--prefix-tokens", type=int, default=2048)
+    p.add_argument("--prefix-hits", type=int, default=8, help="0: no prefix scenario")
     p.add_argument("--trace", type=Path, default=default_trace())
     p.add_argument("--trace-requests", type=int, default=200, help="0: no trace scenario")
     p.add_argument("--trace-seconds", type=float, default=60.0)
@@ -537,6 +570,18 @@ def main(argv: list[str] | None = None) -> int:
                 label = "closed batch (all at once)" if math.isinf(rate) else f"{rate:g}/s"
                 rows.append(run_scenario(base, "bench", f"poisson {label} {args.prompt_tokens}/{args.output_tokens}",
                                          reqs, args.time_limit))
+            if args.prefix_hits:
+                before = scrape(base)
+                reqs = prefix_requests(args.prefix_tokens, args.prefix_hits, 16, args.seed)
+                outs = asyncio.run(run_one_at_a_time(base, "bench", reqs, args.time_limit))
+                after = scrape(base)
+                label = f"{args.prefix_tokens}+16 one at a time"
+                rows.append(summarize(f"prefix cold {label}", outs[:1], before, before))
+                rows.append(summarize(f"prefix hit {label}", outs[1:], before, after))
+                cold, hit = rows[-2]["ttft_ms_p50"], rows[-1]["ttft_ms_p50"]
+                if cold == cold and hit == hit and cold > 0:  # not NaN
+                    notes.append(f"prefix hit TTFT {hit:.1f} ms = {100 * hit / cold:.0f}% of the cold {cold:.1f} ms "
+                                 f"({args.prefix_tokens}-token shared prefix)")
             if args.trace_requests:
                 if args.trace.is_file():
                     records = read_trace(args.trace, args.trace_requests)

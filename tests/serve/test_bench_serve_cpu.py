@@ -4,6 +4,7 @@ engine's server on a loopback port. The numbers mean nothing here."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import statistics
@@ -157,6 +158,11 @@ def test_the_load_generator_against_the_fake_server(tmp_path):
         row = bs.run_scenario(base, "tiny", "fake", reqs, time_limit=20)
         assert (row["requests"], row["done"], row["output_tokens"]) == (6, 6, 24), row
         assert row["ttft_ms_p50"] > 0 and row["tpot_ms_p50"] > 0 and row["output_tok_s"] > 0
+        shared = [bs.BenchRequest(0.0, tuple(t % 800 for t in r.prompt), r.max_tokens)
+                  for r in bs.prefix_requests(20, 2, 3, seed=0)]
+        assert shared[0].prompt[:20] == shared[2].prompt[:20] and shared[0].prompt[20:] != shared[1].prompt[20:]
+        outs = asyncio.run(bs.run_one_at_a_time(base, "tiny", shared, time_limit=20))
+        assert [o.tokens for o in outs] == [3, 3, 3] and all(a.last <= b.sent for a, b in zip(outs, outs[1:]))
         long = [bs.BenchRequest(0.0, (1, 2, 3), 200)]  # 200 steps of 10 ms: cut by a 0.5 s limit
         cut = bs.run_scenario(base, "tiny", "cut", long, time_limit=0.5)
         assert cut["failed"] == 1 and "time limit" in cut["errors"][0]
