@@ -87,7 +87,7 @@ def test_refusals(facts: ManifestFacts) -> None:
     with pytest.raises(ConfigError, match=r"chunk 65 outside the manifest's tokens var \[1, 64\]"):
         RuntimeEngine(gen, 65)
     engine = RuntimeEngine(gen, 64)
-    assert (engine.max_seqs, engine.samples) == (1, False)
+    assert (engine.max_seqs, engine.samples, engine.max_top_logprobs) == (1, True, 20)  # the sampler's manifest
     assert not SamplingParams(temperature=0.5).greedy
     # what the greedy-only engine serves: exact argmax, so no penalty either (the manifest's argmax applies none)
     assert greedy_only_fault(SamplingParams()) is None

@@ -2,9 +2,8 @@
 `write_input` with the real prefix-of-rows semantics (later rows keep their bytes), and a "model" whose token
 depends on everything the engine must get right per row.
 
-The manifest: the qwen3 builder's at seqs max 64 (`--decode gemm`), plus the GPU sampler's buffers and a
-`top_logprobs` program when the builder does not emit them yet (`batched_manifest`). The runtime executes
-kern_pool plans on its KV store, so it is also `PoolMemory`'s executor.
+The manifest: the qwen3 builder's at seqs max 64 (`--gemv v2`, the GPU sampler: `batched_manifest`). The runtime
+executes kern_pool plans on its KV store, so it is also `PoolMemory`'s executor.
 
 A decode step at bucket B checks every row b < B: a padding row must be all scratch (block-table row of
 zeros, token 0, position 0, seq_len 1, slot 0); a live row's slot must follow from its block-table row and its
@@ -38,9 +37,9 @@ TOP_N = 20
 
 def manifest_dict(hist_cap: int = 64, seqs_max: int = 64, sampling: bool = True, top_program: bool = True
                   ) -> dict[str, Any]:
-    """The tiny shape's manifest (JSON object) at seqs max `seqs_max`; with `sampling`, the GPU sampler's buffers
-    and meta.caller.sampling (added at sampling_io.py's default names when the builder does not emit them yet);
-    without, the argmax decode."""
+    """The tiny shape's manifest (JSON object) from the qwen3 builder at seqs max `seqs_max` (`--gemv v2`); with
+    `sampling`, the GPU sampler (`--sampler gpu --hist-cap hist_cap`), else the argmax decode (`--sampler
+    argmax`)."""
     import tempfile
     from pathlib import Path
 
@@ -50,25 +49,12 @@ def manifest_dict(hist_cap: int = 64, seqs_max: int = 64, sampling: bool = True,
 
     kernels = stub_kernels(Path(tempfile.mkdtemp(prefix="kern-stub-")))
     cfg = qwen3.Qwen3Config.from_json(make_checkpoint.config_json(make_checkpoint.SHAPES["tiny"]))
-    m = copy.deepcopy(qwen3.build_manifest(cfg, qwen3.read_kernel_abi(kernels),
-                                           qwen3.BuildOptions("tiny-b64", 64, 1024, seqs_max=seqs_max,
-                                                              decode="gemm")))
-    caller = m["meta"]["caller"]
-    if not sampling:
-        caller.pop("sampling", None)
-    elif "sampling" not in caller:  # the pre-sampler builder: add the sampler builder's buffers and meta
-        m["buffers"]["sample_params"] = {"kind": "input", "dtype": "u32", "shape": ["seqs", 12]}
-        m["buffers"]["hist_tokens"] = {"kind": "input", "dtype": "i32", "shape": ["seqs", hist_cap]}
-        m["buffers"]["hist_counts"] = {"kind": "input", "dtype": "i32", "shape": ["seqs", hist_cap]}
-        caller["sampling"] = {"sampler": "gpu", "params": "sample_params", "hist_tokens": "hist_tokens",
-                              "hist_counts": "hist_counts", "hist_cap": hist_cap, "packing": "packed",
-                              "init": "greedy"}
-        if top_program:
-            m["buffers"]["top_ids"] = {"kind": "output", "dtype": "i32", "shape": ["seqs", TOP_N]}
-            m["buffers"]["top_logprobs"] = {"kind": "output", "dtype": "f32", "shape": ["seqs", TOP_N]}
-            m["programs"]["top_logprobs"] = {"kind": "run", "calls": []}
-            caller["sampling"]["top_logprobs"] = {"program": "top_logprobs", "n_top": TOP_N, "ids": "top_ids",
-                                                  "logprobs": "top_logprobs"}
+    options = qwen3.BuildOptions("tiny-b64", 64, 1024, seqs_max=seqs_max, gemv="v2" if seqs_max > 1 else "v1",
+                                 sampler="gpu" if sampling else "argmax", hist_cap=hist_cap)
+    m = copy.deepcopy(qwen3.build_manifest(cfg, qwen3.read_kernel_abi(kernels), options))
+    assert ("sampling" in m["meta"]["caller"]) == sampling
+    if sampling and not top_program:
+        m["meta"]["caller"]["sampling"].pop("top_logprobs")
     return m
 
 

@@ -18,7 +18,7 @@ from kern_run.sampling import SamplingParams, pack_params
 from kern_run.serve.engine import DecodeRow, PrefillChunk, Sampled, decode_bucket
 from kern_run.serve.errors import ConfigError
 from kern_run.serve.memory import PoolMemory
-from kern_run.serve.runtime_engine import RuntimeEngine, unpack_next_token
+from kern_run.serve.runtime_engine import RuntimeEngine
 from kern_run.serve.sampling_io import read_sampling_io
 from kern_run.serve.scheduler import Scheduler, SchedulerConfig
 
@@ -59,14 +59,6 @@ def test_decode_bucket() -> None:
     for bad in (0, 65):
         with pytest.raises(ValueError, match=f"decode step of {bad} rows: expected 1..64"):
             decode_bucket(bad, 64)
-
-
-def test_unpack_next_token_reads_the_packed_pairs() -> None:
-    tokens = np.array([5, 151_935, 0], dtype=np.uint32)
-    lps = np.array([-0.25, -13.5, -np.inf], dtype=np.float32)
-    raw = (tokens.astype(np.uint64) | (lps.view(np.uint32).astype(np.uint64) << np.uint64(32))).view(np.int64)
-    ids, got = unpack_next_token(raw)
-    assert ids.tolist() == [5, 151_935, 0] and got.tolist() == [-0.25, -13.5, -np.inf]
 
 
 def test_engine_facts(manifest) -> None:

@@ -45,23 +45,13 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..generate import slot_mapping
-from ..sampling import SamplingParams, history_counts, pack_history, pack_params
+from ..sampling import SamplingParams, history_counts, pack_history, pack_params, unpack_packed
 from .engine import DecodeRow, PrefillChunk, Sampled, decode_bucket
 from .errors import ConfigError
 from .sampling import greedy_only_fault
 from .sampling_io import SamplingIO, read_sampling_io
 
-_LOW32 = np.uint64(0xFFFFFFFF)
 BUCKETS_KEPT = 100_000  # decode steps whose bucket `RuntimeEngine.buckets` remembers
-
-
-def unpack_next_token(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(token ids i32[n], logprobs f32[n]) from the packed `next_token` entries i64[n] (token id in bits 0..31,
-    the logprob's f32 bit pattern in bits 32..63)."""
-    bits = np.ascontiguousarray(raw).reshape(-1).view(np.uint64)
-    tokens = (bits & _LOW32).astype(np.uint32).view(np.int32)
-    logprobs = (bits >> np.uint64(32)).astype(np.uint32).view(np.float32)
-    return tokens, logprobs
 
 
 class RuntimeEngine:
@@ -301,11 +291,10 @@ class RuntimeEngine:
             self.rt.issue(io.top_program, {"tokens": bucket, "seqs": bucket}, eager=True)
         raw = self.rt.read_output(self._next_token_name, rows=bucket)  # i64[bucket]: 8 bytes a row, synchronises
         self.buckets.append(bucket)
+        tokens, logprobs = unpack_packed(raw)  # an argmax manifest's plain ids come out unchanged
         if io is None:
-            tokens = np.asarray(raw, dtype=np.int64)
             self._advanced(rows, tokens)
             return [Sampled(int(tokens[r.row])) for r in rows]
-        tokens, logprobs = unpack_next_token(raw)
         self._advanced(rows, tokens)
         top_ids = top_lps = None
         if top:
