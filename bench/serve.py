@@ -8,8 +8,8 @@ transformers' own continuous batching on the same weights and request lengths, i
                            [--time-limit 120] [--json out.json]
 
 - The weights: tools/make_checkpoint.py --shape qwen3-4b (made when `--ckpt` lacks them). The manifest: built by
-  `kern manifest build --shape qwen3-4b --seqs-max 64 --max-context CONTEXT --algos manifests/algos/h200.json`
-  unless `--manifest` names one.
+  `kern manifest build --shape qwen3-4b --seqs-max 64 --gemv v2 --max-context CONTEXT --algos
+  manifests/algos/h200.json` (the GPU sampler is the builder's default) unless `--manifest` names one.
 - `kern`: `kern serve` started here as a subprocess on a free loopback port (`--max-seqs 64`), then, one after
   another, these scenarios (each bounded by `--requests` / `--trace-requests` and `--time-limit`):
   * `poisson R/s`: `--requests` requests of `--prompt-tokens` random token ids (no shared prefix) and
@@ -386,14 +386,14 @@ def free_port() -> int:
 
 
 def build_manifest(args: argparse.Namespace, out: Path) -> Path:
-    """`kern manifest build --shape qwen3-4b --seqs-max 64 ...` (retried with --decode gemm when the default
-    decode takes one row only)."""
+    """`kern manifest build --shape qwen3-4b --seqs-max 64 --gemv v2 ...` (the GEMV rows family, the v2 target's
+    decode; retried with --decode gemm if the builder refuses it)."""
     base = [sys.executable, "-m", "kern_run", "manifest", "build", "--shape", "qwen3-4b", "--name", "qwen3-4b-b64",
             "--seqs-max", str(args.max_seqs), "--max-context", str(args.context), "--kernels", str(args.kernels),
             "--out", str(out)]
     if args.algos and Path(args.algos).is_file():
         base += ["--algos", str(args.algos)]
-    for extra in ([], ["--decode", "gemm"]):
+    for extra in (["--gemv", "v2"], ["--decode", "gemm"]):
         proc = subprocess.run(base + extra, capture_output=True, text=True)
         print(f"# {' '.join(base[3:] + extra)}: exit {proc.returncode} {proc.stdout.strip()[-200:]}"
               f"{proc.stderr.strip()[-300:]}", flush=True)

@@ -35,8 +35,8 @@ VOCAB = 997
 TOP_N = 20
 
 
-def manifest_dict(hist_cap: int = 64, seqs_max: int = 64, sampling: bool = True, top_program: bool = True
-                  ) -> dict[str, Any]:
+def manifest_dict(hist_cap: int = 64, seqs_max: int = 64, sampling: bool = True, top_program: bool = True,
+                  kernels: Any = None) -> dict[str, Any]:
     """The tiny shape's manifest (JSON object) from the qwen3 builder at seqs max `seqs_max` (`--gemv v2`); with
     `sampling`, the GPU sampler (`--sampler gpu --hist-cap hist_cap`), else the argmax decode (`--sampler
     argmax`)."""
@@ -47,8 +47,11 @@ def manifest_dict(hist_cap: int = 64, seqs_max: int = 64, sampling: bool = True,
     from tests.run.kern_run_testutil import stub_kernels
     from tools import make_checkpoint
 
-    kernels = stub_kernels(Path(tempfile.mkdtemp(prefix="kern-stub-")))
-    cfg = qwen3.Qwen3Config.from_json(make_checkpoint.config_json(make_checkpoint.SHAPES["tiny"]))
+    if kernels is None:
+        kernels = stub_kernels(Path(tempfile.mkdtemp(prefix="kern-stub-")))
+    cfg_json = make_checkpoint.config_json(make_checkpoint.SHAPES["tiny"])
+    cfg_json["tie_word_embeddings"] = True  # as tests/run's tiny checkpoint
+    cfg = qwen3.Qwen3Config.from_json(cfg_json)
     options = qwen3.BuildOptions("tiny-b64", 64, 1024, seqs_max=seqs_max, gemv="v2" if seqs_max > 1 else "v1",
                                  sampler="gpu" if sampling else "argmax", hist_cap=hist_cap)
     m = copy.deepcopy(qwen3.build_manifest(cfg, qwen3.read_kernel_abi(kernels), options))
@@ -137,6 +140,9 @@ class FakeBatchRuntime:
             self.buffers[self.io.params][:] = np.frombuffer(greedy, dtype=np.uint32)  # the load program's init
             self.buffers[self.io.hist_tokens][:] = -1
         self.kv: dict[int, tuple[int, int]] = {}  # slot -> (position, token)
+        self.kern_pool = kern_pool.Pool(kern_pool.Layout.simple(page_tokens, num_pages - 1))  # page 0: scratch
+        self.weight_load_stats = (1000, 0.001)
+        self.closed = False
         self.writes: list[Write] = []
         self.issues: list[tuple[str, dict[str, int], bool]] = []
         self.readbacks: list[tuple[str, int | None]] = []
@@ -171,6 +177,33 @@ class FakeBatchRuntime:
 
     def read_buffer(self, name: str, rows: int | None = None) -> np.ndarray:
         return self.read_output(name, rows)
+
+    # ---------------------------------------------------------------- the pool API (RuntimeMemory) and the rest
+
+    def lease(self, num_tokens: int, *, wait: bool = True):  # type: ignore[no-untyped-def]
+        lease = self.kern_pool.lease(num_tokens)
+        self.run(lease.plan)
+        return lease
+
+    def lease_from(self, checkpoint, num_tokens: int, *, prefix_tokens=None, hold=None,  # type: ignore[no-untyped-def]
+                   wait=True):
+        lease = self.kern_pool.lease_from(checkpoint, num_tokens, prefix_tokens=prefix_tokens, hold=hold)
+        self.run(lease.plan)
+        return lease
+
+    def checkpoint(self, lease, num_tokens: int):  # type: ignore[no-untyped-def]
+        cp = self.kern_pool.checkpoint(lease, num_tokens)
+        self.run(cp.plan)
+        return cp
+
+    def describe(self) -> dict:
+        return {}
+
+    def into_resident(self) -> None:
+        return None
+
+    def close(self) -> None:
+        self.closed = True
 
     # ---------------------------------------------------------------- the plan executor (PoolMemory)
 

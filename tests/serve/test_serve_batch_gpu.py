@@ -1,6 +1,7 @@
 """`kern serve` with batched decode and GPU sampling on the tiny-en model, driven by the real `openai` client.
 
-The manifest is built in-process by the builder at `--seqs-max 64` (models/qwen3-tiny-en's config, the H200 pins)
+The manifest is built in-process by the builder at `--seqs-max 64 --gemv v2` (models/qwen3-tiny-en's config, the
+GPU sampler, the H200 pins)
 and served on a loopback port with `--max-seqs 64`. Checks:
 
 - a completion, non-streaming and streaming, equals `kern run` of the same prompt on the same manifest;
@@ -66,7 +67,7 @@ def manifest64(tmp_path_factory: pytest.TempPathFactory) -> Path:
     base = ["manifest", "build", "--config", str(REPO / "models" / "qwen3-tiny-en" / "config.json"), "--name", MODEL,
             "--max-context", "2048", "--seqs-max", "64", "--kernels", str(REPO / "kernels"),
             "--algos", str(REPO / "manifests" / "algos" / "h200.json"), "--out", str(out)]
-    for extra in ([], ["--decode", "gemm"]):  # the builder's default decode, else cuBLASLt's for rows > 1
+    for extra in (["--gemv", "v2"], ["--decode", "gemm"]):  # the GEMV rows family takes 2..64 rows; else cuBLASLt
         try:
             app([*base, *extra], prog_name="kern")
         except SystemExit as exc:
