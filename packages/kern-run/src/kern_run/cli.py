@@ -325,7 +325,8 @@ def run(
 def serve(
     host: Annotated[str, typer.Option("--host", help="address to listen on")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", help="TCP port")] = 8000,
-    max_seqs: Annotated[int, typer.Option("--max-seqs", help="decode rows per step (1 until batched decode)")] = 1,
+    max_seqs: Annotated[int, typer.Option("--max-seqs", help="decode rows per step at most (capped by the "
+                                          "manifest's seqs var max)")] = 64,
     host_gib: Annotated[float, typer.Option("--host-gib", help="pinned host tier for parked prefixes, GiB")] = 0.0,
     api_key: Annotated[Optional[str], typer.Option("--api-key", help="require 'Authorization: Bearer KEY'")] = None,
     max_queue: Annotated[int, typer.Option("--max-queue", help="requests in flight at most (429 beyond)")] = 256,
