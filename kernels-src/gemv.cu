@@ -804,27 +804,26 @@ KERN_DEV void gemv_rmsnorm_swiglu_m(const bf16* __restrict__ w_gate_up, const bf
         rows_body_m<M, false>(w_gate_up, groups, k, m, row_of, stage, no_pre, store);
 }
 
-// The rows launch's block is at most 512 threads (docs/kernels-gemv.md "Launch"). Registers (nvcc 13.0,
-// cuobjdump -res-usage): M = 2 capped at 64 (2 blocks of 512 per SM: 1024 threads per SM as the M = 1 entries;
-// stack 0..32 bytes); M = 4, 8 at <= 128 (120..128, no stack: 512 threads per SM). At a 64 cap M = 4 / 8 spill
-// 168..280 bytes of stack. rows_m.py THREADS_PER_SM_M holds the same numbers for the grid.
+// Registers (nvcc 13.0, cuobjdump -res-usage; rows_m.py THREADS_PER_SM_M holds the same numbers for the grid):
+// _m2 capped at 72 (no stack; 896 threads per SM; at 64 the RMSNorm kinds keep 8 / 32 bytes on the stack),
+// _m4 / _m8 under __launch_bounds__(512) (the rows launch's largest block, docs/kernels-gemv.md "Launch"): 120..128,
+// no stack, 512 threads per SM (at 64..96 they spill 8..280 bytes).
 constexpr int kMaxThreadsM = 512;
-template <int M> constexpr int kMinBlocksM = M == 2 ? 2 : 1;
 
 }  // namespace
 
-#define KERN_GEMV_ROWS_M(M)                                                                                          \
-    extern "C" __global__ void __launch_bounds__(kMaxThreadsM, kMinBlocksM<M>) kern_gemv_rows_rmsnorm_m##M(                          \
+#define KERN_GEMV_ROWS_M(M, BOUNDS)                                                                                  \
+    extern "C" __global__ void BOUNDS kern_gemv_rows_rmsnorm_m##M(                          \
         const bf16* __restrict__ w, const bf16* __restrict__ residual, const bf16* __restrict__ norm_w,             \
         bf16* __restrict__ y, int32_t n, int32_t k, float eps, int32_t m) {                                          \
         gemv_rows_rmsnorm_m<M>(w, residual, norm_w, y, n, k, eps, m);                                                \
     }                                                                                                                \
-    extern "C" __global__ void __launch_bounds__(kMaxThreadsM, kMinBlocksM<M>) kern_gemv_rows_residual_m##M(                         \
+    extern "C" __global__ void BOUNDS kern_gemv_rows_residual_m##M(                         \
         const bf16* __restrict__ w, const bf16* __restrict__ x, bf16* __restrict__ residual, int32_t n, int32_t k,   \
         int32_t m) {                                                                                                 \
         gemv_rows_residual_m<M>(w, x, residual, n, k, m);                                                            \
     }                                                                                                                \
-    extern "C" __global__ void __launch_bounds__(kMaxThreadsM, kMinBlocksM<M>) kern_gemv_rmsnorm_swiglu_m##M(                        \
+    extern "C" __global__ void BOUNDS kern_gemv_rmsnorm_swiglu_m##M(                        \
         const bf16* __restrict__ w_gate_up, const bf16* __restrict__ residual, const bf16* __restrict__ norm_w,     \
         bf16* __restrict__ act, int32_t inter, int32_t k, float eps, int32_t m) {                                    \
         gemv_rmsnorm_swiglu_m<M>(w_gate_up, residual, norm_w, act, inter, k, eps, m);                                \
@@ -832,6 +831,6 @@ template <int M> constexpr int kMinBlocksM = M == 2 ? 2 : 1;
 
 // y[s, n] = W[n, k] @ rmsnorm(residual[s, k]) * norm_w; residual[s, n] += bf16(W @ x[s]); act[s, inter] = swiglu
 // (as kern_gemv_rows_rmsnorm / kern_gemv_rows_residual / kern_gemv_rmsnorm_swiglu), rows s < m <= M.
-KERN_GEMV_ROWS_M(2)
-KERN_GEMV_ROWS_M(4)
-KERN_GEMV_ROWS_M(8)
+KERN_GEMV_ROWS_M(2, __maxnreg__(72))
+KERN_GEMV_ROWS_M(4, __launch_bounds__(kMaxThreadsM))
+KERN_GEMV_ROWS_M(8, __launch_bounds__(kMaxThreadsM))

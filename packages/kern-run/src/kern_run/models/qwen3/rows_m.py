@@ -19,8 +19,8 @@ ROWS_ENTRY = {"rmsnorm": "kern_gemv_rows_rmsnorm", "rmsnorm_swiglu": "kern_gemv_
 SMEM_PER_SM = 228 * 1024  # shared memory of an sm_90 SM (the per-block maximum is 227 KiB)
 SMEM_LIMIT = 227 * 1024
 SMEM_RESERVED = 1024  # reserved by the toolchain per block (cuobjdump -res-usage counts it)
-# threads an SM holds at the entries' registers (gemv.cu kMinBlocksM): _m2 64 -> 1024, _m4 / _m8 <= 128 -> 512
-THREADS_PER_SM_M = {2: 1024, 4: 512, 8: 512}
+# threads an SM holds at the entries' registers (gemv.cu KERN_GEMV_ROWS_M): _m2 72 -> 896, _m4 / _m8 <= 128 -> 512
+THREADS_PER_SM_M = {2: 896, 4: 512, 8: 512}
 
 
 def static_smem(kind: str, tile: int) -> int:
