@@ -438,7 +438,8 @@ def manifest_build(
     seqs_max: Annotated[int, typer.Option("--seqs-max", help="seqs var max: rows of a decode step (gemv decode: "
                                           "2..64 need --gemv v2)")] = 1,
     batch_proj: Annotated[str, typer.Option("--batch-proj", help="with --seqs-max > 1: the projections of 2..64-row "
-                                            "steps: cublaslt (default) or mma (kernels-src/gemv_mma.cu)")] = "cublaslt",
+                                            "steps: cublaslt (default), rows (multi-row GEMVs for 2..8 rows, then "
+                                            "cublaslt) or mma (kernels-src/gemv_mma.cu)")] = "cublaslt",
     max_context: Annotated[Optional[int], typer.Option("--max-context", help="positions per sequence (default "
                                                        "min(40960, max_position_embeddings); tiny 4096)")] = None,
     decode: Annotated[Optional[str], typer.Option("--decode", help="decode projections: gemv (M = 1 GEMVs, fused "
