@@ -52,6 +52,10 @@ GEMV_PARAMS: dict[str, list[list[int]]] = {
     "kern_gemv_rows_rmsnorm": _layout(8, 8, 8, 8, 4, 4, 4),  # w, residual, norm_w, y, n, k, eps
     "kern_gemv_rows_residual": _layout(8, 8, 8, 4, 4),  # w, x, residual, n, k
     "kern_gemv_rmsnorm_swiglu": _layout(8, 8, 8, 8, 4, 4, 4),  # w_gate_up, residual, norm_w, act, inter, k, eps
+    # multi-row rows family (docs/kernels-gemv.md "Multi-row rows entries"): the M = 1 arguments, then i32 m
+    **{f"kern_gemv_rows_rmsnorm_m{t}": _layout(8, 8, 8, 8, 4, 4, 4, 4) for t in (2, 4, 8)},
+    **{f"kern_gemv_rows_residual_m{t}": _layout(8, 8, 8, 4, 4, 4) for t in (2, 4, 8)},
+    **{f"kern_gemv_rmsnorm_swiglu_m{t}": _layout(8, 8, 8, 8, 4, 4, 4, 4) for t in (2, 4, 8)},
 }
 
 _PACK = {"p": "<Q", "i": "<i", "f": "<f", "q": "<q"}
