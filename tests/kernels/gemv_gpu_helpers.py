@@ -135,7 +135,10 @@ def launch(
         holders.append(ctypes.create_string_buffer(raw, len(raw)))
     pointers = (ctypes.c_void_p * len(holders))(*[ctypes.addressof(h) for h in holders])
     what = f"{kernel.name} grid={grid} block={block} smem={smem_bytes}"
-    if smem_bytes > 48 * 1024:  # above the default limit a function must opt in (as the runtime does at load)
+    static = check(cu.cuFuncGetAttribute(cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, kernel.func),
+                   "cuFuncGetAttribute") if smem_bytes else 0
+    # above the default limit (static + dynamic) a function must opt in, as the runtime does at load
+    if smem_bytes + static > 48 * 1024:
         attr_id = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
         check(cu.cuFuncSetAttribute(kernel.func, attr_id, smem_bytes), f"cuFuncSetAttribute({what})")
     if not pdl:

@@ -62,6 +62,7 @@ class FakeDriver(types.ModuleType):
         self.device_count = 1
         self.free_bytes = 8 << 30
         self.entries: dict[str, tuple[tuple[int, int], ...]] = {}
+        self.static_shared: dict[str, int] = {}  # entry -> static shared memory bytes (cuFuncGetAttribute)
         self._vbase = VMM_BASE
 
     def called(self, name: str) -> int:
@@ -166,6 +167,9 @@ class FakeDriver(types.ModuleType):
 
     def _cuFuncGetName(self, function: Any) -> tuple:
         return (OK, function.entry.encode())
+
+    def _cuFuncGetAttribute(self, attribute: Any, function: Any) -> tuple:
+        return (OK, self.static_shared.get(function.entry, 0))
 
     def _cuFuncGetParamInfo(self, function: Any, index: int) -> tuple:
         layout = self.entries[function.entry]

@@ -176,6 +176,12 @@ def raise_shared_limit(function: Any, shared_mem_bytes: int) -> None:
          driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, int(shared_mem_bytes))
 
 
+def static_shared_bytes(function: Any) -> int:
+    """The function's static shared memory (bytes, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)."""
+    driver = cu()
+    return int(call("cuFuncGetAttribute", driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, function))
+
+
 def set_shared_carveout(function: Any, percent: int) -> None:
     """Prefer a shared-memory carveout of `percent` (0..100) of the maximum shared memory for `function`
     (100: the most shared memory, the least L1). A hint to the driver, which configures each SM's L1 /
@@ -217,7 +223,10 @@ def resolve_launches(manifest: Manifest, modules: Mapping[str, Any], max_values:
             functions[(op.name, li)] = fn
             owners[(op.name, li)] = launch.module
     for attrs in function_attributes(uses):
-        if attrs.shared_mem > SHARED_DEFAULT_LIMIT_BYTES:
+        # the 48 KiB default bounds static + dynamic shared memory together (CUDA programming guide, "Shared
+        # Memory"): a kernel with 9.5 KiB static and 40 KiB dynamic needs the opt-in as well
+        if attrs.shared_mem and (attrs.shared_mem > SHARED_DEFAULT_LIMIT_BYTES or attrs.shared_mem
+                                 + static_shared_bytes(attrs.function) > SHARED_DEFAULT_LIMIT_BYTES):
             raise_shared_limit(attrs.function, attrs.shared_mem)
         if attrs.carveout is not None:
             set_shared_carveout(attrs.function, attrs.carveout)
