@@ -195,7 +195,8 @@ class BatchFakeRuntime:
 
     def _decode(self, seqs: int) -> None:
         b = self.buf
-        assert list(b["cu_seqlens_q"][:seqs + 1]) == list(range(seqs + 1))
+        if seqs > 1:  # one query row per sequence (the one-sequence Generator leaves prefill's [0, L] there)
+            assert list(b["cu_seqlens_q"][:seqs + 1]) == list(range(seqs + 1))
         self.decodes.append({k: np.array(b[k][:seqs]) for k in ("token_ids", "positions", "slot_mapping", "seq_lens",
                                                                   "block_table")})
         outs = []

@@ -99,7 +99,7 @@ def test_a_full_pool_ends_the_wave_early(facts64) -> None:
     dec, rt = _decoder(facts64, rt=BatchFakeRuntime(facts64, num_pages=1 + 4 * 4))  # 4 rows of 4 pages at a time
     results = dec.run([RowRequest(tuple(p), 20) for p in prompts])
     assert [r.tokens for r in results] == [expected_tokens(p, 20)[0] for p in prompts]
-    assert [r.wave for r in results] == [0] * 4 + [1] * 4 + [2] * 2
+    assert [r.wave for r in results] == [0] * 4 + [1] * 4 + [2] * 2 and dec.timings.pool_limited == 2
     dec, small = _decoder(facts64, rt=BatchFakeRuntime(facts64, num_pages=3))
     with pytest.raises(InputError, match="prompt 1 is 40 tokens, the KV pool and context hold 32"):
         dec.run([RowRequest(tuple(prompts[0]), 20)])
@@ -344,3 +344,15 @@ def test_warm_up_touches_only_the_scratch_page(facts64) -> None:
     # a generation after the warm-up is unaffected
     dec, _ = _decoder(facts64, rt=rt)
     assert dec.run([RowRequest((4, 5, 6), 9)])[0].tokens == expected_tokens([4, 5, 6], 9)[0]
+
+
+def test_the_single_sequence_generator_stays_greedy_after_a_sampled_batch(facts64) -> None:
+    """Generator.generate (teacher forcing, kern test, the benches) writes row 0's params greedy: a batch that
+    left a sampled row there does not leak into it."""
+    from kern_run.generate import GenerateOptions
+
+    dec, rt = _decoder(facts64)
+    dec.run([RowRequest((5, 6, 7), 4, _sampled(77))])
+    gen = Generator(rt, facts64, steps=rt)
+    result = gen.generate([8, 9, 10, 11], GenerateOptions(20, 16, stop_at_eos=False))
+    assert result.tokens == expected_tokens([8, 9, 10, 11], 20)[0] and result.timings.pipelined

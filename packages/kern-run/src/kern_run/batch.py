@@ -127,6 +127,7 @@ class BatchTimings:
     prefill_s: float = 0.0  # every wave's prefill, issue to the last chunk enqueued
     decode_s: float = 0.0  # every wave's first decode issue -> its last token read
     pipelined: bool = False
+    pool_limited: int = 0  # waves that ended short of max_rows because the KV pool was full
 
     @property
     def decode_steps(self) -> int:
@@ -252,6 +253,7 @@ class BatchDecoder:
             lease_tokens = min(n + budget, self.max_positions)
             got = self.pages.reserve(lease_tokens, req.prompt_ids)
             if got is None:
+                self.timings.pool_limited += 1
                 break  # the pool is full: the next wave
             queue.popleft()
             lease, cached = got

@@ -1,9 +1,12 @@
 """The Qwen3 caller contract (docs/caller.md) over a loaded kern runtime: `Generator`.
 
-One sequence (bs=1). Prefill: the first n-1 prompt tokens in chunks of `chunk` tokens through the
-`prefill` program (fills the KV cache only). The last prompt token goes through `decode`, which yields
-the first generated token; every further token is one `decode` step. Sampling is greedy on the GPU
-(two-stage argmax in the manifest): each step reads back 8 bytes (`next_token`, i64[1]).
+One sequence (bs=1; `kern_run.batch` decodes many prompts together, one row each, over the same Generator).
+Prefill: the first n-1 prompt tokens in chunks of `chunk` tokens through the `prefill` program (fills the KV
+cache only). The last prompt token goes through `decode`, which yields the first generated token; every further
+token is one `decode` step. Decoding is greedy on the GPU (the argmax, or the GPU sampler with row 0's params
+written greedy): each step reads back 8 bytes (`next_token`, i64[1]; with the sampler the token id is its low 32
+bits, sampler_meta.entry_tokens). `warm_up` runs the first-use costs (cuBLASLt kernels, module loading, the
+decode graphs' capture) on the scratch page at load (docs/caller.md "Warm-up").
 
 Per prefill chunk `[start, stop)` (length L) the caller writes prefixes of the inputs:
     token_ids[:L] = ids[start:stop]           positions[:L] = start..stop-1
@@ -46,7 +49,8 @@ from kern_manifest import var_min
 from .contract import CallerRuntime, DeviceSteps, PageSource, Reserved, SeqLease
 from .errors import InputError
 from .preflight import ManifestFacts
-from .sampler_meta import entry_tokens
+from .sampler_meta import entry_tokens, read_sampler
+from .sampling import SamplingParams, pack_params
 
 
 @dataclass(frozen=True)
@@ -211,6 +215,8 @@ class Generator:
         self._advance: Mapping[str, Any] | None = facts.decode_advance  # checked by preflight.read_manifest
         self._ring: np.ndarray | None = None
         self.warmed: WarmUp | None = None  # what warm_up ran (session.open_generator warms every runtime it opens)
+        # the GPU sampler's inputs (meta.caller.sampling), if any: a generation writes row 0's params greedy
+        self.sampler = read_sampler(facts.manifest, facts.manifest.name)
 
     def with_pages(self, pages: PageSource) -> "Generator":
         """A Generator over the same runtime, facts, eos ids and steps that takes its pages from `pages`. This
@@ -311,6 +317,8 @@ class Generator:
         self.pages.release()
         reserved = self.pages.reserve(num_tokens, prompt_ids)
         self.use_pages(reserved.page_ids)
+        if self.sampler is not None:  # greedy, whatever a batch (kern_run.batch) left in row 0
+            self.rt.write_input(self.sampler.params, np.frombuffer(pack_params([SamplingParams()]), "<u4").reshape(1, -1))
         return reserved.cached_tokens
 
     def use_pages(self, page_ids: Sequence[int]) -> None:

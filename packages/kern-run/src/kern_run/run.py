@@ -152,6 +152,9 @@ def _log_results(results: list[RowResult], decoder: BatchDecoder, log: Any, code
             log.info(f"{where}logprobs {shown}")
         for k, top in enumerate(r.top_logprobs):
             log.info(f"{where}token {k + 1} top: " + " ".join(f"{codec.decode([tok])!r}:{lp:.4f}" for tok, lp in top))
+    if t.pool_limited:
+        log.warning(f"{t.pool_limited} wave(s) held fewer than {decoder.max_rows} rows: the KV pool "
+                    f"({decoder.pages.max_tokens} tokens) was full; raise --capacity to decode more prompts together")
     generated = sum(len(r.tokens) for r in results)
     steps = " ".join(f"{b}:{n}" for b, n in sorted(t.steps.items()))
     per_step = t.decode_s * 1e3 / t.decode_steps if t.decode_steps else 0.0
