@@ -21,6 +21,9 @@ Peers, each in its own subprocess (GPU memory isolated, a hung compile killed by
 - `hf`: transformers `generate` (eager, sdpa attention): (t(1 + N tokens) - t(1 token)) / N, N = `--hf-steps`.
 Torch peers read the token back every step (`.item()`), as a generation loop that prints tokens does.
 
+`--batch 1,8,32,64 [--contexts 128,2048]`: the batched bench instead (bench/decode_batch.py: kern's step at
+seqs = batch against a torch.compile'd batched step, both one CUDA graph, interleaved in one process).
+
 `--variants A.json,B.json`: the kern worker once per manifest (one after another, each in its own
 subprocess), rows labelled `kern (...) [A]`, `[B]`, breakdowns per variant; `--manifest` alone times one.
 
@@ -262,12 +265,7 @@ def kern_worker(args: argparse.Namespace, out: str) -> None:
 
 def _resize_cache(model: Any, size: int) -> None:
     """Give the static-cache model a KV cache of `size` positions (the step attends over all of them)."""
-    import torch
-
-    s = model.shape
-    model.k_cache = torch.zeros(s.layers, size, s.kv_heads, s.head_dim, dtype=torch.bfloat16, device="cuda")
-    model.v_cache = torch.zeros_like(model.k_cache)
-    model.positions_all = torch.arange(size, device="cuda")
+    model.resize_cache(size)
 
 
 def torch_worker(args: argparse.Namespace, out: str, mode: str | None, label: str) -> None:
@@ -438,6 +436,11 @@ def exit_code(results: list[dict[str, Any]], key: str, script: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if any(a == "--batch" or a.startswith("--batch=") for a in argv):  # the batched bench: bench/decode_batch.py
+        from bench import decode_batch
+
+        return decode_batch.main(argv)
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_target_args(p, "qwen3-4b-v2.json")
     p.add_argument("--variants", default="", help="comma list of manifests: the kern worker once per manifest, "

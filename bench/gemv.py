@@ -18,6 +18,7 @@ peer measured 2.63 ms) and the floor 8.04 GB / 4.3 TB/s = 1.87 ms.
 
     python bench/gemv.py                # default launch (docs/kernels-gemv.md), + step chain
     python bench/gemv.py --sweep        # + launch shapes x unroll variants (compiled here with nvcc)
+    python bench/gemv.py --mma          # instead: the batched-decode crossover table, m = 1..64 (bench/gemv_mma.py)
 
 Results also go to $OUT/gemv_bench.json when OUT is set.
 """
@@ -86,6 +87,15 @@ def rows_launch(entry: str, n: int, k: int) -> tuple[int, int]:
     block = min(1024, max(32, cdiv(cdiv(k8, 2 * batches), 32) * 32))
     groups = cdiv(n // 2, 2) if entry == SWIGLU else cdiv(n, 4)
     return min(groups, max(1, 1024 // block) * SMS), block
+
+
+def m1_launch(entry: str, n: int, k: int) -> tuple[int, int]:
+    """(grid, block) of an M = 1 entry as the v2 decode launches it: rows_launch for the rows family and SwiGLU,
+    the default launch (block 512, grid min(n, 2 SMs)) for kern_gemv_rmsnorm (lm_head)."""
+    if entry in ROWS_ENTRIES or entry == SWIGLU:
+        return rows_launch(entry, n, k)
+    block, grid_rule = CONFIGS[DEFAULT_CONFIG]
+    return grid_rule(n, SMS), block
 
 
 def smem_bytes(k: int) -> int:
@@ -286,6 +296,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sweep", action="store_true", help="also time launch shapes x KERN_GEMV_UNROLL variants")
     parser.add_argument("--no-step", action="store_true", help="skip the 8 GB step chain")
+    parser.add_argument("--mma", action="store_true", help="only the crossover table of the small-M MMA entries, "
+                        "the M = 1 GEMV and cuBLASLt at m = 1..64 (bench/gemv_mma.py)")
     opts = parser.parse_args()
 
     gpu = open_gpu()
@@ -297,6 +309,13 @@ def main() -> int:
     print(f"device {props.name}, {SMS} SMs, L2 {props.L2_cache_size >> 20} MiB; gemv cubin: {origin}")
     print(f"device-to-device copy (read + write): {measured_copy / 1e9:.0f} GB/s (table % is of 4.3 TB/s)")
     results: dict[str, Any] = {"device": props.name, "sms": SMS, "copy_GBps": measured_copy / 1e9, "cubin": origin}
+    if opts.mma:
+        from bench.gemv_mma import crossover
+
+        results["mma"] = crossover(kernels, SMS, time_graph, current_stream, m1_launch)
+        if os.environ.get("OUT"):
+            Path(os.environ["OUT"], "gemv_mma_bench.json").write_text(json.dumps(results, indent=1))
+        return 0
 
     rows = []
     for name, n, k, _ in SHAPES:

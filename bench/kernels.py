@@ -19,7 +19,7 @@ import numpy as np
 
 from cuda.bindings import driver as cu
 
-from kern_run.models.qwen3 import PREFILL_ATTN, rope_warp_heads
+from kern_run.models.qwen3 import EARLY_PARTIALS, PREFILL_ATTN, rope_warp_heads
 from kern_run.sampling import SamplingParams, pack_params
 from tests.kernels.gpu_helpers import check, open_gpu
 from tools import reference_kernels as ref
@@ -29,6 +29,9 @@ PEAK_BYTES_PER_S = 4.3e12
 HIDDEN, HQ, HKV, D, INTER, VOCAB = 2560, 32, 8, 128, 9728, 151936
 PAGE = 16
 REPS, REPLAYS = 20, 15
+STREAM_ENTRY, STREAM_THREADS, _ = EARLY_PARTIALS["stream"]  # kern_attn_decode_partial_stream, 64 threads
+# (rows, context) of the batched decode attention cases (issue 26)
+BATCHED_DECODE = ((8, 128), (32, 128), (64, 128), (8, 2048), (32, 2048), (64, 2048))
 
 
 def cdiv(a, b):
@@ -59,6 +62,20 @@ def time_graph(stream, launches) -> float:
     check(cu.cuGraphExecDestroy(exe), "cuGraphExecDestroy")
     check(cu.cuGraphDestroy(graph), "cuGraphDestroy")
     return statistics.median(times)
+
+
+def print_decode_attention_table(rows) -> None:
+    """The decode attention pair (partial + reduce) per layer, wide against stream: one row (1 sequence) at ctx 128,
+    1024, 4096 and BATCHED_DECODE, us and % of 4.3 TB/s for every row's K/V read once (+ q in, out)."""
+    by_name = {name: (us, floor_us) for name, us, _, floor_us, _ in rows}
+    cases = [(1, ctx, f"partial+reduce ctx={ctx}") for ctx in (128, 1024, 4096)]
+    cases += [(seqs, ctx, f"pair seqs={seqs} ctx={ctx}") for seqs, ctx in BATCHED_DECODE]
+    print(f"\n{'decode attention per layer':30s} {'wide us':>9s} {'% BW':>6s} {'stream us':>10s} {'% BW':>6s} "
+          f"{'speedup':>8s}")
+    for seqs, ctx, suffix in cases:
+        (wide_us, floor_us), (stream_us, _) = by_name[f"attn_decode wide {suffix}"], by_name[f"attn_decode stream {suffix}"]
+        print(f"{f'{seqs} rows ctx {ctx}':30s} {wide_us:9.2f} {100 * floor_us / wide_us:5.1f}% {stream_us:10.2f} "
+              f"{100 * floor_us / stream_us:5.1f}% {wide_us / stream_us:7.2f}x")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -114,6 +131,11 @@ def main(argv: list[str] | None = None) -> int:
     # PDL here, so the partial's early reads simply run first. 8 sequences' worth of distinct pages rotate to
     # defeat L2
     num_splits, split_min = 16, 64
+    # kern_attn_decode_partial_stream (kernels-src/attention_decode.cu, --decode-attn stream): 64 threads, 36,864
+    # bytes of static shared memory; the preferred carveout at 100% as every manifest launch gives it (6 blocks per SM)
+    stream_fn = gpu.kernel(STREAM_ENTRY).func
+    check(cu.cuFuncSetAttribute(stream_fn, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+                                100), "cuFuncSetAttribute(carveout)")
     for ctx in (128, 1024, 4096):
         pages_per_seq = cdiv(ctx, PAGE)
         n_sets = 8
@@ -137,17 +159,57 @@ def main(argv: list[str] | None = None) -> int:
         for entry, threads in (("kern_attn_decode_partial_early", 128), ("kern_attn_decode_partial_wide", 256)):
             bench(f"{entry[len('kern_'):]} ctx={ctx} splits={num_splits}({used})", entry,
                   (HKV, num_splits, 1), (threads,), sets, kv_bytes + HQ * D * 2 + part_bytes)
+        # the stream partial writes only the used splits
+        bench(f"{STREAM_ENTRY[len('kern_'):]} ctx={ctx} splits={num_splits}({used})", STREAM_ENTRY,
+              (HKV, num_splits, 1), (STREAM_THREADS,), sets, kv_bytes + HQ * D * 2 + HQ * used * (D + 2) * 4)
         bench(f"attn_decode_reduce ctx={ctx}", "kern_attn_decode_reduce", (HQ, 1), (D,), [red_args],
               HQ * used * (D + 2) * 4 + HQ * D * 2)
-        kp, kr = gpu.kernel("kern_attn_decode_partial_wide"), gpu.kernel("kern_attn_decode_reduce")
+        kr = gpu.kernel("kern_attn_decode_reduce")
+        for label, entry, threads in (("wide", "kern_attn_decode_partial_wide", 256),
+                                      ("stream", STREAM_ENTRY, STREAM_THREADS)):
+            kp = gpu.kernel(entry)
 
-        def pair(st, a, kp=kp, kr=kr, red_args=red_args):
-            kp.launch((HKV, num_splits, 1), (256,), a, stream=st, sync=False)
-            kr.launch((HQ, 1), (D,), red_args, stream=st, sync=False)
+            def pair(st, a, kp=kp, kr=kr, red_args=red_args, threads=threads):
+                kp.launch((HKV, num_splits, 1), (threads,), a, stream=st, sync=False)
+                kr.launch((HQ, 1), (D,), red_args, stream=st, sync=False)
 
-        us = time_graph(stream, [lambda st, a=a: pair(st, a) for a in sets])
-        nbytes = kv_bytes + HQ * D * 2 * 2
-        rows.append((f"attn_decode wide partial+reduce ctx={ctx}", us, nbytes, nbytes / PEAK_BYTES_PER_S * 1e6, None))
+            us = time_graph(stream, [lambda st, a=a, pair=pair: pair(st, a) for a in sets])
+            nbytes = kv_bytes + HQ * D * 2 * 2
+            rows.append((f"attn_decode {label} partial+reduce ctx={ctx}", us, nbytes, nbytes / PEAK_BYTES_PER_S * 1e6,
+                         None))
+
+    # batched decode attention (issue 26): `seqs` rows of one query token each, every row at context ctx over its
+    # own pages (row r: pages r * pages_per_seq ...), the same launch pair at grid (HKV, num_splits, seqs); the
+    # floor is every row's K/V read once. The cache is 2 * seqs * ctx * 16 KiB (ctx 2048, 64 rows: 4.3 GB)
+    for seqs, ctx in BATCHED_DECODE:
+        pages_per_seq = cdiv(ctx, PAGE)
+        cache = gpu.alloc(seqs * pages_per_seq * PAGE * 2 * HKV * D * 2)
+        check(cu.cuMemsetD16(cache.ptr, 0x3C00, cache.nbytes // 2), "cuMemsetD16")
+        q = arr(rand_bits(rng, (seqs, HQ, D)))
+        lens = arr(np.full(seqs, ctx, dtype=np.int32))
+        table = arr(np.arange(seqs * pages_per_seq, dtype=np.int32))
+        slots = arr(np.array([(r * pages_per_seq + (ctx - 1) // PAGE) * PAGE + (ctx - 1) % PAGE for r in range(seqs)],
+                             dtype=np.int32))
+        po, ml = gpu.alloc(seqs * HQ * num_splits * D * 4).ptr, gpu.alloc(seqs * HQ * num_splits * 8).ptr
+        out = gpu.alloc(seqs * HQ * D * 2).ptr
+        part = [("p", q), ("p", cache.ptr), ("p", table), ("p", lens), ("p", slots), ("p", po), ("p", ml), ("i", HQ),
+                ("i", HKV), ("i", D), ("i", PAGE), ("i", pages_per_seq), ("i", seqs * pages_per_seq), ("i", split_min),
+                ("i", num_splits), ("f", D**-0.5)]
+        red = [("p", po), ("p", ml), ("p", lens), ("p", out), ("i", HQ), ("i", D), ("i", split_min), ("i", num_splits)]
+        kr = gpu.kernel("kern_attn_decode_reduce")
+        nbytes = seqs * (ctx * HKV * D * 2 * 2 + HQ * D * 2 * 2)
+        for label, entry, threads in (("wide", "kern_attn_decode_partial_wide", 256),
+                                      ("stream", STREAM_ENTRY, STREAM_THREADS)):
+            kp = gpu.kernel(entry)
+
+            def batch_pair(st, kp=kp, kr=kr, part=part, red=red, seqs=seqs, threads=threads):
+                kp.launch((HKV, num_splits, seqs), (threads,), part, stream=st, sync=False)
+                kr.launch((HQ, seqs), (D,), red, stream=st, sync=False)
+
+            us = time_graph(stream, [batch_pair])
+            rows.append((f"attn_decode {label} pair seqs={seqs} ctx={ctx}", us, nbytes, nbytes / PEAK_BYTES_PER_S * 1e6,
+                         None))
+        cache.free()
 
     # prefill attention: a 512-token chunk with no prefix, one after a 1536-token prefix, a whole 2048 prompt
     for prefix, chunk in ((0, 512), (1536, 512), (0, 2048), (6144, 2048)):
@@ -205,6 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     for ctx in (128, 1024, 4096):
         pair_us = next(us for name, us, *_ in rows if name == f"attn_decode wide partial+reduce ctx={ctx}")
         print(f"decode attention ctx={ctx}: {pair_us:.2f} us per layer, 36 layers {36 * pair_us / 1000:.3f} ms")
+    print_decode_attention_table(rows)
     gpu.free_all()
     return 0
 

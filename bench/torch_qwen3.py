@@ -9,6 +9,12 @@ does with binds, so the peer does the same number of GEMMs.
 Three peers are built from it (``bench/decode.py``): the eager step captured as one CUDA graph, the
 step compiled by ``torch.compile(mode="max-autotune-no-cudagraphs")`` and captured as one CUDA graph,
 and transformers' own eager ``generate`` (not in this file).
+
+The batched step (``bench/decode_batch.py``): ``decode_step_batch`` takes ``B`` rows, one token each at its
+own position, over a dense (not paged) per-row cache ``kb`` / ``vb`` bf16 ``[layers, B, kv_heads, S, head_dim]``
+(``set_batch_cache``); each row attends over all ``S`` cache positions with a mask ``key <= position``, as two
+batched matmuls per layer with the query heads viewed as ``[kv_heads, group]`` (GQA without repeating K/V).
+``batch_layer_fn`` is the layer it calls (``torch.compile(batch_layer)`` for the compiled peer).
 """
 
 from __future__ import annotations
@@ -77,6 +83,35 @@ class TorchQwen3:
         self.v_cache = torch.zeros_like(self.k_cache)
         self.positions_all = torch.arange(max_context, device=device)
         self.layer_fn = self.layer  # torch.compile(self.layer) for the compiled peer (bench/decode.py)
+        self.kb: torch.Tensor | None = None  # the batched step's cache (set_batch_cache)
+        self.vb: torch.Tensor | None = None
+        self.batch_layer_fn = self.batch_layer  # torch.compile(self.batch_layer) for the compiled batched peer
+
+    def resize_cache(self, size: int) -> None:
+        """A fresh zeroed bs=1 cache of ``size`` positions (``forward`` attends over all of them, masked).
+        ``size`` must not exceed ``max_context`` (the rope tables)."""
+        if not 1 <= size <= self.max_context:
+            raise ValueError(f"cache size {size} outside [1, max_context {self.max_context}]")
+        s = self.shape
+        device = self.k_cache.device
+        self.k_cache = torch.zeros(s.layers, size, s.kv_heads, s.head_dim, dtype=torch.bfloat16, device=device)
+        self.v_cache = torch.zeros_like(self.k_cache)
+        self.positions_all = torch.arange(size, device=device)
+
+    def set_batch_cache(self, batch: int, size: int) -> None:
+        """A fresh zeroed batched cache: ``kb`` / ``vb`` bf16 ``[layers, batch, kv_heads, size, head_dim]`` (row
+        ``r`` of the batch is ``kb[:, r]``), plus the index tensors the batched step writes K/V with. ``size``
+        (positions per row) must not exceed ``max_context``. Raises ValueError for a bad ``batch`` or ``size``."""
+        if batch < 1 or not 1 <= size <= self.max_context:
+            raise ValueError(f"batch {batch} must be >= 1 and size {size} inside [1, max_context {self.max_context}]")
+        s = self.shape
+        device = self.k_cache.device
+        self.kb = self.vb = None  # free the old cache first
+        self.kb = torch.zeros(s.layers, batch, s.kv_heads, size, s.head_dim, dtype=torch.bfloat16, device=device)
+        self.vb = torch.zeros_like(self.kb)
+        self.batch_keys = torch.arange(size, device=device)  # [S]
+        self.batch_rows = torch.arange(batch, device=device)[:, None]  # [B, 1]
+        self.batch_heads = torch.arange(s.kv_heads, device=device)[None, :]  # [1, Hkv]
 
     def forward(self, token_ids: torch.Tensor, positions: torch.Tensor, last_only: bool = True) -> torch.Tensor:
         """Run ``T`` tokens at ``positions`` (i64 ``[T]``), writing their K/V; returns logits ``[T or 1, vocab]``.
@@ -128,13 +163,67 @@ class TorchQwen3:
         """One greedy step: ``token``/``position`` i64 ``[1]`` -> next token i64 ``[1]``."""
         return self.forward(token, position).argmax(-1)
 
+    # ---------------------------------------------------------------- batched decode (bench/decode_batch.py)
+
+    def forward_batch(self, token_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """One decode step of ``B`` rows: row ``r`` runs token ``token_ids[r]`` at ``positions[r]`` (i64 ``[B]``,
+        ``B`` = the batch of ``set_batch_cache``), writes its K/V into its own cache row at that position and
+        attends over its positions ``0..positions[r]``. Returns logits bf16 ``[B, vocab]``. Every shape depends
+        only on ``B`` and the cache size, so the step is capturable."""
+        s = self.shape
+        assert self.kb is not None and self.vb is not None, "set_batch_cache first"
+        x = F.embedding(token_ids, self.embed)  # [B, hidden]
+        cos = self.cos[positions][:, None, :]  # [B, 1, D]
+        sin = self.sin[positions][:, None, :]
+        mask = (self.batch_keys[None, :] <= positions[:, None])[:, None, None, :]  # [B, 1, 1, S]
+        residual = x
+        for i, w in enumerate(self.layers):
+            residual = self.batch_layer_fn(residual, w["ln1"], w["qkv"], w["qn"], w["kn"], w["o"], w["ln2"],
+                                           w["gate_up"], w["down"], self.kb[i], self.vb[i], cos, sin, mask, positions,
+                                           self.batch_rows, self.batch_heads)
+        return _rms(residual, self.final_norm, s.eps) @ self.lm_head.t()
+
+    def batch_layer(self, residual: torch.Tensor, ln1: torch.Tensor, w_qkv: torch.Tensor, qn: torch.Tensor,
+                    kn: torch.Tensor, w_o: torch.Tensor, ln2: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
+                    k_cache: torch.Tensor, v_cache: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                    mask: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor, heads: torch.Tensor) -> torch.Tensor:
+        """One decoder layer on ``residual`` ``[B, hidden]`` (one token per row), writing row ``r``'s K/V at
+        ``positions[r]`` of ``k_cache`` / ``v_cache`` ``[B, kv_heads, S, D]``; ``mask`` bool ``[B, 1, 1, S]``,
+        ``rows`` ``[B, 1]`` and ``heads`` ``[1, kv_heads]`` index tensors. Returns the new residual. One
+        shape for every layer, so ``torch.compile`` of it compiles once per (B, S)."""
+        s = self.shape
+        B = residual.shape[0]
+        groups = s.q_heads // s.kv_heads
+        h = _rms(residual, ln1, s.eps)
+        qkv = h @ w_qkv.t()  # [B, (Hq + 2 Hkv) D]
+        q, k, v = qkv.split([s.q_heads * s.head_dim, s.kv_heads * s.head_dim, s.kv_heads * s.head_dim], -1)
+        q = _rope(_rms(q.view(B, s.q_heads, s.head_dim), qn, s.eps), cos, sin)  # [B, Hq, D]
+        k = _rope(_rms(k.view(B, s.kv_heads, s.head_dim), kn, s.eps), cos, sin)  # [B, Hkv, D]
+        where = (rows, heads, positions[:, None])  # -> [B, Hkv] cache entries, D each
+        k_cache.index_put_(where, k)
+        v_cache.index_put_(where, v.view(B, s.kv_heads, s.head_dim))
+        # query head h reads kv head h // groups (transformers' repeat_kv), so q viewed [B, Hkv, groups, D]
+        qg = q.view(B, s.kv_heads, groups, s.head_dim)
+        scores = torch.matmul(qg, k_cache.transpose(-1, -2)).float() * (s.head_dim ** -0.5)  # [B, Hkv, G, S]
+        probs = scores.masked_fill(~mask, float("-inf")).softmax(-1).to(torch.bfloat16)
+        attn = torch.matmul(probs, v_cache).reshape(B, s.q_heads * s.head_dim)  # [B, Hkv, G, D] -> [B, Hq D]
+        residual = residual + attn @ w_o.t()
+        h = _rms(residual, ln2, s.eps)
+        g, u = (h @ w_gate_up.t()).chunk(2, -1)
+        return residual + (F.silu(g) * u) @ w_down.t()
+
+    def decode_step_batch(self, token_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """One greedy batched step: i64 ``[B]`` tokens and positions -> next tokens i64 ``[B]``."""
+        return self.forward_batch(token_ids, positions).argmax(-1)
+
 
 class GraphedStep:
-    """A decode step (eager or compiled) captured into one CUDA graph with static input/output tensors."""
+    """A decode step (eager or compiled) captured into one CUDA graph with static input/output tensors:
+    ``token`` / ``position`` i64 ``[rows]`` (1 for ``decode_step``, the batch for ``decode_step_batch``)."""
 
-    def __init__(self, step, device: str = "cuda", warmup: int = 3) -> None:
-        self.token = torch.zeros(1, dtype=torch.int64, device=device)
-        self.position = torch.zeros(1, dtype=torch.int64, device=device)
+    def __init__(self, step, device: str = "cuda", warmup: int = 3, rows: int = 1) -> None:
+        self.token = torch.zeros(rows, dtype=torch.int64, device=device)
+        self.position = torch.zeros(rows, dtype=torch.int64, device=device)
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):

@@ -27,6 +27,7 @@ VARIANTS: dict[str, tuple[str, ...]] = {
     "v2-st16": ("--gemv", "v2", "--decode-split-tokens", "16"),  # minimum split length before 2026-11-29 (s5)
     "v2-nocarve": ("--gemv", "v2", "--carveout", "-1"),  # no launch carveout: the driver's choice (before s6)
     "v2-early": ("--gemv", "v2", "--decode-attn", "early"),  # the 4-warp early partial (the default before s7)
+    "v2-stream": ("--gemv", "v2", "--decode-attn", "stream"),  # kern_attn_decode_partial_stream (issue 26, batch)
     # seventh session, from commit 1befd34 (its generator): v2-noring, v2-norm, v2-ring (the rows ring and the norm
     # weight copied to shared memory before the PDL wait; both lost or gained nothing, docs/perf.md) - removed
 }

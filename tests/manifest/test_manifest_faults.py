@@ -231,3 +231,18 @@ def test_group_sizes_and_rank_encodings_are_bounded() -> None:
     assert_verify_faults(mutate(EXAMPLE, group(2**40)), ["$.topology.tp.size"], "it must be 1..65536")
     obj = mutate(EXAMPLE, group(4))
     verify(parse_manifest(obj))  # the same wiring in a group of 4 verifies
+
+
+def test_a_launch_with_the_box_of_the_one_before_continues_it() -> None:
+    """[A(1..1), B(2..64), B2(2..64)] verifies: B2 continues B (one alternative of two launches); a third range
+    after it that overlaps is still an overlap, and a continuation of a launch two places back is not one."""
+    def add(launches: list[dict[str, Any]], *whens: list[int]) -> None:
+        for w in whens:
+            launches.append({**launches[1], "when": {"tokens": w}})
+
+    verify(parse_manifest(json.dumps(mutated(lambda o: add(ops(o)["gemm"]["launches"], [2, 64])))))
+    verify(parse_manifest(json.dumps(mutated(lambda o: add(ops(o)["gemm"]["launches"], [2, 64], [2, 64])))))
+    assert_verify_faults(mutated(lambda o: add(ops(o)["gemm"]["launches"], [2, 64], [1, 1], [2, 64], [2, 3])),
+                         ["$.ops.gemm.launches[5].when"], "leave tokens=1 uncovered")
+    assert_verify_faults(mutated(lambda o: add(ops(o)["gemm"]["launches"], [1, 1], [2, 64], [3, 64])),
+                         ["$.ops.gemm.launches[4].when"], "uncovered")

@@ -24,14 +24,15 @@ from kern_run.models.qwen3.command import BuildRequest, default_name
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "tests" / "data" / "configs"
 # published name -> (shape key, weight buffers: 8 per layer + embedding, final norm, rope table and the untied
-# lm_head; decode calls; paged KV bytes per token: layers x 2 x kv_heads x head_dim x 2)
+# lm_head; decode calls: embed + 6 per layer + lm_head + the sampler's 3; paged KV bytes per token: layers x 2 x
+# kv_heads x head_dim x 2)
 SIZES = {
-    "Qwen3-0.6B": ("qwen3-0.6b", 227, 172, 114688),
-    "Qwen3-1.7B": ("qwen3-1.7b", 227, 172, 114688),
-    "Qwen3-4B": ("qwen3-4b", 291, 220, 147456),
-    "Qwen3-8B": ("qwen3-8b", 292, 220, 147456),
-    "Qwen3-14B": ("qwen3-14b", 324, 244, 163840),
-    "Qwen3-32B": ("qwen3-32b", 516, 388, 262144),
+    "Qwen3-0.6B": ("qwen3-0.6b", 227, 173, 114688),
+    "Qwen3-1.7B": ("qwen3-1.7b", 227, 173, 114688),
+    "Qwen3-4B": ("qwen3-4b", 291, 221, 147456),
+    "Qwen3-8B": ("qwen3-8b", 292, 221, 147456),
+    "Qwen3-14B": ("qwen3-14b", 324, 245, 163840),
+    "Qwen3-32B": ("qwen3-32b", 516, 389, 262144),
 }
 
 
@@ -78,7 +79,9 @@ def test_every_published_size_builds_and_inspects(name: str, tmp_path: Path) -> 
     assert lines[0].startswith(f"manifest {name} (kern-manifest/1), digest ")
     assert lines[2] == f"states: {cfg['num_hidden_layers']} ({cfg['num_hidden_layers']} paged); paged: {per_token} " \
                        "bytes/token in all, page_tokens [16]"
-    assert lines[3].startswith(f"buffers: input 6 (0.02 MiB), output 2 (0.00 MiB), weight {weights} (")
+    # inputs: the 6 of the caller contract + the sampler's params and history; outputs: next_token, the ring, top
+    # logprobs' ids and values
+    assert lines[3].startswith(f"buffers: input 9 (0.02 MiB), output 4 (0.00 MiB), weight {weights} (")
     manifest = json.loads(out.read_text())
     assert manifest["meta"]["config_sha256"] == qwen3.jsonio.sha256_text((CONFIGS / f"{name}.json").read_text())
     assert ("lm_head" in manifest["buffers"]) == (not cfg["tie_word_embeddings"])

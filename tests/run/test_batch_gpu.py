@@ -1,7 +1,7 @@
 """The batched decode caller on the GPU (kern_run.batch), on the committed tiny-en model (models/qwen3-tiny-en,
 trained weights: real top-2 margins) with its manifest at seqs_max 64: the committed manifests/qwen3-tiny-en.json
 when it already takes 64 rows and has the GPU sampler, else built in-process with the package's builder from the
-same table entry (tools/regen_manifests.py) with `seqs_max` 64.
+same table entry (tools/regen_manifests.py) with `seqs_max` 64 and `gemv` v2.
 
 - (a) every row of a batched greedy run gives the tokens of its prompt decoded alone (one row, bucket 1), 128
   steps, ragged prompt lengths, at buckets 4 and 64 (and the synchronous loop at bucket 4);
@@ -33,7 +33,7 @@ STEPS = 128
 
 def batched_tiny_en(out_dir: Path) -> Path:
     """manifests/qwen3-tiny-en.json when it takes SEQS rows and samples on the GPU; else the same build at
-    seqs_max SEQS (the builder's defaults otherwise: the GPU sampler where the builder has it)."""
+    seqs_max SEQS with the v2 GEMV wiring (the builder's defaults otherwise: the GPU sampler)."""
     from kern_run.models.qwen3 import build_texts
     from kern_run.preflight import read_manifest
     from tools import regen_manifests
@@ -44,7 +44,10 @@ def batched_tiny_en(out_dir: Path) -> Path:
     if facts.manifest.vars["seqs"].max >= SEQS and "sampling" in caller:
         return committed
     req = regen_manifests.request("qwen3-tiny-en.json", ROOT / "kernels", regen_manifests.ALGOS, out_dir)
-    req = dataclasses.replace(req, verify=True, options={**req.options, "seqs_max": SEQS})
+    options = {**req.options, "seqs_max": SEQS}
+    if options.get("decode", "gemv") == "gemv":
+        options["gemv"] = "v2"  # the v1 GEMVs compute one row; v2 takes 2..64 rows (small-M MMA projections)
+    req = dataclasses.replace(req, verify=True, options=options)
     ((path, text),) = build_texts(req).items()
     path.write_text(text)
     return path

@@ -99,7 +99,7 @@ def test_m1_gemv_runs_the_gemm_wiring_s_decode_projections_on_kern_gemv_rows() -
 
 
 def test_gemv_launches_and_pdl() -> None:
-    m = _manifest()
+    m = _manifest(sampler="argmax")
     o = m["ops"]
     assert [a["name"] for a in o["gemv_qkv"]["args"]] == ["w", "residual", "norm_w", "y"]
     qkv = o["gemv_qkv"]["launches"][0]
@@ -117,8 +117,17 @@ def test_gemv_launches_and_pdl() -> None:
                    "kern_attn_decode_partial_wide", "kern_attn_decode_reduce"} | small
     assert pdl <= gq.PDL_ENTRIES
     assert not any(l.get("pdl") for op in _manifest(pdl=False)["ops"].values() for l in op["launches"])
-    no_small = {l["entry"] for op in _manifest(pdl_small=False)["ops"].values() for l in op["launches"] if l.get("pdl")}
+    no_small = {l["entry"] for op in _manifest(pdl_small=False, sampler="argmax")["ops"].values()
+                for l in op["launches"] if l.get("pdl")}
     assert no_small == pdl - small
+    # the sampler's launches are small ones too: PDL with pdl_small, none without (top logprobs and the load-time
+    # init run outside the decode graph: never)
+    sampled = {l["entry"] for op in _manifest()["ops"].values() for l in op["launches"] if l.get("pdl")}
+    step_end = {"kern_sample_bf16", "kern_sample_history_append", "kern_decode_advance_packed"}
+    assert sampled == (pdl - {"kern_argmax_partial", "kern_argmax_final", "kern_decode_advance"}) | step_end
+    assert sampled <= gq.PDL_ENTRIES
+    assert not {l["entry"] for op in _manifest(pdl_small=False)["ops"].values() for l in op["launches"]
+                if l.get("pdl")} & step_end
     # decode attention: a fixed split count, one wave of blocks (8 kv heads x 16 <= 132 SMs), minimum split
     # length 64 (one partial tile at head_dim 128)
     part = o["attn_decode"]["launches"][0]
@@ -255,7 +264,7 @@ def test_prefill_attention_auto_keeps_r32_where_wg_has_no_width() -> None:
 
 
 def test_decode_advance_and_ring() -> None:
-    m = _manifest()
+    m = _manifest(sampler="argmax")
     adv = m["ops"]["decode_advance"]["launches"][0]
     assert (adv["module"], adv["entry"], adv["grid"], adv["block"]) == ("step", "kern_decode_advance", [1, 1, 1],
                                                                        [32, 1, 1])
@@ -322,10 +331,12 @@ def test_abi_mismatch_is_refused() -> None:
     with pytest.raises(gq.ManifestBuildError, match="kern_add_rmsnorm"):
         gq.KernelAbi.from_json(raw)
     raw = gq.stub_kernels_json()
-    del raw["modules"]["argmax"]["entries"]["kern_argmax_final"]  # every manifest uses it: refused at its launch
+    del raw["modules"]["argmax"]["entries"]["kern_argmax_final"]  # every argmax manifest uses it: refused at its launch
     abi = gq.KernelAbi.from_json(raw)
+    cfg = gq.Qwen3Config.from_json(mc.config_json(mc.SHAPES["tiny"]))
     with pytest.raises(gq.ManifestBuildError, match="kern_argmax_final"):
-        gq.build_manifest(gq.Qwen3Config.from_json(mc.config_json(mc.SHAPES["tiny"])), abi, gq.BuildOptions("tiny"))
+        gq.build_manifest(cfg, abi, gq.BuildOptions("tiny", sampler="argmax"))
+    gq.build_manifest(cfg, abi, gq.BuildOptions("tiny"))  # the sampler's decode never launches it
 
 
 def test_params_come_from_kernels_json() -> None:

@@ -78,7 +78,7 @@ def test_manifest_declares_the_ring(facts: ManifestFacts) -> None:
     assert facts.decode_advance == {"ring": "token_ring", "ring_len": 64}
     assert facts.manifest.buffers["token_ring"].to_json() == {"kind": "output", "dtype": "i64", "shape": ["seqs", 64],
                                                               "placement": "host"}
-    assert facts.manifest.programs["decode"].calls[-1].op == "decode_advance"
+    assert facts.manifest.programs["decode"].calls[-1].op == "decode_advance_packed"  # the sampler's step end
 
 
 @pytest.mark.parametrize("lookahead", [1, 2, 4, 62, 500])

@@ -219,8 +219,14 @@ def test_config_sizes_at_their_bounds_build_a_manifest_that_verifies() -> None:
     cfg = gq.Qwen3Config.from_json(_cfg(num_hidden_layers=1024, num_attention_heads=512, num_key_value_heads=512,
                                         head_dim=128, hidden_size=1 << 16, intermediate_size=1 << 18,
                                         vocab_size=1 << 22, max_position_embeddings=1 << 24))
-    text = command.dumps(gq.build_manifest(cfg, gq.read_kernel_abi(KERNELS), gq.BuildOptions("x", max_context=4096)))
+    text = command.dumps(gq.build_manifest(cfg, gq.read_kernel_abi(KERNELS), gq.BuildOptions("x", max_context=4096,
+                                                                                              sampler="argmax")))
     command.verify_manifest_text(text, "the largest manifest")
+    # the sampler's vocabulary limit (kern_sample_bf16 writes nothing past 2^20): the default build names the flag
+    with pytest.raises(gq.ManifestBuildError) as err:
+        gq.build_manifest(cfg, gq.read_kernel_abi(KERNELS), gq.BuildOptions("x", max_context=4096))
+    assert str(err.value) == ("sampler (--sampler) 'gpu': vocab_size 4194304 > 1048576 (the sampler's limit); use "
+                              "--sampler argmax")
 
 
 def test_config_shape_refusals_name_the_file() -> None:
@@ -563,7 +569,7 @@ def test_cli_writes_what_build_manifest_builds(tmp_path: Path, capsys: pytest.Ca
                              gq.jsonio.sha256_text(gq.config_text(gq.SHAPES["tiny"])))
     assert out.read_text() == gq.dumps(want)
     assert capsys.readouterr().out == (f"kern manifest build: wrote {out} ({len(gq.dumps(want))} bytes, digest "
-                                       f"{want['digest'][:12]}, decode 28 calls, verified)\n")
+                                       f"{want['digest'][:12]}, decode 29 calls, verified)\n")
 
 
 def test_pin_attributes_are_the_manifest_models() -> None:

@@ -476,7 +476,8 @@ class OpChecks(VerifierBase):
         """Launches with `when` come in groups: a group is a run of consecutive `when` launches over the same
         var set, closed as soon as their ranges cover the var box (or by a launch without `when`, a launch
         over other vars, or the end of the op). Inside a group no two ranges may overlap, and a closed
-        group must cover every point.
+        group must cover every point. A launch whose box equals the box of the launch just before it continues
+        that launch (both apply together, in order): it is not a new member of any group.
 
         Cost: O(n^2 * k) for a group of n launches over k vars (each pair compared once; coverage kept as the
         sum of the disjoint boxes' sizes, a hole found by `first_hole`), never the product of the cuts."""
@@ -497,14 +498,20 @@ class OpChecks(VerifierBase):
             group.clear()
             covered, overlapped = 0, False
 
+        previous: dict[str, tuple[int, int]] | None = None  # the box of launch i - 1 (None: no `when` there)
         for i, launch in enumerate(op.launches):
             if launch.when is None:
                 close()
+                previous = None
                 continue
             box = self.when_box(launch.when)
             if box is None:
                 close()
+                previous = None
                 continue
+            if box == previous:
+                continue  # continues launch i - 1: one more launch of that alternative
+            previous = box
             if group and set(group[0][1]) != set(box):
                 close()
             # this launch is compared with the group so far (and the hole search at close costs as much again)

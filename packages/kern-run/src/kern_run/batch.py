@@ -42,8 +42,8 @@ from .batch_inputs import History, RowInput, decode_inputs, step_inputs
 from .batch_pages import BatchPages
 from .errors import InputError
 from .generate import Generator
-from .sampler_meta import SamplerFacts, check_params, entry_logprobs, entry_tokens
-from .sampling import SamplingParams, resolve_seed
+from .sampler_meta import SamplerFacts, check_params
+from .sampling import SamplingParams, resolve_seed, unpack_packed
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 
@@ -341,8 +341,8 @@ class BatchDecoder:
                 values = ring[np.arange(len(rows)), (p0 + j + 1) % ring_len]  # i64[rows]
             else:
                 values = np.asarray(rt.read_output("next_token", rows=bucket))[:len(rows)]  # synchronises
-            tokens = entry_tokens(values)
-            logprobs = entry_logprobs(values) if self.sampler is not None else None
+            tokens, unpacked = unpack_packed(values)  # token id bits 0..31, f32 logprob bits 32..63
+            logprobs = unpacked if self.sampler is not None else None  # an argmax manifest's entry: the id alone
             top_rows = None
             if want_top:
                 assert top is not None

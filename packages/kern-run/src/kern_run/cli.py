@@ -510,6 +510,10 @@ def manifest_build(
     name: Annotated[Optional[str], typer.Option("--name", help="manifest name (default: the shape, or the config's "
                                                 "directory name)")] = None,
     chunk_max: Annotated[int, typer.Option("--chunk-max", help="tokens var max (largest prefill chunk)")] = 512,
+    seqs_max: Annotated[int, typer.Option("--seqs-max", help="seqs var max: rows of a decode step (gemv decode: "
+                                          "2..64 need --gemv v2)")] = 1,
+    batch_proj: Annotated[str, typer.Option("--batch-proj", help="with --seqs-max > 1: the projections of 2..64-row "
+                                            "steps: cublaslt (default) or mma (kernels-src/gemv_mma.cu)")] = "cublaslt",
     max_context: Annotated[Optional[int], typer.Option("--max-context", help="positions per sequence (default "
                                                        "min(40960, max_position_embeddings); tiny 4096)")] = None,
     decode: Annotated[Optional[str], typer.Option("--decode", help="decode projections: gemv (M = 1 GEMVs, fused "
@@ -518,7 +522,7 @@ def manifest_build(
                                           "kern_gemv_rows (M = 1)")] = False,
     gemv: Annotated[str, typer.Option("--gemv", help="decode GEMV wiring: v1 warp-per-row, v2 rows family with the "
                                       "SwiGLU epilogue")] = "v1",
-    decode_attn: Annotated[str, typer.Option("--decode-attn", help="decode attention: wide, early or split")] = "wide",
+    decode_attn: Annotated[str, typer.Option("--decode-attn", help="decode attention: wide, early, split or stream")] = "wide",
     prefill_attn: Annotated[str, typer.Option("--prefill-attn", help="prefill attention: auto (wg where the head_dim "
                                               "allows, else r32), wg, r32 or r16")] = "auto",
     prefill_rope: Annotated[str, typer.Option("--prefill-rope", help="q/k norm + rope for chunks of 2+ tokens: warp "
@@ -536,6 +540,11 @@ def manifest_build(
                                                "only")] = False,
     algos: Annotated[Optional[Path], typer.Option("--algos", help="cuBLASLt pins of tools/pick_algos.py "
                                                   "(batch-invariant prefill GEMMs)")] = None,
+    sampler: Annotated[str, typer.Option("--sampler", help="the decode step's end: gpu (per-row sampling in the "
+                                         "graph; next_token packs token and logprob) or argmax (greedy only, "
+                                         "plain token ids)")] = "gpu",
+    hist_cap: Annotated[int, typer.Option("--hist-cap", help="with --sampler gpu: history slots (distinct previous "
+                                          "tokens) per row for the penalties")] = 1024,
     tp: Annotated[int, typer.Option("--tp", help="tensor-parallel ranks: write one manifest per rank")] = 1,
     no_verify: Annotated[bool, typer.Option("--no-verify", help="skip verification with kern_manifest")] = False,
     log_level: LogOpt = None,
@@ -544,11 +553,11 @@ def manifest_build(
     Refusals name the file, config field or flag; nothing is written then."""
     from .models.qwen3 import BuildRequest, build
 
-    options = {"chunk_max": chunk_max, "decode": decode, "m1_gemv": m1_gemv, "gemv": gemv, "decode_attn": decode_attn,
+    options = {"chunk_max": chunk_max, "seqs_max": seqs_max, "batch_proj": batch_proj, "decode": decode, "m1_gemv": m1_gemv, "gemv": gemv, "decode_attn": decode_attn,
                "prefill_attn": prefill_attn, "prefill_rope": prefill_rope,
                "carveout": None if carveout == -1 else carveout, "decode_splits": decode_splits,
                "split_tokens": decode_split_tokens, "sms": sms, "gemv_threads_per_sm": gemv_threads_per_sm,
-               "pdl": not no_pdl, "pdl_small": not no_pdl_small}
+               "pdl": not no_pdl, "pdl_small": not no_pdl_small, "sampler": sampler, "hist_cap": hist_cap}
 
     def go() -> list[str]:
         from .package_data import kernels_dir

@@ -3,10 +3,10 @@
 One sequence (bs=1; `kern_run.batch` decodes many prompts together, one row each, over the same Generator).
 Prefill: the first n-1 prompt tokens in chunks of `chunk` tokens through the `prefill` program (fills the KV
 cache only). The last prompt token goes through `decode`, which yields the first generated token; every further
-token is one `decode` step. Decoding is greedy on the GPU (the argmax, or the GPU sampler with row 0's params
-written greedy): each step reads back 8 bytes (`next_token`, i64[1]; with the sampler the token id is its low 32
-bits, sampler_meta.entry_tokens). `warm_up` runs the first-use costs (cuBLASLt kernels, module loading, the
-decode graphs' capture) on the scratch page at load (docs/caller.md "Warm-up").
+token is one `decode` step. Sampling is greedy on the GPU (the manifest's two-stage argmax, or its sampler with
+row 0's params written greedy at each generation): each step reads back 8 bytes (`next_token`, i64[1]; the token
+id is bits 0..31, `sampling.packed_token`). `warm_up` runs the first-use costs (cuBLASLt kernels, module loading,
+the decode graphs' capture) on the scratch page at load (docs/caller.md "Warm-up").
 
 Per prefill chunk `[start, stop)` (length L) the caller writes prefixes of the inputs:
     token_ids[:L] = ids[start:stop]           positions[:L] = start..stop-1
@@ -49,8 +49,8 @@ from kern_manifest import var_min
 from .contract import CallerRuntime, DeviceSteps, PageSource, Reserved, SeqLease
 from .errors import InputError
 from .preflight import ManifestFacts
-from .sampler_meta import entry_tokens, read_sampler
-from .sampling import SamplingParams, pack_params
+from .sampler_meta import read_sampler
+from .sampling import SamplingParams, pack_params, packed_token
 
 
 @dataclass(frozen=True)
@@ -351,8 +351,8 @@ class Generator:
         self.rt.issue("decode", {"tokens": 1, "seqs": 1}, eager=eager)
 
     def _next_token(self) -> int:
-        # i64[1]: 8-byte readback, synchronises; a sampler manifest packs the logprob above the token id
-        return int(entry_tokens(self.rt.read_output("next_token"))[0])
+        # i64[1]: 8-byte readback, synchronises; the sampler's manifests pack the logprob above the token id
+        return packed_token(self.rt.read_output("next_token")[0])
 
     def check_fits(self, num_prompt_tokens: int) -> None:
         if num_prompt_tokens > self.max_positions:
@@ -446,7 +446,7 @@ class Generator:
         while pending:
             position, event = pending.popleft()
             event.wait()
-            token = int(entry_tokens(ring[0, (position + 1) % ring_len]))
+            token = packed_token(ring[0, (position + 1) % ring_len])
             now = time.perf_counter()
             if not tokens:
                 t1 = now

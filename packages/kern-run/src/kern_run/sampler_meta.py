@@ -9,7 +9,8 @@ kern_sample_bf16 and declares in `meta.caller.sampling` (docs/caller.md "Samplin
 
 `params` is an input u32 [seqs, 12] (`sampling.pack_params`, 48 bytes a row); `hist_tokens` / `hist_counts`
 inputs i32 [seqs, hist_cap] (`sampling.pack_history`); with "packed", `next_token` i64 [seqs] and every token
-ring entry hold the token id in bits 0..31 and the f32 logprob's bit pattern in bits 32..63. `top_logprobs`
+ring entry hold the token id in bits 0..31 and the f32 logprob's bit pattern in bits 32..63
+(`sampling.unpack_packed`). `top_logprobs`
 names an eager program that writes `ids` i32 [seqs, n_top] / `logprobs` f32 [seqs, n_top] for the last decode
 step. A manifest without `meta.caller.sampling` (the argmax builder) decodes greedily: plain token ids, no
 sampler inputs; `SamplerFacts.check` refuses any other setting for it.
@@ -23,7 +24,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-import numpy as np
 from kern_manifest import var_max
 
 from .errors import ConfigError, SamplingError
@@ -142,15 +142,3 @@ def read_sampler(manifest: Any, path: Any) -> SamplerFacts | None:
             raise fault(f".top_logprobs.n_top = {n_top!r} must be an integer in [1, {MAX_TOP_LOGPROBS}]")
         top = TopLogprobs(program, ids, lps, n_top)
     return SamplerFacts(names["params"], names["hist_tokens"], names["hist_counts"], cap, top)
-
-
-def entry_tokens(values: np.ndarray) -> np.ndarray:
-    """Token ids (i64) of `next_token` / token-ring entries of any shape: bits 0..31 (a plain id of an argmax
-    manifest, 0 <= id < 2^31, is returned unchanged)."""
-    return np.asarray(values, dtype=np.int64) & 0xFFFFFFFF
-
-
-def entry_logprobs(values: np.ndarray) -> np.ndarray:
-    """Logprobs (f32) of packed entries of any shape: the f32 whose bit pattern is bits 32..63."""
-    raw = np.ascontiguousarray(values, dtype="<i8").view("<u8")
-    return (raw >> np.uint64(32)).astype("<u4").view("<f4")

@@ -11,6 +11,11 @@ change of parameters never re-captures:
     out          int32 token [rows] then float32 logprob [rows]: OUTPUT_BYTES_PER_ROW = 8 (`unpack_outputs`)
 
 The per-row position (the Philox counter) is the decode program's existing `positions` input.
+
+A manifest built with the sampler (`kern manifest build --sampler gpu`, the default; meta.caller.sampling) ends
+its decode step with kern_decode_advance_packed: `next_token` and the token ring hold one int64 per row, the
+token id in bits 0..31 and the f32 logprob's bit pattern in bits 32..63 (`unpack_packed`, `packed_token`). An
+argmax manifest (no meta.caller.sampling) holds plain token ids there, which `packed_token` returns unchanged.
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ import struct
 from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Iterable, Sequence
+
+import numpy as np
 
 from .errors import SamplingError
 
@@ -153,3 +160,18 @@ def unpack_outputs(raw: bytes, rows: int) -> list[tuple[int, float]]:
     ids = struct.unpack_from(f"<{rows}i", raw, 0)
     lps = struct.unpack_from(f"<{rows}f", raw, 4 * rows)
     return list(zip(ids, lps))
+
+
+def packed_token(value: int) -> int:
+    """The token id of one packed `next_token` / ring entry (bits 0..31). A plain token id (an argmax manifest's
+    entry, 0 <= id < 2^31) is returned unchanged."""
+    return int(value) & 0xFFFFFFFF
+
+
+def unpack_packed(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(token ids i32, logprobs f32) of packed int64 entries of any shape (`next_token` i64 [seqs], a ring row):
+    token = bits 0..31, logprob = the f32 whose bit pattern is bits 32..63."""
+    raw = np.ascontiguousarray(values, dtype="<i8").view("<u8")
+    tokens = (raw & np.uint64(0xFFFFFFFF)).astype("<u4").view("<i4")
+    logprobs = (raw >> np.uint64(32)).astype("<u4").view("<f4")
+    return tokens, logprobs

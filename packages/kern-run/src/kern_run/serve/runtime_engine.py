@@ -21,6 +21,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..generate import slot_mapping
+from ..sampling import packed_token
 from .engine import DecodeRow, PrefillChunk
 from .errors import ConfigError
 from .sampling import greedy_only_fault
@@ -81,4 +82,4 @@ class RuntimeEngine:
         self.rt.write_input("slot_mapping", self._slots(r.page_ids, r.position, r.position + 1))
         self.rt.write_input("seq_lens", np.asarray([r.position + 1], dtype=np.int32))
         self.rt.issue("decode", {"tokens": 1, "seqs": 1}, eager=self.eager)
-        return [int(self.rt.read_output("next_token")[0])]  # i64[1]
+        return [packed_token(self.rt.read_output("next_token")[0])]  # i64[1] (token | logprob bits << 32)

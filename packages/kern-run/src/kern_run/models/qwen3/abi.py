@@ -41,7 +41,17 @@ KERNEL_SIGNATURES: dict[str, tuple[str, tuple[str, ...]]] = {
     "kern_attn_decode_partial_fast": ("attention", ("p",) * 6 + ("i32",) * 8 + ("f32",)),
     "kern_attn_decode_partial_early": ("attention", ("p",) * 7 + ("i32",) * 8 + ("f32",)),
     "kern_attn_decode_partial_wide": ("attention", ("p",) * 7 + ("i32",) * 8 + ("f32",)),
+    "kern_attn_decode_partial_stream": ("attention_decode", ("p",) * 7 + ("i32",) * 8 + ("f32",)),
     "kern_decode_advance": ("step", ("p",) * 7 + ("i32",) * 5),
+    "kern_decode_advance_packed": ("step", ("p",) * 9 + ("i32",) * 5),
+    "kern_sample_inputs_init": ("step", ("p",) * 3 + ("i32",) * 2),
+    "kern_sample_bf16": ("sample", ("p",) * 5 + ("i32",) * 2 + ("p",) * 3),
+    "kern_sample_top_logprobs_bf16": ("sample", ("p", "p", "i32", "i32", "p", "p")),
+    "kern_sample_history_append": ("sample", ("p",) * 3 + ("i32",) * 2),
+    # small-M MMA projections (kernels-src/gemv_mma.cu, docs/kernels-gemv.md "Small-M MMA entries"): m, n, k
+    **{f"kern_mma_{kind}_m{tile}": ("gemv_mma", ("p",) * (3 if kind == "residual" else 4) + ("i32",) * 3
+                                    + (() if kind == "residual" else ("f32",)))
+       for kind in ("rmsnorm", "residual", "rmsnorm_swiglu") for tile in (8, 16, 32, 64)},
 }
 # Entries that execute griddepcontrol.wait before reading anything a predecessor writes and before writing
 # anything (docs/kernels-gemv.md, docs/kernels.md "Programmatic dependent launch"); only these may carry
@@ -54,6 +64,10 @@ PDL_ENTRIES = frozenset({
     "kern_qk_norm_rope_kv", "kern_embed_gather", "kern_argmax_partial", "kern_argmax_final",
     "kern_decode_advance", "kern_attn_decode_partial_early", "kern_attn_decode_partial_wide",
     "kern_attn_prefill_r32", "kern_qk_norm_rope_kv_warp", "kern_attn_prefill_wg",
+    "kern_decode_advance_packed", "kern_sample_inputs_init", "kern_sample_bf16", "kern_sample_top_logprobs_bf16",
+    "kern_sample_history_append",
+    *(f"kern_mma_{kind}_m{tile}" for kind in ("rmsnorm", "residual", "rmsnorm_swiglu") for tile in (8, 16, 32, 64)),
+    "kern_attn_decode_partial_stream",
 })
 TYPE_BYTES = {"p": 8, "i32": 4, "f32": 4, "i64": 8}
 

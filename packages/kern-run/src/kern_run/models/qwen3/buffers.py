@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from .builder import Builder
 from .options import Plan
+from .sampling import add_sampling_buffers
 
 
 def add_io_buffers(b: Builder, plan: Plan) -> None:
     """Inputs token_ids / positions / slot_mapping [tokens] i32, block_table [seqs, pages_per_seq] i32, seq_lens
-    [seqs] i32, cu_seqlens_q [seqs + 1] i32; outputs next_token [seqs] i64 and the host-mapped token ring."""
+    [seqs] i32, cu_seqlens_q [seqs + 1] i32; outputs next_token [seqs] i64 and the host-mapped token ring (plain
+    token ids with --sampler argmax; token | logprob bits << 32 with the sampler, whose own buffers
+    sampling.add_sampling_buffers declares)."""
     b.buffer("token_ids", "input", "i32", ["tokens"])
     b.buffer("positions", "input", "i32", ["tokens"])
     b.buffer("slot_mapping", "input", "i32", ["tokens"])
@@ -19,6 +22,8 @@ def add_io_buffers(b: Builder, plan: Plan) -> None:
     # written by kern_decode_advance at (position + 1) % ring_len; host-mapped so the caller reads it
     # without a copy once the step's event has completed (docs/caller.md "Decode on the device")
     b.buffer("token_ring", "output", "i64", ["seqs", plan.opts.ring_len], placement="host")
+    if plan.opts.sampler == "gpu":
+        add_sampling_buffers(b, plan)
 
 
 def add_workspace(b: Builder, plan: Plan) -> None:

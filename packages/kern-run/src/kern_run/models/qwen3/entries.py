@@ -4,10 +4,14 @@
 from __future__ import annotations
 
 # --decode-attn values with kern_attn_decode_partial_early's contract (reads before the PDL wait, slot_mapping
-# passed): name -> (entry, threads per block, largest head_dim); docs/kernels.md "Entries".
+# passed): name -> (entry, threads per block, largest head_dim); docs/kernels.md "Entries". "stream"
+# (kernels-src/attention_decode.cu) streams K/V through shared memory with cp.async and does the math on tensor
+# cores (head_dim a multiple of 16, which the prefill entries require of every model anyway); it writes nothing
+# for splits past a row's context, which kern_attn_decode_reduce never reads.
 EARLY_PARTIALS: dict[str, tuple[str, int, int]] = {
     "early": ("kern_attn_decode_partial_early", 128, 256),
     "wide": ("kern_attn_decode_partial_wide", 256, 128),
+    "stream": ("kern_attn_decode_partial_stream", 64, 128),
 }
 DECODE_ATTN = ("split", *EARLY_PARTIALS)
 # --prefill-attn values: name -> (entry, query rows per grid.x step at a GQA group of 4, dynamic shared memory

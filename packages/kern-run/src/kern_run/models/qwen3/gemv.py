@@ -1,7 +1,7 @@
 """The decode projections as M = 1 GEMVs (kernels-src/gemv.cu, docs/kernels-gemv.md): v1 warp-per-row entries
 with the RMSNorms folded into the qkv / gate_up / lm_head prologues and the residual adds into the o / down
-epilogues; v2 the rows family with a SwiGLU epilogue on gate_up (docs/perf.md). Also the rows-family launch
-`--m1-gemv` uses."""
+epilogues; v2 the rows family with a SwiGLU epilogue on gate_up (docs/perf.md), and for a batched decode (seqs_max
+> 1) the small-M MMA entries beside them (mma.py). Also the rows-family launch `--m1-gemv` uses."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Any
 
 from ...errors import ManifestBuildError
 from .builder import Builder, ptr
+from .batch_proj import batched
 from .options import BuildOptions, Plan
 
 
@@ -71,19 +72,33 @@ def add_gemv_v2_ops(b: Builder, plan: Plan) -> None:
     `gemv_qkv`: kern_gemv_rows_rmsnorm; `gemv_gate_up_act`: kern_gemv_rmsnorm_swiglu (RMSNorm prologue, gate
     and up rows of one output in one block, writes act = bf16(silu(gate)) * up); `gemv_o` / `gemv_down_act`:
     kern_gemv_rows_residual (residual += W x, x = attn_out / act); `gemv_lm_head`: kern_gemv_rmsnorm as in v1
-    (already at the bandwidth floor)."""
+    (already at the bandwidth floor). With seqs_max > 1 each op keeps that launch for seqs = 1 and adds the
+    launches of the same semantics for seqs 2..seqs_max (batch_proj.batched: cuBLASLt with separate norm and
+    SwiGLU launches by default, or the small-M MMA entries of docs/kernels-gemv.md "Small-M MMA entries")."""
     cfg, opts = plan.cfg, plan.opts
     H, I, V = cfg.hidden, cfg.intermediate, cfg.vocab
     norm_args, norm_wiring = [ptr(a) for a in _NORM_ARGS], _wiring(_NORM_ARGS)
     eps = ({"f32": cfg.eps},)
     qkv_n = plan.qkv_dim
-    b.op("gemv_qkv", norm_args, [rows_launch(b, "kern_gemv_rows_rmsnorm", -(-qkv_n // 4), H,
-                                             norm_wiring + [{"i32": qkv_n}, {"i32": H}], opts, eps)])
-    b.op("gemv_gate_up_act", norm_args, [rows_launch(b, "kern_gemv_rmsnorm_swiglu", -(-I // 2), H,
-                                                     norm_wiring + [{"i32": I}, {"i32": H}], opts, eps)])
-    b.op("gemv_lm_head", norm_args, [gemv_launch(b, "kern_gemv_rmsnorm", V, H, norm_wiring, opts, eps)])
+    ops = [
+        ("gemv_qkv", norm_args, rows_launch(b, "kern_gemv_rows_rmsnorm", -(-qkv_n // 4), H,
+                                            norm_wiring + [{"i32": qkv_n}, {"i32": H}], opts, eps),
+         "rmsnorm", qkv_n, H, norm_wiring, eps),
+        ("gemv_gate_up_act", norm_args, rows_launch(b, "kern_gemv_rmsnorm_swiglu", -(-I // 2), H,
+                                                    norm_wiring + [{"i32": I}, {"i32": H}], opts, eps),
+         "rmsnorm_swiglu", I, H, norm_wiring, eps),
+        ("gemv_lm_head", norm_args, gemv_launch(b, "kern_gemv_rmsnorm", V, H, norm_wiring, opts, eps),
+         "rmsnorm", V, H, norm_wiring, eps),
+    ]
     res_args, res_wiring = [ptr(a) for a in _RES_ARGS], _wiring(_RES_ARGS)
-    b.op("gemv_o", res_args, [rows_launch(b, "kern_gemv_rows_residual", -(-H // 4), plan.q_dim,
-                                          res_wiring + [{"i32": H}, {"i32": plan.q_dim}], opts)])
-    b.op("gemv_down_act", res_args, [rows_launch(b, "kern_gemv_rows_residual", -(-H // 4), I,
-                                                 res_wiring + [{"i32": H}, {"i32": I}], opts)])
+    ops += [
+        ("gemv_o", res_args, rows_launch(b, "kern_gemv_rows_residual", -(-H // 4), plan.q_dim,
+                                         res_wiring + [{"i32": H}, {"i32": plan.q_dim}], opts),
+         "residual", H, plan.q_dim, res_wiring, ()),
+        ("gemv_down_act", res_args, rows_launch(b, "kern_gemv_rows_residual", -(-H // 4), I,
+                                                res_wiring + [{"i32": H}, {"i32": I}], opts),
+         "residual", H, I, res_wiring, ()),
+    ]
+    for name, interface, bs1, kind, n, k, wiring, tail in ops:
+        launches, scratch = batched(b, plan, bs1, kind, n, k, wiring, tail)
+        b.op(name, interface, launches, scratch=scratch or None)

@@ -16,9 +16,11 @@ from .config import Qwen3Config
 from .gemm import Projections
 from .gemv import add_gemv_v1_ops, add_gemv_v2_ops
 from .jsonio import manifest_digest
-from .ops import add_argmax_op, add_decode_advance_op, add_norm_ops, add_rope_table_op, add_silu_mul_op
+from .ops import (add_argmax_op, add_decode_advance_op, add_decode_advance_packed_op, add_norm_ops,
+                  add_rope_table_op, add_silu_mul_op)
 from .options import BuildOptions, Plan, validate
 from .programs import build_programs
+from .sampling import add_sampling_ops, sampling_meta
 
 FORMAT = "kern-manifest/1"
 # meta.generator: the builder's stable name (the committed manifests carry it; tools/gen_qwen3.py is still its
@@ -35,8 +37,12 @@ def _add_ops(b: Builder, plan: Plan) -> None:
     add_prefill_attention_op(b, plan)
     add_decode_attention_op(b, plan)
     add_silu_mul_op(b, plan)
-    add_argmax_op(b, plan)
-    add_decode_advance_op(b, plan)
+    if plan.opts.sampler == "gpu":
+        add_sampling_ops(b, plan)
+        add_decode_advance_packed_op(b, plan)
+    else:
+        add_argmax_op(b, plan)
+        add_decode_advance_op(b, plan)
     if plan.opts.decode == "gemv":
         (add_gemv_v2_ops if plan.opts.gemv == "v2" else add_gemv_v1_ops)(b, plan)
 
@@ -51,6 +57,10 @@ def _meta(plan: Plan, config_digest: str) -> dict[str, Any]:
               "decode_attention": opts.decode_attn, "prefill_attention": plan.prefill_attn,
               "prefill_rope": plan.prefill_rope,
               "decode_advance": {"ring": "token_ring", "ring_len": opts.ring_len}}
+    # the sampler's buffers and next_token / ring packing; absent with --sampler argmax (plain token ids), which
+    # keeps that manifest byte for byte the pre-sampler builder's
+    if opts.sampler == "gpu":
+        caller["sampling"] = sampling_meta(plan)
     # Every prefill projection pinned: each row of a chunk is computed alike whatever the chunk (the other
     # prefill kernels are row-wise, kern_attn_prefill walks keys in fixed 64-token tiles from position 0), so a
     # caller may resume a cached prefix at any token (kern_run.prefix_cache).

@@ -1,7 +1,10 @@
 """The row-wise ops every program shares: rope table, embedding, RMSNorms, SiLU-and-mul, two-stage argmax, and the
-device-side decode step (`decode_advance`). Launch geometry per docs/kernels.md."""
+device-side decode step (`decode_advance` after the argmax, `decode_advance_packed` after the sampler). Launch
+geometry per docs/kernels.md and docs/kernels-step.md."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from .builder import Builder, ptr, tokens_i32
 from .options import Plan
@@ -53,16 +56,30 @@ def add_argmax_op(b: Builder, plan: Plan) -> None:
          scratch={"part_val": f"seqs * {chunks * 4}", "part_idx": f"seqs * {chunks * 4}"})
 
 
+def _advance_tail(plan: Plan) -> list[dict[str, Any]]:
+    """kern_decode_advance(_packed)'s launch constants after the pointers."""
+    opts = plan.opts
+    return [{"expr": "seqs", "type": "i32"}, {"i32": opts.page_tokens}, {"i32": plan.pages_per_seq},
+            {"i32": opts.max_context}, {"i32": opts.ring_len}]
+
+
 def add_decode_advance_op(b: Builder, plan: Plan) -> None:
     """`decode_advance`: kern_decode_advance (kernels-src/step.cu, docs/kernels-step.md), one block of 32
     threads looping over the sequences; writes the next step's token_ids / positions / seq_lens /
     slot_mapping and the token ring from next_token and the block table."""
-    opts = plan.opts
-    b.op("decode_advance",
-         [ptr("next_token"), ptr("token_ids"), ptr("positions"), ptr("seq_lens"), ptr("slot_mapping"),
-          ptr("block_table"), ptr("ring")],
+    names = ("next_token", "token_ids", "positions", "seq_lens", "slot_mapping", "block_table", "ring")
+    b.op("decode_advance", [ptr(n) for n in names],
          [b.launch("kern_decode_advance", [1, 1, 1], [32, 1, 1],
-                   [{"arg": "next_token"}, {"arg": "token_ids"}, {"arg": "positions"}, {"arg": "seq_lens"},
-                    {"arg": "slot_mapping"}, {"arg": "block_table"}, {"arg": "ring"},
-                    {"expr": "seqs", "type": "i32"}, {"i32": opts.page_tokens}, {"i32": plan.pages_per_seq},
-                    {"i32": opts.max_context}, {"i32": opts.ring_len}], pdl=opts.pdl_small_launches)])
+                   [{"arg": n} for n in names] + _advance_tail(plan), pdl=plan.opts.pdl_small_launches)])
+
+
+def add_decode_advance_packed_op(b: Builder, plan: Plan) -> None:
+    """`decode_advance_packed`: kern_decode_advance_packed (the sampler's step end), one block of 32 threads
+    looping over the sequences; the token from `token` (i32), its logprob from `logprob` (f32); writes
+    next_token and the ring entry as token (bits 0..31) | logprob bits (bits 32..63), and the next step's
+    token_ids / positions / seq_lens / slot_mapping as decode_advance does."""
+    names = ("token", "logprob", "next_token", "token_ids", "positions", "seq_lens", "slot_mapping", "block_table",
+             "ring")
+    b.op("decode_advance_packed", [ptr(n) for n in names],
+         [b.launch("kern_decode_advance_packed", [1, 1, 1], [32, 1, 1],
+                   [{"arg": n} for n in names] + _advance_tail(plan), pdl=plan.opts.pdl_small_launches)])

@@ -10,6 +10,8 @@ from typing import Any
 from ...errors import ManifestBuildError
 from .config import Qwen3Config
 from .entries import DECODE_ATTN, DECODE_MAX_HEAD_DIM, EARLY_PARTIALS, PREFILL_ATTN, PREFILL_WG_HEAD_DIMS
+from .sampling import check_sampling_options
+from .mma import MMA_TILES
 
 # cuBLASLt pins: ((n, k, ((attr, value), ...)), ...)
 Pins = tuple[tuple[int, int, tuple[tuple[str, int], ...]], ...]
@@ -74,6 +76,15 @@ class BuildOptions:
     # M = 1 pins for the cuBLASLt decode (--decode gemm): fastest by graph timing, split-K allowed
     decode_algos: Pins = ()
     algos_source: tuple[tuple[str, Any], ...] = ()  # (device, cublaslt_version, m_max) of the pins file, for meta
+    # the decode program's last ops (models/qwen3/sampling.py, docs/caller.md "Sampling"): "gpu" the per-row
+    # sampler (kern_sample_bf16; next_token and the ring pack token and logprob), "argmax" the two-stage argmax
+    # (next_token and the ring hold plain token ids; the manifest is the pre-sampler builder's, byte for byte)
+    sampler: str = "gpu"
+    hist_cap: int = 1024
+    # with seqs_max > 1: the projections of steps of 2..seqs_max rows (batch_proj.py): "cublaslt" (heuristic
+    # algorithm, separate RMSNorm / SiLU-mul launches, residual adds as beta = 1) or "mma" (kernels-src/gemv_mma.cu,
+    # fused like the GEMVs; 2-4x slower on the H200, docs/perf.md "Fourteenth session")
+    batch_proj: str = "cublaslt"  # with sampler "gpu": history slots (distinct previous token ids) per row
 
     @property
     def pdl_small_launches(self) -> bool:
@@ -194,9 +205,15 @@ def _check_launch(opts: BuildOptions) -> None:
     if opts.carveout is not None and not 0 <= opts.carveout <= 100:
         raise ManifestBuildError(f"carveout (--carveout) {opts.carveout}: a percent of the maximum shared memory, "
                                  "0..100 (None: write none; the CLI's --carveout -1)")
-    if opts.decode == "gemv" and opts.seqs_max != 1:
-        raise ManifestBuildError(f"decode (--decode) 'gemv' computes one row (bs = 1) but seqs_max is "
-                                 f"{opts.seqs_max}: use --decode gemm")
+    if opts.seqs_max < 1:
+        raise ManifestBuildError(f"seqs_max (--seqs-max) {opts.seqs_max}: the rows of a decode step must be >= 1")
+    if opts.decode == "gemv" and opts.seqs_max > 1 and opts.gemv != "v2":
+        raise ManifestBuildError(f"seqs_max (--seqs-max) {opts.seqs_max} with gemv (--gemv) {opts.gemv!r}: the v1 "
+                                 "decode GEMVs compute one row (bs = 1); use --gemv v2 (small-M MMA projections for "
+                                 "2..64 rows) or --decode gemm")
+    if opts.decode == "gemv" and opts.seqs_max > MMA_TILES[-1]:
+        raise ManifestBuildError(f"seqs_max (--seqs-max) {opts.seqs_max} with decode (--decode) 'gemv': the MMA "
+                                 f"projections take at most {MMA_TILES[-1]} rows; use --decode gemm")
 
 
 def validate(cfg: Qwen3Config, opts: BuildOptions) -> Plan:
@@ -206,6 +223,7 @@ def validate(cfg: Qwen3Config, opts: BuildOptions) -> Plan:
     _check_decode(opts)
     _check_attention(cfg, opts)
     _check_launch(opts)
+    check_sampling_options(cfg, opts)
     prefill_attn = opts.prefill_attn
     if prefill_attn == "auto":
         prefill_attn = "wg" if cfg.head_dim in PREFILL_WG_HEAD_DIMS else "r32"

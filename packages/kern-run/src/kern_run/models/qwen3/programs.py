@@ -1,7 +1,12 @@
-"""The call tables: `load` (once: the rope table), `prefill` (a chunk of `tokens` tokens; fills the KV cache only,
-so the last layer stops after writing its K/V) and `decode` (graph: one token per sequence, logits, two-stage
-argmax into `next_token`, then `decode_advance` writes the next step's inputs on the device: docs/caller.md
-"Decode on the device").
+"""The call tables: `load` (once: the rope table; with the sampler also every row's sampler inputs set greedy),
+`prefill` (a chunk of `tokens` tokens; fills the KV cache only, so the last layer stops after writing its K/V),
+`decode` (graph: one token per sequence, logits, then the step's end: docs/caller.md "Decode on the device") and,
+with the sampler, `top_logprobs` (run after a decode step on request). The decode program ends
+
+    --sampler gpu:     sample -> sample_history_append -> decode_advance_packed (sampling.py)
+    --sampler argmax:  argmax into `next_token` -> decode_advance
+
+and either way the last call writes the next step's inputs on the device.
 
 Prefill issues 9 launches per layer (add_rmsnorm, qkv GEMM, qk_norm_rope_kv, attention, o GEMM, add_rmsnorm,
 gate_up GEMM, silu_mul, down GEMM). Decode `gemv` (bs = 1) issues 7 per layer, the norms and residual adds folded
@@ -17,6 +22,7 @@ from .builder import call, pages_of
 from .entries import EARLY_PARTIALS
 from .gemm import Projections
 from .options import Plan
+from .sampling import decode_tail_calls, init_call, top_logprobs_program
 
 
 def qk_norm_rope_kv_call(layer: int) -> dict[str, Any]:
@@ -80,8 +86,8 @@ def _gemv_mlp_calls(layer: int, gemv: str) -> list[dict[str, Any]]:
 
 def decode_gemv_calls(plan: Plan) -> list[dict[str, Any]]:
     """The GEMV decode call table after the embedding (which writes `residual`): per layer qkv, the attention
-    (decode_attention_calls), o, then the MLP, then the lm_head GEMV with the final norm folded in and the
-    two-stage argmax. The tied embedding matrix is read in place as lm_head (no copy)."""
+    (decode_attention_calls), o, then the MLP, then the lm_head GEMV with the final norm folded in (into
+    `logits`). The tied embedding matrix is read in place as lm_head (no copy)."""
     calls: list[dict[str, Any]] = []
     for layer in range(plan.cfg.layers):
         calls += [
@@ -93,35 +99,47 @@ def decode_gemv_calls(plan: Plan) -> list[dict[str, Any]]:
     return calls + [
         call("gemv_lm_head", w="embed" if plan.cfg.tied else "lm_head", residual="residual", norm_w="final_norm",
              y="logits"),
-        call("argmax", logits="logits", out="next_token"),
     ]
 
 
 def _decode_gemm_calls(plan: Plan, gemms: Projections) -> list[dict[str, Any]]:
-    """The cuBLASLt decode call table after the embedding; lm_head with m = seqs (one row per sequence)."""
+    """The cuBLASLt decode call table after the embedding; lm_head with m = seqs (one row per sequence) into
+    `logits`."""
     H, V = plan.cfg.hidden, plan.cfg.vocab
     calls = [c for layer in range(plan.cfg.layers) for c in layer_calls(plan, gemms, layer, decode=True)]
     return calls + [
         call("add_rmsnorm", residual="residual", delta="hidden", w="final_norm", out="normed"),
         call(gemms.op(V, H, True), a="normed", w="embed" if plan.cfg.tied else "lm_head", c="logits", m="seqs", n=V,
              k=H),
-        call("argmax", logits="logits", out="next_token"),
     ]
 
 
 def decode_advance_call() -> dict[str, Any]:
-    """The last decode call: the next step's inputs and the token ring from `next_token`."""
+    """The last decode call of --sampler argmax: the next step's inputs and the token ring from `next_token`."""
     return call("decode_advance", next_token="next_token", token_ids="token_ids", positions="positions",
                 seq_lens="seq_lens", slot_mapping="slot_mapping", block_table="block_table", ring="token_ring")
 
 
+def decode_tail(plan: Plan) -> list[dict[str, Any]]:
+    """The decode program's calls after the lm_head: the sampler's three (sampling.decode_tail_calls), or the
+    argmax into `next_token` and decode_advance."""
+    if plan.opts.sampler == "gpu":
+        return decode_tail_calls()
+    return [call("argmax", logits="logits", out="next_token"), decode_advance_call()]
+
+
 def build_programs(plan: Plan, gemms: Projections) -> dict[str, Any]:
-    """The `load`, `prefill` and `decode` programs (the GEMV decode's ops must already be declared)."""
+    """The `load`, `prefill` and `decode` programs, and `top_logprobs` with the sampler (the GEMV decode's ops
+    must already be declared)."""
     embed = call("embed", table="embed", ids="token_ids", out="residual")
     prefill = [embed] + [c for layer in range(plan.cfg.layers) for c in layer_calls(plan, gemms, layer, decode=False)]
     body = decode_gemv_calls(plan) if plan.opts.decode == "gemv" else _decode_gemm_calls(plan, gemms)
-    return {
-        "load": {"kind": "once", "calls": [call("rope_table", table="rope")]},
+    gpu = plan.opts.sampler == "gpu"
+    programs = {
+        "load": {"kind": "once", "calls": [call("rope_table", table="rope"), *([init_call()] if gpu else [])]},
         "prefill": {"kind": "run", "calls": prefill},
-        "decode": {"kind": "run", "graph": True, "calls": [embed, *body, decode_advance_call()]},
+        "decode": {"kind": "run", "graph": True, "calls": [embed, *body, *decode_tail(plan)]},
     }
+    if gpu:
+        programs["top_logprobs"] = top_logprobs_program()
+    return programs

@@ -1,0 +1,15 @@
+// CPU stand-in for <cuda_bf16.h>: the bf16 type, its conversions (round to nearest even) and the bf16x2 pair
+// kernels-src/gemv_mma.cu packs. For tools/gemv_mma_cpu_emu.py.
+#pragma once
+#include <cstdint>
+#include <cstring>
+struct __nv_bfloat16 { uint16_t b; };
+struct __nv_bfloat162 { __nv_bfloat16 x, y; };
+inline float __bfloat162float(__nv_bfloat16 x) { uint32_t u = (uint32_t)x.b << 16; float f; memcpy(&f, &u, 4); return f; }
+inline __nv_bfloat16 __float2bfloat16_rn(float f) {
+  uint32_t u; memcpy(&u, &f, 4);
+  if ((u & 0x7fffffff) > 0x7f800000) return {(uint16_t)((u >> 16) | 0x40)};
+  return {(uint16_t)((u + 0x7FFF + ((u >> 16) & 1)) >> 16)};
+}
+inline __nv_bfloat162 __floats2bfloat162_rn(float a, float b) { return {__float2bfloat16_rn(a), __float2bfloat16_rn(b)}; }
+inline uint16_t __bfloat16_as_ushort(__nv_bfloat16 x) { return x.b; }
