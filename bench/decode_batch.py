@@ -473,10 +473,13 @@ def kern_prefill(rt: Any, facts: Any, pages: Sequence[int], ids: Sequence[int], 
 def kern_step_logits(rows: KernRows, tokens: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
     """One graph step of `rows` with `tokens`: (next tokens i64 [batch], logits f32 [batch, vocab])."""
     from kern_run.generate import bf16_to_f32
+    from kern_run.sampling import unpack_packed
 
     rows.write(tokens)
     rows.issue()
-    nxt = np.asarray(rows.rt.read_output("next_token", rows=rows.batch)).astype(np.int64).reshape(-1)
+    # the token id is bits 0..31 of next_token (a sampler manifest packs its logprob above; an argmax one holds the
+    # plain id): kern_run.sampling.unpack_packed
+    nxt = unpack_packed(np.asarray(rows.rt.read_output("next_token", rows=rows.batch)).reshape(-1))[0].astype(np.int64)
     logits = bf16_to_f32(np.asarray(rows.rt.read_buffer("logits", rows=rows.batch))).reshape(rows.batch, -1)
     return nxt, logits
 

@@ -36,10 +36,11 @@ COMMITTED: dict[str, tuple[str, str | None, dict[str, Any]]] = {
     "qwen3-0.6b.json": ("qwen3-0.6b", None, {}),
     "qwen3-tiny.json": ("tiny", "qwen3-tiny", {}),
     "qwen3-4b-c2048.json": ("qwen3-4b", "qwen3-4b-c2048", {"chunk_max": 2048}),
-    "qwen3-4b-v2.json": ("qwen3-4b", "qwen3-4b-v2", {"gemv": "v2"}),
-    "qwen3-tiny-v2.json": ("tiny", "qwen3-tiny-v2", {"gemv": "v2"}),
+    # decode steps of 1..64 rows (docs/caller.md "Batched decode"): the qwen3-4b target, tiny-v2 and the default
+    "qwen3-4b-v2.json": ("qwen3-4b", "qwen3-4b-v2", {"gemv": "v2", "seqs_max": 64}),
+    "qwen3-tiny-v2.json": ("tiny", "qwen3-tiny-v2", {"gemv": "v2", "seqs_max": 64}),
     # the default target: generated from the trained checkpoint's own config.json
-    "qwen3-tiny-en.json": (TINY_EN, "qwen3-tiny-en", {"max_context": 2048}),
+    "qwen3-tiny-en.json": (TINY_EN, "qwen3-tiny-en", {"max_context": 2048, "gemv": "v2", "seqs_max": 64}),
     "qwen3-tiny-en-gemm.json": (TINY_EN, "qwen3-tiny-en-gemm", {"max_context": 2048, "decode": "gemm"}),
 }
 

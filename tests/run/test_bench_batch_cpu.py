@@ -114,8 +114,9 @@ def test_row_inputs_follow_the_caller_contract() -> None:
 
 def _batched_manifest(tmp_path: Path, sampling: object = {"params": "sample_params"}, hist_cap: int = 8,
                       params_buffer: bool = True) -> Path:
-    """The committed tiny manifest with seqs max 64 and the sampler's per-row inputs (digest dropped: it verifies)."""
-    m = json.loads((ROOT / "manifests" / "qwen3-tiny.json").read_text())
+    """The tiny manifest of the argmax wiring, with seqs max 64 and the sampler's per-row inputs added by hand (digest
+    dropped: it verifies)."""
+    m = _argmax_tiny()
     m.pop("digest", None)
     m["vars"]["seqs"]["max"] = 64
     if params_buffer:
@@ -128,6 +129,14 @@ def _batched_manifest(tmp_path: Path, sampling: object = {"params": "sample_para
     path = tmp_path / "qwen3-tiny-b64.json"
     path.write_text(json.dumps(m))
     return path
+
+
+def _argmax_tiny() -> dict:
+    from kern_run.models import qwen3 as gq
+
+    built = gq.build_manifest(gq.Qwen3Config.from_name("tiny"), gq.read_kernel_abi(ROOT / "kernels"),
+                              gq.BuildOptions("qwen3-tiny", max_context=4096, sampler="argmax"))
+    return json.loads(gq.dumps(built))
 
 
 def _parsed(path: Path):
@@ -152,7 +161,9 @@ def test_greedy_sampling_inputs(tmp_path: Path) -> None:
 
 
 def test_sampling_inputs_absent_or_misdeclared(tmp_path: Path) -> None:
-    today = _parsed(ROOT / "manifests" / "qwen3-4b-v2.json")
+    argmax = tmp_path / "argmax.json"
+    argmax.write_text(json.dumps(_argmax_tiny()))
+    today = _parsed(argmax)
     assert bb.seqs_max(today) == 1 and bb.sampling_names(today) == {} and bb.sampling_inputs(today, 1) == {}
     # an input named sample_params without meta.caller.sampling still gets greedy rows; no history buffers
     bare = _parsed(_batched_manifest(tmp_path, sampling=None, hist_cap=0))
@@ -452,7 +463,7 @@ def test_bad_batch_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_batch_beyond_the_manifest_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as info:
-        bench_decode.main(["--batch", "1,8", "--manifest", str(ROOT / "manifests" / "qwen3-4b-v2.json")])
+        bench_decode.main(["--batch", "1,8", "--manifest", str(ROOT / "manifests" / "qwen3-4b.json")])
     assert info.value.code == 2
     err = capsys.readouterr().err
     assert "--batch 8: manifest" in err and "takes at most 1 row(s) per decode step" in err

@@ -113,7 +113,8 @@ def test_the_rest_of_the_decode_step_is_already_per_row() -> None:
     m = _manifest(gemv="v2", seqs_max=64)
     ops, bufs = m["ops"], m["buffers"]
     attn = ops["attn_decode"]
-    assert attn["launches"][0]["grid"][2] == "seqs" and attn["launches"][1]["grid"][1] == "seqs"
+    assert [l["grid"][2] for l in attn["launches"][:-1]] == ["seqs", "seqs"]  # the wide and the stream partials
+    assert attn["launches"][-1]["entry"] == "kern_attn_decode_reduce" and attn["launches"][-1]["grid"][1] == "seqs"
     assert all(expr.startswith("seqs * ") for expr in attn["scratch"].values())
     assert all(l["grid"][0] == "seqs" for l in ops["sample"]["launches"])
     argmax = _manifest(gemv="v2", seqs_max=64, sampler="argmax")["ops"]["argmax"]

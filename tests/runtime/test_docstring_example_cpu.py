@@ -66,8 +66,9 @@ def test_the_docstring_example_runs_as_written(fake_cuda: FakeDriver, monkeypatc
     assert 'rt.issue("decode", {"tokens": 1, "seqs": 1})' in code
     scope: dict[str, object] = {}
     exec(compile(code, "kern_runtime.__doc__", "exec"), scope)  # noqa: S102 - the documented example itself
-    token = scope["token"]
-    assert isinstance(token, np.ndarray) and token.dtype == np.int64 and token.shape == (1,)  # next_token: i64[seqs]
+    packed, token = scope["packed"], scope["token"]
+    assert isinstance(packed, np.ndarray) and packed.dtype == np.int64 and packed.shape == (1,)  # next_token: i64[seqs]
+    assert token == int(packed[0]) & 0xFFFFFFFF
     assert fake_cuda.called("cuGraphLaunch") == 1  # decode is a graph program: one capture, one launch
     assert scope["rt"]._closed  # the `with` closed it
 
@@ -80,7 +81,7 @@ def test_decode_without_seqs_is_refused_naming_the_var(fake_cuda: FakeDriver, mo
     fake_cuda.entries = entry_layouts()
     tensors = kern_runtime.SafetensorsTensors.open(str(ROOT / "models" / "qwen3-tiny-en"))
     with Runtime.load(MANIFEST, ROOT / "kernels", tensors, capacity=Capacity(tokens=4096, seqs=1)) as rt:
-        with pytest.raises(ApiError, match=re.escape("program 'decode' reads var 'seqs': pass it (range [1, 1])")):
+        with pytest.raises(ApiError, match=re.escape("program 'decode' reads var 'seqs': pass it (range [1, 64])")):
             rt.issue("decode", {"tokens": 1})
 
 

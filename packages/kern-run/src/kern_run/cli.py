@@ -523,6 +523,9 @@ def manifest_build(
     gemv: Annotated[str, typer.Option("--gemv", help="decode GEMV wiring: v1 warp-per-row, v2 rows family with the "
                                       "SwiGLU epilogue")] = "v1",
     decode_attn: Annotated[str, typer.Option("--decode-attn", help="decode attention: wide, early, split or stream")] = "wide",
+    decode_attn_batch: Annotated[str, typer.Option("--decode-attn-batch", help="with --seqs-max > 1: the decode "
+                                                   "attention of 2..64-row steps (stream, wide or early; '' = "
+                                                   "--decode-attn's)")] = "stream",
     prefill_attn: Annotated[str, typer.Option("--prefill-attn", help="prefill attention: auto (wg where the head_dim "
                                               "allows, else r32), wg, r32 or r16")] = "auto",
     prefill_rope: Annotated[str, typer.Option("--prefill-rope", help="q/k norm + rope for chunks of 2+ tokens: warp "
@@ -553,7 +556,7 @@ def manifest_build(
     Refusals name the file, config field or flag; nothing is written then."""
     from .models.qwen3 import BuildRequest, build
 
-    options = {"chunk_max": chunk_max, "seqs_max": seqs_max, "batch_proj": batch_proj, "decode": decode, "m1_gemv": m1_gemv, "gemv": gemv, "decode_attn": decode_attn,
+    options = {"chunk_max": chunk_max, "seqs_max": seqs_max, "batch_proj": batch_proj, "decode": decode, "m1_gemv": m1_gemv, "gemv": gemv, "decode_attn": decode_attn, "decode_attn_batch": decode_attn_batch,
                "prefill_attn": prefill_attn, "prefill_rope": prefill_rope,
                "carveout": None if carveout == -1 else carveout, "decode_splits": decode_splits,
                "split_tokens": decode_split_tokens, "sms": sms, "gemv_threads_per_sm": gemv_threads_per_sm,

@@ -12,7 +12,8 @@
         rt.write_input("slot_mapping", lease.slots(0, 1))
         rt.write_input("block_table", rt.block_table([lease], width=128))
         rt.issue("decode", {"tokens": 1, "seqs": 1})             # every var the program reads
-        token = rt.read_output("next_token")                     # synchronises
+        packed = rt.read_output("next_token", 1)                 # synchronises; i64 [seqs], 1 row here
+        token = int(packed[0]) & 0xFFFFFFFF                      # the token id (meta.caller.sampling "packed")
 
 (from the repository root: the tiny checkpoint and its manifest are committed; tests/runtime/
 test_docstring_example_cpu.py runs this block against the fake driver.)

@@ -71,14 +71,26 @@ def add_decode_attention_op(b: Builder, plan: Plan) -> None:
     Hq, Hkv, D, splits = cfg.q_heads, cfg.kv_heads, cfg.head_dim, plan.num_splits
     partial, threads, early = _decode_partial(plan)
     slots: list[dict[str, Any]] = [{"arg": "slots"}] if early else []
+
+    def partial_launch(entry: str, block: int) -> dict[str, Any]:
+        return b.launch(entry, [Hkv, splits, "seqs"], [block, 1, 1],
+                        [{"arg": "q"}, {"arg": "kv"}, {"arg": "block_table"}, {"arg": "seq_lens"}, *slots,
+                         {"scratch": "part_out"}, {"scratch": "part_ml"}, {"i32": Hq}, {"i32": Hkv}, {"i32": D},
+                         {"i32": opts.page_tokens}, {"i32": plan.pages_per_seq}, dict(_NUM_PAGES),
+                         {"i32": opts.split_tokens}, {"i32": splits}, {"f32": 1.0 / (D ** 0.5)}], pdl=opts.pdl)
+
+    partials = [partial_launch(partial, threads)]
+    batch = opts.decode_attn_batch
+    if opts.seqs_max > 1 and batch and batch != opts.decode_attn:
+        # steps of 2.. rows: the batch entry (same contract, same split rule, so a row's splits depend only on
+        # its own context); one row keeps opts.decode_attn
+        entry, block, _ = EARLY_PARTIALS[batch]
+        partials = [{**partials[0], "when": {"seqs": [1, 1]}},
+                    {**partial_launch(entry, block), "when": {"seqs": [2, opts.seqs_max]}}]
     b.op("attn_decode",
          [ptr("q"), ptr("kv"), ptr("block_table"), ptr("seq_lens"), *([ptr("slots")] if early else []), ptr("out"),
           int_arg("num_pages")],
-         [b.launch(partial, [Hkv, splits, "seqs"], [threads, 1, 1],
-                   [{"arg": "q"}, {"arg": "kv"}, {"arg": "block_table"}, {"arg": "seq_lens"}, *slots,
-                    {"scratch": "part_out"}, {"scratch": "part_ml"}, {"i32": Hq}, {"i32": Hkv}, {"i32": D},
-                    {"i32": opts.page_tokens}, {"i32": plan.pages_per_seq}, dict(_NUM_PAGES),
-                    {"i32": opts.split_tokens}, {"i32": splits}, {"f32": 1.0 / (D ** 0.5)}], pdl=opts.pdl),
+         [*partials,
           b.launch("kern_attn_decode_reduce", [Hq, "seqs", 1], [D, 1, 1],
                    [{"scratch": "part_out"}, {"scratch": "part_ml"}, {"arg": "seq_lens"}, {"arg": "out"},
                     {"i32": Hq}, {"i32": D}, {"i32": opts.split_tokens}, {"i32": splits}], pdl=opts.pdl)],

@@ -54,7 +54,10 @@ def _meta(plan: Plan, config_digest: str) -> dict[str, Any]:
               "pages_per_seq": plan.pages_per_seq, "max_context": opts.max_context, "chunk_max": opts.chunk_max,
               "decode": opts.decode, **({"decode_gemv": opts.gemv} if opts.gemv != "v1" else {}),
               "decode_split_tokens": opts.split_tokens, "decode_splits": plan.num_splits,
-              "decode_attention": opts.decode_attn, "prefill_attention": plan.prefill_attn,
+              "decode_attention": opts.decode_attn,
+              **({"decode_attention_batch": opts.decode_attn_batch}
+                 if opts.seqs_max > 1 and opts.decode_attn_batch not in ("", opts.decode_attn) else {}),
+              "prefill_attention": plan.prefill_attn,
               "prefill_rope": plan.prefill_rope,
               "decode_advance": {"ring": "token_ring", "ring_len": opts.ring_len}}
     # the sampler's buffers and next_token / ring packing; absent with --sampler argmax (plain token ids), which

@@ -53,6 +53,10 @@ class BuildOptions:
     # holds the early-contract entries. A fused one-launch entry and an L2 prefetch of later weights measured
     # slower and were removed (docs/perf.md "Decode, fourth session"; their cubins stay in kernels/)
     decode_attn: str = "wide"
+    # with seqs_max > 1: the decode partial of steps of 2.. rows ("" = decode_attn's). "stream" (cp.async + mma.sync,
+    # kernels-src/attention_decode.cu) streams K/V at 76-84% of 4.3 TB/s at 32-64 rows x ctx 2048, where "wide"
+    # reaches 28-29%; at one row wide stays 0.7-1.4 us faster (H200, docs/perf.md "Fourteenth session")
+    decode_attn_batch: str = "stream"
     # prefill attention (PREFILL_ATTN): "wg" kern_attn_prefill_wg (Hopper wgmma, warp-specialized: a producer
     # warpgroup, two consumer warpgroups; H200 4B: 1.7-1.8x kern_attn_prefill_r32 on a 2048 chunk after a 6k-14k
     # prefix, docs/perf.md "Prefill, eleventh session"; head_dim 64 or 128), "r32" kern_attn_prefill_r32
@@ -182,6 +186,19 @@ def _check_attention(cfg: Qwen3Config, opts: BuildOptions) -> None:
         raise ManifestBuildError(f"prefill_attn (--prefill-attn) 'wg': head_dim {cfg.head_dim} is not one of "
                                  f"{PREFILL_WG_HEAD_DIMS} (kern_attn_prefill_wg's compiled widths); use 'r32' or "
                                  "'auto'")
+    if opts.decode_attn_batch and opts.decode_attn_batch not in EARLY_PARTIALS:
+        raise ManifestBuildError(f"decode_attn_batch (--decode-attn-batch) {opts.decode_attn_batch!r}: use one of "
+                                 f"{', '.join(map(repr, EARLY_PARTIALS))} (the early contract), or '' for "
+                                 "decode_attn's entry")
+    if (opts.seqs_max > 1 and opts.decode_attn_batch and opts.decode_attn_batch != opts.decode_attn
+            and opts.decode_attn not in EARLY_PARTIALS):
+        raise ManifestBuildError(f"decode_attn_batch (--decode-attn-batch) {opts.decode_attn_batch!r} needs an "
+                                 f"early-contract decode_attn (--decode-attn), not {opts.decode_attn!r}; pass "
+                                 "--decode-attn-batch '' to keep one entry")
+    batch = opts.decode_attn_batch
+    if opts.seqs_max > 1 and batch in EARLY_PARTIALS and cfg.head_dim > EARLY_PARTIALS[batch][2]:
+        raise ManifestBuildError(f"decode_attn_batch (--decode-attn-batch) {batch!r}: head_dim {cfg.head_dim} > "
+                                 f"{EARLY_PARTIALS[batch][2]} ({EARLY_PARTIALS[batch][0]}'s limit)")
     if opts.decode_attn not in DECODE_ATTN:
         raise ManifestBuildError(f"decode_attn (--decode-attn) {opts.decode_attn!r}: use one of "
                                  f"{', '.join(map(repr, DECODE_ATTN))}")
