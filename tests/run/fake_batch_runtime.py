@@ -10,7 +10,6 @@ row's slot is slot(position) through its own row, seq_len = position + 1, no pag
 
 from __future__ import annotations
 
-import json
 import struct
 from pathlib import Path
 
@@ -24,35 +23,16 @@ HIST_CAP = 16
 
 def batched_manifest(path: Path, kernels: Path, seqs_max: int = 64, sampler: bool = True, chunk_max: int = 64,
                      hist_cap: int = HIST_CAP) -> Path:
-    """The tiny shape at `seqs_max` decode rows (the cuBLASLt decode: the GEMV one is bs = 1 today) and, with
-    `sampler`, the GPU sampler's buffers, program and meta.caller.sampling as the sampler builder declares them
-    (its ops are not needed by a fake runtime)."""
-    from kern_manifest import parse_manifest, verify
-
+    """The tiny shape at `seqs_max` decode rows (gemv v2: the small-M projections at 2..64 rows) with the GPU
+    sampler (its buffers, the top_logprobs program and meta.caller.sampling, as the builder makes them), or with
+    `sampler` False the argmax decode (no meta.caller.sampling)."""
     from kern_run.models import qwen3
     from tools import make_checkpoint
 
     cfg = qwen3.Qwen3Config.from_json(make_checkpoint.config_json(make_checkpoint.SHAPES["tiny"]))
-    opts = qwen3.BuildOptions("tiny", chunk_max, 1024, seqs_max=seqs_max, decode="gemm" if seqs_max > 1 else "gemv")
-    raw = json.loads(qwen3.dumps(qwen3.build_manifest(cfg, qwen3.read_kernel_abi(kernels), opts)))
-    if sampler:
-        raw["buffers"].update({
-            "sample_params": {"kind": "input", "dtype": "u32", "shape": ["seqs", 12]},
-            "hist_tokens": {"kind": "input", "dtype": "i32", "shape": ["seqs", hist_cap]},
-            "hist_counts": {"kind": "input", "dtype": "i32", "shape": ["seqs", hist_cap]},
-            "top_ids": {"kind": "output", "dtype": "i32", "shape": ["seqs", 20]},
-            "top_logprobs": {"kind": "output", "dtype": "f32", "shape": ["seqs", 20]},
-        })
-        raw["programs"]["top_logprobs"] = {"kind": "run", "calls": []}
-        raw["meta"]["caller"]["sampling"] = {
-            "sampler": "gpu", "params": "sample_params", "hist_tokens": "hist_tokens", "hist_counts": "hist_counts",
-            "hist_cap": hist_cap, "packing": "packed", "init": "greedy",
-            "top_logprobs": {"program": "top_logprobs", "n_top": 20, "ids": "top_ids", "logprobs": "top_logprobs"}}
-    raw.pop("digest", None)
-    manifest = parse_manifest(raw)
-    verify(manifest)
-    raw["digest"] = manifest.digest
-    path.write_text(json.dumps(raw))
+    opts = qwen3.BuildOptions("tiny", chunk_max, 1024, seqs_max=seqs_max, gemv="v2",
+                              sampler="gpu" if sampler else "argmax", hist_cap=hist_cap)
+    path.write_text(qwen3.dumps(qwen3.build_manifest(cfg, qwen3.read_kernel_abi(kernels), opts)))
     return path
 
 

@@ -124,7 +124,8 @@ class FakeRuntime:
         self.weight_load_stats = (1000, 0.001)
 
     def write_input(self, name: str, array: np.ndarray) -> None:
-        assert array.dtype == np.int32, (name, array.dtype)
+        want = np.uint32 if name == "sample_params" else np.int32  # the sampler's params: u32 words
+        assert array.dtype == want, (name, array.dtype)
         self.inputs[name] = np.array(array)
 
     @staticmethod

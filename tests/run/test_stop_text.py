@@ -1,6 +1,6 @@
-"""Stop strings (kern_run.stop_text): the output is exactly the text before the first stop string, whatever the
-token boundaries, and nothing is emitted that could still be the start of one (hypothesis over random texts,
-stops and splits; reference: str.find on the whole text)."""
+"""Stop strings (kern_run.stop_text): the output is the text read until a stop string completes, cut before the
+earliest stop string in it, and nothing is emitted that could still be the start of one (hypothesis over random
+texts, stops and splits; reference: str.find over the text read so far, piece by piece)."""
 
 from __future__ import annotations
 
@@ -18,9 +18,16 @@ texts = st.text(alphabet=ALPHABET, max_size=40)
 stop_lists = st.lists(st.text(alphabet=ALPHABET, min_size=1, max_size=4), min_size=1, max_size=3)
 
 
-def reference(text: str, stops: list[str]) -> tuple[str, bool]:
-    hits = [i for i in (text.find(s) for s in stops) if i >= 0]
-    return (text[:min(hits)], True) if hits else (text, False)
+def reference(pieces: list[str], stops: list[str]) -> tuple[str, bool]:
+    """The stream read piece by piece until some stop string occurs in what was read; cut before the earliest
+    occurrence of any stop string then (str.find over the whole text read)."""
+    read = ""
+    for piece in pieces:
+        read += piece
+        hits = [i for i in (read.find(s) for s in stops) if i >= 0]
+        if hits:
+            return read[:min(hits)], True
+    return read, False
 
 
 def longest_held(text: str, stops: list[str]) -> int:
@@ -33,7 +40,7 @@ def longest_held(text: str, stops: list[str]) -> int:
 def test_output_is_the_text_before_the_first_stop(text: str, stops: list[str], cuts: list[int]) -> None:
     bounds = sorted({0, len(text), *(c for c in cuts if c <= len(text))})
     pieces = [text[a:b] for a, b in zip(bounds, bounds[1:])]
-    want, want_stop = reference(text, stops)
+    want, want_stop = reference(pieces, stops)
     m = StopText(stops)
     out, consumed, stopped = "", "", False
     for piece in pieces:
@@ -85,3 +92,10 @@ def test_token_text_over_a_byte_tokenizer(tiny_ckpt: Path) -> None:
     assert stopped and out == "héllo w"
     t = TokenText(codec, ["zz"])
     assert "".join(t.push(tok)[0] for tok in ids) + t.finish() == "héllo wörld, bye"
+
+
+def test_a_stop_completing_first_wins_over_a_longer_one_starting_earlier() -> None:
+    """Generation ends when the first stop string completes: 'aba' starting earlier never gets its last 'a'."""
+    m = StopText(["b", "aba"])
+    assert m.push("ab") == ("a", True)
+    assert StopText(["b", "aba"]).push("aba") == ("", True)  # both complete in one piece: the earliest start

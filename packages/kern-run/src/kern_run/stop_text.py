@@ -3,10 +3,12 @@
 `StopText(stops).push(piece)` takes the next piece of detokenized text (kern_run.text.StreamDecoder gives whole
 characters) and returns `(emit, stopped)`: the text that can be written now and whether a stop string has
 matched. Text that could still be the start of a stop string (the longest suffix of what is held that is a
-prefix of some stop string) is held back; when a stop string completes, everything before its first
-occurrence is emitted and the rest dropped. So the concatenated output is exactly the text up to the first
-occurrence of any stop string (or all of it, after `push(..., final=True)` with no match), whatever the token
-boundaries. `TokenText` chains a StreamDecoder to it: token ids in, text out.
+prefix of some stop string) is held back; when a stop string completes, the text read so far is cut before
+the earliest occurrence of any stop string in it and the rest is dropped (generation ends there: nothing after
+that piece is read). So the concatenated output is exactly what `reference` in tests/run/test_stop_text.py
+gives, whatever the piece boundaries: never a stop string, never text that is later cut, and all of the text
+after `push(..., final=True)` when none matched. `TokenText` chains a StreamDecoder to it: token ids in, text
+out.
 """
 
 from __future__ import annotations
