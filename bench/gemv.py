@@ -19,6 +19,7 @@ peer measured 2.63 ms) and the floor 8.04 GB / 4.3 TB/s = 1.87 ms.
     python bench/gemv.py                # default launch (docs/kernels-gemv.md), + step chain
     python bench/gemv.py --sweep        # + launch shapes x unroll variants (compiled here with nvcc)
     python bench/gemv.py --mma          # instead: the batched-decode crossover table, m = 1..64 (bench/gemv_mma.py)
+    python bench/gemv.py --rows-m       # instead: the multi-row rows entries, m = 1, 2, 4, 8 (bench/gemv_rows_m.py)
 
 Results also go to $OUT/gemv_bench.json when OUT is set.
 """
@@ -298,6 +299,8 @@ def main() -> int:
     parser.add_argument("--no-step", action="store_true", help="skip the 8 GB step chain")
     parser.add_argument("--mma", action="store_true", help="only the crossover table of the small-M MMA entries, "
                         "the M = 1 GEMV and cuBLASLt at m = 1..64 (bench/gemv_mma.py)")
+    parser.add_argument("--rows-m", action="store_true", help="only the table of the multi-row rows entries (_m2, "
+                        "_m4, _m8), the M = 1 entry and cuBLASLt at m = 1, 2, 4, 8 (bench/gemv_rows_m.py)")
     opts = parser.parse_args()
 
     gpu = open_gpu()
@@ -315,6 +318,14 @@ def main() -> int:
         results["mma"] = crossover(kernels, SMS, time_graph, current_stream, m1_launch)
         if os.environ.get("OUT"):
             Path(os.environ["OUT"], "gemv_mma_bench.json").write_text(json.dumps(results, indent=1))
+        return 0
+
+    if opts.rows_m:
+        from bench.gemv_rows_m import rows_m_table
+
+        results["rows_m"] = rows_m_table(kernels, SMS, time_graph, current_stream, m1_launch)
+        if os.environ.get("OUT"):
+            Path(os.environ["OUT"], "gemv_rows_m_bench.json").write_text(json.dumps(results, indent=1))
         return 0
 
     rows = []

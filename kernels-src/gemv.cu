@@ -575,3 +575,262 @@ kern_gemv_rmsnorm_swiglu(const bf16* __restrict__ w_gate_up, const bf16* __restr
     if (k % kChunk == 0 && aligned16(w_gate_up)) rows_body<true>(w_gate_up, groups, k, row_of, stage, no_pre, store);
     else rows_body<false>(w_gate_up, groups, k, row_of, stage, no_pre, store);
 }
+
+// =====================================================================================================
+// Multi-row rows family (docs/kernels-gemv.md "Multi-row rows entries"): the rows entries for m <= M input
+// rows at once (M = 2, 4, 8: the `_mM` suffix; m the trailing i32 argument). x / residual / y are [m, k] /
+// [m, n] row-major. Same work split as rows_body at the same block size: thread t streams chunks
+// t, t + B, ... of the group's kRows W rows, each W chunk loaded once and multiplied with the same chunk of
+// every x row (x staged as M rows of k8 chunks; rows m..M-1 zero). Each (x row, W row) pair has its own fp32
+// accumulator fed in the same chunk order, reduced by the same warp butterfly and the same warp-order sum as
+// rows_body, and every x row is staged by the same code as the M = 1 entry (stage_rmsnorm / stage_copy on
+// that row), so row s of the output is bit for bit the M = 1 entry's output for x row s alone at the same
+// blockDim.x (the grid does not enter a row's arithmetic). Rows m..M-1 of the outputs are never written.
+// Dynamic shared memory: M * 16 * ceil(k / 8) bytes. PDL exactly as rows_body.
+// =====================================================================================================
+namespace {
+
+// As rows_body, for M x rows. `stage_x(xs, k8)` fills xs[s * k8 + c] for s < M (rows >= m zero) and ends with
+// __syncthreads(). `pre(g)` / `epilogue(g, tot, pre_value)`: thread t < M * kRows owns (x row t / kRows,
+// group row t % kRows); tot[t] = W[rows[t % kRows]] . x[t / kRows].
+template <int M, bool VEC, class RowOf, class StageX, class Pre, class Epilogue>
+KERN_DEV void rows_body_m(const bf16* __restrict__ w, int groups, int k, int m, RowOf row_of, StageX stage_x, Pre pre,
+                          Epilogue epilogue) {
+    constexpr int kOut = M * kRows;  // accumulators per thread
+    extern __shared__ uint4 xs[];    // [M][round_up(k, 8) / 8] chunks of 8 bf16
+    __shared__ float red[32][kOut];
+    __shared__ float tot[kOut];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int warps = blockDim.x >> 5;
+    const int B = static_cast<int>(blockDim.x);
+    const int k8 = (k + kChunk - 1) / kChunk;
+    const int nb = (k8 + B - 1) / B;  // steps per group
+    const int g_first = blockIdx.x;
+    const int n_steps = g_first < groups ? ((groups - 1 - g_first) / static_cast<int>(gridDim.x) + 1) * nb : 0;
+    const uint64_t policy = weight_policy();
+
+    int lg = g_first, lj = 0;
+    int lrows[kRows];
+    if (n_steps > 0) {
+        row_of(lg, lrows);
+    } else {
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) lrows[r] = -1;
+    }
+    auto advance_load = [&]() {
+        if (++lj == nb) {
+            lj = 0;
+            lg += gridDim.x;
+            if (lg < groups) row_of(lg, lrows);
+        }
+    };
+
+    // 1. The first two steps: weights only (may overlap the previous kernel's tail).
+    uint4 wa[kRows], wb[kRows];
+    load_rows_step<VEC, Src::kWeightEarly>(w, k, lrows, tid + lj * B, policy, wa);
+    advance_load();
+    if (n_steps > 1) {
+        load_rows_step<VEC, Src::kWeightEarly>(w, k, lrows, tid + lj * B, policy, wb);
+        advance_load();
+    }
+    kern_pdl_wait();  // everything below may read what the previous kernel in the stream wrote
+    kern_pdl_launch_dependents();
+    float pre_value = n_steps > 0 ? pre(g_first) : 0.0f;
+
+    // 2. The M x rows into shared memory.
+    stage_x(xs, k8);
+
+    // 3. Steps.
+    int cg = g_first, cj = 0;
+    float acc[M][kRows];
+#pragma unroll
+    for (int s = 0; s < M; ++s)
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) acc[s][r] = 0.0f;
+    auto multiply = [&](const uint4 (&wv)[kRows]) {
+        if (cj == 0 && cg != g_first) pre_value = pre(cg);
+        const int c = tid + cj * B;
+        if (c < k8) {
+#pragma unroll
+            for (int s = 0; s < M; ++s) {
+                const uint4 xv = xs[s * k8 + c];
+#pragma unroll
+                for (int r = 0; r < kRows; ++r) acc[s][r] = dot8(wv[r], xv, acc[s][r]);
+            }
+        }
+    };
+    auto finish_step = [&]() {  // uniform over the block
+        if (++cj < nb) return;
+#pragma unroll
+        for (int s = 0; s < M; ++s) {
+            if (s < m) {  // uniform; rows >= m are never written
+#pragma unroll
+                for (int r = 0; r < kRows; ++r) acc[s][r] = warp_sum(acc[s][r]);
+                if (lane == 0) {
+#pragma unroll
+                    for (int r = 0; r < kRows; ++r) red[warp][s * kRows + r] = acc[s][r];
+                }
+            }
+        }
+        __syncthreads();
+        if (tid < m * kRows) {
+            float t = 0.0f;
+            for (int i = 0; i < warps; ++i) t += red[i][tid];  // fixed order: rows_body's
+            tot[tid] = t;
+        }
+        __syncthreads();  // tot ready; red free for the next group
+        epilogue(cg, tot, pre_value);
+#pragma unroll
+        for (int s = 0; s < M; ++s)
+#pragma unroll
+            for (int r = 0; r < kRows; ++r) acc[s][r] = 0.0f;
+        cj = 0;
+        cg += gridDim.x;
+    };
+    for (int i = 0; i < n_steps; i += 2) {
+        multiply(wa);
+        if (i + 2 < n_steps) {
+            load_rows_step<VEC, Src::kWeight>(w, k, lrows, tid + lj * B, policy, wa);
+            advance_load();
+        }
+        finish_step();
+        if (i + 1 < n_steps) {
+            multiply(wb);
+            if (i + 3 < n_steps) {
+                load_rows_step<VEC, Src::kWeight>(w, k, lrows, tid + lj * B, policy, wb);
+                advance_load();
+            }
+            finish_step();
+        }
+    }
+}
+
+// bad_launch for M rows: also 1 <= m <= M and M * 16 * ceil(k / 8) bytes of dynamic shared memory.
+template <int M>
+KERN_DEV bool bad_launch_m(int n, int k, int m) {
+    bool bad = (blockDim.x & 31) != 0 || n <= 0 || k <= 0 || m < 1 || m > M;
+    bad = bad || dynamic_smem_bytes() < static_cast<uint32_t>(M) * 16u * static_cast<uint32_t>((k + kChunk - 1) / kChunk);
+    if (bad) kern_pdl_wait();
+    return bad;
+}
+
+// Zero x rows m..M-1 (their accumulators are computed and dropped), then the barrier the body expects.
+template <int M>
+KERN_DEV void zero_rows(uint4* xs, int k8, int m) {
+    for (int c = m * k8 + static_cast<int>(threadIdx.x); c < M * k8; c += blockDim.x) xs[c] = make_uint4(0u, 0u, 0u, 0u);
+    __syncthreads();
+}
+
+// x rows = rmsnorm(residual[s]) * norm_w, s < m, each staged exactly as the M = 1 entry stages its one row.
+template <int M>
+KERN_DEV void stage_rmsnorm_m(uint4* xs, int k8, int m, const bf16* residual, const bf16* norm_w, int k, float eps) {
+    const bool vec = k % kChunk == 0 && aligned16(residual) && aligned16(norm_w);
+    for (int s = 0; s < m; ++s) {
+        if (vec) stage_rmsnorm<true>(xs + s * k8, k8, residual + static_cast<size_t>(s) * k, norm_w, k, eps);
+        else stage_rmsnorm<false>(xs + s * k8, k8, residual + static_cast<size_t>(s) * k, norm_w, k, eps);
+    }
+    zero_rows<M>(xs, k8, m);
+}
+
+template <int M>
+KERN_DEV void stage_copy_m(uint4* xs, int k8, int m, const bf16* x, int k) {
+    const bool vec = k % kChunk == 0 && aligned16(x);
+    for (int s = 0; s < m; ++s) {
+        if (vec) stage_copy<true>(xs + s * k8, k8, x + static_cast<size_t>(s) * k, k);
+        else stage_copy<false>(xs + s * k8, k8, x + static_cast<size_t>(s) * k, k);
+    }
+    zero_rows<M>(xs, k8, m);
+}
+
+template <int M>
+KERN_DEV void gemv_rows_rmsnorm_m(const bf16* __restrict__ w, const bf16* __restrict__ residual,
+                                  const bf16* __restrict__ norm_w, bf16* __restrict__ y, int n, int k, float eps, int m) {
+    if (bad_launch_m<M>(n, k, m)) return;
+    const PlainRows row_of{n};
+    auto stage = [=](uint4* xs, int k8) { stage_rmsnorm_m<M>(xs, k8, m, residual, norm_w, k, eps); };
+    auto store = [=](int g, const float* tot, float) {
+        const int t = static_cast<int>(threadIdx.x), s = t / kRows, row = g * kRows + t % kRows;
+        if (t < m * kRows && row < n) y[static_cast<size_t>(s) * n + row] = f2bf(tot[t]);
+    };
+    if (k % kChunk == 0 && aligned16(w)) rows_body_m<M, true>(w, row_groups(n), k, m, row_of, stage, no_pre, store);
+    else rows_body_m<M, false>(w, row_groups(n), k, m, row_of, stage, no_pre, store);
+}
+
+template <int M>
+KERN_DEV void gemv_rows_residual_m(const bf16* __restrict__ w, const bf16* __restrict__ x, bf16* __restrict__ residual,
+                                   int n, int k, int m) {
+    if (bad_launch_m<M>(n, k, m)) return;
+    const PlainRows row_of{n};
+    auto stage = [=](uint4* xs, int k8) { stage_copy_m<M>(xs, k8, m, x, k); };
+    // thread t < m * kRows: residual[t / kRows, row], loaded when the group starts (as kern_gemv_rows_residual)
+    auto pre = [=](int g) {
+        const int t = static_cast<int>(threadIdx.x), s = t / kRows, row = g * kRows + t % kRows;
+        return (t < m * kRows && row < n) ? bf2f(__ldcg(residual + static_cast<size_t>(s) * n + row)) : 0.0f;
+    };
+    auto add = [=](int g, const float* tot, float r) {
+        const int t = static_cast<int>(threadIdx.x), s = t / kRows, row = g * kRows + t % kRows;
+        if (t < m * kRows && row < n) residual[static_cast<size_t>(s) * n + row] = f2bf(r + round_bf(tot[t]));
+    };
+    if (k % kChunk == 0 && aligned16(w)) rows_body_m<M, true>(w, row_groups(n), k, m, row_of, stage, pre, add);
+    else rows_body_m<M, false>(w, row_groups(n), k, m, row_of, stage, pre, add);
+}
+
+template <int M>
+KERN_DEV void gemv_rmsnorm_swiglu_m(const bf16* __restrict__ w_gate_up, const bf16* __restrict__ residual,
+                                    const bf16* __restrict__ norm_w, bf16* __restrict__ act, int inter, int k, float eps,
+                                    int m) {
+    static_assert(kRows == 4, "swiglu groups are 2 outputs = 2 gate rows + 2 up rows");
+    if (bad_launch_m<M>(inter, k, m)) return;
+    auto row_of = [=](int g, int (&rows)[kRows]) {
+        const int j0 = 2 * g, j1 = 2 * g + 1;
+        rows[0] = j0 < inter ? j0 : -1;
+        rows[1] = j1 < inter ? j1 : -1;
+        rows[2] = j0 < inter ? inter + j0 : -1;
+        rows[3] = j1 < inter ? inter + j1 : -1;
+    };
+    auto stage = [=](uint4* xs, int k8) { stage_rmsnorm_m<M>(xs, k8, m, residual, norm_w, k, eps); };
+    // thread t < 2 m: x row s = t / 2, output j = 2 g + t % 2 (gate tot[4 s + t % 2], up tot[4 s + 2 + t % 2])
+    auto store = [=](int g, const float* tot, float) {
+        const int t = static_cast<int>(threadIdx.x), s = t / 2, o = t % 2, j = 2 * g + o;
+        if (t < 2 * m && j < inter) {
+            const float gate = round_bf(tot[s * kRows + o]), up = round_bf(tot[s * kRows + 2 + o]);
+            act[static_cast<size_t>(s) * inter + j] = f2bf(silu_bf(gate) * up);
+        }
+    };
+    const int groups = (inter + 1) / 2;
+    if (k % kChunk == 0 && aligned16(w_gate_up))
+        rows_body_m<M, true>(w_gate_up, groups, k, m, row_of, stage, no_pre, store);
+    else
+        rows_body_m<M, false>(w_gate_up, groups, k, m, row_of, stage, no_pre, store);
+}
+
+// Registers (nvcc 13.0, cuobjdump -res-usage; rows_m.py THREADS_PER_SM_M holds the same numbers for the grid):
+// _m2 capped at 72 (no stack; 896 threads per SM; at 64 the RMSNorm kinds keep 8 / 32 bytes on the stack),
+// _m4 / _m8 under __launch_bounds__(512) (the rows launch's largest block, docs/kernels-gemv.md "Launch"): 120..128,
+// no stack, 512 threads per SM (at 64..96 they spill 8..280 bytes).
+constexpr int kMaxThreadsM = 512;
+
+}  // namespace
+
+#define KERN_GEMV_ROWS_M(M, BOUNDS)                                                                                  \
+    extern "C" __global__ void BOUNDS kern_gemv_rows_rmsnorm_m##M(                          \
+        const bf16* __restrict__ w, const bf16* __restrict__ residual, const bf16* __restrict__ norm_w,             \
+        bf16* __restrict__ y, int32_t n, int32_t k, float eps, int32_t m) {                                          \
+        gemv_rows_rmsnorm_m<M>(w, residual, norm_w, y, n, k, eps, m);                                                \
+    }                                                                                                                \
+    extern "C" __global__ void BOUNDS kern_gemv_rows_residual_m##M(                         \
+        const bf16* __restrict__ w, const bf16* __restrict__ x, bf16* __restrict__ residual, int32_t n, int32_t k,   \
+        int32_t m) {                                                                                                 \
+        gemv_rows_residual_m<M>(w, x, residual, n, k, m);                                                            \
+    }                                                                                                                \
+    extern "C" __global__ void BOUNDS kern_gemv_rmsnorm_swiglu_m##M(                        \
+        const bf16* __restrict__ w_gate_up, const bf16* __restrict__ residual, const bf16* __restrict__ norm_w,     \
+        bf16* __restrict__ act, int32_t inter, int32_t k, float eps, int32_t m) {                                    \
+        gemv_rmsnorm_swiglu_m<M>(w_gate_up, residual, norm_w, act, inter, k, eps, m);                                \
+    }
+
+// y[s, n] = W[n, k] @ rmsnorm(residual[s, k]) * norm_w; residual[s, n] += bf16(W @ x[s]); act[s, inter] = swiglu
+// (as kern_gemv_rows_rmsnorm / kern_gemv_rows_residual / kern_gemv_rmsnorm_swiglu), rows s < m <= M.
+KERN_GEMV_ROWS_M(2, __maxnreg__(72))
+KERN_GEMV_ROWS_M(4, __launch_bounds__(kMaxThreadsM))
+KERN_GEMV_ROWS_M(8, __launch_bounds__(kMaxThreadsM))

@@ -87,11 +87,11 @@ def test_refusals(facts: ManifestFacts) -> None:
     with pytest.raises(ConfigError, match=r"chunk 65 outside the manifest's tokens var \[1, 64\]"):
         RuntimeEngine(gen, 65)
     engine = RuntimeEngine(gen, 64)
-    assert (engine.max_seqs, engine.samples) == (1, False)
+    assert (engine.max_seqs, engine.samples, engine.max_top_logprobs) == (1, True, 20)  # the sampler's manifest
     assert not SamplingParams(temperature=0.5).greedy
     # what the greedy-only engine serves: exact argmax, so no penalty either (the manifest's argmax applies none)
     assert greedy_only_fault(SamplingParams()) is None
     assert greedy_only_fault(SamplingParams(repetition_penalty=1.2))[0] == "repetition_penalty"
     assert greedy_only_fault(SamplingParams(logprobs=True, top_logprobs=2)) == ("logprobs", (
-        "logprobs 2 needs GPU sampling, which this engine does not have yet (issue 26: batched decode and sampling); "
-        "it decodes greedily: send logprobs none or leave it out"))
+        "logprobs 2 needs GPU sampling, which this manifest's decode program lacks (no meta.caller.sampling: it "
+        "decodes by argmax); send logprobs none or leave it out, or serve a manifest built with the GPU sampler"))

@@ -82,14 +82,14 @@ class Served:
     rig: Rig
     codec: CharCodec
 
-    def reference_text(self, prompt: str, max_tokens: int) -> tuple[str, list[int]]:
-        tokens = self.rig.engine.reference(self.codec.encode(prompt), max_tokens, self.codec.eos_ids)
+    def reference_text(self, prompt: str, max_tokens: int, sampling: Any = None) -> tuple[str, list[int]]:
+        tokens = self.rig.engine.reference(self.codec.encode(prompt), max_tokens, self.codec.eos_ids, sampling)
         shown = [t for t in tokens if t not in self.codec.eos_ids]
         return self.codec.decode(shown), tokens
 
 
 def served(chat_template: str | None = None, samples: bool = False, api_key: str | None = None,
-           max_queue: int = 8, start: bool = True, **rig_kwargs: Any) -> Served:
+           max_queue: int = 8, start: bool = True, max_top_logprobs: int = 20, **rig_kwargs: Any) -> Served:
     from kern_run.serve.app import AppConfig, create_app
     from kern_run.serve.chat_template import ChatTemplate
     from kern_run.serve.loop import ServeLoop
@@ -99,7 +99,7 @@ def served(chat_template: str | None = None, samples: bool = False, api_key: str
     r.engine.samples = samples
     loop = ServeLoop(r.sched, r.engine, Metrics())
     cfg = AppConfig(model="tiny", max_context=r.sched.config.max_context, max_queue=max_queue, api_key=api_key,
-                    vocab_size=900, samples=samples, drain_s=2.0)
+                    vocab_size=900, samples=samples, max_top_logprobs=max_top_logprobs, drain_s=2.0)
     template = ChatTemplate(chat_template, "", "<eos>") if chat_template is not None else None
     app = create_app(loop, cfg, CharCodec(), template)
     if start:

@@ -280,3 +280,103 @@ def test_config_refusals_name_the_value(kwargs, message):
     with pytest.raises(ConfigError) as err:
         SchedulerConfig(**kwargs)
     assert str(err.value).startswith(message)
+
+
+# ------------------------------------------------------------------- rows at max_seqs 64
+
+
+def test_a_request_takes_the_lowest_free_row_and_keeps_it():
+    r = rig(max_seqs=8, pages=200)
+    for i in range(8):
+        r.add(i, prompt(i, 3), 2 if i in (1, 3) else 30)
+    r.step()
+    assert r.sched.rows() == {i: i for i in range(8)}
+    while 1 in r.sched or 3 in r.sched:
+        r.step()
+    r.add(10, prompt(10, 3), 5)
+    r.step()
+    # the lowest free row, not the last freed one; 6 rows still need bucket 8, so nothing moved
+    assert r.sched.rows() == {0: 0, 2: 2, 4: 4, 5: 5, 6: 6, 7: 7, 10: 1}
+    before = dict(r.sched.rows())
+    for _ in range(3):
+        r.step()
+    assert {k: v for k, v in r.sched.rows().items() if k in before} == before  # rows stay where they are
+
+
+def test_rows_are_compacted_so_the_bucket_fits_the_decoding_rows():
+    from kern_run.serve.engine import decode_bucket
+
+    r = rig(max_seqs=64, pages=2000, chunk=8)
+    lengths = {i: (12 if i < 40 else 60) for i in range(64)}  # the 24 long ones sit in rows 40..63
+    for i in range(64):
+        r.add(i, prompt(i, 4), lengths[i])
+    r.run()
+    steps = [s for s in r.steps if s.decodes]
+    assert max(len(s.decodes) for s in steps) == 64
+    # every step ran at the bucket of its number of rows: once the short ones left, the long ones moved down
+    assert r.engine.buckets == [decode_bucket(len(s.decodes), 64) for s in steps]
+    assert 32 in r.engine.buckets
+    moved = r.engine.histories - 64  # each request carried its history once at admission, again when moved
+    assert 24 <= moved <= 24 * 5  # all 24 below 32 when the short ones leave, then lower as the bucket shrinks
+    for i in range(64):
+        assert r.out[i] == r.engine.reference(prompt(i, 4), lengths[i]), i
+
+
+def test_a_seeded_sampled_request_gives_the_same_tokens_alone_and_under_load():
+    from kern_run.serve.sampling import SamplingParams
+
+    sp = SamplingParams(temperature=0.8, top_p=0.9, seed=1234)
+    p = prompt(77, 9)
+    alone = rig(max_seqs=64, pages=600)
+    alone.add(0, p, 25, sampling=sp)
+    alone.run()
+    loaded = rig(max_seqs=64, pages=600)
+    for i in range(1, 40):
+        loaded.add(i, prompt(i, 5 + i % 7), 10 + i % 13, sampling=SamplingParams(temperature=1.0, seed=i))
+    loaded.add(0, p, 25, sampling=sp)
+    for i in range(40, 63):
+        loaded.add(i, prompt(i, 6), 20)
+    loaded.run()
+    assert alone.out[0] == loaded.out[0] == alone.engine.reference(p, 25, sampling=sp)
+    assert alone.out[0] != alone.engine.reference(p, 25)  # sampling changed the tokens
+
+
+def test_an_unseeded_sampled_request_gets_its_seed_at_admission():
+    from kern_run.serve.sampling import SamplingParams
+
+    r = rig()
+    r.add(1, prompt(1, 3), 4, sampling=SamplingParams(temperature=0.5))
+    r.add(2, prompt(1, 3), 4)
+    assert r.sched.job(1).sampling.seed is not None and r.sched.job(2).sampling.seed is None
+    r.run()
+    assert len(r.out[1]) == 4
+
+
+def test_leak_check_ten_thousand_requests_at_64_rows():
+    from kern_run.serve.sampling import SamplingParams
+
+    rnd = random.Random(12)
+    r = rig(pages=300, host_pages=80, max_seqs=64, chunk=8, land_after=1)
+    free_pages, free_slots = r.pool.free_pages, r.pool.free_slots
+    host_free = r.host.free_pages
+    bases = [prompt(300 + k, 12) for k in range(6)]
+    live: list[int] = []
+    for req in range(10_000):
+        p = rnd.choice(bases)[: rnd.randrange(1, 13)] + prompt(req, rnd.randrange(0, 6))
+        sp = SamplingParams(temperature=0.7, seed=req) if req % 3 == 0 else SamplingParams()
+        r.add(req, p, rnd.randrange(1, 12), sampling=sp)
+        live.append(req)
+        if rnd.random() < 0.3:
+            r.sched.cancel(live.pop(rnd.randrange(len(live))))
+        if req % 40 == 0:
+            r.step()
+            live = [i for i in live if i in r.sched]
+    r.run(max_steps=100_000)
+    r.memory.poll()
+    r.sched.prefix.clear()
+    assert r.sched.idle
+    assert r.pool.free_pages == free_pages and r.pool.free_slots == free_slots and r.pool.held_pages == 0
+    assert r.host.free_pages == host_free
+    r.pool.check()
+    assert max(r.engine.rows_seen) > 32
+    assert r.sched.stats.parks > 0 and r.sched.stats.wakes > 0

@@ -401,7 +401,8 @@ def run(
 def serve(
     host: Annotated[str, typer.Option("--host", help="address to listen on")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", help="TCP port")] = 8000,
-    max_seqs: Annotated[int, typer.Option("--max-seqs", help="decode rows per step (1 until batched decode)")] = 1,
+    max_seqs: Annotated[int, typer.Option("--max-seqs", help="decode rows per step at most (capped by the "
+                                          "manifest's seqs var max)")] = 64,
     host_gib: Annotated[float, typer.Option("--host-gib", help="pinned host tier for parked prefixes, GiB")] = 0.0,
     api_key: Annotated[Optional[str], typer.Option("--api-key", help="require 'Authorization: Bearer KEY'")] = None,
     max_queue: Annotated[int, typer.Option("--max-queue", help="requests in flight at most (429 beyond)")] = 256,
@@ -513,7 +514,8 @@ def manifest_build(
     seqs_max: Annotated[int, typer.Option("--seqs-max", help="seqs var max: rows of a decode step (gemv decode: "
                                           "2..64 need --gemv v2)")] = 1,
     batch_proj: Annotated[str, typer.Option("--batch-proj", help="with --seqs-max > 1: the projections of 2..64-row "
-                                            "steps: cublaslt (default) or mma (kernels-src/gemv_mma.cu)")] = "cublaslt",
+                                            "steps: cublaslt (default), rows (multi-row GEMVs for 2..8 rows, then "
+                                            "cublaslt) or mma (kernels-src/gemv_mma.cu)")] = "cublaslt",
     max_context: Annotated[Optional[int], typer.Option("--max-context", help="positions per sequence (default "
                                                        "min(40960, max_position_embeddings); tiny 4096)")] = None,
     decode: Annotated[Optional[str], typer.Option("--decode", help="decode projections: gemv (M = 1 GEMVs, fused "

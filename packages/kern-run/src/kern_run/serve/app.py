@@ -26,6 +26,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 
 from .chat_template import ChatTemplate
+from .logprobs import LogprobsBuilder
 from .errors import BadRequest, NotFound, Overloaded, ServeError, Unauthorized, Unavailable
 from .loop import Failed, ServeLoop, Submission, Token
 from .metrics import CONTENT_TYPE
@@ -54,7 +55,8 @@ class AppConfig:
     """`model`: the served model's name (requests must name it); `max_context`: positions one sequence holds;
     `max_queue`: requests in flight at most (waiting or running); `api_key`: None for no authentication;
     `vocab_size`: token ids of a token-id prompt must be below it (None: unchecked); `samples`: whether the
-    engine honours non-greedy sampling; `drain_s`: seconds shutdown waits for requests in flight."""
+    engine honours non-greedy sampling and logprobs; `max_top_logprobs`: the most top logprobs per token it gives
+    (with `samples`); `drain_s`: seconds shutdown waits for requests in flight."""
 
     model: str
     max_context: int
@@ -62,6 +64,7 @@ class AppConfig:
     api_key: str | None = None
     vocab_size: int | None = None
     samples: bool = False
+    max_top_logprobs: int = 20
     drain_s: float = 30.0
 
 
@@ -144,7 +147,7 @@ def create_app(loop: ServeLoop, cfg: AppConfig, codec: Codec, chat_template: Cha
                            param="model", code="model_not_found")
 
     def check_common(req: SamplingFields, ids: list[int], limit: int | None, param: str,
-                     logprobs: int | None) -> Prepared:
+                     logprobs: int | None, top_param: str) -> Prepared:
         n = len(ids)
         if n == 0:
             raise BadRequest("the prompt is empty (0 tokens)", param=param, code="empty_prompt")
@@ -155,6 +158,10 @@ def create_app(loop: ServeLoop, cfg: AppConfig, codec: Codec, chat_template: Cha
             fault = greedy_only_fault(req.sampling(logprobs))
             if fault is not None:
                 raise BadRequest(fault[1], param=fault[0], code="unsupported_sampling")
+        elif logprobs is not None and logprobs > cfg.max_top_logprobs:
+            raise BadRequest(f"{top_param} {logprobs}: this engine gives at most {cfg.max_top_logprobs} top logprobs "
+                             "per token (the manifest's top-logprobs program)", param=top_param,
+                             code="unsupported_sampling")
         room = cfg.max_context - n + 1
         max_tokens = room if limit is None else min(limit, room)
         stop_ids = frozenset() if req.ignore_eos else codec.eos_ids
@@ -219,11 +226,12 @@ def create_app(loop: ServeLoop, cfg: AppConfig, codec: Codec, chat_template: Cha
             text += tail
         return text, "stop" if stopped else ev.finish
 
-    async def collect(request: Request, prep: Prepared, req: SamplingFields,
-                      logprobs: int | None) -> tuple[str, str, int]:
-        """(text, finish_reason, completion tokens) of a non-streaming request."""
+    async def collect(request: Request, prep: Prepared, req: SamplingFields, logprobs: int | None,
+                      chat: bool) -> tuple[str, str, int, Any]:
+        """(text, finish_reason, completion tokens, logprobs or None) of a non-streaming request."""
         req_id, queue = open_request(prep, req, logprobs)
         matcher = StopMatcher(codec, prep.stops)
+        lps = LogprobsBuilder(codec, chat) if logprobs is not None else None
         parts: list[str] = []
         count = 0
         finish: str | None = None
@@ -233,26 +241,30 @@ def create_app(loop: ServeLoop, cfg: AppConfig, codec: Codec, chat_template: Cha
                 if isinstance(ev, Failed):
                     raise ev.error
                 count += 1
+                if lps is not None and not (ev.finish == "stop" and ev.token_id in prep.stop_ids):
+                    lps.add(ev.token_id, ev.logprob, ev.top_logprobs)
                 text, finish = advance(matcher, ev)
                 parts.append(text)
                 if finish is not None:
                     break
         finally:
             await gen.aclose()
-        return "".join(parts), finish or "length", count
+        return "".join(parts), finish or "length", count, lps.take() if lps is not None else None
 
     def sse(obj: Any) -> str:
         data = obj if isinstance(obj, str) else obj.model_dump_json()
         return f"data: {data}\n\n"
 
-    def stream(request: Request, prep: Prepared, req: SamplingFields, logprobs: int | None,
-               chunk: Callable[[str, str | None, Usage | None], Any], first: Any | None) -> StreamingResponse:
-        """An SSE response: `first` (if any), a chunk per piece of text, the finish chunk, a usage chunk (no
+    def stream(request: Request, prep: Prepared, req: SamplingFields, logprobs: int | None, chat: bool,
+               chunk: Callable[[str, str | None, Usage | None, Any], Any], first: Any | None) -> StreamingResponse:
+        """An SSE response: `first` (if any), a chunk per piece of text (or per token, when logprobs are asked:
+        each chunk carries the logprobs of the tokens since the last), the finish chunk, a usage chunk (no
         choices), `data: [DONE]`. An engine fault mid-stream sends the error body as an event, then [DONE]."""
         req_id, queue = open_request(prep, req, logprobs)
 
         async def body() -> AsyncIterator[str]:
             matcher = StopMatcher(codec, prep.stops)
+            lps = LogprobsBuilder(codec, chat) if logprobs is not None else None
             count = 0
             gen = events(request, req_id, queue, streaming=True)
             if first is not None:
@@ -263,11 +275,13 @@ def create_app(loop: ServeLoop, cfg: AppConfig, codec: Codec, chat_template: Cha
                         yield sse(json.dumps(ev.error.body()))
                         break
                     count += 1
+                    if lps is not None and not (ev.finish == "stop" and ev.token_id in prep.stop_ids):
+                        lps.add(ev.token_id, ev.logprob, ev.top_logprobs)
                     text, finish = advance(matcher, ev)
-                    if text or finish is not None:
-                        yield sse(chunk(text, finish, None))
+                    if text or finish is not None or (lps is not None and lps.pending):
+                        yield sse(chunk(text, finish, None, lps.take() if lps is not None else None))
                     if finish is not None:
-                        yield sse(chunk("", None, Usage.of(len(prep.ids), count)))
+                        yield sse(chunk("", None, Usage.of(len(prep.ids), count), None))
                         break
             finally:
                 await gen.aclose()
@@ -285,17 +299,19 @@ def create_app(loop: ServeLoop, cfg: AppConfig, codec: Codec, chat_template: Cha
         if isinstance(req.prompt, list) and cfg.vocab_size is not None and max(ids) >= cfg.vocab_size:
             raise BadRequest(f"token id {max(ids)} in the prompt is outside the vocabulary (0..{cfg.vocab_size - 1})",
                              param="prompt", code="invalid_value")
-        prep = check_common(req, ids, req.max_tokens, "prompt", req.logprobs)
+        prep = check_common(req, ids, req.max_tokens, "prompt", req.logprobs, "logprobs")
         rid = f"cmpl-{next(req_ids)}"
         if req.stream:
-            def chunk(text: str, finish: str | None, usage: Usage | None) -> CompletionResponse:
-                choices = [] if usage is not None else [CompletionChoice(text=text, finish_reason=finish)]
+            def chunk(text: str, finish: str | None, usage: Usage | None, lps: Any) -> CompletionResponse:
+                choices = [] if usage is not None else [CompletionChoice(text=text, finish_reason=finish,
+                                                                         logprobs=lps)]
                 return CompletionResponse(id=rid, model=cfg.model, choices=choices, usage=usage)
 
-            return stream(request, prep, req, req.logprobs, chunk, None)
-        text, finish, count = await collect(request, prep, req, req.logprobs)
+            return stream(request, prep, req, req.logprobs, False, chunk, None)
+        text, finish, count, lps = await collect(request, prep, req, req.logprobs, False)
         return JSONResponse(CompletionResponse(id=rid, model=cfg.model,
-                                               choices=[CompletionChoice(text=text, finish_reason=finish)],
+                                               choices=[CompletionChoice(text=text, finish_reason=finish,
+                                                                         logprobs=lps)],
                                                usage=Usage.of(len(ids), count)).model_dump())
 
     @app.post("/v1/chat/completions")
@@ -310,20 +326,21 @@ def create_app(loop: ServeLoop, cfg: AppConfig, codec: Codec, chat_template: Cha
                     for m in req.messages]
         text = chat_template.render(messages, req.add_generation_prompt, **(req.chat_template_kwargs or {}))
         ids = codec.encode(text)
-        prep = check_common(req, ids, req.token_limit(), "messages", req.wanted_logprobs())
+        prep = check_common(req, ids, req.token_limit(), "messages", req.wanted_logprobs(), "top_logprobs")
         rid = f"chatcmpl-{next(req_ids)}"
         if req.stream:
-            def chunk(text: str, finish: str | None, usage: Usage | None) -> ChatCompletionChunk:
+            def chunk(text: str, finish: str | None, usage: Usage | None, lps: Any) -> ChatCompletionChunk:
                 choices = [] if usage is not None else [ChatChunkChoice(delta=Delta(content=text),
-                                                                        finish_reason=finish)]
+                                                                        finish_reason=finish, logprobs=lps)]
                 return ChatCompletionChunk(id=rid, model=cfg.model, choices=choices, usage=usage)
 
             first = ChatCompletionChunk(id=rid, model=cfg.model,
                                         choices=[ChatChunkChoice(delta=Delta(role="assistant", content=""))])
-            return stream(request, prep, req, req.wanted_logprobs(), chunk, first)
-        out, finish, count = await collect(request, prep, req, req.wanted_logprobs())
+            return stream(request, prep, req, req.wanted_logprobs(), True, chunk, first)
+        out, finish, count, lps = await collect(request, prep, req, req.wanted_logprobs(), True)
         return JSONResponse(ChatCompletionResponse(
-            id=rid, model=cfg.model, choices=[ChatChoice(message=AssistantMessage(content=out), finish_reason=finish)],
+            id=rid, model=cfg.model, choices=[ChatChoice(message=AssistantMessage(content=out), finish_reason=finish,
+                                                         logprobs=lps)],
             usage=Usage.of(len(ids), count)).model_dump())
 
     @app.get("/v1/models")

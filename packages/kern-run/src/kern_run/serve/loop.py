@@ -31,10 +31,13 @@ MEMORY_WAIT_S = 0.0005  # the pause when requests wait for memory (parks or wake
 
 @dataclass(frozen=True)
 class Token:
-    """One generated token; `finish` as scheduler.Emitted (None: more follow)."""
+    """One generated token; `finish` as scheduler.Emitted (None: more follow); `logprob` / `top_logprobs` as
+    the engine's `Sampled` (None / empty unless the request asked)."""
 
     token_id: int
     finish: str | None
+    logprob: float | None = None
+    top_logprobs: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -219,6 +222,8 @@ class ServeLoop:
         now = time.perf_counter()
         self.metrics.steps.inc()
         self.metrics.step_tokens.inc(step.num_tokens)
+        if step.decodes:
+            self.metrics.decode_rows.observe(len(step.decodes))
         for e in sched.complete(step, tokens):
             sub = self._subs.get(e.req_id)
             if sub is None:
@@ -231,5 +236,5 @@ class ServeLoop:
             if e.finish is not None:
                 self._end(e.req_id)
                 self.metrics.requests.labels(finish=e.finish).inc()
-            _send(sub, Token(e.token_id, e.finish))
+            _send(sub, Token(e.token_id, e.finish, e.logprob, e.top_logprobs))
         self.metrics.update(sched)

@@ -15,6 +15,7 @@ observed as tokens come out of the engine. Names (all prefixed `kern_`):
 | `kern_evictions_total`, `kern_preemptions_total` | counter | prefix entries evicted, requests preempted |
 | `kern_requests_total{finish}` | counter | requests ended, by finish reason (stop, length, cancelled, error) |
 | `kern_steps_total`, `kern_step_tokens_total` | counter | engine steps and the tokens they carried |
+| `kern_decode_rows` | histogram | rows of each decode step (the batch size; buckets 1, 2, 4, ..., 64) |
 | `kern_ttft_seconds`, `kern_tpot_seconds` | histogram | time to first token, time per output token |
 | `kern_healthy` | gauge | 1 while the engine has not failed a step |
 """
@@ -28,6 +29,7 @@ from .scheduler import Scheduler, Stats
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 TTFT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+DECODE_ROWS_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 TPOT_BUCKETS = (0.0005, 0.001, 0.002, 0.004, 0.006, 0.008, 0.01, 0.015, 0.02, 0.03, 0.05, 0.1, 0.25, 1.0)
 
 
@@ -50,6 +52,8 @@ class Metrics:
         self.requests = Counter("kern_requests", "requests ended", ["finish"], registry=r)
         self.steps = Counter("kern_steps", "engine steps", registry=r)
         self.step_tokens = Counter("kern_step_tokens", "tokens carried by engine steps", registry=r)
+        self.decode_rows = Histogram("kern_decode_rows", "rows of each decode step", buckets=DECODE_ROWS_BUCKETS,
+                                     registry=r)
         self.ttft = Histogram("kern_ttft_seconds", "time to first token", buckets=TTFT_BUCKETS, registry=r)
         self.tpot = Histogram("kern_tpot_seconds", "time per output token", buckets=TPOT_BUCKETS, registry=r)
         self.healthy = Gauge("kern_healthy", "1 while the engine has not failed a step", registry=r)

@@ -1,9 +1,9 @@
 """What an engine without GPU sampling accepts of a request's `kern_run.sampling.SamplingParams`.
 
-Batched GPU sampling (issue 26) is not wired into a decode program yet: today's runtime samples greedily
-(argmax in the manifest). The parameters travel with every decode row anyway, so the batched engine drops in
-without a change to the scheduler or the HTTP layer; `greedy_only_fault` is how a greedy-only engine refuses
-the rest (penalties included: the manifest's argmax applies none).
+A manifest whose decode program ends with the GPU sampler says so in `meta.caller.sampling` (sampling_io.py),
+and its engine serves every parameter. One without it (every manifest built before issue 26, or with the
+argmax sampler) decodes by argmax: `greedy_only_fault` is how that engine refuses the rest (penalties and
+logprobs included: the argmax applies none and reads back only the token).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ def greedy_only_fault(params: SamplingParams) -> tuple[str, str] | None:
     )
     for field, bad, what, want in checks:
         if bad:
-            return field, (f"{what} needs GPU sampling, which this engine does not have yet (issue 26: batched "
-                           f"decode and sampling); it decodes greedily: send {field} {want} or leave it out")
+            return field, (f"{what} needs GPU sampling, which this manifest's decode program lacks (no "
+                           f"meta.caller.sampling: it decodes by argmax); send {field} {want} or leave it out, or "
+                           "serve a manifest built with the GPU sampler")
     return None

@@ -8,6 +8,11 @@ Policy (docs/serve.md "Scheduler"):
 
 - **Rows.** At most `max_seqs` requests hold a row (waking, prefilling or decoding). New requests join at
   step boundaries, first come first served: a later request is never admitted ahead of an earlier waiting one.
+  A request takes the lowest free row and keeps it while it runs, so the engine rewrites a row's block table,
+  sampling parameters and history only when its request changes. The device runs a decode step at the bucket
+  holding the highest decoding row (engine.decode_bucket), so when the decoding rows no longer need their
+  bucket (n rows fit a smaller one, some sit above it), the rows above it move down into rows below it that
+  no decoding request holds (row compaction: the fewest moves that reach the smallest bucket).
 - **Token budget.** Each step carries one token per decoding row, then prefill chunks of the prefilling rows
   (oldest first) while they fit in `token_budget`. A chunk is the span from the row's next position to the next
   multiple of `chunk_tokens` (so a prompt is cut exactly as `kern run` cuts it alone and outputs do not depend
@@ -36,6 +41,7 @@ Decode pages are grown a page at a time, as positions reach them (not reserved f
 from __future__ import annotations
 
 import bisect
+import heapq
 import itertools
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -43,7 +49,8 @@ from typing import Any, Sequence
 import kern_pool
 from kern_pool import Busy, ExceedsPool, NotLanded, ParkedTier, Prefix, Remapping
 
-from .engine import DecodeRow, PrefillChunk
+from ..sampling import resolve_seed
+from .engine import DecodeRow, PrefillChunk, Sampled, decode_bucket
 from .errors import ConfigError
 from .memory import KvMemory
 from .sampling import SamplingParams
@@ -81,11 +88,14 @@ class SchedulerConfig:
 @dataclass(frozen=True)
 class Emitted:
     """A token produced for `req_id` by a decode row; `finish` is "stop" (an EOS id; the token is the EOS
-    and is not part of the text), "length" (max_tokens or the context reached) or None (more follow)."""
+    and is not part of the text), "length" (max_tokens or the context reached) or None (more follow).
+    `logprob` / `top_logprobs`: the engine's `Sampled` fields (None / empty unless the request asked)."""
 
     req_id: int
     token_id: int
     finish: str | None
+    logprob: float | None = None
+    top_logprobs: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -134,10 +144,19 @@ class Job:
     waking: Any = None
     computed: int = 0  # positions whose K/V are written (or resumed)
     cached: int = 0  # positions resumed from the prefix cache at the last admission
+    placed: bool = False  # the engine has been given this job's history in its current row
 
     def ids(self) -> tuple[int, ...]:
         """The ids whose K/V the sequence holds or will hold: the prompt, then the generated tokens."""
         return self.prompt + tuple(self.tokens)
+
+    @property
+    def num_ids(self) -> int:
+        return len(self.prompt) + len(self.tokens)
+
+    @property
+    def last_id(self) -> int:
+        return self.tokens[-1] if self.tokens else self.prompt[-1]
 
 
 @dataclass
@@ -166,7 +185,7 @@ class Scheduler:
         self._jobs: dict[int, Job] = {}
         self._waiting: list[tuple[int, int]] = []  # (arrival, req_id), sorted
         self._running: dict[int, Job] = {}  # req_id -> job holding a row, in admission order
-        self._free_rows = list(range(config.max_seqs - 1, -1, -1))
+        self._free_rows = list(range(config.max_seqs))  # a min-heap: the lowest free row first
         self._arrivals = itertools.count()
         self._step_parks = 0
         self._step_evicted = 0
@@ -180,6 +199,10 @@ class Scheduler:
     @property
     def num_running(self) -> int:
         return len(self._running)
+
+    def rows(self) -> dict[int, int]:
+        """req_id -> row of every request holding a row."""
+        return {j.req_id: j.row for j in self._running.values()}  # type: ignore[misc]
 
     def __contains__(self, req_id: int) -> bool:
         return req_id in self._jobs
@@ -207,6 +230,8 @@ class Scheduler:
         if max_tokens < 1:
             raise ConfigError(f"max_tokens {max_tokens}: expected >= 1")
         budget = min(max_tokens, self.config.max_context - n + 1)
+        if not sampling.greedy:
+            sampling = resolve_seed(sampling)  # one Philox key for every step of the request
         job = Job(req_id, tuple(prompt), budget, sampling, stop_ids, next(self._arrivals))
         self._jobs[req_id] = job
         bisect.insort(self._waiting, (job.arrival, req_id))
@@ -231,8 +256,9 @@ class Scheduler:
             job.lease.close()  # also releases the prefix hit it holds (lease_from / wake hold=)
             job.lease = None
         if job.row is not None:
-            self._free_rows.append(job.row)
+            heapq.heappush(self._free_rows, job.row)
             job.row = None
+        job.placed = False
         self._running.pop(job.req_id, None)
 
     def _preempt(self, job: Job) -> None:
@@ -274,12 +300,13 @@ class Scheduler:
                 del self._jobs[req_id]
                 failed.append((req_id, outcome))
                 continue
-            job.row = self._free_rows.pop()
+            job.row = heapq.heappop(self._free_rows)
+            job.placed = False
             self._running[req_id] = job
             admitted.append(req_id)
             reused.append(job.cached)
             self.stats.admitted += 1
-            self.stats.lookup_tokens += len(job.ids())
+            self.stats.lookup_tokens += job.num_ids
             self.stats.reused_tokens += job.cached
         return admitted, reused
 
@@ -372,24 +399,57 @@ class Scheduler:
                     job.lease, job.waking, job.state = lease, None, PREFILL
 
     def _decode_rows(self, preempted: list[int]) -> list[DecodeRow]:
-        rows = []
+        jobs = []
         for job in list(self._running.values()):
-            if job.state == PREFILL and job.computed >= len(job.ids()) - 1:
+            if job.state == PREFILL and job.computed >= job.num_ids - 1:
                 self._prefill_done(job)
             if job.state != DECODE or job.req_id not in self._running:
                 continue
-            ids = job.ids()
-            position = len(ids) - 1
-            if not self._ensure(job, position + 1, preempted):
-                continue
-            rows.append(DecodeRow(job.req_id, job.row, position, ids[-1],  # type: ignore[arg-type]
-                                  tuple(job.lease.page_ids()), job.sampling))
+            if self._ensure(job, job.num_ids, preempted):
+                jobs.append(job)
         # a row preempted after it was listed (to grow a later one) must not write pages it no longer holds
-        return [r for r in rows if r.req_id in self._running]
+        jobs = [j for j in jobs if j.req_id in self._running]
+        if jobs:
+            self._compact(jobs)
+        rows = []
+        for job in jobs:
+            history = None
+            if not job.placed:
+                history = job.ids()
+                job.placed = True
+            rows.append(DecodeRow(job.req_id, job.row, job.num_ids - 1, job.last_id,  # type: ignore[arg-type]
+                                  tuple(job.lease.page_ids()), job.sampling, history))
+        return rows
+
+    def _compact(self, decoding: list[Job]) -> None:
+        """Move the decoding jobs whose rows lie above the bucket their number needs into rows below it that no
+        decoding job of this step holds: free rows first (lowest first), then rows of running jobs that do not
+        decode this step (prefilling, waking, or skipped), which take the mover's row in exchange. A moved job
+        is no longer placed (its next decode row carries its history)."""
+        bucket = decode_bucket(len(decoding), self.config.max_seqs)
+        movers = sorted((j for j in decoding if j.row >= bucket), key=lambda j: j.row)  # type: ignore[operator]
+        if not movers:
+            return
+        taken = {j.row for j in decoding}
+        holders = {j.row: j for j in self._running.values() if j.row is not None and j.row not in taken}
+        free = sorted(r for r in self._free_rows if r < bucket)
+        swaps = sorted(r for r in holders if r < bucket)
+        for job in movers:
+            old = job.row
+            if free:
+                new = free.pop(0)
+                self._free_rows.remove(new)
+                self._free_rows.append(old)  # type: ignore[arg-type]
+                heapq.heapify(self._free_rows)
+            else:
+                new = swaps.pop(0)
+                other = holders[new]
+                other.row, other.placed = old, False
+            job.row, job.placed = new, False
 
     def _ensure(self, job: Job, num_tokens: int, preempted: list[int]) -> bool:
         """Grow `job`'s lease to `num_tokens`; False when it must skip this step (or was preempted)."""
-        while job.lease.capacity_tokens < num_tokens:
+        while job.lease.capacity_tokens < num_tokens:  # the next decode writes position num_tokens - 1
             try:
                 self.memory.grow(job.lease, num_tokens)
             except (Busy, Remapping):
@@ -424,40 +484,42 @@ class Scheduler:
         for job in self._running.values():
             if job.state != PREFILL or budget <= 0:
                 continue
-            ids = job.ids()
-            end = len(ids) - 1
+            end = job.num_ids - 1
             start = job.computed
             stop = min((start // chunk + 1) * chunk, end)
             if stop - start > budget:
                 if not self.config.batch_invariant_prefill:
                     break
                 stop = start + budget
-            chunks.append(PrefillChunk(job.req_id, job.row, start, ids[start:stop],  # type: ignore[arg-type]
+            chunks.append(PrefillChunk(job.req_id, job.row, start, job.ids()[start:stop],  # type: ignore[arg-type]
                                        tuple(job.lease.page_ids())))
             budget -= stop - start
         return chunks
 
-    def complete(self, step: Step, tokens: Sequence[int]) -> list[Emitted]:
-        """Fold the engine's results of `step` back: `tokens[i]` is the token of `step.decodes[i]`. Prefill
-        chunks advance their rows; each decode row emits one token, and a finished request leaves (its pages
-        returned). Rows cancelled while the step ran are skipped."""
-        assert len(tokens) == len(step.decodes), (len(tokens), len(step.decodes))
+    def complete(self, step: Step, outputs: Sequence[Sampled | int]) -> list[Emitted]:
+        """Fold the engine's results of `step` back: `outputs[i]` is the `Sampled` (or the bare token id) of
+        `step.decodes[i]`. Prefill chunks advance their rows; each decode row emits one token, and a finished
+        request leaves (its pages returned). Rows cancelled while the step ran are skipped."""
+        assert len(outputs) == len(step.decodes), (len(outputs), len(step.decodes))
         for c in step.prefills:
             job = self._jobs.get(c.req_id)
             if job is not None and job.state == PREFILL and job.computed == c.start:
                 job.computed = c.stop
         out = []
-        for row, token in zip(step.decodes, tokens):
+        for row, sampled in zip(step.decodes, outputs):
             job = self._jobs.get(row.req_id)
             if job is None or job.state != DECODE:
                 continue
-            job.tokens.append(int(token))
+            if not isinstance(sampled, Sampled):
+                sampled = Sampled(int(sampled))
+            token = int(sampled.token_id)
+            job.tokens.append(token)
             finish = None
             if token in job.stop_ids:
                 finish = "stop"
             elif len(job.tokens) >= job.max_tokens:
                 finish = "length"
-            out.append(Emitted(row.req_id, int(token), finish))
+            out.append(Emitted(row.req_id, token, finish, sampled.logprob, sampled.top_logprobs))
             if finish is not None:
                 self._release(job)
                 del self._jobs[job.req_id]

@@ -8,6 +8,7 @@ runtime. uvicorn then re-raises the signal: the process ends by SIGTERM (status 
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,11 +19,13 @@ from ..errors import InputError
 GIB = 1 << 30
 MAX_HOST_GIB = 4096  # the largest --host-gib: 4 TiB of pinned host memory
 MAX_DRAIN_S = 86400  # the longest --drain-timeout: a day
+MAX_SEQS = 1024  # the largest --max-seqs taken (the manifest's seqs var max then caps it: 64 for issue 26's)
 
 
 @dataclass(frozen=True)
 class ServeOptions:
-    """`kern serve`'s flags. `host` / `port`: where uvicorn listens; `max_seqs`: decode rows (1 until issue 26);
+    """`kern serve`'s flags. `host` / `port`: where uvicorn listens; `max_seqs`: decode rows at most (capped by
+    the manifest's `seqs` var max);
     `host_gib`: the pinned host tier for parked prefixes (GiB, 0: none); `api_key`: None for none; `max_queue`:
     requests in flight at most; `token_budget`: tokens per step (None: chunk + max_seqs); `drain_s`: seconds
     SIGTERM waits for requests in flight; `model_name`: the name requests use (None: the target's, else the
@@ -30,7 +33,7 @@ class ServeOptions:
 
     host: str = "127.0.0.1"
     port: int = 8000
-    max_seqs: int = 1
+    max_seqs: int = 64
     host_gib: float = 0.0
     api_key: str | None = None
     max_queue: int = 256
@@ -42,15 +45,11 @@ class ServeOptions:
     def check(self) -> None:
         """Raises InputError naming the flag and its allowed range for a value out of range (NaN and infinities
         included); needs no device, so `kern serve` refuses before any probe or load."""
-        from .runtime_engine import RuntimeEngine
-
         if not 0 <= self.port <= 65535:
             raise InputError(f"--port {self.port}: expected 0..65535")
-        if self.max_seqs < 1:
-            raise InputError(f"--max-seqs {self.max_seqs}: expected >= 1")
-        if self.max_seqs > RuntimeEngine.max_seqs:
-            raise InputError(f"--max-seqs {self.max_seqs}: today's runtime decodes {RuntimeEngine.max_seqs} sequence "
-                             "per step (batched decode is issue 26): pass --max-seqs 1")
+        if not 1 <= self.max_seqs <= MAX_SEQS:
+            raise InputError(f"--max-seqs {self.max_seqs}: expected 1..{MAX_SEQS} (the manifest's seqs var max caps "
+                             "it further)")
         if not 0 <= self.host_gib <= MAX_HOST_GIB:  # False for NaN
             raise InputError(f"--host-gib {self.host_gib}: expected 0..{MAX_HOST_GIB} GiB")
         if self.max_queue < 1:
@@ -72,8 +71,17 @@ def model_name(cfg: RunConfig, opts: ServeOptions) -> str:
     return weights.name or "kern"
 
 
+def serve_rows(facts: Any, requested: int) -> int:
+    """Decode rows the server runs: `requested` (--max-seqs), capped by the manifest's `seqs` var max and its
+    `tokens` var max (a decode step at bucket B runs at tokens = B)."""
+    seqs = facts.manifest.vars.get("seqs")
+    return max(1, min(requested, int(seqs.max) if seqs is not None else 1, int(facts.tokens_max)))
+
+
 def build(cfg: RunConfig, opts: ServeOptions, log: Any) -> tuple[Any, Any]:
-    """Preflight, load and wire everything: (the FastAPI app, the ServeLoop, started). Raises RefusalError /
+    """Preflight, load and wire everything: (the FastAPI app, the ServeLoop, started). The engine decodes up to
+    `serve_rows` rows a step, samples on the GPU when the manifest has the sampler (`meta.caller.sampling`) and
+    has every bucket's CUDA graph captured before the server listens. Raises RefusalError /
     kern_runtime.KernError."""
     from ..session import open_generator, prepare
     from ..text import checkpoint_dir
@@ -83,10 +91,13 @@ def build(cfg: RunConfig, opts: ServeOptions, log: Any) -> tuple[Any, Any]:
     from .memory import RuntimeMemory
     from .metrics import Metrics
     from .runtime_engine import RuntimeEngine
+    from .sampling_io import read_sampling_io
     from .scheduler import Scheduler, SchedulerConfig
 
     opts.check()
     prep = prepare(cfg, shared_pool=True)
+    read_sampling_io(prep.facts.manifest, cfg.manifest)  # a malformed sampling block is refused before loading
+    rows = serve_rows(prep.facts, opts.max_seqs)
     try:
         template = load_chat_template(checkpoint_dir(cfg.weights))
     except ValueError as exc:
@@ -94,7 +105,7 @@ def build(cfg: RunConfig, opts: ServeOptions, log: Any) -> tuple[Any, Any]:
 
     def scheduler_config(max_context: int) -> SchedulerConfig:
         try:
-            return SchedulerConfig(max_seqs=RuntimeEngine.max_seqs, chunk_tokens=prep.chunk, max_context=max_context,
+            return SchedulerConfig(max_seqs=rows, chunk_tokens=prep.chunk, max_context=max_context,
                                    token_budget=opts.token_budget,
                                    batch_invariant_prefill=prep.facts.prefill_batch_invariant)
         except ValueError as exc:
@@ -103,7 +114,11 @@ def build(cfg: RunConfig, opts: ServeOptions, log: Any) -> tuple[Any, Any]:
     scheduler_config(prep.facts.max_context)  # refused before loading
     gen = open_generator(prep, log)
     try:
-        engine = RuntimeEngine(gen, prep.chunk, opts.eager)
+        engine = RuntimeEngine(gen, prep.chunk, opts.eager, max_seqs=rows)
+        t0 = time.perf_counter()
+        warmed = engine.warm()
+        log.info(f"decode buckets {warmed} warmed{'' if opts.eager else ' (CUDA graphs captured)'} in "
+                 f"{time.perf_counter() - t0:.2f} s")
         memory = RuntimeMemory(gen.rt)
         if opts.host_gib > 0:
             nbytes = memory.reserve_host_bytes(int(opts.host_gib * GIB), engine.max_context)
@@ -112,13 +127,15 @@ def build(cfg: RunConfig, opts: ServeOptions, log: Any) -> tuple[Any, Any]:
         tokenizer: Any = prep.codec.tokenizer
         app_cfg = AppConfig(model=model_name(cfg, opts), max_context=engine.max_context, max_queue=opts.max_queue,
                             api_key=opts.api_key, vocab_size=int(tokenizer.get_vocab_size()), samples=engine.samples,
-                            drain_s=opts.drain_s)
+                            max_top_logprobs=engine.max_top_logprobs, drain_s=opts.drain_s)
         app = create_app(loop, app_cfg, prep.codec, template, on_shutdown=gen.close)
     except BaseException:
         gen.close()
         raise
-    log.info(f"serving {app_cfg.model!r}: context {engine.max_context} tokens, {engine.max_seqs} row(s), chunk "
-             f"{engine.chunk_tokens}, greedy decode; chat template {'yes' if template else 'none'}")
+    sampler = "GPU sampling" if engine.samples else "greedy argmax decode (no meta.caller.sampling)"
+    log.info(f"serving {app_cfg.model!r}: context {engine.max_context} tokens, {engine.max_seqs} row(s) (manifest "
+             f"seqs max {engine.seqs_max}), chunk {engine.chunk_tokens}, {sampler}; chat template "
+             f"{'yes' if template else 'none'}")
     loop.start()
     return app, loop
 

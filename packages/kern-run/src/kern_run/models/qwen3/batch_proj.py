@@ -1,5 +1,7 @@
 """The projections of a batched decode step (seqs 2..seqs_max) beside the M = 1 GEMV launch of each `--gemv v2`
-projection op: `batch_proj` "cublaslt" (the default) or "mma" (mma.py, kernels-src/gemv_mma.cu).
+projection op: `batch_proj` "cublaslt" (the default), "rows" (rows_m.py: the multi-row rows-family GEMVs for seqs
+2..8, fused and PDL-launched like the M = 1 ones, a row's bits those of the M = 1 entry; cuBLASLt as below for
+seqs 9..seqs_max and for lm_head, whose M = 1 launch is no rows entry) or "mma" (mma.py, kernels-src/gemv_mma.cu).
 
 Why cuBLASLt: measured on the H200 at the Qwen3-4B shapes (bench/gemv.py --mma, docs/perf.md "Fourteenth
 session"), cuBLASLt's heuristic algorithm at m = 2..64 stays within 3-17% of the M = 1 GEMV's time (lm_head m = 64:
@@ -27,42 +29,41 @@ from ...errors import ManifestBuildError
 from .builder import Builder
 from .mma import mma_launches
 from .options import Plan
+from .rows_m import ROWS_ENTRY, ROWS_TILE_MAX, rows_m_launches
 
-BATCH_PROJ = ("cublaslt", "mma")
+BATCH_PROJ = ("cublaslt", "rows", "mma")
 _SEQS_I32 = {"expr": "seqs", "type": "i32"}
 _SEQS_I64 = {"expr": "seqs", "type": "i64"}
 
 
-def _when(plan: Plan) -> dict[str, list[int]]:
-    return {"seqs": [2, plan.opts.seqs_max]}
-
-
-def _rmsnorm(b: Builder, plan: Plan) -> dict[str, Any]:
+def _rmsnorm(b: Builder, plan: Plan, when: dict[str, list[int]]) -> dict[str, Any]:
     """kern_add_rmsnorm without a delta: scratch `normed` = RMSNorm(residual) * norm_w, one block per row."""
     cfg = plan.cfg
     return {**b.launch("kern_add_rmsnorm", ["seqs", 1, 1], [256, 1, 1],
                        [{"arg": "residual"}, {"null": 8}, {"arg": "norm_w"}, {"scratch": "normed"}, dict(_SEQS_I32),
-                        {"i32": cfg.hidden}, {"f32": cfg.eps}]), "when": _when(plan)}
+                        {"i32": cfg.hidden}, {"f32": cfg.eps}]), "when": when}
 
 
-def _gemm(plan: Plan, a: dict[str, str], c: dict[str, str], n: int, k: int, acc: bool = False) -> dict[str, Any]:
+def _gemm(a: dict[str, str], c: dict[str, str], n: int, k: int, when: dict[str, list[int]],
+          acc: bool = False) -> dict[str, Any]:
     return {"extern": "cublaslt_bf16_tn_acc" if acc else "cublaslt_bf16_tn",
-            "args": [a, {"arg": "w"}, c, dict(_SEQS_I64), {"i64": n}, {"i64": k}], "when": _when(plan)}
+            "args": [a, {"arg": "w"}, c, dict(_SEQS_I64), {"i64": n}, {"i64": k}], "when": when}
 
 
-def _cublaslt_launches(b: Builder, plan: Plan, kind: str, n: int, k: int) -> tuple[list[dict[str, Any]],
-                                                                                    dict[str, str]]:
-    """(launches, scratch) of one projection op for seqs >= 2; `kind` as mma.KINDS, `n` the output rows (SwiGLU:
-    inter)."""
+def _cublaslt_launches(b: Builder, plan: Plan, kind: str, n: int, k: int,
+                       lo: int = 2) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    """(launches, scratch) of one projection op for seqs lo..seqs_max (each launch `when: {"seqs": [lo,
+    seqs_max]}`); `kind` as mma.KINDS, `n` the output rows (SwiGLU: inter)."""
     H = plan.cfg.hidden
+    when = {"seqs": [lo, plan.opts.seqs_max]}
     if kind == "residual":
-        return [_gemm(plan, {"arg": "x"}, {"arg": "residual"}, n, k, acc=True)], {}
+        return [_gemm({"arg": "x"}, {"arg": "residual"}, n, k, when, acc=True)], {}
     scratch = {"normed": f"seqs * {H * 2}"}
     if kind == "rmsnorm":
-        return [_rmsnorm(b, plan), _gemm(plan, {"scratch": "normed"}, {"arg": "y"}, n, k)], scratch
+        return [_rmsnorm(b, plan, when), _gemm({"scratch": "normed"}, {"arg": "y"}, n, k, when)], scratch
     silu = {**b.launch("kern_silu_mul", ["seqs", -(-n // 1024), 1], [256, 1, 1],
-                       [{"scratch": "gate_up"}, {"arg": "y"}, dict(_SEQS_I32), {"i32": n}]), "when": _when(plan)}
-    return ([_rmsnorm(b, plan), _gemm(plan, {"scratch": "normed"}, {"scratch": "gate_up"}, 2 * n, k), silu],
+                       [{"scratch": "gate_up"}, {"arg": "y"}, dict(_SEQS_I32), {"i32": n}]), "when": when}
+    return ([_rmsnorm(b, plan, when), _gemm({"scratch": "normed"}, {"scratch": "gate_up"}, 2 * n, k, when), silu],
             {**scratch, "gate_up": f"seqs * {2 * n * 2}"})
 
 
@@ -70,15 +71,24 @@ def batched(b: Builder, plan: Plan, bs1: dict[str, Any], kind: str, n: int, k: i
             tail: tuple[dict[str, Any], ...] = ()) -> tuple[list[dict[str, Any]], dict[str, str]]:
     """(launches, scratch) of a projection op: `bs1` (the M = 1 GEMV launch) alone when seqs_max is 1 (unchanged,
     no `when`), else `bs1` under `when: {"seqs": [1, 1]}` followed by the seqs >= 2 launches of plan.opts.batch_proj
-    (`args` / `tail`: the op's pointer wiring and trailing scalars, for the MMA entries)."""
+    (`args` / `tail`: the op's pointer wiring and trailing scalars, for the MMA entries). "rows": where `bs1` is a
+    rows-family entry (qkv, gate_up, o, down; not lm_head), the `_mM` launches for seqs 2..min(8, seqs_max), then
+    cuBLASLt for 9..seqs_max. Raises ManifestBuildError on an unknown batch_proj."""
     opts = plan.opts
     if opts.seqs_max == 1:
         return [bs1], {}
     first = {**bs1, "when": {"seqs": [1, 1]}}
     if opts.batch_proj == "mma":
         return [first, *mma_launches(b, kind, n, k, args, opts, tail)], {}
-    if opts.batch_proj != "cublaslt":
+    if opts.batch_proj not in ("cublaslt", "rows"):
         raise ManifestBuildError(f"batch_proj (--batch-proj) {opts.batch_proj!r}: use one of "
                                  f"{', '.join(map(repr, BATCH_PROJ))}")
-    launches, scratch = _cublaslt_launches(b, plan, kind, n, k)
-    return [first, *launches], scratch
+    rows: list[dict[str, Any]] = []
+    if opts.batch_proj == "rows" and bs1["entry"] == ROWS_ENTRY[kind]:
+        n_groups = -(-n // (2 if kind == "rmsnorm_swiglu" else 4))
+        rows = rows_m_launches(b, bs1, kind, n_groups, k, opts, 2, min(ROWS_TILE_MAX, opts.seqs_max))
+    lo = 2 + 7 * bool(rows)  # rows: 2..8 on the _mM entries, cuBLASLt from 9
+    if lo > opts.seqs_max:
+        return [first, *rows], {}
+    launches, scratch = _cublaslt_launches(b, plan, kind, n, k, lo)
+    return [first, *rows, *launches], scratch

@@ -1,0 +1,188 @@
+"""`kern serve` with batched decode and GPU sampling on the tiny-en model, driven by the real `openai` client.
+
+The manifest is built in-process by the builder at `--seqs-max 64 --gemv v2` (models/qwen3-tiny-en's config, the
+GPU sampler, the H200 pins)
+and served on a loopback port with `--max-seqs 64`. Checks:
+
+- a completion, non-streaming and streaming, equals `kern run` of the same prompt on the same manifest;
+- 64 concurrent greedy completions each equal the same request run alone (one at a time through the server,
+  so at bucket 1), and the decode steps really carried more than 32 rows (`kern_decode_rows`);
+- a seeded sampled completion (temperature, top-p, top-k, repetition penalty) gives the same text alone and
+  among 63 other requests with other parameters and seeds;
+- logprobs: the chosen token's logprob is the best of its top logprobs under greedy decoding.
+
+The `openai` package and its dependencies come to the GPU machine as wheels (.whl, tools/gpu-env.sh); without
+them these tests fail (they skip only where there is no GPU).
+
+Run on the H200:  source tools/gpu-env.sh && KERN_REQUIRE_GPU=1 python3 -m pytest -q tests/serve/test_serve_batch_gpu.py
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+REPO = Path(__file__).resolve().parents[2]
+MODEL = "tiny-en-b64"
+OPENINGS = ["Once upon a time", "The little dog", "In the morning, the", "She opened the door and",
+            "The king said that", "A long way from home,", "The children played", "When the rain stopped,",
+            "The old man", "On the table there was", "He looked at the sky", "The best way to",
+            "My favourite food is", "The teacher asked", "Every summer we", "The cat sat"]
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _kern(*args: str) -> list[str]:
+    return [sys.executable, "-m", "kern_run", *args]
+
+
+def _openai():
+    try:
+        import openai
+    except ImportError as exc:
+        pytest.fail(f"the openai client is missing ({exc}): carry its wheels to the GPU machine (.whl: openai, "
+                    "jiter, distro, sniffio; see docs/serve.md 'GPU tests')")
+    return openai
+
+
+@pytest.fixture(scope="module")
+def manifest64(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tiny-en's manifest with a decode of 1..64 rows and the GPU sampler, built in-process."""
+    from kern_run.cli import app
+
+    out = tmp_path_factory.mktemp("b64") / f"{MODEL}.json"
+    base = ["manifest", "build", "--config", str(REPO / "models" / "qwen3-tiny-en" / "config.json"), "--name", MODEL,
+            "--max-context", "2048", "--seqs-max", "64", "--kernels", str(REPO / "kernels"),
+            "--algos", str(REPO / "manifests" / "algos" / "h200.json"), "--out", str(out)]
+    for extra in (["--gemv", "v2"], ["--decode", "gemm"]):  # the GEMV rows family takes 2..64 rows; else cuBLASLt
+        try:
+            app([*base, *extra], prog_name="kern")
+        except SystemExit as exc:
+            if exc.code not in (0, None):
+                continue
+        if out.is_file():
+            break
+    assert out.is_file(), "kern manifest build --seqs-max 64 failed (see the output above)"
+    return out
+
+
+@pytest.fixture(scope="module")
+def server(manifest64: Path):
+    import httpx
+
+    port = _free_port()
+    cmd = _kern("serve", "--manifest", str(manifest64), "--kernels", str(REPO / "kernels"), "--weights",
+                str(REPO / "models" / "qwen3-tiny-en"), "--max-seqs", "64", "--capacity", "65536", "--chunk", "512",
+                "--port", str(port), "--model-name", MODEL, "--drain-timeout", "10")
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 240
+    while True:
+        if proc.poll() is not None:
+            pytest.fail(f"kern serve exited {proc.returncode}:\n{proc.stdout.read()}")
+        try:
+            if httpx.get(f"{base}/health", timeout=2).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"kern serve not healthy after 240 s:\n{proc.stdout.read()}")
+        time.sleep(0.5)
+    yield base
+    proc.terminate()
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+@pytest.fixture(scope="module")
+def client(server: str):
+    return _openai().OpenAI(base_url=f"{server}/v1", api_key="unused", timeout=120, max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def aclient(server: str):
+    return _openai().AsyncOpenAI(base_url=f"{server}/v1", api_key="unused", timeout=300, max_retries=0)
+
+
+def _prompts() -> list[str]:
+    return [f"{OPENINGS[i % 16]}{'' if i < 16 else ' ' + ['and then', 'but', 'so that'][i // 16 - 1]}"
+            for i in range(64)]
+
+
+def _gather(aclient, bodies: list[dict]) -> list:
+    async def go():
+        return await asyncio.gather(*(aclient.completions.create(model=MODEL, **b) for b in bodies))
+    return asyncio.run(go())
+
+
+def test_completion_streaming_and_not_equal_kern_run(client, manifest64: Path) -> None:
+    prompt, steps = "Once upon a time", 24
+    out = subprocess.run(_kern("run", "--manifest", str(manifest64), "--kernels", str(REPO / "kernels"), "--weights",
+                               str(REPO / "models" / "qwen3-tiny-en"), "--prompt", prompt, "--steps", str(steps)),
+                         cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    alone = out.stdout[:-1] if out.stdout.endswith("\n") else out.stdout
+    whole = client.completions.create(model=MODEL, prompt=prompt, max_tokens=steps)
+    assert whole.choices[0].text == alone
+    assert whole.usage.prompt_tokens > 0 and whole.usage.completion_tokens <= steps
+    chunks = list(client.completions.create(model=MODEL, prompt=prompt, max_tokens=steps, stream=True))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == alone
+    assert [m.id for m in client.models.list().data] == [MODEL]
+
+
+def test_64_concurrent_greedy_requests_each_equal_the_request_alone(client, aclient, server: str) -> None:
+    import httpx
+
+    bodies = [{"prompt": p, "max_tokens": 32 + (i % 5) * 8} for i, p in enumerate(_prompts())]
+    alone = [client.completions.create(model=MODEL, **b).choices[0].text for b in bodies]  # one at a time
+    before = httpx.get(f"{server}/metrics").text
+    together = [r.choices[0].text for r in _gather(aclient, bodies)]
+    after = httpx.get(f"{server}/metrics").text
+    mismatched = [i for i in range(64) if together[i] != alone[i]]
+    assert not mismatched, f"{len(mismatched)} of 64 differ, e.g. #{mismatched[0]}: {together[mismatched[0]]!r} " \
+                           f"vs alone {alone[mismatched[0]]!r}"
+
+    def wide_steps(text: str) -> float:  # decode steps that carried more than 32 rows
+        count = float(re.search(r"^kern_decode_rows_count (\S+)$", text, re.M).group(1))
+        le32 = float(re.search(r'^kern_decode_rows_bucket\{le="32.0"\} (\S+)$', text, re.M).group(1))
+        return count - le32
+
+    assert wide_steps(after) - wide_steps(before) > 0, "no decode step carried more than 32 rows"
+
+
+def test_a_seeded_sampled_request_gives_the_same_text_alone_and_under_load(client, aclient) -> None:
+    seeded = {"prompt": "The little dog", "max_tokens": 40, "temperature": 0.8, "top_p": 0.95,
+              "extra_body": {"top_k": 50, "repetition_penalty": 1.2}, "seed": 1234}
+    alone = client.completions.create(model=MODEL, **seeded).choices[0].text
+    greedy = client.completions.create(model=MODEL, prompt="The little dog", max_tokens=40).choices[0].text
+    assert alone != greedy, "sampling at temperature 0.8 gave the greedy text"
+    others = [{"prompt": p, "max_tokens": 48, **({"temperature": 1.0, "seed": i} if i % 2 else {})}
+              for i, p in enumerate(_prompts()[:63])]
+    results = _gather(aclient, others[:31] + [seeded] + others[31:])
+    assert results[31].choices[0].text == alone
+
+
+def test_greedy_logprobs_pick_the_best_token(client) -> None:
+    resp = client.completions.create(model=MODEL, prompt="The cat sat", max_tokens=8, logprobs=5,
+                                     extra_body={"ignore_eos": True})
+    lp = resp.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == resp.usage.completion_tokens
+    for chosen, top in zip(lp.token_logprobs, lp.top_logprobs):
+        assert chosen <= 0 and 1 <= len(top) <= 5
+        assert chosen == pytest.approx(max(top.values()), abs=1e-6)
