@@ -1,4 +1,4 @@
-"""kern_run.batch over a fake batched runtime (fake_batch_runtime.py): buckets, padding rows, ragged per-row
+"""kern_run.batch over a fake batched runtime (fake_rows_runtime.py): buckets, padding rows, ragged per-row
 inputs, per-row stops, compaction, waves, the sampler's per-row params and history, the synchronous loop and the
 top-logprobs path, prefix sharing inside a wave, and the warm-up at load. Every run is checked against the fake
 model applied to each prompt's true sequence (expected_tokens), so a wrong input in any row changes its tokens."""
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from fake_batch_runtime import HIST_CAP, BatchFakeRuntime, batched_facts, expected_tokens
+from fake_rows_runtime import HIST_CAP, BatchFakeRuntime, batched_facts, expected_tokens
 
 from kern_run.batch import (
     BatchDecoder, BatchOptions, RowRequest, bucket_for, buckets_upto, max_rows,

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from fake_batch_runtime import BatchFakeRuntime, batched_manifest, expected_tokens
+from fake_rows_runtime import BatchFakeRuntime, batched_manifest, expected_tokens
 from typer.testing import CliRunner
 
 from kern_run.cli import app

@@ -214,7 +214,7 @@ class Generator:
         self._page_ids: tuple[int, ...] = ()
         self._advance: Mapping[str, Any] | None = facts.decode_advance  # checked by preflight.read_manifest
         self._ring: np.ndarray | None = None
-        self.warmed: WarmUp | None = None  # what warm_up ran (session.open_generator warms every runtime it opens)
+        self.warmed: WarmUp | None = None  # what warm_up ran (session.open_generator, asked by kern run)
         # the GPU sampler's inputs (meta.caller.sampling), if any: a generation writes row 0's params greedy
         self.sampler = read_sampler(facts.manifest, facts.manifest.name)
 

@@ -93,11 +93,12 @@ def progress_reporter(enabled: bool) -> tuple[Callable[[int, int], None] | None,
 
 
 def open_generator(prep: Prepared, log: Any, show_progress: bool | None = None, resident: Any = None,
-                   warm_buckets: Sequence[int] | None = (1,), eager: bool = False) -> Generator:
-    """Load the runtime for a prepared target, log the declaration summary and the weight load rate, then warm
-    it up (`Generator.warm_up`: a scratch-page prefill chunk per launch variant and one decode step at each of
-    `warm_buckets` rows, eager or captured as a graph; None: no warm-up) and log its one line, `warm-up N ms`
-    (kept as `gen.warmed`).
+                   warm_buckets: Sequence[int] | None = None, eager: bool = False) -> Generator:
+    """Load the runtime for a prepared target, log the declaration summary and the weight load rate, then, given
+    `warm_buckets`, warm it up (`Generator.warm_up`: a scratch-page prefill chunk per launch variant and one decode
+    step at each of `warm_buckets` rows, eager or captured as a graph) and log its one line, `warm-up N ms` (kept
+    as `gen.warmed`). `kern run` warms the buckets its batch can use; None (kern test, kern serve, which warms
+    its own buckets): no warm-up.
 
     `resident`: device weights kept by `Runtime.into_resident()` of an earlier runtime on the same GPU.
     """
