@@ -43,8 +43,16 @@ class FakePoolRuntime(FakeRuntime):
     def retire(self, lease, num_tokens: int):  # type: ignore[no-untyped-def]
         return self.kern_pool.retire(lease, num_tokens)
 
+    def checkpoint(self, lease, num_tokens: int, *, wait: bool = True):  # type: ignore[no-untyped-def]
+        cp = self.kern_pool.checkpoint(lease, num_tokens)
+        self._run(cp.plan)
+        return cp
+
     # ---- the model
     def issue(self, program: str, values: dict[str, int], eager: bool = False) -> None:
+        if self.scratch_only(values):
+            super().issue(program, values, eager)
+            return
         n = values["tokens"]
         ids, pos, slots = (self.inputs[k][:n] for k in ("token_ids", "positions", "slot_mapping"))
         for t, p, s in zip(ids, pos, slots):

@@ -116,6 +116,7 @@ class FakeRuntime:
         self.vocab = vocab
         self.inputs: dict[str, np.ndarray] = {}
         self.calls: list[tuple[str, dict[str, int], bool]] = []
+        self.scratch_calls: list[tuple[str, dict[str, int], bool]] = []  # warm-up calls on the scratch page
         self.kv: dict[int, int] = {}
         self.next_token = np.zeros(1, np.int64)
         self.logits = np.zeros((1, vocab), np.float32)
@@ -123,15 +124,30 @@ class FakeRuntime:
         self.weight_load_stats = (1000, 0.001)
 
     def write_input(self, name: str, array: np.ndarray) -> None:
-        assert array.dtype == np.int32, (name, array.dtype)
+        want = np.uint32 if name == "sample_params" else np.int32  # the sampler's params: u32 words
+        assert array.dtype == want, (name, array.dtype)
         self.inputs[name] = np.array(array)
 
     @staticmethod
     def predict(token: int, position: int) -> int:
         return (token * 7 + position + 1) % 250 + 3
 
+    def scratch_only(self, values: dict[str, int]) -> bool:
+        """Whether this call touches only the scratch page 0 (a warm-up at load: block-table row and slots all in
+        page 0); such a call is recorded in `scratch_calls`, not `calls`, and reads or writes no KV."""
+        n = values["tokens"]
+        pages = self.inputs.get("block_table")
+        if pages is None or pages[0].any():
+            return False
+        assert (self.inputs["slot_mapping"][:n] < self.page_tokens).all(), "a scratch call writes page 0 only"
+        return True
+
     def issue(self, program: str, values: dict[str, int], eager: bool = False) -> None:
         n = values["tokens"]
+        if self.scratch_only(values):
+            self.scratch_calls.append((program, dict(values), eager))
+            self.next_token[0] = 0
+            return
         self.calls.append((program, dict(values), eager))
         ids, pos, slots = (self.inputs[k][:n] for k in ("token_ids", "positions", "slot_mapping"))
         pages = self.inputs["block_table"][0]
@@ -153,7 +169,7 @@ class FakeRuntime:
             self.logits[0, nxt] = 1.0
 
     def read_output(self, name: str, rows: int | None = None) -> np.ndarray:
-        assert name == "next_token" and rows is None
+        assert name == "next_token" and rows in (None, 1)
         return self.next_token.copy()
 
     def read_buffer(self, name: str, rows: int | None = None) -> np.ndarray:

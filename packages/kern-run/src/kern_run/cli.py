@@ -1,6 +1,8 @@
 """The `kern` command line: thin wrappers that parse options into a config and call one function.
 
-    kern run [--target T] [--prompt P] [--steps N] [--chunk C] [--capacity K] [--eager] [--gpu G] ...
+    kern run [--target T] [--prompt P | --prompts FILE] [--max-tokens N] [--chunk C] [--capacity K] [--eager] ...
+             [--temperature T] [--top-p P] [--top-k K] [--min-p M] [--seed S] [--repetition-penalty R]
+             [--stop STRING ...] [--logprobs] [--top-logprobs N] [--gpu G] ...
              [--weights DIR_OR_FILE | --weights A.safetensors --weights B.safetensors ...]
     kern run --weights DIR|ORG/NAME [--no-pins] ...   (no --manifest / --target: the manifest built from
              DIR/config.json and cached, kern_run.auto_manifest; ORG/NAME from the local HF cache)
@@ -110,6 +112,7 @@ class _OneLineUsageErrors(typer.core.TyperGroup):
 
     def _one_line_main(self, args: Any, prog_name: str | None, complete_var: str | None, **extra: Any) -> int:
         argv = list(sys.argv[1:] if args is None else args)
+        _ARGV[:] = argv
         try:
             rv = super().main(args=argv, prog_name=prog_name, complete_var=complete_var, standalone_mode=False,
                               **extra)
@@ -192,6 +195,16 @@ GpuOpt = Annotated[Optional[int], typer.Option("--gpu", help="CUDA device ordina
 LogOpt = Annotated[Optional[str], typer.Option("--log-level", help="debug|info|warning|error (default $KERN_LOG or info)")]
 
 
+_ARGV: list[str] = []  # the command line being run (_OneLineUsageErrors), for _typed_flag
+
+
+def _typed_flag(names: tuple[str, ...]) -> str:
+    """The spelling of an option with several names as the command line gave it (`--steps` for `--max-tokens`),
+    for a refusal that names it; the first name when it is not found."""
+    given = _given_value(list(names), _ARGV)
+    return given[0] if given is not None else names[0]
+
+
 def _one_line(exc: BaseException) -> str:
     text = " ".join(part.strip() for part in str(exc).splitlines() if part.strip())
     return text or type(exc).__name__
@@ -267,28 +280,84 @@ def _run_config(config: Path | None, target: str | None, overrides: dict[str, An
     return resolve_config(find_toml(config), target, overrides)
 
 
+# `kern run` sampling flags -> SamplingParams fields (docs/caller.md "Sampling"); None: not given
+SAMPLING_FLAGS = {"temperature": "--temperature", "top_k": "--top-k", "top_p": "--top-p", "min_p": "--min-p",
+                  "seed": "--seed", "repetition_penalty": "--repetition-penalty",
+                  "presence_penalty": "--presence-penalty", "frequency_penalty": "--frequency-penalty",
+                  "logprobs": "--logprobs", "top_logprobs": "--top-logprobs"}
+
+
+def run_sampling(flags: dict[str, Any], defaults: tuple[tuple[str, Any], ...], target: str | None) -> tuple[Any, str]:
+    """(SamplingParams, where they came from) for `kern run`: the kern.toml target's `[targets.NAME.sampling]`
+    defaults (`defaults`, already checked), each field overridden by its flag when given (`flags`: field -> value or
+    None). No flag and no default: greedy. Raises SamplingError naming the flag (or the target) and the allowed
+    range."""
+    from .errors import SamplingError
+    from .sampling import SamplingParams
+
+    fields = dict(defaults)
+    source = {k: f"kern.toml target {target!r} sampling" for k in fields}
+    for key, value in flags.items():
+        if value is not None and value is not False:
+            fields[key] = value
+            source[key] = SAMPLING_FLAGS[key]
+    try:
+        params = SamplingParams(**fields)
+    except SamplingError as exc:
+        field = next((k for k in fields if str(exc).startswith(f"sampling: {k} = ")), None)
+        raise SamplingError(f"{source.get(field, 'sampling')}: {exc}") from None
+    shown = [f"{source[k]} {k} = {fields[k]!r}" if not source[k].startswith("--")
+             else source[k] if fields[k] is True else f"{source[k]} {fields[k]}" for k in fields]
+    return params, ", ".join(shown) if shown else "sampling"
+
+
 @app.command()
 def run(
     prompt: Annotated[Optional[str], typer.Option("--prompt", "-p", help=f"prompt text (default: {DEFAULT_PROMPT!r}; "
                                                   "not with --prompts)")] = None,
-    steps: Annotated[int, typer.Option("--steps", "-n", help="tokens to generate at most")] = 128,
+    steps: Annotated[int, typer.Option("--max-tokens", "--steps", "-n", help="tokens to generate at most, per "
+                                       "prompt (--steps: the older name)")] = 128,
     eager: Annotated[bool, typer.Option("--eager", help="replay decode launch by launch (no CUDA graph)")] = False,
     ignore_eos: Annotated[bool, typer.Option("--ignore-eos", help="do not stop at EOS")] = False,
     tp: Annotated[int, typer.Option("--tp", help="tensor-parallel ranks (GPUs gpu..gpu+tp-1, manifests "
                                            "<manifest>-tp<N>-r<rank>.json)")] = 1,
     prompts: Annotated[Optional[Path], typer.Option("--prompts", help="prompts file, one per line or JSONL "
-                                                    "{\"prompt\": ...}; cached prefixes are shared")] = None,
+                                                    "{\"prompt\": ...}; decoded together in batches, cached "
+                                                    "prefixes shared")] = None,
+    temperature: Annotated[Optional[float], typer.Option("--temperature", help="sampling temperature (>= 0; 0: "
+                                                         "greedy, the default)")] = None,
+    top_p: Annotated[Optional[float], typer.Option("--top-p", help="nucleus sampling mass in (0, 1] (1: off)")] = None,
+    top_k: Annotated[Optional[int], typer.Option("--top-k", help="keep the k most likely tokens (0: off)")] = None,
+    min_p: Annotated[Optional[float], typer.Option("--min-p", help="keep tokens of at least min_p x the best "
+                                                   "probability, in [0, 1] (0: off)")] = None,
+    seed: Annotated[Optional[int], typer.Option("--seed", help="sampling seed in [0, 2^64 - 1] (default: random "
+                                                "per prompt, printed on stderr)")] = None,
+    repetition_penalty: Annotated[Optional[float], typer.Option("--repetition-penalty", help="> 0, 1: off; "
+                                                                "over the prompt's and generated tokens")] = None,
+    presence_penalty: Annotated[Optional[float], typer.Option("--presence-penalty", help="in [-2, 2], 0: off")] = None,
+    frequency_penalty: Annotated[Optional[float], typer.Option("--frequency-penalty", help="in [-2, 2], 0: "
+                                                               "off")] = None,
+    stop: Annotated[Optional[list[str]], typer.Option("--stop", metavar="STRING", help="stop a prompt's output "
+                                                      "before this text (repeatable; never printed)")] = None,
+    logprobs: Annotated[bool, typer.Option("--logprobs", help="log each generated token's log-probability on "
+                                           "stderr")] = False,
+    top_logprobs: Annotated[Optional[int], typer.Option("--top-logprobs", help="log the N most likely tokens of "
+                                                        "each step on stderr (0..20; synchronous decode)")] = None,
     target: TargetOpt = None, config: ConfigOpt = None, manifest: ManifestOpt = None, kernels: KernelsOpt = None,
     weights: WeightsOpt = None, chunk: ChunkOpt = None, capacity: CapacityOpt = None, gpu: GpuOpt = None,
     no_pins: NoPinsOpt = False, log_level: LogOpt = None,
 ) -> None:
-    """Generate greedily from a prompt; stdout carries only the generated text. `--weights DIR` alone (no
-    --manifest, no --target): the manifest is built from DIR/config.json and cached (DIR may be a hub id ORG/NAME
-    in the local Hugging Face cache)."""
-    from .run import RunRequest, run_target
+    """Generate from a prompt (greedy unless sampling flags or the target's sampling say otherwise); stdout carries
+    only the generated text. `--weights DIR` alone (no --manifest, no --target): the manifest is built from
+    DIR/config.json and cached (DIR may be a hub id ORG/NAME in the local Hugging Face cache)."""
+    from .run import RunRequest, run_prompts, run_target
+    from .stop_text import check_stops
 
     level = resolve_level(log_level)
     log = setup_logging(level)
+    flags = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p, "seed": seed,
+             "repetition_penalty": repetition_penalty, "presence_penalty": presence_penalty,
+             "frequency_penalty": frequency_penalty, "logprobs": logprobs, "top_logprobs": top_logprobs}
 
     def go() -> None:
         if tp > 1 and weights and manifest is None and target is None:
@@ -299,24 +368,31 @@ def run(
                                "are the prompts)")
         text = DEFAULT_PROMPT if prompt is None else prompt
         if steps < 0:
-            raise RefusalError(f"--steps {steps} must be >= 0")
+            raise RefusalError(f"{_typed_flag(('--max-tokens', '--steps', '-n'))} {steps} must be >= 0")
         if tp < 1:
             raise RefusalError(f"--tp {tp} must be >= 1")
+        stops = check_stops(stop or ())
+        run_sampling(flags, (), None)  # the flags' own values, before the target resolves
         cfg = _run_config(config, target, _overrides(manifest, kernels, weights, gpu, capacity, chunk), no_pins,
                           "run")
+        params, where = run_sampling(flags, cfg.sampling, cfg.target)
         if tp > 1:
             if prompts is not None:
                 raise RefusalError("--prompts with --tp > 1 is not supported: run the prompts at --tp 1")
+            if not params.greedy or params.penalizes or params.logprobs or params.top_logprobs or stops:
+                raise RefusalError(f"--tp {tp} decodes greedily without stop strings or logprobs: drop {where}"
+                                   f"{' and --stop' if stops else ''}")
             from .tp import run_tp
 
             run_tp(cfg, text, steps, eager, ignore_eos, tp, log)
             return
+        req = RunRequest(text, steps, eager, ignore_eos, params, stops, where)
         if prompts is not None:
-            from .prefix_cache import read_prompts, run_prompts
+            from .prefix_cache import read_prompts
 
-            run_prompts(cfg, read_prompts(prompts), RunRequest(text, steps, eager, ignore_eos), log)
+            run_prompts(cfg, read_prompts(prompts), req, log)
             return
-        run_target(cfg, RunRequest(text, steps, eager, ignore_eos), log)
+        run_target(cfg, req, log)
 
     _guarded("run", level, go)
 

@@ -11,6 +11,10 @@ kern.toml (found through `--config`, `$KERN_TOML`, or the current directory and 
     gpu = 0
     capacity = 4096                         # KV capacity in tokens (pages for this many tokens)
     chunk = 512                             # prefill chunk in tokens (<= the manifest's tokens var max)
+    [targets.qwen3-4b.sampling]             # optional sampling defaults (kern_run.sampling.SamplingParams fields)
+    temperature = 0.8                       # flags (--temperature ...) override them; none: greedy
+    repetition_penalty = 1.1
+    seed = 0
 
 A flag given on the command line overrides the target's field (`--weights`, repeatable, replaces all of the
 target's weights); a target may be absent when flags give manifest, kernels and weights.
@@ -35,7 +39,10 @@ from .errors import ConfigError
 from .jsonfile import MAX_CONFIG_BYTES
 
 TOML_NAME = "kern.toml"
-TARGET_KEYS = frozenset({"manifest", "kernels", "weights", "gpu", "capacity", "chunk"})
+TARGET_KEYS = frozenset({"manifest", "kernels", "weights", "gpu", "capacity", "chunk", "sampling"})
+# [targets.NAME.sampling]: SamplingParams fields a target may default (logprobs are a per-run request, not a default)
+SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty",
+                 "frequency_penalty", "seed")
 PATH_KEYS = frozenset({"manifest", "kernels", "weights"})
 TOP_KEYS = frozenset({"default", "targets"})
 DEFAULT_CAPACITY_TOKENS = 4096
@@ -89,6 +96,9 @@ class RunConfig:
     target: str | None = None
     # where capacity_tokens was given ("--capacity", "kern.toml target 'x' capacity"); None: the default
     capacity_from: str | None = None
+    # the target's [targets.NAME.sampling] defaults, checked ((field, value), ... in SAMPLING_KEYS order); flags
+    # override them field by field (cli.py); empty: greedy
+    sampling: tuple[tuple[str, Any], ...] = ()
 
 
 def find_toml(explicit: Path | None = None, start: Path | None = None) -> Path | None:
@@ -145,6 +155,8 @@ def load_targets(path: Path) -> tuple[str | None, dict[str, dict[str, Any]]]:
         if unknown:
             raise ConfigError(f"{path}: [targets.{name}] has unknown keys {sorted(unknown)} (known: {sorted(TARGET_KEYS)})")
         for key, value in fields.items():
+            if key == "sampling":
+                continue  # checked below
             if key == "weights" and isinstance(value, list):  # several .safetensors files
                 if not value:
                     raise ConfigError(f"{path}: [targets.{name}] weights = [] must name at least one path (a "
@@ -170,6 +182,8 @@ def load_targets(path: Path) -> tuple[str | None, dict[str, dict[str, Any]]]:
             if key not in PATH_KEYS and (not isinstance(value, int) or isinstance(value, bool) or value < low):
                 raise ConfigError(f"{path}: [targets.{name}] {key} = {value!r} must be an integer >= {low}")
         out = dict(fields)
+        if "sampling" in out:
+            out["sampling"] = _sampling_table(path, name, out["sampling"])
         for key in ("manifest", "kernels", "weights"):
             if key in out:
                 if isinstance(out[key], list):  # relative to the file, as written (symlinks kept: normalize_weights
@@ -189,6 +203,27 @@ def load_targets(path: Path) -> tuple[str | None, dict[str, dict[str, Any]]]:
     if default is not None and default not in targets:
         raise ConfigError(f"{path}: default = {default!r} names no [targets.*] table (have {sorted(targets)})")
     return default, targets
+
+
+def _sampling_table(path: Path, target: str, table: Any) -> tuple[tuple[str, Any], ...]:
+    """A target's `[targets.NAME.sampling]` table, checked: a table of SAMPLING_KEYS whose values SamplingParams
+    accepts (kern_run.sampling: temperature >= 0, top_p in (0, 1], ...). Raises ConfigError naming the file, the
+    target and the key."""
+    from .errors import SamplingError
+    from .sampling import SamplingParams
+
+    where = f"{path}: [targets.{target}.sampling]"
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where} must be a table of sampling defaults (keys {', '.join(SAMPLING_KEYS)}), not "
+                          f"{table!r}")
+    unknown = set(table) - set(SAMPLING_KEYS)
+    if unknown:
+        raise ConfigError(f"{where} has unknown keys {sorted(unknown)} (known: {list(SAMPLING_KEYS)})")
+    try:
+        SamplingParams(**table)
+    except SamplingError as exc:
+        raise ConfigError(f"{where} {exc}") from None
+    return tuple((k, table[k]) for k in SAMPLING_KEYS if k in table)
 
 
 def check_numbers(fields: dict[str, Any]) -> None:
@@ -239,4 +274,5 @@ def resolve_config(toml_path: Path | None, target: str | None, overrides: dict[s
         weights=normalize_weights(fields["weights"]),
         gpu=int(fields.get("gpu", 0)), capacity_tokens=int(fields.get("capacity", DEFAULT_CAPACITY_TOKENS)),
         chunk=fields.get("chunk"), target=chosen, capacity_from=capacity_from,
+        sampling=tuple(fields.get("sampling", ())),
     )

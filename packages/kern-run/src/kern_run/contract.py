@@ -9,8 +9,8 @@ protocols below, which the code that has it passes in explicitly.
 - `CallerRuntime`: every runtime `Generator` drives (inputs, programs, outputs, a pool lease, description).
 - `DeviceSteps` (optional): events and host-mapped views, for the pipelined decode loop. `Generator.open`
   passes its `Runtime`; the TP group has none (the synchronous loop).
-- `PrefixRuntime` (optional): `lease_from` / `retire` on top of `CallerRuntime`, for prefix reuse
-  (`kern_run.prefix_cache`).
+- `PrefixRuntime` (optional): `lease_from` / `retire` / `checkpoint` on top of `CallerRuntime`, for prefix reuse
+  (`kern_run.prefix_cache`, `kern_run.batch_pages`).
 - `PageSource`: where a `Generator` gets one sequence's pages (`generate.SeqPages`: a lease of the runtime's
   pool; `prefix_cache.PrefixPages`: a lease resumed from a cached prefix). Given to the Generator's
   constructor.
@@ -120,6 +120,11 @@ class PrefixRuntime(CallerRuntime, Protocol):
 
     def retire(self, lease: Any, num_tokens: int) -> Any:
         """End `lease` keeping its first `num_tokens` tokens: a checkpoint, or None when it was closed."""
+        ...
+
+    def checkpoint(self, lease: Any, num_tokens: int, *, wait: bool = True) -> Any:
+        """Keep the first `num_tokens` tokens of `lease`, which keeps running (a batch row's prompt while it
+        decodes): a checkpoint. Raises kern_pool `Busy` / `ExceedsPool` / `Misuse`."""
         ...
 
 

@@ -1,10 +1,12 @@
 """The Qwen3 caller contract (docs/caller.md) over a loaded kern runtime: `Generator`.
 
-One sequence (bs=1). Prefill: the first n-1 prompt tokens in chunks of `chunk` tokens through the
-`prefill` program (fills the KV cache only). The last prompt token goes through `decode`, which yields
-the first generated token; every further token is one `decode` step. Sampling is greedy on the GPU (the
-manifest's two-stage argmax, or its sampler at the greedy rows its `load` program sets): each step reads
-back 8 bytes (`next_token`, i64[1]; the token id is bits 0..31, `sampling.packed_token`).
+One sequence (bs=1; `kern_run.batch` decodes many prompts together, one row each, over the same Generator).
+Prefill: the first n-1 prompt tokens in chunks of `chunk` tokens through the `prefill` program (fills the KV
+cache only). The last prompt token goes through `decode`, which yields the first generated token; every further
+token is one `decode` step. Sampling is greedy on the GPU (the manifest's two-stage argmax, or its sampler with
+row 0's params written greedy at each generation): each step reads back 8 bytes (`next_token`, i64[1]; the token
+id is bits 0..31, `sampling.packed_token`). `warm_up` runs the first-use costs (cuBLASLt kernels, module loading,
+the decode graphs' capture) on the scratch page at load (docs/caller.md "Warm-up").
 
 Per prefill chunk `[start, stop)` (length L) the caller writes prefixes of the inputs:
     token_ids[:L] = ids[start:stop]           positions[:L] = start..stop-1
@@ -42,11 +44,13 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
+from kern_manifest import var_min
 
 from .contract import CallerRuntime, DeviceSteps, PageSource, Reserved, SeqLease
 from .errors import InputError
 from .preflight import ManifestFacts
-from .sampling import packed_token
+from .sampler_meta import read_sampler
+from .sampling import SamplingParams, pack_params, packed_token
 
 
 @dataclass(frozen=True)
@@ -87,6 +91,42 @@ class GenerateResult:
     tokens: list[int]  # generated ids (the stop token included when stopped by EOS)
     stop_reason: str  # "eos" | "steps" | "context"
     timings: Timings = field(default_factory=Timings)
+
+
+@dataclass(frozen=True)
+class WarmUp:
+    """What `Generator.warm_up` ran at load, and its host wall-clock seconds (each part synchronised)."""
+
+    prefill_tokens: tuple[int, ...]  # one scratch-page prefill chunk of each of these lengths
+    prefill_s: float
+    buckets: tuple[int, ...]  # one decode step (its graph captured, unless eager) at each of these row counts
+    decode_s: float
+
+    @property
+    def seconds(self) -> float:
+        return self.prefill_s + self.decode_s
+
+    def line(self) -> str:
+        """The run summary's line: `warm-up 14.2 ms (prefill chunks of 1, 2 tokens 12.4 ms; decode at 1, 2, 4
+        rows 1.8 ms)`."""
+        chunks = ", ".join(map(str, self.prefill_tokens))
+        rows = ", ".join(map(str, self.buckets))
+        return (f"warm-up {self.seconds * 1e3:.1f} ms (prefill chunks of {chunks} tokens {self.prefill_s * 1e3:.1f} "
+                f"ms; decode at {rows} rows {self.decode_s * 1e3:.1f} ms)")
+
+
+def prefill_warm_sizes(facts: ManifestFacts) -> tuple[int, ...]:
+    """Chunk lengths that run every launch variant of `prefill` once: 1 and the lower bound of every `when` range
+    on `tokens` of the ops prefill calls (today's Qwen3 manifests: 1 and 2, the q/k norm + rope kernel differs
+    at one token), within [1, tokens max]."""
+    manifest = facts.manifest
+    at_min = var_min(manifest.vars)
+    sizes = {1}
+    for op in {c.op for c in manifest.programs["prefill"].flat_calls(manifest)}:
+        for launch in manifest.ops[op].launches:
+            if launch.when is not None and "tokens" in launch.when:
+                sizes.add(int(launch.when["tokens"][0].eval(at_min)))
+    return tuple(sorted(n for n in sizes if 1 <= n <= facts.tokens_max))
 
 
 def bf16_to_f32(array: np.ndarray) -> np.ndarray:
@@ -136,6 +176,14 @@ def pool_tokens(runtime: CallerRuntime, page_tokens: int) -> int:
     return max(0, (runtime.num_pages or 0) - 1) * page_tokens
 
 
+def block_row(page_ids: Sequence[int], pages_per_seq: int) -> np.ndarray:
+    """i32[pages_per_seq]: a sequence's block-table row, its page ids then its last page id repeated (entries past
+    the sequence's length are never read); all scratch page 0 for no pages (a padding row)."""
+    row = np.full(pages_per_seq, page_ids[-1] if len(page_ids) else 0, dtype=np.int32)
+    row[:len(page_ids)] = page_ids
+    return row
+
+
 def slot_mapping(page_ids: Sequence[int], page_tokens: int, start: int, stop: int) -> np.ndarray:
     """i32[stop - start]: the KV slot of each position start..stop-1 of a sequence whose block-table row is
     `page_ids`: page_ids[p // page_tokens] * page_tokens + p % page_tokens (the caller contract, docs/caller.md).
@@ -166,6 +214,9 @@ class Generator:
         self._page_ids: tuple[int, ...] = ()
         self._advance: Mapping[str, Any] | None = facts.decode_advance  # checked by preflight.read_manifest
         self._ring: np.ndarray | None = None
+        self.warmed: WarmUp | None = None  # what warm_up ran (session.open_generator, asked by kern run)
+        # the GPU sampler's inputs (meta.caller.sampling), if any: a generation writes row 0's params greedy
+        self.sampler = read_sampler(facts.manifest, facts.manifest.name)
 
     def with_pages(self, pages: PageSource) -> "Generator":
         """A Generator over the same runtime, facts, eos ids and steps that takes its pages from `pages`. This
@@ -178,7 +229,7 @@ class Generator:
         """The manifest advances decode inputs on the device and the runtime's `DeviceSteps` were given."""
         return self._advance is not None and self.steps is not None
 
-    def _ring_view(self) -> np.ndarray:
+    def ring_view(self) -> np.ndarray:
         """i64[seqs, ring_len]: the decode program's token ring (host-mapped, read after the step's event)."""
         if self._ring is None:
             assert self._advance is not None and self.steps is not None
@@ -205,9 +256,40 @@ class Generator:
 
         tensors = SafetensorsTensors.open(runtime_weights(weights))
         extra = {"resident": resident} if resident is not None else {}
+        seqs = int(facts.manifest.vars["seqs"].max)  # the decode rows (kern_run.batch); per-seq slots if any
         rt = Runtime.load(facts.manifest, str(kernels), tensors, gpu=gpu,
-                          capacity=Capacity(tokens=capacity_tokens, seqs=1), progress=progress, **extra)
+                          capacity=Capacity(tokens=capacity_tokens, seqs=seqs), progress=progress, **extra)
         return cls(rt, facts, eos_ids, steps=rt)
+
+    def warm_up(self, buckets: Sequence[int] = (1,), eager: bool = False, sampler: Any = None) -> WarmUp:
+        """Run, on the scratch page only, what the first generation would otherwise pay for (docs/caller.md
+        "Warm-up"): one `prefill` chunk of each `prefill_warm_sizes` length (the first cuBLASLt matmul of each
+        GEMM shape and the first launch of each kernel) and one `decode` step at each of `buckets` rows
+        (capturing its CUDA graph unless `eager`), every row a padding row. `sampler`: the manifest's
+        `sampler_meta.SamplerFacts`, whose params are then written greedy. Synchronises. Writes the decode and
+        prefill inputs and block-table rows (a generation writes its own before its first call) and only page 0's
+        KV; the decode steps' token ring entries are never read. Returns the `WarmUp` timings."""
+        from .batch_inputs import padding_inputs
+
+        t0 = time.perf_counter()
+        sizes = prefill_warm_sizes(self.facts)
+        self.rt.write_input("block_table", np.zeros((1, self.facts.pages_per_seq), dtype=np.int32))
+        for length in sizes:
+            positions = np.arange(length, dtype=np.int32)  # i32[L]
+            self.rt.write_input("token_ids", np.zeros(length, dtype=np.int32))
+            self.rt.write_input("positions", positions)
+            self.rt.write_input("slot_mapping", positions % self.page_tokens)  # slots of page 0
+            self.rt.write_input("seq_lens", np.asarray([length], dtype=np.int32))
+            self.rt.write_input("cu_seqlens_q", np.asarray([0, length], dtype=np.int32))
+            self.rt.issue("prefill", {"tokens": length, "seqs": 1})
+        self.rt.read_output("next_token")  # synchronises
+        t1 = time.perf_counter()
+        for rows in buckets:
+            for name, array in padding_inputs(rows, self.facts.pages_per_seq, sampler).items():
+                self.rt.write_input(name, array)
+            self.rt.issue("decode", {"tokens": rows, "seqs": rows}, eager=eager)
+        self.rt.read_output("next_token")
+        return WarmUp(sizes, t1 - t0, tuple(buckets), time.perf_counter() - t1)
 
     def close(self) -> None:
         self.pages.release()
@@ -234,11 +316,16 @@ class Generator:
         block table written once. Returns the positions the source already holds (`Reserved.cached_tokens`)."""
         self.pages.release()
         reserved = self.pages.reserve(num_tokens, prompt_ids)
-        self._page_ids = reserved.page_ids
-        row = np.full(self.facts.pages_per_seq, self._page_ids[-1], dtype=np.int32)  # i32[pages_per_seq]
-        row[:len(self._page_ids)] = self._page_ids  # padding past the sequence: never read
-        self.rt.write_input("block_table", row.reshape(1, -1))
+        self.use_pages(reserved.page_ids)
+        if self.sampler is not None:  # greedy, whatever a batch (kern_run.batch) left in row 0
+            self.rt.write_input(self.sampler.params, np.frombuffer(pack_params([SamplingParams()]), "<u4").reshape(1, -1))
         return reserved.cached_tokens
+
+    def use_pages(self, page_ids: Sequence[int]) -> None:
+        """Make `page_ids` the sequence that `prefill` and `slot` address: block-table row 0 is written with them
+        (`block_row`). The batch caller (kern_run.batch) prefills each of its rows' leases this way."""
+        self._page_ids = tuple(int(p) for p in page_ids)
+        self.rt.write_input("block_table", block_row(self._page_ids, self.facts.pages_per_seq).reshape(1, -1))
 
     def prefill(self, ids: list[int], chunk: int, start: int = 0) -> None:
         """Run `ids` (absolute positions start..start+len-1) through `prefill` in chunks of `chunk`."""
@@ -335,7 +422,7 @@ class Generator:
         At most `lookahead + 1` steps are in flight (< ring_len, so no ring entry is overwritten before it
         is read); each token is read after the event recorded behind its step."""
         n = len(prompt_ids)
-        ring = self._ring_view()
+        ring = self.ring_view()
         ring_len = int(ring.shape[-1])
         in_flight = max(1, min(opts.lookahead + 1, ring_len - 1))
         base = n - 1  # position of step 0

@@ -25,11 +25,9 @@ prefill starts after them. `PrefixSession` runs a Generator over the same runtim
 from __future__ import annotations
 
 import json
-import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence, TextIO
+from typing import Any, Callable, Sequence
 
 from kern_manifest import json_text_fault, read_regular_file
 from kern_pool import Prefix
@@ -92,6 +90,39 @@ def aligned_prefix(hit_tokens: int, chunk: int, batch_invariant: bool = False) -
     return hit_tokens // chunk * chunk if chunk > 0 else 0
 
 
+def lease_prefixed(rt: PrefixRuntime, prefix: Prefix[Any, Any], prompt_ids: Sequence[int], num_tokens: int,
+                   chunk: int, batch_invariant: bool) -> tuple[SeqLease, int]:
+    """A lease of `num_tokens` tokens resuming the longest cached strict prefix of `prompt_ids` (aligned_prefix of
+    the hit; a fresh lease without one), and the positions it resumed. When the pool is full the coldest unlocked
+    prefix is evicted and the lease asked again; with nothing left to evict the hit is given up for a fresh lease.
+    Raises kern_pool `Busy` when even that cannot be had (the pool holds other leases), InputError when the
+    tokens can never fit the pool (`ExceedsPool`)."""
+    from kern_pool import Busy, ExceedsPool
+
+    prompt = list(prompt_ids)
+    hit = prefix.lookup(prompt) if len(prompt) > 1 else None
+    cached = aligned_prefix(hit.num_tokens, chunk, batch_invariant) if hit is not None else 0
+    if hit is not None and cached == 0:
+        hit.close()
+        hit = None
+    while True:
+        try:
+            if hit is not None:
+                return rt.lease_from(hit.kept, num_tokens, prefix_tokens=cached, hold=hit), cached
+            return rt.lease(num_tokens), 0
+        except Busy:
+            if prefix.evict() is not None:
+                continue
+            if hit is None:
+                raise
+            hit.close()  # the entry we resume is the only thing left: start from scratch
+            hit, cached = None, 0
+        except ExceedsPool as exc:
+            if hit is not None:
+                hit.close()
+            raise InputError(f"{num_tokens} tokens do not fit the KV pool: {exc}") from None
+
+
 class PrefixPages:
     """The `PageSource` of a multi-prompt run: leases from the runtime's pool, resumed from the longest cached
     prefix of the prompt being reserved for (`reserve(num_tokens, prompt_ids)`).
@@ -116,33 +147,15 @@ class PrefixPages:
         """Pages for `num_tokens` tokens, the first `cached_tokens` of them reused from the longest cached prefix
         of `prompt_ids` (aligned_prefix; none for `()`). Raises InputError when the pool cannot hold them even
         after evicting every unlocked cached prefix."""
-        from kern_pool import Busy, ExceedsPool
+        from kern_pool import Busy
 
         self.release()
         self.prompt, self.cached = list(prompt_ids), 0
-        hit = self.prefix.lookup(self.prompt) if len(self.prompt) > 1 else None
-        cached = aligned_prefix(hit.num_tokens, self.chunk, self.batch_invariant) if hit is not None else 0
-        if hit is not None and cached == 0:
-            hit.close()
-            hit = None
-        while True:
-            try:
-                if hit is not None:
-                    lease = self.rt.lease_from(hit.kept, num_tokens, prefix_tokens=cached, hold=hit)
-                else:
-                    lease = self.rt.lease(num_tokens)
-                break
-            except Busy:
-                if self.prefix.evict() is not None:
-                    continue
-                if hit is None:
-                    raise InputError(f"{num_tokens} tokens do not fit the KV pool even with no prefix cached") from None
-                hit.close()  # the entry we resume is the only thing left: start from scratch
-                hit, cached = None, 0
-            except ExceedsPool as exc:
-                if hit is not None:
-                    hit.close()
-                raise InputError(f"{num_tokens} tokens do not fit the KV pool: {exc}") from None
+        try:
+            lease, cached = lease_prefixed(self.rt, self.prefix, self.prompt, num_tokens, self.chunk,
+                                           self.batch_invariant)
+        except Busy:
+            raise InputError(f"{num_tokens} tokens do not fit the KV pool even with no prefix cached") from None
         self._lease, self.cached = lease, cached
         return Reserved(tuple(lease.page_ids()), cached)
 
@@ -209,39 +222,3 @@ class PrefixSession:
     def close(self) -> None:
         self.pages.release()
         self.prefix.clear()
-
-
-def run_prompts(cfg: Any, prompts: list[str], req: Any, log: Any, out: TextIO | None = None) -> list[PromptResult]:
-    """`kern run --prompts FILE`: preflight and load once, then every prompt in order with prefix reuse.
-
-    stdout: each prompt's generated text, one line per prompt (newlines inside stay). stderr: per
-    prompt its tokens, cached tokens and TTFT. Raises RefusalError / kern_runtime.KernError.
-    """
-    from .session import open_generator, prepare
-    from .text import StreamDecoder
-
-    out = out if out is not None else sys.stdout
-    prep = prepare(cfg, prompts=prompts)  # every prompt checked (and named) before the device probe
-    all_ids = [list(ids) for ids in prep.prompt_ids]
-    where = ("at any token (batch-invariant prefill)" if prep.facts.prefill_batch_invariant
-             else "at multiples of the chunk")
-    log.info(f"{len(all_ids)} prompts; chunk {prep.chunk}; steps {req.steps}; prefix reuse {where}")
-    results: list[PromptResult] = []
-    with open_generator(prep, log) as gen:
-        session = PrefixSession(gen, prep.chunk)
-        try:
-            for i, ids in enumerate(all_ids, 1):
-                stream = StreamDecoder(prep.codec)
-                t0 = time.perf_counter()
-                opts = GenerateOptions(req.steps, prep.chunk, req.eager, not req.ignore_eos)
-                pr = session.generate(ids, opts, stream.writer(out))
-                stream.finish(out)
-                t = pr.result.timings
-                log.info(f"prompt {i}/{len(all_ids)}: {len(ids)} tokens, {pr.cached_tokens} cached, "
-                         f"{t.prefill_tokens} prefilled; TTFT {t.prefill_s * 1e3:.1f} ms; "
-                         f"{len(pr.result.tokens)} tokens in {time.perf_counter() - t0:.2f} s "
-                         f"(stop: {pr.result.stop_reason})")
-                results.append(pr)
-        finally:
-            session.close()
-    return results

@@ -12,12 +12,14 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from .config import RunConfig
-from .generate import Generator
+from .generate import Generator, WarmUp
 from .errors import InputError, WeightsError
 from .preflight import (
     ManifestFacts, check_capacity, check_kernels, check_prompt, check_weights, checkpoint_tensors, probe_device,
     read_manifest, resolve_chunk,
 )
+from .sampler_meta import SamplerFacts, check_params, read_sampler
+from .sampling import SamplingParams
 from .summary import manifest_lines, runtime_lines
 from .text import TextCodec, checked_prompt, load_codec
 
@@ -31,16 +33,23 @@ class Prepared:
     codec: TextCodec
     chunk: int
     prompt_ids: tuple[tuple[int, ...], ...] = ()  # the `prompts` given to prepare, tokenized and checked
+    sampler: SamplerFacts | None = None  # the manifest's GPU sampler (meta.caller.sampling); None: argmax decode
 
 
 def prepare(cfg: RunConfig, check_device: bool = True, prompts: Sequence[str] = (),
-            shared_pool: bool = False) -> Prepared:
+            shared_pool: bool = False, sampling: SamplingParams | None = None,
+            sampling_from: str = "sampling") -> Prepared:
     """Every refusal that needs no GPU, then the device probe last, so a machine without a GPU still
     reports a bad manifest, capacity, kernels directory, checkpoint, chunk or prompt (each of `prompts` is
-    tokenized and checked against the capacity; with several, the refusal names the prompt's number). A capacity
-    given above the manifest's max context is refused unless several prompts share the pool (their cached
-    prefixes use it), or `shared_pool` says requests will (`kern serve`). Raises RefusalError subclasses."""
+    tokenized and checked against the capacity; with several, the refusal names the prompt's number), or
+    `sampling` settings the manifest cannot run (a sampled or penalized setting on an argmax manifest, more top
+    logprobs than its program writes: SamplingError naming `sampling_from`). A capacity given above the
+    manifest's max context is refused unless several prompts share the pool (their cached prefixes use it), or
+    `shared_pool` says requests will (`kern serve`). Raises RefusalError subclasses."""
     facts = read_manifest(cfg.manifest)
+    sampler = read_sampler(facts.manifest, cfg.manifest)
+    if sampling is not None:
+        check_params(sampler, sampling, sampling_from)
     check_capacity(cfg.capacity_tokens, cfg.capacity_from, facts, one_sequence=len(prompts) <= 1 and not shared_pool)
     chunk = resolve_chunk(cfg.chunk, facts)
     check_kernels(facts, cfg.kernels)
@@ -62,7 +71,7 @@ def prepare(cfg: RunConfig, check_device: bool = True, prompts: Sequence[str] = 
         prompt_ids.append(tuple(ids))
     if check_device:
         probe_device(cfg.gpu)
-    return Prepared(cfg, facts, codec, chunk, tuple(prompt_ids))
+    return Prepared(cfg, facts, codec, chunk, tuple(prompt_ids), sampler)
 
 
 def progress_reporter(enabled: bool) -> tuple[Callable[[int, int], None] | None, Callable[[], None]]:
@@ -83,8 +92,13 @@ def progress_reporter(enabled: bool) -> tuple[Callable[[int, int], None] | None,
     return update, bar.stop
 
 
-def open_generator(prep: Prepared, log: Any, show_progress: bool | None = None, resident: Any = None) -> Generator:
-    """Load the runtime for a prepared target, log the declaration summary and the weight load rate.
+def open_generator(prep: Prepared, log: Any, show_progress: bool | None = None, resident: Any = None,
+                   warm_buckets: Sequence[int] | None = None, eager: bool = False) -> Generator:
+    """Load the runtime for a prepared target, log the declaration summary and the weight load rate, then, given
+    `warm_buckets`, warm it up (`Generator.warm_up`: a scratch-page prefill chunk per launch variant and one decode
+    step at each of `warm_buckets` rows, eager or captured as a graph) and log its one line, `warm-up N ms` (kept
+    as `gen.warmed`). `kern run` warms the buckets its batch can use; None (kern test, kern serve, which warms
+    its own buckets): no warm-up.
 
     `resident`: device weights kept by `Runtime.into_resident()` of an earlier runtime on the same GPU.
     """
@@ -107,4 +121,12 @@ def open_generator(prep: Prepared, log: Any, show_progress: bool | None = None, 
     for line in runtime_lines(gen.rt.describe()):
         log.debug(line)
     log.info(f"kv pool: {gen.max_positions} positions ({gen.rt.num_pages} pages of {gen.page_tokens})")
+    if warm_buckets is not None:
+        try:
+            warmed: WarmUp = gen.warm_up(warm_buckets, eager, prep.sampler)
+        except BaseException:
+            gen.close()
+            raise
+        gen.warmed = warmed
+        log.info(warmed.line())
     return gen
