@@ -100,7 +100,7 @@ class Sequence:
         self.rt.issue("decode", {"tokens": 1, "seqs": 1})  # a CUDA graph, captured on the first call
         # i64[seqs]; synchronises. Bits 0..31: the token id (the sampler's manifests put the logprob's f32 bits in
         # bits 32..63; an argmax manifest's entry is the id alone)
-        return int(self.rt.read_output("next_token")[0]) & 0xFFFFFFFF
+        return int(self.rt.read_output("next_token", 1)[0]) & 0xFFFFFFFF
 
     def generate(self, last: int, position: int, steps: int) -> list[int]:
         tokens, token = [], last

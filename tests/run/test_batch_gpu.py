@@ -53,6 +53,12 @@ def batched_tiny_en(out_dir: Path) -> Path:
     return path
 
 
+
+# The tests below hold a batched row to the tokens of its prompt alone, bit for bit. They fail today, and strict
+# xfail makes the suite say so until they pass.
+NOT_BIT_IDENTICAL_YET = pytest.mark.xfail(strict=True, reason=(
+    'issue 26 open: a decode step of 1 row runs the fused M = 1 GEMVs and the wide attention partial, a step of 2..64 rows cuBLASLt with separate norms and the stream partial; their sums differ in order, so a greedy row can flip at a near-tie (H200, fourteenth session: tiny-en bucket 4: 1 of 8 rows differs from step 18; bucket 64: 27 of 64 rows; kern serve, 64 concurrent: 17 of 64 texts). Bit identity up to 8 rows needs a multi-row lm_head GEMV and the wide partial there (docs/perf.md "Fourteenth session")'))
+
 @pytest.fixture(scope="module")
 def gen(tmp_path_factory: pytest.TempPathFactory):
     from kern_run.generate import Generator
@@ -103,6 +109,7 @@ def test_manifest_takes_64_rows_and_samples(gen) -> None:
     assert read_sampler(gen.facts.manifest, "tiny-en") is not None, "the manifest has no GPU sampler"
 
 
+@NOT_BIT_IDENTICAL_YET
 @pytest.mark.parametrize("rows, pipelined", [(4, True), (4, False), (64, True)])
 def test_each_batched_row_decodes_as_alone(gen, rows: int, pipelined: bool) -> None:
     from kern_run.batch import RowRequest
@@ -117,6 +124,7 @@ def test_each_batched_row_decodes_as_alone(gen, rows: int, pipelined: bool) -> N
     assert bad == [], f"rows differing from their prompt alone (row, prompt tokens, where): {bad}"
 
 
+@NOT_BIT_IDENTICAL_YET
 def test_rows_stopping_mid_batch_leave_the_others_alone(gen) -> None:
     """Budgets from 3 to 128: stopped rows keep running as harmless rows, then the batch is re-packed into smaller
     buckets (compaction) with the live rows' inputs re-written."""
@@ -130,6 +138,7 @@ def test_rows_stopping_mid_batch_leave_the_others_alone(gen) -> None:
     assert bad == []
 
 
+@NOT_BIT_IDENTICAL_YET
 @pytest.mark.parametrize("rows", [4, 64])
 def test_a_seeded_request_is_the_same_alone_and_in_batches(gen, rows: int) -> None:
     from kern_run.batch import RowRequest

@@ -259,8 +259,8 @@ def test_packed_logprob_is_the_log_softmax_of_the_step_logits(rt_gpu, rt_argmax,
                         np.asarray(rt_gpu.read_output("top_ids", 1))[0],
                         np.asarray(rt_gpu.read_output("top_logprobs", 1))[0],
                         np.asarray(rt_gpu.read_buffer("sample_stats", 1))[0]))
-            rt, lpr = unpack_packed(ring[0, rows.positions[0] % ring.shape[1]])
-            assert (int(rt), lpr.tobytes()) == (int(t[0]), lp[0].tobytes())
+            rt, lpr = unpack_packed(np.asarray(ring[0, rows.positions[0] % ring.shape[1]]).reshape(1))
+            assert (int(rt[0]), lpr[0].tobytes()) == (int(t[0]), lp[0].tobytes())
     finally:
         rows.close()
     tokens = [g[0] for g in got]

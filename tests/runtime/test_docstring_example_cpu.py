@@ -118,5 +118,6 @@ def test_the_docstring_example_runs_on_the_gpu(monkeypatch: pytest.MonkeyPatch) 
     scope: dict[str, object] = {}
     exec(compile(docstring_example(), "kern_runtime.__doc__", "exec"), scope)  # noqa: S102
     vocab = json.loads(MANIFEST.read_text())["buffers"]["embed"]["shape"][0]  # 8192 rows of the embedding
-    (token,) = scope["token"].tolist()
+    token = scope["token"]
+    assert isinstance(token, int) and token == int(scope["packed"][0]) & 0xFFFFFFFF
     assert 0 <= token < vocab

@@ -282,13 +282,13 @@ class Generator:
             self.rt.write_input("seq_lens", np.asarray([length], dtype=np.int32))
             self.rt.write_input("cu_seqlens_q", np.asarray([0, length], dtype=np.int32))
             self.rt.issue("prefill", {"tokens": length, "seqs": 1})
-        self.rt.read_output("next_token")  # synchronises
+        self.rt.read_output("next_token", 1)  # synchronises
         t1 = time.perf_counter()
         for rows in buckets:
             for name, array in padding_inputs(rows, self.facts.pages_per_seq, sampler).items():
                 self.rt.write_input(name, array)
             self.rt.issue("decode", {"tokens": rows, "seqs": rows}, eager=eager)
-        self.rt.read_output("next_token")
+        self.rt.read_output("next_token", 1)
         return WarmUp(sizes, t1 - t0, tuple(buckets), time.perf_counter() - t1)
 
     def close(self) -> None:
@@ -352,7 +352,7 @@ class Generator:
 
     def _next_token(self) -> int:
         # i64[1]: 8-byte readback, synchronises; the sampler's manifests pack the logprob above the token id
-        return packed_token(self.rt.read_output("next_token")[0])
+        return packed_token(self.rt.read_output("next_token", 1)[0])
 
     def check_fits(self, num_prompt_tokens: int) -> None:
         if num_prompt_tokens > self.max_positions:
@@ -491,5 +491,5 @@ class Generator:
         for pos in range(prefill_tokens, n):
             self._decode_issue(ids[pos], pos, eager)
             argmax.append(self._next_token())
-            rows.append(bf16_to_f32(np.asarray(self.rt.read_buffer("logits"))).reshape(-1))  # f32[vocab]
+            rows.append(bf16_to_f32(np.asarray(self.rt.read_buffer("logits", 1))).reshape(-1))  # f32[vocab]
         return np.stack(rows), np.asarray(argmax, dtype=np.int64)
