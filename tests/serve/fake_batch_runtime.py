@@ -122,7 +122,7 @@ class FakeBatchRuntime:
     scratch page."""
 
     def __init__(self, manifest: Any, page_tokens: int = 16, num_pages: int = 256) -> None:
-        from kern_run.serve.sampling_io import read_sampling_io
+        from kern_run.sampling_io import read_sampling_io
 
         self.manifest = manifest
         self.io = read_sampling_io(manifest)

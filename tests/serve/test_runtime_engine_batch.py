@@ -19,7 +19,7 @@ from kern_run.serve.engine import DecodeRow, PrefillChunk, Sampled, decode_bucke
 from kern_run.serve.errors import ConfigError
 from kern_run.serve.memory import PoolMemory
 from kern_run.serve.runtime_engine import RuntimeEngine
-from kern_run.serve.sampling_io import read_sampling_io
+from kern_run.sampling_io import read_sampling_io
 from kern_run.serve.scheduler import Scheduler, SchedulerConfig
 
 GREEDY = SamplingParams()
@@ -277,7 +277,7 @@ def test_sampling_block_refusals() -> None:
             ({}, "hist_counts", r"names buffer 'hist_counts', which the manifest lacks"),
             ({"params": "hist_tokens"}, None, r"rows are 64 x i32, expected 48 bytes"),
             ({"hist_cap": 65}, None, r"hist_cap = 65 with history buffers \[64, 64\]"),
-            ({"packing": "plain"}, None, r"sampling\.packing = \"plain\": kern serve reads 'packed' only"),
+            ({"packing": "plain"}, None, r"sampling\.packing = \"plain\": kern-run reads 'packed' only"),
             ({"sampler": "cpu"}, None, r"sampling\.sampler = \"cpu\""),
             ({"top_logprobs": {**base["top_logprobs"], "program": "nope"}}, None,
              r"top_logprobs\.program names program 'nope', which the manifest lacks"),

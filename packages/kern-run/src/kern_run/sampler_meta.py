@@ -1,4 +1,4 @@
-"""The one place kern-run reads a manifest's sampler: `meta.caller.sampling` and the packed decode outputs.
+"""The caller's view of a manifest's sampler (`SamplerFacts`) and the checks of requested settings against it.
 
 A manifest built with the GPU sampler (`kern manifest build --sampler gpu`) ends its decode program with
 kern_sample_bf16 and declares in `meta.caller.sampling` (docs/caller.md "Sampling"):
@@ -15,8 +15,8 @@ names an eager program that writes `ids` i32 [seqs, n_top] / `logprobs` f32 [seq
 step. A manifest without `meta.caller.sampling` (the argmax builder) decodes greedily: plain token ids, no
 sampler inputs; `SamplerFacts.check` refuses any other setting for it.
 
-Everything else in kern-run takes a `SamplerFacts` (or None); adapting to another shape of the meta block is a
-change to `read_sampler` alone.
+`sampling_io.read_sampling_io` reads and checks the block (for `kern run` and kern serve alike); `read_sampler`
+turns its result into the `SamplerFacts` the batched caller takes (or None).
 """
 
 from __future__ import annotations
@@ -24,10 +24,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from kern_manifest import var_max
-
-from .errors import ConfigError, SamplingError
-from .sampling import MAX_TOP_LOGPROBS, PARAM_ROW_BYTES, SamplingParams
+from .errors import SamplingError
+from .sampling import SamplingParams
+from .sampling_io import read_sampling_io
 
 
 @dataclass(frozen=True)
@@ -91,54 +90,12 @@ def check_params(sampler: SamplerFacts | None, params: SamplingParams, where: st
 
 
 def read_sampler(manifest: Any, path: Any) -> SamplerFacts | None:
-    """The sampler of a verified kern_manifest.Manifest from its `meta.caller.sampling`, None when absent.
-    Raises ConfigError naming the file and the JSON path when the block is not an object, names a buffer or
-    program the manifest lacks, or its buffers have other shapes than the contract's."""
-    meta = manifest.meta if manifest.meta is not None else {}
-    caller = meta.get("caller") if isinstance(meta, Mapping) else None
-    if not isinstance(caller, Mapping) or "sampling" not in caller:
+    """The sampler of a verified kern_manifest.Manifest, None when `meta.caller.sampling` is absent: the caller's view
+    of `sampling_io.read_sampling_io`, which reads and checks the block (the one reader, shared with kern serve).
+    Raises ConfigError naming the file and the JSON path for a malformed block."""
+    io = read_sampling_io(manifest, path)
+    if io is None:
         return None
-    block = caller["sampling"]
-    where = f"manifest {path}: $.meta.caller.sampling"
-
-    def fault(what: str) -> ConfigError:
-        return ConfigError(f"{where}{what}; regenerate it (kern manifest build)")
-
-    if not isinstance(block, Mapping):
-        raise fault(" must be an object (the sampler's buffers, docs/caller.md \"Sampling\")")
-    if block.get("packing", "packed") != "packed":
-        raise fault(f".packing = {block.get('packing')!r}: this caller reads \"packed\" entries only")
-    names = {}
-    for key in ("params", "hist_tokens", "hist_counts"):
-        name = block.get(key)
-        if not isinstance(name, str) or name not in manifest.buffers or manifest.buffers[name].kind != "input":
-            raise fault(f".{key} = {name!r} must name an input buffer of the manifest")
-        names[key] = name
-    at_max = var_max(manifest.vars)
-    rows = at_max.get("seqs", 1)
-    shapes = {key: list(manifest.buffers[name].shape_at(at_max)) for key, name in names.items()}
-    cap = block.get("hist_cap")
-    if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
-        raise fault(f".hist_cap = {cap!r} must be an integer >= 1")
-    if shapes["params"] != [rows, PARAM_ROW_BYTES // 4]:
-        raise fault(f".params: buffer {names['params']} is {shapes['params']} at var max, the contract's "
-                    f"[seqs, {PARAM_ROW_BYTES // 4}] is [{rows}, {PARAM_ROW_BYTES // 4}]")
-    for key in ("hist_tokens", "hist_counts"):
-        if shapes[key] != [rows, cap]:
-            raise fault(f".{key}: buffer {names[key]} is {shapes[key]} at var max, the contract's [seqs, hist_cap] "
-                        f"is [{rows}, {cap}]")
-    top = None
-    spec = block.get("top_logprobs")
-    if spec is not None:
-        if not isinstance(spec, Mapping):
-            raise fault(".top_logprobs must be an object")
-        program, ids, lps, n_top = (spec.get(k) for k in ("program", "ids", "logprobs", "n_top"))
-        if not isinstance(program, str) or program not in manifest.programs:
-            raise fault(f".top_logprobs.program = {program!r} must name a program of the manifest")
-        for key, name in (("ids", ids), ("logprobs", lps)):
-            if not isinstance(name, str) or name not in manifest.buffers or manifest.buffers[name].kind != "output":
-                raise fault(f".top_logprobs.{key} = {name!r} must name an output buffer of the manifest")
-        if isinstance(n_top, bool) or not isinstance(n_top, int) or not 1 <= n_top <= MAX_TOP_LOGPROBS:
-            raise fault(f".top_logprobs.n_top = {n_top!r} must be an integer in [1, {MAX_TOP_LOGPROBS}]")
-        top = TopLogprobs(program, ids, lps, n_top)
-    return SamplerFacts(names["params"], names["hist_tokens"], names["hist_counts"], cap, top)
+    top = (TopLogprobs(io.top_program, io.top_ids, io.top_logprobs, io.top_n)
+           if io.top_program is not None and io.top_ids is not None and io.top_logprobs is not None else None)
+    return SamplerFacts(io.params, io.hist_tokens, io.hist_counts, io.hist_cap, top)

@@ -8,9 +8,9 @@ Modules, one idea each:
 - `scheduler`: pure host logic over kern_pool: admission, chunked prefill under a token budget, prefix reuse,
   park / wake, preemption, cancellation. No HTTP, no CUDA.
 - `fake_engine`: a deterministic CPU engine for tests.
-- `sampling_io`: where the manifest's decode program takes its sampler inputs (`meta.caller.sampling`).
 - `runtime_engine`: the real engine: decode steps of 1..64 rows at power-of-two buckets, GPU sampling where the
-  manifest has it (greedy argmax otherwise).
+  manifest has it (greedy argmax otherwise; the manifest's sampler read by `kern_run.sampling_io`, as for
+  `kern run`).
 - `loop`: the scheduler thread that owns the engine; the HTTP layer talks to it through queues.
 - `protocol`: the OpenAI request / response models (pydantic).
 - `logprobs`: log-probabilities in the completions and chat response shapes.

@@ -49,7 +49,7 @@ from ..sampling import SamplingParams, history_counts, pack_history, pack_params
 from .engine import DecodeRow, PrefillChunk, Sampled, decode_bucket
 from .errors import ConfigError
 from .sampling import greedy_only_fault
-from .sampling_io import SamplingIO, read_sampling_io
+from ..sampling_io import SamplingIO, read_sampling_io
 
 BUCKETS_KEPT = 100_000  # decode steps whose bucket `RuntimeEngine.buckets` remembers
 

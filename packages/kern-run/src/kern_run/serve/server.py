@@ -91,7 +91,7 @@ def build(cfg: RunConfig, opts: ServeOptions, log: Any) -> tuple[Any, Any]:
     from .memory import RuntimeMemory
     from .metrics import Metrics
     from .runtime_engine import RuntimeEngine
-    from .sampling_io import read_sampling_io
+    from ..sampling_io import read_sampling_io
     from .scheduler import Scheduler, SchedulerConfig
 
     opts.check()

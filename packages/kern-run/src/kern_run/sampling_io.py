@@ -27,9 +27,9 @@ from typing import Any, Mapping
 
 from kern_manifest import Manifest, var_max
 
-from ..errors import ConfigError
-from ..preflight import caller_meta
-from ..sampling import PARAM_ROW_BYTES
+from .errors import ConfigError
+from .preflight import caller_meta
+from .sampling import PARAM_ROW_BYTES
 
 PARAM_DTYPES = {"u8": "<u1", "i8": "<i1", "u32": "<u4", "i32": "<i4", "f32": "<f4"}  # the params row as 48 bytes
 
@@ -81,7 +81,7 @@ def read_sampling_io(manifest: Manifest, path: Path | str = "<manifest>") -> Sam
                           "sampler's buffers; regenerate it (kern manifest build)")
     for key, want in (("sampler", "gpu"), ("packing", "packed"), ("init", "greedy")):
         if block.get(key, want) != want:
-            raise ConfigError(f"manifest {path}: $.meta.caller.sampling.{key} = {_shown(block[key])}: kern serve "
+            raise ConfigError(f"manifest {path}: $.meta.caller.sampling.{key} = {_shown(block[key])}: kern-run "
                               f"reads {want!r} only; regenerate it (kern manifest build)")
     at_max = var_max(manifest.vars)
     seqs = at_max.get("seqs", 1)
