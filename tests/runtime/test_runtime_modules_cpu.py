@@ -131,3 +131,20 @@ def test_runtime_refuses_bad_carveouts_before_touching_a_device() -> None:
         with pytest.raises((ManifestParseError, ManifestVerifyError)) as info:
             load_spec(raw)
         assert "$.ops.scale0.launches[0].carveout" in str(info.value)
+
+
+def test_the_shared_memory_opt_in_counts_static_and_dynamic_together() -> None:
+    """The 48 KiB default bounds static + dynamic shared memory: 40 KiB dynamic with 9.5 KiB static needs the opt-in
+    (the multi-row GEMV at k = 2560 that failed to launch on the H200 without it), 40 KiB with 8 KiB does not; the
+    static size is asked only when there is dynamic shared memory and it alone stays under the limit."""
+    from kern_runtime.cuda.modules import needs_shared_opt_in
+
+    asked: list[int] = []
+
+    def static(n: int):
+        return lambda: asked.append(n) or n
+
+    assert needs_shared_opt_in(40960, static(9728)) is True
+    assert needs_shared_opt_in(40960, static(8192)) is False
+    assert needs_shared_opt_in(49153, static(0)) is True and asked == [9728, 8192]  # above 48 KiB alone: not asked
+    assert needs_shared_opt_in(0, static(60000)) is False and asked == [9728, 8192]  # no dynamic memory: no opt-in

@@ -21,7 +21,7 @@ import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from kern_manifest import Launch, Manifest
 
@@ -195,6 +195,15 @@ def set_shared_carveout(function: Any, percent: int) -> None:
 SHARED_DEFAULT_LIMIT_BYTES = 48 * 1024
 
 
+def needs_shared_opt_in(dynamic_bytes: int, static_bytes: Callable[[], int]) -> bool:
+    """Whether a launch of `dynamic_bytes` of dynamic shared memory needs CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_
+    BYTES raised: when it passes SHARED_DEFAULT_LIMIT_BYTES (48 KiB) alone or together with the function's static
+    shared memory (`static_bytes()`, asked only then): the default bounds both together (CUDA C++ programming
+    guide, "Shared Memory"; a kernel of 9.5 KiB static and 40 KiB dynamic fails to launch without it)."""
+    return dynamic_bytes > SHARED_DEFAULT_LIMIT_BYTES or (
+        dynamic_bytes > 0 and dynamic_bytes + static_bytes() > SHARED_DEFAULT_LIMIT_BYTES)
+
+
 def resolve_launches(manifest: Manifest, modules: Mapping[str, Any], max_values: Mapping[str, int],
                      min_values: Mapping[str, int]) -> tuple[dict[tuple[str, int], Any], dict[tuple[str, int], str]]:
     """Every kernel launch's function in its own loaded module (`resolve_function`, by parameter layout), and the
@@ -223,10 +232,7 @@ def resolve_launches(manifest: Manifest, modules: Mapping[str, Any], max_values:
             functions[(op.name, li)] = fn
             owners[(op.name, li)] = launch.module
     for attrs in function_attributes(uses):
-        # the 48 KiB default bounds static + dynamic shared memory together (CUDA programming guide, "Shared
-        # Memory"): a kernel with 9.5 KiB static and 40 KiB dynamic needs the opt-in as well
-        if attrs.shared_mem and (attrs.shared_mem > SHARED_DEFAULT_LIMIT_BYTES or attrs.shared_mem
-                                 + static_shared_bytes(attrs.function) > SHARED_DEFAULT_LIMIT_BYTES):
+        if attrs.shared_mem and needs_shared_opt_in(attrs.shared_mem, lambda fn=attrs.function: static_shared_bytes(fn)):
             raise_shared_limit(attrs.function, attrs.shared_mem)
         if attrs.carveout is not None:
             set_shared_carveout(attrs.function, attrs.carveout)
