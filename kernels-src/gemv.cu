@@ -834,3 +834,95 @@ constexpr int kMaxThreadsM = 512;
 KERN_GEMV_ROWS_M(2, __maxnreg__(72))
 KERN_GEMV_ROWS_M(4, __launch_bounds__(kMaxThreadsM))
 KERN_GEMV_ROWS_M(8, __launch_bounds__(kMaxThreadsM))
+
+// =====================================================================================================
+// Multi-row v1 RMSNorm entry (docs/kernels-gemv.md "Multi-row rows entries"; the lm_head of a batched decode):
+// kern_gemv_rmsnorm for m <= M residual rows at once (M = 2, 4, 8: the `_mM` suffix; m the trailing i32).
+// residual / y are [m, k] / [m, n] row-major. Same work split as gemv_body: rows dealt to warps
+// block-interleaved, lane l streams chunks l, l + 32, ... of its W row kUnroll at a time (the first batch of
+// the first row before griddepcontrol.wait), and each W chunk is multiplied with the same chunk of every x row
+// (x staged as M rows of k8 chunks by stage_rmsnorm_m: each row staged by the M = 1 entry's stage_rmsnorm,
+// rows m..M-1 zero). Each x row has its own fp32 accumulator fed in gemv_body's chunk order and reduced by
+// the same butterfly, so row s of y is bit for bit kern_gemv_rmsnorm's output for residual row s alone at
+// the same blockDim.x (the block size enters only the RMSNorm's block_sum; the grid enters nothing).
+// Rows m..M-1 of y are never written. Dynamic shared memory: M * 16 * ceil(k / 8) bytes. PDL as gemv_body.
+// =====================================================================================================
+namespace {
+
+// As gemv_body, for M x rows: `stage_x(xs, k8)` fills xs[s * k8 + c], s < M, and ends with __syncthreads();
+// `epilogue(s, row, dot)`: lane 0 of the warp owning `row`, s < m, dot = W[row] . x[s].
+template <int M, bool VEC, class StageX, class Epilogue>
+KERN_DEV void gemv_body_m(const bf16* __restrict__ w, int n, int k, int m, StageX stage_x, Epilogue epilogue) {
+    extern __shared__ uint4 xs[];  // [M][round_up(k, 8) / 8] chunks of 8 bf16
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const int warps = blockDim.x >> 5;
+    const int k8 = (k + kChunk - 1) / kChunk;
+    const int first_row = warp * gridDim.x + blockIdx.x;  // gemv_body's deal
+    const int row_stride = warps * gridDim.x;
+    const uint64_t policy = weight_policy();
+
+    // 1. First W chunks of the first row: weights only, so they may overlap the previous kernel's tail.
+    uint4 wv[kUnroll];
+    if (first_row < n) {
+        load_batch<VEC, Src::kWeightEarly>(w + static_cast<size_t>(first_row) * k, lane, k, policy, wv);
+    } else {
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) wv[u] = make_uint4(0u, 0u, 0u, 0u);
+    }
+    kern_pdl_wait();  // everything below may read what the previous kernel in the stream wrote
+    kern_pdl_launch_dependents();
+
+    // 2. The M x rows into shared memory.
+    stage_x(xs, k8);
+
+    // 3. Rows.
+    for (int row = first_row; row < n; row += row_stride) {
+        const bf16* wrow = w + static_cast<size_t>(row) * k;
+        float acc[M];
+#pragma unroll
+        for (int s = 0; s < M; ++s) acc[s] = 0.0f;
+        for (int base = 0; base < k8; base += 32 * kUnroll) {
+            if (row != first_row || base != 0) load_batch<VEC, Src::kWeight>(wrow, base + lane, k, policy, wv);
+            const uint4* xp = xs + base + lane;  // x row s, this lane's chunks: xp[s * k8 + 32 * u]
+#pragma unroll
+            for (int u = 0; u < kUnroll; ++u) {
+                if (base + lane + 32 * u < k8) {
+#pragma unroll
+                    for (int s = 0; s < M; ++s) acc[s] = dot8(wv[u], xp[s * k8 + 32 * u], acc[s]);
+                }
+            }
+        }
+#pragma unroll
+        for (int s = 0; s < M; ++s) {
+            if (s < m) {  // uniform; rows >= m are never written
+                acc[s] = warp_sum(acc[s]);
+                if (lane == 0) epilogue(s, row, acc[s]);
+            }
+        }
+    }
+}
+
+template <int M>
+KERN_DEV void gemv_rmsnorm_m(const bf16* __restrict__ w, const bf16* __restrict__ residual,
+                             const bf16* __restrict__ norm_w, bf16* __restrict__ y, int n, int k, float eps, int m) {
+    if (bad_launch_m<M>(n, k, m)) return;
+    auto stage = [=](uint4* xs, int k8) { stage_rmsnorm_m<M>(xs, k8, m, residual, norm_w, k, eps); };
+    auto store = [=](int s, int row, float dot) { y[static_cast<size_t>(s) * n + row] = f2bf(dot); };
+    if (k % kChunk == 0 && aligned16(w)) gemv_body_m<M, true>(w, n, k, m, stage, store);
+    else gemv_body_m<M, false>(w, n, k, m, stage, store);
+}
+
+}  // namespace
+
+// y[s, n] = W[n, k] @ rmsnorm(residual[s, k]) * norm_w, rows s < m <= M (as kern_gemv_rmsnorm on each row).
+#define KERN_GEMV_RMSNORM_M(M, BOUNDS)                                                                                \
+    extern "C" __global__ void BOUNDS kern_gemv_rmsnorm_m##M(                                                        \
+        const bf16* __restrict__ w, const bf16* __restrict__ residual, const bf16* __restrict__ norm_w,             \
+        bf16* __restrict__ y, int32_t n, int32_t k, float eps, int32_t m) {                                          \
+        gemv_rmsnorm_m<M>(w, residual, norm_w, y, n, k, eps, m);                                                     \
+    }
+
+KERN_GEMV_RMSNORM_M(2, __launch_bounds__(kMaxThreadsM))
+KERN_GEMV_RMSNORM_M(4, __launch_bounds__(kMaxThreadsM))
+KERN_GEMV_RMSNORM_M(8, __launch_bounds__(kMaxThreadsM))

@@ -56,6 +56,8 @@ GEMV_PARAMS: dict[str, list[list[int]]] = {
     **{f"kern_gemv_rows_rmsnorm_m{t}": _layout(8, 8, 8, 8, 4, 4, 4, 4) for t in (2, 4, 8)},
     **{f"kern_gemv_rows_residual_m{t}": _layout(8, 8, 8, 4, 4, 4) for t in (2, 4, 8)},
     **{f"kern_gemv_rmsnorm_swiglu_m{t}": _layout(8, 8, 8, 8, 4, 4, 4, 4) for t in (2, 4, 8)},
+    # multi-row v1 RMSNorm entry (the lm_head's): w, residual [m, k], norm_w, y [m, n], n, k, eps, m
+    **{f"kern_gemv_rmsnorm_m{t}": _layout(8, 8, 8, 8, 4, 4, 4, 4) for t in (2, 4, 8)},
 }
 
 _PACK = {"p": "<Q", "i": "<i", "f": "<f", "q": "<q"}

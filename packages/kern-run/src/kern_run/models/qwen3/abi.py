@@ -57,6 +57,9 @@ KERNEL_SIGNATURES: dict[str, tuple[str, tuple[str, ...]]] = {
     **{f"kern_gemv_rows_rmsnorm_m{t}": ("gemv", ("p", "p", "p", "p", "i32", "i32", "f32", "i32")) for t in (2, 4, 8)},
     **{f"kern_gemv_rmsnorm_swiglu_m{t}": ("gemv", ("p", "p", "p", "p", "i32", "i32", "f32", "i32")) for t in (2, 4, 8)},
     **{f"kern_gemv_rows_residual_m{t}": ("gemv", ("p", "p", "p", "i32", "i32", "i32")) for t in (2, 4, 8)},
+    # multi-row v1 RMSNorm GEMV (the lm_head's; docs/kernels-gemv.md "Multi-row rows entries"): the M = 1 signature,
+    # then m
+    **{f"kern_gemv_rmsnorm_m{t}": ("gemv", ("p", "p", "p", "p", "i32", "i32", "f32", "i32")) for t in (2, 4, 8)},
 }
 # Entries that execute griddepcontrol.wait before reading anything a predecessor writes and before writing
 # anything (docs/kernels-gemv.md, docs/kernels.md "Programmatic dependent launch"); only these may carry
@@ -73,7 +76,8 @@ PDL_ENTRIES = frozenset({
     "kern_sample_history_append",
     *(f"kern_mma_{kind}_m{tile}" for kind in ("rmsnorm", "residual", "rmsnorm_swiglu") for tile in (8, 16, 32, 64)),
     "kern_attn_decode_partial_stream",
-    *(f"kern_gemv_{kind}_m{t}" for kind in ("rows_rmsnorm", "rmsnorm_swiglu", "rows_residual") for t in (2, 4, 8)),
+    *(f"kern_gemv_{kind}_m{t}" for kind in ("rows_rmsnorm", "rmsnorm_swiglu", "rows_residual", "rmsnorm")
+      for t in (2, 4, 8)),
 })
 TYPE_BYTES = {"p": 8, "i32": 4, "f32": 4, "i64": 8}
 
