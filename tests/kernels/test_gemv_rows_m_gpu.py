@@ -5,6 +5,10 @@ output for input row s alone at the same block size (the M = 1 launch of tests/k
 M = 1 output within that file's float64 bound, and rows m..N-1 of the output untouched (poison). The Qwen3-4B
 shapes (qkv 6144 x 2560, gate_up 9728 x 2560, o 2560 x 4096, down 2560 x 9728) and small odd ones (the element
 path: k not a multiple of 8). The _mN launch uses the builder's grid (kern_run.models.qwen3.rows_m).
+Also the lm_head's multi-row v1 entry kern_gemv_rmsnorm_mN (kernels-src/gemv.cu "Multi-row v1 RMSNorm entry"):
+row s bit for bit kern_gemv_rmsnorm on residual row s alone (its own buffer) at the M = 1 launch (block 512, grid
+min(n, 2 SMs)), at the Qwen3-4B lm_head 151936 x 2560 and small odd shapes; row 0's M = 1 output within
+test_gemv_gpu's float64 bound.
 Run on the GPU machine:  KERN_REQUIRE_GPU=1 python -m pytest tests/kernels/test_gemv_rows_m_gpu.py -q
 """
 
@@ -18,7 +22,7 @@ import pytest
 pytestmark = pytest.mark.gpu
 
 
-from test_gemv_gpu import EPS, NAN_BITS, Case, Launch, run, sync  # noqa: E402
+from test_gemv_gpu import EPS, NAN_BITS, Case, Launch, default_launch, run, sync  # noqa: E402
 from test_gemv_rows_gpu import SWIGLU, SwigluCase, rows_launch  # noqa: E402
 from tools import reference_gemv as ref  # noqa: E402
 from tools.reference_kernels import bf16_bits, bf16_round  # noqa: E402
@@ -36,6 +40,8 @@ SHAPES = {  # stem -> [(n (swiglu: inter), k)]: the 4B shapes, then small odd on
     "kern_gemv_rmsnorm_swiglu": [(9728, 2560), (37, 1001), (333, 520)],
 }
 CASES = [(stem, n, k) for stem, shapes in SHAPES.items() for n, k in shapes]
+V1 = "kern_gemv_rmsnorm"  # the lm_head's M = 1 entry (v1: a warp per W row)
+V1_SHAPES = [(151936, 2560), (37, 1001), (333, 520)]
 
 
 def _renorm(case: Case, norm_w: np.ndarray, norm_w_dev: Any) -> None:
@@ -132,7 +138,7 @@ def test_every_row_is_the_m1_entrys_bits_and_rows_past_m_are_untouched(dev, kern
             assert (out[m:] == NAN_BITS).all(), f"{stem}_m{tile} m={m} n={n} k={k}: rows >= m written"
 
 
-@pytest.mark.parametrize("stem", tuple(STEMS))
+@pytest.mark.parametrize("stem", (*STEMS, V1))
 @pytest.mark.parametrize("bad", ["m0", "m_over", "short_smem", "partial_warp"])
 def test_a_bad_launch_writes_nothing(dev, kernels, stem: str, bad: str) -> None:
     n, k, tile = 64, 2560, 4
@@ -143,7 +149,7 @@ def test_a_bad_launch_writes_nothing(dev, kernels, stem: str, bad: str) -> None:
         dev.array(np.zeros(2 * n * k, np.uint16))
     out = dev.alloc(2 * (tile + 1) * n)
     out.poison()
-    if STEMS[stem][3] == "residual":
+    if stem != V1 and STEMS[stem][3] == "residual":
         args = [("p", w.ptr), ("p", src.ptr), ("p", out.ptr), ("i", n), ("i", k), ("i", m)]
     else:
         args = [("p", w.ptr), ("p", src.ptr), ("p", norm_w.ptr), ("p", out.ptr), ("i", n), ("i", k), ("f", EPS),
@@ -151,3 +157,59 @@ def test_a_bad_launch_writes_nothing(dev, kernels, stem: str, bad: str) -> None:
     run(kernels[f"{stem}_m{tile}"], Launch(grid=8, block=block, smem_bytes=smem), args)
     sync(stem)
     assert (out.download(np.uint16, (tile + 1) * n) == NAN_BITS).all(), f"{stem}_m{tile}: a {bad} launch wrote"
+
+
+class V1Rows:
+    """TILES[-1] residual rows over one W and norm_w, each also in a buffer of its own, and kern_gemv_rmsnorm's
+    output for each row alone at the M = 1 launch (row 0's checked against float64)."""
+
+    def __init__(self, dev: Any, kernels: dict[str, Any], sms: int, n: int, k: int) -> None:
+        self.n, self.k = n, k
+        rng = np.random.default_rng(n * 7919 + k + 1)
+        self.first = Case(dev, rng, V1, n, k)  # W, norm_w and residual row 0
+        rows = TILES[-1]
+        self.src = np.stack([self.first.src] + [bf16_round(3.0 * rng.standard_normal(k, dtype=np.float32))
+                                                for _ in range(rows - 1)])  # [rows, k]
+        self.launch1 = default_launch(n, k, sms)
+        self.out1 = []
+        for s in range(rows):
+            alone = dev.array(bf16_bits(self.src[s]))
+            self.first.out.poison()
+            run(kernels[V1], self.launch1, [("p", self.first.w.ptr), ("p", alone.ptr), ("p", self.first.norm_w_dev.ptr),
+                                           ("p", self.first.out.ptr), ("i", n), ("i", k), ("f", EPS)])
+            sync(V1)
+            self.out1.append(self.first.out.download(np.uint16, n))
+        self.first.check(self.out1[0])
+        self.src_dev = dev.array(bf16_bits(self.src))  # [rows, k]
+        self.out = dev.alloc(2 * rows * n)  # [rows, n]
+
+    def run_m(self, kernels: dict[str, Any], sms: int, tile: int, m: int) -> np.ndarray:
+        """kern_gemv_rmsnorm_m{tile} over rows 0..m-1 at the builder's grid (rows_m.rows_m_launches), output
+        poisoned first -> [tile, n] bits."""
+        from kern_run.models.qwen3 import rows_m
+
+        n, k, c0 = self.n, self.k, self.first
+        self.out.poison()
+        per_block = tile * 16 * (-(-k // 8)) + rows_m.static_smem("rmsnorm", tile, v1=True) + rows_m.SMEM_RESERVED
+        per_sm = max(1, min(rows_m.THREADS_PER_SM_V1_M[tile] // self.launch1.block, rows_m.SMEM_PER_SM // per_block))
+        launch = Launch(grid=min(n, per_sm * sms), block=self.launch1.block, smem_bytes=tile * 16 * (-(-k // 8)))
+        entry = f"{V1}_m{tile}"
+        run(kernels[entry], launch, [("p", c0.w.ptr), ("p", self.src_dev.ptr), ("p", c0.norm_w_dev.ptr),
+                                     ("p", self.out.ptr), ("i", n), ("i", k), ("f", EPS), ("i", m)])
+        sync(entry)
+        return self.out.download(np.uint16, tile * n).reshape(tile, n)
+
+
+@pytest.mark.parametrize(("n", "k"), V1_SHAPES)
+def test_every_lm_head_row_is_the_v1_entrys_bits_and_rows_past_m_are_untouched(dev, kernels, sms, n: int,
+                                                                               k: int) -> None:
+    rows = V1Rows(dev, kernels, sms, n, k)
+    assert len({r.tobytes() for r in rows.out1}) == len(rows.out1)  # the rows differ: a mix-up would show
+    for tile in TILES:
+        for m in range(1, tile + 1):
+            out = rows.run_m(kernels, sms, tile, m)
+            for s in range(m):
+                bad = np.flatnonzero(out[s] != rows.out1[s])
+                assert bad.size == 0, (f"{V1}_m{tile} m={m} n={n} k={k}: row {s} != {V1} on the row alone at "
+                                       f"{bad[:8].tolist()}")
+            assert (out[m:] == NAN_BITS).all(), f"{V1}_m{tile} m={m} n={n} k={k}: rows >= m written"

@@ -1,7 +1,7 @@
 """`batch_proj` "rows" in the Qwen3 builder (kern_run.models.qwen3.rows_m, batch_proj.batched; docs/kernels-gemv.md
 "Multi-row rows entries"): with `--gemv v2 --seqs-max N` the qkv / gate_up / o / down ops keep their M = 1 rows
-launch at seqs 1, run the `_m2` / `_m4` / `_m8` entry at seqs 2 / 3..4 / 5..8 (same block, the M = 1 args then
-m = seqs, shared memory M x 16 x ceil(k / 8)) and cuBLASLt at 9..N; lm_head stays on cuBLASLt from 2."""
+launch at seqs 1, and lm_head its v1 kern_gemv_rmsnorm launch, run the `_m2` / `_m4` / `_m8` entry at seqs 2 / 3..4
+/ 5..8 (same block, the M = 1 args then m = seqs, shared memory M x 16 x ceil(k / 8)) and cuBLASLt at 9..N."""
 
 from __future__ import annotations
 
@@ -31,7 +31,12 @@ BLOCKS_PER_SM_4B = {
     ("gemv_gate_up_act", 2): 5, ("gemv_gate_up_act", 4): 3, ("gemv_gate_up_act", 8): 3,
     ("gemv_o", 2): 3, ("gemv_o", 4): 2, ("gemv_o", 8): 2,  # m8: 64 KiB + 9.25 -> 3 by smem, 2 by threads
     ("gemv_down_act", 2): 2, ("gemv_down_act", 4): 1, ("gemv_down_act", 8): 1,  # m4: 76 + 5.1 KiB -> 2 by smem
+    # kern_gemv_rmsnorm_mM: 86 registers -> one block of 512 per SM (smem: m8 40 KiB + 1.25 -> 5)
+    ("gemv_lm_head", 2): 1, ("gemv_lm_head", 4): 1, ("gemv_lm_head", 8): 1,
 }
+# lm_head (Qwen3-4B): the v1 entry, a warp per W row, so its "groups" are the vocab's rows
+EXPECTED_4B_ALL = {**EXPECTED_4B, "gemv_lm_head": ("kern_gemv_rmsnorm", 512, 2560, 151936)}
+ALL_STEMS = (*rows_m.ROWS_ENTRY.items(), ("rmsnorm", rows_m.V1_ENTRY))
 
 
 def _manifest(shape: str = "qwen3-4b", **opts: object) -> dict:
@@ -46,7 +51,7 @@ def test_seqs_max_64_rows_launches_after_the_bs1_launch_then_cublaslt() -> None:
     bs1 = _manifest(gemv="v2")["ops"]
     cublas = _manifest(gemv="v2", seqs_max=64)["ops"]
     sms = gq.BuildOptions("qwen3-4b").sms
-    for op, (stem, block, k, groups) in EXPECTED_4B.items():
+    for op, (stem, block, k, groups) in EXPECTED_4B_ALL.items():
         first, m2, m4, m8, *rest = m["ops"][op]["launches"]
         assert first == {**bs1[op]["launches"][0], "when": {"seqs": [1, 1]}}, op
         assert first["block"] == [block, 1, 1]
@@ -60,8 +65,7 @@ def test_seqs_max_64_rows_launches_after_the_bs1_launch_then_cublaslt() -> None:
         want = [{**l, "when": {"seqs": [9, 64]}} for l in cublas[op]["launches"][1:]]
         assert rest == want, op
         assert m["ops"][op].get("scratch") == cublas[op].get("scratch"), op
-    # lm_head: its M = 1 launch is kern_gemv_rmsnorm (no rows entry): cuBLASLt from 2, as "cublaslt" builds it
-    assert m["ops"]["gemv_lm_head"] == cublas["gemv_lm_head"]
+    assert m["ops"]["gemv_lm_head"]["launches"][1]["grid"] == [sms, 1, 1]  # 151936 rows: one block per SM
 
 
 @pytest.mark.parametrize(("seqs_max", "boxes"), [
@@ -72,7 +76,7 @@ def test_the_rows_launches_stop_at_seqs_max(seqs_max: int, boxes: list[list[int]
     km = pytest.importorskip("kern_manifest")
     m = _manifest("tiny", gemv="v2", seqs_max=seqs_max, batch_proj="rows")
     km.verify(km.parse_manifest(gq.dumps(m)))
-    for op in EXPECTED_4B:
+    for op in EXPECTED_4B_ALL:
         launches = m["ops"][op]["launches"]
         got = []
         for launch in launches[1:]:
@@ -93,20 +97,23 @@ def test_rows_buckets() -> None:
 def test_static_smem_matches_the_built_cubin() -> None:
     """rows_m.static_smem + the reserved 1 KiB is what cuobjdump reported into kernels/kernels.json."""
     entries = json.loads((ROOT / "kernels" / "kernels.json").read_text())["modules"]["gemv"]["entries"]
-    for kind, stem in rows_m.ROWS_ENTRY.items():
+    for kind, stem in ALL_STEMS:
         for tile in rows_m.ROWS_TILES:
             got = entries[f"{stem}_m{tile}"]["shared"]
-            assert got == rows_m.static_smem(kind, tile) + rows_m.SMEM_RESERVED, (stem, tile)
+            want = rows_m.static_smem(kind, tile, stem == rows_m.V1_ENTRY) + rows_m.SMEM_RESERVED
+            assert got == want, (stem, tile)
+    assert rows_m.static_smem("rmsnorm", 8, v1=True) + rows_m.SMEM_RESERVED == 1280  # cuobjdump: kern_gemv_rmsnorm_m8
 
 
 def test_the_register_counts_give_the_threads_per_sm_the_grid_assumes() -> None:
     entries = json.loads((ROOT / "kernels" / "kernels.json").read_text())["modules"]["gemv"]["entries"]
-    for stem in rows_m.ROWS_ENTRY.values():
+    for _, stem in ALL_STEMS:
+        threads = rows_m.THREADS_PER_SM_V1_M if stem == rows_m.V1_ENTRY else rows_m.THREADS_PER_SM_M
         for tile in rows_m.ROWS_TILES:
             info = entries[f"{stem}_m{tile}"]
             regs = -(-info["registers"] // 8) * 8  # allocation unit: 8 per thread (256 per warp)
             assert info["local"] == 0, (stem, tile, info["local"])  # no spills
-            assert 65536 // (regs * 32) * 32 >= rows_m.THREADS_PER_SM_M[tile], (stem, tile, info["registers"])
+            assert 65536 // (regs * 32) * 32 >= threads[tile], (stem, tile, info["registers"])
 
 
 def test_an_unknown_batch_proj_is_refused() -> None:
@@ -149,6 +156,11 @@ def test_the_built_manifest_verifies_and_compiles(seqs_max: int) -> None:
             rec = next(r for r in qkv if getattr(r.launch, "entry", None) == entry)
             tile = {1: 1, 2: 2, 5: 8, 8: 8}[value]
             assert rec.shared_mem_bytes == tile * 16 * 320, value
+        head = [r for r in recs if r.active and "gemv_lm_head" in str(r.path)]
+        names = [getattr(r.launch, "entry", None) or getattr(r.launch, "extern", None) for r in head]
+        want_head = ({1: ["kern_gemv_rmsnorm"], 2: ["kern_gemv_rmsnorm_m2"], 5: ["kern_gemv_rmsnorm_m8"],
+                      8: ["kern_gemv_rmsnorm_m8"]}.get(value) or ["kern_add_rmsnorm", "cublaslt_bf16_tn"])
+        assert names == want_head, (value, names)
 
 
 def test_every_rows_m_entry_waits_before_any_exit() -> None:
@@ -165,7 +177,7 @@ def test_every_rows_m_entry_waits_before_any_exit() -> None:
         sass = sass_paths.cubin_functions(ROOT / "kernels" / module["file"], tool)
     except sass_paths.SassPathError as exc:
         pytest.skip(f"cuobjdump -sass failed (nvdisasm missing?): {str(exc)[:200]}")
-    entries = [f"{stem}_m{t}" for stem in rows_m.ROWS_ENTRY.values() for t in rows_m.ROWS_TILES]
+    entries = [f"{stem}_m{t}" for _, stem in ALL_STEMS for t in rows_m.ROWS_TILES]
     assert set(entries) <= gq.PDL_ENTRIES and set(entries) <= set(module["entries"])
     for entry in entries:
         body = sass[entry]

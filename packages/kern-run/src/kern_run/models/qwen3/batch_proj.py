@@ -1,7 +1,7 @@
 """The projections of a batched decode step (seqs 2..seqs_max) beside the M = 1 GEMV launch of each `--gemv v2`
-projection op: `batch_proj` "cublaslt" (the default), "rows" (rows_m.py: the multi-row rows-family GEMVs for seqs
-2..8, fused and PDL-launched like the M = 1 ones, a row's bits those of the M = 1 entry; cuBLASLt as below for
-seqs 9..seqs_max and for lm_head, whose M = 1 launch is no rows entry) or "mma" (mma.py, kernels-src/gemv_mma.cu).
+projection op: `batch_proj` "cublaslt" (the default), "rows" (rows_m.py: the multi-row GEMVs for seqs 2..8,
+lm_head's included, fused and PDL-launched like the M = 1 ones, a row's bits those of the M = 1 entry; cuBLASLt as
+below for seqs 9..seqs_max) or "mma" (mma.py, kernels-src/gemv_mma.cu).
 
 Why cuBLASLt: measured on the H200 at the Qwen3-4B shapes (bench/gemv.py --mma, docs/perf.md "Fourteenth
 session"), cuBLASLt's heuristic algorithm at m = 2..64 stays within 3-17% of the M = 1 GEMV's time (lm_head m = 64:
@@ -29,7 +29,7 @@ from ...errors import ManifestBuildError
 from .builder import Builder
 from .mma import mma_launches
 from .options import Plan
-from .rows_m import ROWS_ENTRY, ROWS_TILE_MAX, rows_m_launches
+from .rows_m import ROWS_ENTRY, ROWS_TILE_MAX, V1_ENTRY, rows_m_launches
 
 BATCH_PROJ = ("cublaslt", "rows", "mma")
 _SEQS_I32 = {"expr": "seqs", "type": "i32"}
@@ -72,7 +72,8 @@ def batched(b: Builder, plan: Plan, bs1: dict[str, Any], kind: str, n: int, k: i
     """(launches, scratch) of a projection op: `bs1` (the M = 1 GEMV launch) alone when seqs_max is 1 (unchanged,
     no `when`), else `bs1` under `when: {"seqs": [1, 1]}` followed by the seqs >= 2 launches of plan.opts.batch_proj
     (`args` / `tail`: the op's pointer wiring and trailing scalars, for the MMA entries). "rows": where `bs1` is a
-    rows-family entry (qkv, gate_up, o, down; not lm_head), the `_mM` launches for seqs 2..min(8, seqs_max), then
+    rows-family entry (qkv, gate_up, o, down) or the v1 kern_gemv_rmsnorm (lm_head), the `_mM` launches for seqs
+    2..min(8, seqs_max), then
     cuBLASLt for 9..seqs_max. Raises ManifestBuildError on an unknown batch_proj."""
     opts = plan.opts
     if opts.seqs_max == 1:
@@ -84,8 +85,9 @@ def batched(b: Builder, plan: Plan, bs1: dict[str, Any], kind: str, n: int, k: i
         raise ManifestBuildError(f"batch_proj (--batch-proj) {opts.batch_proj!r}: use one of "
                                  f"{', '.join(map(repr, BATCH_PROJ))}")
     rows: list[dict[str, Any]] = []
-    if opts.batch_proj == "rows" and bs1["entry"] == ROWS_ENTRY[kind]:
-        n_groups = -(-n // (2 if kind == "rmsnorm_swiglu" else 4))
+    v1 = kind == "rmsnorm" and bs1["entry"] == V1_ENTRY  # lm_head: a warp per W row, so n "groups" of one row
+    if opts.batch_proj == "rows" and (bs1["entry"] == ROWS_ENTRY[kind] or v1):
+        n_groups = n if v1 else -(-n // (2 if kind == "rmsnorm_swiglu" else 4))
         rows = rows_m_launches(b, bs1, kind, n_groups, k, opts, 2, min(ROWS_TILE_MAX, opts.seqs_max))
     lo = 2 + 7 * bool(rows)  # rows: 2..8 on the _mM entries, cuBLASLt from 9
     if lo > opts.seqs_max:
