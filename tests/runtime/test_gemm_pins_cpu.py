@@ -6,8 +6,9 @@ the k products its own way: `exact` rounds the exact sum of every element once (
 invariant), `split_from=M0` sums two halves of k separately and rounds each to bf16 before adding them when the
 GEMM's M >= M0 (a split-K kernel the heuristic takes for large M: not invariant), `odd_from=M0` does so only at
 odd M >= M0 (caught by the m_max - 1 probe alone), `deep_from=R` only for the rows at position >= R of a GEMM
-(caught only because a probe's rows sit at other positions in the M = m_max GEMM than in their own). A clock advanced by each algorithm's cost per GEMM feeds the
-fake's CUDA events, so the timings, and the choice of the fastest, are exact.
+(caught only because a probe's rows sit at other positions in the M = m_max GEMM than in their own). A clock
+advanced by each algorithm's cost per GEMM feeds the fake's CUDA events, so the timings, and the choice of the
+fastest, are exact.
 """
 
 from __future__ import annotations
