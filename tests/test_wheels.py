@@ -189,8 +189,10 @@ import json, sys
 from importlib import metadata
 from packaging.requirements import Requirement
 import kern_manifest, kern_pool, kern_run, kern_runtime
+import kern_run.pins_cache, kern_runtime.gemm_pins  # the first-use pin search is in the installed packages
 out = {"sys_path": sys.path, "modules": {m.__name__: m.__file__ for m in (kern_manifest, kern_pool, kern_runtime,
-                                                                          kern_run)}, "dists": {}}
+                                                                          kern_run, kern_runtime.gemm_pins)},
+       "dists": {}}
 for name in ("kern-manifest", "kern-pool", "kern-runtime", "kern-run"):
     dist = metadata.distribution(name)
     requires = []
@@ -223,7 +225,8 @@ def test_the_kern_wheels_import_from_the_fresh_venv_with_every_requirement_met(k
     assert any(THIS_SITE.glob("_editable_impl_kern_*.pth"))  # what must not be processed (uv's editable installs)
     probe = json.loads(_run(kern_venv / "bin" / "python", "-c", PROBE, cwd=tmp_path, env=_away_env()).stdout)
     site = _site_packages(kern_venv)
-    assert probe["modules"] == {m: str(site / m / "__init__.py") for m in PACKAGES.values()}
+    assert probe["modules"] == {**{m: str(site / m / "__init__.py") for m in PACKAGES.values()},
+                                "kern_runtime.gemm_pins": str(site / "kern_runtime" / "gemm_pins" / "__init__.py")}
     paths = [Path(p) for p in probe["sys_path"] if p]
     assert THIS_SITE in paths and paths.index(site) < paths.index(THIS_SITE)  # the wheels' copies come first
     # the checkout's editable .pth files were not processed: no source tree and no repository root on sys.path
