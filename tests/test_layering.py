@@ -232,6 +232,8 @@ KERN_MODULES = ("kern_runtime", "kern_manifest", "kern_pool")
 PUBLIC_MODULES = {
     "kern_runtime": "packages/kern-runtime/src/kern_runtime/__init__.py",
     "kern_runtime.cuda": "packages/kern-runtime/src/kern_runtime/cuda/__init__.py",  # driver / cuBLASLt / SASS for tools
+    # the cuBLASLt pin searches: kern run's first use (kern_run.pins_cache), tools/pick_algos.py
+    "kern_runtime.gemm_pins": "packages/kern-runtime/src/kern_runtime/gemm_pins/__init__.py",
     "kern_manifest": "packages/kern-manifest/src/kern_manifest/__init__.py",
     "kern_manifest.cli": "packages/kern-manifest/src/kern_manifest/cli.py",  # `kern manifest check` runs its `check`
     "kern_pool": "packages/kern-pool/src/kern_pool/__init__.py",

@@ -4,9 +4,7 @@ or with a bad pins file. One line naming the file, shape and key; exit 2 before 
 from __future__ import annotations
 
 import json
-import sys
 import tempfile
-import types
 from pathlib import Path
 
 import pytest
@@ -242,27 +240,26 @@ def test_pick_algos_refuses_a_tp_that_cannot_split_the_shapes(monkeypatch: pytes
 
 @pytest.fixture
 def fake_device(monkeypatch: pytest.MonkeyPatch) -> dict[str, object]:
-    """pick_algos's device side faked: the device name and cuBLASLt version it reports are `state`'s."""
+    """pick_algos's device side faked: the device name and cuBLASLt version kern_runtime.gemm_pins.PinPicker
+    reports are `state`'s; its decode search records the shapes."""
     state: dict[str, object] = {"name": "NVIDIA H200", "version": 130100, "picked": []}
     monkeypatch.setattr("kern_run.preflight.probe_device", lambda gpu: 1)
-    fake_lt = types.SimpleNamespace(get_version=lambda: state["version"])
-    bindings = types.ModuleType("nvmath.bindings")
-    bindings.cublasLt = fake_lt  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "nvmath", types.ModuleType("nvmath"))
-    monkeypatch.setitem(sys.modules, "nvmath.bindings", bindings)
-    monkeypatch.setitem(sys.modules, "nvmath.bindings.cublasLt", fake_lt)
 
-    def call(name: str, *args: object) -> object:
-        return str(state["name"]).encode() + b"\x00\x00" if name == "cuDeviceGetName" else 1
+    class Picker:
+        def __init__(self, gpu: int) -> None:
+            self.device, self.cublaslt_version = state["name"], state["version"]
 
-    monkeypatch.setattr("kern_runtime.cuda.call", call)  # the public names tools/pick_algos.py imports
-    monkeypatch.setattr("kern_runtime.cuda.Blas", lambda workspace: types.SimpleNamespace(close=lambda: None))
+        def __enter__(self) -> "Picker":
+            return self
 
-    def pick_m1(blas: object, n: int, k: int, log: object) -> dict:
-        state["picked"].append((n, k))
-        return {"n": n, "k": k, "algo": {"id": 7}, "us_1": 1.0, "heuristic_us_1": 2.0, "candidates": 1}
+        def __exit__(self, *exc: object) -> None:
+            pass
 
-    monkeypatch.setattr(pick_algos, "pick_m1", pick_m1)
+        def decode(self, n: int, k: int, log: object) -> dict:
+            state["picked"].append((n, k))
+            return {"n": n, "k": k, "algo": {"id": 7}, "us_1": 1.0, "heuristic_us_1": 2.0, "candidates": 1}
+
+    monkeypatch.setattr("kern_runtime.gemm_pins.PinPicker", Picker)  # what tools/pick_algos.py imports
     return state
 
 

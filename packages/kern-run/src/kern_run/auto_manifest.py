@@ -2,9 +2,10 @@
 (kern_run.models.qwen3) and cached, so a later run reuses it (docs/caller.md "Your own checkpoint").
 
 The cache file is `user_cache_dir("kern")/manifests/<name>-<key16>.json`, the key a sha256 over the config.json
-text, kernels.json, the build options, the pins file and kern-run's version: any change builds a new manifest.
-Everything here runs before anything loads: the config refusals (Qwen3Config.from_json: the field and its value),
-the tie check against the checkpoint's tensor names, the pins lookup (kern_run.pins_cache).
+text, kernels.json, the build options, the pins file's text and kern-run's version: any change (pins picked
+anew included) builds a new manifest. Everything here runs before anything loads: the config refusals
+(Qwen3Config.from_json: the field and its value), the tie check against the checkpoint's tensor names, the pins
+lookup, or their picking on first use on this GPU (kern_run.pins_cache.ensure_pins).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from .models.qwen3.command import write_outputs
 from .models.qwen3.options import BuildOptions, validate
 from .naming import model_name
 from .package_data import kernels_dir
-from .pins_cache import cache_root, device_stamp, find_pins
+from .pins_cache import Picker, cache_root, ensure_pins
 
 DEFAULT_CHUNK_MAX = 512  # `kern manifest build`'s --chunk-max default
 
@@ -77,13 +78,14 @@ def cache_key(config_text: str, kernels_json: bytes, options: dict, pins_text: s
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 
-def auto_config(req: AutoRequest, err: TextIO | None = None,
-                stamp: Callable[[int], tuple[str, int]] = device_stamp, command: str = "run") -> RunConfig:
+def auto_config(req: AutoRequest, err: TextIO | None = None, stamp: Callable[[int], tuple[str, int]] | None = None,
+                command: str = "run", pick: Picker | None = None) -> RunConfig:
     """The RunConfig of `req`, its manifest built (or found in the cache). Prints one line on `err` (stderr):
-    `kern COMMAND: built manifest PATH (...)` or `kern COMMAND: reused manifest PATH (...)`. `stamp`: (GPU name,
-    cuBLASLt version) of a device ordinal (pins_cache.device_stamp; tests pass their own). Raises ConfigError (a
-    --weights path that does not exist, no config.json), ManifestBuildError (the config or options refused, tie mismatch), WeightsError, RefusalError /
-    NoDeviceError (pins)."""
+    `kern COMMAND: built manifest PATH (...)` or `kern COMMAND: reused manifest PATH (...)`, after the pins
+    progress line when the pins are picked now. `stamp`: (GPU name, cuBLASLt version) of a device ordinal, `pick`:
+    the pin search (pins_cache.ensure_pins's; tests pass their own). Raises ConfigError (a --weights path that
+    does not exist, no config.json), ManifestBuildError (the config or options refused, tie mismatch),
+    WeightsError, RefusalError / NoDeviceError / kern_runtime.KernError (pins)."""
     err = err if err is not None else sys.stderr
     weights = normalize_weights(req.weights)
     for path in [weights] if isinstance(weights, Path) else weights:
@@ -103,8 +105,7 @@ def auto_config(req: AutoRequest, err: TextIO | None = None,
     plan = validate(cfg, BuildOptions(name, max_context=min(40960, cfg.max_position_embeddings), chunk_max=chunk_max))
     pins = None
     if req.pins:
-        device, version = stamp(req.gpu)
-        pins = find_pins(plan.prefill_shapes, device, version, chunk_max)
+        pins = ensure_pins(plan.prefill_shapes, req.gpu, chunk_max, stamp, pick, err, command)
     try:
         kernels_bytes = kernels_json_path(kernels).read_bytes()
     except OSError as exc:

@@ -7,7 +7,7 @@
     kern run --weights DIR|ORG/NAME [--no-pins] ...   (no --manifest / --target: the manifest built from
              DIR/config.json and cached, kern_run.auto_manifest; ORG/NAME from the local HF cache)
     kern test [--against eager|chunk1|transformers|MANIFEST] [--prompts N] [--steps N]
-    kern serve [--target T] [--host H] [--port P] [--max-seqs N] [--host-gib G] [--api-key K] [--max-queue N]
+    kern serve [--target T | --weights DIR [--no-pins]] [--host H] [--port P] [--max-seqs N] [--host-gib G] ...
     kern inspect MANIFEST
     kern manifest check MANIFEST
     kern manifest build (--config config.json | --shape S) [options] --out m.json   (kern_run.models.qwen3)
@@ -263,7 +263,7 @@ NoPinsOpt = Annotated[bool, typer.Option("--no-pins", help="with --weights alone
 
 def _run_config(config: Path | None, target: str | None, overrides: dict[str, Any], no_pins: bool,
                 command: str) -> Any:
-    """The RunConfig of `kern run` / `kern test`: --weights without --manifest and --target builds (or reuses) the
+    """The RunConfig of `kern run` / `kern test` / `kern serve`: --weights without --manifest and --target builds (or reuses) the
     manifest of the checkpoint's config.json (kern_run.auto_manifest); otherwise the kern.toml target with the
     flags over it. Raises RefusalError (--no-pins given with a manifest or target)."""
     if overrides["weights"] and overrides["manifest"] is None and target is None:
@@ -415,9 +415,10 @@ def serve(
     eager: Annotated[bool, typer.Option("--eager", help="replay decode launch by launch (no CUDA graph)")] = False,
     target: TargetOpt = None, config: ConfigOpt = None, manifest: ManifestOpt = None, kernels: KernelsOpt = None,
     weights: WeightsOpt = None, chunk: ChunkOpt = None, capacity: CapacityOpt = None, gpu: GpuOpt = None,
-    log_level: LogOpt = None,
+    no_pins: NoPinsOpt = False, log_level: LogOpt = None,
 ) -> None:
-    """Serve a target over an OpenAI-compatible HTTP API (docs/serve.md)."""
+    """Serve a target over an OpenAI-compatible HTTP API (docs/serve.md); `--weights DIR` alone: the manifest
+    built from DIR/config.json, as for kern run."""
     from .serve.server import ServeOptions, serve_target
 
     level = resolve_level(log_level)
@@ -427,7 +428,8 @@ def serve(
         opts = ServeOptions(host, port, max_seqs, host_gib, api_key, max_queue, token_budget, drain_timeout,
                             model_name, eager)
         opts.check()  # before the target resolves and anything probes the device
-        cfg = resolve_config(find_toml(config), target, _overrides(manifest, kernels, weights, gpu, capacity, chunk))
+        cfg = _run_config(config, target, _overrides(manifest, kernels, weights, gpu, capacity, chunk), no_pins,
+                          "serve")
         serve_target(cfg, opts, log)
 
     _guarded("serve", level, go)

@@ -1,26 +1,40 @@
-"""Batch-invariant cuBLASLt pins for `kern run --weights DIR`: found per GPU name and cuBLASLt version.
+"""Batch-invariant cuBLASLt pins for `kern run --weights DIR`: found, or picked on first use, per GPU name and
+cuBLASLt version (docs/caller.md "Your own checkpoint").
 
-Pins (tools/pick_algos.py's kern-cublaslt-pins/1 files) are looked up, in this order, in
-- the user's cache: `user_cache_dir("kern")/pins/<gpu>-cublaslt<version>.json` (platformdirs), which must carry
+`ensure_pins` looks for a pins file (format kern-cublaslt-pins/1) serving the model's prefill shapes (n, k) at M
+up to the chunk maximum, in this order:
+- the user's cache, `user_cache_dir("kern")/pins/<gpu>-cublaslt<version>.json` (platformdirs), which must carry
   this GPU's name and cuBLASLt version;
 - the committed pins (`kern_run.package_data.committed_pins_dir()`: the wheel's `kern_run/algos/`, the checkout's
   `manifests/algos/`), which must carry this GPU's name (the runtime checks each pinned algorithm against this
-  cuBLASLt at load, cublasLtMatmulAlgoCheck).
-A file serves when it pins every prefill shape (n, k) of the model and was proven up to M >= the chunk maximum.
-Picking pins on first use is not done here: the refusal names the tools/pick_algos.py command that writes the
-cache file, and --no-pins.
+  cuBLASLt at load, cublasLtMatmulAlgoCheck);
+- else it picks the shapes the cache lacks, in-process on this GPU (kern_runtime.gemm_pins: the batch-invariant
+  search tools/pick_algos.py runs too), printing one progress line, and merges them into the cache file
+  (written whole, kern_run.files), so the next run picks nothing.
+A cache file that is not a usable pins file of this GPU (unreadable, past 64 MiB, not UTF-8 JSON, another format,
+another GPU's or cuBLASLt's stamp, a malformed pin) is named in one line and replaced by the picks; one that
+cannot be replaced (a directory, FIFO, device or symbolic link) is refused, naming it.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
+import stat
+import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, TextIO
+
+from kern_manifest import file_kind
 
 from .errors import NoDeviceError, RefusalError
+from .models.qwen3 import ManifestBuildError, pins_from_doc, read_json_file
 from .package_data import committed_pins_dir
+
+DEFAULT_M_MAX = 2048  # the M up to which picked pins are proven (tools/pick_algos.py's --m-max default)
+Shape = tuple[int, int]
+# (gpu, shapes, m_max) -> (device name, cuBLASLt version, one pins row per shape): `pick_on_device`, or a test's
+Picker = Callable[[int, list[Shape], int], tuple[str, int, list[dict[str, Any]]]]
 
 
 def cache_root() -> Path:
@@ -41,63 +55,167 @@ def pins_cache_path(device: str, cublaslt_version: int) -> Path:
     return cache_root() / "pins" / f"{slug}-cublaslt{cublaslt_version}.json"
 
 
-def _serves(doc: Any, device: str, version: int | None, shapes: set[tuple[int, int]], chunk_max: int) -> bool:
-    if not isinstance(doc, dict) or doc.get("format") != "kern-cublaslt-pins/1" or doc.get("device") != device:
-        return False
-    if version is not None and doc.get("cublaslt_version") != version:
-        return False
-    m_max = doc.get("m_max")
-    if not isinstance(m_max, int) or m_max < chunk_max or not isinstance(doc.get("pins"), list):
-        return False
-    pinned = {(p.get("n"), p.get("k")) for p in doc["pins"] if isinstance(p, dict)}
-    return shapes <= pinned
+def _shapes_text(shapes: set[Shape] | list[Shape]) -> str:
+    return ", ".join(f"{n}x{k}" for n, k in sorted(shapes))
 
 
-def _read(path: Path) -> Any:
+def _serves(doc: dict[str, Any], shapes: set[Shape], chunk_max: int) -> bool:
+    """A checked pins document (pins_from_doc) pins every shape of `shapes`, proven up to M >= `chunk_max`."""
+    return doc["m_max"] >= chunk_max and shapes <= {(p["n"], p["k"]) for p in doc["pins"]}
+
+
+def read_pins(path: Path) -> dict[str, Any]:
+    """The pins document of `path`, checked as the builder checks it (models.qwen3.pins_from_doc: format, stamp,
+    every pin). Raises ManifestBuildError naming the file and the fault (unreadable, not a regular file, past
+    64 MiB, not UTF-8 JSON, not a pins file)."""
+    doc = read_json_file(path, "not a pins file: ")[0]
+    pins_from_doc(path, doc, 1)
+    return doc
+
+
+def cached_pins(path: Path, device: str, cublaslt_version: int) -> tuple[dict[str, Any] | None, str | None]:
+    """The cache file `path` of (`device`, `cublaslt_version`): (its document, None) when it is a pins file of
+    that GPU and cuBLASLt; (None, None) when there is none; (None, why it is unusable) otherwise."""
+    if not os.path.lexists(path):
+        return None, None
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
+        doc = read_pins(path)
+    except ManifestBuildError as exc:
+        return None, str(exc)
+    if (doc["device"], doc["cublaslt_version"]) != (device, cublaslt_version):
+        return None, (f"{path}: pins of {doc['device']} with cuBLASLt {doc['cublaslt_version']}, not of this "
+                      f"{device} with cuBLASLt {cublaslt_version}")
+    return doc, None
 
 
-def find_pins(shapes: set[tuple[int, int]], device: str, cublaslt_version: int, chunk_max: int) -> Path:
-    """The first pins file (the cache's, then the committed ones, sorted by name) that serves `shapes` on `device`
-    at M up to `chunk_max`. Raises RefusalError naming the GPU, the shapes without pins, where it looked and the
-    command that picks them (or --no-pins)."""
-    cached = pins_cache_path(device, cublaslt_version)
-    looked = [cached]
-    if cached.is_file() and _serves(_read(cached), device, cublaslt_version, shapes, chunk_max):
-        return cached
+def committed_pins(shapes: set[Shape], device: str, chunk_max: int) -> Path | None:
+    """The first committed pins file (sorted by name) of `device` serving `shapes` up to `chunk_max`; files that
+    do not read as pins files are passed over."""
     committed = committed_pins_dir()
     for path in sorted(committed.glob("*.json")) if committed is not None else []:
-        looked.append(path)
-        if _serves(_read(path), device, None, shapes, chunk_max):
+        try:
+            doc = read_pins(path)
+        except ManifestBuildError:
+            continue
+        if doc["device"] == device and _serves(doc, shapes, chunk_max):
             return path
-    wanted = ", ".join(f"{n}x{k}" for n, k in sorted(shapes))
-    raise RefusalError(f"no batch-invariant cuBLASLt pins for the GEMM shapes {wanted} on {device} (cuBLASLt "
-                       f"{cublaslt_version}, M up to {chunk_max}) in {', '.join(map(str, looked))}: pick them on this "
-                       f"GPU with `python tools/pick_algos.py --config CONFIG.JSON --m-max {max(chunk_max, 2048)} "
-                       f"--out {cached}` (the kern checkout's tool), or pass --no-pins (prefill then not "
-                       "batch-invariant)")
+    return None
+
+
+def find_pins(shapes: set[Shape], device: str, cublaslt_version: int, chunk_max: int) -> Path | None:
+    """The cache file, else the first committed pins file, that serves `shapes` on `device` at M up to
+    `chunk_max`; None when neither does (ensure_pins then picks)."""
+    cached = pins_cache_path(device, cublaslt_version)
+    doc, _ = cached_pins(cached, device, cublaslt_version)
+    if doc is not None and _serves(doc, shapes, chunk_max):
+        return cached
+    return committed_pins(shapes, device, chunk_max)
+
+
+def pick_on_device(gpu: int, shapes: list[Shape], m_max: int) -> tuple[str, int, list[dict[str, Any]]]:
+    """Pick the batch-invariant pin of each shape up to M = `m_max` on CUDA device `gpu`
+    (kern_runtime.gemm_pins.PinPicker; each candidate logged at debug level). Returns (device name, cuBLASLt
+    version, the pins rows in `shapes` order). Raises kern_runtime.KernError (PinSearchError: no invariant
+    candidate; DriverError, BlasError, CudaError)."""
+    import structlog
+    from kern_runtime.gemm_pins import PinPicker
+
+    log = structlog.get_logger("kern")
+    with PinPicker(gpu) as picker:
+        rows = [picker.prefill(n, k, m_max, lambda msg: log.debug("pin search", candidate=msg.strip()))
+                for n, k in shapes]
+        return picker.device, picker.cublaslt_version, rows
+
+
+def _merged(device: str, version: int, m_max: int, kept: dict[str, Any] | None,
+            rows: list[dict[str, Any]]) -> str:
+    """The cache file's new text: the kept document's pins (and decode pins) with `rows` added, sorted by (n, k)."""
+    from kern_runtime.gemm_pins import pins_document, pins_text
+
+    pins = sorted([*(kept["pins"] if kept else []), *rows], key=lambda p: (p["n"], p["k"]))
+    decode = kept.get("decode_pins") if kept else None
+    return pins_text(pins_document(device, version, m_max, pins, decode))
+
+
+def _unreplaceable(path: Path) -> str | None:
+    """What `path` is when it exists and is not a regular file (a symbolic link, never followed: "a directory",
+    "a FIFO", ...), which writing the cache would have to replace; None for a regular file or none."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return None
+    return "a symbolic link" if stat.S_ISLNK(mode) else file_kind(path)
+
+
+def ensure_pins(shapes: set[Shape], gpu: int, chunk_max: int, stamp: Callable[[int], tuple[str, int]] | None = None,
+                pick: Picker | None = None, err: TextIO | None = None, command: str = "run") -> Path:
+    """A pins file serving `shapes` at M up to `chunk_max` on CUDA device `gpu` (module docstring: the cache,
+    the committed pins, else picked now into the cache). Picking prints one progress line on `err` (stderr):
+    `kern COMMAND: picking batch-invariant cuBLASLt pins for N GEMM shapes (..) on GPU (cuBLASLt V), first use:
+    cached in PATH`, and one line before it when an unusable cache file is replaced. `stamp`: (GPU name,
+    cuBLASLt version) of a device (default device_stamp); `pick`: the search (default pick_on_device); tests pass
+    their own. Raises RefusalError (a cache file that cannot be replaced or written; no invariant candidate,
+    naming --no-pins), NoDeviceError, kern_runtime.KernError (the device failed)."""
+    from kern_runtime import PinSearchError
+
+    from .files import write_files
+
+    err = err if err is not None else sys.stderr
+    device, version = (stamp or device_stamp)(gpu)
+    cached = pins_cache_path(device, version)
+    doc, unusable = cached_pins(cached, device, version)
+    if doc is not None and _serves(doc, shapes, chunk_max):
+        return cached
+    committed = committed_pins(shapes, device, chunk_max)
+    if committed is not None:
+        return committed
+    kept = doc if doc is not None and doc["m_max"] >= chunk_max else None  # pins proven for a smaller M: re-picked
+    m_max = kept["m_max"] if kept else max(DEFAULT_M_MAX, chunk_max)
+    missing = sorted(shapes - {(p["n"], p["k"]) for p in kept["pins"]} if kept else shapes)
+    kind = _unreplaceable(cached)
+    if kind is not None:
+        raise RefusalError(f"the cuBLASLt pins cache {cached} is {kind}, not a file kern can replace: remove it "
+                           "(kern writes the pins it picks on this GPU there), or pass --no-pins")
+    if unusable is not None:
+        print(f"kern {command}: {unusable}: replacing it with pins picked now", file=err)
+    elif doc is not None and kept is None:
+        print(f"kern {command}: {cached}: pins proven up to M = {doc['m_max']}, below the chunk maximum "
+              f"{chunk_max}: replacing them with pins proven up to M = {m_max}", file=err)
+    print(f"kern {command}: picking batch-invariant cuBLASLt pins for {len(missing)} GEMM shape"
+          f"{'s' if len(missing) != 1 else ''} ({_shapes_text(missing)}) on {device} (cuBLASLt {version}), first "
+          f"use: cached in {cached}", file=err, flush=True)
+    try:
+        picked_device, picked_version, rows = (pick or pick_on_device)(gpu, missing, m_max)
+    except PinSearchError as exc:
+        raise RefusalError(f"{exc} on {device}: pass --no-pins (prefill then not batch-invariant)") from None
+    if (picked_device, picked_version) != (device, version):
+        raise RefusalError(f"--gpu {gpu}: the pins were picked on {picked_device} with cuBLASLt {picked_version}, "
+                           f"but the device reads as {device} with cuBLASLt {version}: not cached")
+    try:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        write_files({cached: _merged(device, version, m_max, kept, rows)})
+    except OSError as exc:
+        raise RefusalError(f"the cuBLASLt pins cache {exc.filename or cached}: {exc.strerror or exc}: the pins "
+                           "were picked but cannot be cached (fix the cache directory, or pass --no-pins)") from None
+    return cached
 
 
 def device_stamp(gpu: int) -> tuple[str, int]:
-    """(the name of CUDA device `gpu`, the cuBLASLt version) as tools/pick_algos.py stamps pins files. Raises
-    NoDeviceError (no device) or RefusalError (no cuBLASLt binding: nvmath-python)."""
+    """(the name of CUDA device `gpu`, the cuBLASLt version) as pins files are stamped. Raises NoDeviceError (no
+    device) or RefusalError (no cuBLASLt binding: nvmath-python)."""
     from .preflight import probe_device
 
     probe_device(gpu)  # cuInit done, `gpu` in range
     from cuda.bindings import driver
+    from kern_runtime import CudaError
+    from kern_runtime.gemm_pins import cublaslt_version, device_name
 
     err, device = driver.cuDeviceGet(gpu)
     if err == driver.CUresult.CUDA_SUCCESS:
         err, raw = driver.cuDeviceGetName(256, device)
     if err != driver.CUresult.CUDA_SUCCESS:
         raise NoDeviceError(f"--gpu {gpu}: cuDeviceGet / cuDeviceGetName returned {err.name}")
-    name = (raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)).split("\x00")[0]
     try:
-        from nvmath.bindings import cublasLt
-    except ImportError as exc:
-        raise RefusalError(f"cuBLASLt pins need nvmath-python ({exc}): install kern-runtime's cu12 / cu13 extra, or "
-                           "pass --no-pins") from None
-    return name, int(cublasLt.get_version())
+        return device_name(raw), cublaslt_version()
+    except CudaError as exc:
+        raise RefusalError(f"{exc}, or pass --no-pins") from None

@@ -12,6 +12,7 @@
 | `CudaError`            | operator          | execution failure not tied to one driver call                    |
 | `DriverError`          | operator          | a CUDA driver call failed (carries call and result name)         |
 | `BlasError`            | operator          | a cuBLASLt call failed (carries call and status name)            |
+| `PinSearchError`       | operator          | no cuBLASLt algorithm passes a pin search (gemm_pins)            |
 
 kern-manifest is stdlib-only and sits below kern-runtime, so its exceptions cannot inherit from
 `KernError`. The runtime therefore re-raises manifest failures as its own `ManifestParseError` /
@@ -142,6 +143,11 @@ class BlasError(CudaError):
         return (type(self), (self.call, self.result, self.code))
 
 
+class PinSearchError(KernError):
+    """No cuBLASLt configuration passes a pin search for a GEMM shape on this GPU (none batch-invariant for a
+    prefill pin, none applicable at M = 1 for a decode pin); the message names the shape and the counts."""
+
+
 def as_integer(value: object) -> int | None:
     """`value` as an `int` when it is an integer (anything `operator.index` accepts: int, numpy integers;
     never a bool), else None."""
@@ -198,5 +204,6 @@ __all__ = [
     "ManifestError",
     "ManifestParseError",
     "ManifestVerifyError",
+    "PinSearchError",
     "WeightArtifactError",
 ]

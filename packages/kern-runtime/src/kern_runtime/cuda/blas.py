@@ -177,6 +177,21 @@ def _scalar(value, dtype) -> np.ndarray:
     return np.array([value], dtype=dtype)
 
 
+def algo_config(algo: np.ndarray) -> dict[str, int]:
+    """Every pinnable attribute (ALGO_KEYS) of a cublasLtMatmulAlgo_t (`algo`: [1] matmul_algo_dtype), read with
+    cublasLtMatmulAlgoConfigGetAttribute; the inverse of how `Blas` builds a pinned algorithm. Raises BlasError."""
+    lt = _lt()
+    out = {}
+    for key, name in ALGO_KEYS.items():
+        attr = getattr(lt.MatmulAlgoConfigAttribute, name)
+        buf = np.zeros(1, dtype=lt.get_matmul_algo_config_attribute_dtype(attr))
+        written = np.zeros(1, dtype=np.uint64)
+        blas_call("cublasLtMatmulAlgoConfigGetAttribute", lt.matmul_algo_config_get_attribute, algo.ctypes.data,
+                  int(attr), buf.ctypes.data, buf.nbytes, written.ctypes.data)
+        out[key] = int(buf[0])
+    return out
+
+
 @dataclass
 class GemmPlan:
     """Descriptors and algorithm of one shape key (owned by `Blas`)."""
@@ -223,8 +238,7 @@ class Blas:
 
     def describe_gemm(self, g: GemmCall) -> tuple[int, int, int, int]:
         """(matmul desc, A, B, C layout) handles for `g` (row-major C[m, n] = A[m, k] @ W[n, k]^T as cuBLASLt's
-        column-major TN, f32 compute); the caller destroys them. tools/pick_algos.py asks cuBLASLt's heuristics
-        with them. Raises BlasError."""
+        column-major TN, f32 compute); the caller destroys them. Raises BlasError."""
         lt = _lt()
         from nvmath.bindings import cublas
 
@@ -250,7 +264,8 @@ class Blas:
             raise
         return desc, a, b, c
 
-    def _heuristic(self, g: GemmCall, desc: int, a: int, b: int, c: int) -> tuple[np.ndarray, int]:
+    def _heuristic_results(self, g: GemmCall, desc: int, a: int, b: int, c: int,
+                           count: int) -> list[tuple[np.ndarray, int]]:
         lt = _lt()
         pref = blas_call("cublasLtMatmulPreferenceCreate", lt.matmul_preference_create)
         try:
@@ -265,17 +280,37 @@ class Blas:
             set_pref(P.MIN_ALIGNMENT_B_BYTES, alignment_bytes(g.a), np.uint32)
             set_pref(P.MIN_ALIGNMENT_C_BYTES, alignment_bytes(g.c), np.uint32)
             set_pref(P.MIN_ALIGNMENT_D_BYTES, alignment_bytes(g.c), np.uint32)
-            results = np.zeros(1, dtype=lt.matmul_heuristic_result_dtype)
-            count = np.zeros(1, dtype=np.int32)
+            results = np.zeros(count, dtype=lt.matmul_heuristic_result_dtype)
+            found = np.zeros(1, dtype=np.int32)
             blas_call("cublasLtMatmulAlgoGetHeuristic", lt.matmul_algo_get_heuristic, self.handle, desc, a, b, c, c,
-                      pref, 1, results.ctypes.data, count.ctypes.data)
+                      pref, count, results.ctypes.data, found.ctypes.data)
         finally:
             lt.matmul_preference_destroy(pref)
-        if count[0] < 1:
+        out = []
+        for i in range(int(found[0])):
+            algo = np.zeros(1, dtype=lt.matmul_algo_dtype)
+            algo[0] = results[i]["algo"]
+            out.append((algo, int(results[i]["workspace_size"])))
+        return out
+
+    def _heuristic(self, g: GemmCall, desc: int, a: int, b: int, c: int) -> tuple[np.ndarray, int]:
+        results = self._heuristic_results(g, desc, a, b, c, 1)
+        if not results:
             raise BlasError("cublasLtMatmulAlgoGetHeuristic", "CUBLAS_STATUS_NOT_SUPPORTED (no algorithm)", 15)
-        algo = np.zeros(1, dtype=lt.matmul_algo_dtype)
-        algo[0] = results[0]["algo"]
-        return algo, int(results[0]["workspace_size"])
+        return results[0]
+
+    def heuristic(self, g: GemmCall, count: int) -> list[dict[str, int]]:
+        """Up to `count` of cuBLASLt's heuristic choices for `g` (best first, with this planner's workspace limit
+        and pointer alignments), each as its configuration (`algo_config`: every ALGO_KEYS attribute).
+        kern_runtime.gemm_pins takes its candidates from here. Raises BlasError."""
+        lt = _lt()
+        desc, a, b, c = self.describe_gemm(g)
+        try:
+            return [algo_config(algo) for algo, _ in self._heuristic_results(g, desc, a, b, c, count)]
+        finally:
+            for layout in (a, b, c):
+                lt.matrix_layout_destroy(layout)
+            lt.matmul_desc_destroy(desc)
 
     def _pinned(self, g: GemmCall, algo_pin: Mapping[str, int], desc: int, a: int, b: int, c: int, where: str) -> tuple[np.ndarray, int]:
         lt = _lt()

@@ -126,9 +126,16 @@ class Plan:
 
     @property
     def prefill_shapes(self) -> set[tuple[int, int]]:
-        """(n, k) of the four prefill projections: qkv, o, gate_up, down."""
-        H, I = self.cfg.hidden, self.cfg.intermediate
-        return {(self.qkv_dim, H), (H, self.q_dim), (2 * I, H), (H, I)}
+        """(n, k) of the four prefill projections: qkv, o, gate_up, down (`prefill_shapes`)."""
+        return prefill_shapes(self.cfg)
+
+
+def prefill_shapes(cfg: Qwen3Config) -> set[tuple[int, int]]:
+    """(n, k) of the four prefill projections C[m, n] = A[m, k] @ W[n, k]^T of `cfg`: qkv, o, gate_up, down (the
+    shapes a pins file pins). One tensor-parallel rank's: `prefill_shapes(shard_config(cfg, tp))`."""
+    H, I = cfg.hidden, cfg.intermediate
+    q, kv = cfg.q_heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim
+    return {(q + 2 * kv, H), (H, q), (2 * I, H), (H, I)}
 
 
 def decode_num_splits(cfg: Qwen3Config, opts: BuildOptions) -> int:

@@ -64,11 +64,10 @@ def _check_stamp(path: Path, doc: Any, chunk_max: int) -> None:
         raise ManifestBuildError(f"{path}: pins were checked up to M = {doc['m_max']}, below --chunk-max {chunk_max}")
 
 
-def load_algos(path: Path, chunk_max: int) -> tuple[Pins, Pins, tuple[tuple[str, Any], ...]]:
-    """Read a pins file: (algos, decode_algos, algos_source) for BuildOptions. Raises ManifestBuildError naming
-    the file when it cannot be read or is malformed (naming the list, the (n, k) shape and the key), holds no
-    pin, or its pins were proven for a smaller M than `chunk_max`."""
-    doc = read_json_file(path, "not a pins file: ")[0]
+def pins_from_doc(path: Path, doc: Any, chunk_max: int) -> tuple[Pins, Pins, tuple[tuple[str, Any], ...]]:
+    """A parsed pins document (read from `path`, which refusals name) as (algos, decode_algos, algos_source) for
+    BuildOptions. Raises ManifestBuildError when it is malformed (naming the list, the (n, k) shape and the key),
+    holds no pin, or its pins were proven for a smaller M than `chunk_max`."""
     _check_stamp(path, doc, chunk_max)
     algos, decode_algos = _table(path, doc, "pins"), _table(path, doc, "decode_pins")
     if not algos and not decode_algos:
@@ -76,3 +75,10 @@ def load_algos(path: Path, chunk_max: int) -> tuple[Pins, Pins, tuple[tuple[str,
                                  "--shape")
     source = (("device", doc["device"]), ("cublaslt_version", doc["cublaslt_version"]), ("m_max", doc["m_max"]))
     return algos, decode_algos, source
+
+
+def load_algos(path: Path, chunk_max: int) -> tuple[Pins, Pins, tuple[tuple[str, Any], ...]]:
+    """Read a pins file: (algos, decode_algos, algos_source) for BuildOptions. Raises ManifestBuildError naming
+    the file when it cannot be read (kern_manifest.read_regular_file: a regular file of at most 64 MiB), is not
+    UTF-8 JSON, or `pins_from_doc` refuses it."""
+    return pins_from_doc(path, read_json_file(path, "not a pins file: ")[0], chunk_max)

@@ -1,0 +1,143 @@
+"""The pin searches, host logic over a `GemmBench`: which cuBLASLt configuration to pin for one (n, k) GEMM.
+
+`pick_prefill_pin` is the batch-invariant search (kern_runtime.gemm_pins, steps 1-4): candidates without
+split-K, each checked to apply at M = 1 and M = m_max, proven invariant (the rows of a GEMM at M = m_max equal,
+bit for bit, the same rows computed as separate GEMMs of every probe M), then timed; the fastest invariant one
+wins. `pick_decode_pin` picks the fastest applicable configuration at M = 1 (split-K allowed: decode caches
+nothing it computes, so no invariance is needed), graph-timed. The device side is kern_runtime.gemm_pins.bench;
+CPU tests drive these functions with a numpy bench (tests/runtime/test_gemm_pins_cpu.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Protocol, Sequence
+
+import numpy as np
+
+from ..errors import PinSearchError
+
+Pin = dict[str, int]  # a cuBLASLt algorithm configuration: kern_runtime.cuda.ALGO_KEYS -> value ("id" always)
+Log = Callable[[str], None]
+
+PROBE_MS = (1, 2, 3, 7, 16, 17, 100, 511)  # the row counts recomputed against M = m_max (and m_max - 1)
+TIMED_MS = (512,)  # timed besides m_max
+CANDIDATE_MS = (1, 64, 512)  # the heuristic asked at these M (and at m_max)
+HEURISTIC_COUNT = 24  # results asked of cuBLASLt's heuristic per M (prefill)
+DECODE_COUNT = 32  # ... at M = 1 (decode)
+
+
+class GemmBench(Protocol):
+    """One (n, k) bf16 GEMM `C[m, n] = A[m, k] @ W[n, k]^T` on random data, for M up to `m_max` (A holds m_max
+    rows). kern_runtime.gemm_pins.bench.DeviceBench is the cuBLASLt one."""
+
+    n: int
+    k: int
+    m_max: int
+
+    def candidates(self, ms: Sequence[int], count: int, split_k: bool) -> list[Pin]:
+        """Distinct configurations of cuBLASLt's heuristic (up to `count` per M) at each M of `ms`, in the order
+        found; without split-K or a reduction scheme unless `split_k`."""
+
+    def applies(self, pin: Pin, m: int) -> bool:
+        """Whether `pin` applies at M = `m` (cublasLtMatmulAlgoCheck, as the runtime checks at load)."""
+
+    def rows(self, first_row: int, m: int, pin: Pin | None) -> np.ndarray:
+        """C of A's rows [first_row, first_row + m) computed as one GEMM of M = m from the start of its own
+        buffer (as a prefill chunk is): uint16 [m, n], bf16 bits. `pin` None: the heuristic's choice."""
+
+    def time_us(self, m: int, pin: Pin | None) -> float:
+        """Median microseconds of one GEMM at M = `m`, launched back to back."""
+
+    def time_graph_us(self, m: int, pin: Pin | None) -> float:
+        """Median microseconds of one GEMM at M = `m` inside a captured CUDA graph (no host in the way)."""
+
+
+def probe_ms(m_max: int) -> list[int]:
+    """The M of each recomputation the invariance proof compares with M = m_max: PROBE_MS below m_max, then
+    m_max - 1 (none at m_max = 1)."""
+    ms = [m for m in PROBE_MS if m < m_max]
+    if m_max > 1 and m_max - 1 not in ms:
+        ms.append(m_max - 1)
+    return ms
+
+
+def timed_ms(m_max: int) -> list[int]:
+    """The M a prefill pin is timed at: TIMED_MS below m_max, and m_max."""
+    return sorted({m for m in TIMED_MS if m < m_max} | {m_max})
+
+
+def is_invariant(bench: GemmBench, pin: Pin | None) -> bool:
+    """Rows recomputed at each probe M (`probe_ms`: a window of A's rows centred in [0, m_max)) equal the
+    M = m_max result bit for bit."""
+    full = bench.rows(0, bench.m_max, pin)  # uint16 [m_max, n]
+    for m in probe_ms(bench.m_max):
+        first = (bench.m_max - m) // 2
+        if not np.array_equal(bench.rows(first, m, pin), full[first:first + m]):
+            return False
+    return True
+
+
+def _time_key(m: int, m_max: int, prefix: str) -> str:
+    return f"{prefix}us_max" if m == m_max else f"{prefix}us_{m}"
+
+
+def pick_prefill_pin(bench: GemmBench, log: Log | None = None) -> dict[str, Any]:
+    """The fastest batch-invariant configuration of `bench`'s shape, by the sum of its times at `timed_ms`.
+
+    Returns the pins-file row `{"n", "k", "algo": Pin, "us_512", "us_max", "heuristic_us_512",
+    "heuristic_us_max", "heuristic_invariant": bool, "candidates": int}` (times in microseconds, rounded to
+    0.01; `us_512` only when m_max > 512). Raises PinSearchError naming the shape and how many candidates
+    there were and applied when none is invariant. `log` (default: silent) gets one line per candidate."""
+    log = log or (lambda msg: None)
+    n, k, m_max = bench.n, bench.k, bench.m_max
+    timed = timed_ms(m_max)
+    heuristic = {m: bench.time_us(m, None) for m in timed}
+    heuristic_invariant = is_invariant(bench, None)
+    cands = bench.candidates(sorted({m for m in CANDIDATE_MS if m <= m_max} | {m_max}), HEURISTIC_COUNT, False)
+    best: tuple[float, Pin, dict[int, float]] | None = None
+    applicable = 0
+    for pin in cands:
+        if not (bench.applies(pin, 1) and bench.applies(pin, m_max)):
+            continue
+        applicable += 1
+        if not is_invariant(bench, pin):
+            log(f"  n={n} k={k} {pin}: not batch-invariant")
+            continue
+        times = {m: bench.time_us(m, pin) for m in timed}
+        log(f"  n={n} k={k} {pin}: invariant, " + ", ".join(f"M={m} {t:.1f} us" for m, t in times.items()))
+        if best is None or sum(times.values()) < best[0]:
+            best = (sum(times.values()), pin, times)
+    if best is None:
+        raise PinSearchError(f"no batch-invariant cuBLASLt configuration for n={n} k={k} up to M = {m_max} "
+                             f"({len(cands)} candidates, {applicable} applicable)")
+    _, pin, times = best
+    row: dict[str, Any] = {"n": n, "k": k, "algo": pin}
+    row.update({_time_key(m, m_max, ""): round(t, 2) for m, t in times.items()})
+    row.update({_time_key(m, m_max, "heuristic_"): round(t, 2) for m, t in heuristic.items()})
+    row["heuristic_invariant"] = heuristic_invariant
+    row["candidates"] = len(cands)
+    return row
+
+
+def pick_decode_pin(bench: GemmBench, log: Log | None = None) -> dict[str, Any]:
+    """The fastest applicable configuration at M = 1 (split-K allowed), graph-timed, against the heuristic's own.
+
+    Returns the `decode_pins` row `{"n", "k", "algo": Pin, "us_1", "heuristic_us_1", "candidates"}`
+    (microseconds, rounded to 0.01). Raises PinSearchError when no candidate applies."""
+    log = log or (lambda msg: None)
+    n, k = bench.n, bench.k
+    heuristic = bench.time_graph_us(1, None)
+    cands = bench.candidates([1], DECODE_COUNT, True)
+    best: tuple[float, Pin] | None = None
+    for pin in cands:
+        if not bench.applies(pin, 1):
+            continue
+        t = bench.time_graph_us(1, pin)
+        log(f"  M=1 n={n} k={k} {pin}: {t:.2f} us")
+        if best is None or t < best[0]:
+            best = (t, pin)
+    if best is None:
+        raise PinSearchError(f"no applicable cuBLASLt configuration at M = 1 for n={n} k={k} "
+                             f"({len(cands)} candidates)")
+    return {"n": n, "k": k, "algo": best[1], "us_1": round(best[0], 2), "heuristic_us_1": round(heuristic, 2),
+            "candidates": len(cands)}
