@@ -197,8 +197,11 @@ def recover_merges(ranks: dict[bytes, int]) -> list[tuple[bytes, bytes]]:
     return [(left, right) for _, _, _, left, right in merges]
 
 
-def build_tokenizer_json(ranks: dict[bytes, int]) -> dict:
-    """The tokenizer.json object (a dict ready for json.dump) for the given ranks plus Qwen3's added tokens."""
+def byte_level_bpe_json(ranks: dict[bytes, int], added: list[tuple[int, str, bool]], split_regex: str,
+                        post_processor: dict | None = None) -> dict:
+    """A byte-level BPE tokenizer.json object (a dict ready for json.dump) for `ranks` (token bytes -> id, merges
+    recovered from them) plus `added` tokens (id, content, special), pre-tokenized by `split_regex` (isolated)
+    then byte-level; `post_processor` None: the byte-level one (no tokens added to an encoding)."""
     byte_map = bytes_to_unicode()
 
     def to_str(token: bytes) -> str:
@@ -206,35 +209,23 @@ def build_tokenizer_json(ranks: dict[bytes, int]) -> dict:
 
     vocab = {to_str(token): rank for token, rank in sorted(ranks.items(), key=lambda kv: kv[1])}
     merges = [[to_str(left), to_str(right)] for left, right in recover_merges(ranks)]
-    if len(ranks) != QWEN3_SPECIAL_START_ID:
-        raise ValueError(f"expected {QWEN3_SPECIAL_START_ID} ranks (the Qwen2/Qwen3 vocabulary), got {len(ranks)}")
-    added = [
-        {
-            "id": QWEN3_SPECIAL_START_ID + i,
-            "content": content,
-            "single_word": False,
-            "lstrip": False,
-            "rstrip": False,
-            "normalized": False,
-            "special": special,
-        }
-        for i, (content, special) in enumerate(QWEN3_ADDED_TOKENS)
-    ]
+    added_tokens = [{"id": i, "content": content, "single_word": False, "lstrip": False, "rstrip": False,
+                     "normalized": False, "special": special} for i, content, special in added]
     byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}
     return {
         "version": "1.0",
         "truncation": None,
         "padding": None,
-        "added_tokens": added,
+        "added_tokens": added_tokens,
         "normalizer": {"type": "NFC"},
         "pre_tokenizer": {
             "type": "Sequence",
             "pretokenizers": [
-                {"type": "Split", "pattern": {"Regex": QWEN2_SPLIT_REGEX}, "behavior": "Isolated", "invert": False},
+                {"type": "Split", "pattern": {"Regex": split_regex}, "behavior": "Isolated", "invert": False},
                 byte_level,
             ],
         },
-        "post_processor": dict(byte_level),
+        "post_processor": dict(byte_level) if post_processor is None else post_processor,
         "decoder": dict(byte_level),
         "model": {
             "type": "BPE",
@@ -249,6 +240,14 @@ def build_tokenizer_json(ranks: dict[bytes, int]) -> dict:
             "merges": merges,
         },
     }
+
+
+def build_tokenizer_json(ranks: dict[bytes, int]) -> dict:
+    """The tokenizer.json object (a dict ready for json.dump) for the given ranks plus Qwen3's added tokens."""
+    if len(ranks) != QWEN3_SPECIAL_START_ID:
+        raise ValueError(f"expected {QWEN3_SPECIAL_START_ID} ranks (the Qwen2/Qwen3 vocabulary), got {len(ranks)}")
+    added = [(QWEN3_SPECIAL_START_ID + i, content, special) for i, (content, special) in enumerate(QWEN3_ADDED_TOKENS)]
+    return byte_level_bpe_json(ranks, added, QWEN2_SPLIT_REGEX)
 
 
 def tokenizer_config() -> dict:

@@ -510,7 +510,6 @@ def run_decode_chain(dev, rng, hq, hkv, head_dim, page_tokens, split_tokens, num
     rope = ref.rope_table(max_pos, head_dim, 1000000.0)
     scale, eps = head_dim**-0.5, 1e-6
     d_qkv, d_qw, d_kw = dev.array(ref.bf16_bits(qkv)), dev.array(ref.bf16_bits(q_w)), dev.array(ref.bf16_bits(k_w))
-    use_q, use_k = ROPE_NORMS[norms]
     d_rope, d_pos, d_slots = dev.array(rope), dev.array(positions), dev.array(slots)
     d_bt, d_lens = dev.array(block_table), dev.array(seq_lens)
     part = seqs * hq * num_splits
