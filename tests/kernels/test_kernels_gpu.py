@@ -108,15 +108,20 @@ def test_add_rmsnorm(dev, n_tokens, hidden, with_delta):
 # ------------------------------------------------------------------------------------------- rope
 
 
-@pytest.mark.parametrize("max_pos,head_dim,theta", [(64, 32, 10000.0), (4096, 128, 1000000.0)])
-def test_rope_table(dev, max_pos, head_dim, theta):
+# llama3: (factor, low_freq_factor, high_freq_factor, original_max_position_embeddings) of Llama 3.2 (factor 32) and
+# 3.1 (factor 8), kern_rope_table_llama3; None: kern_rope_table
+@pytest.mark.parametrize("max_pos,head_dim,theta,llama3", [(64, 32, 10000.0, None), (4096, 128, 1000000.0, None),
+                                                           (4096, 64, 500000.0, (32.0, 1.0, 4.0, 8192)),
+                                                           (4096, 128, 500000.0, (8.0, 1.0, 4.0, 8192))])
+def test_rope_table(dev, max_pos, head_dim, theta, llama3):
     d_rope = dev.alloc(max_pos * head_dim * 4)
     d_rope.poison()
-    dev.kernel("kern_rope_table").launch(
-        (max_pos,), (head_dim // 2,), [("p", d_rope.ptr), ("i", max_pos), ("i", head_dim), ("f", theta)]
+    extra = [] if llama3 is None else [("f", float(v)) for v in llama3]
+    dev.kernel("kern_rope_table" if llama3 is None else "kern_rope_table_llama3").launch(
+        (max_pos,), (head_dim // 2,), [("p", d_rope.ptr), ("i", max_pos), ("i", head_dim), ("f", theta), *extra]
     )
     got = d_rope.download(np.float32, (max_pos, head_dim))
-    want = ref.rope_table(max_pos, head_dim, theta)
+    want = ref.rope_table(max_pos, head_dim, theta, llama3)
     assert not np.isnan(got).any(), "rope table has unwritten (NaN) entries"
     # One bf16 ulp of a value <= 1 is <= 2^-8; allow a rounding flip when cos/sin sit near a tie, and
     # the fp32 angle's own error at large positions (p * f_i rounded in fp32, as in transformers).
@@ -138,14 +143,21 @@ ROPE_ENTRIES = {
 }
 
 
+# which norm weights are passed (the others null): both (Qwen3), none (Llama: rope + K/V write only), k only
+ROPE_NORMS = {"qk": (True, True), "none": (False, False), "k": (False, True)}
+
+
+@pytest.mark.parametrize("norms", sorted(ROPE_NORMS))
 @pytest.mark.parametrize("entry", sorted(ROPE_ENTRIES))
 @pytest.mark.parametrize(
     "hq,hkv,head_dim,page_tokens",
-    [(4, 2, 32, 4), (4, 2, 64, 16), (4, 2, 128, 16), (32, 8, 128, 16), (6, 3, 256, 16), (5, 1, 192, 8)],
+    [(4, 2, 32, 4), (4, 2, 64, 16), (4, 2, 128, 16), (32, 8, 128, 16), (6, 3, 256, 16), (5, 1, 192, 8),
+     (32, 8, 64, 16), (24, 8, 128, 16)],  # Llama-3.2-1B and -3B
 )
-def test_qk_norm_rope_kv(dev, entry, hq, hkv, head_dim, page_tokens):
+def test_qk_norm_rope_kv(dev, entry, hq, hkv, head_dim, page_tokens, norms):
     """Against the float64 reference; the warp entry also against the block entry, bit for bit (q and cache).
-    head_dim 32 (not a multiple of 64): the warp entry writes nothing."""
+    head_dim 32 (not a multiple of 64): the warp entry writes nothing. A null norm weight leaves that head kind
+    unnormalized (exactly the reference's rope then: no rsqrtf)."""
     rng = np.random.default_rng(hq * 1000 + head_dim + page_tokens)
     n_tokens, max_pos, num_pages, eps = 11, 512, 6, 1e-6
     num_slots = num_pages * page_tokens
@@ -164,6 +176,7 @@ def test_qk_norm_rope_kv(dev, entry, hq, hkv, head_dim, page_tokens):
     slots[5] = num_slots - 1  # last slot of the last page
     cache = rand_bf16(rng, (num_pages, 2, page_tokens, hkv, head_dim))  # prior contents must survive
     d_qkv, d_qw, d_kw = dev.array(ref.bf16_bits(qkv)), dev.array(ref.bf16_bits(q_w)), dev.array(ref.bf16_bits(k_w))
+    use_q, use_k = ROPE_NORMS[norms]
     d_rope, d_pos, d_slots = dev.array(rope), dev.array(positions), dev.array(slots)
     d_q = dev.alloc(n_tokens * hq * head_dim * 2)
     d_q.poison()
@@ -173,7 +186,8 @@ def test_qk_norm_rope_kv(dev, entry, hq, hkv, head_dim, page_tokens):
         grid, block = ROPE_ENTRIES[name](n_tokens, hq + hkv, head_dim)
         dev.kernel(name.split("/")[0]).launch(
             grid, block,
-            [("p", d_qkv.ptr), ("p", d_qw.ptr), ("p", d_kw.ptr), ("p", d_rope.ptr), ("p", d_pos.ptr),
+            [("p", d_qkv.ptr), ("p", d_qw.ptr if use_q else 0), ("p", d_kw.ptr if use_k else 0), ("p", d_rope.ptr),
+             ("p", d_pos.ptr),
              ("p", d_slots.ptr), ("p", q_buf.ptr), ("p", cache_buf.ptr), ("i", n_tokens), ("i", hq), ("i", hkv),
              ("i", head_dim), ("i", page_tokens), ("i", max_pos), ("i", num_pages), ("f", eps)],
         )
@@ -193,12 +207,15 @@ def test_qk_norm_rope_kv(dev, entry, hq, hkv, head_dim, page_tokens):
                                       err_msg=f"{entry} cache != block entry")
     want_q = np.full((n_tokens, hq, head_dim), np.nan, dtype=np.float32)
     want_cache = cache.copy()
-    ref.qk_norm_rope_kv(qkv, q_w, k_w, rope, positions, slots, want_q, want_cache, hq, hkv, head_dim, eps)
+    ref.qk_norm_rope_kv(qkv, q_w if use_q else None, k_w if use_k else None, rope, positions, slots, want_q,
+                        want_cache, hq, hkv, head_dim, eps)
     got_q = ref.from_bf16_bits(d_q.download(BF, (n_tokens, hq, head_dim)))
     assert np.isnan(got_q[2]).all(), "q of a token with an out-of-range position was written"
     keep = [t for t in range(n_tokens) if t != 2]
     # RoPE can cancel (y = n*cos - n'*sin near 0): a one-ulp flip in n is absolute, hence elem_abs.
     assert_close("q_out", got_q[keep], want_q[keep], elem_abs=2.0**-6)
+    if not use_q:  # no norm: every operation is the reference's
+        np.testing.assert_array_equal(got_q[keep], want_q[keep], err_msg="q without a norm differs")
     got_cache = ref.from_bf16_bits(d_cache.download(BF, cache.shape))
     written = np.zeros(cache.shape[:3], dtype=bool)  # [page, k/v, offset]
     for t in keep:
@@ -206,6 +223,8 @@ def test_qk_norm_rope_kv(dev, entry, hq, hkv, head_dim, page_tokens):
             written[slots[t] // page_tokens, :, slots[t] % page_tokens] = True
     np.testing.assert_array_equal(got_cache[~written], cache[~written], err_msg="cache slots not addressed were modified")
     assert_close("kv_cache written slots", got_cache[written], want_cache[written], elem_abs=2.0**-6)
+    if not use_k:
+        np.testing.assert_array_equal(got_cache[written], want_cache[written], err_msg="K without a norm differs")
     v_written = written.copy()
     v_written[:, 0] = False
     np.testing.assert_array_equal(got_cache[v_written], want_cache[v_written], err_msg="V copy not exact")

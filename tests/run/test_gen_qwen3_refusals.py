@@ -232,8 +232,8 @@ def test_config_sizes_at_their_bounds_build_a_manifest_that_verifies() -> None:
 def test_config_shape_refusals_name_the_file() -> None:
     for doc, message in (([1, 2], "a JSON list, expected a config.json object"),
                          ("qwen3", "a JSON str, expected a config.json object"),
-                         ({**_cfg(), "model_type": "llama"}, "model_type is 'llama'; this generator makes qwen3 "
-                                                             "manifests")):
+                         ({**_cfg(), "model_type": "llama"}, "model_type is 'llama'; Qwen3ForCausalLM has "
+                                                             "model_type 'qwen3'")):
         with pytest.raises(gq.ManifestBuildError) as err:
             gq.Qwen3Config.from_json(doc, "c.json")
         assert str(err.value) == f"c.json: {message}"
@@ -542,15 +542,17 @@ def test_cli_source_flags_and_tp_decode(tmp_path: Path, capsys: pytest.CaptureFi
     out = tmp_path / "m.json"
     assert kern_manifest_build(["--kernels", str(KERNELS), "--out", str(out)]) == 1
     assert _one_line(capsys) == ("kern manifest build: give exactly one of --config CONFIG.JSON and --shape "
-                                 "(qwen3-4b|qwen3-0.6b|qwen3-1.7b|qwen3-8b|qwen3-14b|qwen3-32b|tiny)")
+                                 "(qwen3-4b|qwen3-0.6b|qwen3-1.7b|qwen3-8b|qwen3-14b|qwen3-32b|tiny|llama3.2-1b|"
+                                 "llama3.2-3b|llama3.1-8b)")
     config = tmp_path / "config.json"
     config.write_text(json.dumps(_cfg()))
     assert kern_manifest_build(["--config", str(config), "--shape", "tiny", "--kernels", str(KERNELS),
                                 "--out", str(out)]) == 1
     assert _one_line(capsys).startswith("kern manifest build: give exactly one of --config")
     assert kern_manifest_build(["--shape", "qwen3-7b", "--kernels", str(KERNELS), "--out", str(out)]) == 1
-    assert _one_line(capsys) == ("kern manifest build: --shape 'qwen3-7b': not a known Qwen3 shape (known: qwen3-4b, "
-                                 "qwen3-0.6b, qwen3-1.7b, qwen3-8b, qwen3-14b, qwen3-32b, tiny)")
+    assert _one_line(capsys) == ("kern manifest build: --shape 'qwen3-7b': not a known shape (known: qwen3-4b, "
+                                 "qwen3-0.6b, qwen3-1.7b, qwen3-8b, qwen3-14b, qwen3-32b, tiny, llama3.2-1b, "
+                                 "llama3.2-3b, llama3.1-8b)")
     assert kern_manifest_build(["--shape", "tiny", "--kernels", str(KERNELS), "--out", str(out), "--tp", "2",
                                 "--decode", "gemv"]) == 1
     assert _one_line(capsys) == ("kern manifest build: --decode gemv with --tp 2: tensor-parallel ranks decode "

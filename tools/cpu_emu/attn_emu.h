@@ -2,7 +2,7 @@
 // attention_decode.cu, prefill.cuh), for tools/decode_attention_cpu_emu.py: the warp-collective ldmatrix (x4,
 // plain and .trans) and mma.sync.m16n8k16 (bf16 in, f32 accumulate), each lane posting its operands to a per-warp
 // exchange and computing its own result registers from everyone's, as the PTX fragment layouts say; cp.async
-// landing only when a group wait requires it (below); __shfl_sync by index; __syncwarp as the warp's
+// landing only when a group wait requires it (below); __syncwarp as the warp's
 // barrier. The fragment layouts are checked by running kern_attn_prefill (whose GPU results are tested) through
 // the same stand-ins. Not a CUDA implementation: no memory model, no timing.
 #pragma once
@@ -23,7 +23,6 @@ inline unsigned short __bfloat16_as_ushort(__nv_bfloat16 x) { return x.b; }
 inline uint4 __ldcg(const uint4* p) { return *p; }
 inline unsigned short __ldcg(const unsigned short* p) { return *p; }
 
-template <typename V> inline V __shfl_sync(unsigned, V v, int src) { return shfl_at(v, src & 31); }
 inline void __syncwarp(unsigned = 0xffffffffu) { g_warp_barrier[threadIdx.x >> 5]->arrive_and_wait(); }
 
 // cp.async at the latest moment the PTX allows: a copy is queued at issue (its global bytes read then: nothing

@@ -1,5 +1,5 @@
-// CPU stand-in for kernels-src/common.cuh and the CUDA builtins kernels-src/sample.cu uses, for
-// tools/sample_cpu_emu.py: a block runs as 1024 std::threads, __syncthreads as a std::barrier, warp shuffles
+// CPU stand-in for kernels-src/common.cuh and the CUDA builtins kernels-src/sample.cu and rope.cu use, for
+// tools/sample_cpu_emu.py and tools/rope_cpu_emu.py (which appends the real block_sum): a block runs as 1024 std::threads, __syncthreads as a std::barrier, warp shuffles
 // and ballots through a per-warp exchange and barrier, shared atomics as std::atomic_ref. Not a CUDA
 // implementation: enough to run that one source on a CPU and check its logic (barriers, scans, selection).
 #pragma once
@@ -31,6 +31,8 @@ inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __fadd_rn(float a, float b) { return a + b; }
 inline float __fsub_rn(float a, float b) { return a - b; }
 inline float __fdiv_rn(float a, float b) { return a / b; }
+inline float __frcp_rn(float a) { return 1.0f / a; }
+inline float rsqrtf(float a) { return 1.0f / std::sqrt(a); }  // the GPU's is approximate (2 ulp)
 inline uint32_t __umulhi(uint32_t a, uint32_t b) { return (uint32_t)(((uint64_t)a * b) >> 32); }
 inline uint32_t __float_as_uint(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 inline float __uint_as_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
@@ -59,6 +61,7 @@ template <typename V> inline V shfl_at(V v, int src) {
   g_warp_barrier[w]->arrive_and_wait();
   V out; memcpy(&out, &got, sizeof(V)); return out;
 }
+template <typename V> inline V __shfl_sync(unsigned, V v, int src) { return shfl_at(v, src & 31); }
 template <typename V> inline V __shfl_xor_sync(unsigned, V v, int o) { return shfl_at(v, (int)(threadIdx.x & 31) ^ o); }
 template <typename V> inline V __shfl_down_sync(unsigned, V v, int o) { int l = threadIdx.x & 31; return shfl_at(v, l + o < 32 ? l + o : l); }
 template <typename V> inline V __shfl_up_sync(unsigned, V v, int o) { int l = threadIdx.x & 31; return shfl_at(v, l - o >= 0 ? l - o : l); }
@@ -75,6 +78,7 @@ inline int atomicMax(int* p, int v) { std::atomic_ref<int> a(*p); int o = a.load
 inline int atomicMin(int* p, int v) { std::atomic_ref<int> a(*p); int o = a.load(); while (o > v && !a.compare_exchange_weak(o, v)) {} return o; }
 KERN_DEV float bf2f(__nv_bfloat16 x) { return __bfloat162float(x); }
 KERN_DEV __nv_bfloat16 f2bf(float x) { return __float2bfloat16_rn(x); }
+KERN_DEV float round_bf(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
 KERN_DEV bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 KERN_DEV void load8_vec(const __nv_bfloat16* p, float (&v)[8]) { for (int i = 0; i < 8; ++i) v[i] = bf2f(p[i]); }
 KERN_DEV void kern_pdl_wait() {}

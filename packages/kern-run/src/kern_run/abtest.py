@@ -8,7 +8,8 @@ in chunks, then one decode step per position) and their logits compared step by 
 - `chunk1`: the same runtime, prefill in chunks of 1 token,
 - a manifest path: another manifest on the same weights; A's device weights are kept with
   `Runtime.into_resident()` and B loads over them (identical weight buffers are not read again),
-- `transformers`: `Qwen3ForCausalLM` on the same checkpoint (kern_run.reference).
+- `transformers`: the checkpoint's own model class (Qwen3ForCausalLM, LlamaForCausalLM) on the same checkpoint
+  (kern_run.reference).
 """
 
 from __future__ import annotations

@@ -504,9 +504,10 @@ def manifest_check(
 def manifest_build(
     out: Annotated[Path, typer.Option("--out", help="manifest to write (with --tp N: the rank files "
                                       "<stem>-tp<N>-r<rank>.json beside it)")],
-    config: Annotated[Optional[Path], typer.Option("--config", help="a Qwen3 config.json")] = None,
+    config: Annotated[Optional[Path], typer.Option("--config", help="a Qwen3 or Llama 3 config.json")] = None,
     shape: Annotated[Optional[str], typer.Option("--shape", help="a known shape instead: qwen3-0.6b, -1.7b, -4b, "
-                                                 "-8b, -14b, -32b or tiny")] = None,
+                                                 "-8b, -14b, -32b, tiny, llama3.2-1b, llama3.2-3b or "
+                                                 "llama3.1-8b")] = None,
     kernels: Annotated[Optional[Path], typer.Option("--kernels", help="kernels directory (its kernels.json: the "
                                                     "ABI), or the kernels.json itself (default: kern_run.kernels_dir(), "
                                                     "the wheel's or the checkout's)")] = None,
@@ -556,7 +557,7 @@ def manifest_build(
     no_verify: Annotated[bool, typer.Option("--no-verify", help="skip verification with kern_manifest")] = False,
     log_level: LogOpt = None,
 ) -> None:
-    """Build a Qwen3 manifest from a config.json (or a known --shape) and the kernels' ABI (docs/manifest.md).
+    """Build a Qwen3 or Llama 3 manifest from a config.json (or a known --shape) and the kernels' ABI (docs/manifest.md).
     Refusals name the file, config field or flag; nothing is written then."""
     from .models.qwen3 import BuildRequest, build
 

@@ -1,4 +1,5 @@
-"""The Hugging Face transformers reference: `Qwen3ForCausalLM` on the same checkpoint, teacher-forced.
+"""The Hugging Face transformers reference: the checkpoint's own model class (`AutoModelForCausalLM`: Qwen3ForCausalLM
+or LlamaForCausalLM, from config.json `architectures`) on the same checkpoint, teacher-forced.
 
 Imported only by `kern test --against transformers`, the parity tests and tools/parity.py (torch and
 transformers are on the GPU machine, not dependencies of kern-run).
@@ -14,7 +15,7 @@ import numpy as np
 
 
 class HfReference:
-    """`Qwen3ForCausalLM.from_pretrained(weights, bf16)` on one GPU; logits for given ids, teacher-forced."""
+    """`AutoModelForCausalLM.from_pretrained(weights, bf16)` on one GPU; logits for given ids, teacher-forced."""
 
     def __init__(self, weights: "Path | str | Sequence[Path | str]", gpu: int = 0, attn_implementation: str = "eager",
                  dtype: str = "bfloat16") -> None:
@@ -23,7 +24,7 @@ class HfReference:
         it is there). `dtype`: "bfloat16" (the checkpoint's own, what kern computes in) or "float32" (the bf16
         weights upcast exactly: the higher-precision reference that calibrates what bf16 error is)."""
         import torch
-        from transformers import Qwen3ForCausalLM
+        from transformers import AutoModelForCausalLM
 
         self.torch = torch
         self.device = torch.device(f"cuda:{gpu}")
@@ -34,17 +35,17 @@ class HfReference:
         source: str | None = str(weights) if isinstance(weights, (str, os.PathLike)) else None
         if source is None:  # a list of files: config.json beside the first, the files' tensors as the state dict
             from safetensors.torch import load_file
-            from transformers import Qwen3Config
+            from transformers import AutoConfig
 
             files = [str(f) for f in weights]
             state_dict: dict = {}
             for f in files:
                 state_dict.update(load_file(f))
-            kwargs.update(config=Qwen3Config.from_pretrained(str(Path(files[0]).parent)), state_dict=state_dict)
+            kwargs.update(config=AutoConfig.from_pretrained(str(Path(files[0]).parent)), state_dict=state_dict)
         try:
-            model = Qwen3ForCausalLM.from_pretrained(source, dtype=torch_dtype, **kwargs)
+            model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype, **kwargs)
         except TypeError:  # transformers 4.x spells it torch_dtype
-            model = Qwen3ForCausalLM.from_pretrained(source, torch_dtype=torch_dtype, **kwargs)
+            model = AutoModelForCausalLM.from_pretrained(source, torch_dtype=torch_dtype, **kwargs)
         self.model = model.to(self.device).eval()
 
     def logits(self, ids: list[int], start: int = 0) -> np.ndarray:

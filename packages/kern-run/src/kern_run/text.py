@@ -31,9 +31,11 @@ class TextCodec:
     tokenizer: object  # tokenizers.Tokenizer
     eos_ids: frozenset[int]
 
-    def encode(self, text: str) -> list[int]:
-        """Token ids of `text` (no special tokens added; Qwen adds no BOS)."""
-        return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        """Token ids of `text`. `add_special_tokens`: also what tokenizer.json's post-processor puts around a whole
+        prompt, as transformers' tokenizer(text) does (Llama 3: BOS first; Qwen: nothing); off by default, for
+        text that already holds its special tokens (a rendered chat template)."""
+        return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=False)
@@ -149,11 +151,12 @@ def text_fault(text: str) -> str | None:
 
 
 def checked_prompt(codec: TextCodec, prompt: str) -> list[int]:
-    """Token ids of a prompt. Raises InputError for a prompt that is not UTF-8 text or encodes to no tokens."""
+    """Token ids of a prompt, with the special tokens the tokenizer adds to one (Llama 3: BOS). Raises InputError
+    for a prompt that is not UTF-8 text or encodes to no tokens."""
     fault = text_fault(prompt)
     if fault is not None:
         raise InputError(f"the prompt is not UTF-8 text ({fault}): pass a UTF-8 --prompt")
-    ids = codec.encode(prompt)
+    ids = codec.encode(prompt, add_special_tokens=True)
     if not ids:
         raise InputError("the prompt encodes to no tokens: pass a non-empty --prompt")
     return ids

@@ -1,9 +1,12 @@
-"""The Qwen3 dense family: a manifest builder from a config.json (docs/manifest.md, docs/caller.md).
+"""The manifest builder of the dense decoder families, Qwen3 and Llama 3.x (kern_run.models.family: what differs
+between them), from a config.json (docs/manifest.md, docs/caller.md). The package keeps the name of its first family.
 
 The build runs in stages, each its own module:
 
-- `shapes`: the table of known shapes (`SHAPES`, gpt-fast's `ModelArgs.from_name` table) and their config.json;
-- `config`: `Qwen3Config.from_json` / `from_name`, the config fields validated (refusals name field and value);
+- `shapes`: the table of known shapes (`SHAPES`, gpt-fast's `ModelArgs.from_name` table: Qwen3 and Llama 3.x) and
+  their config.json;
+- `config`: `Qwen3Config.from_json` / `from_name`, the config fields validated (refusals name field and value; the
+  family from `architectures` / `model_type`);
 - `options`: `BuildOptions` (the `kern manifest build` flags) and `validate` -> `Plan` (checked, automatic
   choices made); `pins`: the cuBLASLt pins file;
 - `abi`: the kernel contract and `read_kernel_abi(kernels_dir)` (kernels.json);
@@ -31,14 +34,14 @@ from .jsonio import dumps, manifest_digest, read_json_file
 from .manifest import GENERATOR, build_manifest
 from .options import BuildOptions, Plan, decode_num_splits, prefill_shapes, validate
 from .pins import ALGO_ATTRS, load_algos, pins_from_doc
-from .shapes import SHAPES, Qwen3Shape, config_json, config_text
+from .shapes import SHAPES, LlamaShape, Qwen3Shape, config_json, config_text
 from .tp import build_rank_manifests, rank_binds, rank_path, shard_config
 
 __all__ = [
     "ALGO_ATTRS", "DECODE_ATTN", "EARLY_PARTIALS", "GENERATOR", "KERNEL_SIGNATURES", "PDL_ENTRIES", "PREFILL_ATTN",
     "PREFILL_WG_HEAD_DIMS", "SHAPES", "TYPE_BYTES", "BuildOptions", "BuildRequest", "KernelAbi", "ManifestBuildError",
-    "Plan", "Qwen3Config", "Qwen3Shape", "build", "build_manifest", "build_rank_manifests", "build_texts",
-    "config_json", "config_text", "decode_num_splits", "dumps", "load_algos", "manifest_digest", "pins_from_doc",
-    "prefill_rows_per_block", "prefill_shapes", "read_json_file", "read_kernel_abi", "rank_binds", "rank_path",
-    "rope_warp_heads", "rows_launch", "shard_config", "stub_kernels_json", "validate",
+    "LlamaShape", "Plan", "Qwen3Config", "Qwen3Shape", "build", "build_manifest", "build_rank_manifests",
+    "build_texts", "config_json", "config_text", "decode_num_splits", "dumps", "load_algos", "manifest_digest",
+    "pins_from_doc", "prefill_rows_per_block", "prefill_shapes", "read_json_file", "read_kernel_abi", "rank_binds",
+    "rank_path", "rope_warp_heads", "rows_launch", "shard_config", "stub_kernels_json", "validate",
 ]

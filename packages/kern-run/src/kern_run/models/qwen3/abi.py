@@ -21,6 +21,7 @@ KERNEL_SIGNATURES: dict[str, tuple[str, tuple[str, ...]]] = {
     "kern_embed_gather": ("embed", ("p", "p", "p", "i32", "i32", "i32")),
     "kern_add_rmsnorm": ("norm", ("p", "p", "p", "p", "i32", "i32", "f32")),
     "kern_rope_table": ("rope", ("p", "i32", "i32", "f32")),
+    "kern_rope_table_llama3": ("rope", ("p", "i32", "i32") + ("f32",) * 5),
     "kern_qk_norm_rope_kv": ("rope", ("p",) * 8 + ("i32",) * 7 + ("f32",)),
     "kern_qk_norm_rope_kv_warp": ("rope", ("p",) * 8 + ("i32",) * 7 + ("f32",)),
     "kern_attn_decode_partial": ("attention", ("p",) * 6 + ("i32",) * 8 + ("f32",)),

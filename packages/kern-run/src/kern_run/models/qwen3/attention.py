@@ -1,4 +1,4 @@
-"""The attention ops: q/k RMSNorm + RoPE + paged K/V write, chunked-prefill attention, split-K decode attention.
+"""The attention ops: q/k RMSNorm (Qwen3; none for Llama) + RoPE + paged K/V write, chunked-prefill attention, split-K decode attention.
 
 `num_pages` (int) is the page-id bound of the attention kernels and the slot bound of the K/V writes, passed as
 {"pages_of": "kv.<layer>"} (the pages of that state's reserved range, resolved by the runtime at load;
@@ -16,13 +16,21 @@ from .options import Plan
 _NUM_PAGES = {"arg": "num_pages", "type": "i32"}
 
 
+def rope_kv_op_name(plan: Plan) -> str:
+    """The op of the q/k rope + K/V write: `qk_norm_rope_kv` (the family has a q/k norm) or `rope_kv` (Llama)."""
+    return "qk_norm_rope_kv" if plan.cfg.family.qk_norm else "rope_kv"
+
+
 def add_qk_norm_rope_kv_op(b: Builder, plan: Plan) -> None:
-    """`qk_norm_rope_kv`: qkv [tokens, q + 2 kv] -> q_out [tokens, q] and the K/V cache. One token (decode, and
-    1-token chunks): the block entry (a block of head_dim threads per token and head); longer chunks, when
+    """`qk_norm_rope_kv` (q_norm / k_norm args) or, for a family without a q/k norm, `rope_kv` (the kernels' norm
+    weights wired null: no norm): qkv [tokens, q + 2 kv] -> q_out [tokens, q] and the K/V cache. One token (decode,
+    and 1-token chunks): the block entry (a block of head_dim threads per token and head); longer chunks, when
     plan.prefill_rope is "warp": the warp entry (same results)."""
     cfg, opts = plan.cfg, plan.opts
     Hq, Hkv, D = cfg.q_heads, cfg.kv_heads, cfg.head_dim
-    args = [{"arg": "qkv"}, {"arg": "q_norm"}, {"arg": "k_norm"}, {"arg": "rope"}, {"arg": "positions"},
+    norms: list[dict[str, Any]] = ([{"arg": "q_norm"}, {"arg": "k_norm"}] if cfg.family.qk_norm
+                                   else [{"null": 8}, {"null": 8}])
+    args = [{"arg": "qkv"}, *norms, {"arg": "rope"}, {"arg": "positions"},
             {"arg": "slots"}, {"arg": "q_out"}, {"arg": "kv"}, tokens_i32(), {"i32": Hq}, {"i32": Hkv},
             {"i32": D}, {"i32": opts.page_tokens}, {"i32": opts.max_context}, dict(_NUM_PAGES), {"f32": cfg.eps}]
     pdl = opts.pdl_small_launches
@@ -33,8 +41,9 @@ def add_qk_norm_rope_kv_op(b: Builder, plan: Plan) -> None:
         launches[0]["when"] = {"tokens": [1, 1]}
         warp["when"] = {"tokens": [2, opts.chunk_max]}
         launches.append(warp)
-    b.op("qk_norm_rope_kv",
-         [ptr("qkv"), ptr("q_norm"), ptr("k_norm"), ptr("rope"), ptr("positions"), ptr("slots"),
+    norm_args = [ptr("q_norm"), ptr("k_norm")] if cfg.family.qk_norm else []
+    b.op(rope_kv_op_name(plan),
+         [ptr("qkv"), *norm_args, ptr("rope"), ptr("positions"), ptr("slots"),
           ptr("q_out"), ptr("kv"), int_arg("num_pages")], launches)
 
 

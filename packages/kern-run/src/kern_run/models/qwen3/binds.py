@@ -23,21 +23,14 @@ def add_global_weights(b: Builder, plan: Plan) -> None:
 
 
 def add_layer_weights(b: Builder, plan: Plan, layer: int) -> None:
-    """Layer `layer`'s bf16 weights: ln_in, w_qkv [q + 2 kv, hidden], q_norm / k_norm [head_dim], w_o
-    [hidden, q], ln_post, w_gate_up [2 intermediate, hidden], w_down [hidden, intermediate]."""
+    """Layer `layer`'s bf16 weights, bound to the family's tensors (family.Family.layer_tensors): ln_in, w_qkv
+    [q + 2 kv, hidden], q_norm / k_norm [head_dim] (families with a q/k norm), w_o [hidden, q], ln_post, w_gate_up
+    [2 intermediate, hidden], w_down [hidden, intermediate]."""
     H, D, I = plan.cfg.hidden, plan.cfg.head_dim, plan.cfg.intermediate
-    p = f"model.layers.{layer}."
-    b.buffer(f"ln_in.{layer}", "weight", "bf16", [H], [{"tensor": p + "input_layernorm.weight"}])
-    b.buffer(f"w_qkv.{layer}", "weight", "bf16", [plan.qkv_dim, H], [
-        {"tensor": p + "self_attn.q_proj.weight"}, {"tensor": p + "self_attn.k_proj.weight"},
-        {"tensor": p + "self_attn.v_proj.weight"}])
-    b.buffer(f"q_norm.{layer}", "weight", "bf16", [D], [{"tensor": p + "self_attn.q_norm.weight"}])
-    b.buffer(f"k_norm.{layer}", "weight", "bf16", [D], [{"tensor": p + "self_attn.k_norm.weight"}])
-    b.buffer(f"w_o.{layer}", "weight", "bf16", [H, plan.q_dim], [{"tensor": p + "self_attn.o_proj.weight"}])
-    b.buffer(f"ln_post.{layer}", "weight", "bf16", [H], [{"tensor": p + "post_attention_layernorm.weight"}])
-    b.buffer(f"w_gate_up.{layer}", "weight", "bf16", [2 * I, H], [
-        {"tensor": p + "mlp.gate_proj.weight"}, {"tensor": p + "mlp.up_proj.weight"}])
-    b.buffer(f"w_down.{layer}", "weight", "bf16", [H, I], [{"tensor": p + "mlp.down_proj.weight"}])
+    shapes = {"ln_in": [H], "w_qkv": [plan.qkv_dim, H], "q_norm": [D], "k_norm": [D], "w_o": [H, plan.q_dim],
+              "ln_post": [H], "w_gate_up": [2 * I, H], "w_down": [H, I]}
+    for name, tensors in plan.cfg.family.layer_tensors(layer).items():
+        b.buffer(name, "weight", "bf16", shapes[name.split(".")[0]], [{"tensor": t} for t in tensors])
 
 
 def add_weights_and_states(b: Builder, plan: Plan) -> None:

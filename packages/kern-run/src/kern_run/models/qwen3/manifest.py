@@ -4,6 +4,7 @@ bytes under `dumps`."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from ...errors import ManifestBuildError
@@ -48,7 +49,8 @@ def _add_ops(b: Builder, plan: Plan) -> None:
 
 
 def _meta(plan: Plan, config_digest: str) -> dict[str, Any]:
-    """meta: the builder, the model's fields and the caller contract's geometry (docs/caller.md)."""
+    """meta: the builder, the family ("qwen3" or "llama"), the model's fields (with rope_scaling for llama3 RoPE)
+    and the caller contract's geometry (docs/caller.md; one contract for both families)."""
     cfg, opts = plan.cfg, plan.opts
     caller = {"contract": "qwen3-chunked-prefill/1", "page_tokens": opts.page_tokens,
               "pages_per_seq": plan.pages_per_seq, "max_context": opts.max_context, "chunk_max": opts.chunk_max,
@@ -69,12 +71,15 @@ def _meta(plan: Plan, config_digest: str) -> dict[str, Any]:
     # caller may resume a cached prefix at any token (kern_run.prefix_cache).
     if plan.prefill_shapes <= {(n, k) for n, k, _ in opts.algos}:
         caller["prefill_batch_invariant"] = True
+    model = {"hidden": cfg.hidden, "layers": cfg.layers, "q_heads": cfg.q_heads, "kv_heads": cfg.kv_heads,
+             "head_dim": cfg.head_dim, "intermediate": cfg.intermediate, "vocab": cfg.vocab, "tied": cfg.tied,
+             "rope_theta": cfg.rope_theta, "eps": cfg.eps}
+    if cfg.rope_scaling is not None:  # absent for plain RoPE (the Qwen3 manifests stay byte for byte as they were)
+        model["rope_scaling"] = {"rope_type": "llama3", **dataclasses.asdict(cfg.rope_scaling)}
     return {
-        "generator": GENERATOR, "generator_version": GENERATOR_VERSION, "family": "qwen3",
+        "generator": GENERATOR, "generator_version": GENERATOR_VERSION, "family": cfg.family.name,
         "config_sha256": config_digest,
-        "model": {"hidden": cfg.hidden, "layers": cfg.layers, "q_heads": cfg.q_heads, "kv_heads": cfg.kv_heads,
-                  "head_dim": cfg.head_dim, "intermediate": cfg.intermediate, "vocab": cfg.vocab, "tied": cfg.tied,
-                  "rope_theta": cfg.rope_theta, "eps": cfg.eps},
+        "model": model,
         "caller": caller,
         **({"cublaslt_pins": dict(opts.algos_source)} if opts.algos else {}),
     }

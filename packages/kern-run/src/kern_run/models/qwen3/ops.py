@@ -11,11 +11,16 @@ from .options import Plan
 
 
 def add_rope_table_op(b: Builder, plan: Plan) -> None:
-    """`rope_table(table)`: f32 [max_context, head_dim] cos | sin, one block of head_dim / 2 threads per row."""
-    max_pos, D = plan.opts.max_context, plan.cfg.head_dim
-    b.op("rope_table", [ptr("table")], [b.launch(
-        "kern_rope_table", [max_pos, 1, 1], [D // 2, 1, 1],
-        [{"arg": "table"}, {"i32": max_pos}, {"i32": D}, {"f32": plan.cfg.rope_theta}])])
+    """`rope_table(table)`: f32 [max_context, head_dim] cos | sin, one block of head_dim / 2 threads per row:
+    kern_rope_table (plain RoPE), or kern_rope_table_llama3 with the config's llama3 rope_scaling (factor,
+    low_freq_factor, high_freq_factor, original_max_position_embeddings as launch constants)."""
+    max_pos, D, scaling = plan.opts.max_context, plan.cfg.head_dim, plan.cfg.rope_scaling
+    args: list[dict[str, Any]] = [{"arg": "table"}, {"i32": max_pos}, {"i32": D}, {"f32": plan.cfg.rope_theta}]
+    if scaling is not None:
+        args += [{"f32": scaling.factor}, {"f32": scaling.low_freq_factor}, {"f32": scaling.high_freq_factor},
+                 {"f32": float(scaling.original_max_position_embeddings)}]
+    entry = "kern_rope_table" if scaling is None else "kern_rope_table_llama3"
+    b.op("rope_table", [ptr("table")], [b.launch(entry, [max_pos, 1, 1], [D // 2, 1, 1], args)])
 
 
 def add_norm_ops(b: Builder, plan: Plan) -> None:

@@ -1,4 +1,4 @@
-"""The call tables: `load` (once: the rope table; with the sampler also every row's sampler inputs set greedy),
+"""The call tables: `load` (once: the rope table, plain or llama3; with the sampler also every row's sampler inputs set greedy),
 `prefill` (a chunk of `tokens` tokens; fills the KV cache only, so the last layer stops after writing its K/V),
 `decode` (graph: one token per sequence, logits, then the step's end: docs/caller.md "Decode on the device") and,
 with the sampler, `top_logprobs` (run after a decode step on request). The decode program ends
@@ -8,7 +8,7 @@ with the sampler, `top_logprobs` (run after a decode step on request). The decod
 
 and either way the last call writes the next step's inputs on the device.
 
-Prefill issues 9 launches per layer (add_rmsnorm, qkv GEMM, qk_norm_rope_kv, attention, o GEMM, add_rmsnorm,
+Prefill issues 9 launches per layer (add_rmsnorm, qkv GEMM, qk_norm_rope_kv or rope_kv, attention, o GEMM, add_rmsnorm,
 gate_up GEMM, silu_mul, down GEMM). Decode `gemv` (bs = 1) issues 7 per layer, the norms and residual adds folded
 into the GEMVs; decode `gemm` keeps the prefill-shaped layer (10 launches, cuBLASLt). Why separate ops rather than
 `when` on one op: docs/perf.md.
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .attention import rope_kv_op_name
 from .builder import call, pages_of
 from .entries import EARLY_PARTIALS
 from .gemm import Projections
@@ -25,18 +26,20 @@ from .options import Plan
 from .sampling import decode_tail_calls, init_call, top_logprobs_program
 
 
-def qk_norm_rope_kv_call(layer: int) -> dict[str, Any]:
-    """Layer `layer`'s q/k RMSNorm + RoPE + K/V write (prefill and decode alike): `qkv` -> `q` and the cache."""
-    return call("qk_norm_rope_kv", qkv="qkv", q_norm=f"q_norm.{layer}", k_norm=f"k_norm.{layer}", rope="rope",
-                positions="positions", slots="slot_mapping", q_out="q", kv=f"kv.{layer}", num_pages=pages_of(layer))
+def qk_norm_rope_kv_call(plan: Plan, layer: int) -> dict[str, Any]:
+    """Layer `layer`'s q/k RMSNorm (families with one) + RoPE + K/V write (prefill and decode alike): `qkv` -> `q`
+    and the cache."""
+    norms = {"q_norm": f"q_norm.{layer}", "k_norm": f"k_norm.{layer}"} if plan.cfg.family.qk_norm else {}
+    return call(rope_kv_op_name(plan), qkv="qkv", **norms, rope="rope", positions="positions", slots="slot_mapping",
+                q_out="q", kv=f"kv.{layer}", num_pages=pages_of(layer))
 
 
-def decode_attention_calls(layer: int, attn: str) -> list[dict[str, Any]]:
+def decode_attention_calls(plan: Plan, layer: int) -> list[dict[str, Any]]:
     """A decode layer's attention after the qkv projection (which writes `qkv`), writing `attn_out`:
-    qk_norm_rope_kv (q to `q`, K/V to the cache) and attn_decode (`early` also passes slot_mapping: the row its
-    partial kernel reloads after the PDL wait)."""
-    slots = {"slots": "slot_mapping"} if attn in EARLY_PARTIALS else {}
-    return [qk_norm_rope_kv_call(layer),
+    qk_norm_rope_kv / rope_kv (q to `q`, K/V to the cache) and attn_decode (`early` also passes slot_mapping: the
+    row its partial kernel reloads after the PDL wait)."""
+    slots = {"slots": "slot_mapping"} if plan.opts.decode_attn in EARLY_PARTIALS else {}
+    return [qk_norm_rope_kv_call(plan, layer),
             call("attn_decode", q="q", kv=f"kv.{layer}", block_table="block_table", seq_lens="seq_lens", **slots,
                  out="attn_out", num_pages=pages_of(layer))]
 
@@ -63,9 +66,9 @@ def layer_calls(plan: Plan, gemms: Projections, layer: int, decode: bool) -> lis
     calls.append(call(gemms.op(qkv_dim, H, decode), a="normed", w=f"w_qkv.{layer}", c="qkv", m="tokens", n=qkv_dim,
                       k=H))
     if decode:
-        calls += decode_attention_calls(layer, plan.opts.decode_attn)
+        calls += decode_attention_calls(plan, layer)
     else:
-        calls.append(qk_norm_rope_kv_call(layer))
+        calls.append(qk_norm_rope_kv_call(plan, layer))
         if layer == plan.cfg.layers - 1:
             return calls  # prefill fills the KV cache only: the last layer's attention output is never read
         calls.append(call("attn_prefill", q="q", kv=f"kv.{layer}", block_table="block_table",
@@ -92,7 +95,7 @@ def decode_gemv_calls(plan: Plan) -> list[dict[str, Any]]:
     for layer in range(plan.cfg.layers):
         calls += [
             call("gemv_qkv", w=f"w_qkv.{layer}", residual="residual", norm_w=f"ln_in.{layer}", y="qkv"),
-            *decode_attention_calls(layer, plan.opts.decode_attn),
+            *decode_attention_calls(plan, layer),
             call("gemv_o", w=f"w_o.{layer}", x="attn_out", residual="residual"),
             *_gemv_mlp_calls(layer, plan.opts.gemv),
         ]
