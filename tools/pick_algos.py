@@ -13,10 +13,14 @@ Inference", 2025). This tool finds such a configuration per (n, k) and proves it
    SPLITK_NUM <= 1 and no reduction scheme, deduplicated;
 2. applicability: cublasLtMatmulAlgoCheck at M = 1 and M = m_max (the runtime checks the same at load);
 3. invariance: C = A @ W^T at M = m_max on random bf16 data, then the same rows recomputed as separate
-   GEMMs of M in {1, 2, 3, 7, 16, 17, 100, 511, m_max - 1} (each from the start of its own buffer, as a
-   chunk is) must equal those rows of C bit for bit;
+   GEMMs of M in {1, 2, 3, 4, 7, 8, 16, 17, 32, 64, 100, 511, m_max - 1} (each from the start of its own buffer,
+   as a chunk is; 1 .. 64 in powers of two are the batched decode's buckets, which `--batch-invariant` manifests
+   run on these pins too) must equal those rows of C bit for bit;
 4. speed: median time at M = 512 and M = m_max (CUDA events over 10 back-to-back calls, 5 repeats);
    the fastest invariant candidate by the sum of the two wins. The heuristic's own choice is timed too.
+
+`--lm-head` adds each config's lm_head shape (vocab x hidden) to the pinned shapes: `kern manifest build
+--batch-invariant` runs the decode's lm_head on it (without it, on a decode pin without split-K, unproven).
 
 Writes JSON (`--out`, default stdout) read by `kern manifest build --algos`:
 
@@ -48,7 +52,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 
-PROBE_MS = (1, 2, 3, 7, 16, 17, 100, 511)
+PROBE_MS = (1, 2, 3, 4, 7, 8, 16, 17, 32, 64, 100, 511)
 TIMED_MS = (512,)
 
 
@@ -303,7 +307,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gpu", type=int, default=0)
     ap.add_argument("--out", type=Path, help="JSON output (default stdout)")
     ap.add_argument("--keep-pins", type=Path, help="take the prefill pins (and m_max) from this pins file instead of "
-                                                   "picking them again (with --decode: add decode pins to it)")
+                                                   "picking them again (with --decode: add decode pins to it; "
+                                                   "with --lm-head: add the lm_head pins it lacks)")
+    ap.add_argument("--lm-head", action="store_true",
+                    help="also pin each config's lm_head shape (vocab x hidden), proven like the prefill pins "
+                         "(what --batch-invariant manifests decode the lm_head with)")
     ap.add_argument("--decode", action="store_true",
                     help="also pick the fastest M = 1 configuration per shape (split-K allowed) for cuBLASLt decode "
                          "(`decode_pins`; the lm_head shape included)")
@@ -325,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
         except gq.ManifestBuildError as exc:
             return refuse(f"--config {exc}")
         labels.append(f"--config {c}")
-    if not configs and (args.decode or not args.keep_pins):
+    if not configs and (args.decode or args.lm_head or not args.keep_pins):
         return refuse("no shapes to pick: pass --shape or --config")
     for tp in args.tp:  # gemm_shapes divides by tp as kern_run.models.qwen3.shard_config does: exactly
         if tp < 1:
@@ -359,6 +367,7 @@ def main(argv: list[str] | None = None) -> int:
     from kern_runtime.cuda import call
 
     shapes = sorted({s for cfg in configs for tp in (args.tp or [1]) for s in gemm_shapes(cfg, tp)})
+    gemm_shapes_all = list(shapes)
     call("cuInit", 0)
     device = call("cuDeviceGet", args.gpu)
     ctx = call("cuDevicePrimaryCtxRetain", device)
@@ -366,9 +375,10 @@ def main(argv: list[str] | None = None) -> int:
     name = call("cuDeviceGetName", 256, device)
     name = (name.decode() if isinstance(name, bytes) else str(name)).split("\x00")[0]
     version = int(lt.get_version())
-    if kept is not None and args.decode and (name, version) != (kept["device"], kept["cublaslt_version"]):
+    if (kept is not None and (args.decode or args.lm_head)
+            and (name, version) != (kept["device"], kept["cublaslt_version"])):
         return refuse(f"--keep-pins {args.keep_pins} was picked on {kept['device']} with cuBLASLt "
-                      f"{kept['cublaslt_version']}, this is {name} with cuBLASLt {version}: decode pins picked here "
+                      f"{kept['cublaslt_version']}, this is {name} with cuBLASLt {version}: pins picked here "
                       "would not match its stamp; drop --keep-pins to pick every pin on this device")
     workspace = int(call("cuMemAlloc", WORKSPACE_BYTES))
     blas = Blas(workspace)
@@ -376,17 +386,19 @@ def main(argv: list[str] | None = None) -> int:
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
+    lm_heads = sorted({(cfg.vocab, cfg.hidden) for cfg in configs})
     pins = []
     if kept is not None:
-        pins, args.m_max = kept["pins"], int(kept["m_max"])
-    else:
-        for n, k in shapes:
-            log(f"n={n} k={k}")
-            pins.append(pick(blas, n, k, args.m_max, log))
+        pins, args.m_max = list(kept["pins"]), int(kept["m_max"])
+        shapes = []  # kept as they are
+    for n, k in sorted(set(shapes) | (set(lm_heads) if args.lm_head else set())):
+        if any((p["n"], p["k"]) == (n, k) for p in pins):
+            continue
+        log(f"n={n} k={k}")
+        pins.append(pick(blas, n, k, args.m_max, log))  # after the kept ones, in (n, k) order
     decode_pins = []
     if args.decode:
-        lm_heads = sorted({(cfg.vocab, cfg.hidden) for cfg in configs})
-        for n, k in sorted(set(shapes) | set(lm_heads)):
+        for n, k in sorted(set(gemm_shapes_all) | set(lm_heads)):
             decode_pins.append(pick_m1(blas, n, k, log))
     blas.close()
     stamp = kept if kept is not None else {"device": name, "cublaslt_version": version}  # the kept pins' device
@@ -403,7 +415,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         sys.stdout.write(text)
     log(f"{'n':>7} {'k':>6} {'pinned us@512':>13} {'heur us@512':>11} {'pinned us@max':>13} {'heur us@max':>11} heur-inv")
-    for p in ([] if args.keep_pins else pins):
+    for p in [p for p in pins if "us_max" in p and (not kept or p not in kept["pins"])]:
         log(f"{p['n']:>7} {p['k']:>6} {p.get('us_512', 0):>13.1f} {p.get('heuristic_us_512', 0):>11.1f} "
             f"{p['us_max']:>13.1f} {p['heuristic_us_max']:>11.1f} {p['heuristic_invariant']}")
     if decode_pins:

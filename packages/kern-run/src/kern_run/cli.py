@@ -550,6 +550,9 @@ def manifest_build(
                                          "plain token ids)")] = "gpu",
     hist_cap: Annotated[int, typer.Option("--hist-cap", help="with --sampler gpu: history slots (distinct previous "
                                           "tokens) per row for the penalties")] = 1024,
+    batch_invariant: Annotated[bool, typer.Option("--batch-invariant", help="the same decode launches at every row "
+                                                  "count, 1 included: pinned cuBLASLt projections (--algos; --decode "
+                                                  "gemm), --decode-attn-batch's attention for every row")] = False,
     tp: Annotated[int, typer.Option("--tp", help="tensor-parallel ranks: write one manifest per rank")] = 1,
     no_verify: Annotated[bool, typer.Option("--no-verify", help="skip verification with kern_manifest")] = False,
     log_level: LogOpt = None,
@@ -562,7 +565,8 @@ def manifest_build(
                "prefill_attn": prefill_attn, "prefill_rope": prefill_rope,
                "carveout": None if carveout == -1 else carveout, "decode_splits": decode_splits,
                "split_tokens": decode_split_tokens, "sms": sms, "gemv_threads_per_sm": gemv_threads_per_sm,
-               "pdl": not no_pdl, "pdl_small": not no_pdl_small, "sampler": sampler, "hist_cap": hist_cap}
+               "pdl": not no_pdl, "pdl_small": not no_pdl_small, "sampler": sampler, "hist_cap": hist_cap,
+               "batch_invariant": batch_invariant}
 
     def go() -> list[str]:
         from .package_data import kernels_dir

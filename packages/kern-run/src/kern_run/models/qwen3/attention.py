@@ -19,7 +19,8 @@ _NUM_PAGES = {"arg": "num_pages", "type": "i32"}
 def add_qk_norm_rope_kv_op(b: Builder, plan: Plan) -> None:
     """`qk_norm_rope_kv`: qkv [tokens, q + 2 kv] -> q_out [tokens, q] and the K/V cache. One token (decode, and
     1-token chunks): the block entry (a block of head_dim threads per token and head); longer chunks, when
-    plan.prefill_rope is "warp": the warp entry (same results)."""
+    plan.prefill_rope is "warp": the warp entry (same results). `--batch-invariant`: plan.prefill_rope's entry at
+    every token count (one launch, no `when`)."""
     cfg, opts = plan.cfg, plan.opts
     Hq, Hkv, D = cfg.q_heads, cfg.kv_heads, cfg.head_dim
     args = [{"arg": "qkv"}, {"arg": "q_norm"}, {"arg": "k_norm"}, {"arg": "rope"}, {"arg": "positions"},
@@ -30,9 +31,12 @@ def add_qk_norm_rope_kv_op(b: Builder, plan: Plan) -> None:
     if plan.prefill_rope == "warp":
         warp = b.launch("kern_qk_norm_rope_kv_warp", ["tokens", -(-(Hq + Hkv) // rope_warp_heads(D)), 1],
                         [256, 1, 1], args, pdl=pdl)
-        launches[0]["when"] = {"tokens": [1, 1]}
-        warp["when"] = {"tokens": [2, opts.chunk_max]}
-        launches.append(warp)
+        if opts.batch_invariant:
+            launches = [warp]
+        else:
+            launches[0]["when"] = {"tokens": [1, 1]}
+            warp["when"] = {"tokens": [2, opts.chunk_max]}
+            launches.append(warp)
     b.op("qk_norm_rope_kv",
          [ptr("qkv"), ptr("q_norm"), ptr("k_norm"), ptr("rope"), ptr("positions"), ptr("slots"),
           ptr("q_out"), ptr("kv"), int_arg("num_pages")], launches)
