@@ -413,6 +413,9 @@ def serve(
     model_name: Annotated[Optional[str], typer.Option("--model-name", help="the model name requests use "
                                                       "(default: the target's)")] = None,
     eager: Annotated[bool, typer.Option("--eager", help="replay decode launch by launch (no CUDA graph)")] = False,
+    invariant: Annotated[bool, typer.Option("--invariant/--no-invariant", help="run the target's serve_manifest "
+                                            "(batch-invariant decode: a response equals its prompt run alone) when "
+                                            "it has one; --no-invariant: its manifest")] = True,
     target: TargetOpt = None, config: ConfigOpt = None, manifest: ManifestOpt = None, kernels: KernelsOpt = None,
     weights: WeightsOpt = None, chunk: ChunkOpt = None, capacity: CapacityOpt = None, gpu: GpuOpt = None,
     log_level: LogOpt = None,
@@ -425,7 +428,7 @@ def serve(
 
     def go() -> None:
         opts = ServeOptions(host, port, max_seqs, host_gib, api_key, max_queue, token_budget, drain_timeout,
-                            model_name, eager)
+                            model_name, eager, invariant)
         opts.check()  # before the target resolves and anything probes the device
         cfg = resolve_config(find_toml(config), target, _overrides(manifest, kernels, weights, gpu, capacity, chunk))
         serve_target(cfg, opts, log)
