@@ -179,3 +179,19 @@ def test_greedy_logprobs_pick_the_best_token(client) -> None:
     for chosen, top in zip(lp.token_logprobs, lp.top_logprobs):
         assert chosen <= 0 and 1 <= len(top) <= 5
         assert chosen == pytest.approx(max(top.values()), abs=1e-6)
+
+
+def test_one_request_runs_the_pipelined_decode(client, server: str) -> None:
+    """At concurrency 1 nearly every step is enqueued before the last one is read (docs/serve.md "Pipelined
+    decode"): 47 of the 48 steps of a 48-token completion answer from a step enqueued ahead."""
+    import httpx
+
+    def used(text: str) -> float:
+        m = re.search(r'^kern_decode_ahead_total\{outcome="used"\} (\S+)$', text, re.M)
+        return float(m.group(1)) if m else 0.0
+
+    before = used(httpx.get(f"{server}/metrics").text)
+    resp = client.completions.create(model=MODEL, prompt="The old man", max_tokens=48,
+                                     extra_body={"ignore_eos": True})
+    assert resp.usage.completion_tokens == 48
+    assert used(httpx.get(f"{server}/metrics").text) - before == 47

@@ -20,6 +20,10 @@ GIB = 1 << 30
 MAX_HOST_GIB = 4096  # the largest --host-gib: 4 TiB of pinned host memory
 MAX_DRAIN_S = 86400  # the longest --drain-timeout: a day
 MAX_SEQS = 1024  # the largest --max-seqs taken (the manifest's seqs var max then caps it: 64 for issue 26's)
+# decode positions past the next one the scheduler grows a lease to when pages are free: a step enqueued ahead
+# computes position p + 1 with a slot its predecessor derived from the block table, so its pages must be there two
+# positions early for the pipeline to run across page boundaries (runtime_engine.py "Pipelined decode")
+GROW_AHEAD = 2
 
 
 @dataclass(frozen=True)
@@ -119,7 +123,8 @@ def build(cfg: RunConfig, opts: ServeOptions, log: Any) -> tuple[Any, Any]:
         try:
             return SchedulerConfig(max_seqs=rows, chunk_tokens=prep.chunk, max_context=max_context,
                                    token_budget=opts.token_budget,
-                                   batch_invariant_prefill=prep.facts.prefill_batch_invariant)
+                                   batch_invariant_prefill=prep.facts.prefill_batch_invariant,
+                                   grow_ahead=GROW_AHEAD if prep.facts.decode_advance is not None else 0)
         except ValueError as exc:
             raise InputError(f"--token-budget: {exc}") from None
 
