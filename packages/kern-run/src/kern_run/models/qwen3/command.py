@@ -79,13 +79,9 @@ def default_max_context(req: BuildRequest, cfg: Qwen3Config) -> int:
 
 def build_options(req: BuildRequest, cfg: Qwen3Config) -> BuildOptions:
     """The BuildOptions of the request (the pins file read; `decode` None: "gemm" for tensor-parallel ranks and
-    with batch_invariant, else "gemv"). Raises ManifestBuildError for a pins file load_algos refuses, --decode gemv
-    with --tp 2 or more, or batch_invariant with --tp 2 or more."""
+    with batch_invariant, else "gemv"). Raises ManifestBuildError for a pins file load_algos refuses, or --decode
+    gemv with --tp 2 or more."""
     fields = dict(req.options)
-    if fields.get("batch_invariant") and req.tp > 1:
-        raise ManifestBuildError(f"--batch-invariant with --tp {req.tp}: the all-reduce's summation order depends on "
-                                 "its element count (tokens x hidden), so tensor-parallel ranks are not built "
-                                 "batch-invariant; use --tp 1")
     if fields.get("decode") is None:
         fields["decode"] = "gemm" if req.tp > 1 or fields.get("batch_invariant") else "gemv"
     elif req.tp > 1 and fields["decode"] != "gemm":
