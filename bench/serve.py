@@ -2,19 +2,24 @@
 """Serving benchmark, Qwen3-4B shape: `kern serve` under load from a bounded loopback load generator, against
 transformers' own continuous batching on the same weights and request lengths, in one run (GPU machine).
 
-    python3 bench/serve.py [--ckpt /tmp/kern-weights/qwen3-4b] [--manifest M.json] [--rates 4,16,inf]
-                           [--requests 64] [--prompt-tokens 512] [--output-tokens 128] [--trace PATH]
-                           [--trace-requests 200] [--trace-seconds 60] [--context 8192] [--only kern,peer]
-                           [--time-limit 120] [--json out.json]
+    python3 bench/serve.py [--ckpt /tmp/kern-weights/qwen3-4b] [--manifest M.json] [--decode-manifest invariant|fast]
+                           [--rates 4,16,inf] [--requests 64] [--prompt-tokens 512] [--output-tokens 128]
+                           [--c1-requests 4] [--trace PATH] [--trace-requests 200] [--trace-seconds 60]
+                           [--context 8192] [--only kern,peer] [--time-limit 120] [--json out.json] [--fake]
 
 - The weights: tools/make_checkpoint.py --shape qwen3-4b (made when `--ckpt` lacks them). The manifest: built by
-  `kern manifest build --shape qwen3-4b --seqs-max 64 --gemv v2 --max-context CONTEXT --algos
-  manifests/algos/h200.json` (the GPU sampler is the builder's default) unless `--manifest` names one.
+  `kern manifest build --shape qwen3-4b --seqs-max 64 --max-context CONTEXT --algos manifests/algos/h200.json`
+  with `--batch-invariant` (`--decode-manifest invariant`, the default: what `kern serve` runs for the qwen3-4b
+  target, docs/serve.md "Which manifest") or `--gemv v2` (`fast`: the M = 1 GEMV decode of the target's
+  `manifest`), the GPU sampler either way, unless `--manifest` names one.
 - `kern`: `kern serve` started here as a subprocess on a free loopback port (`--max-seqs 64`), then, one after
   another, these scenarios (each bounded by `--requests` / `--trace-requests` and `--time-limit`):
   * `poisson R/s`: `--requests` requests of `--prompt-tokens` random token ids (no shared prefix) and
     `--output-tokens` generated tokens (`ignore_eos`), arriving as a Poisson process at each rate of `--rates`
     (`inf`: all at once, the peer's closed batch).
+  * `concurrency 1`: `--c1-requests` requests of the text `--c1-prompt` and `--output-tokens` tokens, one at a
+    time; after kern serve has stopped, `kern run` of the same prompt on the same manifest (its logged `decode X
+    ms/token`): the note compares the two TPOTs (issue 27: within 5%).
   * `mooncake`: the first `--trace-requests` requests of the Mooncake conversation trace (../shared/traces):
     input and output lengths scaled by one factor so the longest fits `--context`, its 512-token prefix blocks
     scaled alike and filled with token ids drawn from the block's hash id (requests that share hash ids share
@@ -24,12 +29,14 @@ transformers' own continuous batching on the same weights and request lengths, i
     against the cold TTFT).
   Every request streams (`stream: true`). Per request: TTFT = send -> first streamed chunk, TPOT = (last chunk
   - first chunk) / (tokens - 1), tokens from the usage chunk. Output tok/s = all generated tokens / (first send
-  -> last response). Prefix hit rate, parks, wakes, preemptions and the mean rows of a decode step come from
-  `/metrics` (differences over the scenario).
+  -> last response). Prefix hit rate, parks, wakes, preemptions, the mean rows of a decode step and the decode
+  steps enqueued ahead (used / dropped) come from `/metrics` (differences over the scenario).
 - `peer`: transformers `generate_batch` (continuous batching, `paged|sdpa` attention) on the same checkpoint in a
   subprocess after kern serve has stopped: the `inf` scenario's requests (same prompt ids, same lengths, greedy,
-  EOS ignored) in one call. Output tok/s = generated tokens / wall time of the call; TTFT / TPOT from its
-  outputs' timestamps where it records them.
+  EOS ignored) in one call (`peer_plan`: what it runs, checked before anything starts). Output tok/s = generated
+  tokens / wall time of the call; TTFT / TPOT from its outputs' timestamps where it records them.
+- `--fake` (a CPU smoke run, no GPU, numbers meaningless): bench/serve_fake.py in place of `kern serve` (the real
+  app, scheduler and loop over the fake engine) and of `kern run`; the peer is planned, not run.
 
 Only loopback addresses are ever a target (`check_loopback`). Prints one table last; JSON to `--json`, else
 $OUT/bench-serve.json when OUT is set. Exit 1 when nothing was measured.
@@ -60,7 +67,10 @@ TOKEN_ID_LOW, TOKEN_ID_HIGH = 1000, 100_000  # prompt token ids drawn from here 
 MAX_REQUESTS = 5000  # the most requests one scenario may send, whatever the flags say
 METRICS = ("kern_prefix_lookup_tokens_total", "kern_prefix_reused_tokens_total", "kern_parks_total",
            "kern_wakes_total", "kern_preemptions_total", "kern_decode_rows_sum", "kern_decode_rows_count",
-           "kern_evictions_total")
+           "kern_evictions_total", 'kern_decode_ahead_total{outcome="used"}',
+           'kern_decode_ahead_total{outcome="dropped"}')
+C1_PROMPT = "Once upon a time, in a small village by the sea, there lived an old fisherman who"
+HERE = Path(__file__).resolve().parent
 
 
 # ---------------------------------------------------------------- pure parts (tests/serve/test_bench_serve_cpu.py)
@@ -115,11 +125,13 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 @dataclass(frozen=True)
 class BenchRequest:
-    """One request of a scenario: `prompt` token ids, `max_tokens` generated, sent `at` seconds after the start."""
+    """One request of a scenario: `prompt` token ids (or, when `text` is given, that text, tokenized by the server),
+    `max_tokens` generated, sent `at` seconds after the start."""
 
     at: float
     prompt: tuple[int, ...]
     max_tokens: int
+    text: str | None = None
 
 
 def random_prompt(n: int, seed: int) -> tuple[int, ...]:
@@ -137,6 +149,44 @@ def prefix_requests(prefix_tokens: int, hits: int, output_tokens: int, seed: int
     """1 + `hits` requests sharing a `prefix_tokens` prefix, each with 16 tokens of its own."""
     shared = random_prompt(prefix_tokens, seed * 7 + 1)
     return [BenchRequest(0.0, shared + random_prompt(16, seed * 7 + 2 + i), output_tokens) for i in range(1 + hits)]
+
+
+def c1_requests(n: int, text: str, output_tokens: int) -> list[BenchRequest]:
+    """The concurrency-1 scenario: `n` requests of the text `text` (the prompt `kern run --prompt` is given)."""
+    return [BenchRequest(0.0, (), output_tokens, text) for _ in range(n)]
+
+
+def parse_run_tpot(log: str) -> float | None:
+    """The decode ms per token `kern run` logs for its prompt (`...; decode X ms/token; ...`), or None."""
+    m = re.search(r"decode ([0-9]+(?:\.[0-9]+)?) ms/token", log)
+    return float(m.group(1)) if m else None
+
+
+def c1_note(serve_tpot_ms: float, run_tpot_ms: float | None, what: str) -> str:
+    """The concurrency-1 comparison line (issue 27's target: kern serve's TPOT within 5% of kern run's)."""
+    if run_tpot_ms is None or not run_tpot_ms > 0 or serve_tpot_ms != serve_tpot_ms:
+        return f"concurrency 1: kern serve TPOT p50 {serve_tpot_ms:.3f} ms; {what} TPOT not measured"
+    ratio = serve_tpot_ms / run_tpot_ms
+    verdict = "within" if ratio <= 1.05 else "outside"
+    return (f"concurrency 1: kern serve TPOT p50 {serve_tpot_ms:.3f} ms vs {what} {run_tpot_ms:.3f} ms/token: "
+            f"{100 * (ratio - 1):+.1f}% ({verdict} the 5% target)")
+
+
+def peer_plan(requests: int, prompt_tokens: int, output_tokens: int, seed: int, attn: str,
+              cb_config: str) -> dict[str, Any]:
+    """What the peer runs: the closed batch's requests (the `inf` scenario's prompts), its GenerationConfig fields
+    (greedy, EOS ignored, exactly `output_tokens` new tokens) and the ContinuousBatchingConfig fields of the
+    `--peer-cb-config` JSON object. Raises ValueError naming the flag for JSON that is not an object."""
+    try:
+        fields = json.loads(cb_config)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--peer-cb-config {cb_config!r}: not JSON ({exc.msg})") from None
+    if not isinstance(fields, dict):
+        raise ValueError(f"--peer-cb-config {cb_config!r}: expected a JSON object of ContinuousBatchingConfig fields")
+    reqs = poisson_requests(requests, math.inf, prompt_tokens, output_tokens, seed)
+    gen = {"max_new_tokens": output_tokens, "min_new_tokens": output_tokens, "do_sample": False,
+           "eos_token_id": None, "pad_token_id": 0}
+    return {"inputs": [list(r.prompt) for r in reqs], "generation_config": gen, "cb_config": fields, "attn": attn}
 
 
 def read_trace(path: Path, limit: int) -> list[dict[str, Any]]:
@@ -200,10 +250,11 @@ def trace_requests(records: Sequence[dict[str, Any]], context: int, seconds: flo
 
 
 def parse_metrics(text: str) -> dict[str, float]:
-    """`name -> value` of the unlabelled samples of a Prometheus text exposition (METRICS and the rest)."""
+    """`name -> value` of the samples of a Prometheus text exposition (METRICS and the rest); a labelled sample
+    keyed by its name and labels as written (`kern_decode_ahead_total{outcome="used"}`)."""
     out = {}
     for line in text.splitlines():
-        m = re.match(r"^([a-zA-Z_:][a-zA-Z0-9_:]*) (\S+)$", line)
+        m = re.match(r"^([a-zA-Z_:][a-zA-Z0-9_:]*(?:\{[^}]*\})?) (\S+)$", line)
         if m:
             out[m.group(1)] = float(m.group(2))
     return out
@@ -242,6 +293,7 @@ def summarize(name: str, outcomes: Sequence[Outcome], before: dict[str, float], 
     tpot = [1e3 * o.tpot for o in done if o.tpot is not None]
     lookup = delta["kern_prefix_lookup_tokens_total"]
     rows = delta["kern_decode_rows_count"]
+    used, dropped = (delta[f'kern_decode_ahead_total{{outcome="{o}"}}'] for o in ("used", "dropped"))
     return {
         "scenario": name, "requests": len(outcomes), "done": len(done), "failed": len(outcomes) - len(done),
         "output_tokens": tokens, "seconds": span, "output_tok_s": tokens / span if done and span > 0 else float("nan"),
@@ -251,6 +303,7 @@ def summarize(name: str, outcomes: Sequence[Outcome], before: dict[str, float], 
         "parks": delta["kern_parks_total"], "wakes": delta["kern_wakes_total"],
         "preemptions": delta["kern_preemptions_total"], "evictions": delta["kern_evictions_total"],
         "mean_decode_rows": delta["kern_decode_rows_sum"] / rows if rows else float("nan"),
+        "ahead_used": used, "ahead_dropped": dropped,
         "errors": sorted({o.error for o in outcomes if o.error})[:3],
     }
 
@@ -279,8 +332,8 @@ def table(rows: Sequence[dict[str, Any]], notes: Iterable[str] = ()) -> str:
 
 
 async def _one(client: Any, url: str, model: str, req: BenchRequest, t0: float, out: Outcome) -> None:
-    body = {"model": model, "prompt": list(req.prompt), "max_tokens": req.max_tokens, "stream": True,
-            "ignore_eos": True, "temperature": 0}
+    body = {"model": model, "prompt": req.text if req.text is not None else list(req.prompt),
+            "max_tokens": req.max_tokens, "stream": True, "ignore_eos": True, "temperature": 0}
     try:
         async with client.stream("POST", url, json=body) as resp:
             if resp.status_code != 200:
@@ -385,38 +438,60 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def build_manifest(args: argparse.Namespace, out: Path) -> Path:
-    """`kern manifest build --shape qwen3-4b --seqs-max 64 --gemv v2 ...` (the GEMV rows family, the v2 target's
-    decode; retried with --decode gemm if the builder refuses it)."""
-    base = [sys.executable, "-m", "kern_run", "manifest", "build", "--shape", "qwen3-4b", "--name", "qwen3-4b-b64",
-            "--seqs-max", str(args.max_seqs), "--max-context", str(args.context), "--kernels", str(args.kernels),
-            "--out", str(out)]
+def manifest_command(args: argparse.Namespace, out: Path) -> list[str]:
+    """`kern manifest build` of the served manifest: the 4B shape at `--max-seqs` rows and `--context`, with
+    `--batch-invariant` (`--decode-manifest invariant`) or the v2 GEMV decode (`fast`), the pins when present."""
+    cmd = [sys.executable, "-m", "kern_run", "manifest", "build", "--shape", "qwen3-4b", "--name",
+           f"qwen3-4b-b{args.max_seqs}-{args.decode_manifest}", "--seqs-max", str(args.max_seqs), "--max-context",
+           str(args.context), "--kernels", str(args.kernels), "--out", str(out)]
     if args.algos and Path(args.algos).is_file():
-        base += ["--algos", str(args.algos)]
-    for extra in (["--gemv", "v2"], ["--decode", "gemm"]):
-        proc = subprocess.run(base + extra, capture_output=True, text=True)
-        print(f"# {' '.join(base[3:] + extra)}: exit {proc.returncode} {proc.stdout.strip()[-200:]}"
-              f"{proc.stderr.strip()[-300:]}", flush=True)
-        if proc.returncode == 0:
-            return out
-    raise RuntimeError("kern manifest build --seqs-max failed (see above)")
+        cmd += ["--algos", str(args.algos)]
+    return cmd + (["--batch-invariant"] if args.decode_manifest == "invariant" else ["--gemv", "v2"])
 
 
-def start_server(args: argparse.Namespace, manifest: Path, log: Path) -> tuple[subprocess.Popen, str]:
+def build_manifest(args: argparse.Namespace, out: Path) -> Path:
+    cmd = manifest_command(args, out)
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    print(f"# {' '.join(cmd[3:])}: exit {proc.returncode} {proc.stdout.strip()[-200:]}{proc.stderr.strip()[-300:]}",
+          flush=True)
+    if proc.returncode != 0:
+        raise RuntimeError("kern manifest build failed (see above)")
+    return out
+
+
+def server_command(args: argparse.Namespace, manifest: Path | None, port: int) -> list[str]:
+    """`kern serve` of `manifest` on 127.0.0.1:`port`, or with `--fake` bench/serve_fake.py's server."""
+    if args.fake:
+        return [sys.executable, str(HERE / "serve_fake.py"), "serve", "--host", "127.0.0.1", "--port", str(port),
+                "--model", "bench", "--max-seqs", str(args.max_seqs), "--context", str(args.context),
+                "--capacity", str(args.capacity), "--step-ms", str(args.fake_step_ms), "--max-queue", str(MAX_REQUESTS)]
+    return [sys.executable, "-m", "kern_run", "serve", "--manifest", str(manifest), "--kernels", str(args.kernels),
+            "--weights", str(args.ckpt), "--host", "127.0.0.1", "--port", str(port), "--max-seqs", str(args.max_seqs),
+            "--capacity", str(args.capacity), "--host-gib", str(args.host_gib), "--max-queue", str(MAX_REQUESTS),
+            "--model-name", "bench", "--drain-timeout", "5", "--log-level", "info", "--gpu", str(args.gpu)]
+
+
+def run_command(args: argparse.Namespace, manifest: Path | None) -> list[str]:
+    """`kern run` of the concurrency-1 prompt on `manifest` (or the fake's stand-in), EOS ignored."""
+    if args.fake:
+        return [sys.executable, str(HERE / "serve_fake.py"), "run", "--prompt", args.c1_prompt, "--max-tokens",
+                str(args.output_tokens), "--context", str(args.context), "--step-ms", str(args.fake_step_ms)]
+    return [sys.executable, "-m", "kern_run", "run", "--manifest", str(manifest), "--kernels", str(args.kernels),
+            "--weights", str(args.ckpt), "--prompt", args.c1_prompt, "--max-tokens", str(args.output_tokens),
+            "--ignore-eos", "--capacity", str(min(args.capacity, args.context)), "--gpu", str(args.gpu)]
+
+
+def start_server(args: argparse.Namespace, manifest: Path | None, log: Path) -> tuple[subprocess.Popen, str]:
     import httpx
 
     port = args.port or free_port()
     base = check_loopback(f"http://127.0.0.1:{port}")
-    cmd = [sys.executable, "-m", "kern_run", "serve", "--manifest", str(manifest), "--kernels", str(args.kernels),
-           "--weights", str(args.ckpt), "--host", "127.0.0.1", "--port", str(port), "--max-seqs", str(args.max_seqs),
-           "--capacity", str(args.capacity), "--host-gib", str(args.host_gib), "--max-queue", str(MAX_REQUESTS),
-           "--model-name", "bench", "--drain-timeout", "5", "--log-level", "info"]
     with open(log, "w") as sink:  # the child keeps its own descriptor
-        proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(server_command(args, manifest, port), stdout=sink, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + args.start_timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"kern serve exited {proc.returncode}: {log.read_text()[-1500:]}")
+            raise RuntimeError(f"the server exited {proc.returncode}: {log.read_text()[-1500:]}")
         try:
             if httpx.get(f"{base}/health", timeout=2).status_code == 200:
                 return proc, base
@@ -424,29 +499,41 @@ def start_server(args: argparse.Namespace, manifest: Path, log: Path) -> tuple[s
             pass
         time.sleep(0.5)
     proc.kill()
-    raise RuntimeError(f"kern serve not healthy after {args.start_timeout:.0f} s: {log.read_text()[-1500:]}")
+    raise RuntimeError(f"the server is not healthy after {args.start_timeout:.0f} s: {log.read_text()[-1500:]}")
+
+
+def run_alone_tpot(args: argparse.Namespace, manifest: Path | None, notes: list[str]) -> float | None:
+    """`kern run`'s decode ms per token for the concurrency-1 prompt (None, with a note, when it fails)."""
+    try:
+        proc = subprocess.run(run_command(args, manifest), capture_output=True, text=True, timeout=args.peer_timeout)
+    except subprocess.TimeoutExpired:
+        notes.append(f"kern run: timed out after {args.peer_timeout:.0f} s")
+        return None
+    tpot = parse_run_tpot(proc.stderr)
+    if proc.returncode != 0 or tpot is None:
+        notes.append(f"kern run: exit {proc.returncode}, no `decode X ms/token` line: {proc.stderr.strip()[-400:]}")
+    return tpot
 
 
 def peer_worker(args: argparse.Namespace) -> None:
-    """transformers `generate_batch` over the `inf` scenario's requests; one JSON line on stdout."""
+    """transformers `generate_batch` over `peer_plan`'s requests; one JSON line on stdout."""
     import torch
     from transformers import GenerationConfig
 
     from kern_run.reference import HfReference
 
-    reqs = poisson_requests(args.requests, math.inf, args.prompt_tokens, args.output_tokens, args.seed)
+    plan = peer_plan(args.requests, args.prompt_tokens, args.output_tokens, args.seed, args.peer_attn,
+                     args.peer_cb_config)
     t0 = time.perf_counter()
-    model = HfReference(Path(args.ckpt), gpu=args.gpu, attn_implementation=args.peer_attn).model
+    model = HfReference(Path(args.ckpt), gpu=args.gpu, attn_implementation=plan["attn"]).model
     load_s = time.perf_counter() - t0
-    gc = GenerationConfig(max_new_tokens=args.output_tokens, min_new_tokens=args.output_tokens, do_sample=False,
-                          eos_token_id=None, pad_token_id=0)
-    inputs = [list(r.prompt) for r in reqs]
+    gc = GenerationConfig(**plan["generation_config"])
+    inputs = plan["inputs"]
     kwargs: dict[str, Any] = {}
-    cb_fields = json.loads(args.peer_cb_config)
-    if cb_fields:
+    if plan["cb_config"]:
         from transformers.generation import ContinuousBatchingConfig
 
-        kwargs["continuous_batching_config"] = ContinuousBatchingConfig(**cb_fields)
+        kwargs["continuous_batching_config"] = ContinuousBatchingConfig(**plan["cb_config"])
 
     def generate(ids: list[list[int]], config: Any) -> Any:
         try:
@@ -475,21 +562,24 @@ def peer_worker(args: argparse.Namespace) -> None:
         elif span and span[1] > span[0] > 0 and o.generated_tokens:  # scheduled -> finished, prefill included
             source = "lifespan / tokens (an upper bound)"
             tpot.append(1e3 * (span[1] - span[0]) / len(o.generated_tokens))
-    print(json.dumps({"scenario": f"peer: transformers generate_batch ({args.peer_attn})", "requests": len(reqs),
-                      "done": len(outs), "failed": len(reqs) - len(outs), "output_tokens": tokens, "seconds": wall,
+    print(json.dumps({"scenario": f"peer: transformers generate_batch ({plan['attn']})", "requests": len(inputs),
+                      "done": len(outs), "failed": len(inputs) - len(outs), "output_tokens": tokens, "seconds": wall,
                       "output_tok_s": tokens / wall, "ttft_ms_p50": percentile(ttft, 50),
                       "ttft_ms_p99": percentile(ttft, 99), "tpot_ms_p50": percentile(tpot, 50),
                       "tpot_ms_p99": percentile(tpot, 99), "tpot_from": source, "load_s": load_s,
                       "transformers": __import__("transformers").__version__}), flush=True)
 
 
-def run_peer(args: argparse.Namespace, notes: list[str]) -> dict[str, Any] | None:
-    argv = [sys.executable, str(Path(__file__).resolve()), "--worker", "peer", "--ckpt", str(args.ckpt), "--gpu",
+def peer_command(args: argparse.Namespace) -> list[str]:
+    return [sys.executable, str(Path(__file__).resolve()), "--worker", "peer", "--ckpt", str(args.ckpt), "--gpu",
             str(args.gpu), "--requests", str(args.requests), "--prompt-tokens", str(args.prompt_tokens),
             "--output-tokens", str(args.output_tokens), "--seed", str(args.seed), "--peer-attn", args.peer_attn,
             "--peer-cb-config", args.peer_cb_config]
+
+
+def run_peer(args: argparse.Namespace, notes: list[str]) -> dict[str, Any] | None:
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=args.peer_timeout)
+        proc = subprocess.run(peer_command(args), capture_output=True, text=True, timeout=args.peer_timeout)
     except subprocess.TimeoutExpired:
         notes.append(f"peer: timed out after {args.peer_timeout:.0f} s")
         return None
@@ -515,10 +605,12 @@ def default_trace() -> Path:
     return ROOT.parent / "shared" / "traces" / "mooncake_conversation_trace.jsonl"
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[1])
     p.add_argument("--ckpt", type=Path, default=Path(os.environ.get("KERN_WEIGHTS", "/tmp/kern-weights")) / "qwen3-4b")
     p.add_argument("--manifest", type=Path, default=None, help="default: built with --seqs-max (see above)")
+    p.add_argument("--decode-manifest", choices=["invariant", "fast"], default="invariant",
+                   help="the manifest built when --manifest is not given: --batch-invariant or --gemv v2")
     p.add_argument("--kernels", type=Path, default=ROOT / "kernels")
     p.add_argument("--algos", type=Path, default=ROOT / "manifests" / "algos" / "h200.json")
     p.add_argument("--gpu", type=int, default=0)
@@ -527,6 +619,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--requests", type=int, default=64)
     p.add_argument("--prompt-tokens", type=int, default=512)
     p.add_argument("--output-tokens", type=int, default=128)
+    p.add_argument("--c1-requests", type=int, default=4, help="0: no concurrency-1 scenario")
+    p.add_argument("--c1-prompt", default=C1_PROMPT)
     p.add_argument("--prefix-tokens", type=int, default=2048)
     p.add_argument("--prefix-hits", type=int, default=8, help="0: no prefix scenario")
     p.add_argument("--trace", type=Path, default=default_trace())
@@ -545,73 +639,111 @@ def main(argv: list[str] | None = None) -> int:
                    "defaults, no config passed), e.g. '{\"use_cuda_graph\": true}'")
     p.add_argument("--peer-timeout", type=float, default=900.0)
     p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--fake", action="store_true", help="CPU smoke run: bench/serve_fake.py for kern serve and kern "
+                   "run, the peer only planned")
+    p.add_argument("--fake-step-ms", type=float, default=1.0, help="with --fake: the fake engine's ms per step")
     p.add_argument("--worker", choices=["peer"], help=argparse.SUPPRESS)
+    return p
+
+
+def kern_scenarios(args: argparse.Namespace, base: str, rows: list[dict[str, Any]], notes: list[str]) -> None:
+    """Every kern serve scenario against the server at `base`, in order (module docstring)."""
+    for rate in _rates(args.rates):
+        reqs = poisson_requests(args.requests, rate, args.prompt_tokens, args.output_tokens, args.seed)
+        label = "closed batch (all at once)" if math.isinf(rate) else f"{rate:g}/s"
+        rows.append(run_scenario(base, "bench", f"poisson {label} {args.prompt_tokens}/{args.output_tokens}",
+                                 reqs, args.time_limit))
+    if args.c1_requests:
+        before = scrape(base)
+        outs = asyncio.run(run_one_at_a_time(base, "bench", c1_requests(args.c1_requests, args.c1_prompt,
+                                                                        args.output_tokens), args.time_limit))
+        rows.append(summarize(f"concurrency 1 (text)/{args.output_tokens}", outs, before, scrape(base)))
+    if args.prefix_hits:
+        before = scrape(base)
+        reqs = prefix_requests(args.prefix_tokens, args.prefix_hits, 16, args.seed)
+        outs = asyncio.run(run_one_at_a_time(base, "bench", reqs, args.time_limit))
+        after = scrape(base)
+        label = f"{args.prefix_tokens}+16 one at a time"
+        rows.append(summarize(f"prefix cold {label}", outs[:1], before, before))
+        rows.append(summarize(f"prefix hit {label}", outs[1:], before, after))
+        cold, hit = rows[-2]["ttft_ms_p50"], rows[-1]["ttft_ms_p50"]
+        if cold == cold and hit == hit and cold > 0:  # not NaN
+            notes.append(f"prefix hit TTFT {hit:.1f} ms = {100 * hit / cold:.0f}% of the cold {cold:.1f} ms "
+                         f"({args.prefix_tokens}-token shared prefix)")
+    if args.trace_requests:
+        if args.trace.is_file():
+            records = read_trace(args.trace, args.trace_requests)
+            reqs, scale = trace_requests(records, args.context, args.trace_seconds, args.seed)
+            mean_in = sum(len(r.prompt) for r in reqs) / len(reqs)
+            mean_out = sum(r.max_tokens for r in reqs) / len(reqs)
+            notes.append(f"mooncake: {len(reqs)} requests of {args.trace.name}, lengths x {scale:.4f} "
+                         f"(context {args.context}), mean prompt {mean_in:.0f} / output {mean_out:.0f} tokens, "
+                         f"arrivals over {max(r.at for r in reqs):.0f} s")
+            rows.append(run_scenario(base, "bench", "mooncake conversation (scaled)", reqs, args.time_limit))
+        else:
+            notes.append(f"mooncake: {args.trace} not found (pass --trace; ../shared does not travel)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = parser()
     args = p.parse_args(argv)
     if args.worker == "peer":
         peer_worker(args)
         return 0
     if not 1 <= args.requests <= MAX_REQUESTS or not 0 <= args.trace_requests <= MAX_REQUESTS:
         p.error(f"--requests and --trace-requests: at most {MAX_REQUESTS}")
+    if not 0 <= args.c1_requests <= MAX_REQUESTS:
+        p.error(f"--c1-requests: 0..{MAX_REQUESTS}")
+    try:  # the peer's plan is checked before anything starts
+        plan = peer_plan(args.requests, args.prompt_tokens, args.output_tokens, args.seed, args.peer_attn,
+                         args.peer_cb_config)
+    except ValueError as exc:
+        p.error(str(exc))
     only = {s for s in args.only.split(",") if s}
-    notes: list[str] = []
+    notes: list[str] = ["--fake: bench/serve_fake.py's fake engine on the CPU, numbers meaningless"] if args.fake else []
     rows: list[dict[str, Any]] = []
     out_dir = Path(os.environ.get("OUT") or "/tmp/kern-bench-serve")
     out_dir.mkdir(parents=True, exist_ok=True)
-    if not (args.ckpt / "config.json").is_file():
+    if not args.fake and not (args.ckpt / "config.json").is_file():
         print(f"# {args.ckpt} missing: making it (tools/make_checkpoint.py --shape qwen3-4b)", flush=True)
         subprocess.run([sys.executable, str(ROOT / "tools" / "make_checkpoint.py"), "--shape", "qwen3-4b", "--out",
                         str(args.ckpt)], check=True)
+    manifest = None
     if "kern" in only:
-        manifest = args.manifest or build_manifest(args, out_dir / "qwen3-4b-b64.json")
+        if not args.fake:
+            manifest = args.manifest or build_manifest(args, out_dir / f"qwen3-4b-{args.decode_manifest}.json")
         proc, base = start_server(args, manifest, out_dir / "bench-serve-server.log")
         try:
-            for rate in _rates(args.rates):
-                reqs = poisson_requests(args.requests, rate, args.prompt_tokens, args.output_tokens, args.seed)
-                label = "closed batch (all at once)" if math.isinf(rate) else f"{rate:g}/s"
-                rows.append(run_scenario(base, "bench", f"poisson {label} {args.prompt_tokens}/{args.output_tokens}",
-                                         reqs, args.time_limit))
-            if args.prefix_hits:
-                before = scrape(base)
-                reqs = prefix_requests(args.prefix_tokens, args.prefix_hits, 16, args.seed)
-                outs = asyncio.run(run_one_at_a_time(base, "bench", reqs, args.time_limit))
-                after = scrape(base)
-                label = f"{args.prefix_tokens}+16 one at a time"
-                rows.append(summarize(f"prefix cold {label}", outs[:1], before, before))
-                rows.append(summarize(f"prefix hit {label}", outs[1:], before, after))
-                cold, hit = rows[-2]["ttft_ms_p50"], rows[-1]["ttft_ms_p50"]
-                if cold == cold and hit == hit and cold > 0:  # not NaN
-                    notes.append(f"prefix hit TTFT {hit:.1f} ms = {100 * hit / cold:.0f}% of the cold {cold:.1f} ms "
-                                 f"({args.prefix_tokens}-token shared prefix)")
-            if args.trace_requests:
-                if args.trace.is_file():
-                    records = read_trace(args.trace, args.trace_requests)
-                    reqs, scale = trace_requests(records, args.context, args.trace_seconds, args.seed)
-                    mean_in = sum(len(r.prompt) for r in reqs) / len(reqs)
-                    mean_out = sum(r.max_tokens for r in reqs) / len(reqs)
-                    notes.append(f"mooncake: {len(reqs)} requests of {args.trace.name}, lengths x {scale:.4f} "
-                                 f"(context {args.context}), mean prompt {mean_in:.0f} / output {mean_out:.0f} tokens, "
-                                 f"arrivals over {max(r.at for r in reqs):.0f} s")
-                    rows.append(run_scenario(base, "bench", "mooncake conversation (scaled)", reqs, args.time_limit))
-                else:
-                    notes.append(f"mooncake: {args.trace} not found (pass --trace; ../shared does not travel)")
+            kern_scenarios(args, base, rows, notes)
         finally:
             proc.terminate()
             try:
                 proc.wait(60)
             except subprocess.TimeoutExpired:
                 proc.kill()
-        notes.append(f"kern serve log: {out_dir / 'bench-serve-server.log'}")
+        notes.append(f"server log: {out_dir / 'bench-serve-server.log'}")
+        c1 = next((r for r in rows if r["scenario"].startswith("concurrency 1")), None)
+        if c1 is not None:  # kern run of the same prompt on the same manifest, the server stopped
+            what = "the fake kern run" if args.fake else f"kern run ({manifest.name if manifest else '?'})"
+            notes.append(c1_note(c1["tpot_ms_p50"], run_alone_tpot(args, manifest, notes), what))
     if "peer" in only:
-        peer = run_peer(args, notes)
-        if peer is not None:
-            rows.append(peer)
-            if peer.get("tpot_from", "timestamps") != "timestamps":
-                notes.append(f"peer TPOT: {peer['tpot_from']}")
-            closed = next((r for r in rows if r["scenario"].startswith("poisson closed")), None)
-            if closed is not None and closed.get("output_tok_s") and peer.get("output_tok_s"):
-                notes.append(f"closed batch: kern serve {closed['output_tok_s']:.0f} tok/s = "
-                             f"{closed['output_tok_s'] / peer['output_tok_s']:.1f}x the peer's "
-                             f"{peer['output_tok_s']:.0f} (transformers {peer.get('transformers')})")
+        if args.fake:
+            tokens = sum(len(x) for x in plan["inputs"])
+            notes.append(f"peer (planned, not run with --fake): generate_batch ({plan['attn']}) of "
+                         f"{len(plan['inputs'])} requests, {tokens} prompt tokens, "
+                         f"{plan['generation_config']['max_new_tokens']} new tokens each, greedy, EOS ignored; "
+                         f"ContinuousBatchingConfig {plan['cb_config'] or 'defaults'}: {' '.join(peer_command(args)[1:4])}")
+        else:
+            peer = run_peer(args, notes)
+            if peer is not None:
+                rows.append(peer)
+                if peer.get("tpot_from", "timestamps") != "timestamps":
+                    notes.append(f"peer TPOT: {peer['tpot_from']}")
+                closed = next((r for r in rows if r["scenario"].startswith("poisson closed")), None)
+                if closed is not None and closed.get("output_tok_s") and peer.get("output_tok_s"):
+                    notes.append(f"closed batch: kern serve {closed['output_tok_s']:.0f} tok/s = "
+                                 f"{closed['output_tok_s'] / peer['output_tok_s']:.1f}x the peer's "
+                                 f"{peer['output_tok_s']:.0f} (transformers {peer.get('transformers')})")
     target = args.json or (Path(os.environ["OUT"]) / "bench-serve.json" if os.environ.get("OUT") else None)
     if target:
         Path(target).write_text(json.dumps({"rows": rows, "notes": notes, "args": {k: str(v) for k, v in

@@ -2,10 +2,12 @@
 `kern manifest build --algos` (the committed manifests/algos/*.json).
 
 The search is kern_runtime.gemm_pins (its docstring: why batch invariance, the candidates, the proof that rows
-computed at M = 1, 2, 3, 7, 16, 17, 100, 511, m_max - 1 equal the M = m_max rows bit for bit, the timing).
+computed at M = 1, 2, 3, 4, 7, 8, 16, 17, 32, 64, 100, 511, m_max - 1 equal the M = m_max rows bit for bit, the timing).
 `kern run --weights DIR` runs the same search in-process on first use of a shape (kern_run.pins_cache); this
 tool picks for several shapes, configs and tensor-parallel degrees at once, and with --decode adds the fastest
-M = 1 pins (`decode_pins`, split-K allowed, the lm_head shape included). Writes JSON (`--out`, default stdout;
+M = 1 pins (`decode_pins`, split-K allowed, the lm_head shape included), and with --lm-head each config's lm_head
+shape (vocab x hidden) among the proven pins (what `kern manifest build --batch-invariant` decodes the lm_head with;
+without it, on a decode pin without split-K, listed as unproven). Writes JSON (`--out`, default stdout;
 format kern_runtime.gemm_pins.document).
 
 Host-side refusals (exit 2, one line on stderr, before the device is touched): an unknown --shape, a --config
@@ -51,7 +53,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gpu", type=int, default=0)
     ap.add_argument("--out", type=Path, help="JSON output (default stdout)")
     ap.add_argument("--keep-pins", type=Path, help="take the prefill pins (and m_max) from this pins file instead of "
-                                                   "picking them again (with --decode: add decode pins to it)")
+                                                   "picking them again (with --decode: add decode pins to it; "
+                                                   "with --lm-head: add the lm_head pins it lacks)")
+    ap.add_argument("--lm-head", action="store_true",
+                    help="also pin each config's lm_head shape (vocab x hidden), proven like the prefill pins "
+                         "(what --batch-invariant manifests decode the lm_head with)")
     ap.add_argument("--decode", action="store_true",
                     help="also pick the fastest M = 1 configuration per shape (split-K allowed) for cuBLASLt decode "
                          "(`decode_pins`; the lm_head shape included)")
@@ -73,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         except gq.ManifestBuildError as exc:
             return refuse(f"--config {exc}")
         labels.append(f"--config {c}")
-    if not configs and (args.decode or not args.keep_pins):
+    if not configs and (args.decode or args.lm_head or not args.keep_pins):
         return refuse("no shapes to pick: pass --shape or --config")
     for tp in args.tp:  # gemm_shapes divides by tp as kern_run.models.qwen3.shard_config does: exactly
         if tp < 1:
@@ -112,19 +118,20 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with PinPicker(args.gpu) as picker:
             name, version = picker.device, picker.cublaslt_version
-            if kept is not None and args.decode and (name, version) != (kept["device"], kept["cublaslt_version"]):
+            if (kept is not None and (args.decode or args.lm_head)
+                    and (name, version) != (kept["device"], kept["cublaslt_version"])):
                 return refuse(f"--keep-pins {args.keep_pins} was picked on {kept['device']} with cuBLASLt "
-                              f"{kept['cublaslt_version']}, this is {name} with cuBLASLt {version}: decode pins "
-                              "picked here would not match its stamp; drop --keep-pins to pick every pin on this "
-                              "device")
-            pins = []
-            if kept is not None:
-                pins, args.m_max = kept["pins"], int(kept["m_max"])
-            else:
-                for n, k in shapes:
-                    log(f"n={n} k={k}")
-                    pins.append(picker.prefill(n, k, args.m_max, log))
+                              f"{kept['cublaslt_version']}, this is {name} with cuBLASLt {version}: pins picked "
+                              "here would not match its stamp; drop --keep-pins to pick every pin on this device")
             lm_heads = {(cfg.vocab, cfg.hidden) for cfg in configs}
+            pins, to_pick = [], set(shapes)
+            if kept is not None:
+                pins, args.m_max, to_pick = list(kept["pins"]), int(kept["m_max"]), set()  # kept as they are
+            for n, k in sorted(to_pick | (lm_heads if args.lm_head else set())):
+                if any((p["n"], p["k"]) == (n, k) for p in pins):
+                    continue
+                log(f"n={n} k={k}")
+                pins.append(picker.prefill(n, k, args.m_max, log))  # after the kept ones, in (n, k) order
             decode_pins = [picker.decode(n, k, log) for n, k in sorted(set(shapes) | lm_heads)] if args.decode else []
     except KernError as exc:  # PinSearchError: no invariant candidate for a shape; the device failing
         return refuse(str(exc))
@@ -139,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         sys.stdout.write(text)
     log(f"{'n':>7} {'k':>6} {'pinned us@512':>13} {'heur us@512':>11} {'pinned us@max':>13} {'heur us@max':>11} heur-inv")
-    for p in ([] if args.keep_pins else pins):
+    for p in [p for p in pins if "us_max" in p and (kept is None or p not in kept["pins"])]:
         log(f"{p['n']:>7} {p['k']:>6} {p.get('us_512', 0):>13.1f} {p.get('heuristic_us_512', 0):>11.1f} "
             f"{p['us_max']:>13.1f} {p['heuristic_us_max']:>11.1f} {p['heuristic_invariant']}")
     if decode_pins:

@@ -42,6 +42,11 @@ COMMITTED: dict[str, tuple[str, str | None, dict[str, Any]]] = {
     # the default target: generated from the trained checkpoint's own config.json
     "qwen3-tiny-en.json": (TINY_EN, "qwen3-tiny-en", {"max_context": 2048, "gemv": "v2", "seqs_max": 64}),
     "qwen3-tiny-en-gemm.json": (TINY_EN, "qwen3-tiny-en-gemm", {"max_context": 2048, "decode": "gemm"}),
+    # batch-invariant decode of 1..64 rows (docs/caller.md "Batch-invariant decode"): what `kern serve` runs for the
+    # tiny-en and qwen3-4b targets (kern.toml serve_manifest), so a response equals the prompt run alone
+    "qwen3-tiny-en-inv.json": (TINY_EN, "qwen3-tiny-en-inv", {"max_context": 2048, "seqs_max": 64,
+                                                              "batch_invariant": True}),
+    "qwen3-4b-inv.json": ("qwen3-4b", "qwen3-4b-inv", {"seqs_max": 64, "batch_invariant": True}),
 }
 
 

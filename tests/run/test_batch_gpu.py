@@ -1,22 +1,23 @@
 """The batched decode caller on the GPU (kern_run.batch), on the committed tiny-en model (models/qwen3-tiny-en,
-trained weights: real top-2 margins) with its manifest at seqs_max 64: the committed manifests/qwen3-tiny-en.json
-when it already takes 64 rows and has the GPU sampler, else built in-process with the package's builder from the
-same table entry (tools/regen_manifests.py) with `seqs_max` 64 and `gemv` v2.
+trained weights: real top-2 margins) with its batch-invariant manifest, manifests/qwen3-tiny-en-inv.json (`kern
+manifest build --batch-invariant --seqs-max 64`: the same launches at every bucket, 1 included; docs/caller.md
+"Batch-invariant decode"), where a row alone is `kern run` of its prompt on that manifest:
 
 - (a) every row of a batched greedy run gives the tokens of its prompt decoded alone (one row, bucket 1), 128
-  steps, ragged prompt lengths, at buckets 4 and 64 (and the synchronous loop at bucket 4);
+  steps, ragged prompt lengths, at buckets 4 and 64 (and the synchronous loop at bucket 4): bit for bit;
 - rows of other budgets stopping mid-batch (kept as harmless rows, then re-packed into smaller buckets) leave
   every other row's tokens unchanged;
 - (b) a seeded sampled request gives the same tokens alone and inside batches of 4 and 64 with other neighbours;
 - (c) `kern run --prompts FILE --stop S` ends the row whose text holds S and cuts its line before S.
 - the warm-up at load captures the buckets' graphs and the first generation after it pays no capture.
+- the fast manifest (manifests/qwen3-tiny-en.json: M = 1 GEMVs at bucket 1, cuBLASLt's heuristic at 2..64) is
+  not batch-invariant: a non-strict note records how its 64-row rows compare with each alone.
 
 Run on the H200:  KERN_REQUIRE_GPU=1 python3 -m pytest tests/run/test_batch_gpu.py -q -s
 """
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -29,47 +30,23 @@ pytestmark = pytest.mark.gpu
 ROOT = Path(__file__).resolve().parents[2]
 SEQS = 64
 STEPS = 128
+INVARIANT = ROOT / "manifests" / "qwen3-tiny-en-inv.json"
+FAST = ROOT / "manifests" / "qwen3-tiny-en.json"
 
 
-def batched_tiny_en(out_dir: Path) -> Path:
-    """manifests/qwen3-tiny-en.json when it takes SEQS rows and samples on the GPU; else the same build at
-    seqs_max SEQS with the v2 GEMV wiring (the builder's defaults otherwise: the GPU sampler)."""
-    from kern_run.models.qwen3 import build_texts
-    from kern_run.preflight import read_manifest
-    from tools import regen_manifests
-
-    committed = ROOT / "manifests" / "qwen3-tiny-en.json"
-    facts = read_manifest(committed)
-    caller = (facts.manifest.meta or {}).get("caller", {})
-    if facts.manifest.vars["seqs"].max >= SEQS and "sampling" in caller:
-        return committed
-    req = regen_manifests.request("qwen3-tiny-en.json", ROOT / "kernels", regen_manifests.ALGOS, out_dir)
-    options = {**req.options, "seqs_max": SEQS}
-    if options.get("decode", "gemv") == "gemv":
-        options["gemv"] = "v2"  # the v1 GEMVs compute one row; v2 takes 2..64 rows (small-M MMA projections)
-    req = dataclasses.replace(req, verify=True, options=options)
-    ((path, text),) = build_texts(req).items()
-    path.write_text(text)
-    return path
-
-
-
-# The tests below hold a batched row to the tokens of its prompt alone, bit for bit. They fail today, and strict
-# xfail makes the suite say so until they pass.
-NOT_BIT_IDENTICAL_YET = pytest.mark.xfail(strict=True, reason=(
-    'issue 26 open: a decode step of 1 row runs the fused M = 1 GEMVs and the wide attention partial, a step of 2..64 rows cuBLASLt with separate norms and the stream partial; their sums differ in order, so a greedy row can flip at a near-tie (H200, fourteenth session: tiny-en bucket 4: 1 of 8 rows differs from step 18; bucket 64: 27 of 64 rows; kern serve, 64 concurrent: 17 of 64 texts). Bit identity up to 8 rows needs a multi-row lm_head GEMV and the wide partial there (docs/perf.md "Fourteenth session")'))
-
-@pytest.fixture(scope="module")
-def gen(tmp_path_factory: pytest.TempPathFactory):
+def _open(manifest: Path):  # type: ignore[no-untyped-def]
     from kern_run.generate import Generator
     from kern_run.preflight import read_manifest
     from kern_run.text import load_codec
 
-    manifest = batched_tiny_en(tmp_path_factory.mktemp("batch"))
-    facts = read_manifest(manifest)
     weights = ROOT / "models" / "qwen3-tiny-en"
-    g = Generator.open(manifest, ROOT / "kernels", weights, facts, gpu=0, capacity_tokens=64 * 1024,
-                       eos_ids=load_codec(weights).eos_ids)
+    return Generator.open(manifest, ROOT / "kernels", weights, read_manifest(manifest), gpu=0,
+                          capacity_tokens=64 * 1024, eos_ids=load_codec(weights).eos_ids)
+
+
+@pytest.fixture(scope="module")
+def gen():
+    g = _open(INVARIANT)
     yield g
     g.close()
 
@@ -107,9 +84,9 @@ def test_manifest_takes_64_rows_and_samples(gen) -> None:
 
     assert decode_rows_max(gen.facts) >= SEQS, "the builder did not make a 64-row decode"
     assert read_sampler(gen.facts.manifest, "tiny-en") is not None, "the manifest has no GPU sampler"
+    assert gen.facts.decode_batch_invariant
 
 
-@NOT_BIT_IDENTICAL_YET
 @pytest.mark.parametrize("rows, pipelined", [(4, True), (4, False), (64, True)])
 def test_each_batched_row_decodes_as_alone(gen, rows: int, pipelined: bool) -> None:
     from kern_run.batch import RowRequest
@@ -124,7 +101,6 @@ def test_each_batched_row_decodes_as_alone(gen, rows: int, pipelined: bool) -> N
     assert bad == [], f"rows differing from their prompt alone (row, prompt tokens, where): {bad}"
 
 
-@NOT_BIT_IDENTICAL_YET
 def test_rows_stopping_mid_batch_leave_the_others_alone(gen) -> None:
     """Budgets from 3 to 128: stopped rows keep running as harmless rows, then the batch is re-packed into smaller
     buckets (compaction) with the live rows' inputs re-written."""
@@ -138,7 +114,6 @@ def test_rows_stopping_mid_batch_leave_the_others_alone(gen) -> None:
     assert bad == []
 
 
-@NOT_BIT_IDENTICAL_YET
 @pytest.mark.parametrize("rows", [4, 64])
 def test_a_seeded_request_is_the_same_alone_and_in_batches(gen, rows: int) -> None:
     from kern_run.batch import RowRequest
@@ -195,7 +170,7 @@ def test_kern_run_stop_cuts_its_row(tmp_path: Path, gen) -> None:
     full = [codec.decode(r.tokens) for r in rows]
     assert len(full[1]) > 12, full
     stop = full[1][6:10]
-    manifest = batched_tiny_en(tmp_path)
+    manifest = INVARIANT
     prompts = tmp_path / "p.txt"
     prompts.write_text("\n".join(texts) + "\n")
     base = ["run", "--manifest", str(manifest), "--kernels", str(ROOT / "kernels"), "--weights", str(weights),
@@ -207,3 +182,23 @@ def test_kern_run_stop_cuts_its_row(tmp_path: Path, gen) -> None:
     assert cut.exit_code == 0, cut.stderr[-3000:]
     assert cut.stdout == "".join((f[:f.find(stop)] if stop in f else f) + "\n" for f in full)
     assert "warm-up " in cut.stderr and "(stop: stop)" in cut.stderr
+
+
+@pytest.mark.xfail(strict=False, reason=(
+    "the fast manifest is not batch-invariant: bucket 1 runs the fused M = 1 GEMVs and the wide partial, buckets "
+    "2..64 cuBLASLt's heuristic with separate norms and the stream partial, so a greedy row can flip at a near-tie "
+    "(H200, fourteenth session: 27 of 64 rows at bucket 64). A note, not a requirement: kern serve runs the "
+    "invariant manifest"))
+def test_fast_manifest_rows_against_alone_note() -> None:
+    from kern_run.batch import RowRequest
+
+    fast = _open(FAST)
+    try:
+        prompts = _prompts(SEQS, seed=SEQS)
+        alone = [_alone(fast, p, STEPS) for p in prompts]
+        results = _decoder(fast).run([RowRequest(p, STEPS, stop_at_eos=False) for p in prompts])
+        bad = [i for i, (r, a) in enumerate(zip(results, alone)) if r.tokens != a]
+        print(f"fast manifest, {SEQS} rows x {STEPS} steps: {len(bad)} rows differ from alone", file=sys.stderr)
+        assert bad == []
+    finally:
+        fast.close()

@@ -153,6 +153,7 @@ def test_meta_that_is_not_an_object_is_a_manifest_fault(tiny_manifest: Path, ker
     (lambda raw: raw["meta"].__setitem__("caller", ["x"]), "$.meta.caller", '["x"]'),
     (_set_caller("prefill_batch_invariant", "no"), "$.meta.caller.prefill_batch_invariant", '"no"'),
     (_set_caller("prefill_batch_invariant", 1), "$.meta.caller.prefill_batch_invariant", "1"),
+    (_set_caller("decode_batch_invariant", "yes"), "$.meta.caller.decode_batch_invariant", '"yes"'),
     (_set_caller("decode_advance", 5), "$.meta.caller.decode_advance", "5"),
     (_set_caller("decode_advance", {"ring": 5}), "$.meta.caller.decode_advance.ring", "5"),
     (_set_caller("decode_advance", {"ring": "no_such_buffer"}), "$.meta.caller.decode_advance.ring",
@@ -167,20 +168,22 @@ def test_meta_caller_of_the_wrong_shape_is_refused(tiny_manifest: Path, kernels_
         preflight.read_manifest(path)
 
 
-@pytest.mark.parametrize("edit, invariant, ring", [
-    (lambda raw: raw.pop("meta"), False, None),
-    (lambda raw: raw.__setitem__("meta", {}), False, None),
-    (lambda raw: raw["meta"].pop("caller"), False, None),
-    (lambda raw: None, False, "token_ring"),
-    (_set_caller("prefill_batch_invariant", True), True, "token_ring"),
-    (_set_caller("prefill_batch_invariant", False), False, "token_ring"),
+@pytest.mark.parametrize("edit, invariant, ring, decode_invariant", [
+    (lambda raw: raw.pop("meta"), False, None, False),
+    (lambda raw: raw.__setitem__("meta", {}), False, None, False),
+    (lambda raw: raw["meta"].pop("caller"), False, None, False),
+    (lambda raw: None, False, "token_ring", False),
+    (_set_caller("prefill_batch_invariant", True), True, "token_ring", False),
+    (_set_caller("prefill_batch_invariant", False), False, "token_ring", False),
+    (_set_caller("decode_batch_invariant", True), False, "token_ring", True),
 ])
 def test_meta_caller_absent_or_well_formed(tiny_manifest: Path, kernels_dir: Path, tiny_ckpt: Path, tmp_path: Path,
-                                           edit, invariant: bool, ring: str | None) -> None:
+                                           edit, invariant: bool, ring: str | None, decode_invariant: bool) -> None:
     """No meta or no meta.caller: today's defaults (no batch invariance, no decode on the device)."""
     path = _with_meta(tiny_manifest, tmp_path, edit)
     facts = preflight.read_manifest(path)
     assert facts.prefill_batch_invariant is invariant
+    assert facts.decode_batch_invariant is decode_invariant
     assert (facts.decode_advance or {}).get("ring") == ring
     assert Generator(FakeRuntime(), facts).can_pipeline is False  # the fake has no events: the synchronous loop
     result = CliRunner().invoke(app, ["run", *_target(path, kernels_dir, tiny_ckpt)])

@@ -291,3 +291,38 @@ def test_pick_algos_refuses_decode_pins_from_another_device(fake_device: dict, t
         fake_device["picked"])
     assert (doc["device"], doc["cublaslt_version"]) == ("NVIDIA H200", 130100)
     capsys.readouterr()
+
+
+def test_pick_algos_lm_head_adds_the_lm_head_pins_after_the_kept_ones(fake_device: dict, tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """--lm-head --keep-pins: the kept pins stay as they are (order and all), and the lm_head shape (vocab x hidden)
+    is picked like a prefill pin (`pick`, proven across M) and appended; nothing is picked on another device."""
+    from kern_run.models import qwen3 as gq
+
+    picked: list[tuple[int, int, int]] = []
+
+    def pick(blas: object, n: int, k: int, m_max: int, log: object) -> dict:
+        picked.append((n, k, m_max))
+        return {"n": n, "k": k, "algo": {"id": 66, "tile": 9}, "us_512": 1.0, "us_max": 2.0,
+                "heuristic_us_512": 1.0, "heuristic_us_max": 2.0, "heuristic_invariant": False, "candidates": 3}
+
+    monkeypatch.setattr(pick_algos, "pick", pick)
+    kept = _write(tmp_path, _doc())
+    out = tmp_path / "out.json"
+    fake_device.update(name="NVIDIA A100")
+    assert pick_algos.main(["--shape", "tiny", "--keep-pins", str(kept), "--lm-head", "--out", str(out)]) == 2
+    _one_line(capsys, f"--keep-pins {kept} was picked on NVIDIA H200 with cuBLASLt 130100", "this is NVIDIA A100")
+    assert picked == [] and not out.exists()
+    fake_device.update(name="NVIDIA H200")
+    assert pick_algos.main(["--shape", "tiny", "--keep-pins", str(kept), "--lm-head", "--out", str(out)]) == 0
+    cfg = gq.Qwen3Config.from_name("tiny")
+    assert picked == [(cfg.vocab, cfg.hidden, 2048)]  # the kept file's m_max
+    doc = json.loads(out.read_text())
+    assert doc["pins"][:2] == _doc()["pins"] and [(p["n"], p["k"]) for p in doc["pins"][2:]] == [(cfg.vocab,
+                                                                                                   cfg.hidden)]
+    assert doc["decode_pins"] == _doc()["decode_pins"]
+    # the builder reads it: the lm_head pin is now a proven one
+    algos, _, _ = gq.load_algos(out, 512)
+    assert (cfg.vocab, cfg.hidden) in {(n, k) for n, k, _ in algos}
+    capsys.readouterr()

@@ -186,9 +186,9 @@ SPLIT_K = FakeAlgo({"id": 5, "split_k": 4, "reduction": 1}, us_per_row=0.2)
 
 
 def test_probe_and_timed_ms() -> None:
-    assert probe_ms(2048) == [1, 2, 3, 7, 16, 17, 100, 511, 2047]
-    assert probe_ms(512) == [1, 2, 3, 7, 16, 17, 100, 511]  # m_max - 1 is 511 already
-    assert probe_ms(600) == [1, 2, 3, 7, 16, 17, 100, 511, 599]
+    assert probe_ms(2048) == [1, 2, 3, 4, 7, 8, 16, 17, 32, 64, 100, 511, 2047]
+    assert probe_ms(512) == [1, 2, 3, 4, 7, 8, 16, 17, 32, 64, 100, 511]  # m_max - 1 is 511 already
+    assert probe_ms(600) == [1, 2, 3, 4, 7, 8, 16, 17, 32, 64, 100, 511, 599]
     assert probe_ms(2) == [1] and probe_ms(1) == []
     assert timed_ms(2048) == [512, 2048] and timed_ms(512) == [512] and timed_ms(300) == [300]
 

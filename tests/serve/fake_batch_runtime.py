@@ -6,10 +6,13 @@ The manifest: the qwen3 builder's at seqs max 64 (`--gemv v2`, the GPU sampler: 
 executes kern_pool plans on its KV store, so it is also `PoolMemory`'s executor.
 
 A decode step at bucket B checks every row b < B: a padding row must be all scratch (block-table row of
-zeros, token 0, position 0, seq_len 1, slot 0); a live row's slot must follow from its block-table row and its
-seq_len from its position. Like the manifest's decode_advance, it then writes the next step's token, position,
-seq_len and slot of every row of the bucket itself (so an engine that skips writing them when they are right
-is checked too). Row b's token is a hash of the ids its block table reads back at positions
+zeros, so its slot p % page_tokens lies in page 0, seq_len p + 1: position 0 as the host writes it, or further on
+as the device advanced it); a live row's slot must follow from its block-table row and its seq_len from its
+position. Like the manifest's decode_advance, it then writes the next step's token, position, seq_len and slot of
+every row of the bucket itself (so an engine that skips writing them when they are right is checked too) and the
+token ring entry ring[b, (p + 1) % ring_len]. With `steps`, the runtime is also `DeviceSteps`: `record_event` and
+`host_array` (the ring, a live view); `log` lists issues, events recorded, waited and released, and readbacks in
+order (the fake runs each program when it is issued, so the order of the log is what an engine enqueued and read). Row b's token is a hash of the ids its block table reads back at positions
 0..position, mixed with its sampling params row (temperature, seed, position) and, when it penalizes, with
 its history row; so a wrong page, stale params or a stale history changes the output. The step then appends
 the token to every row's history (padding rows too), as kern_sample_history_append does, and packs
@@ -117,11 +120,24 @@ class Write:
     rows: int
 
 
+class FakeEvent:
+    """A recorded event of FakeBatchRuntime: `wait` / `release` go to its log."""
+
+    def __init__(self, rt: "FakeBatchRuntime", number: int) -> None:
+        self.rt, self.number = rt, number
+
+    def wait(self) -> None:
+        self.rt.log.append(("wait", self.number))
+
+    def release(self) -> None:
+        self.rt.log.append(("release", self.number))
+
+
 class FakeBatchRuntime:
     """The runtime side of `RuntimeEngine` (docs in the module). `num_pages` pages of `page_tokens`; page 0 is the
     scratch page."""
 
-    def __init__(self, manifest: Any, page_tokens: int = 16, num_pages: int = 256) -> None:
+    def __init__(self, manifest: Any, page_tokens: int = 16, num_pages: int = 256, steps: bool = False) -> None:
         from kern_run.sampling_io import read_sampling_io
 
         self.manifest = manifest
@@ -148,6 +164,9 @@ class FakeBatchRuntime:
         self.readbacks: list[tuple[str, int | None]] = []
         self.last_tokens: np.ndarray = np.zeros(0, dtype=np.int32)
         self.seen: list[dict[str, np.ndarray]] = []  # each decode step's per-row inputs, as the step read them
+        self.steps = steps
+        self.log: list[tuple[Any, ...]] = []  # ("issue", program, seqs) / ("event" | "wait" | "release", n) / ("read", name)
+        self._events = 0
 
     # ---------------------------------------------------------------- the runtime API the engine uses
 
@@ -161,6 +180,7 @@ class FakeBatchRuntime:
 
     def issue(self, program: str, vars: dict[str, int], eager: bool = False) -> None:
         self.issues.append((program, dict(vars), eager))
+        self.log.append(("issue", program, vars.get("seqs")))
         if program == "prefill":
             self._prefill(vars["tokens"])
         elif program == "decode":
@@ -170,8 +190,19 @@ class FakeBatchRuntime:
             assert self.io is not None and program == self.io.top_program, program
             self._top(vars["seqs"])
 
+    def record_event(self) -> FakeEvent:
+        assert self.steps, "a runtime without DeviceSteps"
+        self._events += 1
+        self.log.append(("event", self._events))
+        return FakeEvent(self, self._events)
+
+    def host_array(self, name: str) -> np.ndarray:
+        assert self.steps and self.manifest.buffers[name].placement == "host", name
+        return self.buffers[name]  # a live view, as the runtime's
+
     def read_output(self, name: str, rows: int | None = None) -> np.ndarray:
         self.readbacks.append((name, rows))
+        self.log.append(("read", name))
         buf = self.buffers[name]
         return buf[:rows].copy() if rows is not None else buf.copy()
 
@@ -250,7 +281,7 @@ class FakeBatchRuntime:
             table, p, t = b["block_table"][r], int(b["positions"][r]), int(b["token_ids"][r])
             slot, seq_len = int(b["slot_mapping"][r]), int(b["seq_lens"][r])
             if not table.any():  # a padding row: scratch page and slot only
-                assert (p, t, slot, seq_len) == (0, 0, 0, 1), (r, p, t, slot, seq_len)
+                assert slot == p % P and seq_len == p + 1, (r, p, t, slot, seq_len)
             else:
                 assert slot == int(table[p // P]) * P + p % P and seq_len == p + 1, (r, slot, p, seq_len)
                 assert 0 not in table[:p // P + 1], (r, "a live row reads the scratch page")
@@ -279,10 +310,14 @@ class FakeBatchRuntime:
                     if free.size:
                         toks[free[0]], counts[free[0]] = out[r], 1
         self.last_tokens = out
-        if self.manifest.meta["caller"].get("decode_advance") is not None:  # kern_decode_advance(_packed)
+        advance = self.manifest.meta["caller"].get("decode_advance")
+        if advance is not None:  # kern_decode_advance(_packed)
+            ring = b[advance["ring"]]
+            entries = b[self.io.next_token if self.io is not None else "next_token"]
             for r in range(rows):
                 p = int(b["positions"][r]) + 1
                 table = b["block_table"][r]
+                ring[r, p % ring.shape[-1]] = entries[r]
                 b["token_ids"][r], b["positions"][r], b["seq_lens"][r] = out[r], p, p + 1
                 b["slot_mapping"][r] = int(table[p // P]) * P + p % P if p // P < table.size else -1
 
@@ -304,6 +339,7 @@ class FakeGen:
         self.facts = facts
         self.page_tokens = rt.page_tokens
         self.max_positions = max_positions
+        self.steps = rt if rt.steps else None  # the Generator's DeviceSteps (the pipelined decode)
 
 
 def expected(prompt: Sequence[int], steps: int, params: tuple, cap: int | None) -> list[tuple[int, float]]:

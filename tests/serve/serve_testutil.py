@@ -52,14 +52,15 @@ class Rig:
 
 
 def rig(pages: int = 64, host_pages: int = 0, max_seqs: int = 4, page_tokens: int = 4, chunk: int = 8,
-        max_context: int = 256, budget: int | None = None, land_after: int = 0, **engine: Any) -> Rig:
+        max_context: int = 256, budget: int | None = None, land_after: int = 0, grow_ahead: int = 0,
+        **engine: Any) -> Rig:
     eng = FakeEngine(max_seqs=max_seqs, page_tokens=page_tokens, chunk_tokens=chunk, max_context=max_context,
                      **engine)
     pool = kern_pool.Pool(kern_pool.Layout.simple(page_tokens, pages))
     host = kern_pool.Host(pool, host_pages) if host_pages else None
     memory = PoolMemory(pool, host, land_after=land_after, executor=eng)
     cfg = SchedulerConfig(max_seqs=max_seqs, chunk_tokens=chunk, max_context=max_context, token_budget=budget,
-                          batch_invariant_prefill=eng.batch_invariant_prefill)
+                          batch_invariant_prefill=eng.batch_invariant_prefill, grow_ahead=grow_ahead)
     return Rig(eng, pool, host, memory, Scheduler(memory, cfg))
 
 

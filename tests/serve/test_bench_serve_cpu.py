@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
 import statistics
 import subprocess
 import sys
@@ -169,3 +170,84 @@ def test_the_load_generator_against_the_fake_server(tmp_path):
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+# ---------------------------------------------------------------- the concurrency-1 line, the peer's plan, --fake
+
+
+def test_parse_run_tpot_reads_kern_runs_log_line():
+    line = ("kern run: 17 prompt tokens, prefill 16 tokens + first token in 12.3 ms; decode 2.693 ms/token; "
+            "128 tokens generated (stop: steps)")
+    assert bs.parse_run_tpot("x\n" + line + "\ny") == 2.693
+    assert bs.parse_run_tpot("decode 3 ms/token") == 3.0
+    assert bs.parse_run_tpot("no decode line here") is None
+
+
+def test_c1_note_states_the_ratio_against_the_5_percent_target():
+    assert bs.c1_note(2.80, 2.70, "kern run (m.json)") == (
+        "concurrency 1: kern serve TPOT p50 2.800 ms vs kern run (m.json) 2.700 ms/token: +3.7% (within the 5% target)")
+    assert "+10.0% (outside the 5% target)" in bs.c1_note(2.97, 2.70, "kern run")
+    assert bs.c1_note(2.8, None, "kern run").endswith("kern run TPOT not measured")
+
+
+def test_peer_plan_is_the_closed_batch_and_checks_its_config():
+    plan = bs.peer_plan(5, 30, 7, 2, "paged|sdpa", '{"use_cuda_graph": true}')
+    closed = bs.poisson_requests(5, math.inf, 30, 7, 2)
+    assert plan["inputs"] == [list(r.prompt) for r in closed]
+    assert plan["generation_config"] == {"max_new_tokens": 7, "min_new_tokens": 7, "do_sample": False,
+                                         "eos_token_id": None, "pad_token_id": 0}
+    assert plan["cb_config"] == {"use_cuda_graph": True} and plan["attn"] == "paged|sdpa"
+    with pytest.raises(ValueError, match=r"--peer-cb-config '\{x': not JSON"):
+        bs.peer_plan(1, 1, 1, 0, "sdpa", "{x")
+    with pytest.raises(ValueError, match="expected a JSON object"):
+        bs.peer_plan(1, 1, 1, 0, "sdpa", "[1]")
+    proc = subprocess.run([sys.executable, str(HERE.parents[1] / "bench" / "serve.py"), "--fake", "--peer-cb-config",
+                           "[1]"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "expected a JSON object" in proc.stderr  # refused before anything starts
+
+
+def test_commands_target_loopback_and_the_chosen_manifest(tmp_path):
+    args = bs.parser().parse_args(["--ckpt", str(tmp_path / "ckpt"), "--output-tokens", "9", "--gpu", "1"])
+    man = tmp_path / "m.json"
+    assert args.decode_manifest == "invariant"
+    assert bs.manifest_command(args, man)[-1] == "--batch-invariant"
+    fast = bs.parser().parse_args(["--decode-manifest", "fast"])
+    assert bs.manifest_command(fast, man)[-2:] == ["--gemv", "v2"]
+    serve = bs.server_command(args, man, 8123)
+    assert serve[1:4] == ["-m", "kern_run", "serve"] and serve[serve.index("--host") + 1] == "127.0.0.1"
+    assert serve[serve.index("--manifest") + 1] == str(man) and serve[serve.index("--port") + 1] == "8123"
+    run = bs.run_command(args, man)
+    assert run[1:4] == ["-m", "kern_run", "run"] and "--ignore-eos" in run
+    assert run[run.index("--prompt") + 1] == bs.C1_PROMPT and run[run.index("--max-tokens") + 1] == "9"
+    assert run[run.index("--manifest") + 1] == str(man) and run[run.index("--gpu") + 1] == "1"
+    fake = bs.parser().parse_args(["--fake"])
+    assert bs.server_command(fake, None, 1)[1].endswith("bench/serve_fake.py")
+    assert bs.run_command(fake, None)[1:3] == [str(HERE.parents[1] / "bench" / "serve_fake.py"), "run"]
+
+
+def test_fake_mode_runs_every_scenario_and_plans_the_peer(tmp_path):
+    """bench/serve.py --fake end to end on the CPU: every scenario against the fake server (a trace file of our
+    own), the concurrency-1 line against the fake kern run, the peer's plan; exact token counts (EOS ignored)."""
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("\n".join(json.dumps(r) for r in _records()) + "\n")
+    out = tmp_path / "bench.json"
+    cmd = [sys.executable, str(HERE.parents[1] / "bench" / "serve.py"), "--fake", "--requests", "4", "--rates",
+           "100,inf", "--prompt-tokens", "16", "--output-tokens", "6", "--c1-requests", "2", "--prefix-tokens", "32",
+           "--prefix-hits", "2", "--trace", str(trace), "--trace-requests", "4", "--context", "512",
+           "--time-limit", "30", "--json", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env={**os.environ, "OUT": str(tmp_path)})
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    rows = {r["scenario"]: r for r in doc["rows"]}
+    reqs, _ = bs.trace_requests(_records(), 512, 60.0, 0)
+    want = {"poisson 100/s 16/6": (4, 24), "poisson closed batch (all at once) 16/6": (4, 24),
+            "concurrency 1 (text)/6": (2, 12), "prefix cold 32+16 one at a time": (1, 16),
+            "prefix hit 32+16 one at a time": (2, 32),
+            "mooncake conversation (scaled)": (4, sum(r.max_tokens for r in reqs))}
+    assert {k: (r["done"], r["output_tokens"]) for k, r in rows.items()} == want
+    assert rows["prefix hit 32+16 one at a time"]["prefix_hit_rate"] > 0
+    notes = "\n".join(doc["notes"])
+    assert "concurrency 1: kern serve TPOT p50 " in notes and " vs the fake kern run " in notes
+    assert "peer (planned, not run with --fake): generate_batch (paged|sdpa) of 4 requests, 64 prompt tokens" in notes
+    assert "mooncake: 4 requests of trace.jsonl" in notes
+    assert "===== kern serve under load" in proc.stdout

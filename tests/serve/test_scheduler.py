@@ -243,9 +243,10 @@ def test_continuous_batching_changes_no_output_under_random_load():
     assert r.sched.stats.reused_tokens > 0 and r.sched.stats.preemptions + r.sched.stats.parks > 0
 
 
-def test_leak_check_ten_thousand_requests_with_random_cancellations():
+@pytest.mark.parametrize("grow_ahead", [0, 2])
+def test_leak_check_ten_thousand_requests_with_random_cancellations(grow_ahead: int):
     rnd = random.Random(11)
-    r = rig(pages=14, host_pages=40, max_seqs=4, chunk=8, land_after=1)
+    r = rig(pages=14, host_pages=40, max_seqs=4, chunk=8, land_after=1, grow_ahead=grow_ahead)
     free_pages, free_slots = r.pool.free_pages, r.pool.free_slots
     host_free = r.host.free_pages
     bases = [prompt(200 + k, 12) for k in range(6)]

@@ -1,12 +1,12 @@
 """`kern serve` with batched decode and GPU sampling on the tiny-en model, driven by the real `openai` client.
 
-The manifest is built in-process by the builder at `--seqs-max 64 --gemv v2` (models/qwen3-tiny-en's config, the
-GPU sampler, the H200 pins)
-and served on a loopback port with `--max-seqs 64`. Checks:
+The server runs `--target tiny-en` on a loopback port with `--max-seqs 64`, so it serves the target's
+serve_manifest, the committed batch-invariant manifests/qwen3-tiny-en-inv.json (the same decode launches at every
+bucket: docs/serve.md "Which manifest"). Checks:
 
 - a completion, non-streaming and streaming, equals `kern run` of the same prompt on the same manifest;
 - 64 concurrent greedy completions each equal the same request run alone (one at a time through the server,
-  so at bucket 1), and the decode steps really carried more than 32 rows (`kern_decode_rows`);
+  so at bucket 1), bit for bit, and the decode steps really carried more than 32 rows (`kern_decode_rows`);
 - a seeded sampled completion (temperature, top-p, top-k, repetition penalty) gives the same text alone and
   among 63 other requests with other parameters and seeds;
 - logprobs: the chosen token's logprob is the best of its top logprobs under greedy decoding.
@@ -59,30 +59,18 @@ def _openai():
 
 
 
-# The tests below hold a batched row to the tokens of its prompt alone, bit for bit. They fail today, and strict
-# xfail makes the suite say so until they pass.
-NOT_BIT_IDENTICAL_YET = pytest.mark.xfail(strict=True, reason=(
-    'issue 26 open: a decode step of 1 row runs the fused M = 1 GEMVs and the wide attention partial, a step of 2..64 rows cuBLASLt with separate norms and the stream partial; their sums differ in order, so a greedy row can flip at a near-tie (H200, fourteenth session: tiny-en bucket 4: 1 of 8 rows differs from step 18; bucket 64: 27 of 64 rows; kern serve, 64 concurrent: 17 of 64 texts). Bit identity up to 8 rows needs a multi-row lm_head GEMV and the wide partial there (docs/perf.md "Fourteenth session")'))
 
 @pytest.fixture(scope="module")
-def manifest64(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """tiny-en's manifest with a decode of 1..64 rows and the GPU sampler, built in-process."""
-    from kern_run.cli import app
+def manifest64() -> Path:
+    """What `kern serve --target tiny-en` serves (kern.toml serve_manifest): tiny-en's batch-invariant manifest."""
+    from kern_run.config import load_targets
+    from kern_run.preflight import read_manifest
 
-    out = tmp_path_factory.mktemp("b64") / f"{MODEL}.json"
-    base = ["manifest", "build", "--config", str(REPO / "models" / "qwen3-tiny-en" / "config.json"), "--name", MODEL,
-            "--max-context", "2048", "--seqs-max", "64", "--kernels", str(REPO / "kernels"),
-            "--algos", str(REPO / "manifests" / "algos" / "h200.json"), "--out", str(out)]
-    for extra in (["--gemv", "v2"], ["--decode", "gemm"]):  # the GEMV rows family takes 2..64 rows; else cuBLASLt
-        try:
-            app([*base, *extra], prog_name="kern")
-        except SystemExit as exc:
-            if exc.code not in (0, None):
-                continue
-        if out.is_file():
-            break
-    assert out.is_file(), "kern manifest build --seqs-max 64 failed (see the output above)"
-    return out
+    path = load_targets(REPO / "kern.toml")[1]["tiny-en"]["serve_manifest"]
+    assert path == REPO / "manifests" / "qwen3-tiny-en-inv.json"
+    facts = read_manifest(path)
+    assert facts.decode_batch_invariant and facts.manifest.vars["seqs"].max == 64
+    return path
 
 
 @pytest.fixture(scope="module")
@@ -90,8 +78,7 @@ def server(manifest64: Path):
     import httpx
 
     port = _free_port()
-    cmd = _kern("serve", "--manifest", str(manifest64), "--kernels", str(REPO / "kernels"), "--weights",
-                str(REPO / "models" / "qwen3-tiny-en"), "--max-seqs", "64", "--capacity", "65536", "--chunk", "512",
+    cmd = _kern("serve", "--target", "tiny-en", "--max-seqs", "64", "--capacity", "65536", "--chunk", "512",
                 "--port", str(port), "--model-name", MODEL, "--drain-timeout", "10")
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     base = f"http://127.0.0.1:{port}"
@@ -152,7 +139,6 @@ def test_completion_streaming_and_not_equal_kern_run(client, manifest64: Path) -
     assert [m.id for m in client.models.list().data] == [MODEL]
 
 
-@NOT_BIT_IDENTICAL_YET
 def test_64_concurrent_greedy_requests_each_equal_the_request_alone(client, aclient, server: str) -> None:
     import httpx
 
@@ -173,7 +159,6 @@ def test_64_concurrent_greedy_requests_each_equal_the_request_alone(client, acli
     assert wide_steps(after) - wide_steps(before) > 0, "no decode step carried more than 32 rows"
 
 
-@NOT_BIT_IDENTICAL_YET
 def test_a_seeded_sampled_request_gives_the_same_text_alone_and_under_load(client, aclient) -> None:
     seeded = {"prompt": "The little dog", "max_tokens": 40, "temperature": 0.8, "top_p": 0.95,
               "extra_body": {"top_k": 50, "repetition_penalty": 1.2}, "seed": 1234}
@@ -194,3 +179,19 @@ def test_greedy_logprobs_pick_the_best_token(client) -> None:
     for chosen, top in zip(lp.token_logprobs, lp.top_logprobs):
         assert chosen <= 0 and 1 <= len(top) <= 5
         assert chosen == pytest.approx(max(top.values()), abs=1e-6)
+
+
+def test_one_request_runs_the_pipelined_decode(client, server: str) -> None:
+    """At concurrency 1 nearly every step is enqueued before the last one is read (docs/serve.md "Pipelined
+    decode"): 47 of the 48 steps of a 48-token completion answer from a step enqueued ahead."""
+    import httpx
+
+    def used(text: str) -> float:
+        m = re.search(r'^kern_decode_ahead_total\{outcome="used"\} (\S+)$', text, re.M)
+        return float(m.group(1)) if m else 0.0
+
+    before = used(httpx.get(f"{server}/metrics").text)
+    resp = client.completions.create(model=MODEL, prompt="The old man", max_tokens=48,
+                                     extra_body={"ignore_eos": True})
+    assert resp.usage.completion_tokens == 48
+    assert used(httpx.get(f"{server}/metrics").text) - before == 47

@@ -413,6 +413,9 @@ def serve(
     model_name: Annotated[Optional[str], typer.Option("--model-name", help="the model name requests use "
                                                       "(default: the target's)")] = None,
     eager: Annotated[bool, typer.Option("--eager", help="replay decode launch by launch (no CUDA graph)")] = False,
+    invariant: Annotated[bool, typer.Option("--invariant/--no-invariant", help="run the target's serve_manifest "
+                                            "(batch-invariant decode: a response equals its prompt run alone) when "
+                                            "it has one; --no-invariant: its manifest")] = True,
     target: TargetOpt = None, config: ConfigOpt = None, manifest: ManifestOpt = None, kernels: KernelsOpt = None,
     weights: WeightsOpt = None, chunk: ChunkOpt = None, capacity: CapacityOpt = None, gpu: GpuOpt = None,
     no_pins: NoPinsOpt = False, log_level: LogOpt = None,
@@ -426,7 +429,7 @@ def serve(
 
     def go() -> None:
         opts = ServeOptions(host, port, max_seqs, host_gib, api_key, max_queue, token_budget, drain_timeout,
-                            model_name, eager)
+                            model_name, eager, invariant)
         opts.check()  # before the target resolves and anything probes the device
         cfg = _run_config(config, target, _overrides(manifest, kernels, weights, gpu, capacity, chunk), no_pins,
                           "serve")
@@ -553,6 +556,9 @@ def manifest_build(
                                          "plain token ids)")] = "gpu",
     hist_cap: Annotated[int, typer.Option("--hist-cap", help="with --sampler gpu: history slots (distinct previous "
                                           "tokens) per row for the penalties")] = 1024,
+    batch_invariant: Annotated[bool, typer.Option("--batch-invariant", help="the same decode launches at every row "
+                                                  "count, 1 included: pinned cuBLASLt projections (--algos; --decode "
+                                                  "gemm), --decode-attn-batch's attention for every row")] = False,
     tp: Annotated[int, typer.Option("--tp", help="tensor-parallel ranks: write one manifest per rank")] = 1,
     no_verify: Annotated[bool, typer.Option("--no-verify", help="skip verification with kern_manifest")] = False,
     log_level: LogOpt = None,
@@ -565,7 +571,8 @@ def manifest_build(
                "prefill_attn": prefill_attn, "prefill_rope": prefill_rope,
                "carveout": None if carveout == -1 else carveout, "decode_splits": decode_splits,
                "split_tokens": decode_split_tokens, "sms": sms, "gemv_threads_per_sm": gemv_threads_per_sm,
-               "pdl": not no_pdl, "pdl_small": not no_pdl_small, "sampler": sampler, "hist_cap": hist_cap}
+               "pdl": not no_pdl, "pdl_small": not no_pdl_small, "sampler": sampler, "hist_cap": hist_cap,
+               "batch_invariant": batch_invariant}
 
     def go() -> list[str]:
         from .package_data import kernels_dir

@@ -11,6 +11,7 @@ kern.toml (found through `--config`, `$KERN_TOML`, or the current directory and 
     gpu = 0
     capacity = 4096                         # KV capacity in tokens (pages for this many tokens)
     chunk = 512                             # prefill chunk in tokens (<= the manifest's tokens var max)
+    serve_manifest = "manifests/qwen3-4b-inv.json"  # optional: what `kern serve` runs (batch-invariant decode)
     [targets.qwen3-4b.sampling]             # optional sampling defaults (kern_run.sampling.SamplingParams fields)
     temperature = 0.8                       # flags (--temperature ...) override them; none: greedy
     repetition_penalty = 1.1
@@ -39,11 +40,11 @@ from .errors import ConfigError
 from .jsonfile import MAX_CONFIG_BYTES
 
 TOML_NAME = "kern.toml"
-TARGET_KEYS = frozenset({"manifest", "kernels", "weights", "gpu", "capacity", "chunk", "sampling"})
+TARGET_KEYS = frozenset({"manifest", "kernels", "weights", "gpu", "capacity", "chunk", "sampling", "serve_manifest"})
 # [targets.NAME.sampling]: SamplingParams fields a target may default (logprobs are a per-run request, not a default)
 SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty",
                  "frequency_penalty", "seed")
-PATH_KEYS = frozenset({"manifest", "kernels", "weights"})
+PATH_KEYS = frozenset({"manifest", "kernels", "weights", "serve_manifest"})
 TOP_KEYS = frozenset({"default", "targets"})
 DEFAULT_CAPACITY_TOKENS = 4096
 
@@ -99,6 +100,9 @@ class RunConfig:
     # the target's [targets.NAME.sampling] defaults, checked ((field, value), ... in SAMPLING_KEYS order); flags
     # override them field by field (cli.py); empty: greedy
     sampling: tuple[tuple[str, Any], ...] = ()
+    # the target's `serve_manifest`: what `kern serve` runs instead of `manifest` (a batch-invariant decode,
+    # docs/serve.md "Which manifest"); None: none, or --manifest given (a flag names the manifest for every command)
+    serve_manifest: Path | None = None
 
 
 def find_toml(explicit: Path | None = None, start: Path | None = None) -> Path | None:
@@ -184,7 +188,7 @@ def load_targets(path: Path) -> tuple[str | None, dict[str, dict[str, Any]]]:
         out = dict(fields)
         if "sampling" in out:
             out["sampling"] = _sampling_table(path, name, out["sampling"])
-        for key in ("manifest", "kernels", "weights"):
+        for key in ("manifest", "kernels", "weights", "serve_manifest"):
             if key in out:
                 if isinstance(out[key], list):  # relative to the file, as written (symlinks kept: normalize_weights
                     # folds entries naming one file, and side files are looked up beside the path as written)
@@ -275,4 +279,5 @@ def resolve_config(toml_path: Path | None, target: str | None, overrides: dict[s
         gpu=int(fields.get("gpu", 0)), capacity_tokens=int(fields.get("capacity", DEFAULT_CAPACITY_TOKENS)),
         chunk=fields.get("chunk"), target=chosen, capacity_from=capacity_from,
         sampling=tuple(fields.get("sampling", ())),
+        serve_manifest=None if overrides.get("manifest") is not None else fields.get("serve_manifest"),
     )

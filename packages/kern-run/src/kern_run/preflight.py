@@ -70,6 +70,9 @@ class ManifestFacts:
     # meta.caller.decode_advance: {"ring": the host-mapped token ring buffer, ...} (frozen JSON) when the decode
     # program advances its own inputs (generate.py's pipelined loop); None: the host writes every step's inputs
     decode_advance: Mapping[str, Any] | None = None
+    # meta.caller.decode_batch_invariant: every decode bucket runs the same launches (kern manifest build
+    # --batch-invariant), so a row's tokens do not depend on how many rows share its step (docs/caller.md)
+    decode_batch_invariant: bool = False
 
     @property
     def max_context(self) -> int:
@@ -131,10 +134,11 @@ def read_manifest(path: Path) -> ManifestFacts:
         raise ConfigError(f"manifest {path} does not follow the Qwen3 caller contract (docs/caller.md): "
                           f"missing or malformed {exc}") from None
     caller = caller_meta(manifest, path)
-    invariant = caller.get("prefill_batch_invariant", False)
-    if not isinstance(invariant, bool):
-        raise ConfigError(f"manifest {path}: $.meta.caller.prefill_batch_invariant = {_shown(invariant)} must be "
-                          "true or false; regenerate it (kern manifest build)")
+    flags = {key: caller.get(key, False) for key in ("prefill_batch_invariant", "decode_batch_invariant")}
+    for key, value in flags.items():
+        if not isinstance(value, bool):
+            raise ConfigError(f"manifest {path}: $.meta.caller.{key} = {_shown(value)} must be true or false; "
+                              "regenerate it (kern manifest build)")
     advance = caller.get("decode_advance")
     if "decode_advance" in caller:
         if not isinstance(advance, Mapping):
@@ -144,7 +148,8 @@ def read_manifest(path: Path) -> ManifestFacts:
         if not isinstance(ring, str) or ring not in manifest.buffers:
             raise ConfigError(f"manifest {path}: $.meta.caller.decode_advance.ring = {_shown(ring)} must name a "
                               "buffer of the manifest (the token ring); regenerate it (kern manifest build)")
-    return ManifestFacts(manifest, tokens_max, page_tokens, pages_per_seq, invariant, advance)
+    return ManifestFacts(manifest, tokens_max, page_tokens, pages_per_seq, flags["prefill_batch_invariant"], advance,
+                         flags["decode_batch_invariant"])
 
 
 def _shown(value: Any, limit: int = 60) -> str:

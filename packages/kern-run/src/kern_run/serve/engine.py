@@ -90,9 +90,13 @@ class Engine(Protocol):
     HTTP layer refuses the rest with a 400). `batch_invariant_prefill`: a token's K/V do not depend on the chunk
     that computed it, so a cached prefix is reused at any length (else at multiples of `chunk_tokens`).
 
-    `prefill(chunk)`: enqueue one chunk. `decode(rows)`: one step over `rows` (distinct rows in 0..max_seqs-1,
-    at most `max_seqs`), returning one `Sampled` per row in order; it synchronises. Any exception fails the
-    step's requests (the server logs it and reports itself unhealthy)."""
+    `prefill(chunk)`: enqueue one chunk. `decode(rows, ahead)`: one step over `rows` (distinct rows in
+    0..max_seqs-1, at most `max_seqs`), returning one `Sampled` per row in order once its tokens are read. `ahead`:
+    the scheduler expects the next step to carry the same rows one position on (`Scheduler.steady`), so the engine
+    may enqueue that step before reading this one and answer the next call from it where it matches (a hint: the
+    results are the same either way; RuntimeEngine, ahead.py). `ahead_used` / `ahead_dropped`: steps enqueued ahead
+    that answered the next call / that it did not match (cumulative; /metrics). Any exception fails the step's
+    requests (the server logs it and reports itself unhealthy)."""
 
     max_seqs: int
     page_tokens: int
@@ -100,7 +104,9 @@ class Engine(Protocol):
     max_context: int
     samples: bool
     batch_invariant_prefill: bool
+    ahead_used: int
+    ahead_dropped: int
 
     def prefill(self, chunk: PrefillChunk) -> None: ...
 
-    def decode(self, rows: Sequence[DecodeRow]) -> list[Sampled]: ...
+    def decode(self, rows: Sequence[DecodeRow], ahead: bool = False) -> list[Sampled]: ...

@@ -54,6 +54,9 @@ class FakeEngine:
     buckets: list[int] = field(default_factory=list)  # the bucket of each decode call (its highest row + 1)
     histories: int = 0  # decode rows that carried a history
     row_reqs: dict[int, int] = field(default_factory=dict)  # row -> the request it last decoded
+    aheads: list[bool] = field(default_factory=list)  # the `ahead` hint of each decode call (it computes alike)
+    ahead_used: int = 0  # it never enqueues ahead (engine.Engine)
+    ahead_dropped: int = 0
 
     # ---------------------------------------------------------------- plan executor
 
@@ -87,10 +90,11 @@ class FakeEngine:
         for i, token_id in enumerate(chunk.token_ids):
             self._write(chunk.page_ids, chunk.start + i, token_id)
 
-    def decode(self, rows: Sequence[DecodeRow]) -> list[Sampled]:
+    def decode(self, rows: Sequence[DecodeRow], ahead: bool = False) -> list[Sampled]:
         assert 1 <= len(rows) <= self.max_seqs and len({r.row for r in rows}) == len(rows), rows
         assert all(0 <= r.row < self.max_seqs for r in rows), [r.row for r in rows]
         self.decode_calls += 1
+        self.aheads.append(ahead)
         self.rows_seen.append(len(rows))
         self.buckets.append(decode_bucket(max(r.row for r in rows) + 1, self.max_seqs))
         if self.step_s:

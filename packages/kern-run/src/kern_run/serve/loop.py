@@ -209,7 +209,9 @@ class ServeLoop:
         try:
             for chunk in step.prefills:
                 self.engine.prefill(chunk)
-            tokens = self.engine.decode(step.decodes) if step.decodes else []
+            # ahead: the next step should carry these rows again, so the engine may enqueue it before reading this
+            # one (the GPU then never waits for this thread between steps: docs/serve.md "Pipelined decode")
+            tokens = self.engine.decode(step.decodes, ahead=sched.steady(step)) if step.decodes else []
         except Exception as exc:  # noqa: BLE001 - any engine fault fails the step, the server stays up
             log.exception("engine step failed")
             self._unhealthy(f"the engine failed a step ({type(exc).__name__}: {exc}); the server is unhealthy")
@@ -220,6 +222,7 @@ class ServeLoop:
             self.metrics.update(sched)
             return
         now = time.perf_counter()
+        self.metrics.update_engine(self.engine.ahead_used, self.engine.ahead_dropped)
         self.metrics.steps.inc()
         self.metrics.step_tokens.inc(step.num_tokens)
         if step.decodes:

@@ -17,6 +17,8 @@ observed as tokens come out of the engine. Names (all prefixed `kern_`):
 | `kern_steps_total`, `kern_step_tokens_total` | counter | engine steps and the tokens they carried |
 | `kern_decode_rows` | histogram | rows of each decode step (the batch size; buckets 1, 2, 4, ..., 64) |
 | `kern_ttft_seconds`, `kern_tpot_seconds` | histogram | time to first token, time per output token |
+| `kern_decode_ahead_total{outcome}` | counter | decode steps enqueued before the last one was read: `used` (they
+answered the next call), `dropped` (docs/serve.md "Pipelined decode") |
 | `kern_healthy` | gauge | 1 while the engine has not failed a step |
 """
 
@@ -58,7 +60,10 @@ class Metrics:
         self.tpot = Histogram("kern_tpot_seconds", "time per output token", buckets=TPOT_BUCKETS, registry=r)
         self.healthy = Gauge("kern_healthy", "1 while the engine has not failed a step", registry=r)
         self.healthy.set(1)
+        self.ahead = Counter("kern_decode_ahead", "decode steps enqueued before the last one was read",
+                             ["outcome"], registry=r)
         self._seen = Stats()
+        self._ahead_seen = (0, 0)
 
     def update(self, sched: Scheduler) -> None:
         """Set the gauges from `sched` and advance the counters by its stats since the last update."""
@@ -75,6 +80,13 @@ class Metrics:
                 counter.inc(now - before)
         self._seen = Stats(**vars(s))
         self.hit_rate.set(s.reused_tokens / s.lookup_tokens if s.lookup_tokens else 0.0)
+
+    def update_engine(self, used: int, dropped: int) -> None:
+        """Advance `kern_decode_ahead_total` to the engine's cumulative `ahead_used` / `ahead_dropped`."""
+        for outcome, now, before in (("used", used, self._ahead_seen[0]), ("dropped", dropped, self._ahead_seen[1])):
+            if now > before:
+                self.ahead.labels(outcome=outcome).inc(now - before)
+        self._ahead_seen = (used, dropped)
 
     def text(self) -> bytes:
         """The Prometheus text exposition of every metric."""

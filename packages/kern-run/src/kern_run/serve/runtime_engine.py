@@ -35,6 +35,17 @@ from host mirrors that hold what every row should be):
   mirror appends it for the rows that penalize, so their mirror stays what the device holds, and a row that
   was padding in some step (its request skipped a step) has its history written again before it decodes. A row
   whose parameters apply no penalty never reads its history, which is then neither written nor tracked.
+
+Pipelined decode (ahead.py, docs/serve.md "Pipelined decode"): with `decode(rows, ahead=True)`, a manifest that
+advances its inputs on the device and a runtime with `DeviceSteps` (events, the host-mapped token ring), the
+engine enqueues the step after `rows` (each row one position on, nothing written by the host) behind this one
+before it reads this one, when every row's block-table row already covers that next position; this step's tokens
+are then read from the ring after an event behind it (`next_token` already holds the next step's). The next
+`decode` takes that step's results when it computed what is asked (`AheadStep.matches`), itself enqueuing the
+step after it first when all of its rows go on and no prefill came between (the block table grown in place if the
+scheduler granted pages), and drops it otherwise: the per-row inputs and every row's history on the device are
+then stale (rewritten before the next step), and its K/V writes lie at positions its rows write again or in pages
+of requests that ended, which any later user writes first (one stream orders them).
 """
 
 from __future__ import annotations
@@ -50,6 +61,7 @@ from .engine import DecodeRow, PrefillChunk, Sampled, decode_bucket
 from .errors import ConfigError
 from .sampling import greedy_only_fault
 from ..sampling_io import SamplingIO, read_sampling_io
+from .ahead import AheadStep
 
 BUCKETS_KEPT = 100_000  # decode steps whose bucket `RuntimeEngine.buckets` remembers
 
@@ -93,6 +105,14 @@ class RuntimeEngine:
         self.advanced_steps = 0  # decode steps whose per-row inputs the device had advanced (nothing written)
         self._advances = facts.decode_advance is not None
         self._expect: dict[int, tuple[int, int, int]] | None = None  # row -> (req, position, token) advanced
+        # the pipelined decode (module docstring): the runtime's DeviceSteps and the token ring, when both exist
+        steps = getattr(gen, "steps", None)
+        self._steps = steps if self._advances and steps is not None else None
+        self._ring_name = str(facts.decode_advance["ring"]) if self._steps is not None else ""
+        self._ring: np.ndarray | None = None  # i64[seqs, ring_len], host-mapped (read after an event)
+        self._ahead: AheadStep | None = None  # the step enqueued behind the last one, not yet taken
+        self.ahead_used = 0  # decode calls answered by a step enqueued ahead
+        self.ahead_dropped = 0  # steps enqueued ahead that the next call did not match
         if self.io is not None:
             cap = self.io.hist_cap
             greedy = np.frombuffer(pack_params([SamplingParams()]), dtype=self.io.params_dtype)
@@ -133,6 +153,12 @@ class RuntimeEngine:
     def _next_token_name(self) -> str:
         return self.io.next_token if self.io is not None else "next_token"
 
+    @property
+    def pipelines(self) -> bool:
+        """Whether `decode(rows, ahead=True)` may enqueue the next step before reading this one (the manifest
+        advances its inputs on the device and the runtime has DeviceSteps)."""
+        return self._steps is not None
+
     # ---------------------------------------------------------------- block table
 
     def _set_table_row(self, r: int, pages: tuple[int, ...]) -> None:
@@ -164,6 +190,8 @@ class RuntimeEngine:
         length = len(chunk.token_ids)
         assert 1 <= length <= self.chunk_tokens, (length, self.chunk_tokens)  # the scheduler cuts chunks
         self._expect = None  # the per-row inputs are overwritten
+        if self._ahead is not None:
+            self._ahead.prefilled = True  # ... also those a step enqueued ahead advanced
         if self._device_rows[0] != chunk.page_ids:  # prefill runs at seqs = 1: block-table row 0
             row = np.zeros((1, self.facts.pages_per_seq), dtype=np.int32)  # i32[1, pages_per_seq]
             row[0, :len(chunk.page_ids)] = chunk.page_ids
@@ -273,8 +301,68 @@ class RuntimeEngine:
         if self._advances:
             self._expect = {r.row: (r.req_id, r.position + 1, int(tokens[r.row])) for r in rows}
 
-    def decode(self, rows: Sequence[DecodeRow]) -> list[Sampled]:
+    # ---------------------------------------------------------------- pipelined decode (ahead.py)
+
+    def _covers(self, rows: Sequence[DecodeRow], step: int) -> bool:
+        """Every row's block-table row on the device holds position `position + step`."""
+        P = self.page_tokens
+        return all(len(self._device_rows[r.row] or ()) * P > r.position + step for r in rows)
+
+    def _enqueue_after(self, rows: Sequence[DecodeRow], bucket: int) -> None:
+        """Enqueue the step after `rows` at `bucket` (its inputs advanced on the device) and keep it as ahead."""
+        assert self._steps is not None and self._ahead is None
+        self.rt.issue("decode", {"tokens": bucket, "seqs": bucket}, eager=self.eager)
+        self._ahead = AheadStep.after(rows, bucket, self._steps.record_event())
+        self._expect = None  # the device's inputs are now two steps on
+
+    def _ring_rows(self, rows: Sequence[DecodeRow], bucket: int, event: Any) -> np.ndarray:
+        """i64[bucket]: each row's entry of the step behind `event` (ring[row, (position + 1) % ring_len]), read
+        after the event; padding rows 0."""
+        event.wait()
+        if self._ring is None:
+            assert self._steps is not None
+            self._ring = self._steps.host_array(self._ring_name)
+        ring_len = int(self._ring.shape[-1])
+        raw = np.zeros(bucket, dtype=np.int64)
+        for r in rows:
+            raw[r.row] = self._ring[r.row, (r.position + 1) % ring_len]
+        return raw
+
+    def _drop(self, ahead: AheadStep) -> None:
+        """Forget a step enqueued ahead that the next call did not ask for (module docstring)."""
+        ahead.event.release()
+        self._expect = None
+        if self.io is not None:
+            for b in range(ahead.bucket):
+                self._hist_ok[b] = False  # it appended its tokens to every row's history
+        self.ahead_dropped += 1
+
+    def _take(self, ahead: AheadStep, rows: Sequence[DecodeRow], go_on: bool) -> list[Sampled]:
+        """`rows`' results from `ahead` (which matches them), first enqueuing the step after it when `go_on`, all
+        of its rows continue, no prefill came between, its rows' pages on the device cover that step's positions
+        and the scheduler only appended pages to them since (written in place before the step)."""
+        bucket = ahead.bucket
+        complete = ahead.complete(rows)
+        want: list[tuple[int, ...]] = [()] * bucket
+        for r in rows:
+            want[r.row] = r.page_ids
+        grown = all(want[b][:len(self._device_rows[b] or ())] == self._device_rows[b] for b in range(bucket))
+        if go_on and complete and not ahead.prefilled and self._covers(rows, 1) and grown:
+            self._write_table(want)  # pages granted since: only appended, read from the next position on
+            self._enqueue_after(rows, bucket)
+        raw = self._ring_rows(rows, bucket, ahead.event)
+        self.ahead_used += 1
+        return self._finish(rows, bucket, raw, 0, complete and not ahead.prefilled and self._ahead is None)
+
+    # ---------------------------------------------------------------- decode
+
+    def decode(self, rows: Sequence[DecodeRow], ahead: bool = False) -> list[Sampled]:
         assert 1 <= len(rows) <= self.max_seqs and len({r.row for r in rows}) == len(rows), [r.row for r in rows]
+        pending, self._ahead = self._ahead, None
+        if pending is not None:
+            if pending.matches(rows):
+                return self._take(pending, rows, ahead)
+            self._drop(pending)
         bucket = decode_bucket(max(r.row for r in rows) + 1, self.seqs_max)
         assert bucket <= self._rows, (bucket, self._rows)
         io = self.io
@@ -289,13 +377,27 @@ class RuntimeEngine:
         if top:
             assert io is not None and io.top_program is not None and top <= io.top_n, top  # the HTTP layer checks
             self.rt.issue(io.top_program, {"tokens": bucket, "seqs": bucket}, eager=True)
+        elif ahead and self._steps is not None and self._covers(rows, 1):
+            event = self._steps.record_event()
+            self._enqueue_after(rows, bucket)
+            return self._finish(rows, bucket, self._ring_rows(rows, bucket, event), 0, False)
         raw = self.rt.read_output(self._next_token_name, rows=bucket)  # i64[bucket]: 8 bytes a row, synchronises
+        return self._finish(rows, bucket, raw, top, True)
+
+    def _finish(self, rows: Sequence[DecodeRow], bucket: int, raw: np.ndarray, top: int,
+                advanced: bool) -> list[Sampled]:
+        """The step's `Sampled` per row from its packed entries `raw` (i64[bucket]) and, with `top`, the top
+        logprobs read back; the host mirrors updated (histories, what the device advanced when `advanced`), and
+        the step enqueued ahead, if any, told the tokens it was fed."""
+        io = self.io
         self.buckets.append(bucket)
         tokens, logprobs = unpack_packed(raw)  # an argmax manifest's plain ids come out unchanged
-        if io is None:
+        if advanced:
             self._advanced(rows, tokens)
+        if self._ahead is not None:
+            self._ahead.fed(rows, [int(tokens[r.row]) for r in rows])
+        if io is None:
             return [Sampled(int(tokens[r.row])) for r in rows]
-        self._advanced(rows, tokens)
         top_ids = top_lps = None
         if top:
             top_ids = np.asarray(self.rt.read_output(io.top_ids, rows=bucket)).view(np.int32)  # i32[bucket, top_n]

@@ -35,7 +35,11 @@ Policy (docs/serve.md "Scheduler"):
   prompts before they get here).
 - **Cancellation** (`cancel`) returns the request's pages, its wake and its prefix lock at once.
 
-Decode pages are grown a page at a time, as positions reach them (not reserved for `max_tokens` up front).
+Decode pages are grown a page at a time, as positions reach them (not reserved for `max_tokens` up front); with
+`grow_ahead` N, also up to N positions past the next one when a free page allows it without evicting or
+preempting anything (so an engine that enqueues a step before reading the last one finds the pages of its next
+positions already in the block table: RuntimeEngine, docs/serve.md "Pipelined decode"). `steady(step)` says when
+the step after `step` is expected to decode the same rows, one position on.
 """
 
 from __future__ import annotations
@@ -63,17 +67,20 @@ class SchedulerConfig:
     """`max_seqs`: rows (>= 1). `token_budget`: tokens one step carries, decode rows plus prefill (>=
     `chunk_tokens + max_seqs`, so the oldest prefilling row always gets a chunk). `chunk_tokens`: the prefill
     chunk (>= 1). `max_context`: positions one sequence may hold (>= 2). `batch_invariant_prefill`: reuse a
-    cached prefix at any length and cut chunks by the budget (engine.Engine). Raises ConfigError."""
+    cached prefix at any length and cut chunks by the budget (engine.Engine). `grow_ahead`: positions past the next
+    one a decoding row's lease is grown to when free pages allow it without evicting or preempting (>= 0; 0: none).
+    Raises ConfigError."""
 
     max_seqs: int
     chunk_tokens: int
     max_context: int
     token_budget: int | None = None  # None: chunk_tokens + max_seqs
     batch_invariant_prefill: bool = False
+    grow_ahead: int = 0
 
     def __post_init__(self) -> None:
         for name, value, low in (("max_seqs", self.max_seqs, 1), ("chunk_tokens", self.chunk_tokens, 1),
-                                 ("max_context", self.max_context, 2)):
+                                 ("max_context", self.max_context, 2), ("grow_ahead", self.grow_ahead, 0)):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ConfigError(f"scheduler {name} {value!r}: expected an int >= {low}")
         if self.token_budget is None:
@@ -409,6 +416,8 @@ class Scheduler:
                 jobs.append(job)
         # a row preempted after it was listed (to grow a later one) must not write pages it no longer holds
         jobs = [j for j in jobs if j.req_id in self._running]
+        for job in jobs:  # after every row's own growth: a page taken early never makes another row evict
+            self._grow_ahead(job)
         if jobs:
             self._compact(jobs)
         rows = []
@@ -466,6 +475,37 @@ class Scheduler:
                 if victim is job:
                     return False
         return True
+
+    def _grow_ahead(self, job: Job) -> None:
+        """Grow `job`'s lease to cover `grow_ahead` positions past the one its next decode writes (never past its
+        last position) when the pool has the pages now; a refusal is ignored (nothing is evicted for it)."""
+        last = len(job.prompt) + job.max_tokens - 1  # ids the request can ever hold (its last position + 1)
+        want = min(job.num_ids + self.config.grow_ahead, last)
+        if want > job.lease.capacity_tokens:
+            try:
+                self.memory.grow(job.lease, want)
+            except (Busy, Remapping, ExceedsPool):
+                pass  # its own growth, when due, decides (and says ExceedsPool, if ever)
+
+    def steady(self, step: Step) -> bool:
+        """Whether the step after `step` is expected to decode the same rows, each one position on, so an engine may
+        enqueue it before `step`'s tokens are read (the loop's `ahead`): `step` decodes some rows; every other
+        request holding a row is prefilling and stays so after `step`'s chunks (none is waking); requests wait only
+        when no row is free; every decoding request wants more than the token `step` gives it and its lease holds
+        the next position. Unforeseen: a token that is a stop id, a cancellation, a preemption or a full prefix hit
+        (the engine then uses what matches, or drops the step it enqueued). Pure: changes nothing."""
+        if not step.decodes or (self._waiting and self._free_rows):
+            return False
+        stops = {c.req_id: c.stop for c in step.prefills}
+        decoding = {r.req_id for r in step.decodes}
+        for job in self._running.values():
+            if job.req_id in decoding:
+                if (job.state != DECODE or len(job.tokens) + 1 >= job.max_tokens
+                        or job.lease.capacity_tokens < job.num_ids + 1):
+                    return False
+            elif job.state != PREFILL or stops.get(job.req_id, job.computed) >= job.num_ids - 1:
+                return False
+        return len(decoding) == sum(1 for j in self._running.values() if j.req_id in decoding)
 
     def _prefill_done(self, job: Job) -> None:
         """`job`'s prefill K/V are all written: file them in the prefix tree, move it to decode."""

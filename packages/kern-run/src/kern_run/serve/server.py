@@ -9,7 +9,7 @@ runtime. uvicorn then re-raises the signal: the process ends by SIGTERM (status 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,10 @@ GIB = 1 << 30
 MAX_HOST_GIB = 4096  # the largest --host-gib: 4 TiB of pinned host memory
 MAX_DRAIN_S = 86400  # the longest --drain-timeout: a day
 MAX_SEQS = 1024  # the largest --max-seqs taken (the manifest's seqs var max then caps it: 64 for issue 26's)
+# decode positions past the next one the scheduler grows a lease to when pages are free: a step enqueued ahead
+# computes position p + 1 with a slot its predecessor derived from the block table, so its pages must be there two
+# positions early for the pipeline to run across page boundaries (runtime_engine.py "Pipelined decode")
+GROW_AHEAD = 2
 
 
 @dataclass(frozen=True)
@@ -29,7 +33,8 @@ class ServeOptions:
     `host_gib`: the pinned host tier for parked prefixes (GiB, 0: none); `api_key`: None for none; `max_queue`:
     requests in flight at most; `token_budget`: tokens per step (None: chunk + max_seqs); `drain_s`: seconds
     SIGTERM waits for requests in flight; `model_name`: the name requests use (None: the target's, else the
-    weights directory's); `eager`: decode without the CUDA graph."""
+    weights directory's); `eager`: decode without the CUDA graph; `invariant`: run the target's `serve_manifest`
+    (a batch-invariant decode) when it has one (`serving_config`), else its `manifest`."""
 
     host: str = "127.0.0.1"
     port: int = 8000
@@ -41,6 +46,7 @@ class ServeOptions:
     drain_s: float = 30.0
     model_name: str | None = None
     eager: bool = False
+    invariant: bool = True
 
     def check(self) -> None:
         """Raises InputError naming the flag and its allowed range for a value out of range (NaN and infinities
@@ -60,6 +66,15 @@ class ServeOptions:
             raise InputError(f"--drain-timeout {self.drain_s}: expected 0..{MAX_DRAIN_S} seconds")
         if self.api_key == "":
             raise InputError("--api-key '': an empty key (an unset shell variable?): give the key or leave it out")
+
+
+def serving_config(cfg: RunConfig, opts: ServeOptions) -> RunConfig:
+    """The RunConfig `kern serve` loads: the target's `serve_manifest` in place of its `manifest` when it has one
+    and `opts.invariant` (docs/serve.md "Which manifest"); `cfg` itself otherwise (no serve_manifest, --manifest
+    given, or --no-invariant)."""
+    if opts.invariant and cfg.serve_manifest is not None:
+        return replace(cfg, manifest=cfg.serve_manifest, serve_manifest=None)
+    return cfg
 
 
 def model_name(cfg: RunConfig, opts: ServeOptions) -> str:
@@ -95,6 +110,7 @@ def build(cfg: RunConfig, opts: ServeOptions, log: Any) -> tuple[Any, Any]:
     from .scheduler import Scheduler, SchedulerConfig
 
     opts.check()
+    cfg = serving_config(cfg, opts)
     prep = prepare(cfg, shared_pool=True)
     read_sampling_io(prep.facts.manifest, cfg.manifest)  # a malformed sampling block is refused before loading
     rows = serve_rows(prep.facts, opts.max_seqs)
@@ -107,7 +123,8 @@ def build(cfg: RunConfig, opts: ServeOptions, log: Any) -> tuple[Any, Any]:
         try:
             return SchedulerConfig(max_seqs=rows, chunk_tokens=prep.chunk, max_context=max_context,
                                    token_budget=opts.token_budget,
-                                   batch_invariant_prefill=prep.facts.prefill_batch_invariant)
+                                   batch_invariant_prefill=prep.facts.prefill_batch_invariant,
+                                   grow_ahead=GROW_AHEAD if prep.facts.decode_advance is not None else 0)
         except ValueError as exc:
             raise InputError(f"--token-budget: {exc}") from None
 
@@ -133,9 +150,12 @@ def build(cfg: RunConfig, opts: ServeOptions, log: Any) -> tuple[Any, Any]:
         gen.close()
         raise
     sampler = "GPU sampling" if engine.samples else "greedy argmax decode (no meta.caller.sampling)"
-    log.info(f"serving {app_cfg.model!r}: context {engine.max_context} tokens, {engine.max_seqs} row(s) (manifest "
-             f"seqs max {engine.seqs_max}), chunk {engine.chunk_tokens}, {sampler}; chat template "
-             f"{'yes' if template else 'none'}")
+    rows_note = ("batch-invariant decode: a row's tokens do not depend on its neighbours" if
+                 prep.facts.decode_batch_invariant else "decode not batch-invariant: a row's last bits depend on "
+                 "its bucket (docs/caller.md)")
+    log.info(f"serving {app_cfg.model!r} from {cfg.manifest}: context {engine.max_context} tokens, {engine.max_seqs} "
+             f"row(s) (manifest seqs max {engine.seqs_max}; {rows_note}), chunk {engine.chunk_tokens}, {sampler}; "
+             f"chat template {'yes' if template else 'none'}")
     loop.start()
     return app, loop
 

@@ -14,7 +14,7 @@ Inference", 2025). `PinPicker.prefill` finds such a configuration per (n, k) and
    with SPLITK_NUM <= 1 and no reduction scheme, deduplicated;
 2. applicability: cublasLtMatmulAlgoCheck at M = 1 and M = m_max (the runtime checks the same at load);
 3. invariance: C = A @ W^T at M = m_max on random bf16 data, then the same rows recomputed as separate GEMMs
-   of M in {1, 2, 3, 7, 16, 17, 100, 511, m_max - 1} (each from the start of its own buffer, as a chunk is)
+   of M in {1, 2, 3, 4, 7, 8, 16, 17, 32, 64, 100, 511, m_max - 1} (each from the start of its own buffer, as a chunk is)
    must equal those rows of C bit for bit;
 4. speed: median time at M = 512 and M = m_max (CUDA events over 10 back-to-back calls, 5 repeats); the
    fastest invariant candidate by the sum of the two wins. The heuristic's own choice is timed too.

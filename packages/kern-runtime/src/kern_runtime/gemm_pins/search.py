@@ -19,7 +19,9 @@ from ..errors import PinSearchError
 Pin = dict[str, int]  # a cuBLASLt algorithm configuration: kern_runtime.cuda.ALGO_KEYS -> value ("id" always)
 Log = Callable[[str], None]
 
-PROBE_MS = (1, 2, 3, 7, 16, 17, 100, 511)  # the row counts recomputed against M = m_max (and m_max - 1)
+# the row counts recomputed against M = m_max (and m_max - 1); 1 .. 64 in powers of two are the batched decode's
+# buckets, which `--batch-invariant` manifests run on these pins too
+PROBE_MS = (1, 2, 3, 4, 7, 8, 16, 17, 32, 64, 100, 511)
 TIMED_MS = (512,)  # timed besides m_max
 CANDIDATE_MS = (1, 64, 512)  # the heuristic asked at these M (and at m_max)
 HEURISTIC_COUNT = 24  # results asked of cuBLASLt's heuristic per M (prefill)

@@ -25,7 +25,8 @@ def add_qk_norm_rope_kv_op(b: Builder, plan: Plan) -> None:
     """`qk_norm_rope_kv` (q_norm / k_norm args) or, for a family without a q/k norm, `rope_kv` (the kernels' norm
     weights wired null: no norm): qkv [tokens, q + 2 kv] -> q_out [tokens, q] and the K/V cache. One token (decode,
     and 1-token chunks): the block entry (a block of head_dim threads per token and head); longer chunks, when
-    plan.prefill_rope is "warp": the warp entry (same results)."""
+    plan.prefill_rope is "warp": the warp entry (same results). `--batch-invariant`: plan.prefill_rope's entry at
+    every token count (one launch, no `when`)."""
     cfg, opts = plan.cfg, plan.opts
     Hq, Hkv, D = cfg.q_heads, cfg.kv_heads, cfg.head_dim
     norms: list[dict[str, Any]] = ([{"arg": "q_norm"}, {"arg": "k_norm"}] if cfg.family.qk_norm
@@ -38,9 +39,12 @@ def add_qk_norm_rope_kv_op(b: Builder, plan: Plan) -> None:
     if plan.prefill_rope == "warp":
         warp = b.launch("kern_qk_norm_rope_kv_warp", ["tokens", -(-(Hq + Hkv) // rope_warp_heads(D)), 1],
                         [256, 1, 1], args, pdl=pdl)
-        launches[0]["when"] = {"tokens": [1, 1]}
-        warp["when"] = {"tokens": [2, opts.chunk_max]}
-        launches.append(warp)
+        if opts.batch_invariant:
+            launches = [warp]
+        else:
+            launches[0]["when"] = {"tokens": [1, 1]}
+            warp["when"] = {"tokens": [2, opts.chunk_max]}
+            launches.append(warp)
     norm_args = [ptr("q_norm"), ptr("k_norm")] if cfg.family.qk_norm else []
     b.op(rope_kv_op_name(plan),
          [ptr("qkv"), *norm_args, ptr("rope"), ptr("positions"), ptr("slots"),

@@ -78,11 +78,12 @@ def default_max_context(req: BuildRequest, cfg: Qwen3Config) -> int:
 
 
 def build_options(req: BuildRequest, cfg: Qwen3Config) -> BuildOptions:
-    """The BuildOptions of the request (the pins file read). Raises ManifestBuildError for a pins file
-    load_algos refuses, or --decode gemv with --tp 2 or more."""
+    """The BuildOptions of the request (the pins file read; `decode` None: "gemm" for tensor-parallel ranks and
+    with batch_invariant, else "gemv"). Raises ManifestBuildError for a pins file load_algos refuses, or --decode
+    gemv with --tp 2 or more."""
     fields = dict(req.options)
     if fields.get("decode") is None:
-        fields["decode"] = "gemv" if req.tp == 1 else "gemm"
+        fields["decode"] = "gemm" if req.tp > 1 or fields.get("batch_invariant") else "gemv"
     elif req.tp > 1 and fields["decode"] != "gemm":
         raise ManifestBuildError(f"--decode {fields['decode']} with --tp {req.tp}: tensor-parallel ranks decode "
                                  "through cuBLASLt (--decode gemm)")

@@ -1,11 +1,13 @@
 """The projection ops of the prefill program and of the cuBLASLt decode (`--decode gemm`): which op an (n, k)
 projection calls, declared on first use. Row-major C[m, n] = A[m, k] @ W[n, k]^T through
-`extern:cublaslt_bf16_tn`, or kern_gemv_rows at M = 1 (`--m1-gemv`)."""
+`extern:cublaslt_bf16_tn`, or kern_gemv_rows at M = 1 (`--m1-gemv`); with `--batch-invariant` every decode
+projection on one pinned algorithm for every M."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from ...errors import ManifestBuildError
 from .builder import Builder, int_arg, ptr
 from .gemv import rows_launch
 from .options import Plan
@@ -31,6 +33,8 @@ class Projections:
         self.b, self.opts = b, plan.opts
         self.pins = {(n, k): dict(algo) for n, k, algo in plan.opts.algos}
         self.decode_pins = {(n, k): dict(algo) for n, k, algo in plan.opts.decode_algos}
+        # `--batch-invariant`: "<n>x<k>" of the decode projections pinned from decode_pins (not proven across M)
+        self.unproven: list[str] = []
 
     def op(self, n: int, k: int, decode: bool = False) -> str:
         """The op of an (n, k) projection. Prefill: `gemm_<n>x<k>` with the pinned batch-invariant algorithm for
@@ -40,6 +44,8 @@ class Projections:
         3.66 ms/token). Otherwise `gemm`: cuBLASLt's heuristic per M."""
         if decode and self.opts.m1_gemv:
             return self._gemv_m1(n, k)
+        if decode and self.opts.batch_invariant:
+            return self._invariant(n, k)
         table, prefix = (self.decode_pins, "gemm_m1") if decode else (self.pins, "gemm")
         name = f"{prefix}_{n}x{k}" if (n, k) in table else "gemm"
         if name not in self.b.ops:
@@ -71,4 +77,28 @@ class Projections:
             if self.opts.chunk_max > 1:
                 launches.append(_cublaslt(when={"tokens": [2, self.opts.chunk_max]}))
             self.b.op(name, _interface(), launches)
+        return name
+
+    def _invariant(self, n: int, k: int) -> str:
+        """`--batch-invariant`: the decode projection (n, k) on one pinned algorithm at every M. A shape the pins
+        file pins for prefill (`pins`: no split-K, proven by tools/pick_algos.py to give every row the same bits
+        at M = 1 .. m_max) calls that prefill op `gemm_<n>x<k>` itself, so a decode row is computed exactly as a
+        prefill row. Else (the lm_head, until pick_algos --lm-head has pinned it) `gemm_<n>x<k>` with its
+        `decode_pins` pin when that pin has no split-K and no reduction scheme: the class of configuration
+        pick_algos found row-invariant in every case it tried, but not proven for this shape (listed in
+        `unproven`, and meta.caller.decode_batch_invariant_unproven). Raises ManifestBuildError for a shape
+        with neither."""
+        if (n, k) in self.pins:
+            return self.op(n, k)
+        pin = self.decode_pins.get((n, k))
+        if pin is None or pin.get("split_k", 1) > 1 or pin.get("reduction", 0):
+            why = ("no --algos given" if not (self.pins or self.decode_pins) else
+                   "the pins file pins it neither for prefill nor, without split-K, for decode")
+            raise ManifestBuildError(f"batch_invariant (--batch-invariant): the decode projection {n}x{k} has no "
+                                     f"batch-invariant cuBLASLt pin ({why}); pass --algos with one, e.g. from "
+                                     "tools/pick_algos.py --lm-head")
+        name = f"gemm_{n}x{k}"
+        if name not in self.b.ops:
+            self.b.op(name, _interface(), [_cublaslt(algo=pin)])
+            self.unproven.append(f"{n}x{k}")
         return name

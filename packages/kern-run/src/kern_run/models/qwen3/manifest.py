@@ -48,9 +48,10 @@ def _add_ops(b: Builder, plan: Plan) -> None:
         (add_gemv_v2_ops if plan.opts.gemv == "v2" else add_gemv_v1_ops)(b, plan)
 
 
-def _meta(plan: Plan, config_digest: str) -> dict[str, Any]:
+def _meta(plan: Plan, config_digest: str, unproven: list[str]) -> dict[str, Any]:
     """meta: the builder, the family ("qwen3" or "llama"), the model's fields (with rope_scaling for llama3 RoPE)
-    and the caller contract's geometry (docs/caller.md; one contract for both families)."""
+    and the caller contract's geometry (docs/caller.md; one contract for both families); `unproven`:
+    Projections.unproven (the batch-invariant decode's pins not proven across M)."""
     cfg, opts = plan.cfg, plan.opts
     caller = {"contract": "qwen3-chunked-prefill/1", "page_tokens": opts.page_tokens,
               "pages_per_seq": plan.pages_per_seq, "max_context": opts.max_context, "chunk_max": opts.chunk_max,
@@ -71,6 +72,12 @@ def _meta(plan: Plan, config_digest: str) -> dict[str, Any]:
     # caller may resume a cached prefix at any token (kern_run.prefix_cache).
     if plan.prefill_shapes <= {(n, k) for n, k, _ in opts.algos}:
         caller["prefill_batch_invariant"] = True
+    # --batch-invariant: every decode call runs the same launches at every row count, so a row's tokens do not
+    # depend on its bucket (docs/caller.md "Batch-invariant decode")
+    if opts.batch_invariant:
+        caller["decode_batch_invariant"] = True
+        if unproven:
+            caller["decode_batch_invariant_unproven"] = sorted(unproven)
     model = {"hidden": cfg.hidden, "layers": cfg.layers, "q_heads": cfg.q_heads, "kv_heads": cfg.kv_heads,
              "head_dim": cfg.head_dim, "intermediate": cfg.intermediate, "vocab": cfg.vocab, "tied": cfg.tied,
              "rope_theta": cfg.rope_theta, "eps": cfg.eps}
@@ -114,9 +121,10 @@ def build_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: BuildOptions, config_
     add_workspace(b, plan)
     add_weights_and_states(b, plan)
     _add_ops(b, plan)
-    programs = build_programs(plan, Projections(b, plan))
+    gemms = Projections(b, plan)
+    programs = build_programs(plan, gemms)
     manifest: dict[str, Any] = {
-        "format": FORMAT, "name": opts.name, "meta": _meta(plan, config_digest),
+        "format": FORMAT, "name": opts.name, "meta": _meta(plan, config_digest, gemms.unproven),
         "vars": {"tokens": {"min": 1, "max": opts.chunk_max}, "seqs": {"min": 1, "max": opts.seqs_max}},
         "modules": {m: abi.modules[m] for m in sorted(b.used_modules)},
         "buffers": b.buffers, "states": b.states, "ops": b.ops, "programs": programs,

@@ -4,7 +4,7 @@ geometry the buffers, ops and programs read. Refusals name the option field, its
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ...errors import ManifestBuildError
@@ -90,6 +90,13 @@ class BuildOptions:
     # fused like the GEMVs; 2-4x slower on the H200, docs/perf.md "Fourteenth session") or "rows" (rows_m.py: the
     # multi-row rows-family GEMVs for 2..8 rows, bit-identical per row to the M = 1 entries; cuBLASLt from 9)
     batch_proj: str = "cublaslt"  # with sampler "gpu": history slots (distinct previous token ids) per row
+    # one decode arithmetic for every row count, 1 included (docs/caller.md "Batch-invariant decode"): the cuBLASLt
+    # decode (--decode gemm) with every projection on a pinned algorithm for every M (the prefill pins, which
+    # tools/pick_algos.py proves row-invariant across M, so a decode row is also computed as a prefill row; the
+    # lm_head from its pin), one decode attention entry at every row count (decode_attn_batch's, else
+    # decode_attn's; each block reads only its own row, kernels-src/attention_decode.cu), one q/k rope entry for
+    # every token count; the norms, SwiGLU and sampler are per row. So a row's tokens do not depend on the bucket
+    batch_invariant: bool = False
 
     @property
     def pdl_small_launches(self) -> bool:
@@ -241,9 +248,23 @@ def _check_launch(opts: BuildOptions) -> None:
                                  f"projections take at most {MMA_TILES[-1]} rows; use --decode gemm")
 
 
+def _invariant_options(opts: BuildOptions) -> BuildOptions:
+    """`--batch-invariant`: the options with one decode attention entry (decode_attn_batch's, else decode_attn's)
+    for every row count. Raises ManifestBuildError for a decode other than the cuBLASLt one, or --m1-gemv."""
+    if opts.decode != "gemm" or opts.m1_gemv:
+        given = "--m1-gemv" if opts.m1_gemv else f"--decode {opts.decode}"
+        raise ManifestBuildError(f"batch_invariant (--batch-invariant) with {given}: the M = 1 GEMVs sum a row in "
+                                 "another order than the batched projections; the batch-invariant decode runs the "
+                                 "pinned cuBLASLt projections at every row count (--decode gemm, without --m1-gemv)")
+    return replace(opts, decode_attn=opts.decode_attn_batch or opts.decode_attn, decode_attn_batch="")
+
+
 def validate(cfg: Qwen3Config, opts: BuildOptions) -> Plan:
-    """The Plan of `opts` for `cfg`. Raises ManifestBuildError, naming the field and its flag, for an option out
-    of range, an inconsistent combination, or a head_dim the chosen kernels do not cover."""
+    """The Plan of `opts` for `cfg` (with `batch_invariant`, its opts carry the one decode attention entry as
+    decode_attn and decode_attn_batch ""). Raises ManifestBuildError, naming the field and its flag, for an option
+    out of range, an inconsistent combination, or a head_dim the chosen kernels do not cover."""
+    if opts.batch_invariant:
+        opts = _invariant_options(opts)
     _check_context(cfg, opts)
     _check_decode(opts)
     _check_attention(cfg, opts)

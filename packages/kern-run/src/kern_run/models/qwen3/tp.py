@@ -104,9 +104,13 @@ def build_rank_manifests(cfg: Qwen3Config, abi: KernelAbi, opts: BuildOptions, t
                          config_digest: str = "") -> list[dict[str, Any]]:
     """One manifest per rank (with digests), rank order. The decode is always the cuBLASLt one (`opts.decode`
     is replaced by "gemm"). Raises ManifestBuildError for a `tp` below 2 or one the shape cannot be split by,
-    and build_manifest's refusals."""
+    `batch_invariant` (not built for ranks), and build_manifest's refusals."""
     if tp < 2:
         raise ManifestBuildError(f"--tp {tp}: tensor parallelism needs at least 2 ranks (tp 1 is a plain build)")
+    if opts.batch_invariant:
+        raise ManifestBuildError(f"--batch-invariant with --tp {tp}: the all-reduce's summation order depends on "
+                                 "its element count (tokens x hidden), so tensor-parallel ranks are not built "
+                                 "batch-invariant; use --tp 1")
     base = _shared_manifest(cfg, abi, opts, tp, config_digest)
     shard = shard_config(cfg, tp)
     out = []

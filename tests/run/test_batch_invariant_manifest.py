@@ -1,0 +1,174 @@
+"""`kern manifest build --batch-invariant` (docs/caller.md "Batch-invariant decode"): the decode program runs the
+same launches at every bucket, 1 included, with only the row counts (`tokens` / `seqs` expressions) changing;
+the projections on pinned cuBLASLt algorithms, the decode rows' layer projections on the prefill ops themselves.
+Checked on the built JSON and on the committed manifests; the fast manifests serve as the negative control."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kern_run.models import qwen3 as gq
+from tools import make_checkpoint as mc
+from tools import regen_manifests as rm
+
+ROOT = Path(__file__).resolve().parents[2]
+STUB = gq.KernelAbi.from_json(gq.stub_kernels_json())
+BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+TINY_EN = gq.Qwen3Config.from_json(json.loads((ROOT / "models" / "qwen3-tiny-en" / "config.json").read_text()))
+PIN = {"id": 66, "tile": 20, "stages": 35, "split_k": 1}
+PIN_SPLIT = {"id": 66, "tile": 393, "stages": 35, "split_k": 3, "reduction": 2}
+
+
+def decode_launches(manifest: dict[str, Any], bucket: int) -> list[tuple[str, dict[str, Any], list[dict[str, Any]]]]:
+    """(op, call args, the launches whose `when` holds) of every decode call at tokens = seqs = `bucket`: what the
+    runtime issues for that bucket (expressions left unevaluated, so they compare equal across buckets)."""
+    env = {"tokens": bucket, "seqs": bucket}
+    out = []
+    for call in manifest["programs"]["decode"]["calls"]:
+        op = manifest["ops"][call["op"]]
+        picked = [launch for launch in op["launches"]
+                  if all(lo <= env[var] <= hi for var, (lo, hi) in launch.get("when", {}).items())]
+        out.append((call["op"], call["args"], picked))
+    return out
+
+
+def differing_buckets(manifest: dict[str, Any]) -> list[int]:
+    """The buckets up to the seqs max whose decode launches differ from bucket 1's."""
+    top = manifest["vars"]["seqs"]["max"]
+    one = decode_launches(manifest, 1)
+    return [b for b in BUCKETS if b <= top and decode_launches(manifest, b) != one]
+
+
+def _pins(tmp_path: Path, cfg: gq.Qwen3Config, lm_head: dict[str, int] | None = PIN,
+          lm_head_in: str = "decode_pins") -> Path:
+    """A pins file pinning cfg's four prefill shapes (and its lm_head in `lm_head_in`, None: not at all)."""
+    H, I, D = cfg.hidden, cfg.intermediate, cfg.head_dim
+    shapes = [((cfg.q_heads + 2 * cfg.kv_heads) * D, H), (H, cfg.q_heads * D), (2 * I, H), (H, I)]
+    doc: dict[str, Any] = {"format": "kern-cublaslt-pins/1", "device": "NVIDIA H200", "cublaslt_version": 130100,
+                           "m_max": 2048, "pins": [{"n": n, "k": k, "algo": PIN} for n, k in shapes],
+                           "decode_pins": []}
+    if lm_head is not None:
+        doc[lm_head_in].append({"n": cfg.vocab, "k": H, "algo": lm_head})
+    path = tmp_path / "pins.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def _build(tmp_path: Path, cfg: gq.Qwen3Config = TINY_EN, pins: Path | None = None, **opts: Any) -> dict[str, Any]:
+    algos, decode_algos, source = gq.load_algos(pins or _pins(tmp_path, cfg), 512)
+    fields = {"seqs_max": 64, "max_context": 2048, "decode": "gemm", "batch_invariant": True, **opts}
+    return gq.build_manifest(cfg, STUB, gq.BuildOptions("inv", algos=algos, decode_algos=decode_algos,
+                                                        algos_source=source, **fields))
+
+
+@pytest.mark.parametrize("fname", ["qwen3-tiny-en-inv.json", "qwen3-4b-inv.json"])
+def test_committed_invariant_manifests_run_one_launch_list_at_every_bucket(fname: str) -> None:
+    m = json.loads((ROOT / "manifests" / fname).read_text())
+    assert m["vars"]["seqs"] == {"min": 1, "max": 64}
+    assert differing_buckets(m) == []
+    caller = m["meta"]["caller"]
+    assert caller["decode_batch_invariant"] is True and caller["prefill_batch_invariant"] is True
+    assert caller["decode"] == "gemm" and caller["decode_attention"] == "stream"
+    # the lm_head pin: a proven one when the pins file pins the lm_head shape (pick_algos --lm-head), else its
+    # decode pin, listed as unproven
+    cfg = TINY_EN if "tiny" in fname else gq.Qwen3Config.from_name("qwen3-4b")
+    proven = {(n, k) for n, k, _ in gq.load_algos(rm.ALGOS, 512)[0]}
+    lm_head = [] if (cfg.vocab, cfg.hidden) in proven else [f"{cfg.vocab}x{cfg.hidden}"]
+    assert caller.get("decode_batch_invariant_unproven", []) == lm_head
+    # no launch anywhere in the decode program is chosen by row count
+    for op, _, launches in decode_launches(m, 1):
+        assert all("when" not in launch for launch in m["ops"][op]["launches"]), op
+
+
+@pytest.mark.parametrize("fname", ["qwen3-tiny-en.json", "qwen3-4b-v2.json"])
+def test_the_fast_batched_manifests_differ_between_one_row_and_two(fname: str) -> None:
+    """The negative control: the GEMV manifests run other launches at bucket 1 than at 2..64, and the helper sees
+    it (so the assertion above can fail)."""
+    m = json.loads((ROOT / "manifests" / fname).read_text())
+    assert differing_buckets(m) == [2, 4, 8, 16, 32, 64]
+    assert "decode_batch_invariant" not in m["meta"]["caller"]
+
+
+def test_decode_projections_are_the_prefill_ops_and_every_gemm_is_pinned(tmp_path: Path) -> None:
+    m = _build(tmp_path)
+    prefill = {c["op"] for c in m["programs"]["prefill"]["calls"] if c["op"].startswith("gemm")}
+    decode = {c["op"] for c in m["programs"]["decode"]["calls"] if c["op"].startswith("gemm")}
+    lm_head = f"gemm_{TINY_EN.vocab}x{TINY_EN.hidden}"
+    assert prefill == {"gemm_768x384", "gemm_384x512", "gemm_2048x384", "gemm_384x1024"}
+    assert decode == prefill | {lm_head}
+    for name in decode:
+        (launch,) = m["ops"][name]["launches"]
+        assert launch["extern"] == "cublaslt_bf16_tn" and launch["algo"] == PIN and "when" not in launch
+    assert m["meta"]["caller"]["decode_batch_invariant_unproven"] == [f"{TINY_EN.vocab}x{TINY_EN.hidden}"]
+    assert differing_buckets(m) == []
+    (rope,) = m["ops"]["qk_norm_rope_kv"]["launches"]
+    assert rope["entry"] == "kern_qk_norm_rope_kv_warp" and "when" not in rope
+    entries = [launch["entry"] for launch in m["ops"]["attn_decode"]["launches"]]
+    assert entries == ["kern_attn_decode_partial_stream", "kern_attn_decode_reduce"]
+    km = pytest.importorskip("kern_manifest")
+    km.verify(km.parse_manifest(gq.dumps(m)))
+
+
+def test_an_lm_head_pinned_for_prefill_is_proven_and_used(tmp_path: Path) -> None:
+    other = {**PIN, "tile": 21}
+    m = _build(tmp_path, pins=_pins(tmp_path, TINY_EN, other, lm_head_in="pins"))
+    (launch,) = m["ops"][f"gemm_{TINY_EN.vocab}x{TINY_EN.hidden}"]["launches"]
+    assert launch["algo"] == other
+    assert "decode_batch_invariant_unproven" not in m["meta"]["caller"]
+
+
+def test_decode_attn_batch_empty_keeps_decode_attn_for_every_row(tmp_path: Path) -> None:
+    m = _build(tmp_path, decode_attn="wide", decode_attn_batch="")
+    assert m["ops"]["attn_decode"]["launches"][0]["entry"] == "kern_attn_decode_partial_wide"
+    assert m["meta"]["caller"]["decode_attention"] == "wide" and differing_buckets(m) == []
+
+
+def test_the_4b_shape_builds_invariant_too(tmp_path: Path) -> None:
+    cfg = gq.Qwen3Config.from_json(mc.config_json(mc.SHAPES["qwen3-4b"]))
+    m = _build(tmp_path, cfg, max_context=4096)
+    assert differing_buckets(m) == []
+    ops = [c["op"] for c in m["programs"]["decode"]["calls"]]
+    assert ops.count("gemm_6144x2560") == 36 and ops.count("gemm_151936x2560") == 1
+
+
+@pytest.mark.parametrize("lm_head, why", [
+    (None, "the pins file pins it neither for prefill nor, without split-K, for decode"),
+    (PIN_SPLIT, "the pins file pins it neither for prefill nor, without split-K, for decode"),
+])
+def test_refuses_an_lm_head_without_an_invariant_pin(tmp_path: Path, lm_head: dict[str, int] | None,
+                                                     why: str) -> None:
+    with pytest.raises(gq.ManifestBuildError) as err:
+        _build(tmp_path, pins=_pins(tmp_path, TINY_EN, lm_head))
+    assert str(err.value) == (f"batch_invariant (--batch-invariant): the decode projection 8192x384 has no "
+                              f"batch-invariant cuBLASLt pin ({why}); pass --algos with one, e.g. from "
+                              "tools/pick_algos.py --lm-head")
+
+
+def test_refuses_without_pins() -> None:
+    with pytest.raises(gq.ManifestBuildError, match=r"decode projection 768x384 has no batch-invariant cuBLASLt pin "
+                                                    r"\(no --algos given\)"):
+        gq.build_manifest(TINY_EN, STUB, gq.BuildOptions("x", seqs_max=64, max_context=2048, decode="gemm",
+                                                         batch_invariant=True))
+
+
+@pytest.mark.parametrize("opts, given", [({"decode": "gemv", "gemv": "v2"}, "--decode gemv"),
+                                         ({"decode": "gemm", "m1_gemv": True}, "--m1-gemv")])
+def test_refuses_the_gemv_decode(tmp_path: Path, opts: dict[str, Any], given: str) -> None:
+    with pytest.raises(gq.ManifestBuildError) as err:
+        _build(tmp_path, **opts)
+    assert str(err.value).startswith(f"batch_invariant (--batch-invariant) with {given}: the M = 1 GEMVs sum a row")
+
+
+def test_the_command_defaults_to_gemm_and_refuses_tensor_parallel(tmp_path: Path) -> None:
+    req = gq.BuildRequest(out=tmp_path / "m.json", config=ROOT / "models" / "qwen3-tiny-en" / "config.json",
+                          kernels=ROOT / "kernels", max_context=2048, algos=rm.ALGOS,
+                          options={"seqs_max": 64, "batch_invariant": True})
+    (text,) = gq.build_texts(req).values()
+    assert json.loads(text)["meta"]["caller"]["decode"] == "gemm"
+    with pytest.raises(gq.ManifestBuildError, match=r"^--batch-invariant with --tp 2: the all-reduce's summation"):
+        gq.build_texts(gq.BuildRequest(out=tmp_path / "m.json", shape="qwen3-4b", tp=2, algos=rm.ALGOS,
+                                       kernels=ROOT / "kernels", options={"batch_invariant": True}))
