@@ -241,8 +241,9 @@ def test_pick_algos_refuses_a_tp_that_cannot_split_the_shapes(monkeypatch: pytes
 @pytest.fixture
 def fake_device(monkeypatch: pytest.MonkeyPatch) -> dict[str, object]:
     """pick_algos's device side faked: the device name and cuBLASLt version kern_runtime.gemm_pins.PinPicker
-    reports are `state`'s; its decode search records the shapes."""
-    state: dict[str, object] = {"name": "NVIDIA H200", "version": 130100, "picked": []}
+    reports are `state`'s; its decode search records the shapes in "picked", its prefill search (n, k, m_max) in
+    "prefill"."""
+    state: dict[str, object] = {"name": "NVIDIA H200", "version": 130100, "picked": [], "prefill": []}
     monkeypatch.setattr("kern_run.preflight.probe_device", lambda gpu: 1)
 
     class Picker:
@@ -254,6 +255,11 @@ def fake_device(monkeypatch: pytest.MonkeyPatch) -> dict[str, object]:
 
         def __exit__(self, *exc: object) -> None:
             pass
+
+        def prefill(self, n: int, k: int, m_max: int, log: object) -> dict:
+            state["prefill"].append((n, k, m_max))
+            return {"n": n, "k": k, "algo": {"id": 66, "tile": 9}, "us_512": 1.0, "us_max": 2.0,
+                    "heuristic_us_512": 1.0, "heuristic_us_max": 2.0, "heuristic_invariant": False, "candidates": 3}
 
         def decode(self, n: int, k: int, log: object) -> dict:
             state["picked"].append((n, k))
@@ -297,17 +303,11 @@ def test_pick_algos_lm_head_adds_the_lm_head_pins_after_the_kept_ones(fake_devic
                                                                       monkeypatch: pytest.MonkeyPatch,
                                                                       capsys: pytest.CaptureFixture[str]) -> None:
     """--lm-head --keep-pins: the kept pins stay as they are (order and all), and the lm_head shape (vocab x hidden)
-    is picked like a prefill pin (`pick`, proven across M) and appended; nothing is picked on another device."""
+    is picked like a prefill pin (PinPicker.prefill, proven across M) and appended; nothing is picked on another
+    device."""
     from kern_run.models import qwen3 as gq
 
-    picked: list[tuple[int, int, int]] = []
-
-    def pick(blas: object, n: int, k: int, m_max: int, log: object) -> dict:
-        picked.append((n, k, m_max))
-        return {"n": n, "k": k, "algo": {"id": 66, "tile": 9}, "us_512": 1.0, "us_max": 2.0,
-                "heuristic_us_512": 1.0, "heuristic_us_max": 2.0, "heuristic_invariant": False, "candidates": 3}
-
-    monkeypatch.setattr(pick_algos, "pick", pick)
+    picked = fake_device["prefill"]
     kept = _write(tmp_path, _doc())
     out = tmp_path / "out.json"
     fake_device.update(name="NVIDIA A100")
