@@ -1,0 +1,74 @@
+"""Reading a launch's arguments out of the driver call's own memory (the capture's CUPTI callbacks).
+
+Pure ctypes over addresses the driver hands the callback, so tests exercise it on host memory:
+
+- `kernelParams` (`void**`): entry i points at parameter i's bytes; with the layout from `cuFuncGetParamInfo`
+  (offset, size per parameter) the parameter buffer is assembled as the kernel sees it;
+- `extra` (`void**`, key/value pairs ending with `CU_LAUNCH_PARAM_END`): `CU_LAUNCH_PARAM_BUFFER_POINTER` and
+  `CU_LAUNCH_PARAM_BUFFER_SIZE` give the buffer whole (cuda.h);
+- `CUlaunchConfig` (`cuLaunchKernelEx`): grid, block, dynamic shared memory; the struct of cuda.h, whose seven
+  `unsigned int`s come first.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+CU_LAUNCH_PARAM_END = 0x00
+CU_LAUNCH_PARAM_BUFFER_POINTER = 0x01
+CU_LAUNCH_PARAM_BUFFER_SIZE = 0x02
+MAX_EXTRA_PAIRS = 64
+
+Layout = tuple[tuple[int, int], ...]
+
+
+class LaunchConfig(ctypes.Structure):
+    """cuda.h `CUlaunchConfig` (CUDA 12+)."""
+
+    _fields_ = [("gridDimX", ctypes.c_uint), ("gridDimY", ctypes.c_uint), ("gridDimZ", ctypes.c_uint),
+                ("blockDimX", ctypes.c_uint), ("blockDimY", ctypes.c_uint), ("blockDimZ", ctypes.c_uint),
+                ("sharedMemBytes", ctypes.c_uint), ("hStream", ctypes.c_void_p), ("attrs", ctypes.c_void_p),
+                ("numAttrs", ctypes.c_uint)]
+
+
+def read_config(address: int) -> tuple[tuple[int, int, int], tuple[int, int, int], int]:
+    """(grid, block, dynamic shared memory bytes) of the `CUlaunchConfig` at `address`."""
+    c = LaunchConfig.from_address(address)
+    return (c.gridDimX, c.gridDimY, c.gridDimZ), (c.blockDimX, c.blockDimY, c.blockDimZ), c.sharedMemBytes
+
+
+def read_params(kernel_params: int, extra: int, layout: Layout) -> bytes:
+    """The parameter buffer of a launch (parameter i at its offset, gaps zero), from `kernelParams` when it is
+    not null, else from `extra`'s buffer. Raises ValueError when neither gives it (both null, an `extra` without
+    a buffer, or a buffer smaller than the layout)."""
+    end = max((o + s for o, s in layout), default=0)
+    if kernel_params:
+        pointers = (ctypes.c_void_p * len(layout)).from_address(kernel_params)
+        buf = bytearray(end)
+        for i, (offset, size) in enumerate(layout):
+            if pointers[i] is None:
+                raise ValueError(f"kernelParams[{i}] is a null pointer")
+            buf[offset:offset + size] = ctypes.string_at(pointers[i], size)
+        return bytes(buf)
+    if not extra:
+        if end:
+            raise ValueError("a launch with parameters but neither kernelParams nor extra")
+        return b""
+    words = (ctypes.c_void_p * (2 * MAX_EXTRA_PAIRS + 1)).from_address(extra)
+    pointer = size = None
+    for i in range(MAX_EXTRA_PAIRS):
+        key = words[2 * i] or 0
+        if key == CU_LAUNCH_PARAM_END:
+            break
+        value = words[2 * i + 1] or 0
+        if key == CU_LAUNCH_PARAM_BUFFER_POINTER:
+            pointer = value
+        elif key == CU_LAUNCH_PARAM_BUFFER_SIZE:
+            size = ctypes.c_size_t.from_address(value).value
+    else:
+        raise ValueError(f"extra has no CU_LAUNCH_PARAM_END within {MAX_EXTRA_PAIRS} pairs")
+    if not pointer or size is None:
+        raise ValueError("extra names no parameter buffer (CU_LAUNCH_PARAM_BUFFER_POINTER and _SIZE)")
+    if size < end:
+        raise ValueError(f"extra's parameter buffer holds {size} bytes, the layout needs {end}")
+    return ctypes.string_at(pointer, end)
