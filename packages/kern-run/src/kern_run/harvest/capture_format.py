@@ -204,7 +204,7 @@ class _Check:
     def int(self, key: str, lo: int, hi: int) -> int:
         value = self.obj[key]
         if type(value) is not int or not lo <= value <= hi:
-            raise CaptureFormatError(f"{self.where}.{key}: {value!r} is not an integer in [{lo}, {hi}]")
+            raise CaptureFormatError(f"{self.where}.{key}: {_short(value)} is not an integer in [{lo}, {hi}]")
         return value
 
     def ints(self, key: str, count: int | None, lo: int, hi: int) -> tuple[int, ...]:

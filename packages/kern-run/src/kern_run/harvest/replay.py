@@ -23,8 +23,7 @@ class HarvestedStep:
     for a checkpoint that does not fit the binds, ...)."""
 
     def __init__(self, out_dir: str | Path, checkpoint: Any, gpu: int = 0) -> None:
-        from kern_runtime import Runtime
-        from kern_runtime.weights.safetensors import SafetensorsTensors
+        from kern_runtime import Runtime, SafetensorsTensors
 
         out = Path(out_dir)
         self.rt = Runtime.load(out / "manifest.json", out / "kernels", SafetensorsTensors.open(checkpoint), gpu=gpu)
