@@ -5,15 +5,17 @@ kernels/kernels.json records them), so the miner's cubin check runs against real
 (hidden 64, vocab 256), in event order:
 
     alloc #0 (T*128 B)   launch 0 kern_embed_gather(embed, token_ids, #0, T, 64, 256)           grid [T, 1, 1]
-    alloc #1 (T*128 B)   launch 1 kern_add_rmsnorm(#0, kv.0 + 256, norm, #1, T, 64, eps)       grid [T, 1, 1]
+                         launch 1 kern_add_rmsnorm(#0, kv.0 + 256, norm, logits, T, 64, eps)   grid [T, 1, 1]
     free #0
-    alloc #2, #3 (T*16)  launch 2 kern_argmax_partial(#1 + (T-1)*128, 64, 16, #2, #3, 4)      grid [4, T, 1]
-                         launch 3 kern_argmax_final(#2, #3, 4, next_token)                       grid [T, 1, 1]
-    alloc #4 (T*64 B)    launch 4 kern_embed_gather(embed + 128, token_ids, #4, T, 32, 256)    grid [T, 1, 1]
-    free #1 .. #4
+    alloc #1, #2 (T*16)  launch 2 kern_argmax_partial(logits + (T-1)*128, 64, 16, #1, #2, 4)  grid [4, T, 1]
+                         launch 3 kern_argmax_final(#1, #2, 4, next_token)                       grid [T, 1, 1]
+    alloc #3 (T*64 B)    launch 4 kern_embed_gather(embed + 128, positions, #3, T, 32, 256)    grid [T, 1, 1]
+    free #1 .. #3
 
 so every pointer class (weight with an offset, state, input, output, workspace), a pointer offset and scalars
-fitted in T, a kernel called twice with different literals, and allocations whose lifetimes allow sharing.
+fitted in T, a kernel called twice with different literals, and allocations whose lifetimes allow sharing. Its
+inputs and outputs are the harvested Qwen3 step's (token_ids, positions -> next_token, logits), so
+kern_run.harvest.replay drives its manifest too.
 """
 
 from __future__ import annotations
@@ -67,7 +69,9 @@ def tensors(run: int, tokens: int) -> tuple[Tensor, ...]:
             Tensor("model.norm.weight", "weight", WEIGHTS + 0x100000, HIDDEN * 2, "bf16", (HIDDEN,)),
             Tensor("kv.0", "state", STATE, 16 * HIDDEN * 2, "bf16", (16, HIDDEN)),
             Tensor("token_ids", "input", INPUTS + run * 0x100000, tokens * 8, "i64", (tokens,)),
-            Tensor("next_token", "output", OUTPUTS + run * 0x100000, tokens * 8, "i64", (tokens,)))
+            Tensor("positions", "input", INPUTS + run * 0x100000 + 0x1000, tokens * 8, "i64", (tokens,)),
+            Tensor("next_token", "output", OUTPUTS + run * 0x100000, tokens * 8, "i64", (tokens,)),
+            Tensor("logits", "output", OUTPUTS + run * 0x100000 + 0x1000, tokens * HIDDEN * 2, "bf16", (tokens, HIDDEN)))
 
 
 def alloc_address(run: int, k: int) -> int:
@@ -76,31 +80,31 @@ def alloc_address(run: int, k: int) -> int:
 
 def step(run: int, tokens: int) -> Run:
     """The synthetic step (module docstring) as run `run` at `tokens` tokens."""
-    a = [alloc_address(run, k) for k in range(5)]
+    a = [alloc_address(run, k) for k in range(4)]
     ids, out = INPUTS + run * 0x100000, OUTPUTS + run * 0x100000
+    positions, logits = ids + 0x1000, out + 0x1000
     t = tokens
     events = [
         Alloc(a[0], t * 128),
         launch(EMBED, "kern_embed_gather", (t, 1, 1), [u64(WEIGHTS), u64(ids), u64(a[0]), i32(t), i32(64), i32(256)]),
-        Alloc(a[1], t * 128),
-        launch(NORM, "kern_add_rmsnorm", (t, 1, 1), [u64(a[0]), u64(STATE + 256), u64(WEIGHTS + 0x100000), u64(a[1]),
+        launch(NORM, "kern_add_rmsnorm", (t, 1, 1), [u64(a[0]), u64(STATE + 256), u64(WEIGHTS + 0x100000), u64(logits),
                                                      i32(t), i32(64), EPS_BITS.to_bytes(4, "little")]),
         Free(a[0]),
-        Alloc(a[2], t * 16), Alloc(a[3], t * 16),
-        launch(PARTIAL, "kern_argmax_partial", (4, t, 1), [u64(a[1] + (t - 1) * 128), i32(64), i32(16), u64(a[2]),
-                                                           u64(a[3]), i32(4)]),
-        launch(FINAL, "kern_argmax_final", (t, 1, 1), [u64(a[2]), u64(a[3]), i32(4), u64(out)]),
-        Alloc(a[4], t * 64),
-        launch(EMBED, "kern_embed_gather", (t, 1, 1), [u64(WEIGHTS + 128), u64(ids), u64(a[4]), i32(t), i32(32),
+        Alloc(a[1], t * 16), Alloc(a[2], t * 16),
+        launch(PARTIAL, "kern_argmax_partial", (4, t, 1), [u64(logits + (t - 1) * 128), i32(64), i32(16), u64(a[1]),
+                                                           u64(a[2]), i32(4)]),
+        launch(FINAL, "kern_argmax_final", (t, 1, 1), [u64(a[1]), u64(a[2]), i32(4), u64(out)]),
+        Alloc(a[3], t * 64),
+        launch(EMBED, "kern_embed_gather", (t, 1, 1), [u64(WEIGHTS + 128), u64(positions), u64(a[3]), i32(t), i32(32),
                                                        i32(256)]),
-        Free(a[1]), Free(a[2]), Free(a[3]), Free(a[4]),
+        Free(a[1]), Free(a[2]), Free(a[3]),
     ]
     return Run(tokens, tuple(events), tensors(run, tokens))
 
 
 def synthetic_capture(tokens: tuple[int, ...] = (1, 2)) -> Capture:
     return Capture(runs=tuple(step(r, t) for r, t in enumerate(tokens)), cubins=dict(CUBINS),
-                   source={"model": "synthetic", "note": "tests/harvest/harvest_testkit.py"})
+                   source={"model": "synthetic", "context": 64, "note": "tests/harvest/harvest_testkit.py"})
 
 
 def with_event(capture: Capture, run: int, index: int, event: object) -> Capture:

@@ -50,7 +50,8 @@ def test_generate_writes_a_manifest_that_verifies(capture_dir: Path, tmp_path: P
     assert [a["name"] for a in embed["args"]] == ["p0", "p1", "p2", "s4"]
     calls = manifest["programs"]["decode"]["calls"]
     assert [c["args"].get("s4") for c in calls if c["op"] == "kern_embed_gather"] == [64, 32]
-    assert calls[2]["args"]["p0"] == {"buffer": WORKSPACE, "offset": "128 * tokens - 128 + 256"}
+    assert calls[2]["args"]["p0"] == {"buffer": "logits", "offset": "128 * tokens - 128"}
+    assert calls[3]["args"]["p3"] == "next_token"
 
 
 def test_same_named_kernels_of_other_layouts_become_separate_ops() -> None:

@@ -28,22 +28,24 @@ def test_every_pointer_class_and_fit() -> None:
     assert (ptr(0, 1).kind, ptr(0, 1).target) == ("input", "token_ids")
     assert (ptr(1, 1).kind, ptr(1, 1).target, ptr(1, 1).offset.expr) == ("state", "kv.0", 256)
     assert (ptr(3, 3).kind, ptr(3, 3).target) == ("output", "next_token")
-    assert [(ptr(i, j).target, ptr(i, j).offset.expr) for i, j in ((0, 2), (1, 0), (1, 3), (2, 0), (2, 3), (3, 1))] \
-        == [("#0", 0), ("#0", 0), ("#1", 0), ("#1", "128 * tokens - 128"), ("#2", 0), ("#3", 0)]
+    assert (ptr(4, 1).kind, ptr(4, 1).target) == ("input", "positions")
+    assert (ptr(2, 0).kind, ptr(2, 0).target, ptr(2, 0).offset.expr) == ("output", "logits", "128 * tokens - 128")
+    assert [(ptr(i, j).target, ptr(i, j).offset.expr) for i, j in ((0, 2), (1, 0), (2, 3), (2, 4), (3, 0), (4, 2))] \
+        == [("#0", 0), ("#0", 0), ("#1", 0), ("#2", 0), ("#1", 0), ("#3", 0)]
     assert m.launches[0].args[3] == ScalarArg(4, m.launches[0].args[3].value) and m.launches[0].args[3].value.expr == "tokens"
     assert m.launches[0].args[4].value.expr == 64 and m.launches[4].args[4].value.expr == 32
     assert [f.expr for f in m.launches[2].grid] == [4, "tokens", 1]
     assert [(a.ordinal, a.size.expr, a.first, a.last) for a in m.allocations] == [
-        (0, "128 * tokens", 0, 1), (1, "128 * tokens", 1, 2), (2, "16 * tokens", 2, 3), (3, "16 * tokens", 2, 3),
-        (4, "64 * tokens", 4, 4)]
+        (0, "128 * tokens", 0, 1), (1, "16 * tokens", 2, 3), (2, "16 * tokens", 2, 3), (3, "64 * tokens", 4, 4)]
     assert {n: (t.kind, [d.expr for d in t.shape]) for n, t in m.tensors.items()} == {
         "model.embed_tokens.weight": ("weight", [256, 64]), "model.norm.weight": ("weight", [64]),
-        "kv.0": ("state", [16, 64]), "token_ids": ("input", ["tokens"]), "next_token": ("output", ["tokens"])}
+        "kv.0": ("state", [16, 64]), "token_ids": ("input", ["tokens"]), "positions": ("input", ["tokens"]),
+        "next_token": ("output", ["tokens"]), "logits": ("output", ["tokens", 64])}
     assert not any(isinstance(a, RawArg) for ml in m.launches for a in ml.args)
     lines = report_lines(m)
-    assert lines[1] == ("pointers: 3 weight (2 distinct), 1 state (1 distinct), 2 input (1 distinct), 1 output "
-                        "(1 distinct), 9 workspace (5 distinct)")
-    assert "launch 2 param 0 offset into workspace #1 = 128 * tokens - 128 (linear: 0 at tokens=1, 128 at tokens=2; " \
+    assert lines[1] == ("pointers: 3 weight (2 distinct), 1 state (1 distinct), 2 input (2 distinct), 3 output "
+                        "(2 distinct), 7 workspace (4 distinct)")
+    assert "launch 2 param 0 offset into output logits = 128 * tokens - 128 (linear: 0 at tokens=1, 128 at tokens=2; " \
            "exact on the domain)" in lines
 
 
@@ -60,8 +62,8 @@ def test_a_pointer_into_unnamed_memory_names_run_launch_and_param() -> None:
 
 
 def test_a_pointer_into_a_freed_allocation_is_a_fault() -> None:
-    capture = with_param(synthetic_capture(), 0, 2, 0, u64(alloc_address(0, 0)))  # #0 was freed after launch 1
-    assert refused(capture) == [f"run 0 launch 2 param 0: 0x{alloc_address(0, 0):x} points into no tensor the capture "
+    capture = with_param(synthetic_capture(), 0, 2, 3, u64(alloc_address(0, 0)))  # #0 was freed after launch 1
+    assert refused(capture) == [f"run 0 launch 2 param 3: 0x{alloc_address(0, 0):x} points into no tensor the capture "
                                 f"names and no allocation alive at this launch"]
 
 
@@ -132,7 +134,7 @@ def test_launch_streams_that_differ() -> None:
 
 def test_a_memcpy_inside_the_step() -> None:
     capture = synthetic_capture()
-    capture = with_event(capture, 0, 4, Api("cuMemcpyDtoDAsync_v2"))  # replaces Free(#0): #0 stays alive
+    capture = with_event(capture, 0, 3, Api("cuMemcpyDtoDAsync_v2"))  # replaces Free(#0): #0 stays alive
     assert refused(capture) == ["run 0 after launch 1: cuMemcpyDtoDAsync_v2 inside the step: a manifest only launches "
                                 "kernels (no copies, no sets)"]
 

@@ -283,9 +283,11 @@ def _kept_cubins(runs: list[Run], cubins: dict[str, bytes]) -> dict[str, bytes]:
 
 
 def capture(step_factory: Callable[[], HarvestStep], options: CaptureOptions, out_dir: str | Path,
-            source: dict[str, Any] | None = None, progress: Callable[[str], None] = lambda line: None) -> Capture:
+            source: dict[str, Any] | None = None,
+            progress: Callable[[str], None] = lambda line: None) -> tuple[Capture, HarvestStep]:
     """Capture the step `step_factory()` builds (module docstring) and write it to `out_dir` (which must not
-    exist). The factory is called after CUPTI is subscribed, so the step's module loads are seen. Raises
+    exist). The factory is called after CUPTI is subscribed, so the step's module loads are seen. Returns the
+    capture and the step (compiled: a reference run in the same process uses the very kernels captured). Raises
     CaptureError (PYTORCH_NO_CUDA_MEMORY_CACHING not 1 before torch initialised CUDA, no GPU, a callback failure,
     a tensor that is not contiguous on the GPU) and OSError for the output."""
     import torch
@@ -322,7 +324,7 @@ def capture(step_factory: Callable[[], HarvestStep], options: CaptureOptions, ou
                  "triton": _version("triton"), "cupti-python": _version("cupti-python")})
     result = Capture(runs=tuple(runs), cubins=_kept_cubins(runs, recorder.cubins), source=info)
     write_capture(Path(out_dir), result)
-    return result
+    return result, step
 
 
 def _version(dist: str) -> str | None:

@@ -76,7 +76,7 @@ def capture_lines(weights: Path, out: Path, tokens: list[int], context: int, war
 
     torch.cuda.set_device(gpu)
     lines: list[str] = []
-    result = capture(lambda: Qwen3Step(weights, context, dynamic=dynamic), CaptureOptions(tuple(tokens), warmup), out,
+    result, _ = capture(lambda: Qwen3Step(weights, context, dynamic=dynamic), CaptureOptions(tuple(tokens), warmup), out,
                      source={"model": weights.name, "context": context, "dynamic": dynamic,
                              "module_loading": os.environ.get("CUDA_MODULE_LOADING")},
                      progress=lambda line: print(f"kern harvest capture: {line}", file=sys.stderr, flush=True))

@@ -16,6 +16,11 @@ import numpy as np
 from .generate import PROGRAM
 
 
+def bf16_to_f32(bits: np.ndarray) -> np.ndarray:
+    """bf16 raw bits (uint16, as kern_runtime reads them) as float32 values (the top half of a float32)."""
+    return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
 class HarvestedStep:
     """A harvested manifest loaded with kern_runtime: `Runtime.load(out/manifest.json, out/kernels, checkpoint)`.
     `out_dir`: what `kern harvest generate` wrote; `checkpoint`: the model's checkpoint directory (or files).
@@ -39,19 +44,22 @@ class HarvestedStep:
         self.rt.issue(PROGRAM, {"tokens": len(ids)}, eager=eager)
         return {name: self.rt.read_output(name, len(ids)) for name in self.outputs}
 
-    def greedy(self, prompt: list[int], steps: int, eager: bool = False) -> list[int]:
-        """Feed `prompt` one token a step (positions 0..), then `steps` greedy tokens; returns those tokens."""
+    def greedy(self, prompt: list[int], steps: int, eager: bool = False) -> tuple[list[int], np.ndarray]:
+        """Feed `prompt` one token a step (positions 0..), then `steps` greedy tokens. Returns (those tokens, the
+        logits of every step as float32 `[len(prompt) + steps - 1, vocab]`), as torch_step.reference_greedy."""
         out: list[int] = []
+        rows = []
         token = prompt[0]
         for position in range(len(prompt) + steps - 1):
             result = self.step(np.array([token]), np.array([position]), eager)
+            rows.append(bf16_to_f32(result["logits"]))
             nxt = int(result["next_token"][0])
             if position + 1 < len(prompt):
                 token = prompt[position + 1]
             else:
                 out.append(nxt)
                 token = nxt
-        return out
+        return out, np.concatenate(rows)
 
     def close(self) -> None:
         self.rt.close()

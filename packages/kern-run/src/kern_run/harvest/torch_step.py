@@ -133,3 +133,24 @@ class Qwen3Step(HarvestStep):
         head = w["model.embed_tokens.weight"] if s.tied else w["lm_head.weight"]
         logits = _rms(residual, w["model.norm.weight"], s.eps) @ head.t()  # [T, vocab]
         return logits.argmax(-1), logits
+
+
+def reference_greedy(step: Qwen3Step, prompt: list[int], steps: int) -> tuple[list[int], Any]:
+    """torch's side of the replay check: feed `prompt` one token a step at positions 0.. through `step` (its
+    compiled kernels, states as they are: zero for a fresh step), then `steps` greedy tokens. Returns (the
+    greedy tokens, the logits of every step as a float32 numpy array `[len(prompt) + steps - 1, vocab]`)."""
+    import torch
+
+    tokens: list[int] = []
+    rows = []
+    token = prompt[0]
+    for position in range(len(prompt) + steps - 1):
+        out = step.step(step.inputs(1, start=position, ids=[token]))
+        rows.append(out["logits"].float().cpu())
+        nxt = int(out["next_token"][0])
+        if position + 1 < len(prompt):
+            token = prompt[position + 1]
+        else:
+            tokens.append(nxt)
+            token = nxt
+    return tokens, torch.cat(rows).numpy()
