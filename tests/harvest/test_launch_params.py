@@ -36,3 +36,10 @@ def test_launch_config() -> None:
     config = LaunchConfig(7, 2, 1, 128, 1, 1, 49152, None, None, 0)
     assert ctypes.sizeof(LaunchConfig) == 56 and LaunchConfig.hStream.offset == 32  # cuda.h's layout
     assert read_config(ctypes.addressof(config)) == ((7, 2, 1), (128, 1, 1), 49152)
+
+
+def test_launch_attributes_are_refused() -> None:
+    attrs = (ctypes.c_uint8 * 64)()
+    config = LaunchConfig(1, 1, 1, 32, 1, 1, 0, None, ctypes.addressof(attrs), 1)
+    with pytest.raises(ValueError, match="1 launch attribute"):
+        read_config(ctypes.addressof(config))

@@ -36,7 +36,17 @@ from typing import Any, Protocol
 from .capture_format import Alloc, Api, Capture, Event, Free, Launch, Run, Tensor, write_capture
 from .cubin import CubinError, cubin_entries
 from .errors import CaptureError
-from .launch_params import read_config, read_params
+from .launch_params import (
+    LaunchKernelExParams,
+    LaunchKernelParams,
+    MemAllocParams,
+    MemFreeParams,
+    ModuleLoadDataParams,
+    ModuleResourceData,
+    read_config,
+    read_params,
+    read_u64,
+)
 
 NO_CACHING = "PYTORCH_NO_CUDA_MEMORY_CACHING"
 _DRIVER_LAUNCHES = ("cuLaunchKernel", "cuLaunchKernel_ptsz", "cuLaunchKernelEx", "cuLaunchKernelEx_ptsz")
@@ -96,12 +106,16 @@ class Recorder:
         self.errors: list[str] = []
         self.local = threading.local()  # per thread: cubins loaded inside the current module-load call, nesting
         self.handle: Any = None
-        self.driver_cbids = {int(getattr(cupti.DriverApiTraceCbid, n)): n for n in _DRIVER_LAUNCHES + _DRIVER_LOADS}
-        self.driver_cbids.update({int(m): m.name for m in cupti.DriverApiTraceCbid
-                                  if m.name.startswith(("cuMemcpy", "cuMemset")) or m.name in ("cuMemAlloc_v2",
-                                                                                              "cuMemFree_v2")})
-        self.runtime_cbids = {int(m): m.name for m in cupti.RuntimeApiTraceCbid
-                              if m.name.split("_v")[0] in _RUNTIME_WATCHED}
+        driver_names = _callback_names(cupti, "DriverApiTraceCbid", cupti.CallbackDomain.DRIVER_API)
+        self.driver_cbids = {cbid: name for cbid, name in driver_names.items()
+                             if name in _DRIVER_LAUNCHES + _DRIVER_LOADS + ("cuMemAlloc_v2", "cuMemFree_v2")
+                             or name.startswith(("cuMemcpy", "cuMemset"))}
+        runtime_names = _callback_names(cupti, "RuntimeApiTraceCbid", cupti.CallbackDomain.RUNTIME_API)
+        self.runtime_cbids = {cbid: name for cbid, name in runtime_names.items()
+                              if name.split("_v")[0] in _RUNTIME_WATCHED}
+        missing = [n for n in _DRIVER_LAUNCHES + _DRIVER_LOADS if n not in self.driver_cbids.values()]
+        if missing:
+            raise CaptureError(f"CUPTI names no callback for {', '.join(missing)}")
 
     # ------------------------------------------------------------ subscription
 
@@ -145,10 +159,8 @@ class Recorder:
     def _module_loaded(self, data: Any) -> None:
         descriptor = int(getattr(data, "resource_descriptor", 0) or
                          self.cupti.ResourceData.from_ptr(int(data)).resource_descriptor)
-        module = self.cupti.ModuleResourceData.from_ptr(descriptor)
-        # CUpti_ModuleResourceData (cupti_callbacks.h): uint32 moduleId; size_t cubinSize; const char *pCubin
-        pointer = ctypes.c_uint64.from_address(descriptor + 16).value
-        image = ctypes.string_at(pointer, int(module.cubin_size))
+        module = ModuleResourceData.from_address(descriptor)
+        image = ctypes.string_at(module.pCubin, int(module.cubinSize))
         sha = hashlib.sha256(image).hexdigest()
         self.cubins.setdefault(sha, image)
         getattr(self.local, "loaded", []).append(sha)
@@ -162,11 +174,10 @@ class Recorder:
             if entering:
                 self.local.loaded = []
                 return
-            params = (self.cupti.CuModuleLoadDataParams if name == "cuModuleLoadData"
-                      else self.cupti.CuModuleLoadDataExParams).from_ptr(data.function_params)
+            params = ModuleLoadDataParams.from_address(data.function_params)
             loaded, self.local.loaded = getattr(self.local, "loaded", []), []
             if len(loaded) == 1 and not data.function_return_value:
-                self.module_sha[ctypes.c_uint64.from_address(params.module).value] = loaded[0]
+                self.module_sha[read_u64(params.module)] = loaded[0]
             return
         self.local.driver_seen = True
         if self.events is None:
@@ -176,11 +187,11 @@ class Recorder:
                 self.events.append(self._launch(name, data))
         elif name == "cuMemAlloc_v2":
             if not entering and not data.function_return_value:
-                params = self.cupti.CuMemAllocV2Params.from_ptr(data.function_params)
-                self._alloc(ctypes.c_uint64.from_address(params.dptr).value, int(params.bytesize))
+                params = MemAllocParams.from_address(data.function_params)
+                self._alloc(read_u64(params.dptr), int(params.bytesize))
         elif name == "cuMemFree_v2":
             if entering:
-                self._free(int(self.cupti.CuMemFreeV2Params.from_ptr(data.function_params).dptr))
+                self._free(MemFreeParams.from_address(data.function_params).dptr)
         elif entering:
             self.events.append(Api(name))
 
@@ -195,10 +206,10 @@ class Recorder:
             return
         base, params = name.split("_v")[0], data.function_params
         if base == "cudaMalloc" and not data.function_return_value:
-            out = ctypes.c_uint64.from_address(params).value
-            self._alloc(ctypes.c_uint64.from_address(out).value, ctypes.c_uint64.from_address(params + 8).value)
+            malloc = MemAllocParams.from_address(params)
+            self._alloc(read_u64(malloc.dptr), int(malloc.bytesize))
         elif base == "cudaFree":
-            self._free(ctypes.c_uint64.from_address(params).value)
+            self._free(MemFreeParams.from_address(params).dptr)
         elif base != "cudaMalloc":
             self.events.append(Api(base))
 
@@ -229,22 +240,35 @@ class Recorder:
         return self.layouts[function]
 
     def _launch(self, name: str, data: Any) -> Launch:
-        cupti = self.cupti
         if name.startswith("cuLaunchKernelEx"):
-            p = (cupti.CuLaunchKernelExParams if name == "cuLaunchKernelEx"
-                 else cupti.CuLaunchKernelExPtszParams).from_ptr(data.function_params)
-            grid, block, smem = read_config(p.config)
+            ex = LaunchKernelExParams.from_address(data.function_params)
+            grid, block, smem = read_config(ex.config)
+            function, kernel_params, extra = ex.f, ex.kernelParams, ex.extra
         else:
-            p = (cupti.CuLaunchKernelParams if name == "cuLaunchKernel"
-                 else cupti.CuLaunchKernelPtszParams).from_ptr(data.function_params)
-            grid, block = (p.grid_dim_x, p.grid_dim_y, p.grid_dim_z), (p.block_dim_x, p.block_dim_y, p.block_dim_z)
-            smem = p.shared_mem_bytes
-        function = int(p.f)
+            p = LaunchKernelParams.from_address(data.function_params)
+            grid, block = (p.gridDimX, p.gridDimY, p.gridDimZ), (p.blockDimX, p.blockDimY, p.blockDimZ)
+            smem, function, kernel_params, extra = p.sharedMemBytes, p.f, p.kernelParams, p.extra
+        function = int(function or 0)
         layout = self._layout(function)
         symbol = data.symbol_name or _check(self.driver.cuFuncGetName(self.driver.CUfunction(function)),
                                             "cuFuncGetName").decode()
         return Launch(symbol, self.function_module[function], tuple(map(int, grid)), tuple(map(int, block)),  # type: ignore[arg-type]
-                      int(smem), layout, read_params(int(p.kernel_params), int(p.extra), layout))
+                      int(smem), layout, read_params(int(kernel_params or 0), int(extra or 0), layout))
+
+
+def _callback_names(cupti: Any, enum_name: str, domain: Any) -> dict[int, str]:
+    """cbid -> API name of a callback domain: cupti-python's enum where it has one (13.4), else CUPTI's own
+    `cuptiGetCallbackName` for every id below 4096 (it fails past the last)."""
+    table = getattr(cupti, enum_name, None)
+    if table is not None:
+        return {int(m): m.name for m in table}
+    names: dict[int, str] = {}
+    for cbid in range(1, 4096):
+        try:
+            names[cbid] = str(cupti.get_callback_name(domain, cbid))
+        except Exception:  # noqa: BLE001 - an id CUPTI does not know
+            continue
+    return names
 
 
 # ---------------------------------------------------------------- the step

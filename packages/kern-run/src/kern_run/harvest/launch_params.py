@@ -7,7 +7,12 @@ Pure ctypes over addresses the driver hands the callback, so tests exercise it o
 - `extra` (`void**`, key/value pairs ending with `CU_LAUNCH_PARAM_END`): `CU_LAUNCH_PARAM_BUFFER_POINTER` and
   `CU_LAUNCH_PARAM_BUFFER_SIZE` give the buffer whole (cuda.h);
 - `CUlaunchConfig` (`cuLaunchKernelEx`): grid, block, dynamic shared memory; the struct of cuda.h, whose seven
-  `unsigned int`s come first.
+  `unsigned int`s come first;
+- the structs CUPTI passes as a driver callback's `functionParams` (cupti's generated_cuda_meta.h:
+  `cuLaunchKernel_params`, ...: the call's arguments in order, a pointer argument as the address it holds) and the
+  resource callback's `CUpti_ModuleResourceData` (cupti_callbacks.h). cupti-python 13.4 has classes for them too;
+  reading them here keeps the capture working with cupti-python releases that do not (13.0 to 13.3), and the
+  layouts were checked against cupti-python 13.4's classes over the same bytes.
 """
 
 from __future__ import annotations
@@ -31,9 +36,61 @@ class LaunchConfig(ctypes.Structure):
                 ("numAttrs", ctypes.c_uint)]
 
 
+class LaunchKernelParams(ctypes.Structure):
+    """`cuLaunchKernel_params` (also `cuLaunchKernel_ptsz_params`)."""
+
+    _fields_ = [("f", ctypes.c_void_p), ("gridDimX", ctypes.c_uint), ("gridDimY", ctypes.c_uint),
+                ("gridDimZ", ctypes.c_uint), ("blockDimX", ctypes.c_uint), ("blockDimY", ctypes.c_uint),
+                ("blockDimZ", ctypes.c_uint), ("sharedMemBytes", ctypes.c_uint), ("hStream", ctypes.c_void_p),
+                ("kernelParams", ctypes.c_void_p), ("extra", ctypes.c_void_p)]
+
+
+class LaunchKernelExParams(ctypes.Structure):
+    """`cuLaunchKernelEx_params` (also `_ptsz`): `const CUlaunchConfig *config; CUfunction f; void **kernelParams;
+    void **extra`."""
+
+    _fields_ = [("config", ctypes.c_void_p), ("f", ctypes.c_void_p), ("kernelParams", ctypes.c_void_p),
+                ("extra", ctypes.c_void_p)]
+
+
+class ModuleLoadDataParams(ctypes.Structure):
+    """`cuModuleLoadData_params` / `cuModuleLoadDataEx_params` (whose further fields follow): `CUmodule *module;
+    const void *image`."""
+
+    _fields_ = [("module", ctypes.c_void_p), ("image", ctypes.c_void_p)]
+
+
+class MemAllocParams(ctypes.Structure):
+    """`cuMemAlloc_v2_params`: `CUdeviceptr *dptr; size_t bytesize` (also cudaMalloc's `void **devPtr; size_t`)."""
+
+    _fields_ = [("dptr", ctypes.c_void_p), ("bytesize", ctypes.c_size_t)]
+
+
+class MemFreeParams(ctypes.Structure):
+    """`cuMemFree_v2_params`: `CUdeviceptr dptr` (also cudaFree's `void *devPtr`)."""
+
+    _fields_ = [("dptr", ctypes.c_uint64)]
+
+
+class ModuleResourceData(ctypes.Structure):
+    """`CUpti_ModuleResourceData`: `uint32_t moduleId; size_t cubinSize; const char *pCubin`."""
+
+    _fields_ = [("moduleId", ctypes.c_uint32), ("cubinSize", ctypes.c_size_t), ("pCubin", ctypes.c_void_p)]
+
+
+def read_u64(address: int) -> int:
+    """The 8-byte value at `address` (an output argument the call has filled: a CUmodule, a device pointer)."""
+    return ctypes.c_uint64.from_address(address).value
+
+
 def read_config(address: int) -> tuple[tuple[int, int, int], tuple[int, int, int], int]:
-    """(grid, block, dynamic shared memory bytes) of the `CUlaunchConfig` at `address`."""
+    """(grid, block, dynamic shared memory bytes) of the `CUlaunchConfig` at `address`. Raises ValueError for a
+    config with launch attributes (clusters, programmatic dependent launch, cooperative grids): the capture
+    format records none, so such a launch could not be replayed as it ran."""
     c = LaunchConfig.from_address(address)
+    if c.numAttrs:
+        raise ValueError(f"a cuLaunchKernelEx with {c.numAttrs} launch attribute(s) (cluster, PDL or cooperative): "
+                         f"not recorded by the capture format")
     return (c.gridDimX, c.gridDimY, c.gridDimZ), (c.blockDimX, c.blockDimY, c.blockDimZ), c.sharedMemBytes
 
 
