@@ -79,7 +79,8 @@ class Site:
     """What CUPTI hands an API callback (CallbackData's fields the recorder reads)."""
 
     def __init__(self, site: int, params: ctypes.Structure | None, symbol: str = "", ret: int = 0) -> None:
-        self.callback_site, self.function_return_value, self.symbol_name = site, ret, symbol
+        self.result = ctypes.c_int(ret)  # functionReturnValue points at the call's CUresult
+        self.callback_site, self.function_return_value, self.symbol_name = site, ctypes.addressof(self.result), symbol
         self.keep = params
         self.function_params = ctypes.addressof(params) if params is not None else 0
 
@@ -151,12 +152,24 @@ def test_loads_launches_allocs_and_refusable_calls(recorder) -> None:  # type: i
     ]
 
 
+def test_failed_calls_record_nothing(recorder) -> None:  # type: ignore[no-untyped-def]
+    r = recorder
+    r.begin()
+    out = ctypes.c_uint64(0x7F0000300000)
+    alloc = AllocParams(ctypes.addressof(out), 64)
+    r._callback(None, r.cupti.CallbackDomain.DRIVER_API, _id(r, "cuMemAlloc_v2"), Site(1, alloc, ret=2))  # out of memory
+    assert r.end() == []
+
+
 def test_a_failing_callback_fails_the_step(recorder) -> None:  # type: ignore[no-untyped-def]
     r = recorder
     r.begin()
-    config = (ctypes.c_uint * 14)(1, 1, 1, 32, 1, 1, 0)
-    config[12] = 2  # numAttrs: a cluster or PDL launch the format cannot record
+    from kern_run.harvest.launch_params import LaunchAttribute, LaunchConfig
+
+    attrs = (LaunchAttribute * 1)()
+    attrs[0].id, attrs[0].value[0] = 4, 2  # a 2x0x0 cluster: the format cannot record it
+    config = LaunchConfig(1, 1, 1, 32, 1, 1, 0, None, ctypes.addressof(attrs), 1)
     api(r, "cuLaunchKernelEx", ExParams(ctypes.addressof(config), 0xF2, 0, 0))
     with pytest.raises(CaptureError, match=r"1 callback failure\(s\) while recording: ValueError: a cuLaunchKernelEx "
-                                           r"with 2 launch attribute"):
+                                           r"with a 2x0x0 cluster"):
         r.end()

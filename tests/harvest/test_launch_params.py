@@ -6,7 +6,7 @@ import ctypes
 
 import pytest
 
-from kern_run.harvest.launch_params import LaunchConfig, read_config, read_params
+from kern_run.harvest.launch_params import LaunchAttribute, LaunchConfig, read_config, read_params
 
 LAYOUT = ((0, 8), (8, 4), (16, 8))
 
@@ -38,8 +38,24 @@ def test_launch_config() -> None:
     assert read_config(ctypes.addressof(config)) == ((7, 2, 1), (128, 1, 1), 49152)
 
 
-def test_launch_attributes_are_refused() -> None:
-    attrs = (ctypes.c_uint8 * 64)()
-    config = LaunchConfig(1, 1, 1, 32, 1, 1, 0, None, ctypes.addressof(attrs), 1)
-    with pytest.raises(ValueError, match="1 launch attribute"):
+def _config(*attrs: tuple[int, tuple[int, ...]]) -> tuple[LaunchConfig, object]:
+    table = (LaunchAttribute * max(len(attrs), 1))()
+    for k, (ident, value) in enumerate(attrs):
+        table[k].id = ident
+        for n, v in enumerate(value):
+            table[k].value[n] = v
+    return LaunchConfig(1, 1, 1, 32, 1, 1, 0, None, ctypes.addressof(table), len(attrs)), table
+
+
+def test_attributes_a_replay_can_drop_are_accepted() -> None:
+    assert ctypes.sizeof(LaunchAttribute) == 72  # cuda.h: id, pad to 8, a 64-byte union
+    config, keep = _config((4, (1, 1, 1)), (5, (1,)), (6, (1,)), (2, (0,)))
+    assert read_config(ctypes.addressof(config)) == ((1, 1, 1), (32, 1, 1), 0)
+
+
+@pytest.mark.parametrize(("attr", "what"), [((4, (2, 1, 1)), "a 2x1x1 cluster"), ((2, (1,)), "a cooperative grid"),
+                                            ((1, (0,)), "launch attribute 1")])
+def test_attributes_that_change_the_launch_are_refused(attr: tuple[int, tuple[int, ...]], what: str) -> None:
+    config, keep = _config((5, (0,)), attr)
+    with pytest.raises(ValueError, match=f"a cuLaunchKernelEx with {what}: not recorded"):
         read_config(ctypes.addressof(config))

@@ -168,15 +168,29 @@ class Recorder:
     def _entered(self, data: Any) -> bool:
         return data.callback_site == self.cupti.ApiCallbackSite.API_ENTER
 
+    @staticmethod
+    def _failed(data: Any) -> bool:
+        """Whether the call returned an error: CUpti_CallbackData.functionReturnValue points at its CUresult /
+        cudaError_t (valid at API_EXIT; cupti-python gives the pointer)."""
+        pointer = int(data.function_return_value or 0)
+        return bool(pointer) and ctypes.c_int.from_address(pointer).value != 0
+
+    @staticmethod
+    def _params(data: Any) -> int:
+        """CUpti_CallbackData.functionParams: cupti-python 13.4's field, or read at byte 16 of the struct (after
+        callbackSite and functionName) for releases without it."""
+        params = getattr(data, "function_params", None)
+        return int(params) if params is not None else read_u64(int(data.ptr) + 16)
+
     def _driver(self, name: str, data: Any) -> None:
         entering = self._entered(data)
         if name in _DRIVER_LOADS:
             if entering:
                 self.local.loaded = []
                 return
-            params = ModuleLoadDataParams.from_address(data.function_params)
+            params = ModuleLoadDataParams.from_address(self._params(data))
             loaded, self.local.loaded = getattr(self.local, "loaded", []), []
-            if len(loaded) == 1 and not data.function_return_value:
+            if len(loaded) == 1 and not self._failed(data):
                 self.module_sha[read_u64(params.module)] = loaded[0]
             return
         self.local.driver_seen = True
@@ -186,12 +200,12 @@ class Recorder:
             if entering:
                 self.events.append(self._launch(name, data))
         elif name == "cuMemAlloc_v2":
-            if not entering and not data.function_return_value:
-                params = MemAllocParams.from_address(data.function_params)
+            if not entering and not self._failed(data):
+                params = MemAllocParams.from_address(self._params(data))
                 self._alloc(read_u64(params.dptr), int(params.bytesize))
         elif name == "cuMemFree_v2":
             if entering:
-                self._free(MemFreeParams.from_address(data.function_params).dptr)
+                self._free(MemFreeParams.from_address(self._params(data)).dptr)
         elif entering:
             self.events.append(Api(name))
 
@@ -204,8 +218,8 @@ class Recorder:
             return
         if self.events is None or getattr(self.local, "driver_seen", True):
             return
-        base, params = name.split("_v")[0], data.function_params
-        if base == "cudaMalloc" and not data.function_return_value:
+        base, params = name.split("_v")[0], self._params(data)
+        if base == "cudaMalloc" and not self._failed(data):
             malloc = MemAllocParams.from_address(params)
             self._alloc(read_u64(malloc.dptr), int(malloc.bytesize))
         elif base == "cudaFree":
@@ -241,11 +255,11 @@ class Recorder:
 
     def _launch(self, name: str, data: Any) -> Launch:
         if name.startswith("cuLaunchKernelEx"):
-            ex = LaunchKernelExParams.from_address(data.function_params)
+            ex = LaunchKernelExParams.from_address(self._params(data))
             grid, block, smem = read_config(ex.config)
             function, kernel_params, extra = ex.f, ex.kernelParams, ex.extra
         else:
-            p = LaunchKernelParams.from_address(data.function_params)
+            p = LaunchKernelParams.from_address(self._params(data))
             grid, block = (p.gridDimX, p.gridDimY, p.gridDimZ), (p.blockDimX, p.blockDimY, p.blockDimZ)
             smem, function, kernel_params, extra = p.sharedMemBytes, p.f, p.kernelParams, p.extra
         function = int(function or 0)

@@ -83,14 +83,46 @@ def read_u64(address: int) -> int:
     return ctypes.c_uint64.from_address(address).value
 
 
+class LaunchAttribute(ctypes.Structure):
+    """cuda.h `CUlaunchAttribute`: a 4-byte id, 4 bytes of padding, a 64-byte value union."""
+
+    _fields_ = [("id", ctypes.c_uint32), ("pad", ctypes.c_uint8 * 4), ("value", ctypes.c_uint32 * 16)]
+
+
+ATTR_COOPERATIVE = 2
+ATTR_CLUSTER_DIMENSION = 4
+ATTR_CLUSTER_SCHEDULING_POLICY = 5
+ATTR_PROGRAMMATIC_STREAM_SERIALIZATION = 6
+MAX_ATTRS = 64
+
+
+def _attribute_fault(attr: LaunchAttribute) -> str | None:
+    """None for an attribute a replay without it runs the same: a 1x1x1 cluster, a cluster scheduling preference, a
+    cooperative flag of 0, and programmatic dependent launch (griddepcontrol waits without it are no-ops, so
+    dropping it costs overlap, never correctness); else what it is."""
+    first = attr.value[0]
+    if attr.id == ATTR_CLUSTER_DIMENSION and tuple(attr.value[:3]) == (1, 1, 1):
+        return None
+    if attr.id in (ATTR_CLUSTER_SCHEDULING_POLICY, ATTR_PROGRAMMATIC_STREAM_SERIALIZATION):
+        return None
+    if attr.id == ATTR_COOPERATIVE and first == 0:
+        return None
+    if attr.id == ATTR_CLUSTER_DIMENSION:
+        return f"a {attr.value[0]}x{attr.value[1]}x{attr.value[2]} cluster"
+    return "a cooperative grid" if attr.id == ATTR_COOPERATIVE else f"launch attribute {attr.id}"
+
+
 def read_config(address: int) -> tuple[tuple[int, int, int], tuple[int, int, int], int]:
     """(grid, block, dynamic shared memory bytes) of the `CUlaunchConfig` at `address`. Raises ValueError for a
-    config with launch attributes (clusters, programmatic dependent launch, cooperative grids): the capture
-    format records none, so such a launch could not be replayed as it ran."""
+    launch attribute a replay without it would not run the same (`_attribute_fault`: clusters other than 1x1x1,
+    cooperative grids, any other attribute): the capture format records none."""
     c = LaunchConfig.from_address(address)
-    if c.numAttrs:
-        raise ValueError(f"a cuLaunchKernelEx with {c.numAttrs} launch attribute(s) (cluster, PDL or cooperative): "
-                         f"not recorded by the capture format")
+    if c.numAttrs > MAX_ATTRS or (c.numAttrs and not c.attrs):
+        raise ValueError(f"a CUlaunchConfig with {c.numAttrs} launch attributes at 0x{c.attrs or 0:x}")
+    attrs = (LaunchAttribute * c.numAttrs).from_address(c.attrs) if c.numAttrs else ()
+    faults = [f for f in map(_attribute_fault, attrs) if f]
+    if faults:
+        raise ValueError(f"a cuLaunchKernelEx with {', '.join(faults)}: not recorded by the capture format")
     return (c.gridDimX, c.gridDimY, c.gridDimZ), (c.blockDimX, c.blockDimY, c.blockDimZ), c.sharedMemBytes
 
 
