@@ -173,3 +173,23 @@ def test_the_report_lists_every_problem() -> None:
 def test_pointer_args_types() -> None:
     m = mine(synthetic_capture())
     assert sum(isinstance(a, PointerArg) for ml in m.launches for a in ml.args) == 16
+
+
+def test_an_output_that_is_a_view_into_an_intermediate() -> None:
+    from kern_run.harvest.capture_format import Alloc, Tensor
+
+    capture = synthetic_capture()
+    runs = []
+    for r, run in enumerate(capture.runs):
+        # next_token becomes the last 8 bytes of allocation #1 (argmax's partial values), which launches 2 and 3 use
+        t = run.tokens
+        events = [Alloc(e.address, e.nbytes + 8) if isinstance(e, Alloc) and e.address == alloc_address(r, 1) else e
+                  for e in run.events]
+        tensors = tuple(Tensor(x.name, x.kind, alloc_address(r, 1) + t * 16, x.nbytes, x.dtype, x.shape)
+                        if x.name == "next_token" else x for x in run.tensors)
+        runs.append(replace(run, events=tuple(events), tensors=tensors))
+    capture = replace(capture, runs=tuple(runs))
+    capture = with_param(capture, 0, 3, 3, u64(alloc_address(0, 1) + 16))
+    capture = with_param(capture, 1, 3, 3, u64(alloc_address(1, 1) + 32))
+    assert "run 0 tensor next_token: an output inside allocation #1, which launches [2, 3] also reach outside it: " \
+           "replayed as separate buffers they would not alias" in refused(capture)

@@ -63,3 +63,13 @@ def test_bench_row(harvested: tuple[Path, Path, list[int]], tmp_path: Path) -> N
         ("kern (harvested inductor kernels)", 8, True, None),
         ("kern (harvested inductor kernels)", 60, False, "captured context 64")]
     assert got[0]["steps"] == 4
+
+
+def test_feed_greedy_order_and_refusals() -> None:
+    from kern_run.harvest.greedy import feed_greedy
+
+    seen = []
+    tokens, rows = feed_greedy([3, 4], 2, lambda t, p: (seen.append((t, p)) or t * 10, p))
+    assert seen == [(3, 0), (4, 1), (40, 2)] and tokens == [40, 400] and rows == [0, 1, 2]
+    with pytest.raises(ValueError, match="need at least one of each"):
+        feed_greedy([], 1, lambda t, p: (t, p))

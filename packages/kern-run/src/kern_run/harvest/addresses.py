@@ -84,12 +84,14 @@ class LiveAllocations:
         self.blocks: list[tuple[int, int, int]] = []  # (address, nbytes, ordinal), sorted by address
         self.count = 0
         self.sizes: list[int] = []  # nbytes by ordinal
+        self.every: list[tuple[int, int, int]] = []  # (address, nbytes, ordinal) of every allocation, freed ones too
 
     def alloc(self, event: Alloc) -> None:
         i = bisect.bisect_left(self.starts, event.address)
         self.starts.insert(i, event.address)
         self.blocks.insert(i, (event.address, event.nbytes, self.count))
         self.sizes.append(event.nbytes)
+        self.every.append((event.address, event.nbytes, self.count))
         self.count += 1
 
     def free(self, event: Free) -> None:
@@ -142,12 +144,21 @@ def classify_param(data: bytes, named: NamedRanges, live: LiveAllocations) -> Se
 
 @dataclass
 class RunParams:
-    """Per launch (in order) the classified parameters of one run; `sizes`: allocation bytes by ordinal."""
+    """Per launch (in order) the classified parameters of one run; `sizes`: allocation bytes by ordinal;
+    `allocations`: (address, nbytes, ordinal) of each."""
 
     launches: list[Launch]
     seen: list[list[Seen | str]]
     sizes: list[int]
     named: NamedRanges
+    allocations: list[tuple[int, int, int]]
+
+    def allocation_of(self, tensor: Tensor) -> int | None:
+        """The ordinal of the step's allocation that holds `tensor` (an output the step allocated), if any."""
+        for address, nbytes, ordinal in self.allocations:
+            if address <= tensor.address and tensor.end <= address + nbytes:
+                return ordinal
+        return None
 
 
 def classify_run(run: Run, index: int) -> tuple[RunParams, list[Problem]]:
@@ -170,4 +181,4 @@ def classify_run(run: Run, index: int) -> tuple[RunParams, list[Problem]]:
         else:
             problems.append(Problem(f"run {index} after launch {len(launches) - 1}",
                                     f"{e.name} inside the step: a manifest only launches kernels (no copies, no sets)"))
-    return RunParams(launches, seen, live.sizes, named), problems
+    return RunParams(launches, seen, live.sizes, named, live.every), problems

@@ -302,6 +302,7 @@ def mine(capture: Capture) -> Mined:
             problems.add(f"tensor {t.name}", f"an {t.kind} no launch reads or writes (a view of another tensor, or "
                                              f"computed on the host?)")
     allocations = _allocations(classified, uses, tokens, var, problems)
+    _views_of_intermediates(capture, classified, uses, problems)
     if problems.items:
         raise HarvestRefusal(problems.items)
     used = {name: decl for name, decl in tensors.items() if name in touched or decl.kind in ("input", "output")}
@@ -322,6 +323,19 @@ def _allocations(runs: list[RunParams], uses: dict[int, list[int]], tokens: list
         if fit is not None:
             out.append(Allocation(ordinal, fit, max(sizes), min(uses[ordinal]), max(uses[ordinal])))  # type: ignore[type-var]
     return tuple(out)
+
+
+def _views_of_intermediates(capture: Capture, runs: list[RunParams], uses: dict[int, list[int]],
+                            problems: _Problems) -> None:
+    """An output that is a view into an allocation that launches also reach outside the view: the replay gives the
+    output and the workspace separate memory, so what those launches write would not land in the output."""
+    for r, (run, params) in enumerate(zip(capture.runs, runs)):
+        for t in run.tensors:
+            ordinal = params.allocation_of(t) if t.kind == "output" else None
+            if ordinal is not None and ordinal in uses:
+                problems.add(f"run {r} tensor {t.name}", f"an output inside allocation #{ordinal}, which launches "
+                                                         f"{sorted(set(uses[ordinal]))[:5]} also reach outside it: "
+                                                         f"replayed as separate buffers they would not alias")
 
 
 def count_args(mined: Mined, keep: Callable[[Arg], bool]) -> int:

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from .generate import PROGRAM
+from .greedy import feed_greedy
 
 
 def bf16_to_f32(bits: np.ndarray) -> np.ndarray:
@@ -45,21 +46,15 @@ class HarvestedStep:
         return {name: self.rt.read_output(name, len(ids)) for name in self.outputs}
 
     def greedy(self, prompt: list[int], steps: int, eager: bool = False) -> tuple[list[int], np.ndarray]:
-        """Feed `prompt` one token a step (positions 0..), then `steps` greedy tokens. Returns (those tokens, the
-        logits of every step as float32 `[len(prompt) + steps - 1, vocab]`), as torch_step.reference_greedy."""
-        out: list[int] = []
-        rows = []
-        token = prompt[0]
-        for position in range(len(prompt) + steps - 1):
+        """Feed `prompt` one token a step (positions 0..), then `steps` greedy tokens (greedy.feed_greedy). Returns
+        (those tokens, the logits of every step as float32 `[len(prompt) + steps - 1, vocab]`), as
+        torch_step.reference_greedy does."""
+        def run(token: int, position: int) -> tuple[int, np.ndarray]:
             result = self.step(np.array([token]), np.array([position]), eager)
-            rows.append(bf16_to_f32(result["logits"]))
-            nxt = int(result["next_token"][0])
-            if position + 1 < len(prompt):
-                token = prompt[position + 1]
-            else:
-                out.append(nxt)
-                token = nxt
-        return out, np.concatenate(rows)
+            return int(result["next_token"][0]), bf16_to_f32(result["logits"])
+
+        tokens, rows = feed_greedy(prompt, steps, run)
+        return tokens, np.concatenate(rows)
 
     def close(self) -> None:
         self.rt.close()

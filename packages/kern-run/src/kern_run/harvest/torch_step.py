@@ -27,6 +27,7 @@ from typing import Any
 
 from ..models.qwen3 import Qwen3Config
 from .capture import HarvestStep
+from .greedy import feed_greedy
 
 COMPILE_MODE = "max-autotune-no-cudagraphs"
 
@@ -136,21 +137,14 @@ class Qwen3Step(HarvestStep):
 
 
 def reference_greedy(step: Qwen3Step, prompt: list[int], steps: int) -> tuple[list[int], Any]:
-    """torch's side of the replay check: feed `prompt` one token a step at positions 0.. through `step` (its
-    compiled kernels, states as they are: zero for a fresh step), then `steps` greedy tokens. Returns (the
-    greedy tokens, the logits of every step as a float32 numpy array `[len(prompt) + steps - 1, vocab]`)."""
+    """torch's side of the replay check (greedy.feed_greedy): `prompt` then `steps` greedy tokens through `step`
+    (its compiled kernels, states as they are: zero for a fresh step). Returns (the greedy tokens, the logits of
+    every step as a float32 numpy array `[len(prompt) + steps - 1, vocab]`)."""
     import torch
 
-    tokens: list[int] = []
-    rows = []
-    token = prompt[0]
-    for position in range(len(prompt) + steps - 1):
+    def run(token: int, position: int) -> tuple[int, Any]:
         out = step.step(step.inputs(1, start=position, ids=[token]))
-        rows.append(out["logits"].float().cpu())
-        nxt = int(out["next_token"][0])
-        if position + 1 < len(prompt):
-            token = prompt[position + 1]
-        else:
-            tokens.append(nxt)
-            token = nxt
+        return int(out["next_token"][0]), out["logits"].float().cpu()
+
+    tokens, rows = feed_greedy(prompt, steps, run)
     return tokens, torch.cat(rows).numpy()
