@@ -193,3 +193,19 @@ def test_an_output_that_is_a_view_into_an_intermediate() -> None:
     capture = with_param(capture, 1, 3, 3, u64(alloc_address(1, 1) + 32))
     assert "run 0 tensor next_token: an output inside allocation #1, which launches [2, 3] also reach outside it: " \
            "replayed as separate buffers they would not alias" in refused(capture)
+
+
+def test_a_hostile_run_is_refused_in_bounded_time() -> None:
+    import time
+
+    from kern_run.harvest.capture_format import Alloc
+
+    capture = synthetic_capture()
+    flood = tuple(Alloc(0x7E00_0000_0000 + k * 4096, 4096) for k in range(200_000))  # never freed
+    capture = replace(capture, runs=(replace(capture.runs[0], events=flood + capture.runs[0].events),)
+                      + capture.runs[1:])
+    start = time.perf_counter()
+    report = refused(capture)
+    assert time.perf_counter() - start < 5
+    assert "run 0 event 1024: more than 1024 allocations of the step alive at once; the rest of the run is not read" \
+        in report

@@ -24,3 +24,13 @@ def test_live_allocations_never_overlap(raw: list[tuple[int, int, int]]) -> None
         for y in items:
             if x.key < y.key and x.first <= y.last and y.first <= x.last and x.nbytes and y.nbytes:
                 assert offsets[x.key] + x.nbytes <= offsets[y.key] or offsets[y.key] + y.nbytes <= offsets[x.key]
+
+
+def test_many_short_lifetimes_pack_fast() -> None:
+    import time
+
+    items = [Lifetime(f"#{i}", 512, i, i + 3) for i in range(60_000)]
+    start = time.perf_counter()
+    offsets, total = pack(items)
+    assert time.perf_counter() - start < 5
+    assert total == 4 * 512 and sorted(set(offsets.values())) == [0, 512, 1024, 1536]

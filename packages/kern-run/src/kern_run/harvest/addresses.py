@@ -20,6 +20,7 @@ from .errors import Problem
 
 POINTER_BYTES = 8
 SMALL_INT = 1 << 32
+MAX_LIVE = 1024  # allocations of the step alive at once (a real step holds tens); bounds the miner's time
 
 
 @dataclass(frozen=True)
@@ -170,9 +171,13 @@ def classify_run(run: Run, index: int) -> tuple[RunParams, list[Problem]]:
     problems = list(named.problems)
     launches: list[Launch] = []
     seen: list[list[Seen | str]] = []
-    for e in run.events:
+    for number, e in enumerate(run.events):
         if isinstance(e, Alloc):
             live.alloc(e)
+            if len(live.blocks) > MAX_LIVE:
+                problems.append(Problem(f"run {index} event {number}", f"more than {MAX_LIVE} allocations of the step "
+                                                                      f"alive at once; the rest of the run is not read"))
+                break
         elif isinstance(e, Free):
             live.free(e)
         elif isinstance(e, Launch):

@@ -45,6 +45,7 @@ MAX_LAUNCHES_BYTES = 256 << 20
 MAX_LINE_BYTES = 1 << 20
 MAX_CUBIN_BYTES = 64 << 20
 MAX_CUBINS = 65536
+MAX_CUBINS_BYTES = 1 << 30  # all cubins together
 MAX_RUNS = 16
 MAX_EVENTS = 1_000_000
 MAX_PARAM_BYTES = 32764  # the driver's kernel parameter limit (CUDA 12.1+)
@@ -344,12 +345,15 @@ def _cubins(directory: Path) -> dict[str, bytes]:
     found = sorted(folder.iterdir())
     if len(found) > MAX_CUBINS:
         raise CaptureFormatError(f"{folder}: {len(found)} files, at most {MAX_CUBINS}")
-    cubins = {}
+    cubins, total = {}, 0
     for path in found:
         sha = path.name.removesuffix(".cubin")
         if not path.name.endswith(".cubin") or not _SHA.match(sha):
             raise CaptureFormatError(f"{path}: not named <sha256>.cubin")
         data = _read(path, MAX_CUBIN_BYTES)
+        total += len(data)
+        if total > MAX_CUBINS_BYTES:
+            raise CaptureFormatError(f"{folder}: the cubins hold more than {MAX_CUBINS_BYTES >> 20} MiB together")
         actual = hashlib.sha256(data).hexdigest()
         if actual != sha:
             raise CaptureFormatError(f"{path}: has sha256 {actual}, not the one its name gives")
@@ -360,7 +364,7 @@ def _cubins(directory: Path) -> dict[str, bytes]:
 def read_capture(directory: str | Path) -> Capture:
     """The capture in `directory`. Raises CaptureFormatError naming the file and the line or key of the first
     fault: a missing or non-regular file, a file past its bound (meta.json 1 MiB, tensors.json 64 MiB,
-    launches.jsonl 256 MiB and 1 MiB a line, a cubin 64 MiB), text that is not UTF-8 JSON (or repeats a key), an
+    launches.jsonl 256 MiB and 1 MiB a line, a cubin 64 MiB, all cubins 1 GiB), text that is not UTF-8 JSON (or repeats a key), an
     unknown or missing key, a value of the wrong type or range, a tensor whose shape and dtype do not make its
     byte count, a parameter buffer that is not its layout's size, more than 1,000,000 events, or a cubin whose
     sha256 is not its name."""

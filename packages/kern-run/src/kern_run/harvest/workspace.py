@@ -11,6 +11,7 @@ specialised on 16-byte divisible pointers).
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -34,17 +35,21 @@ def _round(n: int) -> int:
 
 def pack(items: Sequence[Lifetime]) -> tuple[dict[str, int], int]:
     """({key: byte offset}, workspace bytes) placing every item so that two items with overlapping lifetimes get
-    disjoint byte ranges `[offset, offset + nbytes)`. Deterministic (order of first use, then key)."""
-    placed: list[tuple[int, int, Lifetime]] = []  # (offset, end, item)
+    disjoint byte ranges `[offset, offset + nbytes)`. Deterministic (order of first use, then key). Items are
+    placed in order of first use, so an item placed earlier whose lifetime ended before the current one's first use
+    can overlap no later item and leaves the set searched: the cost is the number of items times the number alive
+    at once (the miner bounds that, addresses.MAX_LIVE)."""
+    active: list[tuple[int, int, int]] = []  # (offset, end, last) of placed items still alive, sorted by offset
     offsets: dict[str, int] = {}
+    total = 0
     for item in sorted(items, key=lambda i: (i.first, i.last, i.key)):
-        busy = sorted((o, e) for o, e, other in placed if other.first <= item.last and item.first <= other.last)
+        active = [a for a in active if a[2] >= item.first]
         offset = 0
-        for o, e in busy:
+        for o, e, _ in active:
             if offset + item.nbytes <= o:
                 break
             offset = max(offset, _round(e))
-        placed.append((offset, offset + item.nbytes, item))
+        bisect.insort(active, (offset, offset + item.nbytes, item.last))
         offsets[item.key] = offset
-    total = max((e for _, e, _ in placed), default=0)
+        total = max(total, offset + item.nbytes)
     return offsets, _round(total)
