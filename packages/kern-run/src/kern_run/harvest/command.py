@@ -57,6 +57,8 @@ def capture_lines(weights: Path, out: Path, tokens: list[int], context: int, war
         raise CaptureError(f"--tokens {tokens}: give distinct token counts >= 1 (e.g. --tokens 1 --tokens 2)")
     if context < max(tokens) or context < 1:
         raise CaptureError(f"--context {context}: must hold the largest token count ({max(tokens)})")
+    if warmup < 1:
+        raise CaptureError(f"--warmup {warmup}: at least 1 (compilation and autotuning must happen before recording)")
     if dynamic not in ("unbacked", "backed", "static"):
         raise CaptureError(f"--dynamic {dynamic!r}: expected unbacked, backed or static")
     if not (weights / "config.json").is_file():
