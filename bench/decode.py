@@ -19,6 +19,10 @@ Peers, each in its own subprocess (GPU memory isolated, a hung compile killed by
   not finish in 250 s on the H200) - captured as one CUDA graph; if compiling does not finish within
   `--compile-timeout` seconds, default mode (said in the table).
 - `hf`: transformers `generate` (eager, sdpa attention): (t(1 + N tokens) - t(1 token)) / N, N = `--hf-steps`.
+- `kern-harvest` (only when named in `--only`, with `--harvest DIR`: what `kern harvest generate` wrote from a
+  capture of this checkpoint, docs/harvest.md): "kern (harvested inductor kernels)", torch.compile's own kernels
+  replayed by kern_runtime as one CUDA graph per step (kern_run.harvest.replay), the token read back every step; its
+  KV cache is the captured one (meta.harvest.source.context positions), so contexts past it are skipped.
 Torch peers read the token back every step (`.item()`), as a generation loop that prints tokens does.
 
 `--batch 1,8,32,64 [--contexts 128,2048]`: the batched bench instead (bench/decode_batch.py: kern's step at
@@ -48,6 +52,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 HBM_BYTES_PER_S = 4.3e12
 PEERS = ("kern", "torch-graph", "torch-compile", "hf")
+OPTIONAL_PEERS = ("kern-harvest",)  # run only when --only names them
 
 
 # ---------------------------------------------------------------- helpers (every worker)
@@ -341,6 +346,32 @@ def hf_worker(args: argparse.Namespace, out: str) -> None:
                         "ttft_ms": 1e3 * one, "load_s": load_s})
 
 
+def harvest_worker(args: argparse.Namespace, out: str) -> None:
+    """kern replaying torch.compile's harvested kernels (kern_run.harvest.replay.HarvestedStep), ms/token as the
+    torch peers measure it: inputs written, the decode graph issued, next_token read back, every step."""
+    import numpy as np
+
+    from kern_run.harvest.replay import HarvestedStep
+
+    t0 = time.perf_counter()
+    step = HarvestedStep(args.harvest, args.ckpt, gpu=args.gpu)
+    load_s = time.perf_counter() - t0
+    context = int(step.rt.manifest.meta["harvest"]["source"]["context"])
+    for ctx in args.contexts:
+        if ctx + args.steps + 8 > context:
+            _emit(out, {"peer": "kern (harvested inductor kernels)", "ctx": ctx, "skipped": f"captured context {context}"})
+            continue
+        token, wall = 1, []
+        for i in range(args.steps + 8):
+            t = time.perf_counter()
+            token = int(step.step(np.array([token]), np.array([ctx + i]))["next_token"][0])
+            if i >= 8:
+                wall.append(1e3 * (time.perf_counter() - t))
+        _emit(out, {"peer": "kern (harvested inductor kernels)", "ctx": ctx, "ms_per_token": _ms(wall)["median"],
+                    "stats": _ms(wall), "steps": len(wall), "load_s": load_s, "harvest": str(args.harvest)})
+    step.close()
+
+
 # ---------------------------------------------------------------- orchestration and table
 
 
@@ -445,7 +476,8 @@ def main(argv: list[str] | None = None) -> int:
     add_target_args(p, "qwen3-4b-v2.json")
     p.add_argument("--variants", default="", help="comma list of manifests: the kern worker once per manifest, "
                    "rows labelled [manifest stem] (replaces --manifest for kern)")
-    add_peer_args(p, PEERS, only_help=f"comma list of {', '.join(PEERS)}")
+    add_peer_args(p, PEERS, only_help=f"comma list of {', '.join(PEERS + OPTIONAL_PEERS)} (default: all but "
+                  f"{', '.join(OPTIONAL_PEERS)})")
     p.add_argument("--contexts", default="128,4096")
     p.add_argument("--steps", type=int, default=256)
     p.add_argument("--lookahead", type=int, default=4)
@@ -455,7 +487,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--compile-timeout", type=float, default=170.0, help="seconds for the max-autotune worker")
     p.add_argument("--budget", type=float, default=340.0, help="seconds for all workers together")
     p.add_argument("--json", type=Path, default=None)
-    p.add_argument("--worker", choices=["kern", "torch-graph", "torch-compile", "hf"], help=argparse.SUPPRESS)
+    p.add_argument("--harvest", type=Path, default=None, help="kern-harvest: the directory kern harvest generate wrote")
+    p.add_argument("--worker", choices=["kern", "torch-graph", "torch-compile", "hf", "kern-harvest"],
+                   help=argparse.SUPPRESS)
     p.add_argument("--compile-mode", default="max-autotune-no-cudagraphs", help=argparse.SUPPRESS)
     p.add_argument("--worker-out", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -470,6 +504,8 @@ def main(argv: list[str] | None = None) -> int:
         elif args.worker == "torch-compile":
             label = f"torch.compile({args.compile_mode}), one CUDA graph"
             torch_worker(args, out, args.compile_mode, label)
+        elif args.worker == "kern-harvest":
+            harvest_worker(args, out)
         else:
             hf_worker(args, out)
         return 0
@@ -482,14 +518,15 @@ def main(argv: list[str] | None = None) -> int:
     base = ["--ckpt", str(args.ckpt), "--manifest", str(args.manifest), "--kernels", str(args.kernels), "--gpu",
             str(args.gpu), "--contexts", ",".join(map(str, args.contexts)), "--steps", str(args.steps),
             "--lookahead", str(args.lookahead), "--hf-steps", str(args.hf_steps), "--breakdown-replays",
-            str(args.breakdown_replays)] + (["--breakdown"] if args.breakdown else [])
+            str(args.breakdown_replays)] + (["--breakdown"] if args.breakdown else []) + \
+        (["--harvest", str(args.harvest)] if args.harvest else [])
     start = time.perf_counter()
     remaining = lambda: args.budget - (time.perf_counter() - start)  # noqa: E731
     results: list[dict[str, Any]] = []
     notes: list[str] = []
     tmp = tempfile.mkdtemp(prefix="kern-bench-decode-")
     variants = [Path(v) for v in args.variants.split(",") if v]
-    for peer in [p for p in PEERS if p in only]:
+    for peer in [p for p in PEERS + OPTIONAL_PEERS if p in only]:
         out = os.path.join(tmp, f"{peer}.jsonl")
         if remaining() < 20:
             notes.append(f"{peer}: skipped, the {args.budget:.0f} s budget is spent")

@@ -52,7 +52,8 @@ DIST_MODULES = {
 
 # package -> undeclared third-party modules it may import lazily (inside a function), never at import time.
 LAZY_UNDECLARED = {
-    "kern_run": {"torch", "transformers"},  # kern_run.reference: the HF parity reference (GPU machine only)
+    "kern_run": {"torch", "transformers", "cupti"},  # kern_run.reference: the HF parity reference; kern_run.harvest
+    # .capture: the CUPTI subscriber (cupti-python, a wheel carried to the GPU machine)
 }
 
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole GPU suite on the GPU machine in one call, KERN_REQUIRE_GPU=1 (a GPU test cannot pass by skipping):
 # `pytest -m gpu` in two processes at once, tests/kernels (kernel references, no pool sizing) beside the
-# rest (runtime, pool, caller, parity: these size pools from free device memory, so they run in one process).
+# rest (runtime, pool, caller, parity: these size pools from free device memory, so they run in one process), then
+# tests/harvest alone (docs/harvest.md).
 # Logs go to $OUT/gpu-<group>.log; a summary line per group and the failures are printed last.
 #   source tools/gpu-env.sh && bash tools/gpu-suite.sh [LIMIT_S]     # LIMIT_S per group, default 540
 set -u
@@ -16,9 +17,10 @@ run_group() {  # run_group NAME PYTEST_ARGS...
   echo "rc=$?" >>"$OUT/gpu-$name.log"
 }
 run_group kernels tests/kernels &
-run_group rest tests packages --ignore=tests/kernels &
+run_group rest tests packages --ignore=tests/kernels --ignore=tests/harvest &
 wait
-for name in kernels rest; do
+run_group harvest tests/harvest  # alone: a torch.compile capture through CUPTI (the cupti-python wheel in .whl/)
+for name in kernels rest harvest; do
   echo "===== $name: $(grep -E '(passed|failed|error)' "$OUT/gpu-$name.log" | tail -n1) $(tail -n1 "$OUT/gpu-$name.log")"
   grep -E '^(FAILED|ERROR)' "$OUT/gpu-$name.log" | cut -c1-220 | head -n 40
 done

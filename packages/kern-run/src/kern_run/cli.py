@@ -12,6 +12,8 @@
     kern manifest check MANIFEST
     kern manifest build (--config config.json | --shape S) [options] --out m.json   (kern_run.models.qwen3)
     kern kernels [ARGS...]          (tools/build_kernels.py: needs the kern checkout)
+    kern harvest capture --weights DIR --out CAPTURE | mine CAPTURE | generate CAPTURE --out DIR
+                                    (kern_run.harvest: another engine's kernels as a manifest; docs/harvest.md)
     kern --version                  (the four kern packages' installed versions)
 
 Refusals (docs/caller.md) print one line on stderr and exit non-zero; a traceback only with
@@ -151,6 +153,8 @@ app = typer.Typer(cls=_OneLineUsageErrors, add_completion=False, no_args_is_help
                   help="kern: run LLM inference from a manifest.")
 manifest_app = typer.Typer(no_args_is_help=True, help="Manifest tools.")
 app.add_typer(manifest_app, name="manifest")
+harvest_app = typer.Typer(no_args_is_help=True, help="Harvest torch.compile's kernels into a manifest (docs/harvest.md).")
+app.add_typer(harvest_app, name="harvest")
 
 
 def package_versions() -> str:
@@ -599,6 +603,49 @@ def kernels(ctx: typer.Context) -> None:
         raise typer.Exit(2)
     # as a module from the checkout's root: `tools.*` resolves there without the workspace's editable install
     raise typer.Exit(subprocess.call([sys.executable, "-m", "tools.build_kernels", *ctx.args], cwd=root))
+
+
+@harvest_app.command("capture")
+def harvest_capture(
+    weights: Annotated[Path, typer.Option("--weights", help="Qwen3 checkpoint directory")],
+    out: Annotated[Path, typer.Option("--out", help="capture directory to write (must not exist)")],
+    tokens: Annotated[Optional[list[int]], typer.Option("--tokens", help="token count of a recorded run; repeat "
+                                                        "(default 1 and 2)")] = None,
+    context: Annotated[int, typer.Option("--context", help="KV cache positions of the step")] = 256,
+    warmup: Annotated[int, typer.Option("--warmup", help="unrecorded steps per token count first")] = 2,
+    dynamic: Annotated[str, typer.Option("--dynamic", help="token dim: unbacked, backed or static")] = "unbacked",
+    gpu: Annotated[int, typer.Option("--gpu", help="CUDA device ordinal")] = 0,
+    log_level: LogOpt = None,
+) -> None:
+    """Run the model step under torch.compile with CUPTI recording it (GPU, torch, cupti-python)."""
+    from .harvest.command import capture_lines
+
+    go = lambda: capture_lines(weights, out, tokens or [1, 2], context, warmup, dynamic, gpu)  # noqa: E731
+    for line in _guarded("harvest capture", resolve_level(log_level), go):
+        print(line)
+
+
+@harvest_app.command("mine")
+def harvest_mine(capture: Annotated[Path, typer.Argument(help="capture directory")], log_level: LogOpt = None) -> None:
+    """Classify every launch parameter of a capture and fit what varies; print the report (no GPU)."""
+    from .harvest.command import mine_lines
+
+    for line in _guarded("harvest mine", resolve_level(log_level), lambda: mine_lines(capture)):
+        print(line)
+
+
+@harvest_app.command("generate")
+def harvest_generate(
+    capture: Annotated[Path, typer.Argument(help="capture directory")],
+    out: Annotated[Path, typer.Option("--out", help="directory to write: manifest.json and kernels/")],
+    name: Annotated[Optional[str], typer.Option("--name", help="manifest name (default: the captured model's)")] = None,
+    log_level: LogOpt = None,
+) -> None:
+    """Write the harvested manifest and its pinned cubins (no GPU); nothing is written on a refusal."""
+    from .harvest.command import generate_lines
+
+    for line in _guarded("harvest generate", resolve_level(log_level), lambda: generate_lines(capture, out, name)):
+        print(line)
 
 
 def main() -> None:  # `python -m kern_run.cli`

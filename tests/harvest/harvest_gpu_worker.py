@@ -1,0 +1,51 @@
+"""The GPU tests' torch side, run as `python -m tests.harvest.harvest_gpu_worker` (a process of its own: the
+capture needs PYTORCH_NO_CUDA_MEMORY_CACHING=1 and CUDA_MODULE_LOADING=EAGER before torch starts CUDA).
+
+Captures the Qwen3 step of `--weights` at `--tokens` into `--out`/capture, then, with the same compiled step (the
+very kernels captured), runs torch's greedy reference from `--prompt` for `--steps` tokens into
+`--out`/reference.npz (`tokens` i64 [steps], `logits` f32 [prompt + steps - 1, vocab]).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+from kern_run.harvest.command import ENVIRONMENT
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--weights", type=Path, required=True)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--tokens", default="1,2")
+    p.add_argument("--context", type=int, default=128)
+    p.add_argument("--prompt", default="1,2,3,4")
+    p.add_argument("--steps", type=int, default=64)
+    args = p.parse_args()
+    for key, value in ENVIRONMENT.items():
+        os.environ[key] = value
+    import numpy as np
+    import torch
+
+    from kern_run.harvest.capture import CaptureOptions, capture
+    from kern_run.harvest.torch_step import Qwen3Step, reference_greedy
+
+    tokens = tuple(int(t) for t in args.tokens.split(","))
+    result, step = capture(lambda: Qwen3Step(args.weights, args.context), CaptureOptions(tokens), args.out / "capture",
+                           source={"model": args.weights.name, "context": args.context})
+    for state in step.states().values():  # the reference starts from a zero cache, as kern's fixed states do
+        state.zero_()
+    torch.cuda.synchronize()
+    prompt = [int(t) for t in args.prompt.split(",")]
+    greedy, logits = reference_greedy(step, prompt, args.steps)
+    np.savez(args.out / "reference.npz", tokens=np.array(greedy, dtype=np.int64), logits=logits)
+    print(json.dumps({"launches": [len(r.launches) for r in result.runs], "cubins": len(result.cubins),
+                      "tokens": greedy[:8]}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

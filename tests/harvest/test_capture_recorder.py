@@ -1,0 +1,175 @@
+"""capture.Recorder's callback logic on the CPU, fed the callbacks CUPTI would make, with a stand-in for
+cupti-python whose callback ids from its enums (13.4) or from `get_callback_name` (earlier releases); the parameter structs are
+launch_params.py's (checked against cupti-python 13.4's classes over the same bytes):
+a module load pairs its cubin with its CUmodule, a launch is recorded with its function, module, grid, block and
+parameter bytes, allocations and frees once each (a runtime cudaMalloc only when no driver call was seen), and a
+runtime launch that reached no driver callback becomes an Api event the miner refuses."""
+
+from __future__ import annotations
+
+import ctypes
+import enum
+import hashlib
+import sys
+import types
+
+import pytest
+
+from kern_run.harvest.capture_format import Alloc, Api, Free, Launch
+from kern_run.harvest.errors import CaptureError
+from kern_run.harvest.launch_params import (
+    LaunchKernelExParams, LaunchKernelParams, MemAllocParams, MemFreeParams, ModuleLoadDataParams, ModuleResourceData,
+)
+
+
+Params, ExParams, LoadParams = LaunchKernelParams, LaunchKernelExParams, ModuleLoadDataParams
+AllocParams, FreeParams, ModuleData = MemAllocParams, MemFreeParams, ModuleResourceData
+
+
+def fake_cupti(enums: bool = True) -> types.SimpleNamespace:
+    names = ["cuLaunchKernel", "cuLaunchKernel_ptsz", "cuLaunchKernelEx", "cuLaunchKernelEx_ptsz", "cuModuleLoadData",
+             "cuModuleLoadDataEx", "cuMemAlloc_v2", "cuMemFree_v2", "cuMemcpyDtoDAsync_v2", "cuMemsetD8Async",
+             "cuCtxGetCurrent"]
+    runtime = ["cudaLaunchKernel_v7000", "cudaMalloc_v3020", "cudaFree_v3020", "cudaMemcpy_v3020"]
+    domains = enum.IntEnum("CallbackDomain", {"DRIVER_API": 1, "RUNTIME_API": 2, "RESOURCE": 3})
+    ids = {1: {i + 10: n for i, n in enumerate(names)}, 2: {i + 100: n for i, n in enumerate(runtime)}}
+
+    def get_callback_name(domain: int, cbid: int) -> str:  # cuptiGetCallbackName: an error past the known ids
+        return ids[int(domain)][cbid]
+
+    fake = types.SimpleNamespace(
+        CallbackDomain=domains, CallbackIdResource=enum.IntEnum("CallbackIdResource", {"MODULE_LOADED": 6}),
+        ApiCallbackSite=enum.IntEnum("ApiCallbackSite", {"API_ENTER": 0, "API_EXIT": 1}),
+        get_callback_name=get_callback_name,
+        subscribe=lambda callback, userdata: 1, enable_callback=lambda *a: None, unsubscribe=lambda handle: None)
+    if enums:  # cupti-python 13.4; earlier releases have get_callback_name only
+        fake.DriverApiTraceCbid = enum.IntEnum("DriverApiTraceCbid", {n: i for i, n in ids[1].items()})
+        fake.RuntimeApiTraceCbid = enum.IntEnum("RuntimeApiTraceCbid", {n: i for i, n in ids[2].items()})
+    return fake
+
+
+LAYOUTS = {0xF1: ((0, 8), (8, 4)), 0xF2: ((0, 8),)}
+
+
+def fake_driver() -> types.SimpleNamespace:
+    invalid = 1
+    return types.SimpleNamespace(
+        CUresult=types.SimpleNamespace(CUDA_ERROR_INVALID_VALUE=invalid), CUfunction=int,
+        cuFuncGetParamInfo=lambda f, i: (0, *LAYOUTS[f][i]) if i < len(LAYOUTS[f]) else (invalid, 0, 0),
+        cuFuncGetModule=lambda f: (0, 0xAA if f == 0xF1 else 0xBB),
+        cuFuncGetName=lambda f: (0, f"fn_{f:x}".encode()))
+
+
+@pytest.fixture(params=[True, False], ids=["cupti-enums", "callback-names"])
+def recorder(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
+    import cuda.bindings
+
+    cupti, driver = fake_cupti(request.param), fake_driver()
+    monkeypatch.setitem(sys.modules, "cupti", types.SimpleNamespace(cupti=cupti))
+    monkeypatch.setitem(sys.modules, "cuda.bindings.driver", driver)
+    monkeypatch.setattr(cuda.bindings, "driver", driver, raising=False)
+    from kern_run.harvest.capture import Recorder
+
+    r = Recorder()
+    r.subscribe()
+    return r
+
+
+class Site:
+    """What CUPTI hands an API callback (CallbackData's fields the recorder reads)."""
+
+    def __init__(self, site: int, params: ctypes.Structure | None, symbol: str = "", ret: int = 0) -> None:
+        self.result = ctypes.c_int(ret)  # functionReturnValue points at the call's CUresult
+        self.callback_site, self.function_return_value, self.symbol_name = site, ctypes.addressof(self.result), symbol
+        self.keep = params
+        self.function_params = ctypes.addressof(params) if params is not None else 0
+
+
+def api(r, name: str, params=None, symbol: str = "", runtime: bool = False) -> None:  # type: ignore[no-untyped-def]
+    cupti = r.cupti
+    domain = cupti.CallbackDomain.RUNTIME_API if runtime else cupti.CallbackDomain.DRIVER_API
+    table = r.runtime_cbids if runtime else r.driver_cbids
+    cbid = next(i for i, n in table.items() if n == name)
+    r._callback(None, domain, cbid, Site(0, params, symbol))
+    r._callback(None, domain, cbid, Site(1, params, symbol))
+
+
+def _id(r, name: str, runtime: bool = False) -> int:  # type: ignore[no-untyped-def]
+    return next(i for i, n in (r.runtime_cbids if runtime else r.driver_cbids).items() if n == name)
+
+
+def load_module(r, image: bytes, handle: int) -> None:  # type: ignore[no-untyped-def]
+    out = ctypes.c_uint64(0)
+    params = LoadParams(ctypes.addressof(out), 0)
+    cbid = _id(r, "cuModuleLoadData")
+    r._callback(None, r.cupti.CallbackDomain.DRIVER_API, cbid, Site(0, params))
+    buf = ctypes.create_string_buffer(image, len(image))
+    data = ModuleData(1, len(image), ctypes.addressof(buf))
+    r._callback(None, r.cupti.CallbackDomain.RESOURCE, 6, types.SimpleNamespace(resource_descriptor=ctypes.addressof(data)))
+    out.value = handle
+    r._callback(None, r.cupti.CallbackDomain.DRIVER_API, cbid, Site(1, params))
+
+
+def test_loads_launches_allocs_and_refusable_calls(recorder) -> None:  # type: ignore[no-untyped-def]
+    r = recorder
+    load_module(r, b"\x7fELF module a", 0xAA)
+    sha = hashlib.sha256(b"\x7fELF module a").hexdigest()
+    assert r.cubins == {sha: b"\x7fELF module a"} and r.module_sha == {0xAA: sha}
+    r.begin()
+    value_a, value_b = ctypes.c_uint64(0x7F0000001000), ctypes.c_int32(-3)
+    kp = (ctypes.c_void_p * 2)(ctypes.addressof(value_a), ctypes.addressof(value_b))
+    api(r, "cuLaunchKernel", Params(0xF1, 4, 1, 1, 128, 1, 1, 512, 0, ctypes.addressof(kp), 0), "kern_a")
+    out = ctypes.c_uint64(0)
+    alloc = AllocParams(ctypes.addressof(out), 4096)
+    cbid = _id(r, "cuMemAlloc_v2")
+    r._callback(None, r.cupti.CallbackDomain.DRIVER_API, cbid, Site(0, alloc))
+    out.value = 0x7F0000200000
+    r._callback(None, r.cupti.CallbackDomain.DRIVER_API, cbid, Site(1, alloc))
+    # a runtime cudaMalloc around the same driver call: recorded once
+    r._callback(None, r.cupti.CallbackDomain.RUNTIME_API, _id(r, "cudaMalloc_v3020", True), Site(0, None))
+    r._callback(None, r.cupti.CallbackDomain.DRIVER_API, cbid, Site(0, alloc))
+    r._callback(None, r.cupti.CallbackDomain.DRIVER_API, cbid, Site(1, alloc))
+    r._callback(None, r.cupti.CallbackDomain.RUNTIME_API, _id(r, "cudaMalloc_v3020", True), Site(1, None))
+    config = (ctypes.c_uint * 14)(2, 3, 1, 64, 1, 1, 0)
+    ptr = ctypes.c_uint64(0x7F0000200010)
+    kp2 = (ctypes.c_void_p * 1)(ctypes.addressof(ptr))
+    api(r, "cuLaunchKernelEx", ExParams(ctypes.addressof(config), 0xF2, ctypes.addressof(kp2), 0))  # name from the driver
+    api(r, "cuMemFree_v2", FreeParams(0x7F0000200000))
+    api(r, "cuMemFree_v2", FreeParams(0x7F0000200000))  # a second free of it: not ours any more
+    api(r, "cuMemcpyDtoDAsync_v2", FreeParams(0))
+    runtime_launch = _id(r, "cudaLaunchKernel_v7000", True)
+    r._callback(None, r.cupti.CallbackDomain.RUNTIME_API, runtime_launch, Site(0, None))
+    r._callback(None, r.cupti.CallbackDomain.RUNTIME_API, runtime_launch, Site(1, None))  # no driver launch inside
+    events = r.end()
+    assert events == [
+        Launch("kern_a", sha, (4, 1, 1), (128, 1, 1), 512, ((0, 8), (8, 4)),
+               (0x7F0000001000).to_bytes(8, "little") + (-3).to_bytes(4, "little", signed=True)),
+        Alloc(0x7F0000200000, 4096),
+        Launch("fn_f2", None, (2, 3, 1), (64, 1, 1), 0, ((0, 8),), (0x7F0000200010).to_bytes(8, "little")),
+        Free(0x7F0000200000),
+        Api("cuMemcpyDtoDAsync_v2"),
+        Api("cudaLaunchKernel"),
+    ]
+
+
+def test_failed_calls_record_nothing(recorder) -> None:  # type: ignore[no-untyped-def]
+    r = recorder
+    r.begin()
+    out = ctypes.c_uint64(0x7F0000300000)
+    alloc = AllocParams(ctypes.addressof(out), 64)
+    r._callback(None, r.cupti.CallbackDomain.DRIVER_API, _id(r, "cuMemAlloc_v2"), Site(1, alloc, ret=2))  # out of memory
+    assert r.end() == []
+
+
+def test_a_failing_callback_fails_the_step(recorder) -> None:  # type: ignore[no-untyped-def]
+    r = recorder
+    r.begin()
+    from kern_run.harvest.launch_params import LaunchAttribute, LaunchConfig
+
+    attrs = (LaunchAttribute * 1)()
+    attrs[0].id, attrs[0].value[0] = 4, 2  # a 2x0x0 cluster: the format cannot record it
+    config = LaunchConfig(1, 1, 1, 32, 1, 1, 0, None, ctypes.addressof(attrs), 1)
+    api(r, "cuLaunchKernelEx", ExParams(ctypes.addressof(config), 0xF2, 0, 0))
+    with pytest.raises(CaptureError, match=r"1 callback failure\(s\) while recording: ValueError: a cuLaunchKernelEx "
+                                           r"with a 2x0x0 cluster"):
+        r.end()
