@@ -1,8 +1,9 @@
-"""The manifest fields a persistent kernel stands on: `cooperative` on a launch, `zero_each_run` and `error` on a
-buffer. Model, round trip, digest, and every fault at its JSON path (docs/manifest.md)."""
+"""The manifest fields a persistent kernel stands on: `cooperative` on a launch, `zero_each_run`, `error` and `init`
+on a buffer. Model, round trip, digest, and every fault at its JSON path (docs/manifest.md)."""
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -11,7 +12,7 @@ from typing import Any
 import pytest
 from manifest_testkit import assert_parse_fault, assert_verify_faults, mutate
 
-from kern_manifest import Buffer, ErrorWord, Launch, parse_manifest, verify
+from kern_manifest import Buffer, BufferInit, ErrorWord, Launch, parse_manifest, verify
 
 EXAMPLE: dict[str, Any] = json.loads((Path(__file__).parent / "data" / "example.json").read_text())
 NORM = "$.ops.rmsnorm.launches[0]"
@@ -147,3 +148,40 @@ def test_error_word_with_zero_each_run_names_the_lost_fault() -> None:
 def test_error_codes_must_be_strings() -> None:
     obj = mutated(with_buffer("fault", {**ERROR, "error": {"codes": {"1": 5}}}))
     assert_parse_fault(json.dumps(obj), "$.buffers.fault.error.codes[\"1\"]", "expected a string, got an integer")
+
+
+# ---------------------------------------------------------------------------------------------- init
+
+TABLE_BYTES = bytes(range(32))
+TABLE = {"kind": "workspace", "dtype": "u32", "shape": [8], "init": {"base64": base64.b64encode(TABLE_BYTES).decode()}}
+
+
+def test_init_parses_round_trips_and_decodes() -> None:
+    obj = mutated(with_buffer("table", TABLE))
+    m = parse_manifest(obj)
+    verify(m)
+    init = m.buffers["table"].init
+    assert isinstance(init, BufferInit) and init.data() == TABLE_BYTES
+    assert m.to_json() == obj and parse_manifest(m.to_json()) == m
+    other = mutated(with_buffer("table", {**TABLE, "init": {"base64": base64.b64encode(bytes(32)).decode()}}))
+    assert parse_manifest(other).digest != m.digest  # the contents are pinned by the digest
+
+
+@pytest.mark.parametrize(("change", "paths", "words"), [
+    (dict(kind="scratch"), ["$.buffers.table.init"], "only workspace buffers take 'init'"),
+    (dict(placement="host"), ["$.buffers.table.init"], "lives on the device"),
+    (dict(zero_each_run=True), ["$.buffers.table.init"], "does not go with zero_each_run"),
+    (dict(shape=["tokens"]), ["$.buffers.table.shape"], "shape is constant"),
+    (dict(shape=[9]), ["$.buffers.table.init.base64"], "decodes to 32 bytes; the buffer holds 36"),
+    (dict(init={"base64": "AAAA!"}), ["$.buffers.table.init.base64"], "is not base64 text"),
+    (dict(init={"base64": "AAA"}), ["$.buffers.table.init.base64"], "is not base64 text"),
+    (dict(init={"base64": "", "zlib": True}), ["$.buffers.table.init.zlib", "$.buffers.table.init.base64"],
+     "unknown key 'zlib'"),
+])
+def test_init_faults(change: dict[str, Any], paths: list[str], words: str) -> None:
+    assert_verify_faults(mutated(with_buffer("table", {**TABLE, **change})), paths, words)
+
+
+def test_init_needs_its_base64_string() -> None:
+    obj = mutated(with_buffer("table", {**TABLE, "init": {}}))
+    assert_parse_fault(json.dumps(obj), "$.buffers.table.init", "missing required key 'base64'")

@@ -5,6 +5,7 @@ launches (cuLaunchKernelEx with CU_LAUNCH_ATTRIBUTE_COOPERATIVE, co-residency re
 
 from __future__ import annotations
 
+import base64
 import hashlib
 from pathlib import Path
 from typing import Any
@@ -277,3 +278,16 @@ def test_pipelined_steps_report_the_fault_at_the_first_wait_and_go_on(fake: Coop
 def test_a_manifest_without_error_words_has_no_check(fake: CoopDriver, tmp_path: Path) -> None:
     with load(tmp_path, manifest(grid=1, cooperative=False)) as rt:
         assert not rt.faults and rt.faults.names == ()
+
+
+# ---------------------------------------------------------------------------------------------- init
+
+def test_an_init_buffer_holds_its_bytes_after_load(fake: CoopDriver, tmp_path: Path) -> None:
+    data = bytes(range(64))
+    table = {"kind": "workspace", "dtype": "u32", "shape": [16], "init": {"base64": base64.b64encode(data).decode()}}
+    with load(tmp_path, manifest(grid=1, cooperative=False, table=table)) as rt:
+        address = rt.address_of("table")
+        assert bytes(fake.mem[address][:64]) == data
+        assert rt.read_buffer("table").tobytes() == data
+        copies = [a for n, a in fake.calls if n == "cuMemcpyHtoD" and int(a[0]) == address]
+        assert len(copies) == 1 and int(copies[0][2]) == 64  # once, at load

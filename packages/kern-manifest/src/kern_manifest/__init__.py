@@ -24,6 +24,7 @@ from .model import (
     AnyLaunch,
     ArgWiring,
     Buffer,
+    BufferInit,
     Call,
     CallArg,
     DerivedSegment,
@@ -91,7 +92,7 @@ __version__ = "0.1.0"  # the one source of the version: [tool.hatch.version] rea
 __all__ = [
     "__version__",
     "DTYPE_BYTES", "EXTERNS", "FORMAT", "MAX_MANIFEST_BYTES", "file_kind", "read_manifest_bytes", "read_regular_file",
-    "Algo", "AnyLaunch", "ArgWiring", "Buffer", "Call", "CallArg",
+    "Algo", "AnyLaunch", "ArgWiring", "Buffer", "BufferInit", "Call", "CallArg",
     "DerivedSegment", "ErrorWord", "Expr", "ExprError", "ExprWiring", "ExternLaunch", "Fault", "FrozenMap", "IntValue",
     "InterleaveSegment", "Launch", "LiteralWiring", "Manifest", "ManifestError", "ManifestParseError",
     "ManifestVerifyError", "Module", "NullWiring", "Op", "OpArg", "PackField", "PackLiteralField", "PackPointerField",

@@ -262,6 +262,29 @@ class ErrorWord:
 
 
 @dataclass(frozen=True, kw_only=True)
+class BufferInit:
+    """A buffer's `init` key: its whole contents, written by the runtime at load before any program runs (a
+    device-resident table: a persistent kernel's instruction table). `base64`: the bytes, RFC 4648 base64 with
+    padding; they must be exactly the buffer's byte size."""
+
+    base64: str
+    extra: FrozenMap[str, Any] = _extra()
+
+    def data(self) -> bytes:
+        """The decoded bytes. Raises ManifestError for text that is not strict base64."""
+        import base64
+        import binascii
+
+        try:
+            return base64.b64decode(self.base64.encode("ascii"), validate=True)
+        except (binascii.Error, UnicodeEncodeError, ValueError) as exc:
+            raise ManifestError(f"init.base64 is not base64 text: {exc}") from None
+
+    def to_json(self) -> dict[str, Any]:
+        return _with_extra({"base64": self.base64}, self.extra)
+
+
+@dataclass(frozen=True, kw_only=True)
 class Buffer:
     """Device or host memory of a fixed byte size (its shape at var max x dtype size)."""
 
@@ -275,6 +298,7 @@ class Buffer:
     peers: PeersOf | None = None  # this buffer is a peer table (multi-GPU)
     zero_each_run: bool = False  # zeroed at the start of every run of a program that passes it
     error: ErrorWord | None = None  # this buffer is an error word the runtime checks
+    init: BufferInit | None = None  # contents written at load
     extra: FrozenMap[str, Any] = _extra()
     explicit: frozenset[str] = _explicit()
 
@@ -308,7 +332,8 @@ class Buffer:
         bind = None if self.bind is None else [seg.to_json() for seg in self.bind]
         peers = None if self.peers is None else self.peers.to_json()
         error = None if self.error is None else self.error.to_json()
-        return _with_extra(_present(out, bind=bind, peers=peers, error=error), self.extra)
+        init = None if self.init is None else self.init.to_json()
+        return _with_extra(_present(out, bind=bind, peers=peers, error=error, init=init), self.extra)
 
 
 # -------------------------------------------------------------------------------------------- states

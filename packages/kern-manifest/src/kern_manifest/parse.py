@@ -17,6 +17,7 @@ from .model import (
     Algo,
     ArgWiring,
     Buffer,
+    BufferInit,
     Call,
     DerivedSegment,
     ErrorWord,
@@ -290,8 +291,13 @@ def _buffer(name: str, value: Any, path: str) -> Buffer:
         if eo.has("codes"):
             codes = FrozenMap({c: _check(v, "str", p) for c, v, p in _named(eo.req("codes", "object"), eo.at("codes"))})
         error = ErrorWord(codes=codes, extra=eo.extra())
+    init = None
+    if o.has("init"):
+        io = _Obj(o.req("init", "object"), o.at("init"))
+        init = BufferInit(base64=io.req("base64", "str"), extra=io.extra())
     return Buffer(name=name, kind=kind, dtype=dtype, shape=shape, placement=placement, export=export, bind=bind,
-                  peers=peers, zero_each_run=zero_each_run, error=error, extra=o.extra(), explicit=o.explicit())
+                  peers=peers, zero_each_run=zero_each_run, error=error, init=init, extra=o.extra(),
+                  explicit=o.explicit())
 
 
 def _segment(value: Any, path: str) -> Segment:

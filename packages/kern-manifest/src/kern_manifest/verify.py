@@ -134,7 +134,7 @@ class _Verifier(OpChecks):
         m = self.m
         self.name(buf.name, path, "buffer")
         self.unknown(buf.extra, path, ("kind", "dtype", "shape", "placement", "export", "bind", "peers",
-                                       "zero_each_run", "error"))
+                                       "zero_each_run", "error", "init"))
         if buf.name in m.states:
             self.fault(path, f"{buf.name!r} names both a buffer and a state; call arguments could not tell them apart")
         if buf.kind not in BUFFER_KINDS:
@@ -175,6 +175,31 @@ class _Verifier(OpChecks):
             self.check_zero_each_run(buf, path)
         if buf.error is not None:
             self.check_error_word(buf, path)
+        if buf.init is not None:
+            self.check_init(buf, path, dims_ok)
+
+    def check_init(self, buf: Buffer, path: str, dims_ok: bool) -> None:
+        """`init`: the whole contents of a constant-shape device workspace buffer, strict base64 of exactly its
+        byte size; not with `zero_each_run` or `error` (which define the contents otherwise)."""
+        ipath = key_path(path, "init")
+        self.unknown(buf.init.extra, ipath, ("base64",))
+        if buf.kind != "workspace":
+            self.fault(ipath, f"only workspace buffers take 'init' (this one is {buf.kind!r})")
+        if buf.placement != "device":
+            self.fault(ipath, "an initialised buffer lives on the device (placement 'device')")
+        if buf.zero_each_run or buf.error is not None or buf.export or buf.peers is not None:
+            self.fault(ipath, "'init' does not go with zero_each_run, error, export or peers")
+        if any(d.vars for d in buf.shape):
+            self.fault(key_path(path, "shape"), "an initialised buffer's shape is constant (no vars)")
+            return
+        try:
+            data = buf.init.data()
+        except ManifestError as exc:
+            self.fault(key_path(ipath, "base64"), str(exc).removeprefix("init.base64 ") + "; write RFC 4648 base64 "
+                                                  "with padding")
+            return
+        if dims_ok and buf.dtype in DTYPE_BYTES and len(data) != buf.nbytes_at({}):
+            self.fault(key_path(ipath, "base64"), f"decodes to {len(data)} bytes; the buffer holds {buf.nbytes_at({})}")
 
     def check_zero_each_run(self, buf: Buffer, path: str) -> None:
         """`zero_each_run`: a program-internal device buffer (counters, flags) the runtime zeroes at the start of

@@ -2,8 +2,8 @@
 
 Load path (each step's acquisitions go on one `Ledger`, so a failure at any step frees all):
 verify manifest -> hash and load exactly the pinned cubins -> resolve each launch's entry in its own
-module by parameter layout -> allocate buffers at var max, op scratch, fixed states -> pooled states
-through VMM (sized by kern_pool from the `Capacity`) -> bind weights -> compile call tables into
+module by parameter layout -> allocate buffers at var max (an `init` buffer written with its bytes), op
+scratch, fixed states -> pooled states through VMM (sized by kern_pool from the `Capacity`) -> bind weights -> compile call tables into
 launch records -> check pinned cuBLASLt algorithms at both ends of every var range -> derive and once
 programs -> ready.
 
@@ -19,6 +19,7 @@ import os
 import time
 from typing import Any, Callable, Mapping
 
+import numpy as np
 from kern_manifest import ExternLaunch, Manifest, var_max, var_min
 
 from .buffer_io import BufferIO
@@ -235,6 +236,9 @@ class Runtime:
             else:
                 alloc = self._ledger.device(nbytes, f"buffer {name}")
             self._buffers[name] = alloc
+            if buf.init is not None:  # a device-resident table: its bytes, verified to be the buffer's size
+                data = np.frombuffer(buf.init.data(), dtype=np.uint8)  # u8[nbytes]
+                call("cuMemcpyHtoD", alloc.address, data.ctypes.data, data.nbytes)
         for op in spec.ops.values():
             for sname, expr in op.scratch.items():
                 self._scratch[(op.name, sname)] = self._ledger.device(expr.eval(maxv), f"scratch {op.name}.{sname}")
