@@ -58,12 +58,19 @@ struct PersistLayers {
 };
 static_assert(sizeof(PersistLayers) == 8192, "the manifest's pack is 8192 bytes");
 
+// The model geometry (48 bytes; a `pack` of literal fields in the manifest). num_pages is a parameter of its own:
+// the page bound of the KV states' reserved range is known only at load ({"pages_of": state}).
 struct PersistShape {
-    int32_t hidden, q_heads, kv_heads, head_dim, inter, vocab, layers, page_tokens, max_pos, num_pages, splits;
-    float eps, scale;
+    int32_t hidden, q_heads, kv_heads, head_dim, inter, vocab, layers, page_tokens, max_pos, splits;
+    float eps, scale;  // RMSNorm epsilon, attention scale (1 / sqrt(head_dim))
 };
+static_assert(sizeof(PersistShape) == 48, "the manifest's pack is 48 bytes");
 
 namespace {
+
+struct PageBound {
+    int32_t num_pages;  // page ids 0 .. num_pages - 1 exist in every KV state's reserved range
+};
 
 KERN_DEV unsigned long long global_ns() {
     unsigned long long t;
@@ -152,14 +159,14 @@ KERN_DEV void gemv_rows(const bf16* w, int first, int count, int k, const float*
 
 // q/k RMSNorm + RoPE of kv head g's q heads and its k head, K/V written to the slot (kern_qk_norm_rope_kv's
 // formulas). One warp per head; lane l owns elements l, l + 32, ... of the head.
-KERN_DEV void rope_group(int g, const PersistShape& s, const PersistLayer& L, const bf16* qkv, const float* rope,
-                         const int32_t* positions, const int32_t* slot_mapping, bf16* q_out, float* head) {
+KERN_DEV void rope_group(int g, const PersistShape& s, const PageBound& pages, const PersistLayer& L,
+                         const bf16* qkv, const float* rope, const int32_t* positions, const int32_t* slot_mapping, bf16* q_out, float* head) {
     const int D = s.head_dim, group = s.q_heads / s.kv_heads, half = D / 2;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int pos = __ldcg(positions);
     const int64_t slot = __ldcg(slot_mapping);
     const bool pos_ok = pos >= 0 && pos < s.max_pos;
-    const bool slot_ok = slot >= 0 && slot < static_cast<int64_t>(s.num_pages) * s.page_tokens;
+    const bool slot_ok = slot >= 0 && slot < static_cast<int64_t>(pages.num_pages) * s.page_tokens;
     const float* rope_row = rope + static_cast<int64_t>(pos_ok ? pos : 0) * D;
     for (int h = warp; h <= group; h += PD_WARPS) {  // h < group: q heads of the group; h == group: the k head
         const bool is_q = h < group;
@@ -198,8 +205,8 @@ KERN_DEV void rope_group(int g, const PersistShape& s, const PersistLayer& L, co
 // Partial softmax of kv head g's q heads over context split `split` of `splits`: tokens [split L, min(n, ...)),
 // L = cdiv(n, splits). parts[((g * splits + split) * group + h) * (D + 2)]: acc[D], m, l (natural log units).
 // Warp w takes tokens begin + w, begin + w + 8, ...; the warps' (m, l, acc) are merged in shared memory.
-KERN_DEV void attn_partial(int g, int split, const PersistShape& s, const PersistLayer& L, const bf16* q,
-                           const int32_t* block_table, const int32_t* seq_lens, float* parts, float* head,
+KERN_DEV void attn_partial(int g, int split, const PersistShape& s, const PageBound& pages, const PersistLayer& L,
+                           const bf16* q, const int32_t* block_table, const int32_t* seq_lens, float* parts, float* head,
                            float* red) {
     const int D = s.head_dim, group = s.q_heads / s.kv_heads, splits = s.splits;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -222,7 +229,7 @@ KERN_DEV void attn_partial(int g, int split, const PersistShape& s, const Persis
     const int64_t token_elems = static_cast<int64_t>(s.kv_heads) * D;
     for (int t = begin + warp; t < end; t += PD_WARPS) {
         const int page = __ldcg(block_table + t / s.page_tokens);
-        if (page < 0 || page >= s.num_pages) continue;  // no page: the token is absent (reference: kv_present)
+        if (page < 0 || page >= pages.num_pages) continue;  // no page: the token is absent (reference: kv_present)
         const int off = t % s.page_tokens;
         const bf16* k = L.kv + ((static_cast<int64_t>(page) * 2 + 0) * s.page_tokens + off) * token_elems + g * D;
         const bf16* v = L.kv + ((static_cast<int64_t>(page) * 2 + 1) * s.page_tokens + off) * token_elems + g * D;
@@ -318,9 +325,10 @@ extern "C" __global__ void __launch_bounds__(PD_THREADS) kern_persistent_decode(
     int64_t* next_token,                 // [1]
     const bf16* __restrict__ final_norm, const bf16* __restrict__ lm_head, const float* __restrict__ rope,
     const int32_t* positions, const int32_t* slot_mapping, const int32_t* seq_lens, const int32_t* block_table,
-    PersistShape s, unsigned long long timeout_ns, PersistLayers layers) {
+    PersistShape s, int32_t num_pages, unsigned long long timeout_ns, PersistLayers layers) {
     extern __shared__ float smem_f[];
     __shared__ uint32_t abort_flag;
+    const PageBound pages{num_pages};
     const int H = s.hidden, D = s.head_dim, I = s.inter;
     const int q_dim = s.q_heads * D;
     const int x_elems = max(max(H, I), q_dim);
@@ -396,10 +404,10 @@ extern "C" __global__ void __launch_bounds__(PD_THREADS) kern_persistent_decode(
                 gemv_rows(Lp.w_qkv, a, cnt, H, sm.x, [&](int row, float dot) { qkv[row] = f2bf(dot); });
                 break;
             case kRope:
-                rope_group(a, s, Lp, qkv, rope, positions, slot_mapping, q, sm.head);
+                rope_group(a, s, pages, Lp, qkv, rope, positions, slot_mapping, q, sm.head);
                 break;
             case kAttnPartial:
-                attn_partial(a, arg, s, Lp, q, block_table, seq_lens, parts, sm.head, sm.red);
+                attn_partial(a, arg, s, pages, Lp, q, block_table, seq_lens, parts, sm.head, sm.red);
                 break;
             case kAttnReduce:
                 attn_reduce(a, s, parts, attn_out);
