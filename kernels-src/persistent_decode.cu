@@ -478,11 +478,9 @@ extern "C" __global__ void __launch_bounds__(PD_THREADS) kern_persistent_decode(
                 if (threadIdx.x == 0) raise_fault(err, kBadTable, blockIdx.x, index, op, 0, 0);
                 abort_flag = 1;
         }
-        __syncthreads();  // the instruction's writes are done (and abort_flag is seen by all)
+        __threadfence();  // each thread's writes of this instruction, visible at GPU scope before the signal
+        __syncthreads();  // ... and all of them done (abort_flag is seen by all)
         if (abort_flag) break;
-        if (threadIdx.x == 0) {
-            __threadfence();
-            red_release_add(counters + sig, 1u);
-        }
+        if (threadIdx.x == 0) red_release_add(counters + sig, 1u);
     }
 }
