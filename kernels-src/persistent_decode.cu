@@ -159,7 +159,7 @@ KERN_DEV void gemv_rows(const bf16* w, int first, int count, int k, const float*
 
 // q/k RMSNorm + RoPE of kv head g's q heads and its k head, K/V written to the slot (kern_qk_norm_rope_kv's
 // formulas). One warp per head; lane l owns elements l, l + 32, ... of the head.
-KERN_DEV void rope_group(int g, const PersistShape& s, const PageBound& pages, const PersistLayer& L,
+KERN_DEV void rope_group(int g, const PersistShape& s, PageBound pages, const PersistLayer& L,
                          const bf16* qkv, const float* rope, const int32_t* positions, const int32_t* slot_mapping, bf16* q_out, float* head) {
     const int D = s.head_dim, group = s.q_heads / s.kv_heads, half = D / 2;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -204,66 +204,64 @@ KERN_DEV void rope_group(int g, const PersistShape& s, const PageBound& pages, c
 
 // Partial softmax of kv head g's q heads over context split `split` of `splits`: tokens [split L, min(n, ...)),
 // L = cdiv(n, splits). parts[((g * splits + split) * group + h) * (D + 2)]: acc[D], m, l (natural log units).
-// Warp w takes tokens begin + w, begin + w + 8, ...; the warps' (m, l, acc) are merged in shared memory.
-KERN_DEV void attn_partial(int g, int split, const PersistShape& s, const PageBound& pages, const PersistLayer& L,
-                           const bf16* q, const int32_t* block_table, const int32_t* seq_lens, float* parts, float* head,
-                           float* red) {
+// One q head at a time (its K/V rows come again from L2 for the next head; the register arrays stay compile-time
+// indexed, so nothing spills): warp w takes tokens begin + w, begin + w + 8, ...; the warps' (m, l, acc) are merged
+// in shared memory.
+KERN_DEV void attn_partial(int g, int split, const PersistShape& s, PageBound pages, const PersistLayer& L,
+                           const bf16* q, const int32_t* block_table, const int32_t* seq_lens, float* parts,
+                           float* head, float* red) {
     const int D = s.head_dim, group = s.q_heads / s.kv_heads, splits = s.splits;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     constexpr int E = kMaxHeadDim / 32;  // elements per lane
     const int n = max(__ldcg(seq_lens), 0);
     const int len = (n + splits - 1) / splits;
     const int begin = split * len, end = min(n, begin + len);
-    float qv[kMaxGroup][E];
-    for (int h = 0; h < group; ++h)
-        for (int e = 0; e < E; ++e) {
-            const int d = lane + 32 * e;
-            qv[h][e] = d < D ? ld_act(q + static_cast<int64_t>(g * group + h) * D + d) : 0.0f;
-        }
-    float m[kMaxGroup], l[kMaxGroup], acc[kMaxGroup][E];
-    for (int h = 0; h < kMaxGroup; ++h) {
-        m[h] = -INFINITY;
-        l[h] = 0.0f;
-        for (int e = 0; e < E; ++e) acc[h][e] = 0.0f;
-    }
     const int64_t token_elems = static_cast<int64_t>(s.kv_heads) * D;
-    for (int t = begin + warp; t < end; t += PD_WARPS) {
-        const int page = __ldcg(block_table + t / s.page_tokens);
-        if (page < 0 || page >= pages.num_pages) continue;  // no page: the token is absent (reference: kv_present)
-        const int off = t % s.page_tokens;
-        const bf16* k = L.kv + ((static_cast<int64_t>(page) * 2 + 0) * s.page_tokens + off) * token_elems + g * D;
-        const bf16* v = L.kv + ((static_cast<int64_t>(page) * 2 + 1) * s.page_tokens + off) * token_elems + g * D;
-        float kk[E], vv[E];
-        for (int e = 0; e < E; ++e) {
-            const int d = lane + 32 * e;
-            kk[e] = d < D ? ld_act(k + d) : 0.0f;
-            vv[e] = d < D ? ld_act(v + d) : 0.0f;
-        }
-        for (int h = 0; h < group; ++h) {
-            float dot = 0.0f;
-            for (int e = 0; e < E; ++e) dot = fmaf(qv[h][e], kk[e], dot);
-            const float score = warp_sum(dot) * s.scale;
-            const float m_new = fmaxf(m[h], score);
-            const float alpha = expf(m[h] - m_new), p = expf(score - m_new);
-            l[h] = l[h] * alpha + p;
-            for (int e = 0; e < E; ++e) acc[h][e] = fmaf(p, vv[e], acc[h][e] * alpha);
-            m[h] = m_new;
-        }
-    }
-    // merge the warps: head[w][h] holds (m, l) and head + ... the accumulators, one group head at a time
     float* wm = red;  // [PD_WARPS]
     float* wl = red + PD_WARPS;
     for (int h = 0; h < group; ++h) {
-        __syncthreads();
+        float qv[E], acc[E];
+#pragma unroll
+        for (int e = 0; e < E; ++e) {
+            const int d = lane + 32 * e;
+            qv[e] = d < D ? ld_act(q + static_cast<int64_t>(g * group + h) * D + d) : 0.0f;
+            acc[e] = 0.0f;
+        }
+        float m = -INFINITY, l = 0.0f;
+        for (int t = begin + warp; t < end; t += PD_WARPS) {
+            const int page = __ldcg(block_table + t / s.page_tokens);
+            if (page < 0 || page >= pages.num_pages) continue;  // no page: the token is absent (reference: kv_present)
+            const int off = t % s.page_tokens;
+            const bf16* k = L.kv + ((static_cast<int64_t>(page) * 2 + 0) * s.page_tokens + off) * token_elems + g * D;
+            const bf16* v = L.kv + ((static_cast<int64_t>(page) * 2 + 1) * s.page_tokens + off) * token_elems + g * D;
+            float dot = 0.0f;
+#pragma unroll
+            for (int e = 0; e < E; ++e) {
+                const int d = lane + 32 * e;
+                dot = fmaf(qv[e], d < D ? ld_act(k + d) : 0.0f, dot);
+            }
+            const float score = warp_sum(dot) * s.scale;
+            const float m_new = fmaxf(m, score);
+            const float alpha = expf(m - m_new), p = expf(score - m_new);
+            l = l * alpha + p;
+#pragma unroll
+            for (int e = 0; e < E; ++e) {
+                const int d = lane + 32 * e;
+                acc[e] = fmaf(p, d < D ? ld_act(v + d) : 0.0f, acc[e] * alpha);
+            }
+            m = m_new;
+        }
+        __syncthreads();  // wm / wl / head of the previous head are read
         if (lane == 0) {
-            wm[warp] = m[h];
-            wl[warp] = l[h];
+            wm[warp] = m;
+            wl[warp] = l;
         }
         __syncthreads();
         float mm = -INFINITY;
         for (int w = 0; w < PD_WARPS; ++w) mm = fmaxf(mm, wm[w]);
-        const float scale_w = m[h] == -INFINITY ? 0.0f : expf(m[h] - mm);
-        for (int e = 0; e < E; ++e) head[warp * kMaxHeadDim + lane + 32 * e] = acc[h][e] * scale_w;
+        const float scale_w = m == -INFINITY ? 0.0f : expf(m - mm);
+#pragma unroll
+        for (int e = 0; e < E; ++e) head[warp * kMaxHeadDim + lane + 32 * e] = acc[e] * scale_w;
         __syncthreads();
         float* out = parts + (static_cast<int64_t>(g * splits + split) * group + h) * (D + 2);
         for (int d = threadIdx.x; d < D; d += blockDim.x) {
@@ -310,7 +308,7 @@ KERN_DEV bool better(float v, int i, float bv, int bi) { return v > bv || (v == 
 
 // grid (the table's queue count, 1, 1), block (PD_THREADS, 1, 1), cooperative. Dynamic shared memory:
 // 4 * (max(hidden, inter, q_heads * head_dim) + 64 + (kMaxGroup + 1) * kMaxHeadDim) bytes, at least.
-extern "C" __global__ void __launch_bounds__(PD_THREADS) kern_persistent_decode(
+extern "C" __global__ void __launch_bounds__(PD_THREADS, 1) kern_persistent_decode(
     const uint32_t* __restrict__ table,  // the instruction table (isa.py)
     uint32_t* counters,                  // u32[num_counters], zeroed before every step (zero_each_run)
     uint32_t* err,                       // u32[8] error word (host-mapped)
