@@ -14,20 +14,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_parity_gpu import REL_TOL, _ids, _open
+from test_parity_gpu import REL_TOL, _ids, _open, ckpt  # noqa: F401 - ckpt: the seeded tiny checkpoint
 
 pytestmark = pytest.mark.gpu
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from tools import make_checkpoint as mc
-
-    out = tmp_path_factory.mktemp("persistent") / "qwen3-tiny"
-    mc.write_checkpoint(out, mc.SHAPES["tiny"], seed=0, with_tokenizer=False, log=lambda *_: None)
-    return out
 
 
 @pytest.fixture(scope="module")

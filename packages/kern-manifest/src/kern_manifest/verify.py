@@ -221,14 +221,16 @@ class _Verifier(OpChecks):
         codes 1..2^32-1 to non-empty descriptions."""
         epath = key_path(path, "error")
         self.unknown(buf.error.extra, epath, ("codes",))
-        if buf.kind != "workspace":
-            self.fault(key_path(path, "kind"), f"an error word is a 'workspace' buffer (kernels write it, the runtime "
-                                               f"reads it), not {buf.kind!r}")
-        if buf.dtype != "u32":
-            self.fault(key_path(path, "dtype"), f"an error word holds u32 codes, not {buf.dtype!r}")
-        if buf.placement != "host":
-            self.fault(key_path(path, "placement"), "an error word lives in pinned host memory (placement 'host'), "
-                                                    "so the host reads it after a step with no copy")
+        for key, ok, message in (
+            ("kind", buf.kind == "workspace",
+             f"an error word is a 'workspace' buffer (kernels write it, the runtime reads it), not {buf.kind!r}"),
+            ("dtype", buf.dtype == "u32", f"an error word holds u32 codes, not {buf.dtype!r}"),
+            ("placement", buf.placement == "host",
+             "an error word lives in pinned host memory (placement 'host'), so the host reads it after a step with "
+             "no copy"),
+        ):
+            if not ok:
+                self.fault(key_path(path, key), message)
         if buf.peers is not None or buf.export:
             self.fault(epath, "an error word is neither an export buffer nor a peer table")
         if any(d.vars for d in buf.shape):
