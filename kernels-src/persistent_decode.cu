@@ -19,6 +19,8 @@
 // After a fault every block stops at its next wait (it sees the word, or its own wait times out): the launch
 // ends in bounded time and the runtime raises DeviceFaultError when the step's outputs are read.
 #include "common.cuh"
+#include "persistent_sync.cuh"  // global_ns, load_acquire, red_release_add, PD_DYNAMIC_SMEM (tools/cpu_emu_persist
+                                // has a CPU stand-in)
 
 namespace {
 
@@ -71,22 +73,6 @@ namespace {
 struct PageBound {
     int32_t num_pages;  // page ids 0 .. num_pages - 1 exist in every KV state's reserved range
 };
-
-KERN_DEV unsigned long long global_ns() {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
-
-KERN_DEV uint32_t load_acquire(const uint32_t* p) {
-    uint32_t v;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-
-KERN_DEV void red_release_add(uint32_t* p, uint32_t v) {
-    asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
 
 // First fault wins; the detail words go with it. Host-mapped memory: system-scope fence before returning.
 KERN_DEV void raise_fault(uint32_t* err, uint32_t code, uint32_t a, uint32_t b, uint32_t c, uint32_t d, uint32_t e) {
@@ -324,15 +310,12 @@ extern "C" __global__ void __launch_bounds__(PD_THREADS, 1) kern_persistent_deco
     const bf16* __restrict__ final_norm, const bf16* __restrict__ lm_head, const float* __restrict__ rope,
     const int32_t* positions, const int32_t* slot_mapping, const int32_t* seq_lens, const int32_t* block_table,
     PersistShape s, int32_t num_pages, unsigned long long timeout_ns, PersistLayers layers) {
-    extern __shared__ float smem_f[];
-    __shared__ uint32_t abort_flag;
+    PD_DYNAMIC_SMEM(smem_f);
     const PageBound pages{num_pages};
     const int H = s.hidden, D = s.head_dim, I = s.inter;
     const int q_dim = s.q_heads * D;
     const int x_elems = max(max(H, I), q_dim);
     Smem sm{smem_f, smem_f + x_elems, smem_f + x_elems + 64};
-    if (threadIdx.x == 0) abort_flag = 0;
-    __syncthreads();
     // the table's header and the launch (uniform: every thread reads the same words)
     const uint32_t n = table[2], nq = table[3], nc = table[4];
     const uint32_t offsets_at = table[6], entries_at = table[7], instrs_at = table[8];
@@ -360,6 +343,10 @@ extern "C" __global__ void __launch_bounds__(PD_THREADS, 1) kern_persistent_deco
         if (threadIdx.x == 0) raise_fault(err, kBadTable, blockIdx.x, offsets_at + blockIdx.x, 0, 0, 0);
         return;
     }
+    // shared memory is known to be large enough from here on
+    uint32_t& abort_flag = reinterpret_cast<uint32_t*>(sm.red)[63];  // red[0..31] block_sum, [0..15] the merges
+    if (threadIdx.x == 0) abort_flag = 0;
+    __syncthreads();
     for (uint32_t e = first; e < last; ++e) {
         const uint32_t index = table[entries_at + e];
         const uint32_t* ins = table + instrs_at + static_cast<size_t>(index) * kInstrWords;
