@@ -130,3 +130,17 @@ def test_the_build_is_deterministic(abi: KernelAbi) -> None:
     b, _ = build_persistent_manifest(cfg, abi, BuildOptions(name="x"), num_queues=16)
     assert a == b and a["digest"] == b["digest"]
     assert a["ops"]["persistent_decode"]["launches"][0]["grid"] == [16, 1, 1]
+
+
+def test_the_gen_persistent_tool_writes_a_manifest_that_loads(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from kern_manifest import load_manifest
+    from tools import gen_persistent
+
+    out = tmp_path / "p.json"
+    assert gen_persistent.main(["--config", str(CONFIGS / "Qwen3-1.7B.json"), "--out", str(out), "--sms", "8"]) == 0
+    m = load_manifest(out)
+    assert m.name == "qwen3-1.7b-persistent" and m.meta["persistent"]["num_queues"] == 8
+    assert "8 queues" in capsys.readouterr().out
+    (tmp_path / "bad.json").write_text('{"architectures": ["LlamaForCausalLM"]}')
+    assert gen_persistent.main(["--config", str(tmp_path / "bad.json"), "--out", str(tmp_path / "x.json")]) == 2
+    assert capsys.readouterr().err.startswith("gen_persistent: ") and not (tmp_path / "x.json").exists()
