@@ -242,6 +242,49 @@ class PeersOf:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ErrorWord:
+    """A buffer's `error` key: the buffer is an **error word**, `u32[n]` in pinned host memory that kernels write a
+    nonzero code into (word 0; words 1.. carry detail) when they give up, e.g. on a bounded wait that timed out.
+    The runtime reads word 0 wherever the host learns that work finished (an event or readback waited, a
+    synchronise) and raises a typed error naming the code and the programs that pass the buffer. `codes`: decimal
+    code (1 .. 2^32-1) -> what it means, shown in that error."""
+
+    codes: FrozenMap[str, str] | None = None  # None: the key was not written
+    extra: FrozenMap[str, Any] = _extra()
+
+    def meaning(self, code: int) -> str | None:
+        """The description of `code`, or None when the manifest gives none."""
+        return None if self.codes is None else self.codes.get(str(code))
+
+    def to_json(self) -> dict[str, Any]:
+        codes = None if self.codes is None else dict(self.codes)
+        return _with_extra(_present({}, codes=codes), self.extra)
+
+
+@dataclass(frozen=True, kw_only=True)
+class BufferInit:
+    """A buffer's `init` key: its whole contents, written by the runtime at load before any program runs (a
+    device-resident table: a persistent kernel's instruction table). `base64`: the bytes, RFC 4648 base64 with
+    padding; they must be exactly the buffer's byte size."""
+
+    base64: str
+    extra: FrozenMap[str, Any] = _extra()
+
+    def data(self) -> bytes:
+        """The decoded bytes. Raises ManifestError for text that is not strict base64."""
+        import base64
+        import binascii
+
+        try:
+            return base64.b64decode(self.base64.encode("ascii"), validate=True)
+        except (binascii.Error, UnicodeEncodeError, ValueError) as exc:
+            raise ManifestError(f"init.base64 is not base64 text: {exc}") from None
+
+    def to_json(self) -> dict[str, Any]:
+        return _with_extra({"base64": self.base64}, self.extra)
+
+
+@dataclass(frozen=True, kw_only=True)
 class Buffer:
     """Device or host memory of a fixed byte size (its shape at var max x dtype size)."""
 
@@ -253,6 +296,9 @@ class Buffer:
     export: bool = False
     bind: tuple[Segment, ...] | None = None  # weight buffers only
     peers: PeersOf | None = None  # this buffer is a peer table (multi-GPU)
+    zero_each_run: bool = False  # zeroed at the start of every run of a program that passes it
+    error: ErrorWord | None = None  # this buffer is an error word the runtime checks
+    init: BufferInit | None = None  # contents written at load
     extra: FrozenMap[str, Any] = _extra()
     explicit: frozenset[str] = _explicit()
 
@@ -282,9 +328,12 @@ class Buffer:
         out: dict[str, Any] = {"kind": self.kind, "dtype": self.dtype, "shape": _exprs(self.shape)}
         _put(out, "placement", self.placement, "device", self.explicit)
         _put(out, "export", self.export, False, self.explicit)
+        _put(out, "zero_each_run", self.zero_each_run, False, self.explicit)
         bind = None if self.bind is None else [seg.to_json() for seg in self.bind]
         peers = None if self.peers is None else self.peers.to_json()
-        return _with_extra(_present(out, bind=bind, peers=peers), self.extra)
+        error = None if self.error is None else self.error.to_json()
+        init = None if self.init is None else self.init.to_json()
+        return _with_extra(_present(out, bind=bind, peers=peers, error=error, init=init), self.extra)
 
 
 # -------------------------------------------------------------------------------------------- states
@@ -597,7 +646,9 @@ class Launch:
     """One kernel launch: `entry` of pinned `module`, its geometry, ABI (`params`: `(offset, size)`
     bytes per parameter) and one wiring per parameter. `when` (var -> (lo, hi)) restricts it.
     `carveout` (percent 0..100, None = not set) is the function's preferred shared-memory carveout: a
-    property of the function, so every launch of one (module, entry) that gives it gives the same."""
+    property of the function, so every launch of one (module, entry) that gives it gives the same.
+    `cooperative`: launched with CU_LAUNCH_ATTRIBUTE_COOPERATIVE, every block co-resident (a persistent kernel
+    whose blocks wait on each other); the runtime checks at load that the grid fits the device."""
 
     module: str
     entry: str
@@ -608,6 +659,7 @@ class Launch:
     shared_mem: Expr = Expr(0)
     cluster: tuple[Expr, ...] | None = None
     pdl: bool = False
+    cooperative: bool = False
     carveout: int | None = None
     when: FrozenMap[str, tuple[Expr, Expr]] | None = None
     extra: FrozenMap[str, Any] = _extra()
@@ -638,6 +690,7 @@ class Launch:
         _put(out, "shared_mem", self.shared_mem, Expr(0), self.explicit, lambda e: e.json)
         _present(out, cluster=None if self.cluster is None else _exprs(self.cluster))
         _put(out, "pdl", self.pdl, False, self.explicit)
+        _put(out, "cooperative", self.cooperative, False, self.explicit)
         _present(out, carveout=self.carveout)
         out["params"] = [[o, s] for o, s in self.params]
         out["args"] = [w.to_json() for w in self.args]

@@ -17,8 +17,10 @@ from .model import (
     Algo,
     ArgWiring,
     Buffer,
+    BufferInit,
     Call,
     DerivedSegment,
+    ErrorWord,
     ExprWiring,
     ExternLaunch,
     FLOAT_ENCODINGS,
@@ -281,8 +283,21 @@ def _buffer(name: str, value: Any, path: str) -> Buffer:
     if o.has("peers"):
         po = _Obj(o.req("peers", "object"), o.at("peers"))
         peers = PeersOf(of=po.req("of", "str"), group=po.req("group", "str"), extra=po.extra())
+    zero_each_run = o.opt("zero_each_run", "bool", False)
+    error = None
+    if o.has("error"):
+        eo = _Obj(o.req("error", "object"), o.at("error"))
+        codes = None
+        if eo.has("codes"):
+            codes = FrozenMap({c: _check(v, "str", p) for c, v, p in _named(eo.req("codes", "object"), eo.at("codes"))})
+        error = ErrorWord(codes=codes, extra=eo.extra())
+    init = None
+    if o.has("init"):
+        io = _Obj(o.req("init", "object"), o.at("init"))
+        init = BufferInit(base64=io.req("base64", "str"), extra=io.extra())
     return Buffer(name=name, kind=kind, dtype=dtype, shape=shape, placement=placement, export=export, bind=bind,
-                  peers=peers, extra=o.extra(), explicit=o.explicit())
+                  peers=peers, zero_each_run=zero_each_run, error=error, init=init, extra=o.extra(),
+                  explicit=o.explicit())
 
 
 def _segment(value: Any, path: str) -> Segment:
@@ -362,6 +377,7 @@ def _launch(value: Any, path: str) -> Launch | ExternLaunch:
     shared_mem = o.expr("shared_mem") if o.has("shared_mem") else Expr(0)
     cluster = o.exprs("cluster") if o.has("cluster") else None
     pdl = o.opt("pdl", "bool", False)
+    cooperative = o.opt("cooperative", "bool", False)
     carveout = o.opt("carveout", "int")
     params = []
     for i, p in enumerate(o.req("params", "array")):
@@ -371,7 +387,7 @@ def _launch(value: Any, path: str) -> Launch | ExternLaunch:
             raise ManifestParseError(pp, f"expected [offset, size] in bytes, got {len(p)} values")
         params.append((_check(p[0], "int", pp + "[0]"), _check(p[1], "int", pp + "[1]")))
     return Launch(module=module, entry=entry, grid=grid, block=block, shared_mem=shared_mem, cluster=cluster, pdl=pdl,
-                  carveout=carveout, params=tuple(params), args=args, when=_when(o), extra=o.extra(),
+                  cooperative=cooperative, carveout=carveout, params=tuple(params), args=args, when=_when(o), extra=o.extra(),
                   explicit=o.explicit())
 
 

@@ -8,6 +8,7 @@ their floor, and values that do not fit the wiring's encoding are faults.
 
 from __future__ import annotations
 
+import math
 import weakref
 
 from .errors import ExprError, Fault, ManifestError, ManifestVerifyError
@@ -41,6 +42,8 @@ from .verify_base import EXTERN_INT_ROLES, MAX_CORNER_VARS, SHA256, STATE_FIELDS
 from .verify_ops import OpChecks
 
 MAX_GROUP_SIZE = 1 << 16  # ranks of a topology group: far above any NCCL communicator kern builds
+MAX_ERROR_WORDS = 64  # u32 words of one error word buffer: the code and up to 63 words of detail
+U32_MAX = (1 << 32) - 1
 
 # Manifests (frozen, so a verdict never goes stale) that passed `verify`, by identity: a caller that checks a
 # manifest up front and hands the same object to the runtime pays for one verification, not two.
@@ -130,7 +133,8 @@ class _Verifier(OpChecks):
     def check_buffer(self, buf: Buffer, path: str) -> None:
         m = self.m
         self.name(buf.name, path, "buffer")
-        self.unknown(buf.extra, path, ("kind", "dtype", "shape", "placement", "export", "bind", "peers"))
+        self.unknown(buf.extra, path, ("kind", "dtype", "shape", "placement", "export", "bind", "peers",
+                                       "zero_each_run", "error", "init"))
         if buf.name in m.states:
             self.fault(path, f"{buf.name!r} names both a buffer and a state; call arguments could not tell them apart")
         if buf.kind not in BUFFER_KINDS:
@@ -167,6 +171,86 @@ class _Verifier(OpChecks):
             self.fault(key_path(path, "bind"), f"only weight buffers have 'bind' (this one is {buf.kind!r})")
         if buf.peers is not None:
             self.check_peers(buf, path)
+        if buf.zero_each_run:
+            self.check_zero_each_run(buf, path)
+        if buf.error is not None:
+            self.check_error_word(buf, path)
+        if buf.init is not None:
+            self.check_init(buf, path, dims_ok)
+
+    def check_init(self, buf: Buffer, path: str, dims_ok: bool) -> None:
+        """`init`: the whole contents of a constant-shape device workspace buffer, strict base64 of exactly its
+        byte size; not with `zero_each_run` or `error` (which define the contents otherwise)."""
+        ipath = key_path(path, "init")
+        self.unknown(buf.init.extra, ipath, ("base64",))
+        if buf.kind != "workspace":
+            self.fault(ipath, f"only workspace buffers take 'init' (this one is {buf.kind!r})")
+        if buf.placement != "device":
+            self.fault(ipath, "an initialised buffer lives on the device (placement 'device')")
+        if buf.zero_each_run or buf.error is not None or buf.export or buf.peers is not None:
+            self.fault(ipath, "'init' does not go with zero_each_run, error, export or peers")
+        if any(d.vars for d in buf.shape):
+            self.fault(key_path(path, "shape"), "an initialised buffer's shape is constant (no vars)")
+            return
+        try:
+            data = buf.init.data()
+        except ManifestError as exc:
+            self.fault(key_path(ipath, "base64"), str(exc).removeprefix("init.base64 ") + "; write RFC 4648 base64 "
+                                                  "with padding")
+            return
+        if dims_ok and buf.dtype in DTYPE_BYTES and len(data) != buf.nbytes_at({}):
+            self.fault(key_path(ipath, "base64"), f"decodes to {len(data)} bytes; the buffer holds {buf.nbytes_at({})}")
+
+    def check_zero_each_run(self, buf: Buffer, path: str) -> None:
+        """`zero_each_run`: a program-internal device buffer (counters, flags) the runtime zeroes at the start of
+        every run of a program that passes it; an error word is never zeroed (a fault would be lost)."""
+        zpath = key_path(path, "zero_each_run")
+        if buf.kind not in ("workspace", "scratch"):
+            self.fault(zpath, f"only workspace and scratch buffers are zeroed each run (this one is {buf.kind!r}: "
+                              "its contents belong to the caller or the checkpoint)")
+        if buf.placement != "device":
+            self.fault(zpath, "a buffer zeroed each run lives on the device (placement 'device')")
+        if buf.export or buf.peers is not None:
+            self.fault(zpath, "an export buffer or peer table is not zeroed each run (peers read it)")
+        if buf.error is not None:
+            self.fault(zpath, "an error word is not zeroed each run: a fault written by one run would be wiped by "
+                              "the next before the host reads it; the runtime clears it when it reports it")
+
+    def check_error_word(self, buf: Buffer, path: str) -> None:
+        """`error`: u32[n] (n constant, 1..MAX_ERROR_WORDS) workspace in pinned host memory; `codes` maps decimal
+        codes 1..2^32-1 to non-empty descriptions."""
+        epath = key_path(path, "error")
+        self.unknown(buf.error.extra, epath, ("codes",))
+        for key, ok, message in (
+            ("kind", buf.kind == "workspace",
+             f"an error word is a 'workspace' buffer (kernels write it, the runtime reads it), not {buf.kind!r}"),
+            ("dtype", buf.dtype == "u32", f"an error word holds u32 codes, not {buf.dtype!r}"),
+            ("placement", buf.placement == "host",
+             "an error word lives in pinned host memory (placement 'host'), so the host reads it after a step with "
+             "no copy"),
+        ):
+            if not ok:
+                self.fault(key_path(path, key), message)
+        if buf.peers is not None or buf.export:
+            self.fault(epath, "an error word is neither an export buffer nor a peer table")
+        if any(d.vars for d in buf.shape):
+            self.fault(key_path(path, "shape"), "an error word's shape is constant (no vars)")
+        else:
+            try:
+                count = math.prod(d.eval({}) for d in buf.shape)
+            except ExprError:
+                count = None  # reported at the dimension
+            if count is not None and not 1 <= count <= MAX_ERROR_WORDS:
+                self.fault(key_path(path, "shape"), f"an error word has {count} u32 words; give 1..{MAX_ERROR_WORDS} "
+                                                    "(word 0 the code, the rest detail)")
+        cpath = key_path(epath, "codes")
+        for code, meaning in (buf.error.codes or {}).items():
+            kpath = key_path(cpath, code)
+            if not (code.isascii() and code.isdigit()) or code != str(int(code)) or not 1 <= int(code) <= U32_MAX:
+                self.fault(kpath, f"code {code!r} must be a decimal integer 1..{U32_MAX} without leading zeros "
+                                  "(0 means no fault)")
+            if not isinstance(meaning, str) or not meaning.strip():
+                self.fault(kpath, "give each code a non-empty description")
 
     def check_peers(self, buf: Buffer, path: str) -> None:
         """A peer table: workspace u64[group size] on the device, of an export buffer or a state."""

@@ -108,7 +108,14 @@ class OpChecks(VerifierBase):
 
     def check_launch(self, op: Op, launch: Launch, path: str, scratch: dict[str, int | None]) -> None:
         self.unknown(launch.extra, path, ("module", "entry", "grid", "block", "shared_mem", "cluster", "pdl",
-                                          "carveout", "params", "args", "when"))
+                                          "cooperative", "carveout", "params", "args", "when"))
+        if launch.cooperative and launch.cluster is not None:
+            self.fault(key_path(path, "cooperative"), "a cooperative launch takes no 'cluster' (the runtime does not "
+                                                      "launch both attributes together)")
+        if launch.cooperative and launch.pdl:
+            self.fault(key_path(path, "cooperative"), "a cooperative launch takes no 'pdl': its blocks must all be "
+                                                      "resident at once, which an overlapping predecessor's blocks "
+                                                      "could prevent")
         if launch.module not in self.m.modules:
             self.fault(key_path(path, "module"), f"unknown module {launch.module!r}; declare it in $.modules "
                                                  f"(known: {', '.join(self.m.modules) or 'none'})")

@@ -23,8 +23,9 @@ test_docstring_example_cpu.py runs this block against the fake driver.)
 
 from .kv.capacity import Capacity, PoolLayout, plan_pool
 from .errors import (
-    KERN_ERRORS, ApiError, BlasError, CallError, CudaError, DriverError, KernelArtifactError, KernError,
-    ManifestError, ManifestParseError, ManifestVerifyError, PinSearchError, WeightArtifactError,
+    KERN_ERRORS, ApiError, BlasError, CallError, CoResidencyError, CudaError, DeviceFaultError, DriverError,
+    KernelArtifactError, KernError, ManifestError, ManifestParseError, ManifestVerifyError, PinSearchError,
+    WeightArtifactError,
 )
 from .program.params import ParamBlock, encode_pointer, encode_scalar
 from .kv.handles import DeviceCheckpoint, DeviceLease, DeviceWaking
@@ -41,10 +42,10 @@ from .weights import (
 __version__ = "0.1.0"  # the one source of the version: [tool.hatch.version] reads it, the kern pins must equal it
 __all__ = [
     "__version__",
-    "KERN_ERRORS", "ApiError", "BindPlan", "BlasError", "Blob", "CallError", "Capacity", "Copy", "CudaError",
-    "DeviceBlob", "DriverError", "EventHandle", "FileBlob", "HostBlob", "HostTensors", "KernError", "KernelArtifactError",
-    "ManifestError", "ManifestParseError", "ManifestVerifyError", "ParamBlock", "PinSearchError", "PoolLayout",
-    "ReadbackHandle",
+    "KERN_ERRORS", "ApiError", "BindPlan", "BlasError", "Blob", "CallError", "Capacity", "CoResidencyError", "Copy",
+    "CudaError", "DeviceBlob", "DeviceFaultError", "DriverError", "EventHandle", "FileBlob", "HostBlob", "HostTensors",
+    "KernError", "KernelArtifactError", "ManifestError", "ManifestParseError", "ManifestVerifyError", "ParamBlock",
+    "PinSearchError", "PoolLayout", "ReadbackHandle",
     "ResidentWeights", "Runtime", "SafetensorsTensors", "TensorMeta", "Tensors", "WeightArtifactError",
     "encode_pointer", "encode_scalar", "load_spec", "plan_bind", "plan_pool",
     "DeviceCheckpoint", "DeviceLease", "DeviceWaking", "LocalGroup", "Offer", "PeerHandle", "connect_local", "index_shards",

@@ -7,6 +7,10 @@
   caller can queue several steps ahead (`EventHandle`);
 - `host_array`: a live numpy view of a `placement: host` buffer (pinned, device-mapped): kernels write it through
   the mapping and the host reads it after an event behind them (docs/caller.md "Decode on the device").
+
+Every point here where the host has waited for the compute stream (a synchronising read, a readback or event
+waited, an event polled ready) then calls `after_wait()`: the runtime's error-word check (device_faults.py), which
+raises `DeviceFaultError` when a kernel reported a fault.
 """
 
 from __future__ import annotations
@@ -30,10 +34,11 @@ class ReadbackHandle:
     """An output copy in flight: `ready()` polls, `wait()` blocks and returns the array (a copy)."""
 
     def __init__(self, staging: Allocation, event: Any, shape: tuple[int, ...], dtype: np.dtype, nbytes: int,
-                 on_done: Callable[[], None]) -> None:
+                 on_done: Callable[[], None], after_wait: Callable[[], None] = lambda: None) -> None:
         self._staging, self._event = staging, event
         self._shape, self._dtype, self._nbytes = shape, dtype, nbytes
         self._on_done = on_done
+        self._after_wait = after_wait
         self._result: np.ndarray | None = None
 
     def ready(self) -> bool:
@@ -45,6 +50,7 @@ class ReadbackHandle:
             raw = self._staging.host_view()[: self._nbytes].copy()
             self._result = raw.view(self._dtype).reshape(self._shape)
             self._on_done()
+            self._after_wait()  # DeviceFaultError when a kernel before the copy wrote an error word
         return self._result
 
 
@@ -53,20 +59,28 @@ class EventHandle:
     enqueued before it has finished. The event goes back to the runtime's pool on `wait()` or
     `release()`; a handle is single-use (after that, `ready()` is True and `wait()` returns at once)."""
 
-    def __init__(self, event: Any, on_done: Callable[[], None]) -> None:
+    def __init__(self, event: Any, on_done: Callable[[], None], after_wait: Callable[[], None] = lambda: None) -> None:
         self._event = event
         self._on_done: Callable[[], None] | None = on_done
+        self._after_wait = after_wait
 
     def ready(self) -> bool:
+        """Whether the point was reached (DeviceFaultError, when it was, if a kernel before it reported a fault)."""
         if self._on_done is None:
             return True
         result = cu().cuEventQuery(self._event)
-        return int(result[0] if isinstance(result, tuple) else result) == 0
+        done = int(result[0] if isinstance(result, tuple) else result) == 0
+        if done:
+            self._after_wait()
+        return done
 
     def wait(self) -> None:
+        """Block until the point is reached; DeviceFaultError when a kernel before it reported a fault (the event is
+        given back first)."""
         if self._on_done is not None:
             call("cuEventSynchronize", self._event)
             self.release()
+            self._after_wait()
 
     def release(self) -> None:
         """Give the event back without waiting (the recorded point stays enqueued; reuse re-records it)."""
@@ -79,11 +93,13 @@ class BufferIO:
     """The buffers' host side. `manifest` / `max_values`: the loaded manifest and every var at its max (the
     shapes); `buffers`: name -> allocation; `input_staging`: input name -> (pinned staging, its event);
     `ledger`: where new readback staging and events are registered; `stream`: the compute stream;
-    `activate()`: makes the runtime's context current, ApiError once it is closed."""
+    `activate()`: makes the runtime's context current, ApiError once it is closed; `after_wait()`: called after
+    every wait for the stream (the error-word check)."""
 
     def __init__(self, manifest: Manifest, max_values: dict[str, int], buffers: dict[str, Allocation],
                  input_staging: dict[str, tuple[Allocation, Any]], ledger: Ledger, stream: Any,
-                 activate: Callable[[], None]) -> None:
+                 activate: Callable[[], None], after_wait: Callable[[], None] = lambda: None) -> None:
+        self._after_wait = after_wait
         self._manifest, self._max_values = manifest, max_values
         self._buffers, self._input_staging = buffers, input_staging
         self._ledger, self.stream, self._activate = ledger, stream, activate
@@ -146,6 +162,7 @@ class BufferIO:
         dtype = numpy_dtype(spec.dtype)
         out = np.empty(shape, dtype=dtype)
         call("cuStreamSynchronize", self.stream)
+        self._after_wait()  # a faulted step's outputs are not returned
         if out.nbytes:
             if alloc.host_address:
                 out.reshape(-1).view(np.uint8)[:] = alloc.host_view()[: out.nbytes]
@@ -184,7 +201,7 @@ class BufferIO:
             self._readback_busy.remove(entry)
             self._readback_free.append(pair)
 
-        handle = ReadbackHandle(staging, event, tuple(shape), dtype, nbytes, done)
+        handle = ReadbackHandle(staging, event, tuple(shape), dtype, nbytes, done, self._after_wait)
         entry = (weakref.ref(handle), pair)  # this readback in _readback_busy (done() reads it when called)
         self._readback_busy.append(entry)
         return handle
@@ -208,7 +225,7 @@ class BufferIO:
             event = call("cuEventCreate", 2)  # CU_EVENT_DISABLE_TIMING
             self._ledger.on_close("step event", lambda e=event: call("cuEventDestroy", e))
         call("cuEventRecord", event, self.stream)
-        return EventHandle(event, lambda: pool.append(event))
+        return EventHandle(event, lambda: pool.append(event), self._after_wait)
 
     def host_array(self, name: str) -> np.ndarray:
         """A live view (no copy, no synchronisation) of `placement: host` buffer `name`, with its dtype and

@@ -6,6 +6,7 @@
 | `ManifestVerifyError`  | manifest provider | the verifier rejected it (the message carries the JSON path)     |
 | `ManifestError`        | manifest provider | a manifest fact only the runtime can check (fix the generator)   |
 | `KernelArtifactError`  | kernel builder    | missing/mismatched cubin, ABI mismatch, inapplicable algo pin    |
+| `CoResidencyError`     | kernel builder    | a cooperative launch's grid does not fit the device at once      |
 | `WeightArtifactError`  | checkpoint owner  | the checkpoint does not match the manifest's binds               |
 | `ApiError`             | caller            | unknown program/buffer, wrong kind, var out of range, bad input  |
 | `CallError`            | depends on cause  | a failure at a position in a call table; wraps the cause         |
@@ -13,6 +14,7 @@
 | `DriverError`          | operator          | a CUDA driver call failed (carries call and result name)         |
 | `BlasError`            | operator          | a cuBLASLt call failed (carries call and status name)            |
 | `PinSearchError`       | operator          | no cuBLASLt algorithm passes a pin search (gemm_pins)            |
+| `DeviceFaultError`     | manifest provider | a kernel wrote a nonzero code into an error word (a step failed) |
 
 kern-manifest is stdlib-only and sits below kern-runtime, so its exceptions cannot inherit from
 `KernError`. The runtime therefore re-raises manifest failures as its own `ManifestParseError` /
@@ -84,6 +86,22 @@ class KernelArtifactError(KernError):
     pinned cuBLASLt algorithm does not apply."""
 
 
+class CoResidencyError(KernelArtifactError):
+    """A cooperative launch (`"cooperative": true`) asks for more blocks than the device can hold resident at once.
+
+    Attributes: `path` (the launch's JSON path), `blocks` (the grid's block count), `capacity` (blocks per SM from
+    cuOccupancyMaxActiveBlocksPerMultiprocessor x the SM count)."""
+
+    def __init__(self, path: str, blocks: int, capacity: int, detail: str = "") -> None:
+        self.path, self.blocks, self.capacity, self.detail = path, blocks, capacity, detail
+        super().__init__(f"{path}: a cooperative launch of {blocks} blocks, but this device holds {capacity} at once"
+                         f"{' (' + detail + ')' if detail else ''}; its blocks wait on each other, so all must be "
+                         "resident: build the manifest for this device's SM count or use less shared memory")
+
+    def __reduce__(self):
+        return (type(self), (self.path, self.blocks, self.capacity, self.detail))
+
+
 class WeightArtifactError(KernError):
     """The checkpoint does not match the manifest (missing tensor, dtype/shape mismatch, duplicate)."""
 
@@ -148,6 +166,27 @@ class PinSearchError(KernError):
     prefill pin, none applicable at M = 1 for a decode pin); the message names the shape and the counts."""
 
 
+class DeviceFaultError(KernError):
+    """A kernel reported a fault through an error word (a buffer with `error`, docs/manifest.md): a bounded wait
+    that timed out, an instruction it could not execute. The work enqueued with it is suspect; the word has been
+    cleared, so the runtime can run again.
+
+    Attributes: `buffer` (the error word's name), `code` (word 0, nonzero), `meaning` (the manifest's description
+    of the code, or None), `programs` (the programs that pass the buffer, one of which ran the kernel), `detail`
+    (words 1.., as written by the kernel)."""
+
+    def __init__(self, buffer: str, code: int, meaning: str | None, programs: tuple[str, ...],
+                 detail: tuple[int, ...]) -> None:
+        self.buffer, self.code, self.meaning, self.programs, self.detail = buffer, code, meaning, programs, detail
+        what = f" ({meaning})" if meaning else " (the manifest gives no meaning for it)"
+        where = ("program " + repr(programs[0])) if len(programs) == 1 else f"one of programs {list(programs)}"
+        super().__init__(f"{where} failed on the device: error word {buffer!r} holds code {code}{what}; "
+                         f"detail {list(detail)}")
+
+    def __reduce__(self):
+        return (type(self), (self.buffer, self.code, self.meaning, self.programs, self.detail))
+
+
 def as_integer(value: object) -> int | None:
     """`value` as an `int` when it is an integer (anything `operator.index` accepts: int, numpy integers;
     never a bool), else None."""
@@ -197,7 +236,9 @@ __all__ = [
     "ApiError",
     "BlasError",
     "CallError",
+    "CoResidencyError",
     "CudaError",
+    "DeviceFaultError",
     "DriverError",
     "KernError",
     "KernelArtifactError",

@@ -2,8 +2,8 @@
 
 Load path (each step's acquisitions go on one `Ledger`, so a failure at any step frees all):
 verify manifest -> hash and load exactly the pinned cubins -> resolve each launch's entry in its own
-module by parameter layout -> allocate buffers at var max, op scratch, fixed states -> pooled states
-through VMM (sized by kern_pool from the `Capacity`) -> bind weights -> compile call tables into
+module by parameter layout -> allocate buffers at var max (an `init` buffer written with its bytes), op
+scratch, fixed states -> pooled states through VMM (sized by kern_pool from the `Capacity`) -> bind weights -> compile call tables into
 launch records -> check pinned cuBLASLt algorithms at both ends of every var range -> derive and once
 programs -> ready.
 
@@ -19,6 +19,7 @@ import os
 import time
 from typing import Any, Callable, Mapping
 
+import numpy as np
 from kern_manifest import ExternLaunch, Manifest, var_max, var_min
 
 from .buffer_io import BufferIO
@@ -32,7 +33,9 @@ from .cuda.modules import (
     read_pinned_modules,
     resolve_launches,
 )
+from .cuda.occupancy import CoResidency, check_cooperative_launches, sm_count
 from .describe import describe
+from .device_faults import ErrorWords
 from .errors import (
     ApiError,
     WeightArtifactError,
@@ -53,6 +56,7 @@ from .program.records import (
     compile_program,
     program_reads,
 )
+from .program.per_run import zero_spans
 from .program.replay import Launcher, Programs, ProgramState
 from .weights.loader import Progress, Target, WeightLoader
 from .weights.plan import BindPlan, Copy, plan_bind
@@ -103,6 +107,8 @@ class Runtime:
         self._function_modules: dict[tuple[str, int], str] = {}
         self.programs: Programs | None = None  # compiled programs and their replay (program/replay.py)
         self._blas: Blas | None = None
+        self._residency: CoResidency | None = None  # co-resident capacity of cooperative launches (cuda/occupancy.py)
+        self.faults: ErrorWords | None = None  # the manifest's error words (device_faults.py); made in _allocate
         self._input_staging: dict[str, tuple[Allocation, Any]] = {}
         self.io: BufferIO  # inputs, outputs, events (buffer_io.py); made in _allocate
         self._ranks: dict[str, int] = {}
@@ -155,6 +161,8 @@ class Runtime:
             rt._bind_weights(tensors, progress, threads, staging_bytes)
             rt._run_once_programs()
             call("cuStreamSynchronize", rt.stream)
+            if rt.faults:
+                rt.faults.check()  # a once program that reports a fault fails the load
         except BaseException:
             rt._ledger.close()
             rt._closed = True
@@ -204,6 +212,10 @@ class Runtime:
         modules = {name: load_module(image, name, self._ledger) for name, image in images.items()}
         self._functions, self._function_modules = resolve_launches(self.manifest, modules, self.max_values,
                                                                    self.min_values)
+        if any(getattr(l, "cooperative", False) for op in self.manifest.ops.values() for l in op.launches):
+            self._residency = CoResidency(sm_count(call("cuDeviceGet", self.gpu)))
+            check_cooperative_launches(self.manifest, self._functions, self._residency, self.min_values,
+                                       self.max_values)
 
     def _allocate(self, capacity: Capacity, resident: ResidentWeights | None) -> None:
         spec, maxv = self.manifest, self.max_values
@@ -224,6 +236,9 @@ class Runtime:
             else:
                 alloc = self._ledger.device(nbytes, f"buffer {name}")
             self._buffers[name] = alloc
+            if buf.init is not None:  # a device-resident table: its bytes, verified to be the buffer's size
+                data = np.frombuffer(buf.init.data(), dtype=np.uint8)  # u8[nbytes]
+                call("cuMemcpyHtoD", alloc.address, data.ctypes.data, data.nbytes)
         for op in spec.ops.values():
             for sname, expr in op.scratch.items():
                 self._scratch[(op.name, sname)] = self._ledger.device(expr.eval(maxv), f"scratch {op.name}.{sname}")
@@ -248,8 +263,9 @@ class Runtime:
                 event = call("cuEventCreate", 2)
                 self._ledger.on_close(f"input event {name}", lambda e=event: call("cuEventDestroy", e))
                 self._input_staging[name] = (staging, event)
+        self.faults = ErrorWords(self.manifest, self._buffers)  # error words, checked after every wait
         self.io = BufferIO(self.manifest, self.max_values, self._buffers, self._input_staging, self._ledger,
-                           self.stream, self._activate)
+                           self.stream, self._activate, self.faults.check if self.faults else (lambda: None))
         # the pool last: sized from what the allocations above left free; then the whole-state access over all
         self._allocate_pool(capacity)
         self.states = StateAccess(self.manifest, self._states, self._buffers, self._pooled_state, self.stream,
@@ -293,7 +309,11 @@ class Runtime:
 
         program = self.manifest.programs[name]
         records, calls = compile_program(self.manifest, name, book, lambda op, li: self._functions[(op, li)], encode_tiled)
-        return ProgramState(name, program.graph, program.kind, records, program_reads(records), calls)
+        for rec in records:
+            if self._residency is not None and getattr(rec.launch, "cooperative", False):
+                rec.residency = self._residency  # checked again whenever new var values patch its geometry
+        zero = zero_spans(self.manifest, name, lambda b: self._buffers[b].address, lambda b: self._buffers[b].nbytes)
+        return ProgramState(name, program.graph, program.kind, records, program_reads(records), calls, zero=zero)
 
     def _compile_programs(self) -> None:
         self.programs = Programs(Launcher(self.stream, self._blas, self.peers.nccl_issue))
@@ -459,9 +479,12 @@ class Runtime:
         return self.programs.graphs.keys() if self.programs is not None else []
 
     def synchronize(self) -> None:
-        """Wait for everything enqueued on the compute stream."""
+        """Wait for everything enqueued on the compute stream. Raises DeviceFaultError when a kernel wrote an error
+        word (device_faults.py)."""
         self._activate()
         call("cuStreamSynchronize", self.stream)
+        if self.faults:
+            self.faults.check()
 
     # ------------------------------------------------------------ inputs and outputs
 

@@ -404,6 +404,7 @@ class LocalGroup:
         for rt, state, values in items:
             rt._activate()
             rt.programs.patch(state, values)
+            rt.programs.launcher.zero(state)  # zero_each_run buffers, before the program's first launch
         for i in range(len(items[0][1].records)):
             recs = [state.records[i] for _, state, _ in items]
             if not any(r.active for r in recs):

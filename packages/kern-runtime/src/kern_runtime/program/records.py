@@ -343,9 +343,11 @@ class KernelRecord:
     block: tuple[int, ...] = (1, 1, 1)
     shared_mem_bytes: int = 0
     cluster: tuple[int, ...] | None = None
+    residency: Any = None  # cuda.occupancy.CoResidency of a cooperative launch (set at load), else None
 
     def patch(self, values: Values) -> None:
-        """Re-evaluate what depends on vars. Raises ApiError for a non-positive grid/block dim."""
+        """Re-evaluate what depends on vars. Raises ApiError for a non-positive grid/block dim, CoResidencyError for
+        a cooperative launch whose grid no longer fits the device at once."""
         launch = self.launch
         self.active = when_holds(self.when, values)
         if not self.active:
@@ -357,6 +359,8 @@ class KernelRecord:
         for dim in (*self.grid, *self.block):
             if dim <= 0:
                 raise ApiError(f"{self.path}: grid {self.grid} / block {self.block} has a non-positive dim at {dict(values)}")
+        if self.residency is not None:
+            self.residency.check(self.function, self.path, self.grid, self.block, self.shared_mem_bytes)
         for index, fn in self.dynamic:
             self.params.write(index, fn(values))
 

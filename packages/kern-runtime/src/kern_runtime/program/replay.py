@@ -1,7 +1,8 @@
 """Replay: the compiled programs of one runtime and the one path by which every launch record is enqueued.
 
 `Launcher.enqueue(state, rec)` is that path, for every kind of record: a kernel (`cuLaunchKernel` /
-`cuLaunchKernelEx`), a cuBLASLt / cuBLAS extern GEMM, an NCCL collective. `Runtime.run` / `run_range` /
+`cuLaunchKernelEx`), a cuBLASLt / cuBLAS extern GEMM, an NCCL collective; `Launcher.zero` zeroes the program's
+`zero_each_run` buffers (program/per_run.py) before its first launch. `Runtime.run` / `run_range` /
 `issue`, `run_hooked` and a `LocalGroup`'s interleaved replay all go through it, so a failing launch is
 always the same `CallError` (program, call index, op, cause).
 
@@ -20,6 +21,8 @@ from ..cuda.blas import Blas, gemm_call
 from ..cuda.graphs import GraphCache
 from ..cuda.launch import launch_kernel
 from ..errors import ApiError, CallError, KernError
+from ..cuda.driver import call
+from .per_run import ZeroSpan
 from .records import NCCL_EXTERNS, ExternRecord, KernelRecord, Record
 
 
@@ -34,6 +37,7 @@ class ProgramState:
     reads: frozenset[str]
     calls: int = 0  # op calls of the program, inlined programs expanded (run_range's bound)
     patched_key: tuple | None = None
+    zero: tuple[ZeroSpan, ...] = ()  # zero_each_run buffers its calls pass (per_run.zero_spans)
 
 
 def is_nccl(rec: Any) -> bool:
@@ -62,6 +66,20 @@ class Launcher:
                 self.blas.matmul(gemm_call(rec.name, rec.args, rec.path), int(self.stream), rec.algo, rec.path)
         except KernError as exc:
             raise CallError(state.name, rec.call_index, rec.op, exc) from exc
+
+    def zero(self, state: ProgramState, calls: range | None = None) -> None:
+        """Zero, on `stream`, every `zero_each_run` buffer that the calls in `calls` (None: all) pass: one
+        `cuMemsetD8Async` each, a memset node when captured. Raises CallError naming the first call that passes
+        the buffer."""
+        for span in state.zero:
+            if not span.applies(calls):
+                continue
+            try:
+                call("cuMemsetD8Async", span.address, 0, span.nbytes, self.stream)
+            except KernError as exc:
+                first = min(span.calls)
+                op = next((r.op for r in state.records if r.call_index == first), "?")
+                raise CallError(state.name, first, op, exc) from exc
 
 
 class Programs:
@@ -96,8 +114,10 @@ class Programs:
 
     def enqueue(self, state: ProgramState, values: Mapping[str, int], calls: range | None = None) -> None:
         """Patch `values` into the whole program, then enqueue its active records (of the calls in `calls`
-        only, when given) in call order (a call's launches are kept together)."""
+        only, when given) in call order (a call's launches are kept together), after zeroing the `zero_each_run`
+        buffers those calls pass."""
         self.patch(state, values)
+        self.launcher.zero(state, calls)
         enqueue = self.launcher.enqueue
         for rec in state.records:
             if rec.active and (calls is None or rec.call_index in calls):
@@ -107,6 +127,7 @@ class Programs:
                        on_launch: Callable[[int, Record], None]) -> None:
         """`enqueue` calling `on_launch(index, record)` before each active record."""
         self.patch(state, values)
+        self.launcher.zero(state)
         enqueue = self.launcher.enqueue
         for index, rec in enumerate(state.records):
             if rec.active:

@@ -1,0 +1,471 @@
+// Persistent decode kernel, first version (docs/persistent.md): one cooperative launch per decode step (bs = 1);
+// block b interprets queue b of the instruction table (kern_run/models/qwen3/persistent/isa.py is the layout), in
+// order: wait (bounded, %globaltimer) until counters[wait] >= target, execute, then add 1 to counters[signal].
+// Correct first: no weight prefetch yet (cp.async of the next instruction's tile while waiting is the next step).
+//
+// Rounding follows the existing decode kernels (gemv.cu, rope.cu, attention_decode.cu; transformers' bf16 Qwen3):
+//   RMSNorm x = bf16(w * bf16(r * rsqrt(mean(r^2) + eps)));  projections fp32 dot, bf16 result;
+//   residual = bf16(residual + bf16(dot));  act = bf16(bf16(silu(bf16(gate))) * bf16(up)), silu g / (1 + e^-g);
+//   q/k head RMSNorm + neox RoPE as kern_qk_norm_rope_kv; attention fp32 online softmax, bf16 output;
+//   argmax over the bf16 logits, ties to the smallest index.
+// Summation orders differ from those kernels (per-warp rows here), so results agree to rounding, not bit for bit.
+//
+// Faults (error word, u32[8], host-mapped; word 0 the code, first writer wins):
+//   1 TIMEOUT     a wait passed timeout_ns: [1] instruction, [2] counter, [3] value seen, [4] target, [5] block
+//   2 BAD_TABLE   the header, a queue entry or an instruction is out of range: [1] block, [2] word or instruction
+//   3 BAD_LAUNCH  gridDim.x != the table's queue count, blockDim.x != PD_THREADS, or too little dynamic shared
+//                 memory: [1] gridDim.x, [2] blockDim.x, [3] dynamic shared bytes
+//   4 BAD_SHAPE   the model geometry does not fit this kernel (head_dim, group, layers): [1] which check
+// After a fault every block stops at its next wait (it sees the word, or its own wait times out): the launch
+// ends in bounded time and the runtime raises DeviceFaultError when the step's outputs are read.
+#include "common.cuh"
+#include "persistent_sync.cuh"  // global_ns, load_acquire, red_release_add, PD_DYNAMIC_SMEM (tools/cpu_emu_persist
+                                // has a CPU stand-in)
+
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+constexpr int PD_THREADS = 256;
+constexpr int PD_WARPS = PD_THREADS / 32;
+constexpr int kMaxLayers = 64;
+constexpr int kMaxHeadDim = 256;  // 8 elements per lane at most
+constexpr int kMaxGroup = 8;      // q heads per kv head
+constexpr uint32_t kMagic = 0x5453504Bu, kVersion = 1u, kInstrWords = 8u, kHeaderWords = 16u;
+constexpr uint32_t kNoCounter = 0xFFFFFFFFu;
+
+enum Code : uint32_t { kTimeout = 1, kBadTable = 2, kBadLaunch = 3, kBadShape = 4 };
+enum Opcode : uint32_t {
+    kQkv = 1, kRope = 2, kAttnPartial = 3, kAttnReduce = 4, kOProj = 5, kGateUp = 6, kDown = 7, kLmHead = 8, kArgmax = 9
+};
+
+}  // namespace
+
+// Per layer pointers (16 slots of 8 bytes; unused slots zero). The manifest packs kMaxLayers of them into one
+// 8192-byte parameter (a `pack` of pointer fields).
+struct PersistLayer {
+    const bf16* w_qkv;      // [qkv_dim, H]
+    const bf16* w_o;        // [H, q_dim]
+    const bf16* w_gate_up;  // [2 I, H]: gate rows then up rows
+    const bf16* w_down;     // [H, I]
+    const bf16* ln_in;      // [H]
+    const bf16* ln_post;    // [H]
+    const bf16* q_norm;     // [D]
+    const bf16* k_norm;     // [D]
+    bf16* kv;               // pages of [2][page_tokens][Hkv][D]
+    const void* unused[7];
+};
+struct PersistLayers {
+    PersistLayer layer[kMaxLayers];
+};
+static_assert(sizeof(PersistLayers) == 8192, "the manifest's pack is 8192 bytes");
+
+// The model geometry (48 bytes; a `pack` of literal fields in the manifest). num_pages is a parameter of its own:
+// the page bound of the KV states' reserved range is known only at load ({"pages_of": state}).
+struct PersistShape {
+    int32_t hidden, q_heads, kv_heads, head_dim, inter, vocab, layers, page_tokens, max_pos, splits;
+    float eps, scale;  // RMSNorm epsilon, attention scale (1 / sqrt(head_dim))
+};
+static_assert(sizeof(PersistShape) == 48, "the manifest's pack is 48 bytes");
+
+namespace {
+
+struct PageBound {
+    int32_t num_pages;  // page ids 0 .. num_pages - 1 exist in every KV state's reserved range
+};
+
+// First fault wins; the detail words go with it. Host-mapped memory: system-scope fence before returning.
+KERN_DEV void raise_fault(uint32_t* err, uint32_t code, uint32_t a, uint32_t b, uint32_t c, uint32_t d, uint32_t e) {
+    if (atomicCAS(err, 0u, code) == 0u) {
+        err[1] = a;
+        err[2] = b;
+        err[3] = c;
+        err[4] = d;
+        err[5] = e;
+    }
+    __threadfence_system();
+}
+
+KERN_DEV float ld_act(const bf16* p) { return bf2f(__ldcg(p)); }  // written by other blocks of this grid: L2
+
+// Dynamic shared memory of the block: x (the input vector, f32[max(H, I, q_dim)]) then scratch.
+struct Smem {
+    float* x;
+    float* red;  // 64 floats: block reductions and broadcasts
+    float* head;  // f32[kMaxGroup + 1][kMaxHeadDim]: ROPE's normed heads, the attention's q / accumulators
+};
+
+// x[j] = bf16(w[j] * bf16(r[j] * inv_rms)) for j < k (the RMSNorm prologue of kern_gemv_rmsnorm).
+KERN_DEV void stage_rmsnorm(float* x, const bf16* residual, const bf16* w, int k, float eps, float* red) {
+    float sum_sq = 0.0f;
+    for (int j = threadIdx.x; j < k; j += blockDim.x) {
+        const float r = ld_act(residual + j);
+        x[j] = r;
+        sum_sq = fmaf(r, r, sum_sq);
+    }
+    const float inv_rms = rsqrtf(block_sum(sum_sq, red) / static_cast<float>(k) + eps);
+    for (int j = threadIdx.x; j < k; j += blockDim.x) x[j] = round_bf(bf2f(w[j]) * round_bf(x[j] * inv_rms));
+    __syncthreads();
+}
+
+KERN_DEV void stage_copy(float* x, const bf16* src, int k) {
+    for (int j = threadIdx.x; j < k; j += blockDim.x) x[j] = ld_act(src + j);
+    __syncthreads();
+}
+
+// One row of W (k bf16) . x (f32 in shared memory), by one warp; every lane gets the sum.
+KERN_DEV float warp_row_dot(const bf16* row, const float* x, int k) {
+    const int lane = threadIdx.x & 31;
+    float acc = 0.0f;
+    if ((k & 7) == 0 && aligned16(row)) {
+        for (int c = lane; c < k / 8; c += 32) {
+            float w[8];
+            load8_vec(row + 8 * c, w);
+#pragma unroll
+            for (int i = 0; i < 8; ++i) acc = fmaf(w[i], x[8 * c + i], acc);
+        }
+    } else {
+        for (int j = lane; j < k; j += 32) acc = fmaf(bf2f(row[j]), x[j], acc);
+    }
+    return warp_sum(acc);
+}
+
+KERN_DEV float silu_bf(float g) { return round_bf(g / (1.0f + expf(-g))); }
+
+// Rows [first, first + count) of W [*, k] against x: `out(row, dot)` by lane 0 of the row's warp.
+template <typename Out>
+KERN_DEV void gemv_rows(const bf16* w, int first, int count, int k, const float* x, Out out) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    for (int r = warp; r < count; r += PD_WARPS) {
+        const int row = first + r;
+        const float dot = warp_row_dot(w + static_cast<size_t>(row) * k, x, k);
+        if (lane == 0) out(row, dot);
+    }
+}
+
+// q/k RMSNorm + RoPE of kv head g's q heads and its k head, K/V written to the slot (kern_qk_norm_rope_kv's
+// formulas). One warp per head; lane l owns elements l, l + 32, ... of the head.
+KERN_DEV void rope_group(int g, const PersistShape& s, PageBound pages, const PersistLayer& L,
+                         const bf16* qkv, const float* rope, const int32_t* positions, const int32_t* slot_mapping, bf16* q_out, float* head) {
+    const int D = s.head_dim, group = s.q_heads / s.kv_heads, half = D / 2;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int pos = __ldcg(positions);
+    const int64_t slot = __ldcg(slot_mapping);
+    const bool pos_ok = pos >= 0 && pos < s.max_pos;
+    const bool slot_ok = slot >= 0 && slot < static_cast<int64_t>(pages.num_pages) * s.page_tokens;
+    const float* rope_row = rope + static_cast<int64_t>(pos_ok ? pos : 0) * D;
+    for (int h = warp; h <= group; h += PD_WARPS) {  // h < group: q heads of the group; h == group: the k head
+        const bool is_q = h < group;
+        const int qh = g * group + h;
+        const bf16* src = qkv + (is_q ? static_cast<int64_t>(qh) * D : static_cast<int64_t>(s.q_heads + g) * D);
+        const bf16* w = is_q ? L.q_norm : L.k_norm;
+        float* nh = head + h * kMaxHeadDim;
+        float sum = 0.0f;
+        for (int d = lane; d < D; d += 32) {
+            const float x = ld_act(src + d);
+            nh[d] = x;
+            sum += __fmul_rn(x, x);
+        }
+        const float rs = rsqrtf(warp_sum(sum) / static_cast<float>(D) + s.eps);
+        for (int d = lane; d < D; d += 32) nh[d] = round_bf(bf2f(w[d]) * round_bf(nh[d] * rs));
+        __syncwarp();
+        if (!pos_ok || (!is_q && !slot_ok)) continue;  // as kern_qk_norm_rope_kv: nothing written
+        for (int d = lane; d < D; d += 32) {
+            const int f = d < half ? d : d - half;
+            const float rot = d < half ? -nh[d + half] : nh[d - half];
+            const bf16 y = f2bf(round_bf(nh[d] * rope_row[f]) + round_bf(rot * rope_row[half + f]));
+            if (is_q) {
+                q_out[static_cast<int64_t>(qh) * D + d] = y;
+            } else {
+                const int64_t page = slot / s.page_tokens, off = slot % s.page_tokens;
+                const int64_t token_elems = static_cast<int64_t>(s.kv_heads) * D;
+                bf16* k_dst = L.kv + ((page * 2 + 0) * s.page_tokens + off) * token_elems + static_cast<int64_t>(g) * D;
+                bf16* v_dst = L.kv + ((page * 2 + 1) * s.page_tokens + off) * token_elems + static_cast<int64_t>(g) * D;
+                k_dst[d] = y;
+                v_dst[d] = __ldcg(qkv + static_cast<int64_t>(s.q_heads + s.kv_heads + g) * D + d);
+            }
+        }
+    }
+}
+
+// Partial softmax of kv head g's q heads over context split `split` of `splits`: tokens [split L, min(n, ...)),
+// L = cdiv(n, splits). parts[((g * splits + split) * group + h) * (D + 2)]: acc[D], m, l (natural log units).
+// One q head at a time (its K/V rows come again from L2 for the next head; the register arrays stay compile-time
+// indexed, so nothing spills): warp w takes tokens begin + w, begin + w + 8, ...; the warps' (m, l, acc) are merged
+// in shared memory.
+KERN_DEV void attn_partial(int g, int split, const PersistShape& s, PageBound pages, const PersistLayer& L,
+                           const bf16* q, const int32_t* block_table, const int32_t* seq_lens, float* parts,
+                           float* head, float* red) {
+    const int D = s.head_dim, group = s.q_heads / s.kv_heads, splits = s.splits;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    constexpr int E = kMaxHeadDim / 32;  // elements per lane
+    const int n = max(__ldcg(seq_lens), 0);
+    const int len = (n + splits - 1) / splits;
+    const int begin = split * len, end = min(n, begin + len);
+    const int64_t token_elems = static_cast<int64_t>(s.kv_heads) * D;
+    float* wm = red;  // [PD_WARPS]
+    float* wl = red + PD_WARPS;
+    for (int h = 0; h < group; ++h) {
+        float qv[E], acc[E];
+#pragma unroll
+        for (int e = 0; e < E; ++e) {
+            const int d = lane + 32 * e;
+            qv[e] = d < D ? ld_act(q + static_cast<int64_t>(g * group + h) * D + d) : 0.0f;
+            acc[e] = 0.0f;
+        }
+        float m = -INFINITY, l = 0.0f;
+        for (int t = begin + warp; t < end; t += PD_WARPS) {
+            const int page = __ldcg(block_table + t / s.page_tokens);
+            if (page < 0 || page >= pages.num_pages) continue;  // no page: the token is absent (reference: kv_present)
+            const int off = t % s.page_tokens;
+            const bf16* k = L.kv + ((static_cast<int64_t>(page) * 2 + 0) * s.page_tokens + off) * token_elems + g * D;
+            const bf16* v = L.kv + ((static_cast<int64_t>(page) * 2 + 1) * s.page_tokens + off) * token_elems + g * D;
+            float dot = 0.0f;
+#pragma unroll
+            for (int e = 0; e < E; ++e) {
+                const int d = lane + 32 * e;
+                dot = fmaf(qv[e], d < D ? ld_act(k + d) : 0.0f, dot);
+            }
+            const float score = warp_sum(dot) * s.scale;
+            const float m_new = fmaxf(m, score);
+            const float alpha = expf(m - m_new), p = expf(score - m_new);
+            l = l * alpha + p;
+#pragma unroll
+            for (int e = 0; e < E; ++e) {
+                const int d = lane + 32 * e;
+                acc[e] = fmaf(p, d < D ? ld_act(v + d) : 0.0f, acc[e] * alpha);
+            }
+            m = m_new;
+        }
+        __syncthreads();  // wm / wl / head of the previous head are read
+        if (lane == 0) {
+            wm[warp] = m;
+            wl[warp] = l;
+        }
+        __syncthreads();
+        float mm = -INFINITY;
+        for (int w = 0; w < PD_WARPS; ++w) mm = fmaxf(mm, wm[w]);
+        const float scale_w = m == -INFINITY ? 0.0f : expf(m - mm);
+#pragma unroll
+        for (int e = 0; e < E; ++e) head[warp * kMaxHeadDim + lane + 32 * e] = acc[e] * scale_w;
+        __syncthreads();
+        float* out = parts + (static_cast<int64_t>(g * splits + split) * group + h) * (D + 2);
+        for (int d = threadIdx.x; d < D; d += blockDim.x) {
+            float sum = 0.0f;
+            for (int w = 0; w < PD_WARPS; ++w) sum += head[w * kMaxHeadDim + d];
+            out[d] = sum;
+        }
+        if (threadIdx.x == 0) {
+            float ll = 0.0f;
+            for (int w = 0; w < PD_WARPS; ++w) ll += wm[w] == -INFINITY ? 0.0f : wl[w] * expf(wm[w] - mm);
+            out[D] = mm;
+            out[D + 1] = ll;
+        }
+    }
+}
+
+// attn_out of kv head g's q heads: sum_s e^(m_s - m) acc_s / sum_s e^(m_s - m) l_s (zeros when no token).
+KERN_DEV void attn_reduce(int g, const PersistShape& s, const float* parts, bf16* attn_out) {
+    const int D = s.head_dim, group = s.q_heads / s.kv_heads, splits = s.splits;
+    for (int i = threadIdx.x; i < group * D; i += blockDim.x) {
+        const int h = i / D, d = i % D;
+        const float* base = parts + (static_cast<int64_t>(g * splits) * group + h) * (D + 2);
+        float mm = -INFINITY;
+        for (int x = 0; x < splits; ++x) mm = fmaxf(mm, __ldcg(base + static_cast<int64_t>(x) * group * (D + 2) + D));
+        float num = 0.0f, den = 0.0f;
+        if (mm != -INFINITY) {
+            for (int x = 0; x < splits; ++x) {
+                const float* p = base + static_cast<int64_t>(x) * group * (D + 2);
+                const float mx = __ldcg(p + D);
+                if (mx == -INFINITY) continue;
+                const float w = expf(mx - mm);
+                num = fmaf(w, __ldcg(p + d), num);
+                den = fmaf(w, __ldcg(p + D + 1), den);
+            }
+        }
+        attn_out[static_cast<int64_t>(g * group + h) * D + d] = f2bf(den > 0.0f ? num / den : 0.0f);
+    }
+}
+
+// Larger value wins; equal values: the smaller index (kern_argmax's rule).
+KERN_DEV bool better(float v, int i, float bv, int bi) { return v > bv || (v == bv && i < bi); }
+
+}  // namespace
+
+// grid (the table's queue count, 1, 1), block (PD_THREADS, 1, 1), cooperative. Dynamic shared memory:
+// 4 * (max(hidden, inter, q_heads * head_dim) + 64 + (kMaxGroup + 1) * kMaxHeadDim) bytes, at least.
+extern "C" __global__ void __launch_bounds__(PD_THREADS, 1) kern_persistent_decode(
+    const uint32_t* __restrict__ table,  // the instruction table (isa.py)
+    uint32_t* counters,                  // u32[num_counters], zeroed before every step (zero_each_run)
+    uint32_t* err,                       // u32[8] error word (host-mapped)
+    bf16* residual,                      // [H], from the embedding
+    bf16* qkv,                           // [qkv_dim]
+    bf16* q,                             // [q_dim]
+    float* parts,                        // [kv_heads * splits * group][D + 2]
+    bf16* attn_out,                      // [q_dim]
+    bf16* act,                           // [I]
+    bf16* logits,                        // [V]
+    uint32_t* argmax_parts,              // [lm tiles][2]: f32 bits of the value, index
+    int64_t* next_token,                 // [1]
+    const bf16* __restrict__ final_norm, const bf16* __restrict__ lm_head, const float* __restrict__ rope,
+    const int32_t* positions, const int32_t* slot_mapping, const int32_t* seq_lens, const int32_t* block_table,
+    PersistShape s, int32_t num_pages, unsigned long long timeout_ns, PersistLayers layers) {
+    PD_DYNAMIC_SMEM(smem_f);
+    const PageBound pages{num_pages};
+    const int H = s.hidden, D = s.head_dim, I = s.inter;
+    const int q_dim = s.q_heads * D;
+    const int x_elems = max(max(H, I), q_dim);
+    Smem sm{smem_f, smem_f + x_elems, smem_f + x_elems + 64};
+    // the table's header and the launch (uniform: every thread reads the same words)
+    const uint32_t n = table[2], nq = table[3], nc = table[4];
+    const uint32_t offsets_at = table[6], entries_at = table[7], instrs_at = table[8];
+    if (table[0] != kMagic || table[1] != kVersion || table[5] != kInstrWords || offsets_at != kHeaderWords ||
+        entries_at != offsets_at + nq + 1 || instrs_at != entries_at + n) {
+        if (threadIdx.x == 0) raise_fault(err, kBadTable, blockIdx.x, 0, 0, 0, 0);
+        return;
+    }
+    const uint32_t need = 4u * static_cast<uint32_t>(x_elems + 64 + (kMaxGroup + 1) * kMaxHeadDim);
+    if (nq != gridDim.x || blockDim.x != PD_THREADS || dynamic_smem_bytes() < need) {
+        if (threadIdx.x == 0) raise_fault(err, kBadLaunch, gridDim.x, blockDim.x, dynamic_smem_bytes(), 0, 0);
+        return;
+    }
+    const int group = s.kv_heads > 0 ? s.q_heads / s.kv_heads : 0;
+    const int shape_bad = (D < 2 || D > kMaxHeadDim || (D & 1)) ? 1
+                        : (group < 1 || group > kMaxGroup || group * s.kv_heads != s.q_heads) ? 2
+                        : (s.layers < 1 || s.layers > kMaxLayers) ? 3
+                        : (s.splits < 1 || s.page_tokens < 1) ? 4 : 0;
+    if (shape_bad) {
+        if (threadIdx.x == 0) raise_fault(err, kBadShape, shape_bad, 0, 0, 0, 0);
+        return;
+    }
+    const uint32_t first = table[offsets_at + blockIdx.x], last = table[offsets_at + blockIdx.x + 1];
+    if (first > last || last > n) {
+        if (threadIdx.x == 0) raise_fault(err, kBadTable, blockIdx.x, offsets_at + blockIdx.x, 0, 0, 0);
+        return;
+    }
+    // shared memory is known to be large enough from here on
+    uint32_t& abort_flag = reinterpret_cast<uint32_t*>(sm.red)[63];  // red[0..31] block_sum, [0..15] the merges
+    if (threadIdx.x == 0) abort_flag = 0;
+    __syncthreads();
+    for (uint32_t e = first; e < last; ++e) {
+        const uint32_t index = table[entries_at + e];
+        const uint32_t* ins = table + instrs_at + static_cast<size_t>(index) * kInstrWords;
+        const uint32_t op = index < n ? ins[0] : 0u, layer = index < n ? ins[1] : 0u;
+        const uint32_t wait = index < n ? ins[4] : 0u, target = index < n ? ins[5] : 0u, sig = index < n ? ins[6] : nc;
+        if (index >= n || sig >= nc || (wait != kNoCounter && wait >= nc) || layer > static_cast<uint32_t>(s.layers)) {
+            if (threadIdx.x == 0) raise_fault(err, kBadTable, blockIdx.x, index, 0, 0, 0);
+            break;
+        }
+        // ---- the wait: thread 0 spins, the block follows
+        if (wait != kNoCounter) {
+            if (threadIdx.x == 0) {
+                const unsigned long long start = global_ns();
+                unsigned spins = 0;
+                uint32_t value;
+                while ((value = load_acquire(counters + wait)) < target) {
+                    if ((++spins & 255u) == 0u) {
+                        if (*reinterpret_cast<volatile uint32_t*>(err) != 0u) {  // another block faulted
+                            abort_flag = 1;
+                            break;
+                        }
+                        if (global_ns() - start > timeout_ns) {
+                            raise_fault(err, kTimeout, index, wait, value, target, blockIdx.x);
+                            abort_flag = 1;
+                            break;
+                        }
+                    }
+                    __nanosleep(32);
+                }
+                __threadfence();
+            }
+            __syncthreads();
+            if (abort_flag) break;
+        }
+        const uint32_t a = ins[2], cnt = ins[3], arg = ins[7];
+        const PersistLayer& Lp = layers.layer[layer < kMaxLayers ? layer : 0];
+        switch (op) {
+            case kQkv:
+                stage_rmsnorm(sm.x, residual, Lp.ln_in, H, s.eps, sm.red);
+                gemv_rows(Lp.w_qkv, a, cnt, H, sm.x, [&](int row, float dot) { qkv[row] = f2bf(dot); });
+                break;
+            case kRope:
+                rope_group(a, s, pages, Lp, qkv, rope, positions, slot_mapping, q, sm.head);
+                break;
+            case kAttnPartial:
+                attn_partial(a, arg, s, pages, Lp, q, block_table, seq_lens, parts, sm.head, sm.red);
+                break;
+            case kAttnReduce:
+                attn_reduce(a, s, parts, attn_out);
+                break;
+            case kOProj:
+                stage_copy(sm.x, attn_out, q_dim);
+                gemv_rows(Lp.w_o, a, cnt, q_dim, sm.x, [&](int row, float dot) {
+                    residual[row] = f2bf(ld_act(residual + row) + round_bf(dot));
+                });
+                break;
+            case kGateUp: {
+                stage_rmsnorm(sm.x, residual, Lp.ln_post, H, s.eps, sm.red);
+                const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+                for (int r = warp; r < static_cast<int>(cnt); r += PD_WARPS) {
+                    const int j = a + r;
+                    const float gate = warp_row_dot(Lp.w_gate_up + static_cast<size_t>(j) * H, sm.x, H);
+                    const float up = warp_row_dot(Lp.w_gate_up + static_cast<size_t>(I + j) * H, sm.x, H);
+                    if (lane == 0) act[j] = f2bf(silu_bf(round_bf(gate)) * round_bf(up));
+                }
+                break;
+            }
+            case kDown:
+                stage_copy(sm.x, act, I);
+                gemv_rows(Lp.w_down, a, cnt, I, sm.x, [&](int row, float dot) {
+                    residual[row] = f2bf(ld_act(residual + row) + round_bf(dot));
+                });
+                break;
+            case kLmHead: {
+                stage_rmsnorm(sm.x, residual, final_norm, H, s.eps, sm.red);
+                const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+                float best = -INFINITY;
+                int best_i = 0x7fffffff;
+                for (int r = warp; r < static_cast<int>(cnt); r += PD_WARPS) {
+                    const int row = a + r;
+                    const float v = round_bf(warp_row_dot(lm_head + static_cast<size_t>(row) * H, sm.x, H));
+                    if (lane == 0) logits[row] = f2bf(v);
+                    if (better(v, row, best, best_i)) best = v, best_i = row;
+                }
+                __syncthreads();
+                if (lane == 0) {
+                    sm.red[warp] = best;
+                    reinterpret_cast<int*>(sm.red)[PD_WARPS + warp] = best_i;
+                }
+                __syncthreads();
+                if (threadIdx.x == 0) {
+                    for (int w = 1; w < PD_WARPS; ++w) {
+                        const int wi = reinterpret_cast<int*>(sm.red)[PD_WARPS + w];
+                        if (better(sm.red[w], wi, best, best_i)) best = sm.red[w], best_i = wi;
+                    }
+                    argmax_parts[2 * arg] = __float_as_uint(best);
+                    argmax_parts[2 * arg + 1] = static_cast<uint32_t>(best_i);
+                }
+                break;
+            }
+            case kArgmax:
+                if (threadIdx.x == 0) {
+                    float best = -INFINITY;
+                    int best_i = 0x7fffffff;
+                    for (uint32_t t = 0; t < cnt; ++t) {
+                        const float v = __uint_as_float(__ldcg(argmax_parts + 2 * t));
+                        const int i = static_cast<int>(__ldcg(argmax_parts + 2 * t + 1));
+                        if (better(v, i, best, best_i)) best = v, best_i = i;
+                    }
+                    *next_token = best_i;
+                }
+                break;
+            default:
+                if (threadIdx.x == 0) raise_fault(err, kBadTable, blockIdx.x, index, op, 0, 0);
+                abort_flag = 1;
+        }
+        __threadfence();  // each thread's writes of this instruction, visible at GPU scope before the signal
+        __syncthreads();  // ... and all of them done (abort_flag is seen by all)
+        if (abort_flag) break;
+        if (threadIdx.x == 0) red_release_add(counters + sig, 1u);
+    }
+}

@@ -1,0 +1,23 @@
+// The persistent decode kernel's synchronisation primitives (kernels-src/persistent_decode.cu): the global timer,
+// the counters' acquire load and release add, and its dynamic shared memory. tools/cpu_emu_persist/ holds the CPU
+// stand-in of this header (std::atomic_ref, steady_clock), which is how the kernel's logic is checked without a GPU.
+#pragma once
+#include <stdint.h>
+
+#define PD_DYNAMIC_SMEM(name) extern __shared__ float name[]
+
+__device__ __forceinline__ unsigned long long global_ns() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+__device__ __forceinline__ uint32_t load_acquire(const uint32_t* p) {
+    uint32_t v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ void red_release_add(uint32_t* p, uint32_t v) {
+    asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}

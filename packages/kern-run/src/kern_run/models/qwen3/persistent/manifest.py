@@ -1,0 +1,151 @@
+"""The persistent decode manifest: today's Qwen3 manifest (gemv v2, argmax sampler, one decode row) with the decode
+program's body, every launch between the embedding and decode_advance, replaced by one cooperative launch of
+kern_persistent_decode over the schedule's instruction table (docs/persistent.md).
+
+What the runtime sees is general manifest features only (docs/manifest.md): the table is a workspace buffer with
+`init` (its packed bytes), the counters a `zero_each_run` buffer, the error word a host `error` buffer with its
+codes, the launch `cooperative`, the geometry and the per-layer pointers two `pack` parameters. Prefill, the
+caller contract and every buffer the caller touches are the base manifest's.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import hashlib
+from typing import Any
+
+from ....errors import ManifestBuildError
+from ..abi import KernelAbi
+from ..config import Qwen3Config
+from ..jsonio import manifest_digest
+from ..manifest import build_manifest
+from ..options import BuildOptions
+from .isa import INSTR_WORDS
+from .schedule import Schedule, build_schedule
+
+ENTRY = "kern_persistent_decode"
+MODULE = "persistent_decode"
+THREADS = 256  # PD_THREADS
+MAX_LAYERS = 64  # kMaxLayers
+MAX_HEAD_DIM = 256  # kMaxHeadDim
+MAX_GROUP = 8  # kMaxGroup
+LAYER_SLOTS = 16  # pointers per PersistLayer
+LAYER_FIELDS = ("w_qkv", "w_o", "w_gate_up", "w_down", "ln_in", "ln_post", "q_norm", "k_norm", "kv")
+POINTERS = ("table", "counters", "error", "residual", "qkv", "q", "attn_partials", "attn_out", "act", "logits",
+            "argmax_partials", "next_token", "final_norm", "lm_head", "rope", "positions", "slot_mapping", "seq_lens",
+            "block_table")
+# the kernel's parameter sizes: the pointers, PersistShape (48), num_pages, timeout_ns, PersistLayers (8192)
+PARAM_SIZES = (8,) * len(POINTERS) + (48, 4, 8, LAYER_SLOTS * 8 * MAX_LAYERS)
+ERROR_CODES = {"1": "a counter wait timed out (detail: instruction, counter, value seen, target, block)",
+               "2": "the instruction table is malformed (detail: block, word or instruction)",
+               "3": "the launch does not fit the table (detail: grid, block, dynamic shared bytes)",
+               "4": "the model geometry does not fit the kernel (detail: which check)"}
+DEFAULT_TIMEOUT_NS = 500_000_000  # one wait; a decode step takes milliseconds
+
+
+def shared_bytes(cfg: Qwen3Config) -> int:
+    """Dynamic shared memory of one block: x (f32[max(H, I, q_dim)]), 64 reduction floats, (MAX_GROUP + 1) head
+    rows of MAX_HEAD_DIM floats."""
+    return 4 * (max(cfg.hidden, cfg.intermediate, cfg.q_heads * cfg.head_dim) + 64 + (MAX_GROUP + 1) * MAX_HEAD_DIM)
+
+
+def check_shape(cfg: Qwen3Config) -> None:
+    """Raise ManifestBuildError for a model the kernel does not cover (its kMaxLayers, kMaxHeadDim, kMaxGroup)."""
+    group = cfg.q_heads // cfg.kv_heads
+    if cfg.layers > MAX_LAYERS:
+        raise ManifestBuildError(f"{cfg.layers} layers: the persistent kernel holds at most {MAX_LAYERS}")
+    if cfg.head_dim > MAX_HEAD_DIM or cfg.head_dim % 2:
+        raise ManifestBuildError(f"head_dim {cfg.head_dim}: the persistent kernel takes an even head_dim <= "
+                                 f"{MAX_HEAD_DIM}")
+    if group * cfg.kv_heads != cfg.q_heads or group > MAX_GROUP:
+        raise ManifestBuildError(f"{cfg.q_heads} q heads over {cfg.kv_heads} kv heads: the persistent kernel takes "
+                                 f"1..{MAX_GROUP} q heads per kv head")
+
+
+def _launch_params(abi: KernelAbi) -> list[list[int]]:
+    if ENTRY not in abi.entries:
+        raise ManifestBuildError(f"{abi.source} has no entry {ENTRY!r} (module {MODULE!r}); rebuild with "
+                                 "tools/build_kernels.py")
+    module, params = abi.entries[ENTRY]
+    if module != MODULE or tuple(size for _, size in params) != PARAM_SIZES:
+        raise ManifestBuildError(f"{abi.source} entry {ENTRY!r} (module {module!r}) has param sizes "
+                                 f"{[s for _, s in params]}; kern_run.models.qwen3.persistent expects {list(PARAM_SIZES)}")
+    return params
+
+
+def _op(cfg: Qwen3Config, sched: Schedule, params: list[list[int]], num_queues: int, max_pos: int,
+        timeout_ns: int) -> dict[str, Any]:
+    layer_args = [f"{f}.{layer}" for layer in range(cfg.layers) for f in LAYER_FIELDS]
+    args = [{"name": n, "kind": "ptr"} for n in (*POINTERS, *layer_args)] + [{"name": "num_pages", "kind": "int"}]
+    geometry = [cfg.hidden, cfg.q_heads, cfg.kv_heads, cfg.head_dim, cfg.intermediate, cfg.vocab, cfg.layers,
+                16, max_pos, sched.splits]  # page_tokens: patched below
+    shape_fields = [{"offset": 4 * i, "i32": v} for i, v in enumerate(geometry)]
+    shape_fields += [{"offset": 40, "f32": cfg.eps}, {"offset": 44, "f32": cfg.head_dim ** -0.5}]
+    layer_fields = [{"offset": (layer * LAYER_SLOTS + slot) * 8, "arg": f"{f}.{layer}"}
+                    for layer in range(cfg.layers) for slot, f in enumerate(LAYER_FIELDS)]
+    wiring = ([{"arg": n} for n in POINTERS]
+              + [{"pack": {"size": 48, "fields": shape_fields}}, {"arg": "num_pages", "type": "i32"},
+                 {"u64": timeout_ns}, {"pack": {"size": PARAM_SIZES[-1], "fields": layer_fields}}])
+    launch = {"module": MODULE, "entry": ENTRY, "grid": [num_queues, 1, 1], "block": [THREADS, 1, 1],
+              "shared_mem": shared_bytes(cfg), "cooperative": True, "params": params, "args": wiring}
+    return {"args": args, "launches": [launch]}
+
+
+def build_persistent_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: BuildOptions, *, num_queues: int = 132,
+                              splits: int | None = None, timeout_ns: int = DEFAULT_TIMEOUT_NS,
+                              config_digest: str = "") -> tuple[dict[str, Any], Schedule]:
+    """(the manifest object with its digest, the schedule it packs). `opts` are today's builder options; the
+    decode-related ones are forced to what the persistent path replaces (gemv v2, argmax sampler, one row).
+    `num_queues`: the grid, one block per SM of the target GPU (H200: 132); `splits`: attention context splits
+    (None: schedule.default_splits); `timeout_ns`: the bound of one counter wait. Raises ManifestBuildError for a
+    model the kernel does not cover, kernels.json without the entry or with another ABI, and whatever
+    build_manifest raises."""
+    check_shape(cfg)
+    if not 1 <= num_queues <= 1024:
+        raise ManifestBuildError(f"num_queues {num_queues}: one block per SM, 1..1024")
+    if not 1 <= timeout_ns < 2**64:
+        raise ManifestBuildError(f"timeout_ns {timeout_ns}: a u64 of at least 1 ns")
+    params = _launch_params(abi)
+    base_opts = dataclasses.replace(opts, decode="gemv", gemv="v2", sampler="argmax", seqs_max=1)
+    m = build_manifest(cfg, abi, base_opts, config_digest)
+    sched = build_schedule(cfg, num_queues, splits=splits)
+    table = sched.table.pack()
+    group = cfg.q_heads // cfg.kv_heads
+    decode = m["programs"]["decode"]["calls"]
+    if decode[0]["op"] != "embed" or decode[-1]["op"] != "decode_advance":
+        raise AssertionError(f"the base decode program is {[c['op'] for c in decode]}")  # a bug in this builder
+    max_pos = int(m["buffers"]["rope"]["shape"][0])
+    op = _op(cfg, sched, params, num_queues, max_pos, timeout_ns)
+    op["launches"][0]["args"][len(POINTERS)]["pack"]["fields"][7]["i32"] = base_opts.page_tokens
+    m["ops"]["persistent_decode"] = op
+    m["modules"][MODULE] = abi.modules[MODULE]
+    m["modules"] = dict(sorted(m["modules"].items()))
+    m["buffers"].update({
+        "persist_table": {"kind": "workspace", "dtype": "u32", "shape": [len(table) // 4],
+                          "init": {"base64": base64.b64encode(table).decode("ascii")}},
+        "persist_counters": {"kind": "workspace", "dtype": "u32", "shape": [sched.table.num_counters],
+                             "zero_each_run": True},
+        "persist_error": {"kind": "workspace", "dtype": "u32", "shape": [8], "placement": "host",
+                          "error": {"codes": ERROR_CODES}},
+        "attn_partials": {"kind": "workspace", "dtype": "f32",
+                          "shape": [cfg.kv_heads * sched.splits * group, cfg.head_dim + 2]},
+        "argmax_partials": {"kind": "workspace", "dtype": "u32", "shape": [sched.lm_tiles, 2]},
+    })
+    names = {"table": "persist_table", "counters": "persist_counters", "error": "persist_error",
+             "lm_head": "embed" if cfg.tied else "lm_head"}
+    call_args: dict[str, Any] = {n: names.get(n, n) for n in POINTERS}
+    call_args.update({f"{f}.{layer}": f"{f}.{layer}" for layer in range(cfg.layers) for f in LAYER_FIELDS})
+    call_args["num_pages"] = {"pages_of": "kv.0"}
+    m["programs"]["decode"]["calls"] = [decode[0], {"op": "persistent_decode", "args": call_args}, decode[-1]]
+    used = {c["op"] for p in m["programs"].values() for c in p["calls"] if "op" in c}
+    m["ops"] = {name: op for name, op in m["ops"].items() if name in used}  # the replaced decode ops go
+    live = {launch["module"] for op in m["ops"].values() for launch in op["launches"] if "module" in launch}
+    m["modules"] = {name: sha for name, sha in m["modules"].items() if name in live}
+    m["meta"]["persistent"] = {"entry": ENTRY, "num_queues": num_queues, "splits": sched.splits,
+                               "instructions": len(sched.table.instrs), "counters": sched.table.num_counters,
+                               "instr_words": INSTR_WORDS, "table_sha256": hashlib.sha256(table).hexdigest(),
+                               "timeout_ns": timeout_ns}
+    m.pop("digest", None)
+    m["digest"] = manifest_digest(m)
+    return m, sched

@@ -1,0 +1,202 @@
+"""The Qwen3 decode step (bs = 1) as a persistent-kernel instruction table (docs/persistent.md).
+
+`build_schedule(cfg, num_queues)` computes, in the order of today's decode program (programs.decode_gemv_calls,
+gemv v2): per layer QKV tiles, ROPE per kv head, ATTN_PARTIAL per (kv head, context split), ATTN_REDUCE per kv
+head, O_PROJ, GATE_UP and DOWN tiles; then LM_HEAD tiles and the ARGMAX. Each phase signals its own counter
+(ROPE and ATTN_PARTIAL one per kv head) and waits on the one before it with the target "every instruction that
+signals it". Projection tiles are `row_quantum`-row multiples sized so one phase makes at most `num_queues` tiles.
+Instructions go, in table order, to the queue with the least accumulated cost so far (weight bytes, the attention
+instructions at their KV bytes for `ctx_tokens`, plus FIXED_COST_BYTES each), ties to the lowest queue: each queue is a subsequence of the table,
+which makes the schedule deadlock-free whenever all queues run at once (simulate.py proves it per table).
+
+Each instruction also carries its data-flow (`Access`es: buffer, element range, read or write, in the existing
+manifest's buffer names), which simulate.check_dataflow compares with the sequential program order.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+from ..config import Qwen3Config
+from .isa import NO_COUNTER, Instr, Op, Table
+
+BF16 = 2
+# What one instruction's fixed latency (its wait, staging its input vector, its reduction) is counted as when queues
+# are balanced: about 1 us of one SM's share of 4.3 TB/s over 132 SMs (32.6 GB/s). Without it the instructions that
+# stream no weights (ROPE, ATTN_REDUCE) would all land on the least loaded queue, one after the other.
+FIXED_COST_BYTES = 32 * 1024
+
+
+@dataclass(frozen=True)
+class Access:
+    """Elements [lo, hi) of `buffer` read (`write` False) or written by an instruction."""
+
+    buffer: str
+    lo: int
+    hi: int
+    write: bool = False
+
+
+@dataclass(frozen=True)
+class Step:
+    """An instruction with what the builder knows about it beyond its record: `accesses` (data-flow),
+    `weight_bytes` (bytes of weights it streams), `cost` (what queue balancing counted: weight or KV bytes)."""
+
+    instr: Instr
+    accesses: tuple[Access, ...]
+    weight_bytes: int
+    cost: int
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """The table (instructions and queues) and the builder's per-instruction facts, index for index. `splits`:
+    attention context splits; `lm_tiles`: argmax partial slots."""
+
+    table: Table
+    steps: tuple[Step, ...]
+    splits: int
+    lm_tiles: int
+
+    def queue_costs(self) -> list[int]:
+        """Accumulated cost (bytes) per queue."""
+        return [sum(self.steps[i].cost for i in q) for q in self.table.queues]
+
+
+def tile_rows(rows: int, num_queues: int, quantum: int) -> int:
+    """Rows per tile: the smallest multiple of `quantum` that splits `rows` into at most `num_queues` tiles."""
+    per_queue = -(-rows // num_queues)
+    return -(-per_queue // quantum) * quantum
+
+
+def tiles(rows: int, num_queues: int, quantum: int) -> list[tuple[int, int]]:
+    """(first row, row count) of each tile of `rows` rows."""
+    step = tile_rows(rows, num_queues, quantum)
+    return [(a, min(step, rows - a)) for a in range(0, rows, step)]
+
+
+def default_splits(cfg: Qwen3Config, num_queues: int) -> int:
+    """Context splits per kv head: enough partial instructions to give most queues one (at most 16)."""
+    return max(1, min(16, num_queues // cfg.kv_heads))
+
+
+class _Counters:
+    def __init__(self) -> None:
+        self.count = 0
+
+    def new(self) -> int:
+        self.count += 1
+        return self.count - 1
+
+
+def build_schedule(cfg: Qwen3Config, num_queues: int, *, row_quantum: int = 8, splits: int | None = None,
+                   ctx_tokens: int = 128) -> Schedule:
+    """The decode step's table for `cfg` over `num_queues` kernel blocks (one per SM on the target GPU).
+    `splits`: attention context splits per kv head (None: default_splits); `ctx_tokens`: the context the attention
+    instructions are costed at. Raises ValueError for num_queues, row_quantum, splits or ctx_tokens < 1."""
+    for name, value in (("num_queues", num_queues), ("row_quantum", row_quantum), ("ctx_tokens", ctx_tokens)):
+        if value < 1:
+            raise ValueError(f"{name} is {value}; it must be >= 1")
+    S = default_splits(cfg, num_queues) if splits is None else splits
+    if S < 1:
+        raise ValueError(f"splits is {S}; it must be >= 1")
+    H, L, D = cfg.hidden, cfg.layers, cfg.head_dim
+    Hq, Hkv, I, V = cfg.q_heads, cfg.kv_heads, cfg.intermediate, cfg.vocab
+    group = Hq // Hkv
+    q_dim, kv_dim = Hq * D, Hkv * D
+    qkv_dim = q_dim + 2 * kv_dim
+    counters = _Counters()
+    steps: list[Step] = []
+
+    def emit(op: Op, layer: int, first: int, count: int, wait: tuple[int, int] | None, signal: int,
+             accesses: list[Access], weight_bytes: int, arg: int = 0, cost: int | None = None) -> None:
+        wc, wt = wait if wait is not None else (NO_COUNTER, 0)
+        instr = Instr(op, layer, first, count, wc, wt, signal, arg)
+        base = weight_bytes if cost is None else cost
+        steps.append(Step(instr, tuple(accesses), weight_bytes, base + FIXED_COST_BYTES))
+
+    def read(buffer: str, lo: int = 0, hi: int = 1) -> Access:
+        return Access(buffer, lo, hi)
+
+    def write(buffer: str, lo: int, hi: int) -> Access:
+        return Access(buffer, lo, hi, write=True)
+
+    kv_cost = ctx_tokens * 2 * D * BF16 // S  # K and V of one head over one split
+    prev: tuple[int, int] | None = None  # (counter, target) the next layer's QKV waits on
+    for layer in range(L):
+        kv = f"kv.{layer}"
+        c_qkv = counters.new()
+        qkv_tiles = tiles(qkv_dim, num_queues, row_quantum)
+        for a, n in qkv_tiles:
+            emit(Op.QKV, layer, a, n, prev, c_qkv,
+                 [read("residual", 0, H), read(f"ln_in.{layer}", 0, H), read(f"w_qkv.{layer}", a * H, (a + n) * H),
+                  write("qkv", a, a + n)], n * H * BF16)
+        c_rope = [counters.new() for _ in range(Hkv)]
+        for g in range(Hkv):
+            q_lo, q_hi = g * group * D, (g + 1) * group * D
+            k_lo, v_lo = q_dim + g * D, q_dim + kv_dim + g * D
+            emit(Op.ROPE, layer, g, group, (c_qkv, len(qkv_tiles)), c_rope[g],
+                 [read("qkv", q_lo, q_hi), read("qkv", k_lo, k_lo + D), read("qkv", v_lo, v_lo + D),
+                  read(f"q_norm.{layer}", 0, D), read(f"k_norm.{layer}", 0, D), read("rope"), read("positions"),
+                  read("slot_mapping"), write("q", q_lo, q_hi), write(kv, g * D, (g + 1) * D)], 0, cost=0)
+        c_attn = [counters.new() for _ in range(Hkv)]
+        for g in range(Hkv):
+            q_lo, q_hi = g * group * D, (g + 1) * group * D
+            for s in range(S):
+                part = (g * S + s) * group
+                emit(Op.ATTN_PARTIAL, layer, g, S, (c_rope[g], 1), c_attn[g],
+                     [read("q", q_lo, q_hi), read(kv, g * D, (g + 1) * D), read("block_table"), read("seq_lens"),
+                      write("attn_partials", part, part + group)], 0, arg=s, cost=kv_cost)
+        c_red = counters.new()
+        for g in range(Hkv):
+            q_lo, q_hi = g * group * D, (g + 1) * group * D
+            emit(Op.ATTN_REDUCE, layer, g, S, (c_attn[g], S), c_red,
+                 [read("attn_partials", g * S * group, (g + 1) * S * group), read("seq_lens"),
+                  write("attn_out", q_lo, q_hi)], 0, cost=0)
+        c_o = counters.new()
+        o_tiles = tiles(H, num_queues, row_quantum)
+        for a, n in o_tiles:
+            emit(Op.O_PROJ, layer, a, n, (c_red, Hkv), c_o,
+                 [read("attn_out", 0, q_dim), read(f"w_o.{layer}", a * q_dim, (a + n) * q_dim),
+                  read("residual", a, a + n), write("residual", a, a + n)], n * q_dim * BF16)
+        c_gu = counters.new()
+        gu_tiles = tiles(I, num_queues, row_quantum)
+        for a, n in gu_tiles:
+            emit(Op.GATE_UP, layer, a, n, (c_o, len(o_tiles)), c_gu,
+                 [read("residual", 0, H), read(f"ln_post.{layer}", 0, H),
+                  read(f"w_gate_up.{layer}", a * H, (a + n) * H),
+                  read(f"w_gate_up.{layer}", (I + a) * H, (I + a + n) * H), write("act", a, a + n)],
+                 2 * n * H * BF16)
+        c_down = counters.new()
+        down_tiles = tiles(H, num_queues, row_quantum)
+        for a, n in down_tiles:
+            emit(Op.DOWN, layer, a, n, (c_gu, len(gu_tiles)), c_down,
+                 [read("act", 0, I), read(f"w_down.{layer}", a * I, (a + n) * I), read("residual", a, a + n),
+                  write("residual", a, a + n)], n * I * BF16)
+        prev = (c_down, len(down_tiles))
+    lm = "embed" if cfg.tied else "lm_head"
+    c_lm = counters.new()
+    lm_tiles = tiles(V, num_queues, row_quantum)
+    for t, (a, n) in enumerate(lm_tiles):
+        emit(Op.LM_HEAD, L, a, n, prev, c_lm,
+             [read("residual", 0, H), read("final_norm", 0, H), read(lm, a * H, (a + n) * H),
+              write("logits", a, a + n), write("argmax_partials", t, t + 1)], n * H * BF16, arg=t)
+    c_done = counters.new()
+    emit(Op.ARGMAX, L, 0, len(lm_tiles), (c_lm, len(lm_tiles)), c_done,
+         [read("argmax_partials", 0, len(lm_tiles)), write("next_token", 0, 1)], 0, cost=0)
+    queues = assign_queues([s.cost for s in steps], num_queues)
+    table = Table(tuple(s.instr for s in steps), queues, counters.count)
+    return Schedule(table, tuple(steps), S, len(lm_tiles))
+
+
+def assign_queues(costs: list[int], num_queues: int) -> tuple[tuple[int, ...], ...]:
+    """Instructions 0..n-1 (in table order) to `num_queues` queues: each to the queue with the least cost so far,
+    ties to the lowest index (a heap of (cost, queue)). Every queue lists its instructions in table order."""
+    heap = [(0, q) for q in range(num_queues)]
+    queues: list[list[int]] = [[] for _ in range(num_queues)]
+    for i, cost in enumerate(costs):
+        load, q = heapq.heappop(heap)
+        queues[q].append(i)
+        heapq.heappush(heap, (load + cost, q))
+    return tuple(tuple(q) for q in queues)

@@ -1,0 +1,146 @@
+"""The persistent decode manifest (kern_run.models.qwen3.persistent.manifest) against the committed kernels.json: it
+verifies, its decode program is embed -> one cooperative launch -> decode_advance, the table it materialises is the
+schedule's, the pack parameters hold what the kernel's structs expect, and bad inputs are refused by name."""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+import struct
+from pathlib import Path
+
+import pytest
+
+from kern_manifest import parse_manifest, verify
+from kern_run.errors import ManifestBuildError
+from kern_run.models.qwen3.abi import KernelAbi, read_kernel_abi
+from kern_run.models.qwen3.config import Qwen3Config
+from kern_run.models.qwen3.options import BuildOptions
+from kern_run.models.qwen3.persistent.isa import unpack
+from kern_run.models.qwen3.persistent.manifest import (
+    LAYER_FIELDS,
+    LAYER_SLOTS,
+    PARAM_SIZES,
+    POINTERS,
+    build_persistent_manifest,
+    shared_bytes,
+)
+
+ROOT = Path(__file__).parents[2]
+CONFIGS = ROOT / "tests" / "data" / "configs"
+
+
+def config(name: str) -> Qwen3Config:
+    return Qwen3Config.from_json(json.loads((CONFIGS / f"{name}.json").read_text()))
+
+
+@pytest.fixture(scope="module")
+def abi() -> KernelAbi:
+    return read_kernel_abi(ROOT / "kernels")
+
+
+@pytest.fixture(scope="module", params=["Qwen3-1.7B", "Qwen3-4B", "Qwen3-8B"])
+def built(request: pytest.FixtureRequest, abi: KernelAbi):
+    cfg = config(request.param)
+    m, sched = build_persistent_manifest(cfg, abi, BuildOptions(name=f"{request.param.lower()}-persistent"))
+    return cfg, m, sched
+
+
+def test_it_verifies_and_the_decode_program_is_one_cooperative_launch(built) -> None:
+    cfg, m, _ = built
+    manifest = parse_manifest(json.dumps(m))
+    verify(manifest)
+    assert [c["op"] for c in m["programs"]["decode"]["calls"]] == ["embed", "persistent_decode", "decode_advance"]
+    launch = manifest.ops["persistent_decode"].launches[0]
+    assert launch.cooperative and launch.entry == "kern_persistent_decode"
+    assert [e.eval({}) for e in launch.grid] == [132, 1, 1] and [e.eval({}) for e in launch.block] == [256, 1, 1]
+    assert launch.shared_mem.eval({}) == shared_bytes(cfg) <= 227 * 1024
+    assert tuple(size for _, size in launch.params) == PARAM_SIZES
+    assert m["modules"]["persistent_decode"] == json.loads((ROOT / "kernels" / "kernels.json").read_text())[
+        "modules"]["persistent_decode"]["sha256"]
+    assert "gemv" not in m["modules"]  # the replaced decode ops and their module are gone
+    assert m["programs"]["prefill"]["calls"][0]["op"] == "embed"  # prefill is the base manifest's
+
+
+def test_the_materialised_table_is_the_schedules(built) -> None:
+    _, m, sched = built
+    table = m["buffers"]["persist_table"]
+    data = base64.b64decode(table["init"]["base64"])
+    assert len(data) == 4 * table["shape"][0]
+    assert unpack(data) == sched.table
+    counters = m["buffers"]["persist_counters"]
+    assert counters["zero_each_run"] and counters["shape"] == [sched.table.num_counters]
+    error = m["buffers"]["persist_error"]
+    assert error["placement"] == "host" and set(error["error"]["codes"]) == {"1", "2", "3", "4"}
+    assert m["meta"]["persistent"]["instructions"] == len(sched.table.instrs)
+
+
+def test_the_packs_fill_the_kernels_structs(built) -> None:
+    cfg, m, sched = built
+    args = m["ops"]["persistent_decode"]["launches"][0]["args"]
+    assert [a["arg"] for a in args[:len(POINTERS)]] == list(POINTERS)
+    shape = {f["offset"]: f for f in args[len(POINTERS)]["pack"]["fields"]}
+    ints = [shape[4 * i]["i32"] for i in range(10)]
+    assert ints == [cfg.hidden, cfg.q_heads, cfg.kv_heads, cfg.head_dim, cfg.intermediate, cfg.vocab, cfg.layers,
+                    16, 40960, sched.splits]
+    assert shape[40]["f32"] == cfg.eps and shape[44]["f32"] == pytest.approx(cfg.head_dim ** -0.5)
+    assert struct.unpack("<f", struct.pack("<f", shape[44]["f32"]))[0] == pytest.approx(1 / 128 ** 0.5)
+    assert args[len(POINTERS) + 1] == {"arg": "num_pages", "type": "i32"}
+    layers = args[-1]["pack"]
+    assert layers["size"] == 8192
+    fields = {f["offset"]: f["arg"] for f in layers["fields"]}
+    for layer in (0, cfg.layers - 1):
+        for slot, name in enumerate(LAYER_FIELDS):
+            assert fields[(layer * LAYER_SLOTS + slot) * 8] == f"{name}.{layer}"
+    assert len(fields) == cfg.layers * len(LAYER_FIELDS)
+    call = m["programs"]["decode"]["calls"][1]["args"]
+    assert call["lm_head"] == ("embed" if cfg.tied else "lm_head") and call["num_pages"] == {"pages_of": "kv.0"}
+    assert call["kv.3"] == "kv.3" and call["table"] == "persist_table"
+
+
+def test_a_model_the_kernel_does_not_cover_is_refused(abi: KernelAbi) -> None:
+    cfg = config("Qwen3-1.7B")
+    opts = BuildOptions(name="x")
+    for bad, words in ((dataclasses.replace(cfg, layers=65), "at most 64"),
+                       (dataclasses.replace(cfg, head_dim=512), "head_dim 512"),
+                       (dataclasses.replace(cfg, q_heads=80, kv_heads=8), "1..8 q heads per kv head")):
+        with pytest.raises(ManifestBuildError, match=words):
+            build_persistent_manifest(bad, abi, opts)
+    with pytest.raises(ManifestBuildError, match="num_queues 0"):
+        build_persistent_manifest(cfg, abi, opts, num_queues=0)
+    with pytest.raises(ManifestBuildError, match="timeout_ns 0"):
+        build_persistent_manifest(cfg, abi, opts, timeout_ns=0)
+
+
+def test_kernels_json_without_the_entry_or_with_another_abi_is_refused(abi: KernelAbi) -> None:
+    cfg = config("Qwen3-1.7B")
+    entries = {e: v for e, v in abi.entries.items() if e != "kern_persistent_decode"}
+    with pytest.raises(ManifestBuildError, match="has no entry 'kern_persistent_decode'"):
+        build_persistent_manifest(cfg, dataclasses.replace(abi, entries=entries), BuildOptions(name="x"))
+    module, params = abi.entries["kern_persistent_decode"]
+    other = {**abi.entries, "kern_persistent_decode": (module, params[:-1])}
+    with pytest.raises(ManifestBuildError, match="expects"):
+        build_persistent_manifest(cfg, dataclasses.replace(abi, entries=other), BuildOptions(name="x"))
+
+
+def test_the_build_is_deterministic(abi: KernelAbi) -> None:
+    cfg = config("Qwen3-1.7B")
+    a, _ = build_persistent_manifest(cfg, abi, BuildOptions(name="x"), num_queues=16)
+    b, _ = build_persistent_manifest(cfg, abi, BuildOptions(name="x"), num_queues=16)
+    assert a == b and a["digest"] == b["digest"]
+    assert a["ops"]["persistent_decode"]["launches"][0]["grid"] == [16, 1, 1]
+
+
+def test_the_gen_persistent_tool_writes_a_manifest_that_loads(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from kern_manifest import load_manifest
+    from tools import gen_persistent
+
+    out = tmp_path / "p.json"
+    assert gen_persistent.main(["--config", str(CONFIGS / "Qwen3-1.7B.json"), "--out", str(out), "--sms", "8"]) == 0
+    m = load_manifest(out)
+    assert m.name == "qwen3-1.7b-persistent" and m.meta["persistent"]["num_queues"] == 8
+    assert "8 queues" in capsys.readouterr().out
+    (tmp_path / "bad.json").write_text('{"architectures": ["LlamaForCausalLM"]}')
+    assert gen_persistent.main(["--config", str(tmp_path / "bad.json"), "--out", str(tmp_path / "x.json")]) == 2
+    assert capsys.readouterr().err.startswith("gen_persistent: ") and not (tmp_path / "x.json").exists()

@@ -1,0 +1,245 @@
+"""The persistent decode kernel's instruction table as data (kern_run.models.qwen3.persistent): tables for the 1.7B,
+4B and 8B shapes, their packing, the simulator on them at several block counts, the data-flow against today's
+decode program, and hostile tables refused."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import struct
+from pathlib import Path
+
+import pytest
+
+from kern_run.models.qwen3.config import Qwen3Config
+from kern_run.models.qwen3.options import BuildOptions, validate
+from kern_run.models.qwen3.persistent.isa import (
+    HEADER_WORDS,
+    INSTR_WORDS,
+    NO_COUNTER,
+    Instr,
+    Op,
+    Table,
+    TableError,
+    unpack,
+)
+from kern_run.models.qwen3.persistent.schedule import build_schedule, tile_rows
+from kern_run.models.qwen3.persistent.simulate import DataflowError, check_dataflow, simulate
+from kern_run.models.qwen3.programs import decode_gemv_calls
+
+CONFIGS = Path(__file__).parents[1] / "data" / "configs"
+SHAPES = ("Qwen3-1.7B", "Qwen3-4B", "Qwen3-8B")
+
+
+def config(name: str) -> Qwen3Config:
+    return Qwen3Config.from_json(json.loads((CONFIGS / f"{name}.json").read_text()))
+
+
+def tiny() -> Qwen3Config:
+    base = config("Qwen3-1.7B")
+    return dataclasses.replace(base, hidden=64, layers=2, q_heads=4, kv_heads=2, head_dim=16, intermediate=96,
+                               vocab=200)
+
+
+@pytest.fixture(scope="module", params=SHAPES)
+def shape(request: pytest.FixtureRequest):
+    cfg = config(request.param)
+    return cfg, build_schedule(cfg, 132)
+
+
+def test_instruction_counts_and_weight_bytes_match_the_model(shape) -> None:
+    cfg, sched = shape
+    ops = [i.op for i in sched.table.instrs]
+    L, H, I, D = cfg.layers, cfg.hidden, cfg.intermediate, cfg.head_dim
+    qkv_dim = (cfg.q_heads + 2 * cfg.kv_heads) * D
+    assert ops.count(Op.ROPE) == L * cfg.kv_heads and ops.count(Op.ATTN_REDUCE) == L * cfg.kv_heads
+    assert ops.count(Op.ATTN_PARTIAL) == L * cfg.kv_heads * sched.splits
+    assert ops.count(Op.ARGMAX) == 1 and ops[-1] == Op.ARGMAX and ops.count(Op.LM_HEAD) == sched.lm_tiles
+    for op, rows in ((Op.QKV, qkv_dim), (Op.O_PROJ, H), (Op.GATE_UP, I), (Op.DOWN, H), (Op.LM_HEAD, cfg.vocab)):
+        per_layer = [i for i in sched.table.instrs if i.op == op and i.layer == (L if op == Op.LM_HEAD else 0)]
+        assert len(per_layer) <= 132 and sum(i.count for i in per_layer) == rows, op
+        assert [i.first for i in per_layer] == sorted(i.first for i in per_layer)
+    weights = sum(s.weight_bytes for s in sched.steps)
+    per_layer = (qkv_dim * H + H * cfg.q_heads * D + 2 * I * H + H * I) * 2
+    assert weights == L * per_layer + cfg.vocab * H * 2  # every projection weight byte once, nothing twice
+
+
+def test_queues_are_balanced_by_weight_bytes(shape) -> None:
+    _, sched = shape
+    costs = sched.queue_costs()
+    assert max(costs) / min(costs) < 1.03
+    assert all(len(q) > 0 for q in sched.table.queues)
+
+
+def test_the_table_packs_and_unpacks_to_itself(shape) -> None:
+    _, sched = shape
+    data = sched.table.pack()
+    n, q = len(sched.table.instrs), len(sched.table.queues)
+    assert len(data) == 4 * (HEADER_WORDS + q + 1 + n + n * INSTR_WORDS)
+    assert unpack(data) == sched.table
+
+
+@pytest.mark.parametrize("num_queues", [1, 2, 3, 7, 64, 132, 200])
+def test_every_wait_is_satisfied_at_any_block_count(num_queues: int) -> None:
+    for name in SHAPES:
+        sched = build_schedule(config(name), num_queues)
+        result = simulate(sched.table, seed=num_queues)
+        assert result.finished, result.blocked[:3]
+        assert sorted(result.order) == list(range(len(sched.table.instrs)))
+        signals = [0] * sched.table.num_counters
+        for ins in sched.table.instrs:
+            signals[ins.signal_counter] += 1
+        assert list(result.counters) == signals
+
+
+def test_the_simulated_order_does_not_depend_on_the_pick_order() -> None:
+    sched = build_schedule(tiny(), 5)
+    outcomes = {simulate(sched.table, seed=s).counters for s in range(6)}
+    assert len(outcomes) == 1 and all(simulate(sched.table, seed=s).finished for s in range(6))
+
+
+def test_the_dataflow_is_the_sequential_programs(shape) -> None:
+    _, sched = shape
+    assert check_dataflow(sched) > 1_000_000  # every conflicting pair checked, not a sample
+
+
+@pytest.mark.parametrize("name", SHAPES)
+def test_the_table_follows_todays_decode_program_call_by_call(name: str) -> None:
+    """Table order = programs.decode_gemv_calls (gemv v2) + the argmax: the same classes in the same order, each
+    touching the same manifest buffers as the call it replaces (besides its own partials buffers, and the
+    slot_mapping the early attention partial rereads after its PDL wait)."""
+    cfg = config(name)
+    plan = validate(cfg, BuildOptions(name="x", gemv="v2"))
+    calls = decode_gemv_calls(plan) + [{"op": "argmax", "args": {"logits": "logits", "out": "next_token"}}]
+    classes = {"gemv_qkv": [Op.QKV], "qk_norm_rope_kv": [Op.ROPE], "attn_decode": [Op.ATTN_PARTIAL, Op.ATTN_REDUCE],
+               "gemv_o": [Op.O_PROJ], "gemv_gate_up_act": [Op.GATE_UP], "gemv_down_act": [Op.DOWN],
+               "gemv_lm_head": [Op.LM_HEAD], "argmax": [Op.ARGMAX]}
+    sched = build_schedule(cfg, 132)
+    runs: list[tuple[Op, set[str]]] = []
+    for ins, step in zip(sched.table.instrs, sched.steps):
+        buffers = {a.buffer for a in step.accesses} - {"attn_partials", "argmax_partials"}
+        if runs and runs[-1][0] == ins.op:
+            runs[-1][1].update(buffers)
+        else:
+            runs.append((ins.op, buffers))
+    expected: list[tuple[Op, set[str]]] = []
+    for c in calls:
+        names = {v for v in c["args"].values() if isinstance(v, str)}
+        if c["op"] == "attn_decode":
+            names.discard("slot_mapping")
+        for k, op in enumerate(classes[c["op"]]):
+            if k == 1:  # the reduce reads the partials and seq_lens, writes attn_out
+                expected.append((op, {"seq_lens", "attn_out"}))
+            elif c["op"] == "attn_decode":
+                expected.append((op, names - {"attn_out"}))
+            elif c["op"] == "argmax":
+                expected.append((op, names - {"logits"}))  # it reads the LM_HEAD tiles' argmax partials
+            else:
+                expected.append((op, names))
+    assert [op for op, _ in runs] == [op for op, _ in expected]
+    assert runs == expected
+
+
+# ---------------------------------------------------------------------------------------------- hostile tables
+
+
+def small() -> Table:
+    return build_schedule(tiny(), 3).table
+
+
+def replace_instr(table: Table, index: int, **fields: int) -> Table:
+    instrs = list(table.instrs)
+    instrs[index] = dataclasses.replace(instrs[index], **fields)
+    return Table(tuple(instrs), table.queues, table.num_counters)
+
+
+def first_waiting(table: Table) -> int:
+    return next(i for i, ins in enumerate(table.instrs) if ins.wait_counter != NO_COUNTER)
+
+
+@pytest.mark.parametrize(("change", "words"), [
+    (lambda t: replace_instr(t, first_waiting(t), wait_target=t.instrs[first_waiting(t)].wait_target + 1),
+     "the target must be all of them"),
+    (lambda t: replace_instr(t, first_waiting(t), wait_counter=t.num_counters), "past the"),
+    (lambda t: replace_instr(t, 0, signal_counter=t.num_counters + 5), "signals counter"),
+    (lambda t: replace_instr(t, 0, wait_counter=t.instrs[-1].signal_counter, wait_target=1), "not earlier in the table"),
+    (lambda t: replace_instr(t, 0, first=-1), "does not fit a u32"),
+    (lambda t: Table(t.instrs, (t.queues[0][1:],) + t.queues[1:], t.num_counters), "is in no queue"),
+    (lambda t: Table(t.instrs, (t.queues[0][:1] + t.queues[0],) + t.queues[1:], t.num_counters), "queued twice"),
+    (lambda t: Table(t.instrs, ((t.queues[0][1], t.queues[0][0]) + t.queues[0][2:],) + t.queues[1:], t.num_counters),
+     "in table order"),
+    (lambda t: Table(t.instrs, (), t.num_counters), "0 queues"),
+    (lambda t: Table((), t.queues, t.num_counters), "0 instructions"),
+])
+def test_hostile_tables_are_refused_by_name(change, words: str) -> None:
+    table = change(small())
+    with pytest.raises(TableError, match=words):
+        table.check()
+    with pytest.raises(TableError, match=words):
+        simulate(table)
+
+
+def words_of(table: Table) -> list[int]:
+    data = table.pack()
+    return list(struct.unpack(f"<{len(data) // 4}I", data))
+
+
+@pytest.mark.parametrize(("edit", "words"), [
+    (lambda w: w.__setitem__(0, 0), "not the table magic"),
+    (lambda w: w.__setitem__(1, 2), "version 2"),
+    (lambda w: w.__setitem__(5, 9), "instructions of 9 words"),
+    (lambda w: w.__setitem__(2, 1 << 30), "outside 1.."),
+    (lambda w: w.__setitem__(3, 0), "outside 1.."),
+    (lambda w: w.__setitem__(9, w[9] + 1), "not the packed layout"),
+    (lambda w: w.__setitem__(12, 1), "reserved header words"),
+    (lambda w: w.__setitem__(HEADER_WORDS + 1, 10_000), "queue offsets must rise"),
+    (lambda w: w.__setitem__(w[8], 77), "unknown opcode 77"),
+    (lambda w: w.__setitem__(w[8] + INSTR_WORDS * first_waiting(small()) + 5, 999), "the target must be all of them"),
+])
+def test_hostile_packed_tables_are_refused(edit, words: str) -> None:
+    w = words_of(small())
+    edit(w)
+    with pytest.raises(TableError, match=words):
+        unpack(struct.pack(f"<{len(w)}I", *w))
+
+
+def test_short_and_ragged_buffers_are_refused() -> None:
+    data = small().pack()
+    with pytest.raises(TableError, match="whole u32 words"):
+        unpack(data[:-1])
+    with pytest.raises(TableError, match="shorter than the 16-word header"):
+        unpack(data[:32])
+    with pytest.raises(TableError, match="not the packed layout"):
+        unpack(data + b"\0\0\0\0")
+
+
+def test_a_header_claiming_a_huge_table_is_refused_without_allocating() -> None:
+    w = words_of(small())
+    w[2] = (1 << 20)  # the largest count allowed, but the sections do not match the buffer
+    with pytest.raises(TableError, match="not the packed layout"):
+        unpack(struct.pack(f"<{len(w)}I", *w))
+
+
+def test_a_missing_wait_breaks_the_dataflow_check_though_nothing_deadlocks() -> None:
+    sched = build_schedule(tiny(), 4)
+    rope = next(i for i, ins in enumerate(sched.table.instrs) if ins.op == Op.ROPE)
+    table = replace_instr(sched.table, rope, wait_counter=NO_COUNTER, wait_target=0)
+    broken = dataclasses.replace(sched, table=table)
+    assert simulate(table).finished
+    with pytest.raises(DataflowError, match=rf"instruction {rope} \(ROPE\) may read qkv\[.*before instruction \d+ \(QKV\)"):
+        check_dataflow(broken)
+
+
+def test_one_queue_runs_the_table_in_order() -> None:
+    sched = build_schedule(tiny(), 1)
+    assert sched.table.queues == (tuple(range(len(sched.table.instrs))),)
+    assert simulate(sched.table).order == tuple(range(len(sched.table.instrs)))
+    assert check_dataflow(sched) > 0
+
+
+def test_tile_rows_and_bad_arguments() -> None:
+    assert tile_rows(4096, 132, 8) == 32 and tile_rows(151936, 132, 8) == 1152 and tile_rows(5, 132, 8) == 8
+    for kwargs in ({"num_queues": 0}, {"num_queues": 2, "row_quantum": 0}, {"num_queues": 2, "splits": 0},
+                   {"num_queues": 2, "ctx_tokens": 0}):
+        with pytest.raises(ValueError, match="must be >= 1"):
+            build_schedule(tiny(), **kwargs)

@@ -1,0 +1,55 @@
+#!/usr/bin/env python3
+"""Write the persistent decode manifest of a Qwen3 config (kern_run.models.qwen3.persistent.manifest,
+docs/persistent.md): today's manifest with the decode body replaced by one cooperative kern_persistent_decode launch.
+
+    uv run --frozen python -m tools.gen_persistent --config tests/data/configs/Qwen3-4B.json \\
+        --out /tmp/qwen3-4b-persistent.json [--sms 132] [--splits N] [--name NAME]
+
+`--sms`: the target GPU's multiprocessor count (the grid: one block per SM; the H200 has 132). Then time it against
+today's manifest in one run: `bench/decode.py --only kern --variants manifests/qwen3-4b.json,/tmp/...json`.
+Exit 0 on success, 2 with one line on stderr for a config or kernels.json the builder refuses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from kern_run.errors import RefusalError
+from kern_run.models.qwen3.abi import read_kernel_abi
+from kern_run.models.qwen3.config import Qwen3Config
+from kern_run.models.qwen3.jsonio import dumps, read_json_file, sha256_text
+from kern_run.models.qwen3.options import BuildOptions
+from kern_run.models.qwen3.persistent.manifest import build_persistent_manifest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", type=Path, required=True, help="a Qwen3 config.json")
+    parser.add_argument("--out", type=Path, required=True, help="the manifest to write")
+    parser.add_argument("--kernels", type=Path, default=REPO / "kernels", help="kernels directory (kernels.json)")
+    parser.add_argument("--sms", type=int, default=132, help="multiprocessors of the target GPU: the grid")
+    parser.add_argument("--splits", type=int, default=None, help="attention context splits per kv head")
+    parser.add_argument("--name", default=None, help="manifest name (default: <config dir>-persistent)")
+    args = parser.parse_args(argv)
+    try:
+        raw, text = read_json_file(args.config)
+        cfg = Qwen3Config.from_json(raw, str(args.config))
+        name = args.name or f"{args.config.stem.lower()}-persistent"
+        manifest, sched = build_persistent_manifest(cfg, read_kernel_abi(args.kernels), BuildOptions(name=name),
+                                                    num_queues=args.sms, splits=args.splits,
+                                                    config_digest=sha256_text(text))
+    except (RefusalError, ValueError) as exc:
+        print(f"gen_persistent: {exc}", file=sys.stderr)
+        return 2
+    args.out.write_text(dumps(manifest))
+    print(f"{args.out}: {len(sched.table.instrs)} instructions over {args.sms} queues, {sched.table.num_counters} "
+          f"counters, {sched.splits} attention splits")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,281 @@
+"""Run kern_persistent_decode (kernels-src/persistent_decode.cu) on the CPU (no GPU): one decode step of a tiny
+Qwen3-shaped model, every block of the grid at once, against a numpy model of today's decode step built from
+tools/reference_kernels.py; and a planted hang against the error word.
+
+The kernel source is compiled with g++ against tools/cpu_emu_persist/ (common.cuh: each block its own 256
+std::threads, block barrier, warp exchanges and dynamic shared memory; persistent_sync.cuh: std::atomic_ref counters,
+steady_clock for %globaltimer). The table is the builder's (kern_run.models.qwen3.persistent.schedule), so blocks
+really wait on each other's counters. Checks per case: the error word stays zero, every counter ends at its number of
+signallers, the logits within 2e-2 of the reference (relative to the largest), next_token the reference's argmax
+wherever its top-2 margin exceeds twice the measured error, q, the written K/V row, attn_out and the final residual
+within bf16 rounding of the reference. The planted hang: one wait whose target nothing reaches makes the step end
+with code 1 (the instruction, counter, value and target in the detail) within a bounded time. A logic check of the
+CUDA source where no GPU is at hand, not a substitute for tests/kernels/test_persistent_gpu.py (no real memory
+model, no real warps or timing).
+
+    uv run --frozen python -m tools.persistent_cpu_emu [--quick] [--seed N]   # from the repository root; needs g++
+
+Exit 0 when every case passes, 1 otherwise (the failures are printed), 2 without g++.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from kern_run.models.qwen3.config import Qwen3Config
+from kern_run.models.qwen3.persistent.isa import Table
+from kern_run.models.qwen3.persistent.manifest import shared_bytes
+from kern_run.models.qwen3.persistent.schedule import build_schedule
+from tools import reference_kernels as ref
+
+REPO = Path(__file__).resolve().parent.parent
+EMU = REPO / "tools" / "cpu_emu_persist"
+SRC = REPO / "kernels-src"
+PAGE_TOKENS = 16
+MAX_POS = 64
+NUM_PAGES = 6
+PAGE_IDS = (3, 1, 4)  # the sequence's pages, not in order
+
+
+def tiny_config() -> Qwen3Config:
+    """hidden 64, 2 layers, 4 q heads over 2 kv heads of 32, intermediate 96, vocab 160."""
+    return Qwen3Config(hidden=64, layers=2, q_heads=4, kv_heads=2, head_dim=32, intermediate=96, vocab=160, tied=True,
+                       rope_theta=1e6, eps=1e-6, max_position_embeddings=MAX_POS)
+
+
+def build(out: Path) -> Path:
+    """Compile the driver with the kernel source copied next to the emulator headers. Raises CalledProcessError."""
+    for f in EMU.iterdir():
+        shutil.copy(f, out / f.name)
+    shutil.copy(SRC / "persistent_decode.cu", out / "persistent_decode.cu")
+    exe = out / "driver"
+    subprocess.run(["g++", "-std=c++20", "-O2", "-pthread", f"-I{out}", "-o", str(exe), str(out / "driver.cpp")],
+                   check=True, capture_output=True, text=True)
+    return exe
+
+
+def bf(x: np.ndarray) -> np.ndarray:
+    return ref.bf16_round(np.asarray(x, np.float32))
+
+
+@dataclasses.dataclass
+class Model:
+    cfg: Qwen3Config
+    weights: dict[str, np.ndarray]  # bf16-valued float32
+    residual: np.ndarray  # [H], the embedding's output
+    kv: list[np.ndarray]  # per layer [pages, 2, page_tokens, Hkv, D]
+    rope: np.ndarray
+    position: int
+
+
+def random_model(cfg: Qwen3Config, seed: int, position: int) -> Model:
+    rng = np.random.default_rng(seed)
+    H, D, I = cfg.hidden, cfg.head_dim, cfg.intermediate
+    q_dim, kv_dim = cfg.q_heads * D, cfg.kv_heads * D
+    w: dict[str, np.ndarray] = {}
+    for layer in range(cfg.layers):
+        w[f"w_qkv.{layer}"] = bf(rng.normal(0, 0.15, (q_dim + 2 * kv_dim, H)))
+        w[f"w_o.{layer}"] = bf(rng.normal(0, 0.1, (H, q_dim)))
+        w[f"w_gate_up.{layer}"] = bf(rng.normal(0, 0.15, (2 * I, H)))
+        w[f"w_down.{layer}"] = bf(rng.normal(0, 0.1, (H, I)))
+        for name, n in (("ln_in", H), ("ln_post", H), ("q_norm", D), ("k_norm", D)):
+            w[f"{name}.{layer}"] = bf(1 + rng.normal(0, 0.1, n))
+    w["final_norm"] = bf(1 + rng.normal(0, 0.1, H))
+    w["lm_head"] = bf(rng.normal(0, 0.2, (cfg.vocab, H)))
+    kv = []
+    for _ in range(cfg.layers):
+        cache = np.zeros((NUM_PAGES, 2, PAGE_TOKENS, cfg.kv_heads, D), np.float32)
+        for p in range(position):  # the earlier tokens' K/V, already in their pages
+            page, off = PAGE_IDS[p // PAGE_TOKENS], p % PAGE_TOKENS
+            cache[page, :, off] = bf(rng.normal(0, 1.0, (2, cfg.kv_heads, D)))
+        kv.append(cache)
+    return Model(cfg, w, bf(rng.normal(0, 1.0, H)), kv, ref.rope_table(MAX_POS, D, cfg.rope_theta), position)
+
+
+def slot_of(position: int) -> int:
+    return PAGE_IDS[position // PAGE_TOKENS] * PAGE_TOKENS + position % PAGE_TOKENS
+
+
+def reference_step(m: Model) -> dict[str, np.ndarray]:
+    """Today's decode step (one token at m.position) in numpy, through reference_kernels: every projection a float64
+    dot rounded to bf16, the norms, rope, attention and SwiGLU as the existing kernels compute them."""
+    cfg, w = m.cfg, m.weights
+    D, q_dim = cfg.head_dim, cfg.q_heads * cfg.head_dim
+    residual = m.residual.astype(np.float32)[None]  # [1, H]
+    kv = [c.copy() for c in m.kv]
+    block_table = np.array([list(PAGE_IDS)], np.int32)
+    q = np.zeros((1, cfg.q_heads, D), np.float32)
+    for layer in range(cfg.layers):
+        _, x = ref.add_rmsnorm(residual, None, w[f"ln_in.{layer}"], cfg.eps)
+        qkv = bf(x.astype(np.float64) @ w[f"w_qkv.{layer}"].T.astype(np.float64))
+        ref.qk_norm_rope_kv(qkv, w[f"q_norm.{layer}"], w[f"k_norm.{layer}"], m.rope, np.array([m.position]),
+                            np.array([slot_of(m.position)]), q, kv[layer], cfg.q_heads, cfg.kv_heads, D, cfg.eps)
+        attn = bf(ref.attn_decode(q, kv[layer], block_table, np.array([m.position + 1]), D ** -0.5, NUM_PAGES))
+        residual = bf(residual + bf(attn.astype(np.float64) @ w[f"w_o.{layer}"].T.astype(np.float64)))
+        _, x = ref.add_rmsnorm(residual, None, w[f"ln_post.{layer}"], cfg.eps)
+        gate_up = bf(x.astype(np.float64) @ w[f"w_gate_up.{layer}"].T.astype(np.float64))
+        act = ref.silu_mul(gate_up)
+        residual = bf(residual + bf(act.astype(np.float64) @ w[f"w_down.{layer}"].T.astype(np.float64)))
+    _, x = ref.add_rmsnorm(residual, None, w["final_norm"], cfg.eps)
+    logits = bf(x.astype(np.float64) @ w["lm_head"].T.astype(np.float64))[0]
+    return {"logits": logits, "residual": residual[0], "q": q.reshape(q_dim), "attn_out": attn[0], "kv": kv}
+
+
+def bits(x: np.ndarray) -> bytes:
+    return ref.bf16_bits(np.asarray(x, np.float32)).astype("<u2").tobytes()
+
+
+def write_inputs(d: Path, m: Model, table: bytes, counters: int, splits: int, lm_tiles: int) -> None:
+    cfg = m.cfg
+    D, I, q_dim = cfg.head_dim, cfg.intermediate, cfg.q_heads * cfg.head_dim
+    group = cfg.q_heads // cfg.kv_heads
+    geometry = [cfg.hidden, cfg.q_heads, cfg.kv_heads, D, I, cfg.vocab, cfg.layers, PAGE_TOKENS, MAX_POS, splits]
+    files = {
+        "shape": struct.pack("<10i2f", *geometry, cfg.eps, D ** -0.5),
+        "num_pages": struct.pack("<i", NUM_PAGES),
+        "table": table, "counters": bytes(4 * counters), "error": bytes(32),
+        "residual": bits(m.residual), "qkv": bytes(2 * (q_dim + 2 * cfg.kv_heads * D)), "q": bytes(2 * q_dim),
+        "attn_partials": bytes(4 * cfg.kv_heads * splits * group * (D + 2)), "attn_out": bytes(2 * q_dim),
+        "act": bytes(2 * I), "logits": bytes(2 * cfg.vocab), "argmax_partials": bytes(8 * lm_tiles),
+        "next_token": struct.pack("<q", -1), "final_norm": bits(m.weights["final_norm"]),
+        "lm_head": bits(m.weights["lm_head"]), "rope": m.rope.astype("<f4").tobytes(),
+        "positions": struct.pack("<i", m.position), "slot_mapping": struct.pack("<i", slot_of(m.position)),
+        "seq_lens": struct.pack("<i", m.position + 1),
+        "block_table": np.array(PAGE_IDS, "<i4").tobytes(),
+    }
+    for layer in range(cfg.layers):
+        for name in ("w_qkv", "w_o", "w_gate_up", "w_down", "ln_in", "ln_post", "q_norm", "k_norm"):
+            files[f"{name}.{layer}"] = bits(m.weights[f"{name}.{layer}"])
+        files[f"kv.{layer}"] = bits(m.kv[layer])
+    for name, data in files.items():
+        (d / f"{name}.bin").write_bytes(data)
+
+
+def read_bf16(d: Path, name: str) -> np.ndarray:
+    return ref.from_bf16_bits(np.frombuffer((d / f"{name}.bin").read_bytes(), "<u2").copy())
+
+
+def run(exe: Path, d: Path, grid: int, timeout_ns: int, cfg: Qwen3Config) -> float:
+    start = time.perf_counter()
+    subprocess.run([str(exe), str(d), str(grid), str(timeout_ns), str(shared_bytes(cfg)), str(cfg.layers)],
+                   check=True, timeout=600)
+    return time.perf_counter() - start
+
+
+def rel_err(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.max(np.abs(a - b)) / max(float(np.max(np.abs(b))), 1e-30))
+
+
+def check_step(exe: Path, work: Path, grid: int, seed: int, position: int) -> list[str]:
+    """One decode step on `grid` blocks; returns the failures (empty: ok)."""
+    cfg = tiny_config()
+    m = random_model(cfg, seed, position)
+    sched = build_schedule(cfg, grid, splits=2)
+    d = work / f"step-{grid}-{position}"
+    d.mkdir()
+    write_inputs(d, m, sched.table.pack(), sched.table.num_counters, sched.splits, sched.lm_tiles)
+    run(exe, d, grid, 60_000_000_000, cfg)
+    want = reference_step(m)
+    fails = []
+    err = np.frombuffer((d / "error.bin").read_bytes(), "<u4")
+    if err.any():
+        return [f"error word {err.tolist()}"]
+    counters = np.frombuffer((d / "counters.bin").read_bytes(), "<u4")
+    signals = np.bincount([i.signal_counter for i in sched.table.instrs], minlength=sched.table.num_counters)
+    if not np.array_equal(counters, signals):
+        fails.append(f"counters {counters.tolist()} != signallers {signals.tolist()}")
+    logits = read_bf16(d, "logits")
+    e = rel_err(logits, want["logits"])
+    if e > 2e-2:
+        fails.append(f"logits: relative error {e:.3e}")
+    token = struct.unpack("<q", (d / "next_token.bin").read_bytes())[0]
+    top = np.argsort(-want["logits"], kind="stable")[:2]
+    margin = float(want["logits"][top[0]] - want["logits"][top[1]])
+    if token != int(np.argmax(logits)):
+        fails.append(f"next_token {token} is not the argmax {int(np.argmax(logits))} of the kernel's own logits")
+    if token != int(top[0]) and margin > 2 * float(np.max(np.abs(logits - want["logits"]))):
+        fails.append(f"next_token {token}, the reference's {int(top[0])} (margin {margin:.3e})")
+    for name in ("q", "attn_out", "residual"):
+        e = rel_err(read_bf16(d, name), want[name])
+        if e > 2e-2:
+            fails.append(f"{name}: relative error {e:.3e}")
+    slot = slot_of(position)
+    page, off = divmod(slot, PAGE_TOKENS)
+    for layer in range(cfg.layers):
+        got = read_bf16(d, f"kv.{layer}").reshape(NUM_PAGES, 2, PAGE_TOKENS, cfg.kv_heads, cfg.head_dim)
+        e = rel_err(got[page, :, off], want["kv"][layer][page, :, off])
+        if e > 2e-2:
+            fails.append(f"kv.{layer} written row: relative error {e:.3e}")
+        others = np.ones(got.shape[:3], bool)
+        others[page, :, off] = False
+        if not np.array_equal(got[others], m.kv[layer][others]):
+            fails.append(f"kv.{layer}: rows other than slot {slot} changed")
+    return fails
+
+
+def check_planted_hang(exe: Path, work: Path, grid: int) -> list[str]:
+    """The first waiting instruction's target raised past its signallers (a table Table.check refuses, packed as the
+    kernel would meet it): code 1 with the instruction, counter, value and target, within a bounded time."""
+    cfg = tiny_config()
+    m = random_model(cfg, 0, 5)
+    sched = build_schedule(cfg, grid, splits=2)
+    table = sched.table
+    index = next(i for i, ins in enumerate(table.instrs) if ins.wait_counter != 0xFFFFFFFF)
+    bad = dataclasses.replace(table.instrs[index], wait_target=table.instrs[index].wait_target + 1)
+    planted = Table(table.instrs[:index] + (bad,) + table.instrs[index + 1:], table.queues, table.num_counters)
+    data = bytearray(sched.table.pack())
+    instrs_at = struct.unpack_from("<I", data, 8 * 4)[0]
+    struct.pack_into("<I", data, 4 * (instrs_at + 8 * index + 5), bad.wait_target)
+    d = work / f"hang-{grid}"
+    d.mkdir()
+    write_inputs(d, m, bytes(data), planted.num_counters, sched.splits, sched.lm_tiles)
+    elapsed = run(exe, d, grid, 5_000_000_000, cfg)  # 5 s: far above any legitimate wait of the emulated step
+    err = np.frombuffer((d / "error.bin").read_bytes(), "<u4").tolist()
+    fails = []
+    want_detail = [index, bad.wait_counter, bad.wait_target - 1, bad.wait_target]
+    if err[0] != 1 or err[1:5] != want_detail:
+        fails.append(f"error word {err}, expected code 1 with {want_detail}")
+    if elapsed > 120:
+        fails.append(f"the planted hang took {elapsed:.1f} s")
+    return fails
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer cases (the pytest run)")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    if shutil.which("g++") is None:
+        print("persistent_cpu_emu: g++ not found", file=sys.stderr)
+        return 2
+    cases = [("step", 3, 37), ("step", 1, 5)] if args.quick else [("step", g, p) for g in (1, 2, 3, 5) for p in (0, 5, 37)]
+    cases.append(("hang", 3, 0))
+    failed = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        try:
+            exe = build(work)
+        except subprocess.CalledProcessError as exc:
+            print(f"persistent_cpu_emu: the driver does not compile:\n{exc.stderr}")
+            return 1
+        for kind, grid, position in cases:
+            label = f"{kind} grid {grid}" + (f" position {position}" if kind == "step" else "")
+            fails = (check_step(exe, work, grid, args.seed + grid, position) if kind == "step"
+                     else check_planted_hang(exe, work, grid))
+            print(f"{label}: " + ("ok" if not fails else "FAILED\n  " + "\n  ".join(fails)))
+            failed += bool(fails)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
