@@ -3,7 +3,10 @@
 A cubin is an ELF64 little-endian file (e_machine 190, EM_CUDA). Its kernels are the global `STT_FUNC`
 symbols marked `STO_CUDA_ENTRY` (0x10 in `st_other`); the parameter layout of kernel `k` is in section
 `.nv.info.k` as `EIATTR_KPARAM_INFO` attributes (attribute 0x17, format `EIFMT_SVAL`: a 16-bit payload size,
-then the payload `u32 index, u16 ordinal, u16 offset, u32 flags` whose bits 18..31 are the size in bytes). This
+then the payload `u32 index, u16 ordinal, u16 offset, u32 flags` whose bits 18..31 are the size in bytes). A kernel
+with a parameter too large for those 14 bits (nvcc 13 emits it for kern_persistent_decode's 8 KiB by-value table)
+has attribute 0x45 instead, the same payload with the u32 holding the size in bytes itself (read from the
+committed cubins: the sizes equal cuobjdump's). This
 is what `cuobjdump -elf` prints as `Ordinal / Offset / Size` (tools/kernel_abi.py reads that text) and what the
 driver returns from `cuFuncGetParamInfo`; tests/harvest/test_cubin.py checks it against kernels/kernels.json
 for every committed cubin.
@@ -25,6 +28,7 @@ STB_GLOBAL = 1
 STO_CUDA_ENTRY = 0x10
 EIFMT_SVAL = 4
 EIATTR_KPARAM_INFO = 0x17
+EIATTR_KPARAM_INFO_V2 = 0x45  # the same record, the size a whole u32 (parameters of 16 KiB and more fit)
 _SECTION = struct.Struct("<IIQQQQIIQQ")  # Elf64_Shdr
 _SYMBOL = struct.Struct("<IBBHQQ")  # Elf64_Sym
 _KPARAM = struct.Struct("<IHHI")
@@ -93,13 +97,14 @@ def _kparams(data: bytes, offset: int, size: int, entry: str) -> Layout:
         (length,) = struct.unpack_from("<H", data, pos + 2)
         if pos + 4 + length > end:
             raise CubinError(f".nv.info.{entry}: attribute 0x{attr:02x} of {length} bytes runs past its section")
-        if attr == EIATTR_KPARAM_INFO:
+        if attr in (EIATTR_KPARAM_INFO, EIATTR_KPARAM_INFO_V2):
             if length < _KPARAM.size:
                 raise CubinError(f".nv.info.{entry}: KPARAM_INFO of {length} bytes, expected {_KPARAM.size}")
             _index, ordinal, param_offset, flags = _KPARAM.unpack_from(data, pos + 4)
             if ordinal in by_ordinal:
                 raise CubinError(f".nv.info.{entry}: parameter ordinal {ordinal} listed twice")
-            by_ordinal[ordinal] = (param_offset, (flags >> 18) & 0x3FFF)
+            size = (flags >> 18) & 0x3FFF if attr == EIATTR_KPARAM_INFO else flags
+            by_ordinal[ordinal] = (param_offset, size)
         pos += 4 + length
     ordinals = sorted(by_ordinal)
     if ordinals != list(range(len(ordinals))):
