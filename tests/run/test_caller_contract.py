@@ -149,10 +149,11 @@ def _calls(tree: ast.AST, names: set[str]) -> list[int]:
 
 
 def test_kern_run_probes_no_runtime() -> None:
-    """No getattr / hasattr in kern_run outside the CLI's click-error introspection (cli.py) and the log-level
-    lookup (log.py): a capability is declared in kern_run.contract."""
+    """No getattr / hasattr in kern_run outside the CLI's click-error introspection (cli.py), the log-level
+    lookup (log.py) and harvest/capture.py (which reads cupti-python's callback records and enums, whose fields
+    differ across its releases; no kern runtime is probed there): a capability is declared in kern_run.contract."""
     found = {p.name: _calls(ast.parse(p.read_text()), {"getattr", "hasattr"})
-             for p in sorted(KERN_RUN.rglob("*.py")) if p.name not in ("cli.py", "log.py")}
+             for p in sorted(KERN_RUN.rglob("*.py")) if p.name not in ("cli.py", "log.py", "capture.py")}
     assert {name: lines for name, lines in found.items() if lines} == {}
 
 

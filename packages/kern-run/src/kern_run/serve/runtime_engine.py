@@ -106,7 +106,7 @@ class RuntimeEngine:
         self._advances = facts.decode_advance is not None
         self._expect: dict[int, tuple[int, int, int]] | None = None  # row -> (req, position, token) advanced
         # the pipelined decode (module docstring): the runtime's DeviceSteps and the token ring, when both exist
-        steps = getattr(gen, "steps", None)
+        steps = gen.steps
         self._steps = steps if self._advances and steps is not None else None
         self._ring_name = str(facts.decode_advance["ring"]) if self._steps is not None else ""
         self._ring: np.ndarray | None = None  # i64[seqs, ring_len], host-mapped (read after an event)
