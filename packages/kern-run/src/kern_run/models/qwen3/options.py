@@ -90,6 +90,12 @@ class BuildOptions:
     # fused like the GEMVs; 2-4x slower on the H200, docs/perf.md "Fourteenth session") or "rows" (rows_m.py: the
     # multi-row rows-family GEMVs for 2..8 rows, bit-identical per row to the M = 1 entries; cuBLASLt from 9)
     batch_proj: str = "cublaslt"  # with sampler "gpu": history slots (distinct previous token ids) per row
+    # tensor-parallel ranks (--tp N, tp.py / allreduce.py): all-reduces of messages up to this many bytes run kern's
+    # one-shot kernel over peer memory, larger ones NCCL (0: NCCL only, which needs --decode gemm); 256 KiB: the
+    # size up to which the target asks one-shot to beat NCCL (docs/perf.md "One-shot all-reduce", unmeasured)
+    allreduce_oneshot_bytes: int = 256 * 1024
+    allreduce_blocks: int = 8  # the one-shot all-reduce's grid (one flag per rank and block)
+    allreduce_timeout_ms: int = 1000  # a one-shot all-reduce waits this long for a peer, then reports it missing
 
     @property
     def pdl_small_launches(self) -> bool:
