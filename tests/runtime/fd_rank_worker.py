@@ -17,11 +17,9 @@ import sys
 import warnings
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-import cuda.bindings  # noqa: E402
-import numpy as np  # noqa: E402
-from fake_cuda import FakeDriver  # noqa: E402
+import cuda.bindings
+import numpy as np
+from fake_cuda import FakeDriver  # this script's directory is sys.path[0]
 
 fake = FakeDriver()
 sys.modules["cuda.bindings.driver"] = fake
