@@ -85,14 +85,33 @@ def test_the_peer_launches_are_the_all_reduce_ops() -> None:
 
 @pytest.mark.parametrize("options, message", [
     ({"seqs_max": 4, "gemv": "v2"}, "the tensor-parallel GEMV decode computes one row"),
-    ({"allreduce_oneshot_bytes": 4096}, "below one decode step's 1 x 4096 x 2 = 8192 bytes"),
-    ({"allreduce_oneshot_bytes": 0}, "below one decode step"),
+    ({"allreduce_oneshot_bytes": -1}, "allreduce_oneshot_bytes .* bytes >= 0"),
     ({"allreduce_timeout_ms": 0}, "allreduce_timeout_ms"),
     ({"allreduce_blocks": 65}, "allreduce_blocks 65"),
 ])
 def test_refusals_name_the_option(options: dict, message: str) -> None:
     with pytest.raises(ManifestBuildError, match=message):
         build("qwen3-8b", 2, **options)
+
+
+@pytest.mark.parametrize("oneshot_bytes", [0, 4096])
+def test_gemv_decode_on_nccl_below_one_row(oneshot_bytes: int) -> None:
+    """A threshold below one decode row (8B: 8 KiB): every all-reduce on NCCL; the GEMV decode's row-parallel
+    GEMVs are then followed by the NCCL allreduce of `hidden` and add_rmsnorm with the next norm's weight."""
+    cfg, ms = build("qwen3-8b", 2, allreduce_oneshot_bytes=oneshot_bytes)
+    m = ms[0]
+    verify(parse_manifest(m))
+    assert "ar" not in m["buffers"] and "allreduce" not in m["modules"] and "allreduce_add" not in m["ops"]
+    calls = m["programs"]["decode"]["calls"]
+    rows = [i for i, c in enumerate(calls) if c["op"].startswith("gemv_rows_")]
+    assert len(rows) == 2 * cfg.layers
+    norms = []
+    for i in rows:
+        assert calls[i + 1] == {"op": "allreduce", "args": {"x": "hidden", "count": f"seqs * {cfg.hidden}"}}
+        assert calls[i + 2]["op"] == "add_rmsnorm" and calls[i + 2]["args"]["delta"] == "hidden"
+        norms.append(calls[i + 2]["args"]["w"])
+    want = [n for layer in range(cfg.layers) for n in (f"ln_post.{layer}", f"ln_in.{layer + 1}")]
+    assert norms == want[:-1] + ["final_norm"]
 
 
 def test_nccl_only_with_the_cublaslt_decode() -> None:

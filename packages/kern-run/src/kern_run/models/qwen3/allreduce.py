@@ -11,7 +11,9 @@ Buffers (every rank alike):
 
 Ops: `allreduce(x, count, peers, status)` in place, one-shot for `tokens` up to `oneshot_tokens` and
 `nccl_allreduce_bf16` above (a `when` split on tokens); `allreduce_add(x, residual, count, peers, status)`:
-residual += the sum of every rank's x, one-shot only (the GEMV decode's row-parallel o / down, one row).
+residual += the sum of every rank's x, one-shot (the GEMV decode's row-parallel o / down, one row). Without any
+one-shot message (`--allreduce-oneshot-bytes` below one row): `allreduce(x, count)` on NCCL alone, and the GEMV
+decode adds the residual with `add_rmsnorm` after it (tp.py).
 """
 
 from __future__ import annotations
@@ -52,13 +54,12 @@ class OneShot:
         return self.data_offset + 2 * self.size * self.capacity * 2
 
 
-def oneshot_plan(group: str, size: int, hidden: int, chunk_max: int, decode_rows: int, threshold_bytes: int,
-                 blocks: int, timeout_ms: int, needed: bool) -> tuple[OneShot | None, int]:
-    """(the one-shot plan or None, the largest `tokens` whose all-reduce of tokens x hidden bf16 goes one-shot).
-
-    One-shot messages are at most `threshold_bytes` (0: NCCL only); `needed`: the GEMV decode's allreduce_add
-    (one-shot only) must hold `decode_rows` rows. Raises ManifestBuildError naming the option for a threshold
-    below one decode row when `needed`, a grid outside 1..MAX_BLOCKS, a group above MAX_GROUP or a timeout < 1 ms."""
+def oneshot_plan(group: str, size: int, hidden: int, chunk_max: int, threshold_bytes: int, blocks: int,
+                 timeout_ms: int) -> tuple[OneShot | None, int]:
+    """(the one-shot plan, or None when no message goes one-shot; the largest `tokens` whose all-reduce of
+    tokens x hidden bf16 goes one-shot). One-shot messages are at most `threshold_bytes` (0: NCCL only). Raises
+    ManifestBuildError naming the option for a negative threshold, a grid outside 1..MAX_BLOCKS, a timeout below
+    1 ms, or (when something goes one-shot) a group above MAX_GROUP or a hidden size not a multiple of 8."""
     if threshold_bytes < 0:
         raise ManifestBuildError(f"allreduce_oneshot_bytes (--allreduce-oneshot-bytes) {threshold_bytes}: bytes >= 0 "
                                  "(0: NCCL for every all-reduce)")
@@ -66,22 +67,15 @@ def oneshot_plan(group: str, size: int, hidden: int, chunk_max: int, decode_rows
         raise ManifestBuildError(f"allreduce_blocks {blocks}: the one-shot all-reduce's grid must be 1..{MAX_BLOCKS}")
     if timeout_ms < 1:
         raise ManifestBuildError(f"allreduce_timeout_ms (--allreduce-timeout-ms) {timeout_ms}: at least 1 ms")
-    row_bytes = hidden * 2
-    tokens = min(chunk_max, threshold_bytes // row_bytes)
-    if needed and threshold_bytes < decode_rows * row_bytes:
-        raise ManifestBuildError(f"allreduce_oneshot_bytes (--allreduce-oneshot-bytes) {threshold_bytes}: below one "
-                                 f"decode step's {decode_rows} x {hidden} x 2 = {decode_rows * row_bytes} bytes; the "
-                                 "GEMV decode adds the residual in its one-shot all-reduce: raise it, or use "
-                                 "--decode gemm")
-    if not needed and tokens == 0:
+    tokens = min(chunk_max, threshold_bytes // (hidden * 2))
+    if tokens == 0:
         return None, 0
     if size > MAX_GROUP:
         raise ManifestBuildError(f"--tp {size}: the one-shot all-reduce takes groups of at most {MAX_GROUP}; pass "
-                                 "--allreduce-oneshot-bytes 0 (NCCL) and --decode gemm")
+                                 "--allreduce-oneshot-bytes 0 (NCCL)")
     if hidden % 8:
         raise ManifestBuildError(f"hidden_size {hidden} is not a multiple of 8 (the one-shot all-reduce's vectors)")
-    capacity = max(tokens, decode_rows if needed else 0) * hidden
-    return OneShot(group, size, capacity, blocks, timeout_ms * 1_000_000), tokens
+    return OneShot(group, size, tokens * hidden, blocks, timeout_ms * 1_000_000), tokens
 
 
 def add_buffers(b: Builder, plan: OneShot) -> None:
@@ -104,9 +98,9 @@ def _nccl_launch(group: str, **extra: Any) -> dict[str, Any]:
 
 def add_allreduce_ops(b: Builder, plan: OneShot | None, group: str, oneshot_tokens: int, chunk_max: int,
                       with_add: bool, pdl: bool) -> None:
-    """Declare `allreduce` (and `allreduce_add` when `with_add`). Without a plan: `allreduce(x, count)` on NCCL
-    alone. With one: its buffers, and `allreduce(x, count, peers, status)` one-shot for tokens 1..oneshot_tokens,
-    NCCL above."""
+    """Declare `allreduce` (and, with a plan, `allreduce_add` when `with_add`). Without a plan: `allreduce(x,
+    count)` on NCCL alone. With one: its buffers, and `allreduce(x, count, peers, status)` one-shot for tokens
+    1..oneshot_tokens, NCCL above."""
     if plan is None:
         b.op("allreduce", [ptr("x"), int_arg("count")], [_nccl_launch(group)])
         return

@@ -14,7 +14,9 @@ the group size; hidden size, vocab and everything else unchanged), then:
 - the GEMV decode (`--decode gemv`, the default; one row): the v2 projections with their fused RMSNorm / SwiGLU
   (`gemv_qkv`, `gemv_gate_up_act`, the lm_head) as at TP = 1; the row-parallel o and down on `kern_gemv_rows`
   into `hidden`, each followed by `allreduce_add` (one-shot: residual += the sum of every rank's partial, one
-  launch), so a layer is 9 launches against TP = 1's 7, all in the decode's one graph;
+  launch), so a layer is 9 launches against TP = 1's 7, all in the decode's one graph (with
+  `--allreduce-oneshot-bytes 0`: an NCCL all-reduce and `add_rmsnorm` instead of each `allreduce_add`, the
+  comparison bench/decode.py --tp runs);
 - `topology: {"tp": {"size": N}}`, name `<name>-tp<N>` on every rank, `meta.tp = {group, size, rank, shard,
   allreduce}` (allreduce: the status buffer the caller zeroes and reads, what goes one-shot).
 
@@ -96,10 +98,12 @@ def _rows_op(b: Builder, opts: BuildOptions, n: int, k: int) -> str:
     return name
 
 
-def tp_gemv_decode(calls: list[dict[str, Any]], b: Builder, opts: BuildOptions, shard: Qwen3Config,
-                   hidden: int) -> list[dict[str, Any]]:
+def tp_gemv_decode(calls: list[dict[str, Any]], b: Builder, opts: BuildOptions, shard: Qwen3Config, hidden: int,
+                   layers: int, plan: OneShot | None) -> list[dict[str, Any]]:
     """The GEMV decode's call table with the row-parallel projections split: `gemv_o` (residual += W_o attn_out) and
-    `gemv_down_act` (residual += W_down act) become a kern_gemv_rows partial into `hidden` and `allreduce_add`."""
+    `gemv_down_act` (residual += W_down act) become a kern_gemv_rows partial into `hidden` and `allreduce_add`
+    (one-shot); with no one-shot `plan`, an NCCL `allreduce` of `hidden` and `add_rmsnorm` (residual += hidden;
+    `normed`, which the GEMV decode never reads, gets the next norm's output)."""
     inputs = {"gemv_o": ("attn_out", shard.q_heads * shard.head_dim), "gemv_down_act": ("act", shard.intermediate)}
     out = []
     for c in calls:
@@ -109,7 +113,14 @@ def tp_gemv_decode(calls: list[dict[str, Any]], b: Builder, opts: BuildOptions, 
         x, k = inputs[c["op"]]
         assert c["args"]["x"] == x and c["args"]["residual"] == "residual", c  # a bug in this builder
         out.append(call(_rows_op(b, opts, hidden, k), w=c["args"]["w"], a=x, c="hidden"))
-        out.append(allreduce_add_call("hidden", "residual", f"seqs * {hidden}"))
+        if plan is not None:
+            out.append(allreduce_add_call("hidden", "residual", f"seqs * {hidden}"))
+            continue
+        layer = int(c["args"]["w"].rsplit(".", 1)[1])
+        after = (f"ln_post.{layer}" if c["op"] == "gemv_o" else
+                 f"ln_in.{layer + 1}" if layer + 1 < layers else "final_norm")
+        out.append(allreduce_call("hidden", f"seqs * {hidden}", None))
+        out.append(call("add_rmsnorm", residual="residual", delta="hidden", w=after, out="normed"))
     return out
 
 
@@ -126,15 +137,14 @@ def _shared_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: BuildOptions, tp: i
     base.pop("digest", None)
     base["topology"] = {GROUP: {"size": tp}}
     b = Builder(abi, opts.carveout)
-    plan, oneshot_tokens = oneshot_plan(GROUP, tp, cfg.hidden, opts.chunk_max, opts.seqs_max,
-                                        opts.allreduce_oneshot_bytes, opts.allreduce_blocks,
-                                        opts.allreduce_timeout_ms, needed=gemv)
+    plan, oneshot_tokens = oneshot_plan(GROUP, tp, cfg.hidden, opts.chunk_max, opts.allreduce_oneshot_bytes,
+                                        opts.allreduce_blocks, opts.allreduce_timeout_ms)
     add_allreduce_ops(b, plan, GROUP, oneshot_tokens, opts.chunk_max, with_add=gemv, pdl=opts.pdl)
     for name, prog in base["programs"].items():
         if prog.get("kind", "run") != "run":
             continue
         if gemv and name == "decode":
-            prog["calls"] = tp_gemv_decode(prog["calls"], b, shard_opts, shard, cfg.hidden)
+            prog["calls"] = tp_gemv_decode(prog["calls"], b, shard_opts, shard, cfg.hidden, cfg.layers, plan)
         else:
             prog["calls"] = with_allreduces(prog["calls"], cfg.hidden, plan)
     if gemv:  # replaced by the row-parallel GEMVs and allreduce_add
