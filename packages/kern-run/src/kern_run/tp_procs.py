@@ -78,13 +78,45 @@ def run_tp_procs(cfg: RunConfig, prompt: str, steps: int, eager: bool, ignore_eo
     """`kern run --tp N`: the host checks, then N rank processes (rank 0's stdout is the generated text). Raises
     RefusalError for the checks, TpGroupError naming the rank when the group fails."""
     tp_host_checks(cfg, prompt, tp)  # every refusal that needs no GPU, before any process starts
+    launch(request_json(cfg, prompt, steps, eager, ignore_eos, tp, log_level, timeout_s))
+
+
+def launch(request: dict[str, Any]) -> None:
+    """Start request["tp"] rank processes on `request` (request_json's, maybe with "jobs") and wait for them.
+    Raises TpGroupError naming the rank when the group fails."""
     with private_dir("kern-tp-run-") as work:
-        request = work / "request.json"
-        request.write_text(json.dumps(request_json(cfg, prompt, steps, eager, ignore_eos, tp, log_level, timeout_s)))
+        path = work / "request.json"
+        path.write_text(json.dumps(request))
         try:
-            spawn_ranks(tp, [sys.executable, "-m", "kern_run.tp_procs", str(request)], timeout_s=GROUP_TIMEOUT_S)
+            spawn_ranks(int(request["tp"]), [sys.executable, "-m", "kern_run.tp_procs", str(path)],
+                        timeout_s=GROUP_TIMEOUT_S)
         except GroupFailedError as exc:
             raise group_error(exc, work) from None
+
+
+def run_jobs(cfg: RunConfig, tp: int, jobs: list[dict[str, Any]], result_dir: Path, log_level: str = "info",
+             timeout_s: float = TIMEOUT_S) -> dict[str, Any]:
+    """Run `jobs` on rank 0 of a TP group of processes (tools/tp_parity.py --procs, bench/decode.py --tp): each
+    job a dict with "kind" and "name":
+
+        {"kind": "generate", "name", "prompt_ids", "steps", "eager": False, "lookahead": 4}
+            -> {"tokens", "token_s" (host arrival times, s), "prefill_s", "pipelined"}
+        {"kind": "teacher_forced", "name", "ids", "prefill_tokens"}
+            -> {"logits": f32[m, vocab] (also saved as <name>.npy in result_dir), "argmax"}
+
+    Returns {"jobs": {name: result}, "weights": (bytes, seconds) of rank 0's load}. No host checks: the
+    caller made the manifests and checkpoint. Raises TpGroupError naming the failing rank."""
+    import numpy as np
+
+    result_dir.mkdir(parents=True, exist_ok=True)
+    request = request_json(cfg, "", 0, False, True, tp, log_level, timeout_s)
+    request.update(jobs=jobs, result_dir=str(result_dir))
+    launch(request)
+    out = json.loads((result_dir / "result.json").read_text())
+    for job in jobs:
+        if job["kind"] == "teacher_forced":
+            out["jobs"][job["name"]]["logits"] = np.load(result_dir / f"{job['name']}.npy")
+    return out
 
 
 def group_error(exc: GroupFailedError, work: Path) -> TpGroupError:
@@ -169,8 +201,36 @@ def load_rank(cfg: RunConfig, me: RankEnv, log: Any) -> tuple[Any, Any, str | No
     return rt, facts, status
 
 
-def drive(me: RankEnv, req: dict[str, Any], log: Any) -> GenerateResult:
-    """Rank 0: load, join, accept the followers' step streams, generate (text on stdout), close."""
+def run_rank_jobs(gen: Any, req: dict[str, Any], chunk: int) -> None:
+    """Rank 0's `run_jobs`: every job on the group's Generator; result.json (and each logits .npy) in
+    req["result_dir"]."""
+    import numpy as np
+
+    from .generate import GenerateOptions
+
+    out_dir = Path(req["result_dir"])
+    results: dict[str, Any] = {}
+    for job in req["jobs"]:
+        name = str(job["name"])
+        if job["kind"] == "generate":
+            opts = GenerateOptions(int(job["steps"]), chunk, bool(job.get("eager", False)), stop_at_eos=False,
+                                   lookahead=int(job.get("lookahead", 4)))
+            r = gen.generate([int(t) for t in job["prompt_ids"]], opts)
+            results[name] = {"tokens": r.tokens, "token_s": r.timings.token_s, "prefill_s": r.timings.prefill_s,
+                             "pipelined": r.timings.pipelined}
+        elif job["kind"] == "teacher_forced":
+            logits, argmax = gen.teacher_forced([int(t) for t in job["ids"]], int(job["prefill_tokens"]), chunk)
+            np.save(out_dir / f"{name}.npy", logits)
+            results[name] = {"argmax": argmax.tolist()}
+        else:
+            raise RefusalError(f"tp job {name!r}: unknown kind {job['kind']!r} (generate, teacher_forced)")
+    stats = gen.rt.weight_load_stats
+    (out_dir / "result.json").write_text(json.dumps({"jobs": results, "weights": list(stats)}))
+
+
+def drive(me: RankEnv, req: dict[str, Any], log: Any) -> GenerateResult | None:
+    """Rank 0: load, join, accept the followers' step streams, generate (text on stdout) or run the request's jobs
+    (run_jobs), close."""
     from .generate import Generator
     from .text import checked_prompt, load_codec
 
@@ -191,11 +251,15 @@ def drive(me: RankEnv, req: dict[str, Any], log: Any) -> GenerateResult:
         listener.close()
     srt = StreamingRuntime(rt, sender, status)
     codec = load_codec(cfg.weights)
-    prompt_ids = checked_prompt(codec, req["prompt"])
     gen = Generator(srt, facts, codec.eos_ids, steps=srt)
     try:
-        result = generate_tp(gen, codec, prompt_ids, resolve_chunk(cfg.chunk, facts), int(req["steps"]),
-                             bool(req["eager"]), bool(req["ignore_eos"]), me.world, log, sys.stdout)
+        if req.get("jobs"):
+            run_rank_jobs(gen, req, resolve_chunk(cfg.chunk, facts))
+            result = None
+        else:
+            result = generate_tp(gen, codec, checked_prompt(codec, req["prompt"]), resolve_chunk(cfg.chunk, facts),
+                                 int(req["steps"]), bool(req["eager"]), bool(req["ignore_eos"]), me.world, log,
+                                 sys.stdout)
     except BaseException:
         try:
             gen.close()

@@ -84,7 +84,9 @@ def add_buffers(b: Builder, plan: OneShot) -> None:
     b.buffer(STATUS, "output", "i32", [4], placement="host")
 
 
-def _oneshot_launch(b: Builder, plan: OneShot, entry: str, out: str, pdl: bool) -> dict[str, Any]:
+def oneshot_launch(b: Builder, plan: OneShot, entry: str, out: str, pdl: bool) -> dict[str, Any]:
+    """One launch of `entry` (SUM_ENTRY or ADD_ENTRY) forwarding the op's `peers`, `x`, `out` (the sum's target,
+    or ADD_ENTRY's residual), `count` and `status` arguments."""
     args = [{"arg": "peers"}, {"rank": plan.group, "type": "i32"}, {"i32": plan.size}, {"arg": "x"}, {"arg": out},
             {"arg": "count", "type": "i32"}, {"i32": plan.capacity}, {"i32": plan.blocks}, {"arg": "status"},
             {"i64": plan.timeout_ns}]
@@ -107,16 +109,16 @@ def add_allreduce_ops(b: Builder, plan: OneShot | None, group: str, oneshot_toke
     add_buffers(b, plan)
     iface = [ptr("x"), int_arg("count"), ptr("peers"), ptr("status")]
     if oneshot_tokens >= chunk_max:
-        launches = [_oneshot_launch(b, plan, SUM_ENTRY, "x", pdl)]
+        launches = [oneshot_launch(b, plan, SUM_ENTRY, "x", pdl)]
     elif oneshot_tokens == 0:
         launches = [_nccl_launch(group)]
     else:
-        launches = [{**_oneshot_launch(b, plan, SUM_ENTRY, "x", pdl), "when": {"tokens": [1, oneshot_tokens]}},
+        launches = [{**oneshot_launch(b, plan, SUM_ENTRY, "x", pdl), "when": {"tokens": [1, oneshot_tokens]}},
                     _nccl_launch(group, when={"tokens": [oneshot_tokens + 1, chunk_max]})]
     b.op("allreduce", iface, launches)
     if with_add:
         b.op("allreduce_add", [ptr("x"), ptr("residual"), int_arg("count"), ptr("peers"), ptr("status")],
-             [_oneshot_launch(b, plan, ADD_ENTRY, "residual", pdl)])
+             [oneshot_launch(b, plan, ADD_ENTRY, "residual", pdl)])
 
 
 def allreduce_call(x: str, count: str, plan: OneShot | None) -> dict[str, Any]:
