@@ -197,3 +197,38 @@ def test_cli_tp_starts_rank_processes_unless_local(monkeypatch: pytest.MonkeyPat
         result = CliRunner().invoke(app, base + extra)
         assert result.exit_code == 0, result.output
     assert seen == [("procs", 2), ("local", 2)]
+
+
+def test_rank_jobs_write_what_run_jobs_reads(tmp_path: Path) -> None:
+    """Rank 0's side of run_jobs (tp_procs.run_rank_jobs) over a fake Generator: each job's call, result.json and
+    the teacher-forced logits as .npy."""
+    from types import SimpleNamespace
+
+    from kern_run.tp_procs import run_rank_jobs
+
+    calls: list[tuple] = []
+
+    class FakeGen:
+        rt = SimpleNamespace(weight_load_stats=(123, 0.5))
+
+        def generate(self, ids, opts):
+            calls.append(("generate", ids, opts.max_new_tokens, opts.eager, opts.lookahead, opts.stop_at_eos))
+            timings = SimpleNamespace(token_s=[0.0, 0.1, 0.3], prefill_s=0.05, pipelined=True)
+            return SimpleNamespace(tokens=[7, 8, 9], timings=timings)
+
+        def teacher_forced(self, ids, prefill_tokens, chunk):
+            calls.append(("teacher_forced", ids, prefill_tokens, chunk))
+            return np.arange(6, dtype=np.float32).reshape(2, 3), np.asarray([2, 2])
+
+    jobs = [{"kind": "generate", "name": "g", "prompt_ids": [1, 2], "steps": 3, "lookahead": 0},
+            {"kind": "teacher_forced", "name": "t", "ids": [4, 5, 6], "prefill_tokens": 1}]
+    run_rank_jobs(FakeGen(), {"jobs": jobs, "result_dir": str(tmp_path)}, 64)
+    assert calls == [("generate", [1, 2], 3, False, 0, False), ("teacher_forced", [4, 5, 6], 1, 64)]
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result == {"jobs": {"g": {"tokens": [7, 8, 9], "token_s": [0.0, 0.1, 0.3], "prefill_s": 0.05,
+                                     "pipelined": True}, "t": {"argmax": [2, 2]}}, "weights": [123, 0.5]}
+    np.testing.assert_array_equal(np.load(tmp_path / "t.npy"), np.arange(6, dtype=np.float32).reshape(2, 3))
+    from kern_run.errors import RefusalError
+
+    with pytest.raises(RefusalError, match="unknown kind 'other'"):
+        run_rank_jobs(FakeGen(), {"jobs": [{"kind": "other", "name": "x"}], "result_dir": str(tmp_path)}, 64)

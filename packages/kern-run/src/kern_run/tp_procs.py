@@ -27,14 +27,15 @@ import os
 import socket
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from .config import RunConfig, runtime_weights
 from .errors import RefusalError
 from .generate import GenerateResult
 from .preflight import probe_device, read_manifest, resolve_chunk
 from .tp import generate_tp, rank_manifest, tp_host_checks
-from .tp_rendezvous import GroupFailedError, RankEnv, exchange_fds, private_dir, rank_env, spawn_ranks
+from .tp_rendezvous import (GroupFailedError, RankEnv, RendezvousError, exchange_fds, private_dir, rank_env,
+                            spawn_ranks)
 from .tp_steps import STEPS_SOCKET, StepRankError, StepSender, StreamingRuntime, connect_steps, follow
 
 GROUP = "tp"
@@ -176,9 +177,10 @@ def join_group(rt: Any, me: RankEnv, timeout_s: float) -> None:
 
 
 def status_buffer(manifest: Any) -> str | None:
-    """The one-shot all-reduce's status buffer of a rank manifest (meta.tp.allreduce.status), or None."""
-    meta = getattr(manifest, "meta", None) or {}
-    status = ((meta.get("tp") or {}).get("allreduce") or {}).get("status")
+    """The one-shot all-reduce's status buffer of a rank manifest (a kern_manifest.Manifest;
+    meta.tp.allreduce.status), or None."""
+    tp = (manifest.meta or {}).get("tp")
+    status = ((tp.get("allreduce") if isinstance(tp, Mapping) else None) or {}).get("status")
     return status if isinstance(status, str) and status in manifest.buffers else None
 
 
@@ -288,7 +290,7 @@ def serve(me: RankEnv, req: dict[str, Any], log: Any) -> int:
 def report_failure(exc: BaseException, me: RankEnv, directory: Path) -> str:
     """Write `directory/rank<r>.error` (JSON: this rank, the rank the failure names, the message; best effort) and
     return the one-line message this rank prints."""
-    named = getattr(exc, "rank", None)
+    named = exc.rank if isinstance(exc, (RendezvousError, StepRankError, TpGroupError)) else None
     message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     kind = "" if isinstance(exc, RefusalError) else f"{type(exc).__name__}: "
     verdict = {"rank": me.rank, "names": named if type(named) is int else me.rank, "message": kind + message}
