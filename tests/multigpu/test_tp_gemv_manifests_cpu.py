@@ -203,3 +203,26 @@ def test_each_ranks_binds_split_the_projections_as_megatron(tp: int) -> None:
         np.testing.assert_array_equal(fill(bufs["lm_head"], tensors, raw), raw["lm_head.weight"])
         np.testing.assert_array_equal(fill(bufs["embed"], tensors, raw), raw["model.embed_tokens.weight"])
         np.testing.assert_array_equal(fill(bufs["ln_in.1"], tensors, raw), raw["model.layers.1.input_layernorm.weight"])
+
+
+def test_the_allreduce_cubin_is_a_clean_peer_launch_that_waits_on_every_path() -> None:
+    """The committed allreduce cubin: no multicast in either entry (what Runtime.load's peer-launch scan refuses),
+    and no path exits before griddepcontrol.wait (PDL-safe, tools/sass_paths.py). Skipped without cuobjdump /
+    nvdisasm (CUOBJDUMP, or the nvidia-cuda-cuobjdump and -nvdisasm wheels)."""
+    from kern_runtime.cuda import sass
+    from kern_runtime.cuda.sass import find_cuobjdump
+    from tools import sass_paths
+
+    tool = find_cuobjdump()
+    if tool is None:
+        pytest.skip("cuobjdump not found")
+    cubin = REPO / "kernels" / json.loads((REPO / "kernels" / "kernels.json").read_text())["modules"]["allreduce"]["file"]
+    try:
+        funcs = sass_paths.cubin_functions(cubin, tool)
+    except sass_paths.SassPathError as exc:
+        pytest.skip(f"cuobjdump -sass failed (nvdisasm missing?): {str(exc)[:200]}")
+    image = cubin.read_bytes()
+    for entry in ("kern_allreduce_bf16", "kern_allreduce_add_bf16"):
+        sass.check_peer_launch(image, "allreduce", entry, "$.ops.allreduce.launches[0]")
+        assert sass_paths.unwaited_exits(funcs[entry]) == [], entry
+        assert any(i.op.startswith("MEMBAR.SC.SYS") for i in funcs[entry])  # the fence before the flags
