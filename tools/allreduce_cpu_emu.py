@@ -2,7 +2,7 @@
 tools/reference_kernels.allreduce_bf16.
 
 The kernel source is compiled with g++ against tools/cpu_emu_allreduce/ (stand-ins for common.cuh, peer_mem.cuh and
-the CUDA builtins); every rank is a forked process, every thread of a block a std::thread, the ranks' exported
+the CUDA builtins; the bf16 type from tools/cpu_emu_mma/cuda_bf16.h); every rank is a forked process, every thread of a block a std::thread, the ranks' exported
 buffers one shared mapping, system-scope loads and stores std::atomic_ref acquire / release. Checks, each for both
 entries (plain sum and the residual add):
 
@@ -47,6 +47,7 @@ def build(work: Path) -> Path:
     """Copy the kernel source and the stand-ins into `work` and compile the driver; its path."""
     for f in (REPO / "tools" / "cpu_emu_allreduce").iterdir():
         shutil.copy(f, work / f.name)
+    shutil.copy(REPO / "tools" / "cpu_emu_mma" / "cuda_bf16.h", work / "cuda_bf16.h")  # the bf16 stand-in
     shutil.copy(REPO / "kernels-src" / "allreduce.cu", work / "allreduce.cu")
     exe = work / "driver"
     subprocess.run(["g++", "-std=c++20", "-O1", "-ffp-contract=off", f"-I{work}", "-x", "c++", str(work / "driver.cpp"),

@@ -18,6 +18,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from test_tp_rendezvous import _wait_for
 from kern_run.tp_rendezvous import (
     FDS_PER_MESSAGE,
     MAX_FDS,
@@ -212,10 +213,3 @@ def _catch(*args, **kw):
         return err
 
 
-def _wait_for(path, timeout_s=5.0):
-    import time
-
-    end = time.monotonic() + timeout_s
-    while not path.exists():
-        assert time.monotonic() < end, f"{path} never appeared"
-        time.sleep(0.005)

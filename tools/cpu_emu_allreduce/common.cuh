@@ -3,7 +3,7 @@
 // std::threads meeting at a std::barrier (__syncthreads); `__shared__` variables are process statics (one block at a
 // time per process). Not a CUDA implementation: enough to run that one source and check its logic.
 #pragma once
-#include "cuda_bf16.h"
+#include "cuda_bf16.h"  // tools/cpu_emu_mma's stand-in, copied beside this file by tools/allreduce_cpu_emu.py
 #include <stdint.h>
 #include <algorithm>
 #include <atomic>
@@ -18,6 +18,8 @@
 #define __shared__ static
 struct dim3 { unsigned x = 1, y = 1, z = 1; };
 struct uint4 { uint32_t x, y, z, w; };
+struct float2 { float x, y; };
+inline float2 __bfloat1622float2(__nv_bfloat162 h) { return {__bfloat162float(h.x), __bfloat162float(h.y)}; }
 extern thread_local dim3 threadIdx;
 extern dim3 blockIdx, blockDim, gridDim;
 extern std::barrier<>* g_block_barrier;

@@ -37,6 +37,27 @@ def rank_manifest(manifest: Path, tp: int, rank: int) -> Path:
     return manifest.with_name(f"{manifest.stem}-tp{tp}-r{rank}.json")
 
 
+class GroupPages:
+    """Leases of one kern_pool `Pool` over rank 0's pool layout (`Runtime.pool.layout`), for a TP group's caller: the
+    ranks share page ids (same manifest family, same capacity); a lease's plan is executed on no device, and with
+    paged states only (the Qwen3 manifests) a fresh lease plans no copies."""
+
+    def __init__(self, rt0: Any) -> None:
+        from kern_pool import Pool
+
+        layout = rt0.pool
+        self._pool = Pool(layout.layout) if layout is not None else None
+
+    def lease(self, num_tokens: int) -> SeqLease:
+        """Pages for `num_tokens` tokens, the same ids on every rank. Raises kern_pool `PoolError` (ExceedsPool,
+        Busy), ApiError without paged states."""
+        if self._pool is None:
+            from kern_runtime import ApiError
+
+            raise ApiError("the manifest declares no paged or per-seq states: there is no pool")
+        return self._pool.lease(num_tokens)
+
+
 class TpRuntime:
     """The `contract.CallerRuntime` of a `LocalGroup`: writes to every rank (the group's `write_input`), issues
     through the group, reads rank 0. Its pages are leases of one kern_pool `Pool` over rank 0's pool layout
@@ -45,12 +66,9 @@ class TpRuntime:
     Generator uses its write-inputs-per-step loop, and prefix reuse is single-GPU."""
 
     def __init__(self, group: Any) -> None:
-        from kern_pool import Pool
-
         self.group = group
         self.rt0 = group.runtimes[0]
-        layout = self.rt0.pool
-        self._pool = Pool(layout.layout) if layout is not None else None
+        self._pages = GroupPages(self.rt0)
 
     @property
     def page_tokens(self) -> int | None:
@@ -79,13 +97,8 @@ class TpRuntime:
         return self.rt0.read_buffer(name, rows)
 
     def lease(self, num_tokens: int, *, wait: bool = True) -> SeqLease:
-        """Pages for `num_tokens` tokens, the same ids on every rank. Raises kern_pool `PoolError` (ExceedsPool,
-        Busy), ApiError without paged states. `wait` is the contract's: these leases never wait for a remap."""
-        if self._pool is None:
-            from kern_runtime import ApiError
-
-            raise ApiError("the manifest declares no paged or per-seq states: there is no pool")
-        return self._pool.lease(num_tokens)
+        """GroupPages.lease (`wait` is the contract's: these leases never wait for a remap)."""
+        return self._pages.lease(num_tokens)
 
     def describe(self) -> dict[str, Any]:
         return self.rt0.describe()

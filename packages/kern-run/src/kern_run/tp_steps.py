@@ -216,16 +216,14 @@ class _CheckedEvent:
 
 class StreamingRuntime:
     """Rank 0's runtime for the caller: `contract.CallerRuntime` and `DeviceSteps` over its own `kern_runtime.Runtime`
-    `rt`, every write and issue streamed to the followers first (`sender`). Leases come from a host-only kern_pool
-    `Pool` over rank 0's pool layout (the ranks share page ids; no lease plan runs on any device, as in
-    tp.TpRuntime). `status`: the name of the one-shot all-reduce's host-mapped status buffer, or None."""
+    `rt`, every write and issue streamed to the followers first (`sender`). Leases: tp.GroupPages (a host-only
+    kern_pool `Pool` over rank 0's pool layout, as tp.TpRuntime's). `status`: the name of the one-shot all-reduce's host-mapped status buffer, or None."""
 
     def __init__(self, rt: Any, sender: StepSender, status: str | None) -> None:
-        from kern_pool import Pool
+        from .tp import GroupPages
 
         self.rt, self.sender = rt, sender
-        layout = rt.pool
-        self._pool = Pool(layout.layout) if layout is not None else None
+        self._pages = GroupPages(rt)
         self._status = rt.host_array(status) if status else None
         self.weight_load_stats = rt.weight_load_stats
 
@@ -268,12 +266,8 @@ class StreamingRuntime:
         return self.rt.host_array(name)
 
     def lease(self, num_tokens: int, *, wait: bool = True) -> Any:
-        """Pages for `num_tokens` tokens (kern_pool PoolError when they do not fit; ApiError without paged states)."""
-        if self._pool is None:
-            from kern_runtime import ApiError
-
-            raise ApiError("the manifest declares no paged or per-seq states: there is no pool")
-        return self._pool.lease(num_tokens)
+        """tp.GroupPages.lease: pages for `num_tokens` tokens, the same ids on every rank."""
+        return self._pages.lease(num_tokens)
 
     def describe(self) -> dict[str, Any]:
         return self.rt.describe()
