@@ -232,3 +232,27 @@ def test_rank_jobs_write_what_run_jobs_reads(tmp_path: Path) -> None:
 
     with pytest.raises(RefusalError, match="unknown kind 'other'"):
         run_rank_jobs(FakeGen(), {"jobs": [{"kind": "other", "name": "x"}], "result_dir": str(tmp_path)}, 64)
+
+
+def test_run_tp_procs_refuses_on_the_host_before_any_rank_starts(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                                  tiny_manifest: Path, kernels_dir: Path,
+                                                                  tiny_ckpt: Path) -> None:
+    """Missing rank manifests, then (on this GPU-less machine) the last rank's GPU: refused in the parent, no rank
+    process started."""
+    import shutil
+
+    from kern_run import tp, tp_procs
+    from kern_run.config import RunConfig
+    from kern_run.errors import NoDeviceError, RefusalError
+
+    monkeypatch.setattr(tp_procs, "spawn_ranks", lambda *a, **k: pytest.fail("a rank was started"))
+    manifest = tmp_path / "m.json"
+    shutil.copyfile(tiny_manifest, manifest)
+    cfg = RunConfig(manifest, kernels_dir, tiny_ckpt, capacity_tokens=64)
+    with pytest.raises(RefusalError, match="rank manifest"):
+        tp_procs.run_tp_procs(cfg, "hello", 4, False, False, 2, "info")
+    for r in range(2):
+        shutil.copyfile(tiny_manifest, tp.rank_manifest(manifest, 2, r))
+    monkeypatch.setattr(tp_procs, "probe_device", lambda gpu: (_ for _ in ()).throw(NoDeviceError(f"no GPU {gpu}")))
+    with pytest.raises(NoDeviceError, match="no GPU 1"):
+        tp_procs.run_tp_procs(cfg, "hello", 4, False, False, 2, "info")
