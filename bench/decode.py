@@ -28,6 +28,9 @@ Torch peers read the token back every step (`.item()`), as a generation loop tha
 `--batch 1,8,32,64 [--contexts 128,2048]`: the batched bench instead (bench/decode_batch.py: kern's step at
 seqs = batch against a torch.compile'd batched step, both one CUDA graph, interleaved in one process).
 
+`--tp 1,2,4,8 [--shapes qwen3-8b,qwen3-14b]`: the tensor-parallel bench instead (bench/decode_tp.py: TP = N as
+rank processes, one-shot all-reduce against NCCL, the weight floor per rank).
+
 `--variants A.json,B.json`: the kern worker once per manifest (one after another, each in its own
 subprocess), rows labelled `kern (...) [A]`, `[B]`, breakdowns per variant; `--manifest` alone times one.
 
@@ -472,6 +475,10 @@ def main(argv: list[str] | None = None) -> int:
         from bench import decode_batch
 
         return decode_batch.main(argv)
+    if any(a == "--tp" or a.startswith("--tp=") for a in argv):  # tensor parallel: bench/decode_tp.py
+        from bench import decode_tp
+
+        return decode_tp.main(argv)
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_target_args(p, "qwen3-4b-v2.json")
     p.add_argument("--variants", default="", help="comma list of manifests: the kern worker once per manifest, "

@@ -16,23 +16,7 @@
 //      (-1 when passed), and epoch = e.
 // After a timeout the epochs of the ranks disagree: the caller treats it as fatal for the group.
 
-#include <stdint.h>
-
-__device__ __forceinline__ unsigned long long global_ns() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-
-__device__ __forceinline__ void store_release_sys(unsigned long long* p, unsigned long long v) {
-  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-}
-
-__device__ __forceinline__ unsigned long long load_acquire_sys(const unsigned long long* p) {
-  unsigned long long v;
-  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-  return v;
-}
+#include "peer_mem.cuh"
 
 extern "C" __global__ void __launch_bounds__(32) kern_peer_barrier(
     const unsigned long long* __restrict__ peers,  // u64[size]: each member's flags address

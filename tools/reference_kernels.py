@@ -315,3 +315,21 @@ def argmax(logits: np.ndarray) -> np.ndarray:
         best = row[ok].max()
         out[r] = int(np.flatnonzero(ok & (row == best))[0])
     return out
+
+
+# ---------------------------------------------------------------------------------- tensor parallelism
+
+
+def allreduce_bf16(partials: np.ndarray, residual: np.ndarray | None = None) -> np.ndarray:
+    """kern_allreduce_bf16 / kern_allreduce_add_bf16 (kernels-src/allreduce.cu), bit for bit.
+
+    partials: bf16 bits uint16[size, count], rank s's partial in row s; residual: bf16 bits uint16[count] or None.
+    Returns bf16 bits uint16[count]: the float32 sum in rank order 0..size-1 (acc = 0, then acc += x_s one rank at
+    a time, each add rounded to float32), rounded to bf16 (RNE); with `residual`, bf16(float(residual) + acc)."""
+    vals = from_bf16_bits(np.asarray(partials, dtype=np.uint16))  # f32[size, count]
+    acc = np.zeros(vals.shape[1], dtype=np.float32)
+    for row in vals:
+        acc = acc + row  # float32 adds, rank order
+    if residual is not None:
+        acc = from_bf16_bits(np.asarray(residual, dtype=np.uint16)) + acc
+    return bf16_bits(acc)

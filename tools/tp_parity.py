@@ -13,11 +13,15 @@ TP=1's single reduction; what must hold is that the difference is bf16 rounding,
   top-2 margin there (a near tie within the measured error is the only acceptable cause);
 - decode ms/token (graph) of both.
 
-Manifests are generated into a temporary directory (`kern manifest build --decode gemm` for TP=1, the wiring
-`--tp N` shards; --algos passed to both). Needs N GPUs, torch + transformers for the float32
-reference (--no-reference to skip it). Prints tables; exits 1 when a check fails.
+Manifests are generated into a temporary directory (`--decode gemv`, the default: `kern manifest build --gemv v2`
+for TP=1 and `--tp N` for the ranks, the same fused GEMV wiring on both sides; `--decode gemm`: the cuBLASLt
+decode on both; --algos passed to both). `--procs`: the TP=N side runs as N rank processes (kern_run.tp_procs,
+what `kern run --tp N` runs; its descriptors, step stream and one-shot all-reduce included), else in this process
+(connect_local). Needs N GPUs, torch + transformers for the float32 reference (--no-reference to skip it). Prints
+tables; exits 1 when a check fails.
 
-    python tools/tp_parity.py --shape qwen3-4b --ckpt /tmp/kern-weights/qwen3-4b --tp 2
+    python tools/tp_parity.py --shape qwen3-4b --ckpt /tmp/kern-weights/qwen3-4b --tp 2 [--procs]
+    python tools/tp_parity.py --shape qwen3-8b --ckpt /tmp/kern-weights/qwen3-8b --tp 2 --procs
     python tools/tp_parity.py --config models/qwen3-tiny-en/config.json --ckpt models/qwen3-tiny-en --tp 2
 """
 
@@ -49,7 +53,7 @@ def _gen(args: list[str]) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     src = ap.add_mutually_exclusive_group(required=True)
-    src.add_argument("--shape", choices=["qwen3-4b", "qwen3-0.6b", "tiny"])
+    src.add_argument("--shape", choices=["qwen3-4b", "qwen3-8b", "qwen3-0.6b", "tiny"])
     src.add_argument("--config", type=Path, help="config.json of an existing checkpoint (--ckpt)")
     ap.add_argument("--ckpt", type=Path, required=True, help="checkpoint dir (made with --shape if missing)")
     ap.add_argument("--tp", type=int, default=2)
@@ -64,12 +68,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-reference", action="store_true", help="skip the float32 transformers reference")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--m1-gemv", action="store_true",
-                    help="both sides' decode projections on kern_gemv_rows (kern manifest build --m1-gemv) instead of cuBLASLt")
+                    help="with --decode gemm: both sides' decode projections on kern_gemv_rows (--m1-gemv)")
+    ap.add_argument("--decode", choices=["gemv", "gemm"], default="gemv",
+                    help="both sides' decode: the fused GEMVs (default) or cuBLASLt")
+    ap.add_argument("--procs", action="store_true", help="TP=N as rank processes (kern run --tp N's process model)")
     args = ap.parse_args(argv)
+    if args.m1_gemv and args.decode != "gemm":
+        print("tp_parity: --m1-gemv is an option of --decode gemm", file=sys.stderr)
+        return 2
     if args.tp < 2:
         print(f"tp_parity: --tp {args.tp}: compares TP=N against TP=1, pass --tp >= 2", file=sys.stderr)
         return 2
-    if args.algos is None:
+    if args.algos is None and args.shape != "qwen3-8b":  # the committed pins hold no 8B shape (the builder refuses them)
         default_algos = ROOT / "manifests" / "algos" / "h200.json"
         args.algos = default_algos if default_algos.is_file() else None
     elif not args.algos.is_file():
@@ -115,8 +125,9 @@ def _compare(args: argparse.Namespace, tmp: Path) -> int:
     extra = (["--algos", str(args.algos)] if args.algos else [])
     extra += ["--max-context", str(args.max_context)] if args.max_context else []
     extra += ["--m1-gemv"] if args.m1_gemv else []
+    extra += ["--decode", args.decode]
     manifest = tmp / f"{name}.json"
-    _gen([*source, "--decode", "gemm", "--name", name, "--out", str(manifest), *extra])
+    _gen([*source, "--name", name, "--out", str(manifest), *extra, *(["--gemv", "v2"] if args.decode == "gemv" else [])])
     _gen([*source, "--tp", str(args.tp), "--name", name, "--out", str(manifest), *extra])  # <name>-tp<N>-r<rank>.json
 
     codec = load_codec(args.ckpt)
@@ -145,12 +156,15 @@ def _compare(args: argparse.Namespace, tmp: Path) -> int:
     gc.collect()
     t0 = time.perf_counter()
     cfg = RunConfig(manifest, ROOT / "kernels", args.ckpt, gpu=args.gpu, capacity_tokens=8192)
-    genn, _ = open_tp(cfg, args.tp, codec.eos_ids, log)
-    loadn = time.perf_counter() - t0
-    many = measure(genn)
-    genn.close()
-    del genn
-    gc.collect()
+    if args.procs:
+        many = _measure_procs(cfg, args, ids_decode, ids_long, text_ids, tmp / "procs")
+    else:
+        genn, _ = open_tp(cfg, args.tp, codec.eos_ids, log)
+        many = measure(genn)
+        genn.close()
+        del genn
+        gc.collect()
+    loadn = time.perf_counter() - t0  # TP=N: load and measurement (the processes do both)
 
     failures: list[str] = []
     cases = (("decode 0..%d" % (args.positions - 1), "decode"), ("prompt %d + 32" % args.prompt_tokens, "long"))
@@ -196,18 +210,40 @@ def _compare(args: argparse.Namespace, tmp: Path) -> int:
         ids = text_ids + one["greedy"][:first]
         row1 = gen1.teacher_forced(ids, len(ids) - 1, 512)[0][-1]
         gen1.close()
-        genn, _ = open_tp(cfg, args.tp, codec.eos_ids, log)
-        rown = genn.teacher_forced(ids, len(ids) - 1, 512)[0][-1]
-        genn.close()
+        if args.procs:
+            from kern_run.tp_procs import run_jobs
+
+            job = {"kind": "teacher_forced", "name": "row", "ids": ids, "prefill_tokens": len(ids) - 1}
+            rown = run_jobs(cfg, args.tp, [job], tmp / "procs-row", "warning")["jobs"]["row"]["logits"][-1]
+        else:
+            genn, _ = open_tp(cfg, args.tp, codec.eos_ids, log)
+            rown = genn.teacher_forced(ids, len(ids) - 1, 512)[0][-1]
+            genn.close()
         margin, err = top2_margin(row1), float(np.max(np.abs(rown - row1)))
         verdict = "a near tie within the error" if margin <= 2 * err else "NOT explained by the error"
         print(f"greedy {args.greedy}: first divergence at step {first}; TP=1 top-2 margin there {margin:.4f}, "
               f"max |tp{args.tp} - tp1| on that row {err:.4f}: {verdict}")
         if margin > 2 * err:
             failures.append(f"greedy: divergence at step {first} with margin {margin:.4f} > 2 x error {err:.4f}")
-    print(f"decode ms/token (graph): TP=1 {one['ms']:.3f}, TP={args.tp} {many['ms']:.3f}; "
-          f"load TP=1 {load1:.1f} s, TP={args.tp} {loadn:.1f} s")
+    print(f"decode ms/token (graph): TP=1 {one['ms']:.3f}, TP={args.tp} {many['ms']:.3f}"
+          f"{' (rank processes)' if args.procs else ''}; load TP=1 {load1:.1f} s, TP={args.tp} {loadn:.1f} s")
     return verdict(failures, "tp_parity")
+
+
+def _measure_procs(cfg, args: argparse.Namespace, ids_decode: list[int], ids_long: list[int], text_ids: list[int],
+                   work: Path) -> dict:
+    """`measure` of the TP=N side as rank processes (kern_run.tp_procs.run_jobs): the same teacher-forced logits,
+    greedy tokens and decode ms/token (the mean interval between tokens of a 128-token generation)."""
+    from kern_run.tp_procs import run_jobs
+
+    jobs = [{"kind": "teacher_forced", "name": "decode", "ids": ids_decode, "prefill_tokens": 0},
+            {"kind": "teacher_forced", "name": "long", "ids": ids_long, "prefill_tokens": args.prompt_tokens},
+            {"kind": "generate", "name": "greedy", "prompt_ids": text_ids, "steps": args.greedy},
+            {"kind": "generate", "name": "timed", "prompt_ids": text_ids, "steps": 128}]
+    out = run_jobs(cfg, args.tp, jobs, work, "warning")["jobs"]
+    token_s = out["timed"]["token_s"]
+    return {"decode": out["decode"]["logits"], "long": out["long"]["logits"], "greedy": out["greedy"]["tokens"],
+            "ms": 1e3 * (token_s[-1] - token_s[0]) / max(1, len(token_s) - 1)}
 
 
 if __name__ == "__main__":

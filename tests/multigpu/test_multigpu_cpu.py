@@ -325,7 +325,7 @@ def test_tp_m1_gemv_keeps_an_allreduce_after_each_row_parallel_projection() -> N
 
     cfg = g.Qwen3Config.from_name("tiny")
     abi = g.KernelAbi.from_json(json.loads((REPO / "kernels" / "kernels.json").read_text()))
-    ms = g.build_rank_manifests(cfg, abi, g.BuildOptions("tiny", 64, 4096, m1_gemv=True), 2)
+    ms = g.build_rank_manifests(cfg, abi, g.BuildOptions("tiny", 64, 4096, decode="gemm", m1_gemv=True), 2)
     parsed = [parse_manifest(m) for m in ms]
     for p in parsed:
         verify(p)
@@ -393,13 +393,30 @@ def test_tp_slices_tile_every_weight_exactly(tp_manifests) -> None:
         assert m["buffers"]["embed"]["bind"] == [{"tensor": "model.embed_tokens.weight"}]
 
 
-def test_tp_allreduce_after_each_row_parallel_gemm(tp_manifests) -> None:
-    cfg, ms = tp_manifests
+@pytest.mark.parametrize("oneshot_bytes", [0, 4 * 1024])
+def test_tp_allreduce_after_each_row_parallel_gemm(oneshot_bytes: int) -> None:
+    """--decode gemm: an allreduce of `hidden` after every cuBLASLt projection writing it; NCCL alone with
+    --allreduce-oneshot-bytes 0, else the one-shot kernel up to the threshold's tokens and NCCL above."""
+    from kern_run.models import qwen3 as g
+
+    cfg = g.Qwen3Config.from_name("tiny")
+    abi = g.KernelAbi.from_json(json.loads((REPO / "kernels" / "kernels.json").read_text()))
+    opts = g.BuildOptions("tiny", 64, 4096, decode="gemm", allreduce_oneshot_bytes=oneshot_bytes)
+    ms = g.build_rank_manifests(cfg, abi, opts, 2)
+    extra = {"peers": "ar_peers", "status": "ar_status"} if oneshot_bytes else {}
     for prog in ("decode", "prefill"):
         calls = ms[0]["programs"][prog]["calls"]
         for i, c in enumerate(calls):
             if c.get("op") == "gemm" and c["args"]["c"] == "hidden":
-                assert calls[i + 1] == {"op": "allreduce", "args": {"x": "hidden", "count": f"{c['args']['m']} * {cfg.hidden}"}}
+                assert calls[i + 1] == {"op": "allreduce", "args": {"x": "hidden", "count": f"{c['args']['m']} * {cfg.hidden}",
+                                                                    **extra}}
         n = sum(1 for c in calls if c.get("op") == "allreduce")
         assert n == (2 * cfg.layers if prog == "decode" else 2 * (cfg.layers - 1))
-    assert ms[0]["ops"]["allreduce"]["launches"][0]["extern"] == "nccl_allreduce_bf16"
+    launches = ms[0]["ops"]["allreduce"]["launches"]
+    if not oneshot_bytes:
+        assert [launch["extern"] for launch in launches] == ["nccl_allreduce_bf16"] and "ar" not in ms[0]["buffers"]
+        return
+    tokens = oneshot_bytes // (2 * cfg.hidden)
+    assert launches[0]["entry"] == "kern_allreduce_bf16" and launches[0]["when"] == {"tokens": [1, tokens]}
+    assert launches[1]["extern"] == "nccl_allreduce_bf16" and launches[1]["when"] == {"tokens": [tokens + 1, 64]}
+    assert ms[0]["meta"]["tp"]["allreduce"]["oneshot_tokens"] == tokens

@@ -74,12 +74,18 @@ def _group(n: int = 2) -> SimpleNamespace:
                            close=lambda: None)
 
 
-@pytest.mark.parametrize("impl", [pytest.param("Runtime", id="kern_runtime.Runtime"), pytest.param("TpRuntime")])
-def test_both_runtimes_implement_the_caller_contract_with_its_signatures(impl: str) -> None:
-    """Checked on the classes: kern_runtime.Runtime needs no device for it."""
+@pytest.mark.parametrize("impl", [pytest.param("Runtime", id="kern_runtime.Runtime"), pytest.param("TpRuntime"),
+                                  pytest.param("StreamingRuntime")])
+def test_the_runtimes_implement_the_caller_contract_with_its_signatures(impl: str) -> None:
+    """Checked on the classes: kern_runtime.Runtime needs no device for it. StreamingRuntime: rank 0 of a TP group
+    of processes (kern_run.tp_steps), which also has the pipelined loop's DeviceSteps."""
+    from kern_run.tp_steps import StreamingRuntime
     from kern_runtime import Runtime
 
-    assert signature_faults(CallerRuntime, Runtime if impl == "Runtime" else TpRuntime) == []
+    cls = {"Runtime": Runtime, "TpRuntime": TpRuntime, "StreamingRuntime": StreamingRuntime}[impl]
+    assert signature_faults(CallerRuntime, cls) == []
+    if impl == "StreamingRuntime":
+        assert signature_faults(DeviceSteps, cls) == []
 
 
 def test_the_optional_protocols() -> None:

@@ -159,7 +159,7 @@ def test_cli_pins_of_another_model(tmp_path: Path, capsys: pytest.CaptureFixture
     assert not out.exists()
     # the TP generator: rank shards of tiny at tp 2 are 512x256 / 256x256, decode (cuBLASLt) adds the lm_head
     assert gtp.main(["--shape", "tiny", "--kernels", str(KERNELS), "--out-dir", str(tmp_path / "tp"),
-                     "--algos", str(pins)]) == 1
+                     "--algos", str(pins), "--decode", "gemm"]) == 1
     assert "match none of this model's GEMM shapes (256x256, 512x256, 151936x256); they pin 6144x2560" in (
         _one_line(capsys))
     assert not (tmp_path / "tp").exists()
@@ -537,8 +537,8 @@ def test_read_json_file_refuses_json_python_cannot_decode(tmp_path: Path) -> Non
 
 
 def test_cli_source_flags_and_tp_decode(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """Exactly one of --config / --shape; a shape outside the table is named with the known ones; the TP ranks
-    decode through cuBLASLt, so an explicit --decode gemv with --tp is refused, not overridden."""
+    """Exactly one of --config / --shape; a shape outside the table is named with the known ones; the TP ranks'
+    GEMV decode computes one row, so --tp with --seqs-max > 1 on it is refused (it needs --decode gemm)."""
     out = tmp_path / "m.json"
     assert kern_manifest_build(["--kernels", str(KERNELS), "--out", str(out)]) == 1
     assert _one_line(capsys) == ("kern manifest build: give exactly one of --config CONFIG.JSON and --shape "
@@ -554,9 +554,9 @@ def test_cli_source_flags_and_tp_decode(tmp_path: Path, capsys: pytest.CaptureFi
                                  "qwen3-0.6b, qwen3-1.7b, qwen3-8b, qwen3-14b, qwen3-32b, tiny, llama3.2-1b, "
                                  "llama3.2-3b, llama3.1-8b)")
     assert kern_manifest_build(["--shape", "tiny", "--kernels", str(KERNELS), "--out", str(out), "--tp", "2",
-                                "--decode", "gemv"]) == 1
-    assert _one_line(capsys) == ("kern manifest build: --decode gemv with --tp 2: tensor-parallel ranks decode "
-                                 "through cuBLASLt (--decode gemm)")
+                                "--decode", "gemv", "--gemv", "v2", "--seqs-max", "4"]) == 1
+    assert _one_line(capsys) == ("kern manifest build: --tp 2 with seqs_max (--seqs-max) 4: the tensor-parallel GEMV "
+                                 "decode computes one row; use --decode gemm for batched tensor-parallel decode")
     assert not out.exists() and not (tmp_path / "m-tp2-r0.json").exists()
 
 

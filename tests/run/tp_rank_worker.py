@@ -5,6 +5,9 @@
     python tp_rank_worker.py fail RANK CODE TIMEOUT      rank RANK exits CODE at once; the others exchange
     python tp_rank_worker.py partial WHERE RANK WORLD    connect to WHERE, send a header announcing 4096 bytes
                                                          and 100 of them, then die by SIGKILL
+    python tp_rank_worker.py fds OUT COUNT TIMEOUT       every rank hands in COUNT memfds holding
+                                                         "<pid>:pid-of-<rank>.<i>" (exchange_fds) and writes what
+                                                         it reads through every rank's descriptors to OUT/rank<r>.json
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import struct
 import sys
 from pathlib import Path
 
-from kern_run.tp_rendezvous import exchange, rank_env
+from kern_run.tp_rendezvous import exchange, exchange_fds, rank_env
 
 
 def payload(seed: int, rank: int) -> bytes:
@@ -38,6 +41,16 @@ def main(argv: list[str]) -> int:
         conn.sendall(struct.pack("!4sHHIIQ", b"KTPR", 1, 0, rank, world, 4096) + bytes(100))
         os.kill(os.getpid(), signal.SIGKILL)
     me = rank_env()
+    if mode == "fds":
+        own = []
+        for i in range(int(argv[2])):
+            fd = os.memfd_create("kern-test")
+            os.write(fd, f"{os.getpid()}:pid-of-{me.rank}.{i}".encode())
+            own.append(fd)
+        _, fds = exchange_fds(me.rank, me.world, b"", own, me.where, float(argv[3]))
+        seen = [[os.pread(fd, 4096, 0).decode() for fd in row] for row in fds]
+        Path(argv[1], f"rank{me.rank}.json").write_text(json.dumps(seen))
+        return 0
     if mode == "fail" and me.rank == int(argv[1]):
         return int(argv[2])
     seed = int(argv[2]) if mode == "exchange" else 0

@@ -22,6 +22,8 @@ from __future__ import annotations
 import ctypes
 import gc
 import itertools
+import mmap
+import os
 import sys
 import types
 from typing import Any, Iterator
@@ -33,6 +35,9 @@ real = pytest.importorskip("cuda.bindings.driver")
 
 OK = 0
 INVALID_VALUE = int(real.CUresult.CUDA_ERROR_INVALID_VALUE)
+NOT_PERMITTED = int(real.CUresult.CUDA_ERROR_NOT_PERMITTED)
+POSIX_FD = real.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+FABRIC = real.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_FABRIC
 VMM_BASE = 1 << 56
 _ids = itertools.count(1000)
 
@@ -63,6 +68,8 @@ class FakeDriver(types.ModuleType):
         self.free_bytes = 8 << 30
         self.entries: dict[str, tuple[tuple[int, int], ...]] = {}
         self.static_shared: dict[str, int] = {}  # entry -> static shared memory bytes (cuFuncGetAttribute)
+        self.fabric_permitted = False  # cuMemCreate with a fabric handle type: NOT_PERMITTED unless True
+        self.live_blocks: dict[int, Handle] = {}  # handle id -> physical block not yet released
         self._vbase = VMM_BASE
 
     def called(self, name: str) -> int:
@@ -147,8 +154,45 @@ class FakeDriver(types.ModuleType):
         self._vbase += int(nbytes) + (1 << 30)
         return (OK, address)
 
-    def _cuMemCreate(self, *args: Any) -> tuple:
-        return (OK, Handle("block"))
+    def _cuMemCreate(self, nbytes: int, prop: Any, flags: int) -> tuple:
+        kind = prop.requestedHandleTypes
+        if kind == FABRIC and not self.fabric_permitted:
+            return (NOT_PERMITTED,)
+        block = Handle("block", nbytes=int(nbytes), handle_type=kind, memfd=-1)
+        if kind == POSIX_FD:
+            block.memfd = os.memfd_create(f"fake-block-{block.id}")
+            os.ftruncate(block.memfd, int(nbytes))
+        self.live_blocks[block.id] = block
+        return (OK, block)
+
+    def _cuMemExportToShareableHandle(self, handle: Any, kind: Any, flags: int) -> tuple:
+        if kind != POSIX_FD or getattr(handle, "handle_type", None) != POSIX_FD or handle.id not in self.live_blocks:
+            return (INVALID_VALUE,)
+        return (OK, os.dup(handle.memfd))
+
+    def _cuMemImportFromShareableHandle(self, fd: Any, kind: Any) -> tuple:
+        if kind != POSIX_FD or type(fd) is not int:
+            return (INVALID_VALUE,)
+        try:
+            nbytes = os.fstat(fd).st_size
+        except OSError:
+            return (INVALID_VALUE,)
+        block = Handle("block", nbytes=nbytes, handle_type=POSIX_FD, memfd=os.dup(fd), imported=True)
+        self.live_blocks[block.id] = block
+        return (OK, block)
+
+    def _cuMemRelease(self, handle: Any) -> tuple:
+        block = self.live_blocks.pop(getattr(handle, "id", -1), None)
+        if block is None:
+            return (INVALID_VALUE,)
+        if block.memfd >= 0:
+            os.close(block.memfd)
+        return (OK,)
+
+    @staticmethod
+    def block_memory(handle: Any) -> mmap.mmap:
+        """The bytes of a POSIX-fd block (exported or imported), as a shared mapping of its memfd."""
+        return mmap.mmap(handle.memfd, handle.nbytes)
 
     def _cuDeviceGetAttribute(self, attribute: Any, device: Any) -> tuple:
         return (OK, (1 << 31) - 1)

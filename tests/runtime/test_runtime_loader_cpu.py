@@ -293,3 +293,32 @@ def test_short_file_fails_cleanly(tmp_path: Path, fake) -> None:
     with pytest.raises(WeightArtifactError, match="short read"):
         WeightLoader(tensors, "ctx", threads=3, staging_bytes=256).run(targets)
     assert driver.pinned == {} and not any(driver.streams.values()) and driver.events == {}
+
+
+@pytest.mark.parametrize("tp", [2, 4, 8])
+def test_tensor_parallel_column_slices_are_one_2d_copy_each(tmp_path: Path, fake, tp: int) -> None:
+    """A TP rank's row-parallel weights (o_proj / down_proj `cols` slices, as kern_run.models.qwen3.tp binds them):
+    each rank's segment is one cuMemcpy2DAsync from the staging buffer at the default staging size, source pitch =
+    the checkpoint row, destination pitch = width = the rank's slice, height = every row; never a copy per row. The
+    bytes land as numpy's column slice on every rank."""
+    rng = np.random.default_rng(tp)
+    hidden, q_full, inter = 256, 512, 1024
+    t = {"o": rng.integers(0, 2**16, (hidden, q_full), dtype=np.uint16),
+         "down": rng.integers(0, 2**16, (hidden, inter), dtype=np.uint16)}
+    write_bf16_file(tmp_path / "model.safetensors", t)
+    tensors = SafetensorsTensors.open(tmp_path)
+    for rank in range(tp):
+        specs = []
+        for name, full in (("o", q_full), ("down", inter)):
+            w = full // tp
+            specs.append((buffer(f"w_{name}", (hidden, w), [seg(name, None, (hidden, full), (rank * w, (rank + 1) * w))]),
+                          t[name][:, rank * w:(rank + 1) * w], full * 2, w * 2))
+        targets, offsets, total = place([(s, want) for s, want, _, _ in specs], tensors.meta)
+        driver = fake(total)
+        WeightLoader(tensors, "ctx", threads=2).run(targets)
+        assert [op[0] for op in driver.copies] == ["cuMemcpy2DAsync"] * 2
+        for (spec, want, src_pitch, width), offset in zip(specs, offsets):
+            (op,) = [op for op in driver.copies if op[3] == BASE + offset]
+            assert op[2] == src_pitch and op[4:] == (width, width, hidden), (rank, spec.name, op)
+            got = driver.device(offset, want.nbytes).view(np.uint16).reshape(want.shape)
+            np.testing.assert_array_equal(got, want, err_msg=f"rank {rank} {spec.name}")

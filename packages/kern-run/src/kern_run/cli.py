@@ -324,7 +324,9 @@ def run(
     eager: Annotated[bool, typer.Option("--eager", help="replay decode launch by launch (no CUDA graph)")] = False,
     ignore_eos: Annotated[bool, typer.Option("--ignore-eos", help="do not stop at EOS")] = False,
     tp: Annotated[int, typer.Option("--tp", help="tensor-parallel ranks (GPUs gpu..gpu+tp-1, manifests "
-                                           "<manifest>-tp<N>-r<rank>.json)")] = 1,
+                                           "<manifest>-tp<N>-r<rank>.json), one process per GPU")] = 1,
+    tp_local: Annotated[bool, typer.Option("--tp-local", help="with --tp: every rank in this one process "
+                                           "(connect_local) instead of one process per GPU")] = False,
     prompts: Annotated[Optional[Path], typer.Option("--prompts", help="prompts file, one per line or JSONL "
                                                     "{\"prompt\": ...}; decoded together in batches, cached "
                                                     "prefixes shared")] = None,
@@ -386,9 +388,14 @@ def run(
             if not params.greedy or params.penalizes or params.logprobs or params.top_logprobs or stops:
                 raise RefusalError(f"--tp {tp} decodes greedily without stop strings or logprobs: drop {where}"
                                    f"{' and --stop' if stops else ''}")
-            from .tp import run_tp
+            if tp_local:
+                from .tp import run_tp
 
-            run_tp(cfg, text, steps, eager, ignore_eos, tp, log)
+                run_tp(cfg, text, steps, eager, ignore_eos, tp, log)
+            else:
+                from .tp_procs import run_tp_procs
+
+                run_tp_procs(cfg, text, steps, eager, ignore_eos, tp, level)
             return
         req = RunRequest(text, steps, eager, ignore_eos, params, stops, where)
         if prompts is not None:
@@ -529,7 +536,8 @@ def manifest_build(
     max_context: Annotated[Optional[int], typer.Option("--max-context", help="positions per sequence (default "
                                                        "min(40960, max_position_embeddings); tiny 4096)")] = None,
     decode: Annotated[Optional[str], typer.Option("--decode", help="decode projections: gemv (M = 1 GEMVs, fused "
-                                                  "norms and residuals; default) or gemm (cuBLASLt; with --tp)")] = None,
+                                                  "norms and residuals; default, also with --tp) or gemm "
+                                                  "(cuBLASLt)")] = None,
     m1_gemv: Annotated[bool, typer.Option("--m1-gemv", help="with --decode gemm: the decode projections on "
                                           "kern_gemv_rows (M = 1)")] = False,
     gemv: Annotated[str, typer.Option("--gemv", help="decode GEMV wiring: v1 warp-per-row, v2 rows family with the "
@@ -564,6 +572,11 @@ def manifest_build(
                                                   "count, 1 included: pinned cuBLASLt projections (--algos; --decode "
                                                   "gemm), --decode-attn-batch's attention for every row")] = False,
     tp: Annotated[int, typer.Option("--tp", help="tensor-parallel ranks: write one manifest per rank")] = 1,
+    allreduce_oneshot_bytes: Annotated[int, typer.Option("--allreduce-oneshot-bytes", help="with --tp: all-reduces "
+                                                         "of messages up to this size run kern's one-shot kernel, "
+                                                         "larger ones NCCL (0: NCCL only)")] = 256 * 1024,
+    allreduce_timeout_ms: Annotated[int, typer.Option("--allreduce-timeout-ms", help="with --tp: how long a one-shot "
+                                                      "all-reduce waits for a peer")] = 1000,
     no_verify: Annotated[bool, typer.Option("--no-verify", help="skip verification with kern_manifest")] = False,
     log_level: LogOpt = None,
 ) -> None:
@@ -576,7 +589,8 @@ def manifest_build(
                "carveout": None if carveout == -1 else carveout, "decode_splits": decode_splits,
                "split_tokens": decode_split_tokens, "sms": sms, "gemv_threads_per_sm": gemv_threads_per_sm,
                "pdl": not no_pdl, "pdl_small": not no_pdl_small, "sampler": sampler, "hist_cap": hist_cap,
-               "batch_invariant": batch_invariant}
+               "batch_invariant": batch_invariant, "allreduce_oneshot_bytes": allreduce_oneshot_bytes,
+               "allreduce_timeout_ms": allreduce_timeout_ms}
 
     def go() -> list[str]:
         from .package_data import kernels_dir

@@ -1,4 +1,5 @@
-"""`kern run --tp N`: one process, N runtimes (GPUs gpu .. gpu+N-1), tensor-parallel manifests.
+"""`kern run --tp N --tp-local`: one process, N runtimes (GPUs gpu .. gpu+N-1), tensor-parallel manifests (the
+default, one process per GPU, is tp_procs.py; this module's host checks and reporting serve both).
 
 The target's manifest `<dir>/<name>.json` names the TP=1 model; the rank manifests are
 `<dir>/<name>-tp<N>-r<rank>.json` (kern manifest build --tp N). Each rank loads its manifest with
@@ -36,6 +37,27 @@ def rank_manifest(manifest: Path, tp: int, rank: int) -> Path:
     return manifest.with_name(f"{manifest.stem}-tp{tp}-r{rank}.json")
 
 
+class GroupPages:
+    """Leases of one kern_pool `Pool` over rank 0's pool layout (`Runtime.pool.layout`), for a TP group's caller: the
+    ranks share page ids (same manifest family, same capacity); a lease's plan is executed on no device, and with
+    paged states only (the Qwen3 manifests) a fresh lease plans no copies."""
+
+    def __init__(self, rt0: Any) -> None:
+        from kern_pool import Pool
+
+        layout = rt0.pool
+        self._pool = Pool(layout.layout) if layout is not None else None
+
+    def lease(self, num_tokens: int) -> SeqLease:
+        """Pages for `num_tokens` tokens, the same ids on every rank. Raises kern_pool `PoolError` (ExceedsPool,
+        Busy), ApiError without paged states."""
+        if self._pool is None:
+            from kern_runtime import ApiError
+
+            raise ApiError("the manifest declares no paged or per-seq states: there is no pool")
+        return self._pool.lease(num_tokens)
+
+
 class TpRuntime:
     """The `contract.CallerRuntime` of a `LocalGroup`: writes to every rank (the group's `write_input`), issues
     through the group, reads rank 0. Its pages are leases of one kern_pool `Pool` over rank 0's pool layout
@@ -44,12 +66,9 @@ class TpRuntime:
     Generator uses its write-inputs-per-step loop, and prefix reuse is single-GPU."""
 
     def __init__(self, group: Any) -> None:
-        from kern_pool import Pool
-
         self.group = group
         self.rt0 = group.runtimes[0]
-        layout = self.rt0.pool
-        self._pool = Pool(layout.layout) if layout is not None else None
+        self._pages = GroupPages(self.rt0)
 
     @property
     def page_tokens(self) -> int | None:
@@ -78,13 +97,8 @@ class TpRuntime:
         return self.rt0.read_buffer(name, rows)
 
     def lease(self, num_tokens: int, *, wait: bool = True) -> SeqLease:
-        """Pages for `num_tokens` tokens, the same ids on every rank. Raises kern_pool `PoolError` (ExceedsPool,
-        Busy), ApiError without paged states. `wait` is the contract's: these leases never wait for a remap."""
-        if self._pool is None:
-            from kern_runtime import ApiError
-
-            raise ApiError("the manifest declares no paged or per-seq states: there is no pool")
-        return self._pool.lease(num_tokens)
+        """GroupPages.lease (`wait` is the contract's: these leases never wait for a remap)."""
+        return self._pages.lease(num_tokens)
 
     def describe(self) -> dict[str, Any]:
         return self.rt0.describe()
@@ -160,26 +174,41 @@ def open_tp(cfg: RunConfig, tp: int, eos_ids: frozenset[int], log: Any,
     return Generator(TpRuntime(group), facts, eos_ids), facts
 
 
-def run_tp(cfg: RunConfig, prompt: str, steps: int, eager: bool, ignore_eos: bool, tp: int, log: Any,
-           out: TextIO | None = None) -> GenerateResult:
-    """`kern run --tp N`: like run_target, over N GPUs. Raises RefusalError / kern_runtime.KernError."""
-    out = out if out is not None else sys.stdout
-    ranks = tp_preflight(cfg, tp)  # host-only checks (prompt included) before any GPU is touched
-    chunk = resolve_chunk(cfg.chunk, ranks[0])
-    weight_list_files(cfg.weights)  # a --weights list's entries before the tokenizer beside its first file
-    codec = load_codec(cfg.weights)  # after the weights: weights never made are refused as such, not as no tokenizer
-    prompt_ids = checked_prompt(codec, prompt)
-    check_prompt(len(prompt_ids), cfg.capacity_tokens, ranks[0])
-    gen, _ = open_tp(cfg, tp, codec.eos_ids, log, ranks)
-    with gen:
-        log.info(f"prompt: {len(prompt_ids)} tokens; chunk {chunk}; steps {steps}; tp {tp}; "
-                 f"{'eager' if eager else 'graph'} decode")
-        stream = StreamDecoder(codec)
-        result = gen.generate(prompt_ids, GenerateOptions(steps, chunk, eager, not ignore_eos), stream.writer(out))
-        stream.finish(out)
+def generate_tp(gen: Generator, codec: Any, prompt_ids: list[int], chunk: int, steps: int, eager: bool,
+                ignore_eos: bool, tp: int, log: Any, out: TextIO) -> GenerateResult:
+    """Generate with a TP group's Generator, streaming text to `out`, and log the timings and tokens (what
+    `kern run --tp N` prints, whichever process model holds the ranks)."""
+    log.info(f"prompt: {len(prompt_ids)} tokens; chunk {chunk}; steps {steps}; tp {tp}; "
+             f"{'eager' if eager else 'graph'} decode")
+    stream = StreamDecoder(codec)
+    result = gen.generate(prompt_ids, GenerateOptions(steps, chunk, eager, not ignore_eos), stream.writer(out))
+    stream.finish(out)
     t = result.timings
     log.info(f"tp {tp}: prefill {t.prefill_tokens} tokens + first token in {t.prefill_s * 1e3:.1f} ms "
              f"({t.prefill_tokens_per_s:.0f} tokens/s); decode {t.decode_ms_per_token:.3f} ms/token; "
              f"{len(result.tokens)} tokens generated (stop: {result.stop_reason})")
     log.info(f"tokens: {result.tokens}")
     return result
+
+
+def tp_host_checks(cfg: RunConfig, prompt: str, tp: int) -> tuple[list[ManifestFacts], int, Any, list[int]]:
+    """`kern run --tp N`'s checks before any GPU: the rank manifests, checkpoint, chunk, tokenizer and prompt.
+    Returns (every rank's facts, chunk, codec, prompt ids). Raises RefusalError."""
+    ranks = tp_preflight(cfg, tp)
+    chunk = resolve_chunk(cfg.chunk, ranks[0])
+    weight_list_files(cfg.weights)  # a --weights list's entries before the tokenizer beside its first file
+    codec = load_codec(cfg.weights)  # after the weights: weights never made are refused as such, not as no tokenizer
+    prompt_ids = checked_prompt(codec, prompt)
+    check_prompt(len(prompt_ids), cfg.capacity_tokens, ranks[0])
+    return ranks, chunk, codec, prompt_ids
+
+
+def run_tp(cfg: RunConfig, prompt: str, steps: int, eager: bool, ignore_eos: bool, tp: int, log: Any,
+           out: TextIO | None = None) -> GenerateResult:
+    """`kern run --tp N --tp-local`: like run_target, over N GPUs of this process (connect_local). Raises
+    RefusalError / kern_runtime.KernError."""
+    out = out if out is not None else sys.stdout
+    ranks, chunk, codec, prompt_ids = tp_host_checks(cfg, prompt, tp)  # host-only checks before any GPU is touched
+    gen, _ = open_tp(cfg, tp, codec.eos_ids, log, ranks)
+    with gen:
+        return generate_tp(gen, codec, prompt_ids, chunk, steps, eager, ignore_eos, tp, log, out)

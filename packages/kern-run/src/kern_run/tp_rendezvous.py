@@ -7,14 +7,21 @@ socket can feed the group an offer). Rank 0 hosts: it binds `where`, reads one f
 and answers each with every payload in rank order, or with its verdict when the group fails. Ranks 1..N-1
 connect with retries until the deadline, send their frame and wait for the answer.
 
-Frames (big-endian). A rank's frame: magic `KTPR`, u16 version, u16 flags (0), u32 rank, u32 world, u64 payload
-length, the payload. Rank 0's answer: magic, u16 version, u8 status, u8 0, u32 n; status 0: n (= world) u64
-lengths, then the payloads; status 1: n bytes of JSON `{"kind", "message", "ranks", ...}`, rank 0's error,
-raised again on every connected rank as the same class.
+`exchange_fds` also carries file descriptors (CUDA export handles of type CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+kern_runtime `Offer.fds()`): each rank's descriptors ride as SCM_RIGHTS ancillary data on its frame's first
+byte, and rank 0 forwards every other rank's descriptors with its answer (in batches of at most
+`FDS_PER_MESSAGE`, each on one byte of the answer), so every rank ends with new descriptors of its peers'.
+
+Frames (big-endian). A rank's frame: magic `KTPR`, u16 version, u16 fds (descriptors attached to the frame), u32
+rank, u32 world, u64 payload length, the payload. Rank 0's answer: magic, u16 version, u8 status, u8 0, u32 n;
+status 0: n (= world) u64 lengths, n u16 descriptor counts (of each rank's descriptors that follow; the
+receiver's own count is 0: it keeps its own), then the payloads; status 1: n bytes of JSON `{"kind", "message",
+"ranks", ...}`, rank 0's error, raised again on every connected rank as the same class.
 
 Bounds: one deadline, `timeout_s` from the call (rank 0 fails at the deadline; the other ranks wait up to
 `REPLY_GRACE_S` longer for rank 0's verdict, so they name the same missing rank); payloads of at most
-`max_bytes` (default `MAX_PAYLOAD_BYTES`, 16 MiB); `world` at most `MAX_WORLD`. Rank 0 removes the socket
+`max_bytes` (default `MAX_PAYLOAD_BYTES`, 16 MiB); at most `max_fds` descriptors per rank (default `MAX_FDS`);
+`world` at most `MAX_WORLD`. Descriptors received by a failing exchange are closed before it raises. Rank 0 removes the socket
 file on every exit path; the directory belongs to whoever made it (`private_dir()`, `spawn_ranks`).
 
 `spawn_ranks(world, argv, env)` starts the N rank processes with `KERN_TP_RANK`, `KERN_TP_WORLD` and
@@ -40,13 +47,15 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import ConfigError, RefusalError
 
 MAX_PAYLOAD_BYTES = 16 * 2**20  # an Offer of 40 GiB of states in 2 MiB blocks is about 2 MiB
 MAX_WORLD = 64
+MAX_FDS = 64  # descriptors one rank may hand in (one per exported block; a TP rank exports one or two)
+FDS_PER_MESSAGE = 250  # SCM_RIGHTS descriptors per sendmsg (Linux's SCM_MAX_FD is 253)
 REPLY_GRACE_S = 0.5  # how much longer than the deadline a rank waits for rank 0's answer
 CONNECT_RETRY_S = 0.01  # pause between connection attempts while rank 0 is not listening yet
 SOCKET_NAME = "rendezvous.sock"
@@ -57,6 +66,7 @@ _VERSION = 1
 _FRAME = struct.Struct("!4sHHIIQ")  # magic, version, flags, rank, world, payload length
 _ANSWER = struct.Struct("!4sHBBI")  # magic, version, status, 0, n (world, or JSON length)
 _LENGTH = struct.Struct("!Q")
+_COUNT = struct.Struct("!H")
 _MAX_VERDICT_BYTES = 64 * 2**10
 _SUN_PATH_MAX = 107  # sockaddr_un.sun_path is 108 bytes on Linux, NUL included
 
@@ -141,9 +151,27 @@ def exchange(rank: int, world: int, payload: bytes, where: str | os.PathLike[str
     non-socket file sits at `where`. Rank 0 raises within `timeout_s`, the others within `timeout_s +
     REPLY_GRACE_S` (plus the transfer of the answer).
     """
+    payloads, fds = exchange_fds(rank, world, payload, (), where, timeout_s, max_bytes=max_bytes, max_fds=0)
+    assert not any(fds), "a descriptor arrived though max_fds is 0"
+    return payloads
+
+
+def exchange_fds(rank: int, world: int, payload: bytes, fds: Sequence[int], where: str | os.PathLike[str],
+                 timeout_s: float, *, max_bytes: int = MAX_PAYLOAD_BYTES,
+                 max_fds: int = MAX_FDS) -> tuple[list[bytes], list[list[int]]]:
+    """`exchange`, with file descriptors: returns (payloads, descriptors), both `world` long in rank order.
+
+    fds: this rank's open descriptors (ints >= 0, at most `max_fds`), sent with SCM_RIGHTS; they stay the
+    caller's. descriptors[rank] is `list(fds)` itself; descriptors[r] for every other rank r are new
+    descriptors of this process (the kernel's copies of what rank r sent), the caller's to close. Raises as
+    `exchange` does, and RendezvousPayloadError for more than `max_fds` descriptors (this rank's, before
+    anything is sent, or a peer's), RendezvousFrameError when a peer's descriptors do not match the count it
+    announced. On any failure the descriptors received so far are closed.
+    """
     _check_int("rank", rank, 0)
     _check_int("world", world, 1)
     _check_int("max_bytes", max_bytes, 0)
+    _check_int("max_fds", max_fds, 0)
     if world > MAX_WORLD:
         raise ValueError(f"world {world}: at most {MAX_WORLD} ranks")
     if rank >= world:
@@ -153,17 +181,37 @@ def exchange(rank: int, world: int, payload: bytes, where: str | os.PathLike[str
         raise ValueError(f"timeout_s {timeout_s!r}: a finite number of seconds > 0")
     if not isinstance(payload, (bytes, bytearray, memoryview)):
         raise TypeError(f"payload: bytes-like, not {type(payload).__name__}")
+    if isinstance(fds, (str, bytes)) or not all(type(fd) is int and fd >= 0 for fd in fds):
+        raise TypeError("fds: a sequence of open file descriptors (ints >= 0)")
+    own = list(fds)
     data = bytes(payload)
     if len(data) > max_bytes:
         raise RendezvousPayloadError(f"rank {rank}: payload of {len(data)} bytes, more than the {max_bytes} a "
                                      f"rendezvous payload may hold", rank=rank, size=len(data), limit=max_bytes)
+    if len(own) > max_fds:
+        raise RendezvousPayloadError(f"rank {rank}: {len(own)} file descriptors, more than the {max_fds} a rank may "
+                                     f"hand in", rank=rank, size=len(own), limit=max_fds)
     deadline = time.monotonic() + timeout_s
     if world == 1:
-        return [data]
+        return [data], [own]
     path = _socket_path(where)
-    if rank == 0:
-        return _host(world, data, path, deadline, timeout_s, max_bytes)
-    return _join(rank, world, data, path, deadline, timeout_s, max_bytes)
+    received: dict[int, list[int]] = {}
+    try:
+        if rank == 0:
+            payloads = _host(world, data, own, path, deadline, timeout_s, max_bytes, max_fds, received)
+        else:
+            payloads = _join(rank, world, data, own, path, deadline, timeout_s, max_bytes, max_fds, received)
+    except BaseException:
+        _close_all(received)
+        raise
+    return payloads, [own if r == rank else received.get(r, []) for r in range(world)]
+
+
+def _close_all(received: Mapping[int, list[int]]) -> None:
+    for fds in received.values():
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
 
 @contextlib.contextmanager
@@ -264,6 +312,8 @@ class _Incoming:
     rank: int | None = None
     length: int = 0
     body: bytearray | None = None
+    nfds: int = 0  # descriptors the header announces
+    fds: list[int] = field(default_factory=list)  # descriptors received so far (closed by the caller on failure)
 
     @property
     def need(self) -> int:
@@ -272,7 +322,8 @@ class _Incoming:
         return self.length - len(self.body)
 
 
-def _host(world: int, payload: bytes, path: Path, deadline: float, timeout_s: float, max_bytes: int) -> list[bytes]:
+def _host(world: int, payload: bytes, own_fds: list[int], path: Path, deadline: float, timeout_s: float,
+          max_bytes: int, max_fds: int, received: dict[int, list[int]]) -> list[bytes]:
     _remove_stale(path)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sel = selectors.DefaultSelector()
@@ -303,32 +354,44 @@ def _host(world: int, payload: bytes, path: Path, deadline: float, timeout_s: fl
                     conn = key.fileobj  # type: ignore[assignment]
                     inc = key.data
                     try:
-                        chunk = conn.recv(min(inc.need, 2**20))
+                        chunk, fds, msg_flags, _ = socket.recv_fds(conn, min(inc.need, 2**20), max_fds + 1)
                     except BlockingIOError:
                         continue
                     except OSError:
-                        chunk = b""
+                        chunk, fds, msg_flags = b"", [], 0
+                    inc.fds += fds
+                    if msg_flags & socket.MSG_CTRUNC:
+                        raise RendezvousPayloadError(f"rank 0: {_who(inc)} attached more than {max_fds} file "
+                                                     f"descriptors", rank=inc.rank, size=len(inc.fds), limit=max_fds)
                     if not chunk:
-                        who = f"rank {inc.rank}" if inc.rank is not None else "a peer that had not named its rank"
-                        raise RendezvousPeerDiedError(f"rank 0: {who} closed its connection before sending its "
+                        raise RendezvousPeerDiedError(f"rank 0: {_who(inc)} closed its connection before sending its "
                                                       f"whole frame", rank=inc.rank)
-                    _feed(inc, chunk, world, claimed, max_bytes)
+                    _feed(inc, chunk, world, claimed, max_bytes, max_fds)
                     if inc.need == 0 and inc.body is not None:
                         assert inc.rank is not None
+                        if len(inc.fds) != inc.nfds:
+                            raise RendezvousFrameError(f"rank 0: rank {inc.rank} announced {inc.nfds} file descriptors "
+                                                       f"and attached {len(inc.fds)}", rank=inc.rank)
                         payloads[inc.rank] = bytes(inc.body)
+                        received[inc.rank] = inc.fds
                         done[inc.rank] = conn
                         sel.unregister(conn)
         except RendezvousError as err:
             _tell(list(conns), _verdict(err))
             raise
-        answer = _answer(payloads, world)
+        finally:
+            for inc in conns.values():  # descriptors of frames never finished (the finished ones are in received)
+                if inc.rank not in received or received[inc.rank] is not inc.fds:
+                    _close_all({0: inc.fds})
+        all_fds = {0: own_fds, **received}
         failed: list[int] = []
         for rank in sorted(done):
             conn = done[rank]
             try:
                 conn.setblocking(True)
                 conn.settimeout(max(0.0, deadline - time.monotonic()) + REPLY_GRACE_S)
-                conn.sendall(answer)
+                answer = _answer(payloads, world, {r: f for r, f in all_fds.items() if r != rank})
+                _send_with_fds(conn, answer, [fd for r in range(world) if r != rank for fd in all_fds.get(r, [])])
             except OSError:
                 failed.append(rank)
         if failed:
@@ -344,7 +407,11 @@ def _host(world: int, payload: bytes, path: Path, deadline: float, timeout_s: fl
             os.unlink(path)
 
 
-def _feed(inc: _Incoming, chunk: bytes, world: int, claimed: set[int], max_bytes: int) -> None:
+def _who(inc: _Incoming) -> str:
+    return f"rank {inc.rank}" if inc.rank is not None else "a peer that had not named its rank"
+
+
+def _feed(inc: _Incoming, chunk: bytes, world: int, claimed: set[int], max_bytes: int, max_fds: int) -> None:
     """Add `chunk` to `inc`; once its header is whole, check it (ranks in `claimed` are taken)."""
     if inc.body is not None:
         inc.body += chunk
@@ -352,13 +419,13 @@ def _feed(inc: _Incoming, chunk: bytes, world: int, claimed: set[int], max_bytes
     inc.header += chunk
     if len(inc.header) < _FRAME.size:
         return
-    magic, version, flags, rank, their_world, length = _FRAME.unpack(inc.header)
+    magic, version, nfds, rank, their_world, length = _FRAME.unpack(inc.header)
     if magic != _MAGIC:
         raise RendezvousFrameError(f"rank 0: a peer sent a frame that is not a kern rendezvous frame "
                                    f"(starts {inc.header[:8]!r})")
-    if version != _VERSION or flags != 0:
-        raise RendezvousFrameError(f"rank 0: rank {rank} sent frame version {version} flags {flags}, this is "
-                                   f"version {_VERSION} flags 0", rank=rank if rank < world else None)
+    if version != _VERSION:
+        raise RendezvousFrameError(f"rank 0: rank {rank} sent frame version {version}, this is version {_VERSION}",
+                                   rank=rank if rank < world else None)
     if their_world != world or not 1 <= rank < world:
         raise RendezvousFrameError(f"rank 0: a peer claims rank {rank} of world {their_world}; this group is "
                                    f"ranks 1..{world - 1} of {world}", rank=rank if 0 < rank < world else None)
@@ -368,15 +435,29 @@ def _feed(inc: _Incoming, chunk: bytes, world: int, claimed: set[int], max_bytes
         raise RendezvousPayloadError(f"rank 0: rank {rank} announces a payload of {length} bytes, more than the "
                                      f"{max_bytes} a rendezvous payload may hold", rank=rank, size=length,
                                      limit=max_bytes)
-    inc.rank, inc.length, inc.body = rank, length, bytearray()
+    if nfds > max_fds:
+        raise RendezvousPayloadError(f"rank 0: rank {rank} announces {nfds} file descriptors, more than the {max_fds} a "
+                                     f"rank may hand in", rank=rank, size=nfds, limit=max_fds)
+    inc.rank, inc.length, inc.body, inc.nfds = rank, length, bytearray(), nfds
     claimed.add(rank)
 
 
-def _answer(payloads: dict[int, bytes], world: int) -> bytes:
+def _answer(payloads: dict[int, bytes], world: int, fds: Mapping[int, list[int]]) -> bytes:
+    """The status-0 answer; `fds`: the descriptors that follow it, by rank (counts of absent ranks are 0)."""
     parts = [_ANSWER.pack(_MAGIC, _VERSION, 0, 0, world)]
     parts += [_LENGTH.pack(len(payloads[r])) for r in range(world)]
+    parts += [_COUNT.pack(len(fds.get(r, ()))) for r in range(world)]
     parts += [payloads[r] for r in range(world)]
     return b"".join(parts)
+
+
+def _send_with_fds(conn: socket.socket, data: bytes, fds: list[int]) -> None:
+    """`data` on `conn`, `fds` riding SCM_RIGHTS on its first bytes, at most FDS_PER_MESSAGE per byte."""
+    at = 0
+    for i in range(0, len(fds), FDS_PER_MESSAGE):
+        assert at < len(data), "more descriptor batches than answer bytes"
+        at += socket.send_fds(conn, [data[at:at + 1]], fds[i:i + FDS_PER_MESSAGE])
+    conn.sendall(data[at:])
 
 
 def _verdict(err: RendezvousError) -> bytes:
@@ -396,13 +477,14 @@ def _tell(conns: list[socket.socket], verdict: bytes) -> None:
 # -- ranks 1..N-1 -------------------------------------------------------------------------------------------
 
 
-def _join(rank: int, world: int, payload: bytes, path: Path, deadline: float, timeout_s: float,
-          max_bytes: int) -> list[bytes]:
+def _join(rank: int, world: int, payload: bytes, own_fds: list[int], path: Path, deadline: float, timeout_s: float,
+          max_bytes: int, max_fds: int, received: dict[int, list[int]]) -> list[bytes]:
     conn = _connect(rank, path, deadline, timeout_s)
     with conn:
         try:
             conn.settimeout(max(0.001, deadline - time.monotonic()))
-            conn.sendall(_FRAME.pack(_MAGIC, _VERSION, 0, rank, world, len(payload)) + payload)
+            _send_with_fds(conn, _FRAME.pack(_MAGIC, _VERSION, len(own_fds), rank, world, len(payload)) + payload,
+                           own_fds)
         except TimeoutError:
             raise RendezvousTimeoutError(f"rank {rank}: rank 0 did not take this rank's payload within "
                                          f"{timeout_s:g} s", missing=[0]) from None
@@ -410,7 +492,9 @@ def _join(rank: int, world: int, payload: bytes, path: Path, deadline: float, ti
             raise RendezvousPeerDiedError(f"rank {rank}: rank 0 closed the connection while this rank sent its "
                                           f"payload ({err.strerror or err})", rank=0) from None
         reply_deadline = deadline + REPLY_GRACE_S
-        head = _recv(conn, _ANSWER.size, rank, reply_deadline, timeout_s)
+        got: list[int] = []  # descriptors as they arrive, in rank order
+        received[-1] = got  # closed by exchange_fds on failure
+        head = _recv(conn, _ANSWER.size, rank, reply_deadline, timeout_s, got, max_fds * world)
         magic, version, status, pad, n = _ANSWER.unpack(head)
         if magic != _MAGIC or version != _VERSION or pad != 0 or status not in (0, 1):
             raise RendezvousFrameError(f"rank {rank}: rank 0 answered with a frame that is not a kern rendezvous "
@@ -419,21 +503,38 @@ def _join(rank: int, world: int, payload: bytes, path: Path, deadline: float, ti
             if n > _MAX_VERDICT_BYTES:
                 raise RendezvousFrameError(f"rank {rank}: rank 0's verdict is {n} bytes, more than "
                                            f"{_MAX_VERDICT_BYTES}", rank=0)
-            raise _raise_verdict(rank, _recv(conn, n, rank, reply_deadline, timeout_s))
+            raise _raise_verdict(rank, _recv(conn, n, rank, reply_deadline, timeout_s, got, max_fds * world))
         if n != world:
             raise RendezvousFrameError(f"rank {rank}: rank 0 answered with {n} payloads for a world of {world}",
                                        rank=0)
+        limit = max_fds * world
         lengths = [_LENGTH.unpack_from(buf)[0] for buf in
-                   [_recv(conn, _LENGTH.size, rank, reply_deadline, timeout_s) for _ in range(world)]]
+                   [_recv(conn, _LENGTH.size, rank, reply_deadline, timeout_s, got, limit) for _ in range(world)]]
+        counts = [_COUNT.unpack_from(buf)[0] for buf in
+                  [_recv(conn, _COUNT.size, rank, reply_deadline, timeout_s, got, limit) for _ in range(world)]]
         for r, size in enumerate(lengths):
             if size > max_bytes:
                 raise RendezvousPayloadError(f"rank {rank}: rank 0 forwards a payload of {size} bytes for rank "
                                              f"{r}, more than the {max_bytes} a rendezvous payload may hold",
                                              rank=r, size=size, limit=max_bytes)
-        out = [_recv(conn, size, rank, reply_deadline, timeout_s) for size in lengths]
+        for r, count in enumerate(counts):
+            if count > max_fds or (r == rank and count):
+                raise RendezvousPayloadError(f"rank {rank}: rank 0 forwards {count} file descriptors for rank {r} "
+                                             f"(at most {max_fds}, none for this rank)", rank=r, size=count,
+                                             limit=max_fds)
+        out = [_recv(conn, size, rank, reply_deadline, timeout_s, got, limit) for size in lengths]
         if out[rank] != payload:
             raise RendezvousFrameError(f"rank {rank}: rank 0 answered with a different payload for this rank",
                                        rank=0)
+        if len(got) != sum(counts):
+            raise RendezvousFrameError(f"rank {rank}: rank 0 announced {sum(counts)} file descriptors and sent "
+                                       f"{len(got)}", rank=0)
+        del received[-1]
+        at = 0
+        for r, count in enumerate(counts):
+            if r != rank:
+                received[r] = got[at:at + count]
+                at += count
         return out
 
 
@@ -455,7 +556,9 @@ def _connect(rank: int, path: Path, deadline: float, timeout_s: float) -> socket
         time.sleep(CONNECT_RETRY_S)
 
 
-def _recv(conn: socket.socket, size: int, rank: int, deadline: float, timeout_s: float) -> bytes:
+def _recv(conn: socket.socket, size: int, rank: int, deadline: float, timeout_s: float, fds: list[int],
+          max_fds: int) -> bytes:
+    """`size` bytes from rank 0; descriptors riding on them are appended to `fds` (at most `max_fds` in all)."""
     buf = bytearray()
     while len(buf) < size:
         remaining = deadline - time.monotonic()
@@ -463,7 +566,11 @@ def _recv(conn: socket.socket, size: int, rank: int, deadline: float, timeout_s:
             if remaining <= 0:
                 raise TimeoutError
             conn.settimeout(remaining)
-            chunk = conn.recv(min(size - len(buf), 2**20))
+            chunk, got, msg_flags, _ = socket.recv_fds(conn, min(size - len(buf), 2**20), FDS_PER_MESSAGE)
+            fds += got
+            if msg_flags & socket.MSG_CTRUNC or len(fds) > max_fds:
+                raise RendezvousPayloadError(f"rank {rank}: rank 0 sent more file descriptors than the {max_fds} "
+                                             f"this group may forward", rank=0, size=len(fds), limit=max_fds)
         except TimeoutError:
             raise RendezvousTimeoutError(f"rank {rank}: no answer from rank 0 within {timeout_s:g} s "
                                          f"(+{REPLY_GRACE_S:g} s)", missing=[0]) from None
@@ -587,7 +694,10 @@ __all__ = [
     "RendezvousPayloadError",
     "RendezvousPeerDiedError",
     "RendezvousTimeoutError",
+    "FDS_PER_MESSAGE",
+    "MAX_FDS",
     "exchange",
+    "exchange_fds",
     "private_dir",
     "rank_env",
     "spawn_ranks",

@@ -30,6 +30,7 @@ class Allocation:
     blocks: list[tuple[int, int, object]] = field(default_factory=list, repr=False)
     """VMM allocations: (offset, nbytes, CUmemGenericAllocationHandle) of every mapped physical block."""
     fabric: bool = False  # the blocks were created with a fabric shareable handle type
+    posix_fd: bool = False  # the blocks were created exportable as POSIX file descriptors
     gpu: int = -1  # VMM allocations: the device that owns the blocks
 
     def free(self) -> None:
@@ -98,18 +99,21 @@ class Ledger:
         return alloc
 
     def vmm(self, reserve_bytes: int, mapped_bytes: int, block_bytes: int, device_ordinal: int, label: str,
-            fabric: bool = False) -> Allocation:
+            fabric: bool = False, posix_fd: bool = False) -> Allocation:
         """Reserve a VA range of `reserve_bytes`, create `mapped_bytes / block_bytes` physical blocks
         and map them from the start of the range with read/write access for `device_ordinal`. Both
         sizes are whole numbers of blocks. Undo stack: a failure at any step releases what the
         earlier steps took. `nbytes` of the result is `mapped_bytes`; `blocks` lists the physical
         blocks. `fabric`: create the blocks with CU_MEM_HANDLE_TYPE_FABRIC (peers in other processes or
-        trays can import them); the caller falls back when the driver refuses."""
+        trays can import them); `posix_fd`: with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR (peers in other
+        processes of this host import them from a file descriptor passed over a Unix socket); the caller falls
+        back when the driver refuses."""
         driver = cu()
         if mapped_bytes <= 0 or mapped_bytes % block_bytes or reserve_bytes % block_bytes or reserve_bytes < mapped_bytes:
             raise AssertionError(f"{label}: reserve {reserve_bytes} / map {mapped_bytes} bytes vs {block_bytes}-byte blocks")
-        prop = vmm_properties(device_ordinal, fabric)
-        alloc = Allocation(label, 0, int(mapped_bytes), fabric=fabric, gpu=device_ordinal)
+        prop = vmm_properties(device_ordinal, fabric, posix_fd)
+        alloc = Allocation(label, 0, int(mapped_bytes), fabric=fabric, posix_fd=posix_fd and not fabric,
+                           gpu=device_ordinal)
         nbytes = mapped_bytes
         try:
             base = int(call("cuMemAddressReserve", reserve_bytes, block_bytes, 0, 0))
@@ -132,9 +136,9 @@ class Ledger:
         return self.adopt(alloc)
 
 
-def vmm_properties(device_ordinal: int, fabric: bool = False):
+def vmm_properties(device_ordinal: int, fabric: bool = False, posix_fd: bool = False):
     """CUmemAllocationProp for pinned device memory on `device_ordinal` (with a fabric handle type
-    when `fabric`)."""
+    when `fabric`, else a POSIX file descriptor handle type when `posix_fd`)."""
     driver = cu()
     prop = driver.CUmemAllocationProp()
     prop.type = driver.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
@@ -142,6 +146,8 @@ def vmm_properties(device_ordinal: int, fabric: bool = False):
     prop.location.id = device_ordinal
     if fabric:
         prop.requestedHandleTypes = driver.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_FABRIC
+    elif posix_fd:
+        prop.requestedHandleTypes = driver.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
     return prop
 
 

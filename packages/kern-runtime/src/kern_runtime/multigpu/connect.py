@@ -41,6 +41,7 @@ from .peers import (
     fabric_wanted,
     map_peer,
     missing_peer_tables,
+    posix_fd_wanted,
     vmm_with_fallback,
 )
 
@@ -82,6 +83,7 @@ class Peers:
         self.nccl_groups: set[str] = set()  # groups NCCL externs name
         self.local_group: Any = None  # connect_local's LocalGroup
         self._fabric = False
+        self._posix_fd = False
         self._peer_granularity: int | None = None
         self.check_topology()
 
@@ -146,14 +148,16 @@ class Peers:
                     check_peer_launch(images[launch.module], launch.module, launch.entry, f"{path} (called by {site.path})")
 
     def peer_vmm(self, nbytes: int, label: str, stream: Any) -> Any:
-        """One-block VMM allocation a peer can map (fabric handle where the device gives one), zeroed on
-        `stream`."""
+        """One-block VMM allocation a peer can map (a fabric handle where the device gives one, else a POSIX file
+        descriptor handle, else local only: peers.vmm_with_fallback), zeroed on `stream`."""
         if self._peer_granularity is None:
             self._fabric = fabric_wanted(self.gpu)
+            self._posix_fd = posix_fd_wanted()
             self._peer_granularity = vmm_granularity_bytes(self.gpu)
         size = -(-max(int(nbytes), 1) // self._peer_granularity) * self._peer_granularity
-        alloc = vmm_with_fallback(self._ledger, size, size, size, self.gpu, label, self._fabric)
-        self._fabric = self._fabric and alloc.fabric  # one refusal: local from then on
+        alloc = vmm_with_fallback(self._ledger, size, size, size, self.gpu, label, self._fabric, self._posix_fd)
+        self._fabric = self._fabric and alloc.fabric  # one refusal: the next kind from then on
+        self._posix_fd = self._posix_fd and (alloc.fabric or alloc.posix_fd)
         call("cuMemsetD8Async", alloc.address, 0, size, stream)
         return alloc
 
@@ -230,16 +234,25 @@ class Peers:
         """Every peer table filled and every NCCL group joined."""
         return not missing_peer_tables(self.peer_tables, self.peers_filled) and self.nccl_groups <= set(self.comms)
 
-    def export_handles(self) -> dict[str, PeerHandle]:
-        """A PeerHandle for every export buffer and every VMM-backed state, by name."""
+    def export_handles(self, portable: bool = False) -> dict[str, PeerHandle]:
+        """A PeerHandle for every export buffer and every VMM-backed state, by name (fabric or local handles).
+        `portable`: handles another process can import (fabric, else POSIX file descriptors, which the caller
+        owns and closes: `Offer.close_fds`), and only for what some peer table maps (every rank's manifest has
+        the same tables), so no descriptor is made for memory no peer reads. Raises ApiError when `portable`
+        meets an allocation without a shareable handle type."""
         self._activate()
-        out = {}
-        for name, buf in self.manifest.buffers.items():
-            if buf.export:
-                out[name] = export_handle(name, self._buffers[name])
-        for name, alloc in self._states.items():
-            if alloc.blocks:
-                out[name] = export_handle(name, alloc)
+        wanted = {of for of, _ in self.peer_tables.values()} if portable else None
+        out: dict[str, PeerHandle] = {}
+        try:
+            for name, buf in self.manifest.buffers.items():
+                if buf.export and (wanted is None or name in wanted):
+                    out[name] = export_handle(name, self._buffers[name], portable)
+            for name, alloc in self._states.items():
+                if alloc.blocks and (wanted is None or name in wanted):
+                    out[name] = export_handle(name, alloc, portable)
+        except BaseException:
+            Offer("", "", {}, out).close_fds()
+            raise
         return out
 
     def import_peers(self, group: str, members: Sequence[Mapping[str, PeerHandle]]) -> None:
@@ -273,11 +286,16 @@ class Peers:
             call("cuMemcpyHtoD", self._buffers[table].address, data.ctypes.data, data.nbytes)
             self.peers_filled.add(table)
 
-    def offer(self) -> Offer:
+    def offer(self, portable: bool = False) -> Offer:
         """This rank's side of the handshake: family digest, ranks, peer handles, and a fresh NCCL
-        unique id for each NCCL group in which this rank is member 0."""
+        unique id for each NCCL group in which this rank is member 0. `portable`: for other processes
+        (`export_handles(portable=True)`; the offer's descriptors are the caller's: `Offer.close_fds()` once
+        the exchange has sent them)."""
+        if any(self._ranks.get(g) == 0 for g in self.nccl_groups):
+            pin_nccl_env()  # before NCCL's first call in this process (NCCL_NVLS_ENABLE=0 included)
         ids = {g: unique_id() for g in sorted(self.nccl_groups) if self._ranks.get(g) == 0}
-        return Offer(self.manifest.family_digest, self.manifest.digest, dict(self._ranks), self.export_handles(), ids)
+        handles = self.export_handles(portable)
+        return Offer(self.manifest.family_digest, self.manifest.digest, dict(self._ranks), handles, ids)
 
     def connect(self, offers: Mapping[str, Sequence[Offer]]) -> None:
         """Join every group: `offers[group]` is the members' offers in member order (this rank's

@@ -94,11 +94,16 @@ class Builder:
         self.ops[name] = op
 
     def buffer(self, name: str, kind: str, dtype: str, shape: list[Any], bind: list[dict[str, Any]] | None = None,
-               placement: str | None = None) -> None:
-        """Declare buffer `name` (shape: element counts or var expressions)."""
+               placement: str | None = None, export: bool = False, peers: dict[str, str] | None = None) -> None:
+        """Declare buffer `name` (shape: element counts or var expressions); `export`: peer-visible; `peers`: a
+        peer table `{"of": buffer, "group": group}` (docs/manifest.md)."""
         buf: dict[str, Any] = {"kind": kind, "dtype": dtype, "shape": shape}
         if bind is not None:
             buf["bind"] = bind
         if placement is not None:
             buf["placement"] = placement
+        if export:
+            buf["export"] = True
+        if peers is not None:
+            buf["peers"] = peers
         self.buffers[name] = buf

@@ -35,7 +35,7 @@ from .tp import build_rank_manifests, rank_path
 class BuildRequest:
     """The flags of one `kern manifest build`. Exactly one of `config` (a config.json path) and `shape` (a key of
     shapes.SHAPES). `kernels`: a kernels directory (or its kernels.json). `options`: further BuildOptions fields
-    (chunk_max, decode, gemv, ...; `decode` None: "gemv" at tp 1, "gemm" for tensor-parallel ranks)."""
+    (chunk_max, decode, gemv, ...; `decode` None: "gemv", at every tp)."""
 
     out: Path
     config: Path | None = None
@@ -78,15 +78,11 @@ def default_max_context(req: BuildRequest, cfg: Qwen3Config) -> int:
 
 
 def build_options(req: BuildRequest, cfg: Qwen3Config) -> BuildOptions:
-    """The BuildOptions of the request (the pins file read; `decode` None: "gemm" for tensor-parallel ranks and
-    with batch_invariant, else "gemv"). Raises ManifestBuildError for a pins file load_algos refuses, or --decode
-    gemv with --tp 2 or more."""
+    """The BuildOptions of the request (the pins file read; `decode` None: "gemm" with batch_invariant, else
+    "gemv"). Raises ManifestBuildError for a pins file load_algos refuses."""
     fields = dict(req.options)
     if fields.get("decode") is None:
-        fields["decode"] = "gemm" if req.tp > 1 or fields.get("batch_invariant") else "gemv"
-    elif req.tp > 1 and fields["decode"] != "gemm":
-        raise ManifestBuildError(f"--decode {fields['decode']} with --tp {req.tp}: tensor-parallel ranks decode "
-                                 "through cuBLASLt (--decode gemm)")
+        fields["decode"] = "gemm" if fields.get("batch_invariant") else "gemv"
     opts = BuildOptions(default_name(req), max_context=default_max_context(req, cfg), **fields)
     if req.algos is None:
         return opts

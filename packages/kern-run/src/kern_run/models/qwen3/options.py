@@ -97,6 +97,12 @@ class BuildOptions:
     # decode_attn's; each block reads only its own row, kernels-src/attention_decode.cu), one q/k rope entry for
     # every token count; the norms, SwiGLU and sampler are per row. So a row's tokens do not depend on the bucket
     batch_invariant: bool = False
+    # tensor-parallel ranks (--tp N, tp.py / allreduce.py): all-reduces of messages up to this many bytes run kern's
+    # one-shot kernel over peer memory, larger ones NCCL (0: NCCL only, which needs --decode gemm); 256 KiB: the
+    # size up to which the target asks one-shot to beat NCCL (docs/perf.md "One-shot all-reduce", unmeasured)
+    allreduce_oneshot_bytes: int = 256 * 1024
+    allreduce_blocks: int = 8  # the one-shot all-reduce's grid (one flag per rank and block)
+    allreduce_timeout_ms: int = 1000  # a one-shot all-reduce waits this long for a peer, then reports it missing
 
     @property
     def pdl_small_launches(self) -> bool:

@@ -2,15 +2,23 @@
 parallelism").
 
 Each rank's manifest is build_manifest's manifest of the rank's *shard* (q / kv heads and the MLP width divided by
-the group size; hidden size, vocab and everything else unchanged; decode through the cuBLASLt path, `decode
-"gemm"`), then:
+the group size; hidden size, vocab and everything else unchanged), then:
 
 - binds pick the rank's slice of the full checkpoint tensors: column-parallel `w_qkv` (rows of q, k, v for the
   rank's heads) and `w_gate_up` (rows of gate and up); row-parallel `w_o` and `w_down` (a column range: the inputs
-  the rank's heads / MLP slice produce); embedding, norms and the tied lm_head replicated;
-- after each row-parallel projection (`o` and `down`, output `hidden`) an in-place `nccl_allreduce_bf16` of
-  `hidden` over `tp` (count `tokens * hidden`), so every rank continues with the full sum;
-- `topology: {"tp": {"size": N}}`, name `<name>-tp<N>` on every rank, `meta.tp = {group, size, rank, shard}`.
+  the rank's heads / MLP slice produce); embedding, norms and the lm_head replicated (Megatron's split of the
+  attention and MLP; the vocabulary is not split);
+- prefill (and the cuBLASLt decode, `--decode gemm`): after each row-parallel projection (`o` and `down`, output
+  `hidden`) an in-place all-reduce of `hidden` over `tp` (count `tokens * hidden`): kern's one-shot all-reduce
+  over peer memory for messages up to `allreduce_oneshot_bytes`, `nccl_allreduce_bf16` above (allreduce.py);
+- the GEMV decode (`--decode gemv`, the default; one row): the v2 projections with their fused RMSNorm / SwiGLU
+  (`gemv_qkv`, `gemv_gate_up_act`, the lm_head) as at TP = 1; the row-parallel o and down on `kern_gemv_rows`
+  into `hidden`, each followed by `allreduce_add` (one-shot: residual += the sum of every rank's partial, one
+  launch), so a layer is 9 launches against TP = 1's 7, all in the decode's one graph (with
+  `--allreduce-oneshot-bytes 0`: an NCCL all-reduce and `add_rmsnorm` instead of each `allreduce_add`, the
+  comparison bench/decode.py --tp runs);
+- `topology: {"tp": {"size": N}}`, name `<name>-tp<N>` on every rank, `meta.tp = {group, size, rank, shard,
+  allreduce}` (allreduce: the status buffer the caller zeroes and reads, what goes one-shot).
 
 The per-rank manifests differ only in binds and meta, so their *family digest* (`Manifest.family_digest`:
 everything but binds, name and meta) is equal: that is what connect compares. The full digests differ.
@@ -25,7 +33,10 @@ from typing import Any
 
 from ...errors import ManifestBuildError
 from .abi import KernelAbi
+from .allreduce import OneShot, add_allreduce_ops, allreduce_add_call, allreduce_call, meta, oneshot_plan
+from .builder import Builder, call, ptr
 from .config import Qwen3Config
+from .gemv import rows_launch
 from .jsonio import manifest_digest
 from .manifest import build_manifest
 from .options import BuildOptions
@@ -66,44 +77,93 @@ def rank_binds(cfg: Qwen3Config, tp: int, rank: int, layer: int) -> dict[str, li
     }
 
 
-def allreduce_op() -> dict[str, Any]:
-    """`allreduce(x, count)`: in-place bf16 sum of `count` elements of x over group `tp`."""
-    return {"args": [{"name": "x", "kind": "ptr"}, {"name": "count", "kind": "int"}],
-            "launches": [{"extern": "nccl_allreduce_bf16",
-                          "args": [{"arg": "x"}, {"arg": "x"}, {"arg": "count", "type": "i64"}, {"rank": GROUP}]}]}
-
-
-def with_allreduces(calls: list[dict[str, Any]], hidden: int) -> list[dict[str, Any]]:
+def with_allreduces(calls: list[dict[str, Any]], hidden: int, plan: OneShot | None) -> list[dict[str, Any]]:
     """Insert an allreduce of `hidden` after every projection that writes it (the row-parallel o and down: a
     cuBLASLt `gemm*` op or, with m1_gemv, a `gemv_m1_*` op)."""
     out = []
     for c in calls:
         out.append(c)
         if c.get("op", "").startswith(("gemm", "gemv_m1")) and c["args"].get("c") == "hidden":
-            out.append({"op": "allreduce", "args": {"x": "hidden", "count": f"{c['args']['m']} * {hidden}"}})
+            out.append(allreduce_call("hidden", f"{c['args']['m']} * {hidden}", plan))
+    return out
+
+
+def _rows_op(b: Builder, opts: BuildOptions, n: int, k: int) -> str:
+    """`gemv_rows_<n>x<k>(w, a, c)`: c = W a at M = 1 on kern_gemv_rows (the row-parallel projections' partials)."""
+    name = f"gemv_rows_{n}x{k}"
+    if name not in b.ops:
+        launch = rows_launch(b, "kern_gemv_rows", -(-n // 4), k,
+                             [{"arg": "w"}, {"arg": "a"}, {"arg": "c"}, {"i32": n}, {"i32": k}], opts)
+        b.op(name, [ptr("w"), ptr("a"), ptr("c")], [launch])
+    return name
+
+
+def tp_gemv_decode(calls: list[dict[str, Any]], b: Builder, opts: BuildOptions, shard: Qwen3Config, hidden: int,
+                   layers: int, plan: OneShot | None) -> list[dict[str, Any]]:
+    """The GEMV decode's call table with the row-parallel projections split: `gemv_o` (residual += W_o attn_out) and
+    `gemv_down_act` (residual += W_down act) become a kern_gemv_rows partial into `hidden` and `allreduce_add`
+    (one-shot); with no one-shot `plan`, an NCCL `allreduce` of `hidden` and `add_rmsnorm` (residual += hidden;
+    `normed`, which the GEMV decode never reads, gets the next norm's output)."""
+    inputs = {"gemv_o": ("attn_out", shard.q_heads * shard.head_dim), "gemv_down_act": ("act", shard.intermediate)}
+    out = []
+    for c in calls:
+        if c.get("op") not in inputs:
+            out.append(c)
+            continue
+        x, k = inputs[c["op"]]
+        assert c["args"]["x"] == x and c["args"]["residual"] == "residual", c  # a bug in this builder
+        out.append(call(_rows_op(b, opts, hidden, k), w=c["args"]["w"], a=x, c="hidden"))
+        if plan is not None:
+            out.append(allreduce_add_call("hidden", "residual", f"seqs * {hidden}"))
+            continue
+        layer = int(c["args"]["w"].rsplit(".", 1)[1])
+        after = (f"ln_post.{layer}" if c["op"] == "gemv_o" else
+                 f"ln_in.{layer + 1}" if layer + 1 < layers else "final_norm")
+        out.append(allreduce_call("hidden", f"seqs * {hidden}", None))
+        out.append(call("add_rmsnorm", residual="residual", delta="hidden", w=after, out="normed"))
     return out
 
 
 def _shared_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: BuildOptions, tp: int,
                      config_digest: str) -> dict[str, Any]:
-    """Everything the ranks share: the shard's manifest with the topology, the allreduces and the full model."""
-    base = build_manifest(shard_config(cfg, tp), abi,
-                          dataclasses.replace(opts, name=f"{opts.name}-tp{tp}", decode="gemm"), config_digest)
+    """Everything the ranks share: the shard's manifest with the topology, the all-reduces and the full model."""
+    gemv = opts.decode == "gemv"
+    if gemv and opts.seqs_max > 1:
+        raise ManifestBuildError(f"--tp {tp} with seqs_max (--seqs-max) {opts.seqs_max}: the tensor-parallel GEMV "
+                                 "decode computes one row; use --decode gemm for batched tensor-parallel decode")
+    shard = shard_config(cfg, tp)
+    shard_opts = dataclasses.replace(opts, name=f"{opts.name}-tp{tp}", gemv="v2" if gemv else opts.gemv)
+    base = build_manifest(shard, abi, shard_opts, config_digest)
     base.pop("digest", None)
     base["topology"] = {GROUP: {"size": tp}}
-    base["ops"]["allreduce"] = allreduce_op()
-    for prog in base["programs"].values():
-        if prog.get("kind", "run") == "run":
-            prog["calls"] = with_allreduces(prog["calls"], cfg.hidden)
+    b = Builder(abi, opts.carveout)
+    plan, oneshot_tokens = oneshot_plan(GROUP, tp, cfg.hidden, opts.chunk_max, opts.allreduce_oneshot_bytes,
+                                        opts.allreduce_blocks, opts.allreduce_timeout_ms)
+    add_allreduce_ops(b, plan, GROUP, oneshot_tokens, opts.chunk_max, with_add=gemv, pdl=opts.pdl)
+    for name, prog in base["programs"].items():
+        if prog.get("kind", "run") != "run":
+            continue
+        if gemv and name == "decode":
+            prog["calls"] = tp_gemv_decode(prog["calls"], b, shard_opts, shard, cfg.hidden, cfg.layers, plan)
+        else:
+            prog["calls"] = with_allreduces(prog["calls"], cfg.hidden, plan)
+    if gemv:  # replaced by the row-parallel GEMVs and allreduce_add
+        for op in ("gemv_o", "gemv_down_act"):
+            del base["ops"][op]
+    base["ops"].update(b.ops)
+    base["buffers"].update(b.buffers)
+    base["modules"] = {m: abi.modules[m] for m in sorted(set(base["modules"]) | b.used_modules)}
     base["meta"]["model"] = {**base["meta"]["model"], "q_heads": cfg.q_heads, "kv_heads": cfg.kv_heads,
                              "intermediate": cfg.intermediate}
+    base["meta"]["tp_allreduce"] = meta(plan, oneshot_tokens, opts.allreduce_oneshot_bytes)
     return base
 
 
 def build_rank_manifests(cfg: Qwen3Config, abi: KernelAbi, opts: BuildOptions, tp: int,
                          config_digest: str = "") -> list[dict[str, Any]]:
-    """One manifest per rank (with digests), rank order. The decode is always the cuBLASLt one (`opts.decode`
-    is replaced by "gemm"). Raises ManifestBuildError for a `tp` below 2 or one the shape cannot be split by,
+    """One manifest per rank (with digests), rank order: the GEMV decode (`opts.decode` "gemv", bs = 1, the v2
+    projections whatever `opts.gemv`) or the cuBLASLt one ("gemm"). Raises ManifestBuildError for a `tp` below 2
+    or one the shape cannot be split by, the GEMV decode with seqs_max > 1, an all-reduce option out of range,
     `batch_invariant` (not built for ranks), and build_manifest's refusals."""
     if tp < 2:
         raise ManifestBuildError(f"--tp {tp}: tensor parallelism needs at least 2 ranks (tp 1 is a plain build)")
@@ -118,7 +178,8 @@ def build_rank_manifests(cfg: Qwen3Config, abi: KernelAbi, opts: BuildOptions, t
         m = copy.deepcopy(base)
         m["meta"]["tp"] = {"group": GROUP, "size": tp, "rank": rank,
                            "shard": {"q_heads": shard.q_heads, "kv_heads": shard.kv_heads,
-                                     "intermediate": shard.intermediate}}
+                                     "intermediate": shard.intermediate},
+                           "allreduce": m["meta"].pop("tp_allreduce")}
         for layer in range(cfg.layers):
             for buf, bind in rank_binds(cfg, tp, rank, layer).items():
                 m["buffers"][buf]["bind"] = bind

@@ -1,0 +1,156 @@
+// One-shot all-reduce of bf16 over peer memory (docs/runtime.md "One-shot all-reduce"): for the small messages
+// of a tensor-parallel decode step (2 x hidden x 2 bytes per layer), where NCCL's protocol costs more than the
+// bytes. No NCCL, no multicast: plain stores to peers' memory, a flag handshake bounded by %globaltimer (as
+// peer_barrier.cu), then a local sum.
+//
+// Memory. Every rank exports one buffer `ar` (a peer table `peers`, u64[size], holds every member's `ar` address as
+// mapped in this process, this rank's own entry its own address); with B = `blocks` (the grid, the same for every
+// launch on the buffer) and C = `capacity` elements:
+//   flags   u64[size][B]         at byte 0: flags[s * B + b] = the last epoch rank s announced for block b
+//   epochs  u64[B]               then: this rank's calls per block (advanced on the device, so graph replays work)
+//   failed  u64[1]               then: nonzero once a wait of this rank timed out (later calls then wait no more)
+//   data    bf16[2][size][C]     at ar_data_offset(size, B): slot (p, s) holds rank s's partial in calls of
+//                                epoch parity p
+// Two slots per source rank suffice: a rank writing a slot of parity p at epoch e + 2 has seen every peer's flag of
+// epoch e + 1, which the peer raised only after its launch of epoch e (stream order) finished reading parity p.
+//
+// Block b owns elements [b * chunk, min(count, (b + 1) * chunk)), chunk = cdiv(count, 8 * B) * 8; per block:
+//   1. e = epochs[b] + 1, parity p = e & 1
+//   2. every thread stores its 16-byte vectors of x into slot (p, rank) of every member's `ar` (its own included),
+//      then fence.sc.sys (its writes are visible system-wide before the flags below)
+//   3. barrier; thread m < size: st.release.sys member m's flags[rank * B + b] = e
+//   4. thread m < size: ld.acquire.sys spin on this rank's flags[m * B + b] >= e, reading %globaltimer; past
+//      `timeout_ns` (or at once when `failed` is set) it gives up and records m as missing
+//   5. barrier; every thread sums its vectors over s = 0 .. size-1 in that order, in float32, from the local slots
+//      (p, s): acc = ((x_0 + x_1) + x_2) + ...; kern_allreduce_bf16 writes out = bf16(acc),
+//      kern_allreduce_add_bf16 writes residual = bf16(float(residual) + acc)
+//   6. thread 0: epochs[b] = e; on a timeout the first failing block of this rank sets `failed` and writes
+//      status = {1, lowest missing rank, block, e} (host-mapped: readable without a copy). status is never cleared
+//      here: the caller zeroes it and reads it after steps. A launch whose arguments cannot work (count not a
+//      multiple of 8 or above capacity, a grid other than `blocks`, more members than threads) writes
+//      status = {2, count, gridDim, size} and returns on every rank alike (nothing waits).
+// After a timeout the epochs of the ranks disagree and the sums are garbage: the group is failed by the caller.
+
+#include "common.cuh"
+#include "peer_mem.cuh"
+
+namespace {
+
+constexpr int AR_FLAGS_ALIGN = 256;  // the data region starts on a 256-byte boundary
+
+__device__ __forceinline__ unsigned long long ar_data_offset(int size, int blocks) {
+  const unsigned long long words = (unsigned long long)(size + 1) * blocks + 1;  // flags, epochs, failed
+  return (words * 8 + AR_FLAGS_ALIGN - 1) / AR_FLAGS_ALIGN * AR_FLAGS_ALIGN;
+}
+
+__device__ __forceinline__ void add8(float (&acc)[8], uint4 raw) {
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __bfloat1622float2(h[i]);
+    acc[2 * i] += f.x;
+    acc[2 * i + 1] += f.y;
+  }
+}
+
+template <bool ADD>
+__device__ __forceinline__ void allreduce_block(const unsigned long long* __restrict__ peers, int rank, int size,
+                                                const __nv_bfloat16* x, __nv_bfloat16* out, int count, int capacity,
+                                                int blocks, int* __restrict__ status, long long timeout_ns) {
+  __shared__ unsigned long long epoch_s;
+  __shared__ int missing_s, skip_wait_s;
+  kern_pdl_wait();  // a no-op unless launched with PDL: x is the previous kernel's output
+  const int b = blockIdx.x, tid = threadIdx.x;
+  if (count % 8 != 0 || count < 0 || count > capacity || (int)gridDim.x != blocks || size > (int)blockDim.x ||
+      rank < 0 || rank >= size) {
+    if (b == 0 && tid == 0) {
+      status[1] = count;
+      status[2] = (int)gridDim.x;
+      status[3] = size;
+      __threadfence_system();
+      status[0] = 2;
+    }
+    return;
+  }
+  unsigned long long* const mine = reinterpret_cast<unsigned long long*>(peers[rank]);
+  unsigned long long* const epochs = mine + (unsigned long long)size * blocks;
+  unsigned long long* const failed = epochs + blocks;
+  if (tid == 0) {
+    epoch_s = *reinterpret_cast<volatile unsigned long long*>(epochs + b) + 1ull;
+    missing_s = size;
+    skip_wait_s = *reinterpret_cast<volatile unsigned long long*>(failed) != 0ull;
+  }
+  __syncthreads();
+  const unsigned long long e = epoch_s;
+  const unsigned long long data = ar_data_offset(size, blocks);
+  const unsigned long long slot_bytes = (unsigned long long)capacity * 2;
+  const unsigned long long parity = (e & 1ull) * size;
+  const int chunk = (count + 8 * blocks - 1) / (8 * blocks) * 8;
+  const int lo = b * chunk, hi = min(count, lo + chunk);
+
+  // 2. push this rank's partial into slot (p, rank) of every member
+  for (int i = lo + 8 * tid; i < hi; i += 8 * (int)blockDim.x) {
+    const uint4 v = *reinterpret_cast<const uint4*>(x + i);
+    for (int m = 0; m < size; ++m) {
+      char* slot = reinterpret_cast<char*>(peers[m]) + data + (parity + rank) * slot_bytes;
+      store16(slot + 2ull * i, v);
+    }
+  }
+  fence_sys();
+  __syncthreads();
+  // 3. announce, 4. wait for every member's announcement of this epoch
+  if (tid < size) {
+    store_release_sys(reinterpret_cast<unsigned long long*>(peers[tid]) + (unsigned long long)rank * blocks + b, e);
+    const unsigned long long* flag = mine + (unsigned long long)tid * blocks + b;
+    const unsigned long long start = global_ns();
+    while (load_acquire_sys(flag) < e) {
+      if (skip_wait_s || (long long)(global_ns() - start) > timeout_ns) {
+        atomicMin(&missing_s, tid);
+        break;
+      }
+      __nanosleep(32);
+    }
+  }
+  __syncthreads();
+  // 5. the sum, rank order, float32
+  const char* base = reinterpret_cast<const char*>(mine) + data + parity * slot_bytes;
+  for (int i = lo + 8 * tid; i < hi; i += 8 * (int)blockDim.x) {
+    float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    for (int s = 0; s < size; ++s) add8(acc, load16_cg(base + s * slot_bytes + 2ull * i));
+    if (ADD) {
+      float r[8];
+      load8_vec(out + i, r);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) acc[j] = r[j] + acc[j];
+    }
+    store8_vec(out + i, acc);
+  }
+  // 6. bookkeeping
+  if (tid == 0) {
+    epochs[b] = e;
+    if (missing_s < size && atomicCAS(reinterpret_cast<unsigned long long*>(failed), 0ull, 1ull) == 0ull) {
+      status[1] = missing_s;
+      status[2] = b;
+      status[3] = (int)e;
+      __threadfence_system();
+      status[0] = 1;
+    }
+  }
+}
+
+}  // namespace
+
+// out[0:count] = bf16(sum over ranks s = 0..size-1 of x_s[0:count]), float32 in rank order (out may be x).
+extern "C" __global__ void __launch_bounds__(1024) kern_allreduce_bf16(
+    const unsigned long long* __restrict__ peers, int rank, int size, const __nv_bfloat16* x, __nv_bfloat16* out,
+    int count, int capacity, int blocks, int* __restrict__ status, long long timeout_ns) {
+  allreduce_block<false>(peers, rank, size, x, out, count, capacity, blocks, status, timeout_ns);
+}
+
+// residual[0:count] = bf16(float(residual) + sum over ranks of x_s), the sum as kern_allreduce_bf16's: the
+// all-reduce of a row-parallel projection's partials with the residual add after it, in one launch.
+extern "C" __global__ void __launch_bounds__(1024) kern_allreduce_add_bf16(
+    const unsigned long long* __restrict__ peers, int rank, int size, const __nv_bfloat16* x,
+    __nv_bfloat16* residual, int count, int capacity, int blocks, int* __restrict__ status, long long timeout_ns) {
+  allreduce_block<true>(peers, rank, size, x, residual, count, capacity, blocks, status, timeout_ns);
+}
