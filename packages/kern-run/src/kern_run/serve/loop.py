@@ -227,6 +227,7 @@ class ServeLoop:
         self.metrics.step_tokens.inc(step.num_tokens)
         if step.decodes:
             self.metrics.decode_rows.observe(len(step.decodes))
+        out: list[tuple[Submission, Token]] = []
         for e in sched.complete(step, tokens):
             sub = self._subs.get(e.req_id)
             if sub is None:
@@ -239,5 +240,7 @@ class ServeLoop:
             if e.finish is not None:
                 self._end(e.req_id)
                 self.metrics.requests.labels(finish=e.finish).inc()
-            _send(sub, Token(e.token_id, e.finish, e.logprob, e.top_logprobs))
-        self.metrics.update(sched)
+            out.append((sub, Token(e.token_id, e.finish, e.logprob, e.top_logprobs)))
+        self.metrics.update(sched)  # before the tokens go out: a client that saw its last token reads these gauges
+        for sub, token in out:
+            _send(sub, token)
