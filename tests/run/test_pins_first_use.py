@@ -323,7 +323,49 @@ def test_kern_serve_weights_alone_builds_the_manifest(no_pins: bool, tiny_ckpt: 
     assert result.exit_code == 0, result.stderr
     (cfg,) = served
     assert cfg.manifest.parent == cache / "manifests" and cfg.weights == tiny_ckpt
-    what = "--no-pins: prefill not batch-invariant" if no_pins else f"pins {_cached(cache, 'nvidia-h100-80gb-hbm3')}"
+    # 64 decode rows; batch-invariant unless --no-pins (then the fast batched decode, prefill not invariant either)
+    what = ("--no-pins: prefill not batch-invariant, 64 decode rows" if no_pins else
+            f"pins {_cached(cache, 'nvidia-h100-80gb-hbm3')}, 64 decode rows, batch-invariant decode")
     assert result.stderr.splitlines()[-1] == (f"kern serve: built manifest {cfg.manifest} (from "
                                               f"{tiny_ckpt / 'config.json'}, {what})")
     assert len(fake_gpu.calls) == (0 if no_pins else 1)
+    manifest = json.loads(cfg.manifest.read_text())
+    assert manifest["vars"]["seqs"]["max"] == 64
+    assert manifest["meta"]["caller"].get("decode_batch_invariant", False) is not no_pins
+
+
+# ---------------------------------------------------------------- kern serve --weights: batched, batch-invariant
+
+
+def test_serve_builds_a_batch_invariant_batched_decode_with_the_lm_head_pinned(tmp_path: Path, cache: Path) -> None:
+    """`kern serve --weights` (seqs_max 64, batch_invariant): the lm_head shape (vocab x hidden) is picked with the
+    projections, proven like them, and every decode bucket runs the pinned ops (nothing listed unproven)."""
+    ckpt, pick = _checkpoint_dir(tmp_path, "Qwen3-1.7B"), FakePick()
+    cfg, lines = _auto(ckpt, pick, seqs_max=64, batch_invariant=True)
+    lm_head = (151936, 2048)
+    assert pick.calls == [(0, sorted([*SHAPES_1_7B, lm_head]), 2048)]
+    assert lines[-1] == (f"kern run: built manifest {cfg.manifest} (from {ckpt / 'config.json'}, pins "
+                         f"{_cached(cache)}, 64 decode rows, batch-invariant decode)")
+    manifest = json.loads(cfg.manifest.read_text())
+    caller = manifest["meta"]["caller"]
+    assert manifest["vars"]["seqs"]["max"] == 64 and caller["decode_batch_invariant"] is True
+    assert "decode_batch_invariant_unproven" not in caller
+    assert manifest["ops"]["gemm_151936x2048"]["launches"][0]["algo"] == _row(*lm_head)["algo"]
+
+
+def test_serve_without_invariance_builds_the_fast_batched_decode(tmp_path: Path, cache: Path) -> None:
+    ckpt, pick = _checkpoint_dir(tmp_path, "Qwen3-1.7B"), FakePick()
+    cfg, lines = _auto(ckpt, pick, seqs_max=16)
+    assert pick.calls == [(0, SHAPES_1_7B, 2048)]  # no lm_head pin: the fast decode does not run it on cuBLASLt pins
+    assert lines[-1].endswith(", 16 decode rows)")
+    manifest = json.loads(cfg.manifest.read_text())
+    assert manifest["vars"]["seqs"]["max"] == 16 and "decode_batch_invariant" not in manifest["meta"]["caller"]
+
+
+def test_a_batch_invariant_decode_needs_the_pins(tmp_path: Path, cache: Path) -> None:
+    from kern_run.errors import ConfigError
+
+    ckpt, pick = _checkpoint_dir(tmp_path, "Qwen3-1.7B"), FakePick()
+    with pytest.raises(ConfigError, match="--no-pins cannot build one"):
+        _auto(ckpt, pick, seqs_max=64, batch_invariant=True, pins=False)
+    assert pick.calls == [] and not (cache / "manifests").exists()

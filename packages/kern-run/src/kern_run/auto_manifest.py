@@ -36,7 +36,10 @@ DEFAULT_CHUNK_MAX = 512  # `kern manifest build`'s --chunk-max default
 class AutoRequest:
     """The `kern run` flags that decide the manifest. `weights`: one path or several .safetensors files (config.json
     beside the first); `kernels` None: kern_run.kernels_dir(); `pins` False: --no-pins; `chunk`: --chunk (a chunk
-    maximum of at least 512 tokens is built, more when --chunk asks for more)."""
+    maximum of at least 512 tokens is built, more when --chunk asks for more). `seqs_max`: decode rows per step
+    (1: the bs = 1 manifest `kern run` decodes with; more, as `kern serve` builds: `--seqs-max N --gemv v2`);
+    `batch_invariant`: the same decode arithmetic at every row count (`--batch-invariant`; needs the pins, and
+    then pins the lm_head shape too)."""
 
     weights: Weights
     kernels: Path | None = None
@@ -44,6 +47,8 @@ class AutoRequest:
     capacity: int | None = None
     chunk: int | None = None
     pins: bool = True
+    seqs_max: int = 1
+    batch_invariant: bool = False
 
 
 def config_path(weights: Weights) -> Path:
@@ -102,18 +107,31 @@ def auto_config(req: AutoRequest, err: TextIO | None = None, stamp: Callable[[in
     kernels = req.kernels if req.kernels is not None else kernels_dir()
     chunk_max = max(DEFAULT_CHUNK_MAX, req.chunk or 0)
     name = model_name(config)
-    plan = validate(cfg, BuildOptions(name, max_context=min(40960, cfg.max_position_embeddings), chunk_max=chunk_max))
+    options: dict = {"chunk_max": chunk_max}
+    if req.batch_invariant:  # the cuBLASLt decode on the proven pins at every row count (as regen_manifests' -inv)
+        if not req.pins:
+            raise ConfigError("a batch-invariant decode runs every projection on a proven cuBLASLt pin: --no-pins "
+                              "cannot build one (add --no-invariant, or drop --no-pins)")
+        options.update(seqs_max=req.seqs_max, batch_invariant=True)
+    elif req.seqs_max > 1:  # the batched decode: v2 GEMVs at one row, small-M projections from two (builder rules)
+        options.update(seqs_max=req.seqs_max, gemv="v2")
+    decode = {"decode": "gemm"} if req.batch_invariant else {}  # build_options' default for the invariant build
+    plan = validate(cfg, BuildOptions(name, max_context=min(40960, cfg.max_position_embeddings), **options,
+                                      **decode))
+    # the invariant decode's lm_head runs on a pin proven like a prefill pin (tools/pick_algos.py --lm-head)
+    shapes = plan.prefill_shapes | ({(cfg.vocab, cfg.hidden)} if req.batch_invariant else set())
     pins = None
     if req.pins:
-        pins = ensure_pins(plan.prefill_shapes, req.gpu, chunk_max, stamp, pick, err, command)
+        pins = ensure_pins(shapes, req.gpu, chunk_max, stamp, pick, err, command)
     try:
         kernels_bytes = kernels_json_path(kernels).read_bytes()
     except OSError as exc:
         raise ManifestBuildError(f"--kernels {kernels}: {kernels_json_path(kernels)}: {exc.strerror or exc}") from None
-    options = {"chunk_max": chunk_max}
     key = cache_key(text, kernels_bytes, {**options, "name": name}, None if pins is None else pins.read_text())
     out = cache_root() / "manifests" / f"{name}-{key[:16]}.json"
     what = f"from {config}, pins {pins}" if pins else f"from {config}, --no-pins: prefill not batch-invariant"
+    if req.seqs_max > 1:
+        what += f", {req.seqs_max} decode rows" + (", batch-invariant decode" if req.batch_invariant else "")
     if out.is_file():
         print(f"kern {command}: reused manifest {out} ({what})", file=err)
     else:

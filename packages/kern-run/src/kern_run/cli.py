@@ -261,22 +261,26 @@ def _overrides(manifest: Path | None, kernels: Path | None, weights: list[str] |
             "chunk": chunk}
 
 
+SERVE_SEQS_MAX = 64  # the builder's batched decode: buckets 1, 2, 4, .. 64 (kern_run.models.qwen3 seqs_max)
+
 NoPinsOpt = Annotated[bool, typer.Option("--no-pins", help="with --weights alone: build the manifest without "
                                          "cuBLASLt pins (prefill then not batch-invariant)")]
 
 
 def _run_config(config: Path | None, target: str | None, overrides: dict[str, Any], no_pins: bool,
-                command: str) -> Any:
+                command: str, seqs_max: int = 1, batch_invariant: bool = False) -> Any:
     """The RunConfig of `kern run` / `kern test` / `kern serve`: --weights without --manifest and --target builds (or reuses) the
-    manifest of the checkpoint's config.json (kern_run.auto_manifest); otherwise the kern.toml target with the
-    flags over it. Raises RefusalError (--no-pins given with a manifest or target)."""
+    manifest of the checkpoint's config.json (kern_run.auto_manifest; `seqs_max` decode rows, `batch_invariant`:
+    kern serve's), otherwise the kern.toml target with the flags over it. Raises RefusalError (--no-pins given
+    with a manifest or target)."""
     if overrides["weights"] and overrides["manifest"] is None and target is None:
         from .auto_manifest import AutoRequest, auto_config
 
         check_numbers(overrides)  # before the device probe of the pins lookup, as resolve_config does
 
         return auto_config(AutoRequest(overrides["weights"], overrides["kernels"], overrides["gpu"] or 0,
-                                       overrides["capacity"], overrides["chunk"], pins=not no_pins),
+                                       overrides["capacity"], overrides["chunk"], pins=not no_pins,
+                                       seqs_max=seqs_max, batch_invariant=batch_invariant),
                            command=command)
     if no_pins:
         raise RefusalError("--no-pins is an option of --weights DIR alone (the manifest built from its config.json); "
@@ -442,8 +446,10 @@ def serve(
         opts = ServeOptions(host, port, max_seqs, host_gib, api_key, max_queue, token_budget, drain_timeout,
                             model_name, eager, invariant)
         opts.check()  # before the target resolves and anything probes the device
+        # --weights alone: a manifest of min(--max-seqs, 64) decode rows, batch-invariant unless --no-invariant or
+        # --no-pins (docs/serve.md "Which manifest")
         cfg = _run_config(config, target, _overrides(manifest, kernels, weights, gpu, capacity, chunk), no_pins,
-                          "serve")
+                          "serve", seqs_max=min(max_seqs, SERVE_SEQS_MAX), batch_invariant=invariant and not no_pins)
         serve_target(cfg, opts, log)
 
     _guarded("serve", level, go)
