@@ -244,6 +244,7 @@ def stub_device_probe(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     that refuses with exit 3 and PROBED: a refusal of the inputs (exit 2) must come before it."""
     import kern_run.session as session
     import kern_run.tp as tp
+    import kern_run.tp_procs as tp_procs
     from kern_run.errors import NoDeviceError
 
     _empty_kern_toml(monkeypatch, tmp_path)
@@ -253,6 +254,7 @@ def stub_device_probe(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 
     monkeypatch.setattr(session, "probe_device", probe)
     monkeypatch.setattr(tp, "probe_device", probe)
+    monkeypatch.setattr(tp_procs, "probe_device", probe)  # `kern run --tp N`'s parent, before the rank processes
 
 
 def refused_line(args: list[str], *needles: str, code: int = 2) -> str:

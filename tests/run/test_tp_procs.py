@@ -237,8 +237,8 @@ def test_rank_jobs_write_what_run_jobs_reads(tmp_path: Path) -> None:
 def test_run_tp_procs_refuses_on_the_host_before_any_rank_starts(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
                                                                   tiny_manifest: Path, kernels_dir: Path,
                                                                   tiny_ckpt: Path) -> None:
-    """Missing rank manifests, then (on this GPU-less machine) the last rank's GPU: refused in the parent, no rank
-    process started."""
+    """Missing rank manifests, then (on this GPU-less machine) a rank's GPU (the first missing): refused in the
+    parent, no rank process started."""
     import shutil
 
     from kern_run import tp, tp_procs
@@ -253,6 +253,15 @@ def test_run_tp_procs_refuses_on_the_host_before_any_rank_starts(monkeypatch: py
         tp_procs.run_tp_procs(cfg, "hello", 4, False, False, 2, "info")
     for r in range(2):
         shutil.copyfile(tiny_manifest, tp.rank_manifest(manifest, 2, r))
-    monkeypatch.setattr(tp_procs, "probe_device", lambda gpu: (_ for _ in ()).throw(NoDeviceError(f"no GPU {gpu}")))
+    probed: list[int] = []
+
+    def probe(gpu: int) -> int:
+        probed.append(gpu)
+        if gpu == 1:
+            raise NoDeviceError(f"no GPU {gpu}")
+        return 1
+
+    monkeypatch.setattr(tp_procs, "probe_device", probe)
     with pytest.raises(NoDeviceError, match="no GPU 1"):
         tp_procs.run_tp_procs(cfg, "hello", 4, False, False, 2, "info")
+    assert probed == [0, 1]

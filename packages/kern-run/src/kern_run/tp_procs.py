@@ -79,7 +79,8 @@ def run_tp_procs(cfg: RunConfig, prompt: str, steps: int, eager: bool, ignore_eo
     """`kern run --tp N`: the host checks, then N rank processes (rank 0's stdout is the generated text). Raises
     RefusalError for the checks, TpGroupError naming the rank when the group fails."""
     tp_host_checks(cfg, prompt, tp)  # every refusal that needs no GPU, before any process starts
-    probe_device(cfg.gpu + tp - 1)  # the last rank's GPU exists (NoDeviceError naming it), before any rank starts
+    for r in range(tp):  # every rank's GPU exists (NoDeviceError naming the first missing), before any rank starts
+        probe_device(cfg.gpu + r)
     launch(request_json(cfg, prompt, steps, eager, ignore_eos, tp, log_level, timeout_s))
 
 
