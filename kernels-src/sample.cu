@@ -835,18 +835,28 @@ KERN_DEV void sample_slice(T* logits, const uint32_t* params_words, const int32_
         c = block_sum_all(c, sh.red_i);
         k_s = floor_key;
         if (c > cap) {
-            // more than cap above the bound: the lowest bin edge with at most cap above it
-            if (!built) offset_hist<unsigned>(each_count, key_ref, 0u, 16, true, sh.hist_c);
-            unsigned before;
-            int b = pick_bin<unsigned>(sh.hist_c, true, total, 0u, (unsigned)cap + 1u, &before, sh.red_u, sh);
-            uint64_t bound = (uint64_t)b << 16;  // exported: offsets below bound (before <= cap of them)
+            // more than cap above the bound: the lowest bin edge with at most cap above it, the rounds of
+            // offset_select (2^16-key bins, past them 2^24, then finer inside the bin that overflowed) while the
+            // edge leaves more than half the capacity unused
+            uint32_t lo = 0u;
             int shift = 16;
-            while (b < 255 && shift > 0 && before < (unsigned)cap / 2) {  // refine inside the bin that overflowed
-                const uint32_t lo = (uint32_t)bound;
-                shift -= 8;
-                offset_hist<unsigned>(each_count, key_ref, lo, shift, false, sh.hist_c);
-                b = pick_bin<unsigned>(sh.hist_c, false, 0u, before, (unsigned)cap + 1u, &before, sh.red_u, sh);
+            bool sat = true;
+            unsigned before = 0u;
+            uint64_t bound = 0u;  // exported: offsets below bound (`before` <= cap of them)
+            for (bool first = true;; first = false) {
+                if (!(first && built)) offset_hist<unsigned>(each_count, key_ref, lo, shift, sat, sh.hist_c);
+                const int b = pick_bin<unsigned>(sh.hist_c, sat, total - before, before, (unsigned)cap + 1u, &before,
+                                                 sh.red_u, sh);
                 bound = lo + ((uint64_t)b << shift);
+                if (before >= (unsigned)cap / 2 || (shift == 0 && !sat)) break;
+                lo = (uint32_t)bound;
+                if (sat && b == 255 && shift < 24) {
+                    shift = 24;  // still open-ended: the rest of the offsets, coarser
+                } else {
+                    if (shift == 0) break;
+                    shift -= 8;
+                    sat = false;
+                }
             }
             k_s = key_below(key_ref, bound);
         }

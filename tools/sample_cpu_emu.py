@@ -75,6 +75,10 @@ CASES = [
                               SamplingParams(temperature=0.9, top_k=40, top_p=0.9, seed=32),
                               SamplingParams(temperature=1.0, top_p=0.8, min_p=0.01, seed=33)], tie=True, quick=True,
          paths=(G, P, C, C)),
+    # 2 slices, the second one logit long: each slice may export 4096, the 4097th largest lies far below the
+    # slice max (the export edge's rounds go past the 255 bins of 2^16 keys)
+    Case("bf16", 8193, 3.0, [SamplingParams(temperature=1.0, top_k=2000, seed=61),
+                             SamplingParams(temperature=0.5, top_p=0.95, seed=62)], quick=True, paths=(C, C)),
     # ties: values on a grid of 1/4, so thresholds fall inside runs of equal logits
     Case("f32", 30000, 1.0, [SamplingParams(temperature=1.0, top_k=100, seed=41),
                              SamplingParams(temperature=1.0, top_k=50, top_p=0.6, seed=42),

@@ -40,6 +40,6 @@ def test_sampler_on_the_cpu_emulator(capsys: pytest.CaptureFixture[str]) -> None
     out = capsys.readouterr().out
     assert code == 0, out
     quick_rows = sum(len(c.params) for c in sample_cpu_emu.CASES if c.quick)
-    assert out.count(": ok") == quick_rows == 18, out
+    assert out.count(": ok") == quick_rows == 20, out
     for path in ("greedy", "plain", "candidates", "exact"):
         assert f"[{path}]" in out, f"no row merged by the {path} path"
