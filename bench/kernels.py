@@ -20,7 +20,7 @@ import numpy as np
 from cuda.bindings import driver as cu
 
 from kern_run.models.qwen3 import EARLY_PARTIALS, PREFILL_ATTN, rope_warp_heads
-from kern_run.sampling import SamplingParams, pack_params
+from kern_run.sampling import SAMPLE_THREADS, WORK_BYTES_PER_ROW, SamplingParams, pack_params, sampler_splits
 from tests.kernels.gpu_helpers import check, open_gpu
 from tools import reference_kernels as ref
 
@@ -240,22 +240,28 @@ def main(argv: list[str] | None = None) -> int:
     bench("argmax_final", "kern_argmax_final", (1,), (256,), [[("p", pv), ("p", pi), ("i", num_chunks), ("p", o)]],
           num_chunks * 8 + 8)
 
-    # the sampler (kernels-src/sample.cu): one 1024-thread block per row over [rows, VOCAB] bf16 logits (normal x 3),
-    # no penalties (they rewrite the logits in place); positions differ per row
+    # the sampler (kernels-src/sample.cu): a row over cdiv(VOCAB, 8192) = 19 blocks of 512 threads, the last to finish
+    # merging, over [rows, VOCAB] bf16 logits (normal x 3), no penalties (they rewrite the logits in place);
+    # positions differ per row. Greedy is the short path (one pass, one merge of 19 partials), p=0.9 the candidate
+    # path (the nucleus, ~6.5k logits here, among the 8192 candidates), p=0.95 alone the exact path (~13k kept)
     sample_cases = [("greedy", SamplingParams()), ("T=1", SamplingParams(temperature=1.0, seed=1)),
                     ("T=0.7 k=50 p=0.9", SamplingParams(temperature=0.7, top_k=50, top_p=0.9, seed=1)),
                     ("T=1 min_p=0.05", SamplingParams(temperature=1.0, min_p=0.05, seed=1)),
-                    ("T=1 p=0.95 alone (slow path here)", SamplingParams(temperature=1.0, top_p=0.95, seed=1))]
+                    ("T=1 p=0.9", SamplingParams(temperature=1.0, top_p=0.9, seed=1)),
+                    ("T=1 p=0.95 alone (exact path here)", SamplingParams(temperature=1.0, top_p=0.95, seed=1))]
+    splits = sampler_splits(VOCAB)
     for n_rows in (1, 8, 64):
         n_sets = max(1, cdiv(60_000_000, n_rows * VOCAB * 2))  # rotate past the 50 MB L2
         logit_sets = [arr(rand_bits(rng, (n_rows, VOCAB), 3.0)) for _ in range(min(n_sets, 4))]
         positions = arr(np.arange(n_rows, dtype=np.int32))
         out = gpu.alloc(n_rows * 8).ptr
+        work = arr(np.zeros((n_rows, WORK_BYTES_PER_ROW // 4), dtype=np.uint32))  # tickets 0, left at 0
         for label, params in sample_cases:
             prm = arr(np.frombuffer(pack_params([params] * n_rows), dtype=np.uint8).copy())
             sets = [[("p", lg), ("p", prm), ("p", positions), ("p", 0), ("p", 0), ("i", 0), ("i", VOCAB), ("p", out),
-                     ("p", out + 4 * n_rows), ("p", 0)] for lg in logit_sets]
-            bench(f"sample rows={n_rows} {label}", "kern_sample_bf16", (n_rows,), (1024,), sets, n_rows * (VOCAB * 2 + 8))
+                     ("p", out + 4 * n_rows), ("p", 0), ("p", work)] for lg in logit_sets]
+            bench(f"sample rows={n_rows} {label}", "kern_sample_bf16", (splits, n_rows), (SAMPLE_THREADS,), sets,
+                  n_rows * (VOCAB * 2 + 8))
 
     print(f"{'kernel':46s} {'us':>9s} {'MB moved':>9s} {'floor us':>9s} {'% 4.3TB/s':>10s} {'TFLOP/s':>8s}")
     for name, us, nbytes, floor_us, tflops in rows:
@@ -268,8 +274,20 @@ def main(argv: list[str] | None = None) -> int:
         pair_us = next(us for name, us, *_ in rows if name == f"attn_decode wide partial+reduce ctx={ctx}")
         print(f"decode attention ctx={ctx}: {pair_us:.2f} us per layer, 36 layers {36 * pair_us / 1000:.3f} ms")
     print_decode_attention_table(rows)
+    print_sampler_summary(rows)
     gpu.free_all()
     return 0
+
+
+def print_sampler_summary(rows) -> None:
+    """The sampler against docs/perf.md's prediction: greedy at 1 row (the argmax pair it replaced beside it) and
+    top-p 0.9 at 1 / 8 / 64 rows."""
+    us = {name: t for name, t, *_ in rows}
+    argmax = us["argmax_final"] + next(t for name, t in us.items() if name.startswith("argmax_partial"))
+    print(f"sampler greedy rows=1: {us['sample rows=1 greedy']:.2f} us (prediction <= 6; argmax partial + final "
+          f"{argmax:.2f} us)")
+    for n in (1, 8, 64):
+        print(f"sampler T=1 p=0.9 rows={n}: {us[f'sample rows={n} T=1 p=0.9']:.2f} us (prediction <= 15)")
 
 
 if __name__ == "__main__":

@@ -1,30 +1,46 @@
 // Per-row sampling over a [rows, vocab] logits buffer (contract: docs/kernels.md "Sampling").
 //
-// kern_sample_{bf16,f32}: one block of 1024 threads per row. In order:
-//   0. penalties, IN PLACE in the logits row, over the row's history list (distinct token ids with counts):
+// kern_sample_{bf16,f32}: each row is split into slices of SAMPLE_SLICE = 8192 logits, one block of 512 threads
+// per slice (grid (cdiv(vocab, 8192), rows, 1)); thread t of slice s holds the 16 consecutive logits
+// [8192 s + 16 t, + 16) in registers. Every block, on its slice:
+//   0. penalties, IN PLACE in the logits row, for the history tokens inside the slice (the row's list of distinct
+//      token ids with counts):
 //        x' = (x > 0 ? x / repetition : x * repetition) - frequency * count - presence       (f32 math, stored
 //        back in the buffer's dtype)
-//   1. l = x * (1 / temperature) (NaN logits read as -inf); pass A: m = max l, argmax (ties -> smallest
-//      index), Z = sum exp(l - m). temperature <= 0 (or NaN): greedy, token = argmax, logprob = -log Z
-//      (the log-softmax of the penalized logits at temperature 1), done.
-//   2. kept set = {l >= thr}, thr = max(t_k, t_p, t_min):
-//        t_min = m + log(min_p)                                           (min_p > 0)
-//        t_k   = the k-th largest l, counted with multiplicity (ties at it all kept)      (0 < top_k < vocab)
-//        t_p   = the largest v >= t_k with mass(l >= v) >= top_p * mass(l >= t_k)         (top_p < 1)
-//      Fast path: a pivot P <= thr (min-p alone: P = t_min; with top-k / top-p: from the 1024 per-thread
-//      maxima of pass A), the row's elements >= P gathered in a fixed order (thread-major over the block's
-//      strided layout) into shared memory, at most 1024 of them; t_k and t_p computed on them, and the draw
-//      made over them. Slow path (more than 1024 candidates, top_k > 1024, or no filter): t_k / t_p by a
-//      bitwise search over the float keys with full passes over the row (up to 32 per filter), then a draw
-//      pass over the whole row. Both exact, by the same definitions.
-//   3. one uniform u of Philox4x32-10(counter = (position, 0, 0, 0), key = (seed_lo, seed_hi)), word 0,
-//      u = (w0 >> 8) * 2^-24; inverse CDF over the kept mass in the fixed element order: token = the element
-//      where the running sum first exceeds u * Z_kept. logprob = (l_token - m) - log(Z_kept).
+//   1. l = x * (1 / temperature) (NaN logits read as -inf; temperature <= 0 or NaN: greedy, l = x); the slice's
+//      max m_s, its argmax (ties -> smallest index) and z_s = sum exp(l - m_s).
+//   2. with a filter (top-k, top-p or min-p), exports candidates: every l of the slice with key >= K_s (key: the
+//      order-preserving u32 of the float), at most cap = 8192 / slices of them, K_s as low as that allows and no
+//      lower than the slice's own bounds on the threshold (min-p: m_s + log(min_p) <= t_min; top-k: a key at or
+//      below the slice's top_k-th largest <= t_k), found by a 256-bin count histogram of key offsets from the
+//      slice max (one round, refined while under half the capacity is used).
+//   3. writes (m_s, z_s, argmax, K_s, n_s) to its row's work area, fences, and takes the row's ticket; the block
+//      that draws the last ticket resets it to 0 and merges:
+//        m = max m_s, the argmax (ties -> smallest index), Z = sum_s z_s exp(m_s - m) (slice order).
+//        Greedy: token = argmax, logprob = -log Z (the log-softmax of the penalized logits at temperature 1).
+//        No filter: kept = all; the draw picks the slice by its mass, then inside it (one slice re-read).
+//        Filters: kept = {l >= thr}, thr = max(t_k, t_p, t_min) (definitions in docs/kernels.md). The candidates
+//          with key >= K = max_s K_s are every element of the row with key >= K (each slice exported all of its
+//          own above K_s <= K): t_k (when at least top_k of them), Z_k and t_p (when their mass reaches the
+//          target) are exact on them; when thr >= K the kept set lies among them and the draw is over them
+//          (16 per thread in registers). Otherwise (a nucleus wider than the candidates, top_k past them) the
+//          merge block computes the same thresholds over the whole row, then draws over it (the exact path).
+//        Thresholds: the largest key v with W(key >= v) >= target (W a count or a mass) by a radix select over
+//        key offsets from the row max (256 bins a round: 2^16-key bins saturating at bin 255, then 2^8, then
+//        single keys; 3 rounds unless the threshold lies past 255 * 2^16 keys below the max).
+//   Masses in the thresholds and the draws are fixed point, round(exp(l - m) * 2^39) summed in u64: exact, so
+//   they do not depend on the order of the sums or on which block merges.
+//   The draw: bits = word 0 of Philox4x32-10(counter = (position, 0, 0, 0), key = (seed_lo, seed_hi)) >> 8,
+//   u = bits * 2^-24; target = floor(u * Z_kept) (exact for the fixed-point Z_kept); token = the first kept
+//   element in index order where the running sum of weights passes the target. logprob = (l_token - m) -
+//   log(Z_kept) (f32).
 // Outputs: out_token[r] (int32), out_logprob[r] (f32); stats[r] = (m, log Z_kept, thr, 1/temperature) when
-// stats is not null (kern_sample_top_logprobs reads it).
+// stats is not null (kern_sample_top_logprobs reads it). work: SAMPLE_WORK_WORDS u32 per row, word 0 (the
+// ticket) zero before the launch (a manifest `fixed` state, zeroed at load) and zero after it.
 //
 // kern_sample_top_logprobs_{bf16,f32}: the n_top best (l, index) of a row (l desc, index asc) and their
-// logprob under the sampled distribution (-inf outside the kept set). n_top passes over the row.
+// logprob under the sampled distribution (-inf outside the kept set). n_top passes over the row, one block of
+// 1024 threads per row.
 // kern_sample_history_append: adds this step's token to each row's history list.
 // kern_philox4x32_10: raw Philox4x32-10 blocks for tests.
 //
@@ -34,12 +50,26 @@
 
 #include "common.cuh"
 
-#define SAMPLE_THREADS 1024
-#define SAMPLE_WARPS (SAMPLE_THREADS / 32)
-#define SAMPLE_CANDIDATES 1024
-#define SAMPLE_BRUTE 256  // up to this many candidates: thresholds by per-candidate counts
-#define SAMPLE_MAX_VOCAB (1 << 20)
-#define SAMPLE_PARAM_WORDS 12  // 48 bytes per row
+#define SAMPLE_THREADS 512
+#define SAMPLE_PER_THREAD 16
+#define SAMPLE_SLICE 8192        // SAMPLE_THREADS * SAMPLE_PER_THREAD logits per block
+#define SAMPLE_MAX_VOCAB 1048576  // 2^20
+#define SAMPLE_MAX_SPLITS 128     // SAMPLE_MAX_VOCAB / SAMPLE_SLICE
+#define SAMPLE_MERGE_CAP 8192     // candidates the merging block holds, 16 per thread
+#define SAMPLE_PARAM_WORDS 12     // 48 bytes per row
+#define SAMPLE_HDR_WORDS 8        // per slice: m_s, z_s, argmax, K_s, n_s, 3 unused
+#define SAMPLE_CAND_WORD 1032     // 8 + SAMPLE_HDR_WORDS * SAMPLE_MAX_SPLITS: the candidates (key, index)
+#define SAMPLE_WORK_WORDS 17416   // SAMPLE_CAND_WORD + 2 * SAMPLE_MERGE_CAP: u32 words of work per row
+#define SAMPLE_FP_ONE 549755813888.0f  // 2^39: the fixed-point weight of exp(0)
+#define TOP_THREADS 1024
+#ifndef SAMPLE_PATH
+#define SAMPLE_PATH(row, path)  // which path merged a row (0 greedy, 1 plain, 2 candidates, 3 exact): an emulator's hook
+#endif
+static_assert(SAMPLE_SLICE == SAMPLE_THREADS * SAMPLE_PER_THREAD, "a slice is 16 logits per thread");
+static_assert(SAMPLE_MAX_SPLITS * SAMPLE_SLICE == SAMPLE_MAX_VOCAB, "slices of the largest vocabulary");
+static_assert(SAMPLE_MERGE_CAP == SAMPLE_THREADS * SAMPLE_PER_THREAD, "16 candidates per merging thread");
+static_assert(SAMPLE_CAND_WORD == 8 + SAMPLE_HDR_WORDS * SAMPLE_MAX_SPLITS, "work layout");
+static_assert(SAMPLE_WORK_WORDS == SAMPLE_CAND_WORD + 2 * SAMPLE_MERGE_CAP, "work layout");
 
 // One row's parameters (48 bytes, little-endian; kern_run.sampling packs them).
 struct SampleParams {
@@ -73,29 +103,821 @@ KERN_DEV uint4 philox4x32_10(uint4 c, uint2 k) {
     return c;
 }
 
-// The sampling uniform of a row: [0, 1) in steps of 2^-24.
-KERN_DEV float sample_uniform(uint32_t seed_lo, uint32_t seed_hi, int32_t position) {
+// The draw's 24 random bits of a row: the sampling uniform is u = bits * 2^-24 in [0, 1).
+KERN_DEV uint32_t sample_bits24(uint32_t seed_lo, uint32_t seed_hi, int32_t position) {
     const uint4 w = philox4x32_10(make_uint4((uint32_t)position, 0u, 0u, 0u), make_uint2(seed_lo, seed_hi));
-    return (float)(w.x >> 8) * (1.0f / 16777216.0f);
+    return w.x >> 8;
 }
 
 // ------------------------------------------------------------------------------------------ helpers
 
 // Order-preserving map of a float to uint32 (larger float -> larger key; -0 < +0 here, never matters: keys
-// come from l values that compare equal only when their keys are equal, except -0/+0).
+// come from l values, which are never -0). Key 0 is no l value (a NaN pattern): the sampler's "no element".
 KERN_DEV uint32_t float_key(float f) {
     const uint32_t b = __float_as_uint(f);
     return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
 }
 KERN_DEV float key_float(uint32_t k) { return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k); }
 
+// The smallest key whose offset key_ref - key is below `bound` (1: every element, when bound > key_ref).
+KERN_DEV uint32_t key_below(uint32_t key_ref, uint64_t bound) {
+    return bound > key_ref ? 1u : (uint32_t)(key_ref - bound + 1u);
+}
+
 // l = x / temperature as the sampler forms it: NaN -> -inf, -0 -> +0 (so float order and key order agree)
 KERN_DEV float scaled_logit(float x, float inv_t) { return isnan(x) ? -CUDART_INF_F : __fadd_rn(__fmul_rn(x, inv_t), 0.0f); }
+
+// Fixed-point weight round(exp(l - m) * 2^39) of an l <= m (0 for -inf): sums of up to 2^20 fit 2^59.
+KERN_DEV unsigned long long fp_weight(float l, float m) {
+    return l > -CUDART_INF_F ? __float2ull_rn(__fmul_rn(__expf(l - m), SAMPLE_FP_ONE)) : 0ull;
+}
+KERN_DEV float fp_float(unsigned long long w) { return __fmul_rn((float)w, 1.0f / SAMPLE_FP_ONE); }
+// ceil(top_p * z) (at least 1): mass >= top_p * z for an integer mass
+KERN_DEV unsigned long long p_target(float top_p, unsigned long long z) {
+    const double t = ceil((double)top_p * (double)z);
+    return t < 1.0 ? 1ull : (unsigned long long)t;
+}
+// floor(bits * 2^-24 * z), exactly (bits < 2^24, z < 2^60): below z
+KERN_DEV unsigned long long draw_target(uint32_t bits, unsigned long long z) {
+    return (unsigned long long)bits * (z >> 24) + (((unsigned long long)bits * (z & 0xffffffull)) >> 24);
+}
 
 KERN_DEV float load_f(const __nv_bfloat16* p) { return bf2f(*p); }
 KERN_DEV float load_f(const float* p) { return *p; }
 KERN_DEV void store_f(__nv_bfloat16* p, float v) { *p = f2bf(v); }
 KERN_DEV void store_f(float* p, float v) { *p = v; }
+
+// The 16 logits [i0, i0 + 16) of a row of n as floats (16-byte loads when vec: n a multiple of the 16-byte group
+// and a 16-byte aligned buffer); returns how many lie inside the row (0..16), the rest read as 0. CG: loads
+// through L2 (ld.global.cg), for logits other blocks of this launch wrote (their penalties).
+template <bool CG>
+KERN_DEV int load16(const __nv_bfloat16* row, int64_t i0, int n, bool vec, float (&x)[16]) {
+#pragma unroll
+    for (int g = 0; g < 2; ++g) {
+        const int64_t gi = i0 + 8 * g;
+        if (vec && gi + 8 <= n) {
+            const uint4* p = reinterpret_cast<const uint4*>(row + gi);
+            const uint4 raw = CG ? __ldcg(p) : *p;
+            const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {  // little-endian: the lower address is the low half
+                x[8 * g + 2 * q] = __uint_as_float(w[q] << 16);
+                x[8 * g + 2 * q + 1] = __uint_as_float(w[q] & 0xffff0000u);
+            }
+        } else {
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+                const unsigned short* p = reinterpret_cast<const unsigned short*>(row + gi + e);
+                x[8 * g + e] = gi + e < n ? __uint_as_float((uint32_t)(CG ? __ldcg(p) : *p) << 16) : 0.0f;
+            }
+        }
+    }
+    return (int)max((int64_t)0, min((int64_t)16, (int64_t)n - i0));
+}
+template <bool CG>
+KERN_DEV int load16(const float* row, int64_t i0, int n, bool vec, float (&x)[16]) {
+#pragma unroll
+    for (int g = 0; g < 4; ++g) {
+        const int64_t gi = i0 + 4 * g;
+        if (vec && gi + 4 <= n) {
+            const float4* p = reinterpret_cast<const float4*>(row + gi);
+            const float4 q = CG ? __ldcg(p) : *p;
+            x[4 * g] = q.x;
+            x[4 * g + 1] = q.y;
+            x[4 * g + 2] = q.z;
+            x[4 * g + 3] = q.w;
+        } else {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) x[4 * g + e] = gi + e < n ? (CG ? __ldcg(row + gi + e) : row[gi + e]) : 0.0f;
+        }
+    }
+    return (int)max((int64_t)0, min((int64_t)16, (int64_t)n - i0));
+}
+
+// ------------------------------------------------------------------------------- block reductions
+// Any block of whole warps (up to 1024 threads); every thread gets the result; fixed order (deterministic).
+// `scratch` holds 32 values; every thread must call.
+
+KERN_DEV int block_warps() { return (int)(blockDim.x >> 5); }
+
+// Block max of (v, i) with ties -> smallest i.
+KERN_DEV void block_argmax_all(float& v, int& i, float* sv, int* si) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, v, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, i, o);
+        if (ov > v || (ov == v && oi < i)) {
+            v = ov;
+            i = oi;
+        }
+    }
+    __syncthreads();
+    if (lane == 0) {
+        sv[warp] = v;
+        si[warp] = i;
+    }
+    __syncthreads();
+    v = sv[0];
+    i = si[0];
+    for (int w = 1; w < block_warps(); ++w)
+        if (sv[w] > v || (sv[w] == v && si[w] < i)) {
+            v = sv[w];
+            i = si[w];
+        }
+}
+
+template <typename V>
+KERN_DEV V block_sum_all(V x, V* scratch) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) x += __shfl_down_sync(0xffffffffu, x, o);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = x;
+    __syncthreads();
+    V total = 0;
+    for (int w = 0; w < block_warps(); ++w) total += scratch[w];
+    return total;
+}
+
+// Inclusive scan of x in thread order; returns this thread's inclusive prefix, *total the block's sum.
+template <typename V>
+KERN_DEV V block_scan_incl(V x, V* total, V* scratch) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const V y = __shfl_up_sync(0xffffffffu, x, o);
+        if (lane >= o) x += y;
+    }
+    __syncthreads();
+    if (lane == 31) scratch[warp] = x;
+    __syncthreads();
+    V before = 0, all = 0;
+    for (int w = 0; w < block_warps(); ++w) {
+        if (w == warp) before = all;
+        all += scratch[w];
+    }
+    *total = all;
+    return before + x;
+}
+
+// ------------------------------------------------------------------------------- the split sampler
+
+// What the exact path needs of its row (written by the merge's thread 0, published by a barrier).
+struct ExactJob {
+    const void* row;
+    const SampleParams* pp;
+    int32_t* out_token;
+    float* out_logprob;
+    float* stats;
+    int n, splits, r, am;
+    float inv_t, m;
+    uint32_t bits;
+    bool vec, use_k, use_p, use_min;
+};
+
+struct SplitShared {
+    float red_f[32];
+    int red_i[32];
+    unsigned red_u[32];
+    unsigned long long red_w[32];
+    unsigned hist_c[256];             // count bins
+    unsigned long long hist_w[256];   // fixed-point mass bins
+    float slice_m[SAMPLE_MAX_SPLITS];     // the merge: per slice m_s
+    float slice_z[SAMPLE_MAX_SPLITS];     //   z_s exp(m_s - m)
+    float slice_zinc[SAMPLE_MAX_SPLITS];  //   its inclusive prefix over the slices
+    int slice_a[SAMPLE_MAX_SPLITS];       //   argmax
+    unsigned slice_k[SAMPLE_MAX_SPLITS];  //   K_s
+    int slice_off[SAMPLE_MAX_SPLITS + 1]; //   first candidate of the slice in the merged list
+    unsigned long long slice_w[SAMPLE_MAX_SPLITS];  // the exact path: kept mass per slice
+    unsigned long long pick_before;
+    int pick, last, tok, n_cand;
+    float tok_l;
+    unsigned region_key;
+    ExactJob job;  // the merge -> the exact path
+    unsigned cand_key[SAMPLE_MERGE_CAP];  // the merge: candidate q = 16 t + e at [e * SAMPLE_THREADS + t]
+};
+
+// hist[b] += w over the elements `each` visits (each(f) calls f(key, w) per element, key <= key_ref) whose offset
+// d = key_ref - key lies in bin b of the round, d in [lo + b 2^shift, lo + (b + 1) 2^shift): b < 256, or with
+// `sat` b < 255 (bin 255 stands for every d >= lo + 255 2^shift and is not counted here). Weight-0 elements are
+// skipped (they never move a threshold).
+template <typename W, typename Each>
+KERN_DEV void offset_hist(Each&& each, uint32_t key_ref, uint32_t lo, int shift, bool sat, W* hist) {
+    for (int b = threadIdx.x; b < 256; b += blockDim.x) hist[b] = 0;
+    __syncthreads();
+    const uint32_t nb = sat ? 255u : 256u;
+    each([&](uint32_t key, W w) {
+        const uint32_t d = key_ref - key;
+        if (w == 0 || d < lo) return;
+        const uint32_t b = (d - lo) >> shift;
+        if (b < nb) atomicAdd(&hist[b], w);
+    });
+    __syncthreads();
+}
+
+// The smallest bin b with above + sum_{b' <= b} hist[b'] >= target (target >= 1); with `sat` bin 255 holds
+// rest - sum_{b < 255} hist[b] (rest: the weight of every element with d >= lo). Returns b, or -1 when the
+// bins fall short, and *before = above + sum_{b' < b}. Uniform over the block (needs >= 256 threads).
+template <typename W>
+KERN_DEV int pick_bin(const W* hist, bool sat, W rest, W above, W target, W* before, W* scratch, SplitShared& sh) {
+    const int t = threadIdx.x;
+    __syncthreads();  // sh.pick may still be read after a previous call
+    if (t == 0) sh.pick = -1;
+    W h = (t < 255 || (t == 255 && !sat)) ? hist[t] : (W)0;
+    W total;
+    W incl = block_scan_incl(h, &total, scratch);
+    if (sat && t == 255) {
+        h = rest - total;
+        incl = rest;
+    }
+    const W cum = above + incl;
+    if (t < 256 && cum >= target && cum - h < target) {  // unique: cum grows with t
+        sh.pick = t;
+        sh.pick_before = (unsigned long long)(cum - h);
+    }
+    __syncthreads();
+    *before = (W)sh.pick_before;
+    return sh.pick;
+}
+
+// The largest key v with W(key >= v) >= target over the elements `each` visits (each key <= key_ref, key_ref an
+// element's; W(all) = total): a radix select over offsets from key_ref, 256 bins a round. Saturating rounds of
+// 2^16-key bins (then 2^24 past bin 255), then 2^8, then single keys. target 0: key_ref; total < target: 0.
+template <typename W, typename Each>
+KERN_DEV uint32_t offset_select(Each&& each, uint32_t key_ref, W total, W target, W* hist, W* scratch,
+                                SplitShared& sh) {
+    if (target == 0) return key_ref;
+    if (total < target) return 0u;
+    uint32_t lo = 0u;
+    int shift = 16;
+    bool sat = true;
+    W above = 0;
+    for (;;) {
+        offset_hist<W>(each, key_ref, lo, shift, sat, hist);
+        W before;
+        const int b = pick_bin<W>(hist, sat, total - above, above, target, &before, scratch, sh);
+        if (b < 0) return 0u;  // unreachable: the range always holds the target
+        above = before;
+        if (sat && b == 255 && shift < 24) {  // past 255 bins: the rest of the offsets, coarser
+            lo += 255u << shift;
+            shift = 24;
+            continue;
+        }
+        lo += (uint32_t)b << shift;
+        if (shift == 0) return key_ref - lo;
+        shift -= 8;
+        sat = false;
+    }
+}
+
+// The draw inside slice s of the row: the first element (index order) with key >= tkey where the running sum of
+// fixed-point weights passes t (t clamped below the slice's kept total; a slice whose kept weights all round to
+// 0 takes its first kept finite element). Writes sh.tok (-1: none) and sh.tok_l.
+template <typename T>
+KERN_DEV void draw_in_slice(const T* row, int n, bool vec, float inv_t, float m, int s, uint32_t tkey,
+                            unsigned long long t, SplitShared& sh) {
+    const int tid = threadIdx.x;
+    float x[16];
+    const int64_t j0 = (int64_t)s * SAMPLE_SLICE + (int64_t)tid * SAMPLE_PER_THREAD;
+    const int nv = load16<true>(row, j0, n, vec, x);
+    unsigned long long sum = 0;
+#pragma unroll
+    for (int e = 0; e < 16; ++e) {
+        x[e] = scaled_logit(x[e], inv_t);
+        if (e < nv && float_key(x[e]) >= tkey) sum += fp_weight(x[e], m);
+    }
+    if (tid == 0) sh.tok = -1;
+    unsigned long long total;
+    unsigned long long incl = block_scan_incl(sum, &total, sh.red_w);
+    const bool unit = total == 0;  // uniform
+    if (unit) {
+        sum = 0;
+#pragma unroll
+        for (int e = 0; e < 16; ++e) sum += (e < nv && float_key(x[e]) >= tkey && x[e] > -CUDART_INF_F) ? 1u : 0u;
+        incl = block_scan_incl(sum, &total, sh.red_w);
+        t = 0;
+    }
+    if (total > 0 && t >= total) t = total - 1;
+    const unsigned long long excl = incl - sum;
+    if (sum > 0 && excl <= t && t < incl) {
+        unsigned long long run = excl;
+#pragma unroll
+        for (int e = 0; e < 16; ++e) {
+            if (e >= nv) break;
+            if (float_key(x[e]) < tkey) continue;
+            run += unit ? (x[e] > -CUDART_INF_F ? 1ull : 0ull) : fp_weight(x[e], m);
+            if (run > t) {
+                sh.tok = (int)(j0 + e);
+                sh.tok_l = x[e];
+                break;
+            }
+        }
+    }
+    __syncthreads();
+}
+
+// The merged result of row r: token, logprob (l_token - m) - lz, stats (m, lz, thr, inv_t). Thread 0 writes.
+KERN_DEV void write_result(int r, int tok, float l_tok, float m, float lz, float thr, float inv_t, int32_t* out_token,
+                           float* out_logprob, float* stats) {
+    if (threadIdx.x != 0) return;
+    out_token[r] = tok;
+    out_logprob[r] = (l_tok - m) - lz;
+    if (stats) reinterpret_cast<float4*>(stats)[r] = make_float4(m, lz, thr, inv_t);
+}
+
+// The largest s with sh.slice_off[s] <= q (q below the candidate count).
+KERN_DEV int cand_slice(int q, int splits, const SplitShared& sh) {
+    int lo = 0, hi = splits;
+    while (hi - lo > 1) {
+        const int mid = (lo + hi) >> 1;
+        if (sh.slice_off[mid] <= q) lo = mid;
+        else hi = mid;
+    }
+    return lo;
+}
+
+// The exact path of the merge: t_k, t_p over the whole row (a pass per radix round), then the draw over it (the
+// kept mass of each slice, then inside the slice that holds the target).
+template <typename T>
+__device__ __noinline__ void sample_exact(SplitShared& sh) {
+    const ExactJob& job = sh.job;
+    const T* row = static_cast<const T*>(job.row);
+    const int n = job.n, splits = job.splits, r = job.r, am = job.am;
+    const bool vec = job.vec, use_k = job.use_k, use_p = job.use_p, use_min = job.use_min;
+    const float inv_t = job.inv_t, m = job.m;
+    const uint32_t bits = job.bits;
+    int32_t* out_token = job.out_token;
+    float* out_logprob = job.out_logprob;
+    float* stats = job.stats;
+    const SampleParams* pp = job.pp;
+    const int tid = threadIdx.x;
+    const SampleParams p = *pp;
+    const int k = p.top_k;
+    const uint32_t key_m = float_key(m);
+    float thr;
+    SAMPLE_PATH(r, 3);
+    const int64_t j0 = (int64_t)tid * SAMPLE_PER_THREAD;
+    // each slice's 16 logits of this thread go through shared memory (the candidates' space, unused here), read
+    // back one at a time: the loop body then holds one logit, not 16, in registers
+    float* stage = reinterpret_cast<float*>(sh.cand_key) + tid;
+    auto each_row = [&](auto&& f) {  // f(key, l) for every logit of the row
+        for (int s = 0; s < splits; ++s) {
+            float x[16];
+            const int nv = load16<true>(row, (int64_t)s * SAMPLE_SLICE + j0, n, vec, x);
+#pragma unroll
+            for (int e = 0; e < 16; ++e) stage[e * SAMPLE_THREADS] = x[e];
+#pragma unroll 1
+            for (int e = 0; e < nv; ++e) {
+                const float l = scaled_logit(stage[e * SAMPLE_THREADS], inv_t);
+                f(float_key(l), l);
+            }
+        }
+    };
+    thr = use_min ? m + logf(p.min_p) : -CUDART_INF_F;
+    uint32_t tk = 0u;
+    if (use_k) {
+        auto row_count = [&](auto&& g) { each_row([&](uint32_t key, float) { g(key, 1u); }); };
+        tk = offset_select<unsigned>(row_count, key_m, (unsigned)n, (unsigned)k, sh.hist_c, sh.red_u, sh);
+        thr = fmaxf(thr, key_float(tk));
+    }
+    if (use_p) {
+        unsigned long long all = 0, ge = 0;
+        each_row([&](uint32_t key, float l) {
+            const unsigned long long w = fp_weight(l, m);
+            all += w;
+            if (key >= tk) ge += w;
+        });
+        all = block_sum_all(all, sh.red_w);
+        ge = block_sum_all(ge, sh.red_w);
+        auto row_mass = [&](auto&& g) { each_row([&](uint32_t key, float l) { g(key, fp_weight(l, m)); }); };
+        const uint32_t tp = offset_select<unsigned long long>(row_mass, key_m, all, p_target(p.top_p, ge),
+                                                              sh.hist_w, sh.red_w, sh);
+        thr = fmaxf(thr, key_float(tp));
+    }
+    const uint32_t tkey = float_key(thr);
+    for (int s = tid; s < splits; s += SAMPLE_THREADS) sh.slice_w[s] = 0;
+    __syncthreads();
+    for (int s = 0; s < splits; ++s) {  // kept mass per slice: warp sums, one (exact, integer) add per warp
+        unsigned long long w = 0;
+        float x[16];
+        const int nv = load16<true>(row, (int64_t)s * SAMPLE_SLICE + j0, n, vec, x);
+#pragma unroll
+        for (int e = 0; e < 16; ++e) {
+            const float l = scaled_logit(x[e], inv_t);
+            if (e < nv && float_key(l) >= tkey) w += fp_weight(l, m);
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) w += __shfl_down_sync(0xffffffffu, w, o);
+        if ((tid & 31) == 0) atomicAdd(&sh.slice_w[s], w);
+    }
+    __syncthreads();
+    unsigned long long z_kept = 0;
+    for (int s = 0; s < splits; ++s) z_kept += sh.slice_w[s];
+    const unsigned long long t = draw_target(bits, z_kept);
+    int ss = splits - 1;
+    unsigned long long before = 0;
+    for (int s = 0; s < splits; ++s) {
+        if (before + sh.slice_w[s] > t) {
+            ss = s;
+            break;
+        }
+        before += sh.slice_w[s];
+    }
+    draw_in_slice<T>(row, n, vec, inv_t, m, ss, tkey, t - before, sh);
+    const int tok = sh.tok >= 0 ? sh.tok : am;
+    write_result(r, tok, sh.tok >= 0 ? sh.tok_l : m, m, logf(fp_float(z_kept)), thr, inv_t, out_token, out_logprob,
+                 stats);
+}
+
+// The merge (the block that drew row r's last ticket): every block's header and candidates are visible. Returns
+// false when the row needs the exact path (sample_exact, with sh.row_m, sh.row_am, sh.row_bits), true when done.
+template <typename T>
+__device__ __noinline__ bool sample_merge(const T* row, int n, bool vec, int splits, int cap, int r,
+                                          const SampleParams* pp, float inv_t, bool greedy, bool use_k, bool use_p,
+                                          bool use_min, const int32_t* positions, const uint32_t* wrow,
+                                          int32_t* out_token, float* out_logprob, float* stats, SplitShared& sh) {
+    const int tid = threadIdx.x;
+    const SampleParams p = *pp;  // the row's parameters (read-only for the whole launch)
+    for (int s = tid; s < splits; s += SAMPLE_THREADS) {
+        const uint4 h = __ldcg(reinterpret_cast<const uint4*>(wrow + 8 + SAMPLE_HDR_WORDS * s));
+        sh.slice_m[s] = __uint_as_float(h.x);
+        sh.slice_z[s] = __uint_as_float(h.y);
+        sh.slice_a[s] = (int)h.z;
+        sh.slice_k[s] = h.w;
+        sh.slice_off[s + 1] = (int)__ldcg(wrow + 8 + SAMPLE_HDR_WORDS * s + 4);  // n_s, then its prefix
+    }
+    __syncthreads();
+    if (tid == 0) {  // the candidate list: slices in order, each its n_s; K = max K_s
+        int off = 0;
+        uint32_t k_max = 0u;
+        for (int s = 0; s < splits; ++s) {
+            const int n_s = sh.slice_off[s + 1];
+            sh.slice_off[s] = off;
+            off += n_s;
+            k_max = max(k_max, sh.slice_k[s]);
+        }
+        sh.slice_off[splits] = off;
+        sh.n_cand = off;
+        sh.region_key = k_max;
+    }
+    __syncthreads();
+    float m = -CUDART_INF_F;
+    int am = 0x7fffffff;
+    for (int s = 0; s < splits; ++s)
+        if (sh.slice_m[s] > m || (sh.slice_m[s] == m && sh.slice_a[s] < am)) {
+            m = sh.slice_m[s];
+            am = sh.slice_a[s];
+        }
+    float zs = 0.0f;
+    if (tid < splits && sh.slice_m[tid] > -CUDART_INF_F) zs = sh.slice_z[tid] * __expf(sh.slice_m[tid] - m);
+    float z;
+    const float zinc = block_scan_incl(zs, &z, sh.red_f);
+    if (tid < splits) {
+        sh.slice_z[tid] = zs;
+        sh.slice_zinc[tid] = zinc;
+    }
+    __syncthreads();
+    if (!(m > -CUDART_INF_F)) {  // every logit NaN or -inf
+        SAMPLE_PATH(r, 0);
+        if (tid == 0) {
+            out_token[r] = 0;
+            out_logprob[r] = -CUDART_INF_F;
+            if (stats) reinterpret_cast<float4*>(stats)[r] = make_float4(m, CUDART_INF_F, CUDART_INF_F, inv_t);
+        }
+        return true;
+    }
+    if (greedy) {
+        SAMPLE_PATH(r, 0);
+        write_result(r, am, m, m, logf(z), -CUDART_INF_F, inv_t, out_token, out_logprob, stats);
+        return true;
+    }
+    const uint32_t bits = sample_bits24(p.seed_lo, p.seed_hi, positions[r]);
+    const uint32_t key_m = float_key(m);
+    if (!(use_k || use_p || use_min)) {
+        // plain temperature: the slice whose inclusive prefix first passes u Z (rounding past them all: the
+        // argmax's slice), then inside it
+        const float target = (float)bits * (1.0f / 16777216.0f) * z;
+        int ss = -1;
+        for (int s = 0; s < splits && ss < 0; ++s)
+            if (sh.slice_z[s] > 0.0f && sh.slice_zinc[s] > target) ss = s;
+        if (ss < 0) ss = am / SAMPLE_SLICE;
+        const float rem = target - (sh.slice_zinc[ss] - sh.slice_z[ss]);
+        const unsigned long long t = rem > 0.0f ? __float2ull_rd(__fmul_rn(rem, SAMPLE_FP_ONE)) : 0ull;
+        SAMPLE_PATH(r, 1);
+        draw_in_slice<T>(row, n, vec, inv_t, m, ss, 1u, t, sh);
+        const int tok = sh.tok >= 0 ? sh.tok : am;
+        write_result(r, tok, sh.tok >= 0 ? sh.tok_l : m, m, logf(z), -CUDART_INF_F, inv_t, out_token, out_logprob,
+                     stats);
+        return true;
+    }
+
+    float thr = use_min ? m + logf(p.min_p) : -CUDART_INF_F;
+    const int k = p.top_k;
+    const uint32_t K = sh.region_key;
+    const int n_cand = sh.n_cand;
+    if (K != 0xffffffffu && n_cand <= SAMPLE_MERGE_CAP) {
+        // the candidates with key >= K, 16 consecutive ones per thread (0: none), in shared memory
+        const uint32_t* cand = wrow + SAMPLE_CAND_WORD;
+        unsigned* ck = sh.cand_key + tid;  // element e of this thread: ck[e * SAMPLE_THREADS] (no bank conflicts)
+        {
+            const int q0 = tid * SAMPLE_PER_THREAD;
+            int s = q0 < n_cand ? cand_slice(q0, splits, sh) : 0;
+#pragma unroll
+            for (int e = 0; e < 16; ++e) {
+                const int q = q0 + e;
+                ck[e * SAMPLE_THREADS] = 0u;
+                if (q < n_cand) {
+                    while (q >= sh.slice_off[s + 1]) ++s;
+                    const uint32_t key = __ldcg(cand + 2 * ((int64_t)s * cap + (q - sh.slice_off[s])));
+                    ck[e * SAMPLE_THREADS] = key >= K ? key : 0u;
+                }
+            }
+        }
+        auto each_count = [&](auto&& f) {
+#pragma unroll
+            for (int e = 0; e < 16; ++e)
+                if (ck[e * SAMPLE_THREADS]) f(ck[e * SAMPLE_THREADS], 1u);
+        };
+        auto each_mass = [&](auto&& f) {
+#pragma unroll
+            for (int e = 0; e < 16; ++e)
+                if (ck[e * SAMPLE_THREADS]) f(ck[e * SAMPLE_THREADS], fp_weight(key_float(ck[e * SAMPLE_THREADS]), m));
+        };
+        unsigned mine = 0;
+        unsigned long long mine_w = 0;
+#pragma unroll
+        for (int e = 0; e < 16; ++e)
+            if (ck[e * SAMPLE_THREADS]) {
+                ++mine;
+                mine_w += fp_weight(key_float(ck[e * SAMPLE_THREADS]), m);
+            }
+        const unsigned n_region = block_sum_all(mine, sh.red_u);
+        bool ok = true;
+        if (use_k) {
+            if (n_region >= (unsigned)k) {  // every element at or above the k-th largest is here
+                const uint32_t tk = offset_select<unsigned>(each_count, key_m, n_region, (unsigned)k, sh.hist_c,
+                                                            sh.red_u, sh);
+                thr = fmaxf(thr, key_float(tk));
+                if (use_p) {
+                    unsigned long long w_ge = 0;
+#pragma unroll
+                    for (int e = 0; e < 16; ++e)
+                        if (ck[e * SAMPLE_THREADS] >= tk) w_ge += fp_weight(key_float(ck[e * SAMPLE_THREADS]), m);
+                    const unsigned long long z_k = block_sum_all(w_ge, sh.red_w);
+                    const unsigned long long mass = block_sum_all(mine_w, sh.red_w);
+                    const uint32_t tp = offset_select<unsigned long long>(each_mass, key_m, mass,
+                                                                          p_target(p.top_p, z_k), sh.hist_w,
+                                                                          sh.red_w, sh);
+                    thr = fmaxf(thr, key_float(tp));
+                }
+            } else {
+                ok = !use_p;  // t_k lies below the candidates: Z_k is not known from them
+            }
+        } else if (use_p) {
+            const unsigned long long target = p_target(p.top_p, (unsigned long long)((double)z * (double)SAMPLE_FP_ONE));
+            const unsigned long long mass = block_sum_all(mine_w, sh.red_w);
+            if (mass >= target) {  // else t_p lies below the candidates
+                const uint32_t tp = offset_select<unsigned long long>(each_mass, key_m, mass, target, sh.hist_w,
+                                                                      sh.red_w, sh);
+                thr = fmaxf(thr, key_float(tp));
+            }
+        }
+        if (ok && float_key(thr) >= K) {
+            // the draw over the kept candidates (l >= thr), in index order
+            SAMPLE_PATH(r, 2);
+            const uint32_t tkey = float_key(thr);
+            unsigned long long sum = 0;
+#pragma unroll
+            for (int e = 0; e < 16; ++e)
+                if (ck[e * SAMPLE_THREADS] >= tkey) sum += fp_weight(key_float(ck[e * SAMPLE_THREADS]), m);
+            if (tid == 0) sh.tok = -1;
+            unsigned long long z_kept;
+            const unsigned long long incl = block_scan_incl(sum, &z_kept, sh.red_w);
+            const unsigned long long t = draw_target(bits, z_kept);
+            const unsigned long long excl = incl - sum;
+            if (sum > 0 && excl <= t && t < incl) {
+                unsigned long long run = excl;
+#pragma unroll
+                for (int e = 0; e < 16; ++e) {
+                    if (ck[e * SAMPLE_THREADS] < tkey) continue;
+                    run += fp_weight(key_float(ck[e * SAMPLE_THREADS]), m);
+                    if (run > t) {
+                        const int q = tid * SAMPLE_PER_THREAD + e;
+                        const int s = cand_slice(q, splits, sh);  // the candidate's slice (never an empty one)
+                        sh.tok = (int)__ldcg(cand + 2 * ((int64_t)s * cap + (q - sh.slice_off[s])) + 1);
+                        sh.tok_l = key_float(ck[e * SAMPLE_THREADS]);
+                        break;
+                    }
+                }
+            }
+            __syncthreads();
+            const int tok = sh.tok >= 0 ? sh.tok : am;
+            write_result(r, tok, sh.tok >= 0 ? sh.tok_l : m, m, logf(fp_float(z_kept)), thr, inv_t, out_token,
+                         out_logprob, stats);
+            return true;
+        }
+    }
+
+    if (tid == 0) {
+        ExactJob& job = sh.job;
+        job.row = row;
+        job.pp = pp;
+        job.out_token = out_token;
+        job.out_logprob = out_logprob;
+        job.stats = stats;
+        job.n = n;
+        job.splits = splits;
+        job.r = r;
+        job.am = am;
+        job.inv_t = inv_t;
+        job.m = m;
+        job.bits = bits;
+        job.vec = vec;
+        job.use_k = use_k;
+        job.use_p = use_p;
+        job.use_min = use_min;
+    }
+    __syncthreads();
+    return false;
+}
+
+template <typename T>
+KERN_DEV void sample_slice(T* logits, const uint32_t* params_words, const int32_t* positions,
+                           const int32_t* hist_tokens, const int32_t* hist_counts, int32_t hist_cap, int32_t vocab,
+                           int32_t* out_token, float* out_logprob, float* stats, uint32_t* work) {
+    __shared__ SplitShared sh;
+    const int n = vocab, tid = threadIdx.x;
+    // uniform per launch: no barrier is split
+    if (n <= 0 || n > SAMPLE_MAX_VOCAB || blockDim.x != SAMPLE_THREADS || work == nullptr) return;
+    const int splits = (n + SAMPLE_SLICE - 1) / SAMPLE_SLICE;
+    if (gridDim.x != (unsigned)splits) return;
+    const int s = blockIdx.x, r = blockIdx.y;
+    const int cap = splits == 1 ? SAMPLE_MERGE_CAP : SAMPLE_MERGE_CAP / splits;
+    const SampleParams p = *reinterpret_cast<const SampleParams*>(params_words + (int64_t)r * SAMPLE_PARAM_WORDS);
+    T* row = logits + (int64_t)r * n;
+    uint32_t* wrow = work + (int64_t)r * SAMPLE_WORK_WORDS;
+    const bool vec = (n % (16 / (int)sizeof(T)) == 0) && aligned16(logits);
+    const int64_t base = (int64_t)s * SAMPLE_SLICE;
+    const int64_t end = min(base + SAMPLE_SLICE, (int64_t)n);
+
+    // 0. penalties, in place, for the history tokens in this slice (distinct per row: no two threads write one
+    // element)
+    const bool penalize = p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;
+    if (penalize && hist_tokens != nullptr && hist_counts != nullptr) {
+        for (int j = tid; j < hist_cap; j += SAMPLE_THREADS) {
+            const int tok = hist_tokens[(int64_t)r * hist_cap + j];
+            if (tok < base || tok >= end) continue;
+            const int cnt = hist_counts[(int64_t)r * hist_cap + j];
+            if (cnt <= 0) continue;
+            const float x = load_f(row + tok);
+            // no FMA contraction: the reference rounds each operation (tools/reference_sample.py)
+            const float y = x > 0.0f ? __fdiv_rn(x, p.repetition_penalty) : __fmul_rn(x, p.repetition_penalty);
+            const float y2 = __fsub_rn(y, __fmul_rn(p.frequency_penalty, (float)cnt));
+            store_f(row + tok, __fsub_rn(y2, p.presence_penalty));
+        }
+        __syncthreads();  // the writes are visible to the whole block after the barrier
+    }
+
+    // 1. the slice's max, argmax and sum of exp (online per thread)
+    const bool greedy = !(p.temperature > 0.0f);
+    const float inv_t = greedy ? 1.0f : 1.0f / p.temperature;
+    const bool use_k = !greedy && p.top_k > 0 && p.top_k < n;
+    const bool use_p = !greedy && p.top_p < 1.0f;
+    const bool use_min = !greedy && p.min_p > 0.0f;
+    float l[16];
+    const int64_t i0 = base + (int64_t)tid * SAMPLE_PER_THREAD;
+    const int nv = load16<false>(row, i0, n, vec, l);
+    float tmax = -CUDART_INF_F, tsum = 0.0f;
+    int targ = 0x7fffffff;
+#pragma unroll
+    for (int e = 0; e < 16; ++e) {
+        l[e] = scaled_logit(l[e], inv_t);
+        if (e >= nv) continue;
+        if (l[e] > tmax) {
+            tsum = tsum * __expf(tmax - l[e]) + 1.0f;
+            tmax = l[e];
+            targ = (int)(i0 + e);
+        } else if (l[e] > -CUDART_INF_F) {
+            tsum += __expf(l[e] - tmax);
+        }
+    }
+    float m_s = tmax;
+    int a_s = targ;
+    block_argmax_all(m_s, a_s, sh.red_f, sh.red_i);
+    const float z_s = block_sum_all(tmax > -CUDART_INF_F ? tsum * __expf(tmax - m_s) : 0.0f, sh.red_f);
+
+    // 2. candidates (filters only): every l with key >= K_s, at most cap of them
+    uint32_t k_s = 0xffffffffu;
+    int n_s = 0;
+    if (use_k || use_p || use_min) {
+        const uint32_t key_ref = float_key(m_s);
+        const unsigned total = (unsigned)(end - base);
+        auto each_count = [&](auto&& f) {
+#pragma unroll
+            for (int e = 0; e < 16; ++e)
+                if (e < nv) f(float_key(l[e]), 1u);
+        };
+        uint32_t floor_key = 1u;  // this slice's bound on the kept set
+        if (use_min) floor_key = max(floor_key, float_key(m_s + logf(p.min_p)));  // m_s <= m: below t_min
+        bool built = false;
+        if (use_k && p.top_k <= cap && (unsigned)p.top_k <= total) {
+            // a key at or below the slice's top_k-th largest (itself <= t_k): the bin holding it, and below
+            offset_hist<unsigned>(each_count, key_ref, 0u, 16, true, sh.hist_c);
+            built = true;
+            unsigned before;
+            const int b = pick_bin<unsigned>(sh.hist_c, true, total, 0u, (unsigned)p.top_k, &before, sh.red_u, sh);
+            if (b >= 0 && b < 255) floor_key = max(floor_key, key_below(key_ref, ((uint64_t)b + 1) << 16));
+        }
+        int c = 0;
+#pragma unroll
+        for (int e = 0; e < 16; ++e) c += (e < nv && float_key(l[e]) >= floor_key) ? 1 : 0;
+        c = block_sum_all(c, sh.red_i);
+        k_s = floor_key;
+        if (c > cap) {
+            // more than cap above the bound: the lowest bin edge with at most cap above it, the rounds of
+            // offset_select (2^16-key bins, past them 2^24, then finer inside the bin that overflowed) while the
+            // edge leaves more than half the capacity unused
+            uint32_t lo = 0u;
+            int shift = 16;
+            bool sat = true;
+            unsigned before = 0u;
+            uint64_t bound = 0u;  // exported: offsets below bound (`before` <= cap of them)
+            for (bool first = true;; first = false) {
+                if (!(first && built)) offset_hist<unsigned>(each_count, key_ref, lo, shift, sat, sh.hist_c);
+                const int b = pick_bin<unsigned>(sh.hist_c, sat, total - before, before, (unsigned)cap + 1u, &before,
+                                                 sh.red_u, sh);
+                bound = lo + ((uint64_t)b << shift);
+                if (before >= (unsigned)cap / 2 || (shift == 0 && !sat)) break;
+                lo = (uint32_t)bound;
+                if (sat && b == 255 && shift < 24) {
+                    shift = 24;  // still open-ended: the rest of the offsets, coarser
+                } else {
+                    if (shift == 0) break;
+                    shift -= 8;
+                    sat = false;
+                }
+            }
+            k_s = key_below(key_ref, bound);
+        }
+        int mine = 0;
+#pragma unroll
+        for (int e = 0; e < 16; ++e) mine += (e < nv && float_key(l[e]) >= k_s) ? 1 : 0;
+        int total_out;
+        int off = block_scan_incl(mine, &total_out, sh.red_i) - mine;
+        if (total_out > cap) {  // cannot happen (the counts above are exact); the merge then takes the exact path
+            k_s = 0xffffffffu;
+        } else {
+            n_s = total_out;
+            uint32_t* cand = wrow + SAMPLE_CAND_WORD + 2 * (int64_t)s * cap;
+#pragma unroll
+            for (int e = 0; e < 16; ++e) {
+                const uint32_t key = float_key(l[e]);
+                if (e < nv && key >= k_s) {
+                    reinterpret_cast<uint2*>(cand)[off] = make_uint2(key, (uint32_t)(i0 + e));
+                    ++off;
+                }
+            }
+        }
+    }
+
+    // 3. the header, then the row's ticket: the last block merges
+    if (tid == 0) {
+        uint32_t* h = wrow + 8 + SAMPLE_HDR_WORDS * s;
+        *reinterpret_cast<uint4*>(h) = make_uint4(__float_as_uint(m_s), __float_as_uint(z_s), (uint32_t)a_s, k_s);
+        h[4] = (uint32_t)n_s;
+    }
+    __threadfence();  // this block's writes (penalties, candidates, header) before its ticket
+    __syncthreads();
+    if (tid == 0) sh.last = atomicAdd(reinterpret_cast<int*>(wrow), 1) == splits - 1;
+    __syncthreads();
+    if (!sh.last) return;
+    __threadfence();
+    if (tid == 0) *reinterpret_cast<int*>(wrow) = 0;  // zero again for the next launch
+    const SampleParams* pp = reinterpret_cast<const SampleParams*>(params_words) + r;
+    if (!sample_merge<T>(row, n, vec, splits, cap, r, pp, inv_t, greedy, use_k, use_p, use_min, positions, wrow,
+                         out_token, out_logprob, stats, sh))
+        sample_exact<T>(sh);
+}
+
+// grid (cdiv(vocab, 8192), rows, 1), block (512,1,1). logits [rows, vocab] (penalized in place), params [rows, 12]
+// words (SampleParams), positions [rows], hist_tokens / hist_counts [rows, hist_cap] (may be null when no row
+// penalizes), out_token [rows] int32, out_logprob [rows] f32, stats [rows, 4] f32 or null, work [rows,
+// SAMPLE_WORK_WORDS] u32 (word 0 of each row zero before the launch; zero after it).
+#define SAMPLE_ENTRY(NAME, T)                                                                                      \
+    extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS, 2)                                                \
+        NAME(T* logits, const uint32_t* params, const int32_t* positions, const int32_t* hist_tokens,           \
+             const int32_t* hist_counts, int32_t hist_cap, int32_t vocab, int32_t* out_token, float* out_logprob, \
+             float* stats, uint32_t* work) {                                                                      \
+        kern_pdl_wait();                                                                                          \
+        kern_pdl_launch_dependents();                                                                             \
+        sample_slice<T>(logits, params, positions, hist_tokens, hist_counts, hist_cap, vocab, out_token,         \
+                        out_logprob, stats, work);                                                                \
+    }
+SAMPLE_ENTRY(kern_sample_bf16, __nv_bfloat16)
+SAMPLE_ENTRY(kern_sample_f32, float)
+
+// ------------------------------------------------------------------------------------ top logprobs
 
 template <int V>
 KERN_DEV void load_vec16(const __nv_bfloat16* p, float (&v)[V]) {
@@ -112,14 +934,14 @@ KERN_DEV void load_vec16(const float* p, float (&v)[V]) {
     v[3] = q.w;
 }
 
-// Calls f(i, x) for this thread's elements of a row of n logits, in a fixed order: groups of V = 16 bytes
+// Calls f(i, x) for this thread's elements of a row of n logits (a block of TOP_THREADS), in a fixed order: groups of V = 16 bytes
 // at g = (threadIdx.x + j * 1024) * V, element by element inside a group. `vec`: 16-byte loads (n % V == 0
 // and a 16-byte aligned row), else element loads. Plain loads (no __ldg): the row may have been written by
 // this block (penalties).
 template <typename T, typename F>
 KERN_DEV void for_each_logit(const T* row, int n, bool vec, F&& f) {
     constexpr int V = 16 / (int)sizeof(T);
-    for (int g = threadIdx.x * V; g < n; g += SAMPLE_THREADS * V) {
+    for (int g = threadIdx.x * V; g < n; g += TOP_THREADS * V) {
         float v[V];
         if (vec) {
             load_vec16<V>(row + g, v);
@@ -133,399 +955,14 @@ KERN_DEV void for_each_logit(const T* row, int n, bool vec, F&& f) {
     }
 }
 
-struct SampleShared {
-    float red[SAMPLE_WARPS];
-    int red_i[SAMPLE_WARPS];
-    float scan[SAMPLE_WARPS];
-    unsigned key_a, key_b;
-    int sel;
-    float z_k;
-    float base;
-    float cand_val[SAMPLE_CANDIDATES];
-    float cand_p[SAMPLE_CANDIDATES];
-    int cand_idx[SAMPLE_CANDIDATES];
-};
-
-// Block max of (v, i) with ties -> smallest i; every thread gets the result.
-KERN_DEV void block_argmax_all(float& v, int& i, SampleShared& sh) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        const float ov = __shfl_xor_sync(0xffffffffu, v, o);
-        const int oi = __shfl_xor_sync(0xffffffffu, i, o);
-        if (ov > v || (ov == v && oi < i)) {
-            v = ov;
-            i = oi;
-        }
-    }
-    __syncthreads();
-    if (lane == 0) {
-        sh.red[warp] = v;
-        sh.red_i[warp] = i;
-    }
-    __syncthreads();
-    v = sh.red[0];
-    i = sh.red_i[0];
-    for (int w = 1; w < SAMPLE_WARPS; ++w)
-        if (sh.red[w] > v || (sh.red[w] == v && sh.red_i[w] < i)) {
-            v = sh.red[w];
-            i = sh.red_i[w];
-        }
-}
-
-// Block sum in a fixed order (deterministic); every thread gets it. `scratch` holds one V per warp.
-template <typename V>
-KERN_DEV V block_sum_all(V x, V* scratch) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) x += __shfl_down_sync(0xffffffffu, x, o);
-    __syncthreads();
-    if (lane == 0) scratch[warp] = x;
-    __syncthreads();
-    V total = 0;
-    for (int w = 0; w < SAMPLE_WARPS; ++w) total += scratch[w];
-    return total;
-}
-
-// Inclusive block scan of x in thread order (fixed order: deterministic); returns this thread's inclusive
-// prefix, *total the block's sum. `scratch` holds one V per warp.
-template <typename V>
-KERN_DEV V block_scan_incl(V x, V* total, V* scratch) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-        const V y = __shfl_up_sync(0xffffffffu, x, o);
-        if (lane >= o) x += y;
-    }
-    __syncthreads();
-    if (lane == 31) scratch[warp] = x;
-    __syncthreads();
-    V before = 0, all = 0;
-    for (int w = 0; w < SAMPLE_WARPS; ++w) {
-        if (w == warp) before = all;
-        all += scratch[w];
-    }
-    *total = all;
-    return before + x;
-}
-
-// Count of the row's l >= key_float(key) (cnt) and their mass sum exp(l - m) (mass), full pass.
-template <typename T>
-KERN_DEV void row_count_mass(const T* row, int n, bool vec, float inv_t, float m, uint32_t key, bool want_mass,
-                             int* cnt, float* mass, SampleShared& sh) {
-    int c = 0;
-    float s = 0.0f;
-    for_each_logit(row, n, vec, [&](int, float x) {
-        const float l = scaled_logit(x, inv_t);
-        if (float_key(l) >= key) {
-            ++c;
-            if (want_mass) s += __expf(l - m);
-        }
-    });
-    *cnt = block_sum_all(c, sh.red_i);
-    *mass = want_mass ? block_sum_all(s, sh.red) : 0.0f;
-}
-
-// The thread whose inclusive prefix first passes `target` among those with mass w > 0 (the smallest such
-// thread); when rounding put the target past every prefix, the last thread with mass. Uniform result.
-KERN_DEV int select_thread(float w, float incl, float target, SampleShared& sh) {
-    __syncthreads();  // sh.sel may still be read by a previous call
-    if (threadIdx.x == 0) sh.sel = 0x7fffffff;
-    __syncthreads();
-    if (w > 0.0f && incl > target) atomicMin(&sh.sel, (int)threadIdx.x);
-    __syncthreads();
-    int sel = sh.sel;
-    if (sel == 0x7fffffff) {
-        __syncthreads();
-        if (threadIdx.x == 0) sh.sel = -1;
-        __syncthreads();
-        if (w > 0.0f) atomicMax(&sh.sel, (int)threadIdx.x);
-        __syncthreads();
-        sel = sh.sel;
-    }
-    return sel;
-}
-
-// t_k and t_p (docs/kernels.md "Sampling") by a bitwise search over the float keys, the largest key meeting
-// each condition, from count_mass(key, want_mass, &cnt, &mass): the count and mass of the elements whose key
-// is >= key (called uniformly: it may hold barriers). Returns thr raised by them; a top-p search that meets
-// nothing (its mass fell short by rounding) raises thr to fallback_key instead (0: no raise).
-template <typename CountMass>
-KERN_DEV float search_thresholds(CountMass&& count_mass, bool use_k, bool use_p, int k, float top_p, float z,
-                                 uint32_t fallback_key, float thr) {
-    int cnt;
-    float mass;
-    uint32_t tk_key = 0u;
-    float z_k = z;
-    if (use_k) {
-        for (int b = 31; b >= 0; --b) {
-            const uint32_t cand = tk_key | (1u << b);
-            count_mass(cand, false, &cnt, &mass);
-            if (cnt >= k) tk_key = cand;
-        }
-        if (tk_key != 0u) {  // 0: fewer than k elements (min-p raised the pivot past t_k): no top-k bound
-            count_mass(tk_key, true, &cnt, &z_k);
-            thr = fmaxf(thr, key_float(tk_key));
-        }
-    }
-    if (use_p) {
-        const float target_k = top_p * z_k;
-        uint32_t tp_key = 0u;
-        for (int b = 31; b >= 0; --b) {
-            const uint32_t cand = tp_key | (1u << b);
-            bool ok = cand <= tk_key;  // at or below t_k the top-k set's mass is all there
-            if (!ok) {
-                count_mass(cand, true, &cnt, &mass);
-                ok = mass >= target_k;
-            }
-            if (ok) tp_key = cand;
-        }
-        const uint32_t key = tp_key != 0u ? tp_key : fallback_key;
-        if (key != 0u) thr = fmaxf(thr, key_float(key));
-    }
-    return thr;
-}
-
-// ------------------------------------------------------------------------------------------ sampler
-
-template <typename T>
-KERN_DEV void sample_row(T* logits, const uint32_t* params_words, const int32_t* positions,
-                         const int32_t* hist_tokens, const int32_t* hist_counts, int32_t hist_cap, int32_t vocab,
-                         int32_t* out_token, float* out_logprob, float* stats) {
-    __shared__ SampleShared sh;
-    const int r = blockIdx.x, tid = threadIdx.x;
-    const int n = vocab;
-    // uniform per launch: no barrier is split. vocab <= 2^20: a thread's walk (ceil(vocab / (1024 V)) groups of V)
-    // fits the block's 1024 threads
-    if (n <= 0 || n > SAMPLE_MAX_VOCAB || blockDim.x != SAMPLE_THREADS) return;
-    const SampleParams p = *reinterpret_cast<const SampleParams*>(params_words + (int64_t)r * SAMPLE_PARAM_WORDS);
-    T* row = logits + (int64_t)r * n;
-    const bool vec = (n % (16 / (int)sizeof(T)) == 0) && aligned16(logits);
-
-    // 0. penalties, in place (history tokens are distinct per row: no two threads write one element)
-    const bool penalize = p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;
-    if (penalize && hist_tokens != nullptr && hist_counts != nullptr) {
-        for (int j = tid; j < hist_cap; j += SAMPLE_THREADS) {
-            const int tok = hist_tokens[(int64_t)r * hist_cap + j];
-            const int cnt = hist_counts[(int64_t)r * hist_cap + j];
-            if (cnt <= 0 || tok < 0 || tok >= n) continue;
-            const float x = load_f(row + tok);
-            // no FMA contraction: the reference rounds each operation (tools/reference_sample.py)
-            const float y = x > 0.0f ? __fdiv_rn(x, p.repetition_penalty) : __fmul_rn(x, p.repetition_penalty);
-            const float y2 = __fsub_rn(y, __fmul_rn(p.frequency_penalty, (float)cnt));
-            store_f(row + tok, __fsub_rn(y2, p.presence_penalty));
-        }
-        __syncthreads();  // the writes are visible to the whole block after the barrier
-    }
-
-    // 1. pass A: max, argmax, sum of exp (online per thread)
-    const bool greedy = !(p.temperature > 0.0f);
-    const float inv_t = greedy ? 1.0f : 1.0f / p.temperature;
-    float tmax = -CUDART_INF_F, tsum = 0.0f;
-    int targ = 0x7fffffff;
-    for_each_logit(row, n, vec, [&](int i, float x) {
-        const float l = scaled_logit(x, inv_t);
-        if (l > tmax) {
-            tsum = tsum * __expf(tmax - l) + 1.0f;
-            tmax = l;
-            targ = i;
-        } else if (l > -CUDART_INF_F) {
-            tsum += __expf(l - tmax);
-        }
-    });
-    float m = tmax;
-    int amax = targ;
-    block_argmax_all(m, amax, sh);
-    const float z = block_sum_all(tmax > -CUDART_INF_F ? tsum * __expf(tmax - m) : 0.0f, sh.red);
-    if (!(m > -CUDART_INF_F)) {  // every logit NaN or -inf
-        if (tid == 0) {
-            out_token[r] = 0;
-            out_logprob[r] = -CUDART_INF_F;
-            if (stats) reinterpret_cast<float4*>(stats)[r] = make_float4(m, CUDART_INF_F, CUDART_INF_F, inv_t);
-        }
-        return;
-    }
-    if (greedy) {
-        if (tid == 0) {
-            out_token[r] = amax == 0x7fffffff ? 0 : amax;
-            out_logprob[r] = -logf(z);
-            if (stats) reinterpret_cast<float4*>(stats)[r] = make_float4(m, logf(z), -CUDART_INF_F, inv_t);
-        }
-        return;
-    }
-
-    // 2. thresholds (kept = l >= thr) and 3. the draw
-    const bool use_k = p.top_k > 0 && p.top_k < n;
-    const bool use_p = p.top_p < 1.0f;
-    const bool use_min = p.min_p > 0.0f;
-    const int k = p.top_k;
-    float thr = use_min ? m + logf(p.min_p) : -CUDART_INF_F;
-    const float u = sample_uniform(p.seed_lo, p.seed_hi, positions[r]);
-    bool fast = !use_k || k <= SAMPLE_CANDIDATES;
-    if (use_k || use_p || use_min) {
-        uint32_t pivot = float_key(thr);  // min-p alone: the exact threshold
-        if (fast && (use_k || use_p)) {
-            // a pivot <= thr from the per-thread maxima: for top-k the k-th largest of them (<= t_k); for
-            // top-p alone the largest key whose maxima carry top_p * Z (<= t_p); built bit by bit from the top
-            pivot = 0u;
-            const uint32_t mine = float_key(tmax);
-            const float mine_p = tmax > -CUDART_INF_F ? __expf(tmax - m) : 0.0f;
-            const float target = p.top_p * z;
-            for (int b = 31; b >= (use_k ? 0 : 12); --b) {
-                const uint32_t cand = pivot | (1u << b);
-                bool ok;
-                if (use_k) ok = __syncthreads_count(mine >= cand) >= k;
-                else ok = block_sum_all(mine >= cand ? mine_p : 0.0f, sh.red) >= target;
-                if (ok) pivot = cand;
-            }
-            // with one of top-k / top-p, min-p may raise the pivot: elements below t_min are never kept, and
-            // neither t_k alone (when fewer than k are >= the pivot, t_k < t_min) nor t_p over the whole row
-            // needs them. With both, Z_k needs every element >= t_k.
-            if (!(use_k && use_p)) pivot = max(pivot, float_key(thr));
-        }
-        if (fast) {
-            // gather the row's l >= pivot into shared memory, in thread order then element order
-            int c = 0;
-            for_each_logit(row, n, vec, [&](int, float x) { c += float_key(scaled_logit(x, inv_t)) >= pivot; });
-            int total;
-            int off = block_scan_incl(c, &total, sh.red_i) - c;  // exclusive prefix
-            fast = total <= SAMPLE_CANDIDATES && (!use_k || !use_p || total >= k);
-            if (fast) {
-                for_each_logit(row, n, vec, [&](int i, float x) {
-                    const float l = scaled_logit(x, inv_t);
-                    if (float_key(l) >= pivot) {
-                        sh.cand_val[off] = l;
-                        sh.cand_p[off] = __expf(l - m);
-                        sh.cand_idx[off] = i;
-                        ++off;
-                    }
-                });
-                if (tid == 0) {
-                    sh.key_a = 0u;
-                    sh.key_b = 0u;
-                }
-                __syncthreads();
-                const bool own = tid < total;
-                const float cv = own ? sh.cand_val[tid] : -CUDART_INF_F;
-                if ((use_k || use_p) && total <= SAMPLE_BRUTE) {
-                    // per candidate: count and mass of the candidates >= it (summed in candidate order)
-                    int ge = 0;
-                    float mass_ge = 0.0f;
-                    for (int j = 0; own && j < total; ++j) {
-                        if (sh.cand_val[j] >= cv) {
-                            ++ge;
-                            mass_ge += sh.cand_p[j];
-                        }
-                    }
-                    uint32_t tk_key = 0u;
-                    float z_k = z;
-                    if (use_k) {
-                        if (own && ge >= k) atomicMax(&sh.key_a, float_key(cv));
-                        __syncthreads();
-                        tk_key = sh.key_a;
-                        if (own && float_key(cv) == tk_key) sh.z_k = mass_ge;  // equal values: equal sums
-                        __syncthreads();
-                        z_k = sh.z_k;
-                        thr = fmaxf(thr, key_float(tk_key));
-                    }
-                    if (use_p) {
-                        const float target_k = p.top_p * z_k;
-                        if (own && float_key(cv) >= tk_key && mass_ge >= target_k) atomicMax(&sh.key_b, float_key(cv));
-                        __syncthreads();
-                        const uint32_t tp_key = sh.key_b != 0u ? sh.key_b : pivot;
-                        thr = fmaxf(thr, key_float(tp_key));
-                    }
-                } else if (use_k || use_p) {
-                    // more candidates: the bitwise search, over the candidates (one per thread)
-                    const uint32_t ck = float_key(cv);
-                    const float cp = own ? sh.cand_p[tid] : 0.0f;
-                    thr = search_thresholds(
-                        [&](uint32_t key, bool want_mass, int* cnt, float* mass) {
-                            const bool in = own && ck >= key;
-                            *cnt = __syncthreads_count(in);
-                            *mass = want_mass ? block_sum_all(in ? cp : 0.0f, sh.red) : 0.0f;
-                        },
-                        use_k, use_p, k, p.top_p, z, pivot, thr);
-                }
-                // the draw over the kept candidates, in candidate order
-                const float w = (own && cv >= thr) ? sh.cand_p[tid] : 0.0f;
-                float z_kept;
-                const float incl = block_scan_incl(w, &z_kept, sh.scan);
-                const float target = u * z_kept;
-                const int sel = select_thread(w, incl, target, sh);
-                if (tid == sel) {
-                    out_token[r] = sh.cand_idx[tid];
-                    out_logprob[r] = (cv - m) - logf(z_kept);
-                    if (stats) reinterpret_cast<float4*>(stats)[r] = make_float4(m, logf(z_kept), thr, inv_t);
-                }
-                return;
-            }
-        }
-        if (!fast && (use_k || use_p)) {
-            // the bitwise search with a full pass over the row per step
-            thr = search_thresholds(
-                [&](uint32_t key, bool want_mass, int* cnt, float* mass) {
-                    row_count_mass(row, n, vec, inv_t, m, key, want_mass, cnt, mass, sh);
-                },
-                use_k, use_p, k, p.top_p, z, 0u, thr);
-        }
-    }
-
-    // the draw over the whole row: inverse CDF over the kept mass, thread-major order
-    float s = 0.0f;
-    for_each_logit(row, n, vec, [&](int, float x) {
-        const float l = scaled_logit(x, inv_t);
-        if (l >= thr) s += __expf(l - m);
-    });
-    float z_kept;
-    const float incl = block_scan_incl(s, &z_kept, sh.scan);
-    const float target = u * z_kept;
-    const int sel = select_thread(s, incl, target, sh);
-    // then inside thread `sel`'s elements, spread over the block: element q of its walk (group q / V, lane
-    // q % V of the group) goes to thread q, an inclusive scan from its prefix, the same selection rule
-    if (tid == sel) sh.base = incl - s;
-    __syncthreads();
-    constexpr int V = 16 / (int)sizeof(T);
-    const int64_t idx = ((int64_t)sel + (int64_t)(tid / V) * SAMPLE_THREADS) * V + tid % V;
-    float l = -CUDART_INF_F, w = 0.0f;
-    if (idx < n) {
-        l = scaled_logit(load_f(row + idx), inv_t);
-        if (l >= thr) w = __expf(l - m);
-    }
-    float chunk;
-    const float incl_q = sh.base + block_scan_incl(w, &chunk, sh.scan);
-    const int q = select_thread(w, incl_q, target, sh);
-    if (tid == q) {
-        out_token[r] = (int32_t)idx;
-        out_logprob[r] = (l - m) - logf(z_kept);
-        if (stats) reinterpret_cast<float4*>(stats)[r] = make_float4(m, logf(z_kept), thr, inv_t);
-    }
-}
-
-// grid (rows,1,1), block (1024,1,1). logits [rows, vocab] (penalized in place), params [rows, 12] words
-// (SampleParams), positions [rows], hist_tokens / hist_counts [rows, hist_cap] (may be null when no row
-// penalizes), out_token [rows] int32, out_logprob [rows] f32, stats [rows, 4] f32 or null.
-#define SAMPLE_ENTRY(NAME, T)                                                                                      \
-    extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS, 1)                                                \
-        NAME(T* logits, const uint32_t* params, const int32_t* positions, const int32_t* hist_tokens,           \
-             const int32_t* hist_counts, int32_t hist_cap, int32_t vocab, int32_t* out_token, float* out_logprob, \
-             float* stats) {                                                                                      \
-        kern_pdl_wait();                                                                                          \
-        kern_pdl_launch_dependents();                                                                             \
-        sample_row<T>(logits, params, positions, hist_tokens, hist_counts, hist_cap, vocab, out_token,           \
-                      out_logprob, stats);                                                                        \
-    }
-SAMPLE_ENTRY(kern_sample_bf16, __nv_bfloat16)
-SAMPLE_ENTRY(kern_sample_f32, float)
-
-// ------------------------------------------------------------------------------------ top logprobs
 
 template <typename T>
 KERN_DEV void top_logprobs_row(const T* logits, const float* stats, int32_t vocab, int32_t n_top, int32_t* out_ids,
                                float* out_logprobs) {
-    __shared__ SampleShared sh;
+    __shared__ float red[32];
+    __shared__ int red_i[32];
     const int r = blockIdx.x, n = vocab;
-    if (n <= 0 || n_top <= 0 || blockDim.x != SAMPLE_THREADS) return;
+    if (n <= 0 || n_top <= 0 || blockDim.x != TOP_THREADS) return;
     const T* row = logits + (int64_t)r * n;
     const bool vec = (n % (16 / (int)sizeof(T)) == 0) && aligned16(logits);
     const float4 st = reinterpret_cast<const float4*>(stats)[r];  // (m, log Z_kept, thr, inv_t)
@@ -542,7 +979,7 @@ KERN_DEV void top_logprobs_row(const T* logits, const float* stats, int32_t voca
                 bi = i;
             }
         });
-        block_argmax_all(bv, bi, sh);
+        block_argmax_all(bv, bi, red, red_i);
         if (threadIdx.x == 0) {
             const int64_t o = (int64_t)r * n_top + j;
             out_ids[o] = bi == 0x7fffffff ? -1 : bi;
@@ -556,7 +993,7 @@ KERN_DEV void top_logprobs_row(const T* logits, const float* stats, int32_t voca
 // grid (rows,1,1), block (1024,1,1); after kern_sample on the same logits and stats. out_ids [rows, n_top]
 // (-1 past the vocabulary), out_logprobs [rows, n_top].
 #define TOP_ENTRY(NAME, T)                                                                                      \
-    extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS, 1)                                              \
+    extern "C" __global__ void __launch_bounds__(TOP_THREADS, 1)                                              \
         NAME(const T* logits, const float* stats, int32_t vocab, int32_t n_top, int32_t* out_ids,             \
              float* out_logprobs) {                                                                             \
         kern_pdl_wait();                                                                                        \

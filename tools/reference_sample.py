@@ -8,6 +8,7 @@
 - ``thresholds`` / ``distribution``: the exact probability vector the kernel samples from after
   temperature, top-k, top-p and min-p (float32 logits and thresholds as the kernel forms them, masses summed
   in float64).
+- ``draw`` / ``draw_agrees``: which token a uniform picks: the inverse CDF over the kept set in index order.
 - ``chi2_sf``: the chi-square survival function (regularized upper incomplete gamma), for the GPU
   goodness-of-fit tests; numpy and the standard library only.
 
@@ -135,6 +136,36 @@ def sampling_distribution(row: np.ndarray, temperature: float, top_k: int = 0, t
         return out
     l = scaled(row, temperature)
     return distribution(l, thresholds(l, top_k, top_p, min_p).thr)
+
+
+def draw(l: np.ndarray, thr: float, u: float) -> int:
+    """The token the sampler draws with uniform u in [0, 1) from the kept set {l >= thr} of l [vocab] float32: the
+    first index, in index order, where the running kept mass sum exp(l - m) (float64) exceeds u times its total
+    (the inverse CDF over the vocabulary in index order)."""
+    lo, hi = draw_interval(l, thr)
+    target = float(u) * hi[-1]
+    return int(np.flatnonzero((hi > lo) & (hi > target))[0])
+
+
+def draw_interval(l: np.ndarray, thr: float) -> tuple[np.ndarray, np.ndarray]:
+    """Each token's interval [lo, hi) of the running kept mass in index order (float64, unnormalized): the draw
+    picks the token whose interval holds u times the total, hi[-1]. Tokens outside the kept set have lo == hi."""
+    l = np.asarray(l, dtype=np.float32)
+    m = float(l.max())
+    w = np.where(l >= thr, np.exp(l.astype(np.float64) - m), 0.0)
+    hi = np.cumsum(w)
+    return hi - w, hi
+
+
+def draw_agrees(l: np.ndarray, thr: float, u: float, token: int, rel: float = 1e-5) -> bool:
+    """Whether a kernel's `token` is the draw of u over {l >= thr} up to float rounding: its interval of the
+    running kept mass, widened by rel times the total on each side, holds u times the total (a kernel sums the
+    masses in its own precision, so at an interval's edge either neighbour may come out)."""
+    lo, hi = draw_interval(l, thr)
+    if not 0 <= token < len(hi) or hi[token] == lo[token]:
+        return False
+    slack, target = rel * hi[-1], float(u) * hi[-1]
+    return lo[token] - slack <= target < hi[token] + slack
 
 
 def greedy(row: np.ndarray) -> int:

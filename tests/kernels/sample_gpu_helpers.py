@@ -7,10 +7,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kern_run.sampling import PARAM_ROW_BYTES, SamplingParams, pack_history, pack_params
+from kern_run.sampling import (PARAM_ROW_BYTES, SAMPLE_THREADS, WORK_BYTES_PER_ROW, SamplingParams, pack_history,
+                               pack_params, sampler_splits)
 from tools import reference_kernels as ref
 
-THREADS = 1024  # the sampler's block
+THREADS = SAMPLE_THREADS  # the sampler's block (512): one per 8192 logits of a row
+WORK_WORDS = WORK_BYTES_PER_ROW // 4
 
 
 @dataclass
@@ -30,8 +32,18 @@ def host_logits(raw: np.ndarray, dtype: str) -> np.ndarray:
     return ref.from_bf16_bits(raw) if dtype == "bf16" else raw
 
 
+def fresh_work(rows: int) -> np.ndarray:
+    """The sampler's work area as a manifest's fixed state holds it before the first launch, except that every word
+    but the rows' tickets is poison (0xFFFFFFFF) instead of zero, so nothing may rely on them: u32 [rows, WORK_WORDS]."""
+    work = np.full((rows, WORK_WORDS), 0xFFFFFFFF, dtype=np.uint32)
+    work[:, 0] = 0
+    return work
+
+
 class Sampler:
-    """Buffers for `rows` x `vocab` sampling launches on `dev` (a tests/kernels/gpu_helpers.Gpu)."""
+    """Buffers for `rows` x `vocab` sampling launches on `dev` (a tests/kernels/gpu_helpers.Gpu): grid
+    (sampler_splits(vocab), rows), block 512, the work area allocated once (tickets 0) and checked after every
+    launch (`read`: every ticket back at 0)."""
 
     def __init__(self, dev, rows: int, vocab: int, dtype: str = "bf16", hist_cap: int = 0, stats: bool = False):
         self.dev, self.rows, self.vocab, self.dtype, self.hist_cap = dev, rows, vocab, dtype, hist_cap
@@ -44,6 +56,7 @@ class Sampler:
         self.hist_counts = dev.alloc(max(1, rows * hist_cap * 4)) if hist_cap else None
         self.out = dev.alloc(rows * 8)
         self.stats = dev.alloc(rows * 16) if stats else None
+        self.work = dev.array(fresh_work(rows))
 
     def write(self, logits: np.ndarray, params: list[SamplingParams], positions, history=None) -> None:
         """Host-side writes of one step's inputs (what a caller does outside the graph)."""
@@ -66,12 +79,21 @@ class Sampler:
                 ("p", self.hist_tokens.ptr if self.hist_cap else null),
                 ("p", self.hist_counts.ptr if self.hist_cap else null), ("i", self.hist_cap), ("i", self.vocab),
                 ("p", self.out.ptr), ("p", self.out.ptr + 4 * self.rows),
-                ("p", self.stats.ptr if self.stats is not None else null)]
+                ("p", self.stats.ptr if self.stats is not None else null), ("p", self.work.ptr)]
 
     def launch(self, stream=0, sync: bool = True) -> None:
-        self.kernel.launch((self.rows,), (THREADS,), self.args(), stream=stream, sync=sync)
+        self.kernel.launch((sampler_splits(self.vocab), self.rows), (THREADS,), self.args(), stream=stream, sync=sync)
+
+    def tickets(self) -> np.ndarray:
+        """Each row's ticket word (int32 [rows]) as the last launch left it."""
+        return self.work.download(np.int32, (self.rows, WORK_WORDS))[:, 0].copy()
 
     def read(self) -> SampleResult:
+        """The outputs of the last launch. Raises AssertionError when a row's ticket is not back at 0 or a guard
+        region of the work area was written."""
+        left = np.flatnonzero(self.tickets())
+        assert left.size == 0, f"tickets not back at 0 after the launch: rows {left[:8].tolist()}"
+        self.work.check_guards("sampler work")
         raw = self.out.download(np.uint8, (8 * self.rows,))
         elem = np.uint16 if self.dtype == "bf16" else np.float32
         after = host_logits(self.logits.download(elem, (self.rows, self.vocab)), self.dtype)

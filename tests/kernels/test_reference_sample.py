@@ -140,3 +140,19 @@ def test_log_probs_at_and_rounding_boundary():
     # min_p 0.375 puts t_min at log(0.15): 0.15 and 0.1 straddle it only by rounding
     assert rs.rounding_boundary(LOGS, LOGS[2], LOGS[3], 0, 1.0, 0.375)
     assert not rs.rounding_boundary(LOGS, LOGS[2], LOGS[3], 0, 1.0, 0.3)
+
+
+def test_draw_is_the_inverse_cdf_in_index_order():
+    # masses exp(l - m) of [0.1, 0.4, 0.2, 0.3] in index order: intervals [0, .1) [.1, .5) [.5, .7) [.7, 1)
+    l = np.log(np.array([0.1, 0.4, 0.2, 0.3])).astype(np.float32)
+    lo, hi = rs.draw_interval(l, -np.inf)
+    np.testing.assert_allclose(hi / hi[-1], [0.1, 0.5, 0.7, 1.0], rtol=1e-6)
+    np.testing.assert_allclose(lo, hi - np.exp(l.astype(np.float64) - l.max()))
+    assert [rs.draw(l, -np.inf, u) for u in (0.0, 0.09, 0.11, 0.49, 0.51, 0.69, 0.71, 0.999)] == [0, 0, 1, 1, 2, 2, 3, 3]
+    # a threshold drops the tokens below it and renormalizes the rest: 0.4 and 0.3 over 0.7
+    assert [rs.draw(l, l[3], u) for u in (0.0, 0.57, 0.58, 0.99)] == [1, 1, 3, 3]
+    assert rs.draw_agrees(l, -np.inf, 0.3, 1) and not rs.draw_agrees(l, -np.inf, 0.3, 2)
+    # at an interval's edge either neighbour agrees within rel; a dropped token never does
+    assert rs.draw_agrees(l, -np.inf, 0.1 + 1e-7, 0) and rs.draw_agrees(l, -np.inf, 0.1 + 1e-7, 1)
+    assert not rs.draw_agrees(l, -np.inf, 0.1 + 1e-3, 0)
+    assert not rs.draw_agrees(l, l[3], 0.01, 0) and not rs.draw_agrees(l, l[3], 0.01, 7)

@@ -77,7 +77,9 @@ def test_every_published_size_builds_and_inspects(name: str, tmp_path: Path) -> 
     lines = shown.stdout.splitlines()
     cfg = json.loads((CONFIGS / f"{name}.json").read_text())
     assert lines[0].startswith(f"manifest {name} (kern-manifest/1), digest ")
-    assert lines[2] == f"states: {cfg['num_hidden_layers']} ({cfg['num_hidden_layers']} paged); paged: {per_token} " \
+    # a KV state per layer and the sampler's work area (fixed)
+    layers = cfg["num_hidden_layers"]
+    assert lines[2] == f"states: {layers + 1} (1 fixed, {layers} paged); paged: {per_token} " \
                        "bytes/token in all, page_tokens [16]"
     # inputs: the 6 of the caller contract + the sampler's params and history; outputs: next_token, the ring, top
     # logprobs' ids and values

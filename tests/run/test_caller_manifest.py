@@ -315,7 +315,8 @@ def test_buffers_binds_states() -> None:
     assert lm == [{"op": "gemm", "args": {"a": "normed", "w": "embed", "c": "logits", "m": "seqs", "n": 151936,
                                           "k": 2560}}]
     assert m["states"]["kv.0"] == {"kind": "paged", "bytes_per_token": 2 * 8 * 128 * 2, "page_tokens": 16}
-    assert len(m["states"]) == 36
+    # one KV state per layer, and the sampler's work area (a fixed state: the rows' tickets start at zero)
+    assert len(m["states"]) == 37 and m["states"]["sample_work"]["kind"] == "fixed"
 
 
 def test_untied_binds_lm_head() -> None:

@@ -116,7 +116,7 @@ def test_the_rest_of_the_decode_step_is_already_per_row() -> None:
     assert [l["grid"][2] for l in attn["launches"][:-1]] == ["seqs", "seqs"]  # the wide and the stream partials
     assert attn["launches"][-1]["entry"] == "kern_attn_decode_reduce" and attn["launches"][-1]["grid"][1] == "seqs"
     assert all(expr.startswith("seqs * ") for expr in attn["scratch"].values())
-    assert all(l["grid"][0] == "seqs" for l in ops["sample"]["launches"])
+    assert all(l["grid"][1] == "seqs" for l in ops["sample"]["launches"])  # (slices of the vocabulary, rows)
     argmax = _manifest(gemv="v2", seqs_max=64, sampler="argmax")["ops"]["argmax"]
     assert argmax["launches"][0]["grid"][1] == "seqs" and argmax["launches"][1]["grid"][0] == "seqs"
     assert all(expr.startswith("seqs * ") for expr in argmax["scratch"].values())

@@ -86,7 +86,7 @@ def test_the_default_is_the_sampler() -> None:
 TAIL = [
     {"op": "sample", "args": {"logits": "logits", "params": "sample_params", "positions": "positions",
                               "hist_tokens": "hist_tokens", "hist_counts": "hist_counts", "token": "sample_token",
-                              "logprob": "sample_logprob", "stats": "sample_stats"}},
+                              "logprob": "sample_logprob", "stats": "sample_stats", "work": "sample_work"}},
     {"op": "sample_history_append", "args": {"hist_tokens": "hist_tokens", "hist_counts": "hist_counts",
                                              "tokens": "sample_token"}},
     {"op": "decode_advance_packed", "args": {"token": "sample_token", "logprob": "sample_logprob",
@@ -163,11 +163,14 @@ def test_top_logprobs_program() -> None:
 def test_sampler_launches() -> None:
     m = _manifest(hist_cap=333)
     (s,) = m["ops"]["sample"]["launches"]
+    # one 512-thread block per 8192 logits of a row: 19 slices of the 151936-token vocabulary, whatever the batch
     assert (s["module"], s["entry"], s["grid"], s["block"], s["shared_mem"], s["pdl"]) == (
-        "sample", "kern_sample_bf16", ["seqs", 1, 1], [1024, 1, 1], 0, True)
+        "sample", "kern_sample_bf16", [19, "seqs", 1], [512, 1, 1], 0, True)
     assert s["args"] == [{"arg": "logits"}, {"arg": "params"}, {"arg": "positions"}, {"arg": "hist_tokens"},
                          {"arg": "hist_counts"}, {"i32": 333}, {"i32": 151936}, {"arg": "token"},
-                         {"arg": "logprob"}, {"arg": "stats"}]
+                         {"arg": "logprob"}, {"arg": "stats"}, {"arg": "work"}]
+    assert _manifest("tiny")["ops"]["sample"]["launches"][0]["grid"][0] == host_sampling.sampler_splits(
+        _cfg("tiny").vocab)
     (h,) = m["ops"]["sample_history_append"]["launches"]
     assert (h["entry"], h["grid"], h["block"], h["pdl"]) == ("kern_sample_history_append", ["seqs", 1, 1],
                                                              [32, 1, 1], True)
@@ -210,6 +213,11 @@ def test_sampler_buffers() -> None:
     assert b["next_token"] == {"kind": "output", "dtype": "i64", "shape": ["seqs"]}
     assert b["token_ring"] == {"kind": "output", "dtype": "i64", "shape": ["seqs", 64], "placement": "host"}
     assert b["logits"] == {"kind": "workspace", "dtype": "bf16", "shape": ["seqs", 151936]}
+    # the sampler's work area: a fixed state (zeroed at load: the rows' tickets start at 0), seqs_max rows
+    assert _manifest(decode="gemm", seqs_max=64)["states"]["sample_work"] == {
+        "kind": "fixed", "bytes": 64 * host_sampling.WORK_BYTES_PER_ROW}
+    assert _manifest()["states"]["sample_work"]["bytes"] == host_sampling.WORK_BYTES_PER_ROW
+    assert "sample_work" not in _manifest(sampler="argmax")["states"]
     am = _manifest(sampler="argmax")["buffers"]
     assert not {"sample_params", "hist_tokens", "hist_counts", "sample_token", "sample_logprob", "sample_stats",
                 "top_ids", "top_logprobs"} & set(am)

@@ -9,6 +9,10 @@ change of parameters never re-captures:
     hist_tokens  int32 [rows, hist_cap]   distinct previous token ids of the row (`pack_history`)
     hist_counts  int32 [rows, hist_cap]   their counts (0: an empty slot)
     out          int32 token [rows] then float32 logprob [rows]: OUTPUT_BYTES_PER_ROW = 8 (`unpack_outputs`)
+    work         WORK_BYTES_PER_ROW = 69664 bytes per row, the kernel's own (its slices' results and candidates,
+                 the row's ticket in the first 4 bytes: zero before the first launch, zero after every launch)
+
+The kernel's grid is (`sampler_splits(vocab)`, rows, 1): one block per SAMPLE_SLICE = 8192 logits of a row.
 
 The per-row position (the Philox counter) is the decode program's existing `positions` input.
 
@@ -35,6 +39,9 @@ PARAM_ROW_BYTES = 48
 OUTPUT_BYTES_PER_ROW = 8  # int32 token + float32 logprob
 STATS_BYTES_PER_ROW = 16  # float32 (max l, log Z_kept, threshold, 1 / temperature)
 MAX_TOP_LOGPROBS = 20
+SAMPLE_SLICE = 8192  # logits per block of kern_sample_* (kernels-src/sample.cu SAMPLE_SLICE)
+SAMPLE_THREADS = 512  # its block
+WORK_BYTES_PER_ROW = 4 * 17416  # kernels-src/sample.cu SAMPLE_WORK_WORDS: the per-row work area
 SEED_MAX = 2**64 - 1
 PENALTY_LIMIT = 2.0  # presence / frequency penalties lie in [-2, 2] (the OpenAI API's range)
 # temperature, top_k, top_p, min_p, repetition, presence, frequency, reserved, seed_lo, seed_hi, reserved x 2
@@ -114,6 +121,12 @@ def resolve_seed(params: SamplingParams) -> SamplingParams:
     """`params` with a seed: its own, else 64 random bits (`secrets.randbits`). Call once per request, at
     admission, so every step of the request uses one key."""
     return params if params.seed is not None else replace(params, seed=secrets.randbits(64))
+
+
+def sampler_splits(vocab: int) -> int:
+    """The x extent of kern_sample_*'s grid for a vocabulary of `vocab` logits: cdiv(vocab, SAMPLE_SLICE), one
+    block per 8192 logits of each row (the kernel writes nothing under any other grid)."""
+    return -(-vocab // SAMPLE_SLICE)
 
 
 def pack_params(rows: Sequence[SamplingParams]) -> bytes:

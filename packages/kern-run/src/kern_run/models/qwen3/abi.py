@@ -46,7 +46,7 @@ KERNEL_SIGNATURES: dict[str, tuple[str, tuple[str, ...]]] = {
     "kern_decode_advance": ("step", ("p",) * 7 + ("i32",) * 5),
     "kern_decode_advance_packed": ("step", ("p",) * 9 + ("i32",) * 5),
     "kern_sample_inputs_init": ("step", ("p",) * 3 + ("i32",) * 2),
-    "kern_sample_bf16": ("sample", ("p",) * 5 + ("i32",) * 2 + ("p",) * 3),
+    "kern_sample_bf16": ("sample", ("p",) * 5 + ("i32",) * 2 + ("p",) * 4),
     "kern_sample_top_logprobs_bf16": ("sample", ("p", "p", "i32", "i32", "p", "p")),
     "kern_sample_history_append": ("sample", ("p",) * 3 + ("i32",) * 2),
     # small-M MMA projections (kernels-src/gemv_mma.cu, docs/kernels-gemv.md "Small-M MMA entries"): m, n, k

@@ -6,7 +6,9 @@ With "gpu" the decode program ends, after the lm_head writes `logits` bf16 [seqs
 
     sample                 kern_sample_bf16: penalties (in place in `logits`), temperature, top-k, top-p, min-p,
                            a Philox4x32-10 draw keyed by (seed, position) -> sample_token / sample_logprob /
-                           sample_stats
+                           sample_stats; grid (cdiv(vocab, 8192), seqs): a row split over blocks of 8192
+                           logits, the last block of each row (a ticket in the fixed state `sample_work`)
+                           merging them
     sample_history_append  kern_sample_history_append: this step's token into the row's history list
     decode_advance_packed  kern_decode_advance_packed (ops.py): next step's inputs; next_token and the ring entry
                            = token id (bits 0..31) | f32 logprob bits (bits 32..63)
@@ -22,7 +24,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ...errors import ManifestBuildError
-from ...sampling import MAX_TOP_LOGPROBS, PARAM_ROW_BYTES
+from ...sampling import MAX_TOP_LOGPROBS, PARAM_ROW_BYTES, SAMPLE_THREADS, WORK_BYTES_PER_ROW, sampler_splits
 from .builder import Builder, call, ptr
 
 if TYPE_CHECKING:
@@ -54,7 +56,8 @@ def check_sampling_options(cfg: "Qwen3Config", opts: "BuildOptions") -> None:
 def add_sampling_buffers(b: Builder, plan: "Plan") -> None:
     """Inputs sample_params u32 [seqs, 12] (48 bytes a row), hist_tokens / hist_counts i32 [seqs, hist_cap];
     workspace sample_token i32 [seqs], sample_logprob f32 [seqs], sample_stats f32 [seqs, 4] (max l, log Z_kept,
-    threshold, 1 / temperature); outputs top_ids i32 [seqs, 20], top_logprobs f32 [seqs, 20]."""
+    threshold, 1 / temperature); outputs top_ids i32 [seqs, 20], top_logprobs f32 [seqs, 20]; the fixed state
+    sample_work (seqs_max * 69664 bytes, kern_run.sampling.WORK_BYTES_PER_ROW)."""
     cap = plan.opts.hist_cap
     b.buffer("sample_params", "input", "u32", ["seqs", PARAM_WORDS])
     b.buffer("hist_tokens", "input", "i32", ["seqs", cap])
@@ -64,21 +67,25 @@ def add_sampling_buffers(b: Builder, plan: "Plan") -> None:
     b.buffer("sample_stats", "workspace", "f32", ["seqs", 4])
     b.buffer("top_ids", "output", "i32", ["seqs", MAX_TOP_LOGPROBS])
     b.buffer("top_logprobs", "output", "f32", ["seqs", MAX_TOP_LOGPROBS])
+    # the sampler's per-row work area (its slices' results, candidates and the row's ticket): a fixed state,
+    # zeroed at load, which the kernel leaves with every ticket back at zero
+    b.states["sample_work"] = {"kind": "fixed", "bytes": plan.opts.seqs_max * WORK_BYTES_PER_ROW}
 
 
 def add_sampling_ops(b: Builder, plan: "Plan") -> None:
     """`sample`, `sample_history_append` (decode), `top_logprobs` (its own program), `sample_inputs_init` (load).
-    kern_sample_* run one block per row (grid (seqs,1,1)): 1024 threads (the sampler, top logprobs), 32 (the
-    history append); the init strides over seqs_max rows."""
+    kern_sample_bf16 runs grid (cdiv(vocab, 8192), seqs, 1), block 512 (one block per 8192 logits of a row, the
+    grid's x fixed by the vocabulary alone, so a row's result never depends on the batch); top logprobs one block
+    of 1024 threads per row, the history append 32; the init strides over seqs_max rows."""
     V, cap, opts = plan.cfg.vocab, plan.opts.hist_cap, plan.opts
     pdl = opts.pdl_small_launches
     b.op("sample",
          [ptr("logits"), ptr("params"), ptr("positions"), ptr("hist_tokens"), ptr("hist_counts"), ptr("token"),
-          ptr("logprob"), ptr("stats")],
-         [b.launch("kern_sample_bf16", ["seqs", 1, 1], [1024, 1, 1],
+          ptr("logprob"), ptr("stats"), ptr("work")],
+         [b.launch("kern_sample_bf16", [sampler_splits(V), "seqs", 1], [SAMPLE_THREADS, 1, 1],
                    [{"arg": "logits"}, {"arg": "params"}, {"arg": "positions"}, {"arg": "hist_tokens"},
                     {"arg": "hist_counts"}, {"i32": cap}, {"i32": V}, {"arg": "token"}, {"arg": "logprob"},
-                    {"arg": "stats"}], pdl=pdl)])
+                    {"arg": "stats"}, {"arg": "work"}], pdl=pdl)])
     b.op("sample_history_append", [ptr("hist_tokens"), ptr("hist_counts"), ptr("tokens")],
          [b.launch("kern_sample_history_append", ["seqs", 1, 1], [32, 1, 1],
                    [{"arg": "hist_tokens"}, {"arg": "hist_counts"}, {"arg": "tokens"}, {"i32": cap}, {"i32": V}],
@@ -103,7 +110,8 @@ def decode_tail_calls() -> list[dict[str, Any]]:
     """The decode program's calls after the lm_head (which writes `logits`): sample, history append, advance."""
     return [
         call("sample", logits="logits", params="sample_params", positions="positions", hist_tokens="hist_tokens",
-             hist_counts="hist_counts", token="sample_token", logprob="sample_logprob", stats="sample_stats"),
+             hist_counts="hist_counts", token="sample_token", logprob="sample_logprob", stats="sample_stats",
+             work="sample_work"),
         call("sample_history_append", hist_tokens="hist_tokens", hist_counts="hist_counts", tokens="sample_token"),
         call("decode_advance_packed", token="sample_token", logprob="sample_logprob", next_token="next_token",
              token_ids="token_ids", positions="positions", seq_lens="seq_lens", slot_mapping="slot_mapping",
