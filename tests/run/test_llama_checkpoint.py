@@ -77,7 +77,9 @@ def test_every_published_llama_builds_verifies_and_inspects(name: str, tmp_path:
     lines = shown.stdout.splitlines()
     assert lines[0].startswith(f"manifest {name} (kern-manifest/1), digest ")
     per_token = layers * 2 * pub["num_key_value_heads"] * SIZES[name][1] * 2
-    assert lines[2] == f"states: {layers} ({layers} paged); paged: {per_token} bytes/token in all, page_tokens [16]"
+    # the fixed one: the split-row sampler's work area (tickets and block results, zeroed at load)
+    assert lines[2] == (f"states: {layers + 1} (1 fixed, {layers} paged); paged: {per_token} bytes/token in all, "
+                        "page_tokens [16]")
     # 6 weights per layer (no q_norm / k_norm), embedding, final norm, rope table, and the untied lm_head
     assert lines[3].startswith(f"buffers: input 9 (0.02 MiB), output 4 (0.00 MiB), weight "
                                f"{6 * layers + 3 + (not tied)} (")
