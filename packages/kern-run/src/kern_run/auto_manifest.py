@@ -10,6 +10,7 @@ lookup, or their picking on first use on this GPU (kern_run.pins_cache.ensure_pi
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -23,8 +24,8 @@ from .config import DEFAULT_CAPACITY_TOKENS, RunConfig, Weights, normalize_weigh
 from .errors import ConfigError, ManifestBuildError
 from .models.qwen3 import BuildRequest, Qwen3Config, build_texts, read_json_file
 from .models.qwen3.abi import kernels_json_path
-from .models.qwen3.command import write_outputs
-from .models.qwen3.options import BuildOptions, validate
+from .models.qwen3.command import build_options, write_outputs
+from .models.qwen3.options import validate
 from .naming import model_name
 from .package_data import kernels_dir
 from .pins_cache import Picker, cache_root, ensure_pins
@@ -115,9 +116,9 @@ def auto_config(req: AutoRequest, err: TextIO | None = None, stamp: Callable[[in
         options.update(seqs_max=req.seqs_max, batch_invariant=True)
     elif req.seqs_max > 1:  # the batched decode: v2 GEMVs at one row, small-M projections from two (builder rules)
         options.update(seqs_max=req.seqs_max, gemv="v2")
-    decode = {"decode": "gemm"} if req.batch_invariant else {}  # build_options' default for the invariant build
-    plan = validate(cfg, BuildOptions(name, max_context=min(40960, cfg.max_position_embeddings), **options,
-                                      **decode))
+    # the builder's own options of this request (its decode and max_context defaults), before the pins exist
+    build = BuildRequest(out=Path(), config=config, kernels=kernels, name=name, options=options)
+    plan = validate(cfg, build_options(build, cfg))
     # the invariant decode's lm_head runs on a pin proven like a prefill pin (tools/pick_algos.py --lm-head)
     shapes = plan.prefill_shapes | ({(cfg.vocab, cfg.hidden)} if req.batch_invariant else set())
     pins = None
@@ -135,8 +136,7 @@ def auto_config(req: AutoRequest, err: TextIO | None = None, stamp: Callable[[in
     if out.is_file():
         print(f"kern {command}: reused manifest {out} ({what})", file=err)
     else:
-        texts = build_texts(BuildRequest(out=out, config=config, kernels=kernels, name=name, algos=pins,
-                                         options=options))
+        texts = build_texts(dataclasses.replace(build, out=out, algos=pins))
         write_outputs(texts)
         print(f"kern {command}: built manifest {out} ({what})", file=err)
     return RunConfig(manifest=out, kernels=kernels, weights=weights, gpu=req.gpu,
