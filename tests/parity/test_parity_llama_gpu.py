@@ -1,5 +1,6 @@
 """Parity on the GPU at the Llama-3.2-1B (head_dim 64, tied) and Llama-3.1-8B (head_dim 128, untied) shapes: kern
-(the manifest `kern manifest build --config` makes from the published config.json, the committed cubins) against
+(the manifest `kern manifest build --config` makes from the published config.json with prefill pins picked on the
+GPU, the committed cubins) against
 transformers' LlamaForCausalLM (bf16, eager attention; and float32 as the higher-precision reference) on the same
 seeded checkpoint (tools/make_checkpoint.py --shape llama3.2-1b / llama3.1-8b), with the criteria of tools/parity.py:
 
@@ -21,6 +22,7 @@ Run on the H200:  KERN_REQUIRE_GPU=1 python3 -m pytest tests/parity/test_parity_
 from __future__ import annotations
 
 import gc
+import json
 from pathlib import Path
 from typing import Any
 
@@ -49,14 +51,26 @@ def ckpt(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
 
 @pytest.fixture(scope="module")
 def kern_side(ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """The manifest built from the checkpoint's config.json (no pins), then every kern result of the module."""
+    """The manifest built from the checkpoint's config.json with batch-invariant prefill pins picked on this GPU
+    (kern_run.pins_cache.ensure_pins, into a private cache: chunk 1 and chunk 512 are bit-identical only on such
+    pins), then every kern result of the module."""
     from kern_run.generate import GenerateOptions, Generator
+    from kern_run.models.qwen3 import Qwen3Config, prefill_shapes
     from kern_run.models.qwen3.command import BuildRequest, build_texts, write_outputs
+    from kern_run.pins_cache import ensure_pins
     from kern_run.preflight import read_manifest
 
-    manifest = tmp_path_factory.mktemp("parity-llama-manifest") / f"{ckpt.name}.json"
+    base = tmp_path_factory.mktemp("parity-llama-manifest")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("XDG_CACHE_HOME", str(base / "xdg"))
+    try:
+        cfg = Qwen3Config.from_json(json.loads((ckpt / "config.json").read_text()), str(ckpt / "config.json"))
+        pins = ensure_pins(prefill_shapes(cfg), 0, 512)
+    finally:
+        mp.undo()
+    manifest = base / f"{ckpt.name}.json"
     write_outputs(build_texts(BuildRequest(out=manifest, config=ckpt / "config.json", kernels=ROOT / "kernels",
-                                           max_context=4096)))
+                                           algos=pins, max_context=4096)))
     gen = Generator.open(manifest, ROOT / "kernels", ckpt, read_manifest(manifest), gpu=0, capacity_tokens=4096)
     try:
         decode_ids, prompt_ids = _ids(DECODE_POSITIONS, 1), _ids(PROMPT_TOKENS + AFTER_PROMPT, 2)

@@ -2,8 +2,7 @@
 peer, the check passes for every batch, and every (batch, context) gets a kern and a peer step time.
 
 - today's manifest (manifests/qwen3-tiny.json, seqs max 1): `--batch 1`;
-- a batched one, when `kern manifest build` takes `--seqs-max` (issue 26, point 1): `--batch 1,3,8`, ragged
-  check rows; skipped while the builder does not.
+- a batched one (`kern manifest build --seqs-max 8 --gemv v2`): `--batch 1,3,8`, ragged check rows.
 
 Run on the H200:  KERN_REQUIRE_GPU=1 python3 -m pytest tests/run/test_bench_batch_gpu.py -q
 """
@@ -34,11 +33,9 @@ def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _batched_manifest(tmp_path: Path) -> Path:
     out = tmp_path / "qwen3-tiny-b8.json"
     proc = subprocess.run([sys.executable, "-m", "kern_run.cli", "manifest", "build", "--shape", "tiny",
-                           "--seqs-max", "8", "--algos", str(ROOT / "manifests" / "algos" / "h200.json"),
+                           "--seqs-max", "8", "--gemv", "v2", "--algos", str(ROOT / "manifests" / "algos" / "h200.json"),
                            "--out", str(out)], capture_output=True, text=True, cwd=ROOT)
     if proc.returncode != 0:
-        if "--seqs-max" in proc.stderr or "No such option" in proc.stderr:
-            pytest.skip("kern manifest build takes no --seqs-max yet (issue 26, point 1)")
         raise AssertionError(f"kern manifest build failed: {proc.stderr[-800:]}")
     return out
 

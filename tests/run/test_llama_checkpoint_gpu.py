@@ -8,6 +8,7 @@ Run on the H200:  KERN_REQUIRE_GPU=1 python3 -m pytest tests/run/test_llama_chec
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -49,4 +50,5 @@ def test_the_llama_3_2_1b_shape_loads_and_generates(tmp_path: Path, own_cache: P
                                       "--prompt", "The capital of France is"])
     assert result.exit_code == 0, result.stderr
     assert result.stderr.splitlines()[0].startswith("kern run: built manifest ")
-    assert len(result.stdout.strip()) > 0
+    # the made tokenizer knows 257 ids of the 128256: most sampled ids decode to no text, so the count is the check
+    assert re.search(r"\b16 tokens generated\b", result.stderr), result.stderr

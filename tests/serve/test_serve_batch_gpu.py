@@ -110,7 +110,9 @@ def client(server: str):
 
 @pytest.fixture(scope="module")
 def aclient(server: str):
-    return _openai().AsyncOpenAI(base_url=f"{server}/v1", api_key="unused", timeout=300, max_retries=0)
+    """A factory of async clients: each asyncio.run() has its own event loop, and an AsyncOpenAI's connection pool
+    is bound to the loop it first ran on (a second loop reusing it fails with "Event loop is closed")."""
+    return lambda: _openai().AsyncOpenAI(base_url=f"{server}/v1", api_key="unused", timeout=300, max_retries=0)
 
 
 def _prompts() -> list[str]:
@@ -120,7 +122,8 @@ def _prompts() -> list[str]:
 
 def _gather(aclient, bodies: list[dict]) -> list:
     async def go():
-        return await asyncio.gather(*(aclient.completions.create(model=MODEL, **b) for b in bodies))
+        async with aclient() as c:
+            return await asyncio.gather(*(c.completions.create(model=MODEL, **b) for b in bodies))
     return asyncio.run(go())
 
 
