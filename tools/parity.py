@@ -20,6 +20,11 @@ Prints short tables; exits 1 when a check fails (kern's error vs float32 above t
 difference at a step whose reference margin exceeds twice that step's error).
 
     python tools/parity.py [--shape qwen3-4b] [--ckpt /tmp/qwen3-4b] [--gpu 0]
+
+`--shape` is any tools/make_checkpoint.py shape. One with a committed manifest (MANIFESTS) tests that manifest; any
+other (qwen3-1.7b, qwen3-8b, llama3.2-1b, ...) tests the manifest `kern run --weights` builds from the checkpoint's
+config.json (kern_run.auto_manifest: the user cache, batch-invariant prefill pins picked on first use), unless
+`--manifest` names one. Ids are drawn below the family's ordinary tokens (Qwen3 151643, Llama 3 128000).
 """
 
 from __future__ import annotations
@@ -49,7 +54,9 @@ def verdict(failures: list[str], name: str) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="kern vs transformers parity at a real Qwen3 shape")
-    parser.add_argument("--shape", choices=sorted(MANIFESTS), default="qwen3-4b")
+    from tools import make_checkpoint as mc
+
+    parser.add_argument("--shape", choices=sorted(mc.SHAPES), default="qwen3-4b")
     parser.add_argument("--ckpt", type=Path, default=None, help="checkpoint dir (default /tmp/<shape>)")
     parser.add_argument("--manifest", type=Path, default=None,
                         help="manifest to test (default: the shape's, qwen3-4b -> manifests/qwen3-4b-v2.json)")
@@ -60,7 +67,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompt-tokens", type=int, default=2048)
     args = parser.parse_args(argv)
 
-    from tools import make_checkpoint as mc
     from kern_run.compare import compare_logits, table, top2_margin
     from kern_run.generate import GenerateOptions, Generator
     from kern_run.errors import RefusalError
@@ -81,12 +87,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"parity: {exc}", file=sys.stderr)
         return 2
     print(f"checkpoint {ckpt} ready in {time.perf_counter() - t0:.1f} s", flush=True)
-    manifest = args.manifest or ROOT / "manifests" / MANIFESTS[args.shape]
+    if args.manifest is not None:
+        manifest = args.manifest
+    elif args.shape in MANIFESTS:
+        manifest = ROOT / "manifests" / MANIFESTS[args.shape]
+    else:  # what `kern run --weights CKPT` builds (and caches), printing the line it prints
+        from kern_run.auto_manifest import AutoRequest, auto_config
+
+        manifest = auto_config(AutoRequest(weights=ckpt, gpu=args.gpu), err=sys.stdout, command="parity").manifest
     facts = read_manifest(manifest)
     codec = load_codec(ckpt)
     rng = np.random.default_rng(args.seed + 1)
-    ids_decode = rng.integers(0, 151643, size=args.positions).tolist()
-    ids_long = rng.integers(0, 151643, size=args.prompt_tokens + 32).tolist()
+    ordinary = 128000 if args.shape.startswith("llama") else 151643  # ids below the family's special tokens
+    ids_decode = rng.integers(0, ordinary, size=args.positions).tolist()
+    ids_long = rng.integers(0, ordinary, size=args.prompt_tokens + 32).tolist()
     text_ids = codec.encode(PROMPT)
 
     # ---- kern

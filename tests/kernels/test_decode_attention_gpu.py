@@ -366,7 +366,8 @@ def test_stream_after_the_rope_kernel_serial_and_under_pdl(dev, hq, hkv, head_di
 
 
 def test_stream_writes_nothing_outside_its_limits(dev):
-    """A block of 128 or 256 threads, head_dim 72 (not a multiple of 16) or 256, a cache pointer 2 bytes off 16-byte
+    """A block of 32 or 48 threads (not the 64 it is built for; more than 64 the driver refuses, __launch_bounds__),
+    head_dim 72 (not a multiple of 16) or 256, a cache pointer 2 bytes off 16-byte
     alignment, num_pages one past the 32-bit row bound: part_out and part_ml keep their poison (the reduce then
     reads poison: the output is not checked). A q pointer 2 bytes off alignment gives the aligned launch's bits."""
     rng = np.random.default_rng(11)
@@ -377,7 +378,7 @@ def test_stream_writes_nothing_outside_its_limits(dev):
         assert (po == POISON32).all(), f"{what}: part_out written"
         assert (ml == POISON32).all(), f"{what}: part_ml written"
 
-    for block in (128, 256):
+    for block in (32, 48):
         po, ml, _ = run_stream(dev, rows, split_tokens, num_splits, block=block)
         untouched(po, ml, f"block {block}")
     for d in (72, 256):

@@ -88,13 +88,15 @@ class Qwen3Step(HarvestStep):
     def step(self, inputs: dict[str, Any]) -> dict[str, Any]:
         import torch
 
+        from torch._dynamo.decorators import mark_dynamic, mark_unbacked  # torch 2.11 has no torch._dynamo.mark_unbacked
+
         ids, positions = inputs["token_ids"], inputs["positions"]
         if self.dynamic == "unbacked":
-            torch._dynamo.mark_unbacked(ids, 0)
-            torch._dynamo.mark_unbacked(positions, 0)
+            mark_unbacked(ids, 0)
+            mark_unbacked(positions, 0)
         elif self.dynamic == "backed":
-            torch._dynamo.mark_dynamic(ids, 0)
-            torch._dynamo.mark_dynamic(positions, 0)
+            mark_dynamic(ids, 0)
+            mark_dynamic(positions, 0)
         with torch.inference_mode():
             next_token, logits = self._fn(self._weights, self._states, ids, positions)
         return {"next_token": next_token, "logits": logits}
