@@ -399,10 +399,10 @@ def _table(results: list[dict[str, Any]], contexts: list[int], floor_ms: float, 
     lines = []
     perf = [r for r in results if "ms_per_token" in r]
     peers = list(dict.fromkeys(r["peer"] for r in perf))
-    best_peer = {}
+    best_peer: dict[int, float | None] = {}  # None: no peer ran at that context (--only kern): "-" in the column
     for ctx in contexts:
         vals = [r["ms_per_token"] for r in perf if r["ctx"] == ctx and not r["peer"].startswith("kern")]
-        best_peer[ctx] = min(vals) if vals else float("nan")
+        best_peer[ctx] = min(vals) if vals else None
     floors = {ctx: floor_ms + 1e3 * ctx * kv_bytes_per_token / HBM_BYTES_PER_S for ctx in contexts}
     head = f"{'peer':40s}" + "".join(f" | ctx {c:>5d}: ms/tok  x floor  x best peer" for c in contexts)
     lines += ["", "===== decode, bs=1 (median ms/token; floor = weights" + " + KV read) / 4.3 TB/s: "
@@ -414,8 +414,9 @@ def _table(results: list[dict[str, Any]], contexts: list[int], floor_ms: float, 
             if r is None:
                 row += f" | {'-':>18s} {'':7s} {'':12s}"
                 continue
-            ms = r["ms_per_token"]
-            row += f" | {ms:>18.3f} {ms / floors[ctx]:>7.2f} {ms / best_peer[ctx]:>12.2f}"
+            ms, best = r["ms_per_token"], best_peer[ctx]
+            vs_peer = f"{ms / best:>12.2f}" if best else f"{'-':>12s}"
+            row += f" | {ms:>18.3f} {ms / floors[ctx]:>7.2f} {vs_peer}"
         lines.append(row)
     for r in perf:
         tl = r.get("timeline")

@@ -106,6 +106,13 @@ def test_kern_decode_worker(fakes: FakeDriver, tiny_manifest: Path, tmp_path: Pa
     assert fakes.launches >= 3  # the spin gate ran once per replay
     table = bench_decode._table(rows, [20, 40], 1.87, 147456, [])
     assert "kern (graph)" in table and "per-launch breakdown, ctx 20" in table
+    assert "nan" not in table  # kern alone: the "x best peer" column says "-"
+    graph_row = next(line for line in table.splitlines() if line.startswith("kern (graph) "))
+    assert graph_row.split("|")[1].split()[-1] == "-"
+    with_peer = bench_decode._table([*rows, {"peer": "torch-graph", "ctx": 20, "ms_per_token": 2.0}], [20, 40], 1.87,
+                                    147456, [])
+    graph_row = next(line for line in with_peer.splitlines() if line.startswith("kern (graph) "))
+    assert float(graph_row.split("|")[1].split()[-1]) == round(graph["ms_per_token"] / 2.0, 2)
 
 
 def test_kern_prefill_worker(fakes: FakeDriver, tiny_manifest: Path, tmp_path: Path) -> None:
