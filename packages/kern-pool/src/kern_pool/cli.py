@@ -7,7 +7,9 @@ terminal; a closed stdout (`| head -1`) ends the command quietly with exit 1.
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib.util
+import io
 import json
 import math
 import os
@@ -98,11 +100,31 @@ def main(argv: list[str] | None = None) -> int:
     return _quiet_on_closed_pipe(lambda: _main(argv))
 
 
+class _ClosedStream(io.TextIOBase):
+    """Stands in for `sys.stdout` / `sys.stderr` when the descriptor is closed (kern_manifest.pipes.ClosedStream):
+    writing text raises `BrokenPipeError` (errno EPIPE), flushing does nothing, and it has no file descriptor."""
+
+    encoding = "utf-8"
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        if text:
+            raise BrokenPipeError(errno.EPIPE, "the standard stream's file descriptor is closed")
+        return 0
+
+
 def _quiet_on_closed_pipe(main: Callable[[], int]) -> int:
     """`main()`'s exit code, output flushed; 1 (as click and the Python docs' recipe), printing nothing more, when the reader of stdout
     or stderr has gone (`| head -1`): stdout and stderr then point at /dev/null, so the interpreter's exit flush
     cannot fail either (the recipe of the Python docs' "Note on SIGPIPE"; kern_manifest.pipes is the same for
-    kern-manifest and kern, which kern-pool does not import)."""
+    kern-manifest and kern, which kern-pool does not import). A closed descriptor (`>&-`: Python sets the stream to
+    None) becomes a `_ClosedStream`, whose writes raise the same BrokenPipeError."""
+    if sys.stdout is None:
+        sys.stdout = _ClosedStream()
+    if sys.stderr is None:
+        sys.stderr = _ClosedStream()
     try:
         try:
             return main()
