@@ -148,6 +148,18 @@ def test_models_health_metrics(srv):
     ({"model": "tiny", "prompt": "x", "echo": True}, 400, "echo", "unsupported_parameter"),
     ({"model": "tiny", "prompt": "x", "logit_bias": {"5": 100}}, 400, "logit_bias", "unsupported_parameter"),
     ({"model": "tiny", "prompt": "x", "best_of": 3}, 400, "best_of", "unsupported_parameter"),
+    # the wrong JSON type is refused, not coerced (lax validation served these as 1 token, a stream, ids [1, 0])
+    ({"model": "tiny", "prompt": "x", "max_tokens": True}, 400, "max_tokens", "invalid_value"),
+    ({"model": "tiny", "prompt": "x", "max_tokens": 3.0}, 400, "max_tokens", "invalid_value"),
+    ({"model": "tiny", "prompt": "x", "stream": "yes"}, 400, "stream", "invalid_value"),
+    ({"model": "tiny", "prompt": "x", "ignore_eos": 1}, 400, "ignore_eos", "invalid_value"),
+    ({"model": "tiny", "prompt": "x", "seed": "7"}, 400, "seed", "invalid_value"),
+    ({"model": "tiny", "prompt": "x", "temperature": "0"}, 400, "temperature", "invalid_value"),
+    ({"model": "tiny", "prompt": [True, False]}, 400, "prompt", "invalid_value"),
+    ({"model": "tiny", "prompt": [1.0, 2.0]}, 400, "prompt", "invalid_value"),
+    # the whole path of a nested field (it was cut to "include_usage": every part starting with "str" was dropped)
+    ({"model": "tiny", "prompt": "x", "stream": True, "stream_options": {"include_usage": "x"}}, 400,
+     "stream_options.include_usage", "invalid_value"),
 ])
 def test_completion_refusals(srv, body, status, param, code):
     resp = call(srv, "POST", "/v1/completions", body)

@@ -80,12 +80,18 @@ def error_response(exc: ServeError) -> JSONResponse:
     return JSONResponse(exc.body(), status_code=exc.status)
 
 
+_TYPE_TAGS = frozenset({"str", "int", "float", "bool", "dict", "list"})  # a union member's tag in a pydantic loc
+
+
 def _param(loc: tuple[Any, ...]) -> str:
+    """The field path of a pydantic error location (`messages[0].role`, `stream_options.include_usage`), without
+    the tags pydantic adds for union members and validators (`str`, `list[int]`, `function-after[...]`). A field
+    whose name merely starts like a tag (`stream`) is kept."""
     out = ""
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif not str(part).startswith(("function-", "union[", "list[", "str", "int", "literal")):
+        elif not (part in _TYPE_TAGS or "[" in str(part) or str(part).startswith("function-")):
             out += f".{part}" if out else str(part)
     return out
 
@@ -99,7 +105,9 @@ async def _parse(request: Request, model: type[SamplingFields]) -> Any:
     if not isinstance(obj, dict):
         raise BadRequest(f"the request body must be a JSON object, got {type(obj).__name__}", code="invalid_json")
     try:
-        return model.model_validate(obj)
+        # strict: a value of the wrong JSON type is refused, not coerced (lax pydantic took `"max_tokens": true` as
+        # 1, `"stream": "yes"` as true and a prompt `[true, false]` as the token ids [1, 0]); an int is still a float
+        return model.model_validate(obj, strict=True)
     except ValidationError as exc:
         first = exc.errors()[0]
         param = _param(tuple(first["loc"]))
