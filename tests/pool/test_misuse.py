@@ -188,6 +188,23 @@ def test_insert_refuses_an_already_filed_checkpoint() -> None:
     invariant(pool, prefix)
 
 
+def test_insert_refuses_what_is_not_a_kept_prefix() -> None:
+    """A live Lease filed instead of its checkpoint was an AttributeError ('Lease' object has no attribute
+    'num_tokens'); so was a park callback of `evict` returning one."""
+    pool, prefix, lease = _world()
+    before = pool_state(pool)
+    for bad in (lease, None, 20, (1, 2)):
+        with pytest.raises(Misuse, match="not a kept prefix"):
+            prefix.insert(tuple(range(20)), bad)  # type: ignore[arg-type]
+        assert not lease.closed and len(prefix) == 0 and pool_state(pool) == before
+    cp = pool.checkpoint(lease, 20)
+    assert prefix.insert(tuple(range(20)), cp)
+    with pytest.raises(Misuse, match="not a kept prefix"):
+        prefix.evict(lambda kept: lease)  # type: ignore[arg-type, return-value]
+    assert not cp.closed and len(prefix) == 1
+    invariant(pool, prefix)
+
+
 def test_insert_length_mismatch_keeps_the_callers_checkpoint() -> None:
     pool, prefix, lease = _world()
     cp = pool.checkpoint(lease, 20)

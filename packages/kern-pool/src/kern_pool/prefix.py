@@ -371,8 +371,12 @@ class Prefix(Generic[R, P]):
 
     # ---- internals -------------------------------------------------------------------------------
     def _admit(self, n: int, kept: Any, tier: Any) -> int:
-        """The tier index for filing `kept` under `n` tokens, or `Closed` / `Misuse` (nothing changed)."""
+        """The tier index for filing `kept` under `n` tokens, or `Closed` / `Misuse` (nothing changed; `Misuse` also
+    for an object that is not a kept prefix, such as a live `Lease`)."""
         ti = _tier_index(tier)
+        if not (hasattr(kept, "num_tokens") and hasattr(kept, "has_slot") and callable(getattr(kept, "close", None))):
+            raise Misuse(f"insert: a {type(kept).__name__} is not a kept prefix (it needs num_tokens, has_slot and "
+                         "close()): file a Checkpoint (pool.checkpoint / retire) or a host Parked, not a Lease")
         if getattr(kept, "closed", False) is True:
             raise Closed(f"insert: {kept!r} is closed")
         if id(kept) in self._filed:
