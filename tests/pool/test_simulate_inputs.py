@@ -96,6 +96,15 @@ def test_an_integer_over_the_digit_limit_is_refused_with_its_line(tmp_path: Path
     _refused(capsys, ["simulate", str(trace)], f"{trace}:2: not a request", "4300")
 
 
+def test_a_key_given_twice_is_refused_with_its_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """json keeps the last of two equal keys: this line replayed 5 tokens where its first input_length says 600."""
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(GOOD + '{"input_length": 600, "hash_ids": [1, 2], "input_length": 5}\n')
+    _refused(capsys, ["simulate", str(trace)], f"{trace}:2: duplicate key 'input_length'")
+    with pytest.raises(TraceError, match=":2: duplicate key"):
+        read_trace(trace)
+
+
 def test_a_trace_that_is_not_a_regular_file(capsys: pytest.CaptureFixture[str]) -> None:
     _refused(capsys, ["simulate", "/dev/null"], "trace /dev/null is not a regular file")
 

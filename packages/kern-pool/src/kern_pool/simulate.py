@@ -127,10 +127,26 @@ def _request(d: object, where: str, block_tokens: int) -> Request:
     return Request(input_length, output_length, tuple(hash_ids))
 
 
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _object(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    """A JSON object of a trace line; a key given twice is refused (json's default keeps the last one silently, so
+    `{"input_length": 600, ..., "input_length": 5}` replayed 5 tokens)."""
+    out: dict[str, object] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(key)
+        out[key] = value
+    return out
+
+
 def read_trace(path: Path, limit: int | None = None) -> list[Request]:
     """Requests of a Mooncake JSONL trace, in file order (first `limit` lines when given).
 
-    Raises TraceError (file:line and the field) for a line that is not UTF-8, not JSON or not a request,
+    Raises TraceError (file:line and the field) for a line that is not UTF-8, not JSON (a key twice in one object
+    included) or not a request,
     or a trace with no requests, and OSError when the file cannot be read."""
     out: list[Request] = []
     offset = 0
@@ -151,7 +167,9 @@ def read_trace(path: Path, limit: int | None = None) -> list[Request]:
             if not line.strip():
                 continue
             try:
-                d = json.loads(line)
+                d = json.loads(line, object_pairs_hook=_object)
+            except _DuplicateKey as e:
+                raise TraceError(f"{where}: duplicate key {e.args[0]!r} in one JSON object") from None
             except json.JSONDecodeError as e:
                 raise TraceError(f"{where}: not JSON ({e.msg} at column {e.colno})") from None
             except RecursionError:
