@@ -298,6 +298,21 @@ struct SplitShared {
     unsigned cand_key[SAMPLE_MERGE_CAP];  // the merge: candidate q = 16 t + e at [e * SAMPLE_THREADS + t]
 };
 
+// *p += w on a shared u64, exactly, with two native 32-bit atomics: sm_90 has no 64-bit shared atomic add (nvcc
+// makes atomicAdd(unsigned long long*) on shared memory a compare-and-swap spin loop, ATOMS.CAST.SPIN.64, which
+// retries under contention: the hot bins of a mass histogram, where one bf16 value fills a bin). The low word's
+// add returns the old low word; each add that wraps it carries 1 into the high word, so the total is exact.
+// Readers read the u64 after a barrier.
+KERN_DEV void shared_add_u64(unsigned long long* p, unsigned long long w) {
+    unsigned* h = reinterpret_cast<unsigned*>(p);  // little-endian: h[0] the low word
+    const unsigned lo = (unsigned)w;
+    const unsigned old = atomicAdd(h, lo);
+    const unsigned hi = (unsigned)(w >> 32) + (old + lo < old ? 1u : 0u);
+    if (hi != 0u) atomicAdd(h + 1, hi);
+}
+KERN_DEV void shared_add(unsigned* p, unsigned w) { atomicAdd(p, w); }
+KERN_DEV void shared_add(unsigned long long* p, unsigned long long w) { shared_add_u64(p, w); }
+
 // hist[b] += w over the elements `each` visits (each(f) calls f(key, w) per element, key <= key_ref) whose offset
 // d = key_ref - key lies in bin b of the round, d in [lo + b 2^shift, lo + (b + 1) 2^shift): b < 256, or with
 // `sat` b < 255 (bin 255 stands for every d >= lo + 255 2^shift and is not counted here). Weight-0 elements are
@@ -311,7 +326,7 @@ KERN_DEV void offset_hist(Each&& each, uint32_t key_ref, uint32_t lo, int shift,
         const uint32_t d = key_ref - key;
         if (w == 0 || d < lo) return;
         const uint32_t b = (d - lo) >> shift;
-        if (b < nb) atomicAdd(&hist[b], w);
+        if (b < nb) shared_add(&hist[b], w);
     });
     __syncthreads();
 }
@@ -461,12 +476,19 @@ __device__ __noinline__ void sample_exact(SplitShared& sh) {
     // each slice's 16 logits of this thread go through shared memory (the candidates' space, unused here), read
     // back one at a time: the loop body then holds one logit, not 16, in registers
     float* stage = reinterpret_cast<float*>(sh.cand_key) + tid;
+    // bf16: the next slice's load is issued before this slice's elements are visited, so its L2 latency overlaps
+    // the work (one exposed round trip a pass instead of one a slice); each thread reads back only its own stage
+    // slots. f32 loads each slice when it gets there: 16 floats held across the visit spill (64 registers).
+    constexpr bool ahead = sizeof(T) == 2;
     auto each_row = [&](auto&& f) {  // f(key, l) for every logit of the row
+        float x[16];
+        int nv_next = ahead ? load16<true>(row, j0, n, vec, x) : 0;
         for (int s = 0; s < splits; ++s) {
-            float x[16];
-            const int nv = load16<true>(row, (int64_t)s * SAMPLE_SLICE + j0, n, vec, x);
+            if (!ahead) nv_next = load16<true>(row, (int64_t)s * SAMPLE_SLICE + j0, n, vec, x);
 #pragma unroll
             for (int e = 0; e < 16; ++e) stage[e * SAMPLE_THREADS] = x[e];
+            const int nv = nv_next;
+            if (ahead && s + 1 < splits) nv_next = load16<true>(row, (int64_t)(s + 1) * SAMPLE_SLICE + j0, n, vec, x);
 #pragma unroll 1
             for (int e = 0; e < nv; ++e) {
                 const float l = scaled_logit(stage[e * SAMPLE_THREADS], inv_t);
@@ -498,10 +520,15 @@ __device__ __noinline__ void sample_exact(SplitShared& sh) {
     const uint32_t tkey = float_key(thr);
     for (int s = tid; s < splits; s += SAMPLE_THREADS) sh.slice_w[s] = 0;
     __syncthreads();
+    float xn[16];  // the next slice, loaded ahead as in each_row
+    int nv_next = load16<true>(row, j0, n, vec, xn);
     for (int s = 0; s < splits; ++s) {  // kept mass per slice: warp sums, one (exact, integer) add per warp
         unsigned long long w = 0;
         float x[16];
-        const int nv = load16<true>(row, (int64_t)s * SAMPLE_SLICE + j0, n, vec, x);
+#pragma unroll
+        for (int e = 0; e < 16; ++e) x[e] = xn[e];
+        const int nv = nv_next;
+        if (s + 1 < splits) nv_next = load16<true>(row, (int64_t)(s + 1) * SAMPLE_SLICE + j0, n, vec, xn);
 #pragma unroll
         for (int e = 0; e < 16; ++e) {
             const float l = scaled_logit(x[e], inv_t);
@@ -509,7 +536,7 @@ __device__ __noinline__ void sample_exact(SplitShared& sh) {
         }
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) w += __shfl_down_sync(0xffffffffu, w, o);
-        if ((tid & 31) == 0) atomicAdd(&sh.slice_w[s], w);
+        if ((tid & 31) == 0) shared_add_u64(&sh.slice_w[s], w);
     }
     __syncthreads();
     unsigned long long z_kept = 0;
@@ -621,18 +648,25 @@ __device__ __noinline__ bool sample_merge(const T* row, int n, bool vec, int spl
         const uint32_t* cand = wrow + SAMPLE_CAND_WORD;
         unsigned* ck = sh.cand_key + tid;  // element e of this thread: ck[e * SAMPLE_THREADS] (no bank conflicts)
         {
+            // the 16 word offsets first, then the 16 loads, independent of each other: one L2 round trip, not 16
+            // (the walk over the slices between the loads kept them apart)
             const int q0 = tid * SAMPLE_PER_THREAD;
             int s = q0 < n_cand ? cand_slice(q0, splits, sh) : 0;
+            int at[16];  // word offset of candidate q0 + e's key in cand (< 2 * SAMPLE_MERGE_CAP), -1: none
 #pragma unroll
             for (int e = 0; e < 16; ++e) {
                 const int q = q0 + e;
-                ck[e * SAMPLE_THREADS] = 0u;
+                at[e] = -1;
                 if (q < n_cand) {
                     while (q >= sh.slice_off[s + 1]) ++s;
-                    const uint32_t key = __ldcg(cand + 2 * ((int64_t)s * cap + (q - sh.slice_off[s])));
-                    ck[e * SAMPLE_THREADS] = key >= K ? key : 0u;
+                    at[e] = 2 * (s * cap + (q - sh.slice_off[s]));
                 }
             }
+            uint32_t key[16];
+#pragma unroll
+            for (int e = 0; e < 16; ++e) key[e] = at[e] >= 0 ? __ldcg(cand + at[e]) : 0u;
+#pragma unroll
+            for (int e = 0; e < 16; ++e) ck[e * SAMPLE_THREADS] = key[e] >= K ? key[e] : 0u;
         }
         auto each_count = [&](auto&& f) {
 #pragma unroll
