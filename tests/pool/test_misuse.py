@@ -166,6 +166,27 @@ def test_insert_refuses_a_closed_checkpoint() -> None:
     invariant(pool, prefix)
 
 
+def test_a_filed_checkpoint_closed_by_its_owner_is_never_served() -> None:
+    """Closing a checkpoint the tree owns is misuse; lookup used to return a Hit on it (only lease_from then raised
+    Closed). It is skipped like a park in flight: an entry on another branch serves the tokens it shares, and evict
+    drops the closed one."""
+    pool, prefix, lease = _world()
+    cp, other = pool.checkpoint(lease, 20), pool.checkpoint(lease, 20)
+    branch = tuple(range(10)) + tuple(range(100, 110))
+    assert prefix.insert(tuple(range(20)), cp) and prefix.insert(branch, other)
+    cp.close()
+    hit = prefix.lookup(tuple(range(21)))
+    assert hit is not None and hit.kept is other and hit.num_tokens == 10
+    hit.close()
+    other_hit = prefix.lookup(branch + (7,))
+    assert other_hit is not None and other_hit.kept is other and other_hit.num_tokens == 20
+    other_hit.close()
+    while len(prefix):
+        assert prefix.evict() is not None
+    assert prefix.lookup(tuple(range(21))) is None and other.closed
+    invariant(pool, prefix)
+
+
 def test_insert_refuses_an_already_filed_checkpoint() -> None:
     pool, prefix, lease = _world()
     cp = pool.checkpoint(lease, 20)

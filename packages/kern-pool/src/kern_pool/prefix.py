@@ -47,8 +47,11 @@ class Kept(Protocol):
 
 
 def _usable(entry: Entry) -> bool:
-    """Whether a lookup may serve `entry`: its kept object has landed (objects without `landed` always have)."""
-    return getattr(entry.kept, "landed", True) is not False
+    """Whether a lookup may serve `entry`: its kept object has landed (objects without `landed` always have) and
+    is not closed (a checkpoint its owner closed after filing it, caller misuse: served, its `lease_from` would
+    raise Closed; skipped, the prompt is prefilled and `evict` still drops the entry)."""
+    kept = entry.kept
+    return getattr(kept, "landed", True) is not False and getattr(kept, "closed", False) is not True
 
 
 R = TypeVar("R", bound=Kept)
