@@ -88,6 +88,16 @@ KERN_DEV void raise_fault(uint32_t* err, uint32_t code, uint32_t a, uint32_t b, 
 
 KERN_DEV float ld_act(const bf16* p) { return bf2f(__ldcg(p)); }  // written by other blocks of this grid: L2
 
+// 8 bf16 (one 16-byte word, element 0 in the low half of .x) -> 8 floats, exactly (a bf16 is a float's top half).
+KERN_DEV void unpack_bf16x8(const uint4& raw, float (&v)[8]) {
+    const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        v[2 * i] = __uint_as_float(w[i] << 16);
+        v[2 * i + 1] = __uint_as_float(w[i] & 0xFFFF0000u);
+    }
+}
+
 // Dynamic shared memory of the block: x (the input vector, f32[max(H, I, q_dim)]) then scratch.
 struct Smem {
     float* x;
@@ -189,78 +199,206 @@ KERN_DEV void rope_group(int g, const PersistShape& s, PageBound pages, const Pe
 }
 
 // Partial softmax of kv head g's q heads over context split `split` of `splits`: tokens [split L, min(n, ...)),
-// L = cdiv(n, splits). parts[((g * splits + split) * group + h) * (D + 2)]: acc[D], m, l (natural log units).
-// One q head at a time (its K/V rows come again from L2 for the next head; the register arrays stay compile-time
-// indexed, so nothing spills): warp w takes tokens begin + w, begin + w + 8, ...; the warps' (m, l, acc) are merged
-// in shared memory.
-KERN_DEV void attn_partial(int g, int split, const PersistShape& s, PageBound pages, const PersistLayer& L,
-                           const bf16* q, const int32_t* block_table, const int32_t* seq_lens, float* parts,
-                           float* head, float* red) {
+// L = cdiv(n, splits). parts[((g * splits + split) * group + h) * (D + 2)]: acc[D], m, l (natural log units); an
+// empty split (or one whose pages are all absent) writes acc 0, m -inf, l 0.
+//
+// Every K and V row is loaded once for all `group` q heads of the kv head (G >= group accumulators per lane, G a
+// compile-time bound so the register arrays stay compile-time indexed). A token is handled by T lanes: kVec (head_dim
+// a multiple of 8 with D / 8 dividing 32, 16-byte aligned rows): T = D / 8 lanes, 8 consecutive elements each, one
+// 16-byte load per lane for K and one for V, P = 32 / T tokens per warp at once (D 128: 2, D 64: 4); otherwise
+// T = 32 lanes, elements lane + 32 i, scalar loads, P = 1. A warp takes U token steps per iteration: the U block
+// table entries are loaded together, then the U tokens' K and V rows together (2 U loads per lane in flight), then
+// the dot products (reduced over the token's T lanes), then one online-softmax update per head for the U tokens.
+// Token of (iteration it, step u, warp w, slot p): begin + ((it U + u) PD_WARPS + w) P + p. Each lane group keeps
+// its own (m, l, acc) per head; they are merged across the warp's P slots by shuffles, then across the 8 warps in
+// shared memory (sm.x when it holds R >= 1 heads of PD_WARPS x D floats, else sm.head), R heads per round.
+template <int G, bool kVec>
+KERN_DEV void attn_partial_impl(int g, int split, const PersistShape& s, PageBound pages, const PersistLayer& L,
+                                const bf16* q, const int32_t* block_table, const int32_t* seq_lens, float* parts,
+                                float* x_buf, int x_elems, float* head) {
+    constexpr int U = G <= 4 ? 4 : 2;  // token steps in flight per warp
     const int D = s.head_dim, group = s.q_heads / s.kv_heads, splits = s.splits;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    constexpr int E = kMaxHeadDim / 32;  // elements per lane
+    const int T = kVec ? D / 8 : 32, P = 32 / T;
+    const int sub = lane % T, slot = lane / T;
     const int n = max(__ldcg(seq_lens), 0);
     const int len = (n + splits - 1) / splits;
     const int begin = split * len, end = min(n, begin + len);
     const int64_t token_elems = static_cast<int64_t>(s.kv_heads) * D;
-    float* wm = red;  // [PD_WARPS]
-    float* wl = red + PD_WARPS;
-    for (int h = 0; h < group; ++h) {
-        float qv[E], acc[E];
+    // element i of this lane's slice of a row (valid: inside the row)
+    auto elem = [&](int i) { return kVec ? 8 * sub + i : lane + 32 * i; };
+    auto valid = [&](int i) { return kVec || lane + 32 * i < D; };
+    float qv[G][8], acc[G][8], m[G], l[G];
 #pragma unroll
-        for (int e = 0; e < E; ++e) {
-            const int d = lane + 32 * e;
-            qv[e] = d < D ? ld_act(q + static_cast<int64_t>(g * group + h) * D + d) : 0.0f;
-            acc[e] = 0.0f;
+    for (int h = 0; h < G; ++h) {
+        m[h] = -INFINITY;
+        l[h] = 0.0f;
+        const bf16* qh = q + static_cast<int64_t>(g * group + (h < group ? h : 0)) * D;
+        if (kVec) {
+            const uint4 raw = __ldcg(reinterpret_cast<const uint4*>(qh + 8 * sub));
+            unpack_bf16x8(raw, qv[h]);
+        } else {
+#pragma unroll
+            for (int i = 0; i < 8; ++i) qv[h][i] = valid(i) ? ld_act(qh + elem(i)) : 0.0f;
         }
-        float m = -INFINITY, l = 0.0f;
-        for (int t = begin + warp; t < end; t += PD_WARPS) {
-            const int page = __ldcg(block_table + t / s.page_tokens);
-            if (page < 0 || page >= pages.num_pages) continue;  // no page: the token is absent (reference: kv_present)
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[h][i] = 0.0f;
+    }
+    const int span = max(end - begin, 0);
+    const int steps = (span + PD_WARPS * P - 1) / (PD_WARPS * P);  // token steps of the block
+    const int iters = (steps + U - 1) / U;                          // block-uniform: every warp runs them all
+    for (int it = 0; it < iters; ++it) {
+        int page[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int t = begin + ((it * U + u) * PD_WARPS + warp) * P + slot;
+            page[u] = t < end ? __ldcg(block_table + t / s.page_tokens) : -1;
+        }
+        float kf[U][8], vf[U][8];
+        bool present[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int t = begin + ((it * U + u) * PD_WARPS + warp) * P + slot;
+            present[u] = page[u] >= 0 && page[u] < pages.num_pages;  // else absent (reference: kv_present)
             const int off = t % s.page_tokens;
-            const bf16* k = L.kv + ((static_cast<int64_t>(page) * 2 + 0) * s.page_tokens + off) * token_elems + g * D;
-            const bf16* v = L.kv + ((static_cast<int64_t>(page) * 2 + 1) * s.page_tokens + off) * token_elems + g * D;
-            float dot = 0.0f;
+            const int64_t row = (static_cast<int64_t>(present[u] ? page[u] : 0) * 2 * s.page_tokens + off) * token_elems
+                              + static_cast<int64_t>(g) * D;
+            const bf16* k = L.kv + row;
+            const bf16* v = k + static_cast<int64_t>(s.page_tokens) * token_elems;  // the page's V half
+            if (kVec) {
+                uint4 kr{0u, 0u, 0u, 0u}, vr{0u, 0u, 0u, 0u};
+                if (present[u]) {
+                    kr = __ldcg(reinterpret_cast<const uint4*>(k + 8 * sub));
+                    vr = __ldcg(reinterpret_cast<const uint4*>(v + 8 * sub));
+                }
+                unpack_bf16x8(kr, kf[u]);
+                unpack_bf16x8(vr, vf[u]);
+            } else {
 #pragma unroll
-            for (int e = 0; e < E; ++e) {
-                const int d = lane + 32 * e;
-                dot = fmaf(qv[e], d < D ? ld_act(k + d) : 0.0f, dot);
+                for (int i = 0; i < 8; ++i) {
+                    const bool ok = present[u] && valid(i);
+                    kf[u][i] = ok ? ld_act(k + elem(i)) : 0.0f;
+                    vf[u][i] = ok ? ld_act(v + elem(i)) : 0.0f;
+                }
             }
-            const float score = warp_sum(dot) * s.scale;
-            const float m_new = fmaxf(m, score);
-            const float alpha = expf(m - m_new), p = expf(score - m_new);
-            l = l * alpha + p;
+        }
 #pragma unroll
-            for (int e = 0; e < E; ++e) {
-                const int d = lane + 32 * e;
-                acc[e] = fmaf(p, d < D ? ld_act(v + d) : 0.0f, acc[e] * alpha);
+        for (int h = 0; h < G; ++h) {
+            if (h >= group) break;  // uniform
+            float sc[U];
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                float dot = 0.0f;
+#pragma unroll
+                for (int i = 0; i < 8; ++i) dot = fmaf(qv[h][i], kf[u][i], dot);
+                for (int o = T / 2; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);  // the token's lanes
+                sc[u] = present[u] ? dot * s.scale : -INFINITY;
             }
-            m = m_new;
+            float m_new = m[h];
+#pragma unroll
+            for (int u = 0; u < U; ++u) m_new = fmaxf(m_new, sc[u]);
+            if (m_new == -INFINITY) continue;  // nothing present yet in this lane group
+            const float alpha = expf(m[h] - m_new);  // 0 while m is -inf
+            l[h] *= alpha;
+#pragma unroll
+            for (int i = 0; i < 8; ++i) acc[h][i] *= alpha;
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const float p = expf(sc[u] - m_new);  // 0 for an absent token
+                l[h] += p;
+#pragma unroll
+                for (int i = 0; i < 8; ++i) acc[h][i] = fmaf(p, vf[u][i], acc[h][i]);
+            }
+            m[h] = m_new;
         }
-        __syncthreads();  // wm / wl / head of the previous head are read
-        if (lane == 0) {
-            wm[warp] = m;
-            wl[warp] = l;
+    }
+    // merge the warp's P lane groups (same `sub`, different `slot`): afterwards every lane holds the warp's state
+#pragma unroll
+    for (int h = 0; h < G; ++h) {
+        float mw = m[h];
+        for (int o = T; o < 32; o <<= 1) mw = fmaxf(mw, __shfl_xor_sync(0xffffffffu, mw, o));
+        const float w = m[h] == -INFINITY ? 0.0f : expf(m[h] - mw);
+        l[h] *= w;
+        for (int o = T; o < 32; o <<= 1) l[h] += __shfl_xor_sync(0xffffffffu, l[h], o);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            acc[h][i] *= w;
+            for (int o = T; o < 32; o <<= 1) acc[h][i] += __shfl_xor_sync(0xffffffffu, acc[h][i], o);
         }
-        __syncthreads();
+        m[h] = mw;
+    }
+    // across the warps: (m, l) of every (warp, head) in head[0 .. 2 PD_WARPS G), acc rows in rounds of R heads
+    float* wml = head;  // [PD_WARPS][G][2]
+    const int cap = x_elems / (PD_WARPS * D);
+    float* buf = cap >= 1 ? x_buf : head + 2 * PD_WARPS * kMaxGroup;  // [R][PD_WARPS][D]
+    const int R = cap >= 1 ? min(group, cap) : 1;
+    if (lane == 0) {
+#pragma unroll
+        for (int h = 0; h < G; ++h) {
+            wml[(warp * G + h) * 2] = m[h];
+            wml[(warp * G + h) * 2 + 1] = l[h];
+        }
+    }
+    __syncthreads();
+    float scale_w[G];
+#pragma unroll
+    for (int h = 0; h < G; ++h) {
         float mm = -INFINITY;
-        for (int w = 0; w < PD_WARPS; ++w) mm = fmaxf(mm, wm[w]);
-        const float scale_w = m == -INFINITY ? 0.0f : expf(m - mm);
+        for (int w = 0; w < PD_WARPS; ++w) mm = fmaxf(mm, wml[(w * G + h) * 2]);
+        scale_w[h] = m[h] == -INFINITY ? 0.0f : expf(m[h] - mm);
+    }
+    for (int h0 = 0; h0 < group; h0 += R) {
+        const int r_here = min(R, group - h0);
+        if (slot == 0) {
 #pragma unroll
-        for (int e = 0; e < E; ++e) head[warp * kMaxHeadDim + lane + 32 * e] = acc[e] * scale_w;
-        __syncthreads();
-        float* out = parts + (static_cast<int64_t>(g * splits + split) * group + h) * (D + 2);
-        for (int d = threadIdx.x; d < D; d += blockDim.x) {
-            float sum = 0.0f;
-            for (int w = 0; w < PD_WARPS; ++w) sum += head[w * kMaxHeadDim + d];
-            out[d] = sum;
+            for (int h = 0; h < G; ++h) {
+                if (h < h0 || h >= h0 + r_here) continue;
+#pragma unroll
+                for (int i = 0; i < 8; ++i)
+                    if (valid(i)) buf[((h - h0) * PD_WARPS + warp) * D + elem(i)] = acc[h][i] * scale_w[h];
+            }
         }
-        if (threadIdx.x == 0) {
-            float ll = 0.0f;
-            for (int w = 0; w < PD_WARPS; ++w) ll += wm[w] == -INFINITY ? 0.0f : wl[w] * expf(wm[w] - mm);
+        __syncthreads();
+        for (int j = threadIdx.x; j < r_here * D; j += blockDim.x) {
+            const int hr = j / D, d = j % D;
+            float sum = 0.0f;
+            for (int w = 0; w < PD_WARPS; ++w) sum += buf[(hr * PD_WARPS + w) * D + d];
+            parts[(static_cast<int64_t>(g * splits + split) * group + h0 + hr) * (D + 2) + d] = sum;
+        }
+        if (threadIdx.x < r_here) {
+            const int h = h0 + threadIdx.x;
+            float mm = -INFINITY, ll = 0.0f;
+            for (int w = 0; w < PD_WARPS; ++w) mm = fmaxf(mm, wml[(w * G + h) * 2]);
+            for (int w = 0; w < PD_WARPS; ++w) {
+                const float wm = wml[(w * G + h) * 2];
+                ll += wm == -INFINITY ? 0.0f : wml[(w * G + h) * 2 + 1] * expf(wm - mm);
+            }
+            float* out = parts + (static_cast<int64_t>(g * splits + split) * group + h) * (D + 2);
             out[D] = mm;
             out[D + 1] = ll;
         }
+        __syncthreads();  // buf is rewritten by the next round (wml by the next instruction)
+    }
+}
+
+// The instantiation for this geometry: the 16-byte path for head_dim 8 .. 256 with D / 8 dividing 32 and aligned
+// rows (Qwen3 / Llama: 64, 128), with G the group rounded up to 1, 2, 4 or 8; the scalar path (any even head_dim
+// <= 256) with G = kMaxGroup.
+KERN_DEV void attn_partial(int g, int split, const PersistShape& s, PageBound pages, const PersistLayer& L,
+                           const bf16* q, const int32_t* block_table, const int32_t* seq_lens, float* parts,
+                           float* x_buf, int x_elems, float* head) {
+    const int D = s.head_dim, group = s.q_heads / s.kv_heads;
+    const bool vec = D % 8 == 0 && 32 % (D / 8) == 0 && aligned16(L.kv) && aligned16(q);
+    if (!vec) {
+        attn_partial_impl<kMaxGroup, false>(g, split, s, pages, L, q, block_table, seq_lens, parts, x_buf, x_elems, head);
+    } else if (group <= 1) {
+        attn_partial_impl<1, true>(g, split, s, pages, L, q, block_table, seq_lens, parts, x_buf, x_elems, head);
+    } else if (group <= 2) {
+        attn_partial_impl<2, true>(g, split, s, pages, L, q, block_table, seq_lens, parts, x_buf, x_elems, head);
+    } else if (group <= 4) {
+        attn_partial_impl<4, true>(g, split, s, pages, L, q, block_table, seq_lens, parts, x_buf, x_elems, head);
+    } else {
+        attn_partial_impl<8, true>(g, split, s, pages, L, q, block_table, seq_lens, parts, x_buf, x_elems, head);
     }
 }
 
@@ -392,7 +530,7 @@ extern "C" __global__ void __launch_bounds__(PD_THREADS, 1) kern_persistent_deco
                 rope_group(a, s, pages, Lp, qkv, rope, positions, slot_mapping, q, sm.head);
                 break;
             case kAttnPartial:
-                attn_partial(a, arg, s, pages, Lp, q, block_table, seq_lens, parts, sm.head, sm.red);
+                attn_partial(a, arg, s, pages, Lp, q, block_table, seq_lens, parts, sm.x, x_elems, sm.head);
                 break;
             case kAttnReduce:
                 attn_reduce(a, s, parts, attn_out);

@@ -13,7 +13,13 @@ with code 1 (the instruction, counter, value and target in the detail) within a 
 CUDA source where no GPU is at hand, not a substitute for tests/kernels/test_persistent_gpu.py (no real memory
 model, no real warps or timing).
 
-    uv run --frozen python -m tools.persistent_cpu_emu [--quick] [--seed N]   # from the repository root; needs g++
+    uv run --frozen python -m tools.persistent_cpu_emu [--quick] [--seed N] [--only step|attention]   # needs g++
+
+The attention-only tables (ATTN_CASES: ATTN_PARTIAL and ATTN_REDUCE alone, q and the pages given) cover what the
+tiny step does not: head_dim 64 / 128 / 256 on the 16-byte path, 48 on the scalar one, groups 1 to 8, absent pages
+inside a split, a split with no present token, empty splits, several token iterations per warp, and every placement
+of the cross-warp merge; each split's (acc, m, l) against a float64 reference, attn_out against
+reference_kernels.attn_decode.
 
 Exit 0 when every case passes, 1 otherwise (the failures are printed), 2 without g++.
 """
@@ -33,7 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from kern_run.models.qwen3.config import Qwen3Config
-from kern_run.models.qwen3.persistent.isa import Table
+from kern_run.models.qwen3.persistent.isa import NO_COUNTER, Instr, Op, Table
 from kern_run.models.qwen3.persistent.manifest import shared_bytes
 from kern_run.models.qwen3.persistent.schedule import build_schedule
 from tools import reference_kernels as ref
@@ -250,16 +256,154 @@ def check_planted_hang(exe: Path, work: Path, grid: int) -> list[str]:
     return fails
 
 
+@dataclasses.dataclass(frozen=True)
+class AttnCase:
+    """An attention-only table (ATTN_PARTIAL per (kv head, split), ATTN_REDUCE per kv head) at one geometry:
+    `n` context tokens, `pages` the block table (ids outside [0, NUM_ATTN_PAGES) are absent pages), `hidden` sizing
+    the kernel's x buffer (whether the cross-warp merge runs in sm.x, in rounds, or in sm.head)."""
+
+    label: str
+    head_dim: int
+    q_heads: int
+    kv_heads: int
+    hidden: int
+    n: int
+    splits: int
+    pages: tuple[int, ...]
+    grid: int = 3
+
+
+NUM_ATTN_PAGES = 24
+ATTN_CASES = (
+    # 16-byte path, T = 16 lanes per token, group 4 (Qwen3-4B / 8B), one head per merge round; a page id -1 and one
+    # past the bound (absent tokens inside splits), 300 tokens in 3 splits of 100 (two iterations of 4 x 16 tokens)
+    AttnCase("d128 group4", 128, 8, 2, 128, 300, 3, (3, 7, 1, 0, 22, -1, 9, 11, 30, 5, 6, 12, 13, 14, 15, 16, 17, 18, 19)),
+    # 16-byte path, T = 8, group 8 (G = 8, two token steps in flight), every head in one merge round; 16 splits of 10
+    # tokens: the last split is empty
+    AttnCase("d64 group8", 64, 16, 2, 4096, 150, 16, (2, 4, 6, 8, 10, 12, 14, 16, 18, 20)),
+    # 16-byte path, split k = page k exactly and page 2 absent: split 2 has no token (m -inf, l 0)
+    AttnCase("d64 group2 absent split", 64, 4, 2, 64, 64, 4, (1, 3, -1, 5)),
+    # 16-byte path with T = 32 (head_dim 256), group 1
+    AttnCase("d256 group1", 256, 2, 2, 64, 70, 2, (4, 2, 0, 1, 3)),
+    # scalar path (head_dim 48: 48 / 8 does not divide 32), group 3, merge buffer in sm.head (x too small)
+    AttnCase("d48 group3 scalar", 48, 6, 2, 64, 40, 2, (0, 5, 2)),
+    # 5 tokens over 4 splits of 2: the last split empty, one token step of one iteration in use
+    AttnCase("d128 group4 short", 128, 8, 2, 64, 5, 4, (7,)),
+)
+
+
+def attention_table(case: AttnCase) -> Table:
+    """ATTN_PARTIAL (kv head g, split x) signalling counter g, then ATTN_REDUCE g waiting on it (target: the splits),
+    signalling counter kv_heads; queues round-robin in table order."""
+    instrs = [Instr(Op.ATTN_PARTIAL, 0, g, case.splits, NO_COUNTER, 0, g, x)
+              for g in range(case.kv_heads) for x in range(case.splits)]
+    instrs += [Instr(Op.ATTN_REDUCE, 0, g, case.splits, g, case.splits, case.kv_heads) for g in range(case.kv_heads)]
+    queues = tuple(tuple(range(q, len(instrs), case.grid)) for q in range(case.grid))
+    return Table(tuple(instrs), queues, case.kv_heads + 1)
+
+
+def attention_reference(case: AttnCase, q: np.ndarray, kv: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(parts [kv_heads, splits, group, D + 2] float64: acc, m, l of each split as the kernel's contract states;
+    attn_out [q_heads * D] float64, tools/reference_kernels.attn_decode)."""
+    D, group = case.head_dim, case.q_heads // case.kv_heads
+    present = ref.kv_present(np.array(case.pages), case.n, PAGE_TOKENS, NUM_ATTN_PAGES)
+    length = -(-case.n // case.splits)
+    parts = np.zeros((case.kv_heads, case.splits, group, D + 2))
+    parts[..., D] = -np.inf
+    for g in range(case.kv_heads):
+        for x in range(case.splits):
+            toks = [t for t in range(x * length, min(case.n, (x + 1) * length)) if present[t]]
+            if not toks:
+                continue
+            rows = [(case.pages[t // PAGE_TOKENS], t % PAGE_TOKENS) for t in toks]
+            k = np.array([kv[p, 0, o, g] for p, o in rows], np.float64)
+            v = np.array([kv[p, 1, o, g] for p, o in rows], np.float64)
+            for h in range(group):
+                sc = k @ q[g * group + h].astype(np.float64) * D ** -0.5
+                m = sc.max()
+                p = np.exp(sc - m)
+                parts[g, x, h, :D] = p @ v
+                parts[g, x, h, D] = m
+                parts[g, x, h, D + 1] = p.sum()
+    out = ref.attn_decode(q[None].astype(np.float64), kv.astype(np.float64), np.array([case.pages]),
+                          np.array([case.n]), D ** -0.5, NUM_ATTN_PAGES)[0]
+    return parts, out
+
+
+def check_attention(exe: Path, work: Path, case: AttnCase, seed: int) -> list[str]:
+    """Run `case`'s attention-only table; compare the partials (acc, m, l) with the float64 reference within 1e-4
+    (relative to the row's largest |acc|; m absolute, l relative; empty splits exactly 0, -inf, 0) and attn_out
+    within 2e-2 (bf16)."""
+    rng = np.random.default_rng(seed)
+    D, group = case.head_dim, case.q_heads // case.kv_heads
+    cfg = Qwen3Config(hidden=case.hidden, layers=1, q_heads=case.q_heads, kv_heads=case.kv_heads, head_dim=D,
+                      intermediate=case.hidden, vocab=8, tied=True, rope_theta=1e6, eps=1e-6,
+                      max_position_embeddings=MAX_POS)
+    q = bf(rng.normal(0, 1.0, (case.q_heads, D)))
+    kv = bf(rng.normal(0, 1.0, (NUM_ATTN_PAGES, 2, PAGE_TOKENS, case.kv_heads, D)))
+    table = attention_table(case)
+    q_dim = case.q_heads * D
+    geometry = [case.hidden, case.q_heads, case.kv_heads, D, case.hidden, 8, 1, PAGE_TOKENS, MAX_POS, case.splits]
+    files = {
+        "shape": struct.pack("<10i2f", *geometry, 1e-6, D ** -0.5), "num_pages": struct.pack("<i", NUM_ATTN_PAGES),
+        "table": table.pack(), "counters": bytes(4 * table.num_counters), "error": bytes(32),
+        "residual": bytes(2 * case.hidden), "qkv": bytes(2 * (q_dim + 2 * case.kv_heads * D)), "q": bits(q),
+        "attn_partials": np.full(case.kv_heads * case.splits * group * (D + 2), np.nan, "<f4").tobytes(),
+        "attn_out": bytes(2 * q_dim), "act": bytes(2 * case.hidden), "logits": bytes(16), "argmax_partials": bytes(8),
+        "next_token": struct.pack("<q", -1), "final_norm": bytes(2 * case.hidden), "lm_head": bytes(16 * case.hidden),
+        "rope": bytes(4 * MAX_POS * D), "positions": struct.pack("<i", 0), "slot_mapping": struct.pack("<i", 0),
+        "seq_lens": struct.pack("<i", case.n), "block_table": np.array(case.pages, "<i4").tobytes(),
+        "kv.0": bits(kv),
+    }
+    for name in ("w_qkv", "w_o", "w_gate_up", "w_down", "ln_in", "ln_post", "q_norm", "k_norm"):
+        files[f"{name}.0"] = bytes(16)
+    d = work / f"attn-{case.label.replace(' ', '-')}"
+    d.mkdir()
+    for name, data in files.items():
+        (d / f"{name}.bin").write_bytes(data)
+    run(exe, d, case.grid, 60_000_000_000, cfg)
+    err = np.frombuffer((d / "error.bin").read_bytes(), "<u4")
+    if err.any():
+        return [f"error word {err.tolist()}"]
+    want_parts, want_out = attention_reference(case, q, kv)
+    got = np.frombuffer((d / "attn_partials.bin").read_bytes(), "<f4").reshape(want_parts.shape).astype(np.float64)
+    fails = []
+    for g in range(case.kv_heads):
+        for x in range(case.splits):
+            for h in range(group):
+                w, o = want_parts[g, x, h], got[g, x, h]
+                where = f"kv head {g} split {x} q head {h}"
+                if np.isneginf(w[D]):
+                    if not (np.isneginf(o[D]) and o[D + 1] == 0 and not o[:D].any()):
+                        fails.append(f"{where}: empty split wrote m {o[D]}, l {o[D + 1]}, max|acc| {np.abs(o[:D]).max()}")
+                    continue
+                scale = max(float(np.abs(w[:D]).max()), 1e-30)
+                e_acc = float(np.abs(o[:D] - w[:D]).max()) / scale
+                e_m, e_l = abs(o[D] - w[D]), abs(o[D + 1] - w[D + 1]) / w[D + 1]
+                if not (e_acc <= 1e-4 and e_m <= 1e-4 and e_l <= 1e-4):
+                    fails.append(f"{where}: acc error {e_acc:.2e}, m {o[D]} vs {w[D]}, l {o[D + 1]} vs {w[D + 1]}")
+    e = rel_err(read_bf16(d, "attn_out"), want_out)
+    if e > 2e-2:
+        fails.append(f"attn_out: relative error {e:.3e}")
+    return fails[:8]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer cases (the pytest run)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--only", choices=("step", "attention"), default=None,
+                        help="only the decode-step cases (and the planted hang) or only the attention-only tables")
     args = parser.parse_args(argv)
     if shutil.which("g++") is None:
         print("persistent_cpu_emu: g++ not found", file=sys.stderr)
         return 2
     cases = [("step", 3, 37), ("step", 1, 5)] if args.quick else [("step", g, p) for g in (1, 2, 3, 5) for p in (0, 5, 37)]
     cases.append(("hang", 3, 0))
+    if args.only == "attention":
+        cases = []
+    if args.only != "step":
+        cases += [("attention", i, 0) for i in range(len(ATTN_CASES))]
     failed = 0
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
@@ -269,9 +413,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"persistent_cpu_emu: the driver does not compile:\n{exc.stderr}")
             return 1
         for kind, grid, position in cases:
-            label = f"{kind} grid {grid}" + (f" position {position}" if kind == "step" else "")
-            fails = (check_step(exe, work, grid, args.seed + grid, position) if kind == "step"
-                     else check_planted_hang(exe, work, grid))
+            if kind == "attention":
+                label = f"attention {ATTN_CASES[grid].label}"
+                fails = check_attention(exe, work, ATTN_CASES[grid], args.seed + grid)
+            else:
+                label = f"{kind} grid {grid}" + (f" position {position}" if kind == "step" else "")
+                fails = (check_step(exe, work, grid, args.seed + grid, position) if kind == "step"
+                         else check_planted_hang(exe, work, grid))
             print(f"{label}: " + ("ok" if not fails else "FAILED\n  " + "\n  ".join(fails)))
             failed += bool(fails)
     return 1 if failed else 0

@@ -23,7 +23,7 @@ from kern_run.models.qwen3.persistent.isa import (
     TableError,
     unpack,
 )
-from kern_run.models.qwen3.persistent.schedule import build_schedule, tile_rows
+from kern_run.models.qwen3.persistent.schedule import assign_queues, build_schedule, tile_rows
 from kern_run.models.qwen3.persistent.simulate import DataflowError, check_dataflow, simulate
 from kern_run.models.qwen3.programs import decode_gemv_calls
 
@@ -69,6 +69,30 @@ def test_queues_are_balanced_by_weight_bytes(shape) -> None:
     costs = sched.queue_costs()
     assert max(costs) / min(costs) < 1.03
     assert all(len(q) > 0 for q in sched.table.queues)
+
+
+def test_each_phase_runs_on_distinct_blocks(shape) -> None:
+    """Every (layer, class) phase has at most 132 instructions, so none shares a block with another of its phase
+    (two would run one after the other on the critical path: 4B had up to 3 ATTN_PARTIALs and 2 DOWN tiles on one
+    block before)."""
+    _, sched = shape
+    block_of = {i: q for q, queue in enumerate(sched.table.queues) for i in queue}
+    phases: dict[tuple[int, Op], list[int]] = {}
+    for i, ins in enumerate(sched.table.instrs):
+        phases.setdefault((ins.layer, ins.op), []).append(block_of[i])
+    for key, blocks in phases.items():
+        assert len(blocks) <= 132 and len(set(blocks)) == len(blocks), key
+    partials = phases[(1, Op.ATTN_PARTIAL)]
+    assert len(partials) == 8 * sched.splits == 128  # 8 kv heads x 16 splits at every shape: 128 of the 132 blocks
+
+
+def test_assign_queues_holds_a_block_for_the_rest_of_its_phase() -> None:
+    # 3 queues. Without phases the least loaded queue (1) takes instructions 3, 4 and 5 in a row. With phase A of
+    # 4 instructions (the 4th reuses the least loaded queue once all 3 are taken) and phase B of 2, B's two go to
+    # two blocks: queue 1 (cost 2), then queue 2 (cost 5), not queue 1 again.
+    costs = [10, 1, 5, 1, 1, 1]
+    assert assign_queues(costs, 3) == ((0,), (1, 3, 4, 5), (2,))
+    assert assign_queues(costs, 3, [("A",)] * 4 + [("B",)] * 2) == ((0,), (1, 3, 4), (2, 5))
 
 
 def test_the_table_packs_and_unpacks_to_itself(shape) -> None:

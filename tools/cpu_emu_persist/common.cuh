@@ -54,6 +54,9 @@ template <typename V> inline V shfl_at(V v, int src) {
 template <typename V> inline V __shfl_xor_sync(unsigned, V v, int o) { return shfl_at(v, (int)(threadIdx.x & 31) ^ o); }
 template <typename V> inline V __shfl_down_sync(unsigned, V v, int o) { int l = threadIdx.x & 31; return shfl_at(v, l + o < 32 ? l + o : l); }
 template <typename T> inline T __ldcg(const T* p) { return *reinterpret_cast<const volatile T*>(p); }
+inline uint4 __ldcg(const uint4* p) {
+  const volatile uint32_t* w = reinterpret_cast<const volatile uint32_t*>(p); return uint4{w[0], w[1], w[2], w[3]};
+}
 inline __nv_bfloat16 __ldcg(const __nv_bfloat16* p) { __nv_bfloat16 v; v.b = *reinterpret_cast<const volatile uint16_t*>(&p->b); return v; }
 inline uint32_t atomicCAS(uint32_t* p, uint32_t expect, uint32_t desired) {
   std::atomic_ref<uint32_t> a(*p); a.compare_exchange_strong(expect, desired); return expect;

@@ -6,7 +6,8 @@ head, O_PROJ, GATE_UP and DOWN tiles; then LM_HEAD tiles and the ARGMAX. Each ph
 (ROPE and ATTN_PARTIAL one per kv head) and waits on the one before it with the target "every instruction that
 signals it". Projection tiles are `row_quantum`-row multiples sized so one phase makes at most `num_queues` tiles.
 Instructions go, in table order, to the queue with the least accumulated cost so far (weight bytes, the attention
-instructions at their KV bytes for `ctx_tokens`, plus FIXED_COST_BYTES each), ties to the lowest queue: each queue is a subsequence of the table,
+instructions at their KV bytes for `ctx_tokens`, plus FIXED_COST_BYTES each) among the queues that hold no
+instruction of its phase (layer, class) yet, ties to the lowest queue: each queue is a subsequence of the table,
 which makes the schedule deadlock-free whenever all queues run at once (simulate.py proves it per table).
 
 Each instruction also carries its data-flow (`Access`es: buffer, element range, read or write, in the existing
@@ -185,18 +186,30 @@ def build_schedule(cfg: Qwen3Config, num_queues: int, *, row_quantum: int = 8, s
     c_done = counters.new()
     emit(Op.ARGMAX, L, 0, len(lm_tiles), (c_lm, len(lm_tiles)), c_done,
          [read("argmax_partials", 0, len(lm_tiles)), write("next_token", 0, 1)], 0, cost=0)
-    queues = assign_queues([s.cost for s in steps], num_queues)
+    queues = assign_queues([s.cost for s in steps], num_queues, [(s.instr.layer, int(s.instr.op)) for s in steps])
     table = Table(tuple(s.instr for s in steps), queues, counters.count)
     return Schedule(table, tuple(steps), S, len(lm_tiles))
 
 
-def assign_queues(costs: list[int], num_queues: int) -> tuple[tuple[int, ...], ...]:
+def assign_queues(costs: list[int], num_queues: int,
+                  phases: list[tuple[int, int]] | None = None) -> tuple[tuple[int, ...], ...]:
     """Instructions 0..n-1 (in table order) to `num_queues` queues: each to the queue with the least cost so far,
-    ties to the lowest index (a heap of (cost, queue)). Every queue lists its instructions in table order."""
+    ties to the lowest index (a heap of (cost, queue)). Every queue lists its instructions in table order.
+    `phases` (one key per instruction, e.g. (layer, opcode)): within a run of equal keys no queue takes a second
+    instruction until every queue has one, so a phase of at most `num_queues` instructions runs on distinct blocks
+    (its instructions wait on the same counters: two on one block would run one after the other)."""
     heap = [(0, q) for q in range(num_queues)]
     queues: list[list[int]] = [[] for _ in range(num_queues)]
+    held: list[tuple[int, int]] = []  # queues taken in the current phase, out of the heap until it ends
     for i, cost in enumerate(costs):
+        if phases is not None and i and (phases[i] != phases[i - 1] or not heap):
+            for item in held:
+                heapq.heappush(heap, item)
+            held = []
         load, q = heapq.heappop(heap)
         queues[q].append(i)
-        heapq.heappush(heap, (load + cost, q))
+        if phases is None:
+            heapq.heappush(heap, (load + cost, q))
+        else:
+            held.append((load + cost, q))
     return tuple(tuple(q) for q in queues)
