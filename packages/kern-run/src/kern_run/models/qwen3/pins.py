@@ -74,11 +74,13 @@ def _check_stamp(path: Path, doc: Any, chunk_max: int) -> None:
 
 def pins_from_doc(path: Path, doc: Any, chunk_max: int) -> tuple[Pins, Pins, tuple[tuple[str, Any], ...]]:
     """A parsed pins document (read from `path`, which refusals name) as (algos, decode_algos, algos_source) for
-    BuildOptions. Raises ManifestBuildError when it is malformed (naming the list, the (n, k) shape and the key),
+    BuildOptions (its invariant_decode_pins checked too; `invariant_decode_from_doc` gives them). Raises
+    ManifestBuildError when it is malformed (naming the list, the (n, k) shape and the key),
     holds no pin, or its pins were proven for a smaller M than `chunk_max`."""
     _check_stamp(path, doc, chunk_max)
     algos, decode_algos = _table(path, doc, "pins"), _table(path, doc, "decode_pins")
-    if not algos and not decode_algos and not invariant_decode_from_doc(path, doc):
+    invariant = invariant_decode_from_doc(path, doc)  # checked here too: every reader refuses a malformed row
+    if not algos and not decode_algos and not invariant:
         raise ManifestBuildError(f"{path}: no pins (pins, decode_pins and invariant_decode_pins are empty): rerun "
                                  "tools/pick_algos.py with --shape")
     source = (("device", doc["device"]), ("cublaslt_version", doc["cublaslt_version"]), ("m_max", doc["m_max"]))
