@@ -7,13 +7,16 @@ computed at M = 1, 2, 3, 4, 7, 8, 16, 17, 32, 64, 100, 511, m_max - 1 equal the 
 tool picks for several shapes, configs and tensor-parallel degrees at once, and with --decode adds the fastest
 M = 1 pins (`decode_pins`, split-K allowed, the lm_head shape included), and with --lm-head each config's lm_head
 shape (vocab x hidden) among the proven pins (what `kern manifest build --batch-invariant` decodes the lm_head with;
-without it, on a decode pin without split-K, listed as unproven). Writes JSON (`--out`, default stdout;
+without it, on a decode pin without split-K, listed as unproven), and with --invariant-decode the batch-invariant
+decode pins (`invariant_decode_pins`: split-K allowed but never the in-place reduction, proven row-invariant over
+M = 1 .. 64, fastest by the sum of the graph times at M = 1, 8, 64; the lm_head shape included), which
+`--batch-invariant` manifests run at every decode bucket instead of the prefill pins. Writes JSON (`--out`, default stdout;
 format kern_runtime.gemm_pins.document).
 
 Host-side refusals (exit 2, one line on stderr, before the device is touched): an unknown --shape, a --config
 that cannot be read, is not UTF-8 JSON or holds a value the builder (kern_run.models.qwen3) refuses (named by
 key), a --tp below 1 or not dividing every shape's q / kv heads and MLP width, an --m-max below 1, a malformed
---keep-pins file, no shape to pick. Then no CUDA device, or --keep-pins --decode stamped by another device or
+--keep-pins file, no shape to pick. Then no CUDA device, or --keep-pins --decode / --invariant-decode stamped by another device or
 cuBLASLt; a shape with no invariant candidate, or the device failing (exit 2, naming it).
 
 Run on the GPU machine (needs a CUDA device, cuda-bindings and nvmath-python):
@@ -61,6 +64,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--decode", action="store_true",
                     help="also pick the fastest M = 1 configuration per shape (split-K allowed) for cuBLASLt decode "
                          "(`decode_pins`; the lm_head shape included)")
+    ap.add_argument("--invariant-decode", action="store_true",
+                    help="also pick the batch-invariant decode pins per shape (split-K allowed, proven over M = 1 .. 64; "
+                         "`invariant_decode_pins`, the lm_head shape included); with --keep-pins the kept file's "
+                         "rows of other shapes stay")
     args = ap.parse_args(argv)
 
     def refuse(msg: str) -> int:
@@ -79,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         except gq.ManifestBuildError as exc:
             return refuse(f"--config {exc}")
         labels.append(f"--config {c}")
-    if not configs and (args.decode or args.lm_head or not args.keep_pins):
+    if not configs and (args.decode or args.lm_head or args.invariant_decode or not args.keep_pins):
         return refuse("no shapes to pick: pass --shape or --config")
     for tp in args.tp:  # gemm_shapes divides by tp as kern_run.models.qwen3.shard_config does: exactly
         if tp < 1:
@@ -118,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with PinPicker(args.gpu) as picker:
             name, version = picker.device, picker.cublaslt_version
-            if (kept is not None and (args.decode or args.lm_head)
+            if (kept is not None and (args.decode or args.lm_head or args.invariant_decode)
                     and (name, version) != (kept["device"], kept["cublaslt_version"])):
                 return refuse(f"--keep-pins {args.keep_pins} was picked on {kept['device']} with cuBLASLt "
                               f"{kept['cublaslt_version']}, this is {name} with cuBLASLt {version}: pins picked "
@@ -133,12 +140,21 @@ def main(argv: list[str] | None = None) -> int:
                 log(f"n={n} k={k}")
                 pins.append(picker.prefill(n, k, args.m_max, log))  # after the kept ones, in (n, k) order
             decode_pins = [picker.decode(n, k, log) for n, k in sorted(set(shapes) | lm_heads)] if args.decode else []
+            invariant_pins = []
+            for n, k in sorted(set(shapes) | lm_heads) if args.invariant_decode else []:
+                log(f"n={n} k={k} (invariant decode)")
+                invariant_pins.append(picker.invariant_decode(n, k, log))
     except KernError as exc:  # PinSearchError: no invariant candidate for a shape; the device failing
         return refuse(str(exc))
     stamp = kept if kept is not None else {"device": name, "cublaslt_version": version}  # the kept pins' device
     keep_decode = kept.get("decode_pins") if kept is not None else None  # nothing of the kept file is dropped
+    keep_invariant = kept.get("invariant_decode_pins") if kept is not None else None
+    if args.invariant_decode:  # the shapes asked picked anew, the kept rows of other shapes kept
+        picked = {(p["n"], p["k"]) for p in invariant_pins}
+        keep_invariant = sorted([*(p for p in keep_invariant or [] if (p["n"], p["k"]) not in picked), *invariant_pins],
+                                key=lambda p: (p["n"], p["k"]))
     doc = pins_document(stamp["device"], stamp["cublaslt_version"], args.m_max, pins,
-                        decode_pins if args.decode else keep_decode)
+                        decode_pins if args.decode else keep_decode, keep_invariant)
     text = pins_text(doc)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -153,6 +169,11 @@ def main(argv: list[str] | None = None) -> int:
         log(f"{'n':>7} {'k':>6} {'M=1 pinned us':>13} {'M=1 heur us':>11}  (graph-timed)")
         for p in decode_pins:
             log(f"{p['n']:>7} {p['k']:>6} {p['us_1']:>13.2f} {p['heuristic_us_1']:>11.2f}")
+    if invariant_pins:
+        log(f"{'n':>7} {'k':>6} {'inv us@1':>9} {'inv us@8':>9} {'inv us@64':>9} split_k  (graph-timed)")
+        for p in invariant_pins:
+            log(f"{p['n']:>7} {p['k']:>6} {p['us_1']:>9.2f} {p['us_8']:>9.2f} {p['us_64']:>9.2f} "
+                f"{p['algo'].get('split_k', 1)}")
     return 0
 
 

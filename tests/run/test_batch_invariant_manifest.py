@@ -44,8 +44,10 @@ def differing_buckets(manifest: dict[str, Any]) -> list[int]:
 
 
 def _pins(tmp_path: Path, cfg: gq.Qwen3Config, lm_head: dict[str, int] | None = PIN,
-          lm_head_in: str = "decode_pins") -> Path:
-    """A pins file pinning cfg's four prefill shapes (and its lm_head in `lm_head_in`, None: not at all)."""
+          lm_head_in: str = "decode_pins", invariant_decode: dict[tuple[int, int], dict[str, int]] | None = None,
+          inv_m_max: int = 64) -> Path:
+    """A pins file pinning cfg's four prefill shapes (and its lm_head in `lm_head_in`, None: not at all), and the
+    shapes of `invariant_decode` in invariant_decode_pins (proven up to `inv_m_max`)."""
     H, I, D = cfg.hidden, cfg.intermediate, cfg.head_dim
     shapes = [((cfg.q_heads + 2 * cfg.kv_heads) * D, H), (H, cfg.q_heads * D), (2 * I, H), (H, I)]
     doc: dict[str, Any] = {"format": "kern-cublaslt-pins/1", "device": "NVIDIA H200", "cublaslt_version": 130100,
@@ -53,16 +55,23 @@ def _pins(tmp_path: Path, cfg: gq.Qwen3Config, lm_head: dict[str, int] | None = 
                            "decode_pins": []}
     if lm_head is not None:
         doc[lm_head_in].append({"n": cfg.vocab, "k": H, "algo": lm_head})
+    if invariant_decode is not None:
+        doc["invariant_decode_pins"] = [{"n": n, "k": k, "algo": algo, "us_1": 5.0, "us_8": 6.0, "us_64": 9.0,
+                                         "m_max": inv_m_max, "candidates": 9}
+                                        for (n, k), algo in invariant_decode.items()]
     path = tmp_path / "pins.json"
     path.write_text(json.dumps(doc))
     return path
 
 
 def _build(tmp_path: Path, cfg: gq.Qwen3Config = TINY_EN, pins: Path | None = None, **opts: Any) -> dict[str, Any]:
-    algos, decode_algos, source = gq.load_algos(pins or _pins(tmp_path, cfg), 512)
+    path = pins or _pins(tmp_path, cfg)
+    algos, decode_algos, source = gq.load_algos(path, 512)
+    invariant = gq.invariant_decode_from_doc(path, json.loads(path.read_text()))
     fields = {"seqs_max": 64, "max_context": 2048, "decode": "gemm", "batch_invariant": True, **opts}
     return gq.build_manifest(cfg, STUB, gq.BuildOptions("inv", algos=algos, decode_algos=decode_algos,
-                                                        algos_source=source, **fields))
+                                                        invariant_decode_algos=invariant, algos_source=source,
+                                                        **fields))
 
 
 @pytest.mark.parametrize("fname", ["qwen3-tiny-en-inv.json", "qwen3-4b-inv.json"])
@@ -172,3 +181,99 @@ def test_the_command_defaults_to_gemm_and_refuses_tensor_parallel(tmp_path: Path
     with pytest.raises(gq.ManifestBuildError, match=r"^--batch-invariant with --tp 2: the all-reduce's summation"):
         gq.build_texts(gq.BuildRequest(out=tmp_path / "m.json", shape="qwen3-4b", tp=2, algos=rm.ALGOS,
                                        kernels=ROOT / "kernels", options={"batch_invariant": True}))
+
+
+# ---------------------------------------------------------------- invariant decode pins (split-K allowed)
+
+O_SHAPE, DOWN_SHAPE, LM_HEAD = (384, 512), (384, 1024), (TINY_EN.vocab, TINY_EN.hidden)
+
+
+def _gemm_algos(m: dict[str, Any], program: str, bucket: int) -> dict[str, Any]:
+    """op -> the algo of the one cuBLASLt launch each GEMM call of `program` issues at tokens = seqs = `bucket`."""
+    env = {"tokens": bucket, "seqs": bucket}
+    out = {}
+    for call in m["programs"][program]["calls"]:
+        if call["op"].startswith("gemm"):
+            (launch,) = [x for x in m["ops"][call["op"]]["launches"]
+                         if all(lo <= env[var] <= hi for var, (lo, hi) in x.get("when", {}).items())]
+            out[call["op"]] = launch.get("algo")
+    return out
+
+
+def test_the_m_max_constants_agree() -> None:
+    from kern_runtime.gemm_pins import INVARIANT_DECODE_M_MAX
+
+    assert gq.INVARIANT_DECODE_M_MAX == INVARIANT_DECODE_M_MAX == max(BUCKETS)
+
+
+def test_invariant_decode_pins_run_at_every_bucket_and_the_prefill_keeps_its_pins(tmp_path: Path) -> None:
+    """With invariant decode pins for o, down and the lm_head: those decode projections call `gemm_inv_<n>x<k>`
+    (the split-K pin at tokens 1 .. 64, the prefill pin above, where the decode never runs), the others keep the
+    prefill ops; the prefill program is the one built without them; meta says which shape uses which."""
+    pins = _pins(tmp_path, TINY_EN, invariant_decode={O_SHAPE: PIN_SPLIT, DOWN_SHAPE: PIN_SPLIT,
+                                                       LM_HEAD: PIN_SPLIT})
+    m = _build(tmp_path, pins=pins)
+    without = _build(tmp_path)
+    assert m["programs"]["prefill"] == without["programs"]["prefill"]
+    assert _gemm_algos(m, "prefill", 512) == _gemm_algos(without, "prefill", 512) == {
+        "gemm_768x384": PIN, "gemm_384x512": PIN, "gemm_2048x384": PIN, "gemm_384x1024": PIN}
+    expected = {"gemm_768x384": PIN, "gemm_inv_384x512": PIN_SPLIT, "gemm_2048x384": PIN,
+                "gemm_inv_384x1024": PIN_SPLIT, "gemm_inv_8192x384": PIN_SPLIT}
+    for bucket in BUCKETS:
+        assert _gemm_algos(m, "decode", bucket) == expected, bucket
+        assert _gemm_algos(without, "decode", bucket) == {
+            "gemm_768x384": PIN, "gemm_384x512": PIN, "gemm_2048x384": PIN, "gemm_384x1024": PIN,
+            "gemm_8192x384": PIN}, bucket
+    assert differing_buckets(m) == []
+    assert m["ops"]["gemm_inv_384x512"]["launches"] == [
+        {"extern": "cublaslt_bf16_tn", "args": m["ops"]["gemm_inv_384x512"]["launches"][0]["args"],
+         "when": {"tokens": [1, 64]}, "algo": PIN_SPLIT},
+        {"extern": "cublaslt_bf16_tn", "args": m["ops"]["gemm_inv_384x512"]["launches"][0]["args"],
+         "when": {"tokens": [65, 512]}, "algo": PIN}]
+    # the lm_head has no prefill pin: the heuristic above 64 (never run)
+    assert [x.get("algo") for x in m["ops"]["gemm_inv_8192x384"]["launches"]] == [PIN_SPLIT, None]
+    caller = m["meta"]["caller"]
+    assert caller["decode_batch_invariant_pins"] == {"invariant_decode": ["384x1024", "384x512", "8192x384"],
+                                                     "prefill": ["2048x384", "768x384"]}
+    assert "decode_batch_invariant_unproven" not in caller  # the lm_head's decode pin is not used
+    assert "decode_batch_invariant_pins" not in without["meta"]["caller"]
+    km = pytest.importorskip("kern_manifest")
+    km.verify(km.parse_manifest(gq.dumps(m)))
+
+
+def test_invariant_decode_pins_at_chunk_max_64_need_no_when(tmp_path: Path) -> None:
+    m = _build(tmp_path, pins=_pins(tmp_path, TINY_EN, invariant_decode={O_SHAPE: PIN_SPLIT}), chunk_max=64)
+    assert m["ops"]["gemm_inv_384x512"]["launches"][0]["algo"] == PIN_SPLIT
+    assert len(m["ops"]["gemm_inv_384x512"]["launches"]) == 1 and "when" not in m["ops"]["gemm_inv_384x512"][
+        "launches"][0]
+
+
+def test_invariant_decode_pins_are_not_used_past_64_rows(tmp_path: Path) -> None:
+    """A decode of more rows than the pins were proven for keeps the prefill pins (and no meta of them)."""
+    m = _build(tmp_path, pins=_pins(tmp_path, TINY_EN, invariant_decode={O_SHAPE: PIN_SPLIT}), seqs_max=128)
+    assert not any(op.startswith("gemm_inv_") for op in m["ops"])
+    assert "decode_batch_invariant_pins" not in m["meta"]["caller"]
+
+
+def test_the_fast_decode_ignores_invariant_decode_pins(tmp_path: Path) -> None:
+    m = _build(tmp_path, pins=_pins(tmp_path, TINY_EN, invariant_decode={O_SHAPE: PIN_SPLIT}), batch_invariant=False,
+               decode="gemv", gemv="v2")
+    assert not any(op.startswith("gemm_inv_") for op in m["ops"])
+
+
+def test_an_invariant_decode_row_proven_for_fewer_rows_is_refused(tmp_path: Path) -> None:
+    path = _pins(tmp_path, TINY_EN, invariant_decode={O_SHAPE: PIN_SPLIT}, inv_m_max=32)
+    with pytest.raises(gq.ManifestBuildError) as err:
+        _build(tmp_path, pins=path)
+    assert str(err.value) == (f"{path}: invariant_decode_pins[0] (n=384, k=512): m_max = 32, expected an integer >= "
+                              "64 (the batched decode's largest bucket): rerun tools/pick_algos.py --invariant-decode")
+
+
+def test_the_command_reads_invariant_decode_pins(tmp_path: Path) -> None:
+    pins = _pins(tmp_path, TINY_EN, invariant_decode={O_SHAPE: PIN_SPLIT})
+    req = gq.BuildRequest(out=tmp_path / "m.json", config=ROOT / "models" / "qwen3-tiny-en" / "config.json",
+                          kernels=ROOT / "kernels", max_context=2048, algos=pins,
+                          options={"seqs_max": 64, "batch_invariant": True})
+    (text,) = gq.build_texts(req).values()
+    caller = json.loads(text)["meta"]["caller"]
+    assert caller["decode_batch_invariant_pins"]["invariant_decode"] == ["384x512"]

@@ -37,11 +37,24 @@ def _row(n: int, k: int) -> dict[str, Any]:
             "candidates": 12}
 
 
+def _inv_row(n: int, k: int) -> dict[str, Any]:
+    """The invariant decode row the fake search returns for (n, k): split-K, an algo of its own per shape."""
+    return {"n": n, "k": k, "algo": {"id": 67, "tile": 18 + n % 5, "split_k": 4, "reduction": 2}, "us_1": 5.0,
+            "us_8": 6.0, "us_64": 12.0, "m_max": 64, "candidates": 20}
+
+
 class FakePick:
-    """pins_cache's search (gpu, shapes, m_max) -> (device, version, rows); records each call."""
+    """pins_cache's search (gpu, shapes, m_max) -> (device, version, rows), and as `invariant` its invariant decode
+    search (gpu, shapes) -> (device, version, rows); records each call."""
 
     def __init__(self, stamp: tuple[str, int] = H200, fail: Exception | None = None) -> None:
-        self.stamp, self.fail, self.calls = stamp, fail, []
+        self.stamp, self.fail, self.calls, self.invariant_calls = stamp, fail, [], []
+
+    def invariant(self, gpu: int, shapes: list[tuple[int, int]]) -> tuple[str, int, list[dict]]:
+        self.invariant_calls.append((gpu, list(shapes)))
+        if self.fail is not None:
+            raise self.fail
+        return (*self.stamp, [_inv_row(n, k) for n, k in shapes])
 
     def __call__(self, gpu: int, shapes: list[tuple[int, int]], m_max: int) -> tuple[str, int, list[dict]]:
         self.calls.append((gpu, list(shapes), m_max))
@@ -59,7 +72,8 @@ def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def _auto(ckpt: Path, pick: FakePick, stamp: tuple[str, int] = H200, **req: Any) -> tuple[Any, list[str]]:
     """auto_config on the fake device: (the RunConfig, the lines it printed)."""
     err = io.StringIO()
-    cfg = auto_config(AutoRequest(ckpt, **req), err=err, stamp=lambda gpu: stamp, pick=pick)
+    cfg = auto_config(AutoRequest(ckpt, **req), err=err, stamp=lambda gpu: stamp, pick=pick,
+                      pick_invariant=pick.invariant)
     return cfg, err.getvalue().splitlines()
 
 
@@ -182,7 +196,7 @@ UNUSABLE = [
      "algo key 'tiles' is not a cuBLASLt algo attribute"),
     (json.dumps(pins_document(*H200, 2048, [{"n": -1, "k": 2048, "algo": {"id": 1}}])).encode(),
      "needs integer \"n\" and \"k\" >= 1"),
-    (json.dumps(pins_document(*H200, 2048, [])).encode(), "no pins (pins and decode_pins are empty)"),
+    (json.dumps(pins_document(*H200, 2048, [])).encode(), "no pins (pins, decode_pins and invariant_decode_pins are empty)"),
     (json.dumps(pins_document("NVIDIA H100 80GB HBM3", 130100, 2048, [_row(2048, 2048)])).encode(),
      "pins of NVIDIA H100 80GB HBM3 with cuBLASLt 130100, not of this NVIDIA H200 with cuBLASLt 130100"),
     (json.dumps(pins_document("NVIDIA H200", 120900, 2048, [_row(2048, 2048)])).encode(),
@@ -289,6 +303,7 @@ def fake_gpu(monkeypatch: pytest.MonkeyPatch) -> FakePick:
     pick = FakePick(stamp=("NVIDIA H100 80GB HBM3", 130100))
     monkeypatch.setattr(pins_cache, "device_stamp", lambda gpu: pick.stamp)
     monkeypatch.setattr(pins_cache, "pick_on_device", pick)
+    monkeypatch.setattr(pins_cache, "pick_invariant_on_device", pick.invariant)
     monkeypatch.setattr(session, "probe_device", lambda gpu: 1)
     return pick
 
@@ -339,18 +354,67 @@ def test_kern_serve_weights_alone_builds_the_manifest(no_pins: bool, tiny_ckpt: 
 
 def test_serve_builds_a_batch_invariant_batched_decode_with_the_lm_head_pinned(tmp_path: Path, cache: Path) -> None:
     """`kern serve --weights` (seqs_max 64, batch_invariant): the lm_head shape (vocab x hidden) is picked with the
-    projections, proven like them, and every decode bucket runs the pinned ops (nothing listed unproven)."""
+    projections, proven like them, and every decode projection's invariant decode pin (split-K allowed) is picked
+    too, in the same progress line; every decode bucket runs them (nothing listed unproven)."""
     ckpt, pick = _checkpoint_dir(tmp_path, "Qwen3-1.7B"), FakePick()
     cfg, lines = _auto(ckpt, pick, seqs_max=64, batch_invariant=True)
     lm_head = (151936, 2048)
-    assert pick.calls == [(0, sorted([*SHAPES_1_7B, lm_head]), 2048)]
+    shapes = sorted([*SHAPES_1_7B, lm_head])
+    assert pick.calls == [(0, shapes, 2048)] and pick.invariant_calls == [(0, shapes)]
+    listed = ", ".join(f"{n}x{k}" for n, k in shapes)
+    assert lines[0] == (f"kern run: picking batch-invariant cuBLASLt pins for 5 GEMM shapes ({listed}) and 5 "
+                        f"invariant decode shapes ({listed}) on NVIDIA H200 (cuBLASLt 130100), first use: cached in "
+                        f"{_cached(cache)}")
     assert lines[-1] == (f"kern run: built manifest {cfg.manifest} (from {ckpt / 'config.json'}, pins "
                          f"{_cached(cache)}, 64 decode rows, batch-invariant decode)")
+    doc = json.loads(_cached(cache).read_text())
+    assert doc["invariant_decode_pins"] == [_inv_row(n, k) for n, k in shapes]
     manifest = json.loads(cfg.manifest.read_text())
     caller = manifest["meta"]["caller"]
     assert manifest["vars"]["seqs"]["max"] == 64 and caller["decode_batch_invariant"] is True
     assert "decode_batch_invariant_unproven" not in caller
-    assert manifest["ops"]["gemm_151936x2048"]["launches"][0]["algo"] == _row(*lm_head)["algo"]
+    assert caller["decode_batch_invariant_pins"] == {"invariant_decode": [f"{n}x{k}" for n, k in sorted(
+        shapes, key=lambda s: f"{s[0]}x{s[1]}")], "prefill": []}
+    assert manifest["ops"]["gemm_inv_151936x2048"]["launches"][0]["algo"] == _inv_row(*lm_head)["algo"]
+    # the second run picks nothing
+    again = FakePick()
+    _, lines = _auto(ckpt, again, seqs_max=64, batch_invariant=True)
+    assert again.calls == again.invariant_calls == [] and lines[0].startswith("kern run: reused manifest")
+
+
+def test_a_cache_without_invariant_decode_pins_gets_only_those_picked(tmp_path: Path, cache: Path) -> None:
+    """The prefill pins cached by a fast `kern serve`; a batch-invariant one then picks only the invariant decode
+    pins (and the lm_head's prefill pin), keeping the cached rows."""
+    ckpt = _checkpoint_dir(tmp_path, "Qwen3-1.7B")
+    _auto(ckpt, FakePick(), seqs_max=16)
+    pick = FakePick()
+    _, lines = _auto(ckpt, pick, seqs_max=64, batch_invariant=True)
+    lm_head = (151936, 2048)
+    shapes = sorted([*SHAPES_1_7B, lm_head])
+    assert pick.calls == [(0, [lm_head], 2048)] and pick.invariant_calls == [(0, shapes)]
+    assert "for 1 GEMM shape (151936x2048) and 5 invariant decode shapes" in lines[0]
+    doc = json.loads(_cached(cache).read_text())
+    assert [(p["n"], p["k"]) for p in doc["pins"]] == shapes
+    assert [(p["n"], p["k"]) for p in doc["invariant_decode_pins"]] == shapes
+
+
+def test_committed_pins_seed_the_cache_with_only_invariant_decode_pins_picked(tmp_path: Path, cache: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A committed file of this GPU and cuBLASLt serving the prefill shapes (and lm_head) but no invariant decode
+    pins: its rows are copied into the cache and only the invariant decode pins are picked."""
+    committed = tmp_path / "committed"
+    committed.mkdir()
+    lm_head = (151936, 2048)
+    shapes = sorted([*SHAPES_1_7B, lm_head])
+    (committed / "h200.json").write_text(pins_text(pins_document(*H200, 2048, [_row(n, k) for n, k in shapes])))
+    monkeypatch.setattr(pins_cache, "committed_pins_dir", lambda: committed)
+    pick = FakePick()
+    _, lines = _auto(_checkpoint_dir(tmp_path, "Qwen3-1.7B"), pick, seqs_max=64, batch_invariant=True)
+    assert pick.calls == [] and pick.invariant_calls == [(0, shapes)]
+    assert lines[0].startswith("kern run: picking batch-invariant cuBLASLt pins for 5 invariant decode shapes (")
+    doc = json.loads(_cached(cache).read_text())
+    assert doc["pins"] == [_row(n, k) for n, k in shapes]
+    assert doc["invariant_decode_pins"] == [_inv_row(n, k) for n, k in shapes]
 
 
 def test_serve_without_invariance_builds_the_fast_batched_decode(tmp_path: Path, cache: Path) -> None:

@@ -58,6 +58,10 @@ def _pin(n: int, k: int, **algo: object) -> dict:
                                                                           "second time"]),
     (_doc(decode_pins=[_pin(6, 7, id=1, split=2)]), ["decode_pins[0] (n=6, k=7)", "algo key 'split'"]),
     (_doc(decode_pins={"a": 1}), ["decode_pins is a JSON dict"]),
+    (_doc(invariant_decode_pins=[_pin(6, 7, id=1)]), ["invariant_decode_pins[0] (n=6, k=7)", "m_max = None",
+                                                      "--invariant-decode"]),
+    (_doc(invariant_decode_pins=[{**_pin(6, 7, id=1, split=2), "m_max": 64}]), ["invariant_decode_pins[0] (n=6, k=7)",
+                                                                                 "algo key 'split'"]),
     (_doc(m_max=True), ["m_max = True"]),
     (_doc(cublaslt_version="13.1"), ["cublaslt_version = '13.1'"]),
     (_doc(device=None), ["device = None"]),
@@ -242,8 +246,9 @@ def test_pick_algos_refuses_a_tp_that_cannot_split_the_shapes(monkeypatch: pytes
 def fake_device(monkeypatch: pytest.MonkeyPatch) -> dict[str, object]:
     """pick_algos's device side faked: the device name and cuBLASLt version kern_runtime.gemm_pins.PinPicker
     reports are `state`'s; its decode search records the shapes in "picked", its prefill search (n, k, m_max) in
-    "prefill"."""
-    state: dict[str, object] = {"name": "NVIDIA H200", "version": 130100, "picked": [], "prefill": []}
+    "prefill", its invariant decode search the shapes in "invariant"."""
+    state: dict[str, object] = {"name": "NVIDIA H200", "version": 130100, "picked": [], "prefill": [],
+                                "invariant": []}
     monkeypatch.setattr("kern_run.preflight.probe_device", lambda gpu: 1)
 
     class Picker:
@@ -264,6 +269,11 @@ def fake_device(monkeypatch: pytest.MonkeyPatch) -> dict[str, object]:
         def decode(self, n: int, k: int, log: object) -> dict:
             state["picked"].append((n, k))
             return {"n": n, "k": k, "algo": {"id": 7}, "us_1": 1.0, "heuristic_us_1": 2.0, "candidates": 1}
+
+        def invariant_decode(self, n: int, k: int, log: object) -> dict:
+            state["invariant"].append((n, k))
+            return {"n": n, "k": k, "algo": {"id": 8, "split_k": 3, "reduction": 2}, "us_1": 1.0, "us_8": 1.5,
+                    "us_64": 4.0, "m_max": 64, "candidates": 6}
 
     monkeypatch.setattr("kern_runtime.gemm_pins.PinPicker", Picker)  # what tools/pick_algos.py imports
     return state
@@ -325,4 +335,45 @@ def test_pick_algos_lm_head_adds_the_lm_head_pins_after_the_kept_ones(fake_devic
     # the builder reads it: the lm_head pin is now a proven one
     algos, _, _ = gq.load_algos(out, 512)
     assert (cfg.vocab, cfg.hidden) in {(n, k) for n, k, _ in algos}
+    capsys.readouterr()
+
+
+def test_pick_algos_invariant_decode_adds_rows_and_keeps_the_rest(fake_device: dict, tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """--invariant-decode --keep-pins: the kept pins and decode pins stay; every shape of the config (prefill
+    projections and the lm_head) gets an invariant decode row, picked anew where the kept file had one; the kept
+    file's rows of other shapes stay; the builder reads them. Nothing is picked on another device."""
+    from kern_run.models import qwen3 as gq
+
+    other = {"n": 7, "k": 9, "algo": {"id": 5}, "us_1": 1.0, "us_8": 1.0, "us_64": 1.0, "m_max": 64, "candidates": 1}
+    cfg = gq.Qwen3Config.from_name("tiny")
+    stale = {**other, "n": cfg.vocab, "k": cfg.hidden, "algo": {"id": 4}}
+    kept = _write(tmp_path, _doc(invariant_decode_pins=[other, stale]))
+    out = tmp_path / "out.json"
+    fake_device.update(version=120000)
+    assert pick_algos.main(["--shape", "tiny", "--keep-pins", str(kept), "--invariant-decode", "--out", str(out)]) == 2
+    _one_line(capsys, f"--keep-pins {kept} was picked on NVIDIA H200 with cuBLASLt 130100", "cuBLASLt 120000")
+    assert fake_device["invariant"] == [] and not out.exists()
+    fake_device.update(version=130100)
+    assert pick_algos.main(["--shape", "tiny", "--keep-pins", str(kept), "--invariant-decode", "--out", str(out)]) == 0
+    shapes = sorted(set(pick_algos.gemm_shapes(cfg, 1)) | {(cfg.vocab, cfg.hidden)})
+    assert fake_device["invariant"] == shapes and fake_device["prefill"] == [] and fake_device["picked"] == []
+    doc = json.loads(out.read_text())
+    assert doc["pins"] == _doc()["pins"] and doc["decode_pins"] == _doc()["decode_pins"]
+    assert [(p["n"], p["k"]) for p in doc["invariant_decode_pins"]] == sorted([(7, 9), *shapes])
+    assert doc["invariant_decode_pins"][0] == other
+    lm = next(p for p in doc["invariant_decode_pins"] if (p["n"], p["k"]) == (cfg.vocab, cfg.hidden))
+    assert lm["algo"] == {"id": 8, "split_k": 3, "reduction": 2}  # the stale row replaced
+    inv = gq.invariant_decode_from_doc(out, doc)
+    assert {(n, k) for n, k, _ in inv} == {(7, 9), *shapes}
+    capsys.readouterr()
+
+
+def test_pick_algos_keeps_invariant_decode_pins_without_the_flag(fake_device: dict, tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    row = {"n": 7, "k": 9, "algo": {"id": 5}, "us_1": 1.0, "us_8": 1.0, "us_64": 1.0, "m_max": 64, "candidates": 1}
+    kept = _write(tmp_path, _doc(invariant_decode_pins=[row]))
+    out = tmp_path / "out.json"
+    assert pick_algos.main(["--shape", "tiny", "--keep-pins", str(kept), "--decode", "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["invariant_decode_pins"] == [row] and fake_device["invariant"] == []
     capsys.readouterr()

@@ -6,14 +6,18 @@ the k products its own way: `exact` rounds the exact sum of every element once (
 invariant), `split_from=M0` sums two halves of k separately and rounds each to bf16 before adding them when the
 GEMM's M >= M0 (a split-K kernel the heuristic takes for large M: not invariant), `odd_from=M0` does so only at
 odd M >= M0 (caught by the m_max - 1 probe alone), `deep_from=R` only for the rows at position >= R of a GEMM
-(caught only because a probe's rows sit at other positions in the M = m_max GEMM than in their own). A clock
-advanced by each algorithm's cost per GEMM feeds the fake's CUDA events, so the timings, and the choice of the
-fastest, are exact.
+(caught only because a probe's rows sit at other positions in the M = m_max GEMM than in their own). Split-K:
+`splits=s` sums k in s chunks, each rounded to bf16, then adds the chunks with a bf16 rounding after each add, in
+chunk order (`order="fixed"`: the same at every M, so invariant) or starting from chunk M mod s (`order="by_m"`:
+an order of arrival that moves with M, as an atomic reduction's does: not invariant). A clock advanced by each
+algorithm's cost per GEMM (`launch_us` + `us_per_row` x M) feeds the fake's CUDA events, so the timings, and
+the choice of the fastest, are exact.
 """
 
 from __future__ import annotations
 
 import ctypes
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,8 +28,8 @@ from fake_cuda import OK, FakeDriver, Handle, install
 from kern_runtime import KernelArtifactError, PinSearchError
 from kern_runtime.cuda import ALGO_KEYS
 from kern_runtime.gemm_pins import (
-    PINS_FORMAT, DeviceBench, PinPicker, is_invariant, pick_decode_pin, pick_prefill_pin, pins_document, pins_text,
-    probe_ms, timed_ms,
+    PINS_FORMAT, DeviceBench, PinPicker, invariant_decode_ms, is_invariant, pick_decode_pin,
+    pick_invariant_decode_pin, pick_prefill_pin, pins_document, pins_text, probe_ms, reduction_refusal, timed_ms,
 )
 
 
@@ -53,9 +57,13 @@ class FakeAlgo:
     pin: dict[str, int]
     us_per_row: float = 1.0
     applies_from: int = 1  # cublasLtMatmulAlgoCheck fails below this M
+    applies_to: int | None = None  # ... and above this one (a split-K workspace past 32 MiB)
     split_from: int | None = None
     odd_from: int | None = None
     deep_from: int | None = None
+    launch_us: float = 2.0
+    splits: int = 1  # split-K: k summed in this many chunks
+    order: str = "fixed"  # the chunks added in chunk order, or "by_m": from chunk M mod splits on
 
     def split_rows(self, m: int) -> np.ndarray:
         """bool [m]: the rows of a GEMM of M = m this algorithm sums in two rounded halves."""
@@ -68,7 +76,18 @@ class FakeAlgo:
         return rows
 
     def cost_ms(self, m: int) -> float:
-        return (2.0 + self.us_per_row * m) / 1000.0
+        return (self.launch_us + self.us_per_row * m) / 1000.0
+
+    def split_k_sum(self, a: np.ndarray, w: np.ndarray) -> np.ndarray:
+        """float64 [m, n] of a [m, k] @ w[n, k]^T summed in `splits` chunks of k (each rounded to bf16), added with
+        a bf16 rounding after each add, in the order `order` gives for this M."""
+        chunks = np.array_split(np.arange(a.shape[1]), self.splits)
+        parts = [from_bf16(to_bf16((a[:, c] @ w[:, c].T).astype(np.float32))) for c in chunks]  # f32 [m, n] each
+        first = a.shape[0] % self.splits if self.order == "by_m" else 0
+        acc = parts[first]
+        for i in range(1, self.splits):
+            acc = from_bf16(to_bf16(acc + parts[(first + i) % self.splits]))
+        return acc.astype(np.float64)
 
 
 def _config(pin: dict[str, int]) -> dict[str, int]:
@@ -99,7 +118,8 @@ class NumpyBlas:
         return [_config(a.pin) for a in self.offers.get(g.m, self.algos)][:count]
 
     def plan(self, g: Any, pin: dict[str, int] | None = None, where: str = "") -> None:
-        if g.m < self._algo(pin).applies_from:
+        algo = self._algo(pin)
+        if g.m < algo.applies_from or (algo.applies_to is not None and g.m > algo.applies_to):
             raise KernelArtifactError(f"{where}: pinned cuBLASLt algo {pin} does not apply to m={g.m}")
 
     def matmul(self, g: Any, stream: int, pin: dict[str, int] | None = None, where: str = "") -> None:
@@ -112,6 +132,8 @@ class NumpyBlas:
         a = from_bf16(_view(g.a, (g.m, g.k))).astype(np.float64)  # [m, k]
         w = from_bf16(_view(g.w, (g.n, g.k))).astype(np.float64)  # [n, k]
         c = (a[:, None, :] * w[None, :, :]).sum(axis=2)  # [m, n], the same sum for a row at every M
+        if algo.splits > 1:
+            c = algo.split_k_sum(a, w)
         split = algo.split_rows(g.m)
         if split.any():
             h = g.k // 2
@@ -295,6 +317,71 @@ def test_the_decode_pin_is_the_fastest_at_m1_split_k_allowed(driver: TimedDriver
     assert _live(driver) == 0
 
 
+# ---------------------------------------------------------------- the invariant decode search (split-K allowed)
+
+# cost per GEMM: launch_us + us_per_row x M; the sums over M = 1, 8, 64 below are 45.5 (SPLIT4), 76 (SPLIT2, the
+# fastest invariant one at M = 1), 225 (EXACT_SLOW); the in-place, M-ordered and big-workspace ones are faster still
+INV_SPLIT4 = FakeAlgo({"id": 10, "tile": 18, "split_k": 4, "reduction": 2}, launch_us=3.0, us_per_row=0.5, splits=4)
+INV_SPLIT2 = FakeAlgo({"id": 11, "split_k": 2, "reduction": 4}, launch_us=1.0, us_per_row=1.0, splits=2)
+INPLACE = FakeAlgo({"id": 12, "split_k": 4, "reduction": 1}, launch_us=0.5, us_per_row=0.1, splits=4)
+BY_M = FakeAlgo({"id": 13, "split_k": 4, "reduction": 2}, launch_us=0.5, us_per_row=0.1, splits=4, order="by_m")
+BIG_WORKSPACE = FakeAlgo({"id": 14, "split_k": 8, "reduction": 2}, launch_us=0.5, us_per_row=0.1, splits=8,
+                         applies_to=32)
+
+
+def test_invariant_decode_ms_and_reduction_refusals() -> None:
+    assert invariant_decode_ms() == [1, 2, 3, 4, 7, 8, 16, 17, 32, 63, 64]
+    assert reduction_refusal({"id": 1}) is None and reduction_refusal({"id": 1, "split_k": 1}) is None
+    assert reduction_refusal({"id": 1, "split_k": 3, "reduction": 2}) is None
+    assert reduction_refusal({"id": 1, "split_k": 3, "reduction": 4}) is None
+    assert reduction_refusal({"id": 1, "split_k": 3, "reduction": 1}) == "in-place split-K reduction (order of arrival)"
+    assert reduction_refusal({"id": 1, "split_k": 3, "reduction": 3}) == ("reduction scheme 3 (not NONE, COMPUTE_TYPE "
+                                                                          "or OUTPUT_TYPE)")
+    assert reduction_refusal({"id": 1, "split_k": 3}) == "split_k 3 with no reduction scheme named"
+
+
+def test_the_fake_split_k_is_invariant_in_fixed_order_only(driver: TimedDriver) -> None:
+    """The model itself: fixed-order split-K gives every row the same bits at every M (and other bits than the
+    exact sum: the chunks are rounded), the M-ordered one does not, and the in-place one in this fake is fixed-order
+    (so only its reduction scheme refuses it)."""
+    blas = NumpyBlas(driver, [INV_SPLIT4, BY_M, INPLACE, EXACT_SLOW], heuristic=EXACT_SLOW)
+    bench = DeviceBench(blas, N, K, 64, seed=11)
+    assert is_invariant(bench, INV_SPLIT4.pin) and is_invariant(bench, INPLACE.pin)
+    assert not is_invariant(bench, BY_M.pin)
+    assert not np.array_equal(bench.rows(0, 64, INV_SPLIT4.pin), bench.rows(0, 64, EXACT_SLOW.pin))
+    bench.close()
+
+
+def test_the_invariant_decode_pin_is_the_fastest_invariant_by_the_sum_at_1_8_64(driver: TimedDriver) -> None:
+    blas = NumpyBlas(driver, [INPLACE, BY_M, BIG_WORKSPACE, INV_SPLIT2, INV_SPLIT4, EXACT_SLOW, NOT_AT_M1],
+                     heuristic=EXACT_SLOW)
+    bench = DeviceBench(blas, N, K, 64, seed=12)
+    lines: list[str] = []
+    row = pick_invariant_decode_pin(bench, lines.append)
+    bench.close()
+    assert row == {"n": N, "k": K, "algo": INV_SPLIT4.pin, "us_1": 3.5, "us_8": 7.0, "us_64": 35.0, "m_max": 64,
+                   "candidates": 7}
+    assert lines == [
+        f"  n={N} k={K} {INPLACE.pin}: refused, in-place split-K reduction (order of arrival)",
+        f"  n={N} k={K} {BY_M.pin}: not batch-invariant",
+        f"  n={N} k={K} {INV_SPLIT2.pin}: invariant, M=1 2.00 us, M=8 9.00 us, M=64 65.00 us",
+        f"  n={N} k={K} {INV_SPLIT4.pin}: invariant, M=1 3.50 us, M=8 7.00 us, M=64 35.00 us",
+        f"  n={N} k={K} {EXACT_SLOW.pin}: invariant, M=1 5.00 us, M=8 26.00 us, M=64 194.00 us",
+    ]
+    assert blas.asked == [(1, 32), (8, 32), (64, 32)]  # the heuristic asked at M = 1, 8, 64, split-K kept
+    assert _live(driver) == 0
+
+
+def test_no_invariant_decode_candidate_names_the_shape_and_counts(driver: TimedDriver) -> None:
+    blas = NumpyBlas(driver, [INPLACE, BY_M, BIG_WORKSPACE, NOT_AT_M1], heuristic=EXACT_SLOW)
+    bench = DeviceBench(blas, N, K, 64, seed=13)
+    with pytest.raises(PinSearchError) as exc:
+        pick_invariant_decode_pin(bench)
+    bench.close()
+    assert str(exc.value) == (f"no batch-invariant cuBLASLt configuration for the decode of n={N} k={K} at M = 1 .. "
+                              "64 (4 candidates, 1 refused for their reduction, 1 applicable)")
+
+
 # ---------------------------------------------------------------- PinPicker: the device, its stamp, its undo
 
 
@@ -329,6 +416,7 @@ def test_the_picker_stamps_picks_and_releases(driver: TimedDriver, fake_lt: None
         assert (picker.device, picker.cublaslt_version) == ("NVIDIA H200", 130100)
         assert picker.prefill(N, K, 600)["algo"] == EXACT_FAST.pin
         assert picker.decode(N, K)["algo"] == SPLIT_FASTEST.pin  # fastest at M = 1 (no invariance needed)
+        assert picker.invariant_decode(N, K)["algo"] == EXACT_FAST.pin  # SPLIT_FASTEST splits from M = 64
         assert _live(driver) == 1  # the workspace; each bench freed its buffers
     assert closed == [1] and _live(driver) == 0
     assert driver.called("cuDevicePrimaryCtxRetain") == driver.called("cuDevicePrimaryCtxRelease") == 1
@@ -366,6 +454,11 @@ def test_the_pins_document() -> None:
                    "pins": [row]}
     assert PINS_FORMAT == "kern-cublaslt-pins/1"
     assert "decode_pins" in pins_document("x", 1, 1, [], [row])
+    inv = {"n": 1, "k": 2, "algo": {"id": 3, "split_k": 4, "reduction": 2}, "us_1": 1.5, "us_8": 2.0, "us_64": 9.25,
+           "m_max": 64, "candidates": 5}
+    both = pins_document("x", 1, 1, [], None, [inv])
+    assert "decode_pins" not in both and both["invariant_decode_pins"] == [inv]
+    assert json.loads(pins_text(both)) == both  # the round trip
     assert pins_text(doc) == (
         '{\n "format": "kern-cublaslt-pins/1",\n "device": "NVIDIA H200",\n "cublaslt_version": 130100,\n '
         '"m_max": 2048,\n "pins": [\n  {\n   "n": 1,\n   "k": 2,\n   "algo": {\n    "id": 3\n   }\n  }\n ]\n}\n')

@@ -28,7 +28,7 @@ from .models.qwen3.command import build_options, write_outputs
 from .models.qwen3.options import validate
 from .naming import model_name
 from .package_data import kernels_dir
-from .pins_cache import Picker, cache_root, ensure_pins
+from .pins_cache import InvariantPicker, Picker, cache_root, ensure_pins
 
 DEFAULT_CHUNK_MAX = 512  # `kern manifest build`'s --chunk-max default
 
@@ -85,11 +85,13 @@ def cache_key(config_text: str, kernels_json: bytes, options: dict, pins_text: s
 
 
 def auto_config(req: AutoRequest, err: TextIO | None = None, stamp: Callable[[int], tuple[str, int]] | None = None,
-                command: str = "run", pick: Picker | None = None) -> RunConfig:
+                command: str = "run", pick: Picker | None = None,
+                pick_invariant: InvariantPicker | None = None) -> RunConfig:
     """The RunConfig of `req`, its manifest built (or found in the cache). Prints one line on `err` (stderr):
     `kern COMMAND: built manifest PATH (...)` or `kern COMMAND: reused manifest PATH (...)`, after the pins
-    progress line when the pins are picked now. `stamp`: (GPU name, cuBLASLt version) of a device ordinal, `pick`:
-    the pin search (pins_cache.ensure_pins's; tests pass their own). Raises ConfigError (a --weights path that
+    progress line when the pins are picked now. `stamp`: (GPU name, cuBLASLt version) of a device ordinal, `pick` /
+    `pick_invariant`: the pin searches (pins_cache.ensure_pins's; tests pass their own; a batch-invariant request
+    also needs an invariant decode pin per decode projection shape). Raises ConfigError (a --weights path that
     does not exist, no config.json), ManifestBuildError (the config or options refused, tie mismatch),
     WeightsError, RefusalError / NoDeviceError / kern_runtime.KernError (pins)."""
     err = err if err is not None else sys.stderr
@@ -123,7 +125,9 @@ def auto_config(req: AutoRequest, err: TextIO | None = None, stamp: Callable[[in
     shapes = plan.prefill_shapes | ({(cfg.vocab, cfg.hidden)} if req.batch_invariant else set())
     pins = None
     if req.pins:
-        pins = ensure_pins(shapes, req.gpu, chunk_max, stamp, pick, err, command)
+        pins = ensure_pins(shapes, req.gpu, chunk_max, stamp, pick, err, command,
+                           invariant_decode=shapes if req.batch_invariant else frozenset(),
+                           pick_invariant=pick_invariant)
     try:
         kernels_bytes = kernels_json_path(kernels).read_bytes()
     except OSError as exc:

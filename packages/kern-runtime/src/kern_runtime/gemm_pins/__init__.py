@@ -20,7 +20,12 @@ Inference", 2025). `PinPicker.prefill` finds such a configuration per (n, k) and
    fastest invariant candidate by the sum of the two wins. The heuristic's own choice is timed too.
 
 `PinPicker.decode` picks the fastest configuration at M = 1 (split-K allowed, graph-timed) for a cuBLASLt
-decode. `pins_document` / `pins_text` make the pins file (document.py) that `kern manifest build --algos`
+decode. `PinPicker.invariant_decode` picks one for the batch-invariant decode (search.pick_invariant_decode_pin):
+split-K allowed but never the in-place reduction, proven invariant like a prefill pin over M = 1 .. 64 (the
+batched decode's buckets), fastest by the sum of its graph times at M = 1, 8 and 64. Split-K is invariant when
+the split does not depend on M: one tile and split count at every M adds each element's k partial sums in one
+order whatever the other rows are. The prefill pins do without it: a chunk's M has tiles enough to fill the
+GPU, and a split's workspace grows with M. `pins_document` / `pins_text` make the pins file (document.py) that `kern manifest build --algos`
 reads. Users: `kern run --weights DIR` on first use of a shape (kern_run.pins_cache), tools/pick_algos.py.
 The search is host logic over the `GemmBench` protocol; CPU tests drive it with a numpy bench.
 """
@@ -29,10 +34,13 @@ from .bench import DeviceBench
 from .document import PINS_FORMAT, pins_document, pins_text
 from .picker import PinPicker, cublaslt_version, device_name
 from .search import (
-    PROBE_MS, GemmBench, Pin, is_invariant, pick_decode_pin, pick_prefill_pin, probe_ms, timed_ms,
+    INVARIANT_DECODE_M_MAX, PROBE_MS, GemmBench, Pin, invariant_decode_ms, is_invariant, pick_decode_pin,
+    pick_invariant_decode_pin, pick_prefill_pin, probe_ms, reduction_refusal, timed_ms,
 )
 
 __all__ = [
-    "PINS_FORMAT", "PROBE_MS", "DeviceBench", "GemmBench", "Pin", "PinPicker", "cublaslt_version", "device_name",
-    "is_invariant", "pick_decode_pin", "pick_prefill_pin", "pins_document", "pins_text", "probe_ms", "timed_ms",
+    "INVARIANT_DECODE_M_MAX", "PINS_FORMAT", "PROBE_MS", "DeviceBench", "GemmBench", "Pin", "PinPicker",
+    "cublaslt_version", "device_name", "invariant_decode_ms", "is_invariant", "pick_decode_pin",
+    "pick_invariant_decode_pin", "pick_prefill_pin", "pins_document", "pins_text", "probe_ms", "reduction_refusal",
+    "timed_ms",
 ]

@@ -9,7 +9,7 @@ from ..cuda import WORKSPACE_BYTES, Blas, call
 from ..cuda.driver import init_driver
 from ..errors import CudaError
 from .bench import DeviceBench
-from .search import Log, pick_decode_pin, pick_prefill_pin
+from .search import INVARIANT_DECODE_M_MAX, Log, pick_decode_pin, pick_invariant_decode_pin, pick_prefill_pin
 
 
 def device_name(raw: Any) -> str:
@@ -63,6 +63,16 @@ class PinPicker:
         bench = DeviceBench(self.blas, n, k, 1, seed=n * 131 + k)
         try:
             return pick_decode_pin(bench, log)
+        finally:
+            bench.close()
+
+    def invariant_decode(self, n: int, k: int, log: Log | None = None) -> dict[str, Any]:
+        """The batch-invariant decode pin of the (n, k) GEMM, split-K allowed, proven over M = 1 .. 64
+        (search.pick_invariant_decode_pin's row). Raises PinSearchError when no candidate is invariant,
+        DriverError / BlasError."""
+        bench = DeviceBench(self.blas, n, k, INVARIANT_DECODE_M_MAX, seed=n * 131 + k)
+        try:
+            return pick_invariant_decode_pin(bench, log)
         finally:
             bench.close()
 

@@ -4,7 +4,9 @@
 split-K, each checked to apply at M = 1 and M = m_max, proven invariant (the rows of a GEMM at M = m_max equal,
 bit for bit, the same rows computed as separate GEMMs of every probe M), then timed; the fastest invariant one
 wins. `pick_decode_pin` picks the fastest applicable configuration at M = 1 (split-K allowed: decode caches
-nothing it computes, so no invariance is needed), graph-timed. The device side is kern_runtime.gemm_pins.bench;
+nothing it computes, so no invariance is needed), graph-timed. `pick_invariant_decode_pin` picks, split-K
+allowed, a configuration proven row-invariant over the batched decode's M = 1 .. 64 (`--batch-invariant`
+manifests run it at every decode bucket). The device side is kern_runtime.gemm_pins.bench;
 CPU tests drive these functions with a numpy bench (tests/runtime/test_gemm_pins_cpu.py).
 """
 
@@ -25,7 +27,18 @@ PROBE_MS = (1, 2, 3, 4, 7, 8, 16, 17, 32, 64, 100, 511)
 TIMED_MS = (512,)  # timed besides m_max
 CANDIDATE_MS = (1, 64, 512)  # the heuristic asked at these M (and at m_max)
 HEURISTIC_COUNT = 24  # results asked of cuBLASLt's heuristic per M (prefill)
-DECODE_COUNT = 32  # ... at M = 1 (decode)
+DECODE_COUNT = 32  # ... at M = 1 (decode), and at each of INVARIANT_DECODE_CANDIDATE_MS (invariant decode)
+# the invariant decode pins: proven up to M = 64 (the batched decode's largest bucket, kern_run.cli SERVE_SEQS_MAX),
+# candidates asked at three bucket sizes, timed (graph) at the same three
+INVARIANT_DECODE_M_MAX = 64
+INVARIANT_DECODE_CANDIDATE_MS = (1, 8, 64)
+INVARIANT_DECODE_TIMED_MS = (1, 8, 64)
+# cublasLtReductionScheme_t (nvmath.bindings.cublasLt.ReductionScheme): how a split-K configuration adds its
+# partial sums. COMPUTE_TYPE / OUTPUT_TYPE: each split writes its partial tile to the workspace and a separate
+# reduction adds the `split_k` partials of an element in split order (fixed by the configuration, not by M).
+# INPLACE: the splits add into the output buffer itself, serialised by counters in the workspace: their order is
+# whichever split arrives first, so it is refused whatever one test run shows
+REDUCTION_NONE, REDUCTION_INPLACE, REDUCTION_COMPUTE_TYPE, REDUCTION_OUTPUT_TYPE = 0, 1, 2, 4
 
 
 class GemmBench(Protocol):
@@ -77,6 +90,25 @@ def is_invariant(bench: GemmBench, pin: Pin | None) -> bool:
         if not np.array_equal(bench.rows(first, m, pin), full[first:first + m]):
             return False
     return True
+
+
+def invariant_decode_ms() -> list[int]:
+    """The M a candidate invariant decode pin must apply at: every M the invariance proof runs at M_max = 64
+    (`probe_ms(64)`: the decode buckets 1, 2, 4, 8, 16, 32, the odd probes 3, 7, 17, and 63) and 64 itself."""
+    return sorted(set(probe_ms(INVARIANT_DECODE_M_MAX)) | {INVARIANT_DECODE_M_MAX})
+
+
+def reduction_refusal(pin: Pin) -> str | None:
+    """Why `pin`'s split-K reduction cannot be batch-invariant, or None. Refused: the in-place reduction (order of
+    arrival), a scheme outside NONE / COMPUTE_TYPE / OUTPUT_TYPE, and a split (split_k > 1) naming no scheme."""
+    reduction, split = pin.get("reduction", REDUCTION_NONE), pin.get("split_k", 1)
+    if reduction == REDUCTION_INPLACE:
+        return "in-place split-K reduction (order of arrival)"
+    if reduction not in (REDUCTION_NONE, REDUCTION_COMPUTE_TYPE, REDUCTION_OUTPUT_TYPE):
+        return f"reduction scheme {reduction} (not NONE, COMPUTE_TYPE or OUTPUT_TYPE)"
+    if split > 1 and reduction == REDUCTION_NONE:
+        return f"split_k {split} with no reduction scheme named"
+    return None
 
 
 def _time_key(m: int, m_max: int, prefix: str) -> str:
@@ -143,3 +175,61 @@ def pick_decode_pin(bench: GemmBench, log: Log | None = None) -> dict[str, Any]:
                              f"({len(cands)} candidates)")
     return {"n": n, "k": k, "algo": best[1], "us_1": round(best[0], 2), "heuristic_us_1": round(heuristic, 2),
             "candidates": len(cands)}
+
+
+def pick_invariant_decode_pin(bench: GemmBench, log: Log | None = None) -> dict[str, Any]:
+    """The fastest configuration of `bench`'s shape (split-K allowed) that is batch-invariant over M = 1 .. 64: what
+    a `--batch-invariant` decode runs at every bucket. `bench.m_max` must be INVARIANT_DECODE_M_MAX (64).
+
+    1. candidates: cuBLASLt's heuristic at M = 1, 8 and 64 (DECODE_COUNT results each, split-K and reduction
+       schemes included), deduplicated; those `reduction_refusal` names (the in-place reduction) are dropped;
+    2. applicability at every M of `invariant_decode_ms` (cublasLtMatmulAlgoCheck: a split-K configuration whose
+       workspace outgrows 32 MiB at some M fails here);
+    3. invariance (`is_invariant` at m_max = 64: the rows at M = 64 equal, bit for bit, those rows recomputed at
+       M = 1, 2, 3, 4, 7, 8, 16, 17, 32, 63). A split-K configuration sums each element's k products in
+       `split_k` fixed chunks and adds the chunks in a fixed order; this proves the order does not depend on M;
+    4. speed: graph-timed at M = 1, 8 and 64 (`time_graph_us`, as the decode runs inside a CUDA graph).
+
+    Cost: the sum of the three times. Each is one projection of a decode step at a bucket a server runs (1: a lone
+    request, 8: a typical batch, 64: the largest bucket), so the sum weighs each bucket by its own cost: a
+    configuration fast at M = 1 only (many splits) but slow at M = 64 (its reduction adds 64 rows of partials)
+    loses to one good at all three, which the time at M = 1 alone (pick_decode_pin's cost) would not see. The
+    three are of one magnitude at these M (weight-read bound: the prefill-pin decode of the 4B measured 6.54,
+    5.83 and 7.34 ms per step at 1, 8 and 64 rows, docs/perf.md), so no one of them drowns the others.
+
+    Returns the `invariant_decode_pins` row `{"n", "k", "algo": Pin, "us_1", "us_8", "us_64", "m_max": 64,
+    "candidates": int}` (microseconds, rounded to 0.01; `candidates` counts the heuristic's distinct ones before
+    any refusal). Raises PinSearchError naming the shape and how many candidates there were, were refused for
+    their reduction, and applied, when none is invariant. `log` (default: silent) gets one line per candidate."""
+    log = log or (lambda msg: None)
+    n, k, m_max = bench.n, bench.k, bench.m_max
+    assert m_max == INVARIANT_DECODE_M_MAX, m_max
+    cands = bench.candidates(list(INVARIANT_DECODE_CANDIDATE_MS), DECODE_COUNT, True)
+    ms = invariant_decode_ms()
+    best: tuple[float, Pin, dict[int, float]] | None = None
+    refused = applicable = 0
+    for pin in cands:
+        why = reduction_refusal(pin)
+        if why is not None:
+            refused += 1
+            log(f"  n={n} k={k} {pin}: refused, {why}")
+            continue
+        if not all(bench.applies(pin, m) for m in ms):
+            continue
+        applicable += 1
+        if not is_invariant(bench, pin):
+            log(f"  n={n} k={k} {pin}: not batch-invariant")
+            continue
+        times = {m: bench.time_graph_us(m, pin) for m in INVARIANT_DECODE_TIMED_MS}
+        log(f"  n={n} k={k} {pin}: invariant, " + ", ".join(f"M={m} {t:.2f} us" for m, t in times.items()))
+        if best is None or sum(times.values()) < best[0]:
+            best = (sum(times.values()), pin, times)
+    if best is None:
+        raise PinSearchError(f"no batch-invariant cuBLASLt configuration for the decode of n={n} k={k} at M = 1 .. "
+                             f"{m_max} ({len(cands)} candidates, {refused} refused for their reduction, "
+                             f"{applicable} applicable)")
+    _, pin, times = best
+    row: dict[str, Any] = {"n": n, "k": k, "algo": pin}
+    row.update({f"us_{m}": round(t, 2) for m, t in times.items()})
+    row.update({"m_max": m_max, "candidates": len(cands)})
+    return row

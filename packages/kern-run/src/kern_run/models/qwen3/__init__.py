@@ -33,15 +33,16 @@ from .gemv import rows_launch
 from .jsonio import dumps, manifest_digest, read_json_file
 from .manifest import GENERATOR, build_manifest
 from .options import BuildOptions, Plan, decode_num_splits, prefill_shapes, validate
-from .pins import ALGO_ATTRS, load_algos, pins_from_doc
+from .pins import ALGO_ATTRS, INVARIANT_DECODE_M_MAX, invariant_decode_from_doc, load_algos, pins_from_doc
 from .shapes import SHAPES, LlamaShape, Qwen3Shape, config_json, config_text
 from .tp import build_rank_manifests, rank_binds, rank_path, shard_config
 
 __all__ = [
-    "ALGO_ATTRS", "DECODE_ATTN", "EARLY_PARTIALS", "GENERATOR", "KERNEL_SIGNATURES", "PDL_ENTRIES", "PREFILL_ATTN",
+    "ALGO_ATTRS", "DECODE_ATTN", "INVARIANT_DECODE_M_MAX", "EARLY_PARTIALS", "GENERATOR", "KERNEL_SIGNATURES", "PDL_ENTRIES", "PREFILL_ATTN",
     "PREFILL_WG_HEAD_DIMS", "SHAPES", "TYPE_BYTES", "BuildOptions", "BuildRequest", "KernelAbi", "ManifestBuildError",
     "LlamaShape", "Plan", "Qwen3Config", "Qwen3Shape", "build", "build_manifest", "build_rank_manifests",
-    "build_texts", "config_json", "config_text", "decode_num_splits", "dumps", "load_algos", "manifest_digest",
-    "pins_from_doc", "prefill_rows_per_block", "prefill_shapes", "read_json_file", "read_kernel_abi", "rank_binds",
+    "build_texts", "config_json", "config_text", "decode_num_splits", "dumps", "invariant_decode_from_doc",
+    "load_algos", "manifest_digest", "pins_from_doc", "prefill_rows_per_block", "prefill_shapes", "read_json_file",
+    "read_kernel_abi", "rank_binds",
     "rank_path", "rope_warp_heads", "rows_launch", "shard_config", "stub_kernels_json", "validate",
 ]

@@ -26,7 +26,7 @@ from .config import Qwen3Config
 from .jsonio import dumps, read_json_file, sha256_text
 from .manifest import build_manifest
 from .options import BuildOptions
-from .pins import load_algos
+from .pins import invariant_decode_from_doc, pins_from_doc
 from .shapes import SHAPES, config_text
 from .tp import build_rank_manifests, rank_path
 
@@ -79,15 +79,19 @@ def default_max_context(req: BuildRequest, cfg: Qwen3Config) -> int:
 
 def build_options(req: BuildRequest, cfg: Qwen3Config) -> BuildOptions:
     """The BuildOptions of the request (the pins file read; `decode` None: "gemm" with batch_invariant, else
-    "gemv"). Raises ManifestBuildError for a pins file load_algos refuses."""
+    "gemv"). Raises ManifestBuildError for a pins file load_algos refuses, or a malformed invariant_decode_pins
+    row."""
     fields = dict(req.options)
     if fields.get("decode") is None:
         fields["decode"] = "gemm" if fields.get("batch_invariant") else "gemv"
     opts = BuildOptions(default_name(req), max_context=default_max_context(req, cfg), **fields)
     if req.algos is None:
         return opts
-    algos, decode_algos, source = load_algos(req.algos, opts.chunk_max)
-    return dataclasses.replace(opts, algos=algos, decode_algos=decode_algos, algos_source=source)
+    doc = read_json_file(req.algos, "not a pins file: ")[0]  # as load_algos reads it, once for both tables
+    algos, decode_algos, source = pins_from_doc(req.algos, doc, opts.chunk_max)
+    invariant_decode = invariant_decode_from_doc(req.algos, doc)
+    return dataclasses.replace(opts, algos=algos, decode_algos=decode_algos, algos_source=source,
+                               invariant_decode_algos=invariant_decode)
 
 
 def verify_manifest_text(text: str, what: str) -> None:

@@ -1,7 +1,8 @@
 """The projection ops of the prefill program and of the cuBLASLt decode (`--decode gemm`): which op an (n, k)
 projection calls, declared on first use. Row-major C[m, n] = A[m, k] @ W[n, k]^T through
 `extern:cublaslt_bf16_tn`, or kern_gemv_rows at M = 1 (`--m1-gemv`); with `--batch-invariant` every decode
-projection on one pinned algorithm for every M."""
+projection on one pinned algorithm for every decode bucket (its invariant decode pin, split-K allowed, when the
+pins file has one; else its prefill pin)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from ...errors import ManifestBuildError
 from .builder import Builder, int_arg, ptr
 from .gemv import rows_launch
 from .options import Plan
+from .pins import INVARIANT_DECODE_M_MAX
 
 _GEMM_ARGS = ("a", "w", "c")
 
@@ -33,8 +35,15 @@ class Projections:
         self.b, self.opts = b, plan.opts
         self.pins = {(n, k): dict(algo) for n, k, algo in plan.opts.algos}
         self.decode_pins = {(n, k): dict(algo) for n, k, algo in plan.opts.decode_algos}
-        # `--batch-invariant`: "<n>x<k>" of the decode projections pinned from decode_pins (not proven across M)
+        # invariant decode pins (split-K allowed), proven up to M = 64: used only when no decode bucket exceeds that
+        fits = plan.opts.seqs_max <= INVARIANT_DECODE_M_MAX
+        self.invariant_decode_pins = {(n, k): dict(algo) for n, k, algo in plan.opts.invariant_decode_algos
+                                      if fits}
+        # `--batch-invariant`: "<n>x<k>" of the decode projections pinned from decode_pins (not proven across M),
+        # from invariant_decode_pins, and from the prefill pins (meta.caller.decode_batch_invariant_*)
         self.unproven: list[str] = []
+        self.on_invariant_decode: list[str] = []
+        self.on_prefill: list[str] = []
 
     def op(self, n: int, k: int, decode: bool = False) -> str:
         """The op of an (n, k) projection. Prefill: `gemm_<n>x<k>` with the pinned batch-invariant algorithm for
@@ -80,15 +89,21 @@ class Projections:
         return name
 
     def _invariant(self, n: int, k: int) -> str:
-        """`--batch-invariant`: the decode projection (n, k) on one pinned algorithm at every M. A shape the pins
-        file pins for prefill (`pins`: no split-K, proven by tools/pick_algos.py to give every row the same bits
+        """`--batch-invariant`: the decode projection (n, k) on one pinned algorithm at every M. A shape with an
+        invariant decode pin (`invariant_decode_pins`: split-K allowed, proven by tools/pick_algos.py
+        --invariant-decode to give every row the same bits at M = 1 .. 64) runs it at every decode bucket
+        (`_invariant_decode`; listed in `on_invariant_decode`). Else a shape the pins file pins for prefill (`pins`: no split-K, proven by tools/pick_algos.py to give every row the same bits
         at M = 1 .. m_max) calls that prefill op `gemm_<n>x<k>` itself, so a decode row is computed exactly as a
         prefill row. Else (the lm_head, until pick_algos --lm-head has pinned it) `gemm_<n>x<k>` with its
         `decode_pins` pin when that pin has no split-K and no reduction scheme: the class of configuration
         pick_algos found row-invariant in every case it tried, but not proven for this shape (listed in
         `unproven`, and meta.caller.decode_batch_invariant_unproven). Raises ManifestBuildError for a shape
         with neither."""
+        if (n, k) in self.invariant_decode_pins:
+            return self._invariant_decode(n, k)
         if (n, k) in self.pins:
+            if f"{n}x{k}" not in self.on_prefill:
+                self.on_prefill.append(f"{n}x{k}")
             return self.op(n, k)
         pin = self.decode_pins.get((n, k))
         if pin is None or pin.get("split_k", 1) > 1 or pin.get("reduction", 0):
@@ -101,4 +116,23 @@ class Projections:
         if name not in self.b.ops:
             self.b.op(name, _interface(), [_cublaslt(algo=pin)])
             self.unproven.append(f"{n}x{k}")
+        return name
+
+    def _invariant_decode(self, n: int, k: int) -> str:
+        """`gemm_inv_<n>x<k>`: the invariant decode pin at tokens 1 .. min(64, chunk_max) (every decode bucket: the
+        decode runs at tokens = seqs <= seqs_max <= 64); above, where the decode never runs, the prefill pin when
+        the shape has one (else the heuristic), so the load-time check of the split-K pin (its workspace grows with
+        M) stays inside the M it was proven and sized for."""
+        name = f"gemm_inv_{n}x{k}"
+        if name not in self.b.ops:
+            top = min(INVARIANT_DECODE_M_MAX, self.opts.chunk_max)
+            pin = self.invariant_decode_pins[(n, k)]
+            if self.opts.chunk_max == top:
+                launches = [_cublaslt(algo=pin)]
+            else:
+                rest = {"algo": self.pins[(n, k)]} if (n, k) in self.pins else {}
+                launches = [_cublaslt(when={"tokens": [1, top]}, algo=pin),
+                            _cublaslt(when={"tokens": [top + 1, self.opts.chunk_max]}, **rest)]
+            self.b.op(name, _interface(), launches)
+            self.on_invariant_decode.append(f"{n}x{k}")
         return name

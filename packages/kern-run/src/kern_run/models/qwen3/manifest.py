@@ -48,10 +48,10 @@ def _add_ops(b: Builder, plan: Plan) -> None:
         (add_gemv_v2_ops if plan.opts.gemv == "v2" else add_gemv_v1_ops)(b, plan)
 
 
-def _meta(plan: Plan, config_digest: str, unproven: list[str]) -> dict[str, Any]:
+def _meta(plan: Plan, config_digest: str, gemms: Projections) -> dict[str, Any]:
     """meta: the builder, the family ("qwen3" or "llama"), the model's fields (with rope_scaling for llama3 RoPE)
-    and the caller contract's geometry (docs/caller.md; one contract for both families); `unproven`:
-    Projections.unproven (the batch-invariant decode's pins not proven across M)."""
+    and the caller contract's geometry (docs/caller.md; one contract for both families); `gemms`: which pins the
+    batch-invariant decode's projections run on (Projections.unproven, .on_invariant_decode, .on_prefill)."""
     cfg, opts = plan.cfg, plan.opts
     caller = {"contract": "qwen3-chunked-prefill/1", "page_tokens": opts.page_tokens,
               "pages_per_seq": plan.pages_per_seq, "max_context": opts.max_context, "chunk_max": opts.chunk_max,
@@ -76,8 +76,13 @@ def _meta(plan: Plan, config_digest: str, unproven: list[str]) -> dict[str, Any]
     # depend on its bucket (docs/caller.md "Batch-invariant decode")
     if opts.batch_invariant:
         caller["decode_batch_invariant"] = True
-        if unproven:
-            caller["decode_batch_invariant_unproven"] = sorted(unproven)
+        if gemms.unproven:
+            caller["decode_batch_invariant_unproven"] = sorted(gemms.unproven)
+        # which decode shapes run an invariant decode pin (split-K allowed) and which their prefill pin; absent
+        # when none has an invariant decode pin (the manifests built before those pins, byte for byte)
+        if gemms.on_invariant_decode:
+            caller["decode_batch_invariant_pins"] = {"invariant_decode": sorted(gemms.on_invariant_decode),
+                                                     "prefill": sorted(gemms.on_prefill)}
     model = {"hidden": cfg.hidden, "layers": cfg.layers, "q_heads": cfg.q_heads, "kv_heads": cfg.kv_heads,
              "head_dim": cfg.head_dim, "intermediate": cfg.intermediate, "vocab": cfg.vocab, "tied": cfg.tied,
              "rope_theta": cfg.rope_theta, "eps": cfg.eps}
@@ -88,7 +93,7 @@ def _meta(plan: Plan, config_digest: str, unproven: list[str]) -> dict[str, Any]
         "config_sha256": config_digest,
         "model": model,
         "caller": caller,
-        **({"cublaslt_pins": dict(opts.algos_source)} if opts.algos else {}),
+        **({"cublaslt_pins": dict(opts.algos_source)} if opts.algos or opts.invariant_decode_algos else {}),
     }
 
 
@@ -96,13 +101,14 @@ def _check_pins_used(b: Builder, plan: Plan) -> None:
     """A pins file none of whose pins this model uses is a mistake (another model's, or another TP degree's): its
     stamp would land in meta.cublaslt_pins with nothing of it applied."""
     opts = plan.opts
-    if not (opts.algos or opts.decode_algos) or any(op.startswith("gemm_") for op in b.ops):
+    if not (opts.algos or opts.decode_algos or opts.invariant_decode_algos) or any(
+            op.startswith("gemm_") for op in b.ops):
         return
     shapes = set(plan.prefill_shapes)
     pinned = {(n, k) for n, k, _ in opts.algos}
     if opts.decode == "gemm":
         shapes.add((plan.cfg.vocab, plan.cfg.hidden))
-        pinned |= {(n, k) for n, k, _ in opts.decode_algos}
+        pinned |= {(n, k) for n, k, _ in (*opts.decode_algos, *opts.invariant_decode_algos)}
     have = (f"they pin {', '.join(f'{n}x{k}' for n, k in sorted(pinned))}" if pinned else
             "the file has decode pins only (--decode gemm uses them)")
     raise ManifestBuildError(f"the cuBLASLt pins (--algos) match none of this model's GEMM shapes "
@@ -124,7 +130,7 @@ def build_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: BuildOptions, config_
     gemms = Projections(b, plan)
     programs = build_programs(plan, gemms)
     manifest: dict[str, Any] = {
-        "format": FORMAT, "name": opts.name, "meta": _meta(plan, config_digest, gemms.unproven),
+        "format": FORMAT, "name": opts.name, "meta": _meta(plan, config_digest, gemms),
         "vars": {"tokens": {"min": 1, "max": opts.chunk_max}, "seqs": {"min": 1, "max": opts.seqs_max}},
         "modules": {m: abi.modules[m] for m in sorted(b.used_modules)},
         "buffers": b.buffers, "states": b.states, "ops": b.ops, "programs": programs,

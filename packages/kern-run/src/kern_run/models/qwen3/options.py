@@ -79,6 +79,9 @@ class BuildOptions:
     algos: Pins = ()
     # M = 1 pins for the cuBLASLt decode (--decode gemm): fastest by graph timing, split-K allowed
     decode_algos: Pins = ()
+    # `--batch-invariant` decode pins (pins.invariant_decode_from_doc): split-K allowed, proven row-invariant over
+    # M = 1 .. 64; a decode projection whose (n, k) is here runs it at every decode bucket (seqs_max <= 64)
+    invariant_decode_algos: Pins = ()
     algos_source: tuple[tuple[str, Any], ...] = ()  # (device, cublaslt_version, m_max) of the pins file, for meta
     # the decode program's last ops (models/qwen3/sampling.py, docs/caller.md "Sampling"): "gpu" the per-row
     # sampler (kern_sample_bf16; next_token and the ring pack token and logprob), "argmax" the two-stage argmax

@@ -1,5 +1,6 @@
 """cuBLASLt pins files (tools/pick_algos.py, format kern-cublaslt-pins/1): the batch-invariant prefill algorithms
-(`pins`) and the M = 1 decode ones (`decode_pins`) the builder writes into GEMM ops (docs/caller.md)."""
+(`pins`), the M = 1 decode ones (`decode_pins`) and the batch-invariant decode ones (`invariant_decode_pins`,
+split-K allowed, proven over M = 1 .. 64) the builder writes into GEMM ops (docs/caller.md)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,9 @@ from .options import Pins
 # the cublasLtMatmulAlgoConfigAttributes_t a pin may set: the manifest model's Algo keys (kern_manifest.model
 # ALGO_KEYS, not exported; tests/run/test_gen_qwen3_refusals.py checks the two agree)
 ALGO_ATTRS = ("id", "tile", "stages", "split_k", "reduction", "swizzle", "custom", "inner_shape", "cluster_shape")
+# the M up to which an invariant decode pin must be proven: the batched decode's largest bucket
+# (kern_runtime.gemm_pins.INVARIANT_DECODE_M_MAX; tests/run/test_batch_invariant_manifest.py checks the two agree)
+INVARIANT_DECODE_M_MAX = 64
 
 
 def _count(value: Any, low: int = 0) -> bool:
@@ -47,6 +51,10 @@ def _table(path: Path, doc: dict[str, Any], key: str) -> Pins:
         shape = f"{key}[{i}] (n={p['n']}, k={p['k']})"
         if (p["n"], p["k"]) in out:
             raise ManifestBuildError(f"{path}: {shape} pins the shape {p['n']}x{p['k']} a second time")
+        if key == "invariant_decode_pins" and not (_count(p.get("m_max")) and p["m_max"] >= INVARIANT_DECODE_M_MAX):
+            raise ManifestBuildError(f"{path}: {shape}: m_max = {p.get('m_max')!r}, expected an integer >= "
+                                     f"{INVARIANT_DECODE_M_MAX} (the batched decode's largest bucket): rerun "
+                                     "tools/pick_algos.py --invariant-decode")
         out[(p["n"], p["k"])] = _algo(path, shape, p.get("algo"))
     return tuple(sorted((n, k, algo) for (n, k), algo in out.items()))
 
@@ -66,15 +74,24 @@ def _check_stamp(path: Path, doc: Any, chunk_max: int) -> None:
 
 def pins_from_doc(path: Path, doc: Any, chunk_max: int) -> tuple[Pins, Pins, tuple[tuple[str, Any], ...]]:
     """A parsed pins document (read from `path`, which refusals name) as (algos, decode_algos, algos_source) for
-    BuildOptions. Raises ManifestBuildError when it is malformed (naming the list, the (n, k) shape and the key),
+    BuildOptions (its invariant_decode_pins checked too; `invariant_decode_from_doc` gives them). Raises
+    ManifestBuildError when it is malformed (naming the list, the (n, k) shape and the key),
     holds no pin, or its pins were proven for a smaller M than `chunk_max`."""
     _check_stamp(path, doc, chunk_max)
     algos, decode_algos = _table(path, doc, "pins"), _table(path, doc, "decode_pins")
-    if not algos and not decode_algos:
-        raise ManifestBuildError(f"{path}: no pins (pins and decode_pins are empty): rerun tools/pick_algos.py with "
-                                 "--shape")
+    invariant = invariant_decode_from_doc(path, doc)  # checked here too: every reader refuses a malformed row
+    if not algos and not decode_algos and not invariant:
+        raise ManifestBuildError(f"{path}: no pins (pins, decode_pins and invariant_decode_pins are empty): rerun "
+                                 "tools/pick_algos.py with --shape")
     source = (("device", doc["device"]), ("cublaslt_version", doc["cublaslt_version"]), ("m_max", doc["m_max"]))
     return algos, decode_algos, source
+
+
+def invariant_decode_from_doc(path: Path, doc: dict[str, Any]) -> Pins:
+    """The `invariant_decode_pins` of a pins document whose stamp `pins_from_doc` checked (none: ()), sorted by
+    (n, k), for BuildOptions.invariant_decode_algos. Raises ManifestBuildError for a malformed row (as for `pins`,
+    and an m_max below INVARIANT_DECODE_M_MAX)."""
+    return _table(path, doc, "invariant_decode_pins")
 
 
 def load_algos(path: Path, chunk_max: int) -> tuple[Pins, Pins, tuple[tuple[str, Any], ...]]:
@@ -82,3 +99,4 @@ def load_algos(path: Path, chunk_max: int) -> tuple[Pins, Pins, tuple[tuple[str,
     the file when it cannot be read (kern_manifest.read_regular_file: a regular file of at most 64 MiB), is not
     UTF-8 JSON, or `pins_from_doc` refuses it."""
     return pins_from_doc(path, read_json_file(path, "not a pins file: ")[0], chunk_max)
+
