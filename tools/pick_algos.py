@@ -141,9 +141,10 @@ def main(argv: list[str] | None = None) -> int:
                 pins.append(picker.prefill(n, k, args.m_max, log))  # after the kept ones, in (n, k) order
             decode_pins = [picker.decode(n, k, log) for n, k in sorted(set(shapes) | lm_heads)] if args.decode else []
             invariant_pins = []
+            prefill = {(p["n"], p["k"]): p["algo"] for p in pins}  # each shape's fallback candidate, where pinned
             for n, k in sorted(set(shapes) | lm_heads) if args.invariant_decode else []:
                 log(f"n={n} k={k} (invariant decode)")
-                invariant_pins.append(picker.invariant_decode(n, k, log))
+                invariant_pins.append(picker.invariant_decode(n, k, log, prefill.get((n, k))))
     except KernError as exc:  # PinSearchError: no invariant candidate for a shape; the device failing
         return refuse(str(exc))
     stamp = kept if kept is not None else {"device": name, "cublaslt_version": version}  # the kept pins' device

@@ -50,8 +50,9 @@ class FakePick:
     def __init__(self, stamp: tuple[str, int] = H200, fail: Exception | None = None) -> None:
         self.stamp, self.fail, self.calls, self.invariant_calls = stamp, fail, [], []
 
-    def invariant(self, gpu: int, shapes: list[tuple[int, int]]) -> tuple[str, int, list[dict]]:
+    def invariant(self, gpu: int, shapes: list[tuple[int, int]], fallbacks: dict) -> tuple[str, int, list[dict]]:
         self.invariant_calls.append((gpu, list(shapes)))
+        self.fallbacks = dict(fallbacks)
         if self.fail is not None:
             raise self.fail
         return (*self.stamp, [_inv_row(n, k) for n, k in shapes])
@@ -361,6 +362,8 @@ def test_serve_builds_a_batch_invariant_batched_decode_with_the_lm_head_pinned(t
     lm_head = (151936, 2048)
     shapes = sorted([*SHAPES_1_7B, lm_head])
     assert pick.calls == [(0, shapes, 2048)] and pick.invariant_calls == [(0, shapes)]
+    # each shape's prefill pin, just picked, goes to the invariant search as its fallback candidate
+    assert pick.fallbacks == {(n, k): _row(n, k)["algo"] for n, k in shapes}
     listed = ", ".join(f"{n}x{k}" for n, k in shapes)
     assert lines[0] == (f"kern run: picking batch-invariant cuBLASLt pins for 5 GEMM shapes ({listed}) and 5 "
                         f"invariant decode shapes ({listed}) on NVIDIA H200 (cuBLASLt 130100), first use: cached in "

@@ -270,8 +270,9 @@ def fake_device(monkeypatch: pytest.MonkeyPatch) -> dict[str, object]:
             state["picked"].append((n, k))
             return {"n": n, "k": k, "algo": {"id": 7}, "us_1": 1.0, "heuristic_us_1": 2.0, "candidates": 1}
 
-        def invariant_decode(self, n: int, k: int, log: object) -> dict:
+        def invariant_decode(self, n: int, k: int, log: object, fallback: dict | None = None) -> dict:
             state["invariant"].append((n, k))
+            state.setdefault("fallbacks", []).append(fallback)
             return {"n": n, "k": k, "algo": {"id": 8, "split_k": 3, "reduction": 2}, "us_1": 1.0, "us_8": 1.5,
                     "us_64": 4.0, "m_max": 64, "candidates": 6}
 
@@ -358,6 +359,8 @@ def test_pick_algos_invariant_decode_adds_rows_and_keeps_the_rest(fake_device: d
     assert pick_algos.main(["--shape", "tiny", "--keep-pins", str(kept), "--invariant-decode", "--out", str(out)]) == 0
     shapes = sorted(set(pick_algos.gemm_shapes(cfg, 1)) | {(cfg.vocab, cfg.hidden)})
     assert fake_device["invariant"] == shapes and fake_device["prefill"] == [] and fake_device["picked"] == []
+    prefill = {(p["n"], p["k"]): p["algo"] for p in _doc()["pins"]}  # each shape's kept prefill pin, its fallback
+    assert fake_device["fallbacks"] == [prefill.get(s) for s in shapes] and any(fake_device["fallbacks"])
     doc = json.loads(out.read_text())
     assert doc["pins"] == _doc()["pins"] and doc["decode_pins"] == _doc()["decode_pins"]
     assert [(p["n"], p["k"]) for p in doc["invariant_decode_pins"]] == sorted([(7, 9), *shapes])

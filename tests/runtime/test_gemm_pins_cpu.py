@@ -382,6 +382,27 @@ def test_no_invariant_decode_candidate_names_the_shape_and_counts(driver: TimedD
                               "64 (4 candidates, 1 refused for their reduction, 1 applicable)")
 
 
+def test_the_prefill_pin_is_the_fallback_candidate_of_the_invariant_decode_search(driver: TimedDriver) -> None:
+    """No split-K candidate survives, but the shape's prefill pin (passed as `fallback`) is invariant: it wins,
+    timed like the others, and its row says so; as one candidate among good split-K ones it loses to a faster one
+    (and is tried only once when the heuristic also offers it)."""
+    split_k = [INPLACE, BY_M, BIG_WORKSPACE, NOT_AT_M1]  # what the heuristic offers; the prefill pin it does not
+    blas = NumpyBlas(driver, [*split_k, EXACT_SLOW], heuristic=EXACT_SLOW, offers={m: split_k for m in (1, 8, 64)})
+    bench = DeviceBench(blas, N, K, 64, seed=14)
+    row = pick_invariant_decode_pin(bench, None, fallback=EXACT_SLOW.pin)
+    assert row["algo"] == EXACT_SLOW.pin and row["fallback"] == "prefill" and row["candidates"] == 4
+    assert (row["us_1"], row["us_8"], row["us_64"]) == (5.0, 26.0, 194.0)
+    bench.close()
+    blas = NumpyBlas(driver, [INV_SPLIT4, EXACT_SLOW], heuristic=EXACT_SLOW)
+    bench = DeviceBench(blas, N, K, 64, seed=15)
+    lines: list[str] = []
+    row = pick_invariant_decode_pin(bench, lines.append, fallback=INV_SPLIT4.pin)
+    bench.close()
+    assert row["algo"] == INV_SPLIT4.pin and "fallback" not in row
+    assert sum(str(INV_SPLIT4.pin) in line for line in lines) == 1
+    assert _live(driver) == 0
+
+
 # ---------------------------------------------------------------- PinPicker: the device, its stamp, its undo
 
 

@@ -42,7 +42,7 @@ Shape = tuple[int, int]
 Picker = Callable[[int, list[Shape], int], tuple[str, int, list[dict[str, Any]]]]
 # (gpu, shapes) -> (device name, cuBLASLt version, one invariant_decode_pins row per shape):
 # `pick_invariant_on_device`, or a test's
-InvariantPicker = Callable[[int, list[Shape]], tuple[str, int, list[dict[str, Any]]]]
+InvariantPicker = Callable[[int, list[Shape], dict[Shape, dict[str, int]]], tuple[str, int, list[dict[str, Any]]]]
 
 
 def cache_root() -> Path:
@@ -152,16 +152,20 @@ def pick_on_device(gpu: int, shapes: list[Shape], m_max: int) -> tuple[str, int,
         return picker.device, picker.cublaslt_version, rows
 
 
-def pick_invariant_on_device(gpu: int, shapes: list[Shape]) -> tuple[str, int, list[dict[str, Any]]]:
+def pick_invariant_on_device(gpu: int, shapes: list[Shape], fallbacks: dict[Shape, dict[str, int]]
+                             ) -> tuple[str, int, list[dict[str, Any]]]:
     """Pick the invariant decode pin of each shape (split-K allowed, proven over M = 1 .. 64) on CUDA device `gpu`
-    (PinPicker.invariant_decode; each candidate logged at debug level). Returns (device name, cuBLASLt version,
-    the rows in `shapes` order). Raises kern_runtime.KernError as `pick_on_device` does."""
+    (PinPicker.invariant_decode; each candidate logged at debug level; `fallbacks`: each shape's prefill pin, a
+    candidate too, so a shape without an invariant split-K configuration keeps the prefill pin's decode). Returns
+    (device name, cuBLASLt version, the rows in `shapes` order). Raises kern_runtime.KernError as `pick_on_device`
+    does."""
     import structlog
     from kern_runtime.gemm_pins import PinPicker
 
     log = structlog.get_logger("kern")
     with PinPicker(gpu) as picker:
-        rows = [picker.invariant_decode(n, k, lambda msg: log.debug("pin search", candidate=msg.strip()))
+        rows = [picker.invariant_decode(n, k, lambda msg: log.debug("pin search", candidate=msg.strip()),
+                                        fallbacks.get((n, k)))
                 for n, k in shapes]
         return picker.device, picker.cublaslt_version, rows
 
@@ -252,8 +256,9 @@ def ensure_pins(shapes: set[Shape], gpu: int, chunk_max: int, stamp: Callable[[i
             picked_device, picked_version, rows = (pick or pick_on_device)(gpu, missing, m_max)
             picks.append((picked_device, picked_version))
         if missing_invariant:
+            prefill = {(p["n"], p["k"]): p["algo"] for p in [*(kept["pins"] if kept else []), *rows]}
             picked_device, picked_version, invariant_rows = (pick_invariant or pick_invariant_on_device)(
-                gpu, missing_invariant)
+                gpu, missing_invariant, prefill)
             picks.append((picked_device, picked_version))
     except PinSearchError as exc:
         raise RefusalError(f"{exc} on {device}: pass --no-pins (prefill then not batch-invariant)") from None

@@ -66,13 +66,14 @@ class PinPicker:
         finally:
             bench.close()
 
-    def invariant_decode(self, n: int, k: int, log: Log | None = None) -> dict[str, Any]:
+    def invariant_decode(self, n: int, k: int, log: Log | None = None,
+                         fallback: dict[str, int] | None = None) -> dict[str, Any]:
         """The batch-invariant decode pin of the (n, k) GEMM, split-K allowed, proven over M = 1 .. 64
-        (search.pick_invariant_decode_pin's row). Raises PinSearchError when no candidate is invariant,
-        DriverError / BlasError."""
+        (search.pick_invariant_decode_pin's row; `fallback`: the shape's prefill pin, a candidate too). Raises
+        PinSearchError when no candidate is invariant, DriverError / BlasError."""
         bench = DeviceBench(self.blas, n, k, INVARIANT_DECODE_M_MAX, seed=n * 131 + k)
         try:
-            return pick_invariant_decode_pin(bench, log)
+            return pick_invariant_decode_pin(bench, log, fallback)
         finally:
             bench.close()
 

@@ -177,7 +177,7 @@ def pick_decode_pin(bench: GemmBench, log: Log | None = None) -> dict[str, Any]:
             "candidates": len(cands)}
 
 
-def pick_invariant_decode_pin(bench: GemmBench, log: Log | None = None) -> dict[str, Any]:
+def pick_invariant_decode_pin(bench: GemmBench, log: Log | None = None, fallback: Pin | None = None) -> dict[str, Any]:
     """The fastest configuration of `bench`'s shape (split-K allowed) that is batch-invariant over M = 1 .. 64: what
     a `--batch-invariant` decode runs at every bucket. `bench.m_max` must be INVARIANT_DECODE_M_MAX (64).
 
@@ -197,18 +197,25 @@ def pick_invariant_decode_pin(bench: GemmBench, log: Log | None = None) -> dict[
     three are of one magnitude at these M (weight-read bound: the prefill-pin decode of the 4B measured 6.54,
     5.83 and 7.34 ms per step at 1, 8 and 64 rows, docs/perf.md), so no one of them drowns the others.
 
+    `fallback`: the shape's prefill pin (no split-K, proven invariant up to its own m_max >= 64 by
+    pick_prefill_pin), a candidate besides the heuristic's, so the result is never slower than the decode on the
+    prefill pins and a shape whose split-K candidates all fail still gets a pin (its row says
+    `"fallback": "prefill"` when it wins). It goes through steps 2-4 like the others.
+
     Returns the `invariant_decode_pins` row `{"n", "k", "algo": Pin, "us_1", "us_8", "us_64", "m_max": 64,
     "candidates": int}` (microseconds, rounded to 0.01; `candidates` counts the heuristic's distinct ones before
-    any refusal). Raises PinSearchError naming the shape and how many candidates there were, were refused for
-    their reduction, and applied, when none is invariant. `log` (default: silent) gets one line per candidate."""
+    any refusal, the fallback not included). Raises PinSearchError naming the shape and how many candidates there
+    were, were refused for their reduction, and applied, when none is invariant. `log` (default: silent) gets one
+    line per candidate."""
     log = log or (lambda msg: None)
     n, k, m_max = bench.n, bench.k, bench.m_max
     assert m_max == INVARIANT_DECODE_M_MAX, m_max
     cands = bench.candidates(list(INVARIANT_DECODE_CANDIDATE_MS), DECODE_COUNT, True)
+    tried = cands if fallback is None or fallback in cands else [*cands, fallback]
     ms = invariant_decode_ms()
     best: tuple[float, Pin, dict[int, float]] | None = None
     refused = applicable = 0
-    for pin in cands:
+    for pin in tried:
         why = reduction_refusal(pin)
         if why is not None:
             refused += 1
@@ -232,4 +239,6 @@ def pick_invariant_decode_pin(bench: GemmBench, log: Log | None = None) -> dict[
     row: dict[str, Any] = {"n": n, "k": k, "algo": pin}
     row.update({f"us_{m}": round(t, 2) for m, t in times.items()})
     row.update({"m_max": m_max, "candidates": len(cands)})
+    if fallback is not None and pin == fallback and fallback not in cands:
+        row["fallback"] = "prefill"
     return row
