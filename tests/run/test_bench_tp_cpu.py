@@ -62,6 +62,17 @@ def test_allreduce_manifest_verifies(size: int) -> None:
     m = build_manifest(size, read_kernel_abi(REPO / "kernels"), max_elements=1 << 16, burst=5)
     verify(parse_manifest(m))
     assert m["topology"] == {"tp": {"size": size}} and m["modules"] == {"allreduce": m["modules"]["allreduce"]}
+    assert "gather" not in m["programs"] and "ag" not in m["buffers"]
+    g = build_manifest(size, read_kernel_abi(REPO / "kernels"), max_elements=1 << 16, burst=5, gather_vocab=1003,
+                       gather_rows=3)
+    verify(parse_manifest(g))
+    slice_ = -(-(-(-1003 // size)) // 8) * 8
+    assert g["meta"]["tp"]["lm_head"] == {"split": "vocab", "status": "ar_status", "vocab": 1003, "slice": slice_,
+                                          "rows": 3, "capacity": 3 * slice_, "blocks": 32}
+    assert g["programs"]["gather"]["calls"] == [{"op": "allgather", "args": {
+        "x": "gx", "out": "gout", "rows": "rows", "peers": "ag_peers", "status": "ar_status"}}]
+    assert len(g["programs"]["gather_g"]["calls"]) == 5 and g["vars"]["rows"] == {"min": 1, "max": 3}
+    assert g["buffers"]["gout"]["shape"] == [3 * 1003] and g["buffers"]["gx"]["shape"] == [3 * slice_]
     assert len(m["programs"]["sum_g"]["calls"]) == 5 and m["programs"]["sum_g"]["graph"] is True
     (launch,) = m["ops"]["sum"]["launches"]
     assert launch["args"][4] == {"arg": "out"} and launch["args"][6] == {"i32": 1 << 16}
