@@ -10,11 +10,11 @@ missing) the manifests are built into a temporary directory: TP = 1 `kern manife
 TP ranks use), TP = N `--tp N` (one-shot all-reduce: `allreduce_add` after the row-parallel GEMVs) and TP = N
 `--tp N --allreduce-oneshot-bytes 0` (NCCL all-reduce + add_rmsnorm), both with the vocabulary-parallel lm_head
 (each rank's slice of the logits, then the one-shot all-gather), and `--tp N --tp-lm-head replicated` (one-shot
-all-reduce, every rank reading the whole lm_head: what the vocabulary split saves). Each runs a `--ctx`-token prompt then
-`--steps` greedy decode steps through the pipelined loop (the `kern run` path); ms/token = the median interval
-between tokens arriving on rank 0's host. Floor per rank = the bytes of rank 0's weight buffers / 4.3 TB/s (the
-replicated embedding and the rank's lm_head included: a lower bound of what a rank reads per step). Needs max(--tp) GPUs;
-TP degrees above the visible count are skipped with a note. The issue's targets: 8B TP=2 <= 0.60 x TP=1, 14B
+all-reduce, every rank reading the whole lm_head: what the vocabulary split saves). Each runs a `--ctx`-token
+prompt then `--steps` greedy decode steps through the pipelined loop (the `kern run` path); ms/token = the median
+interval between tokens arriving on rank 0's host. Floor per rank = the bytes of rank 0's weight buffers / 4.3 TB/s
+(the replicated embedding and the rank's lm_head included: a lower bound of what a rank reads per step). Needs
+max(--tp) GPUs; TP degrees above the visible count are skipped with a note. The issue's targets: 8B TP=2 <= 0.60 x TP=1, 14B
 TP=4 <= 0.35 x TP=1 (docs/perf.md "Tensor parallelism, one process per GPU").
 """
 

@@ -45,7 +45,8 @@ def test_weight_bytes_of_a_rank_and_the_decode_table() -> None:
     assert decode_tp.weight_bytes(r0) == 2 * (cfg.layers * per_layer + V * H + V // 2 * H + H)
     repl, _ = g.build_rank_manifests(cfg, abi, g.BuildOptions("q8", max_context=4096, tp_lm_head="replicated"), 2)
     assert decode_tp.weight_bytes(repl) == 2 * (cfg.layers * per_layer + 2 * V * H + H)  # embed + lm_head replicated
-    assert [v[2] for v in decode_tp.VARIANTS] == [[], ["--allreduce-oneshot-bytes", "0"], ["--tp-lm-head", "replicated"]]
+    assert [v[2] for v in decode_tp.VARIANTS] == [[], ["--allreduce-oneshot-bytes", "0"],
+                                                  ["--tp-lm-head", "replicated"]]
     assert decode_tp.ms_per_token([0.0, 0.002, 0.004, 0.0065]) == pytest.approx(2.0)
     rows = [{"shape": "qwen3-8b", "tp": 1, "variant": "-", "ms_per_token": 4.0, "floor_ms": 3.8},
             {"shape": "qwen3-8b", "tp": 2, "variant": "one-shot", "ms_per_token": 2.4, "floor_ms": 2.0}]
