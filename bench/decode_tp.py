@@ -8,11 +8,13 @@ one-shot all-reduce against NCCL, with each configuration's weight floor per ran
 Per shape (checkpoint `$KERN_WEIGHTS/<shape>`, else --weights-dir/<shape>, made with tools/make_checkpoint.py when
 missing) the manifests are built into a temporary directory: TP = 1 `kern manifest build --gemv v2` (the wiring the
 TP ranks use), TP = N `--tp N` (one-shot all-reduce: `allreduce_add` after the row-parallel GEMVs) and TP = N
-`--tp N --allreduce-oneshot-bytes 0` (NCCL all-reduce + add_rmsnorm). Each runs a `--ctx`-token prompt then
-`--steps` greedy decode steps through the pipelined loop (the `kern run` path); ms/token = the median interval
-between tokens arriving on rank 0's host. Floor per rank = the bytes of rank 0's weight buffers / 4.3 TB/s (the
-replicated embedding and lm_head included: a lower bound of what a rank reads per step). Needs max(--tp) GPUs;
-TP degrees above the visible count are skipped with a note. The issue's targets: 8B TP=2 <= 0.60 x TP=1, 14B
+`--tp N --allreduce-oneshot-bytes 0` (NCCL all-reduce + add_rmsnorm), both with the vocabulary-parallel lm_head
+(each rank's slice of the logits, then the one-shot all-gather), and `--tp N --tp-lm-head replicated` (one-shot
+all-reduce, every rank reading the whole lm_head: what the vocabulary split saves). Each runs a `--ctx`-token
+prompt then `--steps` greedy decode steps through the pipelined loop (the `kern run` path); ms/token = the median
+interval between tokens arriving on rank 0's host. Floor per rank = the bytes of rank 0's weight buffers / 4.3 TB/s
+(the replicated embedding and the rank's lm_head included: a lower bound of what a rank reads per step). Needs
+max(--tp) GPUs; TP degrees above the visible count are skipped with a note. The issue's targets: 8B TP=2 <= 0.60 x TP=1, 14B
 TP=4 <= 0.35 x TP=1 (docs/perf.md "Tensor parallelism, one process per GPU").
 """
 
@@ -114,8 +116,8 @@ def bench_shape(shape: str, ckpt: Path, kernels: Path, tps: list[int], gpus: int
             floor = weight_bytes(json.loads(m.read_text())) / HBM_BYTES_PER_S * 1e3
             rows.append({"shape": shape, "tp": 1, "variant": "-", "floor_ms": floor, **got})
             continue
-        for variant, extra in (("one-shot", []), ("NCCL", ["--allreduce-oneshot-bytes", "0"])):
-            m = tmp / f"{shape}-{'nccl' if extra else 'oneshot'}.json"
+        for variant, tag, extra in VARIANTS:
+            m = tmp / f"{shape}-{tag}.json"
             _build([*base, "--tp", str(tp), *extra, "--out", str(m)])
             rank0 = json.loads(m.with_name(f"{m.stem}-tp{tp}-r0.json").read_text())
             floor = weight_bytes(rank0) / HBM_BYTES_PER_S * 1e3
@@ -126,6 +128,12 @@ def bench_shape(shape: str, ckpt: Path, kernels: Path, tps: list[int], gpus: int
                 continue
             rows.append({"shape": shape, "tp": tp, "variant": variant, "floor_ms": floor, **got})
     return rows
+
+
+# TP = N configurations: (table label, file tag, `kern manifest build` flags); the lm_head is vocabulary-parallel
+# (`--tp-lm-head vocab`, the default) but in the last, which keeps every rank reading the whole lm_head
+VARIANTS = (("one-shot", "oneshot", []), ("NCCL", "nccl", ["--allreduce-oneshot-bytes", "0"]),
+            ("one-shot, lm_head replicated", "oneshot-repl", ["--tp-lm-head", "replicated"]))
 
 
 def table(rows: list[dict[str, Any]], notes: list[str]) -> str:

@@ -154,3 +154,155 @@ extern "C" __global__ void __launch_bounds__(1024) kern_allreduce_add_bf16(
     __nv_bfloat16* residual, int count, int capacity, int blocks, int* __restrict__ status, long long timeout_ns) {
   allreduce_block<true>(peers, rank, size, x, residual, count, capacity, blocks, status, timeout_ns);
 }
+
+// ---------------------------------------------------------------------------------------------------------------
+// One-shot all-gather of bf16 over peer memory: the vocabulary-parallel lm_head's logits (docs/runtime.md
+// "One-shot all-gather"). Each rank holds x = its logits slice, bf16 [rows][slice] (the lm_head rows of its window
+// of the vocabulary), and every rank ends with out = the full logits, bf16 [rows][vocab].
+//
+// The split: slice = the rank's row count (every rank alike; the builder picks cdiv(vocab, size) rounded up to 8);
+// rank s owns the columns [min(s * slice, vocab), min((s + 1) * slice, vocab)) of out, and its window (the
+// lm_head rows it computes) starts at w_s = min(s * slice, vocab - slice): the last rank's window ends at vocab,
+// overlapping its neighbour's when vocab is not size * slice, so no rank ever computes a row past the vocabulary
+// (no padding logits exist to be sampled). Only owned columns are written: each column of out by exactly one rank.
+//
+// Memory: a buffer `ag` per rank with the all-reduce's layout (flags u64[size][B], epochs u64[B], failed u64[1],
+// at ar_data_offset(size, B) the slots bf16[2][size][C]); slot (p, s) holds rank s's x of calls of parity p,
+// [rows][slice] packed (count = rows * slice <= C = capacity, a multiple of 8).
+//
+// Per block b (elements [b * chunk, min(count, (b + 1) * chunk)) of every slot, chunk = cdiv(count, 8 * B) * 8):
+//   1.-4. as the all-reduce: push x's chunk into slot (p, rank) of every member (16-byte vectors, the tail of a
+//      count not a multiple of 8 element by element), fence.sc.sys, barrier, release flags[rank * B + b] = e on
+//      every member, acquire-spin on every member's flag with the %globaltimer bound (`failed`: no wait)
+//   5. barrier; every thread copies its elements of chunk b of every local slot (p, s) to the columns rank s owns
+//      (element i of slot s: row i / slice, column w_s + i % slice); vectors when vocab and slice are multiples
+//      of 8, else element by element
+//   6. as the all-reduce: epochs[b] = e; a timeout writes status = {1, lowest missing rank, block, e} once.
+// Refused arguments (rows < 0, slice < 1 or above vocab, a last rank that would own nothing ((size - 1) * slice
+// >= vocab), count above capacity, capacity not a multiple of 8, a grid other than `blocks`, more members than
+// threads, a rank outside the group) write status = {2, count, gridDim, size} and return on every rank alike.
+// The parity argument of the all-reduce holds unchanged (a slot of parity p is rewritten at epoch e + 2 only after
+// every member's flag of e + 1, raised after its launch of epoch e finished reading it).
+
+namespace {
+
+__device__ __forceinline__ void gather_store(__nv_bfloat16* __restrict__ out, uint4 v, int i, int slice, int vocab,
+                                             int window, int own_lo, int own_hi, int count, bool vec) {
+  // elements i .. i+7 of one slot (i a multiple of 8, i < count) to their owned columns of out
+  if (vec) {  // one row, all owned or none: slice, vocab and the owned bounds are multiples of 8
+    const int row = i / slice, j = i - row * slice;
+    if (j >= own_lo && j < own_hi) store16(out + (long long)row * vocab + window + j, v);
+    return;
+  }
+  const unsigned int words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {  // unrolled: the words stay in registers
+    if (i + k >= count) break;
+    const int row = (i + k) / slice, j = (i + k) - row * slice;
+    if (j >= own_lo && j < own_hi)
+      out[(long long)row * vocab + window + j] = __ushort_as_bfloat16((unsigned short)(words[k / 2] >> (16 * (k % 2))));
+  }
+}
+
+__device__ __forceinline__ void allgather_block(const unsigned long long* __restrict__ peers, int rank, int size,
+                                                const __nv_bfloat16* __restrict__ x, __nv_bfloat16* __restrict__ out,
+                                                int rows, int vocab, int slice, int capacity, int blocks,
+                                                int* __restrict__ status, long long timeout_ns) {
+  __shared__ unsigned long long epoch_s;
+  __shared__ int missing_s, skip_wait_s;
+  kern_pdl_wait();  // a no-op unless launched with PDL: x is the previous kernel's output
+  const int b = blockIdx.x, tid = threadIdx.x;
+  const long long count64 = (long long)rows * (long long)slice;
+  if (rows < 0 || slice < 1 || slice > vocab || (long long)(size - 1) * slice >= (long long)vocab ||
+      count64 > (long long)capacity || capacity % 8 != 0 || (int)gridDim.x != blocks || size > (int)blockDim.x ||
+      rank < 0 || rank >= size) {
+    if (b == 0 && tid == 0) {
+      status[1] = (int)count64;
+      status[2] = (int)gridDim.x;
+      status[3] = size;
+      __threadfence_system();
+      status[0] = 2;
+    }
+    return;
+  }
+  const int count = (int)count64;
+  unsigned long long* const mine = reinterpret_cast<unsigned long long*>(peers[rank]);
+  unsigned long long* const epochs = mine + (unsigned long long)size * blocks;
+  unsigned long long* const failed = epochs + blocks;
+  if (tid == 0) {
+    epoch_s = *reinterpret_cast<volatile unsigned long long*>(epochs + b) + 1ull;
+    missing_s = size;
+    skip_wait_s = *reinterpret_cast<volatile unsigned long long*>(failed) != 0ull;
+  }
+  __syncthreads();
+  const unsigned long long e = epoch_s;
+  const unsigned long long data = ar_data_offset(size, blocks);
+  const unsigned long long slot_bytes = (unsigned long long)capacity * 2;
+  const unsigned long long parity = (e & 1ull) * size;
+  const int chunk = (count + 8 * blocks - 1) / (8 * blocks) * 8;
+  const int lo = b * chunk, hi = min(count, lo + chunk);
+
+  // 2. push this rank's slice into slot (p, rank) of every member
+  for (int i = lo + 8 * tid; i < hi; i += 8 * (int)blockDim.x) {
+    if (i + 8 <= count) {
+      const uint4 v = *reinterpret_cast<const uint4*>(x + i);
+      for (int m = 0; m < size; ++m) {
+        char* slot = reinterpret_cast<char*>(peers[m]) + data + (parity + rank) * slot_bytes;
+        store16(slot + 2ull * i, v);
+      }
+    } else {
+      for (int m = 0; m < size; ++m) {
+        __nv_bfloat16* slot = reinterpret_cast<__nv_bfloat16*>(reinterpret_cast<char*>(peers[m]) + data +
+                                                               (parity + rank) * slot_bytes);
+        for (int k = i; k < count; ++k) slot[k] = x[k];
+      }
+    }
+  }
+  fence_sys();
+  __syncthreads();
+  // 3. announce, 4. wait for every member's announcement of this epoch
+  if (tid < size) {
+    store_release_sys(reinterpret_cast<unsigned long long*>(peers[tid]) + (unsigned long long)rank * blocks + b, e);
+    const unsigned long long* flag = mine + (unsigned long long)tid * blocks + b;
+    const unsigned long long start = global_ns();
+    while (load_acquire_sys(flag) < e) {
+      if (skip_wait_s || (long long)(global_ns() - start) > timeout_ns) {
+        atomicMin(&missing_s, tid);
+        break;
+      }
+      __nanosleep(32);
+    }
+  }
+  __syncthreads();
+  // 5. every member's chunk to the columns it owns
+  const bool vec = slice % 8 == 0 && vocab % 8 == 0;
+  const char* base = reinterpret_cast<const char*>(mine) + data + parity * slot_bytes;
+  for (int s = 0; s < size; ++s) {
+    const int window = min(s * slice, vocab - slice);
+    const int own_lo = min(s * slice, vocab) - window, own_hi = min((s + 1) * slice, vocab) - window;
+    for (int i = lo + 8 * tid; i < hi; i += 8 * (int)blockDim.x)
+      gather_store(out, load16_cg(base + s * slot_bytes + 2ull * i), i, slice, vocab, window, own_lo, own_hi, count,
+                   vec);
+  }
+  // 6. bookkeeping
+  if (tid == 0) {
+    epochs[b] = e;
+    if (missing_s < size && atomicCAS(reinterpret_cast<unsigned long long*>(failed), 0ull, 1ull) == 0ull) {
+      status[1] = missing_s;
+      status[2] = b;
+      status[3] = (int)e;
+      __threadfence_system();
+      status[0] = 1;
+    }
+  }
+}
+
+}  // namespace
+
+// out[r][w_s + j] = x_s[r][j] for the columns rank s owns (see above): the full [rows][vocab] logits on every rank
+// from every rank's [rows][slice] slice. out must not alias x.
+extern "C" __global__ void __launch_bounds__(1024) kern_allgather_bf16(
+    const unsigned long long* __restrict__ peers, int rank, int size, const __nv_bfloat16* x, __nv_bfloat16* out,
+    int rows, int vocab, int slice, int capacity, int blocks, int* __restrict__ status, long long timeout_ns) {
+  allgather_block(peers, rank, size, x, out, rows, vocab, slice, capacity, blocks, status, timeout_ns);
+}

@@ -16,6 +16,18 @@ entries (plain sum and the residual add):
 - refused arguments (a count not a multiple of 8, above capacity): status {2, count, grid, size} on every rank at
   once, nothing waited for.
 
+and for kern_allgather_bf16 (the vocabulary-parallel lm_head's logits gather):
+
+- every rank's gathered [rows, vocab] buffer bit for bit equal to tools/reference_kernels.allgather_bf16 (each
+  column from the rank that owns it, the last rank's window ending at vocab), every column written (the output
+  starts as 0xffff), over several calls with shuffled arrival, at N = 2, 3, 4, 8: vocab a multiple of N * 8 (the
+  vector path), vocab not divisible by N (the last rank short, its window overlapping its neighbour's), vocab and
+  slice not multiples of 8 (the element path, a count ending mid-vector), one and several rows;
+- a rank that never arrives: status {1, that rank, block 0, epoch 1} on the others after the timeout, as the
+  all-reduce reports it, and no second wait;
+- refused arguments (a slice of rows above capacity, a last rank that would own no column): status {2, count,
+  grid, size} on every rank at once, nothing waited for, nothing written.
+
 A logic check of the CUDA source (indices, parity, handshake, sum order, status words) where no GPU is at hand, not
 a substitute for tests/multigpu/test_allreduce_gpu.py: x86 memory is stronger than the GPU's, so ordering bugs
 between the data and the flags cannot show here.
@@ -37,7 +49,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tools.reference_kernels import allreduce_bf16, bf16_bits
+from tools.reference_kernels import allgather_bf16, allreduce_bf16, bf16_bits
 
 REPO = Path(__file__).resolve().parent.parent
 THREADS = 32
@@ -178,6 +190,109 @@ def refusal_checks(exe: Path, work: Path, rng: np.random.Generator, add: bool, s
     return fails
 
 
+@dataclass(frozen=True)
+class Gather:
+    """One driver run of kern_allgather_bf16: `size` ranks, slices of `rows` x `slice`, `vocab` columns."""
+
+    size: int
+    blocks: int
+    rows: int
+    vocab: int
+    slice: int
+    capacity: int
+    calls: int = 3
+    timeout_ns: int = 2_000_000_000
+    absent: int = -1
+    delay_us: int = 300
+
+    def __str__(self) -> str:
+        return (f"gather size {self.size} blocks {self.blocks} rows {self.rows} vocab {self.vocab} slice "
+                f"{self.slice} (capacity {self.capacity}) x {self.calls}" +
+                (f", rank {self.absent} absent" if self.absent >= 0 else ""))
+
+    @property
+    def count(self) -> int:
+        return self.rows * self.slice
+
+
+def run_gather(exe: Path, work: Path, g: Gather, x: np.ndarray, seed: int) -> Result:
+    """x: bf16 bits [calls, size, rows * slice]; the Result's out is [calls, size, rows * vocab]."""
+    (work / "x.bin").write_bytes(np.ascontiguousarray(x, dtype=np.uint16).tobytes())
+    args = [2, g.size, g.blocks, THREADS, g.count, g.capacity, g.calls, g.timeout_ns, g.absent, g.delay_us, seed,
+            work, g.rows, g.vocab, g.slice]
+    subprocess.run([str(exe), *map(str, args)], check=True, timeout=600)
+    out = np.frombuffer((work / "out.bin").read_bytes(), dtype=np.uint16).reshape(g.calls, g.size,
+                                                                                   g.rows * g.vocab)
+    status = np.frombuffer((work / "status.bin").read_bytes(), dtype=np.int32).reshape(g.size, 4)
+    ns = np.frombuffer((work / "ns.bin").read_bytes(), dtype=np.uint64).reshape(g.calls, g.size)
+    return Result(out.copy(), status.copy(), ns.copy())
+
+
+def gather_slices(rng: np.random.Generator, g: Gather) -> np.ndarray:
+    """bf16 bits [calls, size, rows * slice] of normal values (never 0xffff, the driver's unwritten mark)."""
+    return bf16_bits(rng.standard_normal((g.calls, g.size, g.count)).astype(np.float32))
+
+
+def gather_checks(exe: Path, work: Path, rng: np.random.Generator, g: Gather, seed: int) -> list[str]:
+    x = gather_slices(rng, g)
+    got = run_gather(exe, work, g, x, seed)
+    fails = []
+    if (got.status != 0).any():
+        fails.append(f"{g}: status {got.status.tolist()}, expected all zero")
+    for c in range(g.calls):
+        want = allgather_bf16(x[c].reshape(g.size, g.rows, g.slice), g.vocab).reshape(-1)
+        for r in range(g.size):
+            bad = np.flatnonzero(got.out[c, r] != want)
+            if bad.size:
+                i = bad[0]
+                fails.append(f"{g}: call {c} rank {r}: {bad.size} elements differ from the reference, first row "
+                             f"{i // g.vocab} column {i % g.vocab}: {got.out[c, r, i]:#06x} vs {want[i]:#06x}")
+    return fails
+
+
+def gather_timeout_checks(exe: Path, work: Path, rng: np.random.Generator, seed: int) -> list[str]:
+    timeout_ns = 300_000_000
+    g = Gather(3, 2, 1, 60, 24, 24, calls=3, timeout_ns=timeout_ns, absent=1, delay_us=0)
+    got = run_gather(exe, work, g, gather_slices(rng, g), seed)
+    fails = []
+    for r in (0, 2):
+        if got.status[r].tolist() != [1, 1, 0, 1]:
+            fails.append(f"{g}: rank {r} status {got.status[r].tolist()}, expected [1, 1, 0, 1] (timeout, rank 1 "
+                         "missing, block 0, epoch 1)")
+        if got.ns[0, r] < timeout_ns:
+            fails.append(f"{g}: rank {r}'s first call took {got.ns[0, r] / 1e6:.1f} ms, under the timeout")
+        if got.ns[1:, r].max() > timeout_ns // 3:
+            fails.append(f"{g}: rank {r}'s later calls took {got.ns[1:, r].max() / 1e6:.1f} ms: they waited again")
+    return fails
+
+
+def gather_refusal_checks(exe: Path, work: Path, rng: np.random.Generator, seed: int) -> list[str]:
+    fails = []
+    # rows * slice above capacity; a last rank that would own nothing ((size - 1) * slice >= vocab)
+    for g in (Gather(2, 2, 3, 64, 32, 64, calls=1, timeout_ns=5_000_000_000, delay_us=0),
+              Gather(3, 2, 1, 32, 16, 64, calls=1, timeout_ns=5_000_000_000, delay_us=0)):
+        got = run_gather(exe, work, g, gather_slices(rng, g), seed)
+        for r in range(g.size):
+            if got.status[r].tolist() != [2, g.count, g.blocks, g.size]:
+                fails.append(f"{g}: rank {r} status {got.status[r].tolist()}, expected "
+                             f"[2, {g.count}, {g.blocks}, {g.size}]")
+        if got.ns.max() > 1_000_000_000:
+            fails.append(f"{g}: a refused launch took {got.ns.max() / 1e6:.0f} ms (it waited)")
+        if (got.out[0] != 0xFFFF).any():
+            fails.append(f"{g}: a refused launch wrote its output")
+    return fails
+
+
+def gathers(quick: bool) -> list[Gather]:
+    """vocab = size * slice (vector path); not divisible (slice = cdiv rounded to 8, the last rank short); vocab and
+    slice not multiples of 8 (element path, counts ending mid-vector)."""
+    out = [Gather(2, 2, 1, 256, 128, 128), Gather(3, 3, 1, 200, 72, 72), Gather(4, 2, 3, 203, 51, 160, calls=4),
+           Gather(8, 3, 2, 1000, 128, 256, calls=2)]
+    if not quick:
+        out += [Gather(3, 1, 5, 201, 67, 336, calls=5), Gather(2, 3, 1, 24, 16, 16, calls=6, delay_us=2000)]
+    return out
+
+
 def cases(quick: bool) -> list[Case]:
     out = []
     for add in (False, True):
@@ -204,6 +319,14 @@ def main(argv: list[str] | None = None) -> int:
         for case in cases(args.quick):
             found = sum_checks(exe, work, rng, case, args.seed)
             print(f"{case}: {'ok' if not found else 'FAILED'}")
+            fails += found
+        for g in gathers(args.quick):
+            found = gather_checks(exe, work, rng, g, args.seed)
+            print(f"{g}: {'ok' if not found else 'FAILED'}")
+            fails += found
+        for name, check in (("timeout (gather)", gather_timeout_checks), ("refusals (gather)", gather_refusal_checks)):
+            found = check(exe, work, rng, args.seed)
+            print(f"{name}: {'ok' if not found else 'FAILED'}")
             fails += found
         for add in (False, True):
             for name, check in (("timeout", timeout_checks), ("refusals", refusal_checks)):

@@ -320,6 +320,24 @@ def argmax(logits: np.ndarray) -> np.ndarray:
 # ---------------------------------------------------------------------------------- tensor parallelism
 
 
+def vocab_split(vocab: int, size: int, slice_: int, rank: int) -> tuple[int, int, int]:
+    """(window start, owned columns' start, stop) of `rank` in the vocabulary-parallel split of kern_allgather_bf16:
+    the rank computes the lm_head rows [window, window + slice_) and owns the logits columns [start, stop)."""
+    window = min(rank * slice_, vocab - slice_)
+    return window, min(rank * slice_, vocab), min((rank + 1) * slice_, vocab)
+
+
+def allgather_bf16(slices: np.ndarray, vocab: int) -> np.ndarray:
+    """kern_allgather_bf16 (kernels-src/allreduce.cu), bit for bit: slices uint16[size, rows, slice] (rank s's logits
+    of its window) -> uint16[rows, vocab], each column taken from the rank that owns it (a copy, no arithmetic)."""
+    size, rows, slice_ = slices.shape
+    out = np.zeros((rows, vocab), dtype=np.uint16)
+    for s in range(size):
+        window, lo, hi = vocab_split(vocab, size, slice_, s)
+        out[:, lo:hi] = slices[s, :, lo - window:hi - window]
+    return out
+
+
 def allreduce_bf16(partials: np.ndarray, residual: np.ndarray | None = None) -> np.ndarray:
     """kern_allreduce_bf16 / kern_allreduce_add_bf16 (kernels-src/allreduce.cu), bit for bit.
 

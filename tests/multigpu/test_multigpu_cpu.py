@@ -368,8 +368,9 @@ def test_tp_manifests_verify_and_share_family_digest(tp_manifests) -> None:
 
 
 def test_tp_slices_tile_every_weight_exactly(tp_manifests) -> None:
-    """Across ranks, each sharded checkpoint tensor's row (qkv, gate_up) or column (o, down) ranges tile
-    it exactly once; replicated weights bind whole tensors on every rank."""
+    """Across ranks, each sharded checkpoint tensor's row (qkv, gate_up, and the vocabulary-parallel lm_head's
+    rows of the tied embedding) or column (o, down) ranges tile it exactly once; replicated weights bind whole
+    tensors on every rank (the embedding too, for its gather)."""
     cfg, ms = tp_manifests
     covered: dict[tuple[str, str], list[tuple[int, int]]] = {}
     full: dict[str, tuple[int, ...]] = {}
@@ -382,7 +383,8 @@ def test_tp_slices_tile_every_weight_exactly(tp_manifests) -> None:
                 elif "rows" in seg:
                     covered.setdefault((seg["tensor"], "rows"), []).append(tuple(seg["rows"]))
                     full[seg["tensor"]] = tuple(seg["shape"])
-    assert len(covered) == cfg.layers * 7  # q k v gate up (rows) + o down (cols)
+    assert len(covered) == cfg.layers * 7 + 1  # q k v gate up (rows) + o down (cols), the lm_head (rows)
+    assert covered[("model.embed_tokens.weight", "rows")] == [(0, cfg.vocab // 2), (cfg.vocab // 2, cfg.vocab)]
     for (tensor, axis), spans in covered.items():
         extent = full[tensor][1 if axis == "cols" else 0]
         spans.sort()

@@ -49,7 +49,7 @@ def test_rank_manifests_build_verify_and_decode_on_gemvs(shape: str, tp: int) ->
         calls = m["programs"]["decode"]["calls"]
         assert m["programs"]["decode"]["graph"] is True
         ops = [c["op"] for c in calls]
-        assert ops[0] == "embed" and ops[-4] == "gemv_lm_head"
+        assert ops[0] == "embed" and ops[-5:-3] == ["gemv_lm_head", "allgather"]
         body = ops[1:1 + len(LAYER_OPS) * cfg.layers]
         assert [o if not o.startswith("gemv_rows_") else "gemv_rows" for o in body] == LAYER_OPS * cfg.layers
         assert {o for o in body if o.startswith("gemv_rows_")} == {f"gemv_rows_{H}x{q_shard}", f"gemv_rows_{H}x{i_shard}"}
@@ -71,16 +71,41 @@ def test_rank_manifests_build_verify_and_decode_on_gemvs(shape: str, tp: int) ->
         meta = m["meta"]["tp"]["allreduce"]
         assert meta["oneshot_tokens"] == (256 * 1024) // (2 * H) and meta["capacity"] >= H
         assert m["buffers"]["ar"]["shape"][0] * 8 >= 2 * tp * meta["capacity"] * 2
+        # the vocabulary-parallel lm_head: the rank's rows of lm_head.weight (151936 = tp x slice at 2 / 4 / 8)
+        V, n = cfg.vocab, cfg.vocab // tp
+        assert m["buffers"]["lm_head"] == {"kind": "weight", "dtype": "bf16", "shape": [n, H], "bind": [
+            {"tensor": "lm_head.weight", "rows": [rank * n, (rank + 1) * n], "shape": [V, H]}]}
+        assert m["buffers"]["embed"]["bind"] == [{"tensor": "model.embed_tokens.weight"}]
+        assert calls[-5] == {"op": "gemv_lm_head", "args": {"w": "lm_head", "residual": "residual",
+                                                            "norm_w": "final_norm", "y": "lm_logits"}}
+        assert calls[-4] == {"op": "allgather", "args": {"x": "lm_logits", "out": "logits", "rows": "seqs",
+                                                         "peers": "ag_peers", "status": "ar_status"}}
+        assert m["buffers"]["lm_logits"]["shape"] == ["seqs", n] and m["buffers"]["logits"]["shape"] == ["seqs", V]
+        (lm,) = m["ops"]["gemv_lm_head"]["launches"]
+        assert lm["entry"] == "kern_gemv_rmsnorm" and lm["args"][4:6] == [{"i32": n}, {"i32": H}]
+        (gather,) = m["ops"]["allgather"]["launches"]
+        assert gather["module"] == "allreduce" and gather["entry"] == "kern_allgather_bf16"
+        assert gather["params"] == ABI.entries["kern_allgather_bf16"][1]
+        assert gather["args"] == [{"arg": "peers"}, {"rank": "tp", "type": "i32"}, {"i32": tp}, {"arg": "x"},
+                                  {"arg": "out"}, {"arg": "rows", "type": "i32"}, {"i32": V}, {"i32": n},
+                                  {"i32": n}, {"i32": 32}, {"arg": "status"}, {"i64": 1_000_000_000}]
+        assert gather["grid"] == [32, 1, 1] and gather["block"] == [256, 1, 1]
+        assert m["buffers"]["ag"]["export"] is True and m["buffers"]["ag_peers"]["peers"] == {"of": "ag", "group": "tp"}
+        assert m["buffers"]["ag"]["shape"][0] * 8 >= 2 * tp * n * 2
+        assert m["meta"]["tp"]["lm_head"] == {"split": "vocab", "slice": n, "status": "ar_status", "blocks": 32,
+                                              "capacity": n, "timeout_ns": 1_000_000_000,
+                                              "window": [rank * n, (rank + 1) * n],
+                                              "columns": [rank * n, (rank + 1) * n]}
 
 
 def test_the_peer_launches_are_the_all_reduce_ops() -> None:
     """What the runtime's multicast scan will disassemble: exactly the ops whose calls pass the peer table."""
     _, ms = build("qwen3-8b", 2)
     m = parse_manifest(ms[0])
-    sensitive = {"ar", "ar_peers"}
+    sensitive = {"ar", "ar_peers", "ag", "ag_peers"}
     scanned = {site_op for prog in m.programs.values() for c in prog.calls
                if any(getattr(a, "name", None) in sensitive for a in c.args.values()) for site_op in [c.op]}
-    assert scanned == {"allreduce", "allreduce_add"}
+    assert scanned == {"allreduce", "allreduce_add", "allgather"}
 
 
 @pytest.mark.parametrize("options, message", [
@@ -88,6 +113,7 @@ def test_the_peer_launches_are_the_all_reduce_ops() -> None:
     ({"allreduce_oneshot_bytes": -1}, "allreduce_oneshot_bytes .* bytes >= 0"),
     ({"allreduce_timeout_ms": 0}, "allreduce_timeout_ms"),
     ({"allreduce_blocks": 65}, "allreduce_blocks 65"),
+    ({"tp_lm_head": "rows"}, r"tp_lm_head \(--tp-lm-head\) 'rows': one of vocab, replicated"),
 ])
 def test_refusals_name_the_option(options: dict, message: str) -> None:
     with pytest.raises(ManifestBuildError, match=message):
@@ -101,7 +127,10 @@ def test_gemv_decode_on_nccl_below_one_row(oneshot_bytes: int) -> None:
     cfg, ms = build("qwen3-8b", 2, allreduce_oneshot_bytes=oneshot_bytes)
     m = ms[0]
     verify(parse_manifest(m))
-    assert "ar" not in m["buffers"] and "allreduce" not in m["modules"] and "allreduce_add" not in m["ops"]
+    assert "ar" not in m["buffers"] and "allreduce_add" not in m["ops"]
+    # the allreduce module is there for the vocabulary-parallel lm_head's all-gather alone
+    assert {o for o, op in m["ops"].items() for launch in op["launches"] if launch.get("module") == "allreduce"} == {
+        "allgather"}
     calls = m["programs"]["decode"]["calls"]
     rows = [i for i, c in enumerate(calls) if c["op"].startswith("gemv_rows_")]
     assert len(rows) == 2 * cfg.layers
@@ -114,13 +143,23 @@ def test_gemv_decode_on_nccl_below_one_row(oneshot_bytes: int) -> None:
     assert norms == want[:-1] + ["final_norm"]
 
 
-def test_nccl_only_with_the_cublaslt_decode() -> None:
-    cfg, ms = build("qwen3-8b", 2, decode="gemm", allreduce_oneshot_bytes=0)
+@pytest.mark.parametrize("lm_head", ["vocab", "replicated"])
+def test_nccl_only_with_the_cublaslt_decode(lm_head: str) -> None:
+    """--allreduce-oneshot-bytes 0: every all-reduce on NCCL; the vocabulary-parallel lm_head's all-gather stays
+    one-shot (its own `ag`, the status words `ar_status`, which meta.tp.lm_head names); replicated: no kern
+    collective at all."""
+    cfg, ms = build("qwen3-8b", 2, decode="gemm", allreduce_oneshot_bytes=0, tp_lm_head=lm_head)
     m = ms[0]
     verify(parse_manifest(m))
-    assert "ar" not in m["buffers"] and "allreduce" not in m["modules"]
+    assert "ar" not in m["buffers"]
     assert [launch["extern"] for launch in m["ops"]["allreduce"]["launches"]] == ["nccl_allreduce_bf16"]
     assert m["meta"]["tp"]["allreduce"] == {"oneshot_bytes": 0}
+    if lm_head == "replicated":
+        assert "allreduce" not in m["modules"] and "ar_status" not in m["buffers"] and "allgather" not in m["ops"]
+        assert m["meta"]["tp"]["lm_head"] == {"split": "replicated"}
+        return
+    assert m["buffers"]["ar_status"] == {"kind": "output", "dtype": "i32", "shape": [4], "placement": "host"}
+    assert m["meta"]["tp"]["lm_head"]["status"] == "ar_status" and "ag" in m["buffers"]
 
 
 # ---------------------------------------------------------------- the split, with numpy
@@ -198,15 +237,17 @@ def test_each_ranks_binds_split_the_projections_as_megatron(tp: int) -> None:
                 assert math.prod(bufs[name].shape_at({})) in (H, D)
         np.testing.assert_allclose(o_sum, wo @ attn, rtol=1e-9, atol=1e-9)
         np.testing.assert_allclose(down_sum, wd @ act, rtol=1e-9, atol=1e-9)
-    for m in ms:  # replicated on every rank
+    n = cfg.vocab // tp
+    for rank, m in enumerate(ms):  # replicated on every rank; the lm_head vocabulary-parallel (its rank's rows)
         bufs = parse_manifest(m).buffers
-        np.testing.assert_array_equal(fill(bufs["lm_head"], tensors, raw), raw["lm_head.weight"])
+        np.testing.assert_array_equal(fill(bufs["lm_head"], tensors, raw),
+                                      raw["lm_head.weight"][rank * n:(rank + 1) * n])
         np.testing.assert_array_equal(fill(bufs["embed"], tensors, raw), raw["model.embed_tokens.weight"])
         np.testing.assert_array_equal(fill(bufs["ln_in.1"], tensors, raw), raw["model.layers.1.input_layernorm.weight"])
 
 
 def test_the_allreduce_cubin_is_a_clean_peer_launch_that_waits_on_every_path() -> None:
-    """The committed allreduce cubin: no multicast in either entry (what Runtime.load's peer-launch scan refuses),
+    """The committed allreduce cubin: no multicast in any entry (the all-gather's included) (what Runtime.load's peer-launch scan refuses),
     and no path exits before griddepcontrol.wait (PDL-safe, tools/sass_paths.py). Skipped without cuobjdump /
     nvdisasm (CUOBJDUMP, or the nvidia-cuda-cuobjdump and -nvdisasm wheels)."""
     from kern_runtime.cuda import sass
@@ -222,7 +263,104 @@ def test_the_allreduce_cubin_is_a_clean_peer_launch_that_waits_on_every_path() -
     except sass_paths.SassPathError as exc:
         pytest.skip(f"cuobjdump -sass failed (nvdisasm missing?): {str(exc)[:200]}")
     image = cubin.read_bytes()
-    for entry in ("kern_allreduce_bf16", "kern_allreduce_add_bf16"):
+    for entry in ("kern_allreduce_bf16", "kern_allreduce_add_bf16", "kern_allgather_bf16"):
         sass.check_peer_launch(image, "allreduce", entry, "$.ops.allreduce.launches[0]")
         assert sass_paths.unwaited_exits(funcs[entry]) == [], entry
         assert any(i.op.startswith("MEMBAR.SC.SYS") for i in funcs[entry])  # the fence before the flags
+
+
+# ---------------------------------------------------------------- the vocabulary-parallel lm_head
+
+
+def small(vocab: int, tied: bool) -> g.Qwen3Config:
+    shape = g.Qwen3Shape(hidden_size=64, num_hidden_layers=2, num_attention_heads=16, num_key_value_heads=8,
+                         head_dim=16, intermediate_size=128, vocab_size=vocab, tie_word_embeddings=tied)
+    return g.Qwen3Config.from_json(g.config_json(shape), "small")
+
+
+@pytest.mark.parametrize(("vocab", "tp", "tied"), [(1024, 2, False), (1002, 4, False), (1003, 8, True),
+                                                   (1002, 4, True)])
+def test_vocab_parallel_lm_head_reproduces_the_full_logits(vocab: int, tp: int, tied: bool) -> None:
+    """Each rank's lm_head buffer, filled by executing its bind plan on a random checkpoint, times the normed
+    hidden state gives its window's logits; gathered as kern_allgather_bf16 gathers them
+    (tools/reference_kernels.allgather_bf16: each column from its owner), they are the full lm_head's logits on
+    every rank: vocab divisible by the ranks, not divisible (slice cdiv rounded to 8, the last rank's window
+    ending at vocab and owning fewer columns), not a multiple of 8, tied (the rows of the embedding, which stays
+    whole) or not."""
+    from tools.reference_kernels import allgather_bf16
+
+    cfg = small(vocab, tied)
+    ms = g.build_rank_manifests(cfg, ABI, g.BuildOptions("small", chunk_max=16, max_context=256), tp)
+    parsed = [parse_manifest(m) for m in ms]
+    for p in parsed:
+        verify(p)
+    assert len({p.family_digest for p in parsed}) == 1
+    n = -(-(-(-vocab // tp)) // 8) * 8
+    assert (tp - 1) * n < vocab
+    rng = np.random.default_rng(vocab + tp)
+    raw = checkpoint(cfg, rng)
+    if tied:
+        del raw["lm_head.weight"]
+    tensors = HostTensors({name: ("bf16", bf16_bits(a)) for name, a in raw.items()})
+    full = raw["model.embed_tokens.weight" if tied else "lm_head.weight"].astype(np.float64)
+    x = rng.standard_normal(cfg.hidden)
+    windows, slices = [], []
+    for rank, (m, p) in enumerate(zip(ms, parsed)):
+        window = min(rank * n, vocab - n)
+        assert m["meta"]["tp"]["lm_head"]["window"] == [window, window + n]
+        assert m["meta"]["tp"]["lm_head"]["columns"] == [min(rank * n, vocab), min((rank + 1) * n, vocab)]
+        w = fill(p.buffers["lm_head"], tensors, raw).astype(np.float64)
+        assert w.shape == (n, cfg.hidden)
+        np.testing.assert_array_equal(w, full[window:window + n])
+        assert fill(p.buffers["embed"], tensors, raw).shape == (vocab, cfg.hidden)
+        slices.append(w @ x)
+        windows.append(np.arange(window, window + n))
+        (gather,) = m["ops"]["allgather"]["launches"]
+        assert gather["args"][6:9] == [{"i32": vocab}, {"i32": n}, {"i32": n}]
+    # which logit each column of the gathered buffer holds: exactly column j, from its one owner
+    cols = allgather_bf16(np.stack(windows).astype(np.uint16)[:, None, :], vocab)[0]
+    np.testing.assert_array_equal(cols, np.arange(vocab))
+    owner = np.concatenate([np.full(min((r + 1) * n, vocab) - min(r * n, vocab), r) for r in range(tp)])
+    gathered = np.array([slices[owner[j]][j - min(owner[j] * n, vocab - n)] for j in range(vocab)])
+    np.testing.assert_allclose(gathered, full @ x, rtol=1e-12, atol=1e-12)
+
+
+def test_vocab_parallel_lm_head_on_the_cublaslt_decode() -> None:
+    """--decode gemm --seqs-max 8: the lm_head projection is cuBLASLt's at n = slice into lm_logits, the gather's
+    rows are `seqs` and its slots hold seqs_max rows."""
+    cfg, ms = build("qwen3-8b", 2, decode="gemm", seqs_max=8)
+    n = cfg.vocab // 2
+    for m in ms:
+        verify(parse_manifest(m))
+        calls = m["programs"]["decode"]["calls"]
+        i = next(i for i, c in enumerate(calls) if c["op"] == "allgather")
+        assert calls[i - 1] == {"op": "gemm", "args": {"a": "normed", "w": "lm_head", "c": "lm_logits", "m": "seqs",
+                                                       "n": n, "k": cfg.hidden}}
+        assert calls[i]["args"]["rows"] == "seqs" and calls[i + 1]["op"] == "sample"
+        assert not any(c["args"].get("c") == "logits" or c["args"].get("y") == "logits" for c in calls)
+        assert m["ops"]["allgather"]["launches"][0]["args"][8] == {"i32": 8 * n}
+        assert m["meta"]["tp"]["lm_head"]["capacity"] == 8 * n
+
+
+def test_replicated_lm_head_is_still_built() -> None:
+    """--tp-lm-head replicated: the whole lm_head on every rank into the full logits, no gather."""
+    cfg, ms = build("qwen3-8b", 2, tp_lm_head="replicated")
+    for m in ms:
+        verify(parse_manifest(m))
+        assert m["buffers"]["lm_head"]["bind"] == [{"tensor": "lm_head.weight"}]
+        assert m["buffers"]["lm_head"]["shape"] == [cfg.vocab, cfg.hidden]
+        calls = m["programs"]["decode"]["calls"]
+        assert [c["op"] for c in calls[-4:]] == ["gemv_lm_head", "sample", "sample_history_append",
+                                                 "decode_advance_packed"]
+        assert calls[-4]["args"]["y"] == "logits" and calls[-4]["args"]["w"] == "lm_head"
+        assert "allgather" not in m["ops"] and "ag" not in m["buffers"] and "lm_logits" not in m["buffers"]
+        assert m["ops"]["gemv_lm_head"]["launches"][0]["args"][4] == {"i32": cfg.vocab}
+        assert m["meta"]["tp"]["lm_head"] == {"split": "replicated"}
+
+
+def test_a_vocabulary_too_small_to_split_is_refused() -> None:
+    with pytest.raises(ManifestBuildError, match="vocab_size 20 over --tp 8 in slices of 8 .* replicated"):
+        g.build_rank_manifests(small(20, False), ABI, g.BuildOptions("small", chunk_max=16, max_context=256), 8)
+    ms = g.build_rank_manifests(small(20, False), ABI, g.BuildOptions("small", chunk_max=16, max_context=256,
+                                                                      tp_lm_head="replicated"), 8)
+    assert ms[7]["meta"]["tp"]["lm_head"] == {"split": "replicated"}

@@ -41,7 +41,12 @@ def test_weight_bytes_of_a_rank_and_the_decode_table() -> None:
     H, V, I, D = cfg.hidden, cfg.vocab, cfg.intermediate, cfg.head_dim
     per_layer = ((cfg.q_heads + 2 * cfg.kv_heads) * D // 2 * H + H * cfg.q_heads * D // 2 + 2 * I // 2 * H
                  + H * I // 2 + 2 * H + 2 * D)
-    assert decode_tp.weight_bytes(r0) == 2 * (cfg.layers * per_layer + 2 * V * H + H)  # embed + lm_head replicated
+    # the embedding replicated, the lm_head vocabulary-parallel (half its rows per rank)
+    assert decode_tp.weight_bytes(r0) == 2 * (cfg.layers * per_layer + V * H + V // 2 * H + H)
+    repl, _ = g.build_rank_manifests(cfg, abi, g.BuildOptions("q8", max_context=4096, tp_lm_head="replicated"), 2)
+    assert decode_tp.weight_bytes(repl) == 2 * (cfg.layers * per_layer + 2 * V * H + H)  # embed + lm_head replicated
+    assert [v[2] for v in decode_tp.VARIANTS] == [[], ["--allreduce-oneshot-bytes", "0"],
+                                                  ["--tp-lm-head", "replicated"]]
     assert decode_tp.ms_per_token([0.0, 0.002, 0.004, 0.0065]) == pytest.approx(2.0)
     rows = [{"shape": "qwen3-8b", "tp": 1, "variant": "-", "ms_per_token": 4.0, "floor_ms": 3.8},
             {"shape": "qwen3-8b", "tp": 2, "variant": "one-shot", "ms_per_token": 2.4, "floor_ms": 2.0}]
@@ -58,6 +63,17 @@ def test_allreduce_manifest_verifies(size: int) -> None:
     m = build_manifest(size, read_kernel_abi(REPO / "kernels"), max_elements=1 << 16, burst=5)
     verify(parse_manifest(m))
     assert m["topology"] == {"tp": {"size": size}} and m["modules"] == {"allreduce": m["modules"]["allreduce"]}
+    assert "gather" not in m["programs"] and "ag" not in m["buffers"]
+    g = build_manifest(size, read_kernel_abi(REPO / "kernels"), max_elements=1 << 16, burst=5, gather_vocab=1003,
+                       gather_rows=3)
+    verify(parse_manifest(g))
+    slice_ = -(-(-(-1003 // size)) // 8) * 8
+    assert g["meta"]["tp"]["lm_head"] == {"split": "vocab", "status": "ar_status", "vocab": 1003, "slice": slice_,
+                                          "rows": 3, "capacity": 3 * slice_, "blocks": 32}
+    assert g["programs"]["gather"]["calls"] == [{"op": "allgather", "args": {
+        "x": "gx", "out": "gout", "rows": "rows", "peers": "ag_peers", "status": "ar_status"}}]
+    assert len(g["programs"]["gather_g"]["calls"]) == 5 and g["vars"]["rows"] == {"min": 1, "max": 3}
+    assert g["buffers"]["gout"]["shape"] == [3 * 1003] and g["buffers"]["gx"]["shape"] == [3 * slice_]
     assert len(m["programs"]["sum_g"]["calls"]) == 5 and m["programs"]["sum_g"]["graph"] is True
     (launch,) = m["ops"]["sum"]["launches"]
     assert launch["args"][4] == {"arg": "out"} and launch["args"][6] == {"i32": 1 << 16}

@@ -560,6 +560,29 @@ def test_cli_source_flags_and_tp_decode(tmp_path: Path, capsys: pytest.CaptureFi
     assert not out.exists() and not (tmp_path / "m-tp2-r0.json").exists()
 
 
+def test_cli_tp_lm_head(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--tp-lm-head` reaches the rank manifests (default vocab: each rank binds its rows of the tied embedding
+    as `lm_head`; replicated: no lm_head buffer, the decode reads `embed`); another value is refused in one line
+    naming the flag, nothing written."""
+    out = tmp_path / "m.json"
+    base = ["--shape", "tiny", "--kernels", str(KERNELS), "--out", str(out), "--tp", "2"]
+    assert kern_manifest_build(base) == 0
+    capsys.readouterr()
+    r1 = json.loads((tmp_path / "m-tp2-r1.json").read_text())
+    V = gq.Qwen3Config.from_name("tiny").vocab
+    assert r1["meta"]["tp"]["lm_head"]["split"] == "vocab"
+    assert r1["buffers"]["lm_head"]["bind"][0]["rows"] == [V // 2, V]
+    assert kern_manifest_build([*base, "--tp-lm-head", "replicated"]) == 0
+    capsys.readouterr()
+    r1 = json.loads((tmp_path / "m-tp2-r1.json").read_text())
+    assert r1["meta"]["tp"]["lm_head"] == {"split": "replicated"} and "lm_head" not in r1["buffers"]
+    for p in tmp_path.iterdir():
+        p.unlink()
+    assert kern_manifest_build([*base, "--tp-lm-head", "rows"]) == 1
+    assert _one_line(capsys) == ("kern manifest build: tp_lm_head (--tp-lm-head) 'rows': one of vocab, replicated")
+    assert not any(tmp_path.iterdir())
+
+
 def test_cli_writes_what_build_manifest_builds(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """`kern manifest build --kernels DIR` reads DIR/kernels.json; the file is build_manifest's dumps, byte for
     byte, and the summary line names it."""

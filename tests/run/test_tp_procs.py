@@ -103,7 +103,7 @@ def test_an_all_reduce_timeout_on_rank_zero_names_the_lost_rank(tmp_path: Path) 
     assert exc is not None and exc.rank == 0
     err = group_error(exc, tmp_path)
     assert err.rank == 1
-    assert "a one-shot all-reduce gave up waiting for rank 1 (block 0, call 7)" in str(err)
+    assert "a one-shot all-reduce / all-gather gave up waiting for rank 1 (block 0, call 7)" in str(err)
 
 
 def test_status_words() -> None:
@@ -176,7 +176,12 @@ def test_status_buffer_comes_from_the_rank_manifest() -> None:
     assert status_buffer(parse_manifest(m0)) == "ar_status"
     (n0, _) = g.build_rank_manifests(cfg, abi, g.BuildOptions("tiny", 64, 4096, decode="gemm",
                                                               allreduce_oneshot_bytes=0), 2)
-    assert status_buffer(parse_manifest(n0)) is None
+    assert status_buffer(parse_manifest(n0)) == "ar_status"  # the vocabulary-parallel lm_head's all-gather
+    assert n0["meta"]["tp"]["allreduce"] == {"oneshot_bytes": 0}
+    assert n0["meta"]["tp"]["lm_head"]["status"] == "ar_status"
+    (r0, _) = g.build_rank_manifests(cfg, abi, g.BuildOptions("tiny", 64, 4096, decode="gemm",
+                                                              allreduce_oneshot_bytes=0, tp_lm_head="replicated"), 2)
+    assert status_buffer(parse_manifest(r0)) is None
 
 
 def test_cli_tp_starts_rank_processes_unless_local(monkeypatch: pytest.MonkeyPatch, tiny_manifest: Path,

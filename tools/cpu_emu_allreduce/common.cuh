@@ -19,6 +19,7 @@
 struct dim3 { unsigned x = 1, y = 1, z = 1; };
 struct uint4 { uint32_t x, y, z, w; };
 struct float2 { float x, y; };
+inline __nv_bfloat16 __ushort_as_bfloat16(unsigned short b) { return {b}; }
 inline float2 __bfloat1622float2(__nv_bfloat162 h) { return {__bfloat162float(h.x), __bfloat162float(h.y)}; }
 extern thread_local dim3 threadIdx;
 extern dim3 blockIdx, blockDim, gridDim;

@@ -3,11 +3,14 @@
 // buffer (at the same address in every process, as a peer table needs), the ranks' status words and outputs.
 // Each rank runs CALLS launches in a row (its blocks one after another, THREADS std::threads each), sleeping a
 // seeded random 0..DELAY_US microseconds before each, and copies each launch's output out.
-// Usage: driver ADD SIZE BLOCKS THREADS COUNT CAPACITY CALLS TIMEOUT_NS ABSENT DELAY_US SEED DIR
-//   DIR/x.bin    bf16 [CALLS][SIZE][COUNT]  every rank's partial of every call
-//   DIR/res.bin  bf16 [SIZE][COUNT]         ADD: every rank's residual before the first call
-// writes DIR/out.bin (bf16 [CALLS][SIZE][COUNT]: out, or the residual after each call), DIR/status.bin
-// (i32 [SIZE][4]) and DIR/ns.bin (u64 [CALLS][SIZE]: each launch's wall time). ABSENT: a rank that never runs (-1).
+// Usage: driver MODE SIZE BLOCKS THREADS COUNT CAPACITY CALLS TIMEOUT_NS ABSENT DELAY_US SEED DIR [ROWS VOCAB SLICE]
+//   MODE 0: kern_allreduce_bf16, 1: kern_allreduce_add_bf16, 2: kern_allgather_bf16 (with ROWS VOCAB SLICE; COUNT
+//   is then ROWS * SLICE, the elements of a rank's slice, and OUT = ROWS * VOCAB; else OUT = COUNT)
+//   DIR/x.bin    bf16 [CALLS][SIZE][COUNT]  every rank's partial (slice) of every call
+//   DIR/res.bin  bf16 [SIZE][COUNT]         MODE 1: every rank's residual before the first call
+// writes DIR/out.bin (bf16 [CALLS][SIZE][OUT]: out, or the residual after each call; a gather's out starts as
+// 0xffff everywhere, so a column nobody wrote shows), DIR/status.bin (i32 [SIZE][4]) and DIR/ns.bin
+// (u64 [CALLS][SIZE]: each launch's wall time). ABSENT: a rank that never runs (-1).
 #include "allreduce.cu"
 #include <sys/mman.h>
 #include <sys/wait.h>
@@ -39,11 +42,15 @@ static void spit(const std::string& path, const void* p, size_t bytes) {
 }
 
 int main(int argc, char** argv) {
-  if (argc != 13) {
-    fprintf(stderr, "usage: driver ADD SIZE BLOCKS THREADS COUNT CAPACITY CALLS TIMEOUT_NS ABSENT DELAY_US SEED DIR\n");
+  const int mode = argc > 1 ? atoi(argv[1]) : -1;
+  if (!((argc == 13 && (mode == 0 || mode == 1)) || (argc == 16 && mode == 2))) {
+    fprintf(stderr, "usage: driver MODE SIZE BLOCKS THREADS COUNT CAPACITY CALLS TIMEOUT_NS ABSENT DELAY_US SEED DIR "
+                    "[ROWS VOCAB SLICE]\n");
     return 2;
   }
-  const bool add = atoi(argv[1]) != 0;
+  const bool add = mode == 1, gather = mode == 2;
+  const int rows = gather ? atoi(argv[13]) : 0, vocab = gather ? atoi(argv[14]) : 0;
+  const int slice = gather ? atoi(argv[15]) : 0;
   const int size = atoi(argv[2]), blocks = atoi(argv[3]), threads = atoi(argv[4]), count = atoi(argv[5]);
   const int capacity = atoi(argv[6]), calls = atoi(argv[7]);
   const long long timeout_ns = atoll(argv[8]);
@@ -51,13 +58,14 @@ int main(int argc, char** argv) {
   const unsigned seed = (unsigned)atoi(argv[11]);
   const std::string dir = argv[12];
   const size_t n = (size_t)count > 0 ? (size_t)count : 0;
+  const size_t on = gather ? (size_t)std::max(rows, 0) * (size_t)std::max(vocab, 0) : n;  // out elements
   std::vector<uint16_t> x = slurp(dir + "/x.bin", (size_t)calls * size * n);
   std::vector<uint16_t> res = add ? slurp(dir + "/res.bin", (size_t)size * n) : std::vector<uint16_t>();
   // the host side of the layout: what ar_data_offset computes on the device
   const size_t words = (size_t)(size + 1) * blocks + 1;
   const size_t data = (words * 8 + 255) / 256 * 256;
   const size_t ar_bytes = (data + (size_t)2 * size * capacity * 2 + 4095) / 4096 * 4096;
-  const size_t out_bytes = (size_t)calls * size * n * 2 + 16;
+  const size_t out_bytes = (size_t)calls * size * on * 2 + 16;
   const size_t total = ar_bytes * size + (size_t)size * 16 + out_bytes + (size_t)calls * size * 8;
   char* shm = (char*)mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   if (shm == MAP_FAILED) { perror("mmap"); return 2; }
@@ -74,7 +82,7 @@ int main(int argc, char** argv) {
     if (pid < 0) { perror("fork"); return 2; }
     if (pid > 0) { kids.push_back(pid); continue; }
     std::mt19937 rng(seed * 977u + rank);
-    std::vector<uint16_t> buf(n + 8, 0);  // out (sum) or this rank's residual (add)
+    std::vector<uint16_t> buf(on + 8, gather ? 0xffff : 0);  // out (sum, gather) or this rank's residual (add)
     if (add) std::copy(res.begin() + (size_t)rank * n, res.begin() + (size_t)(rank + 1) * n, buf.begin());
     for (int c = 0; c < calls; ++c) {
       if (delay_us) std::this_thread::sleep_for(std::chrono::microseconds(rng() % (delay_us + 1)));
@@ -91,7 +99,9 @@ int main(int argc, char** argv) {
         for (int t = 0; t < threads; ++t)
           ts.emplace_back([&, t] {
             threadIdx.x = t;
-            if (add) kern_allreduce_add_bf16(peers.data(), rank, size, xin, dst, count, capacity, blocks,
+            if (gather) kern_allgather_bf16(peers.data(), rank, size, xin, dst, rows, vocab, slice, capacity, blocks,
+                                            status + 4 * rank, timeout_ns);
+            else if (add) kern_allreduce_add_bf16(peers.data(), rank, size, xin, dst, count, capacity, blocks,
                                              status + 4 * rank, timeout_ns);
             else kern_allreduce_bf16(peers.data(), rank, size, xin, dst, count, capacity, blocks, status + 4 * rank,
                                      timeout_ns);
@@ -99,7 +109,7 @@ int main(int argc, char** argv) {
         for (auto& t : ts) t.join();
       }
       ns[(size_t)c * size + rank] = global_ns() - t0;
-      memcpy(out + ((size_t)c * size + rank) * n, buf.data(), n * 2);
+      memcpy(out + ((size_t)c * size + rank) * on, buf.data(), on * 2);
     }
     _exit(0);
   }
@@ -109,7 +119,7 @@ int main(int argc, char** argv) {
     waitpid(pid, &st, 0);
     failed |= !(WIFEXITED(st) && WEXITSTATUS(st) == 0);
   }
-  spit(dir + "/out.bin", out, (size_t)calls * size * n * 2);
+  spit(dir + "/out.bin", out, (size_t)calls * size * on * 2);
   spit(dir + "/status.bin", status, (size_t)size * 16);
   spit(dir + "/ns.bin", ns, (size_t)calls * size * 8);
   return failed ? 3 : 0;

@@ -583,6 +583,9 @@ def manifest_build(
                                                          "larger ones NCCL (0: NCCL only)")] = 256 * 1024,
     allreduce_timeout_ms: Annotated[int, typer.Option("--allreduce-timeout-ms", help="with --tp: how long a one-shot "
                                                       "all-reduce waits for a peer")] = 1000,
+    tp_lm_head: Annotated[str, typer.Option("--tp-lm-head", help="with --tp: vocab (each rank computes its slice "
+                                            "of the vocabulary's logits, then a one-shot all-gather; default) or "
+                                            "replicated (every rank reads the whole lm_head)")] = "vocab",
     no_verify: Annotated[bool, typer.Option("--no-verify", help="skip verification with kern_manifest")] = False,
     log_level: LogOpt = None,
 ) -> None:
@@ -596,7 +599,7 @@ def manifest_build(
                "split_tokens": decode_split_tokens, "sms": sms, "gemv_threads_per_sm": gemv_threads_per_sm,
                "pdl": not no_pdl, "pdl_small": not no_pdl_small, "sampler": sampler, "hist_cap": hist_cap,
                "batch_invariant": batch_invariant, "allreduce_oneshot_bytes": allreduce_oneshot_bytes,
-               "allreduce_timeout_ms": allreduce_timeout_ms}
+               "allreduce_timeout_ms": allreduce_timeout_ms, "tp_lm_head": tp_lm_head}
 
     def go() -> list[str]:
         from .package_data import kernels_dir

@@ -179,11 +179,15 @@ def join_group(rt: Any, me: RankEnv, timeout_s: float) -> None:
 
 
 def status_buffer(manifest: Any) -> str | None:
-    """The one-shot all-reduce's status buffer of a rank manifest (a kern_manifest.Manifest;
-    meta.tp.allreduce.status), or None."""
+    """The status buffer of a rank manifest's one-shot collectives (a kern_manifest.Manifest;
+    meta.tp.allreduce.status, else meta.tp.lm_head.status: the vocabulary-parallel lm_head's all-gather, which
+    also goes one-shot when every all-reduce is NCCL's; both name `ar_status`), or None."""
     tp = (manifest.meta or {}).get("tp")
-    status = ((tp.get("allreduce") if isinstance(tp, Mapping) else None) or {}).get("status")
-    return status if isinstance(status, str) and status in manifest.buffers else None
+    for key in ("allreduce", "lm_head"):
+        status = ((tp.get(key) if isinstance(tp, Mapping) else None) or {}).get("status")
+        if isinstance(status, str) and status in manifest.buffers:
+            return status
+    return None
 
 
 def load_rank(cfg: RunConfig, me: RankEnv, log: Any) -> tuple[Any, Any, str | None]:

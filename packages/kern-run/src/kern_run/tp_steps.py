@@ -284,13 +284,14 @@ class StreamingRuntime:
 
 
 def status_error(rank: int, status: list[int]) -> StepRankError:
-    """The error of a nonzero all-reduce status word {code, a, b, c} on rank `rank`."""
+    """The error of a nonzero status word {code, a, b, c} of the one-shot all-reduce or all-gather (the
+    vocabulary-parallel lm_head's; both write `ar_status` alike) on rank `rank`."""
     code, a, b, c = status
     if code == 1:
-        return AllreduceTimeoutError(f"rank {rank}: a one-shot all-reduce gave up waiting for rank {a} (block {b}, "
-                                     f"call {c}); the group is failed", rank=a)
-    return StepRankError(f"rank {rank}: the one-shot all-reduce refused its launch (status {status}: count {a}, grid "
-                         f"{b}, group {c}); the manifest does not match its kernel", rank=rank)
+        return AllreduceTimeoutError(f"rank {rank}: a one-shot all-reduce / all-gather gave up waiting for rank {a} "
+                                     f"(block {b}, call {c}); the group is failed", rank=a)
+    return StepRankError(f"rank {rank}: a one-shot all-reduce / all-gather refused its launch (status {status}: count "
+                         f"{a}, grid {b}, group {c}); the manifest does not match its kernel", rank=rank)
 
 
 # ---------------------------------------------------------------- followers

@@ -65,6 +65,9 @@ KERNEL_SIGNATURES: dict[str, tuple[str, tuple[str, ...]]] = {
     # rank, size, x, out (or residual), count, capacity, blocks, status, timeout_ns
     **{e: ("allreduce", ("p", "i32", "i32", "p", "p", "i32", "i32", "i32", "p", "i64"))
        for e in ("kern_allreduce_bf16", "kern_allreduce_add_bf16")},
+    # one-shot all-gather (the vocabulary-parallel logits): peers, rank, size, x, out, rows, vocab, slice, capacity,
+    # blocks, status, timeout_ns
+    "kern_allgather_bf16": ("allreduce", ("p", "i32", "i32", "p", "p", "i32", "i32", "i32", "i32", "i32", "p", "i64")),
 }
 # Entries that execute griddepcontrol.wait before reading anything a predecessor writes and before writing
 # anything (docs/kernels-gemv.md, docs/kernels.md "Programmatic dependent launch"); only these may carry
@@ -83,7 +86,7 @@ PDL_ENTRIES = frozenset({
     "kern_attn_decode_partial_stream",
     *(f"kern_gemv_{kind}_m{t}" for kind in ("rows_rmsnorm", "rmsnorm_swiglu", "rows_residual", "rmsnorm")
       for t in (2, 4, 8)),
-    "kern_allreduce_bf16", "kern_allreduce_add_bf16",
+    "kern_allreduce_bf16", "kern_allreduce_add_bf16", "kern_allgather_bf16",
 })
 TYPE_BYTES = {"p": 8, "i32": 4, "f32": 4, "i64": 8}
 

@@ -43,7 +43,7 @@ def rows_launch(b: Builder, entry: str, n_groups: int, k: int, args: list[dict[s
     return b.launch(entry, [grid, 1, 1], [block, 1, 1], args + [*tail], shared_mem=16 * k8, pdl=opts.pdl)
 
 
-_NORM_ARGS = ("w", "residual", "norm_w", "y")
+NORM_ARGS = ("w", "residual", "norm_w", "y")
 _RES_ARGS = ("w", "x", "residual")
 
 
@@ -59,8 +59,8 @@ def add_gemv_v1_ops(b: Builder, plan: Plan) -> None:
     H, I = cfg.hidden, cfg.intermediate
     eps = ({"f32": cfg.eps},)
     for name, n in (("gemv_qkv", plan.qkv_dim), ("gemv_gate_up", 2 * I), ("gemv_lm_head", cfg.vocab)):
-        b.op(name, [ptr(a) for a in _NORM_ARGS],
-             [gemv_launch(b, "kern_gemv_rmsnorm", n, H, _wiring(_NORM_ARGS), opts, eps)])
+        b.op(name, [ptr(a) for a in NORM_ARGS],
+             [gemv_launch(b, "kern_gemv_rmsnorm", n, H, _wiring(NORM_ARGS), opts, eps)])
     b.op("gemv_o", [ptr(a) for a in _RES_ARGS], [gemv_launch(
         b, "kern_gemv_residual", H, plan.q_dim, _wiring(_RES_ARGS), opts)])
     down = ("w", "gate_up", "residual")
@@ -77,7 +77,7 @@ def add_gemv_v2_ops(b: Builder, plan: Plan) -> None:
     SwiGLU launches by default, or the small-M MMA entries of docs/kernels-gemv.md "Small-M MMA entries")."""
     cfg, opts = plan.cfg, plan.opts
     H, I, V = cfg.hidden, cfg.intermediate, cfg.vocab
-    norm_args, norm_wiring = [ptr(a) for a in _NORM_ARGS], _wiring(_NORM_ARGS)
+    norm_args, norm_wiring = [ptr(a) for a in NORM_ARGS], _wiring(NORM_ARGS)
     eps = ({"f32": cfg.eps},)
     qkv_n = plan.qkv_dim
     ops = [

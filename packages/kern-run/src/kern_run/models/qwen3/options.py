@@ -106,6 +106,10 @@ class BuildOptions:
     allreduce_oneshot_bytes: int = 256 * 1024
     allreduce_blocks: int = 8  # the one-shot all-reduce's grid (one flag per rank and block)
     allreduce_timeout_ms: int = 1000  # a one-shot all-reduce waits this long for a peer, then reports it missing
+    # tensor-parallel lm_head (--tp-lm-head): "vocab" (each rank computes the logits of its slice of the vocabulary,
+    # then the one-shot all-gather kern_allgather_bf16 gives every rank the full logits) or "replicated" (every rank
+    # reads the whole lm_head, as before: docs/perf.md "Tensor parallelism that pays")
+    tp_lm_head: str = "vocab"
 
     @property
     def pdl_small_launches(self) -> bool:

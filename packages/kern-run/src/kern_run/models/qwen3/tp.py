@@ -6,8 +6,19 @@ the group size; hidden size, vocab and everything else unchanged), then:
 
 - binds pick the rank's slice of the full checkpoint tensors: column-parallel `w_qkv` (rows of q, k, v for the
   rank's heads) and `w_gate_up` (rows of gate and up); row-parallel `w_o` and `w_down` (a column range: the inputs
-  the rank's heads / MLP slice produce); embedding, norms and the lm_head replicated (Megatron's split of the
-  attention and MLP; the vocabulary is not split);
+  the rank's heads / MLP slice produce); embedding and norms replicated (Megatron's split of the attention and
+  MLP);
+- the lm_head (`--tp-lm-head vocab`, the default): vocabulary-parallel. Rank r's `lm_head` buffer [slice, hidden]
+  binds the rows [w_r, w_r + slice) of `lm_head.weight` (tied embeddings: of `model.embed_tokens.weight`, whose
+  full `embed` buffer stays for the embedding gather), slice = cdiv(vocab, N) rounded up to 8, w_r = min(r slice,
+  vocab - slice) (allreduce.VocabSplit: the last rank's window ends at vocab, so a vocab not divisible by N
+  leaves the last rank short in the columns it owns and no rank computes a padding row). The decode's lm_head
+  (the GEMV `gemv_lm_head` at n = slice, or the cuBLASLt projection at n = slice) writes `lm_logits` [seqs,
+  slice], then `allgather` (kern_allgather_bf16, one-shot over peer memory, status in `ar_status`) writes every
+  rank's owned columns into the full `logits` [seqs, vocab] on every rank, and the sampler runs on every rank
+  as before: each rank's decode_advance feeds its own next step, so every rank must draw the same token (the
+  gathered logits are bit-identical across ranks). Prefill computes no logits. `--tp-lm-head replicated`: every
+  rank reads the whole lm_head and computes all the logits, as before;
 - prefill (and the cuBLASLt decode, `--decode gemm`): after each row-parallel projection (`o` and `down`, output
   `hidden`) an in-place all-reduce of `hidden` over `tp` (count `tokens * hidden`): kern's one-shot all-reduce
   over peer memory for messages up to `allreduce_oneshot_bytes`, `nccl_allreduce_bf16` above (allreduce.py);
@@ -18,7 +29,8 @@ the group size; hidden size, vocab and everything else unchanged), then:
   `--allreduce-oneshot-bytes 0`: an NCCL all-reduce and `add_rmsnorm` instead of each `allreduce_add`, the
   comparison bench/decode.py --tp runs);
 - `topology: {"tp": {"size": N}}`, name `<name>-tp<N>` on every rank, `meta.tp = {group, size, rank, shard,
-  allreduce}` (allreduce: the status buffer the caller zeroes and reads, what goes one-shot).
+  allreduce, lm_head}` (allreduce: the status buffer the caller zeroes and reads, what goes one-shot; lm_head:
+  {"split": "replicated"} or {"split": "vocab", slice, window, columns, status, blocks, capacity, timeout_ns}).
 
 The per-rank manifests differ only in binds and meta, so their *family digest* (`Manifest.family_digest`:
 everything but binds, name and meta) is equal: that is what connect compares. The full digests differ.
@@ -33,15 +45,18 @@ from typing import Any
 
 from ...errors import ManifestBuildError
 from .abi import KernelAbi
-from .allreduce import OneShot, add_allreduce_ops, allreduce_add_call, allreduce_call, meta, oneshot_plan
+from .allreduce import (STATUS, OneShot, VocabSplit, add_allgather_op, add_allreduce_ops, allgather_call,
+                        allreduce_add_call, allreduce_call, meta, oneshot_plan, vocab_split)
 from .builder import Builder, call, ptr
 from .config import Qwen3Config
-from .gemv import rows_launch
+from .gemm import Projections
+from .gemv import NORM_ARGS, gemv_launch, rows_launch
 from .jsonio import manifest_digest
 from .manifest import build_manifest
-from .options import BuildOptions
+from .options import BuildOptions, validate
 
 GROUP = "tp"
+LM_HEAD_LAYOUTS = ("vocab", "replicated")
 
 
 def shard_config(cfg: Qwen3Config, tp: int) -> Qwen3Config:
@@ -124,6 +139,50 @@ def tp_gemv_decode(calls: list[dict[str, Any]], b: Builder, opts: BuildOptions, 
     return out
 
 
+def lm_head_bind(cfg: Qwen3Config, split: VocabSplit, rank: int) -> list[dict[str, Any]]:
+    """Rank `rank`'s `lm_head` bind: the rows of its window of the checkpoint's lm_head (tied: the embedding)."""
+    w = split.window(rank)
+    tensor = "model.embed_tokens.weight" if cfg.tied else "lm_head.weight"
+    return [{"tensor": tensor, "rows": [w, w + split.slice], "shape": [cfg.vocab, cfg.hidden]}]
+
+
+def vocab_parallel_lm_head(base: dict[str, Any], b: Builder, cfg: Qwen3Config, shard: Qwen3Config,
+                           shard_opts: BuildOptions, tp: int) -> dict[str, Any]:
+    """Rewrite the decode's lm_head of the shared manifest `base` to the rank's vocabulary slice and the all-gather
+    of the logits (the module docstring); meta.tp.lm_head less the rank's window and columns. Raises
+    ManifestBuildError (vocab_split) for a vocabulary too small to give every rank a column."""
+    split = vocab_split(cfg.vocab, tp)
+    V, H, n = cfg.vocab, cfg.hidden, split.slice
+    base["buffers"]["lm_head"] = {"kind": "weight", "dtype": "bf16", "shape": [n, H],
+                                  "bind": lm_head_bind(cfg, split, 0)}
+    b.buffer("lm_logits", "workspace", "bf16", ["seqs", n])
+    plan = add_allgather_op(b, GROUP, split, shard_opts.seqs_max, shard_opts.allreduce_timeout_ms, shard_opts.pdl)
+    prog = base["programs"]["decode"]
+    calls, old_ops = [], set()
+    for c in prog["calls"]:
+        if c["args"].get("y") == "logits" and c["op"] == "gemv_lm_head":  # the GEMV decode
+            calls.append({**c, "args": {**c["args"], "w": "lm_head", "y": "lm_logits"}})
+        elif c["args"].get("c") == "logits":  # the cuBLASLt decode (or --m1-gemv)
+            old_ops.add(c["op"])
+            op = Projections(b, validate(shard, shard_opts)).op(n, H, decode=True)
+            calls.append(call(op, a=c["args"]["a"], w="lm_head", c="lm_logits", m="seqs", n=n, k=H))
+        else:
+            calls.append(c)
+            continue
+        calls.append(allgather_call("lm_logits", "logits", "seqs"))
+    assert sum(c["op"] == "allgather" for c in calls) == 1, "no lm_head call into logits"  # a bug in this builder
+    prog["calls"] = calls
+    if "gemv_lm_head" in base["ops"]:  # the same launch at n = slice
+        eps = ({"f32": cfg.eps},)
+        b.op("gemv_lm_head", [ptr(a) for a in NORM_ARGS],
+             [gemv_launch(b, "kern_gemv_rmsnorm", n, H, [{"arg": a} for a in NORM_ARGS], shard_opts, eps)])
+    used = {c["op"] for p in base["programs"].values() for c in p["calls"]}
+    for op in old_ops - used - set(b.ops):  # a pinned (V, hidden) decode op nothing calls any more
+        del base["ops"][op]
+    return {"split": "vocab", "slice": n, "status": STATUS, "blocks": plan.blocks, "capacity": plan.capacity,
+            "timeout_ns": plan.timeout_ns}
+
+
 def _shared_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: BuildOptions, tp: int,
                      config_digest: str) -> dict[str, Any]:
     """Everything the ranks share: the shard's manifest with the topology, the all-reduces and the full model."""
@@ -150,12 +209,16 @@ def _shared_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: BuildOptions, tp: i
     if gemv:  # replaced by the row-parallel GEMVs and allreduce_add
         for op in ("gemv_o", "gemv_down_act"):
             del base["ops"][op]
+    lm_head = {"split": "replicated"}
+    if opts.tp_lm_head == "vocab":
+        lm_head = vocab_parallel_lm_head(base, b, cfg, shard, shard_opts, tp)
     base["ops"].update(b.ops)
     base["buffers"].update(b.buffers)
     base["modules"] = {m: abi.modules[m] for m in sorted(set(base["modules"]) | b.used_modules)}
     base["meta"]["model"] = {**base["meta"]["model"], "q_heads": cfg.q_heads, "kv_heads": cfg.kv_heads,
                              "intermediate": cfg.intermediate}
     base["meta"]["tp_allreduce"] = meta(plan, oneshot_tokens, opts.allreduce_oneshot_bytes)
+    base["meta"]["tp_lm_head"] = lm_head
     return base
 
 
@@ -164,9 +227,12 @@ def build_rank_manifests(cfg: Qwen3Config, abi: KernelAbi, opts: BuildOptions, t
     """One manifest per rank (with digests), rank order: the GEMV decode (`opts.decode` "gemv", bs = 1, the v2
     projections whatever `opts.gemv`) or the cuBLASLt one ("gemm"). Raises ManifestBuildError for a `tp` below 2
     or one the shape cannot be split by, the GEMV decode with seqs_max > 1, an all-reduce option out of range,
-    `batch_invariant` (not built for ranks), and build_manifest's refusals."""
+    `batch_invariant` (not built for ranks), a `tp_lm_head` other than "vocab" / "replicated", a vocabulary too
+    small to split, and build_manifest's refusals."""
     if tp < 2:
         raise ManifestBuildError(f"--tp {tp}: tensor parallelism needs at least 2 ranks (tp 1 is a plain build)")
+    if opts.tp_lm_head not in LM_HEAD_LAYOUTS:
+        raise ManifestBuildError(f"tp_lm_head (--tp-lm-head) {opts.tp_lm_head!r}: one of {', '.join(LM_HEAD_LAYOUTS)}")
     if opts.batch_invariant:
         raise ManifestBuildError(f"--batch-invariant with --tp {tp}: the all-reduce's summation order depends on "
                                  "its element count (tokens x hidden), so tensor-parallel ranks are not built "
@@ -179,10 +245,15 @@ def build_rank_manifests(cfg: Qwen3Config, abi: KernelAbi, opts: BuildOptions, t
         m["meta"]["tp"] = {"group": GROUP, "size": tp, "rank": rank,
                            "shard": {"q_heads": shard.q_heads, "kv_heads": shard.kv_heads,
                                      "intermediate": shard.intermediate},
-                           "allreduce": m["meta"].pop("tp_allreduce")}
+                           "allreduce": m["meta"].pop("tp_allreduce"), "lm_head": m["meta"].pop("tp_lm_head")}
         for layer in range(cfg.layers):
             for buf, bind in rank_binds(cfg, tp, rank, layer).items():
                 m["buffers"][buf]["bind"] = bind
+        if opts.tp_lm_head == "vocab":
+            split = vocab_split(cfg.vocab, tp)
+            m["buffers"]["lm_head"]["bind"] = lm_head_bind(cfg, split, rank)
+            m["meta"]["tp"]["lm_head"].update(window=[split.window(rank), split.window(rank) + split.slice],
+                                              columns=list(split.owned(rank)))
         m["digest"] = manifest_digest(m)
         out.append(m)
     return out
