@@ -172,6 +172,18 @@ def test_completion_refusals(srv, body, status, param, code):
     assert ok.status_code == 200
 
 
+def test_a_refusal_quotes_at_most_200_characters_of_the_offending_value(srv):
+    """A missing `model` made pydantic's "input" the whole body, quoted whole in the message (a 1 MB prompt gave a
+    1 MB message)."""
+    resp = call(srv, "POST", "/v1/completions", {"prompt": "x" * 100_000})
+    assert resp.status_code == 400
+    err = resp.json()["error"]
+    assert err["param"] == "model" and len(err["message"]) < 400, len(err["message"])
+    assert err["message"].endswith("... (100014 characters))")  # repr of {"prompt": 100000 x}: 100014
+    resp = call(srv, "POST", "/v1/completions", {"model": "tiny", "prompt": "x", "max_tokens": "12"})
+    assert resp.json()["error"]["message"].endswith("(got '12')")  # a short value is quoted whole
+
+
 def test_greedy_parameters_are_accepted_by_a_greedy_engine(srv):
     resp = call(srv, "POST", "/v1/completions", {"model": "tiny", "prompt": "x", "max_tokens": 2, "temperature": 0,
                                                  "top_p": 1, "top_k": -1, "seed": 7, "echo": False, "best_of": 1,

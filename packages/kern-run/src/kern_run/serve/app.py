@@ -111,8 +111,18 @@ async def _parse(request: Request, model: type[SamplingFields]) -> Any:
     except ValidationError as exc:
         first = exc.errors()[0]
         param = _param(tuple(first["loc"]))
-        raise BadRequest(f"{param or 'body'}: {first['msg']} (got {first.get('input')!r})", param=param or None,
+        raise BadRequest(f"{param or 'body'}: {first['msg']} (got {_shown(first.get('input'))})", param=param or None,
                          code="invalid_value") from None
+
+
+SHOWN_CHARS = 200  # of an offending value in an error message (a missing field's "input" is the whole body)
+
+
+def _shown(value: object) -> str:
+    """repr(value), cut to SHOWN_CHARS characters with the length said, so an error message stays small whatever
+    the request held."""
+    text = repr(value)
+    return text if len(text) <= SHOWN_CHARS else f"{text[:SHOWN_CHARS]}... ({len(text)} characters)"
 
 
 def create_app(loop: ServeLoop, cfg: AppConfig, codec: Codec, chat_template: ChatTemplate | None,
