@@ -116,15 +116,20 @@ def test_decode_ends_lm_head_sample_history_advance(opts: dict, lm_head: str) ->
     assert am[:-2] == calls[:-3]  # everything before the step's end is the same
 
 
-def test_tensor_parallel_ranks_sample_the_same_replicated_logits() -> None:
-    """Every rank holds the full logits (replicated lm_head after the all-reduced hidden): each samples them
-    with the same params, so the ranks agree; the sampler's calls carry no all-reduce."""
-    ranks = [(m, "gemv_lm_head") for m in gq.build_rank_manifests(_cfg(), STUB, gq.BuildOptions("qwen3-4b"), 2)]
-    ranks += [(m, "gemm") for m in gq.build_rank_manifests(_cfg(), STUB, gq.BuildOptions("qwen3-4b", decode="gemm"),
-                                                            2)]
-    for m, lm_head in ranks:  # the GEMV decode (the TP default) and the cuBLASLt one
+def test_tensor_parallel_ranks_sample_the_same_full_logits() -> None:
+    """Every rank holds the full logits, gathered from the ranks' vocab slices (the TP default: `allgather` right
+    after each rank's lm_head slice) or from a replicated lm_head after the all-reduced hidden: each rank samples
+    them with the same params, so the ranks agree; the sampler's calls carry no collective."""
+    def ranks(**kw):
+        return gq.build_rank_manifests(_cfg(), STUB, gq.BuildOptions("qwen3-4b", **kw), 2)
+
+    cases = [(m, ["gemv_lm_head", "allgather"]) for m in ranks()]
+    cases += [(m, ["gemm", "allgather"]) for m in ranks(decode="gemm")]
+    cases += [(m, ["gemv_lm_head"]) for m in ranks(tp_lm_head="replicated")]
+    cases += [(m, ["gemm"]) for m in ranks(decode="gemm", tp_lm_head="replicated")]
+    for m, head in cases:  # the GEMV decode (the TP default) and the cuBLASLt one, vocab-parallel and replicated
         calls = m["programs"]["decode"]["calls"]
-        assert calls[-3:] == TAIL and calls[-4]["op"] == lm_head
+        assert calls[-3:] == TAIL and [c["op"] for c in calls[-3 - len(head):-3]] == head
         assert m["programs"]["top_logprobs"]["calls"] == [TOP_CALL]
         assert m["meta"]["caller"]["sampling"] == SAMPLING_META
 
