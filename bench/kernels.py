@@ -32,6 +32,13 @@ REPS, REPLAYS = 20, 15
 STREAM_ENTRY, STREAM_THREADS, _ = EARLY_PARTIALS["stream"]  # kern_attn_decode_partial_stream, 64 threads
 # (rows, context) of the batched decode attention cases (issue 26)
 BATCHED_DECODE = ((8, 128), (32, 128), (64, 128), (8, 2048), (32, 2048), (64, 2048))
+# the sampler's cases (label, parameters) and row counts (bench/sample_phases.py profiles the same)
+SAMPLE_CASES = (("greedy", SamplingParams()), ("T=1", SamplingParams(temperature=1.0, seed=1)),
+                ("T=0.7 k=50 p=0.9", SamplingParams(temperature=0.7, top_k=50, top_p=0.9, seed=1)),
+                ("T=1 min_p=0.05", SamplingParams(temperature=1.0, min_p=0.05, seed=1)),
+                ("T=1 p=0.9", SamplingParams(temperature=1.0, top_p=0.9, seed=1)),
+                ("T=1 p=0.95 alone (exact path here)", SamplingParams(temperature=1.0, top_p=0.95, seed=1)))
+SAMPLE_ROWS = (1, 8, 64)
 
 
 def cdiv(a, b):
@@ -244,19 +251,14 @@ def main(argv: list[str] | None = None) -> int:
     # merging, over [rows, VOCAB] bf16 logits (normal x 3), no penalties (they rewrite the logits in place);
     # positions differ per row. Greedy is the short path (one pass, one merge of 19 partials), p=0.9 the candidate
     # path (the nucleus, ~6.5k logits here, among the 8192 candidates), p=0.95 alone the exact path (~13k kept)
-    sample_cases = [("greedy", SamplingParams()), ("T=1", SamplingParams(temperature=1.0, seed=1)),
-                    ("T=0.7 k=50 p=0.9", SamplingParams(temperature=0.7, top_k=50, top_p=0.9, seed=1)),
-                    ("T=1 min_p=0.05", SamplingParams(temperature=1.0, min_p=0.05, seed=1)),
-                    ("T=1 p=0.9", SamplingParams(temperature=1.0, top_p=0.9, seed=1)),
-                    ("T=1 p=0.95 alone (exact path here)", SamplingParams(temperature=1.0, top_p=0.95, seed=1))]
     splits = sampler_splits(VOCAB)
-    for n_rows in (1, 8, 64):
+    for n_rows in SAMPLE_ROWS:
         n_sets = max(1, cdiv(60_000_000, n_rows * VOCAB * 2))  # rotate past the 50 MB L2
         logit_sets = [arr(rand_bits(rng, (n_rows, VOCAB), 3.0)) for _ in range(min(n_sets, 4))]
         positions = arr(np.arange(n_rows, dtype=np.int32))
         out = gpu.alloc(n_rows * 8).ptr
         work = arr(np.zeros((n_rows, WORK_BYTES_PER_ROW // 4), dtype=np.uint32))  # tickets 0, left at 0
-        for label, params in sample_cases:
+        for label, params in SAMPLE_CASES:
             prm = arr(np.frombuffer(pack_params([params] * n_rows), dtype=np.uint8).copy())
             sets = [[("p", lg), ("p", prm), ("p", positions), ("p", 0), ("p", 0), ("i", 0), ("i", VOCAB), ("p", out),
                      ("p", out + 4 * n_rows), ("p", 0), ("p", work)] for lg in logit_sets]

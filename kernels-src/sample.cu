@@ -46,6 +46,11 @@
 //
 // No allocation, no host sync: every entry may be captured in a graph; all begin with griddepcontrol.wait
 // then launch_dependents (PDL-safe after any kernel).
+//
+// Phase profile (bench/sample_phases.py; never in kernels/): compiled with -DSAMPLE_PROFILE, kern_sample_{bf16,f32}
+// take one more, trailing parameter, uint64 prof[rows, slices, SAMPLE_PROF_SLOTS], and every block records its
+// phase boundaries there (layout at SAMPLE_PROF_SLOTS below; tools/sample_profile.py parses it). Without the macro
+// none of it is compiled: the entries' parameters and the cubin are the committed ones.
 #include <math_constants.h>
 
 #include "common.cuh"
@@ -64,6 +69,40 @@
 #define TOP_THREADS 1024
 #ifndef SAMPLE_PATH
 #define SAMPLE_PATH(row, path)  // which path merged a row (0 greedy, 1 plain, 2 candidates, 3 exact): an emulator's hook
+#endif
+#ifdef SAMPLE_PROFILE
+// prof[r, s] of block (s, r), SAMPLE_PROF_SLOTS u64: [0] %globaltimer (ns) at the block's start, [1] at its end,
+// [2] smid | merged << 32 | events << 40, [3 + i] event i = id << 56 | (clock64 & (2^56 - 1)), event 0 the start.
+// A stamp is a __syncthreads then thread 0's clock64: event i closes the phase that began at event i - 1.
+#define SAMPLE_PROF_SLOTS 64
+#define SAMPLE_PROF_EVENTS 61  // SAMPLE_PROF_SLOTS - 3
+// event ids (tools/sample_profile.py EVENTS names them): every block
+#define SP_START 0
+#define SP_PENALTY 1        // penalties written
+#define SP_REDUCE 2         // the slice loaded, m_s / argmax / z_s reduced
+#define SP_EXPORT_KHIST 3   // the export's top-k bound (a count histogram)
+#define SP_EXPORT_ROUND 4   // one round of the export edge (a count histogram + pick)
+#define SP_EXPORT_WRITE 5   // candidates counted, scanned and written
+#define SP_TICKET 6         // header written, fence, ticket taken
+// the merging block
+#define SP_HEADERS 7        // headers read, candidate offsets, m, argmax, Z
+#define SP_GATHER 8         // candidates loaded into shared memory
+#define SP_COUNT 9          // candidate count and mass
+#define SP_K_ROUND 10       // one radix round of a count select (t_k)
+#define SP_P_ROUND 11       // one radix round of a mass select (t_p)
+#define SP_SUMS 12          // the top-p target's sums
+#define SP_DRAW 13          // the draw (over the candidates, or inside a slice)
+#define SP_DONE 14          // the result written
+#define SP_EXACT 15         // the hand-off to the exact path
+#define SP_EXACT_MASS 16    // the exact path's mass pass over the row
+#define SP_EXACT_KEPT 17    // the exact path's kept-mass pass per slice
+#define SAMPLE_PROF_ARG , unsigned long long* prof
+#define SAMPLE_PROF_PASS , prof
+#define SAMPLE_STAMP(ev) sample_stamp(sh, (ev))
+#else
+#define SAMPLE_PROF_ARG
+#define SAMPLE_PROF_PASS
+#define SAMPLE_STAMP(ev)
 #endif
 static_assert(SAMPLE_SLICE == SAMPLE_THREADS * SAMPLE_PER_THREAD, "a slice is 16 logits per thread");
 static_assert(SAMPLE_MAX_SPLITS * SAMPLE_SLICE == SAMPLE_MAX_VOCAB, "slices of the largest vocabulary");
@@ -296,7 +335,50 @@ struct SplitShared {
     unsigned region_key;
     ExactJob job;  // the merge -> the exact path
     unsigned cand_key[SAMPLE_MERGE_CAP];  // the merge: candidate q = 16 t + e at [e * SAMPLE_THREADS + t]
+#ifdef SAMPLE_PROFILE
+    unsigned long long* prof;  // this block's SAMPLE_PROF_SLOTS (thread 0 only)
+    int prof_n;                // events recorded
+#endif
 };
+
+#ifdef SAMPLE_PROFILE
+#ifndef SAMPLE_PROF_HOST_CLOCKS  // the CPU emulator brings its own
+KERN_DEV unsigned long long prof_globaltimer() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+KERN_DEV unsigned prof_smid() {
+    unsigned id;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(id));
+    return id;
+}
+KERN_DEV unsigned long long prof_clock() { return (unsigned long long)clock64(); }
+#endif
+// Event `ev` after a barrier (every thread calls, as at every barrier of the sampler); thread 0 records it.
+KERN_DEV void sample_stamp(SplitShared& sh, unsigned ev) {
+    __syncthreads();
+    if (threadIdx.x == 0 && sh.prof_n < SAMPLE_PROF_EVENTS)
+        sh.prof[3 + sh.prof_n++] = ((unsigned long long)ev << 56) | (prof_clock() & 0x00ffffffffffffffull);
+}
+// The block's start: its slots, the start time, event 0 (then a barrier, so nothing starts before it).
+KERN_DEV void sample_prof_begin(SplitShared& sh, unsigned long long* prof, int s, int r) {
+    if (threadIdx.x == 0) {
+        sh.prof = prof + ((int64_t)r * gridDim.x + s) * SAMPLE_PROF_SLOTS;
+        sh.prof[0] = prof_globaltimer();
+        sh.prof[3] = ((unsigned long long)SP_START << 56) | (prof_clock() & 0x00ffffffffffffffull);
+        sh.prof_n = 1;
+    }
+    __syncthreads();
+}
+// The block's end (after its last stamp, by thread 0).
+KERN_DEV void sample_prof_end(SplitShared& sh, bool merged) {
+    if (threadIdx.x != 0) return;
+    sh.prof[1] = prof_globaltimer();
+    sh.prof[2] = (unsigned long long)prof_smid() | ((unsigned long long)merged << 32) |
+                 ((unsigned long long)sh.prof_n << 40);
+}
+#endif
 
 // *p += w on a shared u64, exactly, with two native 32-bit atomics: sm_90 has no 64-bit shared atomic add (nvcc
 // makes atomicAdd(unsigned long long*) on shared memory a compare-and-swap spin loop, ATOMS.CAST.SPIN.64, which
@@ -372,6 +454,7 @@ KERN_DEV uint32_t offset_select(Each&& each, uint32_t key_ref, W total, W target
         offset_hist<W>(each, key_ref, lo, shift, sat, hist);
         W before;
         const int b = pick_bin<W>(hist, sat, total - above, above, target, &before, scratch, sh);
+        SAMPLE_STAMP(sizeof(W) == 4 ? SP_K_ROUND : SP_P_ROUND);
         if (b < 0) return 0u;  // unreachable: the range always holds the target
         above = before;
         if (sat && b == 255 && shift < 24) {  // past 255 bins: the rest of the offsets, coarser
@@ -472,6 +555,7 @@ __device__ __noinline__ void sample_exact(SplitShared& sh) {
     const uint32_t key_m = float_key(m);
     float thr;
     SAMPLE_PATH(r, 3);
+    SAMPLE_STAMP(SP_EXACT);
     const int64_t j0 = (int64_t)tid * SAMPLE_PER_THREAD;
     // each slice's 16 logits of this thread go through shared memory (the candidates' space, unused here), read
     // back one at a time: the loop body then holds one logit, not 16, in registers
@@ -512,6 +596,7 @@ __device__ __noinline__ void sample_exact(SplitShared& sh) {
         });
         all = block_sum_all(all, sh.red_w);
         ge = block_sum_all(ge, sh.red_w);
+        SAMPLE_STAMP(SP_EXACT_MASS);
         auto row_mass = [&](auto&& g) { each_row([&](uint32_t key, float l) { g(key, fp_weight(l, m)); }); };
         const uint32_t tp = offset_select<unsigned long long>(row_mass, key_m, all, p_target(p.top_p, ge),
                                                               sh.hist_w, sh.red_w, sh);
@@ -551,7 +636,9 @@ __device__ __noinline__ void sample_exact(SplitShared& sh) {
         }
         before += sh.slice_w[s];
     }
+    SAMPLE_STAMP(SP_EXACT_KEPT);
     draw_in_slice<T>(row, n, vec, inv_t, m, ss, tkey, t - before, sh);
+    SAMPLE_STAMP(SP_DRAW);
     const int tok = sh.tok >= 0 ? sh.tok : am;
     write_result(r, tok, sh.tok >= 0 ? sh.tok_l : m, m, logf(fp_float(z_kept)), thr, inv_t, out_token, out_logprob,
                  stats);
@@ -605,6 +692,7 @@ __device__ __noinline__ bool sample_merge(const T* row, int n, bool vec, int spl
         sh.slice_zinc[tid] = zinc;
     }
     __syncthreads();
+    SAMPLE_STAMP(SP_HEADERS);
     if (!(m > -CUDART_INF_F)) {  // every logit NaN or -inf
         SAMPLE_PATH(r, 0);
         if (tid == 0) {
@@ -633,6 +721,7 @@ __device__ __noinline__ bool sample_merge(const T* row, int n, bool vec, int spl
         const unsigned long long t = rem > 0.0f ? __float2ull_rd(__fmul_rn(rem, SAMPLE_FP_ONE)) : 0ull;
         SAMPLE_PATH(r, 1);
         draw_in_slice<T>(row, n, vec, inv_t, m, ss, 1u, t, sh);
+        SAMPLE_STAMP(SP_DRAW);
         const int tok = sh.tok >= 0 ? sh.tok : am;
         write_result(r, tok, sh.tok >= 0 ? sh.tok_l : m, m, logf(z), -CUDART_INF_F, inv_t, out_token, out_logprob,
                      stats);
@@ -668,6 +757,7 @@ __device__ __noinline__ bool sample_merge(const T* row, int n, bool vec, int spl
 #pragma unroll
             for (int e = 0; e < 16; ++e) ck[e * SAMPLE_THREADS] = key[e] >= K ? key[e] : 0u;
         }
+        SAMPLE_STAMP(SP_GATHER);
         auto each_count = [&](auto&& f) {
 #pragma unroll
             for (int e = 0; e < 16; ++e)
@@ -687,6 +777,7 @@ __device__ __noinline__ bool sample_merge(const T* row, int n, bool vec, int spl
                 mine_w += fp_weight(key_float(ck[e * SAMPLE_THREADS]), m);
             }
         const unsigned n_region = block_sum_all(mine, sh.red_u);
+        SAMPLE_STAMP(SP_COUNT);
         bool ok = true;
         if (use_k) {
             if (n_region >= (unsigned)k) {  // every element at or above the k-th largest is here
@@ -700,6 +791,7 @@ __device__ __noinline__ bool sample_merge(const T* row, int n, bool vec, int spl
                         if (ck[e * SAMPLE_THREADS] >= tk) w_ge += fp_weight(key_float(ck[e * SAMPLE_THREADS]), m);
                     const unsigned long long z_k = block_sum_all(w_ge, sh.red_w);
                     const unsigned long long mass = block_sum_all(mine_w, sh.red_w);
+                    SAMPLE_STAMP(SP_SUMS);
                     const uint32_t tp = offset_select<unsigned long long>(each_mass, key_m, mass,
                                                                           p_target(p.top_p, z_k), sh.hist_w,
                                                                           sh.red_w, sh);
@@ -711,6 +803,7 @@ __device__ __noinline__ bool sample_merge(const T* row, int n, bool vec, int spl
         } else if (use_p) {
             const unsigned long long target = p_target(p.top_p, (unsigned long long)((double)z * (double)SAMPLE_FP_ONE));
             const unsigned long long mass = block_sum_all(mine_w, sh.red_w);
+            SAMPLE_STAMP(SP_SUMS);
             if (mass >= target) {  // else t_p lies below the candidates
                 const uint32_t tp = offset_select<unsigned long long>(each_mass, key_m, mass, target, sh.hist_w,
                                                                       sh.red_w, sh);
@@ -746,6 +839,7 @@ __device__ __noinline__ bool sample_merge(const T* row, int n, bool vec, int spl
                 }
             }
             __syncthreads();
+            SAMPLE_STAMP(SP_DRAW);
             const int tok = sh.tok >= 0 ? sh.tok : am;
             write_result(r, tok, sh.tok >= 0 ? sh.tok_l : m, m, logf(fp_float(z_kept)), thr, inv_t, out_token,
                          out_logprob, stats);
@@ -779,7 +873,7 @@ __device__ __noinline__ bool sample_merge(const T* row, int n, bool vec, int spl
 template <typename T>
 KERN_DEV void sample_slice(T* logits, const uint32_t* params_words, const int32_t* positions,
                            const int32_t* hist_tokens, const int32_t* hist_counts, int32_t hist_cap, int32_t vocab,
-                           int32_t* out_token, float* out_logprob, float* stats, uint32_t* work) {
+                           int32_t* out_token, float* out_logprob, float* stats, uint32_t* work SAMPLE_PROF_ARG) {
     __shared__ SplitShared sh;
     const int n = vocab, tid = threadIdx.x;
     // uniform per launch: no barrier is split
@@ -788,6 +882,9 @@ KERN_DEV void sample_slice(T* logits, const uint32_t* params_words, const int32_
     if (gridDim.x != (unsigned)splits) return;
     const int s = blockIdx.x, r = blockIdx.y;
     const int cap = splits == 1 ? SAMPLE_MERGE_CAP : SAMPLE_MERGE_CAP / splits;
+#ifdef SAMPLE_PROFILE
+    sample_prof_begin(sh, prof, s, r);
+#endif
     const SampleParams p = *reinterpret_cast<const SampleParams*>(params_words + (int64_t)r * SAMPLE_PARAM_WORDS);
     T* row = logits + (int64_t)r * n;
     uint32_t* wrow = work + (int64_t)r * SAMPLE_WORK_WORDS;
@@ -812,6 +909,7 @@ KERN_DEV void sample_slice(T* logits, const uint32_t* params_words, const int32_
         }
         __syncthreads();  // the writes are visible to the whole block after the barrier
     }
+    SAMPLE_STAMP(SP_PENALTY);
 
     // 1. the slice's max, argmax and sum of exp (online per thread)
     const bool greedy = !(p.temperature > 0.0f);
@@ -840,6 +938,7 @@ KERN_DEV void sample_slice(T* logits, const uint32_t* params_words, const int32_
     int a_s = targ;
     block_argmax_all(m_s, a_s, sh.red_f, sh.red_i);
     const float z_s = block_sum_all(tmax > -CUDART_INF_F ? tsum * __expf(tmax - m_s) : 0.0f, sh.red_f);
+    SAMPLE_STAMP(SP_REDUCE);
 
     // 2. candidates (filters only): every l with key >= K_s, at most cap of them
     uint32_t k_s = 0xffffffffu;
@@ -861,6 +960,7 @@ KERN_DEV void sample_slice(T* logits, const uint32_t* params_words, const int32_
             built = true;
             unsigned before;
             const int b = pick_bin<unsigned>(sh.hist_c, true, total, 0u, (unsigned)p.top_k, &before, sh.red_u, sh);
+            SAMPLE_STAMP(SP_EXPORT_KHIST);
             if (b >= 0 && b < 255) floor_key = max(floor_key, key_below(key_ref, ((uint64_t)b + 1) << 16));
         }
         int c = 0;
@@ -881,6 +981,7 @@ KERN_DEV void sample_slice(T* logits, const uint32_t* params_words, const int32_
                 if (!(first && built)) offset_hist<unsigned>(each_count, key_ref, lo, shift, sat, sh.hist_c);
                 const int b = pick_bin<unsigned>(sh.hist_c, sat, total - before, before, (unsigned)cap + 1u, &before,
                                                  sh.red_u, sh);
+                SAMPLE_STAMP(SP_EXPORT_ROUND);
                 bound = lo + ((uint64_t)b << shift);
                 if (before >= (unsigned)cap / 2 || (shift == 0 && !sat)) break;
                 lo = (uint32_t)bound;
@@ -913,6 +1014,7 @@ KERN_DEV void sample_slice(T* logits, const uint32_t* params_words, const int32_
                 }
             }
         }
+        SAMPLE_STAMP(SP_EXPORT_WRITE);
     }
 
     // 3. the header, then the row's ticket: the last block merges
@@ -925,6 +1027,10 @@ KERN_DEV void sample_slice(T* logits, const uint32_t* params_words, const int32_
     __syncthreads();
     if (tid == 0) sh.last = atomicAdd(reinterpret_cast<int*>(wrow), 1) == splits - 1;
     __syncthreads();
+    SAMPLE_STAMP(SP_TICKET);
+#ifdef SAMPLE_PROFILE
+    if (!sh.last) sample_prof_end(sh, false);
+#endif
     if (!sh.last) return;
     __threadfence();
     if (tid == 0) *reinterpret_cast<int*>(wrow) = 0;  // zero again for the next launch
@@ -932,6 +1038,10 @@ KERN_DEV void sample_slice(T* logits, const uint32_t* params_words, const int32_
     if (!sample_merge<T>(row, n, vec, splits, cap, r, pp, inv_t, greedy, use_k, use_p, use_min, positions, wrow,
                          out_token, out_logprob, stats, sh))
         sample_exact<T>(sh);
+#ifdef SAMPLE_PROFILE
+    SAMPLE_STAMP(SP_DONE);
+    sample_prof_end(sh, true);
+#endif
 }
 
 // grid (cdiv(vocab, 8192), rows, 1), block (512,1,1). logits [rows, vocab] (penalized in place), params [rows, 12]
@@ -942,11 +1052,11 @@ KERN_DEV void sample_slice(T* logits, const uint32_t* params_words, const int32_
     extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS, 2)                                                \
         NAME(T* logits, const uint32_t* params, const int32_t* positions, const int32_t* hist_tokens,           \
              const int32_t* hist_counts, int32_t hist_cap, int32_t vocab, int32_t* out_token, float* out_logprob, \
-             float* stats, uint32_t* work) {                                                                      \
+             float* stats, uint32_t* work SAMPLE_PROF_ARG) {                                                      \
         kern_pdl_wait();                                                                                          \
         kern_pdl_launch_dependents();                                                                             \
         sample_slice<T>(logits, params, positions, hist_tokens, hist_counts, hist_cap, vocab, out_token,         \
-                        out_logprob, stats, work);                                                                \
+                        out_logprob, stats, work SAMPLE_PROF_PASS);                                               \
     }
 SAMPLE_ENTRY(kern_sample_bf16, __nv_bfloat16)
 SAMPLE_ENTRY(kern_sample_f32, float)

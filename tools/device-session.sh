@@ -27,6 +27,7 @@ for s in "$@"; do
     kernels)     step kernels 300 "python3 -m pytest tests/kernels -q -p no:cacheprovider -rf" ;;
     gemv-bench)  step gemv-bench 180 "python3 bench/gemv.py" ;;
     kern-bench)  step kern-bench 120 "python3 bench/kernels.py" ;;
+    sample-phases) step sample-phases 240 "python3 bench/sample_phases.py --json $OUT/sample-phases.json" ;;  # the sampler's per-phase us (nvcc -DSAMPLE_PROFILE at run time), ~1-2 min
     tiny)        step tiny 120 "python3 tools/make_checkpoint.py --shape tiny --out $W/qwen3-tiny && python3 -m kern_run.cli run --target tiny --weights $W/qwen3-tiny --prompt 'The capital of France is' --steps 32 --log-level info" ;;
     parity-tiny) step parity-tiny 240 "python3 -m pytest tests/parity -q -p no:cacheprovider" ;;
     ckpt-4b)     step ckpt-4b 120 "python3 tools/make_checkpoint.py --shape qwen3-4b --out $W/qwen3-4b" ;;

@@ -101,16 +101,24 @@ CASES = [
 ]
 
 
-def build(work: Path) -> Path:
+def build(work: Path, profile: bool = False) -> Path:
+    """g++ the driver with kernels-src/sample.cu into work/; `profile`: with -DSAMPLE_PROFILE (the phase stamps,
+    written to work/prof.bin by every run_case). Returns the executable."""
     for f in (REPO / "tools" / "cpu_emu").iterdir():
         shutil.copy(f, work / f.name)
     (work / "common.cuh").write_text((REPO / "tools" / "cpu_emu" / "common.cuh").read_text()
                                      + '\n#include "sample_emu.h"\n')
     shutil.copy(REPO / "kernels-src" / "sample.cu", work / "sample.cu")
     exe = work / "driver"
-    subprocess.run(["g++", "-std=c++20", "-O1", "-ffp-contract=off", f"-I{work}", "-x", "c++", str(work / "driver.cpp"),
-                    "-o", str(exe), "-pthread"], check=True)
+    subprocess.run(["g++", "-std=c++20", "-O1", "-ffp-contract=off", *(["-DSAMPLE_PROFILE"] if profile else []),
+                    f"-I{work}", "-x", "c++", str(work / "driver.cpp"), "-o", str(exe), "-pthread"], check=True)
     return exe
+
+
+def read_stamps(work: Path, rows: int, vocab: int) -> np.ndarray:
+    """The phase stamps of the last run_case of a profile build: uint64 [rows, slices, sample_profile.SLOTS]."""
+    splits = -(-vocab // 8192)
+    return np.fromfile(work / "prof.bin", np.uint64).reshape(rows, splits, -1)
 
 
 def run_case(exe: Path, work: Path, dtype: str, logits: np.ndarray, params, positions, hist, cap: int, order: int):

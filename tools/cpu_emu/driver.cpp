@@ -2,7 +2,7 @@
 // then kern_sample_top_logprobs_* (n_top 5) over the inputs in DIR (logits.bin, params.bin, positions.bin,
 // ht.bin, hc.bin), and writes DIR/out.bin (tokens, logprobs, stats, the logits after), DIR/top.bin (ids,
 // logprobs) and DIR/tickets.bin (each row's ticket word after the launch, then the path that merged it: sample.cu's
-// SAMPLE_PATH hook).
+// SAMPLE_PATH hook); built with -DSAMPLE_PROFILE, also DIR/prof.bin (the phase stamps, uint64 [rows, slices, 64]).
 // The sampler's blocks run one at a time in the order ORDER picks: 0 row-major (slice 0 first), otherwise a
 // permutation of every (slice, row) drawn from std::mt19937(ORDER), so the block that merges a row varies. The
 // work area's words other than the tickets start as 0xA5A5A5A5 (nothing may rely on them being zero).
@@ -51,12 +51,18 @@ int main(int argc, char** argv) {
   std::vector<uint32_t> work((size_t)rows * SAMPLE_WORK_WORDS, 0xA5A5A5A5u);
   for (int r = 0; r < rows; ++r) work[(size_t)r * SAMPLE_WORK_WORDS] = 0;
   const int splits = (vocab + SAMPLE_SLICE - 1) / SAMPLE_SLICE;
+#ifdef SAMPLE_PROFILE
+  std::vector<unsigned long long> prof((size_t)rows * splits * SAMPLE_PROF_SLOTS, 0ull);  // written to DIR/prof.bin
+#define SAMPLE_PROF_DRIVER_ARG , prof.data()
+#else
+#define SAMPLE_PROF_DRIVER_ARG
+#endif
   std::vector<std::pair<int, int>> order;
   for (int r = 0; r < rows; ++r) for (int s = 0; s < splits; ++s) order.emplace_back(s, r);
   if (order_seed) { std::mt19937 g(order_seed); std::shuffle(order.begin(), order.end(), g); }
   launch(order, splits, rows, SAMPLE_THREADS, [&] {
-    if (bf) kern_sample_bf16((__nv_bfloat16*)lg, (const uint32_t*)params.data(), (const int32_t*)pos.data(), cap ? (const int32_t*)ht.data() : nullptr, cap ? (const int32_t*)hc.data() : nullptr, cap, vocab, tok.data(), lp.data(), st.data(), work.data());
-    else kern_sample_f32((float*)lg, (const uint32_t*)params.data(), (const int32_t*)pos.data(), cap ? (const int32_t*)ht.data() : nullptr, cap ? (const int32_t*)hc.data() : nullptr, cap, vocab, tok.data(), lp.data(), st.data(), work.data());
+    if (bf) kern_sample_bf16((__nv_bfloat16*)lg, (const uint32_t*)params.data(), (const int32_t*)pos.data(), cap ? (const int32_t*)ht.data() : nullptr, cap ? (const int32_t*)hc.data() : nullptr, cap, vocab, tok.data(), lp.data(), st.data(), work.data() SAMPLE_PROF_DRIVER_ARG);
+    else kern_sample_f32((float*)lg, (const uint32_t*)params.data(), (const int32_t*)pos.data(), cap ? (const int32_t*)ht.data() : nullptr, cap ? (const int32_t*)hc.data() : nullptr, cap, vocab, tok.data(), lp.data(), st.data(), work.data() SAMPLE_PROF_DRIVER_ARG);
   });
   const int n_top = 5; std::vector<int32_t> ids(rows * n_top, -7); std::vector<float> tl(rows * n_top, NAN);
   std::vector<std::pair<int, int>> top_order;
@@ -67,6 +73,9 @@ int main(int argc, char** argv) {
   });
   std::vector<int32_t> tickets(rows);
   for (int r = 0; r < rows; ++r) tickets[r] = (int32_t)work[(size_t)r * SAMPLE_WORK_WORDS];
+#ifdef SAMPLE_PROFILE
+  FILE* o4 = fopen((dir + "/prof.bin").c_str(), "wb"); fwrite(prof.data(), 8, prof.size(), o4); fclose(o4);
+#endif
   FILE* o3 = fopen((dir + "/tickets.bin").c_str(), "wb"); fwrite(tickets.data(), 4, rows, o3); fwrite(paths.data(), 4, rows, o3); fclose(o3);
   FILE* o2 = fopen((dir + "/top.bin").c_str(), "wb"); fwrite(ids.data(), 4, rows * n_top, o2); fwrite(tl.data(), 4, rows * n_top, o2); fclose(o2);
   FILE* o = fopen((dir + "/out.bin").c_str(), "wb"); fwrite(tok.data(), 4, rows, o); fwrite(lp.data(), 4, rows, o); fwrite(st.data(), 4, rows * 4, o);

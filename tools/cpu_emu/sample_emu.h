@@ -26,3 +26,14 @@ inline unsigned long long __float2ull_rd(float x) { return x <= 0.0f ? 0ull : (u
 // sample.cu's hook: the path that merged each row (0 greedy, 1 plain, 2 candidates, 3 exact), for the checks
 extern int* g_sample_path;
 #define SAMPLE_PATH(row, path) (threadIdx.x == 0 ? (void)(g_sample_path[row] = (path)) : (void)0)
+#ifdef SAMPLE_PROFILE
+// sample.cu's phase profile (-DSAMPLE_PROFILE): %globaltimer and clock64 as the host's steady clock in ns, %smid 0
+#include <chrono>
+#define SAMPLE_PROF_HOST_CLOCKS
+inline unsigned long long prof_globaltimer() {
+  return (unsigned long long)std::chrono::duration_cast<std::chrono::nanoseconds>(
+      std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+inline unsigned long long prof_clock() { return prof_globaltimer(); }
+inline unsigned prof_smid() { return 0u; }
+#endif
