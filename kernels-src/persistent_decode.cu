@@ -1,8 +1,8 @@
 // Persistent decode kernel, first version (docs/persistent.md): one cooperative launch per decode step (bs = 1);
 // block b interprets queue b of the instruction table (kern_run/models/qwen3/persistent/isa.py is the layout), in
 // order: wait (bounded, %globaltimer) until counters[wait] >= target, execute, then add 1 to counters[signal].
-// No weight prefetch across instructions yet (cp.async of the next instruction's tile while waiting is the next
-// step); within one, each warp keeps up to 8 16-byte weight loads per lane in flight (stream_rows).
+// While a block waits, warp 1 prefetches the first 128 KiB of the instruction's weight tile into L2
+// (prefetch_tile); while it runs, each warp keeps up to 8 16-byte weight loads per lane in flight (stream_rows).
 //
 // Rounding follows the existing decode kernels (gemv.cu, rope.cu, attention_decode.cu; transformers' bf16 Qwen3):
 //   RMSNorm x = bf16(w * bf16(r * rsqrt(mean(r^2) + eps)));  projections fp32 dot, bf16 result;
@@ -567,6 +567,41 @@ KERN_DEV void attn_reduce(int g, const PersistShape& s, const float* parts, bf16
     }
 }
 
+// While thread 0 waits on an instruction's counter, warp 1 asks L2 for the first kPrefetchBytes of the
+// instruction's weight tile (rows first .. first + count of W, contiguous; GATE_UP: half from the gate rows, half
+// from the up rows), in 16 KiB bulk prefetches (cp.async.bulk.prefetch.L2): HBM traffic during the wait instead of
+// after it, nothing in registers or shared memory, no effect on any result. The tile's first rows are the first
+// ones every warp streams (warp w: rows w, w + 8, ...). 132 blocks x 128 KiB = 16.5 MiB of the H200's L2.
+constexpr uint32_t kPrefetchBytes = 128u * 1024u, kPrefetchPiece = 16u * 1024u;
+
+KERN_DEV void prefetch_tile(uint32_t op, const PersistLayer& L, const bf16* lm_head, uint32_t first, uint32_t count,
+                            const PersistShape& s) {
+    const size_t H = s.hidden, I = s.inter, q_dim = static_cast<size_t>(s.q_heads) * s.head_dim;
+    const bf16* gate = nullptr;  // the range; GATE_UP: its gate rows, `up` its up rows
+    const bf16* up = nullptr;
+    size_t k = H;
+    switch (op) {
+        case kQkv: gate = L.w_qkv + first * H; break;
+        case kOProj: gate = L.w_o + first * q_dim, k = q_dim; break;
+        case kGateUp: gate = L.w_gate_up + first * H, up = L.w_gate_up + (I + first) * H; break;
+        case kDown: gate = L.w_down + first * I, k = I; break;
+        case kLmHead: gate = lm_head + first * H; break;
+        default: return;
+    }
+    const size_t tile = static_cast<size_t>(count) * k * sizeof(bf16);
+    const uint32_t share = up != nullptr ? kPrefetchBytes / 2 : kPrefetchBytes;
+    const uint32_t budget = static_cast<uint32_t>(min(tile, static_cast<size_t>(share))) & ~15u;
+    const uint32_t lane = threadIdx.x & 31;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const bf16* p = r == 0 ? gate : up;
+        if (p == nullptr || !aligned16(p)) continue;
+        const char* base = reinterpret_cast<const char*>(p);
+        for (uint32_t off = lane * kPrefetchPiece; off < budget; off += 32 * kPrefetchPiece)
+            prefetch_l2(base + off, min(kPrefetchPiece, budget - off));
+    }
+}
+
 // Larger value wins; equal values: the smaller index (kern_argmax's rule).
 KERN_DEV bool better(float v, int i, float bv, int bi) { return v > bv || (v == bv && i < bi); }
 
@@ -636,8 +671,10 @@ extern "C" __global__ void __launch_bounds__(PD_THREADS, 1) kern_persistent_deco
             if (threadIdx.x == 0) raise_fault(err, kBadTable, blockIdx.x, index, 0, 0, 0);
             break;
         }
-        // ---- the wait: thread 0 spins, the block follows
+        // ---- the wait: thread 0 spins, the block follows (warp 1 prefetches the weights meanwhile)
         if (wait != kNoCounter) {
+            if ((threadIdx.x >> 5) == 1 && load_acquire(counters + wait) < target)
+                prefetch_tile(op, layers.layer[layer < kMaxLayers ? layer : 0], lm_head, ins[2], ins[3], s);
             if (threadIdx.x == 0) {
                 const unsigned long long start = global_ns();
                 unsigned spins = 0;
