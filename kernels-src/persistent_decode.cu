@@ -1,7 +1,8 @@
 // Persistent decode kernel, first version (docs/persistent.md): one cooperative launch per decode step (bs = 1);
 // block b interprets queue b of the instruction table (kern_run/models/qwen3/persistent/isa.py is the layout), in
 // order: wait (bounded, %globaltimer) until counters[wait] >= target, execute, then add 1 to counters[signal].
-// Correct first: no weight prefetch yet (cp.async of the next instruction's tile while waiting is the next step).
+// While a block waits, warp 1 prefetches the first 128 KiB of the instruction's weight tile into L2
+// (prefetch_tile); while it runs, each warp keeps up to 8 16-byte weight loads per lane in flight (stream_rows).
 //
 // Rounding follows the existing decode kernels (gemv.cu, rope.cu, attention_decode.cu; transformers' bf16 Qwen3):
 //   RMSNorm x = bf16(w * bf16(r * rsqrt(mean(r^2) + eps)));  projections fp32 dot, bf16 result;
@@ -123,7 +124,22 @@ KERN_DEV void stage_copy(float* x, const bf16* src, int k) {
     __syncthreads();
 }
 
-// One row of W (k bf16) . x (f32 in shared memory), by one warp; every lane gets the sum.
+// The GEMV-row path (QKV, O_PROJ, GATE_UP, DOWN, LM_HEAD; M = 1). A warp streams its rows in BATCHES of
+// kBatchRows rows; a batch is ceil(ceil(k8 / 32) / kStepChunks) STEPS, step j holding, for each row of the batch,
+// lane l's chunks l + 32 (kStepChunks j + s), s < kStepChunks (16 bytes = 8 bf16 each; k8 = k / 8). Steps go
+// through two register slots (as kern_gemv_rows' rows_body): the warp's steps over all its batches, in order, so
+// while a step is multiplied the next one is in flight and its own slot is refilled before the batch's reduction
+// and epilogue run (the next batch's first loads overlap this batch's butterflies and stores): 1 to 2 slots of
+// kBatchRows x kStepChunks 16-byte loads per lane in flight (2 x 2 x 2 = 8 at most: 32 KiB per SM of 256
+// threads). Per row every lane accumulates its chunks in increasing order, 8 fmaf each in element order, then
+// warp_sum: the order of warp_row_dot, so the results are bit for bit the first version's.
+// Registers: the attention partial keeps the kernel at 255; 2 x 2 is the largest slot found without spills
+// (ptxas -v: 4 x 2, 2 x 3 and 2 x 4 spill 40-272 bytes, in the attention path).
+constexpr int kBatchRows = 2;   // rows per batch (GATE_UP: one output, its gate and up rows)
+constexpr int kStepChunks = 2;  // 16-byte chunks per lane per row per step
+
+// One row of W (k bf16) . x (f32 in shared memory), by one warp; every lane gets the sum (the path of rows that are
+// not 16-byte aligned or k % 8 != 0, and the order every path follows).
 KERN_DEV float warp_row_dot(const bf16* row, const float* x, int k) {
     const int lane = threadIdx.x & 31;
     float acc = 0.0f;
@@ -140,17 +156,143 @@ KERN_DEV float warp_row_dot(const bf16* row, const float* x, int k) {
     return warp_sum(acc);
 }
 
+// `batches` batches of one warp over W rows of k bf16 against x (f32[k], shared memory). Row r of batch b is
+// `rows.base(b) + rows.offset(r)` for r < `rows.count(b)` (the others: none, contribute nothing); `done(b, dot)` is
+// called by every lane of the warp with dot[r] = row r . x (every lane the same value; 0 for a missing row), batches
+// in order. `vec`: k % 8 == 0 and every row 16-byte aligned (the caller's check on the base pointer); else each row
+// by warp_row_dot's scalar loop. One base pointer per batch and compile-time row offsets keep the load addresses
+// to one 64-bit register pair plus immediates (the kernel sits at 255 registers).
+template <class Rows, class Done>
+KERN_DEV void stream_rows(int batches, int k, const float* x, bool vec, const Rows& rows, Done done) {
+    constexpr int R = kBatchRows, S = kStepChunks;
+    if (!vec) {
+#pragma unroll 1
+        for (int b = 0; b < batches; ++b) {
+            const int nr = rows.count(b);
+            float dot[R];
+#pragma unroll
+            for (int r = 0; r < R; ++r) dot[r] = r < nr ? warp_row_dot(rows.base(b) + rows.offset(r), x, k) : 0.0f;
+            done(b, dot);
+        }
+        return;
+    }
+    const int lane = threadIdx.x & 31;
+    const int k8 = k >> 3;
+    const int nb = (k8 + 32 * S - 1) / (32 * S);  // steps per batch
+    const int n_steps = batches * nb;
+    // load cursor: step lj of batch lb (base pointer lbase, lnr rows)
+    int lb = 0, lj = 0;
+    const bf16* lbase = n_steps > 0 ? rows.base(0) : nullptr;
+    int lnr = n_steps > 0 ? rows.count(0) : 0;
+    auto load = [&](uint4 (&slot)[R][S]) {
+#pragma unroll
+        for (int s = 0; s < S; ++s) {
+            const int c = lane + 32 * (S * lj + s);
+#pragma unroll
+            for (int r = 0; r < R; ++r)
+                slot[r][s] = r < lnr && c < k8 ? *reinterpret_cast<const uint4*>(lbase + rows.offset(r) + 8 * c)
+                                               : uint4{0u, 0u, 0u, 0u};
+        }
+        if (++lj == nb) {
+            lj = 0;
+            if (++lb < batches) {
+                lbase = rows.base(lb);
+                lnr = rows.count(lb);
+            }
+        }
+    };
+    uint4 wa[R][S], wb[R][S];
+    if (n_steps > 0) load(wa);
+    if (n_steps > 1) load(wb);
+    // consume cursor: step cj of batch cb
+    int cb = 0, cj = 0;
+    float acc[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r] = 0.0f;
+    auto multiply = [&](const uint4 (&slot)[R][S]) {
+#pragma unroll
+        for (int s = 0; s < S; ++s) {
+            const int c = lane + 32 * (S * cj + s);
+            if (c < k8) {  // a chunk past the row adds nothing (not even 0 * x: -0 and inf stay as they were)
+                const float4 x0 = *reinterpret_cast<const float4*>(x + 8 * c);
+                const float4 x1 = *reinterpret_cast<const float4*>(x + 8 * c + 4);
+                const float xv[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+#pragma unroll
+                for (int r = 0; r < R; ++r) {
+                    float w[8];
+                    unpack_bf16x8(slot[r][s], w);
+#pragma unroll
+                    for (int i = 0; i < 8; ++i) acc[r] = fmaf(w[i], xv[i], acc[r]);
+                }
+            }
+        }
+    };
+    auto finish_step = [&]() {
+        if (++cj < nb) return;
+        float dot[R];
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            dot[r] = warp_sum(acc[r]);
+            acc[r] = 0.0f;
+        }
+        done(cb, dot);
+        cj = 0;
+        ++cb;
+    };
+#pragma unroll 1  // the two slots are the pipeline: unrolled further, ptxas holds more in registers and spills
+    for (int i = 0; i < n_steps; i += 2) {
+        multiply(wa);
+        if (i + 2 < n_steps) load(wa);  // refilled before this step's reduction (if any) runs
+        finish_step();
+        if (i + 1 < n_steps) {
+            multiply(wb);
+            if (i + 3 < n_steps) load(wb);
+            finish_step();
+        }
+    }
+}
+
 KERN_DEV float silu_bf(float g) { return round_bf(g / (1.0f + expf(-g))); }
 
-// Rows [first, first + count) of W [*, k] against x: `out(row, dot)` by lane 0 of the row's warp.
+// The rows of gemv_rows' batches: the warp's i-th row at row0 + i stride (elements), i < n; batch b holds rows
+// i = kBatchRows b .. kBatchRows b + kBatchRows - 1.
+struct PlainRows {
+    const bf16* row0;
+    size_t stride;
+    int n;
+    KERN_DEV const bf16* base(int b) const { return row0 + static_cast<size_t>(b) * kBatchRows * stride; }
+    KERN_DEV size_t offset(int r) const { return static_cast<size_t>(r) * stride; }
+    KERN_DEV int count(int b) const { return min(kBatchRows, n - b * kBatchRows); }
+};
+
+// GATE_UP's: output i of the warp (i < n) is gate row row0 + i stride and up row (row0 + up) + i stride; a batch
+// is kBatchRows / 2 outputs, rows (gate, up) pair by pair.
+struct GateUpRows {
+    const bf16* row0;
+    size_t stride, up;
+    int n;
+    static constexpr int kPairs = kBatchRows / 2;
+    KERN_DEV const bf16* base(int b) const { return row0 + static_cast<size_t>(b) * kPairs * stride; }
+    KERN_DEV size_t offset(int r) const { return static_cast<size_t>(r >> 1) * stride + ((r & 1) ? up : 0); }
+    KERN_DEV int count(int b) const { return 2 * min(kPairs, n - b * kPairs); }
+};
+
+// Rows [first, first + count) of W [*, k] against x: `out(row, dot)` by lane 0 of the row's warp. Warp w owns rows
+// first + w + PD_WARPS i, i = 0, 1, ...; batch b is i = kBatchRows b .. kBatchRows b + kBatchRows - 1.
 template <typename Out>
 KERN_DEV void gemv_rows(const bf16* w, int first, int count, int k, const float* x, Out out) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    for (int r = warp; r < count; r += PD_WARPS) {
-        const int row = first + r;
-        const float dot = warp_row_dot(w + static_cast<size_t>(row) * k, x, k);
-        if (lane == 0) out(row, dot);
-    }
+    const int mine = count > warp ? (count - warp + PD_WARPS - 1) / PD_WARPS : 0;  // rows of this warp
+    const int batches = (mine + kBatchRows - 1) / kBatchRows;
+    const PlainRows rows{w + static_cast<size_t>(first + warp) * k, static_cast<size_t>(PD_WARPS) * k, mine};
+    auto done = [&](int b, const float (&dot)[kBatchRows]) {
+#pragma unroll
+        for (int r = 0; r < kBatchRows; ++r) {
+            const int i = b * kBatchRows + r;
+            if (lane == 0 && i < mine) out(first + warp + PD_WARPS * i, dot[r]);
+        }
+    };
+    stream_rows(batches, k, x, (k & 7) == 0 && aligned16(w), rows, done);
 }
 
 // q/k RMSNorm + RoPE of kv head g's q heads and its k head, K/V written to the slot (kern_qk_norm_rope_kv's
@@ -425,6 +567,41 @@ KERN_DEV void attn_reduce(int g, const PersistShape& s, const float* parts, bf16
     }
 }
 
+// While thread 0 waits on an instruction's counter, warp 1 asks L2 for the first kPrefetchBytes of the
+// instruction's weight tile (rows first .. first + count of W, contiguous; GATE_UP: half from the gate rows, half
+// from the up rows), in 16 KiB bulk prefetches (cp.async.bulk.prefetch.L2): HBM traffic during the wait instead of
+// after it, nothing in registers or shared memory, no effect on any result. The tile's first rows are the first
+// ones every warp streams (warp w: rows w, w + 8, ...). 132 blocks x 128 KiB = 16.5 MiB of the H200's L2.
+constexpr uint32_t kPrefetchBytes = 128u * 1024u, kPrefetchPiece = 16u * 1024u;
+
+KERN_DEV void prefetch_tile(uint32_t op, const PersistLayer& L, const bf16* lm_head, uint32_t first, uint32_t count,
+                            const PersistShape& s) {
+    const size_t H = s.hidden, I = s.inter, q_dim = static_cast<size_t>(s.q_heads) * s.head_dim;
+    const bf16* gate = nullptr;  // the range; GATE_UP: its gate rows, `up` its up rows
+    const bf16* up = nullptr;
+    size_t k = H;
+    switch (op) {
+        case kQkv: gate = L.w_qkv + first * H; break;
+        case kOProj: gate = L.w_o + first * q_dim, k = q_dim; break;
+        case kGateUp: gate = L.w_gate_up + first * H, up = L.w_gate_up + (I + first) * H; break;
+        case kDown: gate = L.w_down + first * I, k = I; break;
+        case kLmHead: gate = lm_head + first * H; break;
+        default: return;
+    }
+    const size_t tile = static_cast<size_t>(count) * k * sizeof(bf16);
+    const uint32_t share = up != nullptr ? kPrefetchBytes / 2 : kPrefetchBytes;
+    const uint32_t budget = static_cast<uint32_t>(min(tile, static_cast<size_t>(share))) & ~15u;
+    const uint32_t lane = threadIdx.x & 31;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const bf16* p = r == 0 ? gate : up;
+        if (p == nullptr || !aligned16(p)) continue;
+        const char* base = reinterpret_cast<const char*>(p);
+        for (uint32_t off = lane * kPrefetchPiece; off < budget; off += 32 * kPrefetchPiece)
+            prefetch_l2(base + off, min(kPrefetchPiece, budget - off));
+    }
+}
+
 // Larger value wins; equal values: the smaller index (kern_argmax's rule).
 KERN_DEV bool better(float v, int i, float bv, int bi) { return v > bv || (v == bv && i < bi); }
 
@@ -494,8 +671,10 @@ extern "C" __global__ void __launch_bounds__(PD_THREADS, 1) kern_persistent_deco
             if (threadIdx.x == 0) raise_fault(err, kBadTable, blockIdx.x, index, 0, 0, 0);
             break;
         }
-        // ---- the wait: thread 0 spins, the block follows
+        // ---- the wait: thread 0 spins, the block follows (warp 1 prefetches the weights meanwhile)
         if (wait != kNoCounter) {
+            if ((threadIdx.x >> 5) == 1 && load_acquire(counters + wait) < target)
+                prefetch_tile(op, layers.layer[layer < kMaxLayers ? layer : 0], lm_head, ins[2], ins[3], s);
             if (threadIdx.x == 0) {
                 const unsigned long long start = global_ns();
                 unsigned spins = 0;
@@ -541,15 +720,23 @@ extern "C" __global__ void __launch_bounds__(PD_THREADS, 1) kern_persistent_deco
                     residual[row] = f2bf(ld_act(residual + row) + round_bf(dot));
                 });
                 break;
-            case kGateUp: {
+            case kGateUp: {  // a batch: kBatchRows / 2 outputs j, j + PD_WARPS, ... as rows gate j, up j, gate j + 8, ...
                 stage_rmsnorm(sm.x, residual, Lp.ln_post, H, s.eps, sm.red);
+                static_assert(kBatchRows % 2 == 0, "GATE_UP batches are (gate, up) row pairs");
+                constexpr int kPairs = kBatchRows / 2;
                 const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-                for (int r = warp; r < static_cast<int>(cnt); r += PD_WARPS) {
-                    const int j = a + r;
-                    const float gate = warp_row_dot(Lp.w_gate_up + static_cast<size_t>(j) * H, sm.x, H);
-                    const float up = warp_row_dot(Lp.w_gate_up + static_cast<size_t>(I + j) * H, sm.x, H);
-                    if (lane == 0) act[j] = f2bf(silu_bf(round_bf(gate)) * round_bf(up));
-                }
+                const int mine = static_cast<int>(cnt) > warp ? (static_cast<int>(cnt) - warp + PD_WARPS - 1) / PD_WARPS : 0;
+                const bf16* w = Lp.w_gate_up;
+                const GateUpRows rows{w + static_cast<size_t>(a + warp) * H, static_cast<size_t>(PD_WARPS) * H,
+                                      static_cast<size_t>(I) * H, mine};
+                auto done = [&](int b, const float (&dot)[kBatchRows]) {
+#pragma unroll
+                    for (int u = 0; u < kPairs; ++u) {
+                        const int i = b * kPairs + u, j = static_cast<int>(a) + warp + PD_WARPS * i;
+                        if (lane == 0 && i < mine) act[j] = f2bf(silu_bf(round_bf(dot[2 * u])) * round_bf(dot[2 * u + 1]));
+                    }
+                };
+                stream_rows((mine + kPairs - 1) / kPairs, H, sm.x, (H & 7) == 0 && aligned16(w), rows, done);
                 break;
             }
             case kDown:
@@ -563,12 +750,11 @@ extern "C" __global__ void __launch_bounds__(PD_THREADS, 1) kern_persistent_deco
                 const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
                 float best = -INFINITY;
                 int best_i = 0x7fffffff;
-                for (int r = warp; r < static_cast<int>(cnt); r += PD_WARPS) {
-                    const int row = a + r;
-                    const float v = round_bf(warp_row_dot(lm_head + static_cast<size_t>(row) * H, sm.x, H));
-                    if (lane == 0) logits[row] = f2bf(v);
+                gemv_rows(lm_head, a, cnt, H, sm.x, [&](int row, float dot) {  // lane 0, the warp's rows in order
+                    const float v = round_bf(dot);
+                    logits[row] = f2bf(v);
                     if (better(v, row, best, best_i)) best = v, best_i = row;
-                }
+                });
                 __syncthreads();
                 if (lane == 0) {
                     sm.red[warp] = best;

@@ -1,5 +1,5 @@
 // The persistent decode kernel's synchronisation primitives (kernels-src/persistent_decode.cu): the global timer,
-// the counters' acquire load and release add, and its dynamic shared memory. tools/cpu_emu_persist/ holds the CPU
+// the counters' acquire load and release add, its dynamic shared memory and the L2 prefetch of weights. tools/cpu_emu_persist/ holds the CPU
 // stand-in of this header (std::atomic_ref, steady_clock), which is how the kernel's logic is checked without a GPU.
 #pragma once
 #include <stdint.h>
@@ -20,4 +20,9 @@ __device__ __forceinline__ uint32_t load_acquire(const uint32_t* p) {
 
 __device__ __forceinline__ void red_release_add(uint32_t* p, uint32_t v) {
     asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+// A hint: bring [p, p + bytes) into L2 (p 16-byte aligned, bytes a multiple of 16; no data reaches the SM).
+__device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
 }

@@ -1,6 +1,7 @@
 """Run kern_persistent_decode (kernels-src/persistent_decode.cu) on the CPU (no GPU): one decode step of a tiny
 Qwen3-shaped model, every block of the grid at once, against a numpy model of today's decode step built from
-tools/reference_kernels.py; and a planted hang against the error word.
+tools/reference_kernels.py; and a planted hang against the error word. The "wide" step cases (hidden 552,
+intermediate 616) take the GEMV-row path through several pipeline steps per batch with uneven chunks per lane.
 
 The kernel source is compiled with g++ against tools/cpu_emu_persist/ (common.cuh: each block its own 256
 std::threads, block barrier, warp exchanges and dynamic shared memory; persistent_sync.cuh: std::atomic_ref counters,
@@ -57,6 +58,15 @@ def tiny_config() -> Qwen3Config:
     """hidden 64, 2 layers, 4 q heads over 2 kv heads of 32, intermediate 96, vocab 160."""
     return Qwen3Config(hidden=64, layers=2, q_heads=4, kv_heads=2, head_dim=32, intermediate=96, vocab=160, tied=True,
                        rope_theta=1e6, eps=1e-6, max_position_embeddings=MAX_POS)
+
+
+def wide_config() -> Qwen3Config:
+    """tiny_config with hidden 552 and intermediate 616 (69 and 77 16-byte chunks per row: lanes with 2 and 3
+    chunks, two pipeline steps per batch of the GEMV-row path, batches with one row) and vocab 200."""
+    return dataclasses.replace(tiny_config(), hidden=552, intermediate=616, vocab=200)
+
+
+CONFIGS = {"tiny": tiny_config, "wide": wide_config}
 
 
 def build(out: Path) -> Path:
@@ -182,12 +192,12 @@ def rel_err(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.max(np.abs(a - b)) / max(float(np.max(np.abs(b))), 1e-30))
 
 
-def check_step(exe: Path, work: Path, grid: int, seed: int, position: int) -> list[str]:
-    """One decode step on `grid` blocks; returns the failures (empty: ok)."""
-    cfg = tiny_config()
+def check_step(exe: Path, work: Path, grid: int, seed: int, position: int, shape: str = "tiny") -> list[str]:
+    """One decode step on `grid` blocks of the CONFIGS[shape] model; returns the failures (empty: ok)."""
+    cfg = CONFIGS[shape]()
     m = random_model(cfg, seed, position)
     sched = build_schedule(cfg, grid, splits=2)
-    d = work / f"step-{grid}-{position}"
+    d = work / f"step-{shape}-{grid}-{position}"
     d.mkdir()
     write_inputs(d, m, sched.table.pack(), sched.table.num_counters, sched.splits, sched.lm_tiles)
     run(exe, d, grid, 60_000_000_000, cfg)
@@ -399,6 +409,7 @@ def main(argv: list[str] | None = None) -> int:
         print("persistent_cpu_emu: g++ not found", file=sys.stderr)
         return 2
     cases = [("step", 3, 37), ("step", 1, 5)] if args.quick else [("step", g, p) for g in (1, 2, 3, 5) for p in (0, 5, 37)]
+    cases += [("wide", 2, 20)] if args.quick else [("wide", g, p) for g in (2, 5) for p in (5, 20)]
     cases.append(("hang", 3, 0))
     if args.only == "attention":
         cases = []
@@ -417,9 +428,9 @@ def main(argv: list[str] | None = None) -> int:
                 label = f"attention {ATTN_CASES[grid].label}"
                 fails = check_attention(exe, work, ATTN_CASES[grid], args.seed + grid)
             else:
-                label = f"{kind} grid {grid}" + (f" position {position}" if kind == "step" else "")
-                fails = (check_step(exe, work, grid, args.seed + grid, position) if kind == "step"
-                         else check_planted_hang(exe, work, grid))
+                label = f"{kind} grid {grid}" + (f" position {position}" if kind != "hang" else "")
+                fails = (check_step(exe, work, grid, args.seed + grid, position, "tiny" if kind == "step" else kind)
+                         if kind != "hang" else check_planted_hang(exe, work, grid))
             print(f"{label}: " + ("ok" if not fails else "FAILED\n  " + "\n  ".join(fails)))
             failed += bool(fails)
     return 1 if failed else 0

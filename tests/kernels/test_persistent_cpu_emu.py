@@ -1,8 +1,9 @@
 """kernels-src/persistent_decode.cu run on the CPU (tools/persistent_cpu_emu.py --quick: the kernel source compiled
 with g++ against tools/cpu_emu_persist/, every block of the grid at once as 256 std::threads each, the builder's
-table): one decode step of a tiny Qwen3 shape on 3 blocks and on 1 against the numpy model of today's step (logits,
-next_token, q, the written K/V row, attn_out, the final residual, every counter at its signallers, the error word
-zero), a planted hang ending with code 1 and its detail, and the attention-only tables (ATTN_PARTIAL / ATTN_REDUCE
+table): one decode step of a tiny Qwen3 shape on 3 blocks and on 1, and of a wider one (hidden 552, intermediate 616:
+several GEMV-row pipeline steps per batch, uneven chunks per lane) on 2, against the numpy model of today's step
+(logits, next_token, q, the written K/V row, attn_out, the final residual, every counter at its signallers, the error
+word zero), a planted hang ending with code 1 and its detail, and the attention-only tables (ATTN_PARTIAL / ATTN_REDUCE
 at several head dims and groups against a float64 reference). A logic check where no GPU is at hand."""
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ def test_persistent_decode_on_the_cpu_emulator(capsys: pytest.CaptureFixture[str
     code = persistent_cpu_emu.main(["--quick", "--seed", "1", "--only", "step"])
     out = capsys.readouterr().out
     assert code == 0, out
-    assert out.count(": ok") == 3, out
+    assert out.count(": ok") == 4, out
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not found")

@@ -24,6 +24,7 @@ struct dim3 { unsigned x = 0, y = 0, z = 0; };
 extern thread_local dim3 threadIdx, blockIdx;
 extern dim3 blockDim, gridDim;
 struct uint4 { uint32_t x, y, z, w; };
+struct float4 { float x, y, z, w; };
 using std::max; using std::min;
 inline float fmaxf(float a, float b) { return std::fmax(a, b); }
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
