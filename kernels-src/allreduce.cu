@@ -43,6 +43,105 @@ __device__ __forceinline__ unsigned long long ar_data_offset(int size, int block
   return (words * 8 + AR_FLAGS_ALIGN - 1) / AR_FLAGS_ALIGN * AR_FLAGS_ALIGN;
 }
 
+// The steps the one-shot collectives share (the all-reduce's 1, 3, 4 and 6; the all-gather's likewise): the
+// per-block state in shared memory, the argument refusal, the epoch and slot addressing, the announce-and-wait
+// handshake, the bookkeeping.
+struct OneShotShared {
+  unsigned long long epoch;
+  int missing, skip_wait;
+};
+
+struct OneShot {
+  unsigned long long* mine;    // this rank's buffer: flags, then epochs, then failed
+  unsigned long long* epochs;
+  unsigned long long* failed;
+  unsigned long long e;        // this call's epoch for the block
+  unsigned long long data;     // byte offset of the slots
+  unsigned long long slot_bytes;
+  unsigned long long parity;   // (e & 1) * size: the first slot of this call's parity
+  int lo, hi;                  // the block's elements [lo, hi) of every slot
+};
+
+// status = {2, count, gridDim, size}, written once (block 0, thread 0) by a launch whose arguments cannot work
+__device__ __forceinline__ void oneshot_refuse(int* __restrict__ status, int count, int size) {
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    status[1] = count;
+    status[2] = (int)gridDim.x;
+    status[3] = size;
+    __threadfence_system();
+    status[0] = 2;
+  }
+}
+
+// step 1: this block's epoch (thread 0 reads it, then a barrier), its parity's slots and its chunk of `count`
+__device__ __forceinline__ OneShot oneshot_begin(const unsigned long long* __restrict__ peers, int rank, int size,
+                                                 int count, int capacity, int blocks, OneShotShared& sh) {
+  OneShot o;
+  o.mine = reinterpret_cast<unsigned long long*>(peers[rank]);
+  o.epochs = o.mine + (unsigned long long)size * blocks;
+  o.failed = o.epochs + blocks;
+  if (threadIdx.x == 0) {
+    sh.epoch = *reinterpret_cast<volatile unsigned long long*>(o.epochs + blockIdx.x) + 1ull;
+    sh.missing = size;
+    sh.skip_wait = *reinterpret_cast<volatile unsigned long long*>(o.failed) != 0ull;
+  }
+  __syncthreads();
+  o.e = sh.epoch;
+  o.data = ar_data_offset(size, blocks);
+  o.slot_bytes = (unsigned long long)capacity * 2;
+  o.parity = (o.e & 1ull) * size;
+  const int chunk = (count + 8 * blocks - 1) / (8 * blocks) * 8;
+  o.lo = (int)blockIdx.x * chunk;
+  o.hi = min(count, o.lo + chunk);
+  return o;
+}
+
+// member m's slot for this rank's data in this call
+__device__ __forceinline__ char* oneshot_slot(const unsigned long long* __restrict__ peers, int m, int rank,
+                                              const OneShot& o) {
+  return reinterpret_cast<char*>(peers[m]) + o.data + (o.parity + rank) * o.slot_bytes;
+}
+
+// steps 2's fence and 3-4: the pushes visible system-wide, then thread m < size announces this epoch on member
+// m and spins (acquire) on member m's announcement here, bounded by `timeout_ns` (none once `failed` is set);
+// barriers before and after
+__device__ __forceinline__ void oneshot_handshake(const unsigned long long* __restrict__ peers, int rank, int size,
+                                                  int blocks, const OneShot& o, OneShotShared& sh,
+                                                  long long timeout_ns) {
+  fence_sys();
+  __syncthreads();
+  const int tid = threadIdx.x, b = blockIdx.x;
+  if (tid < size) {
+    store_release_sys(reinterpret_cast<unsigned long long*>(peers[tid]) + (unsigned long long)rank * blocks + b, o.e);
+    const unsigned long long* flag = o.mine + (unsigned long long)tid * blocks + b;
+    const unsigned long long start = global_ns();
+    while (load_acquire_sys(flag) < o.e) {
+      if (sh.skip_wait || (long long)(global_ns() - start) > timeout_ns) {
+        atomicMin(&sh.missing, tid);
+        break;
+      }
+      __nanosleep(32);
+    }
+  }
+  __syncthreads();
+}
+
+// step 6: thread 0 stores the epoch; on a timeout the first failing block of this rank sets `failed` and writes
+// status = {1, lowest missing rank, block, e}
+__device__ __forceinline__ void oneshot_finish(int size, const OneShot& o, const OneShotShared& sh,
+                                               int* __restrict__ status) {
+  if (threadIdx.x == 0) {
+    o.epochs[blockIdx.x] = o.e;
+    if (sh.missing < size && atomicCAS(reinterpret_cast<unsigned long long*>(o.failed), 0ull, 1ull) == 0ull) {
+      status[1] = sh.missing;
+      status[2] = blockIdx.x;
+      status[3] = (int)o.e;
+      __threadfence_system();
+      status[0] = 1;
+    }
+  }
+}
+
 __device__ __forceinline__ void add8(float (&acc)[8], uint4 raw) {
   const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
 #pragma unroll
@@ -57,66 +156,27 @@ template <bool ADD>
 __device__ __forceinline__ void allreduce_block(const unsigned long long* __restrict__ peers, int rank, int size,
                                                 const __nv_bfloat16* x, __nv_bfloat16* out, int count, int capacity,
                                                 int blocks, int* __restrict__ status, long long timeout_ns) {
-  __shared__ unsigned long long epoch_s;
-  __shared__ int missing_s, skip_wait_s;
+  __shared__ OneShotShared sh;
   kern_pdl_wait();  // a no-op unless launched with PDL: x is the previous kernel's output
-  const int b = blockIdx.x, tid = threadIdx.x;
+  const int tid = threadIdx.x;
   if (count % 8 != 0 || count < 0 || count > capacity || (int)gridDim.x != blocks || size > (int)blockDim.x ||
       rank < 0 || rank >= size) {
-    if (b == 0 && tid == 0) {
-      status[1] = count;
-      status[2] = (int)gridDim.x;
-      status[3] = size;
-      __threadfence_system();
-      status[0] = 2;
-    }
+    oneshot_refuse(status, count, size);
     return;
   }
-  unsigned long long* const mine = reinterpret_cast<unsigned long long*>(peers[rank]);
-  unsigned long long* const epochs = mine + (unsigned long long)size * blocks;
-  unsigned long long* const failed = epochs + blocks;
-  if (tid == 0) {
-    epoch_s = *reinterpret_cast<volatile unsigned long long*>(epochs + b) + 1ull;
-    missing_s = size;
-    skip_wait_s = *reinterpret_cast<volatile unsigned long long*>(failed) != 0ull;
-  }
-  __syncthreads();
-  const unsigned long long e = epoch_s;
-  const unsigned long long data = ar_data_offset(size, blocks);
-  const unsigned long long slot_bytes = (unsigned long long)capacity * 2;
-  const unsigned long long parity = (e & 1ull) * size;
-  const int chunk = (count + 8 * blocks - 1) / (8 * blocks) * 8;
-  const int lo = b * chunk, hi = min(count, lo + chunk);
-
+  const OneShot o = oneshot_begin(peers, rank, size, count, capacity, blocks, sh);
   // 2. push this rank's partial into slot (p, rank) of every member
-  for (int i = lo + 8 * tid; i < hi; i += 8 * (int)blockDim.x) {
+  for (int i = o.lo + 8 * tid; i < o.hi; i += 8 * (int)blockDim.x) {
     const uint4 v = *reinterpret_cast<const uint4*>(x + i);
-    for (int m = 0; m < size; ++m) {
-      char* slot = reinterpret_cast<char*>(peers[m]) + data + (parity + rank) * slot_bytes;
-      store16(slot + 2ull * i, v);
-    }
+    for (int m = 0; m < size; ++m) store16(oneshot_slot(peers, m, rank, o) + 2ull * i, v);
   }
-  fence_sys();
-  __syncthreads();
   // 3. announce, 4. wait for every member's announcement of this epoch
-  if (tid < size) {
-    store_release_sys(reinterpret_cast<unsigned long long*>(peers[tid]) + (unsigned long long)rank * blocks + b, e);
-    const unsigned long long* flag = mine + (unsigned long long)tid * blocks + b;
-    const unsigned long long start = global_ns();
-    while (load_acquire_sys(flag) < e) {
-      if (skip_wait_s || (long long)(global_ns() - start) > timeout_ns) {
-        atomicMin(&missing_s, tid);
-        break;
-      }
-      __nanosleep(32);
-    }
-  }
-  __syncthreads();
+  oneshot_handshake(peers, rank, size, blocks, o, sh, timeout_ns);
   // 5. the sum, rank order, float32
-  const char* base = reinterpret_cast<const char*>(mine) + data + parity * slot_bytes;
-  for (int i = lo + 8 * tid; i < hi; i += 8 * (int)blockDim.x) {
+  const char* base = reinterpret_cast<const char*>(o.mine) + o.data + o.parity * o.slot_bytes;
+  for (int i = o.lo + 8 * tid; i < o.hi; i += 8 * (int)blockDim.x) {
     float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-    for (int s = 0; s < size; ++s) add8(acc, load16_cg(base + s * slot_bytes + 2ull * i));
+    for (int s = 0; s < size; ++s) add8(acc, load16_cg(base + s * o.slot_bytes + 2ull * i));
     if (ADD) {
       float r[8];
       load8_vec(out + i, r);
@@ -126,16 +186,7 @@ __device__ __forceinline__ void allreduce_block(const unsigned long long* __rest
     store8_vec(out + i, acc);
   }
   // 6. bookkeeping
-  if (tid == 0) {
-    epochs[b] = e;
-    if (missing_s < size && atomicCAS(reinterpret_cast<unsigned long long*>(failed), 0ull, 1ull) == 0ull) {
-      status[1] = missing_s;
-      status[2] = b;
-      status[3] = (int)e;
-      __threadfence_system();
-      status[0] = 1;
-    }
-  }
+  oneshot_finish(size, o, sh, status);
 }
 
 }  // namespace
@@ -208,93 +259,44 @@ __device__ __forceinline__ void allgather_block(const unsigned long long* __rest
                                                 const __nv_bfloat16* __restrict__ x, __nv_bfloat16* __restrict__ out,
                                                 int rows, int vocab, int slice, int capacity, int blocks,
                                                 int* __restrict__ status, long long timeout_ns) {
-  __shared__ unsigned long long epoch_s;
-  __shared__ int missing_s, skip_wait_s;
+  __shared__ OneShotShared sh;
   kern_pdl_wait();  // a no-op unless launched with PDL: x is the previous kernel's output
-  const int b = blockIdx.x, tid = threadIdx.x;
+  const int tid = threadIdx.x;
   const long long count64 = (long long)rows * (long long)slice;
   if (rows < 0 || slice < 1 || slice > vocab || (long long)(size - 1) * slice >= (long long)vocab ||
       count64 > (long long)capacity || capacity % 8 != 0 || (int)gridDim.x != blocks || size > (int)blockDim.x ||
       rank < 0 || rank >= size) {
-    if (b == 0 && tid == 0) {
-      status[1] = (int)count64;
-      status[2] = (int)gridDim.x;
-      status[3] = size;
-      __threadfence_system();
-      status[0] = 2;
-    }
+    oneshot_refuse(status, (int)count64, size);
     return;
   }
   const int count = (int)count64;
-  unsigned long long* const mine = reinterpret_cast<unsigned long long*>(peers[rank]);
-  unsigned long long* const epochs = mine + (unsigned long long)size * blocks;
-  unsigned long long* const failed = epochs + blocks;
-  if (tid == 0) {
-    epoch_s = *reinterpret_cast<volatile unsigned long long*>(epochs + b) + 1ull;
-    missing_s = size;
-    skip_wait_s = *reinterpret_cast<volatile unsigned long long*>(failed) != 0ull;
-  }
-  __syncthreads();
-  const unsigned long long e = epoch_s;
-  const unsigned long long data = ar_data_offset(size, blocks);
-  const unsigned long long slot_bytes = (unsigned long long)capacity * 2;
-  const unsigned long long parity = (e & 1ull) * size;
-  const int chunk = (count + 8 * blocks - 1) / (8 * blocks) * 8;
-  const int lo = b * chunk, hi = min(count, lo + chunk);
-
+  const OneShot o = oneshot_begin(peers, rank, size, count, capacity, blocks, sh);
   // 2. push this rank's slice into slot (p, rank) of every member
-  for (int i = lo + 8 * tid; i < hi; i += 8 * (int)blockDim.x) {
+  for (int i = o.lo + 8 * tid; i < o.hi; i += 8 * (int)blockDim.x) {
     if (i + 8 <= count) {
       const uint4 v = *reinterpret_cast<const uint4*>(x + i);
-      for (int m = 0; m < size; ++m) {
-        char* slot = reinterpret_cast<char*>(peers[m]) + data + (parity + rank) * slot_bytes;
-        store16(slot + 2ull * i, v);
-      }
+      for (int m = 0; m < size; ++m) store16(oneshot_slot(peers, m, rank, o) + 2ull * i, v);
     } else {
       for (int m = 0; m < size; ++m) {
-        __nv_bfloat16* slot = reinterpret_cast<__nv_bfloat16*>(reinterpret_cast<char*>(peers[m]) + data +
-                                                               (parity + rank) * slot_bytes);
+        __nv_bfloat16* slot = reinterpret_cast<__nv_bfloat16*>(oneshot_slot(peers, m, rank, o));
         for (int k = i; k < count; ++k) slot[k] = x[k];
       }
     }
   }
-  fence_sys();
-  __syncthreads();
   // 3. announce, 4. wait for every member's announcement of this epoch
-  if (tid < size) {
-    store_release_sys(reinterpret_cast<unsigned long long*>(peers[tid]) + (unsigned long long)rank * blocks + b, e);
-    const unsigned long long* flag = mine + (unsigned long long)tid * blocks + b;
-    const unsigned long long start = global_ns();
-    while (load_acquire_sys(flag) < e) {
-      if (skip_wait_s || (long long)(global_ns() - start) > timeout_ns) {
-        atomicMin(&missing_s, tid);
-        break;
-      }
-      __nanosleep(32);
-    }
-  }
-  __syncthreads();
+  oneshot_handshake(peers, rank, size, blocks, o, sh, timeout_ns);
   // 5. every member's chunk to the columns it owns
   const bool vec = slice % 8 == 0 && vocab % 8 == 0;
-  const char* base = reinterpret_cast<const char*>(mine) + data + parity * slot_bytes;
+  const char* base = reinterpret_cast<const char*>(o.mine) + o.data + o.parity * o.slot_bytes;
   for (int s = 0; s < size; ++s) {
     const int window = min(s * slice, vocab - slice);
     const int own_lo = min(s * slice, vocab) - window, own_hi = min((s + 1) * slice, vocab) - window;
-    for (int i = lo + 8 * tid; i < hi; i += 8 * (int)blockDim.x)
-      gather_store(out, load16_cg(base + s * slot_bytes + 2ull * i), i, slice, vocab, window, own_lo, own_hi, count,
-                   vec);
+    for (int i = o.lo + 8 * tid; i < o.hi; i += 8 * (int)blockDim.x)
+      gather_store(out, load16_cg(base + s * o.slot_bytes + 2ull * i), i, slice, vocab, window, own_lo, own_hi,
+                   count, vec);
   }
   // 6. bookkeeping
-  if (tid == 0) {
-    epochs[b] = e;
-    if (missing_s < size && atomicCAS(reinterpret_cast<unsigned long long*>(failed), 0ull, 1ull) == 0ull) {
-      status[1] = missing_s;
-      status[2] = b;
-      status[3] = (int)e;
-      __threadfence_system();
-      status[0] = 1;
-    }
-  }
+  oneshot_finish(size, o, sh, status);
 }
 
 }  // namespace
