@@ -28,6 +28,8 @@ run_group kernels-sample-step tests/kernels --ignore=tests/kernels/test_kernels_
 run_group rest tests packages --ignore=tests/kernels --ignore=tests/harvest &
 wait
 run_group harvest tests/harvest  # alone: a torch.compile capture through CUPTI (the cupti-python wheel in .whl/)
+# the tiny-en capture the harvest test lays down when missing (tests/data/harvest/tiny-en): back in $OUT to commit
+[ -d tests/data/harvest/tiny-en ] && tar czf "$OUT/harvest-tiny-en.tgz" -C tests/data/harvest tiny-en
 for name in kernels-prefill kernels-other kernels-attn-gemv kernels-sample-step rest harvest; do
   echo "===== $name: $(grep -E '(passed|failed|error)' "$OUT/gpu-$name.log" | tail -n1) $(tail -n1 "$OUT/gpu-$name.log")"
   grep -E '^(FAILED|ERROR)' "$OUT/gpu-$name.log" | cut -c1-220 | head -n 40
