@@ -115,6 +115,38 @@ def _time_key(m: int, m_max: int, prefix: str) -> str:
     return f"{prefix}us_max" if m == m_max else f"{prefix}us_{m}"
 
 
+Best = tuple[float, Pin, dict[int, float]]  # (sum of the times, the pin, M -> microseconds)
+
+
+def _fastest_invariant(bench: GemmBench, pins: Sequence[Pin], ms: Sequence[int], time: Callable[[int, Pin], float],
+                       timed: Sequence[int], digits: int, log: Log,
+                       refusal: Callable[[Pin], str | None] = lambda pin: None) -> tuple[Best | None, int, int]:
+    """The search loop both invariant searches share: in order, each pin `refusal` names is dropped (logged), each
+    that does not apply at every M of `ms` is passed over, each that applies is proven (`is_invariant`), and each
+    invariant one timed by `time` at every M of `timed` (logged to `digits` decimals); the least sum wins, the
+    first on a tie. Returns (the best or None, how many were refused, how many applied)."""
+    n, k = bench.n, bench.k
+    best: Best | None = None
+    refused = applicable = 0
+    for pin in pins:
+        why = refusal(pin)
+        if why is not None:
+            refused += 1
+            log(f"  n={n} k={k} {pin}: refused, {why}")
+            continue
+        if not all(bench.applies(pin, m) for m in ms):
+            continue
+        applicable += 1
+        if not is_invariant(bench, pin):
+            log(f"  n={n} k={k} {pin}: not batch-invariant")
+            continue
+        times = {m: time(m, pin) for m in timed}
+        log(f"  n={n} k={k} {pin}: invariant, " + ", ".join(f"M={m} {t:.{digits}f} us" for m, t in times.items()))
+        if best is None or sum(times.values()) < best[0]:
+            best = (sum(times.values()), pin, times)
+    return best, refused, applicable
+
+
 def pick_prefill_pin(bench: GemmBench, log: Log | None = None) -> dict[str, Any]:
     """The fastest batch-invariant configuration of `bench`'s shape, by the sum of its times at `timed_ms`.
 
@@ -128,19 +160,7 @@ def pick_prefill_pin(bench: GemmBench, log: Log | None = None) -> dict[str, Any]
     heuristic = {m: bench.time_us(m, None) for m in timed}
     heuristic_invariant = is_invariant(bench, None)
     cands = bench.candidates(sorted({m for m in CANDIDATE_MS if m <= m_max} | {m_max}), HEURISTIC_COUNT, False)
-    best: tuple[float, Pin, dict[int, float]] | None = None
-    applicable = 0
-    for pin in cands:
-        if not (bench.applies(pin, 1) and bench.applies(pin, m_max)):
-            continue
-        applicable += 1
-        if not is_invariant(bench, pin):
-            log(f"  n={n} k={k} {pin}: not batch-invariant")
-            continue
-        times = {m: bench.time_us(m, pin) for m in timed}
-        log(f"  n={n} k={k} {pin}: invariant, " + ", ".join(f"M={m} {t:.1f} us" for m, t in times.items()))
-        if best is None or sum(times.values()) < best[0]:
-            best = (sum(times.values()), pin, times)
+    best, _, applicable = _fastest_invariant(bench, cands, (1, m_max), bench.time_us, timed, 1, log)
     if best is None:
         raise PinSearchError(f"no batch-invariant cuBLASLt configuration for n={n} k={k} up to M = {m_max} "
                              f"({len(cands)} candidates, {applicable} applicable)")
@@ -212,25 +232,8 @@ def pick_invariant_decode_pin(bench: GemmBench, log: Log | None = None, fallback
     assert m_max == INVARIANT_DECODE_M_MAX, m_max
     cands = bench.candidates(list(INVARIANT_DECODE_CANDIDATE_MS), DECODE_COUNT, True)
     tried = cands if fallback is None or fallback in cands else [*cands, fallback]
-    ms = invariant_decode_ms()
-    best: tuple[float, Pin, dict[int, float]] | None = None
-    refused = applicable = 0
-    for pin in tried:
-        why = reduction_refusal(pin)
-        if why is not None:
-            refused += 1
-            log(f"  n={n} k={k} {pin}: refused, {why}")
-            continue
-        if not all(bench.applies(pin, m) for m in ms):
-            continue
-        applicable += 1
-        if not is_invariant(bench, pin):
-            log(f"  n={n} k={k} {pin}: not batch-invariant")
-            continue
-        times = {m: bench.time_graph_us(m, pin) for m in INVARIANT_DECODE_TIMED_MS}
-        log(f"  n={n} k={k} {pin}: invariant, " + ", ".join(f"M={m} {t:.2f} us" for m, t in times.items()))
-        if best is None or sum(times.values()) < best[0]:
-            best = (sum(times.values()), pin, times)
+    best, refused, applicable = _fastest_invariant(bench, tried, invariant_decode_ms(), bench.time_graph_us,
+                                                   INVARIANT_DECODE_TIMED_MS, 2, log, reduction_refusal)
     if best is None:
         raise PinSearchError(f"no batch-invariant cuBLASLt configuration for the decode of n={n} k={k} at M = 1 .. "
                              f"{m_max} ({len(cands)} candidates, {refused} refused for their reduction, "
