@@ -67,16 +67,18 @@ def _shapes_text(shapes: set[Shape] | list[Shape]) -> str:
     return ", ".join(f"{n}x{k}" for n, k in sorted(shapes))
 
 
-def _invariant_shapes(doc: dict[str, Any]) -> set[Shape]:
-    return {(p["n"], p["k"]) for p in doc.get("invariant_decode_pins", [])}
+def _pinned(doc: dict[str, Any] | None, key: str) -> set[Shape]:
+    """The (n, k) shapes list `key` ("pins" or "invariant_decode_pins") of a checked pins document pins (none for
+    no document or no such list)."""
+    return {(p["n"], p["k"]) for p in doc.get(key, [])} if doc else set()
 
 
 def _serves(doc: dict[str, Any], shapes: set[Shape], chunk_max: int,
             invariant_decode: frozenset[Shape] | set[Shape] = frozenset()) -> bool:
     """A checked pins document (pins_from_doc) pins every shape of `shapes`, proven up to M >= `chunk_max`, and
     has an invariant decode pin for every shape of `invariant_decode`."""
-    return (doc["m_max"] >= chunk_max and shapes <= {(p["n"], p["k"]) for p in doc["pins"]}
-            and set(invariant_decode) <= _invariant_shapes(doc))
+    return (doc["m_max"] >= chunk_max and shapes <= _pinned(doc, "pins")
+            and set(invariant_decode) <= _pinned(doc, "invariant_decode_pins"))
 
 
 def read_pins(path: Path) -> dict[str, Any]:
@@ -233,8 +235,8 @@ def ensure_pins(shapes: set[Shape], gpu: int, chunk_max: int, stamp: Callable[[i
         kept = next((d for _, d in _committed(device) if d["cublaslt_version"] == version
                      and _serves(d, shapes, chunk_max)), None)
     m_max = kept["m_max"] if kept else max(DEFAULT_M_MAX, chunk_max)
-    missing = sorted(shapes - {(p["n"], p["k"]) for p in kept["pins"]} if kept else shapes)
-    missing_invariant = sorted(invariant_decode - (_invariant_shapes(kept) if kept else set()))
+    missing = sorted(shapes - _pinned(kept, "pins"))
+    missing_invariant = sorted(invariant_decode - _pinned(kept, "invariant_decode_pins"))
     kind = _unreplaceable(cached)
     if kind is not None:
         raise RefusalError(f"the cuBLASLt pins cache {cached} is {kind}, not a file kern can replace: remove it "
