@@ -122,7 +122,8 @@ def vocab_split(vocab: int, size: int) -> VocabSplit:
     if size > MAX_GROUP:
         raise ManifestBuildError(f"--tp {size}: the one-shot all-gather of the vocabulary-parallel lm_head takes "
                                  f"groups of at most {MAX_GROUP}; pass --tp-lm-head replicated")
-    slice_ = -(-(-(-vocab // size)) // 8) * 8
+    slice_ = (vocab + size - 1) // size  # cdiv(vocab, size) ...
+    slice_ = (slice_ + 7) // 8 * 8  # ... rounded up to 8
     if slice_ > vocab or (size - 1) * slice_ >= vocab:
         raise ManifestBuildError(f"vocab_size {vocab} over --tp {size} in slices of {slice_} (cdiv rounded to 8) "
                                  "leaves the last rank no logits; pass --tp-lm-head replicated")

@@ -43,12 +43,21 @@ def rows_launch(b: Builder, entry: str, n_groups: int, k: int, args: list[dict[s
     return b.launch(entry, [grid, 1, 1], [block, 1, 1], args + [*tail], shared_mem=16 * k8, pdl=opts.pdl)
 
 
-NORM_ARGS = ("w", "residual", "norm_w", "y")
+_NORM_ARGS = ("w", "residual", "norm_w", "y")
 _RES_ARGS = ("w", "x", "residual")
 
 
 def _wiring(names: tuple[str, ...]) -> list[dict[str, str]]:
     return [{"arg": n} for n in names]
+
+
+def rmsnorm_gemv_op(b: Builder, name: str, n: int, k: int, opts: BuildOptions, eps: tuple[dict[str, Any], ...]
+                    ) -> None:
+    """Declare `name(w, residual, norm_w, y)`: one kern_gemv_rmsnorm launch, y[n] = W[n, k] rmsnorm(residual)
+    (the v1 projections with a norm prologue, the lm_head of both versions at one row, a TP rank's lm_head
+    slice)."""
+    b.op(name, [ptr(a) for a in _NORM_ARGS],
+         [gemv_launch(b, "kern_gemv_rmsnorm", n, k, _wiring(_NORM_ARGS), opts, eps)])
 
 
 def add_gemv_v1_ops(b: Builder, plan: Plan) -> None:
@@ -59,8 +68,7 @@ def add_gemv_v1_ops(b: Builder, plan: Plan) -> None:
     H, I = cfg.hidden, cfg.intermediate
     eps = ({"f32": cfg.eps},)
     for name, n in (("gemv_qkv", plan.qkv_dim), ("gemv_gate_up", 2 * I), ("gemv_lm_head", cfg.vocab)):
-        b.op(name, [ptr(a) for a in NORM_ARGS],
-             [gemv_launch(b, "kern_gemv_rmsnorm", n, H, _wiring(NORM_ARGS), opts, eps)])
+        rmsnorm_gemv_op(b, name, n, H, opts, eps)
     b.op("gemv_o", [ptr(a) for a in _RES_ARGS], [gemv_launch(
         b, "kern_gemv_residual", H, plan.q_dim, _wiring(_RES_ARGS), opts)])
     down = ("w", "gate_up", "residual")
@@ -77,7 +85,7 @@ def add_gemv_v2_ops(b: Builder, plan: Plan) -> None:
     SwiGLU launches by default, or the small-M MMA entries of docs/kernels-gemv.md "Small-M MMA entries")."""
     cfg, opts = plan.cfg, plan.opts
     H, I, V = cfg.hidden, cfg.intermediate, cfg.vocab
-    norm_args, norm_wiring = [ptr(a) for a in NORM_ARGS], _wiring(NORM_ARGS)
+    norm_args, norm_wiring = [ptr(a) for a in _NORM_ARGS], _wiring(_NORM_ARGS)
     eps = ({"f32": cfg.eps},)
     qkv_n = plan.qkv_dim
     ops = [

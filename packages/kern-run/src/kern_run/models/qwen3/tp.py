@@ -50,7 +50,7 @@ from .allreduce import (STATUS, OneShot, VocabSplit, add_allgather_op, add_allre
 from .builder import Builder, call, ptr
 from .config import Qwen3Config
 from .gemm import Projections
-from .gemv import NORM_ARGS, gemv_launch, rows_launch
+from .gemv import rmsnorm_gemv_op, rows_launch
 from .jsonio import manifest_digest
 from .manifest import build_manifest
 from .options import BuildOptions, validate
@@ -173,9 +173,7 @@ def vocab_parallel_lm_head(base: dict[str, Any], b: Builder, cfg: Qwen3Config, s
     assert sum(c["op"] == "allgather" for c in calls) == 1, "no lm_head call into logits"  # a bug in this builder
     prog["calls"] = calls
     if "gemv_lm_head" in base["ops"]:  # the same launch at n = slice
-        eps = ({"f32": cfg.eps},)
-        b.op("gemv_lm_head", [ptr(a) for a in NORM_ARGS],
-             [gemv_launch(b, "kern_gemv_rmsnorm", n, H, [{"arg": a} for a in NORM_ARGS], shard_opts, eps)])
+        rmsnorm_gemv_op(b, "gemv_lm_head", n, H, shard_opts, ({"f32": cfg.eps},))
     used = {c["op"] for p in base["programs"].values() for c in p["calls"]}
     for op in old_ops - used - set(b.ops):  # a pinned (V, hidden) decode op nothing calls any more
         del base["ops"][op]
