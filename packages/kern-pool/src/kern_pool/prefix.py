@@ -375,7 +375,7 @@ class Prefix(Generic[R, P]):
     # ---- internals -------------------------------------------------------------------------------
     def _admit(self, n: int, kept: Any, tier: Any) -> int:
         """The tier index for filing `kept` under `n` tokens, or `Closed` / `Misuse` (nothing changed; `Misuse` also
-    for an object that is not a kept prefix, such as a live `Lease`)."""
+        for an object that is not a kept prefix, such as a live `Lease`)."""
         ti = _tier_index(tier)
         if not (hasattr(kept, "num_tokens") and hasattr(kept, "has_slot") and callable(getattr(kept, "close", None))):
             raise Misuse(f"insert: a {type(kept).__name__} is not a kept prefix (it needs num_tokens, has_slot and "

@@ -92,9 +92,10 @@ class Projections:
         """`--batch-invariant`: the decode projection (n, k) on one pinned algorithm at every M. A shape with an
         invariant decode pin (`invariant_decode_pins`: split-K allowed, proven by tools/pick_algos.py
         --invariant-decode to give every row the same bits at M = 1 .. 64) runs it at every decode bucket
-        (`_invariant_decode`; listed in `on_invariant_decode`). Else a shape the pins file pins for prefill (`pins`: no split-K, proven by tools/pick_algos.py to give every row the same bits
-        at M = 1 .. m_max) calls that prefill op `gemm_<n>x<k>` itself, so a decode row is computed exactly as a
-        prefill row. Else (the lm_head, until pick_algos --lm-head has pinned it) `gemm_<n>x<k>` with its
+        (`_invariant_decode`; listed in `on_invariant_decode`). Else a shape the pins file pins for prefill
+        (`pins`: no split-K, proven by tools/pick_algos.py to give every row the same bits at M = 1 .. m_max;
+        listed in `on_prefill`) calls that prefill op `gemm_<n>x<k>` itself, so a decode row is computed exactly
+        as a prefill row. Else (the lm_head, until pick_algos --lm-head has pinned it) `gemm_<n>x<k>` with its
         `decode_pins` pin when that pin has no split-K and no reduction scheme: the class of configuration
         pick_algos found row-invariant in every case it tried, but not proven for this shape (listed in
         `unproven`, and meta.caller.decode_batch_invariant_unproven). Raises ManifestBuildError for a shape
