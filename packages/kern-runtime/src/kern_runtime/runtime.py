@@ -238,7 +238,9 @@ class Runtime:
             self._buffers[name] = alloc
             if buf.init is not None:  # a device-resident table: its bytes, verified to be the buffer's size
                 data = np.frombuffer(buf.init.data(), dtype=np.uint8)  # u8[nbytes]
-                call("cuMemcpyHtoD", alloc.address, data.ctypes.data, data.nbytes)
+                # on the runtime's stream, which the once programs reading it run on (a plain cuMemcpyHtoD is
+                # on the legacy stream, and its DMA may still be in flight when it returns)
+                call("cuMemcpyHtoDAsync", alloc.address, data.ctypes.data, data.nbytes, self.stream)
         for op in spec.ops.values():
             for sname, expr in op.scratch.items():
                 self._scratch[(op.name, sname)] = self._ledger.device(expr.eval(maxv), f"scratch {op.name}.{sname}")
