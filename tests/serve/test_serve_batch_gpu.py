@@ -120,10 +120,10 @@ def _prompts() -> list[str]:
             for i in range(64)]
 
 
-def _gather(aclient, bodies: list[dict]) -> list:
+def _gather(aclient, bodies: list[dict], model: str = MODEL) -> list:
     async def go():
         async with aclient() as c:
-            return await asyncio.gather(*(c.completions.create(model=MODEL, **b) for b in bodies))
+            return await asyncio.gather(*(c.completions.create(model=model, **b) for b in bodies))
     return asyncio.run(go())
 
 
