@@ -173,3 +173,32 @@ def test_a_failing_callback_fails_the_step(recorder) -> None:  # type: ignore[no
     with pytest.raises(CaptureError, match=r"1 callback failure\(s\) while recording: ValueError: a cuLaunchKernelEx "
                                            r"with a 2x0x0 cluster"):
         r.end()
+
+
+def test_launch_callbacks_are_on_only_while_a_step_is_recorded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Module loads are watched from subscribe() on; every other watched call only between begin() and end(), so
+    torch.compile's autotuning launches before the recorded step never enter Python."""
+    import cuda.bindings
+
+    cupti, driver = fake_cupti(), fake_driver()
+    enabled: dict[tuple[int, int], int] = {}
+    cupti.enable_callback = lambda on, handle, domain, cbid: enabled.__setitem__((int(domain), int(cbid)), on)
+    monkeypatch.setitem(sys.modules, "cupti", types.SimpleNamespace(cupti=cupti))
+    monkeypatch.setitem(sys.modules, "cuda.bindings.driver", driver)
+    monkeypatch.setattr(cuda.bindings, "driver", driver, raising=False)
+    from kern_run.harvest.capture import Recorder
+
+    r = Recorder()
+    r.subscribe()
+    names = {**{(1, c): n for c, n in r.driver_cbids.items()}, **{(2, c): n for c, n in r.runtime_cbids.items()},
+             (3, 6): "MODULE_LOADED"}
+
+    def on() -> set[str]:
+        return {names[key] for key, value in enabled.items() if value}
+
+    loads = {"MODULE_LOADED", "cuModuleLoadData", "cuModuleLoadDataEx"}
+    assert on() == loads
+    r.begin()
+    assert on() == set(names.values()) and "cuLaunchKernel" in on() and "cudaMalloc_v3020" in on()
+    r.end()
+    assert on() == loads

@@ -120,13 +120,27 @@ class Recorder:
     # ------------------------------------------------------------ subscription
 
     def subscribe(self) -> None:
+        """Module loads are watched from here on (every cubin, and which CUmodule holds it); launches, copies,
+        allocations and frees only between `begin()` and `end()`. A callback on every launch of torch.compile's
+        autotuning (thousands of benchmark launches, from many threads, each into Python) kept the tiny-en
+        capture compiling past 140 s on the H200 (2026-12-02); the step recorded is the only one that needs them."""
         cupti = self.cupti
         self.handle = cupti.subscribe(self._callback, None)
         cupti.enable_callback(1, self.handle, cupti.CallbackDomain.RESOURCE, cupti.CallbackIdResource.MODULE_LOADED)
-        for cbid in self.driver_cbids:
+        for cbid in self._load_cbids():
             cupti.enable_callback(1, self.handle, cupti.CallbackDomain.DRIVER_API, cbid)
+
+    def _load_cbids(self) -> list[int]:
+        return [cbid for cbid, name in self.driver_cbids.items() if name in _DRIVER_LOADS]
+
+    def _recorded(self, enable: int) -> None:
+        """Enable (1) or disable (0) the callbacks of a recorded step: every watched call but the module loads."""
+        cupti, loads = self.cupti, set(self._load_cbids())
+        for cbid in self.driver_cbids:
+            if cbid not in loads:
+                cupti.enable_callback(enable, self.handle, cupti.CallbackDomain.DRIVER_API, cbid)
         for cbid in self.runtime_cbids:
-            cupti.enable_callback(1, self.handle, cupti.CallbackDomain.RUNTIME_API, cbid)
+            cupti.enable_callback(enable, self.handle, cupti.CallbackDomain.RUNTIME_API, cbid)
 
     def unsubscribe(self) -> None:
         if self.handle is not None:
@@ -135,8 +149,12 @@ class Recorder:
 
     def begin(self) -> None:
         self.events, self.live, self.errors = [], set(), []
+        if self.handle is not None:
+            self._recorded(1)
 
     def end(self) -> list[Event]:
+        if self.handle is not None:
+            self._recorded(0)
         events, self.events = self.events, None
         if self.errors:
             raise CaptureError(f"{len(self.errors)} callback failure(s) while recording: {self.errors[0]}")
