@@ -91,8 +91,8 @@ class DeviceBench:
         else:  # the window copied to the start of A2: a chunk starts at its own buffer's first row
             a, c = self.a2, self.c2
             # on the bench's stream, so the GEMM after it reads the copied rows: a plain cuMemcpyDtoD runs on the
-            # legacy stream, which a non-blocking stream does not wait for, and under load the GEMM read the
-            # previous window (every candidate "not batch-invariant": the H200 run of 2026-12-02)
+            # legacy stream, which a non-blocking stream does not wait for, so the GEMM could read the previous
+            # window (the likely cause of every candidate "not batch-invariant" under load on the H200, 2026-12-02)
             call("cuMemcpyDtoDAsync", a, self.a + first_row * self.k * 2, m * self.k * 2, self.stream)
         self._run(a, c, m, pin)
         call("cuStreamSynchronize", self.stream)
