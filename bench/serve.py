@@ -7,11 +7,13 @@ transformers' own continuous batching on the same weights and request lengths, i
                            [--c1-requests 4] [--trace PATH] [--trace-requests 200] [--trace-seconds 60]
                            [--context 8192] [--only kern,peer] [--time-limit 120] [--json out.json] [--fake]
 
-- The weights: tools/make_checkpoint.py --shape qwen3-4b (made when `--ckpt` lacks them). The manifest: built by
-  `kern manifest build --shape qwen3-4b --seqs-max 64 --max-context CONTEXT --algos manifests/algos/h200.json`
-  with `--batch-invariant` (`--decode-manifest invariant`, the default: what `kern serve` runs for the qwen3-4b
-  target, docs/serve.md "Which manifest") or `--gemv v2` (`fast`: the M = 1 GEMV decode of the target's
-  `manifest`), the GPU sampler either way, unless `--manifest` names one.
+- The weights: tools/make_checkpoint.py --shape qwen3-4b (made when `--ckpt` lacks them). The manifest: unless
+  `--manifest` names one, what `kern serve --weights CKPT --max-seqs 64` builds itself, as a user's first run
+  does: batch-invariant (`--decode-manifest invariant`, the default; docs/serve.md "Which manifest") on the cuBLASLt
+  pins it picks on this GPU on first use (prefill pins and the split-K invariant decode pins, cached under the
+  user's cache directory), or with `--no-invariant` (`fast`: the v2 GEMV decode at one row, small-M cuBLASLt
+  from two), the GPU sampler either way. The manifest path is read from the server's `built manifest` /
+  `reused manifest` line, for the `kern run` comparison.
 - `kern`: `kern serve` started here as a subprocess on a free loopback port (`--max-seqs 64`), then, one after
   another, these scenarios (each bounded by `--requests` / `--trace-requests` and `--time-limit`):
   * `poisson R/s`: `--requests` requests of `--prompt-tokens` random token ids (no shared prefix) and
@@ -438,25 +440,11 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def manifest_command(args: argparse.Namespace, out: Path) -> list[str]:
-    """`kern manifest build` of the served manifest: the 4B shape at `--max-seqs` rows and `--context`, with
-    `--batch-invariant` (`--decode-manifest invariant`) or the v2 GEMV decode (`fast`), the pins when present."""
-    cmd = [sys.executable, "-m", "kern_run", "manifest", "build", "--shape", "qwen3-4b", "--name",
-           f"qwen3-4b-b{args.max_seqs}-{args.decode_manifest}", "--seqs-max", str(args.max_seqs), "--max-context",
-           str(args.context), "--kernels", str(args.kernels), "--out", str(out)]
-    if args.algos and Path(args.algos).is_file():
-        cmd += ["--algos", str(args.algos)]
-    return cmd + (["--batch-invariant"] if args.decode_manifest == "invariant" else ["--gemv", "v2"])
-
-
-def build_manifest(args: argparse.Namespace, out: Path) -> Path:
-    cmd = manifest_command(args, out)
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    print(f"# {' '.join(cmd[3:])}: exit {proc.returncode} {proc.stdout.strip()[-200:]}{proc.stderr.strip()[-300:]}",
-          flush=True)
-    if proc.returncode != 0:
-        raise RuntimeError("kern manifest build failed (see above)")
-    return out
+def served_manifest(log: str) -> Path | None:
+    """The manifest `kern serve --weights` says it built or reused (`kern serve: built manifest PATH (...)`), or
+    None when the log names none."""
+    m = re.search(r"^kern serve: (?:built|reused) manifest (\S+) \(", log, re.M)
+    return Path(m.group(1)) if m else None
 
 
 def server_command(args: argparse.Namespace, manifest: Path | None, port: int) -> list[str]:
@@ -465,7 +453,10 @@ def server_command(args: argparse.Namespace, manifest: Path | None, port: int) -
         return [sys.executable, str(HERE / "serve_fake.py"), "serve", "--host", "127.0.0.1", "--port", str(port),
                 "--model", "bench", "--max-seqs", str(args.max_seqs), "--context", str(args.context),
                 "--capacity", str(args.capacity), "--step-ms", str(args.fake_step_ms), "--max-queue", str(MAX_REQUESTS)]
-    return [sys.executable, "-m", "kern_run", "serve", "--manifest", str(manifest), "--kernels", str(args.kernels),
+    # no --manifest: kern serve --weights builds its own (and picks the pins on first use)
+    chosen = ["--manifest", str(manifest), "--kernels", str(args.kernels)] if manifest is not None else \
+        ([] if args.decode_manifest == "invariant" else ["--no-invariant"])
+    return [sys.executable, "-m", "kern_run", "serve", *chosen,
             "--weights", str(args.ckpt), "--host", "127.0.0.1", "--port", str(port), "--max-seqs", str(args.max_seqs),
             "--capacity", str(args.capacity), "--host-gib", str(args.host_gib), "--max-queue", str(MAX_REQUESTS),
             "--model-name", "bench", "--drain-timeout", "5", "--log-level", "info", "--gpu", str(args.gpu)]
@@ -610,9 +601,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--ckpt", type=Path, default=Path(os.environ.get("KERN_WEIGHTS", "/tmp/kern-weights")) / "qwen3-4b")
     p.add_argument("--manifest", type=Path, default=None, help="default: built with --seqs-max (see above)")
     p.add_argument("--decode-manifest", choices=["invariant", "fast"], default="invariant",
-                   help="the manifest built when --manifest is not given: --batch-invariant or --gemv v2")
+                   help="without --manifest: kern serve --weights's own manifest, batch-invariant (invariant) or "
+                   "--no-invariant (fast)")
     p.add_argument("--kernels", type=Path, default=ROOT / "kernels")
-    p.add_argument("--algos", type=Path, default=ROOT / "manifests" / "algos" / "h200.json")
     p.add_argument("--gpu", type=int, default=0)
     p.add_argument("--only", default="kern,peer")
     p.add_argument("--rates", default="4,16,inf", help="Poisson arrival rates, requests/s (inf: all at once)")
@@ -710,9 +701,13 @@ def main(argv: list[str] | None = None) -> int:
                         str(args.ckpt)], check=True)
     manifest = None
     if "kern" in only:
-        if not args.fake:
-            manifest = args.manifest or build_manifest(args, out_dir / f"qwen3-4b-{args.decode_manifest}.json")
-        proc, base = start_server(args, manifest, out_dir / "bench-serve-server.log")
+        manifest = args.manifest
+        server_log = out_dir / "bench-serve-server.log"
+        proc, base = start_server(args, manifest, server_log)
+        if manifest is None and not args.fake:
+            manifest = served_manifest(server_log.read_text(errors="replace"))
+            notes.append(f"manifest: {manifest} (kern serve --weights, built or reused by the server)" if manifest
+                         else "manifest: the server's log names none; the kern run comparison is skipped")
         try:
             kern_scenarios(args, base, rows, notes)
         finally:
@@ -723,7 +718,7 @@ def main(argv: list[str] | None = None) -> int:
                 proc.kill()
         notes.append(f"server log: {out_dir / 'bench-serve-server.log'}")
         c1 = next((r for r in rows if r["scenario"].startswith("concurrency 1")), None)
-        if c1 is not None:  # kern run of the same prompt on the same manifest, the server stopped
+        if c1 is not None and (manifest is not None or args.fake):  # kern run of the same prompt, same manifest
             what = "the fake kern run" if args.fake else f"kern run ({manifest.name if manifest else '?'})"
             notes.append(c1_note(c1["tpot_ms_p50"], run_alone_tpot(args, manifest, notes), what))
     if "peer" in only:

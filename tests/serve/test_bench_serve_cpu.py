@@ -210,9 +210,14 @@ def test_commands_target_loopback_and_the_chosen_manifest(tmp_path):
     args = bs.parser().parse_args(["--ckpt", str(tmp_path / "ckpt"), "--output-tokens", "9", "--gpu", "1"])
     man = tmp_path / "m.json"
     assert args.decode_manifest == "invariant"
-    assert bs.manifest_command(args, man)[-1] == "--batch-invariant"
+    own = bs.server_command(args, None, 8123)  # no --manifest: kern serve --weights builds its own, batch-invariant
+    assert "--manifest" not in own and "--no-invariant" not in own and own[own.index("--weights") + 1] == args.ckpt.as_posix()
     fast = bs.parser().parse_args(["--decode-manifest", "fast"])
-    assert bs.manifest_command(fast, man)[-2:] == ["--gemv", "v2"]
+    assert "--no-invariant" in bs.server_command(fast, None, 8123)
+    log = "loading\nkern serve: reused manifest /c/kern/manifests/qwen3-4b-0123.json (from /w/config.json, pins /p.json)\n"
+    assert bs.served_manifest(log) == Path("/c/kern/manifests/qwen3-4b-0123.json")
+    assert bs.served_manifest(log.replace("reused", "built")) == Path("/c/kern/manifests/qwen3-4b-0123.json")
+    assert bs.served_manifest("kern serve: listening\n") is None
     serve = bs.server_command(args, man, 8123)
     assert serve[1:4] == ["-m", "kern_run", "serve"] and serve[serve.index("--host") + 1] == "127.0.0.1"
     assert serve[serve.index("--manifest") + 1] == str(man) and serve[serve.index("--port") + 1] == "8123"
