@@ -19,12 +19,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.serve.test_serve_batch_gpu import _free_port, _gather, _kern, _openai, _prompts
+from tests.serve.gpu_server import start, stop
+from tests.serve.test_serve_batch_gpu import _gather, _openai, _prompts
 
 pytestmark = pytest.mark.gpu
 
@@ -35,35 +35,14 @@ TOKENS = 24
 
 @pytest.fixture(scope="module")
 def server():
-    import httpx
-
     ckpt = Path(os.environ.get("KERN_WEIGHTS", "/tmp/kern-weights")) / "qwen3-4b"
     subprocess.run([sys.executable, str(REPO / "tools" / "make_checkpoint.py"), "--shape", "qwen3-4b", "--out",
                     str(ckpt)], check=True, timeout=600)
-    port = _free_port()
-    cmd = _kern("serve", "--weights", str(ckpt), "--max-seqs", "64", "--capacity", "65536", "--chunk", "512",
-                "--port", str(port), "--model-name", MODEL, "--drain-timeout", "10")
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 600  # a first run builds the manifest and picks the pins on this GPU
-    while True:
-        if proc.poll() is not None:
-            pytest.fail(f"kern serve exited {proc.returncode}:\n{proc.stdout.read()}")
-        try:
-            if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"kern serve not healthy after 600 s:\n{proc.stdout.read()}")
-        time.sleep(0.5)
+    # a first run builds the manifest and picks the pins on this GPU: up to 600 s
+    proc, base = start(["--weights", str(ckpt), "--max-seqs", "64", "--capacity", "65536", "--chunk", "512",
+                        "--model-name", MODEL, "--drain-timeout", "10"], 600)
     yield base
-    proc.terminate()
-    try:
-        proc.wait(60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+    stop(proc)
 
 
 @pytest.fixture(scope="module")

@@ -21,13 +21,12 @@ from __future__ import annotations
 
 import asyncio
 import re
-import socket
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
+
+from tests.serve.gpu_server import kern, start, stop
 
 pytestmark = pytest.mark.gpu
 
@@ -37,16 +36,6 @@ OPENINGS = ["Once upon a time", "The little dog", "In the morning, the", "She op
             "The king said that", "A long way from home,", "The children played", "When the rain stopped,",
             "The old man", "On the table there was", "He looked at the sky", "The best way to",
             "My favourite food is", "The teacher asked", "Every summer we", "The cat sat"]
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _kern(*args: str) -> list[str]:
-    return [sys.executable, "-m", "kern_run", *args]
 
 
 def _openai():
@@ -75,32 +64,10 @@ def manifest64() -> Path:
 
 @pytest.fixture(scope="module")
 def server(manifest64: Path):
-    import httpx
-
-    port = _free_port()
-    cmd = _kern("serve", "--target", "tiny-en", "--max-seqs", "64", "--capacity", "65536", "--chunk", "512",
-                "--port", str(port), "--model-name", MODEL, "--drain-timeout", "10")
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 240
-    while True:
-        if proc.poll() is not None:
-            pytest.fail(f"kern serve exited {proc.returncode}:\n{proc.stdout.read()}")
-        try:
-            if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"kern serve not healthy after 240 s:\n{proc.stdout.read()}")
-        time.sleep(0.5)
+    proc, base = start(["--target", "tiny-en", "--max-seqs", "64", "--capacity", "65536", "--chunk", "512",
+                        "--model-name", MODEL, "--drain-timeout", "10"], 240)
     yield base
-    proc.terminate()
-    try:
-        proc.wait(60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+    stop(proc)
 
 
 @pytest.fixture(scope="module")
@@ -129,7 +96,7 @@ def _gather(aclient, bodies: list[dict], model: str = MODEL) -> list:
 
 def test_completion_streaming_and_not_equal_kern_run(client, manifest64: Path) -> None:
     prompt, steps = "Once upon a time", 24
-    out = subprocess.run(_kern("run", "--manifest", str(manifest64), "--kernels", str(REPO / "kernels"), "--weights",
+    out = subprocess.run(kern("run", "--manifest", str(manifest64), "--kernels", str(REPO / "kernels"), "--weights",
                                str(REPO / "models" / "qwen3-tiny-en"), "--prompt", prompt, "--steps", str(steps)),
                          cwd=REPO, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr

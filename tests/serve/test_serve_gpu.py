@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
+
+from tests.serve.gpu_server import kern, start
 
 pytestmark = pytest.mark.gpu
 
@@ -23,37 +22,9 @@ PROMPT = "Once upon a time"
 STEPS = 24
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _kern(*args: str) -> list[str]:
-    return [sys.executable, "-m", "kern_run", *args]
-
-
 @pytest.fixture(scope="module")
 def server():
-    import httpx  # here, not at the top: a machine without it fails these tests, not the whole collection
-
-    port = _free_port()
-    proc = subprocess.Popen(_kern("serve", "--target", "tiny-en", "--port", str(port), "--drain-timeout", "10"),
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 180
-    while True:
-        if proc.poll() is not None:
-            pytest.fail(f"kern serve exited {proc.returncode}:\n{proc.stdout.read()}")
-        try:
-            if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"kern serve not healthy after 180 s:\n{proc.stdout.read()}")
-        time.sleep(0.5)
+    proc, base = start(["--target", "tiny-en", "--drain-timeout", "10"], 180)
     yield base, proc
     if proc.poll() is None:
         proc.kill()
@@ -62,7 +33,7 @@ def server():
 
 @pytest.fixture(scope="module")
 def alone() -> str:
-    out = subprocess.run(_kern("run", "--target", "tiny-en", "--prompt", PROMPT, "--steps", str(STEPS)), cwd=REPO,
+    out = subprocess.run(kern("run", "--target", "tiny-en", "--prompt", PROMPT, "--steps", str(STEPS)), cwd=REPO,
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.endswith("\n")
