@@ -24,6 +24,8 @@ def main() -> int:
     p.add_argument("--context", type=int, default=128)
     p.add_argument("--prompt", default="1,2,3,4")
     p.add_argument("--steps", type=int, default=64)
+    p.add_argument("--scope", default=os.environ.get("KERN_HARVEST_SCOPE", "layer"), help="torch_step's compile "
+                   "scope: layer or step (default $KERN_HARVEST_SCOPE, else layer)")
     args = p.parse_args()
     for key, value in ENVIRONMENT.items():
         os.environ[key] = value
@@ -34,8 +36,9 @@ def main() -> int:
     from kern_run.harvest.torch_step import Qwen3Step, reference_greedy
 
     tokens = tuple(int(t) for t in args.tokens.split(","))
-    result, step = capture(lambda: Qwen3Step(args.weights, args.context), CaptureOptions(tokens), args.out / "capture",
-                           source={"model": args.weights.name, "context": args.context})
+    result, step = capture(lambda: Qwen3Step(args.weights, args.context, scope=args.scope), CaptureOptions(tokens),
+                           args.out / "capture", source={"model": args.weights.name, "context": args.context,
+                                                         "scope": args.scope})
     for state in step.states().values():  # the reference starts from a zero cache, as kern's fixed states do
         state.zero_()
     torch.cuda.synchronize()

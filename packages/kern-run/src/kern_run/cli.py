@@ -637,13 +637,17 @@ def harvest_capture(
     context: Annotated[int, typer.Option("--context", help="KV cache positions of the step")] = 256,
     warmup: Annotated[int, typer.Option("--warmup", help="unrecorded steps per token count first")] = 2,
     dynamic: Annotated[str, typer.Option("--dynamic", help="token dim: unbacked, backed or static")] = "unbacked",
+    compile_scope: Annotated[str, typer.Option("--compile-scope", help="one compiled graph per decoder layer "
+                                               "(layer: one compiled layer serves them all) or for the whole step "
+                                               "(step)")] = "layer",
     gpu: Annotated[int, typer.Option("--gpu", help="CUDA device ordinal")] = 0,
     log_level: LogOpt = None,
 ) -> None:
     """Run the model step under torch.compile with CUPTI recording it (GPU, torch, cupti-python)."""
     from .harvest.command import capture_lines
 
-    go = lambda: capture_lines(weights, out, tokens or [1, 2], context, warmup, dynamic, gpu)  # noqa: E731
+    go = lambda: capture_lines(weights, out, tokens or [1, 2], context, warmup, dynamic, gpu,  # noqa: E731
+                               compile_scope)
     for line in _guarded("harvest capture", resolve_level(log_level), go):
         print(line)
 

@@ -50,9 +50,10 @@ def generate_lines(capture_dir: Path, out: Path, name: str | None) -> list[str]:
 
 
 def capture_lines(weights: Path, out: Path, tokens: list[int], context: int, warmup: int, dynamic: str,
-                  gpu: int) -> list[str]:
-    """Capture the Qwen3 step (kern_run.harvest.torch_step) of checkpoint `weights` into `out`. Sets
-    PYTORCH_NO_CUDA_MEMORY_CACHING=1 and CUDA_MODULE_LOADING=EAGER where unset, before torch starts CUDA."""
+                  gpu: int, scope: str = "layer") -> list[str]:
+    """Capture the Qwen3 step (kern_run.harvest.torch_step, compiled at `scope`: layer or step) of checkpoint
+    `weights` into `out`. Sets PYTORCH_NO_CUDA_MEMORY_CACHING=1 and CUDA_MODULE_LOADING=EAGER where unset, before
+    torch starts CUDA."""
     if sorted(set(tokens)) != sorted(tokens) or not tokens or min(tokens) < 1:
         raise CaptureError(f"--tokens {tokens}: give distinct token counts >= 1 (e.g. --tokens 1 --tokens 2)")
     if context < max(tokens) or context < 1:
@@ -61,6 +62,8 @@ def capture_lines(weights: Path, out: Path, tokens: list[int], context: int, war
         raise CaptureError(f"--warmup {warmup}: at least 1 (compilation and autotuning must happen before recording)")
     if dynamic not in ("unbacked", "backed", "static"):
         raise CaptureError(f"--dynamic {dynamic!r}: expected unbacked, backed or static")
+    if scope not in ("layer", "step"):
+        raise CaptureError(f"--compile-scope {scope!r}: expected layer or step")
     if not (weights / "config.json").is_file():
         raise CaptureError(f"--weights {weights}: no config.json (a Hugging Face Qwen3 checkpoint directory)")
     if out.exists():
@@ -78,8 +81,9 @@ def capture_lines(weights: Path, out: Path, tokens: list[int], context: int, war
 
     torch.cuda.set_device(gpu)
     lines: list[str] = []
-    result, _ = capture(lambda: Qwen3Step(weights, context, dynamic=dynamic), CaptureOptions(tuple(tokens), warmup), out,
-                     source={"model": weights.name, "context": context, "dynamic": dynamic,
+    result, _ = capture(lambda: Qwen3Step(weights, context, dynamic=dynamic, scope=scope),
+                        CaptureOptions(tuple(tokens), warmup), out,
+                        source={"model": weights.name, "context": context, "dynamic": dynamic, "scope": scope,
                              "module_loading": os.environ.get("CUDA_MODULE_LOADING")},
                      progress=lambda line: print(f"kern harvest capture: {line}", file=sys.stderr, flush=True))
     for run in result.runs:

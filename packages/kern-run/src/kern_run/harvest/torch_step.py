@@ -6,13 +6,23 @@ What makes it harvestable, each a rule of docs/harvest.md "What cannot be harves
   weight pointer is a checkpoint name plus an offset and binds straight from the checkpoint;
 - every derived table is computed inside the step (the rope angles from `positions`, the causal mask from an
   `arange`), so no tensor lives outside the checkpoint, the states, the inputs and the outputs;
-- attention is matmuls and a softmax (no SDPA: its flash / memory-efficient kernels take a struct of pointers),
-  and inductor's GEMM backend is its Triton templates (`max_autotune_gemm_backends="TRITON"`): cuBLAS kernels
-  take their operands through a struct too;
+- attention is products, sums and a softmax (no SDPA: its flash / memory-efficient kernels take a struct of
+  pointers; no matmul either, whose views and bmm lowering inductor refused for an unbacked token count), and
+  inductor's GEMM backend for the projections is its Triton templates (`max_autotune_gemm_backends="TRITON"`):
+  cuBLAS kernels take their operands through a struct too;
 - the KV cache is one zeroed state per layer and kind, `k_cache.L` / `v_cache.L` bf16 `[kv_heads, context,
   head_dim]`, written at `positions` with `index_copy_` (a kernel, not a host copy);
 - the token dimension of the inputs is marked unbacked (`torch._dynamo.mark_unbacked`), so one compiled graph
   (the same kernels) serves every token count, 1 included (a backed size would specialise 1).
+
+`scope` says what one compiled graph covers. `"layer"` (the default) compiles three functions: the prelude
+(embedding, rope tables, causal mask), one decoder layer, and the head (final norm, lm_head, argmax). The one
+compiled layer serves every layer: its weights and KV states are arguments, so every layer's launches run the same
+kernels over other pointers, as bench/torch_qwen3.py's torch.compile peer does. This is for the time it takes:
+max-autotune over a whole 36-layer step did not finish compiling in 250 s on the H200, one 4B layer compiles in
+about 60 s, and the tiny-en step capture was still autotuning after 140 s. Inside the layer, `torch._check` ties
+each argument's token dimension to `positions`' (unbacked sizes of different tensors are otherwise unrelated).
+`"step"` compiles the whole step as one graph (inductor may then fuse across layer boundaries).
 
 `step(inputs)` maps `token_ids` / `positions` (i64 `[T]`) to `next_token` (i64 `[T]`, the greedy argmax of each
 row) and `logits` (bf16 `[T, vocab]`). The formulas are transformers' Qwen3 (RMSNorm in fp32 rounded to bf16
@@ -30,6 +40,12 @@ from .capture import HarvestStep
 from .greedy import feed_greedy
 
 COMPILE_MODE = "max-autotune-no-cudagraphs"
+COMPILE_SCOPES = ("layer", "step")  # what one compiled graph covers (module docstring)
+# a decoder layer's weights as Qwen3Step.layer takes them, each under "model.layers.<i>."
+LAYER_WEIGHTS = ("input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.k_proj.weight",
+                 "self_attn.v_proj.weight", "self_attn.q_norm.weight", "self_attn.k_norm.weight",
+                 "self_attn.o_proj.weight", "post_attention_layernorm.weight", "mlp.gate_proj.weight",
+                 "mlp.up_proj.weight", "mlp.down_proj.weight")
 
 
 def _rms(x: Any, w: Any, eps: float) -> Any:
@@ -51,7 +67,7 @@ class Qwen3Step(HarvestStep):
     formulas)."""
 
     def __init__(self, checkpoint_dir: str | Path, context: int, mode: str | None = COMPILE_MODE,
-                 dynamic: str = "unbacked", device: str = "cuda") -> None:
+                 dynamic: str = "unbacked", device: str = "cuda", scope: str = "layer") -> None:
         import torch
         import torch._inductor.config as inductor
         from safetensors.torch import load_file
@@ -69,7 +85,15 @@ class Qwen3Step(HarvestStep):
                 self._states[f"{kind}_cache.{i}"] = torch.zeros(s.kv_heads, context, s.head_dim, dtype=torch.bfloat16,
                                                                 device=device)
         inductor.max_autotune_gemm_backends = "TRITON"
-        self._fn = self.forward if mode is None else torch.compile(self.forward, mode=mode, fullgraph=True)
+        if scope not in COMPILE_SCOPES:
+            raise ValueError(f"scope {scope!r}: expected one of {', '.join(COMPILE_SCOPES)}")
+        self.scope = scope
+
+        def compiled(fn: Any) -> Any:
+            return fn if mode is None else torch.compile(fn, mode=mode, fullgraph=True)
+
+        self._fn = compiled(self.forward)
+        self._prelude, self._layer, self._head = compiled(self.prelude), compiled(self.layer), compiled(self.head)
 
     def weights(self) -> dict[str, Any]:
         return self._weights
@@ -98,43 +122,99 @@ class Qwen3Step(HarvestStep):
             mark_dynamic(ids, 0)
             mark_dynamic(positions, 0)
         with torch.inference_mode():
-            next_token, logits = self._fn(self._weights, self._states, ids, positions)
+            if self.scope == "step":
+                next_token, logits = self._fn(self._weights, self._states, ids, positions)
+            else:
+                next_token, logits = self._layered(ids, positions)
         return {"next_token": next_token, "logits": logits}
 
+    def _layered(self, ids: Any, positions: Any) -> tuple[Any, Any]:
+        """The step as the three compiled pieces of scope "layer" (module docstring); each piece's tensors with a
+        token dimension get it marked as `step` marks the inputs'."""
+        from torch._dynamo.decorators import mark_dynamic, mark_unbacked
+
+        mark = {"unbacked": mark_unbacked, "backed": mark_dynamic}.get(self.dynamic)
+        w, s = self._weights, self.config
+        residual, cos, sin, visible = self._prelude(w["model.embed_tokens.weight"], ids, positions)
+        for i in range(s.layers):
+            if mark is not None:
+                for t in (residual, cos, sin, visible):
+                    mark(t, 0)
+            residual = self._layer(residual, cos, sin, visible, positions, self._layer_weights(i),
+                                   self._states[f"k_cache.{i}"], self._states[f"v_cache.{i}"])
+        if mark is not None:
+            mark(residual, 0)
+        return self._head(residual, w["model.norm.weight"], self._head_weight())
+
+    def _layer_weights(self, i: int) -> tuple[Any, ...]:
+        p, w = f"model.layers.{i}.", self._weights
+        return tuple(w[p + name] for name in LAYER_WEIGHTS)
+
+    def _head_weight(self) -> Any:
+        return self._weights["model.embed_tokens.weight" if self.config.tied else "lm_head.weight"]
+
     def forward(self, w: dict[str, Any], states: dict[str, Any], token_ids: Any, positions: Any) -> tuple[Any, Any]:
+        """The whole step (scope "step"): the prelude, every layer, the head, traced as one graph."""
+        residual, cos, sin, visible = self.prelude(w["model.embed_tokens.weight"], token_ids, positions)
+        for i in range(self.config.layers):
+            residual = self.layer(residual, cos, sin, visible, positions, self._layer_weights(i),
+                                  states[f"k_cache.{i}"], states[f"v_cache.{i}"])
+        return self.head(residual, w["model.norm.weight"], self._head_weight())
+
+    def prelude(self, embed: Any, token_ids: Any, positions: Any) -> tuple[Any, Any, Any, Any]:
+        """token_ids, positions (i64 [T]) -> the embedded rows (bf16 [T, hidden]), the rope cos / sin (bf16
+        [T, 1, head_dim]) and the causal mask (bool [T, context])."""
         import torch
         import torch.nn.functional as F
 
         s = self.config
-        T, D, G = token_ids.shape[0], s.head_dim, s.q_heads // s.kv_heads
-        residual = F.embedding(token_ids, w["model.embed_tokens.weight"])  # [T, hidden]
+        D = s.head_dim
+        residual = F.embedding(token_ids, embed)  # [T, hidden]
         inv_freq = 1.0 / (s.rope_theta ** (torch.arange(0, D, 2, dtype=torch.int64, device=token_ids.device).float() / D))
         freqs = positions.float()[:, None] * inv_freq[None, :]  # [T, D/2]
         emb = torch.cat((freqs, freqs), dim=-1)
         cos, sin = emb.cos().to(torch.bfloat16)[:, None, :], emb.sin().to(torch.bfloat16)[:, None, :]  # [T, 1, D]
         keys = torch.arange(self.context, device=token_ids.device)
-        visible = (keys[None, :] <= positions[:, None]).repeat(G, 1)  # [G*T, S]: row g*T + t is token t's
-        for i in range(s.layers):
-            p = f"model.layers.{i}."
-            h = _rms(residual, w[p + "input_layernorm.weight"], s.eps)
-            q = (h @ w[p + "self_attn.q_proj.weight"].t()).view(T, s.q_heads, D)
-            k = (h @ w[p + "self_attn.k_proj.weight"].t()).view(T, s.kv_heads, D)
-            v = (h @ w[p + "self_attn.v_proj.weight"].t()).view(T, s.kv_heads, D)
-            q = _rope(_rms(q, w[p + "self_attn.q_norm.weight"], s.eps), cos, sin)
-            k = _rope(_rms(k, w[p + "self_attn.k_norm.weight"], s.eps), cos, sin)
-            kc, vc = states[f"k_cache.{i}"], states[f"v_cache.{i}"]  # [Hkv, S, D]
-            kc.index_copy_(1, positions, k.transpose(0, 1))
-            vc.index_copy_(1, positions, v.transpose(0, 1))
-            qh = q.transpose(0, 1).reshape(s.kv_heads, G * T, D)  # query head kv*G + g -> [Hkv, G*T, D]
-            scores = (qh @ kc.transpose(1, 2)).float() * (D ** -0.5)  # [Hkv, G*T, S]
-            probs = scores.masked_fill(~visible, float("-inf")).softmax(-1).to(torch.bfloat16)
-            attn = (probs @ vc).reshape(s.q_heads, T, D).transpose(0, 1).reshape(T, s.q_heads * D)
-            residual = residual + attn @ w[p + "self_attn.o_proj.weight"].t()
-            h = _rms(residual, w[p + "post_attention_layernorm.weight"], s.eps)
-            gate, up = h @ w[p + "mlp.gate_proj.weight"].t(), h @ w[p + "mlp.up_proj.weight"].t()
-            residual = residual + (F.silu(gate) * up) @ w[p + "mlp.down_proj.weight"].t()
-        head = w["model.embed_tokens.weight"] if s.tied else w["lm_head.weight"]
-        logits = _rms(residual, w["model.norm.weight"], s.eps) @ head.t()  # [T, vocab]
+        visible = keys[None, :] <= positions[:, None]  # [T, S]
+        return residual, cos, sin, visible
+
+    def layer(self, residual: Any, cos: Any, sin: Any, visible: Any, positions: Any, lw: tuple[Any, ...], kc: Any,
+              vc: Any) -> Any:
+        """One decoder layer: the residual rows (bf16 [T, hidden]) after it; writes the layer's K / V (bf16
+        [kv_heads, context, head_dim]) at `positions`. `lw`: the layer's weights in LAYER_WEIGHTS order."""
+        import torch
+        import torch.nn.functional as F
+
+        s = self.config
+        T, D, G = positions.shape[0], s.head_dim, s.q_heads // s.kv_heads
+        for t in (residual, cos, sin, visible):  # one token count (module docstring)
+            torch._check(t.shape[0] == T)
+        ln1, wq, wk, wv, qn, kn, wo, ln2, wg, wu, wd = lw
+        h = _rms(residual, ln1, s.eps)
+        q = (h @ wq.t()).view(T, s.q_heads, D)
+        k = (h @ wk.t()).view(T, s.kv_heads, D)
+        v = (h @ wv.t()).view(T, s.kv_heads, D)
+        q = _rope(_rms(q, qn, s.eps), cos, sin)
+        k = _rope(_rms(k, kn, s.eps), cos, sin)
+        kc.index_copy_(1, positions, k.transpose(0, 1))  # [Hkv, S, D]
+        vc.index_copy_(1, positions, v.transpose(0, 1))
+        # query head kv*G + g attends with kv head kv. Products and sums, not matmuls: [Hkv, G, T, 1, D] times
+        # [Hkv, 1, 1, S, D] summed over D, then [Hkv, G, T, S, 1] times [Hkv, 1, 1, S, D] summed over S (fp32
+        # accumulation, as a bf16 matmul's), so no view merges the token dimension with another and no bmm
+        # lowering guards on it (torch 2.13's inductor refused both for an unbacked token count, on the CPU)
+        qh = q.transpose(0, 1).view(s.kv_heads, G, T, 1, D)
+        scores = (qh.float() * kc[:, None, None].float()).sum(-1) * (D ** -0.5)  # [Hkv, G, T, S]
+        probs = scores.masked_fill(~visible, float("-inf")).softmax(-1).to(torch.bfloat16)
+        attn = (probs[..., None].float() * vc[:, None, None].float()).sum(-2).to(torch.bfloat16)  # [Hkv, G, T, D]
+        attn = attn.view(s.q_heads, T, D).transpose(0, 1).reshape(T, s.q_heads * D)
+        residual = residual + attn @ wo.t()
+        h = _rms(residual, ln2, s.eps)
+        gate, up = h @ wg.t(), h @ wu.t()
+        return residual + (F.silu(gate) * up) @ wd.t()
+
+    def head(self, residual: Any, norm: Any, lm_head: Any) -> tuple[Any, Any]:
+        """The final norm and lm_head: (the greedy argmax i64 [T], the logits bf16 [T, vocab])."""
+        logits = _rms(residual, norm, self.config.eps) @ lm_head.t()  # [T, vocab]
         return logits.argmax(-1), logits
 
 
