@@ -99,12 +99,19 @@ def test_tiny_en_graph_and_eager_agree(tiny: tuple[Path, dict]) -> None:
     assert graph == eager
 
 
-@pytest.mark.skipif(os.environ.get("KERN_HARVEST_4B") != "1", reason="the 4B capture compiles 36 layers for "
-                    "many minutes: KERN_HARVEST_4B=1 runs it")
+@pytest.mark.skipif(os.environ.get("KERN_HARVEST_4B") != "1", reason="the 4B capture compiles for minutes: "
+                    "KERN_HARVEST_4B=1 runs it")
 def test_4b_shape_replay_gives_torch_compiles_tokens(tmp_path: Path) -> None:
+    """The 4B shape, captured at 512 cache positions (room for bench/decode.py's ctx 128 + 256 steps). With
+    KERN_HARVEST_KEEP=DIR the generated harvest (manifest and kernels) is copied to DIR once the tokens match, for
+    `bench/decode.py --only kern-harvest --harvest DIR` (tools/device-session.sh harvest-4b)."""
     ckpt = Path(os.environ.get("KERN_WEIGHTS", "/tmp/kern-weights")) / "qwen3-4b"
     if not (ckpt / "config.json").is_file():
         subprocess.run([sys.executable, str(ROOT / "tools" / "make_checkpoint.py"), "--shape", "qwen3-4b", "--out",
                         str(ckpt)], check=True)
-    root, _ = _harvest(ckpt, tmp_path, 128, 3600)
+    root, _ = _harvest(ckpt, tmp_path, 512, 3600)
     _replay_matches(root, ckpt)
+    keep = os.environ.get("KERN_HARVEST_KEEP")
+    if keep:
+        shutil.rmtree(keep, ignore_errors=True)
+        shutil.copytree(root / "harvest", keep)
