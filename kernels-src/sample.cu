@@ -24,7 +24,10 @@
 //          own above K_s <= K): t_k (when at least top_k of them), Z_k and t_p (when their mass reaches the
 //          target) are exact on them; when thr >= K the kept set lies among them and the draw is over them
 //          (16 per thread in registers). Otherwise (a nucleus wider than the candidates, top_k past them) the
-//          merge block computes the same thresholds over the whole row, then draws over it (the exact path).
+//          same thresholds over the whole row, then the draw over it (the exact path), as phases of one task per
+//          slice (a histogram round, the masses, the kept mass per slice) that the merge and the row's waiting
+//          blocks (helpers) claim through counters in the work area; the merge merges each phase, picks, opens
+//          the next. Helpers are optional (bounded waits; the merge claims whatever no helper took).
 //        Thresholds: the largest key v with W(key >= v) >= target (W a count or a mass) by a radix select over
 //        key offsets from the row max (256 bins a round: 2^16-key bins saturating at bin 255, then 2^8, then
 //        single keys; 3 rounds unless the threshold lies past 255 * 2^16 keys below the max).
@@ -67,8 +70,39 @@
 #define SAMPLE_WORK_WORDS 17416   // SAMPLE_CAND_WORD + 2 * SAMPLE_MERGE_CAP: u32 words of work per row
 #define SAMPLE_FP_ONE 549755813888.0f  // 2^39: the fixed-point weight of exp(0)
 #define TOP_THREADS 1024
+// The row's coordination words (work words 0..3): the ticket (arrivals in bits 0..15, starts in bits 16..31; zero
+// before and after every launch), the exact path's epoch (any value; bumped once by a filtering row's merge), its
+// decision (SAMPLE_HELP_NONE / SAMPLE_HELP_EXACT) and its phase state (phases opened, SAMPLE_STATE_DONE at the end)
+#define SAMPLE_W_TICKET 0
+#define SAMPLE_W_EPOCH 1
+#define SAMPLE_W_DECISION 2
+#define SAMPLE_W_STATE 3
+#define SAMPLE_START_ONE 65536u  // a block's start in the ticket word
+#define SAMPLE_HELP_NONE 0u
+#define SAMPLE_HELP_EXACT 1u
+#define SAMPLE_STATE_DONE 0xffffffffu
+// The exact path's state, in the candidates' words (unused once a row takes it), offsets from SAMPLE_CAND_WORD
+#define SAMPLE_X_ALL 0      // u64: the row's mass
+#define SAMPLE_X_GE 2       // u64: its mass at or above t_k
+#define SAMPLE_X_COUNTERS 8 // per phase ph: claim at 8 + 2 ph, done at 9 + 2 ph
+#define SAMPLE_X_DESC 64    // per phase ph: ExactDesc (8 words) at 64 + 8 ph
+#define SAMPLE_X_HIST 256   // 256 u64 bins: the phase's merged histogram
+#define SAMPLE_X_KEPT 768   // SAMPLE_MAX_SPLITS u64: the kept mass per slice
+#define SAMPLE_MAX_PHASES 16  // top-k <= 5 rounds, top-p <= 5 (the first with the mass), the kept pass
+// A helper (a non-merging block of a filtering row whose blocks have all started) waits at most this long for the
+// merge's decision and for each next phase, then leaves (nothing depends on it: the merge claims every task no
+// helper took)
+#ifndef SAMPLE_HELP_WAIT_NS
+#define SAMPLE_HELP_WAIT_NS 100000ull
+#endif
 #ifndef SAMPLE_PATH
 #define SAMPLE_PATH(row, path)  // which path merged a row (0 greedy, 1 plain, 2 candidates, 3 exact): an emulator's hook
+#endif
+#ifndef SAMPLE_HELPED
+#define SAMPLE_HELPED(row, tasks)  // slice tasks of the row's exact path a helper block ran: an emulator's hook
+#endif
+#ifndef SAMPLE_SHARED
+#define SAMPLE_SHARED(type, name) __shared__ type name  // the emulator gives each concurrent block its own
 #endif
 #ifdef SAMPLE_PROFILE
 // prof[r, s] of block (s, r), SAMPLE_PROF_SLOTS u64: [0] %globaltimer (ns) at the block's start, [1] at its end,
@@ -96,6 +130,9 @@
 #define SP_EXACT 15         // the hand-off to the exact path
 #define SP_EXACT_MASS 16    // the exact path's mass pass over the row
 #define SP_EXACT_KEPT 17    // the exact path's kept-mass pass per slice
+#define SP_HELP_WAIT 18     // a helper: the wait for the merge's decision or the next phase
+#define SP_TASK 19          // the exact path: this block's slice tasks of one phase
+#define SP_PHASE_WAIT 20    // the merge: the wait for the phase's other tasks, the merged bins read
 #define SAMPLE_PROF_ARG , unsigned long long* prof
 #define SAMPLE_PROF_PASS , prof
 #define SAMPLE_STAMP(ev) sample_stamp(sh, (ev))
@@ -109,6 +146,9 @@ static_assert(SAMPLE_MAX_SPLITS * SAMPLE_SLICE == SAMPLE_MAX_VOCAB, "slices of t
 static_assert(SAMPLE_MERGE_CAP == SAMPLE_THREADS * SAMPLE_PER_THREAD, "16 candidates per merging thread");
 static_assert(SAMPLE_CAND_WORD == 8 + SAMPLE_HDR_WORDS * SAMPLE_MAX_SPLITS, "work layout");
 static_assert(SAMPLE_WORK_WORDS == SAMPLE_CAND_WORD + 2 * SAMPLE_MERGE_CAP, "work layout");
+static_assert(SAMPLE_X_COUNTERS + 2 * SAMPLE_MAX_PHASES <= SAMPLE_X_DESC && SAMPLE_X_DESC + 8 * SAMPLE_MAX_PHASES <=
+              SAMPLE_X_HIST && SAMPLE_X_HIST + 512 <= SAMPLE_X_KEPT && SAMPLE_X_KEPT + 2 * SAMPLE_MAX_SPLITS <=
+              2 * SAMPLE_MERGE_CAP && SAMPLE_CAND_WORD % 2 == 0 && SAMPLE_WORK_WORDS % 2 == 0, "exact state layout");
 
 // One row's parameters (48 bytes, little-endian; kern_run.sampling packs them).
 struct SampleParams {
@@ -180,6 +220,30 @@ KERN_DEV unsigned long long p_target(float top_p, unsigned long long z) {
 KERN_DEV unsigned long long draw_target(uint32_t bits, unsigned long long z) {
     return (unsigned long long)bits * (z >> 24) + (((unsigned long long)bits * (z & 0xffffffull)) >> 24);
 }
+
+// The row's coordination across its blocks (the exact path): the global timer, relaxed / acquire loads and a release
+// store of the work words. The CPU emulator brings its own (SAMPLE_HOST_SYNC).
+#ifndef SAMPLE_HOST_SYNC
+KERN_DEV unsigned long long sample_ns() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+KERN_DEV uint32_t sample_load_relaxed(const uint32_t* p) {
+    uint32_t v;
+    asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+KERN_DEV uint32_t sample_load_acquire(const uint32_t* p) {
+    uint32_t v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+KERN_DEV void sample_store_release(uint32_t* p, uint32_t v) {
+    asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+#define SAMPLE_SPIN_PAUSE()
+#endif
 
 KERN_DEV float load_f(const __nv_bfloat16* p) { return bf2f(*p); }
 KERN_DEV float load_f(const float* p) { return *p; }
@@ -305,6 +369,7 @@ KERN_DEV V block_scan_incl(V x, V* total, V* scratch) {
 // What the exact path needs of its row (written by the merge's thread 0, published by a barrier).
 struct ExactJob {
     const void* row;
+    uint32_t* wrow;
     const SampleParams* pp;
     int32_t* out_token;
     float* out_logprob;
@@ -314,6 +379,23 @@ struct ExactJob {
     uint32_t bits;
     bool vec, use_k, use_p, use_min;
 };
+
+// One phase of the exact path, as the merge publishes it (8 words in the work area; every block runs the same
+// per-slice task from it).
+#define SAMPLE_TASK_COUNT 0u  // a count histogram of the round (top-k)
+#define SAMPLE_TASK_MASS 1u   // the row's mass, its mass at or above tk, and the first round's mass histogram (top-p)
+#define SAMPLE_TASK_MBINS 2u  // a mass histogram of the round (top-p)
+#define SAMPLE_TASK_KEPT 3u   // the slice's kept mass (key >= tkey)
+struct ExactDesc {
+    uint32_t kind;
+    uint32_t lo;     // the round: offsets d = key_m - key in [lo + b 2^shift, lo + (b + 1) 2^shift)
+    uint32_t shift;
+    uint32_t sat;    // bin 255 stands for the rest (not counted)
+    uint32_t tk;     // MASS: ge sums the keys >= tk
+    uint32_t tkey;   // KEPT: the kept keys
+    float m, inv_t;  // the row max, 1 / temperature
+};
+static_assert(sizeof(ExactDesc) == 32, "ExactDesc is 8 words");
 
 struct SplitShared {
     float red_f[32];
@@ -334,6 +416,14 @@ struct SplitShared {
     float tok_l;
     unsigned region_key;
     ExactJob job;  // the merge -> the exact path
+    ExactDesc desc;       // the phase the block runs
+    struct {              // the exact path's radix select between its phases (radix_select's loop state)
+        unsigned long long total, target, above;
+        uint32_t lo, shift, sat, done, result;
+    } sel;
+    uint32_t* wrow;       // the row's work words (thread 0)
+    unsigned e0;          // the row's exact-path epoch before this block's ticket (thread 0)
+    int all_started, published, claim, help_ok, help_phase, phase;
     unsigned cand_key[SAMPLE_MERGE_CAP];  // the merge: candidate q = 16 t + e at [e * SAMPLE_THREADS + t]
 #ifdef SAMPLE_PROFILE
     unsigned long long* prof;  // this block's SAMPLE_PROF_SLOTS (thread 0 only)
@@ -441,9 +531,20 @@ KERN_DEV int pick_bin(const W* hist, bool sat, W rest, W above, W target, W* bef
 // The largest key v with W(key >= v) >= target over the elements `each` visits (each key <= key_ref, key_ref an
 // element's; W(all) = total): a radix select over offsets from key_ref, 256 bins a round. Saturating rounds of
 // 2^16-key bins (then 2^24 past bin 255), then 2^8, then single keys. target 0: key_ref; total < target: 0.
+template <typename W, typename Build>
+KERN_DEV uint32_t radix_select(Build&& build, uint32_t key_ref, W total, W target, W* hist, W* scratch,
+                               SplitShared& sh);
 template <typename W, typename Each>
 KERN_DEV uint32_t offset_select(Each&& each, uint32_t key_ref, W total, W target, W* hist, W* scratch,
                                 SplitShared& sh) {
+    return radix_select<W>([&](uint32_t lo, int shift, bool sat) { offset_hist<W>(each, key_ref, lo, shift, sat, hist); },
+                           key_ref, total, target, hist, scratch, sh);
+}
+// offset_select with the round's histogram from build(lo, shift, sat), which fills `hist` (the exact path: the
+// merged bins of every slice's).
+template <typename W, typename Build>
+KERN_DEV uint32_t radix_select(Build&& build, uint32_t key_ref, W total, W target, W* hist, W* scratch,
+                               SplitShared& sh) {
     if (target == 0) return key_ref;
     if (total < target) return 0u;
     uint32_t lo = 0u;
@@ -451,7 +552,7 @@ KERN_DEV uint32_t offset_select(Each&& each, uint32_t key_ref, W total, W target
     bool sat = true;
     W above = 0;
     for (;;) {
-        offset_hist<W>(each, key_ref, lo, shift, sat, hist);
+        build(lo, shift, sat);
         W before;
         const int b = pick_bin<W>(hist, sat, total - above, above, target, &before, scratch, sh);
         SAMPLE_STAMP(sizeof(W) == 4 ? SP_K_ROUND : SP_P_ROUND);
@@ -535,98 +636,324 @@ KERN_DEV int cand_slice(int q, int splits, const SplitShared& sh) {
     return lo;
 }
 
-// The exact path of the merge: t_k, t_p over the whole row (a pass per radix round), then the draw over it (the
-// kept mass of each slice, then inside the slice that holds the target).
-template <typename T>
-__device__ __noinline__ void sample_exact(SplitShared& sh) {
-    const ExactJob& job = sh.job;
-    const T* row = static_cast<const T*>(job.row);
-    const int n = job.n, splits = job.splits, r = job.r, am = job.am;
-    const bool vec = job.vec, use_k = job.use_k, use_p = job.use_p, use_min = job.use_min;
-    const float inv_t = job.inv_t, m = job.m;
-    const uint32_t bits = job.bits;
-    int32_t* out_token = job.out_token;
-    float* out_logprob = job.out_logprob;
-    float* stats = job.stats;
-    const SampleParams* pp = job.pp;
+// ------------------------------------------------------------------------------ the exact path, slice-parallel
+// The merge block runs the exact path as phases (docs/kernels.md "Sampling", the exact path): each phase is one task
+// per slice (a histogram, a sum), claimed through the phase's counter by the merge and by any helper (a block of the
+// row that finished its own slice and waited for the merge's decision); each task adds its slice's partial result
+// into the row's work area (integer adds: exact in any order), then counts itself done. The merge claims tasks
+// until none is left, waits for the phase's done count (every claimed task runs on a resident block and waits on
+// nothing, so the wait ends), reads the merged result and publishes the next phase. A helper never holds a task
+// across a wait and leaves when a wait runs out: the result never depends on which blocks ran which tasks.
+
+// Slice j's task of phase ph, sh.desc (every thread calls). The slice's 16 logits of this thread go through shared
+// memory (the candidates' space, unused on the exact path) and are read back one at a time, as the one-block exact
+// path did: the loops then hold one logit, not 16, in registers.
+template <typename T, uint32_t KIND>
+KERN_DEV void exact_task(const T* row, int n, bool vec, int j, int ph, uint32_t* x, SplitShared& sh) {
     const int tid = threadIdx.x;
-    const SampleParams p = *pp;
-    const int k = p.top_k;
-    const uint32_t key_m = float_key(m);
-    float thr;
-    SAMPLE_PATH(r, 3);
-    SAMPLE_STAMP(SP_EXACT);
-    const int64_t j0 = (int64_t)tid * SAMPLE_PER_THREAD;
-    // each slice's 16 logits of this thread go through shared memory (the candidates' space, unused here), read
-    // back one at a time: the loop body then holds one logit, not 16, in registers
+    const ExactDesc& d = sh.desc;
     float* stage = reinterpret_cast<float*>(sh.cand_key) + tid;
-    // bf16: the next slice's load is issued before this slice's elements are visited, so its L2 latency overlaps
-    // the work (one exposed round trip a pass instead of one a slice); each thread reads back only its own stage
-    // slots. f32 loads each slice when it gets there: 16 floats held across the visit spill (64 registers).
-    constexpr bool ahead = sizeof(T) == 2;
-    auto each_row = [&](auto&& f) {  // f(key, l) for every logit of the row
-        float x[16];
-        int nv_next = ahead ? load16<true>(row, j0, n, vec, x) : 0;
-        for (int s = 0; s < splits; ++s) {
-            if (!ahead) nv_next = load16<true>(row, (int64_t)s * SAMPLE_SLICE + j0, n, vec, x);
+    int nv;
+    {
+        float l[16];
+        nv = load16<true>(row, (int64_t)j * SAMPLE_SLICE + (int64_t)tid * SAMPLE_PER_THREAD, n, vec, l);  // via L2
 #pragma unroll
-            for (int e = 0; e < 16; ++e) stage[e * SAMPLE_THREADS] = x[e];
-            const int nv = nv_next;
-            if (ahead && s + 1 < splits) nv_next = load16<true>(row, (int64_t)(s + 1) * SAMPLE_SLICE + j0, n, vec, x);
+        for (int e = 0; e < 16; ++e) stage[e * SAMPLE_THREADS] = scaled_logit(l[e], d.inv_t);
+    }
+    const float m = d.m;
+    const uint32_t key_m = float_key(m);
+    unsigned long long* gh = reinterpret_cast<unsigned long long*>(x + SAMPLE_X_HIST);
+    if constexpr (KIND == SAMPLE_TASK_KEPT) {
+        const uint32_t tkey = d.tkey;
+        unsigned long long w = 0;
+#pragma unroll 1
+        for (int e = 0; e < nv; ++e) {
+            const float l = stage[e * SAMPLE_THREADS];
+            if (float_key(l) >= tkey) w += fp_weight(l, m);
+        }
+        w = block_sum_all(w, sh.red_w);
+        if (tid == 0) reinterpret_cast<unsigned long long*>(x + SAMPLE_X_KEPT)[j] = w;
+    } else if constexpr (KIND == SAMPLE_TASK_COUNT) {
+        auto each = [&](auto&& f) {
+#pragma unroll 1
+            for (int e = 0; e < nv; ++e) f(float_key(stage[e * SAMPLE_THREADS]), 1u);
+        };
+        offset_hist<unsigned>(each, key_m, d.lo, (int)d.shift, d.sat != 0u, sh.hist_c);
+        if (tid < 256 && sh.hist_c[tid] != 0u) atomicAdd(gh + tid, (unsigned long long)sh.hist_c[tid]);
+    } else {
+        auto each = [&](auto&& f) {
 #pragma unroll 1
             for (int e = 0; e < nv; ++e) {
-                const float l = scaled_logit(stage[e * SAMPLE_THREADS], inv_t);
-                f(float_key(l), l);
+                const float l = stage[e * SAMPLE_THREADS];
+                f(float_key(l), fp_weight(l, m));
+            }
+        };
+        offset_hist<unsigned long long>(each, key_m, d.lo, (int)d.shift, d.sat != 0u, sh.hist_w);
+        if (tid < 256 && sh.hist_w[tid] != 0ull) atomicAdd(gh + tid, sh.hist_w[tid]);
+        if constexpr (KIND == SAMPLE_TASK_MASS) {
+            const uint32_t tk = d.tk;
+            unsigned long long all = 0, ge = 0;
+#pragma unroll 1
+            for (int e = 0; e < nv; ++e) {
+                const float l = stage[e * SAMPLE_THREADS];
+                const unsigned long long w = fp_weight(l, m);
+                all += w;
+                if (float_key(l) >= tk) ge += w;
+            }
+            all = block_sum_all(all, sh.red_w);
+            ge = block_sum_all(ge, sh.red_w);
+            if (tid == 0) {
+                atomicAdd(reinterpret_cast<unsigned long long*>(x + SAMPLE_X_ALL), all);
+                atomicAdd(reinterpret_cast<unsigned long long*>(x + SAMPLE_X_GE), ge);
             }
         }
-    };
-    thr = use_min ? m + logf(p.min_p) : -CUDART_INF_F;
-    uint32_t tk = 0u;
-    if (use_k) {
-        auto row_count = [&](auto&& g) { each_row([&](uint32_t key, float) { g(key, 1u); }); };
-        tk = offset_select<unsigned>(row_count, key_m, (unsigned)n, (unsigned)k, sh.hist_c, sh.red_u, sh);
-        thr = fmaxf(thr, key_float(tk));
     }
-    if (use_p) {
-        unsigned long long all = 0, ge = 0;
-        each_row([&](uint32_t key, float l) {
-            const unsigned long long w = fp_weight(l, m);
-            all += w;
-            if (key >= tk) ge += w;
-        });
-        all = block_sum_all(all, sh.red_w);
-        ge = block_sum_all(ge, sh.red_w);
-        SAMPLE_STAMP(SP_EXACT_MASS);
-        auto row_mass = [&](auto&& g) { each_row([&](uint32_t key, float l) { g(key, fp_weight(l, m)); }); };
-        const uint32_t tp = offset_select<unsigned long long>(row_mass, key_m, all, p_target(p.top_p, ge),
-                                                              sh.hist_w, sh.red_w, sh);
-        thr = fmaxf(thr, key_float(tp));
+    __threadfence();  // this task's adds before its done count
+    __syncthreads();  // (and every thread is past its stage reads before the next task's writes)
+    if (tid == 0) atomicAdd(x + SAMPLE_X_COUNTERS + 2 * ph + 1, 1u);
+}
+
+// Claims and runs phase ph's tasks until none is left; returns how many this block ran (every thread calls).
+template <typename T, uint32_t KIND>
+KERN_DEV int exact_claim_tasks(const T* row, int n, bool vec, int splits, uint32_t* x, int ph,
+                             SplitShared& sh) {
+    int ran = 0;  // sh.desc: the phase's (a barrier published it)
+    for (;;) {
+        __syncthreads();  // sh.claim may still be read
+        if (threadIdx.x == 0) sh.claim = (int)atomicAdd(x + SAMPLE_X_COUNTERS + 2 * ph, 1u);
+        __syncthreads();
+        const int j = sh.claim;
+        if (j >= splits) break;
+        exact_task<T, KIND>(row, n, vec, j, ph, x, sh);
+        ++ran;
     }
-    const uint32_t tkey = float_key(thr);
-    for (int s = tid; s < splits; s += SAMPLE_THREADS) sh.slice_w[s] = 0;
+    return ran;
+}
+
+// The merge: opens its next phase, sh.desc (the description, zeroed bins, then the state), runs tasks, waits for
+// the rest; then the merged results are in the work area.
+template <typename T, uint32_t KIND>
+KERN_DEV void exact_phase(SplitShared& sh) {
+    const int tid = threadIdx.x;
+    __syncthreads();  // thread 0's sh.desc (exact_open) and sh.phase
+    const T* row = static_cast<const T*>(sh.job.row);
+    uint32_t* wrow = sh.job.wrow;
+    const int n = sh.job.n, splits = sh.job.splits, ph = sh.phase;
+    const bool vec = sh.job.vec;
+    const ExactDesc& d = sh.desc;
+    uint32_t* x = wrow + SAMPLE_CAND_WORD;
+    if (tid < 8) x[SAMPLE_X_DESC + 8 * ph + tid] = reinterpret_cast<const uint32_t*>(&d)[tid];
+    for (int i = tid; i < 512; i += SAMPLE_THREADS) x[SAMPLE_X_HIST + i] = 0u;
+    if (KIND == SAMPLE_TASK_MASS && tid < 4) x[SAMPLE_X_ALL + tid] = 0u;
+    __threadfence();
     __syncthreads();
-    float xn[16];  // the next slice, loaded ahead as in each_row
-    int nv_next = load16<true>(row, j0, n, vec, xn);
-    for (int s = 0; s < splits; ++s) {  // kept mass per slice: warp sums, one (exact, integer) add per warp
-        unsigned long long w = 0;
-        float x[16];
+    if (tid == 0) sample_store_release(wrow + SAMPLE_W_STATE, (uint32_t)ph + 1u);
+    exact_claim_tasks<T, KIND>(row, n, vec, splits, x, ph, sh);
+    SAMPLE_STAMP(SP_TASK);
+    if (tid == 0)
+        while (sample_load_acquire(x + SAMPLE_X_COUNTERS + 2 * ph + 1) < (uint32_t)splits) SAMPLE_SPIN_PAUSE();
+    if (tid == 0) sh.phase = ph + 1;
+    __syncthreads();
+    __threadfence();
+}
+
+// The merge's next phase description (thread 0; exact_phase's barriers publish it).
+KERN_DEV void exact_open(SplitShared& sh, uint32_t kind, uint32_t lo, int shift, bool sat) {
+    if (threadIdx.x != 0) return;
+    sh.desc.kind = kind;
+    sh.desc.lo = lo;
+    sh.desc.shift = (uint32_t)shift;
+    sh.desc.sat = sat ? 1u : 0u;
+}
+
+// A helper: waits for the merge's decision (bounded), then runs tasks of each phase the merge opens until the
+// state says done or a wait runs out. Every thread calls; thread 0 waits.
+template <typename T>
+__device__ __noinline__ void sample_help(const T* row, int n, bool vec, int splits, int r, uint32_t* wrow,
+                                         const SampleParams* pp, SplitShared& sh) {
+    const int tid = threadIdx.x;
+    uint32_t* x = wrow + SAMPLE_CAND_WORD;
+    {
+        const SampleParams p = *pp;  // the row's filters, as sample_slice reads them (no filter: no exact path)
+        const bool use_k = p.top_k > 0 && p.top_k < n, use_p = p.top_p < 1.0f, use_min = p.min_p > 0.0f;
+        if (!(p.temperature > 0.0f) || !(use_k || use_p || use_min)) return;
+    }
+    if (tid == 0) {
+        const unsigned long long t0 = sample_ns();
+        uint32_t e;
+        while ((e = sample_load_acquire(wrow + SAMPLE_W_EPOCH)) == sh.e0 && sample_ns() - t0 < SAMPLE_HELP_WAIT_NS)
+            SAMPLE_SPIN_PAUSE();
+        sh.help_ok = e != sh.e0 && sample_load_acquire(wrow + SAMPLE_W_DECISION) == SAMPLE_HELP_EXACT;
+    }
+    __syncthreads();
+    SAMPLE_STAMP(SP_HELP_WAIT);
+    if (!sh.help_ok) return;
+    int ph = 0, ran = 0;
+    __syncthreads();  // every thread has read sh.help_ok
+    for (;;) {
+        if (tid == 0) {
+            const unsigned long long t0 = sample_ns();
+            uint32_t st;
+            while ((st = sample_load_acquire(wrow + SAMPLE_W_STATE)) <= (uint32_t)ph &&
+                   sample_ns() - t0 < SAMPLE_HELP_WAIT_NS)
+                SAMPLE_SPIN_PAUSE();
+            // st: the phases opened so far (join the latest), SAMPLE_STATE_DONE, or still ph (the wait ran out)
+            const int q = st != SAMPLE_STATE_DONE && st > (uint32_t)ph && st <= SAMPLE_MAX_PHASES ? (int)st - 1 : -1;
+            sh.help_phase = q;
+            if (q >= 0) {
 #pragma unroll
-        for (int e = 0; e < 16; ++e) x[e] = xn[e];
-        const int nv = nv_next;
-        if (s + 1 < splits) nv_next = load16<true>(row, (int64_t)(s + 1) * SAMPLE_SLICE + j0, n, vec, xn);
-#pragma unroll
-        for (int e = 0; e < 16; ++e) {
-            const float l = scaled_logit(x[e], inv_t);
-            if (e < nv && float_key(l) >= tkey) w += fp_weight(l, m);
+                for (int w = 0; w < 8; ++w) reinterpret_cast<uint32_t*>(&sh.desc)[w] = __ldcg(x + SAMPLE_X_DESC + 8 * q + w);
+            }
         }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) w += __shfl_down_sync(0xffffffffu, w, o);
-        if ((tid & 31) == 0) shared_add_u64(&sh.slice_w[s], w);
+        __syncthreads();
+        SAMPLE_STAMP(SP_HELP_WAIT);
+        const int q = sh.help_phase;  // thread 0 writes it again only after exact_claim_tasks' barriers
+        if (q < 0) break;
+        switch (sh.desc.kind) {  // uniform: the block's shared copy
+            case SAMPLE_TASK_COUNT: ran += exact_claim_tasks<T, SAMPLE_TASK_COUNT>(row, n, vec, splits, x, q, sh); break;
+            case SAMPLE_TASK_MASS: ran += exact_claim_tasks<T, SAMPLE_TASK_MASS>(row, n, vec, splits, x, q, sh); break;
+            case SAMPLE_TASK_MBINS: ran += exact_claim_tasks<T, SAMPLE_TASK_MBINS>(row, n, vec, splits, x, q, sh); break;
+            default: ran += exact_claim_tasks<T, SAMPLE_TASK_KEPT>(row, n, vec, splits, x, q, sh); break;
+        }
+        SAMPLE_STAMP(SP_TASK);
+        ph = q + 1;
+    }
+    SAMPLE_HELPED(r, ran);
+}
+
+// The merge (thread 0; every thread may call): tells a filtering row's waiting helpers that no exact path follows.
+KERN_DEV void release_helpers(SplitShared& sh) {
+    if (threadIdx.x != 0 || sh.published) return;
+    sh.wrow[SAMPLE_W_DECISION] = SAMPLE_HELP_NONE;
+    __threadfence();
+    sample_store_release(sh.wrow + SAMPLE_W_EPOCH, sh.e0 + 1u);
+    sh.published = 1;
+}
+
+// The merged bins of the phase just run, into `hist` (every thread calls).
+template <typename W>
+KERN_DEV void exact_read_bins(const SplitShared& sh, W* hist) {
+    const unsigned long long* gh =
+        reinterpret_cast<const unsigned long long*>(sh.job.wrow + SAMPLE_CAND_WORD + SAMPLE_X_HIST);
+    for (int b = threadIdx.x; b < 256; b += SAMPLE_THREADS) hist[b] = (W)__ldcg(gh + b);
+    __syncthreads();
+}
+
+// The exact path's radix select: radix_select's loop, one round per phase, its state in shared memory (sh.sel)
+// so that nothing of it is live in registers across a phase. exact_select_begin: radix_select's entry checks.
+KERN_DEV void exact_select_begin(SplitShared& sh, uint32_t key_ref, unsigned long long total,
+                                 unsigned long long target) {
+    __syncthreads();  // sh.sel may still be read
+    if (threadIdx.x == 0) {
+        sh.sel.total = total;
+        sh.sel.target = target;
+        sh.sel.above = 0ull;
+        sh.sel.lo = 0u;
+        sh.sel.shift = 16u;
+        sh.sel.sat = 1u;
+        sh.sel.done = target == 0ull || total < target ? 1u : 0u;
+        sh.sel.result = target == 0ull ? key_ref : 0u;
     }
     __syncthreads();
+}
+// One round over the merged bins in `hist` (the round sh.sel names): radix_select's loop body.
+template <typename W>
+KERN_DEV void exact_select_round(SplitShared& sh, uint32_t key_ref, W* hist, W* scratch) {
+    const bool sat = sh.sel.sat != 0u;
+    const int shift = (int)sh.sel.shift;
+    W before;
+    const int b = pick_bin<W>(hist, sat, (W)(sh.sel.total - sh.sel.above), (W)sh.sel.above, (W)sh.sel.target,
+                              &before, scratch, sh);
+    SAMPLE_STAMP(sizeof(W) == 4 ? SP_K_ROUND : SP_P_ROUND);
+    if (threadIdx.x == 0) {
+        if (b < 0) {  // unreachable: the range always holds the target
+            sh.sel.result = 0u;
+            sh.sel.done = 1u;
+        } else {
+            sh.sel.above = (unsigned long long)before;
+            if (sat && b == 255 && shift < 24) {  // past 255 bins: the rest of the offsets, coarser
+                sh.sel.lo += 255u << shift;
+                sh.sel.shift = 24u;
+            } else {
+                sh.sel.lo += (uint32_t)b << shift;
+                if (shift == 0) {
+                    sh.sel.result = key_ref - sh.sel.lo;
+                    sh.sel.done = 1u;
+                } else {
+                    sh.sel.shift = (uint32_t)(shift - 8);
+                    sh.sel.sat = 0u;
+                }
+            }
+        }
+    }
+    __syncthreads();
+}
+
+// The exact path's thresholds: thr = max(t_min, t_k, t_p) over the whole row, by phases (every thread calls).
+template <typename T>
+KERN_DEV float exact_thresholds(SplitShared& sh) {
+    const int tid = threadIdx.x;
+    const uint32_t key_m = float_key(sh.job.m);
+    uint32_t tk = 0u;
+    if (sh.job.use_k) {
+        exact_select_begin(sh, key_m, (unsigned long long)(unsigned)sh.job.n,
+                           (unsigned long long)(unsigned)sh.job.pp->top_k);
+        while (!sh.sel.done) {
+            exact_open(sh, SAMPLE_TASK_COUNT, sh.sel.lo, (int)sh.sel.shift, sh.sel.sat != 0u);
+            exact_phase<T, SAMPLE_TASK_COUNT>(sh);
+            exact_read_bins<unsigned>(sh, sh.hist_c);
+            SAMPLE_STAMP(SP_PHASE_WAIT);
+            exact_select_round<unsigned>(sh, key_m, sh.hist_c, sh.red_u);
+        }
+        tk = sh.sel.result;
+    }
+    uint32_t tp = 0u;
+    if (sh.job.use_p) {
+        if (tid == 0) sh.desc.tk = tk;
+        exact_open(sh, SAMPLE_TASK_MASS, 0u, 16, true);  // the mass, the mass at or above t_k, the first round's bins
+        exact_phase<T, SAMPLE_TASK_MASS>(sh);
+        const unsigned long long* x = reinterpret_cast<const unsigned long long*>(sh.job.wrow + SAMPLE_CAND_WORD);
+        const unsigned long long all = __ldcg(x + SAMPLE_X_ALL / 2), ge = __ldcg(x + SAMPLE_X_GE / 2);
+        exact_read_bins<unsigned long long>(sh, sh.hist_w);
+        SAMPLE_STAMP(SP_EXACT_MASS);
+        exact_select_begin(sh, key_m, all, p_target(sh.job.pp->top_p, ge));
+        // the first round (lo 0, 2^16-key bins, saturating) is the mass phase's
+        if (!sh.sel.done) exact_select_round<unsigned long long>(sh, key_m, sh.hist_w, sh.red_w);
+        while (!sh.sel.done) {
+            exact_open(sh, SAMPLE_TASK_MBINS, sh.sel.lo, (int)sh.sel.shift, sh.sel.sat != 0u);
+            exact_phase<T, SAMPLE_TASK_MBINS>(sh);
+            exact_read_bins<unsigned long long>(sh, sh.hist_w);
+            SAMPLE_STAMP(SP_PHASE_WAIT);
+            exact_select_round<unsigned long long>(sh, key_m, sh.hist_w, sh.red_w);
+        }
+        tp = sh.sel.result;
+    }
+    const float m = sh.job.m;
+    float thr = sh.job.use_min ? m + logf(sh.job.pp->min_p) : -CUDART_INF_F;
+    if (sh.job.use_k) thr = fmaxf(thr, key_float(tk));
+    if (sh.job.use_p) thr = fmaxf(thr, key_float(tp));
+    return thr;
+}
+
+// The exact path's draw: the kept mass of each slice (a phase), then inside the slice that holds the target (the
+// merge alone), and the result (every thread calls).
+template <typename T>
+KERN_DEV void exact_draw(SplitShared& sh, float thr) {
+    const int tid = threadIdx.x;
+    const uint32_t tkey = float_key(thr);
+    if (tid == 0) sh.desc.tkey = tkey;
+    exact_open(sh, SAMPLE_TASK_KEPT, 0u, 0, false);
+    exact_phase<T, SAMPLE_TASK_KEPT>(sh);
+    const ExactJob& job = sh.job;
+    const int splits = job.splits;
+    const unsigned long long* kept =
+        reinterpret_cast<const unsigned long long*>(job.wrow + SAMPLE_CAND_WORD + SAMPLE_X_KEPT);
+    for (int s = tid; s < splits; s += SAMPLE_THREADS) sh.slice_w[s] = __ldcg(kept + s);
+    __syncthreads();
+    if (tid == 0) sample_store_release(job.wrow + SAMPLE_W_STATE, SAMPLE_STATE_DONE);  // the helpers leave
     unsigned long long z_kept = 0;
     for (int s = 0; s < splits; ++s) z_kept += sh.slice_w[s];
-    const unsigned long long t = draw_target(bits, z_kept);
+    const unsigned long long t = draw_target(job.bits, z_kept);
     int ss = splits - 1;
     unsigned long long before = 0;
     for (int s = 0; s < splits; ++s) {
@@ -637,11 +964,41 @@ __device__ __noinline__ void sample_exact(SplitShared& sh) {
         before += sh.slice_w[s];
     }
     SAMPLE_STAMP(SP_EXACT_KEPT);
-    draw_in_slice<T>(row, n, vec, inv_t, m, ss, tkey, t - before, sh);
+    const float m = job.m, inv_t = job.inv_t;
+    draw_in_slice<T>(static_cast<const T*>(job.row), job.n, job.vec, inv_t, m, ss, tkey, t - before, sh);
     SAMPLE_STAMP(SP_DRAW);
-    const int tok = sh.tok >= 0 ? sh.tok : am;
-    write_result(r, tok, sh.tok >= 0 ? sh.tok_l : m, m, logf(fp_float(z_kept)), thr, inv_t, out_token, out_logprob,
-                 stats);
+    const int tok = sh.tok >= 0 ? sh.tok : job.am;
+    write_result(job.r, tok, sh.tok >= 0 ? sh.tok_l : m, m, logf(fp_float(z_kept)), thr, inv_t, job.out_token,
+                 job.out_logprob, job.stats);
+}
+
+// The exact path of the merge: t_k, t_p over the whole row (a slice-parallel phase per radix round, the mass with
+// top-p's first), then the draw over it (the kept mass of each slice, a phase, then inside the slice that holds the
+// target, by the merge alone).
+template <typename T>
+__device__ __noinline__ void sample_exact(SplitShared& sh) {
+    const int tid = threadIdx.x;
+    SAMPLE_PATH(sh.job.r, 3);
+    SAMPLE_STAMP(SP_EXACT);
+    uint32_t* wrow = sh.job.wrow;
+    // the counters zeroed, no phase open, then the decision (the epoch's release publishes both to the helpers)
+    for (int i = tid; i < 2 * SAMPLE_MAX_PHASES; i += SAMPLE_THREADS) wrow[SAMPLE_CAND_WORD + SAMPLE_X_COUNTERS + i] = 0u;
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) {
+        wrow[SAMPLE_W_STATE] = 0u;
+        wrow[SAMPLE_W_DECISION] = sh.published ? SAMPLE_HELP_NONE : SAMPLE_HELP_EXACT;
+        __threadfence();
+        if (!sh.published) sample_store_release(wrow + SAMPLE_W_EPOCH, sh.e0 + 1u);
+        sh.published = 1;
+        sh.phase = 0;
+        sh.desc.m = sh.job.m;
+        sh.desc.inv_t = sh.job.inv_t;
+        sh.desc.tk = 0u;
+        sh.desc.tkey = 0u;
+    }
+    const float thr = exact_thresholds<T>(sh);
+    exact_draw<T>(sh, thr);
 }
 
 // The merge (the block that drew row r's last ticket): every block's header and candidates are visible. Returns
@@ -695,6 +1052,7 @@ __device__ __noinline__ bool sample_merge(const T* row, int n, bool vec, int spl
     SAMPLE_STAMP(SP_HEADERS);
     if (!(m > -CUDART_INF_F)) {  // every logit NaN or -inf
         SAMPLE_PATH(r, 0);
+        if (use_k || use_p || use_min) release_helpers(sh);
         if (tid == 0) {
             out_token[r] = 0;
             out_logprob[r] = -CUDART_INF_F;
@@ -781,6 +1139,7 @@ __device__ __noinline__ bool sample_merge(const T* row, int n, bool vec, int spl
         bool ok = true;
         if (use_k) {
             if (n_region >= (unsigned)k) {  // every element at or above the k-th largest is here
+                release_helpers(sh);        // thr >= t_k >= K: the candidate path (the waiting helpers leave now)
                 const uint32_t tk = offset_select<unsigned>(each_count, key_m, n_region, (unsigned)k, sh.hist_c,
                                                             sh.red_u, sh);
                 thr = fmaxf(thr, key_float(tk));
@@ -805,6 +1164,7 @@ __device__ __noinline__ bool sample_merge(const T* row, int n, bool vec, int spl
             const unsigned long long mass = block_sum_all(mine_w, sh.red_w);
             SAMPLE_STAMP(SP_SUMS);
             if (mass >= target) {  // else t_p lies below the candidates
+                release_helpers(sh);  // thr >= t_p >= K: the candidate path
                 const uint32_t tp = offset_select<unsigned long long>(each_mass, key_m, mass, target, sh.hist_w,
                                                                       sh.red_w, sh);
                 thr = fmaxf(thr, key_float(tp));
@@ -813,6 +1173,7 @@ __device__ __noinline__ bool sample_merge(const T* row, int n, bool vec, int spl
         if (ok && float_key(thr) >= K) {
             // the draw over the kept candidates (l >= thr), in index order
             SAMPLE_PATH(r, 2);
+            release_helpers(sh);
             const uint32_t tkey = float_key(thr);
             unsigned long long sum = 0;
 #pragma unroll
@@ -850,6 +1211,7 @@ __device__ __noinline__ bool sample_merge(const T* row, int n, bool vec, int spl
     if (tid == 0) {
         ExactJob& job = sh.job;
         job.row = row;
+        job.wrow = sh.wrow;
         job.pp = pp;
         job.out_token = out_token;
         job.out_logprob = out_logprob;
@@ -874,7 +1236,7 @@ template <typename T>
 KERN_DEV void sample_slice(T* logits, const uint32_t* params_words, const int32_t* positions,
                            const int32_t* hist_tokens, const int32_t* hist_counts, int32_t hist_cap, int32_t vocab,
                            int32_t* out_token, float* out_logprob, float* stats, uint32_t* work SAMPLE_PROF_ARG) {
-    __shared__ SplitShared sh;
+    SAMPLE_SHARED(SplitShared, sh);
     const int n = vocab, tid = threadIdx.x;
     // uniform per launch: no barrier is split
     if (n <= 0 || n > SAMPLE_MAX_VOCAB || blockDim.x != SAMPLE_THREADS || work == nullptr) return;
@@ -888,6 +1250,7 @@ KERN_DEV void sample_slice(T* logits, const uint32_t* params_words, const int32_
     const SampleParams p = *reinterpret_cast<const SampleParams*>(params_words + (int64_t)r * SAMPLE_PARAM_WORDS);
     T* row = logits + (int64_t)r * n;
     uint32_t* wrow = work + (int64_t)r * SAMPLE_WORK_WORDS;
+    if (tid == 0) atomicAdd(wrow + SAMPLE_W_TICKET, SAMPLE_START_ONE);  // this block has started (resident)
     const bool vec = (n % (16 / (int)sizeof(T)) == 0) && aligned16(logits);
     const int64_t base = (int64_t)s * SAMPLE_SLICE;
     const int64_t end = min(base + SAMPLE_SLICE, (int64_t)n);
@@ -1023,19 +1386,32 @@ KERN_DEV void sample_slice(T* logits, const uint32_t* params_words, const int32_
         *reinterpret_cast<uint4*>(h) = make_uint4(__float_as_uint(m_s), __float_as_uint(z_s), (uint32_t)a_s, k_s);
         h[4] = (uint32_t)n_s;
     }
+    if (tid == 0) sh.e0 = sample_load_relaxed(wrow + SAMPLE_W_EPOCH);  // before the ticket (the fence orders it)
     __threadfence();  // this block's writes (penalties, candidates, header) before its ticket
     __syncthreads();
-    if (tid == 0) sh.last = atomicAdd(reinterpret_cast<int*>(wrow), 1) == splits - 1;
+    if (tid == 0) {
+        const unsigned old = atomicAdd(wrow + SAMPLE_W_TICKET, 1u);
+        sh.last = (int)(old & (SAMPLE_START_ONE - 1u)) == splits - 1;
+        sh.all_started = (old >> 16) == (unsigned)splits;  // every block of the row resident or done
+        sh.published = 0;
+        sh.wrow = wrow;
+    }
     __syncthreads();
     SAMPLE_STAMP(SP_TICKET);
+    if (!sh.last) {
+        // a filtering row whose blocks have all started: wait (bounded) for the merge's decision, help if exact
+        if (sh.all_started)
+            sample_help<T>(row, n, vec, splits, r, wrow, reinterpret_cast<const SampleParams*>(params_words) + r, sh);
 #ifdef SAMPLE_PROFILE
-    if (!sh.last) sample_prof_end(sh, false);
+        sample_prof_end(sh, false);
 #endif
-    if (!sh.last) return;
+        return;
+    }
     __threadfence();
-    if (tid == 0) *reinterpret_cast<int*>(wrow) = 0;  // zero again for the next launch
+    if (tid == 0) wrow[SAMPLE_W_TICKET] = 0u;  // zero again for the next launch
     const SampleParams* pp = reinterpret_cast<const SampleParams*>(params_words) + r;
-    if (!sample_merge<T>(row, n, vec, splits, cap, r, pp, inv_t, greedy, use_k, use_p, use_min, positions, wrow,
+    const bool m_use_min = !greedy && pp->min_p > 0.0f;  // read again: not held in a register across the slice pass
+    if (!sample_merge<T>(row, n, vec, splits, cap, r, pp, inv_t, greedy, use_k, use_p, m_use_min, positions, wrow,
                          out_token, out_logprob, stats, sh))
         sample_exact<T>(sh);
 #ifdef SAMPLE_PROFILE

@@ -11,9 +11,13 @@ draw of the same Philox uniform over the kernel's kept set in index order (`refe
 logprobs within 2e-4; the penalized logits bit for bit; the top-5 logprobs entry. The cases cover the merge's
 paths: greedy, plain temperature, the candidate path (top-k / top-p / min-p over the exported candidates) and
 the exact path (a kept set wider than the candidates: a flat row's nucleus, a low min-p, a top-k past them),
-vocabularies that are and are not multiples of the slice and of the 16-byte group, ties.
+vocabularies that are and are not multiples of the slice and of the 16-byte group, ties. Cases marked
+`concurrent` (the exact path's) run twice more with several blocks at once (CONCURRENT): every block of a row
+together, row-major (the exact path's helper blocks join; their tasks are counted and must be some), and 3 at once
+in the shuffled order (a row's blocks not all running: the merge does what no helper takes); their outputs must
+equal the one-at-a-time run's bit for bit.
 A logic check of the CUDA source where no GPU is at hand, not a substitute for tests/kernels/test_sample_gpu.py
-(no memory model, no real warps, no concurrency between blocks).
+(no GPU memory model, no real warps; concurrency between blocks only in the `concurrent` runs).
 
     uv run --frozen python -m tools.sample_cpu_emu [--seed N] [--quick]     # from the repository root; g++ (C++20)
 
@@ -39,6 +43,9 @@ from tools import reference_sample as rs
 REPO = Path(__file__).resolve().parent.parent
 N_TOP = 5
 SHUFFLED_ORDER = 12345  # the driver's second block order (a std::mt19937 seed)
+# the concurrent runs of a `concurrent` case: (order, workers); workers None: the case's slices (every block of a row
+# running at once, row-major: the exact path's helpers join), 3: fewer (a row's blocks may not all be running)
+CONCURRENT = ((0, None), (SHUFFLED_ORDER, 3))
 PATHS = {0: "greedy", 1: "plain", 2: "candidates", 3: "exact", -1: "none"}  # sample.cu's SAMPLE_PATH values
 G, P, C, X = 0, 1, 2, 3
 
@@ -57,6 +64,7 @@ class Case:
     tie: bool = False
     quick: bool = False
     paths: tuple[int | None, ...] = ()
+    concurrent: bool = False  # also run with blocks at once (CONCURRENT: a row's blocks together, and fewer)
 
 
 CASES = [
@@ -94,6 +102,23 @@ CASES = [
                                SamplingParams(temperature=1.0, min_p=0.001, seed=52),
                                SamplingParams(temperature=1.0, top_p=0.5, seed=53),
                                SamplingParams(temperature=1.0, top_k=20000, top_p=0.7, seed=54)], paths=(X, X, X, X)),
+    # near-uniform rows, several of them: the exact path in every row (top-p 0.95 over a nucleus of ~140000; a
+    # temperature spreads the keys inside the 2^16-key bins, so the later radix rounds split them)
+    Case("bf16", 151936, 0.02, [SamplingParams(temperature=1.0, top_p=0.95, seed=71),
+                                SamplingParams(temperature=1.0, top_p=0.95, seed=72),
+                                SamplingParams(temperature=0.7, top_p=0.95, seed=73),
+                                SamplingParams(temperature=1.0, top_k=100000, top_p=0.95, seed=74)],
+         paths=(X, X, X, X), concurrent=True),
+    # 5 slices (the last 7232 long): the exact path with every block of a row running at once (the helpers) in the
+    # quick subset; f32 and a vocabulary that is not a multiple of the 16-byte group
+    Case("bf16", 40000, 0.05, [SamplingParams(temperature=1.0, top_p=0.95, seed=81),
+                               SamplingParams(temperature=0.7, top_k=20000, top_p=0.9, seed=82),
+                               SamplingParams(temperature=1.0, min_p=0.0001, seed=83),
+                               SamplingParams(temperature=1.0, top_k=50, seed=84)], quick=True, paths=(X, X, X, C),
+         concurrent=True),
+    Case("f32", 39999, 0.3, [SamplingParams(temperature=0.9, top_p=0.97, seed=91),
+                             SamplingParams(temperature=1.0, top_k=30000, seed=92),
+                             SamplingParams(temperature=1.0, top_p=0.9, seed=93)], paths=(X, X, None), concurrent=True),
     Case("bf16", 16384, 2.0, [SamplingParams(temperature=0.7, top_k=50, top_p=0.9, seed=15),
                               SamplingParams(temperature=1.0, top_p=0.9, min_p=0.05, seed=16),
                               SamplingParams(temperature=1.0, repetition_penalty=1.3, presence_penalty=0.4,
@@ -110,7 +135,8 @@ def build(work: Path, profile: bool = False) -> Path:
                                      + '\n#include "sample_emu.h"\n')
     shutil.copy(REPO / "kernels-src" / "sample.cu", work / "sample.cu")
     exe = work / "driver"
-    subprocess.run(["g++", "-std=c++20", "-O1", "-ffp-contract=off", *(["-DSAMPLE_PROFILE"] if profile else []),
+    subprocess.run(["g++", "-std=c++20", "-O1", "-ffp-contract=off", "-DEMU_CONCURRENT_BLOCKS",
+                    *(["-DSAMPLE_PROFILE"] if profile else []),
                     f"-I{work}", "-x", "c++", str(work / "driver.cpp"), "-o", str(exe), "-pthread"], check=True)
     return exe
 
@@ -121,7 +147,11 @@ def read_stamps(work: Path, rows: int, vocab: int) -> np.ndarray:
     return np.fromfile(work / "prof.bin", np.uint64).reshape(rows, splits, -1)
 
 
-def run_case(exe: Path, work: Path, dtype: str, logits: np.ndarray, params, positions, hist, cap: int, order: int):
+def run_case(exe: Path, work: Path, dtype: str, logits: np.ndarray, params, positions, hist, cap: int, order: int,
+             workers: int = 1):
+    """One launch of the sampler (then the top logprobs) on the driver: blocks in `order` (0 row-major, else a
+    shuffle's seed), `workers` of them running at once. Returns the outputs, each row's ticket word after the launch,
+    the path that merged it, and the exact-path tasks its helper blocks ran."""
     rows, vocab = logits.shape
     (ref.bf16_bits(logits) if dtype == "bf16" else logits.astype(np.float32)).tofile(work / "logits.bin")
     (work / "params.bin").write_bytes(pack_params(params))
@@ -129,7 +159,7 @@ def run_case(exe: Path, work: Path, dtype: str, logits: np.ndarray, params, posi
     tokens, counts = pack_history(hist, cap)
     (work / "ht.bin").write_bytes(tokens)
     (work / "hc.bin").write_bytes(counts)
-    subprocess.run([str(exe), dtype, str(rows), str(vocab), str(cap), str(work), str(order)], check=True)
+    subprocess.run([str(exe), dtype, str(rows), str(vocab), str(cap), str(work), str(order), str(workers)], check=True)
     raw = np.fromfile(work / "out.bin", np.uint8)
     tok, lp = raw[: 4 * rows].view(np.int32), raw[4 * rows : 8 * rows].view(np.float32)
     stats = raw[8 * rows : 24 * rows].view(np.float32).reshape(rows, 4)
@@ -139,7 +169,7 @@ def run_case(exe: Path, work: Path, dtype: str, logits: np.ndarray, params, posi
     ids = top[: 4 * N_TOP * rows].view(np.int32).reshape(rows, N_TOP)
     top_lp = top[4 * N_TOP * rows :].view(np.float32).reshape(rows, N_TOP)
     tail = np.fromfile(work / "tickets.bin", np.int32)
-    return (tok, lp, stats, after, ids, top_lp), tail[:rows], tail[rows:]
+    return (tok, lp, stats, after, ids, top_lp), tail[:rows], tail[rows : 2 * rows], tail[2 * rows :]
 
 
 def check_row(dtype, raw_row, p, pos, pairs, tok, lp, stats, after, ids, top_lp) -> list[str]:
@@ -206,9 +236,22 @@ def main(argv: list[str] | None = None) -> int:
             logits, positions, hist = case_inputs(rng, case)  # drawn for every case: --quick sees the same inputs
             if args.quick and not case.quick:
                 continue
-            out, tickets, paths = run_case(exe, work, case.dtype, logits, case.params, positions, hist, 64, 0)
-            out2, tickets2, paths2 = run_case(exe, work, case.dtype, logits, case.params, positions, hist, 64,
-                                              SHUFFLED_ORDER)
+            out, tickets, paths, _ = run_case(exe, work, case.dtype, logits, case.params, positions, hist, 64, 0)
+            out2, tickets2, paths2, _ = run_case(exe, work, case.dtype, logits, case.params, positions, hist, 64,
+                                                 SHUFFLED_ORDER)
+            runs = []  # (label, outputs, tickets, paths, helped) of the concurrent runs
+            if case.concurrent:
+                for order, workers in CONCURRENT:
+                    w = workers or -(-case.vocab // 8192)
+                    runs.append((f"{w} blocks at once, order {order}",
+                                 *run_case(exe, work, case.dtype, logits, case.params, positions, hist, 64, order, w)))
+            for label, _, _, _, helped in runs:
+                exact_rows = [r for r, want in enumerate(case.paths) if want == X]
+                print(f"  {label}: helper tasks per row {helped.tolist()}")
+                if label.startswith(f"{-(-case.vocab // 8192)} blocks") and exact_rows and not any(
+                        helped[r] for r in exact_rows):
+                    bad += 1
+                    print(f"  {label}: no helper ran a task of the exact path")
             for r, p in enumerate(case.params):
                 faults = check_row(case.dtype, logits[r], p, int(positions[r]), hist[r], *(x[r] for x in out))
                 want_path = case.paths[r] if case.paths else None
@@ -218,6 +261,11 @@ def main(argv: list[str] | None = None) -> int:
                     faults.append(f"ticket left at {tickets[r]} / {tickets2[r]} (expected 0)")
                 if not all(np.asarray(a[r]).tobytes() == np.asarray(b[r]).tobytes() for a, b in zip(out, out2)):
                     faults.append("the shuffled block order gives other outputs")
+                for label, out3, tickets3, paths3, _ in runs:
+                    if not all(np.asarray(a[r]).tobytes() == np.asarray(b[r]).tobytes() for a, b in zip(out, out3)):
+                        faults.append(f"{label} gives other outputs")
+                    if tickets3[r] or paths3[r] != paths[r]:
+                        faults.append(f"{label}: ticket {tickets3[r]}, path {PATHS.get(int(paths3[r]), '?')}")
                 bad += bool(faults)
                 print(f"{case.dtype} vocab {case.vocab} row {r} [{PATHS.get(int(paths[r]), '?')}] {p}: "
                       f"{'; '.join(faults) or 'ok'}")

@@ -41,9 +41,12 @@ EVENTS = {
     15: "to exact path",
     16: "mass pass",
     17: "kept pass",
+    18: "help wait",
+    19: "slice tasks",
+    20: "phase wait",
 }
 SP_START, SP_TICKET, SP_GATHER, SP_DRAW, SP_EXACT = 0, 6, 8, 13, 15
-ROUNDS = {4, 10, 11}  # repeated phases: numbered 1, 2, ... in a block's log
+ROUNDS = {4, 10, 11, 18, 19, 20}  # repeated phases: numbered 1, 2, ... in a block's log
 MIN_FIT_NS = 3000  # blocks at least this long (globaltimer) fit the clock rate
 
 

@@ -2,7 +2,9 @@
 tools/cpu_emu/, a block's threads as std::threads): the split sampler's grid run block by block in row-major and in
 a shuffled order (a different block merges each row), every row against tools/reference_sample.py (greedy ties
 across slices, thresholds, the draw in index order, logprobs, penalties, top-5 logprobs), each row merged by the
-path its case names, outputs bit-identical between the two orders, every ticket back at 0. Plus the constants the
+path its case names, outputs bit-identical between the two orders, every ticket back at 0; the concurrent case
+(5 slices, the exact path) also with a row's blocks running at once (its helpers run tasks) and with 3 at once,
+bit-identical to the one-at-a-time runs. Plus the constants the
 host side and the builder share with the source. A logic check where no GPU is at hand."""
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ def test_sampler_on_the_cpu_emulator(capsys: pytest.CaptureFixture[str]) -> None
     out = capsys.readouterr().out
     assert code == 0, out
     quick_rows = sum(len(c.params) for c in sample_cpu_emu.CASES if c.quick)
-    assert out.count(": ok") == quick_rows == 20, out
+    assert out.count(": ok") == quick_rows == 24, out
+    assert "no helper ran" not in out and "5 blocks at once, order 0: helper tasks per row" in out, out
     for path in ("greedy", "plain", "candidates", "exact"):
         assert f"[{path}]" in out, f"no row merged by the {path} path"

@@ -150,9 +150,10 @@ def test_profile_build_on_the_cpu_emulator() -> None:
     with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
         plain, prof = Path(a), Path(b)
         exe, exe_prof = sample_cpu_emu.build(plain), sample_cpu_emu.build(prof, profile=True)
-        out, tickets, paths = sample_cpu_emu.run_case(exe, plain, "bf16", logits, EMU_PARAMS, positions, hist, 64, 0)
-        out_p, tickets_p, paths_p = sample_cpu_emu.run_case(exe_prof, prof, "bf16", logits, EMU_PARAMS, positions,
-                                                            hist, 64, sample_cpu_emu.SHUFFLED_ORDER)
+        out, tickets, paths, _ = sample_cpu_emu.run_case(exe, plain, "bf16", logits, EMU_PARAMS, positions, hist, 64,
+                                                         0)
+        out_p, tickets_p, paths_p, _ = sample_cpu_emu.run_case(exe_prof, prof, "bf16", logits, EMU_PARAMS, positions,
+                                                               hist, 64, sample_cpu_emu.SHUFFLED_ORDER)
         stamps = sample_cpu_emu.read_stamps(prof, len(EMU_PARAMS), case.vocab)
     for x, y in zip(out, out_p):  # tokens, logprobs, stats, penalized logits, top-5 ids and logprobs
         assert np.asarray(x).tobytes() == np.asarray(y).tobytes()
@@ -167,10 +168,13 @@ def test_profile_build_on_the_cpu_emulator() -> None:
     assert merge[1] == ["merge headers", "draw", "write"]
     assert merge[2] == ["merge headers", "candidate gather", "candidate count", "top-k round 1", "top-k round 2",
                         "top-k round 3", "draw", "write"]
-    for r in (3, 4):  # the nucleus is wider than the candidates; 5 radix rounds (2^16, 2^24, 2^16, 2^8, 1 keys)
+    for r in (3, 4):  # the nucleus is wider than the candidates; 5 radix rounds (2^16, 2^24, 2^16, 2^8, 1 keys),
+        # the first over the mass phase's bins; one block at a time: the merge runs every slice task of each phase
+        rounds = [x for i in range(2, 6) for x in (f"exact slice tasks {i}", f"exact phase wait {i - 1}",
+                                                   f"exact top-p round {i}")]
         assert merge[r] == ["merge headers", "candidate gather", "candidate count", "top-p sums", "to exact path",
-                            "exact mass pass", *(f"exact top-p round {i}" for i in range(1, 6)), "exact kept pass",
-                            "exact draw", "exact write"]
+                            "exact slice tasks 1", "exact mass pass", "exact top-p round 1", *rounds,
+                            "exact slice tasks 6", "exact kept pass", "exact draw", "exact write"]
     for b in blocks:  # before the ticket: every block's own phases
         names = [n for n, _ in b.phases]
         pre = names[: names.index("ticket")]

@@ -37,10 +37,17 @@ inline uint32_t __umulhi(uint32_t a, uint32_t b) { return (uint32_t)(((uint64_t)
 inline uint32_t __float_as_uint(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 inline float __uint_as_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 inline int __ffs(unsigned x) { return __builtin_ffs((int)x); }
+#ifdef EMU_CONCURRENT_BLOCKS  // several blocks at once (tools/cpu_emu/driver.cpp): each thread's block's own
+extern thread_local std::barrier<>* g_block_barrier;
+extern thread_local std::barrier<>** g_warp_barrier;
+extern thread_local uint64_t (*g_warp_x)[32];
+extern thread_local std::atomic<int>* g_count;
+#else
 extern std::barrier<>* g_block_barrier;
 extern std::barrier<>* g_warp_barrier[32];
 extern uint64_t g_warp_x[32][32];
 extern std::atomic<int> g_count[2];
+#endif
 extern thread_local int t_count_parity;
 inline void __syncthreads() { g_block_barrier->arrive_and_wait(); }
 inline int __syncthreads_count(int pred) {
