@@ -1,7 +1,9 @@
-"""`kern serve` as a subprocess on a free loopback port, for the GPU serve tests (tests/serve/test_serve*_gpu.py)."""
+"""`kern serve` as a subprocess on a free loopback port, and the openai client against it, for the GPU serve tests
+(tests/serve/test_serve*_gpu.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import subprocess
 import sys
@@ -11,6 +13,10 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+OPENINGS = ["Once upon a time", "The little dog", "In the morning, the", "She opened the door and",
+            "The king said that", "A long way from home,", "The children played", "When the rain stopped,",
+            "The old man", "On the table there was", "He looked at the sky", "The best way to",
+            "My favourite food is", "The teacher asked", "Every summer we", "The cat sat"]
 
 
 def free_port() -> int:
@@ -56,3 +62,37 @@ def stop(proc: subprocess.Popen) -> None:
         proc.wait(60)
     except subprocess.TimeoutExpired:
         proc.kill()
+
+
+def openai_module():
+    """The `openai` package, or a test failure saying how to bring it (it comes to the GPU machine as wheels)."""
+    try:
+        import openai
+    except ImportError as exc:
+        pytest.fail(f"the openai client is missing ({exc}): carry its wheels to the GPU machine (.whl: openai, "
+                    "jiter, distro, sniffio; see docs/serve.md 'GPU tests')")
+    return openai
+
+
+def clients(base: str, timeout_s: float, async_timeout_s: float) -> tuple:
+    """(an OpenAI client of `base`, a factory of AsyncOpenAI clients): each asyncio.run() has its own event loop,
+    and an AsyncOpenAI's connection pool is bound to the loop it first ran on (a second loop reusing it fails with
+    "Event loop is closed")."""
+    openai = openai_module()
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", timeout=timeout_s, max_retries=0)
+    return client, lambda: openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="unused", timeout=async_timeout_s,
+                                              max_retries=0)
+
+
+def prompts() -> list[str]:
+    """64 distinct short English prompts."""
+    return [f"{OPENINGS[i % 16]}{'' if i < 16 else ' ' + ['and then', 'but', 'so that'][i // 16 - 1]}"
+            for i in range(64)]
+
+
+def gather(aclient, bodies: list[dict], model: str) -> list:
+    """The completions of `bodies`, all sent at once from one async client of the factory `aclient`."""
+    async def go():
+        async with aclient() as c:
+            return await asyncio.gather(*(c.completions.create(model=model, **b) for b in bodies))
+    return asyncio.run(go())

@@ -23,8 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.serve.gpu_server import start, stop
-from tests.serve.test_serve_batch_gpu import _gather, _openai, _prompts
+from tests.serve.gpu_server import clients, gather, prompts, start, stop
 
 pytestmark = pytest.mark.gpu
 
@@ -46,13 +45,18 @@ def server():
 
 
 @pytest.fixture(scope="module")
-def client(server: str):
-    return _openai().OpenAI(base_url=f"{server}/v1", api_key="unused", timeout=300, max_retries=0)
+def both(server: str):
+    return clients(server, 300, 600)
 
 
 @pytest.fixture(scope="module")
-def aclient(server: str):
-    return lambda: _openai().AsyncOpenAI(base_url=f"{server}/v1", api_key="unused", timeout=600, max_retries=0)
+def client(both):
+    return both[0]
+
+
+@pytest.fixture(scope="module")
+def aclient(both):
+    return both[1]
 
 
 def test_streaming_equals_non_streaming(client) -> None:
@@ -66,9 +70,9 @@ def test_streaming_equals_non_streaming(client) -> None:
 
 def test_64_concurrent_greedy_requests_each_equal_the_request_alone(client, aclient) -> None:
     bodies = [{"prompt": p, "max_tokens": TOKENS + (i % 3) * 4, "extra_body": {"ignore_eos": True}}
-              for i, p in enumerate(_prompts())]
+              for i, p in enumerate(prompts())]
     alone = [client.completions.create(model=MODEL, **b).choices[0].text for b in bodies]
-    together = [r.choices[0].text for r in _gather(aclient, bodies, model=MODEL)]
+    together = [r.choices[0].text for r in gather(aclient, bodies, MODEL)]
     mismatched = [i for i in range(64) if together[i] != alone[i]]
     assert not mismatched, f"{len(mismatched)} of 64 differ, e.g. #{mismatched[0]}: {together[mismatched[0]]!r} " \
                            f"vs alone {alone[mismatched[0]]!r}"
@@ -79,7 +83,7 @@ def test_a_seeded_sampled_request_gives_the_same_text_alone_and_under_load(clien
               "extra_body": {"top_k": 50, "repetition_penalty": 1.2, "ignore_eos": True}}
     alone = client.completions.create(model=MODEL, **seeded).choices[0].text
     others = [{"prompt": p, "max_tokens": TOKENS, **({"temperature": 1.0, "seed": i} if i % 2 else {}),
-               "extra_body": {"ignore_eos": True}} for i, p in enumerate(_prompts()[:63])]
-    results = _gather(aclient, others[:31] + [seeded] + others[31:], model=MODEL)
+               "extra_body": {"ignore_eos": True}} for i, p in enumerate(prompts()[:63])]
+    results = gather(aclient, others[:31] + [seeded] + others[31:], MODEL)
     assert results[31].choices[0].text == alone
 

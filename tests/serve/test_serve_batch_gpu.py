@@ -19,34 +19,18 @@ Run on the H200:  source tools/gpu-env.sh && KERN_REQUIRE_GPU=1 python3 -m pytes
 
 from __future__ import annotations
 
-import asyncio
 import re
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.serve.gpu_server import kern, start, stop
+from tests.serve.gpu_server import clients, gather, kern, prompts, start, stop
 
 pytestmark = pytest.mark.gpu
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = "tiny-en-b64"
-OPENINGS = ["Once upon a time", "The little dog", "In the morning, the", "She opened the door and",
-            "The king said that", "A long way from home,", "The children played", "When the rain stopped,",
-            "The old man", "On the table there was", "He looked at the sky", "The best way to",
-            "My favourite food is", "The teacher asked", "Every summer we", "The cat sat"]
-
-
-def _openai():
-    try:
-        import openai
-    except ImportError as exc:
-        pytest.fail(f"the openai client is missing ({exc}): carry its wheels to the GPU machine (.whl: openai, "
-                    "jiter, distro, sniffio; see docs/serve.md 'GPU tests')")
-    return openai
-
-
 
 
 @pytest.fixture(scope="module")
@@ -71,27 +55,18 @@ def server(manifest64: Path):
 
 
 @pytest.fixture(scope="module")
-def client(server: str):
-    return _openai().OpenAI(base_url=f"{server}/v1", api_key="unused", timeout=120, max_retries=0)
+def both(server: str):
+    return clients(server, 120, 300)
 
 
 @pytest.fixture(scope="module")
-def aclient(server: str):
-    """A factory of async clients: each asyncio.run() has its own event loop, and an AsyncOpenAI's connection pool
-    is bound to the loop it first ran on (a second loop reusing it fails with "Event loop is closed")."""
-    return lambda: _openai().AsyncOpenAI(base_url=f"{server}/v1", api_key="unused", timeout=300, max_retries=0)
+def client(both):
+    return both[0]
 
 
-def _prompts() -> list[str]:
-    return [f"{OPENINGS[i % 16]}{'' if i < 16 else ' ' + ['and then', 'but', 'so that'][i // 16 - 1]}"
-            for i in range(64)]
-
-
-def _gather(aclient, bodies: list[dict], model: str = MODEL) -> list:
-    async def go():
-        async with aclient() as c:
-            return await asyncio.gather(*(c.completions.create(model=model, **b) for b in bodies))
-    return asyncio.run(go())
+@pytest.fixture(scope="module")
+def aclient(both):
+    return both[1]
 
 
 def test_completion_streaming_and_not_equal_kern_run(client, manifest64: Path) -> None:
@@ -112,10 +87,10 @@ def test_completion_streaming_and_not_equal_kern_run(client, manifest64: Path) -
 def test_64_concurrent_greedy_requests_each_equal_the_request_alone(client, aclient, server: str) -> None:
     import httpx
 
-    bodies = [{"prompt": p, "max_tokens": 32 + (i % 5) * 8} for i, p in enumerate(_prompts())]
+    bodies = [{"prompt": p, "max_tokens": 32 + (i % 5) * 8} for i, p in enumerate(prompts())]
     alone = [client.completions.create(model=MODEL, **b).choices[0].text for b in bodies]  # one at a time
     before = httpx.get(f"{server}/metrics").text
-    together = [r.choices[0].text for r in _gather(aclient, bodies)]
+    together = [r.choices[0].text for r in gather(aclient, bodies, MODEL)]
     after = httpx.get(f"{server}/metrics").text
     mismatched = [i for i in range(64) if together[i] != alone[i]]
     assert not mismatched, f"{len(mismatched)} of 64 differ, e.g. #{mismatched[0]}: {together[mismatched[0]]!r} " \
@@ -136,8 +111,8 @@ def test_a_seeded_sampled_request_gives_the_same_text_alone_and_under_load(clien
     greedy = client.completions.create(model=MODEL, prompt="The little dog", max_tokens=40).choices[0].text
     assert alone != greedy, "sampling at temperature 0.8 gave the greedy text"
     others = [{"prompt": p, "max_tokens": 48, **({"temperature": 1.0, "seed": i} if i % 2 else {})}
-              for i, p in enumerate(_prompts()[:63])]
-    results = _gather(aclient, others[:31] + [seeded] + others[31:])
+              for i, p in enumerate(prompts()[:63])]
+    results = gather(aclient, others[:31] + [seeded] + others[31:], MODEL)
     assert results[31].choices[0].text == alone
 
 
