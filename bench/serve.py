@@ -716,10 +716,10 @@ def main(argv: list[str] | None = None) -> int:
                 proc.wait(60)
             except subprocess.TimeoutExpired:
                 proc.kill()
-        notes.append(f"server log: {out_dir / 'bench-serve-server.log'}")
+        notes.append(f"server log: {server_log}")
         c1 = next((r for r in rows if r["scenario"].startswith("concurrency 1")), None)
         if c1 is not None and (manifest is not None or args.fake):  # kern run of the same prompt, same manifest
-            what = "the fake kern run" if args.fake else f"kern run ({manifest.name if manifest else '?'})"
+            what = "the fake kern run" if args.fake else f"kern run ({manifest.name})"
             notes.append(c1_note(c1["tpot_ms_p50"], run_alone_tpot(args, manifest, notes), what))
     if "peer" in only:
         if args.fake:

@@ -62,8 +62,10 @@ def capture_lines(weights: Path, out: Path, tokens: list[int], context: int, war
         raise CaptureError(f"--warmup {warmup}: at least 1 (compilation and autotuning must happen before recording)")
     if dynamic not in ("unbacked", "backed", "static"):
         raise CaptureError(f"--dynamic {dynamic!r}: expected unbacked, backed or static")
-    if scope not in ("layer", "step"):
-        raise CaptureError(f"--compile-scope {scope!r}: expected layer or step")
+    from .torch_step import COMPILE_SCOPES  # torch-free: torch_step imports torch only inside its methods
+
+    if scope not in COMPILE_SCOPES:
+        raise CaptureError(f"--compile-scope {scope!r}: expected {' or '.join(COMPILE_SCOPES)}")
     if not (weights / "config.json").is_file():
         raise CaptureError(f"--weights {weights}: no config.json (a Hugging Face Qwen3 checkpoint directory)")
     if out.exists():

@@ -112,15 +112,8 @@ class Qwen3Step(HarvestStep):
     def step(self, inputs: dict[str, Any]) -> dict[str, Any]:
         import torch
 
-        from torch._dynamo.decorators import mark_dynamic, mark_unbacked  # torch 2.11 has no torch._dynamo.mark_unbacked
-
         ids, positions = inputs["token_ids"], inputs["positions"]
-        if self.dynamic == "unbacked":
-            mark_unbacked(ids, 0)
-            mark_unbacked(positions, 0)
-        elif self.dynamic == "backed":
-            mark_dynamic(ids, 0)
-            mark_dynamic(positions, 0)
+        self._mark_tokens(ids, positions)
         with torch.inference_mode():
             if self.scope == "step":
                 next_token, logits = self._fn(self._weights, self._states, ids, positions)
@@ -128,22 +121,26 @@ class Qwen3Step(HarvestStep):
                 next_token, logits = self._layered(ids, positions)
         return {"next_token": next_token, "logits": logits}
 
+    def _mark_tokens(self, *tensors: Any) -> None:
+        """Dimension 0 (the token count) of each of `tensors`: unbacked, backed dynamic or, for "static", left as
+        it is (`dynamic`; the module docstring)."""
+        from torch._dynamo.decorators import mark_dynamic, mark_unbacked  # torch 2.11 has no torch._dynamo.mark_unbacked
+
+        mark = {"unbacked": mark_unbacked, "backed": mark_dynamic}.get(self.dynamic)
+        if mark is not None:
+            for t in tensors:
+                mark(t, 0)
+
     def _layered(self, ids: Any, positions: Any) -> tuple[Any, Any]:
         """The step as the three compiled pieces of scope "layer" (module docstring); each piece's tensors with a
         token dimension get it marked as `step` marks the inputs'."""
-        from torch._dynamo.decorators import mark_dynamic, mark_unbacked
-
-        mark = {"unbacked": mark_unbacked, "backed": mark_dynamic}.get(self.dynamic)
-        w, s = self._weights, self.config
+        w = self._weights
         residual, cos, sin, visible = self._prelude(w["model.embed_tokens.weight"], ids, positions)
-        for i in range(s.layers):
-            if mark is not None:
-                for t in (residual, cos, sin, visible):
-                    mark(t, 0)
+        for i in range(self.config.layers):
+            self._mark_tokens(residual, cos, sin, visible)
             residual = self._layer(residual, cos, sin, visible, positions, self._layer_weights(i),
                                    self._states[f"k_cache.{i}"], self._states[f"v_cache.{i}"])
-        if mark is not None:
-            mark(residual, 0)
+        self._mark_tokens(residual)
         return self._head(residual, w["model.norm.weight"], self._head_weight())
 
     def _layer_weights(self, i: int) -> tuple[Any, ...]:
