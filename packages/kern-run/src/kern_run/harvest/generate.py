@@ -34,7 +34,7 @@ from kern_manifest import ManifestError, find_faults, parse_manifest
 from .capture_format import FORMAT, read_capture
 from .errors import HarvestRefusal, Problem
 from .fit import Fit
-from .mine import Mined, MinedLaunch, PointerArg, RawArg, ScalarArg, mine
+from .mine import Mined, MinedLaunch, PointerArg, RawArg, mine
 from .outdir import write_directory
 from .workspace import Lifetime, pack
 
