@@ -31,6 +31,7 @@ from typing import Any, Mapping
 
 from .config import RunConfig, runtime_weights
 from .errors import RefusalError
+from .files import write_files
 from .generate import GenerateResult
 from .preflight import probe_device, read_manifest, resolve_chunk
 from .tp import generate_tp, rank_manifest, tp_host_checks
@@ -294,14 +295,15 @@ def serve(me: RankEnv, req: dict[str, Any], log: Any) -> int:
 
 
 def report_failure(exc: BaseException, me: RankEnv, directory: Path) -> str:
-    """Write `directory/rank<r>.error` (JSON: this rank, the rank the failure names, the message; best effort) and
-    return the one-line message this rank prints."""
+    """Write `directory/rank<r>.error` (JSON: this rank, the rank the failure names, the message; best effort;
+    whole or not at all, renamed into place, since the launcher may terminate this rank while it writes and then
+    reads the file) and return the one-line message this rank prints."""
     named = exc.rank if isinstance(exc, (RendezvousError, StepRankError, TpGroupError)) else None
     message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     kind = "" if isinstance(exc, RefusalError) else f"{type(exc).__name__}: "
     verdict = {"rank": me.rank, "names": named if type(named) is int else me.rank, "message": kind + message}
     try:
-        (directory / f"rank{me.rank}.error").write_text(json.dumps(verdict))
+        write_files({directory / f"rank{me.rank}.error": json.dumps(verdict)})
     except OSError:
         pass
     where = "" if message.startswith(f"rank {me.rank}: ") else f"rank {me.rank}: "
