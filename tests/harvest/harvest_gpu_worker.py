@@ -3,14 +3,17 @@ capture needs PYTORCH_NO_CUDA_MEMORY_CACHING=1 and CUDA_MODULE_LOADING=EAGER bef
 
 Captures the Qwen3 step of `--weights` at `--tokens` into `--out`/capture, then, with the same compiled step (the
 very kernels captured), runs torch's greedy reference from `--prompt` for `--steps` tokens into
-`--out`/reference.npz (`tokens` i64 [steps], `logits` f32 [prompt + steps - 1, vocab]).
+`--out`/reference.npz (`tokens` i64 [steps], `logits` f32 [prompt + steps - 1, vocab]). Every 120 s it dumps its
+threads' stacks to stderr (faulthandler): the test keeps stderr in $KERN_HARVEST_LOG when that is set.
 """
 
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import os
+import sys
 from pathlib import Path
 
 from kern_run.harvest.command import ENVIRONMENT
@@ -27,6 +30,7 @@ def main() -> int:
     p.add_argument("--scope", default=os.environ.get("KERN_HARVEST_SCOPE", "layer"), help="torch_step's compile "
                    "scope: layer or step (default $KERN_HARVEST_SCOPE, else layer)")
     args = p.parse_args()
+    faulthandler.dump_traceback_later(120, repeat=True, file=sys.stderr)  # where a slow compile spends its time
     for key, value in ENVIRONMENT.items():
         os.environ[key] = value
     import numpy as np

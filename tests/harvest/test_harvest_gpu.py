@@ -34,11 +34,16 @@ STEPS = 64
 
 
 def _worker(weights: Path, out: Path, context: int, timeout: float) -> dict:
-    proc = subprocess.run([sys.executable, "-m", "tests.harvest.harvest_gpu_worker", "--weights", str(weights),
-                           "--out", str(out), "--context", str(context), "--steps", str(STEPS),
-                           "--prompt", ",".join(map(str, PROMPT))],
-                          cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    """Run the worker; its stderr goes to $KERN_HARVEST_LOG when set (kept if the step is killed), else a pipe."""
+    log = os.environ.get("KERN_HARVEST_LOG")
+    with open(log, "a") if log else open(os.devnull, "w") as sink:
+        proc = subprocess.run([sys.executable, "-m", "tests.harvest.harvest_gpu_worker", "--weights", str(weights),
+                               "--out", str(out), "--context", str(context), "--steps", str(STEPS),
+                               "--prompt", ",".join(map(str, PROMPT))],
+                              cwd=ROOT, stdout=subprocess.PIPE, stderr=sink if log else subprocess.PIPE, text=True,
+                              timeout=timeout, check=False)
+    err = Path(log).read_text(errors="replace") if log else proc.stderr
+    assert proc.returncode == 0, err[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
