@@ -532,15 +532,37 @@ def peer_worker(args: argparse.Namespace) -> None:
         except TypeError:  # a transformers without per-token timestamps
             return model.generate_batch(inputs=ids, generation_config=config, **kwargs)
 
+    def problems(outs: list[Any]) -> list[str]:  # what the peer's outputs say about requests that produced nothing
+        return [f"{getattr(o, 'status', '?')}: {str(getattr(o, 'error', None) or 'no tokens')[:200]}"
+                for o in outs if not getattr(o, "generated_tokens", None)]
+
+    # The 2026-12-02 run on the H200 (transformers 5.17) returned 64 outputs without a token in 0.2 s, the error
+    # unrecorded. So the call is retried without min_new_tokens (redundant while EOS is None) before giving up,
+    # and what each try's outputs said is reported.
+    configs = [("", gc)]
+    if "min_new_tokens" in plan["generation_config"]:
+        relaxed = {k: v for k, v in plan["generation_config"].items() if k != "min_new_tokens"}
+        configs.append((" (without min_new_tokens)", GenerationConfig(**relaxed)))
+    tried: list[str] = []
     with torch.inference_mode():
-        generate(inputs[:2], GenerationConfig(max_new_tokens=4, do_sample=False, eos_token_id=None, pad_token_id=0))
+        warm = generate(inputs[:2], GenerationConfig(max_new_tokens=4, do_sample=False, eos_token_id=None,
+                                                     pad_token_id=0))
+        warm_outs = list(warm.values()) if isinstance(warm, dict) else list(warm)
+        warm_tokens = sum(len(getattr(o, "generated_tokens", None) or ()) for o in warm_outs)
         torch.cuda.synchronize()  # warm-up done
-        t1 = time.perf_counter()
-        outputs = generate(inputs, gc)
-        torch.cuda.synchronize()
-        wall = time.perf_counter() - t1
-    outs = list(outputs.values()) if isinstance(outputs, dict) else list(outputs)
-    tokens = sum(len(o.generated_tokens) for o in outs)
+        for label, config in configs:
+            t1 = time.perf_counter()
+            outputs = generate(inputs, config)
+            torch.cuda.synchronize()
+            wall = time.perf_counter() - t1
+            outs = list(outputs.values()) if isinstance(outputs, dict) else list(outputs)
+            bad = problems(outs)
+            tokens = sum(len(getattr(o, "generated_tokens", None) or ()) for o in outs)
+            tried.append(f"config{label or ' as planned'}: {tokens} tokens, {len(bad)} of {len(outs)} without a "
+                         f"token{': ' + bad[0] if bad else ''}; warm-up {warm_tokens} tokens")
+            print(tried[-1], file=sys.stderr, flush=True)
+            if tokens and not bad:
+                break
     ttft, tpot, source = [], [], "timestamps"
     for o in outs:
         stamps = getattr(o, "timestamps", None)
@@ -554,10 +576,10 @@ def peer_worker(args: argparse.Namespace) -> None:
             source = "lifespan / tokens (an upper bound)"
             tpot.append(1e3 * (span[1] - span[0]) / len(o.generated_tokens))
     print(json.dumps({"scenario": f"peer: transformers generate_batch ({plan['attn']})", "requests": len(inputs),
-                      "done": len(outs), "failed": len(inputs) - len(outs), "output_tokens": tokens, "seconds": wall,
+                      "done": len(outs) - len(bad), "failed": len(inputs) - len(outs) + len(bad), "output_tokens": tokens, "seconds": wall,
                       "output_tok_s": tokens / wall, "ttft_ms_p50": percentile(ttft, 50),
                       "ttft_ms_p99": percentile(ttft, 99), "tpot_ms_p50": percentile(tpot, 50),
-                      "tpot_ms_p99": percentile(tpot, 99), "tpot_from": source, "load_s": load_s,
+                      "tpot_ms_p99": percentile(tpot, 99), "tpot_from": source, "load_s": load_s, "tried": tried,
                       "transformers": __import__("transformers").__version__}), flush=True)
 
 
@@ -574,7 +596,12 @@ def run_peer(args: argparse.Namespace, notes: list[str]) -> dict[str, Any] | Non
     except subprocess.TimeoutExpired:
         notes.append(f"peer: timed out after {args.peer_timeout:.0f} s")
         return None
+    log = Path(os.environ.get("OUT") or "/tmp/kern-bench-serve") / "bench-serve-peer.log"
+    log.write_text(proc.stderr)
+    notes.append(f"peer log: {log}")
     rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    for line in rows[-1].get("tried", []) if rows else []:
+        notes.append(f"peer {line}")
     if proc.returncode != 0 or not rows:
         notes.append(f"peer: exit {proc.returncode}: {proc.stderr.strip()[-400:]}")
         return None

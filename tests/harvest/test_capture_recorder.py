@@ -12,6 +12,7 @@ import enum
 import hashlib
 import sys
 import types
+from pathlib import Path
 
 import pytest
 
@@ -22,6 +23,7 @@ from kern_run.harvest.launch_params import (
 )
 
 
+ROOT = Path(__file__).resolve().parents[2]
 Params, ExParams, LoadParams = LaunchKernelParams, LaunchKernelExParams, ModuleLoadDataParams
 AllocParams, FreeParams, ModuleData = MemAllocParams, MemFreeParams, ModuleResourceData
 
@@ -202,3 +204,51 @@ def test_launch_callbacks_are_on_only_while_a_step_is_recorded(monkeypatch: pyte
     assert on() == set(names.values()) and "cuLaunchKernel" in on() and "cudaMalloc_v3020" in on()
     r.end()
     assert on() == loads
+
+
+def _load_call(r, image: bytes, handle: int, resource: str):  # type: ignore[no-untyped-def]
+    """A cuModuleLoadData of `image` returning `handle`, CUPTI's MODULE_LOADED `resource`: "inside" the call,
+    "after" its exit, or "none"; the image pointer is the call's own."""
+    buf = ctypes.create_string_buffer(image, len(image))
+    out = ctypes.c_uint64(0)
+    params = LoadParams(ctypes.addressof(out), ctypes.addressof(buf))
+    cbid = _id(r, "cuModuleLoadData")
+    data = ModuleData(1, len(image), ctypes.addressof(buf))
+    resource_cb = types.SimpleNamespace(resource_descriptor=ctypes.addressof(data))
+    r._callback(None, r.cupti.CallbackDomain.DRIVER_API, cbid, Site(0, params))
+    if resource == "inside":
+        r._callback(None, r.cupti.CallbackDomain.RESOURCE, 6, resource_cb)
+    out.value = handle
+    r._callback(None, r.cupti.CallbackDomain.DRIVER_API, cbid, Site(1, params))
+    if resource == "after":
+        r._callback(None, r.cupti.CallbackDomain.RESOURCE, 6, resource_cb)
+    return buf
+
+
+def test_a_module_reported_after_its_load_returned_is_still_paired(recorder) -> None:  # type: ignore[no-untyped-def]
+    r = recorder
+    _load_call(r, b"not an ELF image: a fatbin, say", 0xCC, "after")
+    sha = hashlib.sha256(b"not an ELF image: a fatbin, say").hexdigest()
+    assert r.module_sha == {0xCC: sha}
+    assert r.stats()["module_loads"] == {"loads": 1, "by_resource": 0, "by_image": 0, "late": 1, "unmapped": 0}
+
+
+def test_a_cubin_load_without_a_resource_callback_is_paired_by_its_image(recorder) -> None:  # type: ignore[no-untyped-def]
+    cubin = sorted((ROOT / "kernels").glob("*.cubin"))[0].read_bytes()  # a committed cubin stands in for triton's
+    _load_call(r := recorder, cubin, 0xDD, "none")
+    sha = hashlib.sha256(cubin).hexdigest()
+    assert r.module_sha == {0xDD: sha} and r.cubins[sha] == cubin
+    assert r.stats()["module_loads"]["by_image"] == 1
+
+
+def test_a_load_nothing_pairs_is_counted_and_named_by_the_miner(recorder) -> None:  # type: ignore[no-untyped-def]
+    r = recorder
+    _load_call(r, b"PTX text, no ELF", 0xEE, "none")
+    assert r.module_sha == {}
+    assert r.stats()["module_loads"] == {"loads": 1, "by_resource": 0, "by_image": 0, "late": 0, "unmapped": 1}
+    r.begin()
+    ptr = ctypes.c_uint64(0x7F0000200010)
+    kp = (ctypes.c_void_p * 1)(ctypes.addressof(ptr))
+    api(r, "cuLaunchKernel", Params(0xF2, 1, 1, 1, 32, 1, 1, 0, 0, ctypes.addressof(kp), 0), "kern_b")
+    assert r.end()[0].module is None
+    assert r.stats()["launch_modules_missing"] == {"cuFuncGetModule failed": 0, "module load not seen": 1}

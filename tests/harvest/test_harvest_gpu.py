@@ -21,6 +21,7 @@ import pytest
 
 from kern_manifest import load_manifest
 from kern_run.harvest.capture_format import read_capture
+from kern_run.harvest.errors import HarvestRefusal
 from kern_run.harvest.generate import generate
 from kern_run.harvest.mine import mine
 
@@ -49,7 +50,18 @@ def _worker(weights: Path, out: Path, context: int, timeout: float) -> dict:
 
 def _harvest(weights: Path, tmp: Path, context: int, timeout: float) -> tuple[Path, dict]:
     info = _worker(weights, tmp, context, timeout)
-    generate(tmp / "capture", tmp / "harvest", weights.name)
+    try:
+        generate(tmp / "capture", tmp / "harvest", weights.name)
+    except HarvestRefusal as exc:  # every problem into the log, not the first three
+        log = os.environ.get("KERN_HARVEST_LOG")
+        if log:
+            with open(log, "a") as f:
+                f.write("\n".join(["harvest refused:", *exc.report()]) + "\n")
+        keep = os.environ.get("KERN_HARVEST_REFUSED")  # the refused capture, to mine again on the CPU
+        if keep:
+            shutil.rmtree(keep, ignore_errors=True)
+            shutil.copytree(tmp / "capture", keep)
+        raise
     return tmp, info
 
 

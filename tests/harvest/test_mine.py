@@ -118,6 +118,11 @@ def test_an_unrecorded_module_is_resolved_by_name_and_layout() -> None:
     twin = EMBED[1] + b"\0"  # another cubin with the same kernel and layout: ambiguous
     capture = replace(capture, cubins={**capture.cubins, "f" * 64: twin})
     assert refused(capture)[0].startswith("launch 0: kern_embed_gather: ambiguous, cubins ")
+    account = {"module_loads": {"loads": 3, "unmapped": 3}}  # what the recorder writes to source.recorder
+    first = refused(replace(capture, source={**capture.source, "recorder": account}))
+    assert first[0] == ('capture: launches without a recorded module; the recorder\'s account: '
+                        '{"module_loads": {"loads": 3, "unmapped": 3}}')
+    assert first[1].startswith("launch 0: kern_embed_gather: ambiguous, cubins ")
 
 
 def test_launch_streams_that_differ() -> None:

@@ -44,6 +44,7 @@ from .launch_params import (
     ModuleLoadDataParams,
     ModuleResourceData,
     read_config,
+    read_elf_image,
     read_params,
     read_u64,
 )
@@ -104,6 +105,9 @@ class Recorder:
         self.events: list[Event] | None = None
         self.live: set[int] = set()
         self.errors: list[str] = []
+        self.load_errors: list[str] = []  # callback failures outside a recorded step (kept: stats())
+        self.load_stats = {"loads": 0, "by_resource": 0, "by_image": 0, "late": 0, "unmapped": 0}
+        self.launch_misses = {"cuFuncGetModule failed": 0, "module load not seen": 0}
         self.local = threading.local()  # per thread: cubins loaded inside the current module-load call, nesting
         self.handle: Any = None
         driver_names = _callback_names(cupti, "DriverApiTraceCbid", cupti.CallbackDomain.DRIVER_API)
@@ -171,8 +175,8 @@ class Recorder:
                 self._driver(self.driver_cbids[int(cbid)], data)
             elif domain == cupti.CallbackDomain.RUNTIME_API:
                 self._runtime(self.runtime_cbids[int(cbid)], data)
-        except Exception as exc:  # noqa: BLE001 - never into CUPTI; reported at end()
-            self.errors.append(f"{type(exc).__name__}: {exc}")
+        except Exception as exc:  # noqa: BLE001 - never into CUPTI; reported at end() or by stats()
+            (self.errors if self.events is not None else self.load_errors).append(f"{type(exc).__name__}: {exc}")
 
     def _module_loaded(self, data: Any) -> None:
         descriptor = int(getattr(data, "resource_descriptor", 0) or
@@ -181,6 +185,14 @@ class Recorder:
         image = ctypes.string_at(module.pCubin, int(module.cubinSize))
         sha = hashlib.sha256(image).hexdigest()
         self.cubins.setdefault(sha, image)
+        pending = getattr(self.local, "pending", None)
+        if pending is not None:  # the load call returned before CUPTI reported its module (see _driver)
+            self.local.pending = None
+            if pending not in self.module_sha:
+                self.module_sha[pending] = sha
+                self.load_stats["late"] += 1
+                self.load_stats["unmapped"] -= 1
+            return
         getattr(self.local, "loaded", []).append(sha)
 
     def _entered(self, data: Any) -> bool:
@@ -208,8 +220,8 @@ class Recorder:
                 return
             params = ModuleLoadDataParams.from_address(self._params(data))
             loaded, self.local.loaded = getattr(self.local, "loaded", []), []
-            if len(loaded) == 1 and not self._failed(data):
-                self.module_sha[read_u64(params.module)] = loaded[0]
+            if not self._failed(data):
+                self._module_returned(read_u64(params.module), loaded, int(params.image or 0))
             return
         self.local.driver_seen = True
         if self.events is None:
@@ -226,6 +238,34 @@ class Recorder:
                 self._free(MemFreeParams.from_address(self._params(data)).dptr)
         elif entering:
             self.events.append(Api(name))
+
+    def _module_returned(self, handle: int, loaded: list[str], image: int) -> None:
+        """A cuModuleLoadData(Ex) returned `handle`: pair it with its cubin. First the one cubin CUPTI reported
+        inside the call (MODULE_LOADED); else the ELF image the call was handed, read and hashed here (kept as a
+        cubin: it is what the module runs); else the next cubin CUPTI reports on this thread. The tiny-en capture
+        of 2026-12-02 recorded no module for any launch, so the callback order is not taken on trust."""
+        stats = self.load_stats
+        stats["loads"] += 1
+        if len(loaded) == 1:
+            self.module_sha[handle] = loaded[0]
+            stats["by_resource"] += 1
+            return
+        elf = read_elf_image(image)
+        if elf is not None:
+            sha = hashlib.sha256(elf).hexdigest()
+            self.cubins.setdefault(sha, elf)
+            self.module_sha[handle] = sha
+            stats["by_image"] += 1
+            return
+        stats["unmapped"] += 1
+        if not loaded:
+            self.local.pending = handle
+
+    def stats(self) -> dict[str, Any]:
+        """How module loads were paired with cubins, and launches with modules (written to the capture's
+        source.recorder, for the miner's report): counts, and the first callback failures outside a step."""
+        return {"module_loads": dict(self.load_stats), "launch_modules_missing": dict(self.launch_misses),
+                "load_errors": self.load_errors[:5], "load_error_count": len(self.load_errors)}
 
     def _runtime(self, name: str, data: Any) -> None:
         """A runtime launch / malloc / free that no driver callback saw between its enter and exit: a malloc or
@@ -269,6 +309,10 @@ class Recorder:
             module = driver.cuFuncGetModule(f)
             handle = int(module[1]) if int(module[0]) == 0 else None
             self.function_module[function] = self.module_sha.get(handle) if handle is not None else None
+            if handle is None:
+                self.launch_misses["cuFuncGetModule failed"] += 1
+            elif self.function_module[function] is None:
+                self.launch_misses["module load not seen"] += 1
         return self.layouts[function]
 
     def _launch(self, name: str, data: Any) -> Launch:
@@ -377,7 +421,8 @@ def capture(step_factory: Callable[[], HarvestStep], options: CaptureOptions, ou
         recorder.unsubscribe()
     info = dict(source or {})
     info.update({"torch": torch.__version__, "device": torch.cuda.get_device_name(),
-                 "triton": _version("triton"), "cupti-python": _version("cupti-python")})
+                 "triton": _version("triton"), "cupti-python": _version("cupti-python"),
+                 "recorder": recorder.stats()})
     result = Capture(runs=tuple(runs), cubins=_kept_cubins(runs, recorder.cubins), source=info)
     write_capture(Path(out_dir), result)
     return result, step

@@ -18,6 +18,7 @@ Pure ctypes over addresses the driver hands the callback, so tests exercise it o
 from __future__ import annotations
 
 import ctypes
+import struct
 
 CU_LAUNCH_PARAM_END = 0x00
 CU_LAUNCH_PARAM_BUFFER_POINTER = 0x01
@@ -76,6 +77,33 @@ class ModuleResourceData(ctypes.Structure):
     """`CUpti_ModuleResourceData`: `uint32_t moduleId; size_t cubinSize; const char *pCubin`."""
 
     _fields_ = [("moduleId", ctypes.c_uint32), ("cubinSize", ctypes.c_size_t), ("pCubin", ctypes.c_void_p)]
+
+
+ELF_IMAGE_MAX = 1 << 30  # the largest in-memory ELF image read_elf_image accepts (bytes)
+
+
+def read_elf_image(address: int) -> bytes | None:
+    """The ELF64 image (a cubin) whose header starts at `address`, as `cuModuleLoadData(module, image)` is handed
+    it without a size: its length is the furthest of the section header table, the program header table and every
+    section with file bytes (System V ABI, ELF-64 header and section header layouts). None when `address` is 0 or
+    holds no little-endian ELF64 header (a fatbin or PTX), or the extent is past ELF_IMAGE_MAX."""
+    if not address:
+        return None
+    head = ctypes.string_at(address, 64)
+    if head[:4] != b"\x7fELF" or head[4] != 2 or head[5] != 1:
+        return None
+    phoff, shoff = struct.unpack_from("<QQ", head, 0x20)
+    phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", head, 0x36)
+    end = max(64, phoff + phentsize * phnum, shoff + shentsize * shnum)
+    if end > ELF_IMAGE_MAX or (shnum and shentsize < 64):
+        return None
+    table = ctypes.string_at(address + shoff, shentsize * shnum) if shnum else b""
+    for i in range(shnum):
+        sh_type, = struct.unpack_from("<I", table, i * shentsize + 4)
+        offset, size = struct.unpack_from("<QQ", table, i * shentsize + 0x18)
+        if sh_type != 8:  # SHT_NOBITS holds no file bytes
+            end = max(end, offset + size)
+    return ctypes.string_at(address, end) if end <= ELF_IMAGE_MAX else None
 
 
 def read_u64(address: int) -> int:

@@ -18,6 +18,8 @@ not fit is a Problem naming the run, launch and parameter; `mine` raises Harvest
 
 from __future__ import annotations
 
+import json
+
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Union
@@ -304,6 +306,10 @@ def mine(capture: Capture) -> Mined:
     allocations = _allocations(classified, uses, tokens, var, problems)
     _views_of_intermediates(capture, classified, uses, problems)
     if problems.items:
+        recorder = capture.source.get("recorder")
+        if recorder and any(l.module is None for run in capture.runs for l in run.launches):
+            problems.items.insert(0, Problem("capture", "launches without a recorded module; the recorder's account: "
+                                                         f"{json.dumps(recorder, sort_keys=True)}"))
         raise HarvestRefusal(problems.items)
     used = {name: decl for name, decl in tensors.items() if name in touched or decl.kind in ("input", "output")}
     lo, hi = min(tokens), max(tokens)
