@@ -50,7 +50,7 @@ def test_kern_run_tp2_processes_print_the_local_groups_and_tp1s_text(two_gpus, t
     assert _kern(*build, "--gemv", "v2", "--out", str(manifest)).returncode == 0
     assert _kern(*build, "--tp", "2", "--out", str(manifest)).returncode == 0
     run = ["run", "--manifest", str(manifest), "--kernels", str(REPO / "kernels"), "--weights", str(TINY_EN),
-           "--prompt", PROMPT, "--max-tokens", "48", "--ignore-eos", "--capacity", "1024"]
+           "--prompt", PROMPT, "--max-tokens", "48", "--ignore-eos", "--capacity", "1024", "--greedy"]
     procs, local, tp1 = _kern(*run, "--tp", "2"), _kern(*run, "--tp", "2", "--tp-local"), _kern(*run)
     for name, r in (("processes", procs), ("local", local), ("tp1", tp1)):
         assert r.returncode == 0, f"{name}: {r.stderr[-2000:]}"

@@ -72,7 +72,7 @@ def aclient(both):
 def test_completion_streaming_and_not_equal_kern_run(client, manifest64: Path) -> None:
     prompt, steps = "Once upon a time", 24
     out = subprocess.run(kern("run", "--manifest", str(manifest64), "--kernels", str(REPO / "kernels"), "--weights",
-                               str(REPO / "models" / "qwen3-tiny-en"), "--prompt", prompt, "--steps", str(steps)),
+                               str(REPO / "models" / "qwen3-tiny-en"), "--prompt", prompt, "--steps", str(steps), "--greedy"),
                          cwd=REPO, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     alone = out.stdout[:-1] if out.stdout.endswith("\n") else out.stdout

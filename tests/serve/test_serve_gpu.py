@@ -33,7 +33,7 @@ def server():
 
 @pytest.fixture(scope="module")
 def alone() -> str:
-    out = subprocess.run(kern("run", "--target", "tiny-en", "--prompt", PROMPT, "--steps", str(STEPS)), cwd=REPO,
+    out = subprocess.run(kern("run", "--target", "tiny-en", "--greedy", "--prompt", PROMPT, "--steps", str(STEPS)), cwd=REPO,
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.endswith("\n")

@@ -353,6 +353,8 @@ def run(
                                            "stderr")] = False,
     top_logprobs: Annotated[Optional[int], typer.Option("--top-logprobs", help="log the N most likely tokens of "
                                                         "each step on stderr (0..20; synchronous decode)")] = None,
+    greedy: Annotated[bool, typer.Option("--greedy", help="argmax decoding: drop the target's [sampling] defaults "
+                                         "(not with sampling flags)")] = False,
     target: TargetOpt = None, config: ConfigOpt = None, manifest: ManifestOpt = None, kernels: KernelsOpt = None,
     weights: WeightsOpt = None, chunk: ChunkOpt = None, capacity: CapacityOpt = None, gpu: GpuOpt = None,
     no_pins: NoPinsOpt = False, log_level: LogOpt = None,
@@ -385,7 +387,10 @@ def run(
         run_sampling(flags, (), None)  # the flags' own values, before the target resolves
         cfg = _run_config(config, target, _overrides(manifest, kernels, weights, gpu, capacity, chunk), no_pins,
                           "run")
-        params, where = run_sampling(flags, cfg.sampling, cfg.target)
+        if greedy and any(v is not None and v is not False for k, v in flags.items()
+                          if k not in ("logprobs", "top_logprobs")):
+            raise RefusalError("--greedy with a sampling flag: pass one or the other")
+        params, where = run_sampling(flags, () if greedy else cfg.sampling, cfg.target)
         if tp > 1:
             if prompts is not None:
                 raise RefusalError("--prompts with --tp > 1 is not supported: run the prompts at --tp 1")
