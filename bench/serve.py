@@ -544,7 +544,10 @@ def peer_worker(args: argparse.Namespace) -> None:
         relaxed = {k: v for k, v in plan["generation_config"].items() if k != "min_new_tokens"}
         configs.append((" (without min_new_tokens)", GenerationConfig(**relaxed)))
     tried: list[str] = []
-    with torch.inference_mode():
+    # not under torch.inference_mode(): generate_batch steps on its own thread, where the mode is off, and resets
+    # tensors made under it in place ("Inplace update to inference tensor outside InferenceMode", transformers
+    # 5.17 on the H200, 2026-12-02); it runs its forward under no_grad itself
+    if True:
         warm = generate(inputs[:2], GenerationConfig(max_new_tokens=4, do_sample=False, eos_token_id=None,
                                                      pad_token_id=0))
         warm_outs = list(warm.values()) if isinstance(warm, dict) else list(warm)
