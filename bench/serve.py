@@ -547,25 +547,24 @@ def peer_worker(args: argparse.Namespace) -> None:
     # not under torch.inference_mode(): generate_batch steps on its own thread, where the mode is off, and resets
     # tensors made under it in place ("Inplace update to inference tensor outside InferenceMode", transformers
     # 5.17 on the H200, 2026-12-02); it runs its forward under no_grad itself
-    if True:
-        warm = generate(inputs[:2], GenerationConfig(max_new_tokens=4, do_sample=False, eos_token_id=None,
-                                                     pad_token_id=0))
-        warm_outs = list(warm.values()) if isinstance(warm, dict) else list(warm)
-        warm_tokens = sum(len(getattr(o, "generated_tokens", None) or ()) for o in warm_outs)
-        torch.cuda.synchronize()  # warm-up done
-        for label, config in configs:
-            t1 = time.perf_counter()
-            outputs = generate(inputs, config)
-            torch.cuda.synchronize()
-            wall = time.perf_counter() - t1
-            outs = list(outputs.values()) if isinstance(outputs, dict) else list(outputs)
-            bad = problems(outs)
-            tokens = sum(len(getattr(o, "generated_tokens", None) or ()) for o in outs)
-            tried.append(f"config{label or ' as planned'}: {tokens} tokens, {len(bad)} of {len(outs)} without a "
-                         f"token{': ' + bad[0] if bad else ''}; warm-up {warm_tokens} tokens")
-            print(tried[-1], file=sys.stderr, flush=True)
-            if tokens and not bad:
-                break
+    warm = generate(inputs[:2], GenerationConfig(max_new_tokens=4, do_sample=False, eos_token_id=None,
+                                                 pad_token_id=0))
+    warm_outs = list(warm.values()) if isinstance(warm, dict) else list(warm)
+    warm_tokens = sum(len(getattr(o, "generated_tokens", None) or ()) for o in warm_outs)
+    torch.cuda.synchronize()  # warm-up done
+    for label, config in configs:
+        t1 = time.perf_counter()
+        outputs = generate(inputs, config)
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - t1
+        outs = list(outputs.values()) if isinstance(outputs, dict) else list(outputs)
+        bad = problems(outs)
+        tokens = sum(len(getattr(o, "generated_tokens", None) or ()) for o in outs)
+        tried.append(f"config{label or ' as planned'}: {tokens} tokens, {len(bad)} of {len(outs)} without a "
+                     f"token{': ' + bad[0] if bad else ''}; warm-up {warm_tokens} tokens")
+        print(tried[-1], file=sys.stderr, flush=True)
+        if tokens and not bad:
+            break
     ttft, tpot, source = [], [], "timestamps"
     for o in outs:
         stamps = getattr(o, "timestamps", None)
