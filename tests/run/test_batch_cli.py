@@ -197,4 +197,11 @@ def test_bad_target_sampling_defaults(stub_device_probe: None, manifest64: Path,
 
 def test_tp_decodes_greedily(stub_device_probe: None, manifest64: Path, kernels_dir: Path, tiny_ckpt: Path) -> None:
     _refused([*_args(manifest64, kernels_dir, tiny_ckpt), "--tp", "2", "--temperature", "0.5", "--seed", "1"],
-             "kern run: --tp 2 decodes greedily without stop strings or logprobs: drop --temperature 0.5, --seed 1")
+             "kern run: --tp 2 decodes greedily without stop strings or logprobs: drop --temperature 0.5, --seed 1 "
+             "(--greedy drops a target's sampling defaults)")
+
+
+def test_greedy_with_a_sampling_flag_is_refused(stub_device_probe: None, manifest64: Path, kernels_dir: Path,
+                                                tiny_ckpt: Path) -> None:
+    _refused([*_args(manifest64, kernels_dir, tiny_ckpt), "--greedy", "--top-p", "0.9"],
+             "kern run: --greedy with a sampling flag: pass one or the other")

@@ -197,7 +197,7 @@ def test_cli_tp_starts_rank_processes_unless_local(monkeypatch: pytest.MonkeyPat
                         seen.append(("procs", n)))
     monkeypatch.setattr(tp, "run_tp", lambda cfg, text, steps, eager, ie, n, log, out=None: seen.append(("local", n)))
     base = ["run", "--manifest", str(tiny_manifest), "--kernels", str(kernels_dir), "--weights", str(tiny_ckpt),
-            "--prompt", "hi", "--tp", "2"]
+            "--prompt", "hi", "--tp", "2", "--greedy"]
     for extra in ([], ["--tp-local"]):
         result = CliRunner().invoke(app, base + extra)
         assert result.exit_code == 0, result.output

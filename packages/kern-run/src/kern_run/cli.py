@@ -396,7 +396,7 @@ def run(
                 raise RefusalError("--prompts with --tp > 1 is not supported: run the prompts at --tp 1")
             if not params.greedy or params.penalizes or params.logprobs or params.top_logprobs or stops:
                 raise RefusalError(f"--tp {tp} decodes greedily without stop strings or logprobs: drop {where}"
-                                   f"{' and --stop' if stops else ''}")
+                                   f"{' and --stop' if stops else ''} (--greedy drops a target's sampling defaults)")
             if tp_local:
                 from .tp import run_tp
 
