@@ -31,7 +31,8 @@ AllocParams, FreeParams, ModuleData = MemAllocParams, MemFreeParams, ModuleResou
 def fake_cupti(enums: bool = True) -> types.SimpleNamespace:
     names = ["cuLaunchKernel", "cuLaunchKernel_ptsz", "cuLaunchKernelEx", "cuLaunchKernelEx_ptsz", "cuModuleLoadData",
              "cuModuleLoadDataEx", "cuMemAlloc_v2", "cuMemFree_v2", "cuMemcpyDtoDAsync_v2", "cuMemsetD8Async",
-             "cuCtxGetCurrent"]
+             "cuCtxGetCurrent", "cuLibraryLoadData", "cuModuleGetFunction", "cuLibraryGetKernel", "cuKernelGetFunction",
+             "cuLibraryGetModule"]
     runtime = ["cudaLaunchKernel_v7000", "cudaMalloc_v3020", "cudaFree_v3020", "cudaMemcpy_v3020"]
     domains = enum.IntEnum("CallbackDomain", {"DRIVER_API": 1, "RUNTIME_API": 2, "RESOURCE": 3})
     ids = {1: {i + 10: n for i, n in enumerate(names)}, 2: {i + 100: n for i, n in enumerate(runtime)}}
@@ -198,7 +199,8 @@ def test_launch_callbacks_are_on_only_while_a_step_is_recorded(monkeypatch: pyte
     def on() -> set[str]:
         return {names[key] for key, value in enabled.items() if value}
 
-    loads = {"MODULE_LOADED", "cuModuleLoadData", "cuModuleLoadDataEx"}
+    loads = {"MODULE_LOADED", "cuModuleLoadData", "cuModuleLoadDataEx", "cuLibraryLoadData", "cuModuleGetFunction",
+             "cuLibraryGetKernel", "cuKernelGetFunction", "cuLibraryGetModule"}
     assert on() == loads
     r.begin()
     assert on() == set(names.values()) and "cuLaunchKernel" in on() and "cudaMalloc_v3020" in on()
@@ -252,3 +254,30 @@ def test_a_load_nothing_pairs_is_counted_and_named_by_the_miner(recorder) -> Non
     api(r, "cuLaunchKernel", Params(0xF2, 1, 1, 1, 32, 1, 1, 0, 0, ctypes.addressof(kp), 0), "kern_b")
     assert r.end()[0].module is None
     assert r.stats()["launch_modules_missing"] == {"cuFuncGetModule failed": 0, "module load not seen": 1}
+
+
+def _handle_call(r, name: str, out_value: int, given: int) -> None:  # type: ignore[no-untyped-def]
+    out = ctypes.c_uint64(0)
+    params = LoadParams(ctypes.addressof(out), given)
+    cbid = _id(r, name)
+    r._callback(None, r.cupti.CallbackDomain.DRIVER_API, cbid, Site(0, params))
+    out.value = out_value
+    r._callback(None, r.cupti.CallbackDomain.DRIVER_API, cbid, Site(1, params))
+
+
+def test_a_library_loaded_kernel_is_paired_through_its_handles(recorder) -> None:  # type: ignore[no-untyped-def]
+    """cuLibraryLoadData -> cuLibraryGetKernel -> cuKernelGetFunction: the launched function names its cubin even
+    where cuFuncGetModule gives a module no load returned (0xBB for 0xF2 in the fake driver)."""
+    r = recorder
+    cubin = sorted((ROOT / "kernels").glob("*.cubin"))[0].read_bytes()
+    buf = ctypes.create_string_buffer(cubin, len(cubin))
+    _handle_call(r, "cuLibraryLoadData", 0x11B, ctypes.addressof(buf))
+    _handle_call(r, "cuLibraryGetKernel", 0x4E1, 0x11B)
+    _handle_call(r, "cuKernelGetFunction", 0xF2, 0x4E1)
+    sha = hashlib.sha256(cubin).hexdigest()
+    r.begin()
+    ptr = ctypes.c_uint64(0x7F0000200010)
+    kp = (ctypes.c_void_p * 1)(ctypes.addressof(ptr))
+    api(r, "cuLaunchKernel", Params(0xF2, 1, 1, 1, 32, 1, 1, 0, 0, ctypes.addressof(kp), 0), "kern_b")
+    assert r.end()[0].module == sha
+    assert r.stats()["handle_calls"] == {"cuLibraryLoadData": 1, "cuLibraryGetKernel": 1, "cuKernelGetFunction": 1}

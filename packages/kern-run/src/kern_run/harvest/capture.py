@@ -52,6 +52,10 @@ from .launch_params import (
 NO_CACHING = "PYTORCH_NO_CUDA_MEMORY_CACHING"
 _DRIVER_LAUNCHES = ("cuLaunchKernel", "cuLaunchKernel_ptsz", "cuLaunchKernelEx", "cuLaunchKernelEx_ptsz")
 _DRIVER_LOADS = ("cuModuleLoadData", "cuModuleLoadDataEx")
+# handle-pairing calls, watched beside the loads (rare: one per kernel a program looks up), each (OUT *out, IN in,
+# ...): the library load, a module's or library's function or kernel, a kernel's function, a library's module
+_DRIVER_HANDLES = ("cuLibraryLoadData", "cuModuleGetFunction", "cuLibraryGetKernel", "cuKernelGetFunction",
+                   "cuLibraryGetModule")
 _RUNTIME_WATCHED = ("cudaLaunchKernel", "cudaLaunchKernel_ptsz", "cudaLaunchKernelExC", "cudaLaunchKernelExC_ptsz",
                     "cudaMalloc", "cudaFree")
 TORCH_DTYPES = {"bfloat16": "bf16", "float16": "f16", "float32": "f32", "float64": "f64", "int8": "i8",
@@ -108,11 +112,14 @@ class Recorder:
         self.load_errors: list[str] = []  # callback failures outside a recorded step (kept: stats())
         self.load_stats = {"loads": 0, "by_resource": 0, "by_image": 0, "late": 0, "unmapped": 0}
         self.launch_misses = {"cuFuncGetModule failed": 0, "module load not seen": 0}
+        self.function_sha: dict[int, str] = {}  # CUfunction / CUkernel handle -> cubin sha256 (_paired)
+        self.handle_calls: dict[str, int] = {}  # handle-pairing calls seen, by name
         self.local = threading.local()  # per thread: cubins loaded inside the current module-load call, nesting
         self.handle: Any = None
         driver_names = _callback_names(cupti, "DriverApiTraceCbid", cupti.CallbackDomain.DRIVER_API)
         self.driver_cbids = {cbid: name for cbid, name in driver_names.items()
-                             if name in _DRIVER_LAUNCHES + _DRIVER_LOADS + ("cuMemAlloc_v2", "cuMemFree_v2")
+                             if name in _DRIVER_LAUNCHES + _DRIVER_LOADS + _DRIVER_HANDLES
+                             + ("cuMemAlloc_v2", "cuMemFree_v2")
                              or name.startswith(("cuMemcpy", "cuMemset"))}
         runtime_names = _callback_names(cupti, "RuntimeApiTraceCbid", cupti.CallbackDomain.RUNTIME_API)
         self.runtime_cbids = {cbid: name for cbid, name in runtime_names.items()
@@ -135,7 +142,7 @@ class Recorder:
             cupti.enable_callback(1, self.handle, cupti.CallbackDomain.DRIVER_API, cbid)
 
     def _load_cbids(self) -> list[int]:
-        return [cbid for cbid, name in self.driver_cbids.items() if name in _DRIVER_LOADS]
+        return [cbid for cbid, name in self.driver_cbids.items() if name in _DRIVER_LOADS + _DRIVER_HANDLES]
 
     def _recorded(self, enable: int) -> None:
         """Enable (1) or disable (0) the callbacks of a recorded step: every watched call but the module loads."""
@@ -214,6 +221,12 @@ class Recorder:
 
     def _driver(self, name: str, data: Any) -> None:
         entering = self._entered(data)
+        if name in _DRIVER_HANDLES:
+            if entering:
+                self.local.loaded = [] if name == "cuLibraryLoadData" else getattr(self.local, "loaded", [])
+            elif not self._failed(data):
+                self._paired(name, ModuleLoadDataParams.from_address(self._params(data)))
+            return
         if name in _DRIVER_LOADS:
             if entering:
                 self.local.loaded = []
@@ -261,10 +274,26 @@ class Recorder:
         if not loaded:
             self.local.pending = handle
 
+    def _paired(self, name: str, params: Any) -> None:
+        """A handle-pairing call returned: `params.module` points at its output handle, `params.image` is its
+        input (the code image of cuLibraryLoadData, else the module, library or kernel handle)."""
+        self.handle_calls[name] = self.handle_calls.get(name, 0) + 1
+        out, given = read_u64(params.module), int(params.image or 0)
+        if name == "cuLibraryLoadData":
+            loaded, self.local.loaded = getattr(self.local, "loaded", []), []
+            self._module_returned(out, loaded, given)
+        elif name in ("cuModuleGetFunction", "cuLibraryGetKernel") and given in self.module_sha:
+            self.function_sha[out] = self.module_sha[given]
+        elif name == "cuKernelGetFunction" and given in self.function_sha:
+            self.function_sha[out] = self.function_sha[given]
+        elif name == "cuLibraryGetModule" and given in self.module_sha:
+            self.module_sha[out] = self.module_sha[given]
+
     def stats(self) -> dict[str, Any]:
         """How module loads were paired with cubins, and launches with modules (written to the capture's
         source.recorder, for the miner's report): counts, and the first callback failures outside a step."""
         return {"module_loads": dict(self.load_stats), "launch_modules_missing": dict(self.launch_misses),
+                "handle_calls": dict(self.handle_calls),
                 "load_errors": self.load_errors[:5], "load_error_count": len(self.load_errors)}
 
     def _runtime(self, name: str, data: Any) -> None:
@@ -308,8 +337,11 @@ class Recorder:
             self.layouts[function] = tuple(layout)
             module = driver.cuFuncGetModule(f)
             handle = int(module[1]) if int(module[0]) == 0 else None
-            self.function_module[function] = self.module_sha.get(handle) if handle is not None else None
-            if handle is None:
+            self.function_module[function] = (self.function_sha.get(function) or
+                                              (self.module_sha.get(handle) if handle is not None else None))
+            if self.function_module[function] is not None:
+                pass
+            elif handle is None:
                 self.launch_misses["cuFuncGetModule failed"] += 1
             elif self.function_module[function] is None:
                 self.launch_misses["module load not seen"] += 1
