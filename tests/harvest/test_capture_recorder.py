@@ -281,3 +281,21 @@ def test_a_library_loaded_kernel_is_paired_through_its_handles(recorder) -> None
     api(r, "cuLaunchKernel", Params(0xF2, 1, 1, 1, 32, 1, 1, 0, 0, ctypes.addressof(kp), 0), "kern_b")
     assert r.end()[0].module == sha
     assert r.stats()["handle_calls"] == {"cuLibraryLoadData": 1, "cuLibraryGetKernel": 1, "cuKernelGetFunction": 1}
+
+
+def test_a_module_whose_cubin_comes_with_its_first_function_lookup(recorder) -> None:  # type: ignore[no-untyped-def]
+    """Lazy loading: MODULE_LOADED inside cuModuleGetFunction, no load callback; the module pairs there."""
+    r = recorder
+    image = b"\x7fELF lazily loaded"
+    buf = ctypes.create_string_buffer(image, len(image))
+    data = ModuleData(1, len(image), ctypes.addressof(buf))
+    out = ctypes.c_uint64(0)
+    params = LoadParams(ctypes.addressof(out), 0xAA)  # cuModuleGetFunction(&f, module 0xAA, name)
+    cbid = _id(r, "cuModuleGetFunction")
+    r._callback(None, r.cupti.CallbackDomain.DRIVER_API, cbid, Site(0, params))
+    r._callback(None, r.cupti.CallbackDomain.RESOURCE, 6, types.SimpleNamespace(resource_descriptor=ctypes.addressof(data)))
+    out.value = 0xF1
+    r._callback(None, r.cupti.CallbackDomain.DRIVER_API, cbid, Site(1, params))
+    sha = hashlib.sha256(image).hexdigest()
+    assert r.module_sha == {0xAA: sha} and r.function_sha == {0xF1: sha}
+    assert r.stats()["module_loads"]["by_lookup"] == 1

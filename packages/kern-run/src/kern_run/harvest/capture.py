@@ -223,7 +223,7 @@ class Recorder:
         entering = self._entered(data)
         if name in _DRIVER_HANDLES:
             if entering:
-                self.local.loaded = [] if name == "cuLibraryLoadData" else getattr(self.local, "loaded", [])
+                self.local.loaded = []
             elif not self._failed(data):
                 self._paired(name, ModuleLoadDataParams.from_address(self._params(data)))
             return
@@ -279,10 +279,16 @@ class Recorder:
         input (the code image of cuLibraryLoadData, else the module, library or kernel handle)."""
         self.handle_calls[name] = self.handle_calls.get(name, 0) + 1
         out, given = read_u64(params.module), int(params.image or 0)
+        loaded, self.local.loaded = getattr(self.local, "loaded", []), []
         if name == "cuLibraryLoadData":
-            loaded, self.local.loaded = getattr(self.local, "loaded", []), []
             self._module_returned(out, loaded, given)
-        elif name in ("cuModuleGetFunction", "cuLibraryGetKernel") and given in self.module_sha:
+            return
+        if name == "cuModuleGetFunction" and given not in self.module_sha and len(loaded) == 1:
+            # the module's cubin reported inside its first function lookup (loaded lazily): the H200 run of
+            # 2026-12-02 saw 366 cuModuleGetFunction calls and no cuModuleLoadData callback at all
+            self.module_sha[given] = loaded[0]
+            self.load_stats["by_lookup"] = self.load_stats.get("by_lookup", 0) + 1
+        if name in ("cuModuleGetFunction", "cuLibraryGetKernel") and given in self.module_sha:
             self.function_sha[out] = self.module_sha[given]
         elif name == "cuKernelGetFunction" and given in self.function_sha:
             self.function_sha[out] = self.function_sha[given]
