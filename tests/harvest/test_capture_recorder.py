@@ -232,7 +232,7 @@ def test_a_module_reported_after_its_load_returned_is_still_paired(recorder) -> 
     _load_call(r, b"not an ELF image: a fatbin, say", 0xCC, "after")
     sha = hashlib.sha256(b"not an ELF image: a fatbin, say").hexdigest()
     assert r.module_sha == {0xCC: sha}
-    assert r.stats()["module_loads"] == {"loads": 1, "by_resource": 0, "by_image": 0, "late": 1, "unmapped": 0}
+    assert r.stats()["module_loads"] == {"loads": 1, "by_resource": 0, "by_image": 0, "late": 1, "unmapped": 0, "by_lookup": 0}
 
 
 def test_a_cubin_load_without_a_resource_callback_is_paired_by_its_image(recorder) -> None:  # type: ignore[no-untyped-def]
@@ -247,7 +247,7 @@ def test_a_load_nothing_pairs_is_counted_and_named_by_the_miner(recorder) -> Non
     r = recorder
     _load_call(r, b"PTX text, no ELF", 0xEE, "none")
     assert r.module_sha == {}
-    assert r.stats()["module_loads"] == {"loads": 1, "by_resource": 0, "by_image": 0, "late": 0, "unmapped": 1}
+    assert r.stats()["module_loads"] == {"loads": 1, "by_resource": 0, "by_image": 0, "late": 0, "unmapped": 1, "by_lookup": 0}
     r.begin()
     ptr = ctypes.c_uint64(0x7F0000200010)
     kp = (ctypes.c_void_p * 1)(ctypes.addressof(ptr))

@@ -110,7 +110,7 @@ class Recorder:
         self.live: set[int] = set()
         self.errors: list[str] = []
         self.load_errors: list[str] = []  # callback failures outside a recorded step (kept: stats())
-        self.load_stats = {"loads": 0, "by_resource": 0, "by_image": 0, "late": 0, "unmapped": 0}
+        self.load_stats = {"loads": 0, "by_resource": 0, "by_image": 0, "late": 0, "unmapped": 0, "by_lookup": 0}
         self.launch_misses = {"cuFuncGetModule failed": 0, "module load not seen": 0}
         self.function_sha: dict[int, str] = {}  # CUfunction / CUkernel handle -> cubin sha256 (_paired)
         self.handle_calls: dict[str, int] = {}  # handle-pairing calls seen, by name
@@ -287,7 +287,7 @@ class Recorder:
             # the module's cubin reported inside its first function lookup (loaded lazily): the H200 run of
             # 2026-12-02 saw 366 cuModuleGetFunction calls and no cuModuleLoadData callback at all
             self.module_sha[given] = loaded[0]
-            self.load_stats["by_lookup"] = self.load_stats.get("by_lookup", 0) + 1
+            self.load_stats["by_lookup"] += 1
         if name in ("cuModuleGetFunction", "cuLibraryGetKernel") and given in self.module_sha:
             self.function_sha[out] = self.module_sha[given]
         elif name == "cuKernelGetFunction" and given in self.function_sha:
@@ -345,12 +345,8 @@ class Recorder:
             handle = int(module[1]) if int(module[0]) == 0 else None
             self.function_module[function] = (self.function_sha.get(function) or
                                               (self.module_sha.get(handle) if handle is not None else None))
-            if self.function_module[function] is not None:
-                pass
-            elif handle is None:
-                self.launch_misses["cuFuncGetModule failed"] += 1
-            elif self.function_module[function] is None:
-                self.launch_misses["module load not seen"] += 1
+            if self.function_module[function] is None:
+                self.launch_misses["cuFuncGetModule failed" if handle is None else "module load not seen"] += 1
         return self.layouts[function]
 
     def _launch(self, name: str, data: Any) -> Launch:
