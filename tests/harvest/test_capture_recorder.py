@@ -19,18 +19,18 @@ import pytest
 from kern_run.harvest.capture_format import Alloc, Api, Free, Launch
 from kern_run.harvest.errors import CaptureError
 from kern_run.harvest.launch_params import (
-    LaunchKernelExParams, LaunchKernelParams, MemAllocParams, MemFreeParams, ModuleLoadDataParams, ModuleResourceData,
+    LaunchKernelExParams, LaunchKernelParams, MemAllocParams, MemFreeParams, OutInParams, ModuleResourceData,
 )
 
 
 ROOT = Path(__file__).resolve().parents[2]
-Params, ExParams, LoadParams = LaunchKernelParams, LaunchKernelExParams, ModuleLoadDataParams
+Params, ExParams, LoadParams = LaunchKernelParams, LaunchKernelExParams, OutInParams
 AllocParams, FreeParams, ModuleData = MemAllocParams, MemFreeParams, ModuleResourceData
 
 
 def fake_cupti(enums: bool = True) -> types.SimpleNamespace:
     names = ["cuLaunchKernel", "cuLaunchKernel_ptsz", "cuLaunchKernelEx", "cuLaunchKernelEx_ptsz", "cuModuleLoadData",
-             "cuModuleLoadDataEx", "cuMemAlloc_v2", "cuMemFree_v2", "cuMemcpyDtoDAsync_v2", "cuMemsetD8Async",
+             "cuModuleLoadDataEx", "cuModuleLoad", "cuMemAlloc_v2", "cuMemFree_v2", "cuMemcpyDtoDAsync_v2", "cuMemsetD8Async",
              "cuCtxGetCurrent", "cuLibraryLoadData", "cuModuleGetFunction", "cuLibraryGetKernel", "cuKernelGetFunction",
              "cuLibraryGetModule"]
     runtime = ["cudaLaunchKernel_v7000", "cudaMalloc_v3020", "cudaFree_v3020", "cudaMemcpy_v3020"]
@@ -199,7 +199,7 @@ def test_launch_callbacks_are_on_only_while_a_step_is_recorded(monkeypatch: pyte
     def on() -> set[str]:
         return {names[key] for key, value in enabled.items() if value}
 
-    loads = {"MODULE_LOADED", "cuModuleLoadData", "cuModuleLoadDataEx", "cuLibraryLoadData", "cuModuleGetFunction",
+    loads = {"MODULE_LOADED", "cuModuleLoadData", "cuModuleLoadDataEx", "cuModuleLoad", "cuLibraryLoadData", "cuModuleGetFunction",
              "cuLibraryGetKernel", "cuKernelGetFunction", "cuLibraryGetModule"}
     assert on() == loads
     r.begin()
@@ -299,3 +299,45 @@ def test_a_module_whose_cubin_comes_with_its_first_function_lookup(recorder) -> 
     sha = hashlib.sha256(image).hexdigest()
     assert r.module_sha == {0xAA: sha} and r.function_sha == {0xF1: sha}
     assert r.stats()["module_loads"]["by_lookup"] == 1
+
+
+def _file_load_call(r, path: Path, handle: int, inside: bool) -> None:  # type: ignore[no-untyped-def]
+    """A cuModuleLoad(&module, path) returning `handle` (inductor's static CUDA launcher loads cubins so), with
+    CUPTI's MODULE_LOADED inside the call (`inside`) or not at all."""
+    image = path.read_bytes()
+    name = ctypes.create_string_buffer(str(path).encode())
+    out = ctypes.c_uint64(0)
+    params = LoadParams(ctypes.addressof(out), ctypes.addressof(name))
+    cbid = _id(r, "cuModuleLoad")
+    r._callback(None, r.cupti.CallbackDomain.DRIVER_API, cbid, Site(0, params))
+    if inside:
+        buf = ctypes.create_string_buffer(image, len(image))
+        data = ModuleData(1, len(image), ctypes.addressof(buf))
+        r._callback(None, r.cupti.CallbackDomain.RESOURCE, 6, types.SimpleNamespace(resource_descriptor=ctypes.addressof(data)))
+    out.value = handle
+    r._callback(None, r.cupti.CallbackDomain.DRIVER_API, cbid, Site(1, params))
+
+
+@pytest.mark.parametrize("inside", [True, False], ids=["module-loaded-inside", "file-read"])
+def test_a_module_loaded_from_a_file_pairs_with_its_cubin(recorder, tmp_path: Path, inside: bool) -> None:  # type: ignore[no-untyped-def]
+    """The H200 captures of 2026-12-03: every module came through cuModuleLoad of a cubin path; the launch that runs
+    its function then names that cubin, and so picks it among the autotuned cubins of the same entry and layout."""
+    r = recorder
+    cubin = sorted((ROOT / "kernels").glob("*.cubin"))[0].read_bytes()
+    (tmp_path / "k.cubin").write_bytes(cubin)
+    _file_load_call(r, tmp_path / "k.cubin", 0xAA, inside)
+    sha = hashlib.sha256(cubin).hexdigest()
+    assert r.module_sha == {0xAA: sha} and r.cubins[sha] == cubin
+    assert r.stats()["module_loads"] == {"loads": 1, "by_resource": int(inside), "by_image": int(not inside),
+                                         "late": 0, "unmapped": 0, "by_lookup": 0}
+    r.begin()
+    value_a, value_b = ctypes.c_uint64(0x7F0000001000), ctypes.c_int32(-3)
+    kp = (ctypes.c_void_p * 2)(ctypes.addressof(value_a), ctypes.addressof(value_b))
+    api(r, "cuLaunchKernel", Params(0xF1, 4, 1, 1, 128, 1, 1, 512, 0, ctypes.addressof(kp), 0), "kern_a")
+    assert r.end()[0].module == sha  # 0xF1's module is 0xAA in the fake driver
+
+
+def test_a_file_load_of_no_elf_is_unmapped(recorder, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    (tmp_path / "k.ptx").write_bytes(b".version 8.0\n.target sm_90\n")
+    _file_load_call(r := recorder, tmp_path / "k.ptx", 0xAB, False)
+    assert r.module_sha == {} and r.stats()["module_loads"]["unmapped"] == 1

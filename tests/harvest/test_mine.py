@@ -181,15 +181,16 @@ def test_pointer_args_types() -> None:
 
 
 def test_an_output_that_is_a_view_into_an_intermediate() -> None:
-    from kern_run.harvest.capture_format import Alloc, Tensor
+    from kern_run.harvest.capture_format import Alloc, Free, Tensor
 
     capture = synthetic_capture()
     runs = []
     for r, run in enumerate(capture.runs):
         # next_token becomes the last 8 bytes of allocation #1 (argmax's partial values), which launches 2 and 3 use
         t = run.tokens
+        # (and stays allocated: the output holds it)
         events = [Alloc(e.address, e.nbytes + 8) if isinstance(e, Alloc) and e.address == alloc_address(r, 1) else e
-                  for e in run.events]
+                  for e in run.events if not (isinstance(e, Free) and e.address == alloc_address(r, 1))]
         tensors = tuple(Tensor(x.name, x.kind, alloc_address(r, 1) + t * 16, x.nbytes, x.dtype, x.shape)
                         if x.name == "next_token" else x for x in run.tensors)
         runs.append(replace(run, events=tuple(events), tensors=tensors))
@@ -198,6 +199,69 @@ def test_an_output_that_is_a_view_into_an_intermediate() -> None:
     capture = with_param(capture, 1, 3, 3, u64(alloc_address(1, 1) + 32))
     assert "run 0 tensor next_token: an output inside allocation #1, which launches [2, 3] also reach outside it: " \
            "replayed as separate buffers they would not alias" in refused(capture)
+
+
+def _relocated(run, old: int, new: int):  # type: ignore[no-untyped-def]
+    """`run` with the allocation at `old` moved to `new`: its Alloc and Free, and every pointer parameter equal to
+    `old`."""
+    from kern_run.harvest.capture_format import Alloc, Free, pack_params
+
+    events = []
+    for e in run.events:
+        if isinstance(e, (Alloc, Free)) and e.address == old:
+            e = replace(e, address=new)
+        elif isinstance(e, Launch):
+            values = [u64(new) if len(e.param(j)) == 8 and e.param(j) == u64(old) else e.param(j)
+                      for j in range(len(e.params))]
+            e = replace(e, data=pack_params(e.params, values))
+        events.append(e)
+    return replace(run, events=tuple(events))
+
+
+def test_an_output_in_memory_an_earlier_intermediate_had_is_that_intermediate_until_it_is_allocated() -> None:
+    """The H200 captures of 2026-12-03: the step allocates `next_token` where the embedding's intermediate (#0) had
+    been, in one run and not the other. Before its own allocation exists, the address is #0's."""
+    from kern_run.harvest.capture_format import Alloc, Free, Tensor
+
+    capture = synthetic_capture()
+    runs = []
+    for r, run in enumerate(capture.runs):
+        at = alloc_address(r, 0) if r == 1 else alloc_address(r, 9)  # run 1 reuses #0's memory, run 0 does not
+        events = list(run.events)
+        events.insert(next(i for i, e in enumerate(events) if isinstance(e, Free)) + 1, Alloc(at, run.tokens * 8))
+        tensors = tuple(Tensor(x.name, x.kind, at, x.nbytes, x.dtype, x.shape) if x.name == "next_token" else x
+                        for x in run.tensors)
+        runs.append(replace(run, events=tuple(events), tensors=tensors))
+    capture = replace(capture, runs=tuple(runs))
+    for r in (0, 1):
+        capture = with_param(capture, r, 3, 3, u64(alloc_address(r, 0) if r == 1 else alloc_address(r, 9)))
+    m = mine(capture)
+    ptr = lambda i, j: m.launches[i].args[j]  # noqa: E731
+    assert [(ptr(i, j).kind, ptr(i, j).target) for i, j in ((0, 2), (1, 0), (3, 3))] == [
+        ("workspace", "#0"), ("workspace", "#0"), ("output", "next_token")]
+
+
+def test_an_output_in_memory_the_step_freed_is_refused() -> None:
+    from kern_run.harvest.capture_format import Tensor
+
+    capture = synthetic_capture()
+    run = capture.runs[1]
+    tensors = tuple(Tensor(x.name, x.kind, alloc_address(1, 3), x.nbytes, x.dtype, x.shape) if x.name == "next_token"
+                    else x for x in run.tensors)
+    capture = replace(capture, runs=(capture.runs[0], replace(run, tensors=tensors)))
+    assert "run 1 tensor next_token: lies in memory the step freed (allocation #3): its bytes may be another's" \
+        in refused(capture)
+
+
+def test_an_intermediate_that_starts_where_a_state_ends_is_the_intermediate() -> None:
+    """A value equal to a tensor's end (a zero-size view's pointer) and strictly inside a live allocation is the
+    allocation: the 4B capture's intermediate at `k_cache.0 + 1048576`."""
+    capture = synthetic_capture()
+    kv_end = next(t.end for t in capture.runs[1].tensors if t.name == "kv.0")
+    capture = replace(capture, runs=(capture.runs[0], _relocated(capture.runs[1], alloc_address(1, 0), kv_end)))
+    m = mine(capture)
+    assert [(m.launches[i].args[j].kind, m.launches[i].args[j].target) for i, j in ((0, 2), (1, 0))] == [
+        ("workspace", "#0"), ("workspace", "#0")]
 
 
 def test_a_hostile_run_is_refused_in_bounded_time() -> None:

@@ -3,7 +3,12 @@
 A parameter of 8 bytes is a pointer when its value lies inside a tensor the capture named (weight, state,
 input, output: `[address, address + bytes]`, the end included, a zero-size view's pointer) or inside an
 allocation the step made that is alive at that launch (an intermediate); `0` is a null pointer (or an integer
-zero: the same bytes). An 8-byte value below 2^32 that is in no range is an integer; any other is a pointer into
+zero: the same bytes). Two rules keep the class the same in every run, whatever the allocator reused:
+- an output the step allocated is that output only once its allocation exists: before, its address belongs to
+  an intermediate that was freed later and whose memory the output took (the H200 captures of 2026-12-03 put
+  `next_token` where the embedding's intermediate had been);
+- a value strictly inside something beats a value at something's end: an intermediate that starts where a state
+  ends (`k_cache.0 + 1048576` on the 4B shape) is the intermediate. An 8-byte value below 2^32 that is in no range is an integer; any other is a pointer into
 memory the capture cannot name: a fault. Parameters of 4 bytes are integers (or f32 bits: the bytes are kept as
 they are); other sizes are raw bytes, in which every aligned 8-byte word is checked for a pointer (a struct
 holding a pointer cannot be replayed by wiring).
@@ -86,6 +91,7 @@ class LiveAllocations:
         self.count = 0
         self.sizes: list[int] = []  # nbytes by ordinal
         self.every: list[tuple[int, int, int]] = []  # (address, nbytes, ordinal) of every allocation, freed ones too
+        self.alive: set[int] = set()  # ordinals of the live allocations
 
     def alloc(self, event: Alloc) -> None:
         i = bisect.bisect_left(self.starts, event.address)
@@ -93,41 +99,62 @@ class LiveAllocations:
         self.blocks.insert(i, (event.address, event.nbytes, self.count))
         self.sizes.append(event.nbytes)
         self.every.append((event.address, event.nbytes, self.count))
+        self.alive.add(self.count)
         self.count += 1
 
     def free(self, event: Free) -> None:
         i = bisect.bisect_left(self.starts, event.address)
         if i < len(self.starts) and self.starts[i] == event.address:  # frees of memory from before the step: not ours
+            self.alive.discard(self.blocks[i][2])
             del self.starts[i]
             del self.blocks[i]
 
-    def find(self, value: int) -> tuple[int, int] | None:
-        """(ordinal, offset) of the live allocation holding `value` (its end included)."""
+    def find(self, value: int) -> tuple[int, int, bool] | None:
+        """(ordinal, offset, at_end) of the live allocation holding `value` (its end included: `at_end`)."""
         i = bisect.bisect_right(self.starts, value) - 1
         if i >= 0:
             address, nbytes, ordinal = self.blocks[i]
             if value <= address + nbytes:
-                return ordinal, value - address
+                return ordinal, value - address, value == address + nbytes
         return None
 
 
-def _pointer(value: int, named: NamedRanges, live: LiveAllocations) -> Pointer | None:
+def owners(tensors: tuple[Tensor, ...], live: LiveAllocations) -> dict[str, int]:
+    """Name -> ordinal of the step's allocation that holds each named tensor when the step ends (`live` walked
+    over the whole run): the outputs the step allocated itself."""
+    out = {}
+    for t in tensors:
+        found = live.find(t.address)
+        if found is not None and not found[2] and t.end <= t.address - found[1] + live.sizes[found[0]]:
+            out[t.name] = found[0]
+    return out
+
+
+def _pointer(value: int, named: NamedRanges, live: LiveAllocations, owned: dict[str, int]) -> Pointer | None:
+    """The class of `value` at this launch (module docstring, the two rules)."""
     tensor = named.find(value)
+    if tensor is not None and tensor.name in owned and owned[tensor.name] not in live.alive:
+        tensor = None  # an output whose allocation does not exist yet: the memory is someone else's now
+    block = live.find(value)
+    if tensor is not None and block is not None and value == tensor.end and not block[2]:
+        tensor = None
     if tensor is not None:
         return Pointer(tensor.kind, tensor.name, value - tensor.address)
-    block = live.find(value)
     if block is not None:
         return Pointer("workspace", f"#{block[0]}", block[1])
     return None
 
 
-def classify_param(data: bytes, named: NamedRanges, live: LiveAllocations) -> Seen | str:
-    """What one parameter's bytes are (module docstring); a string says why they are a fault."""
+def classify_param(data: bytes, named: NamedRanges, live: LiveAllocations,
+                   owned: dict[str, int] | None = None) -> Seen | str:
+    """What one parameter's bytes are (module docstring); a string says why they are a fault. `owned`: the
+    step's own tensors (`owners`), checked against `live`."""
+    owned = owned or {}
     if len(data) == POINTER_BYTES:
         value = int.from_bytes(data, "little")
         if value == 0:
             return Scalar(8, 0)
-        pointer = _pointer(value, named, live)
+        pointer = _pointer(value, named, live, owned)
         if pointer is not None:
             return pointer
         if value < SMALL_INT:
@@ -137,7 +164,7 @@ def classify_param(data: bytes, named: NamedRanges, live: LiveAllocations) -> Se
         return Scalar(4, int.from_bytes(data, "little", signed=True))
     for at in range(0, len(data) - 7, 8):
         word = int.from_bytes(data[at:at + 8], "little")
-        if word and _pointer(word, named, live) is not None:
+        if word and _pointer(word, named, live, owned) is not None:
             return f"a {len(data)}-byte parameter holds a pointer (0x{word:x}) at byte {at}: a struct of pointers " \
                    f"cannot be wired"
     return Raw(data)
@@ -154,12 +181,12 @@ class RunParams:
     named: NamedRanges
     allocations: list[tuple[int, int, int]]
 
+    owned: dict[str, int]
+
     def allocation_of(self, tensor: Tensor) -> int | None:
-        """The ordinal of the step's allocation that holds `tensor` (an output the step allocated), if any."""
-        for address, nbytes, ordinal in self.allocations:
-            if address <= tensor.address and tensor.end <= address + nbytes:
-                return ordinal
-        return None
+        """The ordinal of the step's allocation that holds `tensor` when the step ends (an output the step
+        allocated), if any."""
+        return self.owned.get(tensor.name)
 
 
 def classify_run(run: Run, index: int) -> tuple[RunParams, list[Problem]]:
@@ -167,8 +194,22 @@ def classify_run(run: Run, index: int) -> tuple[RunParams, list[Problem]]:
     allocations alive at it. Problems: overlapping tensors, and every driver call that is no launch, alloc or
     free (a memcpy or memset the manifest cannot express)."""
     named = NamedRanges(run.tensors, index)
+    final = LiveAllocations()  # a first walk: which allocation holds each named tensor at the end
+    for e in run.events:
+        if isinstance(e, Alloc):
+            if len(final.blocks) >= MAX_LIVE:
+                break
+            final.alloc(e)
+        elif isinstance(e, Free):
+            final.free(e)
+    owned = owners(run.tensors, final)
     live = LiveAllocations()
     problems = list(named.problems)
+    for t in run.tensors:
+        freed = [o for a, n, o in final.every if a <= t.address < a + n] if t.name not in owned else []
+        if freed:
+            problems.append(Problem(f"run {index} tensor {t.name}", f"lies in memory the step freed (allocation "
+                                                                    f"#{freed[-1]}): its bytes may be another's"))
     launches: list[Launch] = []
     seen: list[list[Seen | str]] = []
     for number, e in enumerate(run.events):
@@ -182,8 +223,8 @@ def classify_run(run: Run, index: int) -> tuple[RunParams, list[Problem]]:
             live.free(e)
         elif isinstance(e, Launch):
             launches.append(e)
-            seen.append([classify_param(e.param(j), named, live) for j in range(len(e.params))])
+            seen.append([classify_param(e.param(j), named, live, owned) for j in range(len(e.params))])
         else:
             problems.append(Problem(f"run {index} after launch {len(launches) - 1}",
                                     f"{e.name} inside the step: a manifest only launches kernels (no copies, no sets)"))
-    return RunParams(launches, seen, live.sizes, named, live.every), problems
+    return RunParams(launches, seen, live.sizes, named, live.every, owned), problems

@@ -4,7 +4,7 @@
 
 1. subscribes a CUPTI callback (cupti-python) before anything is compiled, so every module load is seen: the
    resource callback `MODULE_LOADED` hands over each cubin (saved by sha256), and the exit of the
-   `cuModuleLoadData(Ex)` call that made it gives its `CUmodule`;
+   `cuModuleLoadData(Ex)` or `cuModuleLoad` call that made it gives its `CUmodule`;
 2. runs the step `options.warmup` times at every token count (compilation and max-autotune benchmarking happen
    here, outside any recording);
 3. per token count, records one step: every kernel launch (`cuLaunchKernel`, `cuLaunchKernelEx` and their
@@ -41,7 +41,7 @@ from .launch_params import (
     LaunchKernelParams,
     MemAllocParams,
     MemFreeParams,
-    ModuleLoadDataParams,
+    OutInParams,
     ModuleResourceData,
     read_config,
     read_elf_image,
@@ -51,7 +51,10 @@ from .launch_params import (
 
 NO_CACHING = "PYTORCH_NO_CUDA_MEMORY_CACHING"
 _DRIVER_LAUNCHES = ("cuLaunchKernel", "cuLaunchKernel_ptsz", "cuLaunchKernelEx", "cuLaunchKernelEx_ptsz")
-_DRIVER_LOADS = ("cuModuleLoadData", "cuModuleLoadDataEx")
+# the module loads: from memory (Triton's own launcher), and from a file (inductor's static CUDA launcher, torch
+# 2.11: cuModuleLoad of the cubin path; on the H200 every module of the tiny-en and 4B captures came this way)
+_DRIVER_LOADS = ("cuModuleLoadData", "cuModuleLoadDataEx", "cuModuleLoad")
+CUBIN_FILE_MAX = 64 << 20  # bytes of a cubin read from the path cuModuleLoad was handed
 # handle-pairing calls, watched beside the loads (rare: one per kernel a program looks up), each (OUT *out, IN in,
 # ...): the library load, a module's or library's function or kernel, a kernel's function, a library's module
 _DRIVER_HANDLES = ("cuLibraryLoadData", "cuModuleGetFunction", "cuLibraryGetKernel", "cuKernelGetFunction",
@@ -225,16 +228,18 @@ class Recorder:
             if entering:
                 self.local.loaded = []
             elif not self._failed(data):
-                self._paired(name, ModuleLoadDataParams.from_address(self._params(data)))
+                self._paired(name, OutInParams.from_address(self._params(data)))
             return
         if name in _DRIVER_LOADS:
             if entering:
                 self.local.loaded = []
                 return
-            params = ModuleLoadDataParams.from_address(self._params(data))
+            params = OutInParams.from_address(self._params(data))
             loaded, self.local.loaded = getattr(self.local, "loaded", []), []
             if not self._failed(data):
-                self._module_returned(read_u64(params.module), loaded, int(params.image or 0))
+                given = int(params.given or 0)
+                image = (lambda: _read_cubin_file(given)) if name == "cuModuleLoad" else (lambda: read_elf_image(given))
+                self._module_returned(read_u64(params.out), loaded, image)
             return
         self.local.driver_seen = True
         if self.events is None:
@@ -252,18 +257,19 @@ class Recorder:
         elif entering:
             self.events.append(Api(name))
 
-    def _module_returned(self, handle: int, loaded: list[str], image: int) -> None:
-        """A cuModuleLoadData(Ex) returned `handle`: pair it with its cubin. First the one cubin CUPTI reported
-        inside the call (MODULE_LOADED); else the ELF image the call was handed, read and hashed here (kept as a
-        cubin: it is what the module runs); else the next cubin CUPTI reports on this thread. The tiny-en capture
-        of 2026-12-02 recorded no module for any launch, so the callback order is not taken on trust."""
+    def _module_returned(self, handle: int, loaded: list[str], image: Callable[[], bytes | None]) -> None:
+        """A module load returned `handle`: pair it with its cubin. First the one cubin CUPTI reported inside the
+        call (MODULE_LOADED); else `image()`, the ELF image the call was handed (in memory, or the file it named),
+        read and hashed here (kept as a cubin: it is what the module runs); else the next cubin CUPTI reports on
+        this thread. The tiny-en capture of 2026-12-02 recorded no module for any launch, so the callback order is
+        not taken on trust."""
         stats = self.load_stats
         stats["loads"] += 1
         if len(loaded) == 1:
             self.module_sha[handle] = loaded[0]
             stats["by_resource"] += 1
             return
-        elf = read_elf_image(image)
+        elf = image()
         if elf is not None:
             sha = hashlib.sha256(elf).hexdigest()
             self.cubins.setdefault(sha, elf)
@@ -274,14 +280,14 @@ class Recorder:
         if not loaded:
             self.local.pending = handle
 
-    def _paired(self, name: str, params: Any) -> None:
-        """A handle-pairing call returned: `params.module` points at its output handle, `params.image` is its
+    def _paired(self, name: str, params: OutInParams) -> None:
+        """A handle-pairing call returned: `params.out` points at its output handle, `params.given` is its
         input (the code image of cuLibraryLoadData, else the module, library or kernel handle)."""
         self.handle_calls[name] = self.handle_calls.get(name, 0) + 1
-        out, given = read_u64(params.module), int(params.image or 0)
+        out, given = read_u64(params.out), int(params.given or 0)
         loaded, self.local.loaded = getattr(self.local, "loaded", []), []
         if name == "cuLibraryLoadData":
-            self._module_returned(out, loaded, given)
+            self._module_returned(out, loaded, lambda: read_elf_image(given))
             return
         if name == "cuModuleGetFunction" and given not in self.module_sha and len(loaded) == 1:
             # the module's cubin reported inside its first function lookup (loaded lazily): the H200 run of
@@ -364,6 +370,21 @@ class Recorder:
                                             "cuFuncGetName").decode()
         return Launch(symbol, self.function_module[function], tuple(map(int, grid)), tuple(map(int, block)),  # type: ignore[arg-type]
                       int(smem), layout, read_params(int(kernel_params or 0), int(extra or 0), layout))
+
+
+def _read_cubin_file(fname: int) -> bytes | None:
+    """The ELF file whose NUL-terminated path `cuModuleLoad` was handed at address `fname` (None: no path, not
+    readable, not ELF, or past CUBIN_FILE_MAX bytes)."""
+    if not fname:
+        return None
+    try:
+        path = Path(os.fsdecode(ctypes.string_at(fname)))
+        if not path.is_file() or path.stat().st_size > CUBIN_FILE_MAX:
+            return None
+        data = path.read_bytes()
+    except (OSError, ValueError):
+        return None
+    return data if data[:4] == b"\x7fELF" else None
 
 
 def _callback_names(cupti: Any, enum_name: str, domain: Any) -> dict[int, str]:

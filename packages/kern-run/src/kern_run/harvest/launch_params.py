@@ -54,11 +54,14 @@ class LaunchKernelExParams(ctypes.Structure):
                 ("extra", ctypes.c_void_p)]
 
 
-class ModuleLoadDataParams(ctypes.Structure):
-    """`cuModuleLoadData_params` / `cuModuleLoadDataEx_params` (whose further fields follow): `CUmodule *module;
-    const void *image`."""
+class OutInParams(ctypes.Structure):
+    """The first two fields of the params struct of every load and handle lookup the recorder watches: `OUT *out;
+    IN in` (further fields follow). `cuModuleLoadData(Ex)_params`: `CUmodule *module; const void *image`;
+    `cuModuleLoad_params`: `CUmodule *module; const char *fname`; `cuModuleGetFunction_params`: `CUfunction
+    *hfunc; CUmodule hmod`; likewise cuLibraryLoadData, cuLibraryGetKernel, cuKernelGetFunction, cuLibraryGetModule
+    (cuda.h / generated_cuda_meta.h)."""
 
-    _fields_ = [("module", ctypes.c_void_p), ("image", ctypes.c_void_p)]
+    _fields_ = [("out", ctypes.c_void_p), ("given", ctypes.c_void_p)]
 
 
 class MemAllocParams(ctypes.Structure):
