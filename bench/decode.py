@@ -23,6 +23,9 @@ Peers, each in its own subprocess (GPU memory isolated, a hung compile killed by
   capture of this checkpoint, docs/harvest.md): "kern (harvested inductor kernels)", torch.compile's own kernels
   replayed by kern_runtime as one CUDA graph per step (kern_run.harvest.replay), the token read back every step; its
   KV cache is the captured one (meta.harvest.source.context positions), so contexts past it are skipped.
+- `torch-harvest` (likewise only when named, with `--harvest DIR`): the step that was harvested
+  (kern_run.harvest.torch_step) under torch.compile at the captured context, as one torch CUDA graph and without:
+  the same kernels as the replay, so the fair peer of `kern-harvest` (`torch-compile` above is another step).
 Torch peers read the token back every step (`.item()`), as a generation loop that prints tokens does.
 
 `--batch 1,8,32,64 [--contexts 128,2048]`: the batched bench instead (bench/decode_batch.py: kern's step at
@@ -55,7 +58,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 HBM_BYTES_PER_S = 4.3e12
 PEERS = ("kern", "torch-graph", "torch-compile", "hf")
-OPTIONAL_PEERS = ("kern-harvest",)  # run only when --only names them
+OPTIONAL_PEERS = ("kern-harvest", "torch-harvest")  # run only when --only names them
 
 
 # ---------------------------------------------------------------- helpers (every worker)
@@ -367,12 +370,67 @@ def harvest_worker(args: argparse.Namespace, out: str) -> None:
         token, wall = 1, []
         for i in range(args.steps + 8):
             t = time.perf_counter()
-            token = int(step.step(np.array([token]), np.array([ctx + i]))["next_token"][0])
+            token = int(step.step(np.array([token]), np.array([ctx + i]), read=("next_token",))["next_token"][0])
             if i >= 8:
                 wall.append(1e3 * (time.perf_counter() - t))
         _emit(out, {"peer": "kern (harvested inductor kernels)", "ctx": ctx, "ms_per_token": _ms(wall)["median"],
                     "stats": _ms(wall), "steps": len(wall), "load_s": load_s, "harvest": str(args.harvest)})
     step.close()
+
+
+def harvest_torch_worker(args: argparse.Namespace, out: str) -> None:
+    """The step kern harvests (kern_run.harvest.torch_step.Qwen3Step: the checkpoint's own tensors, attention as
+    products over the whole cache, Triton GEMM templates, an unbacked token count, compiled per layer with
+    max-autotune-no-cudagraphs), at the harvest's captured context, captured as one torch CUDA graph over static
+    inputs, timed as the replay is: inputs written, the graph replayed, next_token read back, every step. Its own
+    compile here autotunes again, so its kernels may differ from the captured ones in a config or two. Also the
+    same step without the graph (the compiled functions called from Python)."""
+    import torch
+
+    from kern_run.harvest.torch_step import Qwen3Step
+
+    meta = json.loads((args.harvest / "manifest.json").read_text())["meta"]["harvest"]["source"]
+    context, scope = int(meta["context"]), meta.get("scope", "layer")
+    t0 = time.perf_counter()
+    step = Qwen3Step(args.ckpt, context, scope=scope)
+    static = step.inputs(1)
+    for _ in range(3):  # compile, autotune, warm
+        step.step(static)
+    torch.cuda.synchronize()
+    load_s = time.perf_counter() - t0
+    label = f"torch.compile of the harvested step ({scope} scope)"
+    for ctx in args.contexts:
+        if ctx + args.steps + 8 > context:
+            _emit(out, {"peer": label, "ctx": ctx, "skipped": f"captured context {context}"})
+            continue
+        graph, outputs = torch.cuda.CUDAGraph(), None
+        try:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                step.step(static)
+            torch.cuda.current_stream().wait_stream(side)
+            with torch.cuda.graph(graph):
+                outputs = step.step(static)
+        except Exception as exc:  # noqa: BLE001 - reported, the ungraphed row still runs
+            graph = None
+            _emit(out, {"peer": label + ", one CUDA graph", "ctx": ctx, "skipped": f"capture failed: {exc}"[:300]})
+        for graphed in ([True] if graph is not None else []) + [False]:
+            token, wall = 1, []
+            for i in range(args.steps + 8):
+                t = time.perf_counter()
+                static["token_ids"].fill_(token)
+                static["positions"].fill_(ctx + i)
+                if graphed:
+                    graph.replay()
+                    token = int(outputs["next_token"][0].item())
+                else:
+                    token = int(step.step(static)["next_token"][0].item())
+                if i >= 8:
+                    wall.append(1e3 * (time.perf_counter() - t))
+            _emit(out, {"peer": label + (", one CUDA graph" if graphed else ", no graph"), "ctx": ctx,
+                        "ms_per_token": _ms(wall)["median"], "stats": _ms(wall), "steps": len(wall),
+                        "load_s": load_s})
 
 
 # ---------------------------------------------------------------- orchestration and table
@@ -496,7 +554,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget", type=float, default=340.0, help="seconds for all workers together")
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--harvest", type=Path, default=None, help="kern-harvest: the directory kern harvest generate wrote")
-    p.add_argument("--worker", choices=["kern", "torch-graph", "torch-compile", "hf", "kern-harvest"],
+    p.add_argument("--worker", choices=["kern", "torch-graph", "torch-compile", "hf", "kern-harvest", "torch-harvest"],
                    help=argparse.SUPPRESS)
     p.add_argument("--compile-mode", default="max-autotune-no-cudagraphs", help=argparse.SUPPRESS)
     p.add_argument("--worker-out", help=argparse.SUPPRESS)
@@ -514,6 +572,8 @@ def main(argv: list[str] | None = None) -> int:
             torch_worker(args, out, args.compile_mode, label)
         elif args.worker == "kern-harvest":
             harvest_worker(args, out)
+        elif args.worker == "torch-harvest":
+            harvest_torch_worker(args, out)
         else:
             hf_worker(args, out)
         return 0

@@ -52,6 +52,21 @@ def test_greedy_feeds_the_prompt_then_its_tokens(harvested: tuple[Path, Path, li
     assert logits.shape == (4, 64) and logits.dtype == np.float32
 
 
+def test_step_reads_the_outputs_asked_for(harvested: tuple[Path, Path, list[int]]) -> None:
+    from kern_runtime import ApiError
+
+    from kern_run.harvest.replay import HarvestedStep
+
+    out, ckpt, _ = harvested
+    with HarvestedStep(out, ckpt) as step:
+        both = step.step(np.array([5]), np.array([0]), eager=True)
+        one = step.step(np.array([5]), np.array([1]), eager=True, read=("next_token",))
+        assert sorted(both) == ["logits", "next_token"] and list(one) == ["next_token"]
+        assert one["next_token"].tolist() == both["next_token"].tolist()
+        with pytest.raises(ApiError, match="hidden"):
+            step.step(np.array([5]), np.array([2]), eager=True, read=("hidden",))
+
+
 def test_bench_row(harvested: tuple[Path, Path, list[int]], tmp_path: Path) -> None:
     from bench.decode import harvest_worker
 

@@ -35,15 +35,17 @@ class HarvestedStep:
         self.rt = Runtime.load(out / "manifest.json", out / "kernels", SafetensorsTensors.open(checkpoint), gpu=gpu)
         self.outputs = [n for n, b in self.rt.manifest.buffers.items() if b.kind == "output"]
 
-    def step(self, token_ids: np.ndarray, positions: np.ndarray, eager: bool = False) -> dict[str, np.ndarray]:
-        """One step over `len(token_ids)` tokens (i64 arrays of equal length); returns every output (bf16 as raw
-        uint16 bits). Raises ApiError for a token count outside the manifest's var range."""
+    def step(self, token_ids: np.ndarray, positions: np.ndarray, eager: bool = False,
+             read: tuple[str, ...] | None = None) -> dict[str, np.ndarray]:
+        """One step over `len(token_ids)` tokens (i64 arrays of equal length); returns the outputs named in `read`
+        (default: every output; bf16 as raw uint16 bits). Raises ApiError for a token count outside the manifest's
+        var range or an output `read` names that the manifest lacks."""
         ids = np.ascontiguousarray(token_ids, dtype=np.int64)
         pos = np.ascontiguousarray(positions, dtype=np.int64)
         self.rt.write_input("token_ids", ids)
         self.rt.write_input("positions", pos)
         self.rt.issue(PROGRAM, {"tokens": len(ids)}, eager=eager)
-        return {name: self.rt.read_output(name, len(ids)) for name in self.outputs}
+        return {name: self.rt.read_output(name, len(ids)) for name in (self.outputs if read is None else read)}
 
     def greedy(self, prompt: list[int], steps: int, eager: bool = False) -> tuple[list[int], np.ndarray]:
         """Feed `prompt` one token a step (positions 0..), then `steps` greedy tokens (greedy.feed_greedy). Returns
