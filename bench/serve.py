@@ -26,9 +26,9 @@ transformers' own continuous batching on the same weights and request lengths, i
     input and output lengths scaled by one factor so the longest fits `--context`, its 512-token prefix blocks
     scaled alike and filled with token ids drawn from the block's hash id (requests that share hash ids share
     those prompt tokens), arrivals at the trace's timestamps compressed into `--trace-seconds`.
-  * `prefix cold` / `prefix hit`: one request of a `--prefix-tokens` shared prefix plus 16 tokens of its own,
-    then `--prefix-hits` more with the same prefix and other suffixes, one at a time (TTFT on a prefix hit
-    against the cold TTFT).
+  * `prefix cold` / `prefix hit`: `--prefix-colds` requests, each of its own `--prefix-tokens` prefix plus 16
+    tokens, then `--prefix-hits` more with the last one's prefix and other suffixes, one at a time (TTFT p50 on a
+    prefix hit against the cold requests' p50: one cold request's TTFT varied 53-150 ms between runs).
   Every request streams (`stream: true`). Per request: TTFT = send -> first streamed chunk, TPOT = (last chunk
   - first chunk) / (tokens - 1), tokens from the usage chunk. Output tok/s = all generated tokens / (first send
   -> last response). Prefix hit rate, parks, wakes, preemptions, the mean rows of a decode step and the decode
@@ -147,10 +147,15 @@ def poisson_requests(n: int, rate: float, prompt_tokens: int, output_tokens: int
             for i, at in enumerate(poisson_arrivals(n, rate, seed))]
 
 
-def prefix_requests(prefix_tokens: int, hits: int, output_tokens: int, seed: int) -> list[BenchRequest]:
-    """1 + `hits` requests sharing a `prefix_tokens` prefix, each with 16 tokens of its own."""
-    shared = random_prompt(prefix_tokens, seed * 7 + 1)
-    return [BenchRequest(0.0, shared + random_prompt(16, seed * 7 + 2 + i), output_tokens) for i in range(1 + hits)]
+def prefix_requests(prefix_tokens: int, hits: int, output_tokens: int, seed: int,
+                    colds: int = 1) -> list[BenchRequest]:
+    """`colds` requests, each of its own `prefix_tokens` prefix (cold: no other request shares it), then `hits`
+    requests sharing the last cold one's prefix (hits); every request has 16 tokens of its own after the prefix."""
+    prefixes = [random_prompt(prefix_tokens, seed * 7 + 1 + 1_000_003 * c) for c in range(colds)]
+    cold = [BenchRequest(0.0, p + random_prompt(16, seed * 7 + 2 + 1_000_003 * c), output_tokens)
+            for c, p in enumerate(prefixes)]
+    return cold + [BenchRequest(0.0, prefixes[-1] + random_prompt(16, seed * 7 + 3 + i), output_tokens)
+                   for i in range(hits)]
 
 
 def c1_requests(n: int, text: str, output_tokens: int) -> list[BenchRequest]:
@@ -536,35 +541,24 @@ def peer_worker(args: argparse.Namespace) -> None:
         return [f"{getattr(o, 'status', '?')}: {str(getattr(o, 'error', None) or 'no tokens')[:200]}"
                 for o in outs if not getattr(o, "generated_tokens", None)]
 
-    # The 2026-12-02 run on the H200 (transformers 5.17) returned 64 outputs without a token in 0.2 s, the error
-    # unrecorded. So the call is retried without min_new_tokens (redundant while EOS is None) before giving up,
-    # and what each try's outputs said is reported.
-    configs = [("", gc)]
-    if "min_new_tokens" in plan["generation_config"]:
-        relaxed = {k: v for k, v in plan["generation_config"].items() if k != "min_new_tokens"}
-        configs.append((" (without min_new_tokens)", GenerationConfig(**relaxed)))
-    tried: list[str] = []
     # not under torch.inference_mode(): generate_batch steps on its own thread, where the mode is off, and resets
     # tensors made under it in place ("Inplace update to inference tensor outside InferenceMode", transformers
-    # 5.17 on the H200, 2026-12-02); it runs its forward under no_grad itself
+    # 5.17 on the H200, 2026-12-02: every request came back without a token); it runs its forward under no_grad
     warm = generate(inputs[:2], GenerationConfig(max_new_tokens=4, do_sample=False, eos_token_id=None,
                                                  pad_token_id=0))
     warm_outs = list(warm.values()) if isinstance(warm, dict) else list(warm)
     warm_tokens = sum(len(getattr(o, "generated_tokens", None) or ()) for o in warm_outs)
     torch.cuda.synchronize()  # warm-up done
-    for label, config in configs:
-        t1 = time.perf_counter()
-        outputs = generate(inputs, config)
-        torch.cuda.synchronize()
-        wall = time.perf_counter() - t1
-        outs = list(outputs.values()) if isinstance(outputs, dict) else list(outputs)
-        bad = problems(outs)
-        tokens = sum(len(getattr(o, "generated_tokens", None) or ()) for o in outs)
-        tried.append(f"config{label or ' as planned'}: {tokens} tokens, {len(bad)} of {len(outs)} without a "
-                     f"token{': ' + bad[0] if bad else ''}; warm-up {warm_tokens} tokens")
-        print(tried[-1], file=sys.stderr, flush=True)
-        if tokens and not bad:
-            break
+    t1 = time.perf_counter()
+    outputs = generate(inputs, gc)
+    torch.cuda.synchronize()
+    wall = time.perf_counter() - t1
+    outs = list(outputs.values()) if isinstance(outputs, dict) else list(outputs)
+    bad = problems(outs)
+    tokens = sum(len(getattr(o, "generated_tokens", None) or ()) for o in outs)
+    tried = [f"{tokens} tokens, {len(bad)} of {len(outs)} requests without a token{': ' + bad[0] if bad else ''}; "
+             f"warm-up {warm_tokens} tokens"]
+    print(tried[-1], file=sys.stderr, flush=True)
     ttft, tpot, source = [], [], "timestamps"
     for o in outs:
         stamps = getattr(o, "timestamps", None)
@@ -578,7 +572,8 @@ def peer_worker(args: argparse.Namespace) -> None:
             source = "lifespan / tokens (an upper bound)"
             tpot.append(1e3 * (span[1] - span[0]) / len(o.generated_tokens))
     print(json.dumps({"scenario": f"peer: transformers generate_batch ({plan['attn']})", "requests": len(inputs),
-                      "done": len(outs) - len(bad), "failed": len(inputs) - len(outs) + len(bad), "output_tokens": tokens, "seconds": wall,
+                      "done": len(outs) - len(bad), "failed": len(inputs) - len(outs) + len(bad),
+                      "output_tokens": tokens, "seconds": wall,
                       "output_tok_s": tokens / wall, "ttft_ms_p50": percentile(ttft, 50),
                       "ttft_ms_p99": percentile(ttft, 99), "tpot_ms_p50": percentile(tpot, 50),
                       "tpot_ms_p99": percentile(tpot, 99), "tpot_from": source, "load_s": load_s, "tried": tried,
@@ -592,13 +587,15 @@ def peer_command(args: argparse.Namespace) -> list[str]:
             "--peer-cb-config", args.peer_cb_config]
 
 
-def run_peer(args: argparse.Namespace, notes: list[str]) -> dict[str, Any] | None:
+def run_peer(args: argparse.Namespace, notes: list[str], out_dir: Path) -> dict[str, Any] | None:
+    """The peer worker in its own process (GPU memory isolated, killed after --peer-timeout); its stderr goes to
+    `out_dir`/bench-serve-peer.log, what its outputs said into `notes`."""
     try:
         proc = subprocess.run(peer_command(args), capture_output=True, text=True, timeout=args.peer_timeout)
     except subprocess.TimeoutExpired:
         notes.append(f"peer: timed out after {args.peer_timeout:.0f} s")
         return None
-    log = Path(os.environ.get("OUT") or "/tmp/kern-bench-serve") / "bench-serve-peer.log"
+    log = out_dir / "bench-serve-peer.log"
     log.write_text(proc.stderr)
     notes.append(f"peer log: {log}")
     rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
@@ -643,6 +640,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--c1-prompt", default=C1_PROMPT)
     p.add_argument("--prefix-tokens", type=int, default=2048)
     p.add_argument("--prefix-hits", type=int, default=8, help="0: no prefix scenario")
+    p.add_argument("--prefix-colds", type=int, default=5, help="cold requests (each its own prefix): their median "
+                   "TTFT is the one a hit is compared with (one cold request varied 3x between runs, 2026-12-02)")
     p.add_argument("--trace", type=Path, default=default_trace())
     p.add_argument("--trace-requests", type=int, default=200, help="0: no trace scenario")
     p.add_argument("--trace-seconds", type=float, default=60.0)
@@ -680,16 +679,18 @@ def kern_scenarios(args: argparse.Namespace, base: str, rows: list[dict[str, Any
         rows.append(summarize(f"concurrency 1 (text)/{args.output_tokens}", outs, before, scrape(base)))
     if args.prefix_hits:
         before = scrape(base)
-        reqs = prefix_requests(args.prefix_tokens, args.prefix_hits, 16, args.seed)
-        outs = asyncio.run(run_one_at_a_time(base, "bench", reqs, args.time_limit))
-        after = scrape(base)
+        reqs = prefix_requests(args.prefix_tokens, args.prefix_hits, 16, args.seed, args.prefix_colds)
+        colds = asyncio.run(run_one_at_a_time(base, "bench", reqs[:args.prefix_colds], args.time_limit))
+        middle = scrape(base)
+        hits = asyncio.run(run_one_at_a_time(base, "bench", reqs[args.prefix_colds:], args.time_limit))
         label = f"{args.prefix_tokens}+16 one at a time"
-        rows.append(summarize(f"prefix cold {label}", outs[:1], before, before))
-        rows.append(summarize(f"prefix hit {label}", outs[1:], before, after))
+        rows.append(summarize(f"prefix cold {label}", colds, before, middle))
+        rows.append(summarize(f"prefix hit {label}", hits, middle, scrape(base)))
         cold, hit = rows[-2]["ttft_ms_p50"], rows[-1]["ttft_ms_p50"]
         if cold == cold and hit == hit and cold > 0:  # not NaN
-            notes.append(f"prefix hit TTFT {hit:.1f} ms = {100 * hit / cold:.0f}% of the cold {cold:.1f} ms "
-                         f"({args.prefix_tokens}-token shared prefix)")
+            notes.append(f"prefix hit TTFT p50 {hit:.1f} ms = {100 * hit / cold:.0f}% of the cold p50 {cold:.1f} ms "
+                         f"(median of {args.prefix_colds} cold requests, each its own {args.prefix_tokens}-token "
+                         f"prefix; {args.prefix_hits} hits on the last one's)")
     if args.trace_requests:
         if args.trace.is_file():
             records = read_trace(args.trace, args.trace_requests)
@@ -714,13 +715,16 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--requests and --trace-requests: at most {MAX_REQUESTS}")
     if not 0 <= args.c1_requests <= MAX_REQUESTS:
         p.error(f"--c1-requests: 0..{MAX_REQUESTS}")
+    if not 1 <= args.prefix_colds <= MAX_REQUESTS:
+        p.error(f"--prefix-colds: 1..{MAX_REQUESTS}")
     try:  # the peer's plan is checked before anything starts
         plan = peer_plan(args.requests, args.prompt_tokens, args.output_tokens, args.seed, args.peer_attn,
                          args.peer_cb_config)
     except ValueError as exc:
         p.error(str(exc))
     only = {s for s in args.only.split(",") if s}
-    notes: list[str] = ["--fake: bench/serve_fake.py's fake engine on the CPU, numbers meaningless"] if args.fake else []
+    notes: list[str] = ["--fake: bench/serve_fake.py's fake engine on the CPU, numbers meaningless"] \
+        if args.fake else []
     rows: list[dict[str, Any]] = []
     out_dir = Path(os.environ.get("OUT") or "/tmp/kern-bench-serve")
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -756,9 +760,10 @@ def main(argv: list[str] | None = None) -> int:
             notes.append(f"peer (planned, not run with --fake): generate_batch ({plan['attn']}) of "
                          f"{len(plan['inputs'])} requests, {tokens} prompt tokens, "
                          f"{plan['generation_config']['max_new_tokens']} new tokens each, greedy, EOS ignored; "
-                         f"ContinuousBatchingConfig {plan['cb_config'] or 'defaults'}: {' '.join(peer_command(args)[1:4])}")
+                         f"ContinuousBatchingConfig {plan['cb_config'] or 'defaults'}: "
+                         f"{' '.join(peer_command(args)[1:4])}")
         else:
-            peer = run_peer(args, notes)
+            peer = run_peer(args, notes, out_dir)
             if peer is not None:
                 rows.append(peer)
                 if peer.get("tpot_from", "timestamps") != "timestamps":

@@ -230,6 +230,16 @@ def test_commands_target_loopback_and_the_chosen_manifest(tmp_path):
     assert bs.run_command(fake, None)[1:3] == [str(HERE.parents[1] / "bench" / "serve_fake.py"), "run"]
 
 
+def test_prefix_requests_colds_have_their_own_prefixes_and_hits_share_the_last():
+    reqs = bs.prefix_requests(24, 3, 5, seed=2, colds=4)
+    assert len(reqs) == 7 and all(r.max_tokens == 5 and len(r.prompt) == 40 for r in reqs)
+    prefixes = [r.prompt[:24] for r in reqs]
+    assert len(set(prefixes[:4])) == 4  # every cold request its own prefix
+    assert prefixes[4:] == [prefixes[3]] * 3  # the hits share the last cold one's
+    assert len({r.prompt[24:] for r in reqs}) == 7  # and every suffix differs
+    assert bs.prefix_requests(24, 3, 5, seed=2) == bs.prefix_requests(24, 3, 5, seed=2, colds=1)
+
+
 def test_fake_mode_runs_every_scenario_and_plans_the_peer(tmp_path):
     """bench/serve.py --fake end to end on the CPU: every scenario against the fake server (a trace file of our
     own), the concurrency-1 line against the fake kern run, the peer's plan; exact token counts (EOS ignored)."""
@@ -238,7 +248,7 @@ def test_fake_mode_runs_every_scenario_and_plans_the_peer(tmp_path):
     out = tmp_path / "bench.json"
     cmd = [sys.executable, str(HERE.parents[1] / "bench" / "serve.py"), "--fake", "--requests", "4", "--rates",
            "100,inf", "--prompt-tokens", "16", "--output-tokens", "6", "--c1-requests", "2", "--prefix-tokens", "32",
-           "--prefix-hits", "2", "--trace", str(trace), "--trace-requests", "4", "--context", "512",
+           "--prefix-hits", "2", "--prefix-colds", "3", "--trace", str(trace), "--trace-requests", "4", "--context", "512",
            "--time-limit", "30", "--json", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env={**os.environ, "OUT": str(tmp_path)})
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
@@ -246,11 +256,14 @@ def test_fake_mode_runs_every_scenario_and_plans_the_peer(tmp_path):
     rows = {r["scenario"]: r for r in doc["rows"]}
     reqs, _ = bs.trace_requests(_records(), 512, 60.0, 0)
     want = {"poisson 100/s 16/6": (4, 24), "poisson closed batch (all at once) 16/6": (4, 24),
-            "concurrency 1 (text)/6": (2, 12), "prefix cold 32+16 one at a time": (1, 16),
+            "concurrency 1 (text)/6": (2, 12), "prefix cold 32+16 one at a time": (3, 48),
             "prefix hit 32+16 one at a time": (2, 32),
             "mooncake conversation (scaled)": (4, sum(r.max_tokens for r in reqs))}
     assert {k: (r["done"], r["output_tokens"]) for k, r in rows.items()} == want
     assert rows["prefix hit 32+16 one at a time"]["prefix_hit_rate"] > 0
+    assert rows["prefix cold 32+16 one at a time"]["prefix_hit_rate"] < \
+        rows["prefix hit 32+16 one at a time"]["prefix_hit_rate"]  # three prefixes of their own, then two hits
+    assert "of the cold p50" in "\n".join(doc["notes"]) and "median of 3 cold requests" in "\n".join(doc["notes"])
     notes = "\n".join(doc["notes"])
     assert "concurrency 1: kern serve TPOT p50 " in notes and " vs the fake kern run " in notes
     assert "peer (planned, not run with --fake): generate_batch (paged|sdpa) of 4 requests, 64 prompt tokens" in notes
