@@ -295,6 +295,11 @@ SAMPLING_FLAGS = {"temperature": "--temperature", "top_k": "--top-k", "top_p": "
                   "logprobs": "--logprobs", "top_logprobs": "--top-logprobs"}
 
 
+def given_flags(flags: dict[str, Any]) -> dict[str, Any]:
+    """The sampling flags given on the command line (`flags`: field -> value; None or False: not given)."""
+    return {k: v for k, v in flags.items() if v is not None and v is not False}
+
+
 def run_sampling(flags: dict[str, Any], defaults: tuple[tuple[str, Any], ...], target: str | None) -> tuple[Any, str]:
     """(SamplingParams, where they came from) for `kern run`: the kern.toml target's `[targets.NAME.sampling]`
     defaults (`defaults`, already checked), each field overridden by its flag when given (`flags`: field -> value or
@@ -305,10 +310,9 @@ def run_sampling(flags: dict[str, Any], defaults: tuple[tuple[str, Any], ...], t
 
     fields = dict(defaults)
     source = {k: f"kern.toml target {target!r} sampling" for k in fields}
-    for key, value in flags.items():
-        if value is not None and value is not False:
-            fields[key] = value
-            source[key] = SAMPLING_FLAGS[key]
+    for key, value in given_flags(flags).items():
+        fields[key] = value
+        source[key] = SAMPLING_FLAGS[key]
     try:
         params = SamplingParams(**fields)
     except SamplingError as exc:
@@ -387,8 +391,7 @@ def run(
         run_sampling(flags, (), None)  # the flags' own values, before the target resolves
         cfg = _run_config(config, target, _overrides(manifest, kernels, weights, gpu, capacity, chunk), no_pins,
                           "run")
-        if greedy and any(v is not None and v is not False for k, v in flags.items()
-                          if k not in ("logprobs", "top_logprobs")):
+        if greedy and set(given_flags(flags)) - {"logprobs", "top_logprobs"}:
             raise RefusalError("--greedy with a sampling flag: pass one or the other")
         params, where = run_sampling(flags, () if greedy else cfg.sampling, cfg.target)
         if tp > 1:
