@@ -29,6 +29,9 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=64)
     p.add_argument("--scope", default=os.environ.get("KERN_HARVEST_SCOPE", "layer"), help="torch_step's compile "
                    "scope: layer or step (default $KERN_HARVEST_SCOPE, else layer)")
+    p.add_argument("--autotune-tokens", type=int,
+                   default=int(os.environ.get("KERN_HARVEST_AUTOTUNE_TOKENS", 0)) or None,
+                   help="rows the GEMMs are autotuned for (default $KERN_HARVEST_AUTOTUNE_TOKENS, else inductor's)")
     args = p.parse_args()
     faulthandler.dump_traceback_later(120, repeat=True, file=sys.stderr)  # where a slow compile spends its time
     for key, value in ENVIRONMENT.items():
@@ -40,9 +43,10 @@ def main() -> int:
     from kern_run.harvest.torch_step import Qwen3Step, reference_greedy
 
     tokens = tuple(int(t) for t in args.tokens.split(","))
-    result, step = capture(lambda: Qwen3Step(args.weights, args.context, scope=args.scope), CaptureOptions(tokens),
+    result, step = capture(lambda: Qwen3Step(args.weights, args.context, scope=args.scope,
+                                             autotune_tokens=args.autotune_tokens), CaptureOptions(tokens),
                            args.out / "capture", source={"model": args.weights.name, "context": args.context,
-                                                         "scope": args.scope})
+                                                         "scope": args.scope, "autotune_tokens": args.autotune_tokens})
     for state in step.states().values():  # the reference starts from a zero cache, as kern's fixed states do
         state.zero_()
     torch.cuda.synchronize()

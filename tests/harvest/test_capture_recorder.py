@@ -30,7 +30,8 @@ AllocParams, FreeParams, ModuleData = MemAllocParams, MemFreeParams, ModuleResou
 
 def fake_cupti(enums: bool = True) -> types.SimpleNamespace:
     names = ["cuLaunchKernel", "cuLaunchKernel_ptsz", "cuLaunchKernelEx", "cuLaunchKernelEx_ptsz", "cuModuleLoadData",
-             "cuModuleLoadDataEx", "cuModuleLoad", "cuMemAlloc_v2", "cuMemFree_v2", "cuMemcpyDtoDAsync_v2", "cuMemsetD8Async",
+             "cuModuleLoadDataEx", "cuModuleLoad", "cuMemAlloc_v2", "cuMemFree_v2", "cuMemcpyDtoDAsync_v2",
+             "cuMemsetD8Async",
              "cuCtxGetCurrent", "cuLibraryLoadData", "cuModuleGetFunction", "cuLibraryGetKernel", "cuKernelGetFunction",
              "cuLibraryGetModule"]
     runtime = ["cudaLaunchKernel_v7000", "cudaMalloc_v3020", "cudaFree_v3020", "cudaMemcpy_v3020"]
@@ -199,8 +200,8 @@ def test_launch_callbacks_are_on_only_while_a_step_is_recorded(monkeypatch: pyte
     def on() -> set[str]:
         return {names[key] for key, value in enabled.items() if value}
 
-    loads = {"MODULE_LOADED", "cuModuleLoadData", "cuModuleLoadDataEx", "cuModuleLoad", "cuLibraryLoadData", "cuModuleGetFunction",
-             "cuLibraryGetKernel", "cuKernelGetFunction", "cuLibraryGetModule"}
+    loads = {"MODULE_LOADED", "cuModuleLoadData", "cuModuleLoadDataEx", "cuModuleLoad", "cuLibraryLoadData",
+             "cuModuleGetFunction", "cuLibraryGetKernel", "cuKernelGetFunction", "cuLibraryGetModule"}
     assert on() == loads
     r.begin()
     assert on() == set(names.values()) and "cuLaunchKernel" in on() and "cudaMalloc_v3020" in on()
@@ -313,13 +314,15 @@ def _file_load_call(r, path: Path, handle: int, inside: bool) -> None:  # type: 
     if inside:
         buf = ctypes.create_string_buffer(image, len(image))
         data = ModuleData(1, len(image), ctypes.addressof(buf))
-        r._callback(None, r.cupti.CallbackDomain.RESOURCE, 6, types.SimpleNamespace(resource_descriptor=ctypes.addressof(data)))
+        loaded = types.SimpleNamespace(resource_descriptor=ctypes.addressof(data))
+        r._callback(None, r.cupti.CallbackDomain.RESOURCE, 6, loaded)
     out.value = handle
     r._callback(None, r.cupti.CallbackDomain.DRIVER_API, cbid, Site(1, params))
 
 
 @pytest.mark.parametrize("inside", [True, False], ids=["module-loaded-inside", "file-read"])
-def test_a_module_loaded_from_a_file_pairs_with_its_cubin(recorder, tmp_path: Path, inside: bool) -> None:  # type: ignore[no-untyped-def]
+def test_a_module_loaded_from_a_file_pairs_with_its_cubin(recorder, tmp_path: Path,  # type: ignore[no-untyped-def]
+                                                           inside: bool) -> None:
     """The H200 captures of 2026-12-03: every module came through cuModuleLoad of a cubin path; the launch that runs
     its function then names that cubin, and so picks it among the autotuned cubins of the same entry and layout."""
     r = recorder

@@ -71,4 +71,7 @@ def test_capture_refuses_bad_options_before_touching_a_gpu(tmp_path: Path) -> No
     assert result.exit_code == 3 and "--context 1: must hold the largest token count (4)" in result.stderr
     result = kern("harvest", "capture", "--weights", str(tmp_path), "--out", str(tmp_path / "c"), "--warmup", "0")
     assert result.exit_code == 3 and "--warmup 0: at least 1" in result.stderr
+    result = kern("harvest", "capture", "--weights", str(tmp_path), "--out", str(tmp_path / "c"), "--autotune-tokens",
+                  "0")
+    assert result.exit_code == 3 and "--autotune-tokens 0: at least 1" in result.stderr
     assert not (tmp_path / "c").exists()

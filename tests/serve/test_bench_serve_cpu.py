@@ -248,7 +248,8 @@ def test_fake_mode_runs_every_scenario_and_plans_the_peer(tmp_path):
     out = tmp_path / "bench.json"
     cmd = [sys.executable, str(HERE.parents[1] / "bench" / "serve.py"), "--fake", "--requests", "4", "--rates",
            "100,inf", "--prompt-tokens", "16", "--output-tokens", "6", "--c1-requests", "2", "--prefix-tokens", "32",
-           "--prefix-hits", "2", "--prefix-colds", "3", "--trace", str(trace), "--trace-requests", "4", "--context", "512",
+           "--prefix-hits", "2", "--prefix-colds", "3", "--trace", str(trace), "--trace-requests", "4", "--context",
+           "512",
            "--time-limit", "30", "--json", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env={**os.environ, "OUT": str(tmp_path)})
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]

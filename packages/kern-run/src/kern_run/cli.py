@@ -648,6 +648,9 @@ def harvest_capture(
     compile_scope: Annotated[str, typer.Option("--compile-scope", help="one compiled graph per decoder layer "
                                                "(layer: one compiled layer serves them all) or for the whole step "
                                                "(step)")] = "layer",
+    autotune_tokens: Annotated[Optional[int], typer.Option("--autotune-tokens", help="rows the GEMMs are "
+                                                          "autotuned for (default: inductor's hint for an unbacked "
+                                                          "token count, 8192; 1 tunes them for decode)")] = None,
     gpu: Annotated[int, typer.Option("--gpu", help="CUDA device ordinal")] = 0,
     log_level: LogOpt = None,
 ) -> None:
@@ -655,7 +658,7 @@ def harvest_capture(
     from .harvest.command import capture_lines
 
     go = lambda: capture_lines(weights, out, tokens or [1, 2], context, warmup, dynamic, gpu,  # noqa: E731
-                               compile_scope)
+                               compile_scope, autotune_tokens)
     for line in _guarded("harvest capture", resolve_level(log_level), go):
         print(line)
 

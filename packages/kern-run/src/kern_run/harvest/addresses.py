@@ -5,13 +5,14 @@ input, output: `[address, address + bytes]`, the end included, a zero-size view'
 allocation the step made that is alive at that launch (an intermediate); `0` is a null pointer (or an integer
 zero: the same bytes). Two rules keep the class the same in every run, whatever the allocator reused:
 - an output the step allocated is that output only once its allocation exists: before, its address belongs to
-  an intermediate that was freed later and whose memory the output took (the H200 captures of 2026-12-03 put
-  `next_token` where the embedding's intermediate had been);
+  whatever intermediate held that memory then, freed before the output's allocation took it (the H200 captures of
+  2026-12-03 put `next_token` where the embedding's intermediate had been);
 - a value strictly inside something beats a value at something's end: an intermediate that starts where a state
-  ends (`k_cache.0 + 1048576` on the 4B shape) is the intermediate. An 8-byte value below 2^32 that is in no range is an integer; any other is a pointer into
-memory the capture cannot name: a fault. Parameters of 4 bytes are integers (or f32 bits: the bytes are kept as
-they are); other sizes are raw bytes, in which every aligned 8-byte word is checked for a pointer (a struct
-holding a pointer cannot be replayed by wiring).
+  ends (`k_cache.0 + 1048576` on the 4B shape) is the intermediate.
+An 8-byte value below 2^32 that is in no range is an integer; any other is a pointer into memory the capture cannot
+name: a fault. Parameters of 4 bytes are integers (or f32 bits: the bytes are kept as they are); other sizes are
+raw bytes, in which every aligned 8-byte word is checked for a pointer (a struct holding a pointer cannot be
+replayed by wiring).
 """
 
 from __future__ import annotations

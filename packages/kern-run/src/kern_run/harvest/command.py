@@ -15,7 +15,7 @@ from .capture_format import read_capture
 from .errors import CaptureError, HarvestRefusal
 
 ENVIRONMENT = {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1",  # each tensor its own cudaMalloc: allocations are events
-               "CUDA_MODULE_LOADING": "EAGER"}  # a module's cubin arrives inside the cuModuleLoadData that made it
+               "CUDA_MODULE_LOADING": "EAGER"}  # a module's cubin arrives inside the load call that made it
 
 
 def _with_report(fn):  # type: ignore[no-untyped-def]
@@ -50,10 +50,10 @@ def generate_lines(capture_dir: Path, out: Path, name: str | None) -> list[str]:
 
 
 def capture_lines(weights: Path, out: Path, tokens: list[int], context: int, warmup: int, dynamic: str,
-                  gpu: int, scope: str = "layer") -> list[str]:
-    """Capture the Qwen3 step (kern_run.harvest.torch_step, compiled at `scope`: layer or step) of checkpoint
-    `weights` into `out`. Sets PYTORCH_NO_CUDA_MEMORY_CACHING=1 and CUDA_MODULE_LOADING=EAGER where unset, before
-    torch starts CUDA."""
+                  gpu: int, scope: str = "layer", autotune_tokens: int | None = None) -> list[str]:
+    """Capture the Qwen3 step (kern_run.harvest.torch_step, compiled at `scope`: layer or step; its GEMMs autotuned
+    at `autotune_tokens` rows, None: inductor's hint for an unbacked size) of checkpoint `weights` into `out`. Sets
+    PYTORCH_NO_CUDA_MEMORY_CACHING=1 and CUDA_MODULE_LOADING=EAGER where unset, before torch starts CUDA."""
     if sorted(set(tokens)) != sorted(tokens) or not tokens or min(tokens) < 1:
         raise CaptureError(f"--tokens {tokens}: give distinct token counts >= 1 (e.g. --tokens 1 --tokens 2)")
     if context < max(tokens) or context < 1:
@@ -62,6 +62,8 @@ def capture_lines(weights: Path, out: Path, tokens: list[int], context: int, war
         raise CaptureError(f"--warmup {warmup}: at least 1 (compilation and autotuning must happen before recording)")
     if dynamic not in ("unbacked", "backed", "static"):
         raise CaptureError(f"--dynamic {dynamic!r}: expected unbacked, backed or static")
+    if autotune_tokens is not None and autotune_tokens < 1:
+        raise CaptureError(f"--autotune-tokens {autotune_tokens}: at least 1 (the rows the GEMMs are tuned for)")
     from .torch_step import COMPILE_SCOPES  # torch-free: torch_step imports torch only inside its methods
 
     if scope not in COMPILE_SCOPES:
@@ -83,11 +85,13 @@ def capture_lines(weights: Path, out: Path, tokens: list[int], context: int, war
 
     torch.cuda.set_device(gpu)
     lines: list[str] = []
-    result, _ = capture(lambda: Qwen3Step(weights, context, dynamic=dynamic, scope=scope),
+    result, _ = capture(lambda: Qwen3Step(weights, context, dynamic=dynamic, scope=scope,
+                                          autotune_tokens=autotune_tokens),
                         CaptureOptions(tuple(tokens), warmup), out,
                         source={"model": weights.name, "context": context, "dynamic": dynamic, "scope": scope,
-                             "module_loading": os.environ.get("CUDA_MODULE_LOADING")},
-                     progress=lambda line: print(f"kern harvest capture: {line}", file=sys.stderr, flush=True))
+                                "autotune_tokens": autotune_tokens,
+                                "module_loading": os.environ.get("CUDA_MODULE_LOADING")},
+                        progress=lambda line: print(f"kern harvest capture: {line}", file=sys.stderr, flush=True))
     for run in result.runs:
         lines.append(f"run at {run.tokens} token(s): {len(run.launches)} launches, {len(run.events)} events, "
                      f"{len(run.tensors)} named tensors")
