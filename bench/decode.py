@@ -390,15 +390,15 @@ def harvest_torch_worker(args: argparse.Namespace, out: str) -> None:
     from kern_run.harvest.torch_step import Qwen3Step
 
     meta = json.loads((args.harvest / "manifest.json").read_text())["meta"]["harvest"]["source"]
-    context, scope = int(meta["context"]), meta.get("scope", "layer")
+    context, scope, hint = int(meta["context"]), meta.get("scope", "layer"), meta.get("autotune_tokens")
     t0 = time.perf_counter()
-    step = Qwen3Step(args.ckpt, context, scope=scope)
+    step = Qwen3Step(args.ckpt, context, scope=scope, autotune_tokens=hint)  # compiled as the capture was
     static = step.inputs(1)
     for _ in range(3):  # compile, autotune, warm
         step.step(static)
     torch.cuda.synchronize()
     load_s = time.perf_counter() - t0
-    label = f"torch.compile of the harvested step ({scope} scope)"
+    label = f"torch.compile of the harvested step ({scope} scope{f', GEMMs tuned at {hint} rows' if hint else ''})"
     for ctx in args.contexts:
         if ctx + args.steps + 8 > context:
             _emit(out, {"peer": label, "ctx": ctx, "skipped": f"captured context {context}"})
