@@ -25,7 +25,8 @@ Peers, each in its own subprocess (GPU memory isolated, a hung compile killed by
   KV cache is the captured one (meta.harvest.source.context positions), so contexts past it are skipped.
 - `torch-harvest` (likewise only when named, with `--harvest DIR`): the step that was harvested
   (kern_run.harvest.torch_step) under torch.compile at the captured context, as one torch CUDA graph and without:
-  the same kernels as the replay, so the fair peer of `kern-harvest` (`torch-compile` above is another step).
+  the same step as the replay (compiled again, so autotuned again), the fair peer of `kern-harvest`
+  (`torch-compile` above is another step).
 Torch peers read the token back every step (`.item()`), as a generation loop that prints tokens does.
 
 `--batch 1,8,32,64 [--contexts 128,2048]`: the batched bench instead (bench/decode_batch.py: kern's step at
@@ -381,18 +382,21 @@ def harvest_worker(args: argparse.Namespace, out: str) -> None:
 def harvest_torch_worker(args: argparse.Namespace, out: str) -> None:
     """The step kern harvests (kern_run.harvest.torch_step.Qwen3Step: the checkpoint's own tensors, attention as
     products over the whole cache, Triton GEMM templates, an unbacked token count, compiled per layer with
-    max-autotune-no-cudagraphs), at the harvest's captured context, captured as one torch CUDA graph over static
-    inputs, timed as the replay is: inputs written, the graph replayed, next_token read back, every step. Its own
-    compile here autotunes again, so its kernels may differ from the captured ones in a config or two. Also the
-    same step without the graph (the compiled functions called from Python)."""
+    max-autotune-no-cudagraphs), built as the capture's meta says (context, scope, dynamic, autotune hint),
+    captured as one torch CUDA graph over static inputs, timed as the replay is: inputs written, the graph
+    replayed, next_token read back, every step. The same step, not the same cubins: its compile here autotunes
+    again, so a kernel may get another config than the captured one. Also the step without the graph (the
+    compiled functions called from Python)."""
     import torch
 
     from kern_run.harvest.torch_step import Qwen3Step
 
     meta = json.loads((args.harvest / "manifest.json").read_text())["meta"]["harvest"]["source"]
     context, scope, hint = int(meta["context"]), meta.get("scope", "layer"), meta.get("autotune_tokens")
+    torch.cuda.set_device(args.gpu)
     t0 = time.perf_counter()
-    step = Qwen3Step(args.ckpt, context, scope=scope, autotune_tokens=hint)  # compiled as the capture was
+    step = Qwen3Step(args.ckpt, context, scope=scope, autotune_tokens=hint,  # compiled as the capture was
+                     dynamic=meta.get("dynamic", "unbacked"), device=f"cuda:{args.gpu}")
     static = step.inputs(1)
     for _ in range(3):  # compile, autotune, warm
         step.step(static)
@@ -560,6 +564,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--worker-out", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     args.contexts = [int(c) for c in str(args.contexts).split(",") if c]
+    named = {s for s in args.only.split(",") if s} & {"kern-harvest", "torch-harvest"}
+    if named and (args.harvest is None or not (args.harvest / "manifest.json").is_file()):
+        p.error(f"--only {','.join(sorted(named))} needs --harvest DIR (what kern harvest generate wrote: "
+                f"DIR/manifest.json); got {args.harvest}")
 
     if args.worker:
         out = args.worker_out

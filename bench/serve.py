@@ -136,7 +136,8 @@ class BenchRequest:
     text: str | None = None
 
 
-def random_prompt(n: int, seed: int) -> tuple[int, ...]:
+def random_prompt(n: int, seed: int | str) -> tuple[int, ...]:
+    """`n` token ids drawn from random.Random(`seed`) (a str seed hashes with SHA-512: the same ids in every run)."""
     rnd = random.Random(seed)
     return tuple(rnd.randrange(TOKEN_ID_LOW, TOKEN_ID_HIGH) for _ in range(n))
 
@@ -151,10 +152,12 @@ def prefix_requests(prefix_tokens: int, hits: int, output_tokens: int, seed: int
                     colds: int = 1) -> list[BenchRequest]:
     """`colds` requests, each of its own `prefix_tokens` prefix (cold: no other request shares it), then `hits`
     requests sharing the last cold one's prefix (hits); every request has 16 tokens of its own after the prefix."""
-    prefixes = [random_prompt(prefix_tokens, seed * 7 + 1 + 1_000_003 * c) for c in range(colds)]
-    cold = [BenchRequest(0.0, p + random_prompt(16, seed * 7 + 2 + 1_000_003 * c), output_tokens)
+    # seeds of their own namespace: an integer seed would meet the Poisson prompts' (seed * 100_003 + i) and the
+    # trace blocks' hash ids, and the "cold" prefix would start with tokens an earlier request had cached
+    prefixes = [random_prompt(prefix_tokens, f"prefix/{seed}/{c}") for c in range(colds)]
+    cold = [BenchRequest(0.0, p + random_prompt(16, f"suffix/{seed}/cold/{c}"), output_tokens)
             for c, p in enumerate(prefixes)]
-    return cold + [BenchRequest(0.0, prefixes[-1] + random_prompt(16, seed * 7 + 3 + i), output_tokens)
+    return cold + [BenchRequest(0.0, prefixes[-1] + random_prompt(16, f"suffix/{seed}/hit/{i}"), output_tokens)
                    for i in range(hits)]
 
 

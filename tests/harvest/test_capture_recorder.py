@@ -305,13 +305,13 @@ def test_a_module_whose_cubin_comes_with_its_first_function_lookup(recorder) -> 
 def _file_load_call(r, path: Path, handle: int, inside: bool) -> None:  # type: ignore[no-untyped-def]
     """A cuModuleLoad(&module, path) returning `handle` (inductor's static CUDA launcher loads cubins so), with
     CUPTI's MODULE_LOADED inside the call (`inside`) or not at all."""
-    image = path.read_bytes()
     name = ctypes.create_string_buffer(str(path).encode())
     out = ctypes.c_uint64(0)
     params = LoadParams(ctypes.addressof(out), ctypes.addressof(name))
     cbid = _id(r, "cuModuleLoad")
     r._callback(None, r.cupti.CallbackDomain.DRIVER_API, cbid, Site(0, params))
     if inside:
+        image = path.read_bytes()
         buf = ctypes.create_string_buffer(image, len(image))
         data = ModuleData(1, len(image), ctypes.addressof(buf))
         loaded = types.SimpleNamespace(resource_descriptor=ctypes.addressof(data))
@@ -344,3 +344,18 @@ def test_a_file_load_of_no_elf_is_unmapped(recorder, tmp_path: Path) -> None:  #
     (tmp_path / "k.ptx").write_bytes(b".version 8.0\n.target sm_90\n")
     _file_load_call(r := recorder, tmp_path / "k.ptx", 0xAB, False)
     assert r.module_sha == {} and r.stats()["module_loads"]["unmapped"] == 1
+
+
+def test_a_file_load_of_a_fifo_or_an_oversized_file_is_unmapped(recorder, tmp_path: Path,  # type: ignore[no-untyped-def]
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    import kern_run.harvest.capture as capture
+
+    os.mkfifo(tmp_path / "k.fifo")  # no writer: a plain open would wait for one inside the CUPTI callback
+    _file_load_call(r := recorder, tmp_path / "k.fifo", 0xAC, False)
+    monkeypatch.setattr(capture, "CUBIN_FILE_MAX", 16)
+    cubin = sorted((ROOT / "kernels").glob("*.cubin"))[0].read_bytes()
+    (tmp_path / "big.cubin").write_bytes(cubin)
+    _file_load_call(r, tmp_path / "big.cubin", 0xAD, False)
+    assert r.module_sha == {} and r.stats()["module_loads"]["unmapped"] == 2

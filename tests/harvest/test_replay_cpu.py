@@ -88,3 +88,15 @@ def test_feed_greedy_order_and_refusals() -> None:
     assert seen == [(3, 0), (4, 1), (40, 2)] and tokens == [40, 400] and rows == [0, 1, 2]
     with pytest.raises(ValueError, match="need at least one of each"):
         feed_greedy([], 1, lambda t, p: (t, p))
+
+
+@pytest.mark.parametrize("peer", ["kern-harvest", "torch-harvest", "kern,torch-harvest"])
+def test_a_harvest_peer_without_a_harvest_is_refused_at_once(peer: str, tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    from bench.decode import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--only", peer, "--ckpt", str(tmp_path)])
+    assert exit_.value.code == 2 and "needs --harvest DIR" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--only", peer, "--ckpt", str(tmp_path), "--harvest", str(tmp_path / "none")])

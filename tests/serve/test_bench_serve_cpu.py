@@ -262,8 +262,7 @@ def test_fake_mode_runs_every_scenario_and_plans_the_peer(tmp_path):
             "mooncake conversation (scaled)": (4, sum(r.max_tokens for r in reqs))}
     assert {k: (r["done"], r["output_tokens"]) for k, r in rows.items()} == want
     assert rows["prefix hit 32+16 one at a time"]["prefix_hit_rate"] > 0
-    assert rows["prefix cold 32+16 one at a time"]["prefix_hit_rate"] < \
-        rows["prefix hit 32+16 one at a time"]["prefix_hit_rate"]  # three prefixes of their own, then two hits
+    assert rows["prefix cold 32+16 one at a time"]["prefix_hit_rate"] == 0.0  # three prefixes no request shared
     assert "of the cold p50" in "\n".join(doc["notes"]) and "median of 3 cold requests" in "\n".join(doc["notes"])
     notes = "\n".join(doc["notes"])
     assert "concurrency 1: kern serve TPOT p50 " in notes and " vs the fake kern run " in notes

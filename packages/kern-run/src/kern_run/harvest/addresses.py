@@ -9,6 +9,7 @@ zero: the same bytes). Two rules keep the class the same in every run, whatever 
   2026-12-03 put `next_token` where the embedding's intermediate had been);
 - a value strictly inside something beats a value at something's end: an intermediate that starts where a state
   ends (`k_cache.0 + 1048576` on the 4B shape) is the intermediate.
+
 An 8-byte value below 2^32 that is in no range is an integer; any other is a pointer into memory the capture cannot
 name: a fault. Parameters of 4 bytes are integers (or f32 bits: the bytes are kept as they are); other sizes are
 raw bytes, in which every aligned 8-byte word is checked for a pointer (a struct holding a pointer cannot be
@@ -77,10 +78,14 @@ class NamedRanges:
 
     def find(self, value: int) -> Tensor | None:
         """The tensor whose `[address, end]` holds `value` (the last one starting at or below it)."""
+        found = self.candidates(value)
+        return found[0] if found else None
+
+    def candidates(self, value: int) -> list[Tensor]:
+        """The tensors whose `[address, end]` holds `value`, the one starting last first: at most two (disjoint
+        tensors share a point only where one ends and the next starts)."""
         i = bisect.bisect_right(self.starts, value) - 1
-        if i >= 0 and value <= self.sorted[i].end:
-            return self.sorted[i]
-        return None
+        return [self.sorted[k] for k in (i, i - 1) if k >= 0 and value <= self.sorted[k].end]
 
 
 class LiveAllocations:
@@ -133,12 +138,15 @@ def owners(tensors: tuple[Tensor, ...], live: LiveAllocations) -> dict[str, int]
 
 def _pointer(value: int, named: NamedRanges, live: LiveAllocations, owned: dict[str, int]) -> Pointer | None:
     """The class of `value` at this launch (module docstring, the two rules)."""
-    tensor = named.find(value)
-    if tensor is not None and tensor.name in owned and owned[tensor.name] not in live.alive:
-        tensor = None  # an output whose allocation does not exist yet: the memory is someone else's now
     block = live.find(value)
-    if tensor is not None and block is not None and value == tensor.end and not block[2]:
-        tensor = None
+    tensor = None
+    for t in named.candidates(value):
+        if t.name in owned and owned[t.name] not in live.alive:
+            continue  # an output whose allocation does not exist yet: the memory is someone else's now
+        if value == t.end and block is not None and not block[2] and owned.get(t.name) != block[0]:
+            continue  # at this tensor's end, strictly inside another allocation: that allocation's
+        tensor = t
+        break
     if tensor is not None:
         return Pointer(tensor.kind, tensor.name, value - tensor.address)
     if block is not None:
@@ -174,14 +182,12 @@ def classify_param(data: bytes, named: NamedRanges, live: LiveAllocations,
 @dataclass
 class RunParams:
     """Per launch (in order) the classified parameters of one run; `sizes`: allocation bytes by ordinal;
-    `allocations`: (address, nbytes, ordinal) of each."""
+    `owned`: named tensor -> ordinal of the step's allocation holding it when the step ends (`owners`)."""
 
     launches: list[Launch]
     seen: list[list[Seen | str]]
     sizes: list[int]
     named: NamedRanges
-    allocations: list[tuple[int, int, int]]
-
     owned: dict[str, int]
 
     def allocation_of(self, tensor: Tensor) -> int | None:
@@ -228,4 +234,4 @@ def classify_run(run: Run, index: int) -> tuple[RunParams, list[Problem]]:
         else:
             problems.append(Problem(f"run {index} after launch {len(launches) - 1}",
                                     f"{e.name} inside the step: a manifest only launches kernels (no copies, no sets)"))
-    return RunParams(launches, seen, live.sizes, named, live.every, owned), problems
+    return RunParams(launches, seen, live.sizes, named, owned), problems

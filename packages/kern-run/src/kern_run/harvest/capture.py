@@ -375,13 +375,12 @@ class Recorder:
 def _read_cubin_file(fname: int) -> bytes | None:
     """The ELF file whose NUL-terminated path `cuModuleLoad` was handed at address `fname` (None: no path, not
     readable, not ELF, or past CUBIN_FILE_MAX bytes)."""
+    from kern_manifest import read_regular_file  # bounded, and never blocks on a FIFO (inside a CUPTI callback)
+
     if not fname:
         return None
     try:
-        path = Path(os.fsdecode(ctypes.string_at(fname)))
-        if not path.is_file() or path.stat().st_size > CUBIN_FILE_MAX:
-            return None
-        data = path.read_bytes()
+        data = read_regular_file(os.fsdecode(ctypes.string_at(fname)), CUBIN_FILE_MAX, noun="a cubin")
     except (OSError, ValueError):
         return None
     return data if data[:4] == b"\x7fELF" else None
