@@ -180,13 +180,21 @@ def _spin_kernel(rt: Any) -> tuple[Any, Any]:
 
 def kern_breakdown(gen: Any, prompt: list[int], chunk: int, replays: int, batch: int = 24,
                    spin_ns: int = 3_000_000) -> list[dict[str, Any]]:
-    """Each launch of the decode program timed alone (eager, events between launches). Returns one row per
-    launch index: op, what, median us over `replays`."""
+    """Each launch of one bs = 1 decode step timed alone (`time_launches`), after `prompt` is prefilled."""
+    _start_sequence(gen, prompt, replays + 2, chunk)
+    return time_launches(gen.rt, {"tokens": 1, "seqs": 1}, replays, batch=batch, spin_ns=spin_ns)
+
+
+def time_launches(rt: Any, values: dict[str, int], replays: int, before: Any = None, batch: int = 24,
+                  spin_ns: int = 3_000_000) -> list[dict[str, Any]]:
+    """Each launch of the decode program at vars `values` timed alone: eager replay (`Runtime.run_hooked`) with CUDA
+    events between launches, the stream held by kern_spin_ns (`spin_ns` ns) before every `batch` launches so host
+    enqueue latency stays out of the events. `before()`, when given, runs before each of the `replays` replays
+    (restoring inputs the program advances). Returns one row per launch index: op, what (entry, or the cuBLASLt
+    call), median us."""
     import ctypes
 
-    rt = gen.rt
     cu = _cu()
-    _start_sequence(gen, prompt, replays + 2, chunk)
     _, spin = _spin_kernel(rt)
     arg = ctypes.c_int64(spin_ns)
     argv = (ctypes.c_void_p * 1)(ctypes.addressof(arg))
@@ -209,7 +217,9 @@ def kern_breakdown(gen: Any, prompt: list[int], chunk: int, replays: int, batch:
             launch = rec.launch
             names[index] = (rec.op, getattr(launch, "entry", None) or f"cublasLt {launch.name}")
 
-        rt.run_hooked("decode", {"tokens": 1, "seqs": 1}, on_launch)
+        if before is not None:
+            before()
+        rt.run_hooked("decode", values, on_launch)
         ev.record(marks[-1][2])
         ev.sync(marks[-1][2])
         for index, start, stop in marks:
@@ -217,6 +227,16 @@ def kern_breakdown(gen: Any, prompt: list[int], chunk: int, replays: int, batch:
         ev.destroy([e for m in marks for e in m[1:]])
     return [{"index": i, "op": names[i][0], "what": names[i][1], "us": statistics.median(v)}
             for i, v in sorted(samples.items())]
+
+
+def breakdown_lines(title: str, summary: list[dict[str, Any]], sum_us: float) -> list[str]:
+    """The table of one breakdown (`_summarise_breakdown`'s rows), under `title`."""
+    lines = [f"-- per-launch breakdown{title} (eager, events between launches; sum {sum_us / 1e3:.3f} ms):",
+             f"   {'op':16s} {'kernel':28s} {'n':>4s} {'us/launch':>10s} {'us/step':>9s} {'share':>6s}"]
+    for s in summary:
+        lines.append(f"   {s['op']:16s} {s['what'][:28]:28s} {s['launches']:>4d} {s['us_per_launch']:>10.2f} "
+                     f"{s['us_per_step']:>9.1f} {100 * s['share']:>5.1f}%")
+    return lines
 
 
 def _summarise_breakdown(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -490,12 +510,7 @@ def _table(results: list[dict[str, Any]], contexts: list[int], floor_ms: float, 
     for r in results:
         if r.get("peer") == "kern breakdown":
             variant = f" [{r['variant']}]" if r.get("variant") else ""
-            lines.append(f"-- per-launch breakdown{variant}, ctx {r['ctx']} (eager, events between launches; sum "
-                         f"{r['sum_us'] / 1e3:.3f} ms):")
-            lines.append(f"   {'op':16s} {'kernel':28s} {'n':>4s} {'us/launch':>10s} {'us/step':>9s} {'share':>6s}")
-            for s in r["summary"]:
-                lines.append(f"   {s['op']:16s} {s['what'][:28]:28s} {s['launches']:>4d} {s['us_per_launch']:>10.2f} "
-                             f"{s['us_per_step']:>9.1f} {100 * s['share']:>5.1f}%")
+            lines += breakdown_lines(f"{variant}, ctx {r['ctx']}", r["summary"], r["sum_us"])
     lines += [f"note: {n}" for n in notes]
     return "\n".join(lines)
 

@@ -3,7 +3,8 @@
 step, both as one replayed CUDA graph, interleaved in one process (GPU machine).
 
     python3 bench/decode.py --batch 1,8,32,64 --contexts 128,2048 --manifest M --ckpt W
-        [--steps 64] [--rounds 5] [--compile-mode default] [--only kern,torch] [--no-check] [--json out.json]
+        [--steps 64] [--rounds 5] [--compile-mode default] [--only kern,torch] [--no-check] [--breakdown]
+        [--json out.json]
 
 (`bench/decode.py --batch ...` runs this file; `--weights` is an alias of `--ckpt`, `--context` of `--contexts`.)
 A missing `--ckpt` is made first (tools/make_checkpoint.py --shape qwen3-4b). Every `--batch` value lies in
@@ -27,6 +28,9 @@ What is timed, per (batch, context), all rows at that context:
   torch.compile(mode=`--compile-mode`, dynamic=False) (one compile per (batch, S): max-autotune takes ~80 s
   per shape, so the default is `default`; `eager` skips compiling), the step captured as one CUDA graph
   (GraphedStep), same weights. Events around the graph replay.
+`--breakdown`: after kern's rounds at each (batch, ctx), every launch of one step timed alone (eager replay with
+events between launches, the inputs restored before each of `--breakdown-replays` replays; bench/decode.py
+`time_launches`), summed per op and kernel: where the batched step's time goes (issue 27's 64-row floor target).
 Each side runs `--rounds` rounds of `--steps` replays, alternating which goes first; the tables quote medians
 over all of them. Floor = (checkpoint bytes + batch x ctx x 2 x layers x kv_heads x head_dim x 2 bytes) /
 4.3 TB/s. Printed last: ms per step, tokens/s (= batch / step), x floor, kern / peer, the issue's targets (bs=8 /
@@ -354,6 +358,9 @@ def table(results: list[dict[str, Any]], batches: Sequence[int], contexts: Seque
                      + ("" if r[side]["ok"] else f" ({'; '.join(r[side]['failures'])})")
                      for side in PEERS if side in r]
             lines.append(f"check bs={r['batch']}: {verdict}: " + "; ".join(parts))
+    for r in results:
+        if r.get("side") == "breakdown":
+            lines += base.breakdown_lines(f", batch {r['batch']}, ctx {r['ctx']}", r["summary"], r["sum_us"])
     lines += [f"note: {n}" for n in notes]
     return "\n".join(lines)
 
@@ -439,6 +446,12 @@ class KernRows:
         out = [ev.ms(s, e) for s, e in zip(starts, ends)]
         ev.destroy(starts + ends)
         return out
+
+    def breakdown(self, replays: int) -> list[dict[str, Any]]:
+        """Each launch of one step timed alone (bench/decode.py `time_launches`, eager), the written inputs restored
+        before every replay."""
+        assert self.snapshot is not None, "write() first"
+        return base.time_launches(self.rt, self.vars, replays, before=self.snapshot.restore)
 
     def close(self) -> None:
         if self.snapshot is not None:
@@ -686,6 +699,11 @@ def worker(args: argparse.Namespace, out: str) -> None:
                 base._emit(out, {"side": "kern", "label": f"kern {Path(args.manifest).name}", **common,
                                  "ms_per_step": statistics.median(samples["kern"]), "stats": base._ms(samples["kern"]),
                                  "steps": len(samples["kern"])})
+                if args.breakdown:
+                    launches = kern.breakdown(args.breakdown_replays)
+                    base._emit(out, {"side": "breakdown", "batch": b, "ctx": ctx, "launches": launches,
+                                     "summary": base._summarise_breakdown(launches),
+                                     "sum_us": sum(r["us"] for r in launches)})
                 kern.close()
             if peer is not None:
                 base._emit(out, {"side": "torch", "label": peer.label, "mode": peer.mode, **common,
@@ -719,6 +737,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--check-tokens", type=int, default=32, help="shortest prompt of the check (rows are ragged)")
     p.add_argument("--check-rel-tol", type=float, default=0.25,
                    help="largest max-relative logit error the check accepts (healthy 4B random-weight runs: ~0.05)")
+    p.add_argument("--breakdown", action="store_true", help="kern: also time every launch of one step alone, per "
+                   "(batch, ctx) (eager, events between launches): where the batched step's time goes")
+    p.add_argument("--breakdown-replays", type=int, default=8)
     p.add_argument("--budget", type=float, default=540.0, help="seconds for the worker")
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--worker", choices=["batch"], help=argparse.SUPPRESS)
@@ -739,8 +760,8 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.ArgumentParser, argpars
     bad = [s for s in args.only_peers if s not in PEERS]
     if bad or not args.only_peers:
         p.error(f"--only {args.only!r}: a comma list of {', '.join(PEERS)}")
-    for flag, value, low in (("--steps", args.steps, 1), ("--rounds", args.rounds, 1), ("--check-tokens",
-                                                                                         args.check_tokens, 1)):
+    for flag, value, low in (("--steps", args.steps, 1), ("--rounds", args.rounds, 1),
+                             ("--check-tokens", args.check_tokens, 1), ("--breakdown-replays", args.breakdown_replays, 1)):
         if value < low:
             p.error(f"{flag} {value} must be >= {low}")
     return p, args
@@ -773,7 +794,8 @@ def main(argv: list[str] | None = None) -> int:
                    "--kernels", str(args.kernels), "--gpu", str(args.gpu), "--only", ",".join(args.only_peers),
                    "--steps", str(args.steps), "--rounds", str(args.rounds), "--compile-mode", args.compile_mode,
                    "--check-tokens", str(args.check_tokens), "--check-rel-tol", str(args.check_rel_tol),
-                   "--check" if args.check else "--no-check"]
+                   "--breakdown-replays", str(args.breakdown_replays)] + (["--breakdown"] if args.breakdown else []) \
+        + ["--check" if args.check else "--no-check"]
     out = os.path.join(tempfile.mkdtemp(prefix="kern-bench-decode-batch-"), "batch.jsonl")
     results, status = base._run_worker(argv_worker, args.budget, out, script=Path(__file__).resolve())
     notes = [] if status == "ok" else [f"worker: {status[:400]}"]

@@ -321,6 +321,12 @@ class FakeDevice:
         return (0,)
     def cuEventSynchronize(self, e): return (0,)
     def cuEventElapsedTime(self, a, b): return (0, self.times[b] - self.times[a])
+    def cuCtxSetCurrent(self, ctx): return (0,)
+    def cuModuleLoadData(self, image): return (0, 0xA0)
+    def cuModuleGetFunction(self, module, name): return (0, 0xF0)
+    def cuLaunchKernel(self, f, *rest):
+        self.spins = getattr(self, "spins", 0) + 1
+        return (0,)
 
 
 class BatchFakeRuntime:
@@ -371,6 +377,14 @@ class BatchFakeRuntime:
 
     def synchronize(self) -> None:
         self.synced += 1
+
+    context = "context"
+    OPS = ("norm", "qkv", "attention", "o_proj", "mlp")  # the fake decode program's launches, in order
+
+    def run_hooked(self, program: str, values: dict, on_launch) -> None:  # eager: each launch after its hook
+        for i, op in enumerate(self.OPS):
+            on_launch(i, SimpleNamespace(op=op, launch=SimpleNamespace(entry=f"kern_{op}")))
+        self.issue(program, values, eager=True)
 
 
 @pytest.fixture
@@ -578,3 +592,27 @@ def test_worker_kern_only_over_a_fake_runtime(fake_device: FakeDevice, tmp_path:
     # per config: 4 warm-up replays, then 2 rounds of 3, all at the config's context
     assert decodes == [(1, [20])] * 10 + [(3, [20] * 3)] * 10 + [(1, [40])] * 10 + [(3, [40] * 3)] * 10
     assert rt.pool.free_pages == rt.pool.leasable_pages and rt.closed
+
+
+def test_kern_rows_breakdown_times_each_launch_of_the_same_step(fake_device: FakeDevice, tmp_path: Path) -> None:
+    manifest = _parsed(_batched_manifest(tmp_path))
+    rt = BatchFakeRuntime(fake_device, manifest)
+    facts = SimpleNamespace(manifest=manifest, pages_per_seq=manifest.buffers["block_table"].shape[-1].eval({}),
+                            tokens_max=512)
+    rows = bb.KernRows(rt, facts, [40, 40])
+    rows.write([5, 6])
+    launches = rows.breakdown(3)
+    # one event pair per launch, each stop recorded when the next launch is hooked (the fake clock ticks once a
+    # record): 1 ms, so 1000 us for every launch
+    assert [(r["index"], r["op"], r["what"], r["us"]) for r in launches] == [
+        (i, op, f"kern_{op}", 1000.0) for i, op in enumerate(BatchFakeRuntime.OPS)]
+    decodes = [(v, seen) for p, v, seen in rt.issued if p == "decode"]
+    assert len(decodes) == 3 and all(v == {"tokens": 2, "seqs": 2} for v, _ in decodes)
+    assert all(seen["positions"].tolist() == [40, 40] for _, seen in decodes)  # restored before every replay
+    assert fake_device.spins == 3  # the stream held once a replay (5 launches < one hold's 24)
+    summary = bench_decode._summarise_breakdown(launches)
+    assert sum(r["share"] for r in summary) == pytest.approx(1.0) and len(summary) == 5
+    lines = bb.table([{"side": "breakdown", "batch": 2, "ctx": 40, "summary": summary, "sum_us": 5000.0}], [2], [40],
+                     8_000_000_000, QWEN3_4B_KV)
+    assert "-- per-launch breakdown, batch 2, ctx 40 (eager, events between launches; sum 5.000 ms):" in lines
+    rows.close()
