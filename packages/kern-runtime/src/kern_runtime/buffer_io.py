@@ -8,9 +8,9 @@
 - `host_array`: a live numpy view of a `placement: host` buffer (pinned, device-mapped): kernels write it through
   the mapping and the host reads it after an event behind them (docs/caller.md "Decode on the device").
 
-Every point here where the host has waited for the compute stream (a synchronising read, a readback or event
-waited, an event polled ready) then calls `after_wait()`: the runtime's error-word check (device_faults.py), which
-raises `DeviceFaultError` when a kernel reported a fault.
+After a synchronising read, a readback or event waited, and an event (`EventHandle`) polled ready, the host calls
+`after_wait()`: the runtime's error-word check (device_faults.py), which raises `DeviceFaultError` when a kernel
+reported a fault. `write_input`'s wait for its staging area and `ReadbackHandle.ready()` do not call it.
 """
 
 from __future__ import annotations
@@ -42,9 +42,16 @@ class ReadbackHandle:
         self._result: np.ndarray | None = None
 
     def ready(self) -> bool:
+        """Whether the copy has completed (True once `wait()` has returned); does not block and does not read
+        the error words. Raises DriverError when the event query fails."""
         return self._result is not None or event_done(self._event)
 
     def wait(self) -> np.ndarray:
+        """Block until the copy has completed and return it as a new array of the buffer's numpy dtype (bf16 /
+        fp8 as uint16 / uint8 bits) and its shape at var max, dim 0 cut to `rows` when `rows` was given; a
+        later call returns the same array. Raises DriverError when the wait fails, DeviceFaultError when a
+        kernel enqueued before the copy wrote an error word (raised by the first wait only: the word is
+        cleared, the staging given back and the array kept, so a later call returns it)."""
         if self._result is None:
             call("cuEventSynchronize", self._event)
             raw = self._staging.host_view()[: self._nbytes].copy()
@@ -93,8 +100,8 @@ class BufferIO:
     """The buffers' host side. `manifest` / `max_values`: the loaded manifest and every var at its max (the
     shapes); `buffers`: name -> allocation; `input_staging`: input name -> (pinned staging, its event);
     `ledger`: where new readback staging and events are registered; `stream`: the compute stream;
-    `activate()`: makes the runtime's context current, ApiError once it is closed; `after_wait()`: called after
-    every wait for the stream (the error-word check)."""
+    `activate()`: makes the runtime's context current, ApiError once it is closed; `after_wait()`: the error-word
+    check, called after the waits the module docstring lists."""
 
     def __init__(self, manifest: Manifest, max_values: dict[str, int], buffers: dict[str, Allocation],
                  input_staging: dict[str, tuple[Allocation, Any]], ledger: Ledger, stream: Any,
@@ -119,9 +126,14 @@ class BufferIO:
 
     def write_input(self, name: str, array: np.ndarray) -> None:
         """Copy `array` into input buffer `name` (a prefix of rows is allowed: fewer dim-0 rows than
-        the buffer holds; later rows keep their old bytes). Async on the compute stream from the
-        buffer's resident pinned staging area. Raises ApiError for a dtype, trailing-shape or row
-        count mismatch."""
+        the buffer holds at var max; later rows keep their old bytes). The dtype must be the buffer's
+        numpy dtype exactly (bf16 / fp8 as uint16 / uint8 bits; a big-endian array is refused): nothing
+        is cast. The bytes go into the buffer's resident pinned staging area and are copied on the
+        compute stream after the work already enqueued. The call first blocks until the previous
+        `write_input` of this buffer has been copied out of that staging area (so until the work enqueued
+        before that copy has run); it does not wait for the copy it enqueues, and does not read the error
+        words. Raises ApiError (the runtime is closed, `name` is not an input buffer, a dtype,
+        trailing-shape or row count mismatch), DriverError."""
         self._activate()
         spec, alloc = self.buffer(name, ("input",))
         array = np.asarray(array)
@@ -153,9 +165,11 @@ class BufferIO:
         return shape
 
     def read_buffer(self, name: str, rows: int | None = None) -> np.ndarray:
-        """Synchronise and copy any buffer (or its first `rows` dim-0 rows) into a new array.
-        bf16 / fp8 come back as raw bits (uint16 / uint8). Raises ApiError (unknown buffer, `rows` not
-        an integer in 0..the buffer's rows)."""
+        """Synchronise the compute stream and copy any buffer into a new array of its numpy dtype, with the
+        buffer's shape at var max, or dim 0 cut to `rows` when `rows` is given. bf16 / fp8 come back as raw
+        bits (uint16 / uint8). Raises ApiError (the runtime is closed, unknown buffer, `rows` not an integer
+        in 0..the buffer's rows), DeviceFaultError (after the synchronisation, when a kernel wrote an error
+        word; nothing is returned), DriverError."""
         self._activate()
         spec, alloc = self.buffer(name)
         shape = self._rows_shape(spec, rows, f"buffer {name!r}")
@@ -171,7 +185,9 @@ class BufferIO:
         return out
 
     def read_output(self, name: str, rows: int | None = None) -> np.ndarray:
-        """`read_buffer` for an output buffer (ApiError for any other kind, or a bad `rows`)."""
+        """`read_buffer` for an output buffer: synchronises, and returns a new array with the buffer's shape
+        at var max, or dim 0 cut to `rows` when `rows` is given. Raises as `read_buffer` (ApiError for any
+        other kind of buffer too)."""
         self.buffer(name, ("output",))
         return self.read_buffer(name, rows)
 

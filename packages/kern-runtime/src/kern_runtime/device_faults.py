@@ -5,8 +5,10 @@ finished.
 An error word is `u32[n]` in pinned, device-mapped host memory: word 0 the code (0: no fault), words 1.. detail.
 `ErrorWords.check()` reads word 0 of each (a load from host memory, no copy and no synchronisation) and, when it is
 nonzero, clears the word and raises `DeviceFaultError` naming the code, the manifest's meaning of it and the
-programs that pass the buffer. The runtime calls it after every point where the host has waited for the compute
-stream: `synchronize`, `read_buffer` / `read_output`, a `ReadbackHandle` or `EventHandle` waited (or polled ready).
+programs that pass the buffer. The runtime calls it after these points where the host has waited for the compute
+stream, and only these: `synchronize`, the final synchronisation of `Runtime.load`, `read_buffer` / `read_output`,
+a `ReadbackHandle` or `EventHandle` waited, an `EventHandle` polled ready. `read_state`, `write_state_at`,
+`into_resident`, `close` and the pool's waits synchronise without calling it.
 A caller that reads a step's outputs therefore reads its faults with them, at no extra cost per step; with steps
 pipelined (step k+1 enqueued before step k is read) a fault of step k is raised when step k's event is waited.
 """

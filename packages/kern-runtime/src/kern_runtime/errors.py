@@ -21,7 +21,7 @@ kern-manifest is stdlib-only and sits below kern-runtime, so its exceptions cann
 `ManifestVerifyError`, which subclass *both* `KernError` and the matching kern_manifest class:
 `except KernError` and `except kern_manifest.ManifestVerifyError` both catch what `Runtime.load`
 raises. The pool API raises kern_pool's own errors (`Misuse`, `Closed`, `Busy`, `ExceedsPool`,
-`Remapping`: subclasses of `kern_pool.PoolError`, not of `KernError`). Code that calls kern_manifest
+`Remapping`, `NotLanded`: subclasses of `kern_pool.PoolError`, not of `KernError`). Code that calls kern_manifest
 directly (the CLI's `inspect`) or uses the pool API can catch everything the kern packages raise with
 `except KERN_ERRORS`.
 """

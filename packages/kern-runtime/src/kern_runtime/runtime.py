@@ -1,11 +1,12 @@
 """The executor: `Runtime.load` brings a verified manifest to life; `issue` replays its programs.
 
 Load path (each step's acquisitions go on one `Ledger`, so a failure at any step frees all):
-verify manifest -> hash and load exactly the pinned cubins -> resolve each launch's entry in its own
-module by parameter layout -> allocate buffers at var max (an `init` buffer written with its bytes), op
-scratch, fixed states -> pooled states through VMM (sized by kern_pool from the `Capacity`) -> bind weights -> compile call tables into
-launch records -> check pinned cuBLASLt algorithms at both ends of every var range -> derive and once
-programs -> ready.
+check the arguments -> verify manifest -> open the context and compute stream -> hash and load exactly
+the pinned cubins -> resolve each launch's entry in its own module by parameter layout (cooperative
+launches checked for co-residency) -> allocate buffers at var max (an `init` buffer written with its
+bytes), op scratch, fixed states -> pooled states through VMM (sized by kern_pool from the `Capacity`) ->
+compile call tables into launch records -> check pinned cuBLASLt algorithms at both ends of every var
+range -> bind weights -> derive programs -> once programs -> synchronise (error words checked) -> ready.
 
 Replay: `run` enqueues launch by launch (`run_range` only the calls of an index range); `issue` uses
 the program's CUDA graph when it declares `graph: true` (one capture per key of read vars). Inputs go
@@ -134,11 +135,16 @@ class Runtime:
         the same GPU; `threads`: weight-loading threads (an int >= 1; None: one per CPU, at most 16);
         `staging_bytes`: bytes of each loading thread's two pinned staging buffers (an int >= 1; None: the
         loader's 8 MiB).
-        Raises ManifestParseError/ManifestVerifyError, KernelArtifactError, WeightArtifactError,
-        ApiError (an argument of the wrong type or value, named in the message: kernels_dir, tensors,
-        gpu, capacity, progress, ranks, resident of another GPU, threads; a capacity kern_pool refuses
-        or larger than the device's free memory; NCCL externs), DriverError/BlasError. Argument errors
-        are raised before anything is allocated (`resident` is then left as it was).
+        Raises ManifestParseError/ManifestVerifyError, ManifestError (a manifest fact only the runtime
+        checks: wiring, packs, tensor maps, externs), KernelArtifactError (CoResidencyError included),
+        WeightArtifactError, ApiError (an argument of the wrong type or value, named in the message:
+        kernels_dir, tensors, gpu, capacity, progress, ranks, resident of another GPU, threads,
+        staging_bytes; a gpu that does not exist; no tensors for a manifest that binds or derives from
+        them; a capacity kern_pool refuses or larger than the device's free memory; NCCL externs),
+        CudaError (cuda-bindings or the CUDA driver library cannot be loaded: what a machine without a
+        GPU gets), DriverError/BlasError, CallError (a failing call of a derive or once program),
+        DeviceFaultError (a kernel run during load wrote an error word). Argument errors are raised
+        before anything is allocated (`resident` is then left as it was).
         """
         gpu, ranks_, sizes, threads = check_load_args(kernels_dir, tensors, gpu, capacity, progress, ranks,
                                                        resident, threads)
@@ -265,7 +271,7 @@ class Runtime:
                 event = call("cuEventCreate", 2)
                 self._ledger.on_close(f"input event {name}", lambda e=event: call("cuEventDestroy", e))
                 self._input_staging[name] = (staging, event)
-        self.faults = ErrorWords(self.manifest, self._buffers)  # error words, checked after every wait
+        self.faults = ErrorWords(self.manifest, self._buffers)  # error words (device_faults.py lists the waits)
         self.io = BufferIO(self.manifest, self.max_values, self._buffers, self._input_staging, self._ledger,
                            self.stream, self._activate, self.faults.check if self.faults else (lambda: None))
         # the pool last: sized from what the allocations above left free; then the whole-state access over all
@@ -436,9 +442,10 @@ class Runtime:
         self._programs().enqueue(state, normalise_vars(vars, self.manifest.vars, state.reads, program))
 
     def run_range(self, program: str, vars: Mapping[str, int] | None, start: int, stop: int) -> None:
-        """`run` restricted to the program's calls `start <= index < stop` (indices into the manifest's call
-        list of `program`; every launch of each of those calls, `when` deciding activity as in `run`, in
-        program order). Eager and not synchronising, like `run`; `start == stop` enqueues nothing. Vars are
+        """`run` restricted to the program's calls `start <= index < stop` (indices into the flattened call
+        list of `program`, `rec.call_index` of `records(program)`: a `{"program": ...}` call is expanded in
+        place; every launch of each of those calls, `when` deciding activity as in `run`, in program
+        order). Eager and not synchronising, like `run`; `start == stop` enqueues nothing. Vars are
         checked and patched into the whole program as `run` does, so the range sees exactly the launch
         configuration `run` would. Raises ApiError (unknown program; start or stop not an integer, a bool
         included; start < 0, stop > the program's number of calls, start > stop; bad vars; a peer table
@@ -512,6 +519,7 @@ class Runtime:
 
     @property
     def page_tokens(self) -> int | None:
+        """Tokens per page of the paged states; None without paged states."""
         return self.pool.page_tokens if self.pool else None
 
     @property
@@ -521,6 +529,7 @@ class Runtime:
 
     @property
     def scratch_page_id(self) -> int | None:
+        """The reserved scratch page id (0), never leased; None without paged states."""
         return self.pool.scratch_page_id if self.pool else None
 
     @property
@@ -531,6 +540,8 @@ class Runtime:
 
     @property
     def num_slots(self) -> int | None:
+        """Per-seq slots sized at load (slot ids 0..num_slots-1; slot 0 is the scratch slot,
+        `scratch_slot_id`); None without per-seq states."""
         return self.pool.num_slots if self.pool and self.pool.layout.has_slots else None
 
     def address_of(self, name: str) -> int:
@@ -560,7 +571,11 @@ class Runtime:
         return resident
 
     def close(self) -> None:
-        """Free everything (idempotent)."""
+        """Synchronise the compute stream, destroy the captured graphs, then free everything this runtime
+        acquired; a second call does nothing. Error words are not read. Raises DriverError when the
+        synchronisation, a graph's destruction or a free fails (a sticky device fault, say); the
+        allocations are freed and the runtime is marked closed even then (the first failing free is
+        raised after every other was tried)."""
         if self._closed:
             return
         try:
