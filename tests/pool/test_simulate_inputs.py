@@ -93,7 +93,8 @@ def test_an_integer_over_the_digit_limit_is_refused_with_its_line(tmp_path: Path
                                                                   capsys: pytest.CaptureFixture[str]) -> None:
     trace = tmp_path / "t.jsonl"
     trace.write_text(GOOD + '{"input_length": 1' + "0" * 5000 + ', "hash_ids": [1]}\n')
-    _refused(capsys, ["simulate", str(trace)], f"{trace}:2: not a request", "4300")
+    _refused(capsys, ["simulate", str(trace)],
+             f"kern-pool: {trace}:2: not a request (a number too long: an integer of more than 4300 digits)\n")
 
 
 def test_a_key_given_twice_is_refused_with_its_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -126,7 +127,7 @@ def test_capacity_inf_is_bounded_by_the_traces_tokens(tmp_path: Path, capsys: py
     """'inf' sizes the pool to the trace's whole input: 3 requests of 1.5e6 tokens (2930 blocks of 512) at 1-token
     pages is 4.5e6 pages, over 2^22."""
     trace = tmp_path / "t.jsonl"
-    line = json.dumps({"input_length": 1_500_000, "output_length": 1, "hash_ids": list(range(2930))})
+    line = json.dumps({"timestamp": 0, "input_length": 1_500_000, "output_length": 1, "hash_ids": list(range(2930))})
     trace.write_text((line + "\n") * 3)
     _refused(capsys, ["simulate", str(trace), "--capacity", "inf", "--page-tokens", "1"],
              "capacity inf (the trace's tokens): 4.5e+06 tokens at 1 tokens per page is 4500001 pages")

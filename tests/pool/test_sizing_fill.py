@@ -4,7 +4,8 @@ Spec (state memory, K1b): with tokens None the pool takes what cuMemGetInfo repo
 other allocation, less HEADROOM (1 GiB); each pooled state is its own whole-block arena, rounded up on
 its own. The token count is therefore chosen on the final, rounded layout: the largest multiple of the
 page unit whose layout (scratch page, seqs + 2 slots, every state rounded up to whole blocks) takes at
-most `free - headroom` bytes. Explicit tokens are sized as before, never checked against free memory here.
+most `free - headroom` bytes. Explicit tokens are sized by the same rule; with `free_bytes` passed, a layout
+of more bytes than that is `ExceedsPool` (no headroom taken).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kern_pool import Capacity, ExceedsPool, Layout, PooledState
-from kern_pool.sizing import GIB, HEADROOM_BYTES, MIB
+from kern_pool.sizing import GIB, HEADROOM_BYTES, MAX_IDS, MIB
 
 
 def total(layout: Layout) -> int:
@@ -117,7 +118,8 @@ def test_filling_free_memory_fits_and_is_maximal(shape: Shape, headroom: int, da
       gives, P being its page count (the scratch page included), so it is page-aligned and rounded per
       state exactly as an explicit capacity is;
     * maximal: one more page (`tokens = P * page_tokens`) would not fit in `free - headroom` -- exact
-      maximality among page-aligned token counts, since pool bytes never shrink as tokens grow;
+      maximality among page-aligned token counts, since pool bytes never shrink as tokens grow -- or the
+      pool has `MAX_IDS` pages, the most int32 ids number (one more is ExceedsPool);
     * ExceedsPool exactly when the smallest layout (one page and the scratch page, or for per-seq
       states only the seqs + 2 slots) does not fit.
     """
@@ -145,15 +147,20 @@ def test_filling_free_memory_fits_and_is_maximal(shape: Shape, headroom: int, da
     pages = layout.initial_pages
     assert pages >= 2  # at least one page besides the scratch page
     assert layout == shape.layout((pages - 1) * shape.page_tokens)
-    assert total(shape.layout(pages * shape.page_tokens)) > budget
+    if pages == MAX_IDS:
+        with pytest.raises(ExceedsPool, match=f"needs {MAX_IDS + 1} pages .*ids are int32"):
+            shape.layout(pages * shape.page_tokens)
+    else:
+        assert total(shape.layout(pages * shape.page_tokens)) > budget
 
 
 @settings(max_examples=300, deadline=None)
 @given(shape=shapes(), tokens=st.integers(0, 1 << 24))
 def test_explicit_tokens_are_sized_as_the_rule_says(shape: Shape, tokens: int) -> None:
     """Explicit tokens (unchanged by the tokens-None fix): aligned down to the page unit, one scratch page
-    and seqs + 2 slots on top, each state rounded up to whole blocks on its own; free memory plays no part."""
-    layout = shape.layout(tokens, free_bytes=0)
+    and seqs + 2 slots on top, each state rounded up to whole blocks on its own; `free_bytes` only bounds the
+    result (exactly enough is accepted and changes nothing, a byte less is ExceedsPool)."""
+    layout = shape.layout(tokens)
     block = layout.block_bytes
     paged = [s for s in shape.states if s.paged]
     per_seq = [s for s in shape.states if not s.paged]
@@ -167,3 +174,6 @@ def test_explicit_tokens_are_sized_as_the_rule_says(shape: Shape, tokens: int) -
         assert layout.initial_pages >= n_pages
     if per_seq:
         assert layout.initial_slots >= n_slots
+    assert shape.layout(tokens, free_bytes=total(layout)) == layout
+    with pytest.raises(ExceedsPool, match=f"needs {total(layout)} bytes .*has {total(layout) - 1} bytes free"):
+        shape.layout(tokens, free_bytes=total(layout) - 1)

@@ -25,8 +25,8 @@ from .simulate import MAX_PAGES, SWEEP_TOKENS, SimConfig, SimResult, TraceError,
 from .sweep_plot import Reference, check_png_path, plot_sweep, reference_for
 
 
-MAX_TOKENS = 1e9  # above any trace's total (the largest here has 1.45e8 input tokens); a pool of more pages
-# than this would only allocate free lists: 'inf' replays with everything fitting instead
+MAX_TOKENS = 1e9  # above any trace's total (the largest here has 1.45e8 input tokens): 'inf' replays with
+# everything fitting instead. Also the upper bound of --host-tokens, --page-tokens and --limit (stated when refused).
 
 
 def _tokens(text: str) -> float:
@@ -45,15 +45,17 @@ def _tokens(text: str) -> float:
     return value
 
 
-def _count(low: int):
-    """An integer >= `low`, float syntax (3e6) allowed when it is whole."""
+def _count(low: int, what: str, unit: str):
+    """A whole number in [`low`, MAX_TOKENS], float syntax (3e6) allowed when it is whole; the refusal states that
+    range (argparse names the option)."""
     def parse(text: str) -> int:
         try:
             value = float(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
         if not (value.is_integer() and low <= value <= MAX_TOKENS):
-            raise argparse.ArgumentTypeError(f"must be a whole number >= {low}, got {text}")
+            raise argparse.ArgumentTypeError(f"{what} must be a whole number in [{low}, {MAX_TOKENS:.0e}] {unit}, "
+                                             f"got {text}")
         return int(value)
     return parse
 
@@ -65,9 +67,12 @@ def _parser() -> argparse.ArgumentParser:
     s = sub.add_parser("simulate", help="replay a Mooncake-format trace through Pool + Prefix")
     s.add_argument("trace", type=Path, help="JSONL trace (timestamp, input_length, output_length, hash_ids)")
     s.add_argument("--capacity", type=_tokens, default=None, help="device pool tokens (default 3e6; 'inf' = all fit)")
-    s.add_argument("--host-tokens", type=_count(0), default=0, help="host tier tokens (default 0: no host tier)")
-    s.add_argument("--page-tokens", type=_count(1), default=512, help="tokens per page (default 512 = trace blocks)")
-    s.add_argument("--limit", type=_count(1), default=None, help="replay only the first N requests")
+    s.add_argument("--host-tokens", type=_count(0, "host tokens", "tokens"), default=0,
+                   help="host tier tokens (default 0: no host tier)")
+    s.add_argument("--page-tokens", type=_count(1, "page tokens", "tokens"), default=512,
+                   help="tokens per page (default 512 = trace blocks)")
+    s.add_argument("--limit", type=_count(1, "limit", "requests"), default=None,
+                   help="replay only the first N requests")
     s.add_argument("--reserve-output", action="store_true", help="lease room for output tokens as well")
     s.add_argument("--json", action="store_true", help="print JSON instead of a table")
     s.add_argument("--sweep", action="store_true", help="sweep capacities 1e4..5e7 and inf")

@@ -114,6 +114,7 @@ class Lease(Handle):
 
     @property
     def closed(self) -> bool:
+        """Whether the lease was closed (by `close()`, `retire`, leaving a `with` block); then it holds nothing."""
         return self._closed
 
     @property
@@ -128,6 +129,7 @@ class Lease(Handle):
 
     @property
     def num_pages(self) -> int:
+        """Pages the lease holds: sealed chain pages plus its own (reserved) pages."""
         return self.sealed_pages + len(self._pages)
 
     @property
@@ -137,6 +139,8 @@ class Lease(Handle):
 
     @property
     def frozen_tokens(self) -> int:
+        """Tokens below which `slot(pos)` refuses to write: the prefix, sealed pages, checkpointed (and, with a
+        slot, forked) lengths."""
         return max(self._frozen, self.sealed_pages * self._pool.page_tokens)
 
     @property
@@ -235,14 +239,18 @@ class Checkpoint(Handle):
 
     @property
     def closed(self) -> bool:
+        """Whether the checkpoint was closed (released by its holder); then it holds nothing."""
         return self._closed
 
     @property
     def has_slot(self) -> bool:
+        """Whether it holds a slot (a copy of the per-seq state at `num_tokens`); False for pure-KV ones."""
         return self.seq_slot_id is not None
 
     @property
     def num_pages(self) -> int:
+        """Pages it holds: full chain pages plus the partial last page, if any (`ceil(num_tokens / page_tokens)`;
+        0 for a slot-only checkpoint)."""
         return (self._chain.index + 1 if self._chain is not None else 0) + (self.tail_page_id is not None)
 
     def page_ids(self) -> list[int]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import weakref
 from typing import Any, Callable
 
+from .blocks import IdStack
 from .errors import Busy, Closed, ExceedsPool, Misuse, NotLanded, check_count, check_hold
 from .handles import Checkpoint, Handle, Lease, _Node
 from .plans import Copies, HostCopies, PageCopy, SlotCopy
@@ -136,6 +137,7 @@ class Room(Handle):
 
     @property
     def closed(self) -> bool:
+        """Whether the room was closed or consumed by `park`; then it reserves nothing."""
         return self._closed
 
     def close(self) -> bool:
@@ -189,6 +191,7 @@ class Parked(Handle):
 
     @property
     def has_slot(self) -> bool:
+        """Whether the parked copy includes a host slot (the checkpoint had per-seq state)."""
         return self._has_slot
 
     @property
@@ -226,9 +229,11 @@ class Parked(Handle):
 
     @property
     def closed(self) -> bool:
+        """Whether the parked entry was closed; then it holds no host units (and no device checkpoint)."""
         return self._closed
 
     def host_page_ids(self) -> list[int]:
+        """Host page ids of the parked copy in sequence order (chain pages, then the partial tail page)."""
         out: list[int] = []
         node = self._chain
         while node is not None:
@@ -250,6 +255,8 @@ class Parked(Handle):
             cp.close()
 
     def close(self) -> bool:
+        """Return the host pages and slot (and the device checkpoint if the park has not landed; the host's
+        `settle` hook runs first then). True if this call released them, False if already closed."""
         if self._closed:
             return False
         if not self.landed:
@@ -283,6 +290,7 @@ class Waking:
 
     @property
     def landed(self) -> bool:
+        """Whether the executor reported the wake copies done (`land()`); only then is `lease` usable."""
         return self._landed
 
     @property
@@ -328,6 +336,9 @@ class Waking:
         return self._lease
 
     def close(self) -> bool:
+        """Release the woken lease (its device pages and slot) and the host units the copies read, unless the
+        lease was already taken; before `land()` the host's `settle` hook runs first. True if the lease was
+        released by this call, False once taken or closed."""
         if self._taken:
             return False
         if not self._landed:
@@ -366,8 +377,8 @@ class Host:
         self.pool = pool
         self.num_pages = num_pages
         self.num_slots = num_slots
-        self._free_pages = list(range(num_pages - 1, -1, -1))
-        self._free_slots = list(range(num_slots - 1, -1, -1))
+        self._free_pages = IdStack(0, num_pages)  # pop() -> lowest id; O(1) however many
+        self._free_slots = IdStack(0, num_slots)
         self._parked: weakref.WeakSet[Parked] = weakref.WeakSet()
         self._rooms: weakref.WeakSet[Room] = weakref.WeakSet()  # open rooms (they hold shared chains)
         self._wakings: weakref.WeakSet[Waking] = weakref.WeakSet()  # wakes (in flight until landed or closed)
@@ -381,10 +392,12 @@ class Host:
 
     @property
     def free_pages(self) -> int:
+        """Host pages neither parked nor reserved by an open room."""
         return len(self._free_pages)
 
     @property
     def free_slots(self) -> int:
+        """Host slots neither parked nor reserved by an open room."""
         return len(self._free_slots)
 
     def room(self, checkpoint: Checkpoint) -> Room:
@@ -415,7 +428,7 @@ class Host:
         if n_pages > len(self._free_pages) or n_slots > len(self._free_slots):
             raise Busy(f"host full: need {n_pages} pages + {n_slots} slots, free {len(self._free_pages)} + "
                        f"{len(self._free_slots)}", checkpoint=checkpoint)
-        pages = [self._free_pages.pop() for _ in range(n_pages)]
+        pages = self._free_pages.pop_many(n_pages)
         slot = self._free_slots.pop() if n_slots else None
         self._reserved += n_pages + n_slots
         for held in (shared, tail, kept_slot):

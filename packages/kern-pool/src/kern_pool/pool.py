@@ -14,11 +14,11 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
-from .blocks import PAGES, SLOTS, Blocks
+from .blocks import PAGES, SLOTS, Blocks, IdStack
 from .errors import Busy, Closed, ExceedsPool, Misuse, Remapping, check_count, check_hold
 from .handles import Checkpoint, Lease, _Node, chain_pages, node_at
 from .plans import BlockMove, Copies, PageCopy, RemapPlan, SlotCopy
-from .sizing import Layout
+from .sizing import MAX_IDS, Layout
 
 HOLE = -1  # unmapped id below `top`
 INCOMING = -2  # mapped by the plan in flight, not leasable until it lands
@@ -26,7 +26,9 @@ OUTGOING = -3  # unmapped by the plan in flight
 
 
 class _Objects:
-    """Refcounts, LIFO free stack and holes of one class. refs >= 0: mapped (0 = free)."""
+    """Refcounts, LIFO free stack and holes of one class. refs >= 0: mapped (0 = free).
+
+    `free` starts as the run of ids `1 .. initial - 1` (an `IdStack`: O(1), popping the lowest first)."""
 
     __slots__ = ("refs", "free", "holes", "top", "limit", "name")
 
@@ -35,7 +37,7 @@ class _Objects:
         self.refs = [0] * initial
         if initial:
             self.refs[0] = 1  # scratch, held by the pool forever
-        self.free = list(range(initial - 1, 0, -1))  # pop() -> lowest id
+        self.free = IdStack(1, initial)  # pop() -> lowest id
         self.holes: list[int] = []
         self.top = initial
         self.limit = limit
@@ -77,14 +79,25 @@ class Pool:
     """
 
     def __init__(self, layout: Layout) -> None:
-        """Raises `Misuse` for a `layout` that is not a `Layout`."""
+        """Raises `Misuse` for a `layout` that is not a `Layout`, `ExceedsPool` when this process cannot
+        allocate its accounting (one refcount, 8 bytes, per initial page and slot id; blocks and free lists
+        cost nothing until used).
+
+        Building is O(1) in the layout's blocks: the initial mapping and free lists are ranges until a
+        lease or remap touches them, so a pool of 4 M pages is set up in milliseconds."""
         if not isinstance(layout, Layout):
             raise Misuse(f"Pool needs a Layout, got {type(layout).__name__}")
         self.layout = layout
         self.page_tokens = layout.page_tokens
         self._blocks = Blocks(layout)
-        self._pages = _Objects("page", layout.initial_pages, self._blocks.max_objects(PAGES))
-        self._slots = _Objects("slot", layout.initial_slots, self._blocks.max_objects(SLOTS))
+        try:
+            # ids are int32 on the device: a remap never numbers one past MAX_IDS - 1
+            self._pages = _Objects("page", layout.initial_pages, min(self._blocks.max_objects(PAGES), MAX_IDS))
+            self._slots = _Objects("slot", layout.initial_slots, min(self._blocks.max_objects(SLOTS), MAX_IDS))
+        except MemoryError:
+            ids = layout.initial_pages + layout.initial_slots
+            raise ExceedsPool(f"Pool: {layout.initial_pages} pages + {layout.initial_slots} slots need {8 * ids} "
+                              "bytes of host memory for their refcounts, more than this process can allocate") from None
         self._remap: RemapPlan | None = None
         self._remap_serial = 0
         self._leasable_pages = max(0, layout.initial_pages - 1)
@@ -104,10 +117,12 @@ class Pool:
 
     @property
     def free_pages(self) -> int:
+        """Pages (ids) free to lease now without a remap: mapped, unheld, not scratch, not in flight."""
         return len(self._pages.free)
 
     @property
     def free_slots(self) -> int:
+        """Slots (ids) free to lease now without a remap: mapped, unheld, not scratch, not in flight."""
         return len(self._slots.free)
 
     @property
@@ -127,6 +142,7 @@ class Pool:
 
     @property
     def remap_in_flight(self) -> RemapPlan | None:
+        """The installed `RemapPlan` the executor has not reported with `land()` yet; None when none is."""
         return self._remap
 
     def refcounts(self, kind: str) -> Sequence[int]:
@@ -397,10 +413,7 @@ class Pool:
         pages_objs, slots_objs = self._pages, self._slots
         if n_pages > len(pages_objs.free) or n_slots > len(slots_objs.free):
             self._refuse(n_pages, n_slots, total_pages)
-        free = pages_objs.free
-        pages = free[len(free) - n_pages:] if n_pages else []
-        del free[len(free) - n_pages:]
-        pages.reverse()  # the same order as popping one by one: lowest ids first
+        pages = pages_objs.free.pop_many(n_pages)  # the same order as popping one by one: lowest ids first
         slots = [slots_objs.free.pop() for _ in range(n_slots)]
         refs = pages_objs.refs
         for p in pages:
@@ -457,8 +470,7 @@ class Pool:
         blocks.release_phys(unmap)
         mapped = blocks.map_objects(PAGES, new_pages) + blocks.map_objects(SLOTS, new_slots)
         donor_objs = self._pages if donor_cls == PAGES else self._slots
-        gone = set(donors)
-        donor_objs.free = [o for o in donor_objs.free if o not in gone]
+        donor_objs.free.discard(set(donors))
         for oid in donors:
             donor_objs.refs[oid] = OUTGOING
         if donor_cls == PAGES:

@@ -124,9 +124,11 @@ class Hit:
 
     @property
     def closed(self) -> bool:
+        """Whether the hit was closed (its entry's lock released)."""
         return self._entry is None
 
     def close(self) -> bool:
+        """Release the lock on the entry. True if this call released it, False if already closed."""
         entry, self._entry = self._entry, None
         if entry is None:
             return False

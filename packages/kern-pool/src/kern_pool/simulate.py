@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -27,7 +28,7 @@ TRACE_BLOCK_TOKENS = 512  # tokens per hash id in the Mooncake traces
 QWEN3_4B_BYTES_PER_TOKEN = 36 * 8 * 128 * 2 * 2  # layers * kv heads * head_dim * (K, V) * bf16 = 144 KiB
 
 SWEEP_TOKENS = (1e4, 1e5, 1e6, 2e6, 3e6, 5e6, 1e7, 2e7, 5e7, math.inf)
-MAX_PAGES = 1 << 22  # device or host pages of one replay: the pool keeps a Python free list of every page id
+MAX_PAGES = 1 << 22  # device or host pages of one replay: the pool keeps a refcount (8 B) of every page id
 # Bounds of a trace file: its size, one line, one request's prompt (synth_tokens makes a tuple of that many ints;
 # the Mooncake traces' longest prompt is about 128 K tokens).
 MAX_TRACE_BYTES = 4 * 2**30
@@ -124,6 +125,14 @@ def _request(d: object, where: str, block_tokens: int) -> Request:
     if len(hash_ids) != -(-input_length // block_tokens):
         raise TraceError(f"{where}: {len(hash_ids)} hash_ids for input_length {input_length}; a trace has one per "
                          f"{block_tokens}-token block ({-(-input_length // block_tokens)})")
+    # The replay keeps file order and ignores the arrival time, but a record without a sane one is not a Mooncake
+    # request (every record of the shipped traces has an integer timestamp >= 0, in milliseconds).
+    if "timestamp" not in d:
+        raise TraceError(f"{where}: missing field 'timestamp' (the arrival time in ms, a number >= 0)")
+    timestamp = d["timestamp"]
+    if not (isinstance(timestamp, (int, float)) and not isinstance(timestamp, bool)
+            and math.isfinite(timestamp) and timestamp >= 0):
+        raise TraceError(f"{where}: timestamp must be a finite number >= 0 (ms), got {timestamp!r}")
     return Request(input_length, output_length, tuple(hash_ids))
 
 
@@ -146,8 +155,9 @@ def read_trace(path: Path, limit: int | None = None) -> list[Request]:
     """Requests of a Mooncake JSONL trace, in file order (first `limit` lines when given).
 
     Raises TraceError (file:line and the field) for a line that is not UTF-8, not JSON (a key twice in one object
-    included) or not a request,
-    or a trace with no requests, and OSError when the file cannot be read."""
+    included) or not a request (`input_length`, `hash_ids` and `timestamp`, a finite number >= 0, are required;
+    `output_length` defaults to 0), or a trace with no requests, and OSError naming the file when it cannot be
+    read (missing, not a regular file, over `MAX_TRACE_BYTES`)."""
     out: list[Request] = []
     offset = 0
     with open_regular(path, MAX_TRACE_BYTES, "a trace is a JSONL file") as f:
@@ -170,12 +180,14 @@ def read_trace(path: Path, limit: int | None = None) -> list[Request]:
                 d = json.loads(line, object_pairs_hook=_object)
             except _DuplicateKey as e:
                 raise TraceError(f"{where}: duplicate key {e.args[0]!r} in one JSON object") from None
-            except json.JSONDecodeError as e:
-                raise TraceError(f"{where}: not JSON ({e.msg} at column {e.colno})") from None
+            except json.JSONDecodeError as e:  # some messages end in "at" ("Unterminated string starting at")
+                at = "" if e.msg.endswith(" at") else " at"  # the column in the line (one line, one document)
+                raise TraceError(f"{where}: not JSON ({e.msg}{at} column {e.pos + 1})") from None
             except RecursionError:
                 raise TraceError(f"{where}: not a request (JSON nested too deeply)") from None
-            except ValueError as e:  # an integer literal past Python's int-string limit (4300 digits)
-                raise TraceError(f"{where}: not a request ({e})") from None
+            except ValueError:  # an integer literal past Python's int-string limit (4300 digits)
+                raise TraceError(f"{where}: not a request (a number too long: an integer of more than "
+                                 f"{sys.get_int_max_str_digits()} digits)") from None
             out.append(_request(d, where, TRACE_BLOCK_TOKENS))
     if not out:
         raise TraceError(f"no requests in {path}: a trace has one JSON request per line")

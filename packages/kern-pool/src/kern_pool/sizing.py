@@ -72,6 +72,7 @@ class PooledState:
 
     @property
     def paged(self) -> bool:
+        """Whether the state is paged (`bytes_per_token` > 0) rather than per-seq."""
         return self.bytes_per_token > 0
 
 
@@ -104,7 +105,8 @@ class Layout:
     `BlockMove`). `num_blocks` physical blocks of `block_bytes` exist; at start pages
     `0..initial_pages-1` and slots `0..initial_slots-1` are mapped (page 0 and slot 0 are scratch).
     Each state reserves `num_blocks * block_bytes` of virtual range, enough for every block at once.
-    Raises `Misuse` for a field that is not an int (sizes > 0, counts >= 0) or objects that do not fit.
+    Raises `Misuse` for a field that is not an int (sizes > 0, counts >= 0), objects that do not fit, or
+    more than `MAX_IDS` initial pages or slots (ids are int32 on the device).
     """
 
     page_tokens: int
@@ -135,6 +137,9 @@ class Layout:
             raise Misuse("pages without paged states")
         if not self.slot_bytes and self.initial_slots:
             raise Misuse("slots without per-seq states")
+        for what, count in (("initial_pages", self.initial_pages), ("initial_slots", self.initial_slots)):
+            if count > MAX_IDS:
+                raise Misuse(f"Layout {what} {count}: ids are int32 on the device, at most {MAX_IDS}")
         used = sum(_blocks_covering(self.initial_pages, b, self.block_bytes) for b in self.page_bytes)
         used += sum(_blocks_covering(self.initial_slots, b, self.block_bytes) for b in self.slot_bytes)
         if used > self.num_blocks:
@@ -152,10 +157,12 @@ class Layout:
 
     @property
     def paged(self) -> bool:
+        """Whether the layout has paged states (pages of `page_tokens` tokens; `page_bytes` non-empty)."""
         return bool(self.page_bytes)
 
     @property
     def has_slots(self) -> bool:
+        """Whether the layout has per-seq states (one slot per sequence; `slot_bytes` non-empty)."""
         return bool(self.slot_bytes)
 
     @property
@@ -211,10 +218,14 @@ class Layout:
         (+ one scratch page), rounded up to whole blocks per state on its own. `tokens=None` fills
         `free_bytes - headroom_bytes`: tokens is the largest multiple of the page unit whose final
         layout (scratch page, slots, every state rounded up to whole blocks) takes at most that many
-        bytes, so `num_blocks * block_bytes <= free_bytes - headroom_bytes`. Raises `Misuse` for bad
+        bytes, so `num_blocks * block_bytes <= free_bytes - headroom_bytes`. With `tokens` given,
+        `free_bytes` (if given) bounds the layout too: no headroom is taken, but a layout whose
+        `num_blocks * block_bytes` exceeds `free_bytes` is refused. Raises `Misuse` for bad
         inputs (sizes that are not ints >= 0), `ExceedsPool` when `tokens` is None and
         `free_bytes - headroom_bytes` does not hold the layout with one page (and the scratch page and
-        the slots), or, without paged states, the slots.
+        the slots), or, without paged states, the slots; when `tokens` is given and the layout needs
+        more than `free_bytes`; or when it needs more than `MAX_IDS` pages or slots (ids are int32; a
+        fill stops there, and the objects an arena's last block would add past it are not mapped).
         """
         if free_bytes is not None:
             check_count(free_bytes, "free_bytes")
@@ -259,7 +270,8 @@ class Layout:
                 # Pages per state rounded up to whole blocks is monotone in the page count: bisect for the
                 # most leasable pages k (k + 1 with the scratch page) whose arenas fit in `left` blocks.
                 # (k + 1) * sum(page_bytes) <= left * block bounds k from above.
-                lo, hi = 0, max(left, 0) * block // sum(page_bytes)
+                # Ids are int32: at most MAX_IDS pages, the scratch page included, also after rounding up.
+                lo, hi = 0, min(max(left, 0) * block // sum(page_bytes), MAX_IDS - 1)
                 while lo < hi:
                     mid = (lo + hi + 1) // 2
                     if sum(page_blocks(mid + 1)) <= left:
@@ -273,9 +285,20 @@ class Layout:
             tokens = tokens // page_tokens * page_tokens
         n_pages = tokens // page_tokens + 1 if paged else 0
         arena_blocks = page_blocks(n_pages) + slot_blocks
-        # Objects that fit in each state's whole-block arena (>= what was asked, often a few more).
-        pages = min((n * block // b for n, b in zip(arena_blocks, page_bytes)), default=0)
-        slots = min((n * block // b for n, b in zip(arena_blocks[len(page_bytes):], slot_bytes)), default=0)
+        need_bytes = sum(arena_blocks) * block
+        asked = f"Capacity(tokens={capacity.tokens}, seqs={capacity.seqs})"
+        if capacity.tokens is not None and free_bytes is not None and need_bytes > free_bytes:
+            raise ExceedsPool(f"{asked} needs {need_bytes} bytes ({sum(arena_blocks)} blocks of {block} B); "
+                              f"free_bytes says the device has {free_bytes} bytes free")
+        for what, count in (("pages", n_pages), ("slots", n_slots)):
+            if count > MAX_IDS:
+                raise ExceedsPool(f"{asked} needs {count} {what} (scratch included): ids are int32 on the device, "
+                                  f"at most {MAX_IDS}")
+        # Objects that fit in each state's whole-block arena (>= what was asked, often a few more; never more
+        # than the int32 ids can number).
+        pages = min(min((n * block // b for n, b in zip(arena_blocks, page_bytes)), default=0), MAX_IDS)
+        slots = min(min((n * block // b for n, b in zip(arena_blocks[len(page_bytes):], slot_bytes)), default=0),
+                    MAX_IDS)
         return cls(
             page_tokens=page_tokens if paged else 0,
             page_bytes=page_bytes,

@@ -289,7 +289,7 @@ class Runtime:
             free_bytes = int(free_bytes)
             self.pool = plan_pool(spec.states, capacity, granularity, free_bytes)
             assert self.pool is not None
-            # kern_pool builds per-block lists: refuse a pool the device cannot hold before that
+            # refuse a pool the device cannot hold before reserving any of it
             pool_bytes = self.pool.layout.num_blocks * self.pool.block_bytes
             if pool_bytes > free_bytes:
                 raise ApiError(f"capacity {capacity}: the pool needs {pool_bytes} bytes of device memory, "
