@@ -1,16 +1,21 @@
-"""How the `Runtime` façade exposes its parts' methods without a mixin: `delegates(part, *names)`.
+"""How the `Runtime` façade exposes its parts' methods without a mixin: `method(part, fn)` and `attribute(part,
+prop)`, one class attribute per name.
 
-Each name becomes a read-only attribute of the façade that is the part's attribute (a bound method or a
-property's value): `rt.lease(...)` is `rt.kv.lease(...)`. The part is an ordinary object with explicit
-constructor arguments, held as an attribute of the runtime; its docstrings are the façade's.
+Each becomes a read-only attribute of the façade that is the part's attribute (a bound method or a property's
+value): `rt.lease(...)` is `rt.kv.lease(...)`. The part is an ordinary object with explicit constructor arguments,
+held as an attribute of the runtime; its docstrings and signatures are the façade's, for `help` and
+`inspect.signature` and for type checkers alike (`method` keeps `fn`'s parameters: mypy checks `rt.lease(...)`
+against `DevicePool.lease`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, Concatenate, ParamSpec, TypeVar, cast
 
-T = TypeVar("T")
+P = ParamSpec("P")
+R = TypeVar("R")
+S = TypeVar("S")
 
 
 class _Delegated:
@@ -27,13 +32,22 @@ class _Delegated:
             return self.declared
         return getattr(getattr(obj, self.part), self.name)
 
+    def __set__(self, obj: Any, value: Any) -> None:  # a data descriptor: read-only, never shadowed
+        raise AttributeError(f"{self.name} is read-only (it is {self.part}.{self.name})")
 
-def delegates(part: str, part_class: type, *names: str) -> Callable[[type[T]], type[T]]:
-    """Class decorator: each of `names` of the façade is attribute `name` of its attribute `part` (an instance
-    of `part_class`, whose docstrings the façade shows)."""
-    def decorate(cls: type[T]) -> type[T]:
-        for name in names:
-            assert not hasattr(cls, name), f"kern bug: {cls.__name__}.{name} is defined twice"
-            setattr(cls, name, _Delegated(part, name, getattr(part_class, name)))
-        return cls
-    return decorate
+
+def method(part: str, fn: Callable[Concatenate[S, P], R]) -> Callable[Concatenate[Any, P], R]:
+    """The façade's method `fn.__name__`: the bound method of the façade's attribute `part` (`fn` is the part
+    class's function: `method("kv", DevicePool.lease)`)."""
+    return cast(Any, _Delegated(part, fn.__name__, fn))
+
+
+def attribute(part: str, declared: Any) -> Any:
+    """The façade's read-only attribute that is attribute `declared` of its attribute `part`: a property, or a
+    `__slots__` member, read on the part class (annotate the façade's attribute with its type: `kern_pool: Pool =
+    attribute("kv", DevicePool.kern_pool)`). Raises TypeError for anything else."""
+    if isinstance(declared, property) and declared.fget is not None:
+        return _Delegated(part, declared.fget.__name__, declared)
+    if type(declared).__name__ == "member_descriptor":
+        return _Delegated(part, declared.__name__, declared)
+    raise TypeError(f"attribute(): {declared!r} is no property or __slots__ member")

@@ -22,6 +22,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 from kern_manifest import ExternLaunch, Manifest, var_max, var_min
+from kern_pool import Host, Pool
 
 from .buffer_io import BufferIO
 from .cuda.blas import EXTERN_GEMMS, WORKSPACE_BYTES, Blas, check_algo_keys, gemm_call
@@ -44,11 +45,12 @@ from .errors import (
 )
 from .kv.capacity import Capacity, PoolLayout, plan_pool
 from .kv.device_pool import DevicePool
+from .kv.host_tier import PinnedHost
 from .kv.pooled import PoolState
 from .kv.state_access import StateAccess
 from .load_args import check_load_args, load_spec
 from .multigpu.connect import Peers
-from .parts import delegates
+from .parts import attribute, method
 from .program.records import (
     AddressBook,
     ExternRecord,
@@ -64,21 +66,6 @@ from .weights.plan import BindPlan, Copy, plan_bind
 from .weights.resident import ResidentWeights, weight_identity
 from .weights.tensors import Tensors
 
-POOL_API = (
-    "kern_pool", "scratch_slot_id", "settle", "state_object_address", "lease", "lease_slot", "checkpoint", "retire",
-    "lease_from", "fork", "block_table", "reserve_host", "host_units", "host_split", "reserve_host_bytes",
-    "host_tier", "host_memory", "room", "park", "park_now", "wake", "landed", "awake", "wake_now", "copy",
-    "copy_out", "copy_in",
-)
-PEER_API = ("ranks", "peers_ready", "export_handles", "import_peers", "offer", "connect")
-STATE_API = ("read_state", "write_state_at", "zero_states")
-IO_API = ("write_input", "read_buffer", "read_output", "read_output_async", "record_event", "host_array")
-
-
-@delegates("kv", DevicePool, *POOL_API)
-@delegates("io", BufferIO, *IO_API)
-@delegates("states", StateAccess, *STATE_API)
-@delegates("peers", Peers, *PEER_API)
 class Runtime:
     """A loaded manifest on one GPU. Build with `Runtime.load`; close with `close()` (or `with`).
 
@@ -86,6 +73,54 @@ class Runtime:
     program/replay.py), `io` (inputs, outputs, events: buffer_io.py), `kv` (the device pool:
     kv/device_pool.py) and `states` (whole-state access: kv/state_access.py); the I/O, pool and state methods
     below are theirs."""
+
+    # ---- the parts' methods and properties as the façade's (parts.py): rt.lease(...) is rt.kv.lease(...)
+    # the device pool (kv/device_pool.py)
+    kern_pool: Pool = attribute("kv", DevicePool.kern_pool)
+    scratch_slot_id: int | None = attribute("kv", DevicePool.scratch_slot_id)
+    host_tier: Host = attribute("kv", DevicePool.host_tier)
+    host_memory: PinnedHost = attribute("kv", DevicePool.host_memory)
+    settle = method("kv", DevicePool.settle)
+    state_object_address = method("kv", DevicePool.state_object_address)
+    lease = method("kv", DevicePool.lease)
+    lease_slot = method("kv", DevicePool.lease_slot)
+    checkpoint = method("kv", DevicePool.checkpoint)
+    retire = method("kv", DevicePool.retire)
+    lease_from = method("kv", DevicePool.lease_from)
+    fork = method("kv", DevicePool.fork)
+    block_table = method("kv", DevicePool.block_table)
+    reserve_host = method("kv", DevicePool.reserve_host)
+    host_units = method("kv", DevicePool.host_units)
+    host_split = method("kv", DevicePool.host_split)
+    reserve_host_bytes = method("kv", DevicePool.reserve_host_bytes)
+    room = method("kv", DevicePool.room)
+    park = method("kv", DevicePool.park)
+    park_now = method("kv", DevicePool.park_now)
+    wake = method("kv", DevicePool.wake)
+    landed = method("kv", DevicePool.landed)
+    awake = method("kv", DevicePool.awake)
+    wake_now = method("kv", DevicePool.wake_now)
+    copy = method("kv", DevicePool.copy)
+    copy_out = method("kv", DevicePool.copy_out)
+    copy_in = method("kv", DevicePool.copy_in)
+    # inputs, outputs, events (buffer_io.py)
+    write_input = method("io", BufferIO.write_input)
+    read_buffer = method("io", BufferIO.read_buffer)
+    read_output = method("io", BufferIO.read_output)
+    read_output_async = method("io", BufferIO.read_output_async)
+    record_event = method("io", BufferIO.record_event)
+    host_array = method("io", BufferIO.host_array)
+    # whole-state access (kv/state_access.py)
+    read_state = method("states", StateAccess.read_state)
+    write_state_at = method("states", StateAccess.write_state_at)
+    zero_states = method("states", StateAccess.zero_states)
+    # multi-GPU peers (multigpu/connect.py)
+    ranks: dict[str, int] = attribute("peers", Peers.ranks)
+    peers_ready: bool = attribute("peers", Peers.peers_ready)
+    export_handles = method("peers", Peers.export_handles)
+    import_peers = method("peers", Peers.import_peers)
+    offer = method("peers", Peers.offer)
+    connect = method("peers", Peers.connect)
 
     def __init__(self) -> None:  # use Runtime.load
         self._ledger = Ledger()

@@ -9,7 +9,6 @@ to the pool at once: launches already enqueued that use them still run first, be
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, TypeVar
 
 import kern_pool
@@ -17,31 +16,10 @@ import numpy as np
 
 from ..cuda.driver import call
 from ..errors import ApiError, int_arg
+from ..parts import attribute, method
 from .host_tier import event_done
 
 T = TypeVar("T")
-
-
-class _Inner:
-    """A read-only attribute forwarded to the kern_pool handle a device handle wraps (`.inner`): the device
-    handles add device facts and execution, never a second copy of kern_pool's state or logic."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def __get__(self, obj: Any, owner: type | None = None) -> Any:
-        if obj is None:
-            return self
-        return getattr(obj.inner, self.name)
-
-
-def _forwards(*names: str) -> Callable[[type[T]], type[T]]:
-    """Class decorator: each of `names` reads through to the kern_pool handle in `.inner`."""
-    def decorate(cls: type[T]) -> type[T]:
-        for name in names:
-            setattr(cls, name, _Inner(name))
-        return cls
-    return decorate
 
 
 class _Closing:
@@ -60,14 +38,25 @@ class _Closing:
         return f"runtime {self.inner!r}"
 
 
-@_forwards("page_ids", "slot", "seq_slot_id", "prefix_tokens", "frozen_tokens", "reached_tokens", "advance_to",
-           "paged", "num_pages", "capacity_tokens", "closed", "close")
 class DeviceLease(_Closing):
     """A kern_pool `Lease` (`inner`) on this runtime's device: kern_pool's facts (`page_ids()`, `slot(pos)`,
     `seq_slot_id`, lengths, `closed`, `close()`) read through, plus what needs the device or the runtime: `slots` as an array, `grow` (which may execute a remap),
     `seq_line` into a block table. See docs/pool.md for the semantics of each field."""
 
     __slots__ = ("_owner", "inner", "__weakref__")
+    # kern_pool's facts, read through to `inner` (parts.py): never a second copy of kern_pool's state or logic
+    page_ids = method("inner", kern_pool.Lease.page_ids)
+    slot = method("inner", kern_pool.Lease.slot)
+    advance_to = method("inner", kern_pool.Lease.advance_to)
+    close = method("inner", kern_pool.Lease.close)
+    seq_slot_id: int | None = attribute("inner", kern_pool.Lease.seq_slot_id)
+    prefix_tokens: int = attribute("inner", kern_pool.Lease.prefix_tokens)
+    paged: bool = attribute("inner", kern_pool.Lease.paged)
+    frozen_tokens: int = attribute("inner", kern_pool.Lease.frozen_tokens)
+    reached_tokens: int = attribute("inner", kern_pool.Lease.reached_tokens)
+    num_pages: int = attribute("inner", kern_pool.Lease.num_pages)
+    capacity_tokens: int = attribute("inner", kern_pool.Lease.capacity_tokens)
+    closed: bool = attribute("inner", kern_pool.Lease.closed)
 
     def __init__(self, owner: Any, inner: kern_pool.Lease) -> None:
         self._owner = owner  # the DevicePool that leased it (ownership checks, grow)
@@ -106,12 +95,18 @@ class DeviceLease(_Closing):
         return line
 
 
-@_forwards("num_tokens", "has_slot", "paged", "seq_slot_id", "closed", "page_ids", "close")
 class DeviceCheckpoint(_Closing):
     """A kern_pool `Checkpoint` (`inner`) kept on this runtime's device (`Prefix` can keep it); its facts are
     kern_pool's, read through."""
 
     __slots__ = ("inner", "__weakref__")
+    page_ids = method("inner", kern_pool.Checkpoint.page_ids)
+    close = method("inner", kern_pool.Checkpoint.close)
+    num_tokens: int = attribute("inner", kern_pool.Checkpoint.num_tokens)
+    has_slot: bool = attribute("inner", kern_pool.Checkpoint.has_slot)
+    paged: bool = attribute("inner", kern_pool.Checkpoint.paged)
+    seq_slot_id: int | None = attribute("inner", kern_pool.Checkpoint.seq_slot_id)
+    closed: bool = attribute("inner", kern_pool.Checkpoint.closed)
 
     def __init__(self, inner: kern_pool.Checkpoint) -> None:
         self.inner = inner
