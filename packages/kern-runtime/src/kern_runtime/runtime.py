@@ -322,13 +322,8 @@ class Runtime:
             # workspace, input staging): tokens=None takes it less the headroom (spec, K1b)
             free_bytes, _ = call("cuMemGetInfo")
             free_bytes = int(free_bytes)
-            self.pool = plan_pool(spec.states, capacity, granularity, free_bytes)
+            self.pool = plan_pool(spec.states, capacity, granularity, free_bytes)  # refuses one past free_bytes
             assert self.pool is not None
-            # refuse a pool the device cannot hold before reserving any of it
-            pool_bytes = self.pool.layout.num_blocks * self.pool.block_bytes
-            if pool_bytes > free_bytes:
-                raise ApiError(f"capacity {capacity}: the pool needs {pool_bytes} bytes of device memory, "
-                               f"GPU {self.gpu} has {free_bytes} bytes free")
             # one arena for every pooled state, mapped where kern_pool says, zeroed (kv/remap.py, kv/pooled.py)
             ps = PoolState.create(self.pool.layout, self.gpu, self.context, self.stream)
             self._ledger.on_close("pooled states", ps.close)

@@ -62,8 +62,10 @@ def plan_pool(states: Mapping[str, State], capacity: Capacity, granularity_bytes
               free_bytes: int | None = None) -> PoolLayout | None:
     """Size the pooled states (None when the manifest has none).
 
-    `free_bytes` (cuMemGetInfo after every other allocation) is needed only for capacity.tokens None.
-    Raises ApiError when kern_pool refuses (bad capacity, memory holds no page).
+    `free_bytes` (cuMemGetInfo after every other allocation) sizes a capacity.tokens None pool, and bounds one
+    of given tokens (kern_pool's `Layout.from_capacity` refuses a layout past it, before anything is reserved).
+    Raises ApiError when kern_pool refuses (bad capacity, memory holds no page, a pool past `free_bytes`: "needs
+    N bytes ... has M bytes free").
     """
     pooled = _pooled(states)
     if not pooled:
