@@ -54,7 +54,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 HBM_BYTES_PER_S = 4.3e12
@@ -239,6 +239,11 @@ def breakdown_lines(title: str, summary: list[dict[str, Any]], sum_us: float) ->
     return lines
 
 
+def breakdown_record(launches: list[dict[str, Any]]) -> dict[str, Any]:
+    """`time_launches`' rows as a result record's fields: the launches, their summary per op, their sum (us)."""
+    return {"launches": launches, "summary": _summarise_breakdown(launches), "sum_us": sum(r["us"] for r in launches)}
+
+
 def _summarise_breakdown(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     groups: dict[tuple[str, str], list[float]] = {}
     for r in rows:
@@ -287,8 +292,7 @@ def kern_worker(args: argparse.Namespace, out: str) -> None:
             _emit(out, rec)
         if args.breakdown:
             rows = kern_breakdown(gen, prompt, chunk, args.breakdown_replays)
-            _emit(out, {"peer": "kern breakdown", "ctx": ctx, "launches": rows, "summary": _summarise_breakdown(rows),
-                        "sum_us": sum(r["us"] for r in rows)})
+            _emit(out, {"peer": "kern breakdown", "ctx": ctx, **breakdown_record(rows)})
     gen.close()
 
 
@@ -373,6 +377,18 @@ def hf_worker(args: argparse.Namespace, out: str) -> None:
                         "ttft_ms": 1e3 * one, "load_s": load_s})
 
 
+def _token_loop(step: Callable[[int, int], int], ctx: int, steps: int, warmup: int = 8) -> list[float]:
+    """ms of each of `steps` greedy steps `token = step(token, position)` from position `ctx` (inputs written,
+    the step run, the token read back), after `warmup` untimed ones."""
+    token, wall = 1, []
+    for i in range(steps + warmup):
+        t = time.perf_counter()
+        token = step(token, ctx + i)
+        if i >= warmup:
+            wall.append(1e3 * (time.perf_counter() - t))
+    return wall
+
+
 def harvest_worker(args: argparse.Namespace, out: str) -> None:
     """kern replaying torch.compile's harvested kernels (kern_run.harvest.replay.HarvestedStep), ms/token as the
     torch peers measure it: inputs written, the decode graph issued, next_token read back, every step."""
@@ -388,12 +404,9 @@ def harvest_worker(args: argparse.Namespace, out: str) -> None:
         if ctx + args.steps + 8 > context:
             _emit(out, {"peer": "kern (harvested inductor kernels)", "ctx": ctx, "skipped": f"captured context {context}"})
             continue
-        token, wall = 1, []
-        for i in range(args.steps + 8):
-            t = time.perf_counter()
-            token = int(step.step(np.array([token]), np.array([ctx + i]), read=("next_token",))["next_token"][0])
-            if i >= 8:
-                wall.append(1e3 * (time.perf_counter() - t))
+        wall = _token_loop(lambda token, position: int(step.step(np.array([token]), np.array([position]),
+                                                                 read=("next_token",))["next_token"][0]),
+                           ctx, args.steps)
         _emit(out, {"peer": "kern (harvested inductor kernels)", "ctx": ctx, "ms_per_token": _ms(wall)["median"],
                     "stats": _ms(wall), "steps": len(wall), "load_s": load_s, "harvest": str(args.harvest)})
     step.close()
@@ -440,18 +453,15 @@ def harvest_torch_worker(args: argparse.Namespace, out: str) -> None:
             graph = None
             _emit(out, {"peer": label + ", one CUDA graph", "ctx": ctx, "skipped": f"capture failed: {exc}"[:300]})
         for graphed in ([True] if graph is not None else []) + [False]:
-            token, wall = 1, []
-            for i in range(args.steps + 8):
-                t = time.perf_counter()
+            def one(token: int, position: int, graphed: bool = graphed) -> int:
                 static["token_ids"].fill_(token)
-                static["positions"].fill_(ctx + i)
+                static["positions"].fill_(position)
                 if graphed:
                     graph.replay()
-                    token = int(outputs["next_token"][0].item())
-                else:
-                    token = int(step.step(static)["next_token"][0].item())
-                if i >= 8:
-                    wall.append(1e3 * (time.perf_counter() - t))
+                    return int(outputs["next_token"][0].item())
+                return int(step.step(static)["next_token"][0].item())
+
+            wall = _token_loop(one, ctx, args.steps)
             _emit(out, {"peer": label + (", one CUDA graph" if graphed else ", no graph"), "ctx": ctx,
                         "ms_per_token": _ms(wall)["median"], "stats": _ms(wall), "steps": len(wall),
                         "load_s": load_s})
@@ -579,7 +589,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--worker-out", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     args.contexts = [int(c) for c in str(args.contexts).split(",") if c]
-    named = {s for s in args.only.split(",") if s} & {"kern-harvest", "torch-harvest"}
+    named = {s for s in args.only.split(",") if s} & set(OPTIONAL_PEERS)  # the harvest peers
     if named and (args.harvest is None or not (args.harvest / "manifest.json").is_file()):
         p.error(f"--only {','.join(sorted(named))} needs --harvest DIR (what kern harvest generate wrote: "
                 f"DIR/manifest.json); got {args.harvest}")

@@ -701,9 +701,7 @@ def worker(args: argparse.Namespace, out: str) -> None:
                                  "steps": len(samples["kern"])})
                 if args.breakdown:
                     launches = kern.breakdown(args.breakdown_replays)
-                    base._emit(out, {"side": "breakdown", "batch": b, "ctx": ctx, "launches": launches,
-                                     "summary": base._summarise_breakdown(launches),
-                                     "sum_us": sum(r["us"] for r in launches)})
+                    base._emit(out, {"side": "breakdown", "batch": b, "ctx": ctx, **base.breakdown_record(launches)})
                 kern.close()
             if peer is not None:
                 base._emit(out, {"side": "torch", "label": peer.label, "mode": peer.mode, **common,
@@ -761,7 +759,8 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.ArgumentParser, argpars
     if bad or not args.only_peers:
         p.error(f"--only {args.only!r}: a comma list of {', '.join(PEERS)}")
     for flag, value, low in (("--steps", args.steps, 1), ("--rounds", args.rounds, 1),
-                             ("--check-tokens", args.check_tokens, 1), ("--breakdown-replays", args.breakdown_replays, 1)):
+                             ("--check-tokens", args.check_tokens, 1),
+                             ("--breakdown-replays", args.breakdown_replays, 1)):
         if value < low:
             p.error(f"{flag} {value} must be >= {low}")
     return p, args

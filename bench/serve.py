@@ -559,9 +559,9 @@ def peer_worker(args: argparse.Namespace) -> None:
     outs = list(outputs.values()) if isinstance(outputs, dict) else list(outputs)
     bad = problems(outs)
     tokens = sum(len(getattr(o, "generated_tokens", None) or ()) for o in outs)
-    tried = [f"{tokens} tokens, {len(bad)} of {len(outs)} requests without a token{': ' + bad[0] if bad else ''}; "
-             f"warm-up {warm_tokens} tokens"]
-    print(tried[-1], file=sys.stderr, flush=True)
+    report = (f"{tokens} tokens, {len(bad)} of {len(outs)} requests without a token{': ' + bad[0] if bad else ''}; "
+              f"warm-up {warm_tokens} tokens")  # what the outputs said
+    print(report, file=sys.stderr, flush=True)
     ttft, tpot, source = [], [], "timestamps"
     for o in outs:
         stamps = getattr(o, "timestamps", None)
@@ -579,7 +579,7 @@ def peer_worker(args: argparse.Namespace) -> None:
                       "output_tokens": tokens, "seconds": wall,
                       "output_tok_s": tokens / wall, "ttft_ms_p50": percentile(ttft, 50),
                       "ttft_ms_p99": percentile(ttft, 99), "tpot_ms_p50": percentile(tpot, 50),
-                      "tpot_ms_p99": percentile(tpot, 99), "tpot_from": source, "load_s": load_s, "tried": tried,
+                      "tpot_ms_p99": percentile(tpot, 99), "tpot_from": source, "load_s": load_s, "report": report,
                       "transformers": __import__("transformers").__version__}), flush=True)
 
 
@@ -602,8 +602,8 @@ def run_peer(args: argparse.Namespace, notes: list[str], out_dir: Path) -> dict[
     log.write_text(proc.stderr)
     notes.append(f"peer log: {log}")
     rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-    for line in rows[-1].get("tried", []) if rows else []:
-        notes.append(f"peer {line}")
+    if rows and rows[-1].get("report"):
+        notes.append(f"peer: {rows[-1]['report']}")
     if proc.returncode != 0 or not rows:
         notes.append(f"peer: exit {proc.returncode}: {proc.stderr.strip()[-400:]}")
         return None
