@@ -361,6 +361,12 @@ def table(results: list[dict[str, Any]], batches: Sequence[int], contexts: Seque
     for r in results:
         if r.get("side") == "breakdown":
             lines += base.breakdown_lines(f", batch {r['batch']}, ctx {r['ctx']}", r["summary"], r["sum_us"])
+        if r.get("side") == "timeline":
+            lines += [f"-- graph timeline, batch {r['batch']}, ctx {r['ctx']} (CUPTI; GPU us per step "
+                      f"{r['step_us']:.1f}; advance = what the op adds to the step's end):",
+                      f"   {'op':24s} {'n':>3s} {'dur us':>7s} {'lag us':>7s} {'adv us':>7s} {'adv us/step':>11s} {'share':>6s}"]
+            lines += [f"   {o['op'][:24]:24s} {o['n']:>3d} {o['dur_us']:7.2f} {o['lag_us']:7.2f} {o['adv_us']:7.2f} "
+                      f"{o['adv_us_per_step']:11.1f} {100 * o['adv_us_per_step'] / r['step_us']:5.1f}%" for o in r["ops"]]
     lines += [f"note: {n}" for n in notes]
     return "\n".join(lines)
 
@@ -452,6 +458,28 @@ class KernRows:
         before every replay."""
         assert self.snapshot is not None, "write() first"
         return base.time_launches(self.rt, self.vars, replays, before=self.snapshot.restore)
+
+    def timeline(self, steps: int, trace: Path) -> dict[str, Any]:
+        """`steps` graph replays traced by CUPTI (torch.profiler), summarised per op as bench/profile_step.py
+        `--graph` does: each op's duration, start lag and advance of the step's end (us; the advances sum to the
+        step's GPU time). The launches are named by one hooked eager replay first; the trace goes to `trace`."""
+        from torch.profiler import ProfilerActivity, profile
+
+        from bench.profile_step import load_chrome_trace, timeline
+
+        assert self.snapshot is not None, "write() first"
+        ops: list[tuple[str, str | None]] = []
+
+        def note(index: int, rec: Any) -> None:  # entry None: a library call (cuBLASLt), one or more kernels
+            ops.append((rec.op, getattr(rec.launch, "entry", None)))
+
+        self.snapshot.restore()
+        self.rt.run_hooked("decode", self.vars, note)
+        self.time(2)  # the graph replays once more before the range
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            self.time(steps)
+        prof.export_chrome_trace(str(trace))
+        return timeline(load_chrome_trace(trace), ops, f", batch {self.batch}")
 
     def close(self) -> None:
         if self.snapshot is not None:
@@ -702,6 +730,10 @@ def worker(args: argparse.Namespace, out: str) -> None:
                 if args.breakdown:
                     launches = kern.breakdown(args.breakdown_replays)
                     base._emit(out, {"side": "breakdown", "batch": b, "ctx": ctx, **base.breakdown_record(launches)})
+                if args.timeline:
+                    trace = Path(out).with_name(f"trace-b{b}-ctx{ctx}.json")
+                    base._emit(out, {"side": "timeline", "batch": b, "ctx": ctx, "trace": str(trace),
+                                     **kern.timeline(args.timeline, trace)})
                 kern.close()
             if peer is not None:
                 base._emit(out, {"side": "torch", "label": peer.label, "mode": peer.mode, **common,
@@ -738,6 +770,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--breakdown", action="store_true", help="kern: also time every launch of one step alone, per "
                    "(batch, ctx) (eager, events between launches): where the batched step's time goes")
     p.add_argument("--breakdown-replays", type=int, default=8)
+    p.add_argument("--timeline", type=int, default=0, metavar="STEPS",
+                   help="kern: also trace STEPS graph replays per (batch, ctx) with CUPTI (torch.profiler) and print "
+                        "each op's advance of the step (bench/profile_step.py --graph's table; 0: off)")
     p.add_argument("--budget", type=float, default=540.0, help="seconds for the worker")
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--worker", choices=["batch"], help=argparse.SUPPRESS)
@@ -760,7 +795,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.ArgumentParser, argpars
         p.error(f"--only {args.only!r}: a comma list of {', '.join(PEERS)}")
     for flag, value, low in (("--steps", args.steps, 1), ("--rounds", args.rounds, 1),
                              ("--check-tokens", args.check_tokens, 1),
-                             ("--breakdown-replays", args.breakdown_replays, 1)):
+                             ("--breakdown-replays", args.breakdown_replays, 1), ("--timeline", args.timeline, 0)):
         if value < low:
             p.error(f"{flag} {value} must be >= {low}")
     return p, args
@@ -793,7 +828,8 @@ def main(argv: list[str] | None = None) -> int:
                    "--kernels", str(args.kernels), "--gpu", str(args.gpu), "--only", ",".join(args.only_peers),
                    "--steps", str(args.steps), "--rounds", str(args.rounds), "--compile-mode", args.compile_mode,
                    "--check-tokens", str(args.check_tokens), "--check-rel-tol", str(args.check_rel_tol),
-                   "--breakdown-replays", str(args.breakdown_replays)] + (["--breakdown"] if args.breakdown else []) \
+                   "--breakdown-replays", str(args.breakdown_replays), "--timeline", str(args.timeline)] \
+        + (["--breakdown"] if args.breakdown else []) \
         + ["--check" if args.check else "--no-check"]
     out = os.path.join(tempfile.mkdtemp(prefix="kern-bench-decode-batch-"), "batch.jsonl")
     results, status = base._run_worker(argv_worker, args.budget, out, script=Path(__file__).resolve())

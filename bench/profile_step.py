@@ -67,16 +67,15 @@ def run(args: argparse.Namespace) -> None:
     for _ in range(args.warm):
         gen.rt.issue("decode", {"tokens": 1, "seqs": 1}, eager=True)
     gen.rt.synchronize()
-    ops: list[tuple[str, str]] = []
+    ops: list[tuple[str, str | None]] = []
 
-    def note(index: int, rec) -> None:  # the launches of one step, in order (kernel records: ncu sees those)
-        entry = getattr(rec.launch, "entry", None)
-        if entry:
-            ops.append((rec.op, entry))
+    def note(index: int, rec) -> None:  # the launches of one step, in order (entry None: a library call)
+        ops.append((rec.op, getattr(rec.launch, "entry", None)))
 
     gen.rt.run_hooked("decode", {"tokens": 1, "seqs": 1}, note)  # one more warm step, naming the launches
     gen.rt.synchronize()
-    Path(args.ops_out).write_text("\n".join(f"{op}\t{entry}" for op, entry in ops) + "\n")
+    named = [(op, entry) for op, entry in ops if entry]  # what --summarize pairs with ncu's kernel rows
+    Path(args.ops_out).write_text("\n".join(f"{op}\t{entry}" for op, entry in named) + "\n")
     if args.graph:
         for _ in range(3):  # capture the graph outside the traced range
             gen.rt.issue("decode", {"tokens": 1, "seqs": 1})
@@ -152,40 +151,90 @@ def load_chrome_trace(path: Path) -> list[tuple[float, float, str]]:
     return sorted(kern)
 
 
-def timeline(kern: list[tuple[float, float, str]], ops: list[tuple[str, str]]) -> None:
-    """Kernels of `--graph` steps (start, duration in us) -> per op: duration, start lag, advance (us)."""
+def _op_spans(kern: list[tuple[float, float, str]], ops: list[tuple[str, str | None]]
+              ) -> list[list[tuple[str, float, float]]]:
+    """The kernels of whole steps grouped by the program's launches: per step, per launch, (op, start, end) in us.
+    A launch with an entry is one kernel of that name; one without (cuBLASLt, NCCL: entry None) is every kernel up
+    to the next named launch's. Kernels before the first launch's and after the last whole step are dropped.
+    Raises SystemExit when a kernel is not the one the program launches there, two unnamed launches are adjacent
+    (their kernels cannot be told apart), or the trace holds no whole step."""
     n = len(ops)
-    steps = len(kern) // n
-    if steps < 1:
-        raise SystemExit(f"timeline: {len(kern)} kernels in the trace, fewer than one step of {n}")
-    kern = kern[len(kern) - steps * n:]
-    for i, (_, _, name) in enumerate(kern):  # the trace must follow the program's launch order
-        if name != ops[i % n][1]:
-            raise SystemExit(f"timeline: kernel {i} is {name}, the program's launch {i % n} is {ops[i % n][1]}")
+    if n == 0 or ops[0][1] is None:
+        raise SystemExit("timeline: the program's first launch must be a named kernel (it marks each step)")
+    for j in range(n):
+        if ops[j][1] is None and ops[(j + 1) % n][1] is None:
+            raise SystemExit(f"timeline: launches {j} and {(j + 1) % n} ({ops[j][0]}, {ops[(j + 1) % n][0]}) "
+                             "both run library kernels: their kernels cannot be told apart")
+    i = next((k for k, (_, _, name) in enumerate(kern) if name == ops[0][1]), len(kern))
+    steps: list[list[tuple[str, float, float]]] = []
+    while i < len(kern):
+        spans: list[tuple[str, float, float]] = []
+        for j, (op, entry) in enumerate(ops):
+            if i >= len(kern):
+                return _whole(steps, n)
+            start, dur, name = kern[i]
+            if entry is not None:
+                if name != entry:
+                    raise SystemExit(f"timeline: kernel {i} is {name}, the program's launch {j} is {entry}")
+                spans.append((op, start, start + dur))
+                i += 1
+                continue
+            stop = ops[(j + 1) % n][1]
+            end_ = start + dur
+            i += 1
+            while i < len(kern) and kern[i][2] != stop:
+                end_ = max(end_, kern[i][0] + kern[i][1])
+                i += 1
+            spans.append((op, start, end_))
+        steps.append(spans)
+    return _whole(steps, n)
+
+
+def _whole(steps: list[list[tuple[str, float, float]]], n: int) -> list[list[tuple[str, float, float]]]:
+    if not steps:
+        raise SystemExit(f"timeline: the trace holds no whole step of the program's {n} launches")
+    return steps
+
+
+def timeline(kern: list[tuple[float, float, str]], ops: list[tuple[str, str | None]], title: str = "") -> dict:
+    """Kernels of `--graph` steps (start, duration in us, by start) -> per op: duration, start lag, advance (us),
+    printed under `title` and returned as {"step_us": median GPU us per step, "ops": [{op, n, dur_us, lag_us,
+    adv_us, adv_us_per_step}], largest advance first}. `ops`: the program's launches in order, (op, kernel entry;
+    None for a library call, whose kernels all count as that op). Raises SystemExit as _op_spans does."""
+    n = len(ops)
+    entries: dict[str, set[str | None]] = {}
+    for op, entry in ops:
+        entries.setdefault(op, set()).add(entry)
+    # an op of several kernels (the decode attention's partial and reduce) gets a row per kernel: "op:entry"
+    ops = [(op if len(entries[op]) == 1 else f"{op}:{entry or 'library'}", entry) for op, entry in ops]
+    spans = _op_spans(kern, ops)
     per: dict[str, dict[str, list[float]]] = {}
     step_us = []
-    for s in range(steps):
-        part = kern[s * n:(s + 1) * n]
-        prev_end = kern[s * n - 1][0] + kern[s * n - 1][1] if s else part[0][0]
+    prev_end = spans[0][0][1]
+    for part in spans:
         step_start = prev_end
-        for (op, _), (start, dur, _) in zip(ops, part):
-            end = start + dur
+        for op, start, end in part:
             d = per.setdefault(op, {"dur": [], "lag": [], "adv": []})
-            d["dur"].append(dur)
+            d["dur"].append(end - start)
             d["lag"].append(start - prev_end)
             d["adv"].append(max(end, prev_end) - prev_end)
             prev_end = max(end, prev_end)
         step_us.append(prev_end - step_start)
+    steps = len(spans)
     med = statistics.median
-    print(f"\n{steps} graph step(s) of {n} kernels: GPU time per step median {med(step_us[1:] or step_us):.1f} us "
+    step_med = med(step_us[1:] or step_us)
+    print(f"\n{steps} graph step(s) of {n} launches{title}: GPU time per step median {step_med:.1f} us "
           f"(first step excluded: its lag is from before the range)")
     print(f"{'op':<18} {'n':>3} {'dur us':>7} {'lag us':>7} {'adv us':>7} {'adv us/step':>11}")
     rows_out = []
     for op, d in per.items():  # an op launched k times per step has k * steps samples
         adv_step = sum(d["adv"]) / steps
         rows_out.append((adv_step, op, len(d["dur"]) // steps, med(d["dur"]), med(d["lag"]), med(d["adv"])))
+    table = []
     for adv_step, op, k, dur, lag, adv in sorted(rows_out, reverse=True):
         print(f"{op:<18} {k:>3} {dur:>7.2f} {lag:>7.2f} {adv:>7.2f} {adv_step:>11.1f}")
+        table.append({"op": op, "n": k, "dur_us": dur, "lag_us": lag, "adv_us": adv, "adv_us_per_step": adv_step})
+    return {"step_us": step_med, "ops": table}
 
 
 def main() -> int:

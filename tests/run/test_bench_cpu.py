@@ -190,6 +190,35 @@ def test_profile_step_timeline_advances_sum_to_the_step(tmp_path: Path, capsys: 
         profile_step.timeline([kern[0], kern[2], kern[1]], ops)
 
 
+def test_profile_step_timeline_counts_a_library_call_as_one_op(capsys: pytest.CaptureFixture[str]) -> None:
+    """A launch without an entry (cuBLASLt: a GEMM and its split-K reduction) is every kernel up to the next named
+    launch's: one op spanning them; a trace that starts mid-step is cut to the first step's first launch, a
+    trailing part step dropped; two adjacent library calls are refused (their kernels cannot be told apart)."""
+    from bench import profile_step
+
+    ops = [("embed", "kern_embed"), ("gemm_qkv", None), ("rope", "kern_rope")]
+    kern = [(-5.0, 2.0, "kern_rope")]  # the end of an earlier step: dropped
+    for base in (0.0, 100.0):
+        kern += [(base, 2.0, "kern_embed"), (base + 3.0, 10.0, "sm90_gemm"), (base + 12.0, 4.0, "splitk_reduce"),
+                 (base + 16.0, 5.0, "kern_rope")]
+    kern += [(200.0, 2.0, "kern_embed"), (203.0, 10.0, "sm90_gemm")]  # a part step: dropped
+    got = profile_step.timeline(kern, ops)
+    assert got["step_us"] == 100.0  # the second step: from the first's end (21) to 121
+    rows = {o["op"]: o for o in got["ops"]}
+    assert rows["gemm_qkv"]["n"] == 1 and rows["gemm_qkv"]["dur_us"] == 13.0  # 3 .. 16, both kernels
+    assert rows["gemm_qkv"]["lag_us"] == 1.0 and rows["gemm_qkv"]["adv_us"] == 14.0
+    assert sum(o["adv_us_per_step"] for o in got["ops"]) == pytest.approx((21.0 + 100.0) / 2)
+    assert "2 graph step(s) of 3 launches" in capsys.readouterr().out
+    two = [("embed", "kern_embed"), ("attn", "kern_partial"), ("attn", "kern_reduce")]
+    pair = [(0.0, 2.0, "kern_embed"), (2.0, 6.0, "kern_partial"), (7.0, 3.0, "kern_reduce")]
+    split = {o["op"]: o["dur_us"] for o in profile_step.timeline(pair + [(t + 20.0, d, k) for t, d, k in pair], two)["ops"]}
+    assert split == {"embed": 2.0, "attn:kern_partial": 6.0, "attn:kern_reduce": 3.0}  # a row per kernel of one op
+    with pytest.raises(SystemExit, match="both run library kernels"):
+        profile_step.timeline(kern, [("embed", "kern_embed"), ("a", None), ("b", None)])
+    with pytest.raises(SystemExit, match="no whole step"):
+        profile_step.timeline(kern[:3], ops)
+
+
 @pytest.mark.parametrize("bench", ["decode", "prefill"])
 def test_exit_status_says_whether_any_peer_measured(bench: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                     capsys: pytest.CaptureFixture[str]) -> None:
