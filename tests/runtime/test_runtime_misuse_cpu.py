@@ -287,6 +287,21 @@ def test_read_output_refuses_non_integer_rows(fake_cuda: FakeDriver, tmp_path: P
 # ---------------------------------------------------------------- 8. KERN_ERRORS
 
 
+@pytest.mark.parametrize(("tokens", "seqs", "match"), [(-1, 1, "tokens must be an int >= 0, got -1"),
+                                                       (16, -2, "seqs must be an int >= 0, got -2"),
+                                                       (1.5, 1, "tokens"), (16, "1", "seqs")])
+def test_capacity_refusal_is_a_kern_error(tokens, seqs, match) -> None:
+    """kern_runtime.Capacity keeps kern_pool's sizing rules (it is one) but refuses a bad value with ApiError, a
+    KernError naming the value, as the rest of Runtime.load's refusals."""
+    from kern_runtime import Capacity, KernError
+
+    with pytest.raises(ApiError, match=match) as info:
+        Capacity(tokens=tokens, seqs=seqs)
+    assert isinstance(info.value, KernError) and f"Capacity(tokens={tokens!r}" in str(info.value)
+    good = Capacity(tokens=None, seqs=3)
+    assert isinstance(good, kern_pool.Capacity) and (good.tokens, good.seqs) == (None, 3)
+
+
 @pytest.mark.parametrize("cls", [kern_pool.Misuse, kern_pool.Closed, kern_pool.Busy, kern_pool.ExceedsPool,
                                  kern_pool.Remapping, kern_pool.NotLanded])
 def test_kern_errors_catch_pool_errors(cls) -> None:

@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from kern_manifest import Manifest
+from kern_pool import sizing
 
 from .errors import ApiError, ManifestParseError, ManifestVerifyError, int_arg
-from .kv.capacity import Capacity
 from .weights.resident import ResidentWeights
 from .weights.tensors import Tensors
 
@@ -56,7 +56,7 @@ def check_load_args(kernels_dir: Any, tensors: Any, gpu: Any, capacity: Any, pro
         raise ApiError(f"tensors must be a Tensors (SafetensorsTensors, HostTensors, ...) or None, "
                        f"got {type(tensors).__name__}")
     gpu = int_arg(gpu, "gpu")
-    if not isinstance(capacity, Capacity):
+    if not isinstance(capacity, sizing.Capacity):  # kern_runtime.Capacity, or kern_pool's own (the same rules)
         raise ApiError(f"capacity must be a Capacity(tokens=..., seqs=...), got {type(capacity).__name__}")
     if progress is not None and not callable(progress):
         raise ApiError(f"progress must be callable(bytes_done, bytes_total) or None, got {type(progress).__name__}")

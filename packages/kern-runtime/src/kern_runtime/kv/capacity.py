@@ -14,12 +14,27 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from kern_manifest import State
+from kern_pool import sizing
 from kern_pool.errors import PoolError
-from kern_pool.sizing import Capacity, Layout, PooledState
+from kern_pool.sizing import Layout, PooledState
 
 from ..errors import ApiError
 
 __all__ = ["Capacity", "PoolLayout", "plan_pool"]
+
+
+class Capacity(sizing.Capacity):
+    """What `Runtime.load` should hold at once: `tokens` of paged state (None: fill free memory, less 1 GiB) and
+    `seqs` sequences (kern_pool's `Capacity`, whose sizing rules it keeps). Raises ApiError, a KernError, unless
+    both are ints >= 0 (`tokens` may be None), so an engine catching KernError sees a bad capacity too."""
+
+    __slots__ = ()
+
+    def __post_init__(self) -> None:
+        try:
+            super().__post_init__()
+        except PoolError as exc:
+            raise ApiError(f"Capacity(tokens={self.tokens!r}, seqs={self.seqs!r}): {exc}") from None
 
 
 @dataclass(frozen=True)
