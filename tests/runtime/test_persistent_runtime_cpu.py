@@ -131,6 +131,15 @@ def test_a_cooperative_launch_is_captured_into_the_graph(fake: CoopDriver, tmp_p
                         "cuGraphLaunch"]
 
 
+def test_the_capture_is_thread_local(fake: CoopDriver, tmp_path: Path) -> None:
+    """kern captures in thread-local mode: an engine's other threads may allocate while a step is captured."""
+    with load(tmp_path, manifest(graph=True)) as rt:
+        mark = len(fake.calls)
+        rt.issue("step", {"tokens": 2})
+        modes = [args[1] for name, args in fake.calls[mark:] if name == "cuStreamBeginCapture"]
+        assert modes == [fake.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL]
+
+
 # ---------------------------------------------------------------------------------------------- zero_each_run
 
 COUNTERS = {"kind": "workspace", "dtype": "u32", "shape": [64], "zero_each_run": True}

@@ -104,6 +104,45 @@ def test_two_kernel_program_eager_and_graph_are_bit_identical(tmp_path: Path) ->
         assert {l["entry"] for l in d["launches"]} == {"kern_scale", "kern_add"}
 
 
+def test_capture_leaves_other_threads_free_to_allocate(tmp_path: Path) -> None:
+    """The graph capture is thread-local: another thread's cuMemAlloc during it succeeds (global mode refuses it
+    and invalidates the capture), and the captured graph still replays what was enqueued."""
+    import threading
+
+    from cuda.bindings import driver as cu
+
+    from kern_runtime.cuda.graphs import GraphCache
+
+    kdir, pins = kernels_dir(tmp_path, toy="toy")
+    with Runtime.load(two_kernel_manifest(pins), kdir, None) as rt:
+        rt.write_input("x", np.ones((5, 4), np.float32))
+        address = int(rt.address_of("x"))
+        seen: list[Any] = []
+
+        def allocate() -> None:
+            cu.cuCtxSetCurrent(rt.context)
+            err, ptr = cu.cuMemAlloc(1 << 20)
+            seen.append(err)
+            if err == cu.CUresult.CUDA_SUCCESS:
+                cu.cuMemFree(ptr)
+
+        def enqueue() -> None:
+            (err,) = cu.cuMemsetD8Async(address, 0, 5 * 4 * 4, rt.stream)
+            assert err == cu.CUresult.CUDA_SUCCESS
+            other = threading.Thread(target=allocate)
+            other.start()
+            other.join()
+
+        cache = GraphCache()
+        try:
+            assert cache.replay(("memset", ()), enqueue, rt.stream) is True
+            rt.synchronize()
+        finally:
+            cache.close()
+        assert seen == [cu.CUresult.CUDA_SUCCESS]
+        assert not rt.read_buffer("x", rows=5).any()  # the captured memset ran
+
+
 def test_graph_keys_follow_read_vars(tmp_path: Path) -> None:
     kdir, pins = kernels_dir(tmp_path, toy="toy")
     fill = {"args": [{"name": "y", "kind": "ptr"}],

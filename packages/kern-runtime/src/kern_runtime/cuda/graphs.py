@@ -59,6 +59,11 @@ def graph_key(program: str, values: Mapping[str, int], reads: frozenset[str]) ->
     return (program, tuple(sorted((name, int(values[name])) for name in reads)))
 
 
+def capture_mode() -> Any:
+    """The capture mode of every graph kern captures: CU_STREAM_CAPTURE_MODE_THREAD_LOCAL (GraphCache.capture)."""
+    return cu().CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
+
+
 class GraphCache:
     """Instantiated graphs by key. `replay(key, capture, stream)`: launch the graph for `key`,
     capturing it first with `capture()` (which enqueues the program's launches on `stream`)."""
@@ -76,10 +81,13 @@ class GraphCache:
         return list(self._execs)
 
     def capture(self, key: GraphKey, enqueue: Callable[[], None], stream: Any) -> Any:
-        """Capture `enqueue()` on `stream` (global mode) and instantiate it. On failure the
-        capture is ended and nothing is kept."""
+        """Capture `enqueue()` on `stream` and instantiate it. On failure the capture is ended and nothing is
+        kept. Thread-local capture mode: only this thread's unsafe driver calls (cuMemAlloc, a synchronous copy)
+        during the capture are refused, so an engine's other threads (its own allocator, another library) keep
+        working while kern captures (CUDA programming guide, "Cross-stream dependencies and events" /
+        cudaStreamCaptureModeThreadLocal)."""
         driver = cu()
-        call("cuStreamBeginCapture", stream, driver.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL)
+        call("cuStreamBeginCapture", stream, capture_mode())
         graph = None
         try:
             enqueue()

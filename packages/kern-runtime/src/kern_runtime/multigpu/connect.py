@@ -27,7 +27,7 @@ import numpy as np
 from kern_manifest import ExternLaunch, Launch, Manifest, RankWiring, Ref
 
 from ..cuda.driver import call, cu
-from ..cuda.graphs import graph_key, normalise_vars
+from ..cuda.graphs import capture_mode, graph_key, normalise_vars
 from ..cuda.memory import vmm_granularity_bytes
 from ..cuda.nccl import Communicator, NcclCall, check_extent, group_end, group_start, nccl_call, pin_nccl_env, unique_id
 from ..errors import ApiError, KernelArtifactError, KernError, ManifestError
@@ -458,8 +458,7 @@ class LocalGroup:
             rt.programs.graphs.replay(key, lambda: None, rt.stream)
 
     def _capture(self, items: list[tuple[Any, Any, dict[str, int]]], keys: list[Any]) -> None:
-        driver = cu()
-        mode = driver.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL
+        mode = capture_mode()  # thread-local, as every capture of kern (cuda.graphs.GraphCache.capture)
         begun: list[Any] = []
         graphs: list[Any] = []
         try:
