@@ -88,9 +88,18 @@ def test_committed_invariant_manifests_run_one_launch_list_at_every_bucket(fname
     proven = {(n, k) for n, k, _ in gq.load_algos(rm.ALGOS, 512)[0]}
     lm_head = [] if (cfg.vocab, cfg.hidden) in proven else [f"{cfg.vocab}x{cfg.hidden}"]
     assert caller.get("decode_batch_invariant_unproven", []) == lm_head
-    # no launch anywhere in the decode program is chosen by row count
+    # no launch anywhere in the decode program is chosen by row count: a `when` (an invariant decode pin's op keeps
+    # its prefill pin for more than 64 tokens) holds at every decode bucket, 1 .. 64 rows
     for op, _, launches in decode_launches(m, 1):
-        assert all("when" not in launch for launch in m["ops"][op]["launches"]), op
+        for launch in m["ops"][op]["launches"]:
+            for var, (low, high) in launch.get("when", {}).items():
+                assert var in ("tokens", "seqs") and (low, high) != (None, None), (op, launch["when"])
+                chosen = [low <= rows <= high for rows in range(1, 65)]
+                assert all(chosen) or not any(chosen), (op, launch["when"])
+    # the committed pins file proves an invariant decode pin for each 4B decode projection and the lm_head
+    if "4b" in fname:
+        assert sorted(caller["decode_batch_invariant_pins"]["invariant_decode"]) == [
+            "151936x2560", "19456x2560", "2560x4096", "2560x9728", "6144x2560"]
 
 
 @pytest.mark.parametrize("fname", ["qwen3-tiny-en.json", "qwen3-4b-v2.json"])
