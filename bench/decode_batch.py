@@ -4,7 +4,7 @@ step, both as one replayed CUDA graph, interleaved in one process (GPU machine).
 
     python3 bench/decode.py --batch 1,8,32,64 --contexts 128,2048 --manifest M --ckpt W
         [--steps 64] [--rounds 5] [--compile-mode default] [--only kern,torch] [--no-check] [--breakdown]
-        [--json out.json]
+        [--timeline STEPS] [--json out.json]
 
 (`bench/decode.py --batch ...` runs this file; `--weights` is an alias of `--ckpt`, `--context` of `--contexts`.)
 A missing `--ckpt` is made first (tools/make_checkpoint.py --shape qwen3-4b). Every `--batch` value lies in
@@ -31,6 +31,10 @@ What is timed, per (batch, context), all rows at that context:
 `--breakdown`: after kern's rounds at each (batch, ctx), every launch of one step timed alone (eager replay with
 events between launches, the inputs restored before each of `--breakdown-replays` replays; bench/decode.py
 `time_launches`), summed per op and kernel: where the batched step's time goes (issue 27's 64-row floor target).
+`--timeline STEPS`: STEPS graph replays traced by CUPTI (torch.profiler) per (batch, ctx), each op's duration,
+start lag and advance of the step's end (bench/profile_step.py `timeline`: the advances sum to the step, PDL
+overlaps included, a cuBLASLt call one op, the attention's partial and reduce a row each): what each op costs
+the graph step, where `--breakdown` times launches alone.
 Each side runs `--rounds` rounds of `--steps` replays, alternating which goes first; the tables quote medians
 over all of them. Floor = (checkpoint bytes + batch x ctx x 2 x layers x kv_heads x head_dim x 2 bytes) /
 4.3 TB/s. Printed last: ms per step, tokens/s (= batch / step), x floor, kern / peer, the issue's targets (bs=8 /
