@@ -105,3 +105,26 @@ def test_size_given_for_a_manifest_without_topology_is_refused(fake_cuda: FakeDr
     with pytest.raises(ApiError, match=r"ranks names group 'tp'; the manifest's topology has \[\]"):
         Runtime.load(base_manifest(), tmp_path, None, ranks={"tp": (0, 1)})
     assert fake_cuda.calls == []
+
+
+@pytest.mark.parametrize("ranks", [{"tp": (0, 3)}, {"tp": 2}, {"pp": 0}])
+def test_ranks_refusal_leaves_the_resident_as_it_was(kernels: Path, fake_cuda: FakeDriver, ranks: dict) -> None:
+    """A ranks refusal is an argument error: like a resident of another GPU, it leaves `resident` usable (the
+    load docstring: "Argument errors are raised before anything is allocated (`resident` is then left as it
+    was)"); it used to be raised inside the load's cleanup, which closed the resident."""
+    from kern_runtime import HostTensors
+
+    m = topo_manifest()
+    m["buffers"]["w"] = {"kind": "weight", "dtype": "bf16", "shape": [8, 16], "bind": [{"tensor": "q"}]}
+    tensors = HostTensors({"q": ("bf16", np.arange(128, dtype=np.uint16).reshape(8, 16))})
+    res = Runtime.load(m, kernels, tensors, ranks={"tp": 0}).into_resident()
+    kept, context = dict(res.buffers), res.context
+    assert len(kept) == 1
+    before = len(fake_cuda.calls)
+    with pytest.raises(ApiError, match="ranks names group|size 3|outside group"):
+        Runtime.load(m, kernels, tensors, ranks=ranks, resident=res)
+    assert fake_cuda.calls[before:] == []  # nothing touched, nothing freed
+    assert res.buffers == kept and res.context is context
+    with Runtime.load(m, kernels, tensors, ranks={"tp": 1}, resident=res) as rt:
+        assert burned_rank(rt) == 1
+        assert rt.address_of("w") == next(iter(kept.values())).address  # claimed, not reloaded

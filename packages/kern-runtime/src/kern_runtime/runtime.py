@@ -190,9 +190,11 @@ class Runtime:
         rt.gpu = gpu
         rt._ranks = ranks_
         rt._rank_sizes = sizes
+        # checks the topology (ranks against the manifest's groups) and touches nothing: an ApiError here is an
+        # argument error, raised before the try below, so a `resident` is left as it was (not closed)
+        rt.peers = Peers(rt.manifest, rt.topology, rt.min_values, rt.max_values, rt._ranks, rt._rank_sizes, gpu,
+                         rt._ledger, rt._buffers, rt._states, rt._scratch, rt._activate)
         try:
-            rt.peers = Peers(rt.manifest, rt.topology, rt.min_values, rt.max_values, rt._ranks, rt._rank_sizes, gpu,
-                             rt._ledger, rt._buffers, rt._states, rt._scratch, rt._activate)  # checks the topology
             rt._open_context(gpu)
             rt._load_modules(kernels_dir)
             rt._allocate(capacity, resident)
