@@ -35,15 +35,13 @@ def qwen3_kv(page_tokens: int = 512) -> list[PooledState]:
 
 
 def _stderr_of(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
-    """The one-line refusal (argparse's usage lines before it dropped), exit 2."""
+    """The one-line refusal, exit 2 (argparse's own refusals too: no usage lines before them)."""
     try:
         rc = main(argv)
-    except SystemExit as e:  # argparse's own refusal of an option, after its usage lines
+    except SystemExit as e:  # argparse's own refusal of an option
         rc = e.code
     err = capsys.readouterr().err
     assert rc == 2 and "Traceback" not in err, err
-    if err.startswith("usage: "):
-        err = err[err.index("kern-pool simulate: error: "):]
     assert len(err.splitlines()) == 1, err
     return err
 
@@ -335,3 +333,19 @@ def test_the_page_count_at_other_page_sizes_is_the_one_the_doc_states() -> None:
     assert layout.initial_pages - 1 == 187_504
     text = " ".join(DOC.read_text(encoding="utf-8").split())
     assert "`--capacity 3e6 --page-tokens 16` gives 187,504 pages, not 187,500" in text
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["simulate", "T", "--capacity", "1.5"], "kern-pool simulate: error: argument --capacity: capacity must be a "
+                                             "whole number of tokens, got 1.5"),
+    (["simulate"], "kern-pool simulate: error: the following arguments are required: trace"),
+    (["simulate", "T", "--bogus"], "kern-pool: error: unrecognized arguments: --bogus"),
+    ([], "kern-pool: error: the following arguments are required: command"),
+])
+def test_argparse_refusals_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str],
+                                        message: str) -> None:
+    """docs/pool.md: refused "with one line ... and exit 2"; argparse used to print its usage lines first."""
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(GOOD)
+    argv = [str(trace) if a == "T" else a for a in argv]
+    assert _stderr_of(capsys, argv) == message + "\n"

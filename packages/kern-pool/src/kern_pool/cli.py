@@ -60,8 +60,17 @@ def _count(low: int, what: str, unit: str):
     return parse
 
 
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse's refusal of an option or argument as one stderr line (`kern-pool simulate: error: argument
+    --capacity: ...`, exit 2), without the usage lines argparse prints first (`--help` still shows them).
+    `add_subparsers` makes the subcommands' parsers of this class too."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="kern-pool", description="kern-pool: host-side KV pool tools")
+    p = _OneLineParser(prog="kern-pool", description="kern-pool: host-side KV pool tools")
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("simulate", help="replay a Mooncake-format trace through Pool + Prefix")
