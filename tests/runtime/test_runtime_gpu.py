@@ -312,7 +312,7 @@ def test_api_errors(tmp_path: Path) -> None:
             rt.issue("step", {"tokens": 65})
         with pytest.raises(ApiError, match="unknown buffer"):
             rt.read_buffer("nope")
-        with pytest.raises(ApiError, match="is a input buffer, expected output"):
+        with pytest.raises(ApiError, match="is an input buffer, expected output"):
             rt.read_output("x")
         with pytest.raises(ApiError, match="is f32"):
             rt.write_input("x", np.zeros((2, 4), np.float64))

@@ -397,3 +397,15 @@ def test_dropped_readback_handles_give_their_pinned_staging_back(fake_cuda: Fake
         fifth = rt.read_output_async("y", rows=2)
         assert fake_cuda.called("cuMemHostAlloc") == pinned + 2
         assert third.wait().shape == fourth.wait().shape == fifth.wait().shape == (2, 4)
+
+
+def test_wrong_buffer_kind_is_named_with_its_article(fake_cuda: FakeDriver, tmp_path: Path) -> None:
+    """`read_output` of an input, `write_input` of an output or a weight: the message names the buffer's kind
+    ("an input buffer", not "a input buffer")."""
+    with Runtime.load(weight_manifest(), tmp_path, tensors()) as rt:
+        with pytest.raises(ApiError, match=r"^buffer 'x' is an input buffer, expected output$"):
+            rt.read_output("x")
+        with pytest.raises(ApiError, match=r"^buffer 'y' is an output buffer, expected input$"):
+            rt.write_input("y", np.zeros((1, 4), np.float32))
+        with pytest.raises(ApiError, match=r"^buffer 'w' is a weight buffer, expected output$"):
+            rt.read_output_async("w")

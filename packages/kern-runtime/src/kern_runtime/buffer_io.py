@@ -121,7 +121,8 @@ class BufferIO:
         if spec is None:
             raise ApiError(f"unknown buffer {name!r}")
         if kinds is not None and spec.kind not in kinds:
-            raise ApiError(f"buffer {name!r} is a {spec.kind} buffer, expected {' or '.join(kinds)}")
+            article = "an" if spec.kind[:1] in "aeiou" else "a"
+            raise ApiError(f"buffer {name!r} is {article} {spec.kind} buffer, expected {' or '.join(kinds)}")
         return spec, self._buffers[name]
 
     def write_input(self, name: str, array: np.ndarray) -> None:
