@@ -230,3 +230,25 @@ def test_remapped_states_by_object_class() -> None:
     assert remapped_states(layout, plan(zero_slots=(2,), removed_pages=(3,))) == ["ka", "kb", "rec"]
     assert remapped_states(layout, plan(map=(kern_pool.BlockMove(1, 9, 0),))) == ["kb"]
     assert remapped_states(layout, plan()) == []
+
+
+def test_state_object_address_refuses_ids_outside_the_reserved_range(rt: Runtime) -> None:
+    """An id whose object lies outside its state's reserved range (negative, or past the last object that fits)
+    had an address in another state's range, or in none; a bool or a float id was used as a number."""
+    assert rt.pool is not None
+    stride = rt.pool.layout.va_bytes_per_state
+    last_page, last_slot = stride // PAGE - 1, stride // SLOT - 1
+    base_pa, base_ss = rt.state_object_address("pa", 0), rt.state_object_address("ss", 0)
+    assert rt.state_object_address("pa", np.int64(last_page)) == base_pa + last_page * PAGE
+    assert rt.state_object_address("ss", last_slot) == base_ss + last_slot * SLOT
+    for state, object_id, message in [
+        ("pa", -1, r"page -1 is outside the state's reserved range"),
+        ("pa", last_page + 1, rf"page {last_page + 1} is outside the state's reserved range of {last_page + 1} pages"),
+        ("ss", last_slot + 1, rf"slot {last_slot + 1} is outside the state's reserved range of {last_slot + 1} slots"),
+        ("pa", True, r"object_id must be an integer, got True"),
+        ("pa", 1.0, r"object_id must be an integer, got 1.0"),
+        ("fx", 0, r"'fx' is not a pooled state"),
+        (["pa"], 0, r"\['pa'\] is not a pooled state"),
+    ]:
+        with pytest.raises(ApiError, match=message):
+            rt.state_object_address(state, object_id)

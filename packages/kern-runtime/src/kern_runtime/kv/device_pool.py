@@ -140,13 +140,22 @@ class DevicePool:
         self._ps().collect(self.stream, block=True)
 
     def state_object_address(self, state: str, object_id: int) -> int:
-        """Device address of page / slot `object_id` of pooled state `state` (tests, tools)."""
+        """Device address of page / slot `object_id` of pooled state `state` (tests, tools). Raises ApiError for a
+        state that is not pooled, and for an `object_id` that is not an integer (a bool included) or whose object
+        lies outside the state's reserved range (`0 <= object_id < va_bytes_per_state // object bytes`): an id
+        whose address would be another state's memory, or none. The id need not be mapped now."""
         ps = self._ps()
-        if state not in ps.layout.states:
+        if not isinstance(state, str) or state not in ps.layout.states:
             raise ApiError(f"{state!r} is not a pooled state; pooled: {list(ps.layout.states)}")
         i = ps.layout.states.index(state)
         n_paged = len(ps.layout.page_bytes)
         size = ps.layout.page_bytes[i] if i < n_paged else ps.layout.slot_bytes[i - n_paged]
+        object_id = int_arg(object_id, f"state_object_address({state!r}): object_id")
+        count = ps.layout.va_bytes_per_state // size
+        if not 0 <= object_id < count:
+            kind = "page" if i < n_paged else "slot"
+            raise ApiError(f"state_object_address({state!r}): {kind} {object_id} is outside the state's reserved "
+                           f"range of {count} {kind}s")
         return ps.arena.state_base(i) + object_id * size
 
     # ------------------------------------------------------------ leases and checkpoints
