@@ -72,7 +72,9 @@ def manifest_lines(manifest: Manifest) -> list[str]:
     at_min = var_min(vars_)
     for pname, prog in manifest.programs.items():
         calls = prog.flat_calls(manifest)  # inlined programs expanded
-        at = at_min if prog.graph else at_max  # a graph step at its smallest vars (decode: tokens = 1)
+        # a graph step at its smallest vars (decode: tokens = 1); a once or derive program at its vars' min, where
+        # Runtime.load runs it; any other eager program at its largest
+        at = at_min if prog.graph or prog.kind in ("once", "derive") else at_max
         launches = sum(launches_at(manifest.ops[c.op], at) for c in calls)
         where = ", ".join(f"{k}={v}" for k, v in sorted(at.items()))
         graph = f"graph: {launches} launches -> 1 graph launch per step" if prog.graph else "eager"
