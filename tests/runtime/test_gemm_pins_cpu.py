@@ -169,6 +169,7 @@ class TimedDriver(FakeDriver):
 
     def _cuStreamBeginCapture(self, stream: Any, mode: Any) -> tuple:
         self.capture = []
+        self.capture_modes = [*getattr(self, "capture_modes", []), mode]
         return (OK,)
 
     def _cuStreamEndCapture(self, stream: Any) -> tuple:
@@ -307,6 +308,9 @@ def test_the_decode_pin_is_the_fastest_at_m1_split_k_allowed(driver: TimedDriver
     assert row == {"n": N, "k": K, "algo": SPLIT_K.pin, "us_1": 2.2, "heuristic_us_1": 5.0, "candidates": 3}
     assert lines == [f"  M=1 n={N} k={K} {EXACT_SLOW.pin}: 5.00 us", f"  M=1 n={N} k={K} {SPLIT_K.pin}: 2.20 us"]
     assert blas.asked == [(1, 32)]
+    # the candidates were timed in graphs captured thread-local, as every capture of kern_runtime
+    assert driver.capture_modes and set(driver.capture_modes) == {
+        driver.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL}
     with pytest.raises(PinSearchError, match=f"no applicable cuBLASLt configuration at M = 1 for n={N} k={K} "
                                              r"\(1 candidates\)"):
         bench = DeviceBench(NumpyBlas(driver, [NOT_AT_M1], heuristic=EXACT_SLOW), N, K, 1, seed=7)

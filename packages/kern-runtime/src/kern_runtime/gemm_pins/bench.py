@@ -16,6 +16,7 @@ import numpy as np
 
 from ..cuda import Blas, call, gemm_call
 from ..cuda.blas import GemmCall
+from ..cuda.graphs import capture_mode
 from ..errors import KernelArtifactError
 from .search import Pin
 
@@ -117,10 +118,8 @@ class DeviceBench:
         return statistics.median(self._event_us(launch, burst) for _ in range(reps))
 
     def time_graph_us(self, m: int, pin: Pin | None, reps: int = 7, burst: int = 20) -> float:
-        from cuda.bindings import driver
-
         self._run(self.a, self.c, m, pin)  # plan outside the capture
-        call("cuStreamBeginCapture", self.stream, driver.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL)
+        call("cuStreamBeginCapture", self.stream, capture_mode())  # thread-local, as every capture of kern
         try:
             for _ in range(burst):
                 self._run(self.a, self.c, m, pin)
