@@ -172,7 +172,7 @@ def test_inspect_prints_summary(tiny_manifest: Path) -> None:
     assert result.exit_code == 0
     assert "kern_attn_decode_partial_wide in attention" in result.stdout
     assert "program decode (run): 29 calls, 33 launches" in result.stdout
-    assert "program top_logprobs (run): 1 calls, 1 launches" in result.stdout
+    assert "program top_logprobs (run): 1 call, 1 launch" in result.stdout
     _refused(_invoke("inspect", "/nonexistent.json"), 2, "/nonexistent.json", "No such file")
 
 

@@ -202,7 +202,7 @@ def test_inspect_counts_the_calls_of_inlined_programs() -> None:
     assert lines["program decode"] == ("program decode (run): 5 calls, 6 launches at seqs=1, tokens=1, "
                                        "graph: 6 launches -> 1 graph launch per step")
     # a once program runs at its vars' min (Runtime.load), and is counted there, not at the vars' max
-    assert lines["program load"] == "program load (once): 1 calls, 1 launches at seqs=1, tokens=1, eager"
+    assert lines["program load"] == "program load (once): 1 call, 1 launch at seqs=1, tokens=1, eager"
     check = CliRunner().invoke(app, ["manifest", "check", str(EXAMPLE)])
     assert "decode [run]: graph (5 calls -> 1 graph launch)" in check.stdout
 

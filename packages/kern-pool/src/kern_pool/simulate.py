@@ -1,11 +1,11 @@
 """Trace replay: Mooncake-format requests through Pool + Prefix (+ Host) at a given capacity.
 
-Each request is served in file order, one at a time, with no timing (as in the FAST'25 paper's
-Figure 9 and the helper baseline in traces/README.md): look the prompt up, lease from the hit (or wake
-it from the host), evict coldest entries while the pool says `Busy`, then retire the lease at the
-prompt length and insert the checkpoint. Tokens are synthesized from `hash_ids` so that prefix sharing
-is exact: block i of a request is `(hash_ids[i], 0, 0, ...)` (512 tokens, the last block truncated to
-`input_length`); two requests share a token prefix exactly as far as their leading hash ids agree.
+Each request is served in file order, one at a time, with no timing (as in the FAST'25 paper's Figure 9 and the
+helper baseline in ../shared/traces/README.md, beside the kern checkout): look the prompt up, lease from the hit (or
+wake it from the host), evict coldest entries while the pool says `Busy`, then retire the lease at the prompt length
+and insert the checkpoint. Tokens are synthesized from `hash_ids` so that prefix sharing is exact: block i of a
+request is `(hash_ids[i], 0, 0, ...)` (512 tokens, the last block truncated to `input_length`); two requests share a
+token prefix exactly as far as their leading hash ids agree.
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
 """`kern-pool simulate --sweep --png`: the hit-rate curve, beside reference curves only where they apply.
 
-The reference points (the FAST'25 paper's Figure 9 and the helper baseline of traces/README.md) were measured on
-two exact files: the complete Mooncake conversation and synthetic traces, all requests, 512-token blocks, no host
-tier, prompt tokens only. A `Reference` carries that provenance (the file's sha256 and request count, from
-traces/README.md) and `reference_for` draws one only for a replay of the same bytes under the same settings:
-a file merely named `*conversation*`, a `--limit` shorter than the trace, other pages, a host tier or
-`--reserve-output` get no reference, and the reason is said. `check_png_path` refuses an output path that could
-not be written before any replay runs (a sweep takes about 40 s).
+The reference points (the FAST'25 paper's Figure 9 and the helper baseline of ../shared/traces/README.md, beside the
+kern checkout) were measured on two exact files: the complete Mooncake conversation and synthetic traces, all
+requests, 512-token blocks, no host tier, prompt tokens only. A `Reference` carries that provenance (the file's
+sha256 and request count, from ../shared/traces/README.md) and `reference_for` draws one only for a replay of the
+same bytes under the same settings: a file merely named `*conversation*`, a `--limit` shorter than the trace, other
+pages, a host tier or `--reserve-output` get no reference, and the reason is said. `check_png_path` refuses an
+output path that could not be written before any replay runs (a sweep takes about 40 s).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ Points = tuple[tuple[float, float], ...]  # (capacity in tokens, hit rate by tok
 class Reference:
     """Reference curves measured on one trace file. `sha256`: the file's digest; `requests`: its request count;
     `published`: FAST'25 Fig. 9 read off the plot (+-0.02; 1e9 stands for the plot's rightmost point);
-    `baseline`: the helper's block-LRU replay (traces/README.md)."""
+    `baseline`: the helper's block-LRU replay (../shared/traces/README.md)."""
 
     name: str
     sha256: str

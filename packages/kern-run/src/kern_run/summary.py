@@ -16,6 +16,11 @@ from kern_manifest import (
 )
 
 
+def _count(n: int, one: str, many: str | None = None) -> str:
+    """`n` with its noun in the singular for 1 ("1 call", "2 calls")."""
+    return f"{n} {one if n == 1 else (many or one + 's')}"
+
+
 def _gib(n: int) -> str:
     return f"{n / 2**30:.3f} GiB" if n >= 2**30 else f"{n / 2**20:.2f} MiB"
 
@@ -78,7 +83,8 @@ def manifest_lines(manifest: Manifest) -> list[str]:
         launches = sum(launches_at(manifest.ops[c.op], at) for c in calls)
         where = ", ".join(f"{k}={v}" for k, v in sorted(at.items()))
         graph = f"graph: {launches} launches -> 1 graph launch per step" if prog.graph else "eager"
-        lines.append(f"program {pname} ({prog.kind}): {len(calls)} calls, {launches} launches at {where}, {graph}")
+        counted = f"{_count(len(calls), 'call')}, {_count(launches, 'launch', 'launches')}"
+        lines.append(f"program {pname} ({prog.kind}): {counted} at {where}, {graph}")
     return lines
 
 
