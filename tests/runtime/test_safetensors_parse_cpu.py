@@ -187,11 +187,12 @@ def test_empty_tensors_may_share_an_offset_and_metadata_is_skipped() -> None:
     (3.5, "float"), ({"t": b""}, "dict"), (iter([GOOD]), "list_iterator"),
 ])
 def test_wrong_argument_types_are_api_errors(bad: object, kind: str) -> None:
-    with pytest.raises(ApiError, match=rf"bytes #0 is a {kind}, not") as err:
+    article = "an" if kind[0] in "aeiou" else "a"
+    with pytest.raises(ApiError, match=rf"bytes #0 is {article} {kind}, not") as err:
         SafetensorsTensors.parse(bad)
     if isinstance(bad, (str, Path)):
         assert "SafetensorsTensors.open takes a path" in str(err.value)
-    with pytest.raises(ApiError, match=rf"bytes #1 is a {kind}, not"):
+    with pytest.raises(ApiError, match=rf"bytes #1 is {article} {kind}, not"):
         SafetensorsTensors.parse([GOOD, bad])
 
 
@@ -238,3 +239,4 @@ def test_host_placement_load_binds_from_parsed_shards() -> None:
             [Target(plan_bind(buf, tensors.meta), 0, host.ctypes.data)])
         np.testing.assert_array_equal(host.reshape(17, 8), want)
         assert nbytes == 17 * 8 * 2
+

@@ -530,8 +530,8 @@ def manifest_check(
 
 @manifest_app.command("build")
 def manifest_build(
-    out: Annotated[Path, typer.Option("--out", help="manifest to write (with --tp N: the rank files "
-                                      "<stem>-tp<N>-r<rank>.json beside it)")],
+    out: Annotated[Path, typer.Option("--out", help="manifest to write, its directory made when missing (with "
+                                      "--tp N: the rank files <stem>-tp<N>-r<rank>.json beside it)")],
     config: Annotated[Optional[Path], typer.Option("--config", help="a Qwen3 or Llama 3 config.json")] = None,
     shape: Annotated[Optional[str], typer.Option("--shape", help="a known shape instead: qwen3-0.6b, -1.7b, -4b, "
                                                  "-8b, -14b, -32b, tiny, llama3.2-1b, llama3.2-3b or "
