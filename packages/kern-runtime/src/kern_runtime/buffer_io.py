@@ -26,7 +26,7 @@ from kern_manifest import Buffer, Manifest
 from .cuda.driver import call, cu
 from .cuda.dtypes import numpy_dtype
 from .cuda.memory import Allocation, Ledger
-from .errors import ApiError, int_arg
+from .errors import ApiError, int_arg, with_article
 from .kv.host_tier import event_done
 
 
@@ -121,8 +121,7 @@ class BufferIO:
         if spec is None:
             raise ApiError(f"unknown buffer {name!r}")
         if kinds is not None and spec.kind not in kinds:
-            article = "an" if spec.kind[:1] in "aeiou" else "a"
-            raise ApiError(f"buffer {name!r} is {article} {spec.kind} buffer, expected {' or '.join(kinds)}")
+            raise ApiError(f"buffer {name!r} is {with_article(spec.kind)} buffer, expected {' or '.join(kinds)}")
         return spec, self._buffers[name]
 
     def write_input(self, name: str, array: np.ndarray) -> None:

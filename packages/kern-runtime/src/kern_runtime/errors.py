@@ -187,6 +187,11 @@ class DeviceFaultError(KernError):
         return (type(self), (self.buffer, self.code, self.meaning, self.programs, self.detail))
 
 
+def with_article(noun: str) -> str:
+    """`noun` after its indefinite article, for messages: "an input", "an int", "a str"."""
+    return f"{'an' if noun[:1].lower() in 'aeiou' else 'a'} {noun}"
+
+
 def as_integer(value: object) -> int | None:
     """`value` as an `int` when it is an integer (anything `operator.index` accepts: int, numpy integers;
     never a bool), else None."""

@@ -84,9 +84,7 @@ class GraphCache:
         """Capture `enqueue()` on `stream` and instantiate it. On failure the capture is ended and nothing is
         kept. Thread-local capture mode: only this thread's unsafe driver calls (cuMemAlloc, a synchronous copy)
         during the capture are refused, so an engine's other threads (its own allocator, another library) keep
-        working while kern captures (CUDA programming guide, "Cross-stream dependencies and events" /
-        cudaStreamCaptureModeThreadLocal)."""
-        driver = cu()
+        working while kern captures (CUDA driver API, cuStreamBeginCapture and CUstreamCaptureMode)."""
         call("cuStreamBeginCapture", stream, capture_mode())
         graph = None
         try:

@@ -37,7 +37,7 @@ import numpy as np
 from kern_manifest import json_text_fault, read_regular_file
 
 from ..cuda.dtypes import SAFETENSORS_DTYPE, item_bytes
-from ..errors import ApiError, WeightArtifactError
+from ..errors import ApiError, WeightArtifactError, with_article
 from .tensors import Blob, FileBlob, HostBlob, TensorMeta
 
 INDEX_NAME = "model.safetensors.index.json"
@@ -162,21 +162,16 @@ def _header_entries(raw: bytes, total_bytes: int, where: str, container: str) ->
     return out
 
 
-def _a(noun: str) -> str:
-    """`noun` after its indefinite article: "an int", "a str"."""
-    return f"{'an' if noun[:1].lower() in 'aeiou' else 'a'} {noun}"
-
-
 def _byte_view(data: object, where: str) -> np.ndarray:
     """A read-only 1-D uint8 numpy view of the bytes-like `data` (no copy; the view references `data`).
     ApiError for anything that is not a contiguous buffer."""
     if isinstance(data, (str, os.PathLike)):
-        raise ApiError(f"{where} is {_a(type(data).__name__)}, not bytes: SafetensorsTensors.parse takes the "
+        raise ApiError(f"{where} is {with_article(type(data).__name__)}, not bytes: SafetensorsTensors.parse takes the "
                        "bytes of a safetensors file (SafetensorsTensors.open takes a path)")
     try:
         view = memoryview(data)  # type: ignore[arg-type]
     except TypeError:
-        raise ApiError(f"{where} is {_a(type(data).__name__)}, not a bytes-like object (bytes, bytearray, memoryview, "
+        raise ApiError(f"{where} is {with_article(type(data).__name__)}, not a bytes-like object (bytes, bytearray, memoryview, "
                        "a contiguous numpy array)") from None
     if not view.c_contiguous:
         raise ApiError(f"{where} is a non-contiguous {type(data).__name__}; pass contiguous bytes "
