@@ -469,16 +469,11 @@ class KernRows:
         step's GPU time). The launches are named by one hooked eager replay first; the trace goes to `trace`."""
         from torch.profiler import ProfilerActivity, profile
 
-        from bench.profile_step import load_chrome_trace, timeline
+        from bench.profile_step import load_chrome_trace, program_launches, timeline
 
         assert self.snapshot is not None, "write() first"
-        ops: list[tuple[str, str | None]] = []
-
-        def note(index: int, rec: Any) -> None:  # entry None: a library call (cuBLASLt), one or more kernels
-            ops.append((rec.op, getattr(rec.launch, "entry", None)))
-
         self.snapshot.restore()
-        self.rt.run_hooked("decode", self.vars, note)
+        ops = program_launches(self.rt, "decode", self.vars)
         self.time(2)  # the graph replays once more before the range
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             self.time(steps)

@@ -34,6 +34,7 @@ import csv
 import statistics
 import sys
 from pathlib import Path
+from typing import Any
 
 from bench.decode import _check, _cu, _prompt, _start_sequence
 
@@ -67,13 +68,7 @@ def run(args: argparse.Namespace) -> None:
     for _ in range(args.warm):
         gen.rt.issue("decode", {"tokens": 1, "seqs": 1}, eager=True)
     gen.rt.synchronize()
-    ops: list[tuple[str, str | None]] = []
-
-    def note(index: int, rec) -> None:  # the launches of one step, in order (entry None: a library call)
-        ops.append((rec.op, getattr(rec.launch, "entry", None)))
-
-    gen.rt.run_hooked("decode", {"tokens": 1, "seqs": 1}, note)  # one more warm step, naming the launches
-    gen.rt.synchronize()
+    ops = program_launches(gen.rt, "decode", {"tokens": 1, "seqs": 1})  # one more warm step, naming the launches
     named = [(op, entry) for op, entry in ops if entry]  # what --summarize pairs with ncu's kernel rows
     Path(args.ops_out).write_text("\n".join(f"{op}\t{entry}" for op, entry in named) + "\n")
     if args.graph:
@@ -99,6 +94,15 @@ def run(args: argparse.Namespace) -> None:
     _check(cu.cuProfilerStop())
     print(f"profile_step: {args.steps} step(s) of {len(ops)} launches profiled; ops -> {args.ops_out}")
     gen.close()
+
+
+def program_launches(rt: Any, program: str, vars: dict[str, int]) -> list[tuple[str, str | None]]:
+    """The launches of one eager run of `program` at `vars` (run_hooked, then synchronised), in order: (op, kernel
+    entry; None for a library call: cuBLASLt, NCCL), what `timeline` names a trace's kernels by."""
+    ops: list[tuple[str, str | None]] = []
+    rt.run_hooked(program, vars, lambda index, rec: ops.append((rec.op, getattr(rec.launch, "entry", None))))
+    rt.synchronize()
+    return ops
 
 
 def _float(text: str) -> float:
