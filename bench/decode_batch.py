@@ -4,7 +4,7 @@ step, both as one replayed CUDA graph, interleaved in one process (GPU machine).
 
     python3 bench/decode.py --batch 1,8,32,64 --contexts 128,2048 --manifest M --ckpt W
         [--steps 64] [--rounds 5] [--compile-mode default] [--only kern,torch] [--no-check] [--breakdown]
-        [--timeline STEPS] [--json out.json]
+        [--timeline STEPS] [--variants B.json,C.json] [--json out.json]
 
 (`bench/decode.py --batch ...` runs this file; `--weights` is an alias of `--ckpt`, `--context` of `--contexts`.)
 A missing `--ckpt` is made first (tools/make_checkpoint.py --shape qwen3-4b). Every `--batch` value lies in
@@ -31,6 +31,9 @@ What is timed, per (batch, context), all rows at that context:
 `--breakdown`: after kern's rounds at each (batch, ctx), every launch of one step timed alone (eager replay with
 events between launches, the inputs restored before each of `--breakdown-replays` replays; bench/decode.py
 `time_launches`), summed per op and kernel: where the batched step's time goes (issue 27's 64-row floor target).
+`--variants B.json,...`: more manifests, each loaded as its own Runtime in the same process and timed in the same
+rounds as `--manifest` (the order rotating with the peer's): a table of each variant's step against kern's and its
+floor (what an A/B of two builds of the same model needs: one run, interleaved).
 `--timeline STEPS`: STEPS graph replays traced by CUPTI (torch.profiler) per (batch, ctx), each op's duration,
 start lag and advance of the step's end (bench/profile_step.py `timeline`: the advances sum to the step, PDL
 overlaps included, a cuBLASLt call one op, the attention's partial and reduce a row each): what each op costs
@@ -326,6 +329,41 @@ def targets(results: list[dict[str, Any]], floors: Mapping[tuple[int, int], floa
     return lines
 
 
+def variant_tag(path: str | Path) -> str:
+    """A --variants manifest's label in the tables: its file stem."""
+    return Path(path).stem
+
+
+def variant_lines(results: list[dict[str, Any]], batches: Sequence[int], contexts: Sequence[int],
+                  floors: Mapping[tuple[int, int], float]) -> list[str]:
+    """The --variants table: per (ctx, batch), kern's step on --manifest, then each variant's ms, its ratio to
+    --manifest's and its % of the floor. [] without variant records."""
+    tags = list(dict.fromkeys(r["tag"] for r in results if r.get("side") == "variant"))
+    if not tags:
+        return []
+    head = f"{'batch':>5s} {'ctx':>6s} {'floor ms':>9s} | {'kern ms':>8s} {'% floor':>7s}" + "".join(
+        f" | {t[:18]:>18s} {'/ kern':>6s} {'% floor':>7s}" for t in tags)
+    lines = ["", "===== variants (interleaved with kern's rounds in the same process; median ms per step)", head,
+             "-" * len(head)]
+    for c in contexts:
+        for b in batches:
+            fl = floors[(b, c)]
+            k = _step(results, "kern", b, c)
+            row = f"{b:>5d} {c:>6d} {fl:>9.3f} | " + (f"{k:>8.3f} {100 * fl / k:>6.1f}%" if k else f"{'-':>8s} {'':>7s}")
+            for t in tags:
+                r = next((r for r in results if r.get("side") == "variant" and r.get("tag") == t
+                          and r.get("batch") == b and r.get("ctx") == c), None)
+                if r is None:
+                    row += f" | {'-':>18s} {'':>6s} {'':>7s}"
+                    continue
+                ms = float(r["ms_per_step"])
+                ratio = _ratio(ms, k)
+                row += f" | {ms:>18.3f} " + (f"{ratio:>6.3f}" if ratio is not None else f"{'-':>6s}") + \
+                    f" {100 * fl / ms:>6.1f}%"
+            lines.append(row)
+    return lines
+
+
 def table(results: list[dict[str, Any]], batches: Sequence[int], contexts: Sequence[int], weight_bytes: int,
           kv_per_token: int, notes: Sequence[str] = ()) -> str:
     """The batched decode table: one line per (ctx, batch): floor ms, then per side ms/step, tokens/s, x floor,
@@ -354,6 +392,7 @@ def table(results: list[dict[str, Any]], batches: Sequence[int], contexts: Seque
             ratio = _ratio(k, t)
             lines.append(f"{b:>5d} {c:>6d} {fl:>9.3f} | {cells(k, b, fl)} | {cells(t, b, fl)} | "
                          + (f"{ratio:>9.2f}" if ratio is not None else f"{'-':>9s}"))
+    lines += variant_lines(results, batches, contexts, floors)
     lines += ["", *targets(results, floors)]
     for r in results:
         if r.get("side") == "check":
@@ -366,7 +405,8 @@ def table(results: list[dict[str, Any]], batches: Sequence[int], contexts: Seque
         if r.get("side") == "breakdown":
             lines += base.breakdown_lines(f", batch {r['batch']}, ctx {r['ctx']}", r["summary"], r["sum_us"])
         if r.get("side") == "timeline":
-            lines += [f"-- graph timeline, batch {r['batch']}, ctx {r['ctx']} (CUPTI; GPU us per step "
+            tag = f" [{r['tag']}]" if r.get("tag") else ""
+            lines += [f"-- graph timeline{tag}, batch {r['batch']}, ctx {r['ctx']} (CUPTI; GPU us per step "
                       f"{r['step_us']:.1f}; advance = what the op adds to the step's end):",
                       f"   {'op':24s} {'n':>3s} {'dur us':>7s} {'lag us':>7s} {'adv us':>7s} {'adv us/step':>11s} {'share':>6s}"]
             lines += [f"   {o['op'][:24]:24s} {o['n']:>3d} {o['dur_us']:7.2f} {o['lag_us']:7.2f} {o['adv_us']:7.2f} "
@@ -681,9 +721,15 @@ def worker(args: argparse.Namespace, out: str) -> None:
     free0, _ = base._check(cu.cuMemGetInfo())
     t0 = time.perf_counter()
     rt = None
+    variants: list[tuple[str, Any, Any]] = []  # (tag, facts, runtime) of each --variants manifest
     if "kern" in args.only_peers:
         rt = Runtime.load(facts.manifest, str(args.kernels), SafetensorsTensors.open(str(args.ckpt)), gpu=args.gpu,
                           capacity=Capacity(tokens=capacity, seqs=max(batches)))
+        for path in args.variant_list:
+            vfacts = read_manifest(path)
+            variants.append((variant_tag(path), vfacts,
+                             Runtime.load(vfacts.manifest, str(args.kernels), SafetensorsTensors.open(str(args.ckpt)),
+                                          gpu=args.gpu, capacity=Capacity(tokens=capacity, seqs=max(batches)))))
     kern_load_s = time.perf_counter() - t0
     free1, _ = base._check(cu.cuMemGetInfo())
     model = None
@@ -708,20 +754,33 @@ def worker(args: argparse.Namespace, out: str) -> None:
         for b in batches:
             tokens = rng.integers(0, min(vocab, 151643), size=b).tolist()  # row r's token at its step
             kern = peer = None
+            alts: list[tuple[str, KernRows]] = []
             if "kern" in args.only_peers:
                 kern = KernRows(rt, facts, [ctx] * b)
                 kern.write(tokens)
                 kern.time(4)  # the first captures the graph
+                for tag, vfacts, vrt in variants:
+                    alts.append((tag, KernRows(vrt, vfacts, [ctx] * b)))
+                    alts[-1][1].write(tokens)
+                    alts[-1][1].time(4)
             if "torch" in args.only_peers:
                 peer = PeerRows(model, b, ctx, tokens, args.compile_mode)
                 peer.time(4)
-            samples: dict[str, list[float]] = {"kern": [], "torch": []}
+            samples: dict[str, list[float]] = {"kern": [], "torch": [], **{tag: [] for tag, _ in alts}}
             for i in range(args.rounds):
-                order = [("kern", kern), ("torch", peer)]
+                order = [("kern", kern), *alts, ("torch", peer)]
                 for side, runner in (order if i % 2 == 0 else order[::-1]):
                     if runner is not None:
                         samples[side] += runner.time(args.steps)
             common = {"batch": b, "ctx": ctx, "rounds": args.rounds}
+            for tag, alt in alts:
+                base._emit(out, {"side": "variant", "tag": tag, **common, "ms_per_step": statistics.median(samples[tag]),
+                                 "stats": base._ms(samples[tag]), "steps": len(samples[tag])})
+                if args.timeline:
+                    trace = Path(out).with_name(f"trace-{tag}-b{b}-ctx{ctx}.json")
+                    base._emit(out, {"side": "timeline", "tag": tag, "batch": b, "ctx": ctx, "trace": str(trace),
+                                     **alt.timeline(args.timeline, trace)})
+                alt.close()
             if kern is not None:
                 base._emit(out, {"side": "kern", "label": f"kern {Path(args.manifest).name}", **common,
                                  "ms_per_step": statistics.median(samples["kern"]), "stats": base._ms(samples["kern"]),
@@ -741,6 +800,8 @@ def worker(args: argparse.Namespace, out: str) -> None:
                                  "stats": base._ms(samples["torch"]), "steps": len(samples["torch"]),
                                  "kv_positions_per_row": cache_size(ctx)})
                 peer.close()
+    for _, _, vrt in variants:
+        vrt.close()
     if rt is not None:
         rt.close()
 
@@ -756,6 +817,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ckpt", "--weights", dest="ckpt", type=Path,
                    default=Path(os.environ.get("KERN_WEIGHTS", "/tmp/kern-weights")) / "qwen3-4b")
     p.add_argument("--manifest", type=Path, default=ROOT / "manifests" / "qwen3-4b-v2.json")
+    p.add_argument("--variants", default="", help="comma list of more manifests, each loaded beside --manifest and "
+                   "timed in the same rounds (kern side only)")
     base.add_peer_args(p, PEERS, only_help="comma list of kern, torch")
     p.add_argument("--steps", type=int, default=64, help="replays per side per round")
     p.add_argument("--rounds", type=int, default=5, help="rounds, the sides alternating which goes first")
@@ -788,6 +851,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.ArgumentParser, argpars
         args.context_list = parse_contexts(args.contexts)
     except BatchSpecError as exc:
         p.error(str(exc))
+    args.variant_list = [Path(v) for v in args.variants.split(",") if v]
     args.only_peers = [s for s in args.only.split(",") if s]
     bad = [s for s in args.only_peers if s not in PEERS]
     if bad or not args.only_peers:
@@ -815,7 +879,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         check_batches_fit(args.batches, seqs_max(facts.manifest), args.manifest)
         sampling_names(facts.manifest)
-    except (BatchSpecError, ValueError) as exc:
+        for path in args.variant_list:
+            vfacts = read_manifest(path)
+            check_batches_fit(args.batches, seqs_max(vfacts.manifest), path)
+            sampling_names(vfacts.manifest)
+    except (BatchSpecError, ValueError, RefusalError) as exc:
         p.error(str(exc))
     if not (args.ckpt / "config.json").is_file():
         print(f"# {args.ckpt} missing: making it (tools/make_checkpoint.py --shape qwen3-4b)", flush=True)
@@ -825,6 +893,7 @@ def main(argv: list[str] | None = None) -> int:
     argv_worker = ["--worker", "batch", "--batch", ",".join(map(str, args.batches)), "--contexts",
                    ",".join(map(str, args.context_list)), "--ckpt", str(args.ckpt), "--manifest", str(args.manifest),
                    "--kernels", str(args.kernels), "--gpu", str(args.gpu), "--only", ",".join(args.only_peers),
+                   "--variants", ",".join(map(str, args.variant_list)),
                    "--steps", str(args.steps), "--rounds", str(args.rounds), "--compile-mode", args.compile_mode,
                    "--check-tokens", str(args.check_tokens), "--check-rel-tol", str(args.check_rel_tol),
                    "--breakdown-replays", str(args.breakdown_replays), "--timeline", str(args.timeline)] \

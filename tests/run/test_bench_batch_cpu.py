@@ -285,6 +285,23 @@ def test_targets_missed_and_unmeasured() -> None:
     assert row8.replace("|", " ").split()[3:] == ["-", "-", "-"]
 
 
+def test_variants_table_compares_each_variant_with_kern() -> None:
+    w = 8_050_000_000
+    rows = _results() + [{"side": "variant", "tag": "qwen3-4b-gqa", "batch": 64, "ctx": 128, "ms_per_step": 3.0,
+                          "steps": 320}]
+    text = bb.table(rows, [1, 64], [128], w, QWEN3_4B_KV)
+    lines = text.splitlines()
+    at = lines.index("===== variants (interleaved with kern's rounds in the same process; median ms per step)")
+    assert "qwen3-4b-gqa" in lines[at + 1]
+    fl = bb.floor_ms(w, 64, 128, QWEN3_4B_KV)
+    row = next(ln for ln in lines[at:] if ln.split()[:2] == ["64", "128"]).replace("|", " ").split()
+    assert float(row[3]) == 4.0 and row[4] == f"{100 * fl / 4.0:.1f}%"
+    assert float(row[5]) == 3.0 and row[6] == "0.750" and row[7] == f"{100 * fl / 3.0:.1f}%"
+    row1 = next(ln for ln in lines[at:] if ln.split()[:2] == ["1", "128"]).replace("|", " ").split()
+    assert row1[5:] == ["-"]  # the variant was not measured at one row
+    assert "===== variants" not in bb.table(_results(), [1, 64], [128], w, QWEN3_4B_KV)
+
+
 # ---------------------------------------------------------------- kern's rows over a fake runtime
 
 
@@ -592,6 +609,22 @@ def test_worker_kern_only_over_a_fake_runtime(fake_device: FakeDevice, tmp_path:
     # per config: 4 warm-up replays, then 2 rounds of 3, all at the config's context
     assert decodes == [(1, [20])] * 10 + [(3, [20] * 3)] * 10 + [(1, [40])] * 10 + [(3, [40] * 3)] * 10
     assert rt.pool.free_pages == rt.pool.leasable_pages and rt.closed
+
+    # --variants: a second runtime of its own, timed in the same rounds, one "variant" record per (ctx, batch)
+    loaded.clear()
+    variant = tmp_path / "alt.json"
+    variant.write_text(manifest_path.read_text())
+    _, args = bb.parse_args(["--worker", "batch", "--batch", "2", "--contexts", "20", "--manifest", str(manifest_path),
+                             "--ckpt", str(ckpt), "--only", "kern", "--no-check", "--steps", "3", "--rounds", "2",
+                             "--variants", str(variant)])
+    out = tmp_path / "v.jsonl"
+    bb.worker(args, str(out))
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["side"], r.get("tag"), r.get("steps")) for r in records[1:]] == [("variant", "alt", 6), ("kern", None, 6)]
+    main_rt, alt_rt = loaded
+    for one in (main_rt, alt_rt):
+        assert [(v["seqs"], s["positions"].tolist()) for p, v, s in one.issued if p == "decode"] == [(2, [20, 20])] * 10
+        assert one.pool.free_pages == one.pool.leasable_pages and one.closed
 
 
 def test_kern_rows_breakdown_times_each_launch_of_the_same_step(fake_device: FakeDevice, tmp_path: Path) -> None:
