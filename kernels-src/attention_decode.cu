@@ -377,3 +377,426 @@ extern "C" __global__ void __launch_bounds__(ST_THREADS, 6) kern_attn_decode_par
     }
 #undef KERN_STREAM_BODY
 }
+
+// ---------------------------------------------------------------------------------------------------------------
+// kern_attn_decode_partial_gqa: kern_attn_decode_partial_stream's signature, grid, split rule, early contract and
+// results (up to fp32 rounding), in one warp per block with about 2.5 times fewer instructions per K/V byte
+// (docs/perf.md "Twenty-second session": the stream partial at 64 rows is instruction-bound, 518 instructions per
+// 16-token tile per warp and about 700 per warp outside the loop).
+//   - the mma's 16 rows are the tile's 16 tokens and its 8 columns the kv head's q heads (passes of 8 past
+//     that): S^T = K Q^T (A = K from shared memory by ldmatrix, B = q from registers, loaded once), then
+//     O^T += V^T P^T (A = V by ldmatrix.trans, B = P^T: the S^T accumulators transposed in registers by
+//     movmatrix, in two bf16 terms as the stream partial splits P). A 16-token tile is 8 + 2 * head_dim / 16
+//     mma at head_dim 128 against the stream partial's 48, and the accumulators O^T are 32 floats per lane, not 64.
+//   - lane l copies token l % 16's whole K (l < 16) or V row of the tile with head_dim / 8 cp.async of 16 bytes
+//     (no shuffle or address arithmetic per copy); shared rows are padded to 272 bytes, so the copies' and the
+//     ldmatrix's 8 rows fall in 8 bank groups. Two stages: a tile computes while the next one flies.
+//   - the running max and sum are per q head (a column): reductions over the 8 lanes of a column.
+//   - the output goes through shared memory so part_out is written in float4 rows.
+// static shared memory 17,408 bytes per 32-thread block: 12 blocks (warps) per SM.
+#define GQ_TT 16      // tokens per tile (the m of S^T, the k of O^T's mma)
+#define GQ_HEADS 8    // q heads per pass (the n of both mma)
+#define GQ_MAX_D 128  // head_dim limit (a multiple of 16)
+#define GQ_ROW 136    // shared K/V row stride in bf16 (272 bytes)
+#define GQ_OUT_ROW (GQ_MAX_D + 4)  // shared output row stride in floats (lanes of a column in 8 bank groups)
+#define GQ_RED 8      // kern_attn_decode_gqa_fused's merge: part_out loads in flight per lane
+
+struct GqaSmem {
+    __nv_bfloat16 kv[2][2][GQ_TT][GQ_ROW];  // [stage][K, V][token of the tile][dim]
+};
+static_assert(sizeof(float) * GQ_HEADS * GQ_OUT_ROW <= sizeof(GqaSmem), "the output stage fits the K/V stages");
+
+// 2 bf16 of a q row at p (element loads where p is not 4-byte aligned), through L2 only.
+KERN_DEV uint32_t gq_load_pair(const __nv_bfloat16* p, bool vec) {
+    if (vec) return __ldcg(reinterpret_cast<const unsigned int*>(p));
+    const unsigned short* e = reinterpret_cast<const unsigned short*>(p);
+    return (uint32_t)__ldcg(e) | ((uint32_t)__ldcg(e + 1) << 16);
+}
+
+template <int NK>
+KERN_DEV void gqa_body(GqaSmem& sm, const __nv_bfloat16* q, const __nv_bfloat16* kv_cache, const int32_t* bt_row,
+                       float* part_out, float* part_ml, int num_q_heads, int num_kv_heads, int page_tokens,
+                       int bt_stride, int num_pages, int num_splits, float scale, int s, int kvh, int x, int begin,
+                       int end, int32_t early_row) {
+    constexpr int D = NK * 16;
+    constexpr int C = 2 * NK;  // 16-byte chunks of a K (or V) row
+    const int G = num_q_heads / num_kv_heads;
+    const int lane = threadIdx.x & 31;
+    const int gid = lane >> 2, tig = lane & 3, mi = lane >> 3;
+    const int token_elems = num_kv_heads * D;
+    const int64_t v_off = (int64_t)page_tokens * token_elems;
+    const bool qvec = (reinterpret_cast<uintptr_t>(q) & 3u) == 0;
+    const float sl2 = scale * LOG2E;
+    const uint32_t page_limit = (uint32_t)max(num_pages, 0);
+    const int n_tiles = (end - begin + GQ_TT - 1) / GQ_TT;  // >= 1
+    // lane l holds the row of token c_tok = l % 16 of a tile (tile_row); its copies are chunk c_ch = l % 16 of part
+    // c_part = l / 16 (0 K, 1 V) of every token of the tile, one token per copy instruction, so an instruction reads
+    // the token's whole 256-byte K row and V row (coalesced; lanes with c_ch >= C idle below head_dim 128)
+    const int c_tok = lane & (GQ_TT - 1), c_part = lane >> 4, c_ch = lane & 15;
+    const bool c_on = c_ch < C;
+    const __nv_bfloat16* lane_src = kv_cache + (int64_t)kvh * D + c_part * v_off + 8 * c_ch;
+    // Row index (page * 2 * page_tokens + offset) of token c_tok of the next tile (tiles are asked for in order
+    // 0, 1, 2, ... from each pass's start), -1 when absent. The token's page index and offset advance by GQ_TT per
+    // tile (one division per pass, not one per tile).
+    int next_tok = 0, next_pi = 0, next_off = 0;
+    auto tile_row = [&]() -> int32_t {
+        const int tok = next_tok, pi = next_pi, off = next_off;
+        next_tok += GQ_TT;
+        next_off += GQ_TT;
+        while (next_off >= page_tokens) {  // once a tile at page_tokens >= 16
+            next_off -= page_tokens;
+            ++next_pi;
+        }
+        if (tok >= end || pi >= bt_stride) return -1;
+        const int page = bt_row[pi];
+        return (uint32_t)page < page_limit ? page * 2 * page_tokens + off : -1;
+    };
+    // Where pages hold a multiple of 16 tokens and the split starts at one (the generator's splits), every tile
+    // lies in one page: token t's row is token 0's + t, and the present tokens are a prefix of the tile.
+    const bool one_page = page_tokens % GQ_TT == 0 && begin % GQ_TT == 0;
+    const int64_t row_step = token_elems;
+    // The tile's copies into stage b (absent token: zero fill, no read), none of a token whose row is `defer`.
+    auto issue_tile = [&](int b, int32_t row, int32_t defer) {
+        if (one_page) {
+            const int32_t row0 = __shfl_sync(FULL_MASK, row, 0);
+            const int n = __popc(__ballot_sync(FULL_MASK, row >= 0) & 0xffffu);
+            const __nv_bfloat16* src = lane_src + (int64_t)max(row0, 0) * token_elems;
+            const int td = (defer >= 0 && row0 >= 0) ? defer - row0 : -1;  // the deferred token, if in this tile
+            if (c_on) {
+#pragma unroll
+                for (int t = 0; t < GQ_TT; ++t)
+                    if (t != td) cp_async16(&sm.kv[b][c_part][t][8 * c_ch], src + (t < n ? t * row_step : 0),
+                                            t < n ? 16 : 0);
+            }
+            return;
+        }
+#pragma unroll
+        for (int t = 0; t < GQ_TT; ++t) {
+            const int32_t rr = __shfl_sync(FULL_MASK, row, t);
+            if (c_on && (rr < 0 || rr != defer))
+                cp_async16(&sm.kv[b][c_part][t][8 * c_ch], lane_src + (int64_t)max(rr, 0) * token_elems,
+                           rr >= 0 ? 16 : 0);
+        }
+    };
+    // After the wait: the chunks issue_tile left out (the token whose row is early_row), loaded and stored.
+    auto load_deferred = [&](int b, int32_t row) {
+#pragma unroll
+        for (int t = 0; t < GQ_TT; ++t) {
+            const int32_t rr = __shfl_sync(FULL_MASK, row, t);
+            if (c_on && rr >= 0 && rr == early_row)
+                *reinterpret_cast<uint4*>(&sm.kv[b][c_part][t][8 * c_ch]) =
+                    st_load_chunk(lane_src + (int64_t)rr * token_elems, true);
+        }
+    };
+
+    int g0 = 0;
+    int32_t defer = early_row;  // only the first pass reads before the wait
+    do {  // every path waits (G >= 1: gqa's launch check)
+        const int gn = min(GQ_HEADS, G - g0);
+        next_tok = begin + c_tok;
+        next_pi = next_tok / page_tokens;
+        next_off = next_tok - next_pi * page_tokens;
+        int32_t row0 = tile_row(), row1 = n_tiles > 1 ? tile_row() : -1;
+        issue_tile(0, row0, defer);
+        cp_async_commit();
+        if (n_tiles > 1) issue_tile(1, row1, defer);
+        cp_async_commit();
+        kern_pdl_wait();  // q and the row of slot_mapping[s] are the previous kernel's output
+        if (defer >= 0) {
+            load_deferred(0, row0);
+            if (n_tiles > 1) load_deferred(1, row1);
+        }
+        // q as the B fragments of S^T = K Q^T: column gid = head g0 + gid, k-step kk: dims kk * 16 + 2 tig (+ 8)
+        uint32_t qb[NK][2];
+        {
+            const bool on = gid < gn;
+            const __nv_bfloat16* qrow = q + ((int64_t)s * num_q_heads + kvh * G + g0 + (on ? gid : 0)) * D + 2 * tig;
+#pragma unroll
+            for (int kk = 0; kk < NK; ++kk) {
+                qb[kk][0] = on ? gq_load_pair(qrow + kk * 16, qvec) : 0u;
+                qb[kk][1] = on ? gq_load_pair(qrow + kk * 16 + 8, qvec) : 0u;
+            }
+        }
+        // O^T accumulators: m-tile mt = dims mt * 16 + gid (+ 8: [2], [3]), columns heads 2 tig, 2 tig + 1
+        float o[NK][4];
+#pragma unroll
+        for (int mt = 0; mt < NK; ++mt) o[mt][0] = o[mt][1] = o[mt][2] = o[mt][3] = 0.0f;
+        // running max (scaled log2 units) of heads 2 tig, 2 tig + 1, and this lane's share of their sums of exp
+        float m0 = -CUDART_INF_F, m1 = -CUDART_INF_F, l0 = 0.0f, l1 = 0.0f;
+
+        auto compute = [&](int b, int32_t row) {
+            float sa[4] = {0.0f, 0.0f, 0.0f, 0.0f}, sb[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // two chains of k-steps
+            // A matrices: (tokens 0-7, dims +0-7), (8-15, +0-7), (0-7, +8-15), (8-15, +8-15)
+            const __nv_bfloat16* ka = &sm.kv[b][0][(mi & 1) * 8 + (lane & 7)][(mi >> 1) * 8];
+#pragma unroll
+            for (int kk = 0; kk < NK; ++kk) {
+                uint32_t a0, a1, a2, a3;
+                ldsm_x4(a0, a1, a2, a3, ka + kk * 16);
+                mma_bf16_16816((kk & 1) ? sb : sa, a0, a1, a2, a3, qb[kk][0], qb[kk][1]);
+            }
+            float sc[4];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) sc[e] = sa[e] + sb[e];
+            // rows (tokens) gid and gid + 8: absent ones masked
+            const unsigned present = __ballot_sync(FULL_MASK, row >= 0);  // lane t < 16: token t
+            if (!((present >> gid) & 1u)) sc[0] = sc[1] = -CUDART_INF_F;
+            if (!((present >> (gid + 8)) & 1u)) sc[2] = sc[3] = -CUDART_INF_F;
+            // column max over the tile's 16 tokens (the 8 lanes of a tig)
+            float mx0 = fmaxf(sc[0], sc[2]), mx1 = fmaxf(sc[1], sc[3]);
+#pragma unroll
+            for (int off = 4; off < 32; off <<= 1) {
+                mx0 = fmaxf(mx0, __shfl_xor_sync(FULL_MASK, mx0, off));
+                mx1 = fmaxf(mx1, __shfl_xor_sync(FULL_MASK, mx1, off));
+            }
+            const float mn0 = fmaxf(m0, mx0 * sl2), mn1 = fmaxf(m1, mx1 * sl2);
+            const float base0 = (mn0 == -CUDART_INF_F) ? 0.0f : mn0;
+            const float base1 = (mn1 == -CUDART_INF_F) ? 0.0f : mn1;
+            const float alpha0 = pf_ex2(m0 - base0), alpha1 = pf_ex2(m1 - base1);
+            m0 = mn0;
+            m1 = mn1;
+            const float p00 = pf_ex2(fmaf(sc[0], sl2, -base0)), p01 = pf_ex2(fmaf(sc[1], sl2, -base1));
+            const float p10 = pf_ex2(fmaf(sc[2], sl2, -base0)), p11 = pf_ex2(fmaf(sc[3], sl2, -base1));
+            l0 = l0 * alpha0 + (p00 + p10);
+            l1 = l1 * alpha1 + (p01 + p11);
+            if (__any_sync(FULL_MASK, alpha0 != 1.0f || alpha1 != 1.0f)) {  // x * 1 is x: skipping is exact
+#pragma unroll
+                for (int mt = 0; mt < NK; ++mt) {
+                    o[mt][0] *= alpha0;
+                    o[mt][1] *= alpha1;
+                    o[mt][2] *= alpha0;
+                    o[mt][3] *= alpha1;
+                }
+            }
+            // P^T as B fragments (b0: tokens 2 tig, 2 tig + 1 of head gid; b1: tokens + 8), two bf16 terms
+            uint32_t h0, h1, w0, w1;
+            st_split_p(p00, p01, h0, w0);  // tokens gid: (head 2 tig, 2 tig + 1)
+            st_split_p(p10, p11, h1, w1);  // tokens gid + 8
+            const uint32_t bh0 = movmatrix_trans(h0), bh1 = movmatrix_trans(h1);
+            const uint32_t bl0 = movmatrix_trans(w0), bl1 = movmatrix_trans(w1);
+            // A matrices (V^T, by .trans): (tokens 0-7, dims +0-7), (0-7, +8-15), (8-15, +0-7), (8-15, +8-15)
+            const __nv_bfloat16* va = &sm.kv[b][1][(mi >> 1) * 8 + (lane & 7)][(mi & 1) * 8];
+#pragma unroll
+            for (int mt = 0; mt < NK; ++mt) {
+                uint32_t a0, a1, a2, a3;
+                ldsm_x4_trans(a0, a1, a2, a3, va + mt * 16);
+                mma_bf16_16816(o[mt], a0, a1, a2, a3, bh0, bh1);
+                mma_bf16_16816(o[mt], a0, a1, a2, a3, bl0, bl1);
+            }
+        };
+        auto step = [&](int i, int b, int32_t& row) {
+            cp_async_wait_1();
+            __syncwarp();  // every lane's copies of tile i (and the deferred stores) are visible to the warp
+            const int32_t next = i + 2 < n_tiles ? tile_row() : -1;
+            compute(b, row);
+            __syncwarp();  // every lane is done reading stage b
+            row = next;
+            if (i + 2 < n_tiles) issue_tile(b, row, -1);
+            cp_async_commit();
+        };
+        for (int i = 0; i < n_tiles; i += 2) {
+            step(i, 0, row0);
+            if (i + 1 < n_tiles) step(i + 1, 1, row1);
+        }
+        cp_async_wait_all();
+#pragma unroll
+        for (int off = 4; off < 32; off <<= 1) {
+            l0 += __shfl_xor_sync(FULL_MASK, l0, off);
+            l1 += __shfl_xor_sync(FULL_MASK, l1, off);
+        }
+        // O^T -> shared [head][dim] -> part_out rows as float4
+        __syncwarp();  // every lane is done with the stages
+        float* red = reinterpret_cast<float*>(&sm.kv[0][0][0][0]);
+#pragma unroll
+        for (int mt = 0; mt < NK; ++mt) {
+            const int d = mt * 16 + gid;
+            red[(2 * tig) * GQ_OUT_ROW + d] = o[mt][0];
+            red[(2 * tig + 1) * GQ_OUT_ROW + d] = o[mt][1];
+            red[(2 * tig) * GQ_OUT_ROW + d + 8] = o[mt][2];
+            red[(2 * tig + 1) * GQ_OUT_ROW + d + 8] = o[mt][3];
+        }
+        __syncwarp();
+        const int64_t head0 = (int64_t)s * num_q_heads + kvh * G + g0;  // the pass's first q head
+        for (int i = lane; i < gn * (D / 4); i += 32) {
+            const int h = i / (D / 4), c = i % (D / 4);
+            *reinterpret_cast<float4*>(part_out + ((head0 + h) * num_splits + x) * D + 4 * c) =
+                *reinterpret_cast<const float4*>(red + h * GQ_OUT_ROW + 4 * c);
+        }
+        if (gid == 0) {  // back to natural-log units (-inf stays -inf)
+            if (2 * tig < gn)
+                *reinterpret_cast<float2*>(part_ml + ((head0 + 2 * tig) * num_splits + x) * 2) = make_float2(m0 * LN2, l0);
+            if (2 * tig + 1 < gn)
+                *reinterpret_cast<float2*>(part_ml + ((head0 + 2 * tig + 1) * num_splits + x) * 2) =
+                    make_float2(m1 * LN2, l1);
+        }
+        __syncwarp();  // the output stage is read before a next pass streams into it
+        defer = -1;
+        g0 += GQ_HEADS;
+    } while (g0 < G);
+}
+
+// The block's split of its row (the stream entry's rule) and the cache row of slot_mapping[s]: `used` splits of the
+// row hold tokens (x < used: begin < end).
+struct GqaSplit {
+    int seq_len, begin, end, used;
+    int32_t early_row;
+};
+
+KERN_DEV GqaSplit gqa_split(const int32_t* seq_lens, const int32_t* slot_mapping, int page_tokens, int num_pages,
+                            int split_tokens, int num_splits) {
+    const int s = blockIdx.z, x = blockIdx.y;
+    GqaSplit g;
+    const int64_t slot = slot_mapping[s];
+    g.early_row = (slot >= 0 && slot < (int64_t)max(num_pages, 0) * page_tokens)
+                      ? (int32_t)(slot / page_tokens * 2 * page_tokens + slot % page_tokens)
+                      : -1;
+    g.seq_len = max(seq_lens[s], 0);
+    const int64_t len = st_split_len(g.seq_len, split_tokens, num_splits);
+    g.begin = (int)min((int64_t)x * len, (int64_t)g.seq_len);
+    g.end = (int)min((int64_t)x * len + len, (int64_t)g.seq_len);
+    g.used = (int)min((int64_t)num_splits, (g.seq_len + len - 1) / len);
+    return g;
+}
+
+KERN_DEV bool gqa_launch_ok(int num_q_heads, int num_kv_heads, int D, int page_tokens, int split_tokens,
+                            int num_splits, int num_pages, const void* kv_cache) {
+    return (int)blockDim.x == 32 && D % 16 == 0 && D <= GQ_MAX_D && aligned16(kv_cache) &&
+           st_launch_ok(num_q_heads, num_kv_heads, D, page_tokens, split_tokens, num_splits, num_pages);
+}
+
+KERN_DEV void gqa_dispatch(GqaSmem& sm, const __nv_bfloat16* q, const __nv_bfloat16* kv_cache, const int32_t* bt_row,
+                           float* part_out, float* part_ml, int num_q_heads, int num_kv_heads, int D, int page_tokens,
+                           int bt_stride, int num_pages, int num_splits, float scale, const GqaSplit& g) {
+    const int kvh = blockIdx.x, x = blockIdx.y, s = blockIdx.z;
+#define KERN_GQA_BODY(NK)                                                                                      \
+    gqa_body<NK>(sm, q, kv_cache, bt_row, part_out, part_ml, num_q_heads, num_kv_heads, page_tokens, bt_stride, \
+                 num_pages, num_splits, scale, s, kvh, x, g.begin, g.end, g.early_row)
+    switch (D / 16) {
+        case 1: KERN_GQA_BODY(1); break;
+        case 2: KERN_GQA_BODY(2); break;
+        case 3: KERN_GQA_BODY(3); break;
+        case 4: KERN_GQA_BODY(4); break;
+        case 5: KERN_GQA_BODY(5); break;
+        case 6: KERN_GQA_BODY(6); break;
+        case 7: KERN_GQA_BODY(7); break;
+        case 8: KERN_GQA_BODY(8); break;
+        default: kern_pdl_wait(); break;  // not reached (D checked by gqa_launch_ok); keeps every path waiting
+    }
+#undef KERN_GQA_BODY
+}
+
+// grid (num_kv_heads, num_splits, seqs), block (32,1,1), static shared memory 17,408 bytes. Parameters, split rule
+// and results as kern_attn_decode_partial_stream (a split past the context writes nothing).
+extern "C" __global__ void __launch_bounds__(32, 12) kern_attn_decode_partial_gqa(
+    const __nv_bfloat16* q,         // [seqs, Hq, D]
+    const __nv_bfloat16* kv_cache,  // paged
+    const int32_t* block_table,     // [seqs, bt_stride]
+    const int32_t* seq_lens,        // [seqs]
+    const int32_t* slot_mapping,    // [seqs]: the slot the previous kernel wrote this step's K/V to
+    float* part_out,                // [seqs, Hq, num_splits, D]
+    float* part_ml,                 // [seqs, Hq, num_splits, 2]
+    int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim, int32_t page_tokens, int32_t bt_stride,
+    int32_t num_pages, int32_t split_tokens, int32_t num_splits, float scale) {
+    __shared__ __align__(16) GqaSmem sm;
+    kern_pdl_launch_dependents();  // early trigger: the reduce reads only seq_lens before its wait
+    if (!gqa_launch_ok(num_q_heads, num_kv_heads, head_dim, page_tokens, split_tokens, num_splits, num_pages,
+                       kv_cache)) {
+        kern_pdl_wait();
+        return;
+    }
+    const GqaSplit g = gqa_split(seq_lens, slot_mapping, page_tokens, num_pages, split_tokens, num_splits);
+    if (g.begin >= g.end) {  // past the context: the reduce never reads this split
+        kern_pdl_wait();
+        return;
+    }
+    gqa_dispatch(sm, q, kv_cache, block_table + (int64_t)blockIdx.z * bt_stride, part_out, part_ml, num_q_heads,
+                 num_kv_heads, head_dim, page_tokens, bt_stride, num_pages, num_splits, scale, g);
+}
+
+// kern_attn_decode_partial_gqa and kern_attn_decode_reduce in one launch: each block writes its split's partials
+// as the gqa entry does, then takes a ticket of its (row, kv head) in `tickets` (int32 [seqs, num_kv_heads], zero
+// before the launch: a fixed state, zero-filled at load); the block that takes the last of the row's `used` tickets
+// sets it back to 0 and merges the used splits of the group's q heads into `out` with kern_attn_decode_reduce's
+// arithmetic, operation for operation, so `out` has the bits of the two launches. A row with no tokens (seq_len
+// <= 0) has its zeros written by split 0. A launch outside the limits writes nothing, `out` included.
+extern "C" __global__ void __launch_bounds__(32, 12) kern_attn_decode_gqa_fused(
+    const __nv_bfloat16* q, const __nv_bfloat16* kv_cache, const int32_t* block_table, const int32_t* seq_lens,
+    const int32_t* slot_mapping, float* part_out, float* part_ml,
+    int32_t* tickets,         // [seqs, num_kv_heads], zero before the launch and after it
+    __nv_bfloat16* out,       // [seqs, Hq * D]
+    int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim, int32_t page_tokens, int32_t bt_stride,
+    int32_t num_pages, int32_t split_tokens, int32_t num_splits, float scale) {
+    __shared__ __align__(16) GqaSmem sm;
+    kern_pdl_launch_dependents();  // the next kernel (the o projection) reads only its weights before its wait
+    const int D = head_dim;
+    if (!gqa_launch_ok(num_q_heads, num_kv_heads, D, page_tokens, split_tokens, num_splits, num_pages, kv_cache)) {
+        kern_pdl_wait();
+        return;
+    }
+    const int kvh = blockIdx.x, x = blockIdx.y, s = blockIdx.z, lane = threadIdx.x;
+    const int G = num_q_heads / num_kv_heads;
+    __nv_bfloat16* out_group = out + ((int64_t)s * num_q_heads + (int64_t)kvh * G) * D;  // the group's G x D
+    const GqaSplit g = gqa_split(seq_lens, slot_mapping, page_tokens, num_pages, split_tokens, num_splits);
+    if (g.begin >= g.end) {
+        kern_pdl_wait();
+        if (g.seq_len == 0 && x == 0)  // no split holds a token: the reduce's zeros
+            for (int i = lane; i < G * D; i += 32) out_group[i] = f2bf(0.0f);
+        return;
+    }
+    gqa_dispatch(sm, q, kv_cache, block_table + (int64_t)s * bt_stride, part_out, part_ml, num_q_heads, num_kv_heads,
+                 D, page_tokens, bt_stride, num_pages, num_splits, scale, g);
+    __threadfence();  // this split's partials are visible device-wide before its ticket
+    __syncwarp();
+    int ticket = 0;
+    int32_t* t = tickets + (int64_t)s * num_kv_heads + kvh;
+    if (lane == 0) ticket = atomicAdd(t, 1);
+    ticket = __shfl_sync(FULL_MASK, ticket, 0);
+    if (ticket != g.used - 1) return;
+    if (lane == 0) *t = 0;  // every used split has taken its ticket: none touches it again in this launch
+    __threadfence();        // the other splits' partials (fenced before their tickets) are read after this one
+    // Per q head: the reduce's (m_max, weights, l_sum) once, its weights in shared memory (the K/V stages are free),
+    // then each lane's D / 32 columns over the used splits, up to GQ_RED splits' loads in flight at a time.
+    float* w_sm = reinterpret_cast<float*>(&sm.kv[0][0][0][0]);  // [num_splits] weights, then [num_splits] l
+    const bool fits = 2 * num_splits * (int)sizeof(float) <= (int)sizeof(GqaSmem);
+    for (int h = 0; h < G; ++h) {
+        const int64_t base = ((int64_t)s * num_q_heads + (int64_t)kvh * G + h) * num_splits;
+        const float* ml = part_ml + base * 2;
+        const float* po = part_out + base * D;
+        float m_max = -CUDART_INF_F;
+        for (int xs = lane; xs < g.used; xs += 32) m_max = fmaxf(m_max, __ldcg(ml + 2 * xs));
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) m_max = fmaxf(m_max, __shfl_xor_sync(FULL_MASK, m_max, off));
+        float l_sum = 0.0f;
+        if (m_max != -CUDART_INF_F && fits) {
+            __syncwarp();  // the previous head's weights are read
+            for (int xs = lane; xs < g.used; xs += 32) {
+                w_sm[xs] = exp2f((__ldcg(ml + 2 * xs) - m_max) * LOG2E);  // -inf -> 0
+                w_sm[num_splits + xs] = __ldcg(ml + 2 * xs + 1);
+            }
+            __syncwarp();
+            for (int xs = 0; xs < g.used; ++xs) l_sum = fmaf(w_sm[xs], w_sm[num_splits + xs], l_sum);
+        }
+        for (int d = lane; d < D; d += 32) {
+            float o_sum = 0.0f;
+            if (m_max != -CUDART_INF_F) {
+                if (fits) {
+                    for (int x0 = 0; x0 < g.used; x0 += GQ_RED) {
+                        float pv[GQ_RED];
+#pragma unroll
+                        for (int j = 0; j < GQ_RED; ++j) pv[j] = x0 + j < g.used ? __ldcg(po + (int64_t)(x0 + j) * D + d) : 0.0f;
+#pragma unroll
+                        for (int j = 0; j < GQ_RED; ++j)
+                            if (x0 + j < g.used) o_sum = fmaf(w_sm[x0 + j], pv[j], o_sum);
+                    }
+                } else {  // more splits than shared memory holds: the reduce's loop as it is
+                    l_sum = 0.0f;
+                    for (int xs = 0; xs < g.used; ++xs) {
+                        const float w = exp2f((__ldcg(ml + 2 * xs) - m_max) * LOG2E);
+                        l_sum = fmaf(w, __ldcg(ml + 2 * xs + 1), l_sum);
+                        o_sum = fmaf(w, __ldcg(po + (int64_t)xs * D + d), o_sum);
+                    }
+                }
+            }
+            out_group[(int64_t)h * D + d] = f2bf(l_sum > 0.0f ? o_sum / l_sum : 0.0f);
+        }
+    }
+}

@@ -14,3 +14,11 @@ KERN_DEV void cp_async16_if(void* smem, const void* gmem, int src_bytes, bool pr
 }
 
 KERN_DEV void cp_async_wait_1() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
+
+// movmatrix.sync.aligned.m8n8.trans.b16: the warp's 8 x 8 matrix of 16-bit elements in the mma fragment layout
+// (lane 4 r + c holds row r, cols 2 c and 2 c + 1, the first in the low half), transposed in the same layout.
+KERN_DEV uint32_t movmatrix_trans(uint32_t x) {
+    uint32_t y;
+    asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+    return y;
+}

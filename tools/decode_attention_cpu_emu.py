@@ -1,4 +1,5 @@
-"""Run kern_attn_decode_partial_stream (kernels-src/attention_decode.cu) + kern_attn_decode_reduce on the CPU (no
+"""Run kern_attn_decode_partial_stream and kern_attn_decode_partial_gqa (kernels-src/attention_decode.cu), each with
+kern_attn_decode_reduce, on the CPU (no
 GPU) and check them against tools/reference_kernels.py with the checks of tests/kernels/test_decode_attention_gpu.py.
 
 The sources are compiled with g++ against tools/cpu_emu/ (common.cuh and attn_emu.h: a block as std::threads, real
@@ -11,7 +12,7 @@ bit for bit equalities the GPU tests also check (a row alone and inside a batch;
 first tiles or -1). A logic check of the CUDA source where no GPU is at hand, not a substitute for the GPU tests (no
 memory model, no real warps or timing; sums in the emulated mma run in another order than the tensor cores').
 
-    uv run --frozen python -m tools.decode_attention_cpu_emu [--quick]   # from the repository root; needs g++ (C++20)
+    uv run --frozen python -m tools.decode_attention_cpu_emu [--quick] [--entry stream|gqa]   # needs g++ (C++20)
 
 Exit 0 when every case passes, 1 otherwise (the failures are printed), 2 without g++.
 """
@@ -39,6 +40,9 @@ EMU = REPO / "tools" / "cpu_emu"
 SRC = REPO / "kernels-src"
 # the prefill.cuh functions that are inline PTX: attn_emu.h defines them instead
 PTX_WRAPPERS = ("mma_bf16_16816", "ldsm_x4", "ldsm_x4_trans", "pf_ex2")
+# the decode partials the driver runs (fused: kern_attn_decode_gqa_fused, the partial and the reduce in one
+# launch, whose output must also be gqa + reduce's bits): driver mode -> threads per block
+ENTRIES = {"stream": 64, "gqa": 32, "fused": 32}
 R32_MARKER = "// Prefill with two m-tiles per warp"
 
 
@@ -91,8 +95,10 @@ def make_rows(rng, hq, hkv, head_dim, page_tokens, seq_lens, bound=None):
                            slots=np.full(len(seq_lens), -1, dtype=np.int32))
 
 
-def run_stream(exe: Path, work: Path, rows, split_tokens, num_splits, block=64, q_off=0, cache_off=0):
-    """(part_out bits [seqs, hq, splits, D], part_ml bits [..., 2], output bits [seqs, hq * D]) from the driver."""
+def run_stream(exe: Path, work: Path, rows, split_tokens, num_splits, entry="stream", q_off=0, cache_off=0):
+    """(part_out bits [seqs, hq, splits, D], part_ml bits [..., 2], output bits [seqs, hq * D]) from the driver's
+    `entry` (an ENTRIES key) and the reduce."""
+    block = ENTRIES[entry]
     case = work / "case"
     case.mkdir(exist_ok=True)
     (case / "params.bin").write_bytes(_params(rows.hq, rows.hkv, rows.d, rows.page_tokens, rows.bt_stride,
@@ -103,7 +109,7 @@ def run_stream(exe: Path, work: Path, rows, split_tokens, num_splits, block=64, 
     (case / "bt.bin").write_bytes(rows.table.astype(np.int32).tobytes())
     (case / "lens.bin").write_bytes(rows.seq_lens.astype(np.int32).tobytes())
     (case / "slots.bin").write_bytes(rows.slots.astype(np.int32).tobytes())
-    subprocess.run([str(exe), "stream", str(case)], check=True)
+    subprocess.run([str(exe), entry, str(case)], check=True)
     n = rows.seqs
     po = np.fromfile(case / "po.bin", dtype=np.uint32).reshape(n, rows.hq, num_splits, rows.d)
     ml = np.fromfile(case / "ml.bin", dtype=np.uint32).reshape(n, rows.hq, num_splits, 2)
@@ -158,7 +164,9 @@ def cases(quick: bool):
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="three stream cases instead of eight")
+    parser.add_argument("--quick", action="store_true", help="three cases per entry instead of eight")
+    parser.add_argument("--entry", choices=sorted(ENTRIES), action="append",
+                        help="the decode partial to run (repeatable; default: every one)")
     args = parser.parse_args(argv)
     if shutil.which("g++") is None:
         print("decode_attention_cpu_emu: no g++ on PATH", file=sys.stderr)
@@ -180,25 +188,30 @@ def main(argv: list[str] | None = None) -> int:
             failures += 1
             print("FAIL  kern_attn_prefill through the stand-ins: the emulation itself is off")
             traceback.print_exc()
-        for name, kw, split_tokens, num_splits in cases(args.quick):
+        for entry, (name, kw, split_tokens, num_splits) in ((e, c) for e in (args.entry or ENTRIES)
+                                                             for c in cases(args.quick)):
+            name = f"{entry}: {name}"
             t0 = time.time()
             try:
                 rows = make_rows(rng, **kw)
-                bits = run_stream(exe, work, rows, split_tokens, num_splits)
+                bits = run_stream(exe, work, rows, split_tokens, num_splits, entry)
                 check_against_reference(rows, split_tokens, num_splits, *bits)
+                if entry == "fused":  # the merge in the last block: the two launches' bits
+                    two = run_stream(exe, work, rows, split_tokens, num_splits, "gqa")
+                    assert all(np.array_equal(a, b) for a, b in zip(two, bits)), "fused: not gqa + reduce's bits"
                 # slot_mapping naming each row's first-tile row 3 (loaded after the wait) or its last token: same bits
                 t = rows.table
                 for pos in (lambda n: min(3, n - 1), lambda n: n - 1):
                     rows.slots = np.array([int(t[s, max(pos(int(n)), 0) // rows.page_tokens]) * rows.page_tokens
                                            + max(pos(int(n)), 0) % rows.page_tokens if n > 0 and t[s, 0] >= 0 else -1
                                            for s, n in enumerate(rows.seq_lens)], dtype=np.int32)
-                    again = run_stream(exe, work, rows, split_tokens, num_splits)
+                    again = run_stream(exe, work, rows, split_tokens, num_splits, entry)
                     assert all(np.array_equal(a, b) for a, b in zip(again, bits)), "deferred slot row: other bits"
                 rows.slots[:] = -1
                 # the first row alone: the same bits as inside the launch
                 alone = SimpleNamespace(**{**vars(rows), "seqs": 1, "seq_lens": rows.seq_lens[:1], "q": rows.q[:1],
                                            "table": rows.table[:1], "slots": rows.slots[:1]})
-                one = run_stream(exe, work, alone, split_tokens, num_splits)
+                one = run_stream(exe, work, alone, split_tokens, num_splits, entry)
                 used = -(-int(rows.seq_lens[0]) // ref.decode_split_len(int(rows.seq_lens[0]), split_tokens, num_splits))
                 assert np.array_equal(one[0][0, :, :used], bits[0][0, :, :used]), "row alone: part_out bits"
                 assert np.array_equal(one[2][0], bits[2][0]), "row alone: output bits"

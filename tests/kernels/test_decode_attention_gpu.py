@@ -1,5 +1,5 @@
-"""GPU tests of kern_attn_decode_partial_stream (kernels-src/attention_decode.cu), the batched decode partial of
-issue 26, with kern_attn_decode_reduce, from the BUILT cubins (kernels/kernels.json), against the float64
+"""GPU tests of the batched decode partials of kernels-src/attention_decode.cu, kern_attn_decode_partial_stream (issue
+26) and kern_attn_decode_partial_gqa (every test runs for each), with kern_attn_decode_reduce, from the BUILT cubins (kernels/kernels.json), against the float64
 references of tools/reference_kernels.py.
 
 - Ragged rows (contexts 0, 1, 15, 16, 17, 127, 128, 1000, 2048, 4097) at 1, 3, 8 and 64 rows, shuffled page ids,
@@ -14,7 +14,7 @@ references of tools/reference_kernels.py.
   deferred load of the slot's row gives the bits of an ordinary load (slot -1).
 - Batch invariance: a row's partials and output bit for bit the same alone and at any index of 64 rows with
   other contexts, pages and queries around it; rows and splits the launch does not cover keep their poison.
-- Launches outside the limits (block not 64 threads, head_dim not a multiple of 16 or above 128, an unaligned
+- Launches outside the limits (block not the entry's 64 or 32 threads, head_dim not a multiple of 16 or above 128, an unaligned
   cache, the 32-bit row bound) write nothing; an unaligned q gives the aligned bits.
 
 Run on the GPU machine:  KERN_REQUIRE_GPU=1 uv run --frozen pytest -q tests/kernels/test_decode_attention_gpu.py
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import ctypes
 import struct
+import sys
 
 import numpy as np
 import pytest
@@ -39,6 +40,19 @@ from tools import reference_kernels as ref
 pytestmark = pytest.mark.gpu
 
 STREAM, THREADS, MAX_D = EARLY_PARTIALS["stream"]
+# blocks smaller than each entry's own (a larger one the driver refuses: __launch_bounds__)
+WRONG_BLOCKS = {"stream": (32, 48), "gqa": (16, 24)}
+WRONG = WRONG_BLOCKS["stream"]
+
+
+@pytest.fixture(autouse=True, params=sorted(WRONG_BLOCKS))
+def partial_entry(request, monkeypatch):
+    """Every test of this module once per decode partial: STREAM, THREADS and WRONG name its entry."""
+    entry, threads, _ = EARLY_PARTIALS[request.param]
+    monkeypatch.setattr(sys.modules[__name__], "STREAM", entry)
+    monkeypatch.setattr(sys.modules[__name__], "THREADS", threads)
+    monkeypatch.setattr(sys.modules[__name__], "WRONG", WRONG_BLOCKS[request.param])
+    return request.param
 POISON32 = 0xFFFFFFFF
 
 # (hq, hkv, head_dim, page_tokens): groups 1, 2, 4, 5, 8 at head_dim 64 and 128 (Qwen3-4B: 32 / 8 / 128; -14B
@@ -89,7 +103,7 @@ class Rows:
                 ("i", split_tokens), ("i", num_splits), ("f", self.scale)]
 
 
-def run_stream(dev, rows, split_tokens, num_splits, block=THREADS, grid_seqs=None, extra_rows=0, **arg_overrides):
+def run_stream(dev, rows, split_tokens, num_splits, block=None, grid_seqs=None, extra_rows=0, **arg_overrides):
     """Launch the stream partial over rows.seqs rows (or grid_seqs) into poisoned part_out / part_ml sized for
     `extra_rows` more rows, then the reduce into a poisoned output; returns (part_out bits, part_ml bits, output
     bits) over every row of the buffers ([seqs + extra, hq, num_splits, D], [..., 2], [seqs + extra, hq * D])."""
@@ -100,7 +114,7 @@ def run_stream(dev, rows, split_tokens, num_splits, block=THREADS, grid_seqs=Non
     d_out = dev.alloc(n * rows.hq * rows.d * 2)
     for buf in (d_po, d_ml, d_out):
         buf.poison()
-    stream_kernel(dev).launch((rows.hkv, num_splits, seqs), (block,),
+    stream_kernel(dev).launch((rows.hkv, num_splits, seqs), (THREADS if block is None else block,),
                               rows.partial_args(d_po, d_ml, split_tokens, num_splits, **arg_overrides))
     dev.kernel("kern_attn_decode_reduce").launch(
         (rows.hq, seqs), (rows.d,),
@@ -366,7 +380,8 @@ def test_stream_after_the_rope_kernel_serial_and_under_pdl(dev, hq, hkv, head_di
 
 
 def test_stream_writes_nothing_outside_its_limits(dev):
-    """A block of 32 or 48 threads (not the 64 it is built for; more than 64 the driver refuses, __launch_bounds__),
+    """A block smaller than the entry's (WRONG: 32 or 48 threads for stream's 64, 16 or 24 for gqa's 32; more the
+    driver refuses, __launch_bounds__),
     head_dim 72 (not a multiple of 16) or 256, a cache pointer 2 bytes off 16-byte
     alignment, num_pages one past the 32-bit row bound: part_out and part_ml keep their poison (the reduce then
     reads poison: the output is not checked). A q pointer 2 bytes off alignment gives the aligned launch's bits."""
@@ -378,7 +393,7 @@ def test_stream_writes_nothing_outside_its_limits(dev):
         assert (po == POISON32).all(), f"{what}: part_out written"
         assert (ml == POISON32).all(), f"{what}: part_ml written"
 
-    for block in (32, 48):
+    for block in WRONG:
         po, ml, _ = run_stream(dev, rows, split_tokens, num_splits, block=block)
         untouched(po, ml, f"block {block}")
     for d in (72, 256):
@@ -407,3 +422,4 @@ def test_stream_writes_nothing_outside_its_limits(dev):
     for a, b, what in zip(aligned, unaligned, ("part_out", "part_ml", "output")):
         assert np.array_equal(a, b), f"unaligned q: {what} bits differ"
     check_against_reference(rows, split_tokens, num_splits, *aligned)
+

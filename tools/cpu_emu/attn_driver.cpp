@@ -1,10 +1,11 @@
 // Host driver of tools/decode_attention_cpu_emu.py: runs kernels of copies of kernels-src/attention.cu (up to its
 // r32 prefill) and attention_decode.cu on the CPU, one block after another, each block's threads as std::threads.
-// Usage: driver stream DIR | driver prefill DIR. DIR holds params.bin (int32 words, below) and the inputs; the
+// Usage: driver stream|gqa|fused|prefill DIR. DIR holds params.bin (int32 words, below) and the inputs; the
 // outputs are written there, poisoned (0xFF bytes) where the kernels leave them.
-//   stream:  params hq hkv D page_tokens bt_stride num_pages split_tokens num_splits seqs block scale_bits q_off
-//            cache_off; q.bin cache.bin bt.bin lens.bin slots.bin -> po.bin ml.bin out.bin (the stream partial,
-//            then kern_attn_decode_reduce). q_off / cache_off: elements the data start past a 16-byte boundary.
+//   stream, gqa, fused: params hq hkv D page_tokens bt_stride num_pages split_tokens num_splits seqs block scale_bits q_off
+//            cache_off; q.bin cache.bin bt.bin lens.bin slots.bin -> po.bin ml.bin out.bin (the stream or gqa
+//            partial, then kern_attn_decode_reduce; fused: kern_attn_decode_gqa_fused alone, its tickets checked
+//            back to zero). q_off / cache_off: elements the data start past a 16-byte boundary.
 //   prefill: params hq hkv D page_tokens bt_stride num_pages seqs total_q grid_x scale_bits; q.bin cache.bin
 //            bt.bin cu.bin lens.bin -> out.bin (kern_attn_prefill, block 128).
 #include "attention.cu"
@@ -84,12 +85,12 @@ static char* placed(const std::vector<char>& data, int off_elems, std::vector<ch
 }
 
 int main(int argc, char** argv) {
-  if (argc != 3) { fprintf(stderr, "usage: driver stream|prefill DIR\n"); return 2; }
+  if (argc != 3) { fprintf(stderr, "usage: driver stream|gqa|fused|prefill DIR\n"); return 2; }
   const std::string mode = argv[1], dir = std::string(argv[2]) + "/";
   const std::vector<char> pr = slurp(dir + "params.bin");
   const int32_t* p = reinterpret_cast<const int32_t*>(pr.data());
   std::vector<char> kq, kc;
-  if (mode == "stream") {
+  if (mode == "stream" || mode == "gqa" || mode == "fused") {
     const int hq = p[0], hkv = p[1], D = p[2], pt = p[3], bt_stride = p[4], num_pages = p[5], split_tokens = p[6],
               num_splits = p[7], seqs = p[8], block = p[9];
     float scale;
@@ -106,15 +107,28 @@ int main(int argc, char** argv) {
     const auto* lens_p = reinterpret_cast<const int32_t*>(lens.data());
     const auto* slots_p = reinterpret_cast<const int32_t*>(slots.data());
     g_strict_copies = true;  // the stream partial waits for all its copies before its merge
-    launch(hkv, num_splits, seqs, block, [&] {
-      kern_attn_decode_partial_stream(q, cache, bt_p, lens_p, slots_p, po.data(), ml.data(), hq, hkv, D, pt, bt_stride,
-                                      num_pages, split_tokens, num_splits, scale);
-    });
+    if (mode == "fused") {  // kern_attn_decode_gqa_fused: the partials and the merge in one launch
+      std::vector<int32_t> tickets((size_t)seqs * hkv, 0);
+      launch(hkv, num_splits, seqs, block, [&] {
+        kern_attn_decode_gqa_fused(q, cache, bt_p, lens_p, slots_p, po.data(), ml.data(), tickets.data(),
+                                   reinterpret_cast<__nv_bfloat16*>(out.data()), hq, hkv, D, pt, bt_stride, num_pages,
+                                   split_tokens, num_splits, scale);
+      });
+      for (size_t i = 0; i < tickets.size(); ++i)
+        if (tickets[i] != 0) { fprintf(stderr, "ticket %zu left at %d\n", i, tickets[i]); std::abort(); }
+    } else {
+      launch(hkv, num_splits, seqs, block, [&] {
+        (mode == "gqa" ? kern_attn_decode_partial_gqa : kern_attn_decode_partial_stream)(
+            q, cache, bt_p, lens_p, slots_p, po.data(), ml.data(), hq, hkv, D, pt, bt_stride, num_pages, split_tokens,
+            num_splits, scale);
+      });
+    }
     g_strict_copies = false;
-    launch(hq, seqs, 1, D, [&] {
-      kern_attn_decode_reduce(po.data(), ml.data(), lens_p, reinterpret_cast<__nv_bfloat16*>(out.data()), hq, D,
-                              split_tokens, num_splits);
-    });
+    if (mode != "fused")
+      launch(hq, seqs, 1, D, [&] {
+        kern_attn_decode_reduce(po.data(), ml.data(), lens_p, reinterpret_cast<__nv_bfloat16*>(out.data()), hq, D,
+                                split_tokens, num_splits);
+      });
     spill(dir + "po.bin", po.data(), po.size() * 4);
     spill(dir + "ml.bin", ml.data(), ml.size() * 4);
     spill(dir + "out.bin", out.data(), out.size() * 2);

@@ -22,6 +22,10 @@ inline __nv_bfloat162 __floats2bfloat162_rn(float a, float b) { return {__float2
 inline unsigned short __bfloat16_as_ushort(__nv_bfloat16 x) { return x.b; }
 inline uint4 __ldcg(const uint4* p) { return *p; }
 inline unsigned short __ldcg(const unsigned short* p) { return *p; }
+inline unsigned int __ldcg(const unsigned int* p) { return *p; }
+inline float __ldcg(const float* p) { return *p; }
+inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+inline int atomicAdd(int* p, int v) { return std::atomic_ref<int>(*p).fetch_add(v); }
 
 inline void __syncwarp(unsigned = 0xffffffffu) { g_warp_barrier[threadIdx.x >> 5]->arrive_and_wait(); }
 

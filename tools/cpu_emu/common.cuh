@@ -80,6 +80,8 @@ inline unsigned __ballot_sync(unsigned, int pred) {
   g_warp_barrier[w]->arrive_and_wait();
   return b;
 }
+inline int __popc(unsigned x) { return __builtin_popcount(x); }
+inline int __any_sync(unsigned m, int pred) { return __ballot_sync(m, pred) != 0; }
 inline unsigned atomicMax(unsigned* p, unsigned v) { std::atomic_ref<unsigned> a(*p); unsigned o = a.load(); while (o < v && !a.compare_exchange_weak(o, v)) {} return o; }
 inline int atomicMax(int* p, int v) { std::atomic_ref<int> a(*p); int o = a.load(); while (o < v && !a.compare_exchange_weak(o, v)) {} return o; }
 inline int atomicMin(int* p, int v) { std::atomic_ref<int> a(*p); int o = a.load(); while (o > v && !a.compare_exchange_weak(o, v)) {} return o; }

@@ -556,10 +556,11 @@ def manifest_build(
                                           "kern_gemv_rows (M = 1)")] = False,
     gemv: Annotated[str, typer.Option("--gemv", help="decode GEMV wiring: v1 warp-per-row, v2 rows family with the "
                                       "SwiGLU epilogue")] = "v1",
-    decode_attn: Annotated[str, typer.Option("--decode-attn", help="decode attention: wide, early, split or stream")] = "wide",
+    decode_attn: Annotated[str, typer.Option("--decode-attn", help="decode attention: wide, early, split, "
+                                             "stream, gqa or gqa-fused")] = "wide",
     decode_attn_batch: Annotated[str, typer.Option("--decode-attn-batch", help="with --seqs-max > 1: the decode "
-                                                   "attention of 2..64-row steps (stream, wide or early; '' = "
-                                                   "--decode-attn's)")] = "stream",
+                                                   "attention of 2..64-row steps (stream, gqa, gqa-fused, wide "
+                                                   "or early; '' = --decode-attn's)")] = "stream",
     prefill_attn: Annotated[str, typer.Option("--prefill-attn", help="prefill attention: auto (wg where the head_dim "
                                               "allows, else r32), wg, r32 or r16")] = "auto",
     prefill_rope: Annotated[str, typer.Option("--prefill-rope", help="q/k norm + rope for chunks of 2+ tokens: warp "

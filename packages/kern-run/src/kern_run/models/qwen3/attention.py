@@ -10,7 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from .builder import Builder, int_arg, ptr, tokens_i32
-from .entries import EARLY_PARTIALS, PREFILL_ATTN, prefill_rows_per_block, rope_warp_heads
+from .entries import (DECODE_TICKETS, EARLY_PARTIALS, FUSED_PARTIALS, PREFILL_ATTN, prefill_rows_per_block,
+                      rope_warp_heads)
 from .options import Plan
 
 _NUM_PAGES = {"arg": "num_pages", "type": "i32"}
@@ -76,35 +77,50 @@ def _decode_partial(plan: Plan) -> tuple[str, int, bool]:
     return ("kern_attn_decode_partial_fast" if plan.opts.gemv == "v2" else "kern_attn_decode_partial"), 128, False
 
 
+def decode_attention_fused(plan: Plan) -> bool:
+    """Whether some decode partial of the plan merges its own splits (FUSED_PARTIALS): the attn_decode op then
+    takes the DECODE_TICKETS state as its `tickets` argument."""
+    opts = plan.opts
+    batch = opts.decode_attn_batch if opts.seqs_max > 1 else ""
+    return opts.decode_attn in FUSED_PARTIALS or batch in FUSED_PARTIALS
+
+
 def add_decode_attention_op(b: Builder, plan: Plan) -> None:
     """`attn_decode`: one query row per sequence, split-K over the context: a partial launch of grid (kv_heads,
     num_splits, seqs) into scratch part_out (f32 [seqs, q_heads, splits, head_dim]) / part_ml (f32 max and sum),
-    then a reduce launch. The early contract also passes slot_mapping (reloaded after the PDL wait)."""
+    then a reduce launch. The early contract also passes slot_mapping (reloaded after the PDL wait). A fused
+    partial (FUSED_PARTIALS; validate() refuses one beside a non-fused entry) has no reduce after it, and takes
+    `tickets` (the DECODE_TICKETS state, declared here) and `out`."""
     cfg, opts = plan.cfg, plan.opts
     Hq, Hkv, D, splits = cfg.q_heads, cfg.kv_heads, cfg.head_dim, plan.num_splits
     partial, threads, early = _decode_partial(plan)
     slots: list[dict[str, Any]] = [{"arg": "slots"}] if early else []
+    fused = decode_attention_fused(plan)
 
-    def partial_launch(entry: str, block: int) -> dict[str, Any]:
+    def partial_launch(attn: str, entry: str, block: int) -> dict[str, Any]:
+        merge = [{"arg": "tickets"}, {"arg": "out"}] if attn in FUSED_PARTIALS else []
         return b.launch(entry, [Hkv, splits, "seqs"], [block, 1, 1],
                         [{"arg": "q"}, {"arg": "kv"}, {"arg": "block_table"}, {"arg": "seq_lens"}, *slots,
-                         {"scratch": "part_out"}, {"scratch": "part_ml"}, {"i32": Hq}, {"i32": Hkv}, {"i32": D},
-                         {"i32": opts.page_tokens}, {"i32": plan.pages_per_seq}, dict(_NUM_PAGES),
+                         {"scratch": "part_out"}, {"scratch": "part_ml"}, *merge, {"i32": Hq}, {"i32": Hkv},
+                         {"i32": D}, {"i32": opts.page_tokens}, {"i32": plan.pages_per_seq}, dict(_NUM_PAGES),
                          {"i32": opts.split_tokens}, {"i32": splits}, {"f32": 1.0 / (D ** 0.5)}], pdl=opts.pdl)
 
-    partials = [partial_launch(partial, threads)]
+    reduce = b.launch("kern_attn_decode_reduce", [Hq, "seqs", 1], [D, 1, 1],
+                      [{"scratch": "part_out"}, {"scratch": "part_ml"}, {"arg": "seq_lens"}, {"arg": "out"},
+                       {"i32": Hq}, {"i32": D}, {"i32": opts.split_tokens}, {"i32": splits}], pdl=opts.pdl)
+    launches = [partial_launch(opts.decode_attn, partial, threads)]
+    reduces = [] if opts.decode_attn in FUSED_PARTIALS else [reduce]
     batch = opts.decode_attn_batch
     if opts.seqs_max > 1 and batch and batch != opts.decode_attn:
         # steps of 2.. rows: the batch entry (same contract, same split rule, so a row's splits depend only on
         # its own context); one row keeps opts.decode_attn
         entry, block, _ = EARLY_PARTIALS[batch]
-        partials = [{**partials[0], "when": {"seqs": [1, 1]}},
-                    {**partial_launch(entry, block), "when": {"seqs": [2, opts.seqs_max]}}]
+        one, many = {"seqs": [1, 1]}, {"seqs": [2, opts.seqs_max]}
+        launches = [{**launches[0], "when": one}, {**partial_launch(batch, entry, block), "when": many}]
+    if fused:
+        b.states[DECODE_TICKETS] = {"kind": "fixed", "bytes": opts.seqs_max * Hkv * 4}
     b.op("attn_decode",
-         [ptr("q"), ptr("kv"), ptr("block_table"), ptr("seq_lens"), *([ptr("slots")] if early else []), ptr("out"),
-          int_arg("num_pages")],
-         [*partials,
-          b.launch("kern_attn_decode_reduce", [Hq, "seqs", 1], [D, 1, 1],
-                   [{"scratch": "part_out"}, {"scratch": "part_ml"}, {"arg": "seq_lens"}, {"arg": "out"},
-                    {"i32": Hq}, {"i32": D}, {"i32": opts.split_tokens}, {"i32": splits}], pdl=opts.pdl)],
+         [ptr("q"), ptr("kv"), ptr("block_table"), ptr("seq_lens"), *([ptr("slots")] if early else []),
+          *([ptr("tickets")] if fused else []), ptr("out"), int_arg("num_pages")],
+         [*launches, *reduces],
          scratch={"part_out": f"seqs * {Hq * splits * D * 4}", "part_ml": f"seqs * {Hq * splits * 2 * 4}"})

@@ -7,12 +7,22 @@ from __future__ import annotations
 # passed): name -> (entry, threads per block, largest head_dim); docs/kernels.md "Entries". "stream"
 # (kernels-src/attention_decode.cu) streams K/V through shared memory with cp.async and does the math on tensor
 # cores (head_dim a multiple of 16, which the prefill entries require of every model anyway); it writes nothing
-# for splits past a row's context, which kern_attn_decode_reduce never reads.
+# for splits past a row's context, which kern_attn_decode_reduce never reads. "gqa" (the same module) computes the
+# same results in one warp per block with tokens as the mma's rows and the GQA group as its columns: about 2.5x
+# fewer instructions per K/V byte (docs/perf.md "Twenty-second session"); "gqa-fused" is gqa with the reduce done
+# by each row's last split (FUSED_PARTIALS).
 EARLY_PARTIALS: dict[str, tuple[str, int, int]] = {
     "early": ("kern_attn_decode_partial_early", 128, 256),
     "wide": ("kern_attn_decode_partial_wide", 256, 128),
     "stream": ("kern_attn_decode_partial_stream", 64, 128),
+    "gqa": ("kern_attn_decode_partial_gqa", 32, 128),
+    "gqa-fused": ("kern_attn_decode_gqa_fused", 32, 128),
 }
+# EARLY_PARTIALS entries that also merge the splits (no kern_attn_decode_reduce launch after them): the last split
+# of a (row, kv head) to finish merges, counted by tickets in the fixed state DECODE_TICKETS (int32 [seqs_max,
+# kv_heads], zero-filled at load, returned to zero by every launch).
+FUSED_PARTIALS = frozenset({"gqa-fused"})
+DECODE_TICKETS = "attn_tickets"
 DECODE_ATTN = ("split", *EARLY_PARTIALS)
 # --prefill-attn values: name -> (entry, query rows per grid.x step at a GQA group of 4, dynamic shared memory
 # bytes, threads per block); docs/kernels.md "Prefill". Every entry computes every row bit for bit alike

@@ -9,7 +9,8 @@ from typing import Any
 
 from ...errors import ManifestBuildError
 from .config import Qwen3Config
-from .entries import DECODE_ATTN, DECODE_MAX_HEAD_DIM, EARLY_PARTIALS, PREFILL_ATTN, PREFILL_WG_HEAD_DIMS
+from .entries import (DECODE_ATTN, DECODE_MAX_HEAD_DIM, EARLY_PARTIALS, FUSED_PARTIALS, PREFILL_ATTN,
+                      PREFILL_WG_HEAD_DIMS)
 from .sampling import check_sampling_options
 from .mma import MMA_TILES
 
@@ -224,6 +225,13 @@ def _check_attention(cfg: Qwen3Config, opts: BuildOptions) -> None:
                                  f"early-contract decode_attn (--decode-attn), not {opts.decode_attn!r}; pass "
                                  "--decode-attn-batch '' to keep one entry")
     batch = opts.decode_attn_batch
+    if (opts.seqs_max > 1 and batch and batch != opts.decode_attn
+            and (batch in FUSED_PARTIALS) != (opts.decode_attn in FUSED_PARTIALS)):
+        fused, other = (batch, opts.decode_attn) if batch in FUSED_PARTIALS else (opts.decode_attn, batch)
+        raise ManifestBuildError(f"decode_attn_batch (--decode-attn-batch) {batch!r} with decode_attn "
+                                 f"(--decode-attn) {opts.decode_attn!r}: {fused!r} merges its own splits and "
+                                 f"{other!r} needs the reduce launch, which a manifest cannot run for only some row "
+                                 f"counts; use {fused!r} for both, or --batch-invariant")
     if opts.seqs_max > 1 and batch in EARLY_PARTIALS and cfg.head_dim > EARLY_PARTIALS[batch][2]:
         raise ManifestBuildError(f"decode_attn_batch (--decode-attn-batch) {batch!r}: head_dim {cfg.head_dim} > "
                                  f"{EARLY_PARTIALS[batch][2]} ({EARLY_PARTIALS[batch][0]}'s limit)")

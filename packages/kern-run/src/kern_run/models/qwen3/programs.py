@@ -18,9 +18,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .attention import rope_kv_op_name
+from .attention import decode_attention_fused, rope_kv_op_name
 from .builder import call, pages_of
-from .entries import EARLY_PARTIALS
+from .entries import DECODE_TICKETS, EARLY_PARTIALS
 from .gemm import Projections
 from .options import Plan
 from .sampling import decode_tail_calls, init_call, top_logprobs_program
@@ -37,11 +37,12 @@ def qk_norm_rope_kv_call(plan: Plan, layer: int) -> dict[str, Any]:
 def decode_attention_calls(plan: Plan, layer: int) -> list[dict[str, Any]]:
     """A decode layer's attention after the qkv projection (which writes `qkv`), writing `attn_out`:
     qk_norm_rope_kv / rope_kv (q to `q`, K/V to the cache) and attn_decode (`early` also passes slot_mapping: the
-    row its partial kernel reloads after the PDL wait)."""
+    row its partial kernel reloads after the PDL wait; a fused partial, the DECODE_TICKETS state)."""
     slots = {"slots": "slot_mapping"} if plan.opts.decode_attn in EARLY_PARTIALS else {}
+    tickets = {"tickets": DECODE_TICKETS} if decode_attention_fused(plan) else {}
     return [qk_norm_rope_kv_call(plan, layer),
             call("attn_decode", q="q", kv=f"kv.{layer}", block_table="block_table", seq_lens="seq_lens", **slots,
-                 out="attn_out", num_pages=pages_of(layer))]
+                 **tickets, out="attn_out", num_pages=pages_of(layer))]
 
 
 def _mlp_calls(plan: Plan, gemms: Projections, layer: int, decode: bool) -> list[dict[str, Any]]:
