@@ -720,16 +720,17 @@ def worker(args: argparse.Namespace, out: str) -> None:
     capacity = max(batches) * (-(-longest // page) + 1) * page + 4 * page
     free0, _ = base._check(cu.cuMemGetInfo())
     t0 = time.perf_counter()
+    def load(manifest: Any) -> Any:
+        return Runtime.load(manifest, str(args.kernels), SafetensorsTensors.open(str(args.ckpt)), gpu=args.gpu,
+                            capacity=Capacity(tokens=capacity, seqs=max(batches)))
+
     rt = None
     variants: list[tuple[str, Any, Any]] = []  # (tag, facts, runtime) of each --variants manifest
     if "kern" in args.only_peers:
-        rt = Runtime.load(facts.manifest, str(args.kernels), SafetensorsTensors.open(str(args.ckpt)), gpu=args.gpu,
-                          capacity=Capacity(tokens=capacity, seqs=max(batches)))
+        rt = load(facts.manifest)
         for path in args.variant_list:
             vfacts = read_manifest(path)
-            variants.append((variant_tag(path), vfacts,
-                             Runtime.load(vfacts.manifest, str(args.kernels), SafetensorsTensors.open(str(args.ckpt)),
-                                          gpu=args.gpu, capacity=Capacity(tokens=capacity, seqs=max(batches)))))
+            variants.append((variant_tag(path), vfacts, load(vfacts.manifest)))
     kern_load_s = time.perf_counter() - t0
     free1, _ = base._check(cu.cuMemGetInfo())
     model = None
@@ -750,19 +751,26 @@ def worker(args: argparse.Namespace, out: str) -> None:
         run_check(rt, facts, model, batches, args, out)
     vocab = int(json.loads((Path(args.ckpt) / "config.json").read_text())["vocab_size"])
     rng = np.random.default_rng(7)
+
+    def warm_rows(runtime: Any, rfacts: Any, ctx: int, tokens: list[int]) -> KernRows:
+        rows = KernRows(runtime, rfacts, [ctx] * len(tokens))
+        rows.write(tokens)
+        rows.time(4)  # the first captures the graph
+        return rows
+
+    def emit_timeline(rows: KernRows, b: int, ctx: int, tag: str | None) -> None:
+        trace = Path(out).with_name(f"trace-{tag + '-' if tag else ''}b{b}-ctx{ctx}.json")
+        base._emit(out, {"side": "timeline", **({"tag": tag} if tag else {}), "batch": b, "ctx": ctx,
+                         "trace": str(trace), **rows.timeline(args.timeline, trace)})
+
     for ctx in contexts:
         for b in batches:
             tokens = rng.integers(0, min(vocab, 151643), size=b).tolist()  # row r's token at its step
             kern = peer = None
             alts: list[tuple[str, KernRows]] = []
             if "kern" in args.only_peers:
-                kern = KernRows(rt, facts, [ctx] * b)
-                kern.write(tokens)
-                kern.time(4)  # the first captures the graph
-                for tag, vfacts, vrt in variants:
-                    alts.append((tag, KernRows(vrt, vfacts, [ctx] * b)))
-                    alts[-1][1].write(tokens)
-                    alts[-1][1].time(4)
+                kern = warm_rows(rt, facts, ctx, tokens)
+                alts = [(tag, warm_rows(vrt, vfacts, ctx, tokens)) for tag, vfacts, vrt in variants]
             if "torch" in args.only_peers:
                 peer = PeerRows(model, b, ctx, tokens, args.compile_mode)
                 peer.time(4)
@@ -777,9 +785,7 @@ def worker(args: argparse.Namespace, out: str) -> None:
                 base._emit(out, {"side": "variant", "tag": tag, **common, "ms_per_step": statistics.median(samples[tag]),
                                  "stats": base._ms(samples[tag]), "steps": len(samples[tag])})
                 if args.timeline:
-                    trace = Path(out).with_name(f"trace-{tag}-b{b}-ctx{ctx}.json")
-                    base._emit(out, {"side": "timeline", "tag": tag, "batch": b, "ctx": ctx, "trace": str(trace),
-                                     **alt.timeline(args.timeline, trace)})
+                    emit_timeline(alt, b, ctx, tag)
                 alt.close()
             if kern is not None:
                 base._emit(out, {"side": "kern", "label": f"kern {Path(args.manifest).name}", **common,
@@ -789,9 +795,7 @@ def worker(args: argparse.Namespace, out: str) -> None:
                     launches = kern.breakdown(args.breakdown_replays)
                     base._emit(out, {"side": "breakdown", "batch": b, "ctx": ctx, **base.breakdown_record(launches)})
                 if args.timeline:
-                    trace = Path(out).with_name(f"trace-b{b}-ctx{ctx}.json")
-                    base._emit(out, {"side": "timeline", "batch": b, "ctx": ctx, "trace": str(trace),
-                                     **kern.timeline(args.timeline, trace)})
+                    emit_timeline(kern, b, ctx, None)
                 kern.close()
             if peer is not None:
                 base._emit(out, {"side": "torch", "label": peer.label, "mode": peer.mode, **common,

@@ -325,6 +325,54 @@ KERN_DEV void stream_body(StreamSmem& sm, const __nv_bfloat16* q, const __nv_bfl
     } while (g0 < G);
 }
 
+// Block (kv head, split x, row s)'s share of its row under the split rule above, and the cache row of
+// slot_mapping[s] (-1: none in the cache): tokens [begin, end); `used` splits of the row hold tokens (x < used:
+// begin < end). Every entry of this module starts from it.
+struct DecodeSplit {
+    int seq_len, begin, end, used;
+    int32_t early_row;
+};
+
+KERN_DEV DecodeSplit decode_split(const int32_t* seq_lens, const int32_t* slot_mapping, int page_tokens, int num_pages,
+                            int split_tokens, int num_splits) {
+    const int s = blockIdx.z, x = blockIdx.y;
+    DecodeSplit g;
+    const int64_t slot = slot_mapping[s];
+    g.early_row = (slot >= 0 && slot < (int64_t)max(num_pages, 0) * page_tokens)
+                      ? (int32_t)(slot / page_tokens * 2 * page_tokens + slot % page_tokens)
+                      : -1;
+    const int seq_len = max(seq_lens[s], 0);
+    const int64_t len = st_split_len(seq_len, split_tokens, num_splits);
+    g.seq_len = seq_len;
+    g.begin = (int)min((int64_t)x * len, (int64_t)seq_len);
+    g.end = (int)min((int64_t)x * len + len, (int64_t)seq_len);
+    g.used = (int)min((int64_t)num_splits, (seq_len + len - 1) / len);
+    return g;
+}
+
+// f(StNk<head_dim / 16>{}) for head_dim / 16 in 1..8 (the bodies' compile-time k-steps); any other value only waits
+// (a launch check refused it before: this keeps every path waiting).
+template <int N>
+struct StNk {
+    static constexpr int value = N;
+};
+
+template <class F>
+KERN_DEV void st_for_nk(int nk, F&& f) {
+    // a tree of bit tests, not a switch or an if chain on nk: those compile to an indirect jump (BRX) through a
+    // table in some entries, which tools/sass_paths.py cannot follow to prove that every path waits
+    if (nk < 1 || nk > 8) kern_pdl_wait();
+    else if (nk & 8) f(StNk<8>{});
+    else if (nk & 4) {
+        if (nk & 2) { if (nk & 1) f(StNk<7>{}); else f(StNk<6>{}); }
+        else { if (nk & 1) f(StNk<5>{}); else f(StNk<4>{}); }
+    } else if (nk & 2) {
+        if (nk & 1) f(StNk<3>{}); else f(StNk<2>{});
+    } else {
+        f(StNk<1>{});
+    }
+}
+
 // grid (num_kv_heads, num_splits, seqs), block (64,1,1), static shared memory 36,864 bytes. Parameters, split
 // rule and results as kern_attn_decode_partial_wide (up to fp32 rounding: other per-warp token shares, tensor-core
 // sums), except that a split past the context writes nothing.
@@ -348,34 +396,17 @@ extern "C" __global__ void __launch_bounds__(ST_THREADS, 6) kern_attn_decode_par
         kern_pdl_wait();  // every path waits: the grid never completes before its predecessor
         return;
     }
-    const int64_t slot = slot_mapping[s];
-    const int32_t early_row = (slot >= 0 && slot < (int64_t)max(num_pages, 0) * page_tokens)
-                                  ? (int32_t)(slot / page_tokens * 2 * page_tokens + slot % page_tokens)
-                                  : -1;
-    const int seq_len = max(seq_lens[s], 0);
-    const int64_t len = st_split_len(seq_len, split_tokens, num_splits);
-    const int begin = (int)min((int64_t)x * len, (int64_t)seq_len);
-    const int end = (int)min((int64_t)x * len + len, (int64_t)seq_len);
-    if (begin >= end) {  // past the context: the reduce never reads this split
+    const DecodeSplit g = decode_split(seq_lens, slot_mapping, page_tokens, num_pages, split_tokens, num_splits);
+    if (g.begin >= g.end) {  // past the context: the reduce never reads this split
         kern_pdl_wait();
         return;
     }
     const int32_t* bt_row = block_table + (int64_t)s * bt_stride;
-#define KERN_STREAM_BODY(NK)                                                                                   \
-    stream_body<NK>(sm, q, kv_cache, bt_row, part_out, part_ml, num_q_heads, num_kv_heads, page_tokens,       \
-                    bt_stride, num_pages, num_splits, scale, s, kvh, x, begin, end, early_row)
-    switch (D / 16) {
-        case 1: KERN_STREAM_BODY(1); break;
-        case 2: KERN_STREAM_BODY(2); break;
-        case 3: KERN_STREAM_BODY(3); break;
-        case 4: KERN_STREAM_BODY(4); break;
-        case 5: KERN_STREAM_BODY(5); break;
-        case 6: KERN_STREAM_BODY(6); break;
-        case 7: KERN_STREAM_BODY(7); break;
-        case 8: KERN_STREAM_BODY(8); break;
-        default: kern_pdl_wait(); break;  // not reached (D checked above); keeps every path waiting
-    }
-#undef KERN_STREAM_BODY
+    st_for_nk(D / 16, [&](auto nk) {
+        stream_body<decltype(nk)::value>(sm, q, kv_cache, bt_row, part_out, part_ml, num_q_heads, num_kv_heads,
+                                         page_tokens, bt_stride, num_pages, num_splits, scale, s, kvh, x, g.begin,
+                                         g.end, g.early_row);
+    });
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -634,29 +665,6 @@ KERN_DEV void gqa_body(GqaSmem& sm, const __nv_bfloat16* q, const __nv_bfloat16*
     } while (g0 < G);
 }
 
-// The block's split of its row (the stream entry's rule) and the cache row of slot_mapping[s]: `used` splits of the
-// row hold tokens (x < used: begin < end).
-struct GqaSplit {
-    int seq_len, begin, end, used;
-    int32_t early_row;
-};
-
-KERN_DEV GqaSplit gqa_split(const int32_t* seq_lens, const int32_t* slot_mapping, int page_tokens, int num_pages,
-                            int split_tokens, int num_splits) {
-    const int s = blockIdx.z, x = blockIdx.y;
-    GqaSplit g;
-    const int64_t slot = slot_mapping[s];
-    g.early_row = (slot >= 0 && slot < (int64_t)max(num_pages, 0) * page_tokens)
-                      ? (int32_t)(slot / page_tokens * 2 * page_tokens + slot % page_tokens)
-                      : -1;
-    g.seq_len = max(seq_lens[s], 0);
-    const int64_t len = st_split_len(g.seq_len, split_tokens, num_splits);
-    g.begin = (int)min((int64_t)x * len, (int64_t)g.seq_len);
-    g.end = (int)min((int64_t)x * len + len, (int64_t)g.seq_len);
-    g.used = (int)min((int64_t)num_splits, (g.seq_len + len - 1) / len);
-    return g;
-}
-
 KERN_DEV bool gqa_launch_ok(int num_q_heads, int num_kv_heads, int D, int page_tokens, int split_tokens,
                             int num_splits, int num_pages, const void* kv_cache) {
     return (int)blockDim.x == 32 && D % 16 == 0 && D <= GQ_MAX_D && aligned16(kv_cache) &&
@@ -665,23 +673,12 @@ KERN_DEV bool gqa_launch_ok(int num_q_heads, int num_kv_heads, int D, int page_t
 
 KERN_DEV void gqa_dispatch(GqaSmem& sm, const __nv_bfloat16* q, const __nv_bfloat16* kv_cache, const int32_t* bt_row,
                            float* part_out, float* part_ml, int num_q_heads, int num_kv_heads, int D, int page_tokens,
-                           int bt_stride, int num_pages, int num_splits, float scale, const GqaSplit& g) {
-    const int kvh = blockIdx.x, x = blockIdx.y, s = blockIdx.z;
-#define KERN_GQA_BODY(NK)                                                                                      \
-    gqa_body<NK>(sm, q, kv_cache, bt_row, part_out, part_ml, num_q_heads, num_kv_heads, page_tokens, bt_stride, \
-                 num_pages, num_splits, scale, s, kvh, x, g.begin, g.end, g.early_row)
-    switch (D / 16) {
-        case 1: KERN_GQA_BODY(1); break;
-        case 2: KERN_GQA_BODY(2); break;
-        case 3: KERN_GQA_BODY(3); break;
-        case 4: KERN_GQA_BODY(4); break;
-        case 5: KERN_GQA_BODY(5); break;
-        case 6: KERN_GQA_BODY(6); break;
-        case 7: KERN_GQA_BODY(7); break;
-        case 8: KERN_GQA_BODY(8); break;
-        default: kern_pdl_wait(); break;  // not reached (D checked by gqa_launch_ok); keeps every path waiting
-    }
-#undef KERN_GQA_BODY
+                           int bt_stride, int num_pages, int num_splits, float scale, const DecodeSplit& g) {
+    st_for_nk(D / 16, [&](auto nk) {
+        gqa_body<decltype(nk)::value>(sm, q, kv_cache, bt_row, part_out, part_ml, num_q_heads, num_kv_heads,
+                                      page_tokens, bt_stride, num_pages, num_splits, scale, blockIdx.z, blockIdx.x,
+                                      blockIdx.y, g.begin, g.end, g.early_row);
+    });
 }
 
 // grid (num_kv_heads, num_splits, seqs), block (32,1,1), static shared memory 17,408 bytes. Parameters, split rule
@@ -703,7 +700,7 @@ extern "C" __global__ void __launch_bounds__(32, 12) kern_attn_decode_partial_gq
         kern_pdl_wait();
         return;
     }
-    const GqaSplit g = gqa_split(seq_lens, slot_mapping, page_tokens, num_pages, split_tokens, num_splits);
+    const DecodeSplit g = decode_split(seq_lens, slot_mapping, page_tokens, num_pages, split_tokens, num_splits);
     if (g.begin >= g.end) {  // past the context: the reduce never reads this split
         kern_pdl_wait();
         return;
@@ -735,7 +732,7 @@ extern "C" __global__ void __launch_bounds__(32, 12) kern_attn_decode_gqa_fused(
     const int kvh = blockIdx.x, x = blockIdx.y, s = blockIdx.z, lane = threadIdx.x;
     const int G = num_q_heads / num_kv_heads;
     __nv_bfloat16* out_group = out + ((int64_t)s * num_q_heads + (int64_t)kvh * G) * D;  // the group's G x D
-    const GqaSplit g = gqa_split(seq_lens, slot_mapping, page_tokens, num_pages, split_tokens, num_splits);
+    const DecodeSplit g = decode_split(seq_lens, slot_mapping, page_tokens, num_pages, split_tokens, num_splits);
     if (g.begin >= g.end) {
         kern_pdl_wait();
         if (g.seq_len == 0 && x == 0)  // no split holds a token: the reduce's zeros

@@ -78,11 +78,10 @@ def _decode_partial(plan: Plan) -> tuple[str, int, bool]:
 
 
 def decode_attention_fused(plan: Plan) -> bool:
-    """Whether some decode partial of the plan merges its own splits (FUSED_PARTIALS): the attn_decode op then
-    takes the DECODE_TICKETS state as its `tickets` argument."""
-    opts = plan.opts
-    batch = opts.decode_attn_batch if opts.seqs_max > 1 else ""
-    return opts.decode_attn in FUSED_PARTIALS or batch in FUSED_PARTIALS
+    """Whether the plan's decode partials merge their own splits (FUSED_PARTIALS; validate() refuses a fused batch
+    entry beside a non-fused decode_attn, so decode_attn decides): the attn_decode op then has no reduce launch
+    and takes the DECODE_TICKETS state as its `tickets` argument."""
+    return plan.opts.decode_attn in FUSED_PARTIALS
 
 
 def add_decode_attention_op(b: Builder, plan: Plan) -> None:
@@ -109,7 +108,7 @@ def add_decode_attention_op(b: Builder, plan: Plan) -> None:
                       [{"scratch": "part_out"}, {"scratch": "part_ml"}, {"arg": "seq_lens"}, {"arg": "out"},
                        {"i32": Hq}, {"i32": D}, {"i32": opts.split_tokens}, {"i32": splits}], pdl=opts.pdl)
     launches = [partial_launch(opts.decode_attn, partial, threads)]
-    reduces = [] if opts.decode_attn in FUSED_PARTIALS else [reduce]
+    reduces = [] if fused else [reduce]
     batch = opts.decode_attn_batch
     if opts.seqs_max > 1 and batch and batch != opts.decode_attn:
         # steps of 2.. rows: the batch entry (same contract, same split rule, so a row's splits depend only on
