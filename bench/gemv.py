@@ -299,6 +299,8 @@ def main() -> int:
     parser.add_argument("--no-step", action="store_true", help="skip the 8 GB step chain")
     parser.add_argument("--mma", action="store_true", help="only the crossover table of the small-M MMA entries, "
                         "the M = 1 GEMV and cuBLASLt at m = 1..64 (bench/gemv_mma.py)")
+    parser.add_argument("--mma-variants", default=None, help="only the MMA variant table: the committed cubin and "
+                        "the source compiled with each ;-separated set of -D flags, m = 1, 8, 64 (bench/gemv_mma.py)")
     parser.add_argument("--rows-m", action="store_true", help="only the table of the multi-row rows entries (_m2, "
                         "_m4, _m8), the M = 1 entry and cuBLASLt at m = 1, 2, 4, 8 (bench/gemv_rows_m.py)")
     opts = parser.parse_args()
@@ -318,6 +320,15 @@ def main() -> int:
         results["mma"] = crossover(kernels, SMS, time_graph, current_stream, m1_launch)
         if os.environ.get("OUT"):
             Path(os.environ["OUT"], "gemv_mma_bench.json").write_text(json.dumps(results, indent=1))
+        return 0
+
+    if opts.mma_variants is not None:
+        from bench.gemv_mma import variants
+
+        sets = [tuple(d.split()) for d in opts.mma_variants.split(";") if d.strip()]
+        results["mma_variants"] = variants(sets, SMS, time_graph, current_stream)
+        if os.environ.get("OUT"):
+            Path(os.environ["OUT"], "gemv_mma_variants.json").write_text(json.dumps(results, indent=1))
         return 0
 
     if opts.rows_m:

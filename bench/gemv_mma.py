@@ -7,6 +7,10 @@ norm / epilogue), in microseconds per launch and % of the weight floor (W bytes 
 Timing as bench/gemv.py: REPS launches in one CUDA graph rotating over >= 256 MiB of weight copies (every launch
 streams W from HBM), median of REPLAYS replays. Then the cluster-size sweep of the MMA entries at m = 8 and 64 (the
 builder's choice is marked), with cuOccupancyMaxActiveClusters beside the builder's count of resident clusters.
+
+`python bench/gemv.py --mma-variants "KERN_MMA_UNROLL=8;KERN_MMA_P=2"` instead times, for each shape at m = 1, 8
+and 64, the committed cubin and the source compiled with each ;-separated set of -D flags (space-separated
+within a set), on the builder's launch, beside cuBLASLt: an A/B of kernel variants in one process.
 """
 
 from __future__ import annotations
@@ -15,7 +19,8 @@ from typing import Any, Callable
 
 import torch
 
-from kern_run.models.qwen3.mma import MMA_TILES, mma_cluster, mma_geometry, resident_clusters, x_slice_bytes
+from kern_run.models.qwen3.mma import (MMA_TILES, SMEM_LIMIT, SMEM_RESERVED, dynamic_smem, mma_cluster, mma_geometry,
+                                      resident_clusters, static_smem)
 
 COPY_RATE = 4.3e12
 ROTATE_BYTES = 256 << 20
@@ -130,8 +135,8 @@ def crossover(gemv_kernels: dict[str, Any], sms: int, time_graph: Callable[..., 
         for m in (8, 64):
             entry = f"kern_mma_{kind}_m{m}"
             for cluster in (1, 2, 4, 8):
-                smem = x_slice_bytes(k, cluster, m)
-                if smem > 160 * 1024:
+                smem = dynamic_smem(k, cluster, m)
+                if smem + static_smem(m) + SMEM_RESERVED > SMEM_LIMIT:
                     continue
                 resident = resident_clusters(cluster, sms)
                 driver_count = max_active_clusters(mma[entry], MmaLaunch(cluster * resident, cluster, smem))
@@ -159,3 +164,54 @@ def crossover(gemv_kernels: dict[str, Any], sms: int, time_graph: Callable[..., 
     finally:
         blas.close()
     return out
+
+
+VARIANT_MS = (1, 8, 64)
+
+
+def variants(defines_sets: list[tuple[str, ...]], sms: int, time_graph: Callable[..., float],
+             stream: Callable[[], Any]) -> list[dict[str, Any]]:
+    """Print and return the variant table: per shape and m of VARIANT_MS, us (and % of the weight floor) of the
+    committed cubin's entry and of each `defines_sets` compile, on the builder's launch, and cuBLASLt's."""
+    from kern_runtime.cuda import WORKSPACE_BYTES, Blas, gemm_call
+    from tests.kernels.gemv_mma_gpu_helpers import MmaLaunch, launch as launch_mma, mma_kernels
+    from tests.kernels.gpu_helpers import open_gpu
+
+    gpu = open_gpu()
+    sets = [("committed", mma_kernels(gpu)[0])] + [(" ".join(d), mma_kernels(gpu, d)[0]) for d in defines_sets]
+    workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device="cuda")
+    blas = Blas(workspace.data_ptr())
+    rows: list[dict[str, Any]] = []
+    print("\nMMA variants: us per launch (% of the weight floor, W bytes / 4.3 TB/s), the builder's launch")
+    print(f"{'shape':8s} {'m':>3s} " + " ".join(f"{label[:22]:>22s}" for label, _ in sets) + f" {'cuBLASLt':>14s}")
+    try:
+        for name, kind, n_out, k, _ in SHAPES:
+            data = Data(kind, n_out, k)
+            geo = mma_geometry(n_out, k, sms, swiglu=kind == "rmsnorm_swiglu")
+            for m in VARIANT_MS:
+                tile = next(t for t in MMA_TILES if t >= m)
+                entry = f"kern_mma_{kind}_m{tile}"
+                shape = MmaLaunch(geo.grid, geo.cluster, geo.shared_mem(k, tile))
+                cells, times = [], {}
+                for label, kernels in sets:
+                    def one(w: torch.Tensor, kern: Any = kernels[entry]) -> Callable[[], None]:
+                        args = data.mma_args(w, m)
+                        return lambda: launch_mma(kern, shape, args, stream=stream())
+                    us = time_graph([one(w) for w in data.w])
+                    times[label] = round(us, 2)
+                    cells.append(f"{us:9.2f} ({_row(us, data.weight_bytes)[1]:5.1f}%)")
+
+                def blas_one(w: torch.Tensor) -> Callable[[], None]:
+                    g = gemm_call("cublaslt_bf16_tn", (data.src.data_ptr(), w.data_ptr(), data.out.data_ptr(), m,
+                                                       data.n_w, data.k), f"{name} m={m}")
+                    return lambda: blas.matmul(g, int(stream()))
+                blas_us = time_graph([blas_one(w) for w in data.w])
+                print(f"{name:8s} {m:3d} " + " ".join(f"{c:>22s}" for c in cells) +
+                      f" {blas_us:7.2f} ({_row(blas_us, data.weight_bytes)[1]:4.1f}%)")
+                rows.append({"shape": name, "m": m, "warps_per_tile": geo.warps_per_tile(k), "us": times,
+                             "cublaslt_us": round(blas_us, 2),
+                             "floor_us": round(data.weight_bytes / COPY_RATE * 1e6, 2)})
+            torch.cuda.empty_cache()
+    finally:
+        blas.close()
+    return rows

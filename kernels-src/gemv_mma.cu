@@ -11,26 +11,30 @@
 // of k depends on t alone and is the same for A and B, so each output is the full dot product (a dot product is
 // order-free over k; the MMA's own summation order is fixed by the hardware).
 //
-// Work split (the summation order of an output depends only on k and the cluster size C, never on m or MT):
+// Work split (the summation order of an output depends only on k, the cluster size C and the warps per tile P,
+// never on m or MT):
 //   * the launch is clusters of C blocks ((C, 1, 1), 1 <= C <= 8; a plain launch is C = 1) of 8 warps;
 //   * k is cut into 32-wide chunks (k32 = ceil(k / 32)); cluster rank r owns chunks [r cpr, (r + 1) cpr) with
-//     cpr = ceil(k32 / C), and warp w of the block the rank-local chunks w, w + 8, w + 16, ...;
-//   * tiles (16 W rows; SwiGLU: 8 gate rows as MMA rows 0..7 and the same 8 up rows as rows 8..15) are dealt to
-//     clusters round-robin: cluster q owns tiles q, q + Q, q + 2Q, ... (Q clusters), so any grid is correct;
-//   * per tile: each warp's MMA chain over its chunks (in chunk order), the 8 warps' partials summed in warp
-//     order into the block's partial (shared memory), then the C blocks' partials summed in rank order
-//     (distributed shared memory, after a cluster barrier) by the thread that writes the output.
+//     cpr = ceil(k32 / C);
+//   * tiles (16 W rows; SwiGLU: 8 gate rows as MMA rows 0..7 and the same 8 up rows as rows 8..15) are held P warps
+//     each: a block holds S = 8 / P tiles at once (warp w: slot w / P, part w % P, the part owning the contiguous
+//     rank-local chunks [p cpp, (p + 1) cpp), cpp = ceil(cpr / P)); round j of cluster q holds tiles
+//     q + Q (s + S j) in its slots s (Q clusters), so any grid is correct; P = warps_per_tile(tiles, Q, cpr);
+//   * per round: each warp's MMA chain over its chunks (in chunk order), written to shared memory; a cluster
+//     barrier; then each output summed over the C ranks in rank order and, within a rank, over its P parts in
+//     part order (distributed shared memory) by the thread that writes it.
 // Each block stages its slice of X (rows 0..m-1, its cpr chunks; rows m..MT-1 zero) in dynamic shared memory
-// once, in fragment order (chunk, row, 16-byte piece), so a warp's B-fragment load is 512 contiguous bytes.
+// once, in fragment order (chunk, row, 16-byte piece), so a warp's B-fragment load is 512 contiguous bytes; the
+// round's partials follow it (double-buffered, so one cluster barrier a round suffices).
 // The RMSNorm entries exchange each row's partial sum of squares over the cluster (one cluster barrier).
-// Software pipeline: a warp's W loads go through two register slots of kUnroll chunks; the next tile's loads
-// are in flight while a tile is reduced. PDL: the first two slots are loaded (coherent path) before
-// griddepcontrol.wait; nothing is read from a predecessor's output or written before it.
+// Software pipeline: a warp's W loads go through two register slots of kUnroll chunks (a step each); the next
+// round's first loads are in flight while a round is reduced. PDL: the first two steps are loaded (coherent path)
+// before griddepcontrol.wait; nothing is read from a predecessor's output or written before it.
 #include "common.cuh"
 #include "gemv_mma.cuh"  // the hardware primitives: weight loads, cluster ranks and barriers, DSMEM, mma.sync
 
 #ifndef KERN_MMA_UNROLL
-#define KERN_MMA_UNROLL 5  // 32-wide k chunks per register slot (per warp and tile: cpr / 8 = 4..5 at Qwen3-4B)
+#define KERN_MMA_UNROLL 5  // 32-wide k chunks per register slot (a step): 10 16-byte loads a lane
 #endif
 
 namespace {
@@ -67,20 +71,48 @@ KERN_DEV float silu_bf(float g) { return round_bf(g / (1.0f + expf(-g))); }
 
 KERN_DEV int cdiv(int a, int b) { return (a + b - 1) / b; }
 
-// Static shared memory of an entry with MT token rows: the warps' partials of a tile, the block's partial of
-// the last two tiles (double-buffered: a peer may still read the previous one), each row's sum of squares.
+// Tile slots per block and warps per tile. A block's 8 warps hold S = 8 / P tiles at once, P warps each (warp w:
+// slot w / P, part w % P, the part's contiguous ceil(cpr / P) of the rank's chunks). P is the one of 1, 2, 4, 8
+// with the least cost ceil(tiles / (Q S)) * (ceil(cpr / P) + kRoundChunks) (rounds of a cluster times a warp's
+// chunks a round plus a round's reduction, counted as kRoundChunks chunks), the smallest P on a tie. A function of
+// the shape (tiles, cpr) and the grid (Q clusters) only, never of m: mirrored by kern_run.models.qwen3.mma
+// warps_per_tile. KERN_MMA_P (1, 2, 4 or 8) forces it (bench variants).
+#ifndef KERN_MMA_P
+#define KERN_MMA_P 0
+#endif
+constexpr int kRoundChunks = 8;
+
+KERN_DEV int warps_per_tile(int tiles, int clusters, int cpr) {
+    if (KERN_MMA_P > 0) return KERN_MMA_P;
+    int best = 1;
+    long best_cost = -1;
+    for (int p = 1; p <= kWarps; p *= 2) {
+        const long rounds = cdiv(tiles, clusters * (kWarps / p));
+        const long cost = rounds * (cdiv(cpr, p) + kRoundChunks);
+        if (best_cost < 0 || cost < best_cost) {
+            best = p;
+            best_cost = cost;
+        }
+    }
+    return best;
+}
+
+// Static shared memory of an entry with MT token rows: each row's sum of squares.
 template <int MT>
-struct Reduce {
-    float red[kWarps][16][MT + 4];  // +4: the float2 stores of one warp spread over more banks
-    float part[2][16][MT];
+struct Stat {
     float ss[MT];
 };
 
-// Dynamic shared memory an entry needs: X's slice, cpr chunks x MT rows x 64 bytes.
+// Dynamic shared memory an entry needs: X's slice (cpr chunks x MT rows x 64 bytes), then the warps' partials of
+// a round, double-buffered (a peer may still read the previous round's): [2][8 warps][16 W rows][MT] f32. The
+// RMSNorm weight's slice (cpr chunks x 64 bytes) takes the partials' place during the prologue (no partial is
+// written before the first round ends, nor read by a peer before the barrier that ends it).
 KERN_DEV uint64_t x_slice_bytes(int k, int nranks, int mt) {
     const int cpr = cdiv(cdiv(k, 32), nranks);
     return static_cast<uint64_t>(cpr) * static_cast<uint64_t>(mt) * 64u;
 }
+KERN_DEV uint64_t norm_slice_bytes(int k, int nranks) { return static_cast<uint64_t>(cdiv(cdiv(k, 32), nranks)) * 64u; }
+KERN_DEV uint64_t part_bytes(int mt) { return 2ull * kWarps * 16u * static_cast<uint64_t>(mt) * 4u; }
 
 // The whole kernel. `w`: [rows, k] bf16 row-major; `src`: the residual (RMSNorm kinds) or x (kResidual), [m, k];
 // `norm_w`: [k] (RMSNorm kinds); `out`: y [m, n_out] / residual [m, n_out] / act [m, n_out]; n_out = n, or
@@ -90,15 +122,15 @@ KERN_DEV void mma_entry(const bf16* __restrict__ w, const bf16* __restrict__ src
                         bf16* __restrict__ out, int m, int n_out, int k, float eps) {
     static_assert(MT % 8 == 0 && MT >= 8 && MT <= 64, "MT: 8, 16, 32 or 64 token rows");
     constexpr int NT = MT / 8;
-    KERN_MMA_DYNAMIC_SHARED(uint4, xs);  // [cpr][MT][4] 16-byte pieces of X (bf16)
-    KERN_MMA_STATIC_SHARED(Reduce<MT>, sm);
+    KERN_MMA_DYNAMIC_SHARED(uint4, xs);  // [cpr][MT][4] 16-byte pieces of X (bf16), then the partials
+    KERN_MMA_STATIC_SHARED(Stat<MT>, sm);
 
     const int nranks = static_cast<int>(cluster_nranks());
     {
         bool bad = blockDim.x != kThreads || blockDim.y != 1 || blockDim.z != 1 || m < 1 || m > MT || n_out < 1 ||
                    k < 1 || (k & 7) != 0 || nranks > kMaxCluster;
         bad = bad || !aligned16(w) || !aligned16(src) || (K != Kind::kResidual && !aligned16(norm_w));
-        bad = bad || dynamic_smem_bytes() < x_slice_bytes(k, nranks, MT);
+        bad = bad || dynamic_smem_bytes() < x_slice_bytes(k, nranks, MT) + max(norm_slice_bytes(k, nranks), part_bytes(MT));
         if (bad) {  // uniform over the grid: every block returns, having read and written nothing
             kern_pdl_wait();
             return;
@@ -111,16 +143,25 @@ KERN_DEV void mma_entry(const bf16* __restrict__ w, const bf16* __restrict__ src
     const int cpr = cdiv(k32, nranks);
     const int c0 = rank * cpr;                          // first chunk of this rank
     const int nc = max(0, min(k32, c0 + cpr) - c0);     // chunks of this rank
-    const int my_cnt = nc > warp ? cdiv(nc - warp, kWarps) : 0;  // chunks of this warp
-    const int nbw = max(1, cdiv(cdiv(cpr, kWarps), kUnroll));  // steps (register slots) per tile, uniform
     const int tiles = K == Kind::kSwiglu ? cdiv(n_out, 8) : cdiv(n_out, 16);
-    const int my_tiles = q < tiles ? (tiles - 1 - q) / Q + 1 : 0;
-    const int n_steps = my_tiles * nbw;
+    const int P = warps_per_tile(tiles, Q, cpr);
+    const int S = kWarps / P;                           // tiles a block holds at once (its slots)
+    const int slot = warp / P, part = warp % P;
+    const int cpp = cdiv(cpr, P);                       // chunks of a part
+    const int lo = part * cpp;                          // this warp's first rank-local chunk
+    const int my_cnt = max(0, min(nc, lo + cpp) - lo);  // chunks of this warp
+    const int nbw = max(1, cdiv(cpp, kUnroll));         // steps (register slots) per round, uniform
+    const int per_round = S * Q;                        // tiles the grid holds in one round
+    const int rounds = q < tiles ? (tiles - 1 - q) / per_round + 1 : 0;  // uniform over the cluster
+    const int n_steps = rounds * nbw;
+    uint4* gs = xs + static_cast<size_t>(cpr) * MT * 4;  // prologue: [cpr][4] 16-byte pieces of norm_w
+    float* parts = reinterpret_cast<float*>(gs);           // then: [2][kWarps][16][MT] round partials
     const uint64_t policy = weight_policy();
+    auto tile_of = [&](int round, int s) { return q + Q * (s + S * round); };
 
-    // Step s = batch (s % nbw) of this cluster's tile number s / nbw: chunks batch * kUnroll + u of this warp.
+    // Step s = batch (s % nbw) of round s / nbw: this warp's chunks lo + batch * kUnroll + u of its slot's tile.
     auto load_step = [&](int s, uint4 (&a)[kUnroll], uint4 (&b)[kUnroll], bool early) {
-        const int tile = q + (s / nbw) * Q, batch = s % nbw;
+        const int tile = tile_of(s / nbw, slot), batch = s % nbw;
         int r0, r1;
         bool v0, v1;
         if (K == Kind::kSwiglu) {
@@ -139,7 +180,7 @@ KERN_DEV void mma_entry(const bf16* __restrict__ w, const bf16* __restrict__ src
 #pragma unroll
         for (int u = 0; u < kUnroll; ++u) {
             const int j = batch * kUnroll + u;
-            const int kk = (c0 + warp + kWarps * j) * 32 + 8 * t;
+            const int kk = (c0 + lo + j) * 32 + 8 * t;
             const bool ok = j < my_cnt && kk < k;
             const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
             if (early) {
@@ -170,6 +211,12 @@ KERN_DEV void mma_entry(const bf16* __restrict__ w, const bf16* __restrict__ src
         const bool ok = i < m && kk < k;
         cp_async16(xs + (cl * MT + i) * 4 + pt, ok ? src + static_cast<size_t>(i) * k + kk : src, ok ? 16 : 0);
     }
+    if (K != Kind::kResidual) {  // the norm weight's slice once, not once per row: pieces past k zero
+        for (int p = tid; p < pieces; p += kThreads) {
+            const int kk = (c0 + (p >> 2)) * 32 + 8 * (p & 3);
+            cp_async16(gs + p, kk < k ? norm_w + kk : norm_w, kk < k ? 16 : 0);
+        }
+    }
     cp_async_commit();
     cp_async_wait_all();
     __syncthreads();
@@ -195,15 +242,13 @@ KERN_DEV void mma_entry(const bf16* __restrict__ w, const bf16* __restrict__ src
             for (int r = 0; r < nranks; ++r) total += ld_rank_f32(&sm.ss[i], r, nranks);  // rank order
             const float inv_rms = rsqrtf(total / static_cast<float>(k) + eps);
             for (int p = lane; p < pieces; p += 32) {
-                const int cl = p >> 2, pt = p & 3;
-                const int kk = (c0 + cl) * 32 + 8 * pt;
-                uint4* slot = xs + (cl * MT + i) * 4 + pt;
+                uint4* piece = xs + ((p >> 2) * MT + i) * 4 + (p & 3);
                 float r[8], gw[8];
-                unpack8(*slot, r);
-                unpack8(kk < k ? __ldg(reinterpret_cast<const uint4*>(norm_w + kk)) : make_uint4(0u, 0u, 0u, 0u), gw);
+                unpack8(*piece, r);
+                unpack8(gs[p], gw);
 #pragma unroll
                 for (int e = 0; e < 8; ++e) r[e] = gw[e] * round_bf(r[e] * inv_rms);  // padding: 0 * 0
-                *slot = pack8(r);
+                *piece = pack8(r);
             }
         }
         __syncthreads();
@@ -215,12 +260,13 @@ KERN_DEV void mma_entry(const bf16* __restrict__ w, const bf16* __restrict__ src
     for (int nt = 0; nt < NT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
 
     auto multiply = [&](int s, const uint4 (&a)[kUnroll], const uint4 (&b)[kUnroll]) {
+        if (tile_of(s / nbw, slot) >= tiles) return;  // warp-uniform: a slot past the last tile
         const int batch = s % nbw;
 #pragma unroll
         for (int u = 0; u < kUnroll; ++u) {
             const int j = batch * kUnroll + u;
             if (j < my_cnt) {
-                const uint4* xp = xs + ((warp + kWarps * j) * MT + g) * 4 + t;  // X row g of n-tile 0
+                const uint4* xp = xs + ((lo + j) * MT + g) * 4 + t;  // X row g of n-tile 0
 #pragma unroll
                 for (int nt = 0; nt < NT; ++nt) {
                     if (nt * 8 < m) {
@@ -233,46 +279,46 @@ KERN_DEV void mma_entry(const bf16* __restrict__ w, const bf16* __restrict__ src
         }
     };
 
-    // A tile's reduction and epilogue (every thread of the cluster, uniformly).
-    auto finish_tile = [&](int tile, int buf) {
+    // A round's reduction and epilogue (every thread of the cluster, uniformly): each warp's partial into shared
+    // memory, a cluster barrier, then each output summed over the ranks in rank order and, within a rank, over
+    // its slot's P parts in part order.
+    auto finish_round = [&](int round, int buf) {
+        float* mine = parts + (static_cast<size_t>(buf) * kWarps + warp) * 16 * MT;
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
             if (nt * 8 < m) {
-                *reinterpret_cast<float2*>(&sm.red[warp][g][nt * 8 + 2 * t]) = make_float2(acc[nt][0], acc[nt][1]);
-                *reinterpret_cast<float2*>(&sm.red[warp][g + 8][nt * 8 + 2 * t]) = make_float2(acc[nt][2], acc[nt][3]);
+                *reinterpret_cast<float2*>(&mine[g * MT + nt * 8 + 2 * t]) = make_float2(acc[nt][0], acc[nt][1]);
+                *reinterpret_cast<float2*>(&mine[(g + 8) * MT + nt * 8 + 2 * t]) = make_float2(acc[nt][2], acc[nt][3]);
             }
             acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
         }
-        __syncthreads();
-        for (int o = tid; o < 16 * m; o += kThreads) {  // the block's partial, warps in order
-            const int i = o >> 4, j = o & 15;
-            float s = sm.red[0][j][i];
-#pragma unroll
-            for (int wi = 1; wi < kWarps; ++wi) s += sm.red[wi][j][i];
-            sm.part[buf][j][i] = s;
-        }
-        cluster_sync(nranks);  // every rank's partial of this tile is visible
-        if (K == Kind::kSwiglu) {
-            for (int o = rank * kThreads + tid; o < 8 * m; o += nranks * kThreads) {
-                const int i = o >> 3, j = o & 7;
-                const int jo = 8 * tile + j;
-                float gate = ld_rank_f32(&sm.part[buf][j][i], 0, nranks);
-                float up = ld_rank_f32(&sm.part[buf][j + 8][i], 0, nranks);
-                for (int r = 1; r < nranks; ++r) {
-                    gate += ld_rank_f32(&sm.part[buf][j][i], r, nranks);
-                    up += ld_rank_f32(&sm.part[buf][j + 8][i], r, nranks);
-                }
-                if (jo < n_out) {  // the GEMM outputs rounded to bf16, then kern_silu_mul's formula
-                    out[static_cast<size_t>(i) * n_out + jo] = f2bf(silu_bf(round_bf(gate)) * round_bf(up));
+        cluster_sync(nranks);  // every rank's partials of this round are visible
+        const float* round_parts = parts + static_cast<size_t>(buf) * kWarps * 16 * MT;
+        auto total = [&](int s, int row16, int i) {  // sum over ranks, then parts, of W row `row16` of slot s
+            float v = 0.0f;
+            for (int r = 0; r < nranks; ++r) {
+                for (int p = 0; p < P; ++p) {
+                    v += ld_rank_f32(&round_parts[((s * P + p) * 16 + row16) * MT + i], r, nranks);
                 }
             }
-        } else {
-            for (int o = rank * kThreads + tid; o < 16 * m; o += nranks * kThreads) {
-                const int i = o >> 4, j = o & 15;
+            return v;
+        };
+        const int per_slot = (K == Kind::kSwiglu ? 8 : 16) * m;
+        for (int o = rank * kThreads + tid; o < S * per_slot; o += nranks * kThreads) {
+            const int s = o / per_slot, rest = o - s * per_slot;
+            const int tile = tile_of(round, s);
+            if (K == Kind::kSwiglu) {
+                const int i = rest >> 3, j = rest & 7;
+                const int jo = 8 * tile + j;
+                if (jo < n_out) {  // the GEMM outputs rounded to bf16, then kern_silu_mul's formula
+                    const float gate = total(s, j, i), up = total(s, j + 8, i);
+                    out[static_cast<size_t>(i) * n_out + jo] = f2bf(silu_bf(round_bf(gate)) * round_bf(up));
+                }
+            } else {
+                const int i = rest >> 4, j = rest & 15;
                 const int row = 16 * tile + j;
-                float v = ld_rank_f32(&sm.part[buf][j][i], 0, nranks);
-                for (int r = 1; r < nranks; ++r) v += ld_rank_f32(&sm.part[buf][j][i], r, nranks);
                 if (row < n_out) {
+                    const float v = total(s, j, i);
                     bf16* dst = out + static_cast<size_t>(i) * n_out + row;
                     if (K == Kind::kResidual) {
                         *dst = f2bf(bf2f(__ldcg(dst)) + round_bf(v));  // bf16(residual + bf16(W x))
@@ -289,14 +335,14 @@ KERN_DEV void mma_entry(const bf16* __restrict__ w, const bf16* __restrict__ src
         multiply(s, wa0, wb0);
         if (s + 2 < n_steps) load_step(s + 2, wa0, wb0, false);  // refill before the reduction
         if (s % nbw == nbw - 1) {
-            finish_tile(q + (s / nbw) * Q, buf);
+            finish_round(s / nbw, buf);
             buf ^= 1;
         }
         if (s + 1 < n_steps) {
             multiply(s + 1, wa1, wb1);
             if (s + 3 < n_steps) load_step(s + 3, wa1, wb1, false);
             if ((s + 1) % nbw == nbw - 1) {
-                finish_tile(q + ((s + 1) / nbw) * Q, buf);
+                finish_round((s + 1) / nbw, buf);
                 buf ^= 1;
             }
         }

@@ -4,8 +4,8 @@ The kernel source is compiled with g++ against tools/cpu_emu_mma/ (stand-ins for
 CUDA builtins: every thread of a cluster a std::thread, real block / cluster barriers, warp shuffles and mma.sync
 m16n8k16 through a per-warp exchange, the fragments laid out as the PTX ISA says), then each case checks: rows < m
 against the float64 reference within the GPU tests' bounds (reference_gemv_mma.expected_and_bound); rows >= m of the
-output untouched; batch invariance (a row's bits equal at any position, any m, any tile entry, any grid); the
-residual epilogue bit for bit; launches the kernel refuses write nothing. A logic check of the CUDA source (fragment
+output untouched; batch invariance (a row's bits equal at any position, any m, any tile entry, any grid of one
+warps per tile); the residual epilogue bit for bit; launches the kernel refuses write nothing. A logic check of the CUDA source (fragment
 layout, k split, cluster reduction, pipeline, guards) where no GPU is at hand, not a substitute for
 tests/kernels/test_gemv_mma_gpu.py (no memory model, no real warps; rsqrtf is exact here).
 
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kern_run.models.qwen3.mma import mma_cluster, x_slice_bytes
+from kern_run.models.qwen3.mma import dynamic_smem, mma_cluster, warps_per_tile
 from tools import reference_gemv as ref1
 from tools import reference_gemv_mma as ref
 from tools.reference_kernels import bf16_bits, bf16_round, from_bf16_bits
@@ -84,7 +84,7 @@ class Emu:
         src[:m] = bf16_bits(self.src[order])
         (self.work / "src.bin").write_bytes(src.tobytes())
         (self.work / "out.bin").write_bytes(self.staged(order, zero_residual).tobytes())
-        smem = x_slice_bytes(self.k, cluster, tile) if smem is None else smem
+        smem = dynamic_smem(self.k, cluster, tile) if smem is None else smem
         k_arg = self.k if k_arg is None else k_arg
         subprocess.run([str(self.exe), self.kind, str(tile), str(m), str(self.n_out), str(k_arg), str(EPS), str(cluster),
                         str(clusters), str(threads), str(smem), str(ROWS), str(self.work)], check=True)
@@ -115,8 +115,17 @@ def shape_checks(exe: Path, work: Path, rng: np.random.Generator, kind: str, n_o
     tiles_total = -(-n_out // (8 if kind == "rmsnorm_swiglu" else 16))
     fails: list[str] = []
     full_order = np.arange(ROWS)
-    full = emu.run(64, full_order, cluster, 3)
-    fails += emu.check(full, full_order, f"{kind} {n_out}x{k} c{cluster} m=64 t64")
+    cpr = -(-(-(-k // 32)) // cluster)
+    fulls: dict[int, np.ndarray] = {}  # warps per tile -> the 64-row batch on a grid of that P
+
+    def full(clusters: int) -> np.ndarray:
+        p = warps_per_tile(tiles_total, clusters, cpr)
+        if p not in fulls:
+            fulls[p] = emu.run(64, full_order, cluster, clusters)
+            fails.extend(emu.check(fulls[p], full_order, f"{kind} {n_out}x{k} c{cluster} m=64 t64 P{p}"))
+        return fulls[p]
+
+    full(3)
     for m in ms:
         for tile in (t for t in TILES if t >= m):
             order = rng.permutation(ROWS)[:m]
@@ -124,7 +133,7 @@ def shape_checks(exe: Path, work: Path, rng: np.random.Generator, kind: str, n_o
             clusters = int(rng.choice([1, 2, tiles_total + 1]))
             out = emu.run(tile, order, cluster, clusters)
             fails += emu.check(out, order, what)
-            if not np.array_equal(out[:m], full[order]):
+            if not np.array_equal(out[:m], full(clusters)[order]):
                 fails.append(f"{what} ({clusters} clusters): rows differ from the 64-row batch (batch invariance)")
             if kind == "residual":
                 p = from_bf16_bits(emu.run(tile, order, cluster, clusters, zero_residual=True)[:m])
@@ -139,7 +148,7 @@ def refusal_checks(exe: Path, work: Path, rng: np.random.Generator) -> list[str]
     for kind in ("rmsnorm", "residual", "rmsnorm_swiglu"):
         emu = Emu(exe, work, rng, kind, 24, 256)
         for label, m, kwargs in (("block 128", 4, {"threads": 128}),
-                                 ("short smem", 4, {"smem": x_slice_bytes(256, 1, 8) - 16}),
+                                 ("short smem", 4, {"smem": dynamic_smem(256, 1, 8) - 16}),
                                  ("k % 8", 4, {"k_arg": 252}), ("m > tile", 9, {}), ("m = 0", 0, {})):
             order = np.arange(m)
             if not np.array_equal(emu.run(8, order, 1, 2, **kwargs), emu.staged(order)):
@@ -163,6 +172,9 @@ def main(argv: list[str] | None = None) -> int:
         # (kind, n_out, k, cluster, m values): odd n / inter, k not a multiple of 32, several batches per tile
         # (k = 2592 with one rank: 81 chunks, 11 per warp, 3 register slots), partial last ranks (k = 2600, c4 / c8)
         shapes = [(kind, 45, 104, c, (1, 3, 9, 33)) for kind in ("rmsnorm", "residual", "rmsnorm_swiglu") for c in (1, 2)]
+        # one or two tiles over 17 chunks: 8 and 4 warps per tile on one cluster (warps_per_tile), 2 / 1 on more
+        shapes += [(kind, n, 520, 1, (2, 17)) for kind in ("rmsnorm", "residual") for n in (13, 24)]
+        shapes += [("rmsnorm_swiglu", n, 520, 1, (5,)) for n in (5, 13)]
         if not opts.quick:
             shapes += [(kind, 37, 2592, 1, (2, 17)) for kind in ("rmsnorm", "residual", "rmsnorm_swiglu")]
             shapes += [(kind, 29, 2600, c, (5, 40)) for kind in ("rmsnorm", "residual") for c in (4, 8)]

@@ -50,9 +50,11 @@ def compile_mma(out_dir: Path, defines: tuple[str, ...] = ()) -> Path:
     return out
 
 
-def mma_kernels(gpu: Gpu) -> tuple[dict[str, Kernel], str]:
-    """(entry name -> Kernel, where the cubin came from); see the module docstring for the order."""
-    defines = tuple(os.environ.get("KERN_MMA_DEFINES", "").split())
+def mma_kernels(gpu: Gpu, defines: tuple[str, ...] | None = None) -> tuple[dict[str, Kernel], str]:
+    """(entry name -> Kernel, where the cubin came from); see the module docstring for the order. `defines`
+    (e.g. ("KERN_MMA_UNROLL=8",)) compiles the source with those -D flags instead of KERN_MMA_DEFINES."""
+    if defines is None:
+        defines = tuple(os.environ.get("KERN_MMA_DEFINES", "").split())
     if "gemv_mma" in gpu.meta["modules"] and os.environ.get("KERN_MMA_FROM_SOURCE") != "1" and not defines:
         return {name: gpu.kernel(name) for name in MMA_PARAMS}, "kernels/" + gpu.meta["modules"]["gemv_mma"]["file"]
     with tempfile.TemporaryDirectory() as tmp:

@@ -12,7 +12,8 @@ over all 2 inter rows, same tile and cluster, then kern_silu_mul).
 
 Every run fills the token rows >= m of the input with bf16 NaN and of the output with NaN (residual: other values),
 and checks those output rows untouched. Batch invariance: a row's output bits are the same at any position of any
-batch (m = 1, 2, 9, 33, 64) and from any tile entry that holds the batch; any grid gives the same bits.
+batch (m = 1, 2, 9, 33, 64) and from any tile entry that holds the batch; grids of one warps per tile (gemv_mma.cu
+warps_per_tile) give the same bits.
 Run on the GPU machine:  KERN_REQUIRE_GPU=1 python -m pytest tests/kernels/test_gemv_mma_gpu.py -q
 """
 
@@ -245,26 +246,28 @@ def test_other_shapes(dev, mma, sms, kind: str, n_out: int, k: int) -> None:
             case.check_swiglu_exact(dev, mma, tile, sms, order, out, f"{entry(kind, tile)} {n_out}x{k}")
 
 
-# ---- cluster sizes and grids: every cluster size is correct; the grid never changes a bit ----
+# ---- cluster sizes and grids: every cluster size is correct; grids of one warps-per-tile give the same bits ----
 @pytest.mark.parametrize("kind", KINDS)
 def test_cluster_sizes_and_grids(dev, mma, sms, kind: str) -> None:
     from tests.kernels.gemv_mma_gpu_helpers import MmaLaunch
-    from kern_run.models.qwen3.mma import x_slice_bytes
+    from kern_run.models.qwen3.mma import dynamic_smem, warps_per_tile
 
     n_out, k, tile, m = 1031, 2600, 16, 11  # k: 81.25 chunks, so every rank count leaves a partial rank
     case = MmaCase(dev, np.random.default_rng(), kind, n_out, k)
     order = np.arange(m)
     tiles = -(-n_out // (8 if kind == "rmsnorm_swiglu" else 16))
     for cluster in (1, 2, 4, 8):
-        smem = x_slice_bytes(k, cluster, tile)
-        outs = []
-        for clusters in (1, 7, max(1, sms // cluster), tiles + 3):
+        smem = dynamic_smem(k, cluster, tile)
+        cpr = -(-(-(-k // 32)) // cluster)
+        by_p: dict[int, np.ndarray] = {}
+        for clusters in (1, 7, max(1, sms // cluster), tiles + 3, -(-tiles // 2), -(-tiles // 4)):
             shape = MmaLaunch(grid=clusters * cluster, cluster=cluster, smem_bytes=smem)
             out = case.run(mma[entry(kind, tile)], shape, order)
-            case.check(out, order, f"{entry(kind, tile)} cluster {cluster} x {clusters}")
-            outs.append(out)
-        for other in outs[1:]:
-            assert np.array_equal(other, outs[0]), f"{kind} cluster {cluster}: the grid changed the output bits"
+            p = warps_per_tile(tiles, clusters, cpr)
+            case.check(out, order, f"{entry(kind, tile)} cluster {cluster} x {clusters} (P {p})")
+            if p in by_p:
+                assert np.array_equal(out, by_p[p]), f"{kind} cluster {cluster} P {p}: the grid changed the bits"
+            by_p[p] = out
 
 
 # ---- launches the kernel refuses: nothing written ----

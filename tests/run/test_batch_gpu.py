@@ -1,7 +1,8 @@
 """The batched decode caller on the GPU (kern_run.batch), on the committed tiny-en model (models/qwen3-tiny-en,
 trained weights: real top-2 margins) with its batch-invariant manifest, manifests/qwen3-tiny-en-inv.json (`kern
 manifest build --batch-invariant --seqs-max 64`: the same launches at every bucket, 1 included; docs/caller.md
-"Batch-invariant decode"), where a row alone is `kern run` of its prompt on that manifest:
+"Batch-invariant decode"), and again with that manifest's MMA twin (`--decode gemv --gemv v2 --batch-proj mma`,
+built by the test), where a row alone is `kern run` of its prompt on that manifest:
 
 - (a) every row of a batched greedy run gives the tokens of its prompt decoded alone (one row, bucket 1), 128
   steps, ragged prompt lengths, at buckets 4 and 64 (and the synchronous loop at bucket 4): bit for bit;
@@ -44,9 +45,31 @@ def _open(manifest: Path):  # type: ignore[no-untyped-def]
                           capacity_tokens=64 * 1024, eos_ids=load_codec(weights).eos_ids)
 
 
-@pytest.fixture(scope="module")
-def gen():
-    g = _open(INVARIANT)
+def _mma_manifest(out: Path) -> Path:
+    """The tiny-en invariant manifest with every decode projection on the small-M MMA entries (`--batch-invariant
+    --decode gemv --gemv v2 --batch-proj mma`), built here (not committed: slower than the cuBLASLt decode,
+    docs/perf.md)."""
+    import dataclasses
+
+    from kern_run.models.qwen3.command import build_texts, write_outputs
+    from tools import regen_manifests as rm
+
+    req = rm.request("qwen3-tiny-en-inv.json", ROOT / "kernels", rm.ALGOS, out)
+    options = {**req.options, "decode": "gemv", "gemv": "v2", "batch_proj": "mma"}
+    req = dataclasses.replace(req, options=options, name="qwen3-tiny-en-inv-mma", verify=True)
+    write_outputs(build_texts(req))
+    return req.out
+
+
+_MANIFESTS: dict[int, Path] = {}  # id(generator) -> the manifest it runs
+
+
+@pytest.fixture(scope="module", params=["cublaslt", "mma"])
+def gen(request, tmp_path_factory):  # type: ignore[no-untyped-def]
+    """The generator on the committed invariant manifest (cuBLASLt projections), then on its MMA twin."""
+    manifest = INVARIANT if request.param == "cublaslt" else _mma_manifest(tmp_path_factory.mktemp("mma"))
+    g = _open(manifest)
+    _MANIFESTS[id(g)] = manifest
     yield g
     g.close()
 
@@ -170,7 +193,7 @@ def test_kern_run_stop_cuts_its_row(tmp_path: Path, gen) -> None:
     full = [codec.decode(r.tokens) for r in rows]
     assert len(full[1]) > 12, full
     stop = full[1][6:10]
-    manifest = INVARIANT
+    manifest = _MANIFESTS[id(gen)]
     prompts = tmp_path / "p.txt"
     prompts.write_text("\n".join(texts) + "\n")
     base = ["run", "--manifest", str(manifest), "--kernels", str(ROOT / "kernels"), "--weights", str(weights),

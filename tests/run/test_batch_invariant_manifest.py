@@ -173,12 +173,40 @@ def test_refuses_without_pins() -> None:
                                                          batch_invariant=True))
 
 
-@pytest.mark.parametrize("opts, given", [({"decode": "gemv", "gemv": "v2"}, "--decode gemv"),
+@pytest.mark.parametrize("opts, given", [({"decode": "gemv", "gemv": "v2"}, "--decode gemv --gemv v2 --batch-proj cublaslt"),
+                                         ({"decode": "gemv", "gemv": "v1", "batch_proj": "mma"},
+                                          "--decode gemv --gemv v1 --batch-proj mma"),
                                          ({"decode": "gemm", "m1_gemv": True}, "--m1-gemv")])
 def test_refuses_the_gemv_decode(tmp_path: Path, opts: dict[str, Any], given: str) -> None:
     with pytest.raises(gq.ManifestBuildError) as err:
         _build(tmp_path, **opts)
     assert str(err.value).startswith(f"batch_invariant (--batch-invariant) with {given}: the M = 1 GEMVs sum a row")
+
+
+@pytest.mark.parametrize("seqs_max", [1, 8, 64])
+def test_the_mma_decode_runs_the_mma_entries_at_every_bucket(tmp_path: Path, seqs_max: int) -> None:
+    """--decode gemv --gemv v2 --batch-proj mma: every projection op, lm_head included, is the small-M MMA entries
+    from seqs 1 (no M = 1 GEMV launch), one launch list at every bucket but the entry's tile, on one geometry
+    (grid, cluster) per op whatever the tile, so every bucket sums a row in one order (gemv_mma.cu
+    warps_per_tile); the manifest verifies and says it is batch-invariant."""
+    km = pytest.importorskip("kern_manifest")
+    m = _build(tmp_path, decode="gemv", gemv="v2", batch_proj="mma", seqs_max=seqs_max)
+    km.verify(km.parse_manifest(gq.dumps(m)))
+    assert m["meta"]["caller"]["decode_batch_invariant"] is True
+    tiles = [t for t in (8, 16, 32, 64) if t <= max(8, seqs_max)]
+    for op in ("gemv_qkv", "gemv_o", "gemv_gate_up_act", "gemv_down_act", "gemv_lm_head"):
+        launches = m["ops"][op]["launches"]
+        assert [l["entry"].rsplit("_m", 1)[1] for l in launches] == [str(t) for t in tiles], op
+        assert all(l["entry"].startswith("kern_mma_") for l in launches), op
+        assert launches[0]["when"] == {"seqs": [1, min(8, seqs_max)]}, op
+        assert len({(tuple(l["grid"]), tuple(l.get("cluster", [1, 1, 1]))) for l in launches}) == 1, op
+    entries = {launch["entry"] for _, _, picked in decode_launches(m, 1) for launch in picked}
+    assert not any(e.startswith("kern_gemv_") for e in entries), entries
+    # buckets differ only in the projections' tile entry (and the row counts)
+    def shape(bucket: int) -> list[tuple[str, list[str]]]:
+        return [(op, [l["entry"].rsplit("_m", 1)[0] if l["entry"].startswith("kern_mma_") else l["entry"]
+                      for l in picked]) for op, _, picked in decode_launches(m, bucket)]
+    assert all(shape(b) == shape(1) for b in BUCKETS if b <= seqs_max)
 
 
 def test_the_command_defaults_to_gemm_and_refuses_tensor_parallel(tmp_path: Path) -> None:

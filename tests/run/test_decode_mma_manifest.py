@@ -31,12 +31,12 @@ def _ptrs(*names: str) -> list[dict]:
 
 
 # Qwen3-4B: op -> (entry kind, pointer wiring, outputs per row, k, eps?, cluster, clusters)
-# clusters = min(tiles, resident): tiles = ceil(n / 16), SwiGLU ceil(inter / 8); resident 66 of 2, 32 of 4, 16 of 8
+# clusters = min(tiles, resident): tiles = ceil(n / 16), SwiGLU ceil(inter / 8); resident 66 of 2, 30 of 4, 15 of 8
 EXPECTED_4B = {
     "gemv_qkv": ("rmsnorm", ("w", "residual", "norm_w", "y"), 6144, 2560, True, 2, 66),
-    "gemv_o": ("residual", ("w", "x", "residual"), 2560, 4096, False, 4, 32),
+    "gemv_o": ("residual", ("w", "x", "residual"), 2560, 4096, False, 4, 30),
     "gemv_gate_up_act": ("rmsnorm_swiglu", ("w", "residual", "norm_w", "y"), 9728, 2560, True, 2, 66),
-    "gemv_down_act": ("residual", ("w", "x", "residual"), 2560, 9728, False, 8, 16),
+    "gemv_down_act": ("residual", ("w", "x", "residual"), 2560, 9728, False, 8, 15),
     "gemv_lm_head": ("rmsnorm", ("w", "residual", "norm_w", "y"), 151936, 2560, True, 2, 66),
 }
 
@@ -59,8 +59,10 @@ def test_seqs_max_64_adds_one_mma_launch_per_tile_after_the_bs1_launch() -> None
             assert launch["args"] == want_args, (op, tile)
             assert launch["module"] == "gemv_mma" and launch["block"] == [256, 1, 1] and launch["pdl"] is True
             assert launch["cluster"] == [cluster, 1, 1] and launch["grid"] == [cluster * clusters, 1, 1], (op, tile)
-            # the block's X slice: ceil(ceil(k / 32) / cluster) chunks of 32 x tile rows x 2 bytes
-            assert launch["shared_mem"] == -(-(-(-k // 32)) // cluster) * 32 * tile * 2, (op, tile)
+            # the block's X slice, ceil(ceil(k / 32) / cluster) chunks of 32 x tile rows x 2 bytes, then the round
+            # partials (2 x 8 warps x 16 rows x tile f32; the norm weight's slice, smaller, shares their place)
+            cpr = -(-(-(-k // 32)) // cluster)
+            assert launch["shared_mem"] == cpr * 32 * tile * 2 + max(cpr * 64, 2 * 8 * 16 * tile * 4), (op, tile)
             assert launch["carveout"] == 100
     assert "gemv_mma" in m["modules"]
 
@@ -164,10 +166,17 @@ def test_geometry_helpers() -> None:
         [1, 1, 2, 2, 4, 8, 8, 8, 8]
     assert mma.x_slice_bytes(2560, 2, 64) == 40 * 64 * 64 and mma.x_slice_bytes(520, 1, 8) == 17 * 8 * 64
     assert mma.seqs_buckets(1) == [] and mma.seqs_buckets(64)[-1] == (33, 64, 64)
-    assert [mma.resident_clusters(c, 132) for c in (1, 2, 4, 8)] == [132, 66, 32, 16]
-    assert [mma.resident_clusters(c, 114) for c in (1, 2, 4, 8)] == [114, 57, 28, 14]
-    assert mma.static_smem(64) + mma.SMEM_RESERVED == 44288  # cuobjdump -res-usage of kern_mma_*_m64
-    assert mma.static_smem(8) + mma.SMEM_RESERVED == 8224
+    # the H200's driver: 30 clusters of 4, 15 of 8 (cuOccupancyMaxActiveClusters, docs/perf.md)
+    assert [mma.resident_clusters(c, 132) for c in (1, 2, 4, 8)] == [132, 66, 30, 15]
+    assert [mma.resident_clusters(c, 114) for c in (1, 2, 4, 8)] == [114, 57, 26, 13]
+    assert mma.static_smem(64) + mma.SMEM_RESERVED == 1280  # cuobjdump -res-usage of kern_mma_*_m64
+    assert mma.static_smem(8) + mma.SMEM_RESERVED == 1056
+    assert mma.dynamic_smem(2560, 2, 64) == 40 * 64 * 64 + 65536 and mma.dynamic_smem(9728, 1, 8) == 304 * 8 * 64 + 19456
+    # warps per tile (gemv_mma.cu warps_per_tile): the 4B shapes on the builder's grids
+    assert [mma.mma_geometry(n, k, 132, swiglu=s).warps_per_tile(k) for n, k, s in
+            ((6144, 2560, False), (2560, 4096, False), (9728, 2560, True), (2560, 9728, False), (151936, 2560, False))
+            ] == [1, 1, 2, 2, 1]
+    assert [mma.warps_per_tile(t, 1, 17) for t in (1, 2, 100)] == [8, 4, 1] and mma.warps_per_tile(9, 1, 40) == 2
     geo = mma.mma_geometry(333, 520, 132)
     assert (geo.tiles, geo.cluster, geo.grid) == (21, 1, 21)
     geo = mma.mma_geometry(9728, 2560, 132, swiglu=True)

@@ -21,11 +21,16 @@ KERN_DEV void cluster_sync(int nranks) {
   if (nranks == 1) { __syncthreads(); return; }
   t_cluster->bar->arrive_and_wait();
 }
+// A peer's float at the same offset of the same region (static or dynamic shared memory) as `local`.
 KERN_DEV float ld_rank_f32(const float* local, uint32_t rank, int) {
-  const char* base = reinterpret_cast<const char*>(t_block->stat.data());
-  const size_t offset = reinterpret_cast<const char*>(local) - base;
+  const char* p = reinterpret_cast<const char*>(local);
+  const char* stat = reinterpret_cast<const char*>(t_block->stat.data());
+  const char* dyn = reinterpret_cast<const char*>(t_block->dyn.data());
+  const bool in_dyn = p >= dyn && p < dyn + t_block->dyn.size() * sizeof(uint4);
+  const char* peer = in_dyn ? reinterpret_cast<const char*>(t_cluster->blocks[rank]->dyn.data()) + (p - dyn)
+                            : reinterpret_cast<const char*>(t_cluster->blocks[rank]->stat.data()) + (p - stat);
   float v;
-  memcpy(&v, reinterpret_cast<const char*>(t_cluster->blocks[rank]->stat.data()) + offset, 4);
+  memcpy(&v, peer, 4);
   return v;
 }
 

@@ -585,7 +585,9 @@ def manifest_build(
                                           "tokens) per row for the penalties")] = 1024,
     batch_invariant: Annotated[bool, typer.Option("--batch-invariant", help="the same decode launches at every row "
                                                   "count, 1 included: pinned cuBLASLt projections (--algos; --decode "
-                                                  "gemm), --decode-attn-batch's attention for every row")] = False,
+                                                  "gemm), or the small-M MMA ones with --decode gemv --gemv v2 "
+                                                  "--batch-proj mma; --decode-attn-batch's attention for every "
+                                                  "row")] = False,
     tp: Annotated[int, typer.Option("--tp", help="tensor-parallel ranks: write one manifest per rank")] = 1,
     allreduce_oneshot_bytes: Annotated[int, typer.Option("--allreduce-oneshot-bytes", help="with --tp: all-reduces "
                                                          "of messages up to this size run kern's one-shot kernel, "

@@ -28,7 +28,7 @@ from typing import Any
 from ...errors import ManifestBuildError
 from .builder import Builder
 from .mma import mma_launches
-from .options import Plan
+from .options import Plan, invariant_mma
 from .rows_m import ROWS_ENTRY, ROWS_TILE_MAX, V1_ENTRY, rows_m_launches
 
 BATCH_PROJ = ("cublaslt", "rows", "mma")
@@ -74,8 +74,11 @@ def batched(b: Builder, plan: Plan, bs1: dict[str, Any], kind: str, n: int, k: i
     (`args` / `tail`: the op's pointer wiring and trailing scalars, for the MMA entries). "rows": where `bs1` is a
     rows-family entry (qkv, gate_up, o, down) or the v1 kern_gemv_rmsnorm (lm_head), the `_mM` launches for seqs
     2..min(8, seqs_max), then
-    cuBLASLt for 9..seqs_max. Raises ManifestBuildError on an unknown batch_proj."""
+    cuBLASLt for 9..seqs_max. With the batch-invariant MMA decode (options.invariant_mma) the MMA launches for
+    seqs 1..seqs_max replace all of it, `bs1` included. Raises ManifestBuildError on an unknown batch_proj."""
     opts = plan.opts
+    if invariant_mma(opts):  # the MMA entries at every row count, 1 included: no M = 1 GEMV
+        return mma_launches(b, kind, n, k, args, opts, tail, lo=1), {}
     if opts.seqs_max == 1:
         return [bs1], {}
     first = {**bs1, "when": {"seqs": [1, 1]}}

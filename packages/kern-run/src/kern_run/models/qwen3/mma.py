@@ -36,9 +36,32 @@ def mma_entry(kind: str, tile: int) -> str:
 
 
 def static_smem(tile: int) -> int:
-    """Static shared memory of a `tile` entry (gemv_mma.cu struct Reduce: 8 warps' partials [16][tile + 4] f32, two
-    block partials [16][tile] f32, tile sums of squares), bytes, without SMEM_RESERVED."""
-    return 8 * 16 * (tile + 4) * 4 + 2 * 16 * tile * 4 + tile * 4
+    """Static shared memory of a `tile` entry (gemv_mma.cu struct Stat: the tile's sums of squares, f32), bytes,
+    without SMEM_RESERVED."""
+    return tile * 4
+
+
+def part_bytes(tile: int) -> int:
+    """The round partials a `tile` entry keeps after its X slice (gemv_mma.cu part_bytes): two buffers of 8 warps x
+    16 W rows x tile f32, bytes."""
+    return 2 * 8 * 16 * tile * 4
+
+
+# gemv_mma.cu kRoundChunks: a round's reduction, counted in chunks of a warp's stream
+ROUND_CHUNKS = 8
+
+
+def warps_per_tile(tiles: int, clusters: int, cpr: int) -> int:
+    """Warps per tile P of the kernel (gemv_mma.cu warps_per_tile, mirrored): the P of 1, 2, 4, 8 with the least
+    ceil(tiles / (clusters * 8 / P)) * (ceil(cpr / P) + ROUND_CHUNKS), the smallest on a tie. `cpr`: a rank's
+    chunks of 32 k. A function of the shape and the grid, never of m: what makes every tile entry sum a row in the
+    same order."""
+    best, best_cost = 1, None
+    for p in (1, 2, 4, 8):
+        cost = -(-tiles // (clusters * (8 // p))) * (-(-cpr // p) + ROUND_CHUNKS)
+        if best_cost is None or cost < best_cost:
+            best, best_cost = p, cost
+    return best
 
 
 def mma_cluster(k: int) -> int:
@@ -56,15 +79,22 @@ def x_slice_bytes(k: int, cluster: int, tile: int) -> int:
     return -(-(-(-k // 32)) // cluster) * tile * 64
 
 
+def dynamic_smem(k: int, cluster: int, tile: int) -> int:
+    """Dynamic shared memory of one block of the `tile` entry: x_slice_bytes, then part_bytes or, where larger, the
+    norm weight's slice (the rank's chunks x 64 B, which the prologue keeps where the partials go later)."""
+    return x_slice_bytes(k, cluster, tile) + max(x_slice_bytes(k, cluster, 1), part_bytes(tile))
+
+
 def resident_clusters(cluster: int, sms: int) -> int:
     """Clusters of `cluster` one-block-per-SM blocks the builder assumes the GPU runs at once: sms // cluster for
-    clusters of 1 or 2 (a TPC holds 2 SMs), else whole clusters in 16-SM units (a GPC holds whole clusters; the
-    H200's 132 SMs: 32 clusters of 4, 16 of 8). A grid of more clusters than are resident would run the extra ones
-    after the others, twice the time for their tiles; bench/gemv.py --mma prints the driver's count
-    (cuOccupancyMaxActiveClusters) beside this one."""
+    clusters of 1 or 2 (a TPC holds 2 SMs), else floor(15 sms / (16 cluster)): a GPC holds whole clusters, and not
+    every GPC's SM count is a multiple of 4 or 8. The H200's driver (cuOccupancyMaxActiveClusters, bench/gemv.py
+    --mma, docs/perf.md "Twenty-third session") runs 30 clusters of 4 and 15 of 8 of its 132 SMs, which this
+    gives; the earlier whole-16-SM rule (32 and 16) put 2 clusters of 4 and 1 of 8 into a second wave, twice the
+    time for their tiles. Elsewhere it errs low (a few idle SMs) rather than high (a second wave)."""
     if cluster <= 2:
         return max(1, sms // cluster)
-    return max(1, (sms // 16) * (16 // cluster)) if cluster <= 16 else 1
+    return max(1, (15 * sms) // (16 * cluster))
 
 
 @dataclass(frozen=True)
@@ -77,8 +107,12 @@ class MmaGeometry:
     grid: int
 
     def shared_mem(self, k: int, tile: int) -> int:
-        """Dynamic shared memory (bytes) of the `tile` entry at depth `k`."""
-        return x_slice_bytes(k, self.cluster, tile)
+        """Dynamic shared memory (bytes) of the `tile` entry at depth `k`: its X slice, then the round partials."""
+        return dynamic_smem(k, self.cluster, tile)
+
+    def warps_per_tile(self, k: int) -> int:
+        """The kernel's warps per tile at depth `k` on this grid (warps_per_tile)."""
+        return warps_per_tile(self.tiles, self.grid // self.cluster, -(-(-(-k // 32)) // self.cluster))
 
 
 def mma_geometry(rows: int, k: int, sms: int, swiglu: bool = False) -> MmaGeometry:
@@ -90,10 +124,10 @@ def mma_geometry(rows: int, k: int, sms: int, swiglu: bool = False) -> MmaGeomet
     return MmaGeometry(tiles, cluster, min(tiles, resident_clusters(cluster, sms)) * cluster)
 
 
-def seqs_buckets(seqs_max: int) -> list[tuple[int, int, int]]:
-    """(lo, hi, tile) of the MMA launches for seqs 2..seqs_max: [2, 8] -> 8, [9, 16] -> 16, [17, 32] -> 32,
-    [33, 64] -> 64, the last one cut at seqs_max; empty for seqs_max 1."""
-    out, lo = [], 2
+def seqs_buckets(seqs_max: int, first: int = 2) -> list[tuple[int, int, int]]:
+    """(lo, hi, tile) of the MMA launches for seqs first..seqs_max (first 1 or 2): [first, 8] -> 8, [9, 16] -> 16,
+    [17, 32] -> 32, [33, 64] -> 64, the last one cut at seqs_max; empty when seqs_max < first."""
+    out, lo = [], first
     for tile in MMA_TILES:
         hi = min(tile, seqs_max)
         if lo <= hi:
@@ -103,8 +137,9 @@ def seqs_buckets(seqs_max: int) -> list[tuple[int, int, int]]:
 
 
 def mma_launches(b: Builder, kind: str, rows: int, k: int, args: list[dict[str, Any]], opts: BuildOptions,
-                 tail: tuple[dict[str, Any], ...] = ()) -> list[dict[str, Any]]:
-    """The MMA launches of one projection op for seqs 2..opts.seqs_max, each with `when: {"seqs": [lo, hi]}`:
+                 tail: tuple[dict[str, Any], ...] = (), lo: int = 2) -> list[dict[str, Any]]:
+    """The MMA launches of one projection op for seqs lo..opts.seqs_max (`lo` 2, or 1 for the batch-invariant
+    MMA decode), each with `when: {"seqs": [lo, hi]}`:
     wiring `args` (pointers), then m = the `seqs` var, then rows and k, then `tail` (eps); grid, cluster and
     shared memory from mma_geometry (opts.sms), `pdl` as opts.pdl. Raises ManifestBuildError when k is not a multiple of 8 or a
     tile's shared memory passes the per-block limit."""
@@ -113,19 +148,19 @@ def mma_launches(b: Builder, kind: str, rows: int, k: int, args: list[dict[str, 
                                  f"seqs_max (--seqs-max) {opts.seqs_max} needs --seqs-max 1 or --decode gemm")
     geo = mma_geometry(rows, k, opts.sms, swiglu=kind == "rmsnorm_swiglu")
     launches = []
-    for lo, hi, tile in seqs_buckets(opts.seqs_max):
+    for first, hi, tile in seqs_buckets(opts.seqs_max, lo):
         smem = geo.shared_mem(k, tile)
         if smem + static_smem(tile) + SMEM_RESERVED > SMEM_LIMIT:
             raise ManifestBuildError(
                 f"seqs_max (--seqs-max) {opts.seqs_max}: kern_mma_{kind}_m{tile} at k = {k} needs {smem} bytes of X "
-                f"slice (cluster {geo.cluster}) + {static_smem(tile) + SMEM_RESERVED} static, more than the "
+                f"slice and partials (cluster {geo.cluster}) + {static_smem(tile) + SMEM_RESERVED} static, more than the "
                 f"{SMEM_LIMIT} a block may have; use a smaller --seqs-max or --decode gemm")
         launch = b.launch(mma_entry(kind, tile), [geo.grid, 1, 1], [MMA_THREADS, 1, 1],
                           [*args, {"expr": "seqs", "type": "i32"}, {"i32": rows}, {"i32": k}, *tail],
                           shared_mem=smem, pdl=opts.pdl)
         if geo.cluster > 1:
             launch["cluster"] = [geo.cluster, 1, 1]
-        launch["when"] = {"seqs": [lo, hi]}
+        launch["when"] = {"seqs": [first, hi]}
         launches.append(launch)
     return launches
 

@@ -269,14 +269,23 @@ def _check_launch(opts: BuildOptions) -> None:
                                  f"projections take at most {MMA_TILES[-1]} rows; use --decode gemm")
 
 
+def invariant_mma(opts: BuildOptions) -> bool:
+    """Whether `opts` ask for the batch-invariant decode on the small-M MMA projections (`--batch-invariant
+    --decode gemv --gemv v2 --batch-proj mma`): every projection, lm_head included, on kern_mma_* at every row
+    count, 1 included (batch_proj.batched)."""
+    return opts.batch_invariant and opts.decode == "gemv" and opts.gemv == "v2" and opts.batch_proj == "mma"
+
+
 def _invariant_options(opts: BuildOptions) -> BuildOptions:
     """`--batch-invariant`: the options with one decode attention entry (decode_attn_batch's, else decode_attn's)
-    for every row count. Raises ManifestBuildError for a decode other than the cuBLASLt one, or --m1-gemv."""
-    if opts.decode != "gemm" or opts.m1_gemv:
-        given = "--m1-gemv" if opts.m1_gemv else f"--decode {opts.decode}"
+    for every row count. Raises ManifestBuildError for a GEMV decode other than v2 on the MMA projections, or
+    --m1-gemv."""
+    if opts.m1_gemv or (opts.decode != "gemm" and not invariant_mma(opts)):
+        given = "--m1-gemv" if opts.m1_gemv else f"--decode {opts.decode} --gemv {opts.gemv} --batch-proj {opts.batch_proj}"
         raise ManifestBuildError(f"batch_invariant (--batch-invariant) with {given}: the M = 1 GEMVs sum a row in "
                                  "another order than the batched projections; the batch-invariant decode runs the "
-                                 "pinned cuBLASLt projections at every row count (--decode gemm, without --m1-gemv)")
+                                 "pinned cuBLASLt projections (--decode gemm, without --m1-gemv) or the small-M MMA "
+                                 "projections (--decode gemv --gemv v2 --batch-proj mma) at every row count")
     return replace(opts, decode_attn=opts.decode_attn_batch or opts.decode_attn, decode_attn_batch="")
 
 
