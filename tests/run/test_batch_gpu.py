@@ -177,7 +177,8 @@ def test_warm_up_captures_the_buckets(gen) -> None:
 
 
 def test_kern_run_stop_cuts_its_row(tmp_path: Path, gen) -> None:
-    """`kern run --prompts FILE` prints each prompt's greedy text on its own line, in prompt order; with --stop S
+    """`kern run --prompts FILE --greedy` (tiny-en samples by default) prints each prompt's greedy text on its own
+    line, in prompt order; with --stop S
     each line ends before its first S (here S is taken from the middle of the second prompt's text), the other
     lines unchanged unless they hold S too."""
     from typer.testing import CliRunner
@@ -197,7 +198,7 @@ def test_kern_run_stop_cuts_its_row(tmp_path: Path, gen) -> None:
     prompts = tmp_path / "p.txt"
     prompts.write_text("\n".join(texts) + "\n")
     base = ["run", "--manifest", str(manifest), "--kernels", str(ROOT / "kernels"), "--weights", str(weights),
-            "--prompts", str(prompts), "--max-tokens", "48", "--ignore-eos", "--capacity", "8192"]
+            "--prompts", str(prompts), "--max-tokens", "48", "--ignore-eos", "--capacity", "8192", "--greedy"]
     plain = CliRunner().invoke(app, base)
     assert plain.exit_code == 0, plain.stderr[-3000:]
     assert plain.stdout == "".join(f + "\n" for f in full)
