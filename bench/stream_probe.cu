@@ -125,7 +125,9 @@ DEV void bulk_entry(const uint8_t* __restrict__ w, int rows, int row_bytes, uint
     const int n = my_tiles * steps;
     uint4* mine = ring + static_cast<size_t>(warp) * S * 16 * 4 * U;
     if (lane == 0) {
-        for (int s = 0; s < S; ++s) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&bars[warp][s])));
+        for (int s = 0; s < S; ++s) {
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&bars[warp][s])));
+        }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncwarp();

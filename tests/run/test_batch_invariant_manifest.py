@@ -173,7 +173,8 @@ def test_refuses_without_pins() -> None:
                                                          batch_invariant=True))
 
 
-@pytest.mark.parametrize("opts, given", [({"decode": "gemv", "gemv": "v2"}, "--decode gemv --gemv v2 --batch-proj cublaslt"),
+@pytest.mark.parametrize("opts, given", [({"decode": "gemv", "gemv": "v2"},
+                                          "--decode gemv --gemv v2 --batch-proj cublaslt"),
                                          ({"decode": "gemv", "gemv": "v1", "batch_proj": "mma"},
                                           "--decode gemv --gemv v1 --batch-proj mma"),
                                          ({"decode": "gemm", "m1_gemv": True}, "--m1-gemv")])

@@ -153,8 +153,8 @@ def mma_launches(b: Builder, kind: str, rows: int, k: int, args: list[dict[str, 
         if smem + static_smem(tile) + SMEM_RESERVED > SMEM_LIMIT:
             raise ManifestBuildError(
                 f"seqs_max (--seqs-max) {opts.seqs_max}: kern_mma_{kind}_m{tile} at k = {k} needs {smem} bytes of X "
-                f"slice and partials (cluster {geo.cluster}) + {static_smem(tile) + SMEM_RESERVED} static, more than the "
-                f"{SMEM_LIMIT} a block may have; use a smaller --seqs-max or --decode gemm")
+                f"slice and partials (cluster {geo.cluster}) + {static_smem(tile) + SMEM_RESERVED} static, more "
+                f"than the {SMEM_LIMIT} a block may have; use a smaller --seqs-max or --decode gemm")
         launch = b.launch(mma_entry(kind, tile), [geo.grid, 1, 1], [MMA_THREADS, 1, 1],
                           [*args, {"expr": "seqs", "type": "i32"}, {"i32": rows}, {"i32": k}, *tail],
                           shared_mem=smem, pdl=opts.pdl)

@@ -281,7 +281,8 @@ def _invariant_options(opts: BuildOptions) -> BuildOptions:
     for every row count. Raises ManifestBuildError for a GEMV decode other than v2 on the MMA projections, or
     --m1-gemv."""
     if opts.m1_gemv or (opts.decode != "gemm" and not invariant_mma(opts)):
-        given = "--m1-gemv" if opts.m1_gemv else f"--decode {opts.decode} --gemv {opts.gemv} --batch-proj {opts.batch_proj}"
+        given = ("--m1-gemv" if opts.m1_gemv else
+                 f"--decode {opts.decode} --gemv {opts.gemv} --batch-proj {opts.batch_proj}")
         raise ManifestBuildError(f"batch_invariant (--batch-invariant) with {given}: the M = 1 GEMVs sum a row in "
                                  "another order than the batched projections; the batch-invariant decode runs the "
                                  "pinned cuBLASLt projections (--decode gemm, without --m1-gemv) or the small-M MMA "
