@@ -5,7 +5,8 @@ below for seqs 9..seqs_max) or "mma" (mma.py, kernels-src/gemv_mma.cu).
 
 Why cuBLASLt: measured on the H200 at the Qwen3-4B shapes (bench/gemv.py --mma, docs/perf.md "Fourteenth
 session"), cuBLASLt's heuristic algorithm at m = 2..64 stays within 3-17% of the M = 1 GEMV's time (lm_head m = 64:
-191.5 us against 174.3), while the small-M MMA entries took 2-4x longer. The fused prologue and epilogues of the
+191.5 us against 174.3), while the small-M MMA entries took 2-4x longer (1.7-7x after their rebuild, docs/perf.md
+"Twenty-third session"). The fused prologue and epilogues of the
 GEMVs are then separate launches, each under `when: {"seqs": [2, seqs_max]}` so that a seqs = 1 step runs
 exactly the GEMV launch:
 

@@ -91,7 +91,7 @@ class BuildOptions:
     hist_cap: int = 1024
     # with seqs_max > 1: the projections of steps of 2..seqs_max rows (batch_proj.py): "cublaslt" (heuristic
     # algorithm, separate RMSNorm / SiLU-mul launches, residual adds as beta = 1) or "mma" (kernels-src/gemv_mma.cu,
-    # fused like the GEMVs; 2-4x slower on the H200, docs/perf.md "Fourteenth session") or "rows" (rows_m.py: the
+    # fused like the GEMVs; 1.7-7x slower on the H200, docs/perf.md "Twenty-third session") or "rows" (rows_m.py: the
     # multi-row rows-family GEMVs for 2..8 rows, bit-identical per row to the M = 1 entries; cuBLASLt from 9)
     batch_proj: str = "cublaslt"  # with sampler "gpu": history slots (distinct previous token ids) per row
     # one decode arithmetic for every row count, 1 included (docs/caller.md "Batch-invariant decode"): the cuBLASLt
