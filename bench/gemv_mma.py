@@ -73,14 +73,37 @@ def _row(us: float, nbytes: int) -> tuple[float, float]:
     return us, 100.0 * nbytes / (us * 1e-6) / COPY_RATE
 
 
+def _time_mma(time_graph: Callable[..., float], stream: Callable[[], Any], kernel: Any, data: Data, shape: Any,
+              m: int) -> float:
+    """Median us of `kernel` (an MMA entry) at `shape` over m rows, one launch per weight copy of `data`."""
+    from tests.kernels.gemv_mma_gpu_helpers import launch
+
+    def one(w: torch.Tensor) -> Callable[[], None]:
+        args = data.mma_args(w, m)
+        return lambda: launch(kernel, shape, args, stream=stream())
+    return time_graph([one(w) for w in data.w])
+
+
+def _time_blas(time_graph: Callable[..., float], stream: Callable[[], Any], blas: Any, data: Data, m: int,
+               where: str) -> float:
+    """Median us of cuBLASLt's heuristic C = A W^T over m rows, one launch per weight copy of `data`."""
+    from kern_runtime.cuda import gemm_call
+
+    def one(w: torch.Tensor) -> Callable[[], None]:
+        g = gemm_call("cublaslt_bf16_tn", (data.src.data_ptr(), w.data_ptr(), data.out.data_ptr(), m, data.n_w,
+                                           data.k), where)
+        return lambda: blas.matmul(g, int(stream()))
+    return time_graph([one(w) for w in data.w])
+
+
 def crossover(gemv_kernels: dict[str, Any], sms: int, time_graph: Callable[..., float], stream: Callable[[], Any],
               gemv_launch: Callable[[str, int, int], tuple[int, int]]) -> dict[str, Any]:
     """Print the crossover table and the cluster sweep; return them (JSON-ready). `time_graph(list of callables)`
     -> median us per launch; `stream()` the current CUstream; `gemv_launch(entry, n_w, k)` -> (grid, block) of the
     M = 1 entry (bench/gemv.py's rows_launch / default launch)."""
-    from kern_runtime.cuda import WORKSPACE_BYTES, Blas, gemm_call
+    from kern_runtime.cuda import WORKSPACE_BYTES, Blas
     from tests.kernels.gemv_gpu_helpers import launch as launch_gemv
-    from tests.kernels.gemv_mma_gpu_helpers import MmaLaunch, launch as launch_mma, max_active_clusters, mma_kernels
+    from tests.kernels.gemv_mma_gpu_helpers import MmaLaunch, max_active_clusters, mma_kernels
     from tests.kernels.gpu_helpers import open_gpu
 
     mma, origin = mma_kernels(open_gpu())
@@ -90,10 +113,7 @@ def crossover(gemv_kernels: dict[str, Any], sms: int, time_graph: Callable[..., 
     out: dict[str, Any] = {"cubin": origin, "crossover": [], "cluster_sweep": []}
 
     def time_mma(data: Data, entry: str, shape: Any, m: int) -> float:
-        def one(w: torch.Tensor) -> Callable[[], None]:
-            args = data.mma_args(w, m)
-            return lambda: launch_mma(mma[entry], shape, args, stream=stream())
-        return time_graph([one(w) for w in data.w])
+        return _time_mma(time_graph, stream, mma[entry], data, shape, m)
 
     def time_gemv(data: Data, entry: str) -> float:
         grid, block = gemv_launch(entry, data.n_w, data.k)
@@ -104,11 +124,7 @@ def crossover(gemv_kernels: dict[str, Any], sms: int, time_graph: Callable[..., 
         return time_graph([one(w) for w in data.w])
 
     def time_blas(data: Data, m: int, where: str) -> float:
-        def one(w: torch.Tensor) -> Callable[[], None]:
-            g = gemm_call("cublaslt_bf16_tn", (data.src.data_ptr(), w.data_ptr(), data.out.data_ptr(), m, data.n_w,
-                                               data.k), where)
-            return lambda: blas.matmul(g, int(stream()))
-        return time_graph([one(w) for w in data.w])
+        return _time_blas(time_graph, stream, blas, data, m, where)
 
     def crossover_rows(name: str, kind: str, n_out: int, k: int, gemv_entry: str) -> None:
         data = Data(kind, n_out, k)
@@ -173,8 +189,8 @@ def variants(defines_sets: list[tuple[str, ...]], sms: int, time_graph: Callable
              stream: Callable[[], Any]) -> list[dict[str, Any]]:
     """Print and return the variant table: per shape and m of VARIANT_MS, us (and % of the weight floor) of the
     committed cubin's entry and of each `defines_sets` compile, on the builder's launch, and cuBLASLt's."""
-    from kern_runtime.cuda import WORKSPACE_BYTES, Blas, gemm_call
-    from tests.kernels.gemv_mma_gpu_helpers import MmaLaunch, launch as launch_mma, mma_kernels
+    from kern_runtime.cuda import WORKSPACE_BYTES, Blas
+    from tests.kernels.gemv_mma_gpu_helpers import MmaLaunch, mma_kernels
     from tests.kernels.gpu_helpers import open_gpu
 
     gpu = open_gpu()
@@ -194,18 +210,10 @@ def variants(defines_sets: list[tuple[str, ...]], sms: int, time_graph: Callable
                 shape = MmaLaunch(geo.grid, geo.cluster, geo.shared_mem(k, tile))
                 cells, times = [], {}
                 for label, kernels in sets:
-                    def one(w: torch.Tensor, kern: Any = kernels[entry]) -> Callable[[], None]:
-                        args = data.mma_args(w, m)
-                        return lambda: launch_mma(kern, shape, args, stream=stream())
-                    us = time_graph([one(w) for w in data.w])
+                    us = _time_mma(time_graph, stream, kernels[entry], data, shape, m)
                     times[label] = round(us, 2)
                     cells.append(f"{us:9.2f} ({_row(us, data.weight_bytes)[1]:5.1f}%)")
-
-                def blas_one(w: torch.Tensor) -> Callable[[], None]:
-                    g = gemm_call("cublaslt_bf16_tn", (data.src.data_ptr(), w.data_ptr(), data.out.data_ptr(), m,
-                                                       data.n_w, data.k), f"{name} m={m}")
-                    return lambda: blas.matmul(g, int(stream()))
-                blas_us = time_graph([blas_one(w) for w in data.w])
+                blas_us = _time_blas(time_graph, stream, blas, data, m, f"{name} m={m}")
                 print(f"{name:8s} {m:3d} " + " ".join(f"{c:>22s}" for c in cells) +
                       f" {blas_us:7.2f} ({_row(blas_us, data.weight_bytes)[1]:4.1f}%)")
                 rows.append({"shape": name, "m": m, "warps_per_tile": geo.warps_per_tile(k), "us": times,

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kern_run.models.qwen3.mma import dynamic_smem, mma_cluster, warps_per_tile
+from kern_run.models.qwen3.mma import dynamic_smem, mma_cluster, rank_chunks, warps_per_tile
 from tools import reference_gemv as ref1
 from tools import reference_gemv_mma as ref
 from tools.reference_kernels import bf16_bits, bf16_round, from_bf16_bits
@@ -115,7 +115,7 @@ def shape_checks(exe: Path, work: Path, rng: np.random.Generator, kind: str, n_o
     tiles_total = -(-n_out // (8 if kind == "rmsnorm_swiglu" else 16))
     fails: list[str] = []
     full_order = np.arange(ROWS)
-    cpr = -(-(-(-k // 32)) // cluster)
+    cpr = rank_chunks(k, cluster)
     fulls: dict[int, np.ndarray] = {}  # warps per tile -> the 64-row batch on a grid of that P
 
     def full(clusters: int) -> np.ndarray:

@@ -1,7 +1,8 @@
 """kernels-src/gemv_mma.cu run on the CPU (tools/gemv_mma_cpu_emu.py --quick: the kernel source compiled with g++
 against tools/cpu_emu_mma/, every thread a std::thread, mma.sync from the PTX fragment layout): each entry against
 the float64 reference within the GPU tests' bounds, rows >= m untouched, batch invariance over m, tile, position and
-grids of one warps-per-tile, the residual epilogue bit for bit, refused launches writing nothing. A logic check where no GPU is at hand."""
+grids of one warps-per-tile, the residual epilogue bit for bit, refused launches writing nothing. A logic check
+where no GPU is at hand."""
 
 from __future__ import annotations
 

@@ -250,7 +250,7 @@ def test_other_shapes(dev, mma, sms, kind: str, n_out: int, k: int) -> None:
 @pytest.mark.parametrize("kind", KINDS)
 def test_cluster_sizes_and_grids(dev, mma, sms, kind: str) -> None:
     from tests.kernels.gemv_mma_gpu_helpers import MmaLaunch
-    from kern_run.models.qwen3.mma import dynamic_smem, warps_per_tile
+    from kern_run.models.qwen3.mma import dynamic_smem, rank_chunks, warps_per_tile
 
     n_out, k, tile, m = 1031, 2600, 16, 11  # k: 81.25 chunks, so every rank count leaves a partial rank
     case = MmaCase(dev, np.random.default_rng(), kind, n_out, k)
@@ -258,7 +258,7 @@ def test_cluster_sizes_and_grids(dev, mma, sms, kind: str) -> None:
     tiles = -(-n_out // (8 if kind == "rmsnorm_swiglu" else 16))
     for cluster in (1, 2, 4, 8):
         smem = dynamic_smem(k, cluster, tile)
-        cpr = -(-(-(-k // 32)) // cluster)
+        cpr = rank_chunks(k, cluster)
         by_p: dict[int, np.ndarray] = {}
         for clusters in (1, 7, max(1, sms // cluster), tiles + 3, -(-tiles // 2), -(-tiles // 4)):
             shape = MmaLaunch(grid=clusters * cluster, cluster=cluster, smem_bytes=smem)

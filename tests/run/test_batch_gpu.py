@@ -61,15 +61,15 @@ def _mma_manifest(out: Path) -> Path:
     return req.out
 
 
-_MANIFESTS: dict[int, Path] = {}  # id(generator) -> the manifest it runs
-
-
 @pytest.fixture(scope="module", params=["cublaslt", "mma"])
-def gen(request, tmp_path_factory):  # type: ignore[no-untyped-def]
-    """The generator on the committed invariant manifest (cuBLASLt projections), then on its MMA twin."""
-    manifest = INVARIANT if request.param == "cublaslt" else _mma_manifest(tmp_path_factory.mktemp("mma"))
+def manifest(request, tmp_path_factory) -> Path:  # type: ignore[no-untyped-def]
+    """The committed invariant manifest (cuBLASLt projections), then its MMA twin."""
+    return INVARIANT if request.param == "cublaslt" else _mma_manifest(tmp_path_factory.mktemp("mma"))
+
+
+@pytest.fixture(scope="module")
+def gen(manifest: Path):  # type: ignore[no-untyped-def]
     g = _open(manifest)
-    _MANIFESTS[id(g)] = manifest
     yield g
     g.close()
 
@@ -176,7 +176,7 @@ def test_warm_up_captures_the_buckets(gen) -> None:
     print(f"TTFT after the warm-up, 4-token prompt (s): {ttft}", file=sys.stderr)
 
 
-def test_kern_run_stop_cuts_its_row(tmp_path: Path, gen) -> None:
+def test_kern_run_stop_cuts_its_row(tmp_path: Path, gen, manifest: Path) -> None:
     """`kern run --prompts FILE --greedy` (tiny-en samples by default) prints each prompt's greedy text on its own
     line, in prompt order; with --stop S
     each line ends before its first S (here S is taken from the middle of the second prompt's text), the other
@@ -194,7 +194,6 @@ def test_kern_run_stop_cuts_its_row(tmp_path: Path, gen) -> None:
     full = [codec.decode(r.tokens) for r in rows]
     assert len(full[1]) > 12, full
     stop = full[1][6:10]
-    manifest = _MANIFESTS[id(gen)]
     prompts = tmp_path / "p.txt"
     prompts.write_text("\n".join(texts) + "\n")
     base = ["run", "--manifest", str(manifest), "--kernels", str(ROOT / "kernels"), "--weights", str(weights),

@@ -67,22 +67,26 @@ def warps_per_tile(tiles: int, clusters: int, cpr: int) -> int:
 def mma_cluster(k: int) -> int:
     """Blocks per cluster (split of k) for a projection of depth `k`: the smallest power of two <= 8 giving each
     rank at most MMA_RANK_CHUNKS chunks of 32 (Qwen3-4B: k 2560 -> 2, 4096 -> 4, 9728 -> 8); 8 past that."""
-    k32 = -(-k // 32)
     cluster = 1
-    while cluster < MMA_MAX_CLUSTER and -(-k32 // cluster) > MMA_RANK_CHUNKS:
+    while cluster < MMA_MAX_CLUSTER and rank_chunks(k, cluster) > MMA_RANK_CHUNKS:
         cluster *= 2
     return cluster
 
 
+def rank_chunks(k: int, cluster: int) -> int:
+    """Chunks of 32 k a cluster rank owns (gemv_mma.cu cpr): ceil(ceil(k / 32) / cluster)."""
+    return -(-(-(-k // 32)) // cluster)
+
+
 def x_slice_bytes(k: int, cluster: int, tile: int) -> int:
-    """Dynamic shared memory of one block: its X slice, ceil(ceil(k / 32) / cluster) chunks x tile rows x 64 B."""
-    return -(-(-(-k // 32)) // cluster) * tile * 64
+    """Dynamic shared memory of one block: its X slice, rank_chunks x tile rows x 64 B."""
+    return rank_chunks(k, cluster) * tile * 64
 
 
 def dynamic_smem(k: int, cluster: int, tile: int) -> int:
     """Dynamic shared memory of one block of the `tile` entry: x_slice_bytes, then part_bytes or, where larger, the
-    norm weight's slice (the rank's chunks x 64 B, which the prologue keeps where the partials go later)."""
-    return x_slice_bytes(k, cluster, tile) + max(x_slice_bytes(k, cluster, 1), part_bytes(tile))
+    norm weight's slice (rank_chunks x 64 B, which the prologue keeps where the partials go later)."""
+    return x_slice_bytes(k, cluster, tile) + max(rank_chunks(k, cluster) * 64, part_bytes(tile))
 
 
 def resident_clusters(cluster: int, sms: int) -> int:
@@ -112,7 +116,7 @@ class MmaGeometry:
 
     def warps_per_tile(self, k: int) -> int:
         """The kernel's warps per tile at depth `k` on this grid (warps_per_tile)."""
-        return warps_per_tile(self.tiles, self.grid // self.cluster, -(-(-(-k // 32)) // self.cluster))
+        return warps_per_tile(self.tiles, self.grid // self.cluster, rank_chunks(k, self.cluster))
 
 
 def mma_geometry(rows: int, k: int, sms: int, swiglu: bool = False) -> MmaGeometry:
