@@ -2,13 +2,13 @@
 shape (32 q heads, 8 kv heads, head_dim 128, pages of 16 tokens) at `rows x ctx` points: microseconds per launch
 (or per partial + reduce pair) and the percent of 4.3 TB/s that every row's K/V read once (+ q in, out) would take.
 
-    python bench/decode_attention.py [--cases 64x576,64x2048,8x576,1x576] [--variants gqa,stream,rows3]
-                                     [--defines "KERN_GR_PROBE=1"] [--json out.json]
+    python bench/decode_attention.py [--cases 64x576,64x2048,8x576,1x576] [--variants gqa,stream]
+                                     [--defines "GQ_STAGES=3 GQ_MIN_BLOCKS=8"] [--json out.json]
 
 Variants: `gqa` / `stream` (kern_attn_decode_partial_gqa / _stream, then kern_attn_decode_reduce), `gqa-partial`
-(the gqa partial alone), `reduce` (the reduce alone, over partials the gqa partial wrote before), `rowsW`
-(kern_attn_decode_gqa_rows with W warps a block, its splits merged in the block). `--defines "A;B"` also times
-each rows variant on attention_decode.cu compiled here with each -D set (timing probes: the results may be wrong).
+(the gqa partial alone), `reduce` (the reduce alone, over partials the gqa partial wrote before). `--defines "A B;C"`
+also times the partial variants on attention_decode.cu compiled here with each semicolon-separated set of -D flags
+(timing probes such as the gqa ring depth; a probe's results are not checked).
 Each variant is captured into a CUDA graph of REPS back-to-back launches over the same inputs (no PDL) and timed by
 CUDA events over REPLAYS replays; the median is reported. The K/V bytes are random (a 64 MiB block repeated), the
 pages of each row a random permutation, every row at context ctx with split_tokens 64 and 16 splits (the
@@ -28,10 +28,9 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-
 from cuda.bindings import driver as cu
 from kern_run.models.qwen3 import EARLY_PARTIALS
-from kern_run.models.qwen3.entries import GQA_ROWS, GQA_ROWS_MAX_WARPS
+
 from tests.kernels.gpu_helpers import Kernel, check, open_gpu
 from tools import build_kernels
 from tools import reference_kernels as ref
@@ -41,7 +40,8 @@ PEAK_BYTES_PER_S = 4.3e12
 HQ, HKV, D, PAGE = 32, 8, 128, 16
 SPLIT_TOKENS, NUM_SPLITS = 64, 16
 REPS, REPLAYS = 20, 15
-VARIANTS = ("gqa", "gqa-partial", "reduce", "stream", *(f"rows{w}" for w in range(1, GQA_ROWS_MAX_WARPS + 1)))
+VARIANTS = ("gqa", "gqa-partial", "reduce", "stream")
+PARTIALS = {"gqa": "gqa", "gqa-partial": "gqa", "stream": "stream"}  # variant -> its EARLY_PARTIALS entry
 
 
 def parse_cases(text: str) -> list[tuple[int, int]]:
@@ -92,16 +92,20 @@ def carveout_100(kernel: Kernel) -> Kernel:
     return kernel
 
 
-def probe_kernel(gpu, define: str, work: Path) -> Kernel:
-    """kern_attn_decode_gqa_rows of attention_decode.cu compiled here (the build tool's flags) with -D`define`."""
+def probe_kernels(gpu, defines: str, work: Path) -> dict[str, Kernel]:
+    """The partial entries (EARLY_PARTIALS name -> Kernel) of attention_decode.cu compiled here with the build
+    tool's flags and -D for each word of `defines`."""
     out = work / f"attention_decode-{len(list(work.iterdir()))}.cubin"
-    cmd = ["nvcc", *build_kernels.module_flags("attention_decode"), f"-D{define}", "-o", str(out),
-           str(ROOT / "kernels-src" / "attention_decode.cu")]
+    cmd = ["nvcc", *build_kernels.module_flags("attention_decode"), *(f"-D{d}" for d in defines.split()), "-o",
+           str(out), str(ROOT / "kernels-src" / "attention_decode.cu")]
     subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ROOT / "kernels-src")
-    module = check(cu.cuModuleLoadData(out.read_bytes()), f"cuModuleLoadData({define})")
-    entry = GQA_ROWS[0]
-    func = check(cu.cuModuleGetFunction(module, entry.encode()), entry)
-    return carveout_100(Kernel(entry, func, gpu.kernel(entry).params))
+    module = check(cu.cuModuleLoadData(out.read_bytes()), f"cuModuleLoadData({defines})")
+    found = {}
+    for name in set(PARTIALS.values()):
+        entry = EARLY_PARTIALS[name][0]
+        func = check(cu.cuModuleGetFunction(module, entry.encode()), entry)
+        found[name] = carveout_100(Kernel(entry, func, gpu.kernel(entry).params))
+    return found
 
 
 class Case:
@@ -130,16 +134,15 @@ class Case:
                         ("i", NUM_SPLITS), ("f", D**-0.5)]
         self.reduce = [("p", self.po.ptr), ("p", self.ml.ptr), ("p", lens.ptr), ("p", self.out.ptr), ("i", HQ),
                        ("i", D), ("i", SPLIT_TOKENS), ("i", NUM_SPLITS)]
-        self.rows_args = self.partial[:7] + [("p", self.out.ptr)] + self.partial[7:]
 
-    def launches(self, gpu, variant: str, rows_kernel: Kernel | None = None):
-        """The callable (stream) -> None of one variant's launch (or pair)."""
+    def launches(self, gpu, variant: str, partials: dict[str, Kernel] | None = None):
+        """The callable (stream) -> None of one variant's launch (or pair); `partials`: a probe build's entries."""
         red = carveout_100(gpu.kernel("kern_attn_decode_reduce"))
         grid = (HKV, NUM_SPLITS, self.rows)
 
         def partial(name):
             entry, threads, _ = EARLY_PARTIALS[name]
-            kernel = carveout_100(gpu.kernel(entry))
+            kernel = partials[name] if partials else carveout_100(gpu.kernel(entry))
             return lambda st: kernel.launch(grid, (threads,), self.partial, stream=st, sync=False)
 
         def reduce(st):
@@ -150,14 +153,9 @@ class Case:
             return lambda st: (p(st), reduce(st))
         if variant == "gqa-partial":
             return partial("gqa")
-        if variant == "reduce":
-            partial("gqa")(0)
-            check(cu.cuCtxSynchronize(), "cuCtxSynchronize")
-            return reduce
-        warps = int(variant.removeprefix("rows"))
-        kernel = rows_kernel or carveout_100(gpu.kernel(GQA_ROWS[0]))
-        return lambda st: kernel.launch((HKV, 1, self.rows), (32 * warps,), self.rows_args, stream=st, sync=False,
-                                        shared_mem=warps * GQA_ROWS[1])
+        partial("gqa")(0)  # "reduce": over the gqa partial's output
+        check(cu.cuCtxSynchronize(), "cuCtxSynchronize")
+        return reduce
 
     def free(self) -> None:
         for buf in (self.cache, self.po, self.ml, self.out):
@@ -179,21 +177,22 @@ def main(argv: list[str] | None = None) -> int:
     gpu = open_gpu()
     stream = check(cu.cuStreamCreate(1), "cuStreamCreate")
     rng = np.random.default_rng(0)
-    probes: list[tuple[str, Kernel]] = []
+    probes: list[tuple[str, dict[str, Kernel]]] = []
     with tempfile.TemporaryDirectory() as tmp:
-        for define in filter(None, args.defines.split(";")):
-            probes.append((define, probe_kernel(gpu, define, Path(tmp))))
-    columns = [*variants, *(f"{v} [{d}]" for d, _ in probes for v in variants if v.startswith("rows"))]
+        for defines in (d.strip() for d in args.defines.split(";")):
+            if defines:
+                probes.append((defines, probe_kernels(gpu, defines, Path(tmp))))
+    columns = [*variants, *(f"{v} [{d}]" for d, _ in probes for v in variants if v in PARTIALS)]
     results = []
     for rows, ctx in cases:
         case = Case(gpu, rng, rows, ctx)
         rec = {"rows": rows, "ctx": ctx, "floor_us": floor_us(rows, ctx), "us": {}}
         for v in variants:
             rec["us"][v] = time_graph(stream, case.launches(gpu, v))
-        for define, kernel in probes:
+        for defines, kernels in probes:
             for v in variants:
-                if v.startswith("rows"):
-                    rec["us"][f"{v} [{define}]"] = time_graph(stream, case.launches(gpu, v, kernel))
+                if v in PARTIALS:
+                    rec["us"][f"{v} [{defines}]"] = time_graph(stream, case.launches(gpu, v, kernels))
         results.append(rec)
         print(json.dumps(rec), flush=True)
         case.free()

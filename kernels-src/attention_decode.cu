@@ -329,13 +329,13 @@ KERN_DEV void stream_body(StreamSmem& sm, const __nv_bfloat16* q, const __nv_bfl
 // slot_mapping[s] (-1: none in the cache): tokens [begin, end); `used` splits of the row hold tokens (x < used:
 // begin < end). Every entry of this module starts from it.
 struct DecodeSplit {
-    int seq_len, begin, end, used, len;  // len: the row's split length (tokens)
+    int seq_len, begin, end, used;
     int32_t early_row;
 };
 
-// The same for row s and split x of any grid (kern_attn_decode_gqa_rows: one block per row and kv head).
-KERN_DEV DecodeSplit decode_split_at(const int32_t* seq_lens, const int32_t* slot_mapping, int page_tokens,
-                                     int num_pages, int split_tokens, int num_splits, int s, int x) {
+KERN_DEV DecodeSplit decode_split(const int32_t* seq_lens, const int32_t* slot_mapping, int page_tokens, int num_pages,
+                            int split_tokens, int num_splits) {
+    const int s = blockIdx.z, x = blockIdx.y;
     DecodeSplit g;
     const int64_t slot = slot_mapping[s];
     g.early_row = (slot >= 0 && slot < (int64_t)max(num_pages, 0) * page_tokens)
@@ -344,17 +344,10 @@ KERN_DEV DecodeSplit decode_split_at(const int32_t* seq_lens, const int32_t* slo
     const int seq_len = max(seq_lens[s], 0);
     const int64_t len = st_split_len(seq_len, split_tokens, num_splits);
     g.seq_len = seq_len;
-    g.len = (int)len;
     g.begin = (int)min((int64_t)x * len, (int64_t)seq_len);
     g.end = (int)min((int64_t)x * len + len, (int64_t)seq_len);
     g.used = (int)min((int64_t)num_splits, (seq_len + len - 1) / len);
     return g;
-}
-
-KERN_DEV DecodeSplit decode_split(const int32_t* seq_lens, const int32_t* slot_mapping, int page_tokens, int num_pages,
-                                  int split_tokens, int num_splits) {
-    return decode_split_at(seq_lens, slot_mapping, page_tokens, num_pages, split_tokens, num_splits, blockIdx.z,
-                           blockIdx.y);
 }
 
 // f(StNk<head_dim / 16>{}) for head_dim / 16 in 1..8 (the bodies' compile-time k-steps); any other value only waits
@@ -451,157 +444,47 @@ KERN_DEV uint32_t gq_load_pair(const __nv_bfloat16* p, bool vec) {
     return (uint32_t)__ldcg(e) | ((uint32_t)__ldcg(e + 1) << 16);
 }
 
-// A split's running state in one warp of a gqa entry (per lane; lane roles as gqa_body's: gid = lane / 4, tig =
-// lane % 4).
 template <int NK>
-struct GqaState {
-    float o[NK][4];  // O^T accumulators: m-tile mt = dims mt * 16 + gid (+ 8: [2], [3]), heads 2 tig, 2 tig + 1
-    float m0, m1;    // running max (scaled log2 units) of heads 2 tig, 2 tig + 1
-    float l0, l1;    // this lane's share of their sums of exp
-    KERN_DEV void reset() {
-#pragma unroll
-        for (int mt = 0; mt < NK; ++mt) o[mt][0] = o[mt][1] = o[mt][2] = o[mt][3] = 0.0f;
-        m0 = m1 = -CUDART_INF_F;
-        l0 = l1 = 0.0f;
-    }
-};
-
-// One 16-token tile of stage b into a split's running state: S^T = K Q^T, the online softmax per q head (a column),
-// O^T += V^T P^T. The gqa partials' arithmetic, shared by every gqa entry so that their partials agree bit for bit.
-// `row`: this lane's token row of the tile (lane t < 16: token t; -1 absent, masked).
-template <int NK>
-KERN_DEV void gqa_tile(const GqaSmem& sm, int b, const uint32_t (&qb)[NK][2], GqaState<NK>& st,
-                       int32_t row, float sl2, int lane) {
-    const int gid = lane >> 2, mi = lane >> 3;
-    float (&o)[NK][4] = st.o;
-    float &m0 = st.m0, &m1 = st.m1, &l0 = st.l0, &l1 = st.l1;
-    float sa[4] = {0.0f, 0.0f, 0.0f, 0.0f}, sb[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // two chains of k-steps
-    // A matrices: (tokens 0-7, dims +0-7), (8-15, +0-7), (0-7, +8-15), (8-15, +8-15)
-    const __nv_bfloat16* ka = &sm.kv[b][0][(mi & 1) * 8 + (lane & 7)][(mi >> 1) * 8];
-#pragma unroll
-    for (int kk = 0; kk < NK; ++kk) {
-        uint32_t a0, a1, a2, a3;
-        ldsm_x4(a0, a1, a2, a3, ka + kk * 16);
-        mma_bf16_16816((kk & 1) ? sb : sa, a0, a1, a2, a3, qb[kk][0], qb[kk][1]);
-    }
-    float sc[4];
-#pragma unroll
-    for (int e = 0; e < 4; ++e) sc[e] = sa[e] + sb[e];
-    // rows (tokens) gid and gid + 8: absent ones masked
-    const unsigned present = __ballot_sync(FULL_MASK, row >= 0);  // lane t < 16: token t
-    if (!((present >> gid) & 1u)) sc[0] = sc[1] = -CUDART_INF_F;
-    if (!((present >> (gid + 8)) & 1u)) sc[2] = sc[3] = -CUDART_INF_F;
-    // column max over the tile's 16 tokens (the 8 lanes of a tig)
-    float mx0 = fmaxf(sc[0], sc[2]), mx1 = fmaxf(sc[1], sc[3]);
-#pragma unroll
-    for (int off = 4; off < 32; off <<= 1) {
-        mx0 = fmaxf(mx0, __shfl_xor_sync(FULL_MASK, mx0, off));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(FULL_MASK, mx1, off));
-    }
-    const float mn0 = fmaxf(m0, mx0 * sl2), mn1 = fmaxf(m1, mx1 * sl2);
-    const float base0 = (mn0 == -CUDART_INF_F) ? 0.0f : mn0;
-    const float base1 = (mn1 == -CUDART_INF_F) ? 0.0f : mn1;
-    const float alpha0 = pf_ex2(m0 - base0), alpha1 = pf_ex2(m1 - base1);
-    m0 = mn0;
-    m1 = mn1;
-    const float p00 = pf_ex2(fmaf(sc[0], sl2, -base0)), p01 = pf_ex2(fmaf(sc[1], sl2, -base1));
-    const float p10 = pf_ex2(fmaf(sc[2], sl2, -base0)), p11 = pf_ex2(fmaf(sc[3], sl2, -base1));
-    l0 = l0 * alpha0 + (p00 + p10);
-    l1 = l1 * alpha1 + (p01 + p11);
-    if (__any_sync(FULL_MASK, alpha0 != 1.0f || alpha1 != 1.0f)) {  // x * 1 is x: skipping is exact
-#pragma unroll
-        for (int mt = 0; mt < NK; ++mt) {
-            o[mt][0] *= alpha0;
-            o[mt][1] *= alpha1;
-            o[mt][2] *= alpha0;
-            o[mt][3] *= alpha1;
-        }
-    }
-    // P^T as B fragments (b0: tokens 2 tig, 2 tig + 1 of head gid; b1: tokens + 8), two bf16 terms
-    uint32_t h0, h1, w0, w1;
-    st_split_p(p00, p01, h0, w0);  // tokens gid: (head 2 tig, 2 tig + 1)
-    st_split_p(p10, p11, h1, w1);  // tokens gid + 8
-    const uint32_t bh0 = movmatrix_trans(h0), bh1 = movmatrix_trans(h1);
-    const uint32_t bl0 = movmatrix_trans(w0), bl1 = movmatrix_trans(w1);
-    // A matrices (V^T, by .trans): (tokens 0-7, dims +0-7), (0-7, +8-15), (8-15, +0-7), (8-15, +8-15)
-    const __nv_bfloat16* va = &sm.kv[b][1][(mi >> 1) * 8 + (lane & 7)][(mi & 1) * 8];
-#pragma unroll
-    for (int mt = 0; mt < NK; ++mt) {
-        uint32_t a0, a1, a2, a3;
-        ldsm_x4_trans(a0, a1, a2, a3, va + mt * 16);
-        mma_bf16_16816(o[mt], a0, a1, a2, a3, bh0, bh1);
-        mma_bf16_16816(o[mt], a0, a1, a2, a3, bl0, bl1);
-    }
-}
-
-// The splits x0, x0 + xstep, ... < x_end of row s (each [x len, min(x len + len, seq_len)), none empty) for the q
-// heads of kv head kvh, in one warp, as one stream of 16-token tiles: two stages, a tile computes while the next
-// one flies, and the next split's first tiles fly while the current split's last one computes. Each split's
-// partials go to part_out / part_ml as soon as its last tile is done (registers straight to global memory while
-// tiles are in flight; through the stages, in float4 rows, for the stream's last split). The launch's early
-// contract: the stream's first two tiles are issued before the PDL wait, without the chunks of the K/V row
-// early_row (loaded after it). Every path waits, an empty stream (x0 >= x_end) too. MULTI false: the one split x0
-// (x_end = x0 + 1), compiled without the stream's bookkeeping.
-template <int NK, bool MULTI>
 KERN_DEV void gqa_body(GqaSmem& sm, const __nv_bfloat16* q, const __nv_bfloat16* kv_cache, const int32_t* bt_row,
                        float* part_out, float* part_ml, int num_q_heads, int num_kv_heads, int page_tokens,
-                       int bt_stride, int num_pages, int num_splits, float scale, int s, int kvh, int x0, int xstep,
-                       int x_end, int len, int seq_len, int32_t early_row) {
+                       int bt_stride, int num_pages, int num_splits, float scale, int s, int kvh, int x, int begin,
+                       int end, int32_t early_row) {
     constexpr int D = NK * 16;
     constexpr int C = 2 * NK;  // 16-byte chunks of a K (or V) row
     const int G = num_q_heads / num_kv_heads;
     const int lane = threadIdx.x & 31;
-    const int gid = lane >> 2, tig = lane & 3;
+    const int gid = lane >> 2, tig = lane & 3, mi = lane >> 3;
     const int token_elems = num_kv_heads * D;
     const int64_t v_off = (int64_t)page_tokens * token_elems;
     const bool qvec = (reinterpret_cast<uintptr_t>(q) & 3u) == 0;
     const float sl2 = scale * LOG2E;
     const uint32_t page_limit = (uint32_t)max(num_pages, 0);
-    auto split_tiles = [&](int x) {  // >= 1 for x < used
-        const int begin = x * len;
-        return (min(begin + len, seq_len) - begin + GQ_TT - 1) / GQ_TT;
-    };
-    int n_tiles = 0;  // of the whole stream
-    if constexpr (MULTI) {
-        for (int x = x0; x < x_end; x += xstep) n_tiles += split_tiles(x);
-    } else {
-        n_tiles = split_tiles(x0);
-    }
+    const int n_tiles = (end - begin + GQ_TT - 1) / GQ_TT;  // >= 1
     // lane l holds the row of token c_tok = l % 16 of a tile (tile_row); its copies are chunk c_ch = l % 16 of part
     // c_part = l / 16 (0 K, 1 V) of every token of the tile, one token per copy instruction, so an instruction reads
     // the token's whole 256-byte K row and V row (coalesced; lanes with c_ch >= C idle below head_dim 128)
     const int c_tok = lane & (GQ_TT - 1), c_part = lane >> 4, c_ch = lane & 15;
     const bool c_on = c_ch < C;
     const __nv_bfloat16* lane_src = kv_cache + (int64_t)kvh * D + c_part * v_off + 8 * c_ch;
-    // Row index (page * 2 * page_tokens + offset) of token c_tok of the stream's next tile (tiles are asked for in
-    // order from each pass's start), -1 when absent. Within a split the token's page index and offset advance by
-    // GQ_TT per tile (one division per split, not one per tile).
-    int next_x = 0, next_end = 0, next_tok = 0, next_pi = 0, next_off = 0;
-    auto start_split = [&](int x) {
-        next_x = x;
-        next_end = min(x * len + len, seq_len);
-        next_tok = x * len + c_tok;
-        next_pi = next_tok / page_tokens;
-        next_off = next_tok - next_pi * page_tokens;
-    };
+    // Row index (page * 2 * page_tokens + offset) of token c_tok of the next tile (tiles are asked for in order
+    // 0, 1, 2, ... from each pass's start), -1 when absent. The token's page index and offset advance by GQ_TT per
+    // tile (one division per pass, not one per tile).
+    int next_tok = 0, next_pi = 0, next_off = 0;
     auto tile_row = [&]() -> int32_t {
-        const int tok = next_tok, pi = next_pi, off = next_off, end = next_end;
+        const int tok = next_tok, pi = next_pi, off = next_off;
         next_tok += GQ_TT;
         next_off += GQ_TT;
         while (next_off >= page_tokens) {  // once a tile at page_tokens >= 16
             next_off -= page_tokens;
             ++next_pi;
         }
-        if constexpr (MULTI) {  // past the split's last tile: the next split's first (warp-uniform)
-            if (next_tok - c_tok >= next_end && next_x + xstep < x_end) start_split(next_x + xstep);
-        }
         if (tok >= end || pi >= bt_stride) return -1;
         const int page = bt_row[pi];
         return (uint32_t)page < page_limit ? page * 2 * page_tokens + off : -1;
     };
-    // Where pages hold a multiple of 16 tokens and splits start at one (the generator's splits), every tile lies
-    // in one page: token t's row is token 0's + t, and the present tokens are a prefix of the tile.
-    const bool one_page = page_tokens % GQ_TT == 0 && len % GQ_TT == 0;
+    // Where pages hold a multiple of 16 tokens and the split starts at one (the generator's splits), every tile
+    // lies in one page: token t's row is token 0's + t, and the present tokens are a prefix of the tile.
+    const bool one_page = page_tokens % GQ_TT == 0 && begin % GQ_TT == 0;
     const int64_t row_step = token_elems;
     // The tile's copies into stage b (absent token: zero fill, no read), none of a token whose row is `defer`.
     auto issue_tile = [&](int b, int32_t row, int32_t defer) {
@@ -641,16 +524,17 @@ KERN_DEV void gqa_body(GqaSmem& sm, const __nv_bfloat16* q, const __nv_bfloat16*
     int32_t defer = early_row;  // only the first pass reads before the wait
     do {  // every path waits (G >= 1: gqa's launch check)
         const int gn = min(GQ_HEADS, G - g0);
-        const int64_t head0 = (int64_t)s * num_q_heads + kvh * G + g0;  // the pass's first q head
-        if (n_tiles > 0) start_split(x0);
-        int32_t row0 = n_tiles > 0 ? tile_row() : -1, row1 = n_tiles > 1 ? tile_row() : -1;
-        if (n_tiles > 0) issue_tile(0, row0, defer);
+        next_tok = begin + c_tok;
+        next_pi = next_tok / page_tokens;
+        next_off = next_tok - next_pi * page_tokens;
+        int32_t row0 = tile_row(), row1 = n_tiles > 1 ? tile_row() : -1;
+        issue_tile(0, row0, defer);
         cp_async_commit();
         if (n_tiles > 1) issue_tile(1, row1, defer);
         cp_async_commit();
         kern_pdl_wait();  // q and the row of slot_mapping[s] are the previous kernel's output
         if (defer >= 0) {
-            if (n_tiles > 0) load_deferred(0, row0);
+            load_deferred(0, row0);
             if (n_tiles > 1) load_deferred(1, row1);
         }
         // q as the B fragments of S^T = K Q^T: column gid = head g0 + gid, k-step kk: dims kk * 16 + 2 tig (+ 8)
@@ -664,85 +548,118 @@ KERN_DEV void gqa_body(GqaSmem& sm, const __nv_bfloat16* q, const __nv_bfloat16*
                 qb[kk][1] = on ? gq_load_pair(qrow + kk * 16 + 8, qvec) : 0u;
             }
         }
-        GqaState<NK> st;
-        st.reset();
-        int cx = x0, c_left = MULTI && n_tiles > 0 ? split_tiles(x0) : 0;  // the split computed, its tiles to go
-        // Split cx's partials (its last tile computed): l summed over the 8 lanes of a column, then part_out's
-        // rows of the pass's heads and part_ml's (max in natural-log units: -inf stays -inf, sum).
-        auto store_split = [&](bool last) {
+        // O^T accumulators: m-tile mt = dims mt * 16 + gid (+ 8: [2], [3]), columns heads 2 tig, 2 tig + 1
+        float o[NK][4];
+#pragma unroll
+        for (int mt = 0; mt < NK; ++mt) o[mt][0] = o[mt][1] = o[mt][2] = o[mt][3] = 0.0f;
+        // running max (scaled log2 units) of heads 2 tig, 2 tig + 1, and this lane's share of their sums of exp
+        float m0 = -CUDART_INF_F, m1 = -CUDART_INF_F, l0 = 0.0f, l1 = 0.0f;
+
+        auto compute = [&](int b, int32_t row) {
+            float sa[4] = {0.0f, 0.0f, 0.0f, 0.0f}, sb[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // two chains of k-steps
+            // A matrices: (tokens 0-7, dims +0-7), (8-15, +0-7), (0-7, +8-15), (8-15, +8-15)
+            const __nv_bfloat16* ka = &sm.kv[b][0][(mi & 1) * 8 + (lane & 7)][(mi >> 1) * 8];
+#pragma unroll
+            for (int kk = 0; kk < NK; ++kk) {
+                uint32_t a0, a1, a2, a3;
+                ldsm_x4(a0, a1, a2, a3, ka + kk * 16);
+                mma_bf16_16816((kk & 1) ? sb : sa, a0, a1, a2, a3, qb[kk][0], qb[kk][1]);
+            }
+            float sc[4];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) sc[e] = sa[e] + sb[e];
+            // rows (tokens) gid and gid + 8: absent ones masked
+            const unsigned present = __ballot_sync(FULL_MASK, row >= 0);  // lane t < 16: token t
+            if (!((present >> gid) & 1u)) sc[0] = sc[1] = -CUDART_INF_F;
+            if (!((present >> (gid + 8)) & 1u)) sc[2] = sc[3] = -CUDART_INF_F;
+            // column max over the tile's 16 tokens (the 8 lanes of a tig)
+            float mx0 = fmaxf(sc[0], sc[2]), mx1 = fmaxf(sc[1], sc[3]);
 #pragma unroll
             for (int off = 4; off < 32; off <<= 1) {
-                st.l0 += __shfl_xor_sync(FULL_MASK, st.l0, off);
-                st.l1 += __shfl_xor_sync(FULL_MASK, st.l1, off);
+                mx0 = fmaxf(mx0, __shfl_xor_sync(FULL_MASK, mx0, off));
+                mx1 = fmaxf(mx1, __shfl_xor_sync(FULL_MASK, mx1, off));
             }
-            if (last) {  // nothing in flight: O^T -> the stages as [head][dim] -> part_out rows as float4
-                cp_async_wait_all();
-                __syncwarp();  // every lane is done with the stages
-                float* red = reinterpret_cast<float*>(&sm.kv[0][0][0][0]);
+            const float mn0 = fmaxf(m0, mx0 * sl2), mn1 = fmaxf(m1, mx1 * sl2);
+            const float base0 = (mn0 == -CUDART_INF_F) ? 0.0f : mn0;
+            const float base1 = (mn1 == -CUDART_INF_F) ? 0.0f : mn1;
+            const float alpha0 = pf_ex2(m0 - base0), alpha1 = pf_ex2(m1 - base1);
+            m0 = mn0;
+            m1 = mn1;
+            const float p00 = pf_ex2(fmaf(sc[0], sl2, -base0)), p01 = pf_ex2(fmaf(sc[1], sl2, -base1));
+            const float p10 = pf_ex2(fmaf(sc[2], sl2, -base0)), p11 = pf_ex2(fmaf(sc[3], sl2, -base1));
+            l0 = l0 * alpha0 + (p00 + p10);
+            l1 = l1 * alpha1 + (p01 + p11);
+            if (__any_sync(FULL_MASK, alpha0 != 1.0f || alpha1 != 1.0f)) {  // x * 1 is x: skipping is exact
 #pragma unroll
                 for (int mt = 0; mt < NK; ++mt) {
-                    const int d = mt * 16 + gid;
-                    red[(2 * tig) * GQ_OUT_ROW + d] = st.o[mt][0];
-                    red[(2 * tig + 1) * GQ_OUT_ROW + d] = st.o[mt][1];
-                    red[(2 * tig) * GQ_OUT_ROW + d + 8] = st.o[mt][2];
-                    red[(2 * tig + 1) * GQ_OUT_ROW + d + 8] = st.o[mt][3];
-                }
-                __syncwarp();
-                for (int i = lane; i < gn * (D / 4); i += 32) {
-                    const int h = i / (D / 4), c = i % (D / 4);
-                    *reinterpret_cast<float4*>(part_out + ((head0 + h) * num_splits + cx) * D + 4 * c) =
-                        *reinterpret_cast<const float4*>(red + h * GQ_OUT_ROW + 4 * c);
-                }
-                __syncwarp();  // the output stage is read before a next pass streams into it
-            } else {  // the next split's tiles are in the stages: straight from the registers
-#pragma unroll
-                for (int mt = 0; mt < NK; ++mt) {
-                    const int d = mt * 16 + gid;
-                    if (2 * tig < gn) {
-                        float* po = part_out + ((head0 + 2 * tig) * num_splits + cx) * D + d;
-                        po[0] = st.o[mt][0];
-                        po[8] = st.o[mt][2];
-                    }
-                    if (2 * tig + 1 < gn) {
-                        float* po = part_out + ((head0 + 2 * tig + 1) * num_splits + cx) * D + d;
-                        po[0] = st.o[mt][1];
-                        po[8] = st.o[mt][3];
-                    }
+                    o[mt][0] *= alpha0;
+                    o[mt][1] *= alpha1;
+                    o[mt][2] *= alpha0;
+                    o[mt][3] *= alpha1;
                 }
             }
-            if (gid == 0) {
-                if (2 * tig < gn)
-                    *reinterpret_cast<float2*>(part_ml + ((head0 + 2 * tig) * num_splits + cx) * 2) =
-                        make_float2(st.m0 * LN2, st.l0);
-                if (2 * tig + 1 < gn)
-                    *reinterpret_cast<float2*>(part_ml + ((head0 + 2 * tig + 1) * num_splits + cx) * 2) =
-                        make_float2(st.m1 * LN2, st.l1);
+            // P^T as B fragments (b0: tokens 2 tig, 2 tig + 1 of head gid; b1: tokens + 8), two bf16 terms
+            uint32_t h0, h1, w0, w1;
+            st_split_p(p00, p01, h0, w0);  // tokens gid: (head 2 tig, 2 tig + 1)
+            st_split_p(p10, p11, h1, w1);  // tokens gid + 8
+            const uint32_t bh0 = movmatrix_trans(h0), bh1 = movmatrix_trans(h1);
+            const uint32_t bl0 = movmatrix_trans(w0), bl1 = movmatrix_trans(w1);
+            // A matrices (V^T, by .trans): (tokens 0-7, dims +0-7), (0-7, +8-15), (8-15, +0-7), (8-15, +8-15)
+            const __nv_bfloat16* va = &sm.kv[b][1][(mi >> 1) * 8 + (lane & 7)][(mi & 1) * 8];
+#pragma unroll
+            for (int mt = 0; mt < NK; ++mt) {
+                uint32_t a0, a1, a2, a3;
+                ldsm_x4_trans(a0, a1, a2, a3, va + mt * 16);
+                mma_bf16_16816(o[mt], a0, a1, a2, a3, bh0, bh1);
+                mma_bf16_16816(o[mt], a0, a1, a2, a3, bl0, bl1);
             }
         };
         auto step = [&](int i, int b, int32_t& row) {
             cp_async_wait_1();
             __syncwarp();  // every lane's copies of tile i (and the deferred stores) are visible to the warp
             const int32_t next = i + 2 < n_tiles ? tile_row() : -1;
-            gqa_tile<NK>(sm, b, qb, st, row, sl2, lane);
+            compute(b, row);
             __syncwarp();  // every lane is done reading stage b
             row = next;
             if (i + 2 < n_tiles) issue_tile(b, row, -1);
             cp_async_commit();
-            if constexpr (MULTI) {
-                if (--c_left == 0) {  // warp-uniform
-                    store_split(i + 1 == n_tiles);
-                    st.reset();
-                    cx += xstep;
-                    if (cx < x_end) c_left = split_tiles(cx);
-                }
-            }
         };
         for (int i = 0; i < n_tiles; i += 2) {
             step(i, 0, row0);
             if (i + 1 < n_tiles) step(i + 1, 1, row1);
         }
-        if constexpr (!MULTI) store_split(true);
         cp_async_wait_all();
+#pragma unroll
+        for (int off = 4; off < 32; off <<= 1) {
+            l0 += __shfl_xor_sync(FULL_MASK, l0, off);
+            l1 += __shfl_xor_sync(FULL_MASK, l1, off);
+        }
+        // O^T -> shared [head][dim] -> part_out rows as float4
+        __syncwarp();  // every lane is done with the stages
+        float* red = reinterpret_cast<float*>(&sm.kv[0][0][0][0]);
+#pragma unroll
+        for (int mt = 0; mt < NK; ++mt) {
+            const int d = mt * 16 + gid;
+            red[(2 * tig) * GQ_OUT_ROW + d] = o[mt][0];
+            red[(2 * tig + 1) * GQ_OUT_ROW + d] = o[mt][1];
+            red[(2 * tig) * GQ_OUT_ROW + d + 8] = o[mt][2];
+            red[(2 * tig + 1) * GQ_OUT_ROW + d + 8] = o[mt][3];
+        }
+        __syncwarp();
+        const int64_t head0 = (int64_t)s * num_q_heads + kvh * G + g0;  // the pass's first q head
+        for (int i = lane; i < gn * (D / 4); i += 32) {
+            const int h = i / (D / 4), c = i % (D / 4);
+            *reinterpret_cast<float4*>(part_out + ((head0 + h) * num_splits + x) * D + 4 * c) =
+                *reinterpret_cast<const float4*>(red + h * GQ_OUT_ROW + 4 * c);
+        }
+        if (gid == 0) {  // back to natural-log units (-inf stays -inf)
+            if (2 * tig < gn)
+                *reinterpret_cast<float2*>(part_ml + ((head0 + 2 * tig) * num_splits + x) * 2) = make_float2(m0 * LN2, l0);
+            if (2 * tig + 1 < gn)
+                *reinterpret_cast<float2*>(part_ml + ((head0 + 2 * tig + 1) * num_splits + x) * 2) =
+                    make_float2(m1 * LN2, l1);
+        }
+        __syncwarp();  // the output stage is read before a next pass streams into it
         defer = -1;
         g0 += GQ_HEADS;
     } while (g0 < G);
@@ -754,15 +671,13 @@ KERN_DEV bool gqa_launch_ok(int num_q_heads, int num_kv_heads, int D, int page_t
            st_launch_ok(num_q_heads, num_kv_heads, D, page_tokens, split_tokens, num_splits, num_pages);
 }
 
-template <bool MULTI>
 KERN_DEV void gqa_dispatch(GqaSmem& sm, const __nv_bfloat16* q, const __nv_bfloat16* kv_cache, const int32_t* bt_row,
                            float* part_out, float* part_ml, int num_q_heads, int num_kv_heads, int D, int page_tokens,
-                           int bt_stride, int num_pages, int num_splits, float scale, const DecodeSplit& g, int x0,
-                           int xstep, int x_end) {
+                           int bt_stride, int num_pages, int num_splits, float scale, const DecodeSplit& g) {
     st_for_nk(D / 16, [&](auto nk) {
-        gqa_body<decltype(nk)::value, MULTI>(sm, q, kv_cache, bt_row, part_out, part_ml, num_q_heads, num_kv_heads,
+        gqa_body<decltype(nk)::value>(sm, q, kv_cache, bt_row, part_out, part_ml, num_q_heads, num_kv_heads,
                                       page_tokens, bt_stride, num_pages, num_splits, scale, blockIdx.z, blockIdx.x,
-                                      x0, xstep, x_end, g.len, g.seq_len, g.early_row);
+                                      blockIdx.y, g.begin, g.end, g.early_row);
     });
 }
 
@@ -790,9 +705,8 @@ extern "C" __global__ void __launch_bounds__(32, 12) kern_attn_decode_partial_gq
         kern_pdl_wait();
         return;
     }
-    gqa_dispatch<false>(sm, q, kv_cache, block_table + (int64_t)blockIdx.z * bt_stride, part_out, part_ml, num_q_heads,
-                 num_kv_heads, head_dim, page_tokens, bt_stride, num_pages, num_splits, scale, g, blockIdx.y, 1,
-                 blockIdx.y + 1);
+    gqa_dispatch(sm, q, kv_cache, block_table + (int64_t)blockIdx.z * bt_stride, part_out, part_ml, num_q_heads,
+                 num_kv_heads, head_dim, page_tokens, bt_stride, num_pages, num_splits, scale, g);
 }
 
 // kern_attn_decode_partial_gqa and kern_attn_decode_reduce in one launch: each block writes its split's partials
@@ -825,8 +739,8 @@ extern "C" __global__ void __launch_bounds__(32, 12) kern_attn_decode_gqa_fused(
             for (int i = lane; i < G * D; i += 32) out_group[i] = f2bf(0.0f);
         return;
     }
-    gqa_dispatch<false>(sm, q, kv_cache, block_table + (int64_t)s * bt_stride, part_out, part_ml, num_q_heads,
-                        num_kv_heads, D, page_tokens, bt_stride, num_pages, num_splits, scale, g, x, 1, x + 1);
+    gqa_dispatch(sm, q, kv_cache, block_table + (int64_t)s * bt_stride, part_out, part_ml, num_q_heads, num_kv_heads,
+                 D, page_tokens, bt_stride, num_pages, num_splits, scale, g);
     __threadfence();  // this split's partials are visible device-wide before its ticket
     __syncwarp();
     int ticket = 0;
@@ -880,153 +794,6 @@ extern "C" __global__ void __launch_bounds__(32, 12) kern_attn_decode_gqa_fused(
                 }
             }
             out_group[(int64_t)h * D + d] = f2bf(l_sum > 0.0f ? o_sum / l_sum : 0.0f);
-        }
-    }
-}
-
-// ---------------------------------------------------------------------------------------------------------------
-// kern_attn_decode_gqa_rows: kern_attn_decode_partial_gqa and kern_attn_decode_reduce of one (kv head, row) in
-// one block, for steps of many rows (docs/kernels.md "GQA decode rows"): no reduce launch, no block per split.
-//   - grid (num_kv_heads, 1, seqs), block (32 W,1,1) with 1 <= W <= GR_MAX_WARPS, dynamic shared memory of at
-//     least W x sizeof(GqaSmem) (17,408 bytes a warp). The row's used splits (this module's split rule) go to its
-//     warps round robin: warp w streams splits w, w + W, ... (gqa_body: the next split's first tiles load while
-//     the current split's last one computes) and writes each split's partials to part_out / part_ml as the gqa
-//     partial does, with the same tile arithmetic (gqa_tile), so the same bits.
-//   - after a block barrier, the block merges the row's splits of the group's q heads into out with
-//     kern_attn_decode_reduce's arithmetic, operation for operation (gqa_merge): out has the bits of the gqa
-//     partial + reduce launches, at any W. A row with no tokens gets zeros, as from the reduce.
-// Early contract and launch limits as kern_attn_decode_partial_gqa's; a launch outside them (a block that is not a
-// whole number of warps up to GR_MAX_WARPS, too little dynamic shared memory, gridDim.y != 1) writes nothing.
-#define GR_MAX_WARPS 4
-#define GR_BATCH 16  // attention.cu RED_BATCH: the splits whose loads the reduce issues together
-#ifndef KERN_GR_PROBE  // timing probes (bench/decode_attention.py --defines): 1 = no merge
-#define KERN_GR_PROBE 0
-#endif
-#ifndef KERN_DECODE_DYNAMIC_SHARED  // tools/cpu_emu/attn_emu.h defines its own
-#define KERN_DECODE_DYNAMIC_SHARED(T, name) extern __shared__ __align__(16) T name[]
-#endif
-
-// out[s, head, d] of kern_attn_decode_reduce for the row's `used` splits whose partials start at part_ml + 2 base
-// and part_out + base * D (base = (s * Hq + head) * num_splits); loads through L2 (this block wrote them).
-KERN_DEV float gqa_merge(const float* part_out, const float* part_ml, int64_t base, int D, int d, int n_used) {
-    const float2* ml = reinterpret_cast<const float2*>(part_ml) + base;
-    const float* po = part_out + base * D + d;
-    float2 mlv[GR_BATCH];
-    float pov[GR_BATCH];
-#pragma unroll
-    for (int i = 0; i < GR_BATCH; ++i) {
-        mlv[i] = i < n_used ? __ldcg(ml + i) : make_float2(-CUDART_INF_F, 0.0f);
-        pov[i] = i < n_used ? __ldcg(po + (int64_t)i * D) : 0.0f;
-    }
-    float m_max = -CUDART_INF_F;
-#pragma unroll
-    for (int i = 0; i < GR_BATCH; ++i) m_max = fmaxf(m_max, mlv[i].x);
-    for (int x = GR_BATCH; x < n_used; ++x) m_max = fmaxf(m_max, __ldcg(ml + x).x);
-    float l_sum = 0.0f, o_sum = 0.0f;
-    if (m_max != -CUDART_INF_F) {
-#pragma unroll
-        for (int i = 0; i < GR_BATCH; ++i) {
-            if (i < n_used) {
-                const float w = exp2f((mlv[i].x - m_max) * LOG2E);  // -inf -> 0
-                l_sum = fmaf(w, mlv[i].y, l_sum);
-                o_sum = fmaf(w, pov[i], o_sum);
-            }
-        }
-        for (int x = GR_BATCH; x < n_used; ++x) {
-            const float2 v = __ldcg(ml + x);
-            const float w = exp2f((v.x - m_max) * LOG2E);
-            l_sum = fmaf(w, v.y, l_sum);
-            o_sum = fmaf(w, __ldcg(po + (int64_t)x * D), o_sum);
-        }
-    }
-    return l_sum > 0.0f ? o_sum / l_sum : 0.0f;
-}
-
-extern "C" __global__ void __launch_bounds__(32 * GR_MAX_WARPS, 3) kern_attn_decode_gqa_rows(
-    const __nv_bfloat16* q,         // [seqs, Hq, D]
-    const __nv_bfloat16* kv_cache,  // paged
-    const int32_t* block_table,     // [seqs, bt_stride]
-    const int32_t* seq_lens,        // [seqs]
-    const int32_t* slot_mapping,    // [seqs]: the slot the previous kernel wrote this step's K/V to
-    float* part_out,                // [seqs, Hq, num_splits, D] (scratch)
-    float* part_ml,                 // [seqs, Hq, num_splits, 2] (scratch)
-    __nv_bfloat16* out,             // [seqs, Hq * D]
-    int32_t num_q_heads, int32_t num_kv_heads, int32_t head_dim, int32_t page_tokens, int32_t bt_stride,
-    int32_t num_pages, int32_t split_tokens, int32_t num_splits, float scale) {
-    KERN_DECODE_DYNAMIC_SHARED(GqaSmem, gr_smem);  // [warp]
-    kern_pdl_launch_dependents();  // the next kernel (the o projection) reads only its weights before its wait
-    const int warps = (int)blockDim.x >> 5, warp = (int)threadIdx.x >> 5;
-    const uint32_t dyn_smem = dynamic_smem_bytes();
-    const int D = head_dim;
-    if ((blockDim.x & 31u) != 0 || warps < 1 || warps > GR_MAX_WARPS || blockDim.y != 1 || blockDim.z != 1 ||
-        gridDim.y != 1 || dyn_smem < (uint32_t)warps * sizeof(GqaSmem) || D % 16 != 0 || D > GQ_MAX_D ||
-        !aligned16(kv_cache) ||
-        !st_launch_ok(num_q_heads, num_kv_heads, D, page_tokens, split_tokens, num_splits, num_pages)) {
-        kern_pdl_wait();
-        return;
-    }
-    const int kvh = blockIdx.x, s = blockIdx.z;
-    const DecodeSplit g =
-        decode_split_at(seq_lens, slot_mapping, page_tokens, num_pages, split_tokens, num_splits, s, 0);
-    GqaSmem& sm = gr_smem[warp];
-    gqa_dispatch<true>(sm, q, kv_cache, block_table + (int64_t)s * bt_stride, part_out, part_ml, num_q_heads,
-                       num_kv_heads, D, page_tokens, bt_stride, num_pages, num_splits, scale, g, warp, warps, g.used);
-    __syncthreads();  // every split's partials are in global memory, visible to the whole block
-    const int G = num_q_heads / num_kv_heads, used = g.used;
-    const int64_t head0 = (int64_t)s * num_q_heads + (int64_t)kvh * G;
-#if KERN_GR_PROBE & 1  // timing probe: no merge (out unwritten)
-    return;
-#endif
-    // The merge, two round trips to L2: the reduce's per-head terms (its max, weights and sum of weighted l, the
-    // same operations in the same order as every thread of kern_attn_decode_reduce does them) once per head into
-    // the free stages, then each thread's outputs with all their part_out loads issued before the first sum.
-    float* w_sm = reinterpret_cast<float*>(gr_smem);  // [G][used] weights, then [G] sums of weighted l
-    if ((int64_t)G * (used + 1) * (int64_t)sizeof(float) > (int64_t)warps * (int64_t)sizeof(GqaSmem) ||
-        used > GR_BATCH) {  // the stages cannot hold the terms, or past the reduce's first batch: per output
-        for (int e = threadIdx.x; e < G * D; e += blockDim.x) {
-            const int h = e / D, d = e - h * D;
-            out[(head0 + h) * D + d] = f2bf(gqa_merge(part_out, part_ml, (head0 + h) * num_splits, D, d, used));
-        }
-        return;
-    }
-    for (int h = threadIdx.x; h < G; h += blockDim.x) {
-        const float2* ml = reinterpret_cast<const float2*>(part_ml) + (head0 + h) * num_splits;
-        float2 mlv[GR_BATCH];
-#pragma unroll
-        for (int i = 0; i < GR_BATCH; ++i) mlv[i] = i < used ? __ldcg(ml + i) : make_float2(-CUDART_INF_F, 0.0f);
-        float m_max = -CUDART_INF_F;
-#pragma unroll
-        for (int i = 0; i < GR_BATCH; ++i) m_max = fmaxf(m_max, mlv[i].x);
-        float l_sum = 0.0f;
-#pragma unroll
-        for (int i = 0; i < GR_BATCH; ++i) {
-            const float w = (m_max != -CUDART_INF_F && i < used) ? exp2f((mlv[i].x - m_max) * LOG2E) : 0.0f;
-            if (m_max != -CUDART_INF_F && i < used) l_sum = fmaf(w, mlv[i].y, l_sum);
-            if (i < used) w_sm[h * used + i] = w;
-        }
-        w_sm[G * used + h] = l_sum;  // 0 when every split is empty or dead: the output is 0, as from the reduce
-    }
-    __syncthreads();
-    constexpr int PER = 4;  // outputs per thread whose loads are in flight together
-    for (int e0 = threadIdx.x; e0 < G * D; e0 += PER * (int)blockDim.x) {
-        float pv[PER][GR_BATCH];
-#pragma unroll
-        for (int k = 0; k < PER; ++k) {
-            const int e = e0 + k * (int)blockDim.x, h = e / D, d = e - h * D;
-            const float* po = part_out + (head0 + h) * num_splits * D + d;
-#pragma unroll
-            for (int i = 0; i < GR_BATCH; ++i) pv[k][i] = (e < G * D && i < used) ? __ldcg(po + (int64_t)i * D) : 0.0f;
-        }
-#pragma unroll
-        for (int k = 0; k < PER; ++k) {
-            const int e = e0 + k * (int)blockDim.x, h = e / D, d = e - h * D;
-            if (e >= G * D) break;
-            const float l_sum = w_sm[G * used + h];
-            float o_sum = 0.0f;
-#pragma unroll
-            for (int i = 0; i < GR_BATCH; ++i)
-                if (i < used) o_sum = fmaf(w_sm[h * used + i], pv[k][i], o_sum);
-            out[(head0 + h) * D + d] = f2bf(l_sum > 0.0f ? o_sum / l_sum : 0.0f);
         }
     }
 }

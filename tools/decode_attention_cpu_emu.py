@@ -41,10 +41,8 @@ SRC = REPO / "kernels-src"
 # the prefill.cuh functions that are inline PTX: attn_emu.h defines them instead
 PTX_WRAPPERS = ("mma_bf16_16816", "ldsm_x4", "ldsm_x4_trans", "pf_ex2")
 # the decode partials the driver runs (fused: kern_attn_decode_gqa_fused, the partial and the reduce in one
-# launch; rows: kern_attn_decode_gqa_rows, a row's splits and their merge in one block of 3 warps; both must give
-# gqa + reduce's bits): driver mode -> threads per block
-ENTRIES = {"stream": 64, "gqa": 32, "fused": 32, "rows": 96}
-ROWS_BLOCKS = (32, 64, 128)  # the other block sizes a rows case also runs, each to the same bits
+# launch, whose output must also be gqa + reduce's bits): driver mode -> threads per block
+ENTRIES = {"stream": 64, "gqa": 32, "fused": 32}
 R32_MARKER = "// Prefill with two m-tiles per warp"
 
 
@@ -97,11 +95,10 @@ def make_rows(rng, hq, hkv, head_dim, page_tokens, seq_lens, bound=None):
                            slots=np.full(len(seq_lens), -1, dtype=np.int32))
 
 
-def run_stream(exe: Path, work: Path, rows, split_tokens, num_splits, entry="stream", q_off=0, cache_off=0,
-               block=None):
+def run_stream(exe: Path, work: Path, rows, split_tokens, num_splits, entry="stream", q_off=0, cache_off=0):
     """(part_out bits [seqs, hq, splits, D], part_ml bits [..., 2], output bits [seqs, hq * D]) from the driver's
-    `entry` (an ENTRIES key) and the reduce (`block`: threads per block, default ENTRIES[entry])."""
-    block = block or ENTRIES[entry]
+    `entry` (an ENTRIES key) and the reduce."""
+    block = ENTRIES[entry]
     case = work / "case"
     case.mkdir(exist_ok=True)
     (case / "params.bin").write_bytes(_params(rows.hq, rows.hkv, rows.d, rows.page_tokens, rows.bt_stride,
@@ -199,13 +196,9 @@ def main(argv: list[str] | None = None) -> int:
                 rows = make_rows(rng, **kw)
                 bits = run_stream(exe, work, rows, split_tokens, num_splits, entry)
                 check_against_reference(rows, split_tokens, num_splits, *bits)
-                if entry in ("fused", "rows"):  # the merge in the launch: the two launches' bits
+                if entry == "fused":  # the merge in the last block: the two launches' bits
                     two = run_stream(exe, work, rows, split_tokens, num_splits, "gqa")
-                    assert all(np.array_equal(a, b) for a, b in zip(two, bits)), f"{entry}: not gqa + reduce's bits"
-                if entry == "rows":  # any number of warps: the same bits
-                    for block in ROWS_BLOCKS:
-                        other = run_stream(exe, work, rows, split_tokens, num_splits, "rows", block=block)
-                        assert all(np.array_equal(a, b) for a, b in zip(other, bits)), f"rows, block {block}: other bits"
+                    assert all(np.array_equal(a, b) for a, b in zip(two, bits)), "fused: not gqa + reduce's bits"
                 # slot_mapping naming each row's first-tile row 3 (loaded after the wait) or its last token: same bits
                 t = rows.table
                 for pos in (lambda n: min(3, n - 1), lambda n: n - 1):

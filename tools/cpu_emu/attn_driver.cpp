@@ -1,12 +1,11 @@
 // Host driver of tools/decode_attention_cpu_emu.py: runs kernels of copies of kernels-src/attention.cu (up to its
 // r32 prefill) and attention_decode.cu on the CPU, one block after another, each block's threads as std::threads.
-// Usage: driver stream|gqa|fused|rows|prefill DIR. DIR holds params.bin (int32 words, below) and the inputs; the
+// Usage: driver stream|gqa|fused|prefill DIR. DIR holds params.bin (int32 words, below) and the inputs; the
 // outputs are written there, poisoned (0xFF bytes) where the kernels leave them.
 //   stream, gqa, fused: params hq hkv D page_tokens bt_stride num_pages split_tokens num_splits seqs block scale_bits q_off
 //            cache_off; q.bin cache.bin bt.bin lens.bin slots.bin -> po.bin ml.bin out.bin (the stream or gqa
 //            partial, then kern_attn_decode_reduce; fused: kern_attn_decode_gqa_fused alone, its tickets checked
-//            back to zero; rows: kern_attn_decode_gqa_rows alone, grid (hkv, 1, seqs), block warps x 32 with
-//            warps x sizeof(GqaSmem) of dynamic shared memory). q_off / cache_off: elements the data start past a 16-byte boundary.
+//            back to zero). q_off / cache_off: elements the data start past a 16-byte boundary.
 //   prefill: params hq hkv D page_tokens bt_stride num_pages seqs total_q grid_x scale_bits; q.bin cache.bin
 //            bt.bin cu.bin lens.bin -> out.bin (kern_attn_prefill, block 128).
 #include "attention.cu"
@@ -28,7 +27,6 @@ std::atomic<int> g_count[2];
 thread_local int t_count_parity = 0;
 thread_local std::vector<EmuCopy> t_copies_open;
 thread_local std::deque<std::vector<EmuCopy>> t_copy_groups;
-uint32_t g_dyn_smem_bytes = 0;
 bool g_strict_copies = false;  // a thread exiting with copies pending is an error (kern_attn_prefill may leave some)
 
 template <typename F> void launch(unsigned gx, unsigned gy, unsigned gz, unsigned block, F f) {
@@ -87,12 +85,12 @@ static char* placed(const std::vector<char>& data, int off_elems, std::vector<ch
 }
 
 int main(int argc, char** argv) {
-  if (argc != 3) { fprintf(stderr, "usage: driver stream|gqa|fused|rows|prefill DIR\n"); return 2; }
+  if (argc != 3) { fprintf(stderr, "usage: driver stream|gqa|fused|prefill DIR\n"); return 2; }
   const std::string mode = argv[1], dir = std::string(argv[2]) + "/";
   const std::vector<char> pr = slurp(dir + "params.bin");
   const int32_t* p = reinterpret_cast<const int32_t*>(pr.data());
   std::vector<char> kq, kc;
-  if (mode == "stream" || mode == "gqa" || mode == "fused" || mode == "rows") {
+  if (mode == "stream" || mode == "gqa" || mode == "fused") {
     const int hq = p[0], hkv = p[1], D = p[2], pt = p[3], bt_stride = p[4], num_pages = p[5], split_tokens = p[6],
               num_splits = p[7], seqs = p[8], block = p[9];
     float scale;
@@ -118,13 +116,6 @@ int main(int argc, char** argv) {
       });
       for (size_t i = 0; i < tickets.size(); ++i)
         if (tickets[i] != 0) { fprintf(stderr, "ticket %zu left at %d\n", i, tickets[i]); std::abort(); }
-    } else if (mode == "rows") {  // kern_attn_decode_gqa_rows: one block per (kv head, row), its own merge
-      g_dyn_smem_bytes = (uint32_t)((block / 32) * sizeof(GqaSmem));
-      launch(hkv, 1, seqs, block, [&] {
-        kern_attn_decode_gqa_rows(q, cache, bt_p, lens_p, slots_p, po.data(), ml.data(),
-                                  reinterpret_cast<__nv_bfloat16*>(out.data()), hq, hkv, D, pt, bt_stride, num_pages,
-                                  split_tokens, num_splits, scale);
-      });
     } else {
       launch(hkv, num_splits, seqs, block, [&] {
         (mode == "gqa" ? kern_attn_decode_partial_gqa : kern_attn_decode_partial_stream)(
@@ -133,7 +124,7 @@ int main(int argc, char** argv) {
       });
     }
     g_strict_copies = false;
-    if (mode != "fused" && mode != "rows")
+    if (mode != "fused")
       launch(hq, seqs, 1, D, [&] {
         kern_attn_decode_reduce(po.data(), ml.data(), lens_p, reinterpret_cast<__nv_bfloat16*>(out.data()), hq, D,
                                 split_tokens, num_splits);

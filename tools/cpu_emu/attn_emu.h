@@ -24,11 +24,6 @@ inline uint4 __ldcg(const uint4* p) { return *p; }
 inline unsigned short __ldcg(const unsigned short* p) { return *p; }
 inline unsigned int __ldcg(const unsigned int* p) { return *p; }
 inline float __ldcg(const float* p) { return *p; }
-inline float2 __ldcg(const float2* p) { return *p; }
-// dynamic shared memory: one buffer for the block running (blocks run one after another), its size set by the driver
-extern uint32_t g_dyn_smem_bytes;
-inline uint32_t dynamic_smem_bytes() { return g_dyn_smem_bytes; }
-#define KERN_DECODE_DYNAMIC_SHARED(T, name) alignas(16) static T name[(1 << 18) / sizeof(T)]
 inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 inline int atomicAdd(int* p, int v) { return std::atomic_ref<int>(*p).fetch_add(v); }
 

@@ -561,11 +561,6 @@ def manifest_build(
     decode_attn_batch: Annotated[str, typer.Option("--decode-attn-batch", help="with --seqs-max > 1: the decode "
                                                    "attention of 2..64-row steps (stream, gqa, gqa-fused, wide "
                                                    "or early; '' = --decode-attn's)")] = "stream",
-    decode_attn_rows: Annotated[int, typer.Option("--decode-attn-rows", help="steps of at least this many rows: the "
-                                                  "decode attention as one gqa block per row and kv head, no "
-                                                  "reduce launch (same bits; needs the gqa entry; 0: never)")] = 0,
-    decode_attn_rows_warps: Annotated[int, typer.Option("--decode-attn-rows-warps", help="warps of a "
-                                                        "--decode-attn-rows block (1..4)")] = 3,
     prefill_attn: Annotated[str, typer.Option("--prefill-attn", help="prefill attention: auto (wg where the head_dim "
                                               "allows, else r32), wg, r32 or r16")] = "auto",
     prefill_rope: Annotated[str, typer.Option("--prefill-rope", help="q/k norm + rope for chunks of 2+ tokens: warp "
@@ -610,7 +605,6 @@ def manifest_build(
     from .models.qwen3 import BuildRequest, build
 
     options = {"chunk_max": chunk_max, "seqs_max": seqs_max, "batch_proj": batch_proj, "decode": decode, "m1_gemv": m1_gemv, "gemv": gemv, "decode_attn": decode_attn, "decode_attn_batch": decode_attn_batch,
-               "decode_attn_rows": decode_attn_rows, "decode_attn_rows_warps": decode_attn_rows_warps,
                "prefill_attn": prefill_attn, "prefill_rope": prefill_rope,
                "carveout": None if carveout == -1 else carveout, "decode_splits": decode_splits,
                "split_tokens": decode_split_tokens, "sms": sms, "gemv_threads_per_sm": gemv_threads_per_sm,

@@ -45,7 +45,6 @@ KERNEL_SIGNATURES: dict[str, tuple[str, tuple[str, ...]]] = {
     "kern_attn_decode_partial_stream": ("attention_decode", ("p",) * 7 + ("i32",) * 8 + ("f32",)),
     "kern_attn_decode_partial_gqa": ("attention_decode", ("p",) * 7 + ("i32",) * 8 + ("f32",)),
     "kern_attn_decode_gqa_fused": ("attention_decode", ("p",) * 9 + ("i32",) * 8 + ("f32",)),
-    "kern_attn_decode_gqa_rows": ("attention_decode", ("p",) * 8 + ("i32",) * 8 + ("f32",)),
     "kern_decode_advance": ("step", ("p",) * 7 + ("i32",) * 5),
     "kern_decode_advance_packed": ("step", ("p",) * 9 + ("i32",) * 5),
     "kern_sample_inputs_init": ("step", ("p",) * 3 + ("i32",) * 2),
@@ -87,7 +86,6 @@ PDL_ENTRIES = frozenset({
     "kern_sample_history_append",
     *(f"kern_mma_{kind}_m{tile}" for kind in ("rmsnorm", "residual", "rmsnorm_swiglu") for tile in (8, 16, 32, 64)),
     "kern_attn_decode_partial_stream", "kern_attn_decode_partial_gqa", "kern_attn_decode_gqa_fused",
-    "kern_attn_decode_gqa_rows",
     *(f"kern_gemv_{kind}_m{t}" for kind in ("rows_rmsnorm", "rmsnorm_swiglu", "rows_residual", "rmsnorm")
       for t in (2, 4, 8)),
     "kern_allreduce_bf16", "kern_allreduce_add_bf16", "kern_allgather_bf16",

@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from .builder import Builder, int_arg, ptr, tokens_i32
-from .entries import (DECODE_TICKETS, EARLY_PARTIALS, FUSED_PARTIALS, GQA_ROWS, PREFILL_ATTN,
-                      prefill_rows_per_block, rope_warp_heads)
+from .entries import (DECODE_TICKETS, EARLY_PARTIALS, FUSED_PARTIALS, PREFILL_ATTN, prefill_rows_per_block,
+                      rope_warp_heads)
 from .options import Plan
 
 _NUM_PAGES = {"arg": "num_pages", "type": "i32"}
@@ -116,8 +116,6 @@ def add_decode_attention_op(b: Builder, plan: Plan) -> None:
         entry, block, _ = EARLY_PARTIALS[batch]
         one, many = {"seqs": [1, 1]}, {"seqs": [2, opts.seqs_max]}
         launches = [{**launches[0], "when": one}, {**partial_launch(batch, entry, block), "when": many}]
-    if opts.decode_attn_rows:
-        launches, reduces = _with_rows_launch(b, plan, launches, reduce, slots), []
     if fused:
         b.states[DECODE_TICKETS] = {"kind": "fixed", "bytes": opts.seqs_max * Hkv * 4}
     b.op("attn_decode",
@@ -125,30 +123,3 @@ def add_decode_attention_op(b: Builder, plan: Plan) -> None:
           *([ptr("tickets")] if fused else []), ptr("out"), int_arg("num_pages")],
          [*launches, *reduces],
          scratch={"part_out": f"seqs * {Hq * splits * D * 4}", "part_ml": f"seqs * {Hq * splits * 2 * 4}"})
-
-
-def _with_rows_launch(b: Builder, plan: Plan, partials: list[dict[str, Any]], reduce: dict[str, Any],
-                      slots: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The attn_decode launches with opts.decode_attn_rows: each partial of `partials` (one without `when`, or a
-    seqs partition) cut to the row counts below the threshold and followed by the reduce over the same range
-    (a launch continuing it, docs/manifest.md "when"), then kern_attn_decode_gqa_rows (GQA_ROWS) over threshold..
-    seqs_max: grid (kv_heads, 1, seqs), opts.decode_attn_rows_warps warps, their stages as dynamic shared memory."""
-    cfg, opts = plan.cfg, plan.opts
-    Hq, Hkv, D, splits = cfg.q_heads, cfg.kv_heads, cfg.head_dim, plan.num_splits
-    lo_rows, top = opts.decode_attn_rows, opts.seqs_max
-    out: list[dict[str, Any]] = []
-    for p in partials:
-        lo, hi = p.get("when", {}).get("seqs", [1, top])
-        hi = min(hi, lo_rows - 1)
-        if lo <= hi:
-            when = {"seqs": [lo, hi]}
-            out += [{**p, "when": when}, {**reduce, "when": when}]
-    entry, smem_per_warp = GQA_ROWS
-    warps = opts.decode_attn_rows_warps
-    rows = b.launch(entry, [Hkv, 1, "seqs"], [32 * warps, 1, 1],
-                    [{"arg": "q"}, {"arg": "kv"}, {"arg": "block_table"}, {"arg": "seq_lens"}, *slots,
-                     {"scratch": "part_out"}, {"scratch": "part_ml"}, {"arg": "out"}, {"i32": Hq}, {"i32": Hkv},
-                     {"i32": D}, {"i32": opts.page_tokens}, {"i32": plan.pages_per_seq}, dict(_NUM_PAGES),
-                     {"i32": opts.split_tokens}, {"i32": splits}, {"f32": 1.0 / (D ** 0.5)}],
-                    shared_mem=warps * smem_per_warp, pdl=opts.pdl)
-    return [*out, {**rows, "when": {"seqs": [lo_rows, top]}} if out else rows]

@@ -22,11 +22,6 @@ EARLY_PARTIALS: dict[str, tuple[str, int, int]] = {
 # of a (row, kv head) to finish merges, counted by tickets in the fixed state DECODE_TICKETS (int32 [seqs_max,
 # kv_heads], zero-filled at load, returned to zero by every launch).
 FUSED_PARTIALS = frozenset({"gqa-fused"})
-# --decode-attn-rows: the gqa partial and the reduce of one (kv head, row) per block, the row's splits streamed by
-# the block's warps and merged in it (gqa + reduce's bits; docs/kernels.md "GQA decode rows"): (entry, dynamic
-# shared memory bytes per warp); blocks of 1..GQA_ROWS_MAX_WARPS warps
-GQA_ROWS = ("kern_attn_decode_gqa_rows", 17408)
-GQA_ROWS_MAX_WARPS = 4
 DECODE_TICKETS = "attn_tickets"
 DECODE_ATTN = ("split", *EARLY_PARTIALS)
 # --prefill-attn values: name -> (entry, query rows per grid.x step at a GQA group of 4, dynamic shared memory

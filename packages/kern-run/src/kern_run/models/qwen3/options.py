@@ -9,8 +9,8 @@ from typing import Any
 
 from ...errors import ManifestBuildError
 from .config import Qwen3Config
-from .entries import (DECODE_ATTN, DECODE_MAX_HEAD_DIM, EARLY_PARTIALS, FUSED_PARTIALS, GQA_ROWS,
-                      GQA_ROWS_MAX_WARPS, PREFILL_ATTN, PREFILL_WG_HEAD_DIMS)
+from .entries import (DECODE_ATTN, DECODE_MAX_HEAD_DIM, EARLY_PARTIALS, FUSED_PARTIALS, PREFILL_ATTN,
+                      PREFILL_WG_HEAD_DIMS)
 from .sampling import check_sampling_options
 from .mma import MMA_TILES
 
@@ -58,13 +58,6 @@ class BuildOptions:
     # kernels-src/attention_decode.cu) streams K/V at 76-84% of 4.3 TB/s at 32-64 rows x ctx 2048, where "wide"
     # reaches 28-29%; at one row wide stays 0.7-1.4 us faster (H200, docs/perf.md "Fourteenth session")
     decode_attn_batch: str = "stream"
-    # steps of at least this many rows run the decode attention as kern_attn_decode_gqa_rows (one block of
-    # decode_attn_rows_warps warps per row and kv head; the row's splits streamed by its warps and merged in the
-    # block, no reduce launch), with the bits of the gqa partial + reduce (kernels-src/attention_decode.cu); 0:
-    # never. Needs the gqa entry at those row counts (decode_attn_batch, or decode_attn at one row and under
-    # --batch-invariant); docs/kernels.md "GQA decode rows"
-    decode_attn_rows: int = 0
-    decode_attn_rows_warps: int = 3
     # prefill attention (PREFILL_ATTN): "wg" kern_attn_prefill_wg (Hopper wgmma, warp-specialized: a producer
     # warpgroup, two consumer warpgroups; H200 4B: 1.7-1.8x kern_attn_prefill_r32 on a 2048 chunk after a 6k-14k
     # prefix, docs/perf.md "Prefill, eleventh session"; head_dim 64 or 128), "r32" kern_attn_prefill_r32
@@ -242,7 +235,6 @@ def _check_attention(cfg: Qwen3Config, opts: BuildOptions) -> None:
     if opts.seqs_max > 1 and batch in EARLY_PARTIALS and cfg.head_dim > EARLY_PARTIALS[batch][2]:
         raise ManifestBuildError(f"decode_attn_batch (--decode-attn-batch) {batch!r}: head_dim {cfg.head_dim} > "
                                  f"{EARLY_PARTIALS[batch][2]} ({EARLY_PARTIALS[batch][0]}'s limit)")
-    _check_attention_rows(opts)
     if opts.decode_attn not in DECODE_ATTN:
         raise ManifestBuildError(f"decode_attn (--decode-attn) {opts.decode_attn!r}: use one of "
                                  f"{', '.join(map(repr, DECODE_ATTN))}")
@@ -255,24 +247,6 @@ def _check_attention(cfg: Qwen3Config, opts: BuildOptions) -> None:
                                  "limit)")
     if cfg.head_dim % 16 or cfg.head_dim > 128:  # PF_MAX_D; the mma.sync tiles
         raise ManifestBuildError(f"head_dim {cfg.head_dim}: kern_attn_prefill needs a multiple of 16 and at most 128")
-
-
-def _check_attention_rows(opts: BuildOptions) -> None:
-    """decode_attn_rows (--decode-attn-rows) and its warps against seqs_max and the entry of those row counts."""
-    rows, warps = opts.decode_attn_rows, opts.decode_attn_rows_warps
-    if not 1 <= warps <= GQA_ROWS_MAX_WARPS:
-        raise ManifestBuildError(f"decode_attn_rows_warps (--decode-attn-rows-warps) {warps}: use 1.."
-                                 f"{GQA_ROWS_MAX_WARPS} ({GQA_ROWS[0]}'s block)")
-    if rows == 0:
-        return
-    if not 1 <= rows <= opts.seqs_max:
-        raise ManifestBuildError(f"decode_attn_rows (--decode-attn-rows) {rows}: use 1..seqs_max (--seqs-max "
-                                 f"{opts.seqs_max}), or 0 for never")
-    entry = opts.decode_attn if rows == 1 or opts.seqs_max == 1 else (opts.decode_attn_batch or opts.decode_attn)
-    if entry != "gqa" or (rows == 1 and (opts.decode_attn_batch or "gqa") != "gqa"):
-        raise ManifestBuildError(f"decode_attn_rows (--decode-attn-rows) {rows}: {GQA_ROWS[0]} has the gqa "
-                                 "partial's splits, so the steps it serves need the gqa entry (--decode-attn-batch "
-                                 "gqa, and --decode-attn gqa when it serves one row)")
 
 
 def _check_launch(opts: BuildOptions) -> None:
