@@ -3,12 +3,12 @@ shape (32 q heads, 8 kv heads, head_dim 128, pages of 16 tokens) at `rows x ctx`
 (or per partial + reduce pair) and the percent of 4.3 TB/s that every row's K/V read once (+ q in, out) would take.
 
     python bench/decode_attention.py [--cases 64x576,64x2048,8x576,1x576] [--variants gqa,stream]
-                                     [--defines "GQ_STAGES=3 GQ_MIN_BLOCKS=8"] [--json out.json]
+                                     [--defines "GQ_PROBE=8;GQ_PROBE=24"] [--json out.json]
 
 Variants: `gqa` / `stream` (kern_attn_decode_partial_gqa / _stream, then kern_attn_decode_reduce), `gqa-partial`
 (the gqa partial alone), `reduce` (the reduce alone, over partials the gqa partial wrote before). `--defines "A B;C"`
 also times the partial variants on attention_decode.cu compiled here with each semicolon-separated set of -D flags
-(timing probes such as the gqa ring depth; a probe's results are not checked).
+(timing probes such as GQ_PROBE, kernels-src/attention_decode.cu; a probe's results are not checked).
 Each variant is captured into a CUDA graph of REPS back-to-back launches over the same inputs (no PDL) and timed by
 CUDA events over REPLAYS replays; the median is reported. The K/V bytes are random (a 64 MiB block repeated), the
 pages of each row a random permutation, every row at context ctx with split_tokens 64 and 16 splits (the

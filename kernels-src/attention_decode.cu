@@ -432,6 +432,13 @@ extern "C" __global__ void __launch_bounds__(ST_THREADS, 6) kern_attn_decode_par
 #define GQ_OUT_ROW (GQ_MAX_D + 4)  // shared output row stride in floats (lanes of a column in 8 bank groups)
 #define GQ_RED 8      // kern_attn_decode_gqa_fused's merge: part_out loads in flight per lane
 
+// GQ_PROBE: timing probes of the gqa partial's tile (bench/decode_attention.py --defines "GQ_PROBE=N"; the results
+// are wrong): bit 1 P as one bf16 term, bit 2 no P V, bit 4 no S = K Q^T, bit 8 no math at all (the copies and
+// their waits only), bit 16 the copies at the addresses of a head-major page layout ([page][K, V][kv head][token]
+// [dim]: a tile's 16 K rows one contiguous 4 KiB). The built module has 0.
+#ifndef GQ_PROBE
+#define GQ_PROBE 0
+#endif
 struct GqaSmem {
     __nv_bfloat16 kv[2][2][GQ_TT][GQ_ROW];  // [stage][K, V][token of the tile][dim]
 };
@@ -491,12 +498,20 @@ KERN_DEV void gqa_body(GqaSmem& sm, const __nv_bfloat16* q, const __nv_bfloat16*
         if (one_page) {
             const int32_t row0 = __shfl_sync(FULL_MASK, row, 0);
             const int n = __popc(__ballot_sync(FULL_MASK, row >= 0) & 0xffffu);
+#if GQ_PROBE & 16  // the addresses of a head-major page ([page][K, V][kv head][token][dim]), the same bytes
+            const int64_t pg = max(row0, 0) / (2 * page_tokens), off = max(row0, 0) % (2 * page_tokens);
+            const __nv_bfloat16* src = kv_cache + ((pg * 2 + c_part) * num_kv_heads + kvh) * page_tokens * D +
+                                       off * D + 8 * c_ch;
+            const int64_t tok_step = D;
+#else
             const __nv_bfloat16* src = lane_src + (int64_t)max(row0, 0) * token_elems;
+            const int64_t tok_step = row_step;
+#endif
             const int td = (defer >= 0 && row0 >= 0) ? defer - row0 : -1;  // the deferred token, if in this tile
             if (c_on) {
 #pragma unroll
                 for (int t = 0; t < GQ_TT; ++t)
-                    if (t != td) cp_async16(&sm.kv[b][c_part][t][8 * c_ch], src + (t < n ? t * row_step : 0),
+                    if (t != td) cp_async16(&sm.kv[b][c_part][t][8 * c_ch], src + (t < n ? t * tok_step : 0),
                                             t < n ? 16 : 0);
             }
             return;
@@ -556,15 +571,22 @@ KERN_DEV void gqa_body(GqaSmem& sm, const __nv_bfloat16* q, const __nv_bfloat16*
         float m0 = -CUDART_INF_F, m1 = -CUDART_INF_F, l0 = 0.0f, l1 = 0.0f;
 
         auto compute = [&](int b, int32_t row) {
+#if GQ_PROBE & 8
+            return;
+#endif
             float sa[4] = {0.0f, 0.0f, 0.0f, 0.0f}, sb[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // two chains of k-steps
             // A matrices: (tokens 0-7, dims +0-7), (8-15, +0-7), (0-7, +8-15), (8-15, +8-15)
             const __nv_bfloat16* ka = &sm.kv[b][0][(mi & 1) * 8 + (lane & 7)][(mi >> 1) * 8];
+#if !(GQ_PROBE & 4)
 #pragma unroll
             for (int kk = 0; kk < NK; ++kk) {
                 uint32_t a0, a1, a2, a3;
                 ldsm_x4(a0, a1, a2, a3, ka + kk * 16);
                 mma_bf16_16816((kk & 1) ? sb : sa, a0, a1, a2, a3, qb[kk][0], qb[kk][1]);
             }
+#else
+            (void)ka;
+#endif
             float sc[4];
 #pragma unroll
             for (int e = 0; e < 4; ++e) sc[e] = sa[e] + sb[e];
@@ -606,13 +628,23 @@ KERN_DEV void gqa_body(GqaSmem& sm, const __nv_bfloat16* q, const __nv_bfloat16*
             const uint32_t bl0 = movmatrix_trans(w0), bl1 = movmatrix_trans(w1);
             // A matrices (V^T, by .trans): (tokens 0-7, dims +0-7), (0-7, +8-15), (8-15, +0-7), (8-15, +8-15)
             const __nv_bfloat16* va = &sm.kv[b][1][(mi >> 1) * 8 + (lane & 7)][(mi & 1) * 8];
+#if !(GQ_PROBE & 2)
 #pragma unroll
             for (int mt = 0; mt < NK; ++mt) {
                 uint32_t a0, a1, a2, a3;
                 ldsm_x4_trans(a0, a1, a2, a3, va + mt * 16);
                 mma_bf16_16816(o[mt], a0, a1, a2, a3, bh0, bh1);
+#if !(GQ_PROBE & 1)
                 mma_bf16_16816(o[mt], a0, a1, a2, a3, bl0, bl1);
+#endif
             }
+#else
+            (void)va;
+            (void)bh0;
+            (void)bh1;
+#endif
+            (void)bl0;
+            (void)bl1;
         };
         auto step = [&](int i, int b, int32_t& row) {
             cp_async_wait_1();

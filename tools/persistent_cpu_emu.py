@@ -255,7 +255,9 @@ def check_planted_hang(exe: Path, work: Path, grid: int) -> list[str]:
     d = work / f"hang-{grid}"
     d.mkdir()
     write_inputs(d, m, bytes(data), planted.num_counters, sched.splits, sched.lm_tiles)
-    elapsed = run(exe, d, grid, 5_000_000_000, cfg)  # 5 s: far above any legitimate wait of the emulated step
+    # 20 s: far above any legitimate wait of the emulated step, also on a loaded 2-core machine (at 5 s a clean-clone
+    # CI run beside a compile saw a legitimate wait time out first: instruction 5, counter 1 at 0 of 1)
+    elapsed = run(exe, d, grid, 20_000_000_000, cfg)
     err = np.frombuffer((d / "error.bin").read_bytes(), "<u4").tolist()
     fails = []
     want_detail = [index, bad.wait_counter, bad.wait_target - 1, bad.wait_target]
