@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -31,6 +30,7 @@ import numpy as np
 from cuda.bindings import driver as cu
 from kern_run.models.qwen3 import EARLY_PARTIALS
 
+from bench.kernels import REPLAYS, REPS, time_graph
 from tests.kernels.gpu_helpers import Kernel, check, open_gpu
 from tools import build_kernels
 from tools import reference_kernels as ref
@@ -39,7 +39,6 @@ ROOT = Path(__file__).resolve().parents[1]
 PEAK_BYTES_PER_S = 4.3e12
 HQ, HKV, D, PAGE = 32, 8, 128, 16
 SPLIT_TOKENS, NUM_SPLITS = 64, 16
-REPS, REPLAYS = 20, 15
 VARIANTS = ("gqa", "gqa-partial", "reduce", "stream")
 PARTIALS = {"gqa": "gqa", "gqa-partial": "gqa", "stream": "stream"}  # variant -> its EARLY_PARTIALS entry
 
@@ -61,28 +60,6 @@ def parse_cases(text: str) -> list[tuple[int, int]]:
 def floor_us(rows: int, ctx: int) -> float:
     """Every row's K and V read once, q read and the output written once (bf16), at 4.3 TB/s."""
     return rows * (ctx * HKV * D * 2 * 2 + HQ * D * 2 * 2) / PEAK_BYTES_PER_S * 1e6
-
-
-def time_graph(stream, launch) -> float:
-    """Median microseconds per call of `launch(stream)`, REPS calls captured into one graph."""
-    check(cu.cuStreamBeginCapture(stream, cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL), "BeginCapture")
-    for _ in range(REPS):
-        launch(stream)
-    graph = check(cu.cuStreamEndCapture(stream), "EndCapture")
-    exe = check(cu.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
-    start, end = check(cu.cuEventCreate(0), "cuEventCreate"), check(cu.cuEventCreate(0), "cuEventCreate")
-    for _ in range(3):
-        check(cu.cuGraphLaunch(exe, stream), "cuGraphLaunch")
-    times = []
-    for _ in range(REPLAYS):
-        check(cu.cuEventRecord(start, stream), "cuEventRecord")
-        check(cu.cuGraphLaunch(exe, stream), "cuGraphLaunch")
-        check(cu.cuEventRecord(end, stream), "cuEventRecord")
-        check(cu.cuEventSynchronize(end), "cuEventSynchronize")
-        times.append(check(cu.cuEventElapsedTime(start, end), "cuEventElapsedTime") * 1000.0 / REPS)
-    check(cu.cuGraphExecDestroy(exe), "cuGraphExecDestroy")
-    check(cu.cuGraphDestroy(graph), "cuGraphDestroy")
-    return statistics.median(times)
 
 
 def carveout_100(kernel: Kernel) -> Kernel:
@@ -188,11 +165,11 @@ def main(argv: list[str] | None = None) -> int:
         case = Case(gpu, rng, rows, ctx)
         rec = {"rows": rows, "ctx": ctx, "floor_us": floor_us(rows, ctx), "us": {}}
         for v in variants:
-            rec["us"][v] = time_graph(stream, case.launches(gpu, v))
+            rec["us"][v] = time_graph(stream, [case.launches(gpu, v)])
         for defines, kernels in probes:
             for v in variants:
                 if v in PARTIALS:
-                    rec["us"][f"{v} [{defines}]"] = time_graph(stream, case.launches(gpu, v, kernels))
+                    rec["us"][f"{v} [{defines}]"] = time_graph(stream, [case.launches(gpu, v, kernels)])
         results.append(rec)
         print(json.dumps(rec), flush=True)
         case.free()
