@@ -1,11 +1,16 @@
 #!/usr/bin/env python3
 """Generate the Qwen3-4B decode variants an experiment compares (bench/decode.py --variants).
 
-    python3 tools/decode_variants.py --out /tmp/variants [--only v2,v2-t512]
+    python3 tools/decode_variants.py --out /tmp/variants [--only v2,v2-t512] [--ablate inv-gqa]
 
 Writes one manifest per entry of VARIANTS (`kern manifest build` arguments on top of the 4B shape with the H200
 pins) into --out, and --out/list: their paths, comma separated, in table order. The table is the record of
-what was compared; docs/perf.md quotes the runs by these names.
+what was compared; docs/perf.md quotes the runs by these names. `--ablate NAME` (a variant of --only, or of the
+table) also writes NAME's timing ablations (tools/ablate_manifest.py: NAME without each entry of ABLATIONS, its
+decode outputs meaningless), listed after the variants: the in-place cost of every op of the step, as in
+docs/perf.md "Twenty-fourth session". The batch-invariant variants (`inv*`, 1..64 rows) time with
+`bench/decode.py --batch 1,64 --contexts 576 --manifest A --variants B,...`, which loads each manifest as its own
+Runtime (weights and pool: about 14 GB at 64 rows x 576 tokens), so about 6 fit the H200 in one run.
 """
 
 from __future__ import annotations
@@ -30,7 +35,48 @@ VARIANTS: dict[str, tuple[str, ...]] = {
     "v2-stream": ("--gemv", "v2", "--decode-attn", "stream"),  # kern_attn_decode_partial_stream (issue 26, batch)
     # seventh session, from commit 1befd34 (its generator): v2-noring, v2-norm, v2-ring (the rows ring and the norm
     # weight copied to shared memory before the PDL wait; both lost or gained nothing, docs/perf.md) - removed
+    # batch-invariant decode of 1..64 rows (issue 27's 64-row step): `inv` = manifests/qwen3-4b-inv.json, what
+    # `kern serve --weights` builds for the 4B shape (stream partial)
+    "inv": ("--seqs-max", "64", "--batch-invariant"),
+    "inv-gqa": ("--seqs-max", "64", "--batch-invariant", "--decode-attn-batch", "gqa"),
+    "inv-gqa-st128": ("--seqs-max", "64", "--batch-invariant", "--decode-attn-batch", "gqa",
+                      "--decode-split-tokens", "128"),
+    "inv-mma-gqa": ("--seqs-max", "64", "--batch-invariant", "--decode", "gemv", "--gemv", "v2", "--batch-proj", "mma",
+                    "--decode-attn-batch", "gqa"),  # the small-M MMA projections at every row count
 }
+# --ablate: suffix -> (ops to drop from the decode program, entries to drop from its ops); an op or entry the
+# manifest lacks is skipped (an MMA variant has no gemm_inv_* op)
+ABLATIONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "noreduce": ((), ("kern_attn_decode_reduce",)),
+    "norope": (("qk_norm_rope_kv",), ()),
+    "nosilu": (("silu_mul",), ()),
+    "noaddnorm": (("add_rmsnorm",), ()),
+    "noo": (("gemm_inv_2560x4096",), ()),
+    "nodown": (("gemm_inv_2560x9728",), ()),
+    "noattn": (("attn_decode",), ()),
+}
+
+
+def write_ablations(path: Path, out_dir: Path) -> list[str]:
+    """The ABLATIONS of the manifest at `path` that apply to it, each written beside the variants; their paths.
+    Raises AblationError (tools/ablate_manifest.py) for a manifest it cannot ablate."""
+    from kern_run.files import write_files
+    from kern_run.models.qwen3 import dumps, read_json_file
+    from tools.ablate_manifest import ablate
+
+    manifest, _ = read_json_file(path)
+    called = {c.get("op") for c in manifest["programs"]["decode"]["calls"]}
+    entries = {x.get("entry") for op in manifest["ops"].values() for x in op.get("launches", [])}
+    paths = []
+    for suffix, (ops, drop_entries) in ABLATIONS.items():
+        ops_here = [op for op in ops if op in called]
+        entries_here = [e for e in drop_entries if e in entries]
+        if not ops_here and not entries_here:
+            continue
+        target = out_dir / f"{path.stem}-{suffix}.json"
+        write_files({target: dumps(ablate(manifest, ops_here, entries_here))})
+        paths.append(str(target))
+    return paths
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,8 +87,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default="", help="comma list of VARIANTS names (default: all)")
     ap.add_argument("--algos", type=Path, default=ROOT / "manifests" / "algos" / "h200.json")
     ap.add_argument("--kernels", type=Path, default=ROOT / "kernels")
+    ap.add_argument("--ablate", default="", help="a variant whose timing ablations to write too (ABLATIONS)")
     args = ap.parse_args(argv)
     names = [n for n in args.only.split(",") if n] or list(VARIANTS)
+    if args.ablate and args.ablate not in names:
+        names.append(args.ablate)
     unknown = [n for n in names if n not in VARIANTS]
     if unknown:
         print(f"decode_variants: unknown variant(s) {unknown}; known: {list(VARIANTS)}", file=sys.stderr)
@@ -63,6 +112,14 @@ def main(argv: list[str] | None = None) -> int:
         if rc != 0:
             return rc
         paths.append(str(out))
+    if args.ablate:
+        from tools.ablate_manifest import AblationError
+
+        try:
+            paths += write_ablations(args.out / f"qwen3-4b-{args.ablate}.json", args.out)
+        except (AblationError, OSError) as exc:
+            print(f"decode_variants: --ablate {args.ablate}: {exc}", file=sys.stderr)
+            return 1
     (args.out / "list").write_text(",".join(paths))
     print(f"decode_variants: {len(paths)} manifests in {args.out}")
     return 0

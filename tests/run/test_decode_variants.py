@@ -49,3 +49,26 @@ def test_writes_one_manifest_per_variant_and_the_list(tmp_path: Path, monkeypatc
     assert [c[-len(dv.VARIANTS[name]):] for c, name in zip(calls, names)] == [list(dv.VARIANTS[n]) for n in names]
     assert all(Path(p).read_text() == "{}" for p in paths)
     assert f"{len(names)} manifests in {out}" in capsys.readouterr().out
+
+
+def test_inv_is_the_committed_serve_manifest_and_ablate_writes_each_op_out(tmp_path: Path) -> None:
+    """`inv` rebuilds manifests/qwen3-4b-inv.json byte for byte; `--ablate inv-gqa` lists inv-gqa's seven timing
+    ablations after the variants, each without exactly the calls (or the reduce launches) its suffix names."""
+    import json
+
+    from kern_run_testutil import ROOT
+
+    out = tmp_path / "v"
+    assert dv.main(["--out", str(out), "--only", "inv", "--ablate", "inv-gqa"]) == 0
+    assert (out / "qwen3-4b-inv.json").read_bytes() == (ROOT / "manifests" / "qwen3-4b-inv.json").read_bytes()
+    listed = (out / "list").read_text().split(",")
+    assert [Path(p).name for p in listed] == ["qwen3-4b-inv.json", "qwen3-4b-inv-gqa.json",
+                                              *(f"qwen3-4b-inv-gqa-{s}.json" for s in dv.ABLATIONS)]
+    base = json.loads((out / "qwen3-4b-inv-gqa.json").read_text())
+    base_ops = [c["op"] for c in base["programs"]["decode"]["calls"]]
+    for suffix, (ops, entries) in dv.ABLATIONS.items():
+        m = json.loads((out / f"qwen3-4b-inv-gqa-{suffix}.json").read_text())
+        assert [c["op"] for c in m["programs"]["decode"]["calls"]] == [op for op in base_ops if op not in ops], suffix
+        launched = [x["entry"] for x in m["ops"]["attn_decode"]["launches"]]
+        assert ("kern_attn_decode_reduce" in launched) == ("kern_attn_decode_reduce" not in entries), suffix
+        assert m["meta"]["ablation"], suffix
