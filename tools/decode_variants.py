@@ -62,6 +62,7 @@ def write_ablations(path: Path, out_dir: Path) -> list[str]:
     Raises AblationError (tools/ablate_manifest.py) for a manifest it cannot ablate."""
     from kern_run.files import write_files
     from kern_run.models.qwen3 import dumps, read_json_file
+
     from tools.ablate_manifest import ablate
 
     manifest, _ = read_json_file(path)
