@@ -3,7 +3,7 @@ shape (32 q heads, 8 kv heads, head_dim 128, pages of 16 tokens) at `rows x ctx`
 (or per partial + reduce pair) and the percent of 4.3 TB/s that every row's K/V read once (+ q in, out) would take.
 
     python bench/decode_attention.py [--cases 64x576,64x2048,8x576,1x576] [--variants gqa,stream]
-                                     [--defines "GQ_PROBE=8;GQ_PROBE=24"] [--json out.json]
+                                     [--defines "GQ_PROBE=8;GQ_PROBE=24"] [--split-tokens 64,256] [--json out.json]
 
 Variants: `gqa` / `stream` (kern_attn_decode_partial_gqa / _stream, then kern_attn_decode_reduce), `gqa-partial`
 (the gqa partial alone), `reduce` (the reduce alone, over partials the gqa partial wrote before). `--defines "A B;C"`
@@ -12,7 +12,7 @@ also times the partial variants on attention_decode.cu compiled here with each s
 Each variant is captured into a CUDA graph of REPS back-to-back launches over the same inputs (no PDL) and timed by
 CUDA events over REPLAYS replays; the median is reported. The K/V bytes are random (a 64 MiB block repeated), the
 pages of each row a random permutation, every row at context ctx with split_tokens 64 and 16 splits (the
-builder's). Prints a table last; writes JSON to --json, else $OUT/bench-decode-attention.json when OUT is set.
+builder's; `--split-tokens A,B` times every case at each minimum split length, a row per length). Prints a table last; writes JSON to --json, else $OUT/bench-decode-attention.json when OUT is set.
 Exit 3 without a CUDA device.
 """
 
@@ -57,6 +57,16 @@ def parse_cases(text: str) -> list[tuple[int, int]]:
     return out
 
 
+def parse_split_tokens(text: str) -> list[int]:
+    """'64,256' -> [64, 256]; raises SystemExit naming an item that is not a positive multiple of 16 (a page)."""
+    out = []
+    for item in filter(None, text.split(",")):
+        if not item.isdigit() or int(item) < 16 or int(item) % 16:
+            raise SystemExit(f"--split-tokens: {item!r} is not a positive multiple of 16")
+        out.append(int(item))
+    return out or [SPLIT_TOKENS]
+
+
 def floor_us(rows: int, ctx: int) -> float:
     """Every row's K and V read once, q read and the output written once (bf16), at 4.3 TB/s."""
     return rows * (ctx * HKV * D * 2 * 2 + HQ * D * 2 * 2) / PEAK_BYTES_PER_S * 1e6
@@ -88,8 +98,8 @@ def probe_kernels(gpu, defines: str, work: Path) -> dict[str, Kernel]:
 class Case:
     """One layer's inputs for `rows` rows at context `ctx` on the device, and the launches of each variant."""
 
-    def __init__(self, gpu, rng, rows: int, ctx: int) -> None:
-        self.rows, self.ctx = rows, ctx
+    def __init__(self, gpu, rng, rows: int, ctx: int, split_tokens: int = SPLIT_TOKENS) -> None:
+        self.rows, self.ctx, self.split_tokens = rows, ctx, split_tokens
         pages_per_seq = -(-ctx // PAGE)
         pages = rows * pages_per_seq
         self.cache = gpu.alloc(pages * PAGE * 2 * HKV * D * 2)
@@ -107,10 +117,10 @@ class Case:
         lens = gpu.array(np.full(rows, ctx, dtype=np.int32))
         self.partial = [("p", q.ptr), ("p", self.cache.ptr), ("p", gpu.array(table).ptr), ("p", lens.ptr),
                         ("p", gpu.array(slots).ptr), ("p", self.po.ptr), ("p", self.ml.ptr), ("i", HQ), ("i", HKV),
-                        ("i", D), ("i", PAGE), ("i", pages_per_seq), ("i", pages), ("i", SPLIT_TOKENS),
+                        ("i", D), ("i", PAGE), ("i", pages_per_seq), ("i", pages), ("i", split_tokens),
                         ("i", NUM_SPLITS), ("f", D**-0.5)]
         self.reduce = [("p", self.po.ptr), ("p", self.ml.ptr), ("p", lens.ptr), ("p", self.out.ptr), ("i", HQ),
-                       ("i", D), ("i", SPLIT_TOKENS), ("i", NUM_SPLITS)]
+                       ("i", D), ("i", split_tokens), ("i", NUM_SPLITS)]
 
     def launches(self, gpu, variant: str, partials: dict[str, Kernel] | None = None):
         """The callable (stream) -> None of one variant's launch (or pair); `partials`: a probe build's entries."""
@@ -144,9 +154,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cases", default="64x576,64x2048,8x576,1x576", help="comma list of ROWSxCTX")
     ap.add_argument("--variants", default=",".join(VARIANTS), help=f"comma list of {', '.join(VARIANTS)}")
     ap.add_argument("--defines", default="", help="semicolon list of -D sets for probe builds of the rows entry")
+    ap.add_argument("--split-tokens", default=str(SPLIT_TOKENS),
+                    help="comma list of minimum split lengths (tokens, multiples of 16)")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
     cases = parse_cases(args.cases)
+    splits = parse_split_tokens(args.split_tokens)
     variants = [v for v in args.variants.split(",") if v]
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
@@ -161,9 +174,9 @@ def main(argv: list[str] | None = None) -> int:
                 probes.append((defines, probe_kernels(gpu, defines, Path(tmp))))
     columns = [*variants, *(f"{v} [{d}]" for d, _ in probes for v in variants if v in PARTIALS)]
     results = []
-    for rows, ctx in cases:
-        case = Case(gpu, rng, rows, ctx)
-        rec = {"rows": rows, "ctx": ctx, "floor_us": floor_us(rows, ctx), "us": {}}
+    for (rows, ctx), split_tokens in ((c, t) for c in cases for t in splits):
+        case = Case(gpu, rng, rows, ctx, split_tokens)
+        rec = {"rows": rows, "ctx": ctx, "split_tokens": split_tokens, "floor_us": floor_us(rows, ctx), "us": {}}
         for v in variants:
             rec["us"][v] = time_graph(stream, [case.launches(gpu, v)])
         for defines, kernels in probes:
@@ -178,10 +191,11 @@ def main(argv: list[str] | None = None) -> int:
         out.write_text(json.dumps({"cases": results, "reps": REPS, "replays": REPLAYS}, indent=1))
     print(f"\n===== decode attention per layer (us per launch or pair, median of {REPLAYS} graph replays of {REPS}; "
           "% of 4.3 TB/s for the K/V read once)")
-    print(f"{'rows x ctx':>12s} {'floor':>7s} | " + " | ".join(f"{c:>14s}" for c in columns))
+    print(f"{'rows x ctx':>12s} {'split':>5s} {'floor':>7s} | " + " | ".join(f"{c:>14s}" for c in columns))
     for rec in results:
         cells = [f"{rec['us'][c]:7.2f} {100 * rec['floor_us'] / rec['us'][c]:5.1f}%" for c in columns]
-        print(f"{rec['rows']:>5d} x {rec['ctx']:<4d} {rec['floor_us']:7.2f} | " + " | ".join(f"{c:>14s}" for c in cells))
+        print(f"{rec['rows']:>5d} x {rec['ctx']:<4d} {rec['split_tokens']:>5d} {rec['floor_us']:7.2f} | "
+              + " | ".join(f"{c:>14s}" for c in cells))
     return 0
 
 

@@ -38,3 +38,12 @@ def test_without_a_gpu_it_exits_3(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(SystemExit) as err:
         bda.main(["--cases", "1x128"])
     assert err.value.code == 3
+
+
+def test_split_tokens_parse_and_refuse() -> None:
+    assert bda.parse_split_tokens("64,256") == [64, 256]
+    assert bda.parse_split_tokens("") == [64]
+    for bad in ("0", "24", "-16", "x"):
+        with pytest.raises(SystemExit) as err:
+            bda.parse_split_tokens(f"64,{bad}")
+        assert repr(bad) in str(err.value)
