@@ -12,8 +12,8 @@ also times the partial variants on attention_decode.cu compiled here with each s
 Each variant is captured into a CUDA graph of REPS back-to-back launches over the same inputs (no PDL) and timed by
 CUDA events over REPLAYS replays; the median is reported. The K/V bytes are random (a 64 MiB block repeated), the
 pages of each row a random permutation, every row at context ctx with split_tokens 64 and 16 splits (the
-builder's; `--split-tokens A,B` times every case at each minimum split length, a row per length). Prints a table last; writes JSON to --json, else $OUT/bench-decode-attention.json when OUT is set.
-Exit 3 without a CUDA device.
+builder's; `--split-tokens A,B` times every case at each minimum split length, a row per length). Prints a table
+last; writes JSON to --json, else $OUT/bench-decode-attention.json when OUT is set. Exit 3 without a CUDA device.
 """
 
 from __future__ import annotations
@@ -153,7 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cases", default="64x576,64x2048,8x576,1x576", help="comma list of ROWSxCTX")
     ap.add_argument("--variants", default=",".join(VARIANTS), help=f"comma list of {', '.join(VARIANTS)}")
-    ap.add_argument("--defines", default="", help="semicolon list of -D sets for probe builds of the rows entry")
+    ap.add_argument("--defines", default="",
+                    help="semicolon list of -D sets (space separated) for probe builds of the partial entries")
     ap.add_argument("--split-tokens", default=str(SPLIT_TOKENS),
                     help="comma list of minimum split lengths (tokens, multiples of 16)")
     ap.add_argument("--json", type=Path, default=None)
