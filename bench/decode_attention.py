@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -30,6 +29,7 @@ import numpy as np
 from cuda.bindings import driver as cu
 from kern_run.models.qwen3 import EARLY_PARTIALS
 
+from bench.decode import write_json
 from bench.kernels import REPLAYS, REPS, time_graph
 from tests.kernels.gpu_helpers import Kernel, check, open_gpu
 from tools import build_kernels
@@ -187,9 +187,6 @@ def main(argv: list[str] | None = None) -> int:
         results.append(rec)
         print(json.dumps(rec), flush=True)
         case.free()
-    out = args.json or (Path(os.environ["OUT"]) / "bench-decode-attention.json" if os.environ.get("OUT") else None)
-    if out is not None:
-        out.write_text(json.dumps({"cases": results, "reps": REPS, "replays": REPLAYS}, indent=1))
     print(f"\n===== decode attention per layer (us per launch or pair, median of {REPLAYS} graph replays of {REPS}; "
           "% of 4.3 TB/s for the K/V read once)")
     print(f"{'rows x ctx':>12s} {'split':>5s} {'floor':>7s} | " + " | ".join(f"{c:>14s}" for c in columns))
@@ -197,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         cells = [f"{rec['us'][c]:7.2f} {100 * rec['floor_us'] / rec['us'][c]:5.1f}%" for c in columns]
         print(f"{rec['rows']:>5d} x {rec['ctx']:<4d} {rec['split_tokens']:>5d} {rec['floor_us']:7.2f} | "
               + " | ".join(f"{c:>14s}" for c in cells))
+    write_json(args.json, "bench-decode-attention.json", {"cases": results, "reps": REPS, "replays": REPLAYS})
     return 0
 
 
