@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -82,10 +81,7 @@ def carveout_100(kernel: Kernel) -> Kernel:
 def probe_kernels(gpu, defines: str, work: Path) -> dict[str, Kernel]:
     """The partial entries (EARLY_PARTIALS name -> Kernel) of attention_decode.cu compiled here with the build
     tool's flags and -D for each word of `defines`."""
-    out = work / f"attention_decode-{len(list(work.iterdir()))}.cubin"
-    cmd = ["nvcc", *build_kernels.module_flags("attention_decode"), *(f"-D{d}" for d in defines.split()), "-o",
-           str(out), str(ROOT / "kernels-src" / "attention_decode.cu")]
-    subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ROOT / "kernels-src")
+    out = build_kernels.compile_probe("attention_decode", defines.split(), work)
     module = check(cu.cuModuleLoadData(out.read_bytes()), f"cuModuleLoadData({defines})")
     found = {}
     for name in set(PARTIALS.values()):

@@ -3,7 +3,6 @@
 // [y*1024, min((y+1)*1024, inter)), 4 per thread (8-byte accesses when inter % 4 == 0 and aligned).
 #include "common.cuh"
 
-KERN_DEV float silu_bf(float g) { return round_bf(g / (1.0f + expf(-g))); }
 
 extern "C" __global__ void __launch_bounds__(256) kern_silu_mul(
     const __nv_bfloat16* gate_up,  // [n_tokens, 2 * inter]

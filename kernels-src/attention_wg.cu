@@ -40,6 +40,7 @@
 // phase parities), "setmaxnreg", "bar.sync / bar.arrive" (named barriers).
 #include "common.cuh"
 #include "prefill.cuh"
+#include "wgmma.cuh"
 
 #define WG_ROWS 16                            // query rows per consumer warp: a warpgroup is one m64 tile
 #define WG_TILE_BYTES (PF_BN * PF_MAX_D * 2)  // one K or V tile at the largest head_dim: 16,384 bytes
@@ -60,40 +61,6 @@ struct PrefillSmemWg {
 };
 #define WG_SMEM_BYTES (sizeof(PrefillSmemWg) + 1024)
 static_assert(WG_SMEM_BYTES == 169024, "tools/gen_qwen3.py PREFILL_ATTN['wg'] shared memory bytes");
-
-KERN_DEV uint32_t smem_addr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
-
-// A shared-memory matrix descriptor with the 128-byte swizzle (byte offsets, multiples of 16).
-KERN_DEV uint64_t sw128_desc(uint32_t start, uint32_t lbo, uint32_t sbo) {
-    return (uint64_t)((start & 0x3FFFFu) >> 4) | ((uint64_t)((lbo & 0x3FFFFu) >> 4) << 16) |
-           ((uint64_t)((sbo & 0x3FFFFu) >> 4) << 32) | (1ull << 62);
-}
-
-KERN_DEV void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-KERN_DEV void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-// Until at most N committed wgmma groups of this warp are still running (groups retire in commit order).
-template <int N>
-KERN_DEV void wgmma_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-// Generic-proxy writes to shared memory (cp.async, st.shared) made visible to the async proxy that wgmma
-// reads through: each writer fences after its copies land, before the barrier.
-KERN_DEV void fence_proxy_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-
-// Pin accumulator registers at a point of the instruction stream (no instruction is emitted): the compiler
-// may not move their reads above a wgmma wait nor their writes below a wgmma fence.
-template <int N8>
-KERN_DEV void reg_fence(float (&d)[N8][4]) {
-#pragma unroll
-    for (int j = 0; j < N8; ++j)
-        asm volatile("" : "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])::"memory");
-}
-
-template <int N>
-KERN_DEV void reg_fence_u32(uint32_t (&r)[N][4]) {
-#pragma unroll
-    for (int j = 0; j < N; ++j) asm volatile("" : "+r"(r[j][0]), "+r"(r[j][1]), "+r"(r[j][2]), "+r"(r[j][3])::"memory");
-}
 
 #define WG_ACC4(x, j) "+f"(x[j][0]), "+f"(x[j][1]), "+f"(x[j][2]), "+f"(x[j][3])
 

@@ -10,6 +10,9 @@ KERN_DEV float bf2f(__nv_bfloat16 x) { return __bfloat162float(x); }
 KERN_DEV __nv_bfloat16 f2bf(float x) { return __float2bfloat16_rn(x); }
 // Round an fp32 value to bf16 precision and back (the rounding point of a bf16 tensor op).
 KERN_DEV float round_bf(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
+// silu(g) = g / (1 + e^-g) in fp32 (IEEE division), rounded to bf16: kern_silu_mul's formula, which every fused
+// SwiGLU epilogue repeats so that its rows match the unfused path's.
+KERN_DEV float silu_bf(float g) { return round_bf(g / (1.0f + expf(-g))); }
 
 KERN_DEV bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 

@@ -237,7 +237,6 @@ KERN_DEV void stage_rmsnorm(uint4* xs, int k8, const bf16* residual, const bf16*
 // x[j] = bf16(bf16(silu(gate[j])) * up[j]), gate_up row = [gate: k][up: k], with kern_silu_mul's exact fp32
 // formula silu(g) = g / (1 + expf(-g)) (IEEE division). Two elements per step (one 4-byte word of gate and
 // of up): the division's slow path needs registers, and the prefetched W batch holds 32 of the 64.
-KERN_DEV float silu_bf(float g) { return round_bf(g / (1.0f + expf(-g))); }
 
 template <bool VEC>
 KERN_DEV void stage_silu_mul(uint4* xs, int k8, const bf16* gate_up, int k) {

@@ -66,8 +66,6 @@ KERN_DEV uint4 pack8(const float (&f)[8]) {
     return make_uint4(pack2(f[0], f[1]), pack2(f[2], f[3]), pack2(f[4], f[5]), pack2(f[6], f[7]));
 }
 
-// kern_silu_mul's exact fp32 formula (IEEE division), rounded to bf16 (kernels-src/gemv.cu silu_bf).
-KERN_DEV float silu_bf(float g) { return round_bf(g / (1.0f + expf(-g))); }
 
 KERN_DEV int cdiv(int a, int b) { return (a + b - 1) / b; }
 

@@ -252,7 +252,6 @@ KERN_DEV void stream_rows(int batches, int k, const float* x, bool vec, const Ro
     }
 }
 
-KERN_DEV float silu_bf(float g) { return round_bf(g / (1.0f + expf(-g))); }
 
 // The rows of gemv_rows' batches: the warp's i-th row at row0 + i stride (elements), i < n; batch b holds rows
 // i = kBatchRows b .. kBatchRows b + kBatchRows - 1.

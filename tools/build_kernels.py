@@ -51,7 +51,7 @@ ARCH = "sm_90"
 FLAGS = ("-cubin", f"-arch={ARCH}", "-O3", "-std=c++17")
 # Modules that use architecture-specific instructions (wgmma) build for sm_90a: such a cubin runs only on
 # compute capability 9.0 (H100 / H200), which is kern's one target anyway.
-MODULE_ARCH = {"attention_wg": "sm_90a"}
+MODULE_ARCH = {"attention_wg": "sm_90a", "gemm_skinny": "sm_90a"}
 
 
 def module_flags(module: str) -> tuple[str, ...]:
@@ -69,6 +69,18 @@ class Toolchain:
     nvcc: str
     cuobjdump: str
     version: str  # e.g. "Cuda compilation tools, release 13.0, V13.0.88"
+
+
+def compile_probe(module: str, defines: tuple[str, ...] | list[str], out_dir: Path) -> Path:
+    """kernels-src/<module>.cu compiled with the build's flags (module_flags) and -D for each of `defines` into
+    out_dir/<module>[-defines].cubin (a timing or test variant, never committed); returns the path. Raises
+    subprocess.CalledProcessError (its stderr: nvcc's messages) when the compile fails."""
+    tag = "".join("-" + re.sub(r"[^A-Za-z0-9_]", "", d) for d in defines)
+    out = Path(out_dir) / f"{module}{tag}.cubin"
+    cmd = ["nvcc", *module_flags(module), *(f"-D{d}" for d in defines), "-o", str(out),
+           str(REPO_ROOT / "kernels-src" / f"{module}.cu")]
+    subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=REPO_ROOT / "kernels-src")
+    return out
 
 
 def _find_tool(name: str, env_var: str) -> str | None:

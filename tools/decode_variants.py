@@ -43,6 +43,8 @@ VARIANTS: dict[str, tuple[str, ...]] = {
                       "--decode-split-tokens", "128"),
     "inv-mma-gqa": ("--seqs-max", "64", "--batch-invariant", "--decode", "gemv", "--gemv", "v2", "--batch-proj", "mma",
                     "--decode-attn-batch", "gqa"),  # the small-M MMA projections at every row count
+    # the layer projections on kern_gemm_skinny (twenty-fifth session), the SiLU-mul in gate_up's epilogue
+    "inv-gqa-sk": ("--seqs-max", "64", "--batch-invariant", "--decode-attn-batch", "gqa", "--invariant-proj", "skinny"),
 }
 # --ablate: suffix -> (ops to drop from the decode program, entries to drop from its ops); an op or entry the
 # manifest lacks is skipped (an MMA variant has no gemm_inv_* op)

@@ -18,7 +18,6 @@ from __future__ import annotations
 import ctypes
 import os
 import struct
-import subprocess
 import tempfile
 from pathlib import Path
 from typing import Any, Callable
@@ -64,12 +63,10 @@ _PACK = {"p": "<Q", "i": "<i", "f": "<f", "q": "<q"}
 
 
 def compile_gemv(out_dir: Path, defines: tuple[str, ...] = ()) -> Path:
-    """nvcc kernels-src/gemv.cu -> out_dir/gemv[-defines].cubin; returns the path."""
-    tag = "".join("-" + d.replace("=", "") for d in defines)
-    out = out_dir / f"gemv{tag}.cubin"
-    cmd = ["nvcc", *NVCC_FLAGS, *(f"-D{d}" for d in defines), "-o", str(out), str(REPO_ROOT / "kernels-src" / "gemv.cu")]
-    subprocess.run(cmd, check=True, capture_output=True, text=True)
-    return out
+    """nvcc kernels-src/gemv.cu -> out_dir/gemv[-defines].cubin (tools/build_kernels.compile_probe); the path."""
+    from tools.build_kernels import compile_probe
+
+    return compile_probe("gemv", defines, out_dir)
 
 
 def kernels_from_cubin(image: bytes) -> dict[str, Kernel]:

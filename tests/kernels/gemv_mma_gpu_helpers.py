@@ -13,7 +13,6 @@ from __future__ import annotations
 import ctypes
 import os
 import struct
-import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,12 +41,10 @@ _PACK = {"p": "<Q", "i": "<i", "f": "<f"}
 
 
 def compile_mma(out_dir: Path, defines: tuple[str, ...] = ()) -> Path:
-    tag = "".join("-" + d.replace("=", "") for d in defines)
-    out = out_dir / f"gemv_mma{tag}.cubin"
-    src = REPO_ROOT / "kernels-src" / "gemv_mma.cu"
-    cmd = ["nvcc", *NVCC_FLAGS, *(f"-D{d}" for d in defines), "-o", str(out), str(src)]
-    subprocess.run(cmd, check=True, capture_output=True, text=True)
-    return out
+    """nvcc kernels-src/gemv_mma.cu -> out_dir/gemv_mma[-defines].cubin (tools/build_kernels.compile_probe)."""
+    from tools.build_kernels import compile_probe
+
+    return compile_probe("gemv_mma", defines, out_dir)
 
 
 def mma_kernels(gpu: Gpu, defines: tuple[str, ...] | None = None) -> tuple[dict[str, Kernel], str]:

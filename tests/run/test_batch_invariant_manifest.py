@@ -315,3 +315,52 @@ def test_the_command_reads_invariant_decode_pins(tmp_path: Path) -> None:
     (text,) = gq.build_texts(req).values()
     caller = json.loads(text)["meta"]["caller"]
     assert caller["decode_batch_invariant_pins"]["invariant_decode"] == ["384x512"]
+
+
+def test_the_skinny_decode_runs_kern_gemm_skinny_at_every_bucket(tmp_path: Path) -> None:
+    """--invariant-proj skinny: the four layer projections on kern_gemm_skinny_n128 (one launch list at every
+    bucket, the Stream-K grid of the target's SMs, PDL, its tickets in the fixed state), the SiLU-mul in gate_up's
+    epilogue (no silu_mul call in the decode), the lm_head on its pin; a launch for every token count (cuBLASLt,
+    then kern_silu_mul for the fused op, above 64 where the decode never runs); the manifest verifies."""
+    km = pytest.importorskip("kern_manifest")
+    from kern_run.models.qwen3.skinny import skinny_geometry
+
+    cfg = gq.Qwen3Config.from_json(mc.config_json(mc.SHAPES["qwen3-4b"]))
+    m = _build(tmp_path, cfg, max_context=4096, invariant_proj="skinny")
+    km.verify(km.parse_manifest(gq.dumps(m)))
+    assert differing_buckets(m) == []
+    ops = [c["op"] for c in m["programs"]["decode"]["calls"]]
+    skinny = {"gemm_sk_6144x2560": (6144, 2560, False), "gemm_sk_2560x4096": (2560, 4096, False),
+              "gemm_sk_19456x2560_swiglu": (19456, 2560, True), "gemm_sk_2560x9728": (2560, 9728, False)}
+    assert {op: ops.count(op) for op in skinny} == dict.fromkeys(skinny, 36)
+    assert "silu_mul" not in ops and ops.count("gemm_151936x2560") == 1
+    gate_up = next(c for c in m["programs"]["decode"]["calls"] if c["op"] == "gemm_sk_19456x2560_swiglu")
+    assert gate_up["args"]["c"] == "act" and gate_up["args"]["tickets"] == "skinny_tickets"
+    tickets = 0
+    for name, (n, k, swiglu) in skinny.items():
+        geo = skinny_geometry(n, k, 132, swiglu)
+        first, *rest = m["ops"][name]["launches"]
+        assert (first["entry"], first["grid"], first["block"], first["shared_mem"], first["pdl"], first["when"]) == (
+            "kern_gemm_skinny_n128", [132, 1, 1], [256, 1, 1], 197632, True, {"tokens": [1, 64]}), name
+        assert first["args"][-1] == {"i32": int(swiglu)}
+        assert [l.get("extern", l.get("entry")) for l in rest] == (
+            ["cublaslt_bf16_tn", "kern_silu_mul"] if swiglu else ["cublaslt_bf16_tn"]), name
+        assert all(l["when"] == {"tokens": [65, 512]} for l in rest), name
+        assert m["ops"][name]["scratch"]["ws"] == str(geo.ws_bytes)
+        tickets = max(tickets, 4 * geo.tickets)
+    assert m["states"]["skinny_tickets"] == {"kind": "fixed", "bytes": tickets}
+    assert "silu_mul" in [c["op"] for c in m["programs"]["prefill"]["calls"]]  # prefill keeps its layers
+
+
+@pytest.mark.parametrize("opts, message", [
+    ({"invariant_proj": "skinny", "batch_invariant": False},
+     "invariant_proj (--invariant-proj) 'skinny' needs batch_invariant (--batch-invariant)"),
+    ({"invariant_proj": "mma"}, "invariant_proj (--invariant-proj) 'mma': use one of cublaslt, skinny"),
+    ({"invariant_proj": "skinny", "decode": "gemv", "gemv": "v2", "batch_proj": "mma"},
+     "invariant_proj (--invariant-proj) skinny needs --decode gemm and seqs_max (--seqs-max) <= 64 (the kernel's "
+     "64 MMA rows), got --decode gemv and 64"),
+])
+def test_refuses_the_skinny_decode_outside_its_reach(tmp_path: Path, opts: dict[str, Any], message: str) -> None:
+    with pytest.raises(gq.ManifestBuildError) as err:
+        _build(tmp_path, **opts)
+    assert str(err.value) == message

@@ -88,6 +88,7 @@ inline int atomicMin(int* p, int v) { std::atomic_ref<int> a(*p); int o = a.load
 KERN_DEV float bf2f(__nv_bfloat16 x) { return __bfloat162float(x); }
 KERN_DEV __nv_bfloat16 f2bf(float x) { return __float2bfloat16_rn(x); }
 KERN_DEV float round_bf(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
+KERN_DEV float silu_bf(float g) { return round_bf(g / (1.0f + expf(-g))); }  // kernels-src/common.cuh
 KERN_DEV bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 KERN_DEV void load8_vec(const __nv_bfloat16* p, float (&v)[8]) { for (int i = 0; i < 8; ++i) v[i] = bf2f(p[i]); }
 KERN_DEV void kern_pdl_wait() {}

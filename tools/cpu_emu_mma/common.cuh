@@ -66,6 +66,7 @@ inline float __shfl_xor_sync(unsigned, float v, int o) {
 KERN_DEV float bf2f(__nv_bfloat16 x) { return __bfloat162float(x); }
 KERN_DEV __nv_bfloat16 f2bf(float x) { return __float2bfloat16_rn(x); }
 KERN_DEV float round_bf(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
+KERN_DEV float silu_bf(float g) { return round_bf(g / (1.0f + expf(-g))); }  // kernels-src/common.cuh
 KERN_DEV bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 KERN_DEV uint32_t dynamic_smem_bytes() { return (uint32_t)t_block->dyn_bytes; }
 KERN_DEV void kern_pdl_wait() {}

@@ -70,6 +70,7 @@ inline uint32_t dynamic_smem_bytes() { return t_ctx->smem_bytes; }
 KERN_DEV float bf2f(__nv_bfloat16 x) { return __bfloat162float(x); }
 KERN_DEV __nv_bfloat16 f2bf(float x) { return __float2bfloat16_rn(x); }
 KERN_DEV float round_bf(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
+KERN_DEV float silu_bf(float g) { return round_bf(g / (1.0f + expf(-g))); }  // kernels-src/common.cuh
 KERN_DEV bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 KERN_DEV void load8_vec(const __nv_bfloat16* p, float (&v)[8]) { for (int i = 0; i < 8; ++i) v[i] = bf2f(p[i]); }
 KERN_DEV float warp_sum(float x) { for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o); return x; }

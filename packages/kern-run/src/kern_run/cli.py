@@ -588,6 +588,9 @@ def manifest_build(
                                                   "gemm), or the small-M MMA ones with --decode gemv --gemv v2 "
                                                   "--batch-proj mma; --decode-attn-batch's attention for every "
                                                   "row")] = False,
+    invariant_proj: Annotated[str, typer.Option("--invariant-proj", help="with --batch-invariant --decode gemm: the "
+                                                "layer projections on cublaslt (the invariant pins; default) or "
+                                                "skinny (kern_gemm_skinny, the SiLU-mul fused)")] = "cublaslt",
     tp: Annotated[int, typer.Option("--tp", help="tensor-parallel ranks: write one manifest per rank")] = 1,
     allreduce_oneshot_bytes: Annotated[int, typer.Option("--allreduce-oneshot-bytes", help="with --tp: all-reduces "
                                                          "of messages up to this size run kern's one-shot kernel, "
@@ -609,7 +612,8 @@ def manifest_build(
                "carveout": None if carveout == -1 else carveout, "decode_splits": decode_splits,
                "split_tokens": decode_split_tokens, "sms": sms, "gemv_threads_per_sm": gemv_threads_per_sm,
                "pdl": not no_pdl, "pdl_small": not no_pdl_small, "sampler": sampler, "hist_cap": hist_cap,
-               "batch_invariant": batch_invariant, "allreduce_oneshot_bytes": allreduce_oneshot_bytes,
+               "batch_invariant": batch_invariant, "invariant_proj": invariant_proj,
+               "allreduce_oneshot_bytes": allreduce_oneshot_bytes,
                "allreduce_timeout_ms": allreduce_timeout_ms, "tp_lm_head": tp_lm_head}
 
     def go() -> list[str]:

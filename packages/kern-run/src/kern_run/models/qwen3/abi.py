@@ -70,6 +70,9 @@ KERNEL_SIGNATURES: dict[str, tuple[str, tuple[str, ...]]] = {
     # one-shot all-gather (the vocabulary-parallel logits): peers, rank, size, x, out, rows, vocab, slice, capacity,
     # blocks, status, timeout_ns
     "kern_allgather_bf16": ("allreduce", ("p", "i32", "i32", "p", "p", "i32", "i32", "i32", "i32", "i32", "p", "i64")),
+    # the skinny wgmma GEMM of the batch-invariant decode (kernels-src/gemm_skinny.cu, docs/kernels.md "Skinny GEMM"):
+    # a, w, c, ws, tickets, m, n, k, swiglu
+    **{f"kern_gemm_skinny_n{bn}": ("gemm_skinny", ("p",) * 5 + ("i32",) * 4) for bn in (128, 256)},
 }
 # Entries that execute griddepcontrol.wait before reading anything a predecessor writes and before writing
 # anything (docs/kernels-gemv.md, docs/kernels.md "Programmatic dependent launch"); only these may carry
@@ -89,6 +92,7 @@ PDL_ENTRIES = frozenset({
     *(f"kern_gemv_{kind}_m{t}" for kind in ("rows_rmsnorm", "rmsnorm_swiglu", "rows_residual", "rmsnorm")
       for t in (2, 4, 8)),
     "kern_allreduce_bf16", "kern_allreduce_add_bf16", "kern_allgather_bf16",
+    "kern_gemm_skinny_n128", "kern_gemm_skinny_n256",  # weight copies before the wait: no kernel writes weights
 })
 TYPE_BYTES = {"p": 8, "i32": 4, "f32": 4, "i64": 8}
 

@@ -9,12 +9,16 @@ from __future__ import annotations
 from typing import Any
 
 from ...errors import ManifestBuildError
-from .builder import Builder, int_arg, ptr
+from .builder import Builder, call, int_arg, ptr
 from .gemv import rows_launch
 from .options import Plan
 from .pins import INVARIANT_DECODE_M_MAX
+from .skinny import SKINNY_M_MAX, SKINNY_THREADS, skinny_geometry
 
 _GEMM_ARGS = ("a", "w", "c")
+# the fixed state of the skinny GEMM's tickets (two u32 a tile, zero at load and after every launch), shared by its
+# ops: they run one after another
+SKINNY_TICKETS = "skinny_tickets"
 
 
 def _cublaslt(**extra: Any) -> dict[str, Any]:
@@ -44,6 +48,57 @@ class Projections:
         self.unproven: list[str] = []
         self.on_invariant_decode: list[str] = []
         self.on_prefill: list[str] = []
+
+    def decode_skinny(self, decode: bool) -> bool:
+        """Whether the decode's layer projections run kern_gemm_skinny (`--invariant-proj skinny`; the lm_head stays
+        on its pin)."""
+        return decode and self.opts.batch_invariant and self.opts.invariant_proj == "skinny"
+
+    def call(self, n: int, k: int, decode: bool, *, a: str, w: str, c: str, swiglu: bool = False) -> dict[str, Any]:
+        """The program call of a layer's (n, k) projection c = a @ w^T over `tokens` rows; `swiglu` (skinny
+        decode only, see decode_skinny): w is gate_up [2 inter, k] and c = act = silu(gate) * up."""
+        if self.decode_skinny(decode):
+            return call(self._skinny(n, k, swiglu), a=a, w=w, c=c, tickets=SKINNY_TICKETS, m="tokens", n=n, k=k)
+        assert not swiglu, "only the skinny decode fuses the SiLU-mul"  # a bug in the caller
+        return call(self.op(n, k, decode), a=a, w=w, c=c, m="tokens", n=n, k=k)
+
+    def _skinny(self, n: int, k: int, swiglu: bool) -> str:
+        """`gemm_sk_<n>x<k>[_swiglu]`: kern_gemm_skinny_n128 on the Stream-K grid of the target's SMs at tokens 1 ..
+        min(64, chunk_max) (every decode bucket: seqs_max <= 64, checked by validate), its partials in op scratch
+        `ws`, its tickets in SKINNY_TICKETS. Above that (where the decode never runs, but every token count needs
+        a launch) cuBLASLt on the prefill pin when the shape has one, else the heuristic; with swiglu into scratch
+        `gate_up`, then kern_silu_mul into c."""
+        name = f"gemm_sk_{n}x{k}" + ("_swiglu" if swiglu else "")
+        if name in self.b.ops:
+            return name
+        geo = skinny_geometry(n, k, self.opts.sms, swiglu)
+        launch = self.b.launch(geo.entry, [geo.blocks, 1, 1], [SKINNY_THREADS, 1, 1],
+                               [{"arg": "a"}, {"arg": "w"}, {"arg": "c"}, {"scratch": "ws"}, {"arg": "tickets"},
+                                {"arg": "m", "type": "i32"}, {"arg": "n", "type": "i32"}, {"arg": "k", "type": "i32"},
+                                {"i32": int(swiglu)}],
+                               shared_mem=geo.shared_mem, pdl=self.opts.pdl)
+        launches = [launch]
+        scratch = {"ws": str(geo.ws_bytes)}
+        top = min(SKINNY_M_MAX, self.opts.chunk_max)
+        if self.opts.chunk_max > top:
+            launch["when"] = {"tokens": [1, top]}
+            rest = {"tokens": [top + 1, self.opts.chunk_max]}
+            algo = {"algo": self.pins[(n, k)]} if (n, k) in self.pins else {}
+            blas = _cublaslt(when=rest, **algo)
+            if swiglu:
+                blas["args"][2] = {"scratch": "gate_up"}
+                scratch["gate_up"] = f"tokens * {2 * n}"
+                launches += [blas, {**self.b.launch("kern_silu_mul", ["tokens", -(-(n // 2) // 1024), 1],
+                                                    [256, 1, 1], [{"scratch": "gate_up"}, {"arg": "c"},
+                                                                  {"expr": "tokens", "type": "i32"},
+                                                                  {"i32": n // 2}]), "when": rest}]
+            else:
+                launches.append(blas)
+        self.b.op(name, [ptr("a"), ptr("w"), ptr("c"), ptr("tickets"), int_arg("m"), int_arg("n"), int_arg("k")],
+                  launches, scratch=scratch)
+        state = self.b.states.get(SKINNY_TICKETS, {"kind": "fixed", "bytes": 0})
+        self.b.states[SKINNY_TICKETS] = {"kind": "fixed", "bytes": max(state["bytes"], 4 * geo.tickets)}
+        return name
 
     def op(self, n: int, k: int, decode: bool = False) -> str:
         """The op of an (n, k) projection. Prefill: `gemm_<n>x<k>` with the pinned batch-invariant algorithm for

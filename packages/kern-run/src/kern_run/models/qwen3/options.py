@@ -13,6 +13,9 @@ from .entries import (DECODE_ATTN, DECODE_MAX_HEAD_DIM, EARLY_PARTIALS, FUSED_PA
                       PREFILL_WG_HEAD_DIMS)
 from .sampling import check_sampling_options
 from .mma import MMA_TILES
+from .skinny import SKINNY_M_MAX
+
+INVARIANT_PROJ = ("cublaslt", "skinny")  # --invariant-proj choices
 
 # cuBLASLt pins: ((n, k, ((attr, value), ...)), ...)
 Pins = tuple[tuple[int, int, tuple[tuple[str, int], ...]], ...]
@@ -101,6 +104,11 @@ class BuildOptions:
     # decode_attn's; each block reads only its own row, kernels-src/attention_decode.cu), one q/k rope entry for
     # every token count; the norms, SwiGLU and sampler are per row. So a row's tokens do not depend on the bucket
     batch_invariant: bool = False
+    # with batch_invariant and --decode gemm: the decode projections but the lm_head on "cublaslt" (the invariant
+    # decode pins) or "skinny" (kernels-src/gemm_skinny.cu: one wgmma launch shape for every row count, Stream-K over
+    # the SMs, the weight prologue before the PDL wait, the SiLU-mul fused into gate_up; docs/perf.md
+    # "Twenty-fifth session")
+    invariant_proj: str = "cublaslt"
     # tensor-parallel ranks (--tp N, tp.py / allreduce.py): all-reduces of messages up to this many bytes run kern's
     # one-shot kernel over peer memory, larger ones NCCL (0: NCCL only, which needs --decode gemm); 256 KiB: the
     # size up to which the issue's target asks one-shot to beat NCCL (docs/perf.md "One-shot all-reduce", unmeasured)
@@ -287,6 +295,13 @@ def _invariant_options(opts: BuildOptions) -> BuildOptions:
                                  "another order than the batched projections; the batch-invariant decode runs the "
                                  "pinned cuBLASLt projections (--decode gemm, without --m1-gemv) or the small-M MMA "
                                  "projections (--decode gemv --gemv v2 --batch-proj mma) at every row count")
+    if opts.invariant_proj not in INVARIANT_PROJ:
+        raise ManifestBuildError(f"invariant_proj (--invariant-proj) {opts.invariant_proj!r}: use one of "
+                                 f"{', '.join(INVARIANT_PROJ)}")
+    if opts.invariant_proj == "skinny" and (opts.decode != "gemm" or opts.seqs_max > SKINNY_M_MAX):
+        raise ManifestBuildError(f"invariant_proj (--invariant-proj) skinny needs --decode gemm and seqs_max "
+                                 f"(--seqs-max) <= {SKINNY_M_MAX} (the kernel's 64 MMA rows), got --decode "
+                                 f"{opts.decode} and {opts.seqs_max}")
     return replace(opts, decode_attn=opts.decode_attn_batch or opts.decode_attn, decode_attn_batch="")
 
 
@@ -296,6 +311,9 @@ def validate(cfg: Qwen3Config, opts: BuildOptions) -> Plan:
     out of range, an inconsistent combination, or a head_dim the chosen kernels do not cover."""
     if opts.batch_invariant:
         opts = _invariant_options(opts)
+    elif opts.invariant_proj != "cublaslt":
+        raise ManifestBuildError(f"invariant_proj (--invariant-proj) {opts.invariant_proj!r} needs batch_invariant "
+                                 "(--batch-invariant)")
     _check_context(cfg, opts)
     _check_decode(opts)
     _check_attention(cfg, opts)

@@ -48,12 +48,16 @@ def decode_attention_calls(plan: Plan, layer: int) -> list[dict[str, Any]]:
 def _mlp_calls(plan: Plan, gemms: Projections, layer: int, decode: bool) -> list[dict[str, Any]]:
     """o projection, post-attention norm, gate_up, SiLU-and-mul, down (cuBLASLt-shaped layers)."""
     H, I, q_dim = plan.cfg.hidden, plan.cfg.intermediate, plan.q_dim
+    if gemms.decode_skinny(decode):  # the SiLU-mul in the gate_up epilogue
+        gate_up = [gemms.call(2 * I, H, decode, a="normed", w=f"w_gate_up.{layer}", c="act", swiglu=True)]
+    else:
+        gate_up = [gemms.call(2 * I, H, decode, a="normed", w=f"w_gate_up.{layer}", c="gate_up"),
+                   call("silu_mul", gate_up="gate_up", out="act")]
     return [
-        call(gemms.op(H, q_dim, decode), a="attn_out", w=f"w_o.{layer}", c="hidden", m="tokens", n=H, k=q_dim),
+        gemms.call(H, q_dim, decode, a="attn_out", w=f"w_o.{layer}", c="hidden"),
         call("add_rmsnorm", residual="residual", delta="hidden", w=f"ln_post.{layer}", out="normed"),
-        call(gemms.op(2 * I, H, decode), a="normed", w=f"w_gate_up.{layer}", c="gate_up", m="tokens", n=2 * I, k=H),
-        call("silu_mul", gate_up="gate_up", out="act"),
-        call(gemms.op(H, I, decode), a="act", w=f"w_down.{layer}", c="hidden", m="tokens", n=H, k=I),
+        *gate_up,
+        gemms.call(H, I, decode, a="act", w=f"w_down.{layer}", c="hidden"),
     ]
 
 
@@ -64,8 +68,7 @@ def layer_calls(plan: Plan, gemms: Projections, layer: int, decode: bool) -> lis
         calls = [call("rmsnorm", residual="residual", w="ln_in.0", out="normed")]
     else:
         calls = [call("add_rmsnorm", residual="residual", delta="hidden", w=f"ln_in.{layer}", out="normed")]
-    calls.append(call(gemms.op(qkv_dim, H, decode), a="normed", w=f"w_qkv.{layer}", c="qkv", m="tokens", n=qkv_dim,
-                      k=H))
+    calls.append(gemms.call(qkv_dim, H, decode, a="normed", w=f"w_qkv.{layer}", c="qkv"))
     if decode:
         calls += decode_attention_calls(plan, layer)
     else:
