@@ -1,13 +1,16 @@
 // kern_silu_mul: out = bf16(bf16(silu(gate)) * up), gate_up row = [gate: inter][up: inter].
 // grid (n_tokens, cdiv(inter, 1024), 1), block (256,1,1): block (t, y) covers columns
 // [y*1024, min((y+1)*1024, inter)), 4 per thread (8-byte accesses when inter % 4 == 0 and aligned).
+// PDL: griddepcontrol.wait before anything is read or written (every path), then launch_dependents (both no-ops
+// without PDL), so it may be launched with PDL after any kernel.
 #include "common.cuh"
-
 
 extern "C" __global__ void __launch_bounds__(256) kern_silu_mul(
     const __nv_bfloat16* gate_up,  // [n_tokens, 2 * inter]
     __nv_bfloat16* out,            // [n_tokens, inter]
     int32_t n_tokens, int32_t inter) {
+    kern_pdl_wait();
+    kern_pdl_launch_dependents();
     const int t = blockIdx.x;
     if (t >= n_tokens || inter <= 0) return;
     const __nv_bfloat16* g = gate_up + (int64_t)t * 2 * inter;

@@ -2,6 +2,8 @@
 //   if delta: residual = bf16(residual + delta)       (stored back)
 //   out = bf16(weight * bf16(r * rsqrt(mean(r^2) + eps)))   with r = residual, fp32 math
 // grid (n_tokens,1,1), block (256,1,1). 16-byte accesses when hidden % 8 == 0 and pointers are aligned.
+// PDL: griddepcontrol.wait before anything is read or written (every path), then launch_dependents (both no-ops
+// without PDL), so it may be launched with PDL after any kernel.
 #include "common.cuh"
 
 extern "C" __global__ void __launch_bounds__(256) kern_add_rmsnorm(
@@ -11,6 +13,8 @@ extern "C" __global__ void __launch_bounds__(256) kern_add_rmsnorm(
     __nv_bfloat16* out,           // [n_tokens, hidden]
     int32_t n_tokens, int32_t hidden, float eps) {
     __shared__ float scratch[32];
+    kern_pdl_wait();
+    kern_pdl_launch_dependents();
     const int t = blockIdx.x;
     if (t >= n_tokens || hidden <= 0) return;  // uniform over the block
     __nv_bfloat16* res = residual + (int64_t)t * hidden;

@@ -93,6 +93,7 @@ PDL_ENTRIES = frozenset({
       for t in (2, 4, 8)),
     "kern_allreduce_bf16", "kern_allreduce_add_bf16", "kern_allgather_bf16",
     "kern_gemm_skinny_n128", "kern_gemm_skinny_n256",  # weight copies before the wait: no kernel writes weights
+    "kern_add_rmsnorm", "kern_silu_mul",
 })
 TYPE_BYTES = {"p": 8, "i32": 4, "f32": 4, "i64": 8}
 

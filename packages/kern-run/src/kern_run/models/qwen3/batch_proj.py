@@ -42,7 +42,7 @@ def _rmsnorm(b: Builder, plan: Plan, when: dict[str, list[int]]) -> dict[str, An
     cfg = plan.cfg
     return {**b.launch("kern_add_rmsnorm", ["seqs", 1, 1], [256, 1, 1],
                        [{"arg": "residual"}, {"null": 8}, {"arg": "norm_w"}, {"scratch": "normed"}, dict(_SEQS_I32),
-                        {"i32": cfg.hidden}, {"f32": cfg.eps}]), "when": when}
+                        {"i32": cfg.hidden}, {"f32": cfg.eps}], pdl=plan.opts.pdl_small_launches), "when": when}
 
 
 def _gemm(a: dict[str, str], c: dict[str, str], n: int, k: int, when: dict[str, list[int]],
@@ -63,7 +63,8 @@ def _cublaslt_launches(b: Builder, plan: Plan, kind: str, n: int, k: int,
     if kind == "rmsnorm":
         return [_rmsnorm(b, plan, when), _gemm({"scratch": "normed"}, {"arg": "y"}, n, k, when)], scratch
     silu = {**b.launch("kern_silu_mul", ["seqs", -(-n // 1024), 1], [256, 1, 1],
-                       [{"scratch": "gate_up"}, {"arg": "y"}, dict(_SEQS_I32), {"i32": n}]), "when": when}
+                       [{"scratch": "gate_up"}, {"arg": "y"}, dict(_SEQS_I32), {"i32": n}],
+                       pdl=plan.opts.pdl_small_launches), "when": when}
     return ([_rmsnorm(b, plan, when), _gemm({"scratch": "normed"}, {"scratch": "gate_up"}, 2 * n, k, when), silu],
             {**scratch, "gate_up": f"seqs * {2 * n * 2}"})
 

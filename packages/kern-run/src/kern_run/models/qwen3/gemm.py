@@ -91,7 +91,8 @@ class Projections:
                 launches += [blas, {**self.b.launch("kern_silu_mul", ["tokens", -(-(n // 2) // 1024), 1],
                                                     [256, 1, 1], [{"scratch": "gate_up"}, {"arg": "c"},
                                                                   {"expr": "tokens", "type": "i32"},
-                                                                  {"i32": n // 2}]), "when": rest}]
+                                                                  {"i32": n // 2}],
+                                                    pdl=self.opts.pdl_small_launches), "when": rest}]
             else:
                 launches.append(blas)
         self.b.op(name, [ptr("a"), ptr("w"), ptr("c"), ptr("tickets"), int_arg("m"), int_arg("n"), int_arg("k")],

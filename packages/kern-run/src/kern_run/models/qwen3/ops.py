@@ -33,11 +33,12 @@ def add_norm_ops(b: Builder, plan: Plan) -> None:
         pdl=plan.opts.pdl_small_launches)])
     b.op("rmsnorm", [ptr("residual"), ptr("w"), ptr("out")], [b.launch(
         "kern_add_rmsnorm", ["tokens", 1, 1], [256, 1, 1],
-        [{"arg": "residual"}, {"null": 8}, {"arg": "w"}, {"arg": "out"}, tokens_i32(), {"i32": H}, {"f32": eps}])])
+        [{"arg": "residual"}, {"null": 8}, {"arg": "w"}, {"arg": "out"}, tokens_i32(), {"i32": H}, {"f32": eps}],
+        pdl=plan.opts.pdl_small_launches)])
     b.op("add_rmsnorm", [ptr("residual"), ptr("delta"), ptr("w"), ptr("out")], [b.launch(
         "kern_add_rmsnorm", ["tokens", 1, 1], [256, 1, 1],
         [{"arg": "residual"}, {"arg": "delta"}, {"arg": "w"}, {"arg": "out"}, tokens_i32(), {"i32": H},
-         {"f32": eps}])])
+         {"f32": eps}], pdl=plan.opts.pdl_small_launches)])
 
 
 def add_silu_mul_op(b: Builder, plan: Plan) -> None:
@@ -45,7 +46,7 @@ def add_silu_mul_op(b: Builder, plan: Plan) -> None:
     I = plan.cfg.intermediate
     b.op("silu_mul", [ptr("gate_up"), ptr("out")], [b.launch(
         "kern_silu_mul", ["tokens", -(-I // 1024), 1], [256, 1, 1],
-        [{"arg": "gate_up"}, {"arg": "out"}, tokens_i32(), {"i32": I}])])
+        [{"arg": "gate_up"}, {"arg": "out"}, tokens_i32(), {"i32": I}], pdl=plan.opts.pdl_small_launches)])
 
 
 def add_argmax_op(b: Builder, plan: Plan) -> None:
