@@ -540,13 +540,21 @@ def add_peer_args(p: argparse.ArgumentParser, peers: tuple[str, ...], only_help:
 
 
 def write_json(requested: str | Path | None, name: str, summary: dict[str, Any], notes: list[str] | None = None) -> None:
-    """Write `summary` (indented JSON) to `requested`, else to $OUT/`name` when OUT is set, else nowhere; with
-    `notes`, append `JSON: <path>` to them."""
-    target = requested or (Path(os.environ["OUT"]) / name if os.environ.get("OUT") else None)
-    if target:
-        Path(target).write_text(json.dumps(summary, indent=1))
-        if notes is not None:
-            notes.append(f"JSON: {target}")
+    """Write `summary` (indented JSON) to `requested` (a directory: to `name` in it), else to $OUT/`name` when OUT
+    is set, else nowhere; with `notes`, append `JSON: <path>` to them. A path that cannot be written (no such
+    directory, no permission) is reported on stderr instead of a traceback: the tables are already printed."""
+    target = Path(requested) if requested else (Path(os.environ["OUT"]) / name if os.environ.get("OUT") else None)
+    if target is None:
+        return
+    if target.is_dir():
+        target = target / name
+    try:
+        target.write_text(json.dumps(summary, indent=1))
+    except OSError as exc:
+        print(f"could not write the JSON to {target}: {exc.strerror or exc}", file=sys.stderr)
+        return
+    if notes is not None:
+        notes.append(f"JSON: {target}")
 
 
 def exit_code(results: list[dict[str, Any]], key: str, script: str) -> int:

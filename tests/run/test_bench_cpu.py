@@ -285,3 +285,23 @@ def test_prefill_profile_sums_classes_and_span(tmp_path: Path) -> None:
     assert "kern (chunk 2048)" in table and "      1.0 (    2)" in table and "     2.4" in table
     with pytest.raises(SystemExit, match="no kernel"):
         bench_profile._emit_profile(out, "hf", [])
+
+
+def test_write_json_to_a_file_a_directory_and_an_unwritable_path(tmp_path, monkeypatch, capsys) -> None:
+    """bench/decode.py write_json (every bench's JSON): a file path, a directory (the default name in it), $OUT
+    when no path is given, and a path in a missing directory reported on stderr, not raised (the tables are
+    printed before it)."""
+    write_json = bench_decode.write_json
+    notes: list[str] = []
+    write_json(tmp_path / "a.json", "default.json", {"x": 1}, notes)
+    assert json.loads((tmp_path / "a.json").read_text()) == {"x": 1} and notes == [f"JSON: {tmp_path / 'a.json'}"]
+    write_json(tmp_path, "default.json", {"x": 2})
+    assert json.loads((tmp_path / "default.json").read_text()) == {"x": 2}
+    out = tmp_path / "out"
+    out.mkdir()
+    monkeypatch.setenv("OUT", str(out))
+    write_json(None, "b.json", {"x": 3})
+    assert json.loads((out / "b.json").read_text()) == {"x": 3}
+    notes = []
+    write_json(tmp_path / "missing" / "c.json", "c.json", {"x": 4}, notes)
+    assert notes == [] and "could not write the JSON to" in capsys.readouterr().err
