@@ -3,7 +3,8 @@
 
     python bench/gemm_skinny.py [--m 1,8,64] [--bn 128,256] [--blocks 132] [--defines "A;B"] [--json out.json]
 
-Columns: the skinny entries (tile width bn, `blocks` resident blocks, default the builder's; "pdl": launched with
+Columns: the skinny entries (tile width bn, `--blocks` resident blocks, default the device's SM count as the
+builder's grid on the H200; "pdl": launched with
 programmatic dependent launch, each launch's weight prologue under the previous one's tail), the same source
 compiled here with each `--defines` set of -D flags (timing probes such as SK_PROBE, unchecked), cuBLASLt's heuristic (plain C = A W^T) and, where
 manifests/algos/h200.json has one, the invariant decode pin (`kern serve`'s decode today). gate_up runs twice:
@@ -23,16 +24,20 @@ import json
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-import torch
-from cuda.bindings import driver as cu
-from kern_run.models.qwen3.skinny import SKINNY_THREADS, skinny_geometry
+from kern_run.models.qwen3.skinny import SKINNY_SMEM, SKINNY_THREADS, skinny_geometry
 
 from bench.decode import write_json
-from bench.gemv import current_stream, time_graph
-from tests.kernels.gpu_helpers import Kernel, check, open_gpu
 from tools import build_kernels
+
+if TYPE_CHECKING:
+    import torch
+
+    from tests.kernels.gpu_helpers import Kernel
+
+# torch, cuda.bindings and the GPU helpers are imported where used, so `--help` and the argument checks work
+# without them (torch is the GPU machine's, not a dependency of the workspace)
 
 ROOT = Path(__file__).resolve().parents[1]
 COPY_RATE = 4.3e12
@@ -45,6 +50,9 @@ SHAPES = [("qkv", QKV, HIDDEN, False), ("o", HIDDEN, ATTN, False), ("gate_up", 2
 
 def probe_kernels(gpu, defines: str, work: Path) -> dict[str, Kernel]:
     """The skinny entries of gemm_skinny.cu compiled here with the build tool's flags and -D for each word."""
+    from cuda.bindings import driver as cu
+
+    from tests.kernels.gpu_helpers import Kernel, check
     out = build_kernels.compile_probe("gemm_skinny", defines.split(), work)
     module = check(cu.cuModuleLoadData(out.read_bytes()), f"cuModuleLoadData({defines})")
     found = {}
@@ -58,21 +66,26 @@ def probe_kernels(gpu, defines: str, work: Path) -> dict[str, Kernel]:
 class Data:
     """Weight copies [n, k], 64 rows of a, the output, a workspace and tickets for one projection."""
 
-    def __init__(self, n: int, k: int, swiglu: bool):
+    def __init__(self, n: int, k: int, swiglu: bool, blocks: int):
+        import torch
+
         self.n, self.k, self.swiglu = n, k, swiglu
         copies = max(2, -(-ROTATE_BYTES // (2 * n * k)))
         self.w = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.05 for _ in range(copies)]
         self.a = torch.randn(64, k, device="cuda", dtype=torch.bfloat16)
         self.c = torch.zeros(64, n // 2 if swiglu else n, device="cuda", dtype=torch.bfloat16)
         self.c_full = torch.zeros(64, n, device="cuda", dtype=torch.bfloat16)
-        self.ws = torch.zeros(2 * 132 * 64 * 256, device="cuda", dtype=torch.float32)
-        self.tickets = torch.zeros(-(-n // 64), device="cuda", dtype=torch.int32)
+        geos = [skinny_geometry(n, k, blocks, swiglu, bn) for bn in SKINNY_SMEM]
+        self.ws = torch.zeros(max(g.ws_bytes for g in geos) // 4, device="cuda", dtype=torch.float32)
+        self.tickets = torch.zeros(max(g.tickets for g in geos), device="cuda", dtype=torch.int32)
 
     @property
     def weight_bytes(self) -> int:
         return 2 * self.n * self.k
 
     def reference(self, m: int) -> torch.Tensor:
+        import torch
+
         ref = self.a[:m].double() @ self.w[0].double().T
         if not self.swiglu:
             return ref
@@ -86,6 +99,7 @@ def skinny_launch(kernel: Kernel, data: Data, w: torch.Tensor, m: int, blocks: i
                   pdl: bool = False) -> Callable[[], None]:
     """One launch as the builder lays it out; `pdl`: with programmatic dependent launch, so its weight prologue
     overlaps the previous launch's tail as in a decode step."""
+    from bench.gemv import current_stream
     from tests.kernels.gemv_gpu_helpers import launch
 
     geo = skinny_geometry(data.n, data.k, blocks, data.swiglu, bn)
@@ -98,6 +112,8 @@ def blas_launch(blas: Any, data: Data, w: torch.Tensor, m: int, algo: dict | Non
     """cuBLASLt's C = A W^T over m rows into the plain output (its heuristic, or the pinned `algo`)."""
     from kern_runtime.cuda import gemm_call
 
+    from bench.gemv import current_stream
+
     g = gemm_call("cublaslt_bf16_tn", (data.a.data_ptr(), w.data_ptr(), data.c_full.data_ptr(), m, data.n, data.k),
                   f"{data.n}x{data.k} m={m}")
     return lambda: blas.matmul(g, int(current_stream()), algo)
@@ -105,6 +121,8 @@ def blas_launch(blas: Any, data: Data, w: torch.Tensor, m: int, algo: dict | Non
 
 def check_entry(label: str, kernel: Kernel, data: Data, blocks: int, bn: int) -> list[str]:
     """Values against the fp64 reference and row invariance across m = 1, 8, 64; the failures, worded."""
+    import torch
+
     faults, rows = [], {}
     for m in (64, 8, 1):
         data.c.zero_()
@@ -137,10 +155,22 @@ def main(argv: list[str] | None = None) -> int:
     ms = [int(v) for v in args.m.split(",") if v]
     if not ms or any(not 1 <= m <= 64 for m in ms):
         raise SystemExit(f"--m: {args.m!r} needs token rows in 1..64")
-    bns = [int(v) for v in args.bn.split(",") if v]
+    bns = [int(v) for v in args.bn.split(",") if v.strip().isdigit()]
+    if not bns or len(bns) != len([v for v in args.bn.split(",") if v]) or set(bns) - set(SKINNY_SMEM):
+        raise SystemExit(f"--bn: {args.bn!r} needs tile widths among {', '.join(map(str, sorted(SKINNY_SMEM)))}")
+    import torch
+    from cuda.bindings import driver as cu
+
+    from bench.gemv import time_graph
+    from tests.kernels.gpu_helpers import check, open_gpu
+
     gpu = open_gpu()
-    sms = args.blocks or check(cu.cuDeviceGetAttribute(
-        cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, gpu.device), "cuDeviceGetAttribute")
+    device_sms = check(cu.cuDeviceGetAttribute(cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+                                               gpu.device), "cuDeviceGetAttribute")
+    if not 0 <= args.blocks <= device_sms:
+        raise SystemExit(f"--blocks {args.blocks}: the kernel needs every block resident, at most {device_sms} "
+                         "(this GPU's SMs)")
+    sms = args.blocks or device_sms
     torch.cuda.init()
     from kern_runtime.cuda import WORKSPACE_BYTES, Blas
 
@@ -161,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, n, k, swiglu in SHAPES:
             if only and name not in only:
                 continue
-            data = Data(n, k, swiglu)
+            data = Data(n, k, swiglu, sms)
             floor = data.weight_bytes / COPY_RATE * 1e6
             columns = [(f"n{bn}" + (f" [{d}]" if d else ""), kernels[f"kern_gemm_skinny_n{bn}"], bn)
                        for d, kernels in sets for bn in bns]

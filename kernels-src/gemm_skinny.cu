@@ -7,7 +7,8 @@
 // MMA rows are the token rows: rows >= m are zero-filled copies and never stored, so one launch shape serves every
 // m. A stage holds one 64-element k chunk (one 128-byte row of the SWIZZLE_128B pattern: 16-byte chunk c of row r
 // at chunk c ^ (r % 8)) of the tile's W rows (BN x 128 bytes) and of a's 64 rows (8 KiB); SK_STAGES stages ring
-// in dynamic shared memory (n128: 8 x 24 KiB, n256: 5 x 40 KiB), refilled by cp.async STAGES - 1 units ahead.
+// in dynamic shared memory (n128: 8 x 24 KiB, n256: 5 x 40 KiB), refilled by cp.async AHEAD = STAGES - 1 -
+// SK_MMA_LAG units ahead (6 / 3: one more stage is still read by the wgmma group left running).
 //
 // Stream-K schedule (Osama et al., "Stream-K: Work-centric Parallel Decomposition for Dense Matrix-Matrix
 // Multiplication on the GPU", PPoPP 2023): the work is U = tiles x kc units (kc = cdiv(k, 64) chunks a tile),
@@ -18,7 +19,8 @@
 // runs on past it, when it does) then wait for all nc partials and each sums its share of the tile's elements over
 // the partials in block order (the same adds whichever block arrived last: deterministic), stores it, and counts
 // itself in `tickets[2 tile + 1]`; the last of them puts both back to zero. The waits need every block resident
-// at once (G <= SMs: one block an SM) and are bounded (SK_WAIT_LIMIT_NS, then trap: a launch error, never a hang).
+// at once (G <= SMs: one block an SM; a grid wider than the GPU's SMs traps at once, a launch error rather than
+// silent zeros) and are bounded (SK_WAIT_LIMIT_NS, then trap: a launch error, never a hang).
 // The decomposition depends on (n, k, G) only, never on m, so a row's sum is the same sequence of fp32 adds at
 // every m (kern_run.models.qwen3.skinny is its host mirror; tests/run/test_skinny_cpu.py checks it).
 //
@@ -27,11 +29,12 @@
 // warpgroup g's BN / 2 rows are BN / 4 gate rows and the matching BN / 4 up rows, so a thread holds the gate and
 // up value of the same column (accumulator column blocks j and j + BN / 16).
 //
-// Launch: grid (G, 1, 1) with G <= the blocks resident at once (one per SM; G <= U), block (256, 1, 1), dynamic
-// shared memory SK_SMEM_BYTES(BN). Requires 1 <= m <= 64, n % 8 == 0 (n % 16 with swiglu), k % 8 == 0, 16-byte
-// aligned a, w; a launch that breaks these returns after the PDL wait without writing. ws: 2 G x 64 x BN floats;
-// tickets: 2 cdiv(n_out, tile columns) u32, zero at the first launch (and after every launch). PDL: the weight stages of the first STAGES - 1
-// units are issued before griddepcontrol.wait (weights are no kernel's output), a's after it.
+// Launch: grid (G, 1, 1) with G <= the SMs (one block an SM) and G <= U, block (256, 1, 1), dynamic shared memory
+// SK_SMEM_BYTES(BN). Requires 1 <= m <= 64, n % 8 == 0 (n % 16 with swiglu), k % 8 == 0, 16-byte aligned a, w; a
+// launch that breaks these (or G > U) returns after the PDL wait without writing; G above %nsmid traps. ws: 2 G x 64
+// x BN floats; tickets: 2 cdiv(n_out, tile columns) u32, zero at the first launch (and after every launch). PDL:
+// the weight copies of the first AHEAD units are issued before griddepcontrol.wait (weights are no kernel's
+// output), a's after it.
 //
 // PTX ISA 8.x: "wgmma.mma_async" (both operands from shared memory descriptors, K-major: imm-trans 0),
 // "cp.async", "griddepcontrol".
@@ -109,7 +112,9 @@ KERN_DEV int sk_owner(int u, int units, int blocks) {
 #ifndef SK_MMA_LAG
 #define SK_MMA_LAG 1  // wgmma groups left running across an iteration (0 or 1): the stage they read is refilled later
 #endif
-#define SK_WAIT_LIMIT_NS 200000000ull  // a reducer's wait for its tile's partials: 0.2 s, then trap (a launch error)
+// a reducer's wait for its tile's partials: 10 s (kern_attn_prefill_wg's bound: room for a debugger or a time-slice
+// preemption), then trap (a launch error)
+#define SK_WAIT_LIMIT_NS 10000000000ull
 
 KERN_DEV uint64_t sk_global_ns() {
     uint64_t t;
@@ -141,7 +146,11 @@ KERN_DEV void gemm_skinny(const __nv_bfloat16* __restrict__ a, const __nv_bfloat
     const long long units64 = static_cast<long long>(tiles) * kc;
     const bool ok_launch = blockDim.x == SK_THREADS && dynamic_smem_bytes() >= static_cast<uint32_t>(Geo::SMEM) &&
                            m >= 1 && m <= SK_BM && n > 0 && k > 0 && n % (swiglu ? 16 : 8) == 0 && k % 8 == 0 &&
-                           aligned16(a) && aligned16(w) && units64 * gridDim.x < (1ll << 31);
+                           aligned16(a) && aligned16(w) && units64 * gridDim.x < (1ll << 31) &&
+                           gridDim.x <= units64;
+    uint32_t nsm;
+    asm("mov.u32 %0, %%nsmid;" : "=r"(nsm));
+    if (gridDim.x > nsm) __trap();  // more blocks than SMs cannot all be resident: their waits could never end
     if (!ok_launch) {
         kern_pdl_wait();
         return;

@@ -350,12 +350,17 @@ def test_the_skinny_decode_runs_kern_gemm_skinny_at_every_bucket(tmp_path: Path)
         tickets = max(tickets, 4 * geo.tickets)
     assert m["states"]["skinny_tickets"] == {"kind": "fixed", "bytes": tickets}
     assert "silu_mul" in [c["op"] for c in m["programs"]["prefill"]["calls"]]  # prefill keeps its layers
+    assert m["meta"]["caller"]["decode_batch_invariant_skinny"] == ["19456x2560_swiglu", "2560x4096", "2560x9728",
+                                                                    "6144x2560"]
 
 
 @pytest.mark.parametrize("opts, message", [
     ({"invariant_proj": "skinny", "batch_invariant": False},
      "invariant_proj (--invariant-proj) 'skinny' needs batch_invariant (--batch-invariant)"),
     ({"invariant_proj": "mma"}, "invariant_proj (--invariant-proj) 'mma': use one of cublaslt, skinny"),
+    ({"invariant_proj": "skinny", "decode": "gemv", "gemv": "v2"},  # named before the GEMV decode's own refusal
+     "invariant_proj (--invariant-proj) skinny needs --decode gemm and seqs_max (--seqs-max) <= 64 (the kernel's "
+     "64 MMA rows), got --decode gemv and 64"),
     ({"invariant_proj": "skinny", "decode": "gemv", "gemv": "v2", "batch_proj": "mma"},
      "invariant_proj (--invariant-proj) skinny needs --decode gemm and seqs_max (--seqs-max) <= 64 (the kernel's "
      "64 MMA rows), got --decode gemv and 64"),

@@ -112,7 +112,7 @@ def test_gemv_launches_and_pdl() -> None:
     assert o["gemv_lm_head"]["launches"][0]["args"][4] == {"i32": 151936}
     pdl = {l["entry"] for op in o.values() for l in op["launches"] if l.get("pdl")}
     small = {"kern_embed_gather", "kern_qk_norm_rope_kv", "kern_qk_norm_rope_kv_warp", "kern_argmax_partial",
-             "kern_argmax_final", "kern_decode_advance"}
+             "kern_argmax_final", "kern_decode_advance", "kern_add_rmsnorm", "kern_silu_mul"}
     assert pdl == {"kern_gemv_rmsnorm", "kern_gemv_residual", "kern_gemv_silu_residual",
                    "kern_attn_decode_partial_wide", "kern_attn_decode_reduce"} | small
     assert pdl <= gq.PDL_ENTRIES

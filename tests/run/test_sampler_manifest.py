@@ -50,11 +50,31 @@ BRANCH_POINT = {
 }
 
 
+# Deliberate changes since the branch point, undone before the digest is compared: the twenty-fifth session launched
+# kern_add_rmsnorm and kern_silu_mul with PDL (they wait for their predecessor since); nothing else moved.
+PDL_SINCE = ("kern_add_rmsnorm", "kern_silu_mul")
+
+
+def _as_at_branch_point(manifest: dict) -> dict:
+    """`manifest` with the `pdl` of PDL_SINCE's launches taken off (asserting that each had it), its digest
+    recomputed."""
+    from kern_run.models.qwen3.jsonio import manifest_digest
+
+    out = json.loads(gq.dumps(manifest))
+    for op in out["ops"].values():
+        for launch in op["launches"]:
+            if launch.get("entry") in PDL_SINCE:
+                assert launch.pop("pdl") is True, launch["entry"]
+    del out["digest"]
+    out["digest"] = manifest_digest(out)
+    return out
+
+
 @pytest.mark.parametrize("key", sorted(BRANCH_POINT, key=repr))
 def test_argmax_manifest_is_the_branch_points_byte_for_byte(key) -> None:
     shape, tied, opts = key
     m = _manifest(shape, tied, sampler="argmax", **dict(opts))
-    assert _sha(m) == BRANCH_POINT[key]
+    assert _sha(_as_at_branch_point(m)) == BRANCH_POINT[key]
     assert "sampling" not in m["meta"]["caller"]  # its absence says: next_token and the ring hold plain token ids
     # ... and --hist-cap changes nothing there
     assert gq.dumps(_manifest(shape, tied, sampler="argmax", hist_cap=7, **dict(opts))) == gq.dumps(m)

@@ -574,8 +574,9 @@ def manifest_build(
     gemv_threads_per_sm: Annotated[int, typer.Option("--gemv-threads-per-sm", help="decode GEMV grids fill at "
                                                      "most this many threads per SM")] = 1024,
     no_pdl: Annotated[bool, typer.Option("--no-pdl", help="no programmatic dependent launch in decode")] = False,
-    no_pdl_small: Annotated[bool, typer.Option("--no-pdl-small", help="PDL on the GEMVs and decode attention "
-                                               "only")] = False,
+    no_pdl_small: Annotated[bool, typer.Option("--no-pdl-small", help="PDL on the GEMVs, the skinny GEMM and "
+                                               "decode attention only (not on the embedding, RMSNorms, SiLU-mul, "
+                                               "rope, argmax and step advance)")] = False,
     algos: Annotated[Optional[Path], typer.Option("--algos", help="cuBLASLt pins of tools/pick_algos.py "
                                                   "(batch-invariant prefill GEMMs)")] = None,
     sampler: Annotated[str, typer.Option("--sampler", help="the decode step's end: gpu (per-row sampling in the "

@@ -48,6 +48,7 @@ class Projections:
         self.unproven: list[str] = []
         self.on_invariant_decode: list[str] = []
         self.on_prefill: list[str] = []
+        self.on_skinny: list[str] = []  # "<n>x<k>[_swiglu]" of the decode shapes on kern_gemm_skinny
 
     def decode_skinny(self, decode: bool) -> bool:
         """Whether the decode's layer projections run kern_gemm_skinny (`--invariant-proj skinny`; the lm_head stays
@@ -97,6 +98,7 @@ class Projections:
                 launches.append(blas)
         self.b.op(name, [ptr("a"), ptr("w"), ptr("c"), ptr("tickets"), int_arg("m"), int_arg("n"), int_arg("k")],
                   launches, scratch=scratch)
+        self.on_skinny.append(name.removeprefix("gemm_sk_"))
         state = self.b.states.get(SKINNY_TICKETS, {"kind": "fixed", "bytes": 0})
         self.b.states[SKINNY_TICKETS] = {"kind": "fixed", "bytes": max(state["bytes"], 4 * geo.tickets)}
         return name

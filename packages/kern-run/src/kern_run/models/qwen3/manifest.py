@@ -83,6 +83,8 @@ def _meta(plan: Plan, config_digest: str, gemms: Projections) -> dict[str, Any]:
         if gemms.on_invariant_decode:
             caller["decode_batch_invariant_pins"] = {"invariant_decode": sorted(gemms.on_invariant_decode),
                                                      "prefill": sorted(gemms.on_prefill)}
+        if gemms.on_skinny:  # --invariant-proj skinny: the decode shapes on kern_gemm_skinny (absent otherwise)
+            caller["decode_batch_invariant_skinny"] = sorted(gemms.on_skinny)
     model = {"hidden": cfg.hidden, "layers": cfg.layers, "q_heads": cfg.q_heads, "kv_heads": cfg.kv_heads,
              "head_dim": cfg.head_dim, "intermediate": cfg.intermediate, "vocab": cfg.vocab, "tied": cfg.tied,
              "rope_theta": cfg.rope_theta, "eps": cfg.eps}

@@ -122,8 +122,8 @@ class BuildOptions:
 
     @property
     def pdl_small_launches(self) -> bool:
-        """Whether the small kernels (embed, qk_norm_rope_kv, argmax, decode_advance) launch with PDL: only
-        when PDL is on at all."""
+        """Whether the small kernels (embed, the RMSNorms, SiLU-mul, qk_norm_rope_kv, argmax, decode_advance) launch
+        with PDL: only when PDL is on at all."""
         return self.pdl and self.pdl_small
 
 
@@ -288,13 +288,6 @@ def _invariant_options(opts: BuildOptions) -> BuildOptions:
     """`--batch-invariant`: the options with one decode attention entry (decode_attn_batch's, else decode_attn's)
     for every row count. Raises ManifestBuildError for a GEMV decode other than v2 on the MMA projections, or
     --m1-gemv."""
-    if opts.m1_gemv or (opts.decode != "gemm" and not invariant_mma(opts)):
-        given = ("--m1-gemv" if opts.m1_gemv else
-                 f"--decode {opts.decode} --gemv {opts.gemv} --batch-proj {opts.batch_proj}")
-        raise ManifestBuildError(f"batch_invariant (--batch-invariant) with {given}: the M = 1 GEMVs sum a row in "
-                                 "another order than the batched projections; the batch-invariant decode runs the "
-                                 "pinned cuBLASLt projections (--decode gemm, without --m1-gemv) or the small-M MMA "
-                                 "projections (--decode gemv --gemv v2 --batch-proj mma) at every row count")
     if opts.invariant_proj not in INVARIANT_PROJ:
         raise ManifestBuildError(f"invariant_proj (--invariant-proj) {opts.invariant_proj!r}: use one of "
                                  f"{', '.join(INVARIANT_PROJ)}")
@@ -302,6 +295,13 @@ def _invariant_options(opts: BuildOptions) -> BuildOptions:
         raise ManifestBuildError(f"invariant_proj (--invariant-proj) skinny needs --decode gemm and seqs_max "
                                  f"(--seqs-max) <= {SKINNY_M_MAX} (the kernel's 64 MMA rows), got --decode "
                                  f"{opts.decode} and {opts.seqs_max}")
+    if opts.m1_gemv or (opts.decode != "gemm" and not invariant_mma(opts)):
+        given = ("--m1-gemv" if opts.m1_gemv else
+                 f"--decode {opts.decode} --gemv {opts.gemv} --batch-proj {opts.batch_proj}")
+        raise ManifestBuildError(f"batch_invariant (--batch-invariant) with {given}: the M = 1 GEMVs sum a row in "
+                                 "another order than the batched projections; the batch-invariant decode runs the "
+                                 "pinned cuBLASLt projections (--decode gemm, without --m1-gemv) or the small-M MMA "
+                                 "projections (--decode gemv --gemv v2 --batch-proj mma) at every row count")
     return replace(opts, decode_attn=opts.decode_attn_batch or opts.decode_attn, decode_attn_batch="")
 
 
