@@ -10,7 +10,7 @@ differs from the float64 reference's).
 Every run fills the output with NaN bits and checks the rows >= m untouched. Batch invariance: row r at m = 1, 2,
 17 equals row r at m = 64 bit for bit; two launches give the same bits (the split partials are summed in block order
 whoever arrives last); the tickets are all back to zero after every launch. A launch the kernel refuses (m = 0, m
-= 65, n % 8 != 0) writes nothing.
+= 65, n % 8 != 0) writes nothing. PDL: the norm -> gate_up + SiLU-mul -> down chain with PDL equals it without.
 Run on the GPU machine:  KERN_REQUIRE_GPU=1 python -m pytest tests/kernels/test_gemm_skinny_gpu.py -q
 """
 
@@ -111,3 +111,53 @@ def test_refused_launch_writes_nothing(dev, m, n):
     case = Case(dev, np.random.default_rng(1), 2560, 4096, False, 132, 128)
     bits = case.run(m, n)
     assert (bits == NAN_BITS).all(), f"a refused launch (m={m}, n={n}) wrote its output"
+
+
+def test_pdl_chain_matches_serial(dev) -> None:
+    """The decode's MLP chain with PDL (every launch waits for its predecessor): kern_add_rmsnorm -> skinny gate_up
+    with the SiLU-mul -> skinny down, three times over the same buffers at 8 rows, bit for bit the chain without
+    PDL. The skinny kernel copies weights before its wait and reads its inputs after it, and kern_add_rmsnorm
+    waits before it reads the down output (this session's PDL launches of the norms)."""
+    from cuda.bindings import driver as cu
+    from tests.kernels.gemv_gpu_helpers import assert_pdl_chain_matches_serial, create_stream, launch
+    from tests.kernels.gpu_helpers import check
+
+    rng = np.random.default_rng(5)
+    m, hidden, inter, eps = 8, 2560, 9728, 1e-6
+
+    def bf16_array(shape, scale):
+        return bf16_bits((rng.standard_normal(shape) * scale).astype(np.float32))
+
+    gu_geo = skinny_geometry(2 * inter, hidden, 132, True)
+    down_geo = skinny_geometry(hidden, inter, 132, False)
+    w_gu, w_down = dev.array(bf16_array((2 * inter, hidden), 0.02)), dev.array(bf16_array((hidden, inter), 0.02))
+    norm_w = dev.array(bf16_bits((1.0 + 0.2 * rng.standard_normal(hidden)).astype(np.float32)))
+    residual0, hidden0 = bf16_array((m, hidden), 3.0), bf16_array((m, hidden), 1.0)
+    residual, delta = dev.alloc(m * hidden * 2), dev.alloc(m * hidden * 2)
+    normed, act = dev.alloc(m * hidden * 2), dev.alloc(m * inter * 2)
+    ws = dev.alloc(max(gu_geo.ws_bytes, down_geo.ws_bytes))
+    tickets = dev.array(np.zeros(max(gu_geo.tickets, down_geo.tickets), dtype=np.uint32))
+    norm = dev.kernel("kern_add_rmsnorm")
+    stream = create_stream()
+
+    def skinny(geo, a, w, c, n, k, swiglu, pdl):
+        launch(dev.kernel(geo.entry), geo.blocks, SKINNY_THREADS, geo.shared_mem,
+               [("p", a.ptr), ("p", w.ptr), ("p", c.ptr), ("p", ws.ptr), ("p", tickets.ptr), ("i", m), ("i", n),
+                ("i", k), ("i", int(swiglu))], stream=stream, pdl=pdl)
+
+    def chain(pdl: bool) -> tuple[np.ndarray, np.ndarray]:
+        sync("setup")
+        residual.upload(residual0)
+        delta.upload(hidden0)
+        normed.poison()
+        act.poison()
+        for _ in range(3):
+            launch(norm, m, 256, 0, [("p", residual.ptr), ("p", delta.ptr), ("p", norm_w.ptr), ("p", normed.ptr),
+                                     ("i", m), ("i", hidden), ("f", eps)], stream=stream, pdl=pdl)
+            skinny(gu_geo, normed, w_gu, act, 2 * inter, hidden, True, pdl)
+            skinny(down_geo, act, w_down, delta, hidden, inter, False, pdl)
+        check(cu.cuStreamSynchronize(stream), "cuStreamSynchronize")
+        assert not tickets.download(np.uint32, tickets.nbytes // 4).any(), "tickets not back to zero"
+        return residual.download(np.uint16, m * hidden), delta.download(np.uint16, m * hidden)
+
+    assert_pdl_chain_matches_serial(chain, stream)
