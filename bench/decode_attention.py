@@ -31,7 +31,6 @@ from kern_run.models.qwen3 import EARLY_PARTIALS
 from bench.decode import write_json
 from bench.kernels import REPLAYS, REPS, time_graph
 from tests.kernels.gpu_helpers import Kernel, check, open_gpu
-from tools import build_kernels
 from tools import reference_kernels as ref
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -81,14 +80,9 @@ def carveout_100(kernel: Kernel) -> Kernel:
 def probe_kernels(gpu, defines: str, work: Path) -> dict[str, Kernel]:
     """The partial entries (EARLY_PARTIALS name -> Kernel) of attention_decode.cu compiled here with the build
     tool's flags and -D for each word of `defines`."""
-    out = build_kernels.compile_probe("attention_decode", defines.split(), work)
-    module = check(cu.cuModuleLoadData(out.read_bytes()), f"cuModuleLoadData({defines})")
-    found = {}
-    for name in set(PARTIALS.values()):
-        entry = EARLY_PARTIALS[name][0]
-        func = check(cu.cuModuleGetFunction(module, entry.encode()), entry)
-        found[name] = carveout_100(Kernel(entry, func, gpu.kernel(entry).params))
-    return found
+    names = sorted(set(PARTIALS.values()))
+    kernels = gpu.probe_kernels("attention_decode", defines.split(), [EARLY_PARTIALS[n][0] for n in names], work)
+    return {name: carveout_100(kernels[EARLY_PARTIALS[name][0]]) for name in names}
 
 
 class Case:

@@ -4,12 +4,12 @@
     python bench/gemm_skinny.py [--m 1,8,64] [--bn 128,256] [--blocks 132] [--defines "A;B"] [--json out.json]
 
 Columns: the skinny entries (tile width bn, `--blocks` resident blocks, default the device's SM count as the
-builder's grid on the H200; "pdl": launched with
-programmatic dependent launch, each launch's weight prologue under the previous one's tail), the same source
-compiled here with each `--defines` set of -D flags (timing probes such as SK_PROBE, unchecked), cuBLASLt's heuristic (plain C = A W^T) and, where
-manifests/algos/h200.json has one, the invariant decode pin (`kern serve`'s decode today). gate_up runs twice:
-plain (c = [gate | up]) and swiglu (c = act, the SiLU-mul fused; cuBLASLt's columns are then the plain GEMM,
-which still needs a kern_silu_mul launch after it).
+builder's grid on the H200; "pdl": launched with programmatic dependent launch, each launch's weight prologue
+under the previous one's tail), the same source compiled here with each `--defines` set of -D flags (timing probes
+such as SK_PROBE, unchecked), cuBLASLt's heuristic (plain C = A W^T) and, where manifests/algos/h200.json has one,
+the invariant decode pin (`kern serve`'s decode today). gate_up runs twice: plain (c = [gate | up]) and swiglu
+(c = act, the SiLU-mul fused; cuBLASLt's columns are then the plain GEMM, which still needs a kern_silu_mul launch
+after it).
 
 Timing as bench/gemv.py: REPS launches in one CUDA graph rotating over >= 256 MiB of weight copies (W streams from
 HBM every launch), median of REPLAYS replays. Before timing, every committed entry's output is checked against an fp64
@@ -26,10 +26,9 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from kern_run.models.qwen3.skinny import SKINNY_SMEM, SKINNY_THREADS, skinny_geometry
+from kern_run.models.qwen3.skinny import SKINNY_ENTRY, SKINNY_SMEM, SKINNY_THREADS, skinny_geometry
 
 from bench.decode import write_json
-from tools import build_kernels
 
 if TYPE_CHECKING:
     import torch
@@ -50,17 +49,7 @@ SHAPES = [("qkv", QKV, HIDDEN, False), ("o", HIDDEN, ATTN, False), ("gate_up", 2
 
 def probe_kernels(gpu, defines: str, work: Path) -> dict[str, Kernel]:
     """The skinny entries of gemm_skinny.cu compiled here with the build tool's flags and -D for each word."""
-    from cuda.bindings import driver as cu
-
-    from tests.kernels.gpu_helpers import Kernel, check
-    out = build_kernels.compile_probe("gemm_skinny", defines.split(), work)
-    module = check(cu.cuModuleLoadData(out.read_bytes()), f"cuModuleLoadData({defines})")
-    found = {}
-    for bn in (128, 256):
-        entry = f"kern_gemm_skinny_n{bn}"
-        found[entry] = Kernel(entry, check(cu.cuModuleGetFunction(module, entry.encode()), entry),
-                              gpu.kernel(entry).params)
-    return found
+    return gpu.probe_kernels("gemm_skinny", defines.split(), list(SKINNY_ENTRY.values()), work)
 
 
 class Data:

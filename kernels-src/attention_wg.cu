@@ -40,6 +40,7 @@
 // phase parities), "setmaxnreg", "bar.sync / bar.arrive" (named barriers).
 #include "common.cuh"
 #include "prefill.cuh"
+#include "persistent_sync.cuh"  // global_ns
 #include "wgmma.cuh"
 
 #define WG_ROWS 16                            // query rows per consumer warp: a warpgroup is one m64 tile
@@ -116,11 +117,6 @@ KERN_DEV void mbar_init(uint64_t* b, uint32_t count) {
 }
 KERN_DEV void mbar_arrive(uint64_t* b) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(b)) : "memory");
-}
-KERN_DEV uint64_t global_ns() {
-    uint64_t t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
 }
 // Until the phase of parity `parity` of barrier b completed. A wait longer than WG_WAIT_LIMIT_NS (the clock read
 // every 1,024 polls) traps, so a broken mbarrier protocol is a launch error rather than a hang; the legitimate

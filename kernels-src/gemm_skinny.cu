@@ -39,6 +39,7 @@
 // PTX ISA 8.x: "wgmma.mma_async" (both operands from shared memory descriptors, K-major: imm-trans 0),
 // "cp.async", "griddepcontrol".
 #include "common.cuh"
+#include "persistent_sync.cuh"  // global_ns, load_acquire
 #include "wgmma.cuh"
 
 #define SK_BM 64         // MMA rows: token rows, zero-filled past m
@@ -116,20 +117,10 @@ KERN_DEV int sk_owner(int u, int units, int blocks) {
 // preemption), then trap (a launch error)
 #define SK_WAIT_LIMIT_NS 10000000000ull
 
-KERN_DEV uint64_t sk_global_ns() {
-    uint64_t t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
 // Count this block in at *p after every thread's partial stores (the barrier orders them before thread 0's
 // release fence: the arrive of CUTLASS's generic barrier).
 KERN_DEV void sk_arrive(unsigned* p) {
     asm volatile("fence.acq_rel.gpu;\nred.relaxed.gpu.global.add.u32 [%0], 1;" ::"l"(p) : "memory");
-}
-KERN_DEV unsigned sk_load_acquire(const unsigned* p) {
-    unsigned v;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
 }
 
 template <int BN>
@@ -155,13 +146,14 @@ KERN_DEV void gemm_skinny(const __nv_bfloat16* __restrict__ a, const __nv_bfloat
         kern_pdl_wait();
         return;
     }
-    unsigned char* sm = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(sk_raw) + 1023) & ~uintptr_t(1023));
+    unsigned char* sm =
+        reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(sk_raw) + 1023) & ~uintptr_t(1023));
     const int tid = threadIdx.x, wg = tid >> 7, t128 = tid & 127, lane = tid & 31, wq = (tid >> 5) & 3;
     const int units = static_cast<int>(units64), blocks = gridDim.x, me = blockIdx.x;
     const int u0 = me * units / blocks, u1 = (me + 1) * units / blocks, nu = u1 - u0;
 
     // This thread's copies: rows (tid / 8) + 32 i of the W tile, rows tid / 8 and + 32 of a, 16-byte chunk tid % 8,
-    // at the swizzled offset dst[i] of a stage. The W row pointers change with the loader's tile only.
+    // at the swizzled offset dst0 + 32 i x 128 bytes of a stage. The W row pointers change with the loader's tile only.
     const int ch = tid & 7;
     const __nv_bfloat16* w_src[Geo::W_COPIES];
     bool w_ok[Geo::W_COPIES];
@@ -217,9 +209,11 @@ KERN_DEV void gemm_skinny(const __nv_bfloat16* __restrict__ a, const __nv_bfloat
             const int col = t * BN + col_in_tile;
             if (col >= n) return;
             if (row < m)
-                *reinterpret_cast<__nv_bfloat162*>(c + static_cast<size_t>(row) * n + col) = __floats2bfloat162_rn(v.x, v.y);
+                *reinterpret_cast<__nv_bfloat162*>(c + static_cast<size_t>(row) * n + col) =
+                    __floats2bfloat162_rn(v.x, v.y);
             if (row + 8 < m)
-                *reinterpret_cast<__nv_bfloat162*>(c + static_cast<size_t>(row + 8) * n + col) = __floats2bfloat162_rn(v.z, v.w);
+                *reinterpret_cast<__nv_bfloat162*>(c + static_cast<size_t>(row + 8) * n + col) =
+                    __floats2bfloat162_rn(v.z, v.w);
             return;
         }
         const int col = t * (BN / 2) + col_in_tile;
@@ -333,10 +327,10 @@ KERN_DEV void gemm_skinny(const __nv_bfloat16* __restrict__ a, const __nv_bfloat
         const int b_red_last = (b_last + 1) * units / blocks > t_end ? b_last - 1 : b_last;
         const int reducers = b_red_last - b_first + 1, ri = me - b_first;
         if (tid == 0 && !(SK_PROBE & 12)) {
-            const uint64_t t0 = sk_global_ns();
+            const uint64_t t0 = global_ns();
             unsigned polls = 0;
-            while (sk_load_acquire(tickets + 2 * tile) < nc)
-                if ((++polls & 1023u) == 0 && sk_global_ns() - t0 > SK_WAIT_LIMIT_NS) __trap();
+            while (load_acquire(tickets + 2 * tile) < nc)
+                if ((++polls & 1023u) == 0 && global_ns() - t0 > SK_WAIT_LIMIT_NS) __trap();
         }
         __syncthreads();
         const int items = swiglu ? N8 * 128 : 2 * N8 * 128;  // float4 positions (swiglu: gate ones, each with its up)
@@ -372,7 +366,8 @@ KERN_DEV void gemm_skinny(const __nv_bfloat16* __restrict__ a, const __nv_bfloat
             store4(tile, row, swiglu ? g * (BN / 4) + jj * 8 + col : g * Geo::WN + jj * 8 + col, v, up);
         }
         __syncthreads();
-        if (tid == 0 && !(SK_PROBE & 8) && atomicAdd(tickets + 2 * tile + 1, 1u) == static_cast<unsigned>(reducers - 1)) {
+        if (tid == 0 && !(SK_PROBE & 8) &&
+            atomicAdd(tickets + 2 * tile + 1, 1u) == static_cast<unsigned>(reducers - 1)) {
             tickets[2 * tile] = 0u;  // every reducer has passed its wait: no one reads these again this launch
             tickets[2 * tile + 1] = 0u;
         }

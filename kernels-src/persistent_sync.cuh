@@ -1,6 +1,8 @@
-// The persistent decode kernel's synchronisation primitives (kernels-src/persistent_decode.cu): the global timer,
-// the counters' acquire load and release add, its dynamic shared memory and the L2 prefetch of weights. tools/cpu_emu_persist/ holds the CPU
-// stand-in of this header (std::atomic_ref, steady_clock), which is how the kernel's logic is checked without a GPU.
+// Timing and synchronisation primitives of kernels that wait, bounded, on each other: the global timer (every
+// bounded wait: persistent_decode.cu, gemm_skinny.cu, attention_wg.cu), a counter's acquire load
+// (persistent_decode.cu, gemm_skinny.cu) and release add (persistent_decode.cu), the persistent kernel's dynamic
+// shared memory and its L2 prefetch of weights. tools/cpu_emu_persist/ holds the CPU stand-in of this header
+// (std::atomic_ref, steady_clock), which is how the persistent kernel's logic is checked without a GPU.
 #pragma once
 #include <stdint.h>
 

@@ -164,6 +164,21 @@ class Gpu:
                 return Kernel(entry, func, info["entries"][entry]["params"])
         raise KeyError(f"{entry} not in kernels/kernels.json")
 
+    def probe_kernels(self, module: str, defines: list[str] | tuple[str, ...], entries,
+                      work: Path) -> dict[str, Kernel]:
+        """`entries` of kernels-src/<module>.cu compiled into `work` with the build's flags and -D for each of
+        `defines` (tools/build_kernels.compile_probe: a timing or test variant), loaded into this context, each with
+        the committed entry's params (kernels.json: a -D probe keeps the ABI). Raises KeyError for an entry
+        kernels.json lacks, subprocess.CalledProcessError when nvcc fails."""
+        from tools.build_kernels import compile_probe
+
+        image = compile_probe(module, tuple(defines), work).read_bytes()
+        loaded = check(cu.cuModuleLoadData(image), f"cuModuleLoadData({module} {' '.join(defines)})")
+        params = {name: rec["params"] for info in self.meta["modules"].values()
+                  for name, rec in info["entries"].items()}
+        return {e: Kernel(e, check(cu.cuModuleGetFunction(loaded, e.encode()), f"cuModuleGetFunction({e})"), params[e])
+                for e in entries}
+
     def alloc(self, nbytes: int) -> DeviceBuffer:
         buf = DeviceBuffer(nbytes)
         self._buffers.append(buf)

@@ -22,9 +22,8 @@ import pytest
 pytestmark = pytest.mark.gpu
 
 from kern_run.models.qwen3.skinny import SKINNY_THREADS, skinny_geometry  # noqa: E402
+from test_gemv_gpu import NAN_BITS, sync  # noqa: E402
 from tools.reference_kernels import bf16_bits, from_bf16_bits  # noqa: E402
-
-NAN_BITS = 0xFFFF  # what DeviceBuffer.poison() leaves in a bf16
 ROWS = 64
 SHAPES = [  # (n weight rows, k, swiglu, blocks, bn)
     (6144, 2560, False, 132, 128),   # qkv
@@ -37,13 +36,6 @@ SHAPES = [  # (n weight rows, k, swiglu, blocks, bn)
     (392, 584, False, 5, 128),       # ragged n and k, 5 blocks splitting 4 tiles x 10 chunks
     (784, 1000, True, 7, 256),       # ragged, swiglu, bn 256
 ]
-
-
-def sync(what: str) -> None:
-    from cuda.bindings import driver as cu
-    from tests.kernels.gpu_helpers import check
-
-    check(cu.cuCtxSynchronize(), f"cuCtxSynchronize after {what}")
 
 
 class Case:

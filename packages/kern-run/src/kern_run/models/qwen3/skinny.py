@@ -6,9 +6,9 @@ rows), so a row gets the same bits at every batch size. Work unit u = (tile u //
 `kc = cdiv(k, 64)` chunks a tile; block b of `blocks` takes units [b U // blocks, (b + 1) U // blocks). A tile
 covered by one block is stored by it; else its contributors' fp32 partials (slot 0: the tile of a block's first
 unit, slot 1: of its last) are summed in block order, each contributor whose range ends in the tile summing a share
-of its elements once all partials are in (`reducers`). `schedule` is what
-the kernel computes on the device, so the CPU tests check its invariants (every unit once, at most two partial
-slots a block, the same decomposition at every m) without a GPU.
+of its elements once all partials are in (`reducers`). `schedule` is what the kernel computes on the device, so the
+CPU tests check its invariants (every unit once, at most two partial slots a block, the same decomposition at every
+m) without a GPU.
 
 Source of the decomposition: Osama et al., "Stream-K: Work-centric Parallel Decomposition for Dense Matrix-Matrix
 Multiplication on the GPU" (PPoPP 2023), the "data-parallel + one-tile fixup" form without its hybrid tail.
@@ -94,12 +94,10 @@ class SkinnyGeometry:
         return ((u + 1) * self.blocks - 1) // self.units
 
 
-def skinny_geometry(n: int, k: int, sms: int, swiglu: bool = False, bn: int | None = None) -> SkinnyGeometry:
-    """The launch of an (n, k) projection on `sms` SMs: tile width `bn` (default 128), blocks = min(sms, units)
-    (one block an SM: the kernel's shared memory leaves room for no second). Raises ManifestBuildError for sizes the kernel refuses (n % 8,
-    with swiglu n % 16, k % 8) or a bn it lacks."""
-    if bn is None:
-        bn = 128
+def skinny_geometry(n: int, k: int, sms: int, swiglu: bool = False, bn: int = 128) -> SkinnyGeometry:
+    """The launch of an (n, k) projection on `sms` SMs: tile width `bn`, blocks = min(sms, units) (one block an SM:
+    the kernel's shared memory leaves room for no second). Raises ManifestBuildError for sizes the kernel refuses
+    (n % 8, with swiglu n % 16, k % 8) or a bn it lacks."""
     if bn not in SKINNY_SMEM:
         raise ManifestBuildError(f"skinny GEMM: tile width {bn} is not one of {sorted(SKINNY_SMEM)}")
     if n <= 0 or k <= 0 or n % (16 if swiglu else 8) or k % 8:
@@ -153,5 +151,5 @@ def reducers(geo: SkinnyGeometry, tile: int) -> range:
 
 
 def contributors(geo: SkinnyGeometry, tile: int) -> range:
-    """The blocks whose ranges meet `tile`, in the order the finisher sums their partials."""
+    """The blocks whose ranges meet `tile`, in the order the reducers sum their partials."""
     return range(geo.owner(tile * geo.kc), geo.owner((tile + 1) * geo.kc - 1) + 1)
