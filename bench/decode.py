@@ -542,12 +542,16 @@ def add_peer_args(p: argparse.ArgumentParser, peers: tuple[str, ...], only_help:
 def write_json(requested: str | Path | None, name: str, summary: dict[str, Any], notes: list[str] | None = None) -> None:
     """Write `summary` (indented JSON) to `requested` (a directory: to `name` in it), else to $OUT/`name` when OUT
     is set, else nowhere; with `notes`, append `JSON: <path>` to them. A path that cannot be written (no such
-    directory, no permission) is reported on stderr instead of a traceback: the tables are already printed."""
+    directory, no permission, an existing FIFO or device) is reported on stderr instead of a traceback or a
+    blocked open: the tables are already printed."""
     target = Path(requested) if requested else (Path(os.environ["OUT"]) / name if os.environ.get("OUT") else None)
     if target is None:
         return
     if target.is_dir():
         target = target / name
+    if target.exists() and not target.is_file():  # a FIFO or a device would block or swallow the write
+        print(f"could not write the JSON to {target}: not a regular file", file=sys.stderr)
+        return
     try:
         target.write_text(json.dumps(summary, indent=1))
     except OSError as exc:

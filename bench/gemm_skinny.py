@@ -141,9 +141,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default="", help="comma list of shape names (default all)")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
-    ms = [int(v) for v in args.m.split(",") if v]
-    if not ms or any(not 1 <= m <= 64 for m in ms):
+    items = [v.strip() for v in args.m.split(",") if v.strip()]
+    ms = [int(v) for v in items if v.isdigit()]
+    if not ms or len(ms) != len(items) or any(not 1 <= m <= 64 for m in ms):
         raise SystemExit(f"--m: {args.m!r} needs token rows in 1..64")
+    unknown = sorted(set(filter(None, args.only.split(","))) - {name for name, *_ in SHAPES})
+    if unknown:
+        raise SystemExit(f"--only: unknown {unknown}; known: {', '.join(name for name, *_ in SHAPES)}")
     bns = [int(v) for v in args.bn.split(",") if v.strip().isdigit()]
     if not bns or len(bns) != len([v for v in args.bn.split(",") if v]) or set(bns) - set(SKINNY_SMEM):
         raise SystemExit(f"--bn: {args.bn!r} needs tile widths among {', '.join(map(str, sorted(SKINNY_SMEM)))}")

@@ -5,6 +5,7 @@ code before a GPU run; the numbers mean nothing here."""
 from __future__ import annotations
 
 import itertools
+import os
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -305,3 +306,7 @@ def test_write_json_to_a_file_a_directory_and_an_unwritable_path(tmp_path, monke
     notes = []
     write_json(tmp_path / "missing" / "c.json", "c.json", {"x": 4}, notes)
     assert notes == [] and "could not write the JSON to" in capsys.readouterr().err
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    write_json(fifo, "d.json", {"x": 5}, notes)  # refused at once: opening it would wait for a reader
+    assert notes == [] and "not a regular file" in capsys.readouterr().err

@@ -78,3 +78,18 @@ def test_workspace_sizes():
 def test_refused(n, k, swiglu, bn, sms, what):
     with pytest.raises(ManifestBuildError, match=what.split()[0]):
         skinny_geometry(n, k, sms, swiglu, bn)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--m", "1,x"], "--m: '1,x' needs token rows in 1..64"),
+    (["--m", "65"], "--m: '65' needs token rows in 1..64"),
+    (["--only", "qkv,nope"], "--only: unknown ['nope']; known: qkv, o, gate_up, gate_up+silu, down, lm_head"),
+    (["--bn", "64"], "--bn: '64' needs tile widths among 128, 256"),
+])
+def test_bench_refuses_bad_arguments_before_the_gpu(argv, message):
+    """bench/gemm_skinny.py checks its arguments before it imports torch or touches a device."""
+    from bench import gemm_skinny
+
+    with pytest.raises(SystemExit) as err:
+        gemm_skinny.main(argv)
+    assert str(err.value) == message
