@@ -32,13 +32,17 @@ constexpr int PD_WARPS = PD_THREADS / 32;
 constexpr int kMaxLayers = 64;
 constexpr int kMaxHeadDim = 256;  // 8 elements per lane at most
 constexpr int kMaxGroup = 8;      // q heads per kv head
-constexpr uint32_t kMagic = 0x5453504Bu, kVersion = 1u, kInstrWords = 8u, kHeaderWords = 16u;
+constexpr uint32_t kMagic = 0x5453504Bu, kVersion = 2u, kInstrWords = 8u, kHeaderWords = 16u;
 constexpr uint32_t kNoCounter = 0xFFFFFFFFu;
 
 enum Code : uint32_t { kTimeout = 1, kBadTable = 2, kBadLaunch = 3, kBadShape = 4 };
 enum Opcode : uint32_t {
-    kQkv = 1, kRope = 2, kAttnPartial = 3, kAttnReduce = 4, kOProj = 5, kGateUp = 6, kDown = 7, kLmHead = 8, kArgmax = 9
+    kQkv = 1, kRope = 2, kAttnPartial = 3, kAttnReduce = 4, kOProj = 5, kGateUp = 6, kDown = 7, kLmHead = 8, kArgmax = 9,
+    kNop = 10
 };
+// header word 10: flags
+constexpr uint32_t kFlagL2Prefetch = 1u;  // prefetch_tile while waiting
+constexpr uint32_t kKnownFlags = kFlagL2Prefetch;
 
 }  // namespace
 
@@ -99,44 +103,95 @@ KERN_DEV void unpack_bf16x8(const uint4& raw, float (&v)[8]) {
     }
 }
 
-// Dynamic shared memory of the block: x (the input vector, f32[max(H, I, q_dim)]) then scratch.
+// Dynamic shared memory of the block: x (the input vector, f32[max(H, I, q_dim)]), scratch, then the weight ring.
 struct Smem {
     float* x;
     float* red;  // 64 floats: block reductions and broadcasts
     float* head;  // f32[kMaxGroup + 1][kMaxHeadDim]: ROPE's normed heads, the attention's q / accumulators
+    uint4* ring;  // PD_WARPS x stages x kStagePieces x 32 16-byte pieces (the projection path's weight ring)
+    int stages;   // ring stages per warp, 2 .. kRingMaxStages (what the dynamic shared memory holds)
 };
 
-// x[j] = bf16(w[j] * bf16(r[j] * inv_rms)) for j < k (the RMSNorm prologue of kern_gemv_rmsnorm).
+// x[j] = bf16(w[j] * bf16(r[j] * inv_rms)) for j < k (the RMSNorm prologue of kern_gemv_rmsnorm). 16-byte loads of
+// 8 elements a thread where k % 8 == 0 and both rows are aligned, else one element a thread per step.
 KERN_DEV void stage_rmsnorm(float* x, const bf16* residual, const bf16* w, int k, float eps, float* red) {
     float sum_sq = 0.0f;
-    for (int j = threadIdx.x; j < k; j += blockDim.x) {
-        const float r = ld_act(residual + j);
-        x[j] = r;
-        sum_sq = fmaf(r, r, sum_sq);
+    const bool vec = (k & 7) == 0 && aligned16(residual) && aligned16(w);
+    if (vec) {
+        for (int c = threadIdx.x; c < k / 8; c += blockDim.x) {
+            float r[8];
+            unpack_bf16x8(__ldcg(reinterpret_cast<const uint4*>(residual) + c), r);
+#pragma unroll
+            for (int i = 0; i < 8; ++i) sum_sq = fmaf(r[i], r[i], sum_sq);
+            *reinterpret_cast<float4*>(x + 8 * c) = float4{r[0], r[1], r[2], r[3]};
+            *reinterpret_cast<float4*>(x + 8 * c + 4) = float4{r[4], r[5], r[6], r[7]};
+        }
+    } else {
+        for (int j = threadIdx.x; j < k; j += blockDim.x) {
+            const float r = ld_act(residual + j);
+            x[j] = r;
+            sum_sq = fmaf(r, r, sum_sq);
+        }
     }
     const float inv_rms = rsqrtf(block_sum(sum_sq, red) / static_cast<float>(k) + eps);
-    for (int j = threadIdx.x; j < k; j += blockDim.x) x[j] = round_bf(bf2f(w[j]) * round_bf(x[j] * inv_rms));
+    if (vec) {
+        for (int c = threadIdx.x; c < k / 8; c += blockDim.x) {
+            float g[8];
+            unpack_bf16x8(*(reinterpret_cast<const uint4*>(w) + c), g);
+            float4* p = reinterpret_cast<float4*>(x + 8 * c);
+            const float4 a = p[0], b = p[1];
+            p[0] = float4{round_bf(g[0] * round_bf(a.x * inv_rms)), round_bf(g[1] * round_bf(a.y * inv_rms)),
+                          round_bf(g[2] * round_bf(a.z * inv_rms)), round_bf(g[3] * round_bf(a.w * inv_rms))};
+            p[1] = float4{round_bf(g[4] * round_bf(b.x * inv_rms)), round_bf(g[5] * round_bf(b.y * inv_rms)),
+                          round_bf(g[6] * round_bf(b.z * inv_rms)), round_bf(g[7] * round_bf(b.w * inv_rms))};
+        }
+    } else {
+        for (int j = threadIdx.x; j < k; j += blockDim.x) x[j] = round_bf(bf2f(w[j]) * round_bf(x[j] * inv_rms));
+    }
     __syncthreads();
 }
 
+// x[j] = src[j] for j < k (f32 of bf16), 16-byte loads where k % 8 == 0 and src is aligned.
 KERN_DEV void stage_copy(float* x, const bf16* src, int k) {
-    for (int j = threadIdx.x; j < k; j += blockDim.x) x[j] = ld_act(src + j);
+    if ((k & 7) == 0 && aligned16(src)) {
+        for (int c = threadIdx.x; c < k / 8; c += blockDim.x) {
+            float v[8];
+            unpack_bf16x8(__ldcg(reinterpret_cast<const uint4*>(src) + c), v);
+            *reinterpret_cast<float4*>(x + 8 * c) = float4{v[0], v[1], v[2], v[3]};
+            *reinterpret_cast<float4*>(x + 8 * c + 4) = float4{v[4], v[5], v[6], v[7]};
+        }
+    } else {
+        for (int j = threadIdx.x; j < k; j += blockDim.x) x[j] = ld_act(src + j);
+    }
     __syncthreads();
 }
 
 // The GEMV-row path (QKV, O_PROJ, GATE_UP, DOWN, LM_HEAD; M = 1). A warp streams its rows in BATCHES of
-// kBatchRows rows; a batch is ceil(ceil(k8 / 32) / kStepChunks) STEPS, step j holding, for each row of the batch,
-// lane l's chunks l + 32 (kStepChunks j + s), s < kStepChunks (16 bytes = 8 bf16 each; k8 = k / 8). Steps go
-// through two register slots (as kern_gemv_rows' rows_body): the warp's steps over all its batches, in order, so
-// while a step is multiplied the next one is in flight and its own slot is refilled before the batch's reduction
-// and epilogue run (the next batch's first loads overlap this batch's butterflies and stores): 1 to 2 slots of
-// kBatchRows x kStepChunks 16-byte loads per lane in flight (2 x 2 x 2 = 8 at most: 32 KiB per SM of 256
-// threads). Per row every lane accumulates its chunks in increasing order, 8 fmaf each in element order, then
-// warp_sum: the order of warp_row_dot, so the results are bit for bit the first version's.
-// Registers: the attention partial keeps the kernel at 255; 2 x 2 is the largest slot found without spills
-// (ptxas -v: 4 x 2, 2 x 3 and 2 x 4 spill 40-272 bytes, in the attention path).
+// kBatchRows = 2 rows (GATE_UP: one output's gate and up rows); a batch is nb = ceil(ceil(k8 / 32) / kStepChunks)
+// STEPS (k8 = k / 8 16-byte chunks a row), step j holding, for each row of the batch, lane l's chunks
+// l + 32 (kStepChunks j + s), s < kStepChunks: kStagePieces = 4 16-byte pieces a lane, 2 KiB a warp.
+//
+// Steps stream through a per-warp ring of `stages` (2 .. kRingMaxStages) steps in shared memory, by cp.async: lane
+// l copies and later reads only its own pieces, so the ring needs no barrier, not even __syncwarp. Step p goes to
+// slot p % stages; before step i is multiplied, step i + stages - 1 is issued into the slot step i - 1 left, so
+// stages - 1 steps stay in flight (8 warps x 7 x 2 KiB = 112 KiB a block at 8 stages: what bench/stream_probe.py
+// measured at the full HBM rate, docs/perf.md). The first stages - 1 steps of an instruction (its PROLOGUE) are
+// issued before the block waits on its counter: weights depend on no other instruction, so they stream while the
+// block waits, and the multiply starts on bytes already in shared memory.
+//
+// Per row every lane accumulates its chunks in increasing order, 8 fmaf each in element order, then warp_sum (the
+// order of warp_row_dot), so the results are the register path's bit for bit. A chunk past the row is skipped (not
+// multiplied by zero: -0 and inf stay as they were); a missing row of a batch is zero-filled and its dot unused.
+// Rows that are not 16-byte aligned, or k % 8 != 0, take warp_row_dot's scalar loop (no ring).
 constexpr int kBatchRows = 2;   // rows per batch (GATE_UP: one output, its gate and up rows)
 constexpr int kStepChunks = 2;  // 16-byte chunks per lane per row per step
+constexpr int kStagePieces = kBatchRows * kStepChunks;                 // 16-byte pieces per lane per step
+constexpr uint32_t kRingStepBytes = PD_THREADS * kStagePieces * 16u;  // one step of every warp: 16 KiB
+#ifndef PD_RING_MAX_STAGES
+#define PD_RING_MAX_STAGES 8
+#endif
+constexpr int kRingMaxStages = PD_RING_MAX_STAGES;  // ring_wait_pending covers 0 .. 7 pending groups
+static_assert(kRingMaxStages >= 2 && kRingMaxStages <= 8, "ring stages: 2 .. 8");
 
 // One row of W (k bf16) . x (f32 in shared memory), by one warp; every lane gets the sum (the path of rows that are
 // not 16-byte aligned or k % 8 != 0, and the order every path follows).
@@ -156,143 +211,153 @@ KERN_DEV float warp_row_dot(const bf16* row, const float* x, int k) {
     return warp_sum(acc);
 }
 
-// `batches` batches of one warp over W rows of k bf16 against x (f32[k], shared memory). Row r of batch b is
-// `rows.base(b) + rows.offset(r)` for r < `rows.count(b)` (the others: none, contribute nothing); `done(b, dot)` is
-// called by every lane of the warp with dot[r] = row r . x (every lane the same value; 0 for a missing row), batches
-// in order. `vec`: k % 8 == 0 and every row 16-byte aligned (the caller's check on the base pointer); else each row
-// by warp_row_dot's scalar loop. One base pointer per batch and compile-time row offsets keep the load addresses
-// to one 64-bit register pair plus immediates (the kernel sits at 255 registers).
-template <class Rows, class Done>
-KERN_DEV void stream_rows(int batches, int k, const float* x, bool vec, const Rows& rows, Done done) {
+// The rows of one warp for one instruction: batch b's rows are base(b) and base(b) + second, count(b) of them.
+struct WarpRows {
+    const bf16* row0;     // row 0 of batch 0
+    size_t batch_stride;  // elements from batch b's row 0 to batch b + 1's
+    size_t second;        // elements from a batch's row 0 to its row 1
+    int rows;             // the warp's rows in all (GATE_UP: 2 per output)
+    int k;                // elements per row
+    bool vec;             // k % 8 == 0 and the rows 16-byte aligned: the ring; else warp_row_dot
+    static_assert(kBatchRows == 2, "a batch is a row and its `second`");
+    KERN_DEV int batches() const { return (rows + kBatchRows - 1) / kBatchRows; }
+    KERN_DEV const bf16* base(int b) const { return row0 + static_cast<size_t>(b) * batch_stride; }
+    KERN_DEV size_t offset(int r) const { return r == 0 ? 0 : second; }
+    KERN_DEV int count(int b) const { return min(kBatchRows, rows - kBatchRows * b); }
+    KERN_DEV int steps_per_batch() const { return ((k >> 3) + 32 * kStepChunks - 1) / (32 * kStepChunks); }
+};
+
+// The warp's rows of a projection instruction (op, layer L, rows first .. first + count): plain rows
+// first + warp + PD_WARPS i (batch b: i = 2 b, 2 b + 1); GATE_UP output j = first + warp + PD_WARPS i is batch i,
+// gate row j then up row I + j. rows 0 for any other opcode.
+KERN_DEV WarpRows warp_rows(uint32_t op, const PersistLayer& L, const bf16* lm_head, uint32_t first, uint32_t count,
+                            const PersistShape& s) {
+    const int warp = threadIdx.x >> 5;
+    const int H = s.hidden, I = s.inter, q_dim = s.q_heads * s.head_dim;
+    const bf16* w = nullptr;
+    int k = H;
+    switch (op) {
+        case kQkv: w = L.w_qkv; break;
+        case kOProj: w = L.w_o, k = q_dim; break;
+        case kGateUp: w = L.w_gate_up; break;
+        case kDown: w = L.w_down, k = I; break;
+        case kLmHead: w = lm_head; break;
+        default: return WarpRows{nullptr, 0, 0, 0, k, false};
+    }
+    const int n = static_cast<int>(count);
+    const int mine = n > warp ? (n - warp + PD_WARPS - 1) / PD_WARPS : 0;  // rows (GATE_UP: outputs) of this warp
+    const size_t stride = static_cast<size_t>(PD_WARPS) * k;
+    const bf16* row0 = w + (static_cast<size_t>(first) + warp) * k;
+    const bool vec = (k & 7) == 0 && aligned16(w);
+    if (op == kGateUp) return WarpRows{row0, stride, static_cast<size_t>(I) * k, 2 * mine, k, vec};
+    return WarpRows{row0, 2 * stride, stride, mine, k, vec};
+}
+
+// Issue step p of `rows` into its ring slot (p % stages) and commit it as one cp.async group.
+KERN_DEV void ring_issue(const WarpRows& rows, uint4* ring, int stages, int p) {
+    const int lane = threadIdx.x & 31, k8 = rows.k >> 3, nb = rows.steps_per_batch();
+    const int b = p / nb, j = p - b * nb;
+    const bf16* base = rows.base(b);
+    const int nr = rows.count(b);
+    uint4* slot = ring + static_cast<size_t>(p % stages) * kStagePieces * 32 + lane;
+#pragma unroll
+    for (int r = 0; r < kBatchRows; ++r) {
+#pragma unroll
+        for (int s = 0; s < kStepChunks; ++s) {
+            const int c = lane + 32 * (kStepChunks * j + s);
+            const bool ok = r < nr && c < k8;
+            ring_copy16(slot + (r * kStepChunks + s) * 32, ok ? base + rows.offset(r) + 8 * c : base, ok ? 16 : 0);
+        }
+    }
+}
+
+// The prologue: steps 0 .. stages - 2 issued (one group each, empty past the last step). Returns nothing; the
+// groups are what ring_stream's accounting expects.
+KERN_DEV void ring_prologue(const WarpRows& rows, uint4* ring, int stages) {
+    const int n_steps = rows.vec ? rows.batches() * rows.steps_per_batch() : 0;
+    for (int p = 0; p < stages - 1; ++p) {
+        if (p < n_steps) ring_issue(rows, ring, stages, p);
+        ring_commit();
+    }
+}
+
+// The warp's rows against x (f32[k], shared memory), the prologue already issued: `done(b, dot)` is called by every
+// lane of the warp with dot[r] = row r of batch b . x (every lane the same value; a missing row's value is
+// unspecified), batches in order. Leaves no copy in flight that writes the ring.
+template <class Done>
+KERN_DEV void ring_stream(const WarpRows& rows, const float* x, uint4* ring, int stages, Done done) {
     constexpr int R = kBatchRows, S = kStepChunks;
-    if (!vec) {
+    const int batches = rows.batches();
+    if (!rows.vec) {
 #pragma unroll 1
         for (int b = 0; b < batches; ++b) {
             const int nr = rows.count(b);
             float dot[R];
 #pragma unroll
-            for (int r = 0; r < R; ++r) dot[r] = r < nr ? warp_row_dot(rows.base(b) + rows.offset(r), x, k) : 0.0f;
+            for (int r = 0; r < R; ++r) dot[r] = r < nr ? warp_row_dot(rows.base(b) + rows.offset(r), x, rows.k) : 0.0f;
             done(b, dot);
         }
+        ring_wait_pending(0);
         return;
     }
-    const int lane = threadIdx.x & 31;
-    const int k8 = k >> 3;
-    const int nb = (k8 + 32 * S - 1) / (32 * S);  // steps per batch
+    const int lane = threadIdx.x & 31, k8 = rows.k >> 3, nb = rows.steps_per_batch();
     const int n_steps = batches * nb;
-    // load cursor: step lj of batch lb (base pointer lbase, lnr rows)
-    int lb = 0, lj = 0;
-    const bf16* lbase = n_steps > 0 ? rows.base(0) : nullptr;
-    int lnr = n_steps > 0 ? rows.count(0) : 0;
-    auto load = [&](uint4 (&slot)[R][S]) {
-#pragma unroll
-        for (int s = 0; s < S; ++s) {
-            const int c = lane + 32 * (S * lj + s);
-#pragma unroll
-            for (int r = 0; r < R; ++r)
-                slot[r][s] = r < lnr && c < k8 ? *reinterpret_cast<const uint4*>(lbase + rows.offset(r) + 8 * c)
-                                               : uint4{0u, 0u, 0u, 0u};
-        }
-        if (++lj == nb) {
-            lj = 0;
-            if (++lb < batches) {
-                lbase = rows.base(lb);
-                lnr = rows.count(lb);
-            }
-        }
-    };
-    uint4 wa[R][S], wb[R][S];
-    if (n_steps > 0) load(wa);
-    if (n_steps > 1) load(wb);
-    // consume cursor: step cj of batch cb
-    int cb = 0, cj = 0;
     float acc[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) acc[r] = 0.0f;
-    auto multiply = [&](const uint4 (&slot)[R][S]) {
+    int slot = 0, j = 0, b = 0;  // slot of step i, its step in the batch, its batch
+#pragma unroll 1
+    for (int i = 0; i < n_steps; ++i) {
+        if (i + stages - 1 < n_steps) ring_issue(rows, ring, stages, i + stages - 1);  // into the slot i - 1 left
+        ring_commit();
+        ring_wait_pending(stages - 1);  // step i is in shared memory (this lane's pieces: all it reads)
+        const uint4* piece = ring + static_cast<size_t>(slot) * kStagePieces * 32 + lane;
 #pragma unroll
         for (int s = 0; s < S; ++s) {
-            const int c = lane + 32 * (S * cj + s);
-            if (c < k8) {  // a chunk past the row adds nothing (not even 0 * x: -0 and inf stay as they were)
+            const int c = lane + 32 * (S * j + s);
+            if (c < k8) {
                 const float4 x0 = *reinterpret_cast<const float4*>(x + 8 * c);
                 const float4 x1 = *reinterpret_cast<const float4*>(x + 8 * c + 4);
                 const float xv[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
 #pragma unroll
                 for (int r = 0; r < R; ++r) {
                     float w[8];
-                    unpack_bf16x8(slot[r][s], w);
+                    unpack_bf16x8(piece[(r * S + s) * 32], w);
 #pragma unroll
-                    for (int i = 0; i < 8; ++i) acc[r] = fmaf(w[i], xv[i], acc[r]);
+                    for (int e = 0; e < 8; ++e) acc[r] = fmaf(w[e], xv[e], acc[r]);
                 }
             }
         }
-    };
-    auto finish_step = [&]() {
-        if (++cj < nb) return;
-        float dot[R];
+        if (++slot == stages) slot = 0;
+        if (++j == nb) {
+            float dot[R];
 #pragma unroll
-        for (int r = 0; r < R; ++r) {
-            dot[r] = warp_sum(acc[r]);
-            acc[r] = 0.0f;
-        }
-        done(cb, dot);
-        cj = 0;
-        ++cb;
-    };
-#pragma unroll 1  // the two slots are the pipeline: unrolled further, ptxas holds more in registers and spills
-    for (int i = 0; i < n_steps; i += 2) {
-        multiply(wa);
-        if (i + 2 < n_steps) load(wa);  // refilled before this step's reduction (if any) runs
-        finish_step();
-        if (i + 1 < n_steps) {
-            multiply(wb);
-            if (i + 3 < n_steps) load(wb);
-            finish_step();
+            for (int r = 0; r < R; ++r) {
+                dot[r] = warp_sum(acc[r]);
+                acc[r] = 0.0f;
+            }
+            done(b, dot);
+            j = 0;
+            ++b;
         }
     }
+    ring_wait_pending(0);  // the trailing (empty) groups: nothing in flight into the ring past this instruction
 }
 
-
-// The rows of gemv_rows' batches: the warp's i-th row at row0 + i stride (elements), i < n; batch b holds rows
-// i = kBatchRows b .. kBatchRows b + kBatchRows - 1.
-struct PlainRows {
-    const bf16* row0;
-    size_t stride;
-    int n;
-    KERN_DEV const bf16* base(int b) const { return row0 + static_cast<size_t>(b) * kBatchRows * stride; }
-    KERN_DEV size_t offset(int r) const { return static_cast<size_t>(r) * stride; }
-    KERN_DEV int count(int b) const { return min(kBatchRows, n - b * kBatchRows); }
-};
-
-// GATE_UP's: output i of the warp (i < n) is gate row row0 + i stride and up row (row0 + up) + i stride; a batch
-// is kBatchRows / 2 outputs, rows (gate, up) pair by pair.
-struct GateUpRows {
-    const bf16* row0;
-    size_t stride, up;
-    int n;
-    static constexpr int kPairs = kBatchRows / 2;
-    KERN_DEV const bf16* base(int b) const { return row0 + static_cast<size_t>(b) * kPairs * stride; }
-    KERN_DEV size_t offset(int r) const { return static_cast<size_t>(r >> 1) * stride + ((r & 1) ? up : 0); }
-    KERN_DEV int count(int b) const { return 2 * min(kPairs, n - b * kPairs); }
-};
-
-// Rows [first, first + count) of W [*, k] against x: `out(row, dot)` by lane 0 of the row's warp. Warp w owns rows
-// first + w + PD_WARPS i, i = 0, 1, ...; batch b is i = kBatchRows b .. kBatchRows b + kBatchRows - 1.
+// ring_stream over a plain projection's rows (batch b: rows first + warp + PD_WARPS (2 b + r), r < 2):
+// `out(row, dot)` by lane 0 of the warp, the warp's rows in increasing order.
 template <typename Out>
-KERN_DEV void gemv_rows(const bf16* w, int first, int count, int k, const float* x, Out out) {
+KERN_DEV void stream_plain(const WarpRows& rows, uint32_t first, const float* x, uint4* ring, int stages, Out out) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int mine = count > warp ? (count - warp + PD_WARPS - 1) / PD_WARPS : 0;  // rows of this warp
-    const int batches = (mine + kBatchRows - 1) / kBatchRows;
-    const PlainRows rows{w + static_cast<size_t>(first + warp) * k, static_cast<size_t>(PD_WARPS) * k, mine};
-    auto done = [&](int b, const float (&dot)[kBatchRows]) {
+    ring_stream(rows, x, ring, stages, [&](int b, const float (&dot)[kBatchRows]) {
 #pragma unroll
         for (int r = 0; r < kBatchRows; ++r) {
             const int i = b * kBatchRows + r;
-            if (lane == 0 && i < mine) out(first + warp + PD_WARPS * i, dot[r]);
+            if (lane == 0 && i < rows.rows) out(static_cast<int>(first) + warp + PD_WARPS * i, dot[r]);
         }
-    };
-    stream_rows(batches, k, x, (k & 7) == 0 && aligned16(w), rows, done);
+    });
 }
+
 
 // q/k RMSNorm + RoPE of kv head g's q heads and its k head, K/V written to the slot (kern_qk_norm_rope_kv's
 // formulas). One warp per head; lane l owns elements l, l + 32, ... of the head.
@@ -566,15 +631,16 @@ KERN_DEV void attn_reduce(int g, const PersistShape& s, const float* parts, bf16
     }
 }
 
-// While thread 0 waits on an instruction's counter, warp 1 asks L2 for the first kPrefetchBytes of the
-// instruction's weight tile (rows first .. first + count of W, contiguous; GATE_UP: half from the gate rows, half
-// from the up rows), in 16 KiB bulk prefetches (cp.async.bulk.prefetch.L2): HBM traffic during the wait instead of
-// after it, nothing in registers or shared memory, no effect on any result. The tile's first rows are the first
-// ones every warp streams (warp w: rows w, w + 8, ...). 132 blocks x 128 KiB = 16.5 MiB of the H200's L2.
+// While thread 0 waits on an instruction's counter (and the ring prologue is in flight), warp 1 asks L2 for the
+// kPrefetchBytes of the instruction's weight tile that follow what the prologue covers (rows first .. first + count
+// of W, contiguous; GATE_UP: half from the gate rows, half from the up rows; `skip` bytes of each range left to the
+// ring), in 16 KiB bulk prefetches (cp.async.bulk.prefetch.L2): HBM traffic during the wait instead of after it,
+// nothing in registers or shared memory, no effect on any result. 132 blocks x 128 KiB = 16.5 MiB of the H200's L2.
+// Only when the table's header sets kFlagL2Prefetch.
 constexpr uint32_t kPrefetchBytes = 128u * 1024u, kPrefetchPiece = 16u * 1024u;
 
 KERN_DEV void prefetch_tile(uint32_t op, const PersistLayer& L, const bf16* lm_head, uint32_t first, uint32_t count,
-                            const PersistShape& s) {
+                            const PersistShape& s, size_t skip) {
     const size_t H = s.hidden, I = s.inter, q_dim = static_cast<size_t>(s.q_heads) * s.head_dim;
     const bf16* gate = nullptr;  // the range; GATE_UP: its gate rows, `up` its up rows
     const bf16* up = nullptr;
@@ -582,20 +648,22 @@ KERN_DEV void prefetch_tile(uint32_t op, const PersistLayer& L, const bf16* lm_h
     switch (op) {
         case kQkv: gate = L.w_qkv + first * H; break;
         case kOProj: gate = L.w_o + first * q_dim, k = q_dim; break;
-        case kGateUp: gate = L.w_gate_up + first * H, up = L.w_gate_up + (I + first) * H; break;
+        case kGateUp: gate = L.w_gate_up + first * H, up = L.w_gate_up + (I + first) * H, skip /= 2; break;
         case kDown: gate = L.w_down + first * I, k = I; break;
         case kLmHead: gate = lm_head + first * H; break;
         default: return;
     }
     const size_t tile = static_cast<size_t>(count) * k * sizeof(bf16);
+    if (tile <= skip) return;
     const uint32_t share = up != nullptr ? kPrefetchBytes / 2 : kPrefetchBytes;
-    const uint32_t budget = static_cast<uint32_t>(min(tile, static_cast<size_t>(share))) & ~15u;
+    const uint32_t budget = static_cast<uint32_t>(min(tile - skip, static_cast<size_t>(share))) & ~15u;
+    skip &= ~static_cast<size_t>(15);
     const uint32_t lane = threadIdx.x & 31;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         const bf16* p = r == 0 ? gate : up;
         if (p == nullptr || !aligned16(p)) continue;
-        const char* base = reinterpret_cast<const char*>(p);
+        const char* base = reinterpret_cast<const char*>(p) + skip;
         for (uint32_t off = lane * kPrefetchPiece; off < budget; off += 32 * kPrefetchPiece)
             prefetch_l2(base + off, min(kPrefetchPiece, budget - off));
     }
@@ -629,17 +697,23 @@ extern "C" __global__ void __launch_bounds__(PD_THREADS, 1) kern_persistent_deco
     const int H = s.hidden, D = s.head_dim, I = s.inter;
     const int q_dim = s.q_heads * D;
     const int x_elems = max(max(H, I), q_dim);
-    Smem sm{smem_f, smem_f + x_elems, smem_f + x_elems + 64};
+    const uint32_t ring_at = (4u * static_cast<uint32_t>(x_elems + 64 + (kMaxGroup + 1) * kMaxHeadDim) + 15u) & ~15u;
+    const uint32_t ring_fit = dynamic_smem_bytes() > ring_at ? (dynamic_smem_bytes() - ring_at) / kRingStepBytes : 0u;
+    const int stages = static_cast<int>(min(ring_fit, static_cast<uint32_t>(kRingMaxStages)));
+    Smem sm{smem_f, smem_f + x_elems, smem_f + x_elems + 64,
+            reinterpret_cast<uint4*>(reinterpret_cast<char*>(smem_f) + ring_at), stages};
+    // this warp's ring: stages x kStagePieces x 32 pieces
+    uint4* const ring = sm.ring + static_cast<size_t>(threadIdx.x >> 5) * stages * kStagePieces * 32;
     // the table's header and the launch (uniform: every thread reads the same words)
     const uint32_t n = table[2], nq = table[3], nc = table[4];
     const uint32_t offsets_at = table[6], entries_at = table[7], instrs_at = table[8];
+    const uint32_t flags = table[10];
     if (table[0] != kMagic || table[1] != kVersion || table[5] != kInstrWords || offsets_at != kHeaderWords ||
-        entries_at != offsets_at + nq + 1 || instrs_at != entries_at + n) {
+        entries_at != offsets_at + nq + 1 || instrs_at != entries_at + n || (flags & ~kKnownFlags) != 0u) {
         if (threadIdx.x == 0) raise_fault(err, kBadTable, blockIdx.x, 0, 0, 0, 0);
         return;
     }
-    const uint32_t need = 4u * static_cast<uint32_t>(x_elems + 64 + (kMaxGroup + 1) * kMaxHeadDim);
-    if (nq != gridDim.x || blockDim.x != PD_THREADS || dynamic_smem_bytes() < need) {
+    if (nq != gridDim.x || blockDim.x != PD_THREADS || stages < 2) {  // stages: the ring of >= 2 steps fits
         if (threadIdx.x == 0) raise_fault(err, kBadLaunch, gridDim.x, blockDim.x, dynamic_smem_bytes(), 0, 0);
         return;
     }
@@ -670,10 +744,15 @@ extern "C" __global__ void __launch_bounds__(PD_THREADS, 1) kern_persistent_deco
             if (threadIdx.x == 0) raise_fault(err, kBadTable, blockIdx.x, index, 0, 0, 0);
             break;
         }
-        // ---- the wait: thread 0 spins, the block follows (warp 1 prefetches the weights meanwhile)
+        const uint32_t a = ins[2], cnt = ins[3], arg = ins[7];
+        const PersistLayer& Lp = layers.layer[layer < kMaxLayers ? layer : 0];
+        // ---- the ring prologue: a projection's first weight steps, issued before the wait (they depend on nothing)
+        const WarpRows rows = warp_rows(op, Lp, lm_head, a, cnt, s);
+        if (rows.vec && rows.rows > 0) ring_prologue(rows, ring, stages);
+        // ---- the wait: thread 0 spins, the block follows (warp 1 prefetches the tile's next bytes into L2)
         if (wait != kNoCounter) {
-            if ((threadIdx.x >> 5) == 1 && load_acquire(counters + wait) < target)
-                prefetch_tile(op, layers.layer[layer < kMaxLayers ? layer : 0], lm_head, ins[2], ins[3], s);
+            if ((flags & kFlagL2Prefetch) && (threadIdx.x >> 5) == 1 && load_acquire(counters + wait) < target)
+                prefetch_tile(op, Lp, lm_head, a, cnt, s, static_cast<size_t>(stages - 1) * kRingStepBytes);
             if (threadIdx.x == 0) {
                 const unsigned long long start = global_ns();
                 unsigned spins = 0;
@@ -697,12 +776,10 @@ extern "C" __global__ void __launch_bounds__(PD_THREADS, 1) kern_persistent_deco
             __syncthreads();
             if (abort_flag) break;
         }
-        const uint32_t a = ins[2], cnt = ins[3], arg = ins[7];
-        const PersistLayer& Lp = layers.layer[layer < kMaxLayers ? layer : 0];
         switch (op) {
             case kQkv:
                 stage_rmsnorm(sm.x, residual, Lp.ln_in, H, s.eps, sm.red);
-                gemv_rows(Lp.w_qkv, a, cnt, H, sm.x, [&](int row, float dot) { qkv[row] = f2bf(dot); });
+                stream_plain(rows, a, sm.x, ring, stages, [&](int row, float dot) { qkv[row] = f2bf(dot); });
                 break;
             case kRope:
                 rope_group(a, s, pages, Lp, qkv, rope, positions, slot_mapping, q, sm.head);
@@ -715,32 +792,22 @@ extern "C" __global__ void __launch_bounds__(PD_THREADS, 1) kern_persistent_deco
                 break;
             case kOProj:
                 stage_copy(sm.x, attn_out, q_dim);
-                gemv_rows(Lp.w_o, a, cnt, q_dim, sm.x, [&](int row, float dot) {
+                stream_plain(rows, a, sm.x, ring, stages, [&](int row, float dot) {
                     residual[row] = f2bf(ld_act(residual + row) + round_bf(dot));
                 });
                 break;
-            case kGateUp: {  // a batch: kBatchRows / 2 outputs j, j + PD_WARPS, ... as rows gate j, up j, gate j + 8, ...
+            case kGateUp: {  // batch i of the warp: output j = first + warp + PD_WARPS i, rows gate j and up j
                 stage_rmsnorm(sm.x, residual, Lp.ln_post, H, s.eps, sm.red);
-                static_assert(kBatchRows % 2 == 0, "GATE_UP batches are (gate, up) row pairs");
-                constexpr int kPairs = kBatchRows / 2;
                 const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-                const int mine = static_cast<int>(cnt) > warp ? (static_cast<int>(cnt) - warp + PD_WARPS - 1) / PD_WARPS : 0;
-                const bf16* w = Lp.w_gate_up;
-                const GateUpRows rows{w + static_cast<size_t>(a + warp) * H, static_cast<size_t>(PD_WARPS) * H,
-                                      static_cast<size_t>(I) * H, mine};
-                auto done = [&](int b, const float (&dot)[kBatchRows]) {
-#pragma unroll
-                    for (int u = 0; u < kPairs; ++u) {
-                        const int i = b * kPairs + u, j = static_cast<int>(a) + warp + PD_WARPS * i;
-                        if (lane == 0 && i < mine) act[j] = f2bf(silu_bf(round_bf(dot[2 * u])) * round_bf(dot[2 * u + 1]));
-                    }
-                };
-                stream_rows((mine + kPairs - 1) / kPairs, H, sm.x, (H & 7) == 0 && aligned16(w), rows, done);
+                ring_stream(rows, sm.x, ring, stages, [&](int b, const float (&dot)[kBatchRows]) {
+                    const int j = static_cast<int>(a) + warp + PD_WARPS * b;
+                    if (lane == 0) act[j] = f2bf(silu_bf(round_bf(dot[0])) * round_bf(dot[1]));
+                });
                 break;
             }
             case kDown:
                 stage_copy(sm.x, act, I);
-                gemv_rows(Lp.w_down, a, cnt, I, sm.x, [&](int row, float dot) {
+                stream_plain(rows, a, sm.x, ring, stages, [&](int row, float dot) {
                     residual[row] = f2bf(ld_act(residual + row) + round_bf(dot));
                 });
                 break;
@@ -749,7 +816,7 @@ extern "C" __global__ void __launch_bounds__(PD_THREADS, 1) kern_persistent_deco
                 const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
                 float best = -INFINITY;
                 int best_i = 0x7fffffff;
-                gemv_rows(lm_head, a, cnt, H, sm.x, [&](int row, float dot) {  // lane 0, the warp's rows in order
+                stream_plain(rows, a, sm.x, ring, stages, [&](int row, float dot) {  // lane 0, the warp's rows in order
                     const float v = round_bf(dot);
                     logits[row] = f2bf(v);
                     if (better(v, row, best, best_i)) best = v, best_i = row;
@@ -770,6 +837,8 @@ extern "C" __global__ void __launch_bounds__(PD_THREADS, 1) kern_persistent_deco
                 }
                 break;
             }
+            case kNop:  // a timing ablation's stand-in for a removed instruction: its wait and signal only
+                break;
             case kArgmax:
                 if (threadIdx.x == 0) {
                     float best = -INFINITY;
@@ -791,4 +860,5 @@ extern "C" __global__ void __launch_bounds__(PD_THREADS, 1) kern_persistent_deco
         if (abort_flag) break;
         if (threadIdx.x == 0) red_release_add(counters + sig, 1u);
     }
+    ring_wait_pending(0);  // a block that stopped early (a fault) leaves no copy in flight into its shared memory
 }

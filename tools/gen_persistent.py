@@ -21,6 +21,7 @@ from kern_run.models.qwen3.abi import read_kernel_abi
 from kern_run.models.qwen3.config import Qwen3Config
 from kern_run.models.qwen3.jsonio import dumps, read_json_file, sha256_text
 from kern_run.models.qwen3.options import BuildOptions
+from kern_run.models.qwen3.persistent.isa import Op
 from kern_run.models.qwen3.persistent.manifest import build_persistent_manifest
 
 REPO = Path(__file__).resolve().parent.parent
@@ -34,20 +35,33 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sms", type=int, default=132, help="multiprocessors of the target GPU: the grid")
     parser.add_argument("--splits", type=int, default=None, help="attention context splits per kv head")
     parser.add_argument("--name", default=None, help="manifest name (default: <config dir>-persistent)")
+    parser.add_argument("--stages", type=int, default=None,
+                        help="weight-ring steps per warp, 2..8 (default: the most that fit the shared memory)")
+    parser.add_argument("--no-l2-prefetch", action="store_true", help="clear the table's FLAG_L2_PREFETCH")
+    parser.add_argument("--ablate", default="",
+                        help="comma list of instruction classes (QKV, ROPE, ...) made NOPs: timing only, the "
+                             "outputs are meaningless")
     args = parser.parse_args(argv)
     try:
+        try:
+            ablate = frozenset(Op[name.strip().upper()] for name in args.ablate.split(",") if name.strip())
+        except KeyError as exc:
+            raise ValueError(f"--ablate: no instruction class {exc}; the classes are "
+                             f"{', '.join(o.name for o in Op if o is not Op.NOP)}") from None
         raw, text = read_json_file(args.config)
         cfg = Qwen3Config.from_json(raw, str(args.config))
         name = args.name or f"{args.config.stem.lower()}-persistent"
         manifest, sched = build_persistent_manifest(cfg, read_kernel_abi(args.kernels), BuildOptions(name=name),
                                                     num_queues=args.sms, splits=args.splits,
-                                                    config_digest=sha256_text(text))
+                                                    config_digest=sha256_text(text), stages=args.stages,
+                                                    l2_prefetch=not args.no_l2_prefetch, ablate=ablate)
     except (RefusalError, ValueError) as exc:
         print(f"gen_persistent: {exc}", file=sys.stderr)
         return 2
     args.out.write_text(dumps(manifest))
     print(f"{args.out}: {len(sched.table.instrs)} instructions over {args.sms} queues, {sched.table.num_counters} "
-          f"counters, {sched.splits} attention splits")
+          f"counters, {sched.splits} attention splits, a {manifest['meta']['persistent']['ring_stages']}-stage ring"
+          + (f", ablated {args.ablate}" if ablate else ""))
     return 0
 
 

@@ -12,6 +12,7 @@ Run with `KERN_REQUIRE_GPU=1 pytest tests/kernels/test_persistent_gpu.py` (the c
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import struct
 import time
@@ -37,12 +38,17 @@ def packed(table: Table) -> bytes:
     for queue in table.queues:
         offsets.append(offsets[-1] + len(queue))
     total = 16 + q + 1 + n + 8 * n
-    header = [0x5453504B, 1, n, q, table.num_counters, 8, 16, 16 + q + 1, 16 + q + 1 + n, total] + [0] * 6
+    header = [0x5453504B, 2, n, q, table.num_counters, 8, 16, 16 + q + 1, 16 + q + 1 + n, total, table.flags] + [0] * 5
     words = header + offsets + [i for queue in table.queues for i in queue] + [w for i in table.instrs for w in i.words()]
     return struct.pack(f"<{total}I", *words)
 
 
-def manifest(table: Table, grid: int | None = None) -> dict:
+# the kernel's scratch at this geometry (x f32[64], 64 reduction floats, 9 head rows of 256), then a 2-step ring of
+# 16 KiB steps (kRingStepBytes): the least shared memory the kernel runs with
+SHARED_MIN = 4 * (64 + 64 + 9 * 256) + 2 * 16384
+
+
+def manifest(table: Table, grid: int | None = None, shared_mem: int = SHARED_MIN) -> dict:
     """A one-program manifest: `step` launches kern_persistent_decode over `table` with a tiny geometry (hidden 64,
     2 q heads, 1 kv head, head_dim 16, vocab 64, one layer: no layer instruction runs in these tests)."""
     abi = json.loads((KERNELS / "kernels.json").read_text())["modules"]["persistent_decode"]
@@ -64,7 +70,7 @@ def manifest(table: Table, grid: int | None = None) -> dict:
     })
     launch = {"module": "persistent_decode", "entry": "kern_persistent_decode",
               "grid": [grid or len(table.queues), 1, 1], "block": [256, 1, 1],
-              "shared_mem": 4 * (64 + 64 + 9 * 256), "cooperative": True, "params": params,
+              "shared_mem": shared_mem, "cooperative": True, "params": params,
               "args": [{"arg": n} for n in POINTERS] + [{"pack": {"size": 48, "fields": shape}}, {"i32": 1},
                                                         {"u64": TIMEOUT_NS},
                                                         {"pack": {"size": LAYER_SLOTS * 8 * MAX_LAYERS, "fields": []}}]}
@@ -172,3 +178,28 @@ def test_a_grid_unlike_the_tables_queue_count_is_a_launch_fault(runtime_of) -> N
     with pytest.raises(DeviceFaultError) as info:
         rt.synchronize()
     assert info.value.code == 3 and info.value.detail[:2] == (2, 256)
+
+
+def test_too_little_shared_memory_for_a_two_step_ring_is_a_launch_fault(runtime_of) -> None:
+    from kern_runtime import DeviceFaultError
+
+    rt = runtime_of(manifest(argmax_table(None), shared_mem=SHARED_MIN - 16))
+    rt.issue("step", {"tokens": 1}, eager=True)
+    with pytest.raises(DeviceFaultError) as info:
+        rt.synchronize()
+    assert info.value.code == 3 and info.value.detail[:3] == (1, 256, SHARED_MIN - 16)
+    rt = runtime_of(manifest(argmax_table(None)))  # the least that runs
+    plant_partials(rt)
+    rt.issue("step", {"tokens": 1}, eager=True)
+    rt.synchronize()
+    assert int(rt.read_output("next_token")[0]) == 3
+
+
+def test_an_unknown_table_flag_is_a_table_fault(runtime_of) -> None:
+    from kern_runtime import DeviceFaultError
+
+    rt = runtime_of(manifest(dataclasses.replace(argmax_table(None), flags=2)))
+    rt.issue("step", {"tokens": 1}, eager=True)
+    with pytest.raises(DeviceFaultError) as info:
+        rt.synchronize()
+    assert info.value.code == 2

@@ -17,13 +17,17 @@ from kern_run.errors import ManifestBuildError
 from kern_run.models.qwen3.abi import KernelAbi, read_kernel_abi
 from kern_run.models.qwen3.config import Qwen3Config
 from kern_run.models.qwen3.options import BuildOptions
-from kern_run.models.qwen3.persistent.isa import unpack
+from kern_run.models.qwen3.persistent.isa import FLAG_L2_PREFETCH, Op, unpack
 from kern_run.models.qwen3.persistent.manifest import (
     LAYER_FIELDS,
     LAYER_SLOTS,
+    MAX_SHARED_BYTES,
     PARAM_SIZES,
     POINTERS,
+    RING_STEP_BYTES,
     build_persistent_manifest,
+    ring_stages,
+    scratch_bytes,
     shared_bytes,
 )
 
@@ -56,6 +60,8 @@ def test_it_verifies_and_the_decode_program_is_one_cooperative_launch(built) -> 
     assert launch.cooperative and launch.entry == "kern_persistent_decode"
     assert [e.eval({}) for e in launch.grid] == [132, 1, 1] and [e.eval({}) for e in launch.block] == [256, 1, 1]
     assert launch.shared_mem.eval({}) == shared_bytes(cfg) <= 227 * 1024
+    # the 1.7B / 4B / 8B scratch leaves room for the full 8-stage ring: 8 x 16 KiB after the scratch
+    assert shared_bytes(cfg) == scratch_bytes(cfg) + 8 * 16384 and m["meta"]["persistent"]["ring_stages"] == 8
     assert tuple(size for _, size in launch.params) == PARAM_SIZES
     assert m["modules"]["persistent_decode"] == json.loads((ROOT / "kernels" / "kernels.json").read_text())[
         "modules"]["persistent_decode"]["sha256"]
@@ -144,3 +150,62 @@ def test_the_gen_persistent_tool_writes_a_manifest_that_loads(tmp_path: Path, ca
     (tmp_path / "bad.json").write_text('{"architectures": ["LlamaForCausalLM"]}')
     assert gen_persistent.main(["--config", str(tmp_path / "bad.json"), "--out", str(tmp_path / "x.json")]) == 2
     assert capsys.readouterr().err.startswith("gen_persistent: ") and not (tmp_path / "x.json").exists()
+
+
+def test_the_ring_takes_what_fits_and_refuses_what_does_not(abi: KernelAbi) -> None:
+    cfg = config("Qwen3-4B")
+    # 4B: x f32[9728] + 64 + 9 x 256 floats = 48,384 bytes of scratch (16-byte aligned), 16 KiB a ring step
+    assert scratch_bytes(cfg) == 48384 and RING_STEP_BYTES == 16384
+    assert ring_stages(cfg) == 8 and shared_bytes(cfg, 3) == 48384 + 3 * 16384
+    for bad in (1, 9):
+        with pytest.raises(ManifestBuildError, match=f"ring stages {bad}: the kernel takes 2..8"):
+            ring_stages(cfg, bad)
+    # an intermediate size whose x leaves room for 2 steps only: that many by default, 3 refused by name
+    wide = dataclasses.replace(cfg, intermediate=(MAX_SHARED_BYTES - 2 * 16384 - 4 * (64 + 9 * 256)) // 4)
+    assert ring_stages(wide) == 2
+    with pytest.raises(ManifestBuildError, match=r"3-stage weight ring .* \(at most 2 stages fit\)"):
+        ring_stages(wide, 3)
+    wider = dataclasses.replace(cfg, intermediate=wide.intermediate + 8)
+    with pytest.raises(ManifestBuildError, match="at most 1 stages fit"):
+        build_persistent_manifest(wider, abi, BuildOptions(name="x"), num_queues=8)
+    m, _ = build_persistent_manifest(cfg, abi, BuildOptions(name="x"), num_queues=8, stages=4)
+    assert m["ops"]["persistent_decode"]["launches"][0]["shared_mem"] == 48384 + 4 * 16384
+    assert m["meta"]["persistent"]["ring_stages"] == 4
+
+
+def test_the_flags_and_the_ablations_are_table_data(abi: KernelAbi) -> None:
+    cfg = config("Qwen3-1.7B")
+    base, sched = build_persistent_manifest(cfg, abi, BuildOptions(name="x"), num_queues=16)
+    off, sched_off = build_persistent_manifest(cfg, abi, BuildOptions(name="x"), num_queues=16, l2_prefetch=False,
+                                               ablate=frozenset({Op.ROPE, Op.O_PROJ}))
+    table = unpack(base64.b64decode(base["buffers"]["persist_table"]["init"]["base64"]))
+    table_off = unpack(base64.b64decode(off["buffers"]["persist_table"]["init"]["base64"]))
+    assert table.flags == FLAG_L2_PREFETCH and table_off.flags == 0
+    assert table_off == sched_off.table and off["meta"]["persistent"]["ablated"] == ["O_PROJ", "ROPE"]
+    assert "ablated" not in base["meta"]["persistent"] and off["digest"] != base["digest"]
+    # every ROPE and O_PROJ is a NOP with its wait and signal kept; every other instruction is unchanged
+    ops = [i.op for i in table.instrs]
+    assert ops.count(Op.ROPE) == cfg.layers * cfg.kv_heads and Op.NOP not in ops
+    for a, b in zip(table.instrs, table_off.instrs):
+        if a.op in (Op.ROPE, Op.O_PROJ):
+            assert b == dataclasses.replace(a, op=Op.NOP)
+        else:
+            assert b == a
+    assert table_off.queues == table.queues
+
+
+def test_gen_persistent_takes_the_ring_the_flag_and_ablations(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from kern_manifest import load_manifest
+    from tools import gen_persistent
+
+    out = tmp_path / "p.json"
+    args = ["--config", str(CONFIGS / "Qwen3-1.7B.json"), "--out", str(out), "--sms", "8"]
+    assert gen_persistent.main([*args, "--stages", "3", "--no-l2-prefetch", "--ablate", "rope, down"]) == 0
+    meta = load_manifest(out).meta["persistent"]
+    assert meta["ring_stages"] == 3 and meta["l2_prefetch"] is False and list(meta["ablated"]) == ["DOWN", "ROPE"]
+    assert "a 3-stage ring, ablated rope, down" in capsys.readouterr().out
+    out.unlink()
+    assert gen_persistent.main([*args, "--ablate", "qkv,attention"]) == 2
+    assert "no instruction class 'ATTENTION'" in capsys.readouterr().err and not out.exists()
+    assert gen_persistent.main([*args, "--stages", "12"]) == 2
+    assert "ring stages 12: the kernel takes 2..8" in capsys.readouterr().err and not out.exists()

@@ -5,7 +5,7 @@ A table is `u32` little-endian words (the device buffer `persist_table`, materia
 `init`):
 
     header      HEADER_WORDS words: MAGIC, VERSION, num_instructions, num_queues, num_counters, INSTR_WORDS,
-                queue_offsets_at, queue_entries_at, instructions_at, words (total), then zeros
+                queue_offsets_at, queue_entries_at, instructions_at, words (total), flags (FLAG_*), then zeros
     offsets     u32[num_queues + 1]: queue q holds entries[offsets[q] : offsets[q + 1]]
     entries     u32[num_instructions]: instruction indices, queue by queue (each instruction exactly once)
     instrs      u32[num_instructions][INSTR_WORDS]: opcode, layer, first, count, wait_counter, wait_target,
@@ -24,10 +24,12 @@ import struct
 from dataclasses import dataclass
 
 MAGIC = 0x5453504B  # "KPST" little-endian
-VERSION = 1
+VERSION = 2  # 2: header word 10 holds flags (version 1: reserved, zero)
 HEADER_WORDS = 16
 INSTR_WORDS = 8
 NO_COUNTER = 0xFFFFFFFF
+FLAG_L2_PREFETCH = 1  # while a projection waits, warp 1 prefetches its tile's next bytes into L2
+KNOWN_FLAGS = FLAG_L2_PREFETCH
 U32_MAX = 0xFFFFFFFF
 MAX_INSTRUCTIONS = 1 << 20  # far above any decode step (Qwen3-32B: ~40k); a hostile header is refused before use
 MAX_QUEUES = 1024  # blocks of one cooperative grid: SMs x blocks per SM on any GPU kern targets
@@ -48,6 +50,8 @@ class Op(enum.IntEnum):
     LM_HEAD      vocab rows [first, first + count) of the lm_head, final RMSNorm fused in, the tile's
                  argmax (value, index) into slot `arg`                                             -> logits, argmax partials
     ARGMAX       reduce the `count` argmax partials (ties: the smallest index)                      -> next_token
+    NOP          nothing: its wait and its signal only (a timing ablation's stand-in for a removed
+                 instruction; the step's outputs are then meaningless)
     """
 
     QKV = 1
@@ -59,6 +63,7 @@ class Op(enum.IntEnum):
     DOWN = 7
     LM_HEAD = 8
     ARGMAX = 9
+    NOP = 10
 
 
 class TableError(ValueError):
@@ -88,11 +93,12 @@ class Instr:
 class Table:
     """Instructions (global order: every wait is on counters signalled by earlier instructions only) and, per
     queue (kernel block), the indices of the instructions it runs, in order. `num_counters`: counters the
-    instructions name."""
+    instructions name; `flags`: FLAG_* bits for the kernel (header word 10)."""
 
     instrs: tuple[Instr, ...]
     queues: tuple[tuple[int, ...], ...]
     num_counters: int
+    flags: int = FLAG_L2_PREFETCH
 
     def pack(self) -> bytes:
         """The device table (little-endian u32 words, module docstring). Raises TableError when `check()` does."""
@@ -102,7 +108,8 @@ class Table:
         entries_at = offsets_at + q + 1
         instrs_at = entries_at + n
         total = instrs_at + n * INSTR_WORDS
-        header = [MAGIC, VERSION, n, q, self.num_counters, INSTR_WORDS, offsets_at, entries_at, instrs_at, total]
+        header = [MAGIC, VERSION, n, q, self.num_counters, INSTR_WORDS, offsets_at, entries_at, instrs_at, total,
+                  self.flags]
         header += [0] * (HEADER_WORDS - len(header))
         offsets = [0]
         for queue in self.queues:
@@ -125,6 +132,8 @@ class Table:
             raise TableError(f"{len(self.queues)} queues; a table holds 1..{MAX_QUEUES}")
         if not 1 <= self.num_counters <= MAX_COUNTERS:
             raise TableError(f"{self.num_counters} counters; a table names 1..{MAX_COUNTERS}")
+        if self.flags & ~KNOWN_FLAGS or self.flags < 0:
+            raise TableError(f"flags 0x{self.flags:x}: this version knows 0x{KNOWN_FLAGS:x} (FLAG_L2_PREFETCH)")
         signallers = [0] * self.num_counters
         last_signal = [-1] * self.num_counters
         for i, ins in enumerate(self.instrs):
@@ -196,7 +205,7 @@ def unpack(data: bytes | bytearray | memoryview) -> Table:
         raise TableError(f"header counts {n} instructions, {q} queues, {counters} counters: outside 1..{MAX_INSTRUCTIONS}"
                          f", 1..{MAX_QUEUES}, 1..{MAX_COUNTERS}")
     want = (HEADER_WORDS, HEADER_WORDS + q + 1, HEADER_WORDS + q + 1 + n, HEADER_WORDS + q + 1 + n + n * INSTR_WORDS)
-    if (offsets_at, entries_at, instrs_at, total) != want or total != words or any(head[10:]):
+    if (offsets_at, entries_at, instrs_at, total) != want or total != words or any(head[11:]):
         raise TableError(f"section offsets {[offsets_at, entries_at, instrs_at, total]} (of {words} words) are not "
                          f"the packed layout {list(want)}, or reserved header words are set")
     body = struct.unpack_from(f"<{words - HEADER_WORDS}I", raw, HEADER_WORDS * 4)
@@ -212,6 +221,6 @@ def unpack(data: bytes | bytearray | memoryview) -> Table:
         if w[0] not in Op.__members__.values():
             raise TableError(f"instruction {i}: unknown opcode {w[0]}")
         instrs.append(Instr(Op(w[0]), *w[1:]))
-    table = Table(tuple(instrs), queues, counters)
+    table = Table(tuple(instrs), queues, counters, head[10])
     table.check()
     return table

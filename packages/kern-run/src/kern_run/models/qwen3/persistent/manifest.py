@@ -21,7 +21,7 @@ from ..config import Qwen3Config
 from ..jsonio import manifest_digest
 from ..manifest import build_manifest
 from ..options import BuildOptions
-from .isa import INSTR_WORDS
+from .isa import FLAG_L2_PREFETCH, INSTR_WORDS, Op
 from .schedule import Schedule, build_schedule
 
 ENTRY = "kern_persistent_decode"
@@ -42,12 +42,39 @@ ERROR_CODES = {"1": "a counter wait timed out (detail: instruction, counter, val
                "3": "the launch does not fit the table (detail: grid, block, dynamic shared bytes)",
                "4": "the model geometry does not fit the kernel (detail: which check)"}
 DEFAULT_TIMEOUT_NS = 500_000_000  # one wait; a decode step takes milliseconds
+RING_STEP_BYTES = THREADS * 4 * 16  # kRingStepBytes: one ring step of every warp (4 16-byte pieces a lane)
+MAX_RING_STAGES = 8  # kRingMaxStages
+MAX_SHARED_BYTES = 227 * 1024  # dynamic shared memory of one block on sm_90 (cudaDevAttrMaxSharedMemoryPerBlockOptin)
 
 
-def shared_bytes(cfg: Qwen3Config) -> int:
-    """Dynamic shared memory of one block: x (f32[max(H, I, q_dim)]), 64 reduction floats, (MAX_GROUP + 1) head
-    rows of MAX_HEAD_DIM floats."""
-    return 4 * (max(cfg.hidden, cfg.intermediate, cfg.q_heads * cfg.head_dim) + 64 + (MAX_GROUP + 1) * MAX_HEAD_DIM)
+def scratch_bytes(cfg: Qwen3Config) -> int:
+    """Shared memory before the weight ring, 16-byte aligned: x (f32[max(H, I, q_dim)]), 64 reduction floats,
+    (MAX_GROUP + 1) head rows of MAX_HEAD_DIM floats."""
+    raw = 4 * (max(cfg.hidden, cfg.intermediate, cfg.q_heads * cfg.head_dim) + 64 + (MAX_GROUP + 1) * MAX_HEAD_DIM)
+    return (raw + 15) // 16 * 16
+
+
+def ring_stages(cfg: Qwen3Config, stages: int | None = None) -> int:
+    """Weight-ring steps per warp: `stages` (2..MAX_RING_STAGES), or None for the most that fit MAX_SHARED_BYTES
+    beside the scratch (at most MAX_RING_STAGES). Raises ManifestBuildError when fewer than 2 fit, or `stages`
+    is out of range or does not fit."""
+    fit = min(MAX_RING_STAGES, (MAX_SHARED_BYTES - scratch_bytes(cfg)) // RING_STEP_BYTES)
+    if stages is None:
+        stages = fit
+    elif not 2 <= stages <= MAX_RING_STAGES:
+        raise ManifestBuildError(f"ring stages {stages}: the kernel takes 2..{MAX_RING_STAGES}")
+    if stages > fit or stages < 2:
+        raise ManifestBuildError(f"a {stages}-stage weight ring ({stages} x {RING_STEP_BYTES} bytes) beside "
+                                 f"{scratch_bytes(cfg)} bytes of scratch exceeds the {MAX_SHARED_BYTES} bytes of "
+                                 f"shared memory a block has (at most {max(fit, 0)} stages fit)")
+    return stages
+
+
+def shared_bytes(cfg: Qwen3Config, stages: int | None = None) -> int:
+    """Dynamic shared memory of one block: the scratch (scratch_bytes), then the weight ring of
+    ring_stages(cfg, stages) steps of RING_STEP_BYTES. The kernel derives its ring depth from this size. Raises
+    what ring_stages raises."""
+    return scratch_bytes(cfg) + ring_stages(cfg, stages) * RING_STEP_BYTES
 
 
 def check_shape(cfg: Qwen3Config) -> None:
@@ -75,7 +102,7 @@ def _launch_params(abi: KernelAbi) -> list[list[int]]:
 
 
 def _op(cfg: Qwen3Config, sched: Schedule, params: list[list[int]], num_queues: int, max_pos: int,
-        timeout_ns: int) -> dict[str, Any]:
+        timeout_ns: int, stages: int | None) -> dict[str, Any]:
     layer_args = [f"{f}.{layer}" for layer in range(cfg.layers) for f in LAYER_FIELDS]
     args = [{"name": n, "kind": "ptr"} for n in (*POINTERS, *layer_args)] + [{"name": "num_pages", "kind": "int"}]
     geometry = [cfg.hidden, cfg.q_heads, cfg.kv_heads, cfg.head_dim, cfg.intermediate, cfg.vocab, cfg.layers,
@@ -88,20 +115,25 @@ def _op(cfg: Qwen3Config, sched: Schedule, params: list[list[int]], num_queues: 
               + [{"pack": {"size": 48, "fields": shape_fields}}, {"arg": "num_pages", "type": "i32"},
                  {"u64": timeout_ns}, {"pack": {"size": PARAM_SIZES[-1], "fields": layer_fields}}])
     launch = {"module": MODULE, "entry": ENTRY, "grid": [num_queues, 1, 1], "block": [THREADS, 1, 1],
-              "shared_mem": shared_bytes(cfg), "cooperative": True, "params": params, "args": wiring}
+              "shared_mem": shared_bytes(cfg, stages), "cooperative": True, "params": params, "args": wiring}
     return {"args": args, "launches": [launch]}
 
 
 def build_persistent_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: BuildOptions, *, num_queues: int = 132,
                               splits: int | None = None, timeout_ns: int = DEFAULT_TIMEOUT_NS,
-                              config_digest: str = "") -> tuple[dict[str, Any], Schedule]:
+                              config_digest: str = "", stages: int | None = None, l2_prefetch: bool = True,
+                              ablate: frozenset[Op] = frozenset()) -> tuple[dict[str, Any], Schedule]:
     """(the manifest object with its digest, the schedule it packs). `opts` are today's builder options; the
     decode-related ones are forced to what the persistent path replaces (gemv v2, argmax sampler, one row).
     `num_queues`: the grid, one block per SM of the target GPU (H200: 132); `splits`: attention context splits
-    (None: schedule.default_splits); `timeout_ns`: the bound of one counter wait. Raises ManifestBuildError for a
-    model the kernel does not cover, kernels.json without the entry or with another ABI, and whatever
+    (None: schedule.default_splits); `timeout_ns`: the bound of one counter wait; `stages`: the weight ring's
+    steps per warp (None: the most that fit, ring_stages); `l2_prefetch`: the table's FLAG_L2_PREFETCH.
+    `ablate`: instruction classes turned into NOPs (their waits and signals kept): a timing experiment whose decode
+    outputs are meaningless, named in meta.persistent.ablated. Raises ManifestBuildError for a model the kernel
+    does not cover, a ring that does not fit, kernels.json without the entry or with another ABI, and whatever
     build_manifest raises."""
     check_shape(cfg)
+    stages = ring_stages(cfg, stages)
     if not 1 <= num_queues <= 1024:
         raise ManifestBuildError(f"num_queues {num_queues}: one block per SM, 1..1024")
     if not 1 <= timeout_ns < 2**64:
@@ -110,13 +142,16 @@ def build_persistent_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: BuildOptio
     base_opts = dataclasses.replace(opts, decode="gemv", gemv="v2", sampler="argmax", seqs_max=1)
     m = build_manifest(cfg, abi, base_opts, config_digest)
     sched = build_schedule(cfg, num_queues, splits=splits)
+    instrs = tuple(dataclasses.replace(i, op=Op.NOP) if i.op in ablate else i for i in sched.table.instrs)
+    sched = dataclasses.replace(sched, table=dataclasses.replace(
+        sched.table, instrs=instrs, flags=FLAG_L2_PREFETCH if l2_prefetch else 0))
     table = sched.table.pack()
     group = cfg.q_heads // cfg.kv_heads
     decode = m["programs"]["decode"]["calls"]
     if decode[0]["op"] != "embed" or decode[-1]["op"] != "decode_advance":
         raise AssertionError(f"the base decode program is {[c['op'] for c in decode]}")  # a bug in this builder
     max_pos = int(m["buffers"]["rope"]["shape"][0])
-    op = _op(cfg, sched, params, num_queues, max_pos, timeout_ns)
+    op = _op(cfg, sched, params, num_queues, max_pos, timeout_ns, stages)
     op["launches"][0]["args"][len(POINTERS)]["pack"]["fields"][7]["i32"] = base_opts.page_tokens
     m["ops"]["persistent_decode"] = op
     m["modules"][MODULE] = abi.modules[MODULE]
@@ -145,7 +180,9 @@ def build_persistent_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: BuildOptio
     m["meta"]["persistent"] = {"entry": ENTRY, "num_queues": num_queues, "splits": sched.splits,
                                "instructions": len(sched.table.instrs), "counters": sched.table.num_counters,
                                "instr_words": INSTR_WORDS, "table_sha256": hashlib.sha256(table).hexdigest(),
-                               "timeout_ns": timeout_ns}
+                               "timeout_ns": timeout_ns, "ring_stages": stages, "l2_prefetch": l2_prefetch}
+    if ablate:
+        m["meta"]["persistent"]["ablated"] = sorted(o.name for o in ablate)
     m.pop("digest", None)
     m["digest"] = manifest_digest(m)
     return m, sched
