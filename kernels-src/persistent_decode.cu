@@ -1,8 +1,9 @@
 // Persistent decode kernel, first version (docs/persistent.md): one cooperative launch per decode step (bs = 1);
 // block b interprets queue b of the instruction table (kern_run/models/qwen3/persistent/isa.py is the layout), in
-// order: wait (bounded, %globaltimer) until counters[wait] >= target, execute, then add 1 to counters[signal].
-// While a block waits, warp 1 prefetches the first 128 KiB of the instruction's weight tile into L2
-// (prefetch_tile); while it runs, each warp keeps up to 8 16-byte weight loads per lane in flight (stream_rows).
+// order: issue a projection's first weight steps into the block's shared-memory ring (ring_prologue), wait
+// (bounded, %globaltimer) until counters[wait] >= target, execute, then (block barrier, thread 0's GPU-scope fence)
+// add 1 to counters[signal]. While a block waits, warp 1 prefetches the tile's next 128 KiB into L2 (prefetch_tile,
+// a table flag); while it runs, each warp keeps its ring's other steps in flight (ring_stream).
 //
 // Rounding follows the existing decode kernels (gemv.cu, rope.cu, attention_decode.cu; transformers' bf16 Qwen3):
 //   RMSNorm x = bf16(w * bf16(r * rsqrt(mean(r^2) + eps)));  projections fp32 dot, bf16 result;
@@ -112,20 +113,44 @@ struct Smem {
     int stages;   // ring stages per warp, 2 .. kRingMaxStages (what the dynamic shared memory holds)
 };
 
+// x[c] (8 floats) = the 8 bf16 of src[c] for every 16-byte chunk c < k8 of this thread (c = threadIdx.x + 256 i),
+// loaded kStageBatch chunks at a time before any is stored: a few L2 round trips, not one per chunk. Returns this
+// thread's sum of squares of what it stored, chunk by chunk in order, 8 fmaf each (when `squares`).
+constexpr int kStageBatch = 4;
+
+KERN_DEV float stage_chunks(float* x, const uint4* src, int k8, bool squares) {
+    float sum_sq = 0.0f;
+    for (int c0 = threadIdx.x; c0 < k8; c0 += kStageBatch * PD_THREADS) {
+        uint4 raw[kStageBatch];
+#pragma unroll
+        for (int u = 0; u < kStageBatch; ++u) {
+            const int c = c0 + u * PD_THREADS;
+            raw[u] = c < k8 ? __ldcg(src + c) : uint4{0u, 0u, 0u, 0u};
+        }
+#pragma unroll
+        for (int u = 0; u < kStageBatch; ++u) {
+            const int c = c0 + u * PD_THREADS;
+            if (c >= k8) break;
+            float v[8];
+            unpack_bf16x8(raw[u], v);
+            if (squares) {
+#pragma unroll
+                for (int i = 0; i < 8; ++i) sum_sq = fmaf(v[i], v[i], sum_sq);
+            }
+            *reinterpret_cast<float4*>(x + 8 * c) = float4{v[0], v[1], v[2], v[3]};
+            *reinterpret_cast<float4*>(x + 8 * c + 4) = float4{v[4], v[5], v[6], v[7]};
+        }
+    }
+    return sum_sq;
+}
+
 // x[j] = bf16(w[j] * bf16(r[j] * inv_rms)) for j < k (the RMSNorm prologue of kern_gemv_rmsnorm). 16-byte loads of
 // 8 elements a thread where k % 8 == 0 and both rows are aligned, else one element a thread per step.
 KERN_DEV void stage_rmsnorm(float* x, const bf16* residual, const bf16* w, int k, float eps, float* red) {
     float sum_sq = 0.0f;
     const bool vec = (k & 7) == 0 && aligned16(residual) && aligned16(w);
     if (vec) {
-        for (int c = threadIdx.x; c < k / 8; c += blockDim.x) {
-            float r[8];
-            unpack_bf16x8(__ldcg(reinterpret_cast<const uint4*>(residual) + c), r);
-#pragma unroll
-            for (int i = 0; i < 8; ++i) sum_sq = fmaf(r[i], r[i], sum_sq);
-            *reinterpret_cast<float4*>(x + 8 * c) = float4{r[0], r[1], r[2], r[3]};
-            *reinterpret_cast<float4*>(x + 8 * c + 4) = float4{r[4], r[5], r[6], r[7]};
-        }
+        sum_sq = stage_chunks(x, reinterpret_cast<const uint4*>(residual), k / 8, true);
     } else {
         for (int j = threadIdx.x; j < k; j += blockDim.x) {
             const float r = ld_act(residual + j);
@@ -154,12 +179,7 @@ KERN_DEV void stage_rmsnorm(float* x, const bf16* residual, const bf16* w, int k
 // x[j] = src[j] for j < k (f32 of bf16), 16-byte loads where k % 8 == 0 and src is aligned.
 KERN_DEV void stage_copy(float* x, const bf16* src, int k) {
     if ((k & 7) == 0 && aligned16(src)) {
-        for (int c = threadIdx.x; c < k / 8; c += blockDim.x) {
-            float v[8];
-            unpack_bf16x8(__ldcg(reinterpret_cast<const uint4*>(src) + c), v);
-            *reinterpret_cast<float4*>(x + 8 * c) = float4{v[0], v[1], v[2], v[3]};
-            *reinterpret_cast<float4*>(x + 8 * c + 4) = float4{v[4], v[5], v[6], v[7]};
-        }
+        stage_chunks(x, reinterpret_cast<const uint4*>(src), k / 8, false);
     } else {
         for (int j = threadIdx.x; j < k; j += blockDim.x) x[j] = ld_act(src + j);
     }
@@ -344,6 +364,25 @@ KERN_DEV void ring_stream(const WarpRows& rows, const float* x, uint4* ring, int
     ring_wait_pending(0);  // the trailing (empty) groups: nothing in flight into the ring past this instruction
 }
 
+// ring_stream over a residual-adding projection's rows (O_PROJ, DOWN): residual[row] = bf16(residual[row] +
+// bf16(dot)). Lane i < 32 loads row i's residual before the stream starts (its latency under the weights' instead
+// of a round trip in each batch's epilogue); a warp's rows past 32 are read in their epilogue.
+KERN_DEV void stream_residual(const WarpRows& rows, uint32_t first, const float* x, uint4* ring, int stages,
+                              bf16* residual) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int row_l = static_cast<int>(first) + warp + PD_WARPS * lane;
+    const float old_l = lane < rows.rows ? ld_act(residual + row_l) : 0.0f;
+    ring_stream(rows, x, ring, stages, [&](int b, const float (&dot)[kBatchRows]) {
+#pragma unroll
+        for (int r = 0; r < kBatchRows; ++r) {
+            const int i = b * kBatchRows + r;  // uniform across the warp
+            const int row = static_cast<int>(first) + warp + PD_WARPS * i;
+            const float old = i < 32 ? __shfl_sync(0xffffffffu, old_l, i & 31) : (i < rows.rows ? ld_act(residual + row) : 0.0f);
+            if (lane == 0 && i < rows.rows) residual[row] = f2bf(old + round_bf(dot[r]));
+        }
+    });
+}
+
 // ring_stream over a plain projection's rows (batch b: rows first + warp + PD_WARPS (2 b + r), r < 2):
 // `out(row, dot)` by lane 0 of the warp, the warp's rows in increasing order.
 template <typename Out>
@@ -360,7 +399,11 @@ KERN_DEV void stream_plain(const WarpRows& rows, uint32_t first, const float* x,
 
 
 // q/k RMSNorm + RoPE of kv head g's q heads and its k head, K/V written to the slot (kern_qk_norm_rope_kv's
-// formulas). One warp per head; lane l owns elements l, l + 32, ... of the head.
+// formulas). One warp per head; lane l owns elements l + 32 i (i < kHeadSlots) of the head. Every global value a
+// lane needs (its head elements, norm weights, cos / sin, the V elements) is loaded before any is used: one L2 round
+// trip for all of them instead of one per element (the position first: the rope row depends on it).
+constexpr int kHeadSlots = kMaxHeadDim / 32;
+
 KERN_DEV void rope_group(int g, const PersistShape& s, PageBound pages, const PersistLayer& L,
                          const bf16* qkv, const float* rope, const int32_t* positions, const int32_t* slot_mapping, bf16* q_out, float* head) {
     const int D = s.head_dim, group = s.q_heads / s.kv_heads, half = D / 2;
@@ -374,33 +417,50 @@ KERN_DEV void rope_group(int g, const PersistShape& s, PageBound pages, const Pe
         const bool is_q = h < group;
         const int qh = g * group + h;
         const bf16* src = qkv + (is_q ? static_cast<int64_t>(qh) * D : static_cast<int64_t>(s.q_heads + g) * D);
+        const bf16* v_src = qkv + static_cast<int64_t>(s.q_heads + s.kv_heads + g) * D;
         const bf16* w = is_q ? L.q_norm : L.k_norm;
         float* nh = head + h * kMaxHeadDim;
-        float sum = 0.0f;
-        for (int d = lane; d < D; d += 32) {
-            const float x = ld_act(src + d);
-            nh[d] = x;
-            sum += __fmul_rn(x, x);
+        float xv[kHeadSlots], wv[kHeadSlots], cs[kHeadSlots], sn[kHeadSlots], vv[kHeadSlots];
+#pragma unroll
+        for (int i = 0; i < kHeadSlots; ++i) {
+            const int d = lane + 32 * i;
+            const bool ok = d < D;
+            const int f = d < half ? d : d - half;
+            xv[i] = ok ? ld_act(src + d) : 0.0f;
+            wv[i] = ok ? bf2f(w[d]) : 0.0f;
+            cs[i] = ok ? rope_row[f] : 0.0f;
+            sn[i] = ok ? rope_row[half + f] : 0.0f;
+            vv[i] = ok && !is_q ? ld_act(v_src + d) : 0.0f;
         }
+        float sum = 0.0f;
+#pragma unroll
+        for (int i = 0; i < kHeadSlots; ++i) sum += __fmul_rn(xv[i], xv[i]);  // element order, as before (0 past D)
         const float rs = rsqrtf(warp_sum(sum) / static_cast<float>(D) + s.eps);
-        for (int d = lane; d < D; d += 32) nh[d] = round_bf(bf2f(w[d]) * round_bf(nh[d] * rs));
+#pragma unroll
+        for (int i = 0; i < kHeadSlots; ++i) {
+            const int d = lane + 32 * i;
+            if (d < D) nh[d] = round_bf(wv[i] * round_bf(xv[i] * rs));
+        }
         __syncwarp();
         if (!pos_ok || (!is_q && !slot_ok)) continue;  // as kern_qk_norm_rope_kv: nothing written
-        for (int d = lane; d < D; d += 32) {
-            const int f = d < half ? d : d - half;
+        const int64_t page = slot / s.page_tokens, off = slot % s.page_tokens;
+        const int64_t token_elems = static_cast<int64_t>(s.kv_heads) * D;
+        bf16* k_dst = L.kv + ((page * 2 + 0) * s.page_tokens + off) * token_elems + static_cast<int64_t>(g) * D;
+        bf16* v_dst = L.kv + ((page * 2 + 1) * s.page_tokens + off) * token_elems + static_cast<int64_t>(g) * D;
+#pragma unroll
+        for (int i = 0; i < kHeadSlots; ++i) {
+            const int d = lane + 32 * i;
+            if (d >= D) continue;
             const float rot = d < half ? -nh[d + half] : nh[d - half];
-            const bf16 y = f2bf(round_bf(nh[d] * rope_row[f]) + round_bf(rot * rope_row[half + f]));
+            const bf16 y = f2bf(round_bf(nh[d] * cs[i]) + round_bf(rot * sn[i]));
             if (is_q) {
                 q_out[static_cast<int64_t>(qh) * D + d] = y;
             } else {
-                const int64_t page = slot / s.page_tokens, off = slot % s.page_tokens;
-                const int64_t token_elems = static_cast<int64_t>(s.kv_heads) * D;
-                bf16* k_dst = L.kv + ((page * 2 + 0) * s.page_tokens + off) * token_elems + static_cast<int64_t>(g) * D;
-                bf16* v_dst = L.kv + ((page * 2 + 1) * s.page_tokens + off) * token_elems + static_cast<int64_t>(g) * D;
                 k_dst[d] = y;
-                v_dst[d] = __ldcg(qkv + static_cast<int64_t>(s.q_heads + s.kv_heads + g) * D + d);
+                v_dst[d] = f2bf(vv[i]);
             }
         }
+        __syncwarp();  // nh is rewritten by this warp's next head
     }
 }
 
@@ -608,23 +668,44 @@ KERN_DEV void attn_partial(int g, int split, const PersistShape& s, PageBound pa
     }
 }
 
-// attn_out of kv head g's q heads: sum_s e^(m_s - m) acc_s / sum_s e^(m_s - m) l_s (zeros when no token).
+// attn_out of kv head g's q heads: sum_s e^(m_s - m) acc_s / sum_s e^(m_s - m) l_s (zeros when no token). The
+// splits' values are loaded kReduceBatch at a time before any is used (a few L2 round trips, not one per split);
+// they are combined in split order as before.
+constexpr int kReduceBatch = 8;
+
 KERN_DEV void attn_reduce(int g, const PersistShape& s, const float* parts, bf16* attn_out) {
     const int D = s.head_dim, group = s.q_heads / s.kv_heads, splits = s.splits;
+    const int64_t stride = static_cast<int64_t>(group) * (D + 2);  // floats from split x to x + 1
     for (int i = threadIdx.x; i < group * D; i += blockDim.x) {
         const int h = i / D, d = i % D;
         const float* base = parts + (static_cast<int64_t>(g * splits) * group + h) * (D + 2);
         float mm = -INFINITY;
-        for (int x = 0; x < splits; ++x) mm = fmaxf(mm, __ldcg(base + static_cast<int64_t>(x) * group * (D + 2) + D));
+        for (int x0 = 0; x0 < splits; x0 += kReduceBatch) {
+            float mv[kReduceBatch];
+#pragma unroll
+            for (int u = 0; u < kReduceBatch; ++u) mv[u] = x0 + u < splits ? __ldcg(base + (x0 + u) * stride + D) : -INFINITY;
+#pragma unroll
+            for (int u = 0; u < kReduceBatch; ++u) mm = fmaxf(mm, mv[u]);
+        }
         float num = 0.0f, den = 0.0f;
         if (mm != -INFINITY) {
-            for (int x = 0; x < splits; ++x) {
-                const float* p = base + static_cast<int64_t>(x) * group * (D + 2);
-                const float mx = __ldcg(p + D);
-                if (mx == -INFINITY) continue;
-                const float w = expf(mx - mm);
-                num = fmaf(w, __ldcg(p + d), num);
-                den = fmaf(w, __ldcg(p + D + 1), den);
+            for (int x0 = 0; x0 < splits; x0 += kReduceBatch) {
+                float mx[kReduceBatch], av[kReduceBatch], lv[kReduceBatch];
+#pragma unroll
+                for (int u = 0; u < kReduceBatch; ++u) {
+                    const bool ok = x0 + u < splits;
+                    const float* p = base + (x0 + u) * stride;
+                    mx[u] = ok ? __ldcg(p + D) : -INFINITY;
+                    av[u] = ok ? __ldcg(p + d) : 0.0f;
+                    lv[u] = ok ? __ldcg(p + D + 1) : 0.0f;
+                }
+#pragma unroll
+                for (int u = 0; u < kReduceBatch; ++u) {
+                    if (mx[u] == -INFINITY) continue;
+                    const float w = expf(mx[u] - mm);
+                    num = fmaf(w, av[u], num);
+                    den = fmaf(w, lv[u], den);
+                }
             }
         }
         attn_out[static_cast<int64_t>(g * group + h) * D + d] = f2bf(den > 0.0f ? num / den : 0.0f);
@@ -792,9 +873,7 @@ extern "C" __global__ void __launch_bounds__(PD_THREADS, 1) kern_persistent_deco
                 break;
             case kOProj:
                 stage_copy(sm.x, attn_out, q_dim);
-                stream_plain(rows, a, sm.x, ring, stages, [&](int row, float dot) {
-                    residual[row] = f2bf(ld_act(residual + row) + round_bf(dot));
-                });
+                stream_residual(rows, a, sm.x, ring, stages, residual);
                 break;
             case kGateUp: {  // batch i of the warp: output j = first + warp + PD_WARPS i, rows gate j and up j
                 stage_rmsnorm(sm.x, residual, Lp.ln_post, H, s.eps, sm.red);
@@ -807,9 +886,7 @@ extern "C" __global__ void __launch_bounds__(PD_THREADS, 1) kern_persistent_deco
             }
             case kDown:
                 stage_copy(sm.x, act, I);
-                stream_plain(rows, a, sm.x, ring, stages, [&](int row, float dot) {
-                    residual[row] = f2bf(ld_act(residual + row) + round_bf(dot));
-                });
+                stream_residual(rows, a, sm.x, ring, stages, residual);
                 break;
             case kLmHead: {
                 stage_rmsnorm(sm.x, residual, final_norm, H, s.eps, sm.red);
@@ -855,10 +932,12 @@ extern "C" __global__ void __launch_bounds__(PD_THREADS, 1) kern_persistent_deco
                 if (threadIdx.x == 0) raise_fault(err, kBadTable, blockIdx.x, index, op, 0, 0);
                 abort_flag = 1;
         }
-        __threadfence();  // each thread's writes of this instruction, visible at GPU scope before the signal
-        __syncthreads();  // ... and all of them done (abort_flag is seen by all)
+        __syncthreads();  // every thread's writes of this instruction done (abort_flag is seen by all) ...
         if (abort_flag) break;
-        if (threadIdx.x == 0) red_release_add(counters + sig, 1u);
+        if (threadIdx.x == 0) {  // ... then one GPU-scope fence and the release, as cooperative groups' grid sync
+            __threadfence();
+            red_release_add(counters + sig, 1u);
+        }
     }
     ring_wait_pending(0);  // a block that stopped early (a fault) leaves no copy in flight into its shared memory
 }

@@ -37,6 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--name", default=None, help="manifest name (default: <config dir>-persistent)")
     parser.add_argument("--stages", type=int, default=None,
                         help="weight-ring steps per warp, 2..8 (default: the most that fit the shared memory)")
+    parser.add_argument("--row-quantum", type=int, default=8, help="projection tiles are multiples of this many rows")
     parser.add_argument("--no-l2-prefetch", action="store_true", help="clear the table's FLAG_L2_PREFETCH")
     parser.add_argument("--ablate", default="",
                         help="comma list of instruction classes (QKV, ROPE, ...) made NOPs: timing only, the "
@@ -54,7 +55,8 @@ def main(argv: list[str] | None = None) -> int:
         manifest, sched = build_persistent_manifest(cfg, read_kernel_abi(args.kernels), BuildOptions(name=name),
                                                     num_queues=args.sms, splits=args.splits,
                                                     config_digest=sha256_text(text), stages=args.stages,
-                                                    l2_prefetch=not args.no_l2_prefetch, ablate=ablate)
+                                                    l2_prefetch=not args.no_l2_prefetch, ablate=ablate,
+                                                    row_quantum=args.row_quantum)
     except (RefusalError, ValueError) as exc:
         print(f"gen_persistent: {exc}", file=sys.stderr)
         return 2

@@ -52,6 +52,7 @@ template <typename V> inline V shfl_at(V v, int src) {
   t_ctx->warp[w]->arrive_and_wait();
   V out; memcpy(&out, &got, sizeof(V)); return out;
 }
+template <typename V> inline V __shfl_sync(unsigned, V v, int src) { return shfl_at(v, src); }
 template <typename V> inline V __shfl_xor_sync(unsigned, V v, int o) { return shfl_at(v, (int)(threadIdx.x & 31) ^ o); }
 template <typename V> inline V __shfl_down_sync(unsigned, V v, int o) { int l = threadIdx.x & 31; return shfl_at(v, l + o < 32 ? l + o : l); }
 template <typename T> inline T __ldcg(const T* p) { return *reinterpret_cast<const volatile T*>(p); }

@@ -122,14 +122,16 @@ def _op(cfg: Qwen3Config, sched: Schedule, params: list[list[int]], num_queues: 
 def build_persistent_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: BuildOptions, *, num_queues: int = 132,
                               splits: int | None = None, timeout_ns: int = DEFAULT_TIMEOUT_NS,
                               config_digest: str = "", stages: int | None = None, l2_prefetch: bool = True,
-                              ablate: frozenset[Op] = frozenset()) -> tuple[dict[str, Any], Schedule]:
+                              ablate: frozenset[Op] = frozenset(), row_quantum: int = 8
+                              ) -> tuple[dict[str, Any], Schedule]:
     """(the manifest object with its digest, the schedule it packs). `opts` are today's builder options; the
     decode-related ones are forced to what the persistent path replaces (gemv v2, argmax sampler, one row).
     `num_queues`: the grid, one block per SM of the target GPU (H200: 132); `splits`: attention context splits
     (None: schedule.default_splits); `timeout_ns`: the bound of one counter wait; `stages`: the weight ring's
     steps per warp (None: the most that fit, ring_stages); `l2_prefetch`: the table's FLAG_L2_PREFETCH.
     `ablate`: instruction classes turned into NOPs (their waits and signals kept): a timing experiment whose decode
-    outputs are meaningless, named in meta.persistent.ablated. Raises ManifestBuildError for a model the kernel
+    outputs are meaningless, named in meta.persistent.ablated. `row_quantum`: projection tiles are multiples of it
+    (schedule.build_schedule). Raises ManifestBuildError for a model the kernel
     does not cover, a ring that does not fit, kernels.json without the entry or with another ABI, and whatever
     build_manifest raises."""
     check_shape(cfg)
@@ -141,7 +143,7 @@ def build_persistent_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: BuildOptio
     params = _launch_params(abi)
     base_opts = dataclasses.replace(opts, decode="gemv", gemv="v2", sampler="argmax", seqs_max=1)
     m = build_manifest(cfg, abi, base_opts, config_digest)
-    sched = build_schedule(cfg, num_queues, splits=splits)
+    sched = build_schedule(cfg, num_queues, splits=splits, row_quantum=row_quantum)
     instrs = tuple(dataclasses.replace(i, op=Op.NOP) if i.op in ablate else i for i in sched.table.instrs)
     sched = dataclasses.replace(sched, table=dataclasses.replace(
         sched.table, instrs=instrs, flags=FLAG_L2_PREFETCH if l2_prefetch else 0))
@@ -180,7 +182,8 @@ def build_persistent_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: BuildOptio
     m["meta"]["persistent"] = {"entry": ENTRY, "num_queues": num_queues, "splits": sched.splits,
                                "instructions": len(sched.table.instrs), "counters": sched.table.num_counters,
                                "instr_words": INSTR_WORDS, "table_sha256": hashlib.sha256(table).hexdigest(),
-                               "timeout_ns": timeout_ns, "ring_stages": stages, "l2_prefetch": l2_prefetch}
+                               "timeout_ns": timeout_ns, "ring_stages": stages, "l2_prefetch": l2_prefetch,
+                               "row_quantum": row_quantum}
     if ablate:
         m["meta"]["persistent"]["ablated"] = sorted(o.name for o in ablate)
     m.pop("digest", None)
