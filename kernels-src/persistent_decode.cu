@@ -247,6 +247,16 @@ struct WarpRows {
     KERN_DEV int steps_per_batch() const { return ((k >> 3) + 32 * kStepChunks - 1) / (32 * kStepChunks); }
 };
 
+// O_PROJ and DOWN (few rows, long k: 4B 2,560 rows of 8 and 19 KiB) split each row across the block's warps when
+// k is a multiple of 8 PD_WARPS and the tile's partial sums fit the head scratch: warp w takes elements
+// [w k / 8, (w + 1) k / 8) of every row, so a tile balances to the row, not to 8 rows (schedule.py tiles them
+// by 1 row then). Uniform across the block.
+constexpr int kSplitMaxRows = (kMaxGroup + 1) * kMaxHeadDim / PD_WARPS;
+
+KERN_DEV bool ksplit(uint32_t op, int k, uint32_t count) {
+    return (op == kOProj || op == kDown) && k % (8 * PD_WARPS) == 0 && count <= static_cast<uint32_t>(kSplitMaxRows);
+}
+
 // The warp's rows of a projection instruction (op, layer L, rows first .. first + count): plain rows
 // first + warp + PD_WARPS i (batch b: i = 2 b, 2 b + 1); GATE_UP output j = first + warp + PD_WARPS i is batch i,
 // gate row j then up row I + j. rows 0 for any other opcode.
@@ -265,6 +275,11 @@ KERN_DEV WarpRows warp_rows(uint32_t op, const PersistLayer& L, const bf16* lm_h
         default: return WarpRows{nullptr, 0, 0, 0, k, false};
     }
     const int n = static_cast<int>(count);
+    if (ksplit(op, k, count)) {  // every row of the tile, this warp's k / 8 slice of each
+        const int kw = k / PD_WARPS;
+        const bf16* row0 = w + static_cast<size_t>(first) * k + static_cast<size_t>(warp) * kw;
+        return WarpRows{row0, 2 * static_cast<size_t>(k), static_cast<size_t>(k), n, kw, aligned16(w)};
+    }
     const int mine = n > warp ? (n - warp + PD_WARPS - 1) / PD_WARPS : 0;  // rows (GATE_UP: outputs) of this warp
     const size_t stride = static_cast<size_t>(PD_WARPS) * k;
     const bf16* row0 = w + (static_cast<size_t>(first) + warp) * k;
@@ -381,6 +396,29 @@ KERN_DEV void stream_residual(const WarpRows& rows, uint32_t first, const float*
             if (lane == 0 && i < rows.rows) residual[row] = f2bf(old + round_bf(dot[r]));
         }
     });
+}
+
+// ring_stream over a k-split tile (ksplit: rows first .. first + count, this warp's slice of each, x its slice):
+// each warp's partial dot of row i goes to part[i][warp] (shared memory), then thread i sums row i's 8 partials in
+// warp order and adds it to the residual: residual[row] = bf16(residual[row] + bf16(sum)).
+KERN_DEV void stream_residual_ksplit(const WarpRows& rows, uint32_t first, const float* x, uint4* ring, int stages,
+                                     bf16* residual, float* part) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    ring_stream(rows, x, ring, stages, [&](int b, const float (&dot)[kBatchRows]) {
+#pragma unroll
+        for (int r = 0; r < kBatchRows; ++r) {
+            const int i = b * kBatchRows + r;
+            if (lane == 0 && i < rows.rows) part[i * PD_WARPS + warp] = dot[r];
+        }
+    });
+    __syncthreads();
+    for (int i = threadIdx.x; i < rows.rows; i += PD_THREADS) {
+        float sum = 0.0f;
+#pragma unroll
+        for (int w = 0; w < PD_WARPS; ++w) sum += part[i * PD_WARPS + w];
+        const int row = static_cast<int>(first) + i;
+        residual[row] = f2bf(ld_act(residual + row) + round_bf(sum));
+    }
 }
 
 // ring_stream over a plain projection's rows (batch b: rows first + warp + PD_WARPS (2 b + r), r < 2):
@@ -827,6 +865,11 @@ extern "C" __global__ void __launch_bounds__(PD_THREADS, 1) kern_persistent_deco
         }
         const uint32_t a = ins[2], cnt = ins[3], arg = ins[7];
         const PersistLayer& Lp = layers.layer[layer < kMaxLayers ? layer : 0];
+#ifdef PD_TRACE  // a timing probe (bench/persistent_trace.py), never a committed build: per queue entry e, the
+                 // low 32 bits of %globaltimer before the prologue, after the wait and after the work, in `logits`
+        uint32_t* const trace = reinterpret_cast<uint32_t*>(logits) + 3 * static_cast<size_t>(e);
+        if (threadIdx.x == 0) trace[0] = static_cast<uint32_t>(global_ns());
+#endif
         // ---- the ring prologue: a projection's first weight steps, issued before the wait (they depend on nothing)
         const WarpRows rows = warp_rows(op, Lp, lm_head, a, cnt, s);
         if (rows.vec && rows.rows > 0) ring_prologue(rows, ring, stages);
@@ -857,6 +900,9 @@ extern "C" __global__ void __launch_bounds__(PD_THREADS, 1) kern_persistent_deco
             __syncthreads();
             if (abort_flag) break;
         }
+#ifdef PD_TRACE
+        if (threadIdx.x == 0) trace[1] = static_cast<uint32_t>(global_ns());
+#endif
         switch (op) {
             case kQkv:
                 stage_rmsnorm(sm.x, residual, Lp.ln_in, H, s.eps, sm.red);
@@ -873,7 +919,11 @@ extern "C" __global__ void __launch_bounds__(PD_THREADS, 1) kern_persistent_deco
                 break;
             case kOProj:
                 stage_copy(sm.x, attn_out, q_dim);
-                stream_residual(rows, a, sm.x, ring, stages, residual);
+                if (ksplit(op, q_dim, cnt))
+                    stream_residual_ksplit(rows, a, sm.x + (threadIdx.x >> 5) * (q_dim / PD_WARPS), ring, stages,
+                                           residual, sm.head);
+                else
+                    stream_residual(rows, a, sm.x, ring, stages, residual);
                 break;
             case kGateUp: {  // batch i of the warp: output j = first + warp + PD_WARPS i, rows gate j and up j
                 stage_rmsnorm(sm.x, residual, Lp.ln_post, H, s.eps, sm.red);
@@ -886,7 +936,11 @@ extern "C" __global__ void __launch_bounds__(PD_THREADS, 1) kern_persistent_deco
             }
             case kDown:
                 stage_copy(sm.x, act, I);
-                stream_residual(rows, a, sm.x, ring, stages, residual);
+                if (ksplit(op, I, cnt))
+                    stream_residual_ksplit(rows, a, sm.x + (threadIdx.x >> 5) * (I / PD_WARPS), ring, stages,
+                                           residual, sm.head);
+                else
+                    stream_residual(rows, a, sm.x, ring, stages, residual);
                 break;
             case kLmHead: {
                 stage_rmsnorm(sm.x, residual, final_norm, H, s.eps, sm.red);
@@ -895,7 +949,9 @@ extern "C" __global__ void __launch_bounds__(PD_THREADS, 1) kern_persistent_deco
                 int best_i = 0x7fffffff;
                 stream_plain(rows, a, sm.x, ring, stages, [&](int row, float dot) {  // lane 0, the warp's rows in order
                     const float v = round_bf(dot);
+#ifndef PD_TRACE
                     logits[row] = f2bf(v);
+#endif
                     if (better(v, row, best, best_i)) best = v, best_i = row;
                 });
                 __syncthreads();
@@ -933,6 +989,9 @@ extern "C" __global__ void __launch_bounds__(PD_THREADS, 1) kern_persistent_deco
                 abort_flag = 1;
         }
         __syncthreads();  // every thread's writes of this instruction done (abort_flag is seen by all) ...
+#ifdef PD_TRACE
+        if (threadIdx.x == 0) trace[2] = static_cast<uint32_t>(global_ns());
+#endif
         if (abort_flag) break;
         if (threadIdx.x == 0) {  // ... then one GPU-scope fence and the release, as cooperative groups' grid sync
             __threadfence();

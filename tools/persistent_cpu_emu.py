@@ -1,7 +1,8 @@
 """Run kern_persistent_decode (kernels-src/persistent_decode.cu) on the CPU (no GPU): one decode step of a tiny
 Qwen3-shaped model, every block of the grid at once, against a numpy model of today's decode step built from
 tools/reference_kernels.py; and a planted hang against the error word. The "wide" step cases (hidden 552,
-intermediate 616) take the GEMV-row path through several pipeline steps per batch with uneven chunks per lane.
+intermediate 640) take the GEMV-row path through several ring steps per batch with uneven chunks per lane, and
+DOWN's k-split path (the tiny shape's DOWN, k 96, the row path; both shapes' O_PROJ, k 128, the k-split).
 
 The kernel source is compiled with g++ against tools/cpu_emu_persist/ (common.cuh: each block its own 256
 std::threads, block barrier, warp exchanges and dynamic shared memory; persistent_sync.cuh: std::atomic_ref counters,
@@ -61,9 +62,10 @@ def tiny_config() -> Qwen3Config:
 
 
 def wide_config() -> Qwen3Config:
-    """tiny_config with hidden 552 and intermediate 616 (69 and 77 16-byte chunks per row: lanes with 2 and 3
-    chunks, two pipeline steps per batch of the GEMV-row path, batches with one row) and vocab 200."""
-    return dataclasses.replace(tiny_config(), hidden=552, intermediate=616, vocab=200)
+    """tiny_config with hidden 552 and intermediate 640 (QKV / GATE_UP rows of 69 16-byte chunks: lanes with 2 and
+    3 chunks, two ring steps per batch of the GEMV-row path, batches with one row; DOWN rows of 80 chunks, split 10
+    chunks a warp by the k-split path, lanes 0..9 busy) and vocab 200."""
+    return dataclasses.replace(tiny_config(), hidden=552, intermediate=640, vocab=200)
 
 
 CONFIGS = {"tiny": tiny_config, "wide": wide_config}

@@ -23,6 +23,8 @@ from ..config import Qwen3Config
 from .isa import NO_COUNTER, Instr, Op, Table
 
 BF16 = 2
+WARPS = 8  # PD_WARPS of the kernel
+KSPLIT_MAX_ROWS = 9 * 256 // WARPS  # kSplitMaxRows: a k-split tile's partial sums fill at most the head scratch
 # What one instruction's fixed latency (its wait, staging its input vector, its reduction) is counted as when queues
 # are balanced: about 1 us of one SM's share of 4.3 TB/s over 132 SMs (32.6 GB/s). Without it the instructions that
 # stream no weights (ROPE, ATTN_REDUCE) would all land on the least loaded queue, one after the other.
@@ -124,6 +126,13 @@ def build_schedule(cfg: Qwen3Config, num_queues: int, *, row_quantum: int = 8, s
         return Access(buffer, lo, hi, write=True)
 
     kv_cost = ctx_tokens * 2 * D * BF16 // S  # K and V of one head over one split
+
+    def residual_quantum(k: int) -> int:
+        """O_PROJ / DOWN tiles: 1 row where the kernel splits each row across its 8 warps (k a multiple of 64 and
+        at most KSPLIT_MAX_ROWS rows a tile: its `ksplit`), so a tile balances to the row; else row_quantum."""
+        if k % (8 * WARPS) == 0 and tile_rows(H, num_queues, 1) <= KSPLIT_MAX_ROWS:
+            return 1
+        return row_quantum
     prev: tuple[int, int] | None = None  # (counter, target) the next layer's QKV waits on
     for layer in range(L):
         kv = f"kv.{layer}"
@@ -156,7 +165,7 @@ def build_schedule(cfg: Qwen3Config, num_queues: int, *, row_quantum: int = 8, s
                  [read("attn_partials", g * S * group, (g + 1) * S * group), read("seq_lens"),
                   write("attn_out", q_lo, q_hi)], 0, cost=0)
         c_o = counters.new()
-        o_tiles = tiles(H, num_queues, row_quantum)
+        o_tiles = tiles(H, num_queues, residual_quantum(q_dim))
         for a, n in o_tiles:
             emit(Op.O_PROJ, layer, a, n, (c_red, Hkv), c_o,
                  [read("attn_out", 0, q_dim), read(f"w_o.{layer}", a * q_dim, (a + n) * q_dim),
@@ -170,7 +179,7 @@ def build_schedule(cfg: Qwen3Config, num_queues: int, *, row_quantum: int = 8, s
                   read(f"w_gate_up.{layer}", (I + a) * H, (I + a + n) * H), write("act", a, a + n)],
                  2 * n * H * BF16)
         c_down = counters.new()
-        down_tiles = tiles(H, num_queues, row_quantum)
+        down_tiles = tiles(H, num_queues, residual_quantum(I))
         for a, n in down_tiles:
             emit(Op.DOWN, layer, a, n, (c_gu, len(gu_tiles)), c_down,
                  [read("act", 0, I), read(f"w_down.{layer}", a * I, (a + n) * I), read("residual", a, a + n),
