@@ -3,7 +3,8 @@
 instruction class costs").
 
     python3 bench/persistent_trace.py --ckpt /tmp/kern-weights/qwen3-4b [--config tests/data/configs/Qwen3-4B.json]
-                                      [--context 128] [--stages N] [--json out.json]
+                                      [--context 128] [--stages N] [--no-l2-prefetch] [--counter-stride N]
+                                      [--json out.json]
 
 Builds kernels-src/persistent_decode.cu with -DPD_TRACE (a probe build, never committed: the kernel then writes,
 per queue entry, %globaltimer before its ring prologue, after its counter wait and after its work into the
@@ -108,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--stages", type=int, default=None)
     p.add_argument("--sms", type=int, default=132)
+    p.add_argument("--no-l2-prefetch", action="store_true")
+    p.add_argument("--counter-stride", type=int, default=1)
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
     import numpy as np
@@ -124,7 +127,9 @@ def main(argv: list[str] | None = None) -> int:
     kdir = trace_kernels(tmp)
     cfg = Qwen3Config.from_json(json.loads(args.config.read_text()), str(args.config))
     manifest, sched = build_persistent_manifest(cfg, read_kernel_abi(kdir), BuildOptions(name="ptrace"),
-                                                num_queues=args.sms, stages=args.stages)
+                                                num_queues=args.sms, stages=args.stages,
+                                                l2_prefetch=not args.no_l2_prefetch,
+                                                counter_stride=args.counter_stride)
     n = len(sched.table.instrs)
     if 12 * n > 2 * cfg.vocab:
         print(f"persistent_trace: {n} instructions need {12 * n} bytes; logits hold {2 * cfg.vocab}", file=sys.stderr)

@@ -706,10 +706,10 @@ KERN_DEV void attn_partial(int g, int split, const PersistShape& s, PageBound pa
     }
 }
 
-// attn_out of kv head g's q heads: sum_s e^(m_s - m) acc_s / sum_s e^(m_s - m) l_s (zeros when no token). The
-// splits' values are loaded kReduceBatch at a time before any is used (a few L2 round trips, not one per split);
-// they are combined in split order as before.
-constexpr int kReduceBatch = 8;
+// attn_out of kv head g's q heads: sum_s e^(m_s - m) acc_s / sum_s e^(m_s - m) l_s (zeros when no token). Up to
+// kReduceBatch splits: every split's (m, l, acc[d]) loaded at once (one L2 round trip an output), then combined in
+// split order; more splits: the maxima first, kReduceBatch at a time, then the values.
+constexpr int kReduceBatch = 16;
 
 KERN_DEV void attn_reduce(int g, const PersistShape& s, const float* parts, bf16* attn_out) {
     const int D = s.head_dim, group = s.q_heads / s.kv_heads, splits = s.splits;
@@ -717,33 +717,42 @@ KERN_DEV void attn_reduce(int g, const PersistShape& s, const float* parts, bf16
     for (int i = threadIdx.x; i < group * D; i += blockDim.x) {
         const int h = i / D, d = i % D;
         const float* base = parts + (static_cast<int64_t>(g * splits) * group + h) * (D + 2);
-        float mm = -INFINITY;
-        for (int x0 = 0; x0 < splits; x0 += kReduceBatch) {
-            float mv[kReduceBatch];
+        float mm = -INFINITY, num = 0.0f, den = 0.0f;
+        if (splits <= kReduceBatch) {
+            float mx[kReduceBatch], av[kReduceBatch], lv[kReduceBatch];
 #pragma unroll
-            for (int u = 0; u < kReduceBatch; ++u) mv[u] = x0 + u < splits ? __ldcg(base + (x0 + u) * stride + D) : -INFINITY;
+            for (int u = 0; u < kReduceBatch; ++u) {
+                const bool ok = u < splits;
+                const float* p = base + u * stride;
+                mx[u] = ok ? __ldcg(p + D) : -INFINITY;
+                av[u] = ok ? __ldcg(p + d) : 0.0f;
+                lv[u] = ok ? __ldcg(p + D + 1) : 0.0f;
+            }
 #pragma unroll
-            for (int u = 0; u < kReduceBatch; ++u) mm = fmaxf(mm, mv[u]);
-        }
-        float num = 0.0f, den = 0.0f;
-        if (mm != -INFINITY) {
+            for (int u = 0; u < kReduceBatch; ++u) mm = fmaxf(mm, mx[u]);
+#pragma unroll
+            for (int u = 0; u < kReduceBatch; ++u) {
+                if (mx[u] == -INFINITY) continue;  // an empty split (and every u past splits)
+                const float w = expf(mx[u] - mm);
+                num = fmaf(w, av[u], num);
+                den = fmaf(w, lv[u], den);
+            }
+        } else {
             for (int x0 = 0; x0 < splits; x0 += kReduceBatch) {
-                float mx[kReduceBatch], av[kReduceBatch], lv[kReduceBatch];
+                float mv[kReduceBatch];
 #pragma unroll
-                for (int u = 0; u < kReduceBatch; ++u) {
-                    const bool ok = x0 + u < splits;
-                    const float* p = base + (x0 + u) * stride;
-                    mx[u] = ok ? __ldcg(p + D) : -INFINITY;
-                    av[u] = ok ? __ldcg(p + d) : 0.0f;
-                    lv[u] = ok ? __ldcg(p + D + 1) : 0.0f;
-                }
+                for (int u = 0; u < kReduceBatch; ++u)
+                    mv[u] = x0 + u < splits ? __ldcg(base + (x0 + u) * stride + D) : -INFINITY;
 #pragma unroll
-                for (int u = 0; u < kReduceBatch; ++u) {
-                    if (mx[u] == -INFINITY) continue;
-                    const float w = expf(mx[u] - mm);
-                    num = fmaf(w, av[u], num);
-                    den = fmaf(w, lv[u], den);
-                }
+                for (int u = 0; u < kReduceBatch; ++u) mm = fmaxf(mm, mv[u]);
+            }
+            for (int x = 0; mm != -INFINITY && x < splits; ++x) {
+                const float* p = base + x * stride;
+                const float mx = __ldcg(p + D);
+                if (mx == -INFINITY) continue;
+                const float w = expf(mx - mm);
+                num = fmaf(w, __ldcg(p + d), num);
+                den = fmaf(w, __ldcg(p + D + 1), den);
             }
         }
         attn_out[static_cast<int64_t>(g * group + h) * D + d] = f2bf(den > 0.0f ? num / den : 0.0f);

@@ -38,6 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stages", type=int, default=None,
                         help="weight-ring steps per warp, 2..8 (default: the most that fit the shared memory)")
     parser.add_argument("--row-quantum", type=int, default=8, help="projection tiles are multiples of this many rows")
+    parser.add_argument("--counter-stride", type=int, default=1, help="u32 words between counters (32: a line each)")
     parser.add_argument("--no-l2-prefetch", action="store_true", help="clear the table's FLAG_L2_PREFETCH")
     parser.add_argument("--ablate", default="",
                         help="comma list of instruction classes (QKV, ROPE, ...) made NOPs: timing only, the "
@@ -56,7 +57,8 @@ def main(argv: list[str] | None = None) -> int:
                                                     num_queues=args.sms, splits=args.splits,
                                                     config_digest=sha256_text(text), stages=args.stages,
                                                     l2_prefetch=not args.no_l2_prefetch, ablate=ablate,
-                                                    row_quantum=args.row_quantum)
+                                                    row_quantum=args.row_quantum,
+                                                    counter_stride=args.counter_stride)
     except (RefusalError, ValueError) as exc:
         print(f"gen_persistent: {exc}", file=sys.stderr)
         return 2

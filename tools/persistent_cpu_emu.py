@@ -303,6 +303,8 @@ ATTN_CASES = (
     AttnCase("d48 group3 scalar", 48, 6, 2, 64, 40, 2, (0, 5, 2)),
     # 5 tokens over 4 splits of 2: the last split empty, one token step of one iteration in use
     AttnCase("d128 group4 short", 128, 8, 2, 64, 5, 4, (7,)),
+    # 20 splits of 10 tokens: more splits than ATTN_REDUCE loads at once (its two-pass path), page 4 absent
+    AttnCase("d64 group2 20 splits", 64, 4, 2, 64, 200, 20, (12, 3, 7, 0, -1, 9, 1, 11, 2, 8, 10, 5, 6)),
 )
 
 

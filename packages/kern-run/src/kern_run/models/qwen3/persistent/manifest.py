@@ -21,7 +21,7 @@ from ..config import Qwen3Config
 from ..jsonio import manifest_digest
 from ..manifest import build_manifest
 from ..options import BuildOptions
-from .isa import FLAG_L2_PREFETCH, INSTR_WORDS, Op
+from .isa import FLAG_L2_PREFETCH, INSTR_WORDS, NO_COUNTER, Instr, Op
 from .schedule import Schedule, build_schedule
 
 ENTRY = "kern_persistent_decode"
@@ -122,7 +122,7 @@ def _op(cfg: Qwen3Config, sched: Schedule, params: list[list[int]], num_queues: 
 def build_persistent_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: BuildOptions, *, num_queues: int = 132,
                               splits: int | None = None, timeout_ns: int = DEFAULT_TIMEOUT_NS,
                               config_digest: str = "", stages: int | None = None, l2_prefetch: bool = True,
-                              ablate: frozenset[Op] = frozenset(), row_quantum: int = 8
+                              ablate: frozenset[Op] = frozenset(), row_quantum: int = 8, counter_stride: int = 1
                               ) -> tuple[dict[str, Any], Schedule]:
     """(the manifest object with its digest, the schedule it packs). `opts` are today's builder options; the
     decode-related ones are forced to what the persistent path replaces (gemv v2, argmax sampler, one row).
@@ -131,7 +131,8 @@ def build_persistent_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: BuildOptio
     steps per warp (None: the most that fit, ring_stages); `l2_prefetch`: the table's FLAG_L2_PREFETCH.
     `ablate`: instruction classes turned into NOPs (their waits and signals kept): a timing experiment whose decode
     outputs are meaningless, named in meta.persistent.ablated. `row_quantum`: projection tiles are multiples of it
-    (schedule.build_schedule). Raises ManifestBuildError for a model the kernel
+    (schedule.build_schedule). `counter_stride`: counter c of the schedule becomes word c x counter_stride of the
+    counters buffer (32: one counter per 128-byte L2 line, so pollers of different counters share no line). Raises ManifestBuildError for a model the kernel
     does not cover, a ring that does not fit, kernels.json without the entry or with another ABI, and whatever
     build_manifest raises."""
     check_shape(cfg)
@@ -144,9 +145,17 @@ def build_persistent_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: BuildOptio
     base_opts = dataclasses.replace(opts, decode="gemv", gemv="v2", sampler="argmax", seqs_max=1)
     m = build_manifest(cfg, abi, base_opts, config_digest)
     sched = build_schedule(cfg, num_queues, splits=splits, row_quantum=row_quantum)
-    instrs = tuple(dataclasses.replace(i, op=Op.NOP) if i.op in ablate else i for i in sched.table.instrs)
+    if not 1 <= counter_stride <= 64:
+        raise ManifestBuildError(f"counter_stride {counter_stride}: 1..64 words")
+
+    def respaced(i: Instr) -> Instr:
+        wait = i.wait_counter if i.wait_counter == NO_COUNTER else i.wait_counter * counter_stride
+        return dataclasses.replace(i, op=Op.NOP if i.op in ablate else i.op, wait_counter=wait,
+                                   signal_counter=i.signal_counter * counter_stride)
+
     sched = dataclasses.replace(sched, table=dataclasses.replace(
-        sched.table, instrs=instrs, flags=FLAG_L2_PREFETCH if l2_prefetch else 0))
+        sched.table, instrs=tuple(respaced(i) for i in sched.table.instrs),
+        num_counters=sched.table.num_counters * counter_stride, flags=FLAG_L2_PREFETCH if l2_prefetch else 0))
     table = sched.table.pack()
     group = cfg.q_heads // cfg.kv_heads
     decode = m["programs"]["decode"]["calls"]
@@ -183,7 +192,7 @@ def build_persistent_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: BuildOptio
                                "instructions": len(sched.table.instrs), "counters": sched.table.num_counters,
                                "instr_words": INSTR_WORDS, "table_sha256": hashlib.sha256(table).hexdigest(),
                                "timeout_ns": timeout_ns, "ring_stages": stages, "l2_prefetch": l2_prefetch,
-                               "row_quantum": row_quantum}
+                               "row_quantum": row_quantum, "counter_stride": counter_stride}
     if ablate:
         m["meta"]["persistent"]["ablated"] = sorted(o.name for o in ablate)
     m.pop("digest", None)
