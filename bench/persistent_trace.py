@@ -33,15 +33,17 @@ ROOT = Path(__file__).resolve().parents[1]
 CLASSES = ("QKV", "ROPE", "ATTN_PARTIAL", "ATTN_REDUCE", "O_PROJ", "GATE_UP", "DOWN")
 
 
-def trace_kernels(out: Path) -> Path:
-    """A kernels directory: the committed one with persistent_decode replaced by its -DPD_TRACE build."""
+def trace_kernels(out: Path, twice: bool = False) -> Path:
+    """A kernels directory: the committed one with persistent_decode replaced by its -DPD_TRACE build (and
+    -DPD_TWICE: ROPE, ATTN_PARTIAL and ATTN_REDUCE run twice, trace[0] their first run's end)."""
     sys.path.insert(0, str(ROOT / "tools"))
     import build_kernels
 
     kdir = out / "kernels"
     shutil.copytree(ROOT / "kernels", kdir)
     (out / "probe").mkdir()
-    probe = build_kernels.compile_probe("persistent_decode", ["PD_TRACE"], out / "probe")
+    probe = build_kernels.compile_probe("persistent_decode", ["PD_TRACE", *(["PD_TWICE"] if twice else [])],
+                                        out / "probe")
     sha = build_kernels.sha256_file(probe)
     cubin = kdir / f"persistent_decode-{sha[:12]}.cubin"  # the runtime's naming: module-<sha256 prefix>.cubin
     shutil.move(probe, cubin)
@@ -101,6 +103,23 @@ def analyse(sched, words) -> dict:
             "step_us": step, "layers": len(layers)}
 
 
+def twice(sched, words) -> dict:
+    """--twice: per class, median first-run and second-run us (trace[0] is the first run's end)."""
+    table = sched.table
+    first: dict[str, list[float]] = {}
+    second: dict[str, list[float]] = {}
+    e = 0
+    for queue in table.queues:
+        for index in queue:
+            t0, t1, t2 = (int(w) for w in words[3 * e: 3 * e + 3])
+            e += 1
+            name = table.instrs[index].op.name
+            if name in ("ROPE", "ATTN_PARTIAL", "ATTN_REDUCE"):
+                first.setdefault(name, []).append(((t0 - t1) & 0xFFFFFFFF) / 1e3)
+                second.setdefault(name, []).append(((t2 - t0) & 0xFFFFFFFF) / 1e3)
+    return {c: (statistics.median(first[c]), statistics.median(second[c])) for c in first}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--ckpt", type=Path, required=True)
@@ -111,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sms", type=int, default=132)
     p.add_argument("--no-l2-prefetch", action="store_true")
     p.add_argument("--counter-stride", type=int, default=1)
+    p.add_argument("--no-fences", action="store_true")
+    p.add_argument("--twice", action="store_true", help="ROPE / ATTN_PARTIAL / ATTN_REDUCE run twice: cold vs warm")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
     import numpy as np
@@ -124,12 +145,12 @@ def main(argv: list[str] | None = None) -> int:
     from kern_run.preflight import read_manifest
 
     tmp = Path(tempfile.mkdtemp(prefix="kern-ptrace-"))
-    kdir = trace_kernels(tmp)
+    kdir = trace_kernels(tmp, args.twice)
     cfg = Qwen3Config.from_json(json.loads(args.config.read_text()), str(args.config))
     manifest, sched = build_persistent_manifest(cfg, read_kernel_abi(kdir), BuildOptions(name="ptrace"),
                                                 num_queues=args.sms, stages=args.stages,
                                                 l2_prefetch=not args.no_l2_prefetch,
-                                                counter_stride=args.counter_stride)
+                                                counter_stride=args.counter_stride, fences=not args.no_fences)
     n = len(sched.table.instrs)
     if 12 * n > 2 * cfg.vocab:
         print(f"persistent_trace: {n} instructions need {12 * n} bytes; logits hold {2 * cfg.vocab}", file=sys.stderr)
@@ -142,6 +163,8 @@ def main(argv: list[str] | None = None) -> int:
     gen.generate(prompt, GenerateOptions(args.steps, min(512, facts.tokens_max), eager=True, stop_at_eos=False))
     words = gen.rt.read_buffer("logits").reshape(-1).view(np.uint32)[: 3 * n]
     out = analyse(sched, words)
+    if args.twice:
+        out["twice_us"] = twice(sched, words)
     out.update({"config": str(args.config), "context": args.context, "stages": manifest["meta"]["persistent"]["ring_stages"]})
     if args.json:
         args.json.write_text(json.dumps(out, indent=1))
@@ -154,6 +177,10 @@ def main(argv: list[str] | None = None) -> int:
             continue
         print(f"{c:<14}| {r['segment']:8.2f} {r['hop']:7.2f} {r['work_critical']:10.2f} {r['work_median']:9.2f} "
               f"{r['work_max']:9.2f} {r['wait_median']:9.2f}")
+    if args.twice:
+        print("run twice (us, median over instructions): class | first run | second run")
+        for c, (first, second) in out["twice_us"].items():
+            print(f"  {c:<14}| {first:8.2f} | {second:8.2f}")
     return 0
 
 

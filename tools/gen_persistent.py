@@ -39,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="weight-ring steps per warp, 2..8 (default: the most that fit the shared memory)")
     parser.add_argument("--row-quantum", type=int, default=8, help="projection tiles are multiples of this many rows")
     parser.add_argument("--counter-stride", type=int, default=1, help="u32 words between counters (32: a line each)")
+    parser.add_argument("--no-fences", action="store_true", help="clear the table's FLAG_FENCES")
     parser.add_argument("--no-l2-prefetch", action="store_true", help="clear the table's FLAG_L2_PREFETCH")
     parser.add_argument("--ablate", default="",
                         help="comma list of instruction classes (QKV, ROPE, ...) made NOPs: timing only, the "
@@ -58,7 +59,8 @@ def main(argv: list[str] | None = None) -> int:
                                                     config_digest=sha256_text(text), stages=args.stages,
                                                     l2_prefetch=not args.no_l2_prefetch, ablate=ablate,
                                                     row_quantum=args.row_quantum,
-                                                    counter_stride=args.counter_stride)
+                                                    counter_stride=args.counter_stride,
+                                                    fences=not args.no_fences)
     except (RefusalError, ValueError) as exc:
         print(f"gen_persistent: {exc}", file=sys.stderr)
         return 2

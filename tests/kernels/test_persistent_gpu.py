@@ -198,7 +198,7 @@ def test_too_little_shared_memory_for_a_two_step_ring_is_a_launch_fault(runtime_
 def test_an_unknown_table_flag_is_a_table_fault(runtime_of) -> None:
     from kern_runtime import DeviceFaultError
 
-    rt = runtime_of(manifest(dataclasses.replace(argmax_table(None), flags=2)))
+    rt = runtime_of(manifest(dataclasses.replace(argmax_table(None), flags=4)))
     rt.issue("step", {"tokens": 1}, eager=True)
     with pytest.raises(DeviceFaultError) as info:
         rt.synchronize()

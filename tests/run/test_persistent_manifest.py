@@ -17,7 +17,7 @@ from kern_run.errors import ManifestBuildError
 from kern_run.models.qwen3.abi import KernelAbi, read_kernel_abi
 from kern_run.models.qwen3.config import Qwen3Config
 from kern_run.models.qwen3.options import BuildOptions
-from kern_run.models.qwen3.persistent.isa import FLAG_L2_PREFETCH, Op, unpack
+from kern_run.models.qwen3.persistent.isa import FLAG_FENCES, FLAG_L2_PREFETCH, Op, unpack
 from kern_run.models.qwen3.persistent.manifest import (
     LAYER_FIELDS,
     LAYER_SLOTS,
@@ -180,7 +180,7 @@ def test_the_flags_and_the_ablations_are_table_data(abi: KernelAbi) -> None:
                                                ablate=frozenset({Op.ROPE, Op.O_PROJ}))
     table = unpack(base64.b64decode(base["buffers"]["persist_table"]["init"]["base64"]))
     table_off = unpack(base64.b64decode(off["buffers"]["persist_table"]["init"]["base64"]))
-    assert table.flags == FLAG_L2_PREFETCH and table_off.flags == 0
+    assert table.flags == FLAG_L2_PREFETCH | FLAG_FENCES and table_off.flags == FLAG_FENCES
     assert table_off == sched_off.table and off["meta"]["persistent"]["ablated"] == ["O_PROJ", "ROPE"]
     assert "ablated" not in base["meta"]["persistent"] and off["digest"] != base["digest"]
     # every ROPE and O_PROJ is a NOP with its wait and signal kept; every other instruction is unchanged

@@ -211,7 +211,7 @@ def words_of(table: Table) -> list[int]:
 @pytest.mark.parametrize(("edit", "words"), [
     (lambda w: w.__setitem__(0, 0), "not the table magic"),
     (lambda w: w.__setitem__(1, 1), "version 1"),
-    (lambda w: w.__setitem__(10, 2), "flags 0x2"),
+    (lambda w: w.__setitem__(10, 4), "flags 0x4"),
     (lambda w: w.__setitem__(5, 9), "instructions of 9 words"),
     (lambda w: w.__setitem__(2, 1 << 30), "outside 1.."),
     (lambda w: w.__setitem__(3, 0), "outside 1.."),

@@ -29,7 +29,8 @@ HEADER_WORDS = 16
 INSTR_WORDS = 8
 NO_COUNTER = 0xFFFFFFFF
 FLAG_L2_PREFETCH = 1  # while a projection waits, warp 1 prefetches its tile's next bytes into L2
-KNOWN_FLAGS = FLAG_L2_PREFETCH
+FLAG_FENCES = 2  # thread 0 adds a GPU-scope fence after its acquire and before its release
+KNOWN_FLAGS = FLAG_L2_PREFETCH | FLAG_FENCES
 U32_MAX = 0xFFFFFFFF
 MAX_INSTRUCTIONS = 1 << 20  # far above any decode step (Qwen3-32B: ~40k); a hostile header is refused before use
 MAX_QUEUES = 1024  # blocks of one cooperative grid: SMs x blocks per SM on any GPU kern targets
@@ -133,7 +134,8 @@ class Table:
         if not 1 <= self.num_counters <= MAX_COUNTERS:
             raise TableError(f"{self.num_counters} counters; a table names 1..{MAX_COUNTERS}")
         if self.flags & ~KNOWN_FLAGS or self.flags < 0:
-            raise TableError(f"flags 0x{self.flags:x}: this version knows 0x{KNOWN_FLAGS:x} (FLAG_L2_PREFETCH)")
+            raise TableError(f"flags 0x{self.flags:x}: this version knows 0x{KNOWN_FLAGS:x} (FLAG_L2_PREFETCH, "
+                             "FLAG_FENCES)")
         signallers = [0] * self.num_counters
         last_signal = [-1] * self.num_counters
         for i, ins in enumerate(self.instrs):

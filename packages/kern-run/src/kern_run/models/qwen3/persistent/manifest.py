@@ -21,7 +21,7 @@ from ..config import Qwen3Config
 from ..jsonio import manifest_digest
 from ..manifest import build_manifest
 from ..options import BuildOptions
-from .isa import FLAG_L2_PREFETCH, INSTR_WORDS, NO_COUNTER, Instr, Op
+from .isa import FLAG_FENCES, FLAG_L2_PREFETCH, INSTR_WORDS, NO_COUNTER, Instr, Op
 from .schedule import Schedule, build_schedule
 
 ENTRY = "kern_persistent_decode"
@@ -122,13 +122,14 @@ def _op(cfg: Qwen3Config, sched: Schedule, params: list[list[int]], num_queues: 
 def build_persistent_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: BuildOptions, *, num_queues: int = 132,
                               splits: int | None = None, timeout_ns: int = DEFAULT_TIMEOUT_NS,
                               config_digest: str = "", stages: int | None = None, l2_prefetch: bool = True,
-                              ablate: frozenset[Op] = frozenset(), row_quantum: int = 8, counter_stride: int = 1
-                              ) -> tuple[dict[str, Any], Schedule]:
+                              ablate: frozenset[Op] = frozenset(), row_quantum: int = 8, counter_stride: int = 1,
+                              fences: bool = True) -> tuple[dict[str, Any], Schedule]:
     """(the manifest object with its digest, the schedule it packs). `opts` are today's builder options; the
     decode-related ones are forced to what the persistent path replaces (gemv v2, argmax sampler, one row).
     `num_queues`: the grid, one block per SM of the target GPU (H200: 132); `splits`: attention context splits
     (None: schedule.default_splits); `timeout_ns`: the bound of one counter wait; `stages`: the weight ring's
-    steps per warp (None: the most that fit, ring_stages); `l2_prefetch`: the table's FLAG_L2_PREFETCH.
+    steps per warp (None: the most that fit, ring_stages); `l2_prefetch`, `fences`: the table's FLAG_L2_PREFETCH,
+    FLAG_FENCES.
     `ablate`: instruction classes turned into NOPs (their waits and signals kept): a timing experiment whose decode
     outputs are meaningless, named in meta.persistent.ablated. `row_quantum`: projection tiles are multiples of it
     (schedule.build_schedule). `counter_stride`: counter c of the schedule becomes word c x counter_stride of the
@@ -155,7 +156,8 @@ def build_persistent_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: BuildOptio
 
     sched = dataclasses.replace(sched, table=dataclasses.replace(
         sched.table, instrs=tuple(respaced(i) for i in sched.table.instrs),
-        num_counters=sched.table.num_counters * counter_stride, flags=FLAG_L2_PREFETCH if l2_prefetch else 0))
+        num_counters=sched.table.num_counters * counter_stride,
+        flags=(FLAG_L2_PREFETCH if l2_prefetch else 0) | (FLAG_FENCES if fences else 0)))
     table = sched.table.pack()
     group = cfg.q_heads // cfg.kv_heads
     decode = m["programs"]["decode"]["calls"]
@@ -192,7 +194,8 @@ def build_persistent_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: BuildOptio
                                "instructions": len(sched.table.instrs), "counters": sched.table.num_counters,
                                "instr_words": INSTR_WORDS, "table_sha256": hashlib.sha256(table).hexdigest(),
                                "timeout_ns": timeout_ns, "ring_stages": stages, "l2_prefetch": l2_prefetch,
-                               "row_quantum": row_quantum, "counter_stride": counter_stride}
+                               "row_quantum": row_quantum, "counter_stride": counter_stride,
+                               "fences": fences}
     if ablate:
         m["meta"]["persistent"]["ablated"] = sorted(o.name for o in ablate)
     m.pop("digest", None)
