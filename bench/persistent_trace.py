@@ -3,7 +3,7 @@
 instruction class costs").
 
     python3 bench/persistent_trace.py --ckpt /tmp/kern-weights/qwen3-4b [--config tests/data/configs/Qwen3-4B.json]
-                                      [--context 128] [--stages N] [--no-l2-prefetch] [--counter-stride N]
+                                      [--context 128] [--stages N] [--l2-prefetch] [--fences] [--counter-stride N]
                                       [--json out.json]
 
 Builds kernels-src/persistent_decode.cu with -DPD_TRACE (a probe build, never committed: the kernel then writes,
@@ -128,9 +128,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--stages", type=int, default=None)
     p.add_argument("--sms", type=int, default=132)
-    p.add_argument("--no-l2-prefetch", action="store_true")
+    p.add_argument("--l2-prefetch", action="store_true")
     p.add_argument("--counter-stride", type=int, default=1)
-    p.add_argument("--no-fences", action="store_true")
+    p.add_argument("--fences", action="store_true")
     p.add_argument("--twice", action="store_true", help="ROPE / ATTN_PARTIAL / ATTN_REDUCE run twice: cold vs warm")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
@@ -149,8 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     cfg = Qwen3Config.from_json(json.loads(args.config.read_text()), str(args.config))
     manifest, sched = build_persistent_manifest(cfg, read_kernel_abi(kdir), BuildOptions(name="ptrace"),
                                                 num_queues=args.sms, stages=args.stages,
-                                                l2_prefetch=not args.no_l2_prefetch,
-                                                counter_stride=args.counter_stride, fences=not args.no_fences)
+                                                l2_prefetch=args.l2_prefetch,
+                                                counter_stride=args.counter_stride, fences=args.fences)
     n = len(sched.table.instrs)
     if 12 * n > 2 * cfg.vocab:
         print(f"persistent_trace: {n} instructions need {12 * n} bytes; logits hold {2 * cfg.vocab}", file=sys.stderr)

@@ -13,6 +13,7 @@ Exit 0 on success, 2 with one line on stderr for a config or kernels.json the bu
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from kern_run.models.qwen3.abi import read_kernel_abi
 from kern_run.models.qwen3.config import Qwen3Config
 from kern_run.models.qwen3.jsonio import dumps, read_json_file, sha256_text
 from kern_run.models.qwen3.options import BuildOptions
+from kern_run.models.qwen3.pins import load_algos
 from kern_run.models.qwen3.persistent.isa import Op
 from kern_run.models.qwen3.persistent.manifest import build_persistent_manifest
 
@@ -35,12 +37,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sms", type=int, default=132, help="multiprocessors of the target GPU: the grid")
     parser.add_argument("--splits", type=int, default=None, help="attention context splits per kv head")
     parser.add_argument("--name", default=None, help="manifest name (default: <config dir>-persistent)")
+    parser.add_argument("--algos", type=Path, default=None,
+                        help="a cuBLASLt pins file for the prefill GEMMs (manifests/algos/h200.json), as kern manifest build")
     parser.add_argument("--stages", type=int, default=None,
-                        help="weight-ring steps per warp, 2..8 (default: the most that fit the shared memory)")
+                        help="weight-ring steps per warp, 2..8 (default 4, fewer where fewer fit)")
     parser.add_argument("--row-quantum", type=int, default=8, help="projection tiles are multiples of this many rows")
     parser.add_argument("--counter-stride", type=int, default=1, help="u32 words between counters (32: a line each)")
-    parser.add_argument("--no-fences", action="store_true", help="clear the table's FLAG_FENCES")
-    parser.add_argument("--no-l2-prefetch", action="store_true", help="clear the table's FLAG_L2_PREFETCH")
+    parser.add_argument("--fences", action="store_true", help="set the table's FLAG_FENCES")
+    parser.add_argument("--l2-prefetch", action="store_true", help="set the table's FLAG_L2_PREFETCH")
     parser.add_argument("--ablate", default="",
                         help="comma list of instruction classes (QKV, ROPE, ...) made NOPs: timing only, the "
                              "outputs are meaningless")
@@ -54,13 +58,17 @@ def main(argv: list[str] | None = None) -> int:
         raw, text = read_json_file(args.config)
         cfg = Qwen3Config.from_json(raw, str(args.config))
         name = args.name or f"{args.config.stem.lower()}-persistent"
-        manifest, sched = build_persistent_manifest(cfg, read_kernel_abi(args.kernels), BuildOptions(name=name),
+        opts = BuildOptions(name=name)
+        if args.algos is not None:
+            algos, decode_algos, source = load_algos(args.algos, opts.chunk_max)
+            opts = dataclasses.replace(opts, algos=algos, decode_algos=decode_algos, algos_source=source)
+        manifest, sched = build_persistent_manifest(cfg, read_kernel_abi(args.kernels), opts,
                                                     num_queues=args.sms, splits=args.splits,
                                                     config_digest=sha256_text(text), stages=args.stages,
-                                                    l2_prefetch=not args.no_l2_prefetch, ablate=ablate,
+                                                    l2_prefetch=args.l2_prefetch, ablate=ablate,
                                                     row_quantum=args.row_quantum,
                                                     counter_stride=args.counter_stride,
-                                                    fences=not args.no_fences)
+                                                    fences=args.fences)
     except (RefusalError, ValueError) as exc:
         print(f"gen_persistent: {exc}", file=sys.stderr)
         return 2

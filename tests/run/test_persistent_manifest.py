@@ -60,8 +60,9 @@ def test_it_verifies_and_the_decode_program_is_one_cooperative_launch(built) -> 
     assert launch.cooperative and launch.entry == "kern_persistent_decode"
     assert [e.eval({}) for e in launch.grid] == [132, 1, 1] and [e.eval({}) for e in launch.block] == [256, 1, 1]
     assert launch.shared_mem.eval({}) == shared_bytes(cfg) <= 227 * 1024
-    # the 1.7B / 4B / 8B scratch leaves room for the full 8-stage ring: 8 x 16 KiB after the scratch
-    assert shared_bytes(cfg) == scratch_bytes(cfg) + 8 * 16384 and m["meta"]["persistent"]["ring_stages"] == 8
+    # the default 4-stage ring (4 x 16 KiB) after the scratch, at 1.7B / 4B / 8B
+    assert shared_bytes(cfg) == scratch_bytes(cfg) + 4 * 16384 and m["meta"]["persistent"]["ring_stages"] == 4
+    assert not m["meta"]["persistent"]["l2_prefetch"] and not m["meta"]["persistent"]["fences"]
     assert tuple(size for _, size in launch.params) == PARAM_SIZES
     assert m["modules"]["persistent_decode"] == json.loads((ROOT / "kernels" / "kernels.json").read_text())[
         "modules"]["persistent_decode"]["sha256"]
@@ -156,7 +157,7 @@ def test_the_ring_takes_what_fits_and_refuses_what_does_not(abi: KernelAbi) -> N
     cfg = config("Qwen3-4B")
     # 4B: x f32[9728] + 64 + 9 x 256 floats = 48,384 bytes of scratch (16-byte aligned), 16 KiB a ring step
     assert scratch_bytes(cfg) == 48384 and RING_STEP_BYTES == 16384
-    assert ring_stages(cfg) == 8 and shared_bytes(cfg, 3) == 48384 + 3 * 16384
+    assert ring_stages(cfg) == 4 and ring_stages(cfg, 8) == 8 and shared_bytes(cfg, 3) == 48384 + 3 * 16384
     for bad in (1, 9):
         with pytest.raises(ManifestBuildError, match=f"ring stages {bad}: the kernel takes 2..8"):
             ring_stages(cfg, bad)
@@ -175,12 +176,13 @@ def test_the_ring_takes_what_fits_and_refuses_what_does_not(abi: KernelAbi) -> N
 
 def test_the_flags_and_the_ablations_are_table_data(abi: KernelAbi) -> None:
     cfg = config("Qwen3-1.7B")
-    base, sched = build_persistent_manifest(cfg, abi, BuildOptions(name="x"), num_queues=16)
-    off, sched_off = build_persistent_manifest(cfg, abi, BuildOptions(name="x"), num_queues=16, l2_prefetch=False,
+    base, sched = build_persistent_manifest(cfg, abi, BuildOptions(name="x"), num_queues=16, l2_prefetch=True,
+                                            fences=True)
+    off, sched_off = build_persistent_manifest(cfg, abi, BuildOptions(name="x"), num_queues=16,
                                                ablate=frozenset({Op.ROPE, Op.O_PROJ}))
     table = unpack(base64.b64decode(base["buffers"]["persist_table"]["init"]["base64"]))
     table_off = unpack(base64.b64decode(off["buffers"]["persist_table"]["init"]["base64"]))
-    assert table.flags == FLAG_L2_PREFETCH | FLAG_FENCES and table_off.flags == FLAG_FENCES
+    assert table.flags == FLAG_L2_PREFETCH | FLAG_FENCES and table_off.flags == 0
     assert table_off == sched_off.table and off["meta"]["persistent"]["ablated"] == ["O_PROJ", "ROPE"]
     assert "ablated" not in base["meta"]["persistent"] and off["digest"] != base["digest"]
     # every ROPE and O_PROJ is a NOP with its wait and signal kept; every other instruction is unchanged
@@ -200,9 +202,10 @@ def test_gen_persistent_takes_the_ring_the_flag_and_ablations(tmp_path: Path, ca
 
     out = tmp_path / "p.json"
     args = ["--config", str(CONFIGS / "Qwen3-1.7B.json"), "--out", str(out), "--sms", "8"]
-    assert gen_persistent.main([*args, "--stages", "3", "--no-l2-prefetch", "--ablate", "rope, down"]) == 0
+    assert gen_persistent.main([*args, "--stages", "3", "--fences", "--ablate", "rope, down"]) == 0
     meta = load_manifest(out).meta["persistent"]
-    assert meta["ring_stages"] == 3 and meta["l2_prefetch"] is False and list(meta["ablated"]) == ["DOWN", "ROPE"]
+    assert meta["ring_stages"] == 3 and meta["fences"] is True and meta["l2_prefetch"] is False
+    assert list(meta["ablated"]) == ["DOWN", "ROPE"]
     assert "a 3-stage ring, ablated rope, down" in capsys.readouterr().out
     out.unlink()
     assert gen_persistent.main([*args, "--ablate", "qkv,attention"]) == 2

@@ -99,7 +99,7 @@ class Table:
     instrs: tuple[Instr, ...]
     queues: tuple[tuple[int, ...], ...]
     num_counters: int
-    flags: int = FLAG_L2_PREFETCH
+    flags: int = 0
 
     def pack(self) -> bytes:
         """The device table (little-endian u32 words, module docstring). Raises TableError when `check()` does."""

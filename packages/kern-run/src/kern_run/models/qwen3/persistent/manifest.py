@@ -44,6 +44,7 @@ ERROR_CODES = {"1": "a counter wait timed out (detail: instruction, counter, val
 DEFAULT_TIMEOUT_NS = 500_000_000  # one wait; a decode step takes milliseconds
 RING_STEP_BYTES = THREADS * 4 * 16  # kRingStepBytes: one ring step of every warp (4 16-byte pieces a lane)
 MAX_RING_STAGES = 8  # kRingMaxStages
+DEFAULT_RING_STAGES = 4  # measured best at 4B (docs/perf.md, twenty-sixth session: 3 / 4 / 6 / 8 stages)
 MAX_SHARED_BYTES = 227 * 1024  # dynamic shared memory of one block on sm_90 (cudaDevAttrMaxSharedMemoryPerBlockOptin)
 
 
@@ -55,12 +56,12 @@ def scratch_bytes(cfg: Qwen3Config) -> int:
 
 
 def ring_stages(cfg: Qwen3Config, stages: int | None = None) -> int:
-    """Weight-ring steps per warp: `stages` (2..MAX_RING_STAGES), or None for the most that fit MAX_SHARED_BYTES
-    beside the scratch (at most MAX_RING_STAGES). Raises ManifestBuildError when fewer than 2 fit, or `stages`
-    is out of range or does not fit."""
+    """Weight-ring steps per warp: `stages` (2..MAX_RING_STAGES), or None for DEFAULT_RING_STAGES, fewer where only
+    fewer fit MAX_SHARED_BYTES beside the scratch. Raises ManifestBuildError when fewer than 2 fit, or `stages` is
+    out of range or does not fit."""
     fit = min(MAX_RING_STAGES, (MAX_SHARED_BYTES - scratch_bytes(cfg)) // RING_STEP_BYTES)
     if stages is None:
-        stages = fit
+        stages = min(DEFAULT_RING_STAGES, fit)
     elif not 2 <= stages <= MAX_RING_STAGES:
         raise ManifestBuildError(f"ring stages {stages}: the kernel takes 2..{MAX_RING_STAGES}")
     if stages > fit or stages < 2:
@@ -121,15 +122,15 @@ def _op(cfg: Qwen3Config, sched: Schedule, params: list[list[int]], num_queues: 
 
 def build_persistent_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: BuildOptions, *, num_queues: int = 132,
                               splits: int | None = None, timeout_ns: int = DEFAULT_TIMEOUT_NS,
-                              config_digest: str = "", stages: int | None = None, l2_prefetch: bool = True,
+                              config_digest: str = "", stages: int | None = None, l2_prefetch: bool = False,
                               ablate: frozenset[Op] = frozenset(), row_quantum: int = 8, counter_stride: int = 1,
-                              fences: bool = True) -> tuple[dict[str, Any], Schedule]:
+                              fences: bool = False) -> tuple[dict[str, Any], Schedule]:
     """(the manifest object with its digest, the schedule it packs). `opts` are today's builder options; the
     decode-related ones are forced to what the persistent path replaces (gemv v2, argmax sampler, one row).
     `num_queues`: the grid, one block per SM of the target GPU (H200: 132); `splits`: attention context splits
     (None: schedule.default_splits); `timeout_ns`: the bound of one counter wait; `stages`: the weight ring's
-    steps per warp (None: the most that fit, ring_stages); `l2_prefetch`, `fences`: the table's FLAG_L2_PREFETCH,
-    FLAG_FENCES.
+    steps per warp (None: ring_stages' default); `l2_prefetch`, `fences`: the table's FLAG_L2_PREFETCH and
+    FLAG_FENCES (both off by default: measured slower, docs/perf.md).
     `ablate`: instruction classes turned into NOPs (their waits and signals kept): a timing experiment whose decode
     outputs are meaningless, named in meta.persistent.ablated. `row_quantum`: projection tiles are multiples of it
     (schedule.build_schedule). `counter_stride`: counter c of the schedule becomes word c x counter_stride of the
