@@ -36,8 +36,7 @@ CLASSES = ("QKV", "ROPE", "ATTN_PARTIAL", "ATTN_REDUCE", "O_PROJ", "GATE_UP", "D
 def trace_kernels(out: Path, twice: bool = False) -> Path:
     """A kernels directory: the committed one with persistent_decode replaced by its -DPD_TRACE build (and
     -DPD_TWICE: ROPE, ATTN_PARTIAL and ATTN_REDUCE run twice, trace[0] their first run's end)."""
-    sys.path.insert(0, str(ROOT / "tools"))
-    import build_kernels
+    from tools import build_kernels
 
     kdir = out / "kernels"
     shutil.copytree(ROOT / "kernels", kdir)

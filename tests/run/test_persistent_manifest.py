@@ -17,7 +17,7 @@ from kern_run.errors import ManifestBuildError
 from kern_run.models.qwen3.abi import KernelAbi, read_kernel_abi
 from kern_run.models.qwen3.config import Qwen3Config
 from kern_run.models.qwen3.options import BuildOptions
-from kern_run.models.qwen3.persistent.isa import FLAG_FENCES, FLAG_L2_PREFETCH, Op, unpack
+from kern_run.models.qwen3.persistent.isa import FLAG_FENCES, FLAG_L2_PREFETCH, NO_COUNTER, Op, unpack
 from kern_run.models.qwen3.persistent.manifest import (
     LAYER_FIELDS,
     LAYER_SLOTS,
@@ -212,3 +212,34 @@ def test_gen_persistent_takes_the_ring_the_flag_and_ablations(tmp_path: Path, ca
     assert "no instruction class 'ATTENTION'" in capsys.readouterr().err and not out.exists()
     assert gen_persistent.main([*args, "--stages", "12"]) == 2
     assert "ring stages 12: the kernel takes 2..8" in capsys.readouterr().err and not out.exists()
+
+
+def test_a_counter_stride_spreads_the_counters_and_keeps_the_schedule(abi: KernelAbi) -> None:
+    cfg = config("Qwen3-1.7B")
+    m1, s1 = build_persistent_manifest(cfg, abi, BuildOptions(name="x"), num_queues=16)
+    m32, s32 = build_persistent_manifest(cfg, abi, BuildOptions(name="x"), num_queues=16, counter_stride=32)
+    t1 = unpack(base64.b64decode(m1["buffers"]["persist_table"]["init"]["base64"]))
+    t32 = unpack(base64.b64decode(m32["buffers"]["persist_table"]["init"]["base64"]))
+    assert t32.num_counters == 32 * t1.num_counters == m32["buffers"]["persist_counters"]["shape"][0]
+    assert t32.queues == t1.queues and m32["meta"]["persistent"]["counter_stride"] == 32
+    for a, b in zip(t1.instrs, t32.instrs):
+        assert b.signal_counter == 32 * a.signal_counter and b.wait_target == a.wait_target
+        assert b.wait_counter == (a.wait_counter if a.wait_counter == NO_COUNTER else 32 * a.wait_counter)
+    for bad in (0, 65):
+        with pytest.raises(ManifestBuildError, match=f"counter_stride {bad}: 1..64"):
+            build_persistent_manifest(cfg, abi, BuildOptions(name="x"), num_queues=16, counter_stride=bad)
+
+
+def test_gen_persistent_takes_the_prefill_pins(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from kern_manifest import load_manifest
+    from tools import gen_persistent
+
+    out = tmp_path / "p.json"
+    assert gen_persistent.main(["--config", str(CONFIGS / "Qwen3-4B.json"), "--out", str(out), "--sms", "8",
+                                "--algos", str(ROOT / "manifests" / "algos" / "h200.json")]) == 0
+    m = load_manifest(out)
+    assert {"gemm_6144x2560", "gemm_19456x2560"} <= set(m.ops) and m.meta["cublaslt_pins"]["device"] == "NVIDIA H200"
+    (tmp_path / "pins.json").write_text("[1, 2]")
+    assert gen_persistent.main(["--config", str(CONFIGS / "Qwen3-4B.json"), "--out", str(tmp_path / "q.json"),
+                                "--algos", str(tmp_path / "pins.json")]) == 2
+    assert capsys.readouterr().err.startswith("gen_persistent: ") and not (tmp_path / "q.json").exists()
