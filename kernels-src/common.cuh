@@ -71,6 +71,20 @@ KERN_DEV void cp_async16(void* smem, const void* gmem, int src_bytes) {
 }
 KERN_DEV void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 KERN_DEV void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+// Wait until at most `pending` (0 .. 7, uniform across the warp) of this thread's newest groups are in flight (the
+// persistent decode's weight ring, whose depth is known at run time only).
+KERN_DEV void cp_async_wait_pending(int pending) {
+    switch (pending) {
+        case 0: asm volatile("cp.async.wait_group 0;\n" ::: "memory"); break;
+        case 1: asm volatile("cp.async.wait_group 1;\n" ::: "memory"); break;
+        case 2: asm volatile("cp.async.wait_group 2;\n" ::: "memory"); break;
+        case 3: asm volatile("cp.async.wait_group 3;\n" ::: "memory"); break;
+        case 4: asm volatile("cp.async.wait_group 4;\n" ::: "memory"); break;
+        case 5: asm volatile("cp.async.wait_group 5;\n" ::: "memory"); break;
+        case 6: asm volatile("cp.async.wait_group 6;\n" ::: "memory"); break;
+        default: asm volatile("cp.async.wait_group 7;\n" ::: "memory"); break;
+    }
+}
 
 KERN_DEV float warp_sum(float x) {
 #pragma unroll

@@ -1,8 +1,8 @@
 // Persistent decode kernel, first version (docs/persistent.md): one cooperative launch per decode step (bs = 1);
 // block b interprets queue b of the instruction table (kern_run/models/qwen3/persistent/isa.py is the layout), in
 // order: issue a projection's first weight steps into the block's shared-memory ring (ring_prologue), wait
-// (bounded, %globaltimer) until counters[wait] >= target, execute, then (block barrier, thread 0's GPU-scope fence)
-// add 1 to counters[signal]. While a block waits, warp 1 prefetches the tile's next 128 KiB into L2 (prefetch_tile,
+// (bounded, %globaltimer) until counters[wait] >= target, execute, then (block barrier; thread 0's GPU-scope fence
+// only with the table's kFlagFences) add 1 to counters[signal]. While a block waits, warp 1 prefetches the tile's next 128 KiB into L2 (prefetch_tile,
 // a table flag); while it runs, each warp keeps its ring's other steps in flight (ring_stream).
 //
 // Rounding follows the existing decode kernels (gemv.cu, rope.cu, attention_decode.cu; transformers' bf16 Qwen3):
@@ -114,7 +114,6 @@ struct Smem {
     float* red;  // 64 floats: block reductions and broadcasts
     float* head;  // f32[kMaxGroup + 1][kMaxHeadDim]: ROPE's normed heads, the attention's q / accumulators
     uint4* ring;  // PD_WARPS x stages x kStagePieces x 32 16-byte pieces (the projection path's weight ring)
-    int stages;   // ring stages per warp, 2 .. kRingMaxStages (what the dynamic shared memory holds)
 };
 
 // x[c] (8 floats) = the 8 bf16 of src[c] for every 16-byte chunk c < k8 of this thread (c = threadIdx.x + 256 i),
@@ -211,11 +210,7 @@ constexpr int kBatchRows = 2;   // rows per batch (GATE_UP: one output, its gate
 constexpr int kStepChunks = 2;  // 16-byte chunks per lane per row per step
 constexpr int kStagePieces = kBatchRows * kStepChunks;                 // 16-byte pieces per lane per step
 constexpr uint32_t kRingStepBytes = PD_THREADS * kStagePieces * 16u;  // one step of every warp: 16 KiB
-#ifndef PD_RING_MAX_STAGES
-#define PD_RING_MAX_STAGES 8
-#endif
-constexpr int kRingMaxStages = PD_RING_MAX_STAGES;  // ring_wait_pending covers 0 .. 7 pending groups
-static_assert(kRingMaxStages >= 2 && kRingMaxStages <= 8, "ring stages: 2 .. 8");
+constexpr int kRingMaxStages = 8;  // cp_async_wait_pending covers 0 .. 7 pending groups (manifest.MAX_RING_STAGES)
 
 // One row of W (k bf16) . x (f32 in shared memory), by one warp; every lane gets the sum (the path of rows that are
 // not 16-byte aligned or k % 8 != 0, and the order every path follows).
@@ -292,7 +287,7 @@ KERN_DEV WarpRows warp_rows(uint32_t op, const PersistLayer& L, const bf16* lm_h
     return WarpRows{row0, 2 * stride, stride, mine, k, vec};
 }
 
-// Issue step p of `rows` into its ring slot (p % stages) and commit it as one cp.async group.
+// Issue step p of `rows` into its ring slot (p % stages); the caller commits it as one cp.async group.
 KERN_DEV void ring_issue(const WarpRows& rows, uint4* ring, int stages, int p) {
     const int lane = threadIdx.x & 31, k8 = rows.k >> 3, nb = rows.steps_per_batch();
     const int b = p / nb, j = p - b * nb;
@@ -305,18 +300,18 @@ KERN_DEV void ring_issue(const WarpRows& rows, uint4* ring, int stages, int p) {
         for (int s = 0; s < kStepChunks; ++s) {
             const int c = lane + 32 * (kStepChunks * j + s);
             const bool ok = r < nr && c < k8;
-            ring_copy16(slot + (r * kStepChunks + s) * 32, ok ? base + rows.offset(r) + 8 * c : base, ok ? 16 : 0);
+            cp_async16(slot + (r * kStepChunks + s) * 32, ok ? base + rows.offset(r) + 8 * c : base, ok ? 16 : 0);
         }
     }
 }
 
-// The prologue: steps 0 .. stages - 2 issued (one group each, empty past the last step). Returns nothing; the
-// groups are what ring_stream's accounting expects.
+// The prologue: steps 0 .. stages - 2 issued, one group each (empty past the last step): the groups
+// ring_stream's accounting expects.
 KERN_DEV void ring_prologue(const WarpRows& rows, uint4* ring, int stages) {
     const int n_steps = rows.vec ? rows.batches() * rows.steps_per_batch() : 0;
     for (int p = 0; p < stages - 1; ++p) {
         if (p < n_steps) ring_issue(rows, ring, stages, p);
-        ring_commit();
+        cp_async_commit();
     }
 }
 
@@ -336,7 +331,7 @@ KERN_DEV void ring_stream(const WarpRows& rows, const float* x, uint4* ring, int
             for (int r = 0; r < R; ++r) dot[r] = r < nr ? warp_row_dot(rows.base(b) + rows.offset(r), x, rows.k) : 0.0f;
             done(b, dot);
         }
-        ring_wait_pending(0);
+        cp_async_wait_pending(0);
         return;
     }
     const int lane = threadIdx.x & 31, k8 = rows.k >> 3, nb = rows.steps_per_batch();
@@ -348,8 +343,8 @@ KERN_DEV void ring_stream(const WarpRows& rows, const float* x, uint4* ring, int
 #pragma unroll 1
     for (int i = 0; i < n_steps; ++i) {
         if (i + stages - 1 < n_steps) ring_issue(rows, ring, stages, i + stages - 1);  // into the slot i - 1 left
-        ring_commit();
-        ring_wait_pending(stages - 1);  // step i is in shared memory (this lane's pieces: all it reads)
+        cp_async_commit();
+        cp_async_wait_pending(stages - 1);  // step i is in shared memory (this lane's pieces: all it reads)
         const uint4* piece = ring + static_cast<size_t>(slot) * kStagePieces * 32 + lane;
 #pragma unroll
         for (int s = 0; s < S; ++s) {
@@ -380,7 +375,7 @@ KERN_DEV void ring_stream(const WarpRows& rows, const float* x, uint4* ring, int
             ++b;
         }
     }
-    ring_wait_pending(0);  // the trailing (empty) groups: nothing in flight into the ring past this instruction
+    cp_async_wait_pending(0);  // the trailing (empty) groups: nothing in flight into the ring past this instruction
 }
 
 // ring_stream over a residual-adding projection's rows (O_PROJ, DOWN): residual[row] = bf16(residual[row] +
@@ -806,8 +801,6 @@ KERN_DEV bool better(float v, int i, float bv, int bi) { return v > bv || (v == 
 
 }  // namespace
 
-// grid (the table's queue count, 1, 1), block (PD_THREADS, 1, 1), cooperative. Dynamic shared memory:
-// 4 * (max(hidden, inter, q_heads * head_dim) + 64 + (kMaxGroup + 1) * kMaxHeadDim) bytes, at least.
 #if defined(PD_TRACE) && defined(PD_TWICE)
 // A probe of the probe (bench/persistent_trace.py --twice): ROPE, ATTN_PARTIAL and ATTN_REDUCE run twice, the
 // first run's end stamped in trace[0] (over the before-prologue stamp): the second run finds its code in the
@@ -822,6 +815,10 @@ KERN_DEV bool better(float v, int i, float bv, int bi) { return v > bv || (v == 
 #define PD_TWICE_BEGIN
 #define PD_TWICE_END
 #endif
+
+// grid (the table's queue count, 1, 1), block (PD_THREADS, 1, 1), cooperative. Dynamic shared memory: the scratch,
+// 4 * (max(hidden, inter, q_heads * head_dim) + 64 + (kMaxGroup + 1) * kMaxHeadDim) bytes rounded up to 16, then
+// the weight ring: as many kRingStepBytes steps as fit, up to kRingMaxStages, at least 2 (else fault 3).
 
 extern "C" __global__ void __launch_bounds__(PD_THREADS, 1) kern_persistent_decode(
     const uint32_t* __restrict__ table,  // the instruction table (isa.py)
@@ -848,7 +845,7 @@ extern "C" __global__ void __launch_bounds__(PD_THREADS, 1) kern_persistent_deco
     const uint32_t ring_fit = dynamic_smem_bytes() > ring_at ? (dynamic_smem_bytes() - ring_at) / kRingStepBytes : 0u;
     const int stages = static_cast<int>(min(ring_fit, static_cast<uint32_t>(kRingMaxStages)));
     Smem sm{smem_f, smem_f + x_elems, smem_f + x_elems + 64,
-            reinterpret_cast<uint4*>(reinterpret_cast<char*>(smem_f) + ring_at), stages};
+            reinterpret_cast<uint4*>(reinterpret_cast<char*>(smem_f) + ring_at)};
     // this warp's ring: stages x kStagePieces x 32 pieces
     uint4* const ring = sm.ring + static_cast<size_t>(threadIdx.x >> 5) * stages * kStagePieces * 32;
     // the table's header and the launch (uniform: every thread reads the same words)
@@ -1032,5 +1029,5 @@ extern "C" __global__ void __launch_bounds__(PD_THREADS, 1) kern_persistent_deco
             red_release_add(counters + sig, 1u);
         }
     }
-    ring_wait_pending(0);  // a block that stopped early (a fault) leaves no copy in flight into its shared memory
+    cp_async_wait_pending(0);  // a block that stopped early (a fault) leaves no copy in flight into its shared memory
 }

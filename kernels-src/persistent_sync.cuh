@@ -1,7 +1,7 @@
 // Timing and synchronisation primitives of kernels that wait, bounded, on each other: the global timer (every
 // bounded wait: persistent_decode.cu, gemm_skinny.cu, attention_wg.cu), a counter's acquire load
 // (persistent_decode.cu, gemm_skinny.cu) and release add (persistent_decode.cu), the persistent kernel's dynamic
-// shared memory, its weight ring's cp.async copies and its L2 prefetch of weights. tools/cpu_emu_persist/ holds the CPU stand-in of this header
+// shared memory and its L2 prefetch of weights. tools/cpu_emu_persist/ holds the CPU stand-in of this header
 // (std::atomic_ref, steady_clock), which is how the persistent kernel's logic is checked without a GPU.
 #pragma once
 #include <stdint.h>
@@ -27,25 +27,4 @@ __device__ __forceinline__ void red_release_add(uint32_t* p, uint32_t v) {
 // A hint: bring [p, p + bytes) into L2 (p 16-byte aligned, bytes a multiple of 16; no data reaches the SM).
 __device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
     asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
-}
-
-// The persistent kernel's weight ring: 16 bytes global -> shared by cp.async (through L2, not L1); src_bytes 0
-// writes zeros and reads nothing. A lane's copies become visible to that lane once their group completes.
-__device__ __forceinline__ void ring_copy16(void* smem, const void* gmem, int src_bytes) {
-    const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(a), "l"(gmem), "r"(src_bytes) : "memory");
-}
-__device__ __forceinline__ void ring_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-// Wait until at most `pending` (0 .. 7; uniform across the warp) of this thread's newest groups are in flight.
-__device__ __forceinline__ void ring_wait_pending(int pending) {
-    switch (pending) {
-        case 0: asm volatile("cp.async.wait_group 0;" ::: "memory"); break;
-        case 1: asm volatile("cp.async.wait_group 1;" ::: "memory"); break;
-        case 2: asm volatile("cp.async.wait_group 2;" ::: "memory"); break;
-        case 3: asm volatile("cp.async.wait_group 3;" ::: "memory"); break;
-        case 4: asm volatile("cp.async.wait_group 4;" ::: "memory"); break;
-        case 5: asm volatile("cp.async.wait_group 5;" ::: "memory"); break;
-        case 6: asm volatile("cp.async.wait_group 6;" ::: "memory"); break;
-        default: asm volatile("cp.async.wait_group 7;" ::: "memory"); break;
-    }
 }

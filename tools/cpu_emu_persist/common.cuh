@@ -14,6 +14,8 @@
 #include <memory>
 #include <thread>
 #include <algorithm>
+#include <deque>
+#include <vector>
 #define KERN_DEV inline
 #define __global__
 #define __device__
@@ -67,6 +69,22 @@ inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst
 inline void __threadfence_system() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 inline void __nanosleep(unsigned) { std::this_thread::yield(); }
 inline uint32_t dynamic_smem_bytes() { return t_ctx->smem_bytes; }
+// cp.async (common.cuh's cp_async16 / cp_async_commit / cp_async_wait_pending, the persistent kernel's weight
+// ring): each thread's copies are queued and done when a wait_group lets their group
+// complete (not when issued), so a read of a ring slot before its wait sees stale bytes here as it could on the GPU.
+struct RingCopy { void* dst; const void* src; int bytes; };
+inline thread_local std::vector<RingCopy> t_ring_open;                 // issued, not yet committed
+inline thread_local std::deque<std::vector<RingCopy>> t_ring_groups;   // committed, oldest first
+inline void cp_async16(void* smem, const void* gmem, int src_bytes) { t_ring_open.push_back({smem, gmem, src_bytes}); }
+inline void cp_async_commit() { t_ring_groups.push_back(std::move(t_ring_open)); t_ring_open.clear(); }
+inline void cp_async_wait_pending(int pending) {
+  while (t_ring_groups.size() > static_cast<size_t>(pending)) {
+    for (const RingCopy& c : t_ring_groups.front()) {
+      if (c.bytes == 16) memcpy(c.dst, c.src, 16); else memset(c.dst, 0, 16);
+    }
+    t_ring_groups.pop_front();
+  }
+}
 
 KERN_DEV float bf2f(__nv_bfloat16 x) { return __bfloat162float(x); }
 KERN_DEV __nv_bfloat16 f2bf(float x) { return __float2bfloat16_rn(x); }

@@ -103,7 +103,7 @@ def _launch_params(abi: KernelAbi) -> list[list[int]]:
 
 
 def _op(cfg: Qwen3Config, sched: Schedule, params: list[list[int]], num_queues: int, max_pos: int,
-        timeout_ns: int, stages: int | None) -> dict[str, Any]:
+        timeout_ns: int, stages: int) -> dict[str, Any]:
     layer_args = [f"{f}.{layer}" for layer in range(cfg.layers) for f in LAYER_FIELDS]
     args = [{"name": n, "kind": "ptr"} for n in (*POINTERS, *layer_args)] + [{"name": "num_pages", "kind": "int"}]
     geometry = [cfg.hidden, cfg.q_heads, cfg.kv_heads, cfg.head_dim, cfg.intermediate, cfg.vocab, cfg.layers,
@@ -134,21 +134,21 @@ def build_persistent_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: BuildOptio
     `ablate`: instruction classes turned into NOPs (their waits and signals kept): a timing experiment whose decode
     outputs are meaningless, named in meta.persistent.ablated. `row_quantum`: projection tiles are multiples of it
     (schedule.build_schedule). `counter_stride`: counter c of the schedule becomes word c x counter_stride of the
-    counters buffer (32: one counter per 128-byte L2 line, so pollers of different counters share no line). Raises ManifestBuildError for a model the kernel
-    does not cover, a ring that does not fit, kernels.json without the entry or with another ABI, and whatever
-    build_manifest raises."""
+    counters buffer (32: one counter per 128-byte L2 line, so pollers of different counters share no line). Raises
+    ManifestBuildError for a model the kernel does not cover, a ring that does not fit, a counter stride outside
+    1..64, kernels.json without the entry or with another ABI, and whatever build_manifest raises."""
     check_shape(cfg)
     stages = ring_stages(cfg, stages)
     if not 1 <= num_queues <= 1024:
         raise ManifestBuildError(f"num_queues {num_queues}: one block per SM, 1..1024")
     if not 1 <= timeout_ns < 2**64:
         raise ManifestBuildError(f"timeout_ns {timeout_ns}: a u64 of at least 1 ns")
+    if not 1 <= counter_stride <= 64:
+        raise ManifestBuildError(f"counter_stride {counter_stride}: 1..64 words")
     params = _launch_params(abi)
     base_opts = dataclasses.replace(opts, decode="gemv", gemv="v2", sampler="argmax", seqs_max=1)
     m = build_manifest(cfg, abi, base_opts, config_digest)
     sched = build_schedule(cfg, num_queues, splits=splits, row_quantum=row_quantum)
-    if not 1 <= counter_stride <= 64:
-        raise ManifestBuildError(f"counter_stride {counter_stride}: 1..64 words")
 
     def respaced(i: Instr) -> Instr:
         wait = i.wait_counter if i.wait_counter == NO_COUNTER else i.wait_counter * counter_stride
