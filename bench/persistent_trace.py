@@ -135,38 +135,48 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     import numpy as np
 
+    from kern_run.errors import RefusalError
     from kern_run.generate import GenerateOptions, Generator
     from kern_run.models.qwen3.abi import read_kernel_abi
     from kern_run.models.qwen3.config import Qwen3Config
-    from kern_run.models.qwen3.jsonio import dumps
+    from kern_run.models.qwen3.jsonio import dumps, read_json_file
     from kern_run.models.qwen3.options import BuildOptions
     from kern_run.models.qwen3.persistent.manifest import build_persistent_manifest
     from kern_run.preflight import read_manifest
 
-    tmp = Path(tempfile.mkdtemp(prefix="kern-ptrace-"))
-    kdir = trace_kernels(tmp, args.twice)
-    cfg = Qwen3Config.from_json(json.loads(args.config.read_text()), str(args.config))
-    manifest, sched = build_persistent_manifest(cfg, read_kernel_abi(kdir), BuildOptions(name="ptrace"),
-                                                num_queues=args.sms, stages=args.stages,
-                                                l2_prefetch=args.l2_prefetch,
-                                                counter_stride=args.counter_stride, fences=args.fences)
+    from bench.decode import write_json
+
+    def build(kernels: Path):
+        cfg = Qwen3Config.from_json(read_json_file(args.config)[0], str(args.config))
+        return cfg, *build_persistent_manifest(cfg, read_kernel_abi(kernels), BuildOptions(name="ptrace"),
+                                               num_queues=args.sms, stages=args.stages, l2_prefetch=args.l2_prefetch,
+                                               counter_stride=args.counter_stride, fences=args.fences)
+
+    try:  # the config and the options against the committed kernels first: refused before the probe compiles
+        cfg, _, sched = build(ROOT / "kernels")
+    except (RefusalError, ValueError) as exc:
+        print(f"persistent_trace: {exc}", file=sys.stderr)
+        return 2
     n = len(sched.table.instrs)
     if 12 * n > 2 * cfg.vocab:
         print(f"persistent_trace: {n} instructions need {12 * n} bytes; logits hold {2 * cfg.vocab}", file=sys.stderr)
         return 2
-    mpath = tmp / "ptrace.json"
-    mpath.write_text(dumps(manifest))
-    facts = read_manifest(mpath)
-    gen = Generator.open(mpath, kdir, args.ckpt, facts, capacity_tokens=args.context + args.steps + 64)
-    prompt = np.random.default_rng(0).integers(0, 151643, size=args.context).tolist()
-    gen.generate(prompt, GenerateOptions(args.steps, min(512, facts.tokens_max), eager=True, stop_at_eos=False))
-    words = gen.rt.read_buffer("logits").reshape(-1).view(np.uint32)[: 3 * n]
+    with tempfile.TemporaryDirectory(prefix="kern-ptrace-") as tmp_dir:
+        tmp = Path(tmp_dir)
+        kdir = trace_kernels(tmp, args.twice)
+        _, manifest, sched = build(kdir)
+        mpath = tmp / "ptrace.json"
+        mpath.write_text(dumps(manifest))
+        facts = read_manifest(mpath)
+        gen = Generator.open(mpath, kdir, args.ckpt, facts, capacity_tokens=args.context + args.steps + 64)
+        prompt = np.random.default_rng(0).integers(0, 151643, size=args.context).tolist()
+        gen.generate(prompt, GenerateOptions(args.steps, min(512, facts.tokens_max), eager=True, stop_at_eos=False))
+        words = gen.rt.read_buffer("logits").reshape(-1).view(np.uint32)[: 3 * n]
+        gen.close()
     out = analyse(sched, words)
     if args.twice:
         out["twice_us"] = twice(sched, words)
     out.update({"config": str(args.config), "context": args.context, "stages": manifest["meta"]["persistent"]["ring_stages"]})
-    if args.json:
-        args.json.write_text(json.dumps(out, indent=1))
     print(f"\n===== persistent decode trace, {args.config.stem}, ctx {args.context}, {out['stages']}-stage ring: step "
           f"{out['step_us']:.1f} us, layer (median) {out['layer_us_median']:.1f} us; per phase, us, median over layers")
     print(f"{'class':<14}| {'segment':>8} {'hop':>7} {'work crit':>10} {'work med':>9} {'work max':>9} {'wait med':>9}")
@@ -180,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         print("run twice (us, median over instructions): class | first run | second run")
         for c, (first, second) in out["twice_us"].items():
             print(f"  {c:<14}| {first:8.2f} | {second:8.2f}")
+    write_json(args.json, "persistent-trace.json", out)
     return 0
 
 

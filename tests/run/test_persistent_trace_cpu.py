@@ -84,3 +84,24 @@ def test_twice_splits_the_first_run_from_the_second(sched) -> None:
     assert set(got) == {"ROPE", "ATTN_PARTIAL", "ATTN_REDUCE"}
     for first, second in got.values():
         assert first == pytest.approx(3.0) and second == pytest.approx(1.5)
+
+
+def test_bad_inputs_are_refused_in_one_line_before_the_probe_compiles(tmp_path: Path, capsys, monkeypatch) -> None:
+    import os
+
+    from bench import persistent_trace
+
+    def no_compile(*_args):
+        raise AssertionError("the probe build started before the inputs were checked")
+
+    monkeypatch.setattr(persistent_trace, "trace_kernels", no_compile)
+
+    fifo = tmp_path / "config.fifo"
+    os.mkfifo(fifo)
+    cases = [(["--config", str(fifo)], "not a regular file"), (["--config", str(tmp_path)], "not a regular file"),
+             (["--stages", "9"], "ring stages 9: the kernel takes 2..8"),
+             (["--counter-stride", "0"], "counter_stride 0: 1..64 words")]
+    for extra, words in cases:
+        assert persistent_trace.main(["--ckpt", str(tmp_path), *extra]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("persistent_trace: ") and words in err and err.count("\n") == 1, err
