@@ -3,11 +3,13 @@
 docs/persistent.md): today's manifest with the decode body replaced by one cooperative kern_persistent_decode launch.
 
     uv run --frozen python -m tools.gen_persistent --config tests/data/configs/Qwen3-4B.json \\
-        --out /tmp/qwen3-4b-persistent.json [--sms 132] [--splits N] [--name NAME]
+        --out /tmp/qwen3-4b-persistent.json [--sms 132] [--splits N] [--name NAME] [--algos PINS]
+        [--stages N] [--l2-prefetch] [--fences] [--counter-stride N] [--row-quantum N] [--ablate CLASS,...]
 
 `--sms`: the target GPU's multiprocessor count (the grid: one block per SM; the H200 has 132). Then time it against
 today's manifest in one run: `bench/decode.py --only kern --variants manifests/qwen3-4b.json,/tmp/...json`.
-Exit 0 on success, 2 with one line on stderr for a config or kernels.json the builder refuses.
+Exit 0 on success, 2 with one line on stderr for a config, pins file, option or kernels.json the builder refuses,
+or an --out it cannot write whole (a directory, a FIFO or device, a missing parent: nothing is written then).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import sys
 from pathlib import Path
 
 from kern_run.errors import RefusalError
+from kern_run.files import write_files
 from kern_run.models.qwen3.abi import read_kernel_abi
 from kern_run.models.qwen3.config import Qwen3Config
 from kern_run.models.qwen3.jsonio import dumps, read_json_file, sha256_text
@@ -72,7 +75,11 @@ def main(argv: list[str] | None = None) -> int:
     except (RefusalError, ValueError) as exc:
         print(f"gen_persistent: {exc}", file=sys.stderr)
         return 2
-    args.out.write_text(dumps(manifest))
+    try:
+        write_files({args.out: dumps(manifest)})  # whole or not at all; a directory, FIFO or device refused
+    except OSError as exc:
+        print(f"gen_persistent: --out {exc.filename or args.out}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
     print(f"{args.out}: {len(sched.table.instrs)} instructions over {args.sms} queues, {sched.table.num_counters} "
           f"counters, {sched.splits} attention splits, a {manifest['meta']['persistent']['ring_stages']}-stage ring"
           + (f", ablated {args.ablate}" if ablate else ""))

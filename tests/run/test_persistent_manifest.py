@@ -243,3 +243,19 @@ def test_gen_persistent_takes_the_prefill_pins(tmp_path: Path, capsys: pytest.Ca
     assert gen_persistent.main(["--config", str(CONFIGS / "Qwen3-4B.json"), "--out", str(tmp_path / "q.json"),
                                 "--algos", str(tmp_path / "pins.json")]) == 2
     assert capsys.readouterr().err.startswith("gen_persistent: ") and not (tmp_path / "q.json").exists()
+
+
+def test_gen_persistent_refuses_an_output_it_cannot_write_whole(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import os
+
+    from tools import gen_persistent
+
+    fifo = tmp_path / "out.fifo"
+    os.mkfifo(fifo)
+    args = ["--config", str(CONFIGS / "Qwen3-1.7B.json"), "--sms", "8"]
+    for out, words in ((tmp_path, "Is a directory"), (fifo, "a FIFO, not a regular file"),
+                       (tmp_path / "missing" / "p.json", "No such file or directory")):
+        assert gen_persistent.main([*args, "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"gen_persistent: --out {out}: ") and words in err and err.count("\n") == 1, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.fifo"]  # nothing half-written beside them
