@@ -39,7 +39,7 @@ constexpr uint32_t kNoCounter = 0xFFFFFFFFu;
 enum Code : uint32_t { kTimeout = 1, kBadTable = 2, kBadLaunch = 3, kBadShape = 4 };
 enum Opcode : uint32_t {
     kQkv = 1, kRope = 2, kAttnPartial = 3, kAttnReduce = 4, kOProj = 5, kGateUp = 6, kDown = 7, kLmHead = 8, kArgmax = 9,
-    kNop = 10
+    kNop = 10, kAttn = 11
 };
 // header word 10: flags
 constexpr uint32_t kFlagL2Prefetch = 1u;  // prefetch_tile while waiting
@@ -439,10 +439,13 @@ KERN_DEV void stream_plain(const WarpRows& rows, uint32_t first, const float* x,
 // formulas). One warp per head; lane l owns elements l + 32 i (i < kHeadSlots) of the head. Every global value a
 // lane needs (its head elements, norm weights, cos / sin, the V elements) is loaded before any is used: one L2 round
 // trip for all of them instead of one per element (the position first: the rope row depends on it).
+// q_smem == nullptr (ROPE): the q heads to q_out (global, bf16). Else (ATTN): to q_smem[h D + d] (shared memory,
+// f32 of the same bf16 values), q_out unused. with_k false: the k head is skipped (no K/V write).
 constexpr int kHeadSlots = kMaxHeadDim / 32;
 
 KERN_DEV void rope_group(int g, const PersistShape& s, PageBound pages, const PersistLayer& L,
-                         const bf16* qkv, const float* rope, const int32_t* positions, const int32_t* slot_mapping, bf16* q_out, float* head) {
+                         const bf16* qkv, const float* rope, const int32_t* positions, const int32_t* slot_mapping,
+                         bf16* q_out, float* head, float* q_smem = nullptr, bool with_k = true) {
     const int D = s.head_dim, group = s.q_heads / s.kv_heads, half = D / 2;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int pos = __ldcg(positions);
@@ -450,7 +453,8 @@ KERN_DEV void rope_group(int g, const PersistShape& s, PageBound pages, const Pe
     const bool pos_ok = pos >= 0 && pos < s.max_pos;
     const bool slot_ok = slot >= 0 && slot < static_cast<int64_t>(pages.num_pages) * s.page_tokens;
     const float* rope_row = rope + static_cast<int64_t>(pos_ok ? pos : 0) * D;
-    for (int h = warp; h <= group; h += PD_WARPS) {  // h < group: q heads of the group; h == group: the k head
+    const int heads = with_k ? group + 1 : group;
+    for (int h = warp; h < heads; h += PD_WARPS) {  // h < group: q heads of the group; h == group: the k head
         const bool is_q = h < group;
         const int qh = g * group + h;
         const bf16* src = qkv + (is_q ? static_cast<int64_t>(qh) * D : static_cast<int64_t>(s.q_heads + g) * D);
@@ -491,7 +495,10 @@ KERN_DEV void rope_group(int g, const PersistShape& s, PageBound pages, const Pe
             const float rot = d < half ? -nh[d + half] : nh[d - half];
             const bf16 y = f2bf(round_bf(nh[d] * cs[i]) + round_bf(rot * sn[i]));
             if (is_q) {
-                q_out[static_cast<int64_t>(qh) * D + d] = y;
+                if (q_smem != nullptr)
+                    q_smem[h * D + d] = bf2f(y);
+                else
+                    q_out[static_cast<int64_t>(qh) * D + d] = y;
             } else {
                 k_dst[d] = y;
                 v_dst[d] = f2bf(vv[i]);
@@ -515,10 +522,13 @@ KERN_DEV void rope_group(int g, const PersistShape& s, PageBound pages, const Pe
 // Token of (iteration it, step u, warp w, slot p): begin + ((it U + u) PD_WARPS + w) P + p. Each lane group keeps
 // its own (m, l, acc) per head; they are merged across the warp's P slots by shuffles, then across the 8 warps in
 // shared memory (sm.x when it holds R >= 1 heads of PD_WARPS x D floats, else sm.head), R heads per round.
+//
+// q_smem != nullptr (ATTN): the q heads come from shared memory (q_smem[h D + d], rope_group's), not from q; they
+// are read into registers and the block barriers before x_buf (which may be the same memory) is reused.
 template <int G, bool kVec>
 KERN_DEV void attn_partial_impl(int g, int split, const PersistShape& s, PageBound pages, const PersistLayer& L,
                                 const bf16* q, const int32_t* block_table, const int32_t* seq_lens, float* parts,
-                                float* x_buf, int x_elems, float* head) {
+                                float* x_buf, int x_elems, float* head, const float* q_smem) {
     constexpr int U = G <= 4 ? 4 : 2;  // token steps in flight per warp
     const int D = s.head_dim, group = s.q_heads / s.kv_heads, splits = s.splits;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -537,7 +547,11 @@ KERN_DEV void attn_partial_impl(int g, int split, const PersistShape& s, PageBou
         m[h] = -INFINITY;
         l[h] = 0.0f;
         const bf16* qh = q + static_cast<int64_t>(g * group + (h < group ? h : 0)) * D;
-        if (kVec) {
+        if (q_smem != nullptr) {
+            const float* qs = q_smem + (h < group ? h : 0) * D;
+#pragma unroll
+            for (int i = 0; i < 8; ++i) qv[h][i] = valid(i) ? qs[elem(i)] : 0.0f;
+        } else if (kVec) {
             const uint4 raw = __ldcg(reinterpret_cast<const uint4*>(qh + 8 * sub));
             unpack_bf16x8(raw, qv[h]);
         } else {
@@ -547,6 +561,7 @@ KERN_DEV void attn_partial_impl(int g, int split, const PersistShape& s, PageBou
 #pragma unroll
         for (int i = 0; i < 8; ++i) acc[h][i] = 0.0f;
     }
+    if (q_smem != nullptr) __syncthreads();  // every warp holds its q before x_buf is written (uniform)
     const int span = max(end - begin, 0);
     const int steps = (span + PD_WARPS * P - 1) / (PD_WARPS * P);  // token steps of the block
     const int iters = (steps + U - 1) / U;                          // block-uniform: every warp runs them all
@@ -689,19 +704,19 @@ KERN_DEV void attn_partial_impl(int g, int split, const PersistShape& s, PageBou
 // <= 256) with G = kMaxGroup.
 KERN_DEV void attn_partial(int g, int split, const PersistShape& s, PageBound pages, const PersistLayer& L,
                            const bf16* q, const int32_t* block_table, const int32_t* seq_lens, float* parts,
-                           float* x_buf, int x_elems, float* head) {
+                           float* x_buf, int x_elems, float* head, const float* q_smem = nullptr) {
     const int D = s.head_dim, group = s.q_heads / s.kv_heads;
     const bool vec = D % 8 == 0 && 32 % (D / 8) == 0 && aligned16(L.kv) && aligned16(q);
     if (!vec) {
-        attn_partial_impl<kMaxGroup, false>(g, split, s, pages, L, q, block_table, seq_lens, parts, x_buf, x_elems, head);
+        attn_partial_impl<kMaxGroup, false>(g, split, s, pages, L, q, block_table, seq_lens, parts, x_buf, x_elems, head, q_smem);
     } else if (group <= 1) {
-        attn_partial_impl<1, true>(g, split, s, pages, L, q, block_table, seq_lens, parts, x_buf, x_elems, head);
+        attn_partial_impl<1, true>(g, split, s, pages, L, q, block_table, seq_lens, parts, x_buf, x_elems, head, q_smem);
     } else if (group <= 2) {
-        attn_partial_impl<2, true>(g, split, s, pages, L, q, block_table, seq_lens, parts, x_buf, x_elems, head);
+        attn_partial_impl<2, true>(g, split, s, pages, L, q, block_table, seq_lens, parts, x_buf, x_elems, head, q_smem);
     } else if (group <= 4) {
-        attn_partial_impl<4, true>(g, split, s, pages, L, q, block_table, seq_lens, parts, x_buf, x_elems, head);
+        attn_partial_impl<4, true>(g, split, s, pages, L, q, block_table, seq_lens, parts, x_buf, x_elems, head, q_smem);
     } else {
-        attn_partial_impl<8, true>(g, split, s, pages, L, q, block_table, seq_lens, parts, x_buf, x_elems, head);
+        attn_partial_impl<8, true>(g, split, s, pages, L, q, block_table, seq_lens, parts, x_buf, x_elems, head, q_smem);
     }
 }
 
@@ -756,6 +771,33 @@ KERN_DEV void attn_reduce(int g, const PersistShape& s, const float* parts, bf16
         }
         attn_out[static_cast<int64_t>(g * group + h) * D + d] = f2bf(den > 0.0f ? num / den : 0.0f);
     }
+}
+
+// ATTN: ROPE, ATTN_PARTIAL and ATTN_REDUCE of kv head g as one instruction per context split (`split` of
+// `splits`), the attention chain in one dependent instruction instead of three. Every split's block normalises and
+// rotates the group's q heads itself (into shared memory, the x scratch); only the split that holds the new token
+// (token n - 1, n = seq_lens[0]: the caller contract's slot of the decode row) also does the k head and writes the
+// token's K / V to its slot, before it reads that row back (the block barrier orders its own write and read; no
+// other split reads token n - 1). Then the split's partial, as ATTN_PARTIAL. Then thread 0 takes a ticket,
+// counters[ticket] += 1 (acquire-release, after the block barrier that ends the partial's stores): the block that
+// draws splits - 1 is the last of kv head g and combines every split's partial in split order into attn_out
+// (attn_reduce: the same order and bits whichever block is last). Every ATTN signals one counter that O_PROJ waits
+// on for all kv_heads x splits of them, so the last block's attn_out stores precede that counter's completion.
+KERN_DEV void attn_fused(int g, int split, const PersistShape& s, PageBound pages, const PersistLayer& L,
+                         const bf16* qkv, const float* rope, const int32_t* positions, const int32_t* slot_mapping,
+                         const int32_t* block_table, const int32_t* seq_lens, float* parts, bf16* attn_out,
+                         uint32_t* ticket, const Smem& sm, int x_elems) {
+    const int n = max(__ldcg(seq_lens), 0);
+    const int len = (n + s.splits - 1) / s.splits;
+    const int writer = n >= 1 ? (n - 1) / len : 0;  // the split holding token n - 1 (split 0 of an empty context)
+    rope_group(g, s, pages, L, qkv, rope, positions, slot_mapping, nullptr, sm.head, sm.x, split == writer);
+    __syncthreads();  // q in sm.x, the new K / V row stored, sm.head free again
+    attn_partial(g, split, s, pages, L, nullptr, block_table, seq_lens, parts, sm.x, x_elems, sm.head, sm.x);
+    // attn_partial ends on a block barrier after its last stores of parts
+    uint32_t* last = reinterpret_cast<uint32_t*>(sm.red) + 62;  // red[63] is the abort flag
+    if (threadIdx.x == 0) *last = atomic_add_acq_rel(ticket, 1u) == static_cast<uint32_t>(s.splits - 1) ? 1u : 0u;
+    __syncthreads();
+    if (*last) attn_reduce(g, s, parts, attn_out);
 }
 
 // While thread 0 waits on an instruction's counter (and the ring prologue is in flight), warp 1 asks L2 for the
@@ -884,7 +926,11 @@ extern "C" __global__ void __launch_bounds__(PD_THREADS, 1) kern_persistent_deco
         const uint32_t* ins = table + instrs_at + static_cast<size_t>(index) * kInstrWords;
         const uint32_t op = index < n ? ins[0] : 0u, layer = index < n ? ins[1] : 0u;
         const uint32_t wait = index < n ? ins[4] : 0u, target = index < n ? ins[5] : 0u, sig = index < n ? ins[6] : nc;
-        if (index >= n || sig >= nc || (wait != kNoCounter && wait >= nc) || layer > static_cast<uint32_t>(s.layers)) {
+        const bool bad_attn = op == kAttn && (ins[2] >= static_cast<uint32_t>(s.kv_heads) ||
+                                              ins[3] != static_cast<uint32_t>(s.splits) || ins[7] >= ins[3] ||
+                                              static_cast<uint64_t>(sig) + 1u + ins[2] >= nc);
+        if (index >= n || sig >= nc || (wait != kNoCounter && wait >= nc) || layer > static_cast<uint32_t>(s.layers) ||
+            bad_attn) {
             if (threadIdx.x == 0) raise_fault(err, kBadTable, blockIdx.x, index, 0, 0, 0);
             break;
         }
@@ -947,6 +993,10 @@ extern "C" __global__ void __launch_bounds__(PD_THREADS, 1) kern_persistent_deco
                 PD_TWICE_BEGIN
                 attn_reduce(a, s, parts, attn_out);
                 PD_TWICE_END
+                break;
+            case kAttn:  // the ticket: counters[sig + 1 + kv head] (isa.py; checked in range above)
+                attn_fused(a, arg, s, pages, Lp, qkv, rope, positions, slot_mapping, block_table, seq_lens, parts,
+                           attn_out, counters + sig + 1 + a, sm, x_elems);
                 break;
             case kOProj:
                 stage_copy(sm.x, attn_out, q_dim);

@@ -2,13 +2,15 @@
 Qwen3-shaped model, every block of the grid at once, against a numpy model of today's decode step built from
 tools/reference_kernels.py; and a planted hang against the error word. The "wide" step cases (hidden 552,
 intermediate 640) take the GEMV-row path through several ring steps per batch with uneven chunks per lane, and
-DOWN's k-split path (the tiny shape's DOWN, k 96, the row path; both shapes' O_PROJ, k 128, the k-split).
+DOWN's k-split path (the tiny shape's DOWN, k 96, the row path; both shapes' O_PROJ, k 128, the k-split). Step
+cases run the fused attention (ATTN: the new token in the last split, in a middle one before an empty split, alone)
+and the split one (ROPE, ATTN_PARTIAL, ATTN_REDUCE).
 
 The kernel source is compiled with g++ against tools/cpu_emu_persist/ (common.cuh: each block its own 256
 std::threads, block barrier, warp exchanges and dynamic shared memory; persistent_sync.cuh: std::atomic_ref counters,
 steady_clock for %globaltimer). The table is the builder's (kern_run.models.qwen3.persistent.schedule), so blocks
 really wait on each other's counters. Checks per case: the error word stays zero, every counter ends at its number of
-signallers, the logits within 2e-2 of the reference (relative to the largest), next_token the reference's argmax
+signallers (an ATTN ticket at its splits), the logits within 2e-2 of the reference (relative to the largest), next_token the reference's argmax
 wherever its top-2 margin exceeds twice the measured error, q, the written K/V row, attn_out and the final residual
 within bf16 rounding of the reference. The planted hang: one wait whose target nothing reaches makes the step end
 with code 1 (the instruction, counter, value and target in the detail) within a bounded time. A logic check of the
@@ -194,12 +196,14 @@ def rel_err(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.max(np.abs(a - b)) / max(float(np.max(np.abs(b))), 1e-30))
 
 
-def check_step(exe: Path, work: Path, grid: int, seed: int, position: int, shape: str = "tiny") -> list[str]:
-    """One decode step on `grid` blocks of the CONFIGS[shape] model; returns the failures (empty: ok)."""
+def check_step(exe: Path, work: Path, grid: int, seed: int, position: int, shape: str = "tiny",
+               attn: str = "fused", splits: int = 2) -> list[str]:
+    """One decode step on `grid` blocks of the CONFIGS[shape] model with the `attn` attention over `splits` context
+    splits; returns the failures (empty: ok). Fused, q never leaves shared memory: the q buffer must stay zero."""
     cfg = CONFIGS[shape]()
     m = random_model(cfg, seed, position)
-    sched = build_schedule(cfg, grid, splits=2)
-    d = work / f"step-{shape}-{grid}-{position}"
+    sched = build_schedule(cfg, grid, splits=splits, attn=attn)
+    d = work / f"step-{shape}-{grid}-{position}-{attn}-{splits}"
     d.mkdir()
     write_inputs(d, m, sched.table.pack(), sched.table.num_counters, sched.splits, sched.lm_tiles)
     run(exe, d, grid, 60_000_000_000, cfg)
@@ -209,9 +213,12 @@ def check_step(exe: Path, work: Path, grid: int, seed: int, position: int, shape
     if err.any():
         return [f"error word {err.tolist()}"]
     counters = np.frombuffer((d / "counters.bin").read_bytes(), "<u4")
-    signals = np.bincount([i.signal_counter for i in sched.table.instrs], minlength=sched.table.num_counters)
+    # every counter at its signallers; an ATTN ticket (signal + 1 + kv head) at its splits, one draw each
+    signals = np.bincount([i.signal_counter for i in sched.table.instrs]
+                          + [i.signal_counter + 1 + i.first for i in sched.table.instrs if i.op == Op.ATTN],
+                          minlength=sched.table.num_counters)
     if not np.array_equal(counters, signals):
-        fails.append(f"counters {counters.tolist()} != signallers {signals.tolist()}")
+        fails.append(f"counters {counters.tolist()} != signallers and tickets {signals.tolist()}")
     logits = read_bf16(d, "logits")
     e = rel_err(logits, want["logits"])
     if e > 2e-2:
@@ -223,7 +230,9 @@ def check_step(exe: Path, work: Path, grid: int, seed: int, position: int, shape
         fails.append(f"next_token {token} is not the argmax {int(np.argmax(logits))} of the kernel's own logits")
     if token != int(top[0]) and margin > 2 * float(np.max(np.abs(logits - want["logits"]))):
         fails.append(f"next_token {token}, the reference's {int(top[0])} (margin {margin:.3e})")
-    for name in ("q", "attn_out", "residual"):
+    if attn == "fused" and read_bf16(d, "q").any():
+        fails.append("q: written by the fused attention, which keeps q in shared memory")
+    for name in ("attn_out", "residual") if attn == "fused" else ("q", "attn_out", "residual"):
         e = rel_err(read_bf16(d, name), want[name])
         if e > 2e-2:
             fails.append(f"{name}: relative error {e:.3e}")
@@ -439,13 +448,20 @@ def main(argv: list[str] | None = None) -> int:
     if shutil.which("g++") is None:
         print("persistent_cpu_emu: g++ not found", file=sys.stderr)
         return 2
-    cases = [("step", 3, 37), ("step", 1, 5)] if args.quick else [("step", g, p) for g in (1, 2, 3, 5) for p in (0, 5, 37)]
-    cases += [("wide", 2, 20)] if args.quick else [("wide", g, p) for g in (2, 5) for p in (5, 20)]
-    cases.append(("hang", 3, 0))
+    # (kind, grid, position, attn, splits): fused with the new token in the last split (37 of 38 over 2), in a
+    # middle one before an empty split (5 of 6 over 4: splits of 2 tokens, the fourth empty), and alone (0 of 1)
+    if args.quick:
+        cases = [("step", 3, 37, "fused", 2), ("step", 3, 5, "fused", 4), ("step", 1, 5, "split", 2),
+                 ("step", 3, 37, "split", 2), ("wide", 2, 20, "fused", 2)]
+    else:
+        cases = [("step", g, p, a, sp) for g in (1, 2, 3, 5) for p in (0, 5, 37) for a in ("fused", "split")
+                 for sp in (2, 4)]
+        cases += [("wide", g, p, a, 2) for g in (2, 5) for p in (5, 20) for a in ("fused", "split")]
+    cases.append(("hang", 3, 0, "fused", 2))
     if args.only == "attention":
         cases = []
     if args.only != "step":
-        cases += [("attention", i, 0) for i in range(len(ATTN_CASES))]
+        cases += [("attention", i, 0, "split", 0) for i in range(len(ATTN_CASES))]
     failed = 0
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
@@ -454,14 +470,17 @@ def main(argv: list[str] | None = None) -> int:
         except subprocess.CalledProcessError as exc:
             print(f"persistent_cpu_emu: the driver does not compile:\n{exc.stderr}")
             return 1
-        for kind, grid, position in cases:
+        for kind, grid, position, attn, splits in cases:
             if kind == "attention":
                 label = f"attention {ATTN_CASES[grid].label}"
                 fails = check_attention(exe, work, ATTN_CASES[grid], args.seed + grid)
+            elif kind == "hang":
+                label = f"hang grid {grid}"
+                fails = check_planted_hang(exe, work, grid)
             else:
-                label = f"{kind} grid {grid}" + (f" position {position}" if kind != "hang" else "")
-                fails = (check_step(exe, work, grid, args.seed + grid, position, "tiny" if kind == "step" else kind)
-                         if kind != "hang" else check_planted_hang(exe, work, grid))
+                label = f"{kind} grid {grid} position {position} {attn} {splits} splits"
+                fails = check_step(exe, work, grid, args.seed + grid, position, "tiny" if kind == "step" else kind,
+                                   attn, splits)
             print(f"{label}: " + ("ok" if not fails else "FAILED\n  " + "\n  ".join(fails)))
             failed += bool(fails)
     return 1 if failed else 0

@@ -20,7 +20,7 @@ def test_persistent_decode_on_the_cpu_emulator(capsys: pytest.CaptureFixture[str
     code = persistent_cpu_emu.main(["--quick", "--seed", "1", "--only", "step"])
     out = capsys.readouterr().out
     assert code == 0, out
-    assert out.count(": ok") == 4, out
+    assert out.count(": ok") == 6, out
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not found")

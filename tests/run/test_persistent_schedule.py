@@ -1,6 +1,7 @@
 """The persistent decode kernel's instruction table as data (kern_run.models.qwen3.persistent): tables for the 1.7B,
-4B and 8B shapes, their packing, the simulator on them at several block counts, the data-flow against today's
-decode program, and hostile tables refused."""
+4B and 8B shapes with the fused attention (ATTN) and the split one (ROPE, ATTN_PARTIAL, ATTN_REDUCE), their packing,
+the simulator on them at several block counts, the data-flow against today's decode program, and hostile tables
+(the ATTN tickets among them) refused."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from kern_run.models.qwen3.persistent.isa import (
     TableError,
     unpack,
 )
-from kern_run.models.qwen3.persistent.schedule import assign_queues, build_schedule, tile_rows
+from kern_run.models.qwen3.persistent.schedule import ATTN_MODES, assign_queues, build_schedule, tile_rows
 from kern_run.models.qwen3.persistent.simulate import DataflowError, check_dataflow, simulate
 from kern_run.models.qwen3.programs import decode_gemv_calls
 
@@ -41,10 +42,11 @@ def tiny() -> Qwen3Config:
                                vocab=200)
 
 
-@pytest.fixture(scope="module", params=SHAPES)
+@pytest.fixture(scope="module", params=[(n, a) for n in SHAPES for a in ATTN_MODES], ids=lambda p: f"{p[0]}-{p[1]}")
 def shape(request: pytest.FixtureRequest):
-    cfg = config(request.param)
-    return cfg, build_schedule(cfg, 132)
+    name, attn = request.param
+    cfg = config(name)
+    return cfg, build_schedule(cfg, 132, attn=attn)
 
 
 def test_instruction_counts_and_weight_bytes_match_the_model(shape) -> None:
@@ -52,8 +54,15 @@ def test_instruction_counts_and_weight_bytes_match_the_model(shape) -> None:
     ops = [i.op for i in sched.table.instrs]
     L, H, I, D = cfg.layers, cfg.hidden, cfg.intermediate, cfg.head_dim
     qkv_dim = (cfg.q_heads + 2 * cfg.kv_heads) * D
-    assert ops.count(Op.ROPE) == L * cfg.kv_heads and ops.count(Op.ATTN_REDUCE) == L * cfg.kv_heads
-    assert ops.count(Op.ATTN_PARTIAL) == L * cfg.kv_heads * sched.splits
+    if Op.ATTN in ops:
+        assert ops.count(Op.ATTN) == L * cfg.kv_heads * sched.splits
+        assert not {Op.ROPE, Op.ATTN_PARTIAL, Op.ATTN_REDUCE} & set(ops)
+        # one signal counter and kv_heads tickets a layer for the attention, one counter for each other phase
+        assert sched.table.num_counters == L * (4 + 1 + cfg.kv_heads) + 2
+    else:
+        assert ops.count(Op.ROPE) == L * cfg.kv_heads and ops.count(Op.ATTN_REDUCE) == L * cfg.kv_heads
+        assert ops.count(Op.ATTN_PARTIAL) == L * cfg.kv_heads * sched.splits
+        assert Op.ATTN not in ops
     assert ops.count(Op.ARGMAX) == 1 and ops[-1] == Op.ARGMAX and ops.count(Op.LM_HEAD) == sched.lm_tiles
     for op, rows in ((Op.QKV, qkv_dim), (Op.O_PROJ, H), (Op.GATE_UP, I), (Op.DOWN, H), (Op.LM_HEAD, cfg.vocab)):
         per_layer = [i for i in sched.table.instrs if i.op == op and i.layer == (L if op == Op.LM_HEAD else 0)]
@@ -82,7 +91,7 @@ def test_each_phase_runs_on_distinct_blocks(shape) -> None:
         phases.setdefault((ins.layer, ins.op), []).append(block_of[i])
     for key, blocks in phases.items():
         assert len(blocks) <= 132 and len(set(blocks)) == len(blocks), key
-    partials = phases[(1, Op.ATTN_PARTIAL)]
+    partials = phases.get((1, Op.ATTN_PARTIAL), phases.get((1, Op.ATTN)))
     assert len(partials) == 8 * sched.splits == 128  # 8 kv heads x 16 splits at every shape: 128 of the 132 blocks
 
 
@@ -104,9 +113,10 @@ def test_the_table_packs_and_unpacks_to_itself(shape) -> None:
 
 
 @pytest.mark.parametrize("num_queues", [1, 2, 3, 7, 64, 132, 200])
-def test_every_wait_is_satisfied_at_any_block_count(num_queues: int) -> None:
+@pytest.mark.parametrize("attn", ATTN_MODES)
+def test_every_wait_is_satisfied_at_any_block_count(num_queues: int, attn: str) -> None:
     for name in SHAPES:
-        sched = build_schedule(config(name), num_queues)
+        sched = build_schedule(config(name), num_queues, attn=attn)
         result = simulate(sched.table, seed=num_queues)
         assert result.finished, result.blocked[:3]
         assert sorted(result.order) == list(range(len(sched.table.instrs)))
@@ -128,17 +138,19 @@ def test_the_dataflow_is_the_sequential_programs(shape) -> None:
 
 
 @pytest.mark.parametrize("name", SHAPES)
-def test_the_table_follows_todays_decode_program_call_by_call(name: str) -> None:
+@pytest.mark.parametrize("attn", ATTN_MODES)
+def test_the_table_follows_todays_decode_program_call_by_call(name: str, attn: str) -> None:
     """Table order = programs.decode_gemv_calls (gemv v2) + the argmax: the same classes in the same order, each
     touching the same manifest buffers as the call it replaces (besides its own partials buffers, and the
-    slot_mapping the early attention partial rereads after its PDL wait)."""
+    slot_mapping the early attention partial rereads after its PDL wait). Fused, the rope and the attention are one
+    ATTN run touching both calls' buffers but `q`, which it keeps in shared memory."""
     cfg = config(name)
     plan = validate(cfg, BuildOptions(name="x", gemv="v2"))
     calls = decode_gemv_calls(plan) + [{"op": "argmax", "args": {"logits": "logits", "out": "next_token"}}]
     classes = {"gemv_qkv": [Op.QKV], "qk_norm_rope_kv": [Op.ROPE], "attn_decode": [Op.ATTN_PARTIAL, Op.ATTN_REDUCE],
                "gemv_o": [Op.O_PROJ], "gemv_gate_up_act": [Op.GATE_UP], "gemv_down_act": [Op.DOWN],
                "gemv_lm_head": [Op.LM_HEAD], "argmax": [Op.ARGMAX]}
-    sched = build_schedule(cfg, 132)
+    sched = build_schedule(cfg, 132, attn=attn)
     runs: list[tuple[Op, set[str]]] = []
     for ins, step in zip(sched.table.instrs, sched.steps):
         buffers = {a.buffer for a in step.accesses} - {"attn_partials", "argmax_partials"}
@@ -160,6 +172,17 @@ def test_the_table_follows_todays_decode_program_call_by_call(name: str) -> None
                 expected.append((op, names - {"logits"}))  # it reads the LM_HEAD tiles' argmax partials
             else:
                 expected.append((op, names))
+    if attn == "fused":
+        merged: list[tuple[Op, set[str]]] = []
+        for op, names in expected:
+            if op in (Op.ROPE, Op.ATTN_PARTIAL, Op.ATTN_REDUCE):
+                if merged and merged[-1][0] == Op.ATTN:
+                    merged[-1][1].update(names)
+                else:
+                    merged.append((Op.ATTN, set(names)))
+            else:
+                merged.append((op, names))
+        expected = [(op, names - {"q"}) if op == Op.ATTN else (op, names) for op, names in merged]
     assert [op for op, _ in runs] == [op for op, _ in expected]
     assert runs == expected
 
@@ -245,14 +268,49 @@ def test_a_header_claiming_a_huge_table_is_refused_without_allocating() -> None:
         unpack(struct.pack(f"<{len(w)}I", *w))
 
 
-def test_a_missing_wait_breaks_the_dataflow_check_though_nothing_deadlocks() -> None:
-    sched = build_schedule(tiny(), 4)
-    rope = next(i for i, ins in enumerate(sched.table.instrs) if ins.op == Op.ROPE)
-    table = replace_instr(sched.table, rope, wait_counter=NO_COUNTER, wait_target=0)
+@pytest.mark.parametrize(("attn", "op"), [("split", Op.ROPE), ("fused", Op.ATTN)])
+def test_a_missing_wait_breaks_the_dataflow_check_though_nothing_deadlocks(attn: str, op: Op) -> None:
+    sched = build_schedule(tiny(), 4, attn=attn)
+    first = next(i for i, ins in enumerate(sched.table.instrs) if ins.op == op)
+    table = replace_instr(sched.table, first, wait_counter=NO_COUNTER, wait_target=0)
     broken = dataclasses.replace(sched, table=table)
     assert simulate(table).finished
-    with pytest.raises(DataflowError, match=rf"instruction {rope} \(ROPE\) may read qkv\[.*before instruction \d+ \(QKV\)"):
+    with pytest.raises(DataflowError,
+                       match=rf"instruction {first} \({op.name}\) may read qkv\[.*before instruction \d+ \(QKV\)"):
         check_dataflow(broken)
+
+
+def test_the_cohort_excuses_only_its_own_pairs() -> None:
+    """Two ATTN instructions of one ticket may touch the same K / V and attn_out unordered (the kernel orders
+    them); without the cohort mark the same table fails the data-flow check on exactly those pairs."""
+    sched = build_schedule(tiny(), 4)
+    assert check_dataflow(sched) > 0
+    unmarked = dataclasses.replace(sched, steps=tuple(dataclasses.replace(s, cohort=None) for s in sched.steps))
+    with pytest.raises(DataflowError, match=r"\(ATTN\) may (read|write) (kv\.0|attn_partials|attn_out)\[.*\(ATTN\)"):
+        check_dataflow(unmarked)
+
+
+def _attn_table() -> Table:
+    return build_schedule(tiny(), 3, splits=3).table
+
+
+def _first_attn(table: Table) -> int:
+    return next(i for i, ins in enumerate(table.instrs) if ins.op == Op.ATTN)
+
+
+@pytest.mark.parametrize(("change", "words"), [
+    (lambda t: replace_instr(t, _first_attn(t), arg=1), r"its splits are \[1, 1"),
+    (lambda t: replace_instr(t, _first_attn(t), count=t.instrs[_first_attn(t)].count + 1),
+     "shares ticket .* splits"),
+    # the last counter as the signal: its tickets run past the counters
+    (lambda t: replace_instr(t, _first_attn(t), signal_counter=t.num_counters - 1), "past the .* counters|signal"),
+    # the ticket of kv head 0 made the ARGMAX's signal counter
+    (lambda t: replace_instr(t, _first_attn(t), signal_counter=t.instrs[-1].signal_counter - 1),
+     "also a signal or wait counter|target must be all"),
+])
+def test_bad_attn_tickets_are_refused_by_name(change, words: str) -> None:
+    with pytest.raises(TableError, match=words):
+        change(_attn_table()).check()
 
 
 def test_one_queue_runs_the_table_in_order() -> None:
@@ -268,3 +326,5 @@ def test_tile_rows_and_bad_arguments() -> None:
                    {"num_queues": 2, "ctx_tokens": 0}):
         with pytest.raises(ValueError, match="must be >= 1"):
             build_schedule(tiny(), **kwargs)
+    with pytest.raises(ValueError, match="attn 'merged': one of fused, split"):
+        build_schedule(tiny(), 2, attn="merged")

@@ -11,4 +11,7 @@ inline uint32_t load_acquire(const uint32_t* p) {
   return std::atomic_ref<uint32_t>(*const_cast<uint32_t*>(p)).load(std::memory_order_acquire);
 }
 inline void red_release_add(uint32_t* p, uint32_t v) { std::atomic_ref<uint32_t>(*p).fetch_add(v, std::memory_order_release); }
+inline uint32_t atomic_add_acq_rel(uint32_t* p, uint32_t v) {
+  return std::atomic_ref<uint32_t>(*p).fetch_add(v, std::memory_order_acq_rel);
+}
 inline void prefetch_l2(const void*, uint32_t) {}  // a hint on the GPU; nothing to do here

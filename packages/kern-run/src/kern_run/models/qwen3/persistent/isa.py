@@ -53,6 +53,13 @@ class Op(enum.IntEnum):
     ARGMAX       reduce the `count` argmax partials (ties: the smallest index)                      -> next_token
     NOP          nothing: its wait and its signal only (a timing ablation's stand-in for a removed
                  instruction; the step's outputs are then meaningless)
+    ATTN         kv head `first`, context split `arg` of `count` splits: ROPE, ATTN_PARTIAL and ATTN_REDUCE in
+                 one instruction. Every split ropes the group's q heads into its shared memory; the split holding
+                 token seq_len - 1 also writes that token's K / V; then its partial; then a TICKET,
+                 counters[signal_counter + 1 + first] += 1, and the split that draws count - 1 combines all
+                 `count` partials                                                       -> kv.L, partials, attn_out
+                 The ticket counters are scratch: no instruction signals or waits on them, and the `count` ATTN
+                 instructions of one ticket are splits 0 .. count - 1 of one (layer, kv head), each once.
     """
 
     QKV = 1
@@ -65,6 +72,7 @@ class Op(enum.IntEnum):
     LM_HEAD = 8
     ARGMAX = 9
     NOP = 10
+    ATTN = 11
 
 
 class TableError(ValueError):
@@ -176,6 +184,35 @@ class Table:
         missing = [i for i, s in enumerate(seen) if not s]
         if missing:
             raise TableError(f"instruction {missing[0]} is in no queue ({len(missing)} unqueued)")
+        self._check_tickets(signallers)
+
+    def _check_tickets(self, signallers: list[int]) -> None:
+        """ATTN's tickets (Op.ATTN): in range, never a signal or wait counter, and each ticket's instructions
+        exactly the splits 0 .. count - 1 of one (layer, kv head): else no block is last and attn_out stays stale."""
+        waited = {ins.wait_counter for ins in self.instrs if ins.wait_counter != NO_COUNTER}
+        cohorts: dict[int, list[tuple[int, Instr]]] = {}
+        for i, ins in enumerate(self.instrs):
+            if ins.op != Op.ATTN:
+                continue
+            ticket = ins.signal_counter + 1 + ins.first
+            where = f"instruction {i} (ATTN)"
+            if ticket >= self.num_counters:
+                raise TableError(f"{where}: its ticket counter {ticket} (signal {ins.signal_counter} + 1 + kv head "
+                                 f"{ins.first}) is past the {self.num_counters} counters")
+            if signallers[ticket] or ticket in waited:
+                raise TableError(f"{where}: its ticket counter {ticket} is also a signal or wait counter")
+            cohorts.setdefault(ticket, []).append((i, ins))
+        for ticket, members in cohorts.items():
+            i0, head = members[0]
+            splits = sorted(ins.arg for _, ins in members)
+            for i, ins in members:
+                if (ins.layer, ins.first, ins.count) != (head.layer, head.first, head.count):
+                    raise TableError(f"instruction {i} (ATTN) shares ticket {ticket} with instruction {i0} but is "
+                                     f"(layer {ins.layer}, kv head {ins.first}, {ins.count} splits), not (layer "
+                                     f"{head.layer}, kv head {head.first}, {head.count} splits)")
+            if splits != list(range(head.count)):
+                raise TableError(f"ticket {ticket} (instruction {i0}, ATTN): its splits are {splits[:8]}"
+                                 f"{' ...' if len(splits) > 8 else ''}; it needs each of 0 .. {head.count - 1} once")
 
 
 def _name(op: object) -> str:

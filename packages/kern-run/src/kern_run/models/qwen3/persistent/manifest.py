@@ -124,7 +124,7 @@ def build_persistent_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: BuildOptio
                               splits: int | None = None, timeout_ns: int = DEFAULT_TIMEOUT_NS,
                               config_digest: str = "", stages: int | None = None, l2_prefetch: bool = False,
                               ablate: frozenset[Op] = frozenset(), row_quantum: int = 8, counter_stride: int = 1,
-                              fences: bool = False) -> tuple[dict[str, Any], Schedule]:
+                              fences: bool = False, attn: str = "fused") -> tuple[dict[str, Any], Schedule]:
     """(the manifest object with its digest, the schedule it packs). `opts` are today's builder options; the
     decode-related ones are forced to what the persistent path replaces (gemv v2, argmax sampler, one row).
     `num_queues`: the grid, one block per SM of the target GPU (H200: 132); `splits`: attention context splits
@@ -133,10 +133,12 @@ def build_persistent_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: BuildOptio
     FLAG_FENCES (both off by default: measured slower, docs/perf.md).
     `ablate`: instruction classes turned into NOPs (their waits and signals kept): a timing experiment whose decode
     outputs are meaningless, named in meta.persistent.ablated. `row_quantum`: projection tiles are multiples of it
-    (schedule.build_schedule). `counter_stride`: counter c of the schedule becomes word c x counter_stride of the
-    counters buffer (32: one counter per 128-byte L2 line, so pollers of different counters share no line). Raises
-    ManifestBuildError for a model the kernel does not cover, a ring that does not fit, a counter stride outside
-    1..64, kernels.json without the entry or with another ABI, and whatever build_manifest raises."""
+    (schedule.build_schedule). `attn`: "fused" (one ATTN instruction per kv head and split, the default) or "split"
+    (ROPE, ATTN_PARTIAL, ATTN_REDUCE; schedule.build_schedule). `counter_stride`: counter c of the schedule becomes
+    word c x counter_stride of the counters buffer (32: one counter per 128-byte L2 line, so pollers of different
+    counters share no line). Raises ManifestBuildError for a model the kernel does not cover, a ring that does not fit, a counter stride outside
+    1..64 (or at most kv_heads with the fused attention: its tickets lie beside its counter), kernels.json without
+    the entry or with another ABI, and whatever build_manifest raises; ValueError for another `attn`."""
     check_shape(cfg)
     stages = ring_stages(cfg, stages)
     if not 1 <= num_queues <= 1024:
@@ -145,10 +147,13 @@ def build_persistent_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: BuildOptio
         raise ManifestBuildError(f"timeout_ns {timeout_ns}: a u64 of at least 1 ns")
     if not 1 <= counter_stride <= 64:
         raise ManifestBuildError(f"counter_stride {counter_stride}: 1..64 words")
+    if attn == "fused" and 1 < counter_stride <= cfg.kv_heads:
+        raise ManifestBuildError(f"counter_stride {counter_stride} with the fused attention: its {cfg.kv_heads} "
+                                 f"tickets follow its counter, so the stride must be 1 or above {cfg.kv_heads}")
     params = _launch_params(abi)
     base_opts = dataclasses.replace(opts, decode="gemv", gemv="v2", sampler="argmax", seqs_max=1)
     m = build_manifest(cfg, abi, base_opts, config_digest)
-    sched = build_schedule(cfg, num_queues, splits=splits, row_quantum=row_quantum)
+    sched = build_schedule(cfg, num_queues, splits=splits, row_quantum=row_quantum, attn=attn)
 
     def respaced(i: Instr) -> Instr:
         wait = i.wait_counter if i.wait_counter == NO_COUNTER else i.wait_counter * counter_stride
@@ -196,7 +201,7 @@ def build_persistent_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: BuildOptio
                                "instr_words": INSTR_WORDS, "table_sha256": hashlib.sha256(table).hexdigest(),
                                "timeout_ns": timeout_ns, "ring_stages": stages, "l2_prefetch": l2_prefetch,
                                "row_quantum": row_quantum, "counter_stride": counter_stride,
-                               "fences": fences}
+                               "fences": fences, "attn": attn}
     if ablate:
         m["meta"]["persistent"]["ablated"] = sorted(o.name for o in ablate)
     m.pop("digest", None)

@@ -1,10 +1,11 @@
 """The Qwen3 decode step (bs = 1) as a persistent-kernel instruction table (docs/persistent.md).
 
 `build_schedule(cfg, num_queues)` computes, in the order of today's decode program (programs.decode_gemv_calls,
-gemv v2): per layer QKV tiles, ROPE per kv head, ATTN_PARTIAL per (kv head, context split), ATTN_REDUCE per kv
-head, O_PROJ, GATE_UP and DOWN tiles; then LM_HEAD tiles and the ARGMAX. Each phase signals its own counter
-(ROPE and ATTN_PARTIAL one per kv head) and waits on the one before it with the target "every instruction that
-signals it". Projection tiles are `row_quantum`-row multiples sized so one phase makes at most `num_queues` tiles.
+gemv v2): per layer QKV tiles, the attention, O_PROJ, GATE_UP and DOWN tiles; then LM_HEAD tiles and the ARGMAX.
+The attention is ATTN per (kv head, context split) (`attn="fused"`, the default: rope, partial and reduce in one
+instruction, isa.Op.ATTN) or, `attn="split"`, ROPE per kv head, ATTN_PARTIAL per (kv head, split) and
+ATTN_REDUCE per kv head. Each phase signals its own counter (ROPE and ATTN_PARTIAL one per kv head) and waits on
+the one before it with the target "every instruction that signals it". Projection tiles are `row_quantum`-row multiples sized so one phase makes at most `num_queues` tiles.
 Instructions go, in table order, to the queue with the least accumulated cost so far (weight bytes, the attention
 instructions at their KV bytes for `ctx_tokens`, plus FIXED_COST_BYTES each) among the queues that hold no
 instruction of its phase (layer, class) yet, ties to the lowest queue: each queue is a subsequence of the table,
@@ -17,6 +18,7 @@ manifest's buffer names), which simulate.check_dataflow compares with the sequen
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..config import Qwen3Config
@@ -50,6 +52,7 @@ class Step:
     accesses: tuple[Access, ...]
     weight_bytes: int
     cost: int
+    cohort: int | None = None  # ATTN: its ticket counter (the kernel orders a cohort's accesses, simulate.py)
 
 
 @dataclass(frozen=True)
@@ -93,11 +96,17 @@ class _Counters:
         return self.count - 1
 
 
+ATTN_MODES = ("fused", "split")
+
+
 def build_schedule(cfg: Qwen3Config, num_queues: int, *, row_quantum: int = 8, splits: int | None = None,
-                   ctx_tokens: int = 128) -> Schedule:
+                   ctx_tokens: int = 128, attn: str = "fused") -> Schedule:
     """The decode step's table for `cfg` over `num_queues` kernel blocks (one per SM on the target GPU).
     `splits`: attention context splits per kv head (None: default_splits); `ctx_tokens`: the context the attention
-    instructions are costed at. Raises ValueError for num_queues, row_quantum, splits or ctx_tokens < 1."""
+    instructions are costed at; `attn`: "fused" (ATTN) or "split" (ROPE, ATTN_PARTIAL, ATTN_REDUCE). Raises
+    ValueError for num_queues, row_quantum, splits or ctx_tokens < 1, or another `attn`."""
+    if attn not in ATTN_MODES:
+        raise ValueError(f"attn {attn!r}: one of {', '.join(ATTN_MODES)}")
     for name, value in (("num_queues", num_queues), ("row_quantum", row_quantum), ("ctx_tokens", ctx_tokens)):
         if value < 1:
             raise ValueError(f"{name} is {value}; it must be >= 1")
@@ -113,11 +122,12 @@ def build_schedule(cfg: Qwen3Config, num_queues: int, *, row_quantum: int = 8, s
     steps: list[Step] = []
 
     def emit(op: Op, layer: int, first: int, count: int, wait: tuple[int, int] | None, signal: int,
-             accesses: list[Access], weight_bytes: int, arg: int = 0, cost: int | None = None) -> None:
+             accesses: list[Access], weight_bytes: int, arg: int = 0, cost: int | None = None,
+             cohort: int | None = None) -> None:
         wc, wt = wait if wait is not None else (NO_COUNTER, 0)
         instr = Instr(op, layer, first, count, wc, wt, signal, arg)
         base = weight_bytes if cost is None else cost
-        steps.append(Step(instr, tuple(accesses), weight_bytes, base + FIXED_COST_BYTES))
+        steps.append(Step(instr, tuple(accesses), weight_bytes, base + FIXED_COST_BYTES, cohort))
 
     def read(buffer: str, lo: int = 0, hi: int = 1) -> Access:
         return Access(buffer, lo, hi)
@@ -142,32 +152,36 @@ def build_schedule(cfg: Qwen3Config, num_queues: int, *, row_quantum: int = 8, s
             emit(Op.QKV, layer, a, n, prev, c_qkv,
                  [read("residual", 0, H), read(f"ln_in.{layer}", 0, H), read(f"w_qkv.{layer}", a * H, (a + n) * H),
                   write("qkv", a, a + n)], n * H * BF16)
-        c_rope = [counters.new() for _ in range(Hkv)]
-        for g in range(Hkv):
-            q_lo, q_hi = g * group * D, (g + 1) * group * D
-            k_lo, v_lo = q_dim + g * D, q_dim + kv_dim + g * D
-            emit(Op.ROPE, layer, g, group, (c_qkv, len(qkv_tiles)), c_rope[g],
-                 [read("qkv", q_lo, q_hi), read("qkv", k_lo, k_lo + D), read("qkv", v_lo, v_lo + D),
-                  read(f"q_norm.{layer}", 0, D), read(f"k_norm.{layer}", 0, D), read("rope"), read("positions"),
-                  read("slot_mapping"), write("q", q_lo, q_hi), write(kv, g * D, (g + 1) * D)], 0, cost=0)
-        c_attn = [counters.new() for _ in range(Hkv)]
-        for g in range(Hkv):
-            q_lo, q_hi = g * group * D, (g + 1) * group * D
-            for s in range(S):
-                part = (g * S + s) * group
-                emit(Op.ATTN_PARTIAL, layer, g, S, (c_rope[g], 1), c_attn[g],
-                     [read("q", q_lo, q_hi), read(kv, g * D, (g + 1) * D), read("block_table"), read("seq_lens"),
-                      write("attn_partials", part, part + group)], 0, arg=s, cost=kv_cost)
-        c_red = counters.new()
-        for g in range(Hkv):
-            q_lo, q_hi = g * group * D, (g + 1) * group * D
-            emit(Op.ATTN_REDUCE, layer, g, S, (c_attn[g], S), c_red,
-                 [read("attn_partials", g * S * group, (g + 1) * S * group), read("seq_lens"),
-                  write("attn_out", q_lo, q_hi)], 0, cost=0)
+        if attn == "fused":
+            attn_done = (_fused_attention(emit, counters, layer, (c_qkv, len(qkv_tiles)), cfg, S, kv_cost), Hkv * S)
+        else:
+            c_rope = [counters.new() for _ in range(Hkv)]
+            for g in range(Hkv):
+                q_lo, q_hi = g * group * D, (g + 1) * group * D
+                k_lo, v_lo = q_dim + g * D, q_dim + kv_dim + g * D
+                emit(Op.ROPE, layer, g, group, (c_qkv, len(qkv_tiles)), c_rope[g],
+                     [read("qkv", q_lo, q_hi), read("qkv", k_lo, k_lo + D), read("qkv", v_lo, v_lo + D),
+                      read(f"q_norm.{layer}", 0, D), read(f"k_norm.{layer}", 0, D), read("rope"), read("positions"),
+                      read("slot_mapping"), write("q", q_lo, q_hi), write(kv, g * D, (g + 1) * D)], 0, cost=0)
+            c_attn = [counters.new() for _ in range(Hkv)]
+            for g in range(Hkv):
+                q_lo, q_hi = g * group * D, (g + 1) * group * D
+                for s in range(S):
+                    part = (g * S + s) * group
+                    emit(Op.ATTN_PARTIAL, layer, g, S, (c_rope[g], 1), c_attn[g],
+                         [read("q", q_lo, q_hi), read(kv, g * D, (g + 1) * D), read("block_table"), read("seq_lens"),
+                          write("attn_partials", part, part + group)], 0, arg=s, cost=kv_cost)
+            c_red = counters.new()
+            for g in range(Hkv):
+                q_lo, q_hi = g * group * D, (g + 1) * group * D
+                emit(Op.ATTN_REDUCE, layer, g, S, (c_attn[g], S), c_red,
+                     [read("attn_partials", g * S * group, (g + 1) * S * group), read("seq_lens"),
+                      write("attn_out", q_lo, q_hi)], 0, cost=0)
+            attn_done = (c_red, Hkv)
         c_o = counters.new()
         o_tiles = tiles(H, num_queues, residual_quantum(q_dim))
         for a, n in o_tiles:
-            emit(Op.O_PROJ, layer, a, n, (c_red, Hkv), c_o,
+            emit(Op.O_PROJ, layer, a, n, attn_done, c_o,
                  [read("attn_out", 0, q_dim), read(f"w_o.{layer}", a * q_dim, (a + n) * q_dim),
                   read("residual", a, a + n), write("residual", a, a + n)], n * q_dim * BF16)
         c_gu = counters.new()
@@ -198,6 +212,35 @@ def build_schedule(cfg: Qwen3Config, num_queues: int, *, row_quantum: int = 8, s
     queues = assign_queues([s.cost for s in steps], num_queues, [(s.instr.layer, int(s.instr.op)) for s in steps])
     table = Table(tuple(s.instr for s in steps), queues, counters.count)
     return Schedule(table, tuple(steps), S, len(lm_tiles))
+
+
+def _fused_attention(emit: Callable[..., None], counters: _Counters, layer: int, qkv_done: tuple[int, int],
+                     cfg: Qwen3Config, S: int, kv_cost: int) -> int:
+    """ATTN per (kv head g, split s) of `layer`, all waiting on `qkv_done` and signalling one new counter, which is
+    returned; the kv_heads ticket counters follow it (isa.Op.ATTN: ticket = signal + 1 + g). The accesses are every
+    split's union (the rope's inputs, the K / V write, its partial, all partials read, attn_out written): the kernel
+    orders those of one ticket itself (the writer split alone reads the new token; the last arrival alone reduces),
+    so simulate.check_dataflow takes a cohort's pairs as ordered."""
+    D, Hq, Hkv = cfg.head_dim, cfg.q_heads, cfg.kv_heads
+    group, q_dim, kv_dim = Hq // Hkv, Hq * D, Hkv * D
+    kv = f"kv.{layer}"
+    signal = counters.new()
+    tickets = [counters.new() for _ in range(Hkv)]
+    assert tickets == list(range(signal + 1, signal + 1 + Hkv))  # the kernel derives them from the signal
+    for g in range(Hkv):
+        q_lo, q_hi = g * group * D, (g + 1) * group * D
+        k_lo, v_lo = q_dim + g * D, q_dim + kv_dim + g * D
+        for s in range(S):
+            part = (g * S + s) * group
+            emit(Op.ATTN, layer, g, S, qkv_done, signal,
+                 [Access("qkv", q_lo, q_hi), Access("qkv", k_lo, k_lo + D), Access("qkv", v_lo, v_lo + D),
+                  Access(f"q_norm.{layer}", 0, D), Access(f"k_norm.{layer}", 0, D), Access("rope", 0, 1),
+                  Access("positions", 0, 1), Access("slot_mapping", 0, 1), Access("block_table", 0, 1),
+                  Access("seq_lens", 0, 1), Access(kv, g * D, (g + 1) * D),
+                  Access("attn_partials", g * S * group, (g + 1) * S * group),
+                  Access(kv, g * D, (g + 1) * D, write=True), Access("attn_partials", part, part + group, write=True),
+                  Access("attn_out", q_lo, q_hi, write=True)], 0, arg=s, cost=kv_cost, cohort=tickets[g])
+    return signal
 
 
 def assign_queues(costs: list[int], num_queues: int,

@@ -12,7 +12,9 @@ kernel's error word would hold after its bounded waits time out.
 overlapping elements of one buffer) is ordered by the schedule as the table (= today's decode program) orders them:
 `a` happens before `b` when `b`'s queue runs `a` earlier, or when the counter `a` signals is complete before `b`
 starts: what `b`'s wait completes, transitively through every queue predecessor and every signaller of a completed
-counter (counter targets are all signallers, isa.Table.check).
+counter (counter targets are all signallers, isa.Table.check). The ATTN instructions of one ticket (a Step's `cohort`) are
+taken as ordered among themselves: the kernel orders them (isa.Op.ATTN: the writer split alone reads the token it
+writes, the ticket's last arrival alone reads the partials and writes attn_out).
 """
 
 from __future__ import annotations
@@ -136,6 +138,9 @@ def check_dataflow(schedule: Schedule) -> int:
 
     def before(a: int, b: int) -> bool:
         if a == b:
+            return True
+        cohort = schedule.steps[a].cohort
+        if cohort is not None and cohort == schedule.steps[b].cohort:
             return True
         if (known[b] >> table.instrs[a].signal_counter) & 1:
             return True
