@@ -55,9 +55,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--counter-stride", type=int, default=1, help="u32 words between counters (32: a line each)")
     parser.add_argument("--fences", action="store_true", help="set the table's FLAG_FENCES")
     parser.add_argument("--l2-prefetch", action="store_true", help="set the table's FLAG_L2_PREFETCH")
-    parser.add_argument("--attn", choices=ATTN_MODES, default="fused",
-                        help="the attention as one ATTN instruction per kv head and split (fused) or as ROPE, "
-                             "ATTN_PARTIAL and ATTN_REDUCE (split)")
+    parser.add_argument("--attn", choices=ATTN_MODES, default="split",
+                        help="the attention as ROPE, ATTN_PARTIAL and ATTN_REDUCE (split, the default) or as one "
+                             "ATTN instruction per kv head and split (fused; not yet run on a GPU)")
     parser.add_argument("--ablate", default="",
                         help="comma list of instruction classes (QKV, ROPE, ...) made NOPs: timing only, the "
                              "outputs are meaningless")

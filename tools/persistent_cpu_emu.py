@@ -319,6 +319,7 @@ class AttnCase:
     splits: int
     pages: tuple[int, ...]
     grid: int = 3
+    fused: bool = False  # ATTN per (kv head, split) from the raw qkv row instead: its rope, K / V write and ticket
 
 
 NUM_ATTN_PAGES = 24
@@ -340,14 +341,26 @@ ATTN_CASES = (
     # 20 splits of 10 tokens: more splits than ATTN_REDUCE loads at once (its two-pass path), page 4 absent
     AttnCase("d64 group2 20 splits", 64, 4, 2, 64, 200, 20, (12, 3, 7, 0, -1, 9, 1, 11, 2, 8, 10, 5, 6)),
 )
+# every case again as ATTN (the fused attention): the q heads roped from qkv, token n - 1's K / V written by the split
+# holding it (d128 group4: token 299's page 5 present; d64 group2 20 splits: 199 on page 0), then the ticket's reduce
+ATTN_CASES += tuple(dataclasses.replace(c, label=f"{c.label} fused", fused=True) for c in ATTN_CASES)
+# one block running the splits last to first: the writer split (the last non-empty one) comes first, so a kernel
+# whose writer were another split would read token n - 1's row before it is written (the row starts as NaN)
+ATTN_CASES += (dataclasses.replace(ATTN_CASES[0], label="d128 group4 one block fused", fused=True, grid=1),)
 
 
 def attention_table(case: AttnCase) -> Table:
     """ATTN_PARTIAL (kv head g, split x) signalling counter g, then ATTN_REDUCE g waiting on it (target: the splits),
-    signalling counter kv_heads; queues round-robin in table order."""
-    instrs = [Instr(Op.ATTN_PARTIAL, 0, g, case.splits, NO_COUNTER, 0, g, x)
-              for g in range(case.kv_heads) for x in range(case.splits)]
-    instrs += [Instr(Op.ATTN_REDUCE, 0, g, case.splits, g, case.splits, case.kv_heads) for g in range(case.kv_heads)]
+    signalling counter kv_heads; fused, ATTN (g, x) signalling counter 0, its tickets counters 1 .. kv_heads.
+    Queues round-robin in table order."""
+    if case.fused:  # splits last to first (the order is free: the ticket, not the table, picks the reducer)
+        instrs = [Instr(Op.ATTN, 0, g, case.splits, NO_COUNTER, 0, 0, x)
+                  for g in range(case.kv_heads) for x in reversed(range(case.splits))]
+    else:
+        instrs = [Instr(Op.ATTN_PARTIAL, 0, g, case.splits, NO_COUNTER, 0, g, x)
+                  for g in range(case.kv_heads) for x in range(case.splits)]
+        instrs += [Instr(Op.ATTN_REDUCE, 0, g, case.splits, g, case.splits, case.kv_heads)
+                   for g in range(case.kv_heads)]
     queues = tuple(tuple(range(q, len(instrs), case.grid)) for q in range(case.grid))
     return Table(tuple(instrs), queues, case.kv_heads + 1)
 
@@ -383,30 +396,54 @@ def attention_reference(case: AttnCase, q: np.ndarray, kv: np.ndarray) -> tuple[
 def check_attention(exe: Path, work: Path, case: AttnCase, seed: int) -> list[str]:
     """Run `case`'s attention-only table; compare the partials (acc, m, l) with the float64 reference within 1e-4
     (relative to the row's largest |acc|; m absolute, l relative; empty splits exactly 0, -inf, 0) and attn_out
-    within 2e-2 (bf16)."""
+    within 2e-2 (bf16). Fused: q is the reference rope of a random qkv row at position n - 1, whose K / V the
+    kernel must write to token n - 1's slot (within bf16 rounding; every other row unchanged; q never written)."""
     rng = np.random.default_rng(seed)
     D, group = case.head_dim, case.q_heads // case.kv_heads
+    max_pos = max(MAX_POS, case.n)
     cfg = Qwen3Config(hidden=case.hidden, layers=1, q_heads=case.q_heads, kv_heads=case.kv_heads, head_dim=D,
                       intermediate=case.hidden, vocab=8, tied=True, rope_theta=1e6, eps=1e-6,
-                      max_position_embeddings=MAX_POS)
+                      max_position_embeddings=max_pos)
     q = bf(rng.normal(0, 1.0, (case.q_heads, D)))
     kv = bf(rng.normal(0, 1.0, (NUM_ATTN_PAGES, 2, PAGE_TOKENS, case.kv_heads, D)))
-    table = attention_table(case)
     q_dim = case.q_heads * D
-    geometry = [case.hidden, case.q_heads, case.kv_heads, D, case.hidden, 8, 1, PAGE_TOKENS, MAX_POS, case.splits]
+    qkv = np.zeros(q_dim + 2 * case.kv_heads * D, np.float32)
+    rope = np.zeros((max_pos, D), np.float32)
+    norms = {"q_norm": np.zeros(D, np.float32), "k_norm": np.zeros(D, np.float32)}
+    slot = -1
+    kv_in = kv
+    if case.fused:  # the kernel's inputs are the raw row; the reference ropes it and writes the new token's K / V
+        qkv = bf(rng.normal(0, 1.0, qkv.shape))
+        rope = ref.rope_table(max_pos, D, cfg.rope_theta)
+        norms = {name: bf(1 + rng.normal(0, 0.1, D)) for name in norms}
+        page = case.pages[(case.n - 1) // PAGE_TOKENS]
+        slot = page * PAGE_TOKENS + (case.n - 1) % PAGE_TOKENS if 0 <= page < NUM_ATTN_PAGES else -1
+        q_ref = np.zeros((1, case.q_heads, D), np.float32)
+        if slot >= 0:  # the stale row of token n - 1: what a read before the write would see
+            kv_in = kv_in.copy()
+            kv_in[slot // PAGE_TOKENS, :, slot % PAGE_TOKENS] = np.nan
+        kv = kv_in.copy()
+        ref.qk_norm_rope_kv(qkv[None], norms["q_norm"], norms["k_norm"], rope, np.array([case.n - 1]),
+                            np.array([slot]), q_ref, kv, case.q_heads, case.kv_heads, D, cfg.eps)
+        q = q_ref[0]
+    table = attention_table(case)
+    geometry = [case.hidden, case.q_heads, case.kv_heads, D, case.hidden, 8, 1, PAGE_TOKENS, max_pos, case.splits]
     files = {
         "shape": struct.pack("<10i2f", *geometry, 1e-6, D ** -0.5), "num_pages": struct.pack("<i", NUM_ATTN_PAGES),
         "table": table.pack(), "counters": bytes(4 * table.num_counters), "error": bytes(32),
-        "residual": bytes(2 * case.hidden), "qkv": bytes(2 * (q_dim + 2 * case.kv_heads * D)), "q": bits(q),
+        "residual": bytes(2 * case.hidden), "qkv": bits(qkv), "q": bytes(2 * q_dim) if case.fused else bits(q),
         "attn_partials": np.full(case.kv_heads * case.splits * group * (D + 2), np.nan, "<f4").tobytes(),
         "attn_out": bytes(2 * q_dim), "act": bytes(2 * case.hidden), "logits": bytes(16), "argmax_partials": bytes(8),
         "next_token": struct.pack("<q", -1), "final_norm": bytes(2 * case.hidden), "lm_head": bytes(16 * case.hidden),
-        "rope": bytes(4 * MAX_POS * D), "positions": struct.pack("<i", 0), "slot_mapping": struct.pack("<i", 0),
+        "rope": rope.astype("<f4").tobytes(), "positions": struct.pack("<i", case.n - 1 if case.fused else 0),
+        "slot_mapping": struct.pack("<i", slot if case.fused else 0),
         "seq_lens": struct.pack("<i", case.n), "block_table": np.array(case.pages, "<i4").tobytes(),
-        "kv.0": bits(kv),
+        "kv.0": bits(kv_in),
     }
-    for name in ("w_qkv", "w_o", "w_gate_up", "w_down", "ln_in", "ln_post", "q_norm", "k_norm"):
+    for name in ("w_qkv", "w_o", "w_gate_up", "w_down", "ln_in", "ln_post"):
         files[f"{name}.0"] = bytes(16)
+    for name, w in norms.items():
+        files[f"{name}.0"] = bits(w) if case.fused else bytes(16)
     d = work / f"attn-{case.label.replace(' ', '-')}"
     d.mkdir()
     for name, data in files.items():
@@ -435,6 +472,24 @@ def check_attention(exe: Path, work: Path, case: AttnCase, seed: int) -> list[st
     e = rel_err(read_bf16(d, "attn_out"), want_out)
     if e > 2e-2:
         fails.append(f"attn_out: relative error {e:.3e}")
+    if case.fused:
+        counters = np.frombuffer((d / "counters.bin").read_bytes(), "<u4")
+        want_counters = [case.kv_heads * case.splits] + [case.splits] * case.kv_heads
+        if counters.tolist() != want_counters:
+            fails.append(f"counters {counters.tolist()} != {want_counters} (signal, then one ticket a kv head)")
+        if read_bf16(d, "q").any():
+            fails.append("q: written by ATTN, which keeps q in shared memory")
+        got_kv = read_bf16(d, "kv.0").reshape(kv.shape)
+        changed = np.argwhere(((got_kv != kv_in) & ~(np.isnan(got_kv) & np.isnan(kv_in))).any(axis=(3, 4)))
+        if slot < 0 and len(changed):
+            fails.append(f"kv.0: rows {changed[:3].tolist()} changed, and token n - 1's page is absent")
+        elif slot >= 0:
+            page, off = divmod(slot, PAGE_TOKENS)
+            if {tuple(r) for r in changed.tolist()} - {(page, 0, off), (page, 1, off)}:
+                fails.append(f"kv.0: rows other than slot {slot} changed: {changed[:4].tolist()}")
+            e = rel_err(got_kv[page, :, off], kv[page, :, off])
+            if e > 2e-2:
+                fails.append(f"kv.0 written row (slot {slot}): relative error {e:.3e}")
     return fails[:8]
 
 

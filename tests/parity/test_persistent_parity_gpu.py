@@ -1,5 +1,6 @@
 """On the GPU: the persistent decode manifest (kern_run.models.qwen3.persistent, one cooperative launch per step)
-against today's decode (manifests/qwen3-tiny.json) on the seeded `tiny` checkpoint: teacher-forced logits within
+against today's decode (manifests/qwen3-tiny.json) on the seeded `tiny` checkpoint, with the split attention and
+the fused one (ATTN): teacher-forced logits within
 the parity criteria of test_parity_gpu.py, graph and eager bit-identical, the GPU argmax equal to the argmax of its
 own logits, greedy tokens equal over a pipelined generation, and the error word silent throughout.
 
@@ -21,8 +22,10 @@ pytestmark = pytest.mark.gpu
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="module")
-def persistent_manifest(ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+@pytest.fixture(scope="module", params=["split", "fused"])
+def persistent_manifest(ckpt: Path, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Path:
+    """The tiny persistent manifest with the split attention (ROPE, ATTN_PARTIAL, ATTN_REDUCE) and the fused one
+    (ATTN): every test below runs on both."""
     from kern_run.models.qwen3.abi import read_kernel_abi
     from kern_run.models.qwen3.config import Qwen3Config
     from kern_run.models.qwen3.jsonio import dumps
@@ -35,8 +38,8 @@ def persistent_manifest(ckpt: Path, tmp_path_factory: pytest.TempPathFactory) ->
     sms = sm_count(call("cuDeviceGet", 0))
     cfg = Qwen3Config.from_json(json.loads((ckpt / "config.json").read_text()))
     m, _ = build_persistent_manifest(cfg, read_kernel_abi(ROOT / "kernels"), BuildOptions(name="qwen3-tiny-persistent"),
-                                     num_queues=sms)
-    path = tmp_path_factory.mktemp("manifest") / "qwen3-tiny-persistent.json"
+                                     num_queues=sms, attn=request.param)
+    path = tmp_path_factory.mktemp("manifest") / f"qwen3-tiny-persistent-{request.param}.json"
     path.write_text(dumps(m))
     return path
 

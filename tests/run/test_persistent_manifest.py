@@ -177,9 +177,9 @@ def test_the_ring_takes_what_fits_and_refuses_what_does_not(abi: KernelAbi) -> N
 def test_the_flags_and_the_ablations_are_table_data(abi: KernelAbi) -> None:
     cfg = config("Qwen3-1.7B")
     base, sched = build_persistent_manifest(cfg, abi, BuildOptions(name="x"), num_queues=16, l2_prefetch=True,
-                                            fences=True, attn="split")
+                                            fences=True)
     off, sched_off = build_persistent_manifest(cfg, abi, BuildOptions(name="x"), num_queues=16,
-                                               ablate=frozenset({Op.ROPE, Op.O_PROJ}), attn="split")
+                                               ablate=frozenset({Op.ROPE, Op.O_PROJ}))
     table = unpack(base64.b64decode(base["buffers"]["persist_table"]["init"]["base64"]))
     table_off = unpack(base64.b64decode(off["buffers"]["persist_table"]["init"]["base64"]))
     assert table.flags == FLAG_L2_PREFETCH | FLAG_FENCES and table_off.flags == 0
@@ -197,18 +197,23 @@ def test_the_flags_and_the_ablations_are_table_data(abi: KernelAbi) -> None:
     assert base["meta"]["persistent"]["attn"] == "split"
 
 
-def test_the_fused_attention_is_the_default_and_its_tickets_need_room(abi: KernelAbi) -> None:
-    """The default table holds ATTN and none of the three split classes; a counter stride that would put the kv
-    heads' tickets on the next counter is refused, one past them is taken."""
+def test_the_fused_attention_is_table_data_and_its_tickets_need_room(abi: KernelAbi) -> None:
+    """attn="fused": the table holds ATTN and none of the three split classes (the default holds those three and no
+    ATTN); a counter stride that would put the kv heads' tickets on the next counter is refused, one past them is
+    taken."""
     cfg = config("Qwen3-1.7B")
-    m, sched = build_persistent_manifest(cfg, abi, BuildOptions(name="x"), num_queues=16)
+    _, default = build_persistent_manifest(cfg, abi, BuildOptions(name="x"), num_queues=16)
+    assert Op.ATTN not in {i.op for i in default.table.instrs}
+    m, sched = build_persistent_manifest(cfg, abi, BuildOptions(name="x"), num_queues=16, attn="fused")
     ops = {i.op for i in sched.table.instrs}
     assert Op.ATTN in ops and not ops & {Op.ROPE, Op.ATTN_PARTIAL, Op.ATTN_REDUCE}
     assert m["meta"]["persistent"]["attn"] == "fused"
     for bad in (2, cfg.kv_heads):
         with pytest.raises(ManifestBuildError, match=f"counter_stride {bad} with the fused attention"):
-            build_persistent_manifest(cfg, abi, BuildOptions(name="x"), num_queues=16, counter_stride=bad)
-    _, s9 = build_persistent_manifest(cfg, abi, BuildOptions(name="x"), num_queues=16, counter_stride=cfg.kv_heads + 1)
+            build_persistent_manifest(cfg, abi, BuildOptions(name="x"), num_queues=16, counter_stride=bad,
+                                      attn="fused")
+    _, s9 = build_persistent_manifest(cfg, abi, BuildOptions(name="x"), num_queues=16, counter_stride=cfg.kv_heads + 1,
+                                      attn="fused")
     attn = next(i for i in s9.table.instrs if i.op == Op.ATTN)
     assert attn.signal_counter % (cfg.kv_heads + 1) == 0 and s9.table.num_counters == sched.table.num_counters * 9
 

@@ -283,7 +283,7 @@ def test_a_missing_wait_breaks_the_dataflow_check_though_nothing_deadlocks(attn:
 def test_the_cohort_excuses_only_its_own_pairs() -> None:
     """Two ATTN instructions of one ticket may touch the same K / V and attn_out unordered (the kernel orders
     them); without the cohort mark the same table fails the data-flow check on exactly those pairs."""
-    sched = build_schedule(tiny(), 4)
+    sched = build_schedule(tiny(), 4, attn="fused")
     assert check_dataflow(sched) > 0
     unmarked = dataclasses.replace(sched, steps=tuple(dataclasses.replace(s, cohort=None) for s in sched.steps))
     with pytest.raises(DataflowError, match=r"\(ATTN\) may (read|write) (kv\.0|attn_partials|attn_out)\[.*\(ATTN\)"):
@@ -291,7 +291,7 @@ def test_the_cohort_excuses_only_its_own_pairs() -> None:
 
 
 def _attn_table() -> Table:
-    return build_schedule(tiny(), 3, splits=3).table
+    return build_schedule(tiny(), 3, splits=3, attn="fused").table
 
 
 def _first_attn(table: Table) -> int:

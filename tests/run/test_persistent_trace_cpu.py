@@ -19,7 +19,7 @@ CONFIGS = Path(__file__).parents[2] / "tests" / "data" / "configs"
 @pytest.fixture(scope="module")
 def sched():
     cfg = Qwen3Config.from_json(json.loads((CONFIGS / "Qwen3-1.7B.json").read_text()))
-    return build_schedule(cfg, 16, attn="split")  # the three attention classes, as the trace tests name them
+    return build_schedule(cfg, 16)
 
 
 def stamps(sched, times) -> np.ndarray:

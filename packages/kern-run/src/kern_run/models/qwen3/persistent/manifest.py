@@ -124,7 +124,7 @@ def build_persistent_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: BuildOptio
                               splits: int | None = None, timeout_ns: int = DEFAULT_TIMEOUT_NS,
                               config_digest: str = "", stages: int | None = None, l2_prefetch: bool = False,
                               ablate: frozenset[Op] = frozenset(), row_quantum: int = 8, counter_stride: int = 1,
-                              fences: bool = False, attn: str = "fused") -> tuple[dict[str, Any], Schedule]:
+                              fences: bool = False, attn: str = "split") -> tuple[dict[str, Any], Schedule]:
     """(the manifest object with its digest, the schedule it packs). `opts` are today's builder options; the
     decode-related ones are forced to what the persistent path replaces (gemv v2, argmax sampler, one row).
     `num_queues`: the grid, one block per SM of the target GPU (H200: 132); `splits`: attention context splits
@@ -133,8 +133,8 @@ def build_persistent_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: BuildOptio
     FLAG_FENCES (both off by default: measured slower, docs/perf.md).
     `ablate`: instruction classes turned into NOPs (their waits and signals kept): a timing experiment whose decode
     outputs are meaningless, named in meta.persistent.ablated. `row_quantum`: projection tiles are multiples of it
-    (schedule.build_schedule). `attn`: "fused" (one ATTN instruction per kv head and split, the default) or "split"
-    (ROPE, ATTN_PARTIAL, ATTN_REDUCE; schedule.build_schedule). `counter_stride`: counter c of the schedule becomes
+    (schedule.build_schedule). `attn`: "split" (ROPE, ATTN_PARTIAL, ATTN_REDUCE, the default) or "fused"
+    (one ATTN instruction per kv head and split; schedule.build_schedule). `counter_stride`: counter c of the schedule becomes
     word c x counter_stride of the counters buffer (32: one counter per 128-byte L2 line, so pollers of different
     counters share no line). Raises ManifestBuildError for a model the kernel does not cover, a ring that does not fit, a counter stride outside
     1..64 (or at most kv_heads with the fused attention: its tickets lie beside its counter), kernels.json without

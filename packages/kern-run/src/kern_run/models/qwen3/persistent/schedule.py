@@ -2,9 +2,9 @@
 
 `build_schedule(cfg, num_queues)` computes, in the order of today's decode program (programs.decode_gemv_calls,
 gemv v2): per layer QKV tiles, the attention, O_PROJ, GATE_UP and DOWN tiles; then LM_HEAD tiles and the ARGMAX.
-The attention is ATTN per (kv head, context split) (`attn="fused"`, the default: rope, partial and reduce in one
-instruction, isa.Op.ATTN) or, `attn="split"`, ROPE per kv head, ATTN_PARTIAL per (kv head, split) and
-ATTN_REDUCE per kv head. Each phase signals its own counter (ROPE and ATTN_PARTIAL one per kv head) and waits on
+The attention is ROPE per kv head, ATTN_PARTIAL per (kv head, split) and ATTN_REDUCE per kv head (`attn="split"`,
+the default, the path measured on the H200) or ATTN per (kv head, context split) (`attn="fused"`: rope, partial
+and reduce in one instruction, isa.Op.ATTN; checked on the CPU emulator, not yet run on a GPU). Each phase signals its own counter (ROPE and ATTN_PARTIAL one per kv head) and waits on
 the one before it with the target "every instruction that signals it". Projection tiles are `row_quantum`-row multiples sized so one phase makes at most `num_queues` tiles.
 Instructions go, in table order, to the queue with the least accumulated cost so far (weight bytes, the attention
 instructions at their KV bytes for `ctx_tokens`, plus FIXED_COST_BYTES each) among the queues that hold no
@@ -100,7 +100,7 @@ ATTN_MODES = ("fused", "split")
 
 
 def build_schedule(cfg: Qwen3Config, num_queues: int, *, row_quantum: int = 8, splits: int | None = None,
-                   ctx_tokens: int = 128, attn: str = "fused") -> Schedule:
+                   ctx_tokens: int = 128, attn: str = "split") -> Schedule:
     """The decode step's table for `cfg` over `num_queues` kernel blocks (one per SM on the target GPU).
     `splits`: attention context splits per kv head (None: default_splits); `ctx_tokens`: the context the attention
     instructions are costed at; `attn`: "fused" (ATTN) or "split" (ROPE, ATTN_PARTIAL, ATTN_REDUCE). Raises
