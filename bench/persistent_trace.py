@@ -30,7 +30,7 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-CLASSES = ("QKV", "ROPE", "ATTN_PARTIAL", "ATTN_REDUCE", "O_PROJ", "GATE_UP", "DOWN")
+CLASSES = ("QKV", "ROPE", "ATTN_PARTIAL", "ATTN_REDUCE", "ATTN", "O_PROJ", "GATE_UP", "DOWN")  # ATTN: --attn fused
 
 
 def trace_kernels(out: Path, twice: bool = False) -> Path:
@@ -130,7 +130,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--l2-prefetch", action="store_true")
     p.add_argument("--counter-stride", type=int, default=1)
     p.add_argument("--fences", action="store_true")
-    p.add_argument("--twice", action="store_true", help="ROPE / ATTN_PARTIAL / ATTN_REDUCE run twice: cold vs warm")
+    p.add_argument("--attn", choices=("split", "fused"), default="split", help="the attention (gen_persistent --attn)")
+    p.add_argument("--row-split", choices=("auto", "always", "never"), default="auto",
+                   help="O_PROJ / DOWN's row split (gen_persistent --row-split)")
+    p.add_argument("--twice", action="store_true",
+                   help="ROPE / ATTN_PARTIAL / ATTN_REDUCE run twice: cold vs warm (not ATTN: its ticket is drawn once)")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
     import numpy as np
@@ -150,8 +154,13 @@ def main(argv: list[str] | None = None) -> int:
         cfg = Qwen3Config.from_json(read_json_file(args.config)[0], str(args.config))
         return cfg, *build_persistent_manifest(cfg, read_kernel_abi(kernels), BuildOptions(name="ptrace"),
                                                num_queues=args.sms, stages=args.stages, l2_prefetch=args.l2_prefetch,
-                                               counter_stride=args.counter_stride, fences=args.fences)
+                                               counter_stride=args.counter_stride, fences=args.fences,
+                                               attn=args.attn, row_split=args.row_split)
 
+    if args.twice and args.attn == "fused":
+        print("persistent_trace: --twice runs ROPE, ATTN_PARTIAL and ATTN_REDUCE twice; --attn fused has none of them "
+              "(ATTN's ticket is drawn once a step)", file=sys.stderr)
+        return 2
     try:  # the config and the options against the committed kernels first: refused before the probe compiles
         cfg, _, sched = build(ROOT / "kernels")
     except (RefusalError, ValueError) as exc:

@@ -247,34 +247,48 @@ struct WarpRows {
 };
 
 // O_PROJ and DOWN (few rows, long k: 4B 2,560 rows of 8 and 19 KiB) split each row across the block's warps when
-// k is a multiple of 8 PD_WARPS and the tile's partial sums fit the head scratch: warp w takes elements
-// [w k / 8, (w + 1) k / 8) of every row, so a tile balances to the row, not to 8 rows (schedule.py tiles them
-// by 1 row then). Uniform across the block.
+// the instruction asks for it (bit 0 of `arg`: kArgRowSplit, the builder's choice per phase, schedule.py) and it
+// fits: k a multiple of 8 PD_WARPS and the tile's partial sums within the head scratch. Warp w then takes elements
+// [w k / 8, (w + 1) k / 8) of every row, so a tile balances to the row, not to 8 rows (schedule.py tiles them by 1
+// row then). Uniform across the block.
 constexpr int kSplitMaxRows = (kMaxGroup + 1) * kMaxHeadDim / PD_WARPS;
+constexpr uint32_t kArgRowSplit = 1u;
 
-KERN_DEV bool ksplit(uint32_t op, int k, uint32_t count) {
-    return (op == kOProj || op == kDown) && k % (8 * PD_WARPS) == 0 && count <= static_cast<uint32_t>(kSplitMaxRows);
+KERN_DEV bool ksplit(uint32_t op, int k, uint32_t count, uint32_t arg) {
+    return (op == kOProj || op == kDown) && (arg & kArgRowSplit) && k % (8 * PD_WARPS) == 0 &&
+           count <= static_cast<uint32_t>(kSplitMaxRows);
 }
 
-// The warp's rows of a projection instruction (op, layer L, rows first .. first + count): plain rows
+// A projection class's weight matrix (row-major, k bf16 a row; GATE_UP: the I gate rows, then the I up rows) and k;
+// w nullptr for any other opcode. The one place warp_rows and prefetch_tile learn where an instruction's rows are.
+struct ProjWeights {
+    const bf16* w;
+    int k;
+};
+
+KERN_DEV ProjWeights projection_weights(uint32_t op, const PersistLayer& L, const bf16* lm_head, const PersistShape& s) {
+    switch (op) {
+        case kQkv: return {L.w_qkv, s.hidden};
+        case kOProj: return {L.w_o, s.q_heads * s.head_dim};
+        case kGateUp: return {L.w_gate_up, s.hidden};
+        case kDown: return {L.w_down, s.inter};
+        case kLmHead: return {lm_head, s.hidden};
+        default: return {nullptr, s.hidden};
+    }
+}
+
+// The warp's rows of a projection instruction (op, layer L, rows first .. first + count, arg: ksplit's bit): plain rows
 // first + warp + PD_WARPS i (batch b: i = 2 b, 2 b + 1); GATE_UP output j = first + warp + PD_WARPS i is batch i,
 // gate row j then up row I + j. rows 0 for any other opcode.
 KERN_DEV WarpRows warp_rows(uint32_t op, const PersistLayer& L, const bf16* lm_head, uint32_t first, uint32_t count,
-                            const PersistShape& s) {
-    const int warp = threadIdx.x >> 5;
-    const int H = s.hidden, I = s.inter, q_dim = s.q_heads * s.head_dim;
-    const bf16* w = nullptr;
-    int k = H;
-    switch (op) {
-        case kQkv: w = L.w_qkv; break;
-        case kOProj: w = L.w_o, k = q_dim; break;
-        case kGateUp: w = L.w_gate_up; break;
-        case kDown: w = L.w_down, k = I; break;
-        case kLmHead: w = lm_head; break;
-        default: return WarpRows{nullptr, 0, 0, 0, k, false};
-    }
+                            uint32_t arg, const PersistShape& s) {
+    const int warp = threadIdx.x >> 5, I = s.inter;
+    const ProjWeights pw = projection_weights(op, L, lm_head, s);
+    const bf16* const w = pw.w;
+    const int k = pw.k;
+    if (w == nullptr) return WarpRows{nullptr, 0, 0, 0, k, false};
     const int n = static_cast<int>(count);
-    if (ksplit(op, k, count)) {  // every row of the tile, this warp's k / 8 slice of each
+    if (ksplit(op, k, count, arg)) {  // every row of the tile, this warp's k / 8 slice of each
         const int kw = k / PD_WARPS;
         const bf16* row0 = w + static_cast<size_t>(first) * k + static_cast<size_t>(warp) * kw;
         return WarpRows{row0, 2 * static_cast<size_t>(k), static_cast<size_t>(k), n, kw, aligned16(w)};
@@ -331,8 +345,7 @@ KERN_DEV void ring_stream(const WarpRows& rows, const float* x, uint4* ring, int
             for (int r = 0; r < R; ++r) dot[r] = r < nr ? warp_row_dot(rows.base(b) + rows.offset(r), x, rows.k) : 0.0f;
             done(b, dot);
         }
-        cp_async_wait_pending(0);
-        return;
+        return;  // no copy in flight: the caller issues a prologue for vec rows only
     }
     const int lane = threadIdx.x & 31, k8 = rows.k >> 3, nb = rows.steps_per_batch();
     const int n_steps = batches * nb;
@@ -810,18 +823,12 @@ constexpr uint32_t kPrefetchBytes = 128u * 1024u, kPrefetchPiece = 16u * 1024u;
 
 KERN_DEV void prefetch_tile(uint32_t op, const PersistLayer& L, const bf16* lm_head, uint32_t first, uint32_t count,
                             const PersistShape& s, size_t skip) {
-    const size_t H = s.hidden, I = s.inter, q_dim = static_cast<size_t>(s.q_heads) * s.head_dim;
-    const bf16* gate = nullptr;  // the range; GATE_UP: its gate rows, `up` its up rows
-    const bf16* up = nullptr;
-    size_t k = H;
-    switch (op) {
-        case kQkv: gate = L.w_qkv + first * H; break;
-        case kOProj: gate = L.w_o + first * q_dim, k = q_dim; break;
-        case kGateUp: gate = L.w_gate_up + first * H, up = L.w_gate_up + (I + first) * H, skip /= 2; break;
-        case kDown: gate = L.w_down + first * I, k = I; break;
-        case kLmHead: gate = lm_head + first * H; break;
-        default: return;
-    }
+    const ProjWeights pw = projection_weights(op, L, lm_head, s);
+    if (pw.w == nullptr) return;
+    const size_t k = static_cast<size_t>(pw.k), I = s.inter;
+    const bf16* gate = pw.w + first * k;  // the range; GATE_UP: its gate rows, `up` its up rows
+    const bf16* up = op == kGateUp ? pw.w + (I + first) * k : nullptr;
+    if (op == kGateUp) skip /= 2;
     const size_t tile = static_cast<size_t>(count) * k * sizeof(bf16);
     if (tile <= skip) return;
     const uint32_t share = up != nullptr ? kPrefetchBytes / 2 : kPrefetchBytes;
@@ -942,7 +949,7 @@ extern "C" __global__ void __launch_bounds__(PD_THREADS, 1) kern_persistent_deco
         if (threadIdx.x == 0) trace[0] = static_cast<uint32_t>(global_ns());
 #endif
         // ---- the ring prologue: a projection's first weight steps, issued before the wait (they depend on nothing)
-        const WarpRows rows = warp_rows(op, Lp, lm_head, a, cnt, s);
+        const WarpRows rows = warp_rows(op, Lp, lm_head, a, cnt, arg, s);
         if (rows.vec && rows.rows > 0) ring_prologue(rows, ring, stages);
         // ---- the wait: thread 0 spins, the block follows (warp 1 prefetches the tile's next bytes into L2)
         if (wait != kNoCounter) {
@@ -1000,7 +1007,7 @@ extern "C" __global__ void __launch_bounds__(PD_THREADS, 1) kern_persistent_deco
                 break;
             case kOProj:
                 stage_copy(sm.x, attn_out, q_dim);
-                if (ksplit(op, q_dim, cnt))
+                if (ksplit(op, q_dim, cnt, arg))
                     stream_residual_ksplit(rows, a, sm.x + (threadIdx.x >> 5) * (q_dim / PD_WARPS), ring, stages,
                                            residual, sm.head);
                 else
@@ -1017,7 +1024,7 @@ extern "C" __global__ void __launch_bounds__(PD_THREADS, 1) kern_persistent_deco
             }
             case kDown:
                 stage_copy(sm.x, act, I);
-                if (ksplit(op, I, cnt))
+                if (ksplit(op, I, cnt, arg))
                     stream_residual_ksplit(rows, a, sm.x + (threadIdx.x >> 5) * (I / PD_WARPS), ring, stages,
                                            residual, sm.head);
                 else

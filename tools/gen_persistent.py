@@ -5,7 +5,7 @@ docs/persistent.md): today's manifest with the decode body replaced by one coope
     uv run --frozen python -m tools.gen_persistent --config tests/data/configs/Qwen3-4B.json \\
         --out /tmp/qwen3-4b-persistent.json [--sms 132] [--splits N] [--name NAME] [--algos PINS | --pick-pins GPU]
         [--stages N] [--l2-prefetch] [--fences] [--counter-stride N] [--row-quantum N] [--ablate CLASS,...]
-        [--attn fused|split]
+        [--attn split|fused] [--row-split auto|always|never]
 
 `--pick-pins GPU`: the prefill's batch-invariant cuBLASLt pins as `kern run --weights` finds or picks them on that
 CUDA device (kern_run.pins_cache.ensure_pins: the cache, the committed pins, else picked now), so a shape no committed
@@ -32,7 +32,7 @@ from kern_run.models.qwen3.options import BuildOptions
 from kern_run.models.qwen3.pins import load_algos
 from kern_run.models.qwen3.persistent.isa import Op
 from kern_run.models.qwen3.persistent.manifest import build_persistent_manifest
-from kern_run.models.qwen3.persistent.schedule import ATTN_MODES
+from kern_run.models.qwen3.persistent.schedule import ATTN_MODES, ROW_SPLITS
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -58,6 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--attn", choices=ATTN_MODES, default="split",
                         help="the attention as ROPE, ATTN_PARTIAL and ATTN_REDUCE (split, the default) or as one "
                              "ATTN instruction per kv head and split (fused; not yet run on a GPU)")
+    parser.add_argument("--row-split", choices=ROW_SPLITS, default="auto",
+                        help="O_PROJ / DOWN rows split across the warps: where it streams fewer ring steps (auto), "
+                             "wherever the kernel can (always), or never")
     parser.add_argument("--ablate", default="",
                         help="comma list of instruction classes (QKV, ROPE, ...) made NOPs: timing only, the "
                              "outputs are meaningless")
@@ -90,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
                                                     l2_prefetch=args.l2_prefetch, ablate=ablate,
                                                     row_quantum=args.row_quantum,
                                                     counter_stride=args.counter_stride,
-                                                    fences=args.fences, attn=args.attn)
+                                                    fences=args.fences, attn=args.attn,
+                                                    row_split=args.row_split)
     except (RefusalError, ValueError, KernError) as exc:
         print(f"gen_persistent: {exc}", file=sys.stderr)
         return 2

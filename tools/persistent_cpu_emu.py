@@ -2,7 +2,8 @@
 Qwen3-shaped model, every block of the grid at once, against a numpy model of today's decode step built from
 tools/reference_kernels.py; and a planted hang against the error word. The "wide" step cases (hidden 552,
 intermediate 640) take the GEMV-row path through several ring steps per batch with uneven chunks per lane, and
-DOWN's k-split path (the tiny shape's DOWN, k 96, the row path; both shapes' O_PROJ, k 128, the k-split). Step
+DOWN's k-split path (the tiny shape's DOWN, k 96, the row path; both shapes' O_PROJ, k 128, and the wide DOWN
+split with `row_split="always"`, whole with "auto", which the step count picks at these shapes). Step
 cases run the fused attention (ATTN: the new token in the last split, in a middle one before an empty split, alone)
 and the split one (ROPE, ATTN_PARTIAL, ATTN_REDUCE).
 
@@ -197,13 +198,14 @@ def rel_err(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def check_step(exe: Path, work: Path, grid: int, seed: int, position: int, shape: str = "tiny",
-               attn: str = "fused", splits: int = 2) -> list[str]:
+               attn: str = "fused", splits: int = 2, row_split: str = "auto") -> list[str]:
     """One decode step on `grid` blocks of the CONFIGS[shape] model with the `attn` attention over `splits` context
-    splits; returns the failures (empty: ok). Fused, q never leaves shared memory: the q buffer must stay zero."""
+    splits and O_PROJ / DOWN's `row_split` (schedule.build_schedule); returns the failures (empty: ok). Fused, q
+    never leaves shared memory: the q buffer must stay zero."""
     cfg = CONFIGS[shape]()
     m = random_model(cfg, seed, position)
-    sched = build_schedule(cfg, grid, splits=splits, attn=attn)
-    d = work / f"step-{shape}-{grid}-{position}-{attn}-{splits}"
+    sched = build_schedule(cfg, grid, splits=splits, attn=attn, row_split=row_split)
+    d = work / f"step-{shape}-{grid}-{position}-{attn}-{splits}-{row_split}"
     d.mkdir()
     write_inputs(d, m, sched.table.pack(), sched.table.num_counters, sched.splits, sched.lm_tiles)
     run(exe, d, grid, 60_000_000_000, cfg)
@@ -503,20 +505,24 @@ def main(argv: list[str] | None = None) -> int:
     if shutil.which("g++") is None:
         print("persistent_cpu_emu: g++ not found", file=sys.stderr)
         return 2
-    # (kind, grid, position, attn, splits): fused with the new token in the last split (37 of 38 over 2), in a
-    # middle one before an empty split (5 of 6 over 4: splits of 2 tokens, the fourth empty), and alone (0 of 1)
+    # (kind, grid, position, attn, splits, row_split): fused with the new token in the last split (37 of 38 over
+    # 2), in a middle one before an empty split (5 of 6 over 4: splits of 2 tokens, the fourth empty), and alone (0
+    # of 1); O_PROJ (k 128) and the wide DOWN (k 640) split across the warps ("always") or whole ("auto" at these
+    # shapes: the split streams more steps); the tiny DOWN (k 96) cannot split
     if args.quick:
-        cases = [("step", 3, 37, "fused", 2), ("step", 3, 5, "fused", 4), ("step", 1, 5, "split", 2),
-                 ("step", 3, 37, "split", 2), ("wide", 2, 20, "fused", 2)]
+        cases = [("step", 3, 37, "fused", 2, "always"), ("step", 3, 5, "fused", 4, "auto"),
+                 ("step", 1, 5, "split", 2, "auto"), ("step", 3, 37, "split", 2, "always"),
+                 ("wide", 2, 20, "fused", 2, "always")]
     else:
-        cases = [("step", g, p, a, sp) for g in (1, 2, 3, 5) for p in (0, 5, 37) for a in ("fused", "split")
-                 for sp in (2, 4)]
-        cases += [("wide", g, p, a, 2) for g in (2, 5) for p in (5, 20) for a in ("fused", "split")]
-    cases.append(("hang", 3, 0, "fused", 2))
+        cases = [("step", g, p, a, sp, r) for g in (1, 2, 3, 5) for p in (0, 5, 37) for a in ("fused", "split")
+                 for sp in (2, 4) for r in ("auto", "always")]
+        cases += [("wide", g, p, a, 2, r) for g in (2, 5) for p in (5, 20) for a in ("fused", "split")
+                  for r in ("auto", "always")]
+    cases.append(("hang", 3, 0, "fused", 2, "auto"))
     if args.only == "attention":
         cases = []
     if args.only != "step":
-        cases += [("attention", i, 0, "split", 0) for i in range(len(ATTN_CASES))]
+        cases += [("attention", i, 0, "split", 0, "auto") for i in range(len(ATTN_CASES))]
     failed = 0
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
@@ -525,7 +531,7 @@ def main(argv: list[str] | None = None) -> int:
         except subprocess.CalledProcessError as exc:
             print(f"persistent_cpu_emu: the driver does not compile:\n{exc.stderr}")
             return 1
-        for kind, grid, position, attn, splits in cases:
+        for kind, grid, position, attn, splits, row_split in cases:
             if kind == "attention":
                 label = f"attention {ATTN_CASES[grid].label}"
                 fails = check_attention(exe, work, ATTN_CASES[grid], args.seed + grid)
@@ -533,9 +539,9 @@ def main(argv: list[str] | None = None) -> int:
                 label = f"hang grid {grid}"
                 fails = check_planted_hang(exe, work, grid)
             else:
-                label = f"{kind} grid {grid} position {position} {attn} {splits} splits"
+                label = f"{kind} grid {grid} position {position} {attn} {splits} splits, row split {row_split}"
                 fails = check_step(exe, work, grid, args.seed + grid, position, "tiny" if kind == "step" else kind,
-                                   attn, splits)
+                                   attn, splits, row_split)
             print(f"{label}: " + ("ok" if not fails else "FAILED\n  " + "\n  ".join(fails)))
             failed += bool(fails)
     return 1 if failed else 0

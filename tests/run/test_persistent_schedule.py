@@ -24,7 +24,18 @@ from kern_run.models.qwen3.persistent.isa import (
     TableError,
     unpack,
 )
-from kern_run.models.qwen3.persistent.schedule import ATTN_MODES, assign_queues, build_schedule, tile_rows
+from kern_run.models.qwen3.persistent.schedule import (
+    ARG_ROW_SPLIT,
+    ATTN_MODES,
+    BATCH_ROWS,
+    KSPLIT_MAX_ROWS,
+    STEP_CHUNKS,
+    WARPS,
+    assign_queues,
+    build_schedule,
+    row_split_steps,
+    tile_rows,
+)
 from kern_run.models.qwen3.persistent.simulate import DataflowError, check_dataflow, simulate
 from kern_run.models.qwen3.programs import decode_gemv_calls
 
@@ -328,3 +339,63 @@ def test_tile_rows_and_bad_arguments() -> None:
             build_schedule(tiny(), **kwargs)
     with pytest.raises(ValueError, match="attn 'merged': one of fused, split"):
         build_schedule(tiny(), 2, attn="merged")
+
+
+# ---------------------------------------------------------------------------------------------- the row split
+
+
+def test_the_schedules_kernel_constants_are_the_kernels() -> None:
+    """The step-count model and the split bit restate kernels-src/persistent_decode.cu's constants: read them there."""
+    import re
+
+    src = (Path(__file__).parents[2] / "kernels-src" / "persistent_decode.cu").read_text()
+
+    def const(name: str) -> str:
+        m = re.search(rf"constexpr (?:int|uint32_t) {name} = ([^;]+);", src)
+        assert m, name
+        return m.group(1).strip()
+
+    assert (const("kStepChunks"), const("kBatchRows"), const("kArgRowSplit")) == (
+        str(STEP_CHUNKS), str(BATCH_ROWS), f"{ARG_ROW_SPLIT}u")
+    assert const("kSplitMaxRows") == "(kMaxGroup + 1) * kMaxHeadDim / PD_WARPS"
+    assert (const("kMaxGroup"), const("kMaxHeadDim"), const("PD_THREADS")) == ("8", "256", "256")
+    assert KSPLIT_MAX_ROWS == (8 + 1) * 256 // WARPS and WARPS == 256 // 32
+
+
+@pytest.mark.parametrize(("name", "o_steps", "down_steps"), [
+    ("Qwen3-1.7B", (4, 8), (12, 16)), ("Qwen3-4B", (16, 10), (38, 30)), ("Qwen3-8B", (16, 16), (48, 48))])
+def test_the_row_split_goes_where_it_streams_fewer_steps(name: str, o_steps, down_steps) -> None:
+    """auto: O_PROJ / DOWN split their rows (arg 1, 1-row tiles) only where a warp streams strictly fewer ring steps:
+    both at 4B, neither at 1.7B and 8B (where the twenty-sixth session measured the split slower: 1.740 -> 1.929
+    and 4.998 -> 5.223 ms). always / never override it; the weights streamed are the same bytes either way."""
+    cfg = config(name)
+    q_dim = cfg.q_heads * cfg.head_dim
+    assert row_split_steps(cfg.hidden, q_dim, 132, 8) == o_steps
+    assert row_split_steps(cfg.hidden, cfg.intermediate, 132, 8) == down_steps
+    for mode in ("auto", "always", "never"):
+        sched = build_schedule(cfg, 132, row_split=mode)
+        for op, (whole, split) in ((Op.O_PROJ, o_steps), (Op.DOWN, down_steps)):
+            tiles_of = [i for i in sched.table.instrs if i.op == op and i.layer == 0]
+            on = mode == "always" or (mode == "auto" and split < whole)
+            assert {i.arg for i in tiles_of} == {ARG_ROW_SPLIT if on else 0}, (mode, op)
+            assert tiles_of[0].count == tile_rows(cfg.hidden, 132, 1 if on else 8), (mode, op)
+            assert sum(i.count for i in tiles_of) == cfg.hidden
+        assert check_dataflow(sched) > 0 and simulate(sched.table).finished
+
+
+def test_the_row_split_is_refused_where_the_kernel_cannot_split() -> None:
+    """k not a multiple of 64 (the tiny shape's DOWN, k 96): no split even when asked; a tile past KSPLIT_MAX_ROWS
+    (one queue for 2048 rows): none either."""
+    assert row_split_steps(64, 96, 3, 8)[1] is None
+    assert row_split_steps(2048, 6144, 1, 8)[1] is None
+    down = [i for i in build_schedule(tiny(), 3, row_split="always").table.instrs if i.op == Op.DOWN]
+    assert {i.arg for i in down} == {0}
+    with pytest.raises(ValueError, match="row_split 'sometimes': one of auto, always, never"):
+        build_schedule(tiny(), 3, row_split="sometimes")
+
+
+def test_an_o_proj_arg_other_than_the_split_bit_is_refused() -> None:
+    table = build_schedule(tiny(), 3).table
+    o = next(i for i, ins in enumerate(table.instrs) if ins.op == Op.O_PROJ)
+    with pytest.raises(TableError, match=r"arg 2; O_PROJ / DOWN take 0 \(whole rows\) or 1 \(the row split\)"):
+        replace_instr(table, o, arg=2).check()

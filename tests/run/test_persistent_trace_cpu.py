@@ -45,7 +45,8 @@ def test_phases_in_series_give_their_hops_and_works(sched) -> None:
         return base + 10_000 * p + 1_000, base + 10_000 * p + 2_000, base + 10_000 * p + 9_000
 
     out = analyse(sched, stamps(sched, times))
-    for c in CLASSES:
+    assert out["per_class_us"]["ATTN"]["segment"] is None  # the split attention's table: no ATTN phase
+    for c in (c for c in CLASSES if c != "ATTN"):
         r = out["per_class_us"][c]
         assert r["segment"] == pytest.approx(10.0) and r["hop"] == pytest.approx(3.0)
         assert r["work_critical"] == pytest.approx(7.0) and r["work_max"] == pytest.approx(7.0)
@@ -100,7 +101,9 @@ def test_bad_inputs_are_refused_in_one_line_before_the_probe_compiles(tmp_path: 
     os.mkfifo(fifo)
     cases = [(["--config", str(fifo)], "not a regular file"), (["--config", str(tmp_path)], "not a regular file"),
              (["--stages", "9"], "ring stages 9: the kernel takes 2..8"),
-             (["--counter-stride", "0"], "counter_stride 0: 1..64 words")]
+             (["--counter-stride", "0"], "counter_stride 0: 1..64 words"),
+             (["--twice", "--attn", "fused"], "--attn fused has none of them"),
+             (["--attn", "fused", "--counter-stride", "2"], "counter_stride 2 with the fused attention")]
     for extra, words in cases:
         assert persistent_trace.main(["--ckpt", str(tmp_path), *extra]) == 2
         err = capsys.readouterr().err

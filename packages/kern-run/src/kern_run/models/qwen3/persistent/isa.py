@@ -44,10 +44,11 @@ class Op(enum.IntEnum):
     ROPE         kv head `first`: q/k RMSNorm + RoPE of its q heads and k head, K/V write to the page -> q, kv.L
     ATTN_PARTIAL kv head `first`, context split `arg` of `count` splits: partial softmax over the split  -> partials
     ATTN_REDUCE  kv head `first`: combine its `count` splits for its q heads                        -> attn_out
-    O_PROJ       rows [first, first + count) of w_o.L, residual added                              -> residual
+    O_PROJ       rows [first, first + count) of w_o.L, residual added; `arg` 1: each row split across
+                 the block's warps (schedule.ARG_ROW_SPLIT, where the kernel can), 0: whole rows  -> residual
     GATE_UP      act rows [first, first + count): gate and up rows of w_gate_up.L, RMSNorm(residual) *
                  ln_post.L fused in, SwiGLU epilogue                                               -> act
-    DOWN         rows [first, first + count) of w_down.L, residual added                           -> residual
+    DOWN         rows [first, first + count) of w_down.L, residual added; `arg` as O_PROJ's        -> residual
     LM_HEAD      vocab rows [first, first + count) of the lm_head, final RMSNorm fused in, the tile's
                  argmax (value, index) into slot `arg`                                             -> logits, argmax partials
     ARGMAX       reduce the `count` argmax partials (ties: the smallest index)                      -> next_token
@@ -154,6 +155,8 @@ class Table:
                                  ("wait_target", ins.wait_target)):
                 if not 0 <= value <= U32_MAX:
                     raise TableError(f"{where}: {field} {value} does not fit a u32")
+            if ins.op in (Op.O_PROJ, Op.DOWN) and ins.arg not in (0, 1):
+                raise TableError(f"{where}: arg {ins.arg}; O_PROJ / DOWN take 0 (whole rows) or 1 (the row split)")
             if not 0 <= ins.signal_counter < self.num_counters:
                 raise TableError(f"{where}: signals counter {ins.signal_counter}, past the {self.num_counters} counters")
             if ins.wait_counter != NO_COUNTER and not 0 <= ins.wait_counter < self.num_counters:

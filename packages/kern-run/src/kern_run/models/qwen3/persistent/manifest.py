@@ -124,7 +124,8 @@ def build_persistent_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: BuildOptio
                               splits: int | None = None, timeout_ns: int = DEFAULT_TIMEOUT_NS,
                               config_digest: str = "", stages: int | None = None, l2_prefetch: bool = False,
                               ablate: frozenset[Op] = frozenset(), row_quantum: int = 8, counter_stride: int = 1,
-                              fences: bool = False, attn: str = "split") -> tuple[dict[str, Any], Schedule]:
+                              fences: bool = False, attn: str = "split",
+                              row_split: str = "auto") -> tuple[dict[str, Any], Schedule]:
     """(the manifest object with its digest, the schedule it packs). `opts` are today's builder options; the
     decode-related ones are forced to what the persistent path replaces (gemv v2, argmax sampler, one row).
     `num_queues`: the grid, one block per SM of the target GPU (H200: 132); `splits`: attention context splits
@@ -134,7 +135,8 @@ def build_persistent_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: BuildOptio
     `ablate`: instruction classes turned into NOPs (their waits and signals kept): a timing experiment whose decode
     outputs are meaningless, named in meta.persistent.ablated. `row_quantum`: projection tiles are multiples of it
     (schedule.build_schedule). `attn`: "split" (ROPE, ATTN_PARTIAL, ATTN_REDUCE, the default) or "fused"
-    (one ATTN instruction per kv head and split; schedule.build_schedule). `counter_stride`: counter c of the schedule becomes
+    (one ATTN instruction per kv head and split; schedule.build_schedule). `row_split`: O_PROJ / DOWN's row split,
+    "auto" (by schedule.row_split_steps), "always" or "never". `counter_stride`: counter c of the schedule becomes
     word c x counter_stride of the counters buffer (32: one counter per 128-byte L2 line, so pollers of different
     counters share no line). Raises ManifestBuildError for a model the kernel does not cover, a ring that does not fit, a counter stride outside
     1..64 (or at most kv_heads with the fused attention: its tickets lie beside its counter), kernels.json without
@@ -153,7 +155,7 @@ def build_persistent_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: BuildOptio
     params = _launch_params(abi)
     base_opts = dataclasses.replace(opts, decode="gemv", gemv="v2", sampler="argmax", seqs_max=1)
     m = build_manifest(cfg, abi, base_opts, config_digest)
-    sched = build_schedule(cfg, num_queues, splits=splits, row_quantum=row_quantum, attn=attn)
+    sched = build_schedule(cfg, num_queues, splits=splits, row_quantum=row_quantum, attn=attn, row_split=row_split)
 
     def respaced(i: Instr) -> Instr:
         wait = i.wait_counter if i.wait_counter == NO_COUNTER else i.wait_counter * counter_stride
@@ -201,7 +203,7 @@ def build_persistent_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: BuildOptio
                                "instr_words": INSTR_WORDS, "table_sha256": hashlib.sha256(table).hexdigest(),
                                "timeout_ns": timeout_ns, "ring_stages": stages, "l2_prefetch": l2_prefetch,
                                "row_quantum": row_quantum, "counter_stride": counter_stride,
-                               "fences": fences, "attn": attn}
+                               "fences": fences, "attn": attn, "row_split": row_split}
     if ablate:
         m["meta"]["persistent"]["ablated"] = sorted(o.name for o in ablate)
     m.pop("digest", None)

@@ -27,6 +27,10 @@ from .isa import NO_COUNTER, Instr, Op, Table
 BF16 = 2
 WARPS = 8  # PD_WARPS of the kernel
 KSPLIT_MAX_ROWS = 9 * 256 // WARPS  # kSplitMaxRows: a k-split tile's partial sums fill at most the head scratch
+ARG_ROW_SPLIT = 1  # kArgRowSplit: bit 0 of an O_PROJ / DOWN instruction's arg asks the kernel for the row split
+STEP_CHUNKS = 2  # kStepChunks: 16-byte chunks per lane per row per ring step
+BATCH_ROWS = 2  # kBatchRows: rows per ring batch
+ROW_SPLITS = ("auto", "always", "never")
 # What one instruction's fixed latency (its wait, staging its input vector, its reduction) is counted as when queues
 # are balanced: about 1 us of one SM's share of 4.3 TB/s over 132 SMs (32.6 GB/s). Without it the instructions that
 # stream no weights (ROPE, ATTN_REDUCE) would all land on the least loaded queue, one after the other.
@@ -99,14 +103,38 @@ class _Counters:
 ATTN_MODES = ("fused", "split")
 
 
+def ring_steps(rows: int, k: int) -> int:
+    """Ring steps one warp streams for `rows` rows of `k` bf16 (the kernel's WarpRows: batches of BATCH_ROWS rows,
+    each ceil(k / 8 / (32 STEP_CHUNKS)) steps)."""
+    return -(-rows // BATCH_ROWS) * -(-(k // 8) // (32 * STEP_CHUNKS))
+
+
+def row_split_steps(rows: int, k: int, num_queues: int, row_quantum: int) -> tuple[int, int | None]:
+    """(ring steps a warp streams for its share of the largest tile of a `rows` x `k` residual projection without the
+    row split, with it (None where the kernel cannot split: k % (8 WARPS) or tiles past KSPLIT_MAX_ROWS)). Whole
+    rows: tiles of row_quantum multiples, ceil(tile / WARPS) rows a warp of k each; split: tiles of single rows,
+    every row of the tile a warp, k / WARPS each. The 4B DOWN (2560 x 9728, 132 queues): 38 against 30; 1.7B
+    (2048 x 6144): 12 against 16; 8B (4096 x 12288): 48 against 48."""
+    whole = ring_steps(-(-tile_rows(rows, num_queues, row_quantum) // WARPS), k)
+    split_rows = tile_rows(rows, num_queues, 1)
+    if k % (8 * WARPS) or split_rows > KSPLIT_MAX_ROWS:
+        return whole, None
+    return whole, ring_steps(split_rows, k // WARPS)
+
+
 def build_schedule(cfg: Qwen3Config, num_queues: int, *, row_quantum: int = 8, splits: int | None = None,
-                   ctx_tokens: int = 128, attn: str = "split") -> Schedule:
+                   ctx_tokens: int = 128, attn: str = "split", row_split: str = "auto") -> Schedule:
     """The decode step's table for `cfg` over `num_queues` kernel blocks (one per SM on the target GPU).
     `splits`: attention context splits per kv head (None: default_splits); `ctx_tokens`: the context the attention
     instructions are costed at; `attn`: "fused" (ATTN) or "split" (ROPE, ATTN_PARTIAL, ATTN_REDUCE). Raises
-    ValueError for num_queues, row_quantum, splits or ctx_tokens < 1, or another `attn`."""
+    `row_split`: O_PROJ and DOWN split each row across the warps (their `arg` ARG_ROW_SPLIT, 1-row tiles) "auto"
+    where row_split_steps counts strictly fewer ring steps a warp (4B: both; 1.7B, 8B: neither, as measured:
+    docs/perf.md), "always" wherever the kernel can, or "never". Raises ValueError for num_queues, row_quantum,
+    splits or ctx_tokens < 1, or another `attn` or `row_split`."""
     if attn not in ATTN_MODES:
         raise ValueError(f"attn {attn!r}: one of {', '.join(ATTN_MODES)}")
+    if row_split not in ROW_SPLITS:
+        raise ValueError(f"row_split {row_split!r}: one of {', '.join(ROW_SPLITS)}")
     for name, value in (("num_queues", num_queues), ("row_quantum", row_quantum), ("ctx_tokens", ctx_tokens)):
         if value < 1:
             raise ValueError(f"{name} is {value}; it must be >= 1")
@@ -137,12 +165,12 @@ def build_schedule(cfg: Qwen3Config, num_queues: int, *, row_quantum: int = 8, s
 
     kv_cost = ctx_tokens * 2 * D * BF16 // S  # K and V of one head over one split
 
-    def residual_quantum(k: int) -> int:
-        """O_PROJ / DOWN tiles: 1 row where the kernel splits each row across its 8 warps (k a multiple of 64 and
-        at most KSPLIT_MAX_ROWS rows a tile: its `ksplit`), so a tile balances to the row; else row_quantum."""
-        if k % (8 * WARPS) == 0 and tile_rows(H, num_queues, 1) <= KSPLIT_MAX_ROWS:
-            return 1
-        return row_quantum
+    def splits_rows(k: int) -> bool:
+        """Whether the O_PROJ / DOWN phase of reduction length k takes the row split (`row_split`)."""
+        whole, split = row_split_steps(H, k, num_queues, row_quantum)
+        return split is not None and (row_split == "always" or (row_split == "auto" and split < whole))
+    o_split, down_split = splits_rows(q_dim), splits_rows(I)
+    o_arg, down_arg = (ARG_ROW_SPLIT if o_split else 0), (ARG_ROW_SPLIT if down_split else 0)
     prev: tuple[int, int] | None = None  # (counter, target) the next layer's QKV waits on
     for layer in range(L):
         kv = f"kv.{layer}"
@@ -179,11 +207,11 @@ def build_schedule(cfg: Qwen3Config, num_queues: int, *, row_quantum: int = 8, s
                       write("attn_out", q_lo, q_hi)], 0, cost=0)
             attn_done = (c_red, Hkv)
         c_o = counters.new()
-        o_tiles = tiles(H, num_queues, residual_quantum(q_dim))
+        o_tiles = tiles(H, num_queues, 1 if o_split else row_quantum)
         for a, n in o_tiles:
             emit(Op.O_PROJ, layer, a, n, attn_done, c_o,
                  [read("attn_out", 0, q_dim), read(f"w_o.{layer}", a * q_dim, (a + n) * q_dim),
-                  read("residual", a, a + n), write("residual", a, a + n)], n * q_dim * BF16)
+                  read("residual", a, a + n), write("residual", a, a + n)], n * q_dim * BF16, arg=o_arg)
         c_gu = counters.new()
         gu_tiles = tiles(I, num_queues, row_quantum)
         for a, n in gu_tiles:
@@ -193,11 +221,11 @@ def build_schedule(cfg: Qwen3Config, num_queues: int, *, row_quantum: int = 8, s
                   read(f"w_gate_up.{layer}", (I + a) * H, (I + a + n) * H), write("act", a, a + n)],
                  2 * n * H * BF16)
         c_down = counters.new()
-        down_tiles = tiles(H, num_queues, residual_quantum(I))
+        down_tiles = tiles(H, num_queues, 1 if down_split else row_quantum)
         for a, n in down_tiles:
             emit(Op.DOWN, layer, a, n, (c_gu, len(gu_tiles)), c_down,
                  [read("act", 0, I), read(f"w_down.{layer}", a * I, (a + n) * I), read("residual", a, a + n),
-                  write("residual", a, a + n)], n * I * BF16)
+                  write("residual", a, a + n)], n * I * BF16, arg=down_arg)
         prev = (c_down, len(down_tiles))
     lm = "embed" if cfg.tied else "lm_head"
     c_lm = counters.new()
