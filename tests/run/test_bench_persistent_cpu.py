@@ -1,0 +1,61 @@
+"""bench/persistent.py's pure parts on the CPU: the table from bench/decode.py summaries (floors, ratios against v2,
+the best variant, the ctx-128 targets) and the options it refuses before anything starts."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench import persistent
+
+
+def _summary(floor_ms: float, kv_bytes_per_token: int, ms: dict[tuple[str, int], float]) -> dict:
+    return {"floor_ms_weights": floor_ms, "kv_bytes_per_token": kv_bytes_per_token,
+            "results": [{"peer": f"kern [{v}]", "variant": v, "ctx": ctx, "ms_per_token": t}
+                        for (v, ctx), t in ms.items()] + [{"peer": "kern breakdown", "variant": "v2", "ctx": 128}]}
+
+
+def test_the_table_gives_floors_ratios_and_targets() -> None:
+    summaries = {
+        "qwen3-4b": _summary(1.875, 147456, {("v2", 128): 2.5, ("split", 128): 3.0, ("fused", 128): 2.0,
+                                             ("v2", 4096): 2.8, ("split", 4096): 3.5}),
+        "qwen3-1.7b": _summary(0.80, 114688, {("v2", 128): 1.4, ("split", 128): 1.2}),
+    }
+    rows, text = persistent.table(summaries, ["split", "fused"], [128, 4096])
+    by = {(r["shape"], r["ctx"]): r for r in rows}
+    r = by[("qwen3-4b", 128)]
+    assert r["floor_ms"] == pytest.approx(1.875 + 1e3 * 128 * 147456 / 4.3e12)
+    assert r["best"] == "fused" and r["best_vs_v2"] == pytest.approx(0.8) and r["target_ms"] == 2.00
+    r = by[("qwen3-4b", 4096)]
+    assert r["best"] == "split" and r["best_vs_v2"] == pytest.approx(3.5 / 2.8) and r["target_ms"] is None
+    assert r["ms"] == {"v2": 2.8, "split": 3.5}  # fused not measured at 4096: absent, not zero
+    r = by[("qwen3-1.7b", 4096)]
+    assert r["best"] is None and r["best_vs_v2"] is None and r["ms"] == {}
+    lines = text.splitlines()
+    assert "best / v2" in lines[2] and "target" in lines[2]
+    row = next(line for line in lines if line.startswith("qwen3-4b") and " 128 " in line)
+    assert "2.000 (" in row and "0.800" in row and row.rstrip().endswith("2.00")
+    assert len([line for line in lines if line.startswith("qwen3-")]) == 4
+
+
+@pytest.mark.parametrize(("argv", "words"), [
+    (["--shapes", "qwen3-3b"], "--shapes qwen3-3b: known shapes are qwen3-1.7b, qwen3-4b, qwen3-8b"),
+    (["--shapes", ","], "--shapes (none)"),
+    (["--variants", "fused,bogus"], "--variants bogus: known variants are split, fused"),
+    (["--contexts", "128,x"], "--contexts '128,x': a comma list of positive integers"),
+    (["--contexts", "0"], "--contexts '0'"),
+    (["--steps", "-3"], "--steps '-3'"),
+])
+def test_bad_options_are_refused_in_one_line(argv: list[str], words: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert persistent.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("bench/persistent.py: ") and words in err and err.count("\n") == 1, err
+
+
+def test_every_variant_is_options_gen_persistent_takes(capsys: pytest.CaptureFixture[str]) -> None:
+    from tools import gen_persistent
+
+    for name, options in persistent.VARIANTS.items():
+        code = gen_persistent.main(["--config", "tests/data/configs/Qwen3-1.7B.json", "--out", "/dev/null/x",
+                                    *options])
+        err = capsys.readouterr().err
+        assert code == 2 and err.startswith("gen_persistent: --out /dev/null/x"), (name, err)  # built, not written
