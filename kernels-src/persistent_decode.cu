@@ -18,6 +18,8 @@
 //   3 BAD_LAUNCH  gridDim.x != the table's queue count, blockDim.x != PD_THREADS, or too little dynamic shared
 //                 memory: [1] gridDim.x, [2] blockDim.x, [3] dynamic shared bytes
 //   4 BAD_SHAPE   the model geometry does not fit this kernel (head_dim, group, layers): [1] which check
+//   5 BAD_SLOT    ATTN: slot_mapping[0] is not the block table's slot of token seq_lens[0] - 1 (the caller contract;
+//                 the splits would race on that row): [1] slot_mapping[0], [2] the block table's slot, [3] seq_len
 // After a fault every block stops at its next wait (it sees the word, or its own wait times out): the launch
 // ends in bounded time and the runtime raises DeviceFaultError when the step's outputs are read.
 #include "common.cuh"
@@ -36,7 +38,7 @@ constexpr int kMaxGroup = 8;      // q heads per kv head
 constexpr uint32_t kMagic = 0x5453504Bu, kVersion = 2u, kInstrWords = 8u, kHeaderWords = 16u;
 constexpr uint32_t kNoCounter = 0xFFFFFFFFu;
 
-enum Code : uint32_t { kTimeout = 1, kBadTable = 2, kBadLaunch = 3, kBadShape = 4 };
+enum Code : uint32_t { kTimeout = 1, kBadTable = 2, kBadLaunch = 3, kBadShape = 4, kBadSlot = 5 };
 enum Opcode : uint32_t {
     kQkv = 1, kRope = 2, kAttnPartial = 3, kAttnReduce = 4, kOProj = 5, kGateUp = 6, kDown = 7, kLmHead = 8, kArgmax = 9,
     kNop = 10, kAttn = 11
@@ -496,6 +498,10 @@ KERN_DEV void rope_group(int g, const PersistShape& s, PageBound pages, const Pe
             if (d < D) nh[d] = round_bf(wv[i] * round_bf(xv[i] * rs));
         }
         __syncwarp();
+        if (!pos_ok && is_q && q_smem != nullptr) {  // ATTN: zeros, not whatever the scratch held (every split alike)
+            for (int d = lane; d < D; d += 32) q_smem[h * D + d] = 0.0f;
+            continue;
+        }
         if (!pos_ok || (!is_q && !slot_ok)) continue;  // as kern_qk_norm_rope_kv: nothing written
         const int64_t page = slot / s.page_tokens, off = slot % s.page_tokens;
         const int64_t token_elems = static_cast<int64_t>(s.kv_heads) * D;
@@ -796,13 +802,28 @@ KERN_DEV void attn_reduce(int g, const PersistShape& s, const float* parts, bf16
 // draws splits - 1 is the last of kv head g and combines every split's partial in split order into attn_out
 // (attn_reduce: the same order and bits whichever block is last). Every ATTN signals one counter that O_PROJ waits
 // on for all kv_heads x splits of them, so the last block's attn_out stores precede that counter's completion.
-KERN_DEV void attn_fused(int g, int split, const PersistShape& s, PageBound pages, const PersistLayer& L,
+// Returns false (nothing done, fault 5 raised by thread 0) when the writer split finds slot_mapping[0] in range but
+// not the block table's slot of token n - 1 (where that token's page is present): another split would read the row
+// it writes. Uniform across the block (every thread loads the same words).
+KERN_DEV bool attn_fused(int g, int split, const PersistShape& s, PageBound pages, const PersistLayer& L,
                          const bf16* qkv, const float* rope, const int32_t* positions, const int32_t* slot_mapping,
                          const int32_t* block_table, const int32_t* seq_lens, float* parts, bf16* attn_out,
-                         uint32_t* ticket, const Smem& sm, int x_elems) {
+                         uint32_t* ticket, const Smem& sm, int x_elems, uint32_t* err) {
     const int n = max(__ldcg(seq_lens), 0);
     const int len = (n + s.splits - 1) / s.splits;
     const int writer = n >= 1 ? (n - 1) / len : 0;  // the split holding token n - 1 (split 0 of an empty context)
+    if (split == writer && n >= 1) {
+        const int64_t slot = __ldcg(slot_mapping);
+        const int32_t page = __ldcg(block_table + (n - 1) / s.page_tokens);
+        const int64_t own = static_cast<int64_t>(page) * s.page_tokens + (n - 1) % s.page_tokens;
+        const bool slot_in = slot >= 0 && slot < static_cast<int64_t>(pages.num_pages) * s.page_tokens;
+        if (slot_in && page >= 0 && page < pages.num_pages && slot != own) {
+            if (threadIdx.x == 0)
+                raise_fault(err, kBadSlot, static_cast<uint32_t>(slot), static_cast<uint32_t>(own),
+                            static_cast<uint32_t>(n), 0, 0);
+            return false;
+        }
+    }
     rope_group(g, s, pages, L, qkv, rope, positions, slot_mapping, nullptr, sm.head, sm.x, split == writer);
     __syncthreads();  // q in sm.x, the new K / V row stored, sm.head free again
     attn_partial(g, split, s, pages, L, nullptr, block_table, seq_lens, parts, sm.x, x_elems, sm.head, sm.x);
@@ -811,6 +832,7 @@ KERN_DEV void attn_fused(int g, int split, const PersistShape& s, PageBound page
     if (threadIdx.x == 0) *last = atomic_add_acq_rel(ticket, 1u) == static_cast<uint32_t>(s.splits - 1) ? 1u : 0u;
     __syncthreads();
     if (*last) attn_reduce(g, s, parts, attn_out);
+    return true;
 }
 
 // While thread 0 waits on an instruction's counter (and the ring prologue is in flight), warp 1 asks L2 for the
@@ -933,11 +955,14 @@ extern "C" __global__ void __launch_bounds__(PD_THREADS, 1) kern_persistent_deco
         const uint32_t* ins = table + instrs_at + static_cast<size_t>(index) * kInstrWords;
         const uint32_t op = index < n ? ins[0] : 0u, layer = index < n ? ins[1] : 0u;
         const uint32_t wait = index < n ? ins[4] : 0u, target = index < n ? ins[5] : 0u, sig = index < n ? ins[6] : nc;
-        const bool bad_attn = op == kAttn && (ins[2] >= static_cast<uint32_t>(s.kv_heads) ||
-                                              ins[3] != static_cast<uint32_t>(s.splits) || ins[7] >= ins[3] ||
-                                              static_cast<uint64_t>(sig) + 1u + ins[2] >= nc);
+        // the per-layer classes index layers[layer] (LM_HEAD / ARGMAX carry layer == s.layers and read no layer)
+        const bool layered = (op >= kQkv && op <= kDown) || op == kAttn;
+        const bool bad_fields = (layered && layer >= static_cast<uint32_t>(s.layers)) ||
+                                (op == kAttn && (ins[2] >= static_cast<uint32_t>(s.kv_heads) ||
+                                                 ins[3] != static_cast<uint32_t>(s.splits) || ins[7] >= ins[3] ||
+                                                 static_cast<uint64_t>(sig) + 1u + ins[2] >= nc));
         if (index >= n || sig >= nc || (wait != kNoCounter && wait >= nc) || layer > static_cast<uint32_t>(s.layers) ||
-            bad_attn) {
+            bad_fields) {
             if (threadIdx.x == 0) raise_fault(err, kBadTable, blockIdx.x, index, 0, 0, 0);
             break;
         }
@@ -1002,8 +1027,10 @@ extern "C" __global__ void __launch_bounds__(PD_THREADS, 1) kern_persistent_deco
                 PD_TWICE_END
                 break;
             case kAttn:  // the ticket: counters[sig + 1 + kv head] (isa.py; checked in range above)
-                attn_fused(a, arg, s, pages, Lp, qkv, rope, positions, slot_mapping, block_table, seq_lens, parts,
-                           attn_out, counters + sig + 1 + a, sm, x_elems);
+                if (!attn_fused(a, arg, s, pages, Lp, qkv, rope, positions, slot_mapping, block_table, seq_lens,
+                                parts, attn_out, counters + sig + 1 + a, sm, x_elems, err) &&
+                    threadIdx.x == 0)
+                    abort_flag = 1;
                 break;
             case kOProj:
                 stage_copy(sm.x, attn_out, q_dim);

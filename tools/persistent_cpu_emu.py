@@ -322,6 +322,7 @@ class AttnCase:
     pages: tuple[int, ...]
     grid: int = 3
     fused: bool = False  # ATTN per (kv head, split) from the raw qkv row instead: its rope, K / V write and ticket
+    slot_offset: int = 0  # fused: slot_mapping this many slots past token n - 1's own (not 0: fault 5 expected)
 
 
 NUM_ATTN_PAGES = 24
@@ -348,7 +349,10 @@ ATTN_CASES = (
 ATTN_CASES += tuple(dataclasses.replace(c, label=f"{c.label} fused", fused=True) for c in ATTN_CASES)
 # one block running the splits last to first: the writer split (the last non-empty one) comes first, so a kernel
 # whose writer were another split would read token n - 1's row before it is written (the row starts as NaN)
-ATTN_CASES += (dataclasses.replace(ATTN_CASES[0], label="d128 group4 one block fused", fused=True, grid=1),)
+ATTN_CASES += (dataclasses.replace(ATTN_CASES[0], label="d128 group4 one block fused", fused=True, grid=1),
+               # slot_mapping one slot past the block table's (a caller bug the splits would race on): fault 5
+               dataclasses.replace(ATTN_CASES[0], label="d128 group4 fused, slot not the last token's", fused=True,
+                                   slot_offset=1))
 
 
 def attention_table(case: AttnCase) -> Table:
@@ -419,7 +423,8 @@ def check_attention(exe: Path, work: Path, case: AttnCase, seed: int) -> list[st
         rope = ref.rope_table(max_pos, D, cfg.rope_theta)
         norms = {name: bf(1 + rng.normal(0, 0.1, D)) for name in norms}
         page = case.pages[(case.n - 1) // PAGE_TOKENS]
-        slot = page * PAGE_TOKENS + (case.n - 1) % PAGE_TOKENS if 0 <= page < NUM_ATTN_PAGES else -1
+        own = page * PAGE_TOKENS + (case.n - 1) % PAGE_TOKENS if 0 <= page < NUM_ATTN_PAGES else -1
+        slot = own + case.slot_offset if own >= 0 else -1
         q_ref = np.zeros((1, case.q_heads, D), np.float32)
         if slot >= 0:  # the stale row of token n - 1: what a read before the write would see
             kv_in = kv_in.copy()
@@ -452,6 +457,13 @@ def check_attention(exe: Path, work: Path, case: AttnCase, seed: int) -> list[st
         (d / f"{name}.bin").write_bytes(data)
     run(exe, d, case.grid, 60_000_000_000, cfg)
     err = np.frombuffer((d / "error.bin").read_bytes(), "<u4")
+    if case.slot_offset:  # fault 5: [1] slot_mapping, [2] the block table's slot, [3] seq_len
+        want_err = [5, slot, own, case.n, 0, 0, 0, 0]
+        if err.tolist() != want_err:
+            return [f"error word {err.tolist()}, not {want_err}"]
+        got_kv = read_bf16(d, "kv.0").reshape(kv.shape)
+        same = (got_kv == kv_in) | (np.isnan(got_kv) & np.isnan(kv_in))
+        return [] if same.all() else ["kv.0 changed by a step that faulted before its rope"]
     if err.any():
         return [f"error word {err.tolist()}"]
     want_parts, want_out = attention_reference(case, q, kv)

@@ -29,8 +29,9 @@ def test_persistent_attention_on_the_cpu_emulator(capsys: pytest.CaptureFixture[
     float64 reference (empty splits 0, -inf, 0) and attn_out within bf16 rounding, at head_dim 48 (scalar path), 64,
     128 and 256, groups 1, 2, 3, 4 and 8, with absent pages and empty splits, and 20 splits (ATTN_REDUCE's
     two-pass path); each case again as ATTN (the fused attention: its rope from the raw qkv row, the new token's K / V
-    written, the ticket's reduce), and once on one block with the writer split first."""
+    written, the ticket's reduce), once on one block with the writer split first, and once with slot_mapping
+    past the last token's slot (fault 5, nothing written)."""
     code = persistent_cpu_emu.main(["--seed", "1", "--only", "attention"])
     out = capsys.readouterr().out
     assert code == 0, out
-    assert out.count(": ok") == len(persistent_cpu_emu.ATTN_CASES) == 15, out
+    assert out.count(": ok") == len(persistent_cpu_emu.ATTN_CASES) == 16, out

@@ -5,6 +5,8 @@
   and as a captured graph, and the runtime runs on afterwards (the word cleared, the counters zeroed per step).
 * A table that runs (one ARGMAX instruction over planted partials) writes next_token and leaves the word zero.
 * A grid past the co-resident capacity is refused at load with CoResidencyError.
+* ATTN (the fused attention): a slot_mapping that is not the block table's slot of the last token faults with code
+  5 before anything is written; an ATTN outside the geometry or the counters faults with code 2.
 
 Run with `KERN_REQUIRE_GPU=1 pytest tests/kernels/test_persistent_gpu.py` (the committed cubin).
 """
@@ -203,3 +205,47 @@ def test_an_unknown_table_flag_is_a_table_fault(runtime_of) -> None:
     with pytest.raises(DeviceFaultError) as info:
         rt.synchronize()
     assert info.value.code == 2
+
+
+def attn_table(**fields: int) -> Table:
+    """One ATTN instruction (kv head 0, split 0 of the geometry's 1) signalling counter 0, its ticket counter 1;
+    `fields` replace the instruction's."""
+    ins = Instr(Op.ATTN, 0, 0, 1, NO_COUNTER, 0, 0, 0)
+    return Table((dataclasses.replace(ins, **fields),), ((0,),), 2)
+
+
+def put_i32(rt, name: str, values: list[int]) -> None:
+    from kern_runtime.cuda.driver import call
+
+    data = np.array(values, np.int32)
+    call("cuMemcpyHtoD", rt.address_of(name), data.ctypes.data, data.nbytes)
+
+
+@pytest.mark.parametrize("eager", [True, False])
+def test_an_attn_whose_slot_is_not_the_last_tokens_faults_before_it_writes(runtime_of, eager: bool) -> None:
+    """seq_len 5 with the block table's page 0: token 4's slot is 4, but slot_mapping says 7. The writer split
+    faults (code 5: slot_mapping, the block table's slot, seq_len) before its rope reads a layer pointer (this
+    manifest has none: a run past the check would fault on a null address, not return a code)."""
+    from kern_runtime import DeviceFaultError
+
+    rt = runtime_of(manifest(attn_table()))
+    put_i32(rt, "seq_lens", [5])
+    put_i32(rt, "slot_mapping", [7])
+    rt.issue("step", {"tokens": 1}, eager=eager)
+    with pytest.raises(DeviceFaultError) as info:
+        rt.read_output("next_token")
+    assert info.value.code == 5 and info.value.detail[:3] == (7, 4, 5), info.value
+    assert "slot_mapping is not the block table's slot" in str(info.value)
+
+
+@pytest.mark.parametrize("fields", [{"layer": 1}, {"count": 2}, {"arg": 1}, {"first": 1}, {"signal_counter": 1}])
+def test_an_attn_outside_the_geometry_or_the_counters_is_a_table_fault(runtime_of, fields: dict[str, int]) -> None:
+    """layer 1 of a 1-layer model, 2 splits where the geometry has 1, split 1 of 1, kv head 1 of 1, or a ticket
+    (signal + 1 + kv head) past the 2 counters: code 2 naming the block and the instruction, nothing run."""
+    from kern_runtime import DeviceFaultError
+
+    rt = runtime_of(manifest(attn_table(**fields)))
+    rt.issue("step", {"tokens": 1}, eager=True)
+    with pytest.raises(DeviceFaultError) as info:
+        rt.synchronize()
+    assert info.value.code == 2 and info.value.detail[:2] == (0, 0), info.value

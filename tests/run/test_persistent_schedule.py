@@ -293,12 +293,26 @@ def test_a_missing_wait_breaks_the_dataflow_check_though_nothing_deadlocks(attn:
 
 def test_the_cohort_excuses_only_its_own_pairs() -> None:
     """Two ATTN instructions of one ticket may touch the same K / V and attn_out unordered (the kernel orders
-    them); without the cohort mark the same table fails the data-flow check on exactly those pairs."""
+    them); checked like any other pair, the same table fails the data-flow check on exactly those pairs."""
     sched = build_schedule(tiny(), 4, attn="fused")
     assert check_dataflow(sched) > 0
-    unmarked = dataclasses.replace(sched, steps=tuple(dataclasses.replace(s, cohort=None) for s in sched.steps))
     with pytest.raises(DataflowError, match=r"\(ATTN\) may (read|write) (kv\.0|attn_partials|attn_out)\[.*\(ATTN\)"):
-        check_dataflow(unmarked)
+        check_dataflow(sched, cohorts=False)
+
+
+def test_a_huge_split_count_is_refused_in_bounded_memory() -> None:
+    """One ATTN claiming 2^32 - 1 splits: refused by its splits' count, not by building a list that long."""
+    import tracemalloc
+
+    table = _attn_table()
+    first = _first_attn(table)
+    tracemalloc.start()
+    try:
+        with pytest.raises(TableError, match="shares ticket|its splits are"):
+            replace_instr(table, first, count=2**32 - 1).check()
+        assert tracemalloc.get_traced_memory()[1] < 16 << 20
+    finally:
+        tracemalloc.stop()
 
 
 def _attn_table() -> Table:

@@ -207,13 +207,13 @@ class Table:
             cohorts.setdefault(ticket, []).append((i, ins))
         for ticket, members in cohorts.items():
             i0, head = members[0]
-            splits = sorted(ins.arg for _, ins in members)
+            splits = sorted(ins.arg for _, ins in members)  # as many as the table holds: linear in its size
             for i, ins in members:
                 if (ins.layer, ins.first, ins.count) != (head.layer, head.first, head.count):
                     raise TableError(f"instruction {i} (ATTN) shares ticket {ticket} with instruction {i0} but is "
                                      f"(layer {ins.layer}, kv head {ins.first}, {ins.count} splits), not (layer "
                                      f"{head.layer}, kv head {head.first}, {head.count} splits)")
-            if splits != list(range(head.count)):
+            if len(splits) != head.count or splits != list(range(len(splits))):  # never a list of `count` (a u32)
                 raise TableError(f"ticket {ticket} (instruction {i0}, ATTN): its splits are {splits[:8]}"
                                  f"{' ...' if len(splits) > 8 else ''}; it needs each of 0 .. {head.count - 1} once")
 

@@ -40,7 +40,9 @@ PARAM_SIZES = (8,) * len(POINTERS) + (48, 4, 8, LAYER_SLOTS * 8 * MAX_LAYERS)
 ERROR_CODES = {"1": "a counter wait timed out (detail: instruction, counter, value seen, target, block)",
                "2": "the instruction table is malformed (detail: block, word or instruction)",
                "3": "the launch does not fit the table (detail: grid, block, dynamic shared bytes)",
-               "4": "the model geometry does not fit the kernel (detail: which check)"}
+               "4": "the model geometry does not fit the kernel (detail: which check)",
+               "5": "ATTN: slot_mapping is not the block table's slot of the last token (detail: slot_mapping, the "
+                    "block table's slot, seq_len)"}
 DEFAULT_TIMEOUT_NS = 500_000_000  # one wait; a decode step takes milliseconds
 RING_STEP_BYTES = THREADS * 4 * 16  # kRingStepBytes: one ring step of every warp (4 16-byte pieces a lane)
 MAX_RING_STAGES = 8  # kRingMaxStages
@@ -139,8 +141,7 @@ def build_persistent_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: BuildOptio
     "auto" (by schedule.row_split_steps), "always" or "never". `counter_stride`: counter c of the schedule becomes
     word c x counter_stride of the counters buffer (32: one counter per 128-byte L2 line, so pollers of different
     counters share no line). Raises ManifestBuildError for a model the kernel does not cover, a ring that does not fit, a counter stride outside
-    1..64 (or at most kv_heads with the fused attention: its tickets lie beside its counter), kernels.json without
-    the entry or with another ABI, and whatever build_manifest raises; ValueError for another `attn`."""
+    1..64, kernels.json without the entry or with another ABI, and whatever build_manifest raises; ValueError for another `attn`."""
     check_shape(cfg)
     stages = ring_stages(cfg, stages)
     if not 1 <= num_queues <= 1024:
@@ -149,9 +150,6 @@ def build_persistent_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: BuildOptio
         raise ManifestBuildError(f"timeout_ns {timeout_ns}: a u64 of at least 1 ns")
     if not 1 <= counter_stride <= 64:
         raise ManifestBuildError(f"counter_stride {counter_stride}: 1..64 words")
-    if attn == "fused" and 1 < counter_stride <= cfg.kv_heads:
-        raise ManifestBuildError(f"counter_stride {counter_stride} with the fused attention: its {cfg.kv_heads} "
-                                 f"tickets follow its counter, so the stride must be 1 or above {cfg.kv_heads}")
     params = _launch_params(abi)
     base_opts = dataclasses.replace(opts, decode="gemv", gemv="v2", sampler="argmax", seqs_max=1)
     m = build_manifest(cfg, abi, base_opts, config_digest)

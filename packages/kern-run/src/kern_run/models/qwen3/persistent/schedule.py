@@ -56,7 +56,6 @@ class Step:
     accesses: tuple[Access, ...]
     weight_bytes: int
     cost: int
-    cohort: int | None = None  # ATTN: its ticket counter (the kernel orders a cohort's accesses, simulate.py)
 
 
 @dataclass(frozen=True)
@@ -150,12 +149,11 @@ def build_schedule(cfg: Qwen3Config, num_queues: int, *, row_quantum: int = 8, s
     steps: list[Step] = []
 
     def emit(op: Op, layer: int, first: int, count: int, wait: tuple[int, int] | None, signal: int,
-             accesses: list[Access], weight_bytes: int, arg: int = 0, cost: int | None = None,
-             cohort: int | None = None) -> None:
+             accesses: list[Access], weight_bytes: int, arg: int = 0, cost: int | None = None) -> None:
         wc, wt = wait if wait is not None else (NO_COUNTER, 0)
         instr = Instr(op, layer, first, count, wc, wt, signal, arg)
         base = weight_bytes if cost is None else cost
-        steps.append(Step(instr, tuple(accesses), weight_bytes, base + FIXED_COST_BYTES, cohort))
+        steps.append(Step(instr, tuple(accesses), weight_bytes, base + FIXED_COST_BYTES))
 
     def read(buffer: str, lo: int = 0, hi: int = 1) -> Access:
         return Access(buffer, lo, hi)
@@ -267,7 +265,7 @@ def _fused_attention(emit: Callable[..., None], counters: _Counters, layer: int,
                   Access("seq_lens", 0, 1), Access(kv, g * D, (g + 1) * D),
                   Access("attn_partials", g * S * group, (g + 1) * S * group),
                   Access(kv, g * D, (g + 1) * D, write=True), Access("attn_partials", part, part + group, write=True),
-                  Access("attn_out", q_lo, q_hi, write=True)], 0, arg=s, cost=kv_cost, cohort=tickets[g])
+                  Access("attn_out", q_lo, q_hi, write=True)], 0, arg=s, cost=kv_cost)
     return signal
 
 

@@ -12,9 +12,10 @@ kernel's error word would hold after its bounded waits time out.
 overlapping elements of one buffer) is ordered by the schedule as the table (= today's decode program) orders them:
 `a` happens before `b` when `b`'s queue runs `a` earlier, or when the counter `a` signals is complete before `b`
 starts: what `b`'s wait completes, transitively through every queue predecessor and every signaller of a completed
-counter (counter targets are all signallers, isa.Table.check). The ATTN instructions of one ticket (a Step's `cohort`) are
-taken as ordered among themselves: the kernel orders them (isa.Op.ATTN: the writer split alone reads the token it
-writes, the ticket's last arrival alone reads the partials and writes attn_out).
+counter (counter targets are all signallers, isa.Table.check). The ATTN instructions of one ticket (signal + 1 + kv head,
+read from the table) are taken as ordered among themselves: the kernel orders them (isa.Op.ATTN: the writer split
+alone reads the token it writes, and faults when the caller's slot is another split's row; the ticket's last
+arrival alone reads the partials and writes attn_out).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import random
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from .isa import NO_COUNTER, Table
+from .isa import NO_COUNTER, Op, Table
 from .schedule import Schedule
 
 
@@ -125,11 +126,13 @@ class DataflowError(AssertionError):
     """Two conflicting accesses the schedule does not order as the sequential program does."""
 
 
-def check_dataflow(schedule: Schedule) -> int:
+def check_dataflow(schedule: Schedule, cohorts: bool = True) -> int:
     """Check every conflicting pair of accesses (module docstring) in table order, buffer by buffer, over an interval
-    map of each buffer: each segment keeps its last writer and the readers since. Returns the number of ordering
-    facts checked. Raises DataflowError naming both instructions, the buffer and the elements."""
+    map of each buffer: each segment keeps its last writer and the readers since. `cohorts` False: one ticket's
+    ATTN pairs are checked like any other (a negative control). Returns the number of ordering facts checked.
+    Raises DataflowError naming both instructions, the buffer and the elements."""
     table = schedule.table
+    ticket = [ins.signal_counter + 1 + ins.first if cohorts and ins.op == Op.ATTN else None for ins in table.instrs]
     known = completed_before(table)
     place: dict[int, tuple[int, int]] = {}
     for qi, queue in enumerate(table.queues):
@@ -139,8 +142,7 @@ def check_dataflow(schedule: Schedule) -> int:
     def before(a: int, b: int) -> bool:
         if a == b:
             return True
-        cohort = schedule.steps[a].cohort
-        if cohort is not None and cohort == schedule.steps[b].cohort:
+        if ticket[a] is not None and ticket[a] == ticket[b]:
             return True
         if (known[b] >> table.instrs[a].signal_counter) & 1:
             return True
