@@ -59,3 +59,45 @@ def test_every_variant_is_options_gen_persistent_takes(capsys: pytest.CaptureFix
                                     *options])
         err = capsys.readouterr().err
         assert code == 2 and err.startswith("gen_persistent: --out /dev/null/x"), (name, err)  # built, not written
+
+
+def test_a_run_builds_every_manifest_and_benches_each_shape(tmp_path, monkeypatch, capsys) -> None:
+    """main() with the subprocesses stood in for: per shape the v2 manifest and one persistent manifest per variant
+    from the checkpoint's config, then bench/decode.py over all of them; the summaries make the table and the JSON."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    configs = Path(__file__).parents[1] / "data" / "configs"
+    for shape, name in (("qwen3-1.7b", "Qwen3-1.7B"), ("qwen3-4b", "Qwen3-4B")):
+        (tmp_path / shape).mkdir()
+        shutil.copy(configs / f"{name}.json", tmp_path / shape / "config.json")
+    calls: list[list[str]] = []
+
+    def fake_run(cmd: list[str], notes: list[str], what: str, timeout: float) -> bool:
+        calls.append(cmd)
+        if cmd[1].endswith("decode.py"):
+            manifests = cmd[cmd.index("--variants") + 1].split(",")
+            results = [{"peer": f"kern [{Path(m).stem}]", "variant": Path(m).stem, "ctx": 128,
+                        "ms_per_token": 2.0 + i / 10} for i, m in enumerate(manifests)]
+            Path(cmd[cmd.index("--json") + 1]).write_text(json.dumps(
+                {"floor_ms_weights": 1.0, "results": results, "notes": []}))
+        return True
+
+    monkeypatch.setattr(persistent, "_run", fake_run)
+    out = tmp_path / "out.json"
+    code = persistent.main(["--shapes", "qwen3-1.7b,qwen3-4b", "--contexts", "128", "--variants", "split,fused",
+                            "--weights", str(tmp_path), "--json", str(out)])
+    assert code == 0, capsys.readouterr()
+    tools = [Path(c[1]).name for c in calls]
+    assert tools == ["gen_qwen3.py", "gen_persistent.py", "gen_persistent.py", "decode.py"] * 2
+    v2, split, fused, bench = calls[:4]
+    assert v2[v2.index("--config") + 1] == str(tmp_path / "qwen3-1.7b" / "config.json") and "--gemv" in v2
+    assert "--attn" not in split and fused[fused.index("--attn") + 1] == "fused"
+    assert [Path(m).stem for m in bench[bench.index("--variants") + 1].split(",")] == ["v2", "split", "fused"]
+    assert bench[bench.index("--ckpt") + 1] == str(tmp_path / "qwen3-1.7b") and "--only" in bench
+    doc = json.loads(out.read_text())
+    rows = {(r["shape"], r["ctx"]): r for r in doc["rows"]}
+    assert rows[("qwen3-4b", 128)]["ms"] == {"v2": 2.0, "split": 2.1, "fused": 2.2}
+    assert rows[("qwen3-4b", 128)]["best"] == "split" and rows[("qwen3-4b", 128)]["target_ms"] == 2.00
+    assert "qwen3-1.7b" in capsys.readouterr().out
