@@ -66,7 +66,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--steps", default="48")
     p.add_argument("--variants", default="split,fused", help=f"comma list of {', '.join(VARIANTS)}")
     p.add_argument("--weights", type=Path, default=Path(os.environ.get("KERN_WEIGHTS", "/tmp/kern-weights")))
-    p.add_argument("--budget", type=float, default=900.0, help="seconds for every shape's bench together")
+    p.add_argument("--budget", type=float, default=540.0,
+                   help="seconds for everything (checkpoints included): 540 fits a 10-minute device call")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
     args.shapes = [s for s in args.shapes.split(",") if s]
