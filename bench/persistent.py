@@ -85,7 +85,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 def _run(cmd: list[str], notes: list[str], what: str, timeout: float) -> bool:
     try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=max(timeout, 1.0))
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=max(timeout, 1.0), check=False)
     except subprocess.TimeoutExpired:
         notes.append(f"{what}: still running after {timeout:.0f} s")
         return False

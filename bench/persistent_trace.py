@@ -120,6 +120,8 @@ def twice(sched, words) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from kern_run.models.qwen3.persistent.schedule import ATTN_MODES, ROW_SPLITS
+
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--ckpt", type=Path, required=True)
     p.add_argument("--config", type=Path, default=ROOT / "tests" / "data" / "configs" / "Qwen3-4B.json")
@@ -130,8 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--l2-prefetch", action="store_true")
     p.add_argument("--counter-stride", type=int, default=1)
     p.add_argument("--fences", action="store_true")
-    p.add_argument("--attn", choices=("split", "fused"), default="split", help="the attention (gen_persistent --attn)")
-    p.add_argument("--row-split", choices=("auto", "always", "never"), default="auto",
+    p.add_argument("--attn", choices=ATTN_MODES, default="split", help="the attention (gen_persistent --attn)")
+    p.add_argument("--row-split", choices=ROW_SPLITS, default="auto",
                    help="O_PROJ / DOWN's row split (gen_persistent --row-split)")
     p.add_argument("--twice", action="store_true",
                    help="ROPE / ATTN_PARTIAL / ATTN_REDUCE run twice: cold vs warm (not ATTN: its ticket is drawn once)")

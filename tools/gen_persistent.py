@@ -9,8 +9,8 @@ docs/persistent.md): today's manifest with the decode body replaced by one coope
 
 `--pick-pins GPU`: the prefill's batch-invariant cuBLASLt pins as `kern run --weights` finds or picks them on that
 CUDA device (kern_run.pins_cache.ensure_pins: the cache, the committed pins, else picked now), so a shape no committed
-pins file covers (8B) prefills chunk-invariantly too. `--sms`: the target GPU's multiprocessor count (the grid: one block per SM; the H200 has 132). Then time it against
-today's manifest in one run: `bench/decode.py --only kern --variants manifests/qwen3-4b.json,/tmp/...json`.
+pins file covers (8B) prefills chunk-invariantly too. `--sms`: the target GPU's multiprocessor count (the grid: one
+block per SM; the H200 has 132). Then time it against today's manifest in one run: `bench/decode.py --only kern --variants manifests/qwen3-4b.json,/tmp/...json`.
 Exit 0 on success, 2 with one line on stderr for a config, pins file, option or kernels.json the builder refuses,
 or an --out it cannot write whole (a directory, a FIFO or device, a missing parent: nothing is written then).
 """
@@ -23,16 +23,16 @@ import sys
 from pathlib import Path
 
 from kern_run.errors import RefusalError
-from kern_runtime import KernError
 from kern_run.files import write_files
 from kern_run.models.qwen3.abi import read_kernel_abi
 from kern_run.models.qwen3.config import Qwen3Config
 from kern_run.models.qwen3.jsonio import dumps, read_json_file, sha256_text
 from kern_run.models.qwen3.options import BuildOptions
-from kern_run.models.qwen3.pins import load_algos
 from kern_run.models.qwen3.persistent.isa import Op
 from kern_run.models.qwen3.persistent.manifest import build_persistent_manifest
 from kern_run.models.qwen3.persistent.schedule import ATTN_MODES, ROW_SPLITS
+from kern_run.models.qwen3.pins import load_algos
+from kern_runtime import KernError
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -217,7 +217,7 @@ def check_step(exe: Path, work: Path, grid: int, seed: int, position: int, shape
     counters = np.frombuffer((d / "counters.bin").read_bytes(), "<u4")
     # every counter at its signallers; an ATTN ticket (signal + 1 + kv head) at its splits, one draw each
     signals = np.bincount([i.signal_counter for i in sched.table.instrs]
-                          + [i.signal_counter + 1 + i.first for i in sched.table.instrs if i.op == Op.ATTN],
+                          + [i.ticket for i in sched.table.instrs if i.ticket is not None],
                           minlength=sched.table.num_counters)
     if not np.array_equal(counters, signals):
         fails.append(f"counters {counters.tolist()} != signallers and tickets {signals.tolist()}")

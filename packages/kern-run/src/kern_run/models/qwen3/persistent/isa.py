@@ -94,6 +94,12 @@ class Instr:
     signal_counter: int
     arg: int = 0
 
+    @property
+    def ticket(self) -> int | None:
+        """An ATTN instruction's ticket counter, signal_counter + 1 + first (its kv head); None for other classes.
+        The kernel derives it the same way (kernels-src/persistent_decode.cu, case kAttn)."""
+        return self.signal_counter + 1 + self.first if self.op == Op.ATTN else None
+
     def words(self) -> tuple[int, ...]:
         return (int(self.op), self.layer, self.first, self.count, self.wait_counter, self.wait_target,
                 self.signal_counter, self.arg)
@@ -195,9 +201,9 @@ class Table:
         waited = {ins.wait_counter for ins in self.instrs if ins.wait_counter != NO_COUNTER}
         cohorts: dict[int, list[tuple[int, Instr]]] = {}
         for i, ins in enumerate(self.instrs):
-            if ins.op != Op.ATTN:
+            ticket = ins.ticket
+            if ticket is None:
                 continue
-            ticket = ins.signal_counter + 1 + ins.first
             where = f"instruction {i} (ATTN)"
             if ticket >= self.num_counters:
                 raise TableError(f"{where}: its ticket counter {ticket} (signal {ins.signal_counter} + 1 + kv head "

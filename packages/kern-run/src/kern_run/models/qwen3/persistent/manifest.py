@@ -140,8 +140,9 @@ def build_persistent_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: BuildOptio
     (one ATTN instruction per kv head and split; schedule.build_schedule). `row_split`: O_PROJ / DOWN's row split,
     "auto" (by schedule.row_split_steps), "always" or "never". `counter_stride`: counter c of the schedule becomes
     word c x counter_stride of the counters buffer (32: one counter per 128-byte L2 line, so pollers of different
-    counters share no line). Raises ManifestBuildError for a model the kernel does not cover, a ring that does not fit, a counter stride outside
-    1..64, kernels.json without the entry or with another ABI, and whatever build_manifest raises; ValueError for another `attn`."""
+    counters share no line). Raises ManifestBuildError for a model the kernel does not cover, a ring that does not
+    fit, a counter stride outside 1..64, kernels.json without the entry or with another ABI, and whatever
+    build_manifest raises; ValueError for another `attn` or `row_split`."""
     check_shape(cfg)
     stages = ring_stages(cfg, stages)
     if not 1 <= num_queues <= 1024:

@@ -4,8 +4,10 @@
 gemv v2): per layer QKV tiles, the attention, O_PROJ, GATE_UP and DOWN tiles; then LM_HEAD tiles and the ARGMAX.
 The attention is ROPE per kv head, ATTN_PARTIAL per (kv head, split) and ATTN_REDUCE per kv head (`attn="split"`,
 the default, the path measured on the H200) or ATTN per (kv head, context split) (`attn="fused"`: rope, partial
-and reduce in one instruction, isa.Op.ATTN; checked on the CPU emulator, not yet run on a GPU). Each phase signals its own counter (ROPE and ATTN_PARTIAL one per kv head) and waits on
-the one before it with the target "every instruction that signals it". Projection tiles are `row_quantum`-row multiples sized so one phase makes at most `num_queues` tiles.
+and reduce in one instruction, isa.Op.ATTN; checked on the CPU emulator, not yet run on a GPU). Each phase
+signals its own counter (ROPE and ATTN_PARTIAL one per kv head) and waits on the one before it with the target
+"every instruction that signals it". Projection tiles are `row_quantum`-row multiples (single rows in an O_PROJ /
+DOWN phase that takes the row split) sized so one phase makes at most `num_queues` tiles.
 Instructions go, in table order, to the queue with the least accumulated cost so far (weight bytes, the attention
 instructions at their KV bytes for `ctx_tokens`, plus FIXED_COST_BYTES each) among the queues that hold no
 instruction of its phase (layer, class) yet, ties to the lowest queue: each queue is a subsequence of the table,
@@ -31,6 +33,7 @@ ARG_ROW_SPLIT = 1  # kArgRowSplit: bit 0 of an O_PROJ / DOWN instruction's arg a
 STEP_CHUNKS = 2  # kStepChunks: 16-byte chunks per lane per row per ring step
 BATCH_ROWS = 2  # kBatchRows: rows per ring batch
 ROW_SPLITS = ("auto", "always", "never")
+ATTN_MODES = ("fused", "split")
 # What one instruction's fixed latency (its wait, staging its input vector, its reduction) is counted as when queues
 # are balanced: about 1 us of one SM's share of 4.3 TB/s over 132 SMs (32.6 GB/s). Without it the instructions that
 # stream no weights (ROPE, ATTN_REDUCE) would all land on the least loaded queue, one after the other.
@@ -97,9 +100,6 @@ class _Counters:
     def new(self) -> int:
         self.count += 1
         return self.count - 1
-
-
-ATTN_MODES = ("fused", "split")
 
 
 def ring_steps(rows: int, k: int) -> int:
@@ -246,13 +246,13 @@ def _fused_attention(emit: Callable[..., None], counters: _Counters, layer: int,
     returned; the kv_heads ticket counters follow it (isa.Op.ATTN: ticket = signal + 1 + g). The accesses are every
     split's union (the rope's inputs, the K / V write, its partial, all partials read, attn_out written): the kernel
     orders those of one ticket itself (the writer split alone reads the new token; the last arrival alone reduces),
-    so simulate.check_dataflow takes a cohort's pairs as ordered."""
+    so simulate.check_dataflow takes the pairs of one Instr.ticket as ordered."""
     D, Hq, Hkv = cfg.head_dim, cfg.q_heads, cfg.kv_heads
     group, q_dim, kv_dim = Hq // Hkv, Hq * D, Hkv * D
     kv = f"kv.{layer}"
     signal = counters.new()
     tickets = [counters.new() for _ in range(Hkv)]
-    assert tickets == list(range(signal + 1, signal + 1 + Hkv))  # the kernel derives them from the signal
+    assert tickets == [Instr(Op.ATTN, layer, g, S, NO_COUNTER, 0, signal).ticket for g in range(Hkv)]  # as derived
     for g in range(Hkv):
         q_lo, q_hi = g * group * D, (g + 1) * group * D
         k_lo, v_lo = q_dim + g * D, q_dim + kv_dim + g * D

@@ -12,7 +12,7 @@ kernel's error word would hold after its bounded waits time out.
 overlapping elements of one buffer) is ordered by the schedule as the table (= today's decode program) orders them:
 `a` happens before `b` when `b`'s queue runs `a` earlier, or when the counter `a` signals is complete before `b`
 starts: what `b`'s wait completes, transitively through every queue predecessor and every signaller of a completed
-counter (counter targets are all signallers, isa.Table.check). The ATTN instructions of one ticket (signal + 1 + kv head,
+counter (counter targets are all signallers, isa.Table.check). The ATTN instructions of one ticket (Instr.ticket,
 read from the table) are taken as ordered among themselves: the kernel orders them (isa.Op.ATTN: the writer split
 alone reads the token it writes, and faults when the caller's slot is another split's row; the ticket's last
 arrival alone reads the partials and writes attn_out).
@@ -24,7 +24,7 @@ import random
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from .isa import NO_COUNTER, Op, Table
+from .isa import NO_COUNTER, Table
 from .schedule import Schedule
 
 
@@ -132,7 +132,7 @@ def check_dataflow(schedule: Schedule, cohorts: bool = True) -> int:
     ATTN pairs are checked like any other (a negative control). Returns the number of ordering facts checked.
     Raises DataflowError naming both instructions, the buffer and the elements."""
     table = schedule.table
-    ticket = [ins.signal_counter + 1 + ins.first if cohorts and ins.op == Op.ATTN else None for ins in table.instrs]
+    ticket = [ins.ticket if cohorts else None for ins in table.instrs]
     known = completed_before(table)
     place: dict[int, tuple[int, int]] = {}
     for qi, queue in enumerate(table.queues):
