@@ -129,6 +129,9 @@ def table(summaries: dict[str, dict[str, Any]], variants: list[str], contexts: l
 
 
 def main(argv: list[str] | None = None) -> int:
+    from kern_run.models.qwen3 import ManifestBuildError
+    from kern_run.models.qwen3.jsonio import read_json_file
+
     try:
         args = parse(sys.argv[1:] if argv is None else list(argv))
     except BenchArgsError as exc:
@@ -162,6 +165,13 @@ def main(argv: list[str] | None = None) -> int:
             d = tmp / shape
             d.mkdir()
             config = ckpt / "config.json"
+            try:  # refused in one note (a FIFO, a directory, past 64 MiB, not JSON), as the builders refuse it
+                cfg = read_json_file(config)[0]
+                kv_bytes_per_token = (2 * cfg["num_key_value_heads"] * cfg.get("head_dim", 128) * 2
+                                      * cfg["num_hidden_layers"])
+            except (ManifestBuildError, KeyError, TypeError, AttributeError) as exc:
+                notes.append(f"{shape}: {config}: {exc}")
+                continue
             manifests = [d / "v2.json"]
             if not _run([py, str(ROOT / "tools" / "gen_qwen3.py"), "--config", str(config), "--gemv", "v2",
                          "--out", str(manifests[0])], notes, f"{shape} v2 manifest", 120):
@@ -178,10 +188,8 @@ def main(argv: list[str] | None = None) -> int:
                   "--budget", str(max(remaining - 10, 20)), "--variants", ",".join(map(str, manifests)),
                   "--json", str(bench_json)], notes, f"{shape} bench/decode.py", remaining)
             if bench_json.is_file():
-                summary = json.loads(bench_json.read_text())
-                cfg = json.loads(config.read_text())
-                summary["kv_bytes_per_token"] = (2 * cfg["num_key_value_heads"] * cfg.get("head_dim", 128) * 2
-                                                 * cfg["num_hidden_layers"])
+                summary = json.loads(bench_json.read_text())  # bench/decode.py's, written in our temp directory
+                summary["kv_bytes_per_token"] = kv_bytes_per_token
                 summaries[shape] = summary
                 notes += [f"{shape}: {n}" for n in summary.get("notes", [])]
     rows, text = table(summaries, args.variants, args.contexts)

@@ -3,6 +3,8 @@ the best variant, the ctx-128 targets) and the options it refuses before anythin
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from bench import persistent
@@ -101,3 +103,36 @@ def test_a_run_builds_every_manifest_and_benches_each_shape(tmp_path, monkeypatc
     assert rows[("qwen3-4b", 128)]["ms"] == {"v2": 2.0, "split": 2.1, "fused": 2.2}
     assert rows[("qwen3-4b", 128)]["best"] == "split" and rows[("qwen3-4b", 128)]["target_ms"] == 2.00
     assert "qwen3-1.7b" in capsys.readouterr().out
+
+
+def test_a_hostile_config_is_one_note_not_a_hang(tmp_path, monkeypatch, capsys) -> None:
+    """A checkpoint whose config.json is a FIFO (would block a plain read), a directory, or JSON without the model's
+    fields: that shape is skipped with one note naming the file, no subprocess runs for it, and the run exits 1."""
+    import os
+    import time
+
+    (tmp_path / "qwen3-1.7b").mkdir()
+    os.mkfifo(tmp_path / "qwen3-1.7b" / "config.json")
+    (tmp_path / "qwen3-4b" / "config.json").mkdir(parents=True)
+    (tmp_path / "qwen3-8b").mkdir()
+    (tmp_path / "qwen3-8b" / "config.json").write_text("[1, 2]")
+    ran: list[list[str]] = []
+    monkeypatch.setattr(persistent, "_run", lambda cmd, *a: ran.append(cmd) or False)
+
+    class NoCheckpoint:  # the FIFO and the directory are not regular files: the run would make checkpoints
+        def __init__(self, cmd, **kw):
+            ran.append(cmd)
+            self.returncode = 1
+
+        def communicate(self):
+            return "", "make_checkpoint stood in for"
+
+    monkeypatch.setattr(persistent.subprocess, "Popen", NoCheckpoint)
+    start = time.perf_counter()
+    assert persistent.main(["--weights", str(tmp_path), "--contexts", "128"]) == 1
+    assert time.perf_counter() - start < 10
+    out = capsys.readouterr().out
+    assert all(Path(c[1]).name == "make_checkpoint.py" for c in ran) and len(ran) == 2, ran
+    assert "qwen3-8b:" in out and "config.json" in out
+    for shape in ("qwen3-1.7b", "qwen3-4b"):
+        assert f"{shape}: make_checkpoint exit 1" in out
