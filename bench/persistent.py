@@ -115,8 +115,9 @@ def table(summaries: dict[str, dict[str, Any]], variants: list[str], contexts: l
     names = ["v2", *variants]
     head = f"{'shape':<11}{'ctx':>6} {'floor':>7} " + " ".join(f"{n:>15}" for n in names) + \
         f" {'best / v2':>10} {'target':>7}"
-    lines = ["", "===== persistent decode against v2, bs = 1 (median ms/token, x floor; floor = weights + KV at "
-             "4.3 TB/s)", head, "-" * len(head)]
+    title = ("===== persistent decode against v2, bs = 1 (median ms/token, x floor; floor = weights + KV at "
+             "4.3 TB/s)")
+    lines = ["", title, head, "-" * len(head)]
     for r in rows:
         cells = []
         for n in names:
