@@ -12,8 +12,11 @@ from bench import persistent
 
 def _summary(floor_ms: float, kv_bytes_per_token: int, ms: dict[tuple[str, int], float]) -> dict:
     return {"floor_ms_weights": floor_ms, "kv_bytes_per_token": kv_bytes_per_token,
-            "results": [{"peer": f"kern [{v}]", "variant": v, "ctx": ctx, "ms_per_token": t}
-                        for (v, ctx), t in ms.items()] + [{"peer": "kern breakdown", "variant": "v2", "ctx": 128}]}
+            "results": [{"peer": f"{mode} [{v}]", "variant": v, "ctx": ctx, "ms_per_token": t + extra}
+                        for (v, ctx), t in ms.items()
+                        for mode, extra in (("kern (graph)", 0.0), ("kern (graph, sync loop)", 0.3),
+                                            ("kern (eager)", 0.6))]
+            + [{"peer": "kern breakdown", "variant": "v2", "ctx": 128}]}
 
 
 def test_the_table_gives_floors_ratios_and_targets() -> None:
@@ -80,7 +83,7 @@ def test_a_run_builds_every_manifest_and_benches_each_shape(tmp_path, monkeypatc
         calls.append(cmd)
         if cmd[1].endswith("decode.py"):
             manifests = cmd[cmd.index("--variants") + 1].split(",")
-            results = [{"peer": f"kern [{Path(m).stem}]", "variant": Path(m).stem, "ctx": 128,
+            results = [{"peer": f"kern (graph) [{Path(m).stem}]", "variant": Path(m).stem, "ctx": 128,
                         "ms_per_token": 2.0 + i / 10} for i, m in enumerate(manifests)]
             Path(cmd[cmd.index("--json") + 1]).write_text(json.dumps(
                 {"floor_ms_weights": 1.0, "results": results, "notes": []}))
