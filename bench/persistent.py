@@ -40,6 +40,10 @@ VARIANTS: dict[str, list[str]] = {
     "fused": ["--attn", "fused"],
     "split-rowsplit": ["--row-split", "always"],
     "fused-rowsplit": ["--attn", "fused", "--row-split", "always"],
+    "split-evict": ["--evict-first"],
+    "split-ahead": ["--table-ahead"],
+    "split-hints": ["--evict-first", "--table-ahead"],
+    "fused-hints": ["--attn", "fused", "--evict-first", "--table-ahead"],
 }
 GRAPH_PEER = "kern (graph)"  # bench/decode.py's label of the pipelined graph replay
 TARGETS_MS = {"qwen3-4b": 2.00, "qwen3-1.7b": 0.88, "qwen3-8b": 3.95}  # issue 28, bs = 1, ctx 128

@@ -49,7 +49,12 @@ constexpr uint32_t kFlagL2Prefetch = 1u;  // prefetch_tile while waiting
 // it the acquire load and the release add alone order the block's accesses (with the block barriers), as CUTLASS's
 // generic barrier does
 constexpr uint32_t kFlagFences = 2u;
-constexpr uint32_t kKnownFlags = kFlagL2Prefetch | kFlagFences;
+// the weight ring's copies carry an L2 evict-first policy (l2_policy): weights are read once a step, so the lines read
+// again (code, table, counters, activations, K / V) are not pushed out of L2 by them
+constexpr uint32_t kFlagEvictFirst = 4u;
+// thread 0 asks L1 for the next queue entry's instruction words before it waits on this one's counter
+constexpr uint32_t kFlagTableAhead = 8u;
+constexpr uint32_t kKnownFlags = kFlagL2Prefetch | kFlagFences | kFlagEvictFirst | kFlagTableAhead;
 
 }  // namespace
 
@@ -240,6 +245,7 @@ struct WarpRows {
     int rows;             // the warp's rows in all (GATE_UP: 2 per output)
     int k;                // elements per row
     bool vec;             // k % 8 == 0 and the rows 16-byte aligned: the ring; else warp_row_dot
+    bool evict_first = false;  // the ring's copies evict-first in L2 (the table's kFlagEvictFirst)
     static_assert(kBatchRows == 2, "a batch is a row and its `second`");
     KERN_DEV int batches() const { return (rows + kBatchRows - 1) / kBatchRows; }
     KERN_DEV const bf16* base(int b) const { return row0 + static_cast<size_t>(b) * batch_stride; }
@@ -310,13 +316,15 @@ KERN_DEV void ring_issue(const WarpRows& rows, uint4* ring, int stages, int p) {
     const bf16* base = rows.base(b);
     const int nr = rows.count(b);
     uint4* slot = ring + static_cast<size_t>(p % stages) * kStagePieces * 32 + lane;
+    const uint64_t policy = l2_policy(rows.evict_first);
 #pragma unroll
     for (int r = 0; r < kBatchRows; ++r) {
 #pragma unroll
         for (int s = 0; s < kStepChunks; ++s) {
             const int c = lane + 32 * (kStepChunks * j + s);
             const bool ok = r < nr && c < k8;
-            cp_async16(slot + (r * kStepChunks + s) * 32, ok ? base + rows.offset(r) + 8 * c : base, ok ? 16 : 0);
+            cp_async16_policy(slot + (r * kStepChunks + s) * 32, ok ? base + rows.offset(r) + 8 * c : base,
+                              ok ? 16 : 0, policy);
         }
     }
 }
@@ -974,8 +982,13 @@ extern "C" __global__ void __launch_bounds__(PD_THREADS, 1) kern_persistent_deco
         if (threadIdx.x == 0) trace[0] = static_cast<uint32_t>(global_ns());
 #endif
         // ---- the ring prologue: a projection's first weight steps, issued before the wait (they depend on nothing)
-        const WarpRows rows = warp_rows(op, Lp, lm_head, a, cnt, arg, s);
+        WarpRows rows = warp_rows(op, Lp, lm_head, a, cnt, arg, s);
+        rows.evict_first = (flags & kFlagEvictFirst) != 0u;
         if (rows.vec && rows.rows > 0) ring_prologue(rows, ring, stages);
+        if ((flags & kFlagTableAhead) && threadIdx.x == 0 && e + 1 < last) {  // a hint: no fault if out of range
+            const uint32_t next = table[entries_at + e + 1];
+            if (next < n) prefetch_l1(table + instrs_at + static_cast<size_t>(next) * kInstrWords);
+        }
         // ---- the wait: thread 0 spins, the block follows (warp 1 prefetches the tile's next bytes into L2)
         if (wait != kNoCounter) {
             if ((flags & kFlagL2Prefetch) && (threadIdx.x >> 5) == 1 && load_acquire(counters + wait) < target)

@@ -4,7 +4,8 @@ docs/persistent.md): today's manifest with the decode body replaced by one coope
 
     uv run --frozen python -m tools.gen_persistent --config tests/data/configs/Qwen3-4B.json \\
         --out /tmp/qwen3-4b-persistent.json [--sms 132] [--splits N] [--name NAME] [--algos PINS | --pick-pins GPU]
-        [--stages N] [--l2-prefetch] [--fences] [--counter-stride N] [--row-quantum N] [--ablate CLASS,...]
+        [--stages N] [--l2-prefetch] [--fences] [--evict-first] [--table-ahead] [--counter-stride N]
+        [--row-quantum N] [--ablate CLASS,...]
         [--attn split|fused] [--row-split auto|always|never]
 
 `--pick-pins GPU`: the prefill's batch-invariant cuBLASLt pins as `kern run --weights` finds or picks them on that
@@ -55,6 +56,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--counter-stride", type=int, default=1, help="u32 words between counters (32: a line each)")
     parser.add_argument("--fences", action="store_true", help="set the table's FLAG_FENCES")
     parser.add_argument("--l2-prefetch", action="store_true", help="set the table's FLAG_L2_PREFETCH")
+    parser.add_argument("--evict-first", action="store_true",
+                        help="set the table's FLAG_EVICT_FIRST (the weight ring's copies evict-first in L2)")
+    parser.add_argument("--table-ahead", action="store_true",
+                        help="set the table's FLAG_TABLE_AHEAD (the next instruction's words asked of L1 early)")
     parser.add_argument("--attn", choices=ATTN_MODES, default="split",
                         help="the attention as ROPE, ATTN_PARTIAL and ATTN_REDUCE (split, the default) or as one "
                              "ATTN instruction per kv head and split (fused; not yet run on a GPU)")
@@ -94,7 +99,8 @@ def main(argv: list[str] | None = None) -> int:
                                                     row_quantum=args.row_quantum,
                                                     counter_stride=args.counter_stride,
                                                     fences=args.fences, attn=args.attn,
-                                                    row_split=args.row_split)
+                                                    row_split=args.row_split, evict_first=args.evict_first,
+                                                    table_ahead=args.table_ahead)
     except (RefusalError, ValueError, KernError) as exc:
         print(f"gen_persistent: {exc}", file=sys.stderr)
         return 2

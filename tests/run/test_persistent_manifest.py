@@ -17,7 +17,8 @@ from kern_run.errors import ManifestBuildError
 from kern_run.models.qwen3.abi import KernelAbi, read_kernel_abi
 from kern_run.models.qwen3.config import Qwen3Config
 from kern_run.models.qwen3.options import BuildOptions
-from kern_run.models.qwen3.persistent.isa import FLAG_FENCES, FLAG_L2_PREFETCH, NO_COUNTER, Op, unpack
+from kern_run.models.qwen3.persistent.isa import (FLAG_EVICT_FIRST, FLAG_FENCES, FLAG_L2_PREFETCH, FLAG_TABLE_AHEAD,
+                                                   NO_COUNTER, Op, unpack)
 from kern_run.models.qwen3.persistent.manifest import (
     LAYER_FIELDS,
     LAYER_SLOTS,
@@ -183,6 +184,12 @@ def test_the_flags_and_the_ablations_are_table_data(abi: KernelAbi) -> None:
     table = unpack(base64.b64decode(base["buffers"]["persist_table"]["init"]["base64"]))
     table_off = unpack(base64.b64decode(off["buffers"]["persist_table"]["init"]["base64"]))
     assert table.flags == FLAG_L2_PREFETCH | FLAG_FENCES and table_off.flags == 0
+    hinted, _ = build_persistent_manifest(cfg, abi, BuildOptions(name="x"), num_queues=16, evict_first=True,
+                                          table_ahead=True)
+    assert unpack(base64.b64decode(hinted["buffers"]["persist_table"]["init"]["base64"])).flags == \
+        FLAG_EVICT_FIRST | FLAG_TABLE_AHEAD
+    assert hinted["meta"]["persistent"]["evict_first"] and hinted["meta"]["persistent"]["table_ahead"]
+    assert not base["meta"]["persistent"]["evict_first"] and not base["meta"]["persistent"]["table_ahead"]
     assert table_off == sched_off.table and off["meta"]["persistent"]["ablated"] == ["O_PROJ", "ROPE"]
     assert "ablated" not in base["meta"]["persistent"] and off["digest"] != base["digest"]
     # every ROPE and O_PROJ is a NOP with its wait and signal kept; every other instruction is unchanged
@@ -221,9 +228,10 @@ def test_gen_persistent_takes_the_ring_the_flag_and_ablations(tmp_path: Path, ca
 
     out = tmp_path / "p.json"
     args = ["--config", str(CONFIGS / "Qwen3-1.7B.json"), "--out", str(out), "--sms", "8"]
-    assert gen_persistent.main([*args, "--stages", "3", "--fences", "--ablate", "rope, down"]) == 0
+    assert gen_persistent.main([*args, "--stages", "3", "--fences", "--evict-first", "--ablate", "rope, down"]) == 0
     meta = load_manifest(out).meta["persistent"]
     assert meta["ring_stages"] == 3 and meta["fences"] is True and meta["l2_prefetch"] is False
+    assert meta["evict_first"] is True and meta["table_ahead"] is False
     assert list(meta["ablated"]) == ["DOWN", "ROPE"]
     assert "a 3-stage ring, ablated rope, down" in capsys.readouterr().out
     out.unlink()

@@ -245,7 +245,7 @@ def words_of(table: Table) -> list[int]:
 @pytest.mark.parametrize(("edit", "words"), [
     (lambda w: w.__setitem__(0, 0), "not the table magic"),
     (lambda w: w.__setitem__(1, 1), "version 1"),
-    (lambda w: w.__setitem__(10, 4), "flags 0x4"),
+    (lambda w: w.__setitem__(10, 16), "flags 0x10"),
     (lambda w: w.__setitem__(5, 9), "instructions of 9 words"),
     (lambda w: w.__setitem__(2, 1 << 30), "outside 1.."),
     (lambda w: w.__setitem__(3, 0), "outside 1.."),
@@ -374,6 +374,12 @@ def test_the_schedules_kernel_constants_are_the_kernels() -> None:
     assert const("kSplitMaxRows") == "(kMaxGroup + 1) * kMaxHeadDim / PD_WARPS"
     assert (const("kMaxGroup"), const("kMaxHeadDim"), const("PD_THREADS")) == ("8", "256", "256")
     assert KSPLIT_MAX_ROWS == (8 + 1) * 256 // WARPS and WARPS == 256 // 32
+    from kern_run.models.qwen3.persistent import isa
+
+    flags = {"kFlagL2Prefetch": isa.FLAG_L2_PREFETCH, "kFlagFences": isa.FLAG_FENCES,
+             "kFlagEvictFirst": isa.FLAG_EVICT_FIRST, "kFlagTableAhead": isa.FLAG_TABLE_AHEAD}
+    assert {name: const(name) for name in flags} == {name: f"{v}u" for name, v in flags.items()}
+    assert const("kKnownFlags") == " | ".join(flags) and isa.KNOWN_FLAGS == sum(flags.values())
 
 
 @pytest.mark.parametrize(("name", "o_steps", "down_steps"), [

@@ -15,3 +15,6 @@ inline uint32_t atomic_add_acq_rel(uint32_t* p, uint32_t v) {
   return std::atomic_ref<uint32_t>(*p).fetch_add(v, std::memory_order_acq_rel);
 }
 inline void prefetch_l2(const void*, uint32_t) {}  // a hint on the GPU; nothing to do here
+inline void prefetch_l1(const void*) {}            // the same
+inline uint64_t l2_policy(bool evict_first) { return evict_first ? 1u : 0u; }  // a cache priority: no effect here
+inline void cp_async16_policy(void* smem, const void* gmem, int src_bytes, uint64_t) { cp_async16(smem, gmem, src_bytes); }

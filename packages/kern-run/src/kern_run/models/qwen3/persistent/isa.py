@@ -30,7 +30,9 @@ INSTR_WORDS = 8
 NO_COUNTER = 0xFFFFFFFF
 FLAG_L2_PREFETCH = 1  # while a projection waits, warp 1 prefetches its tile's next bytes into L2
 FLAG_FENCES = 2  # thread 0 adds a GPU-scope fence after its acquire and before its release
-KNOWN_FLAGS = FLAG_L2_PREFETCH | FLAG_FENCES
+FLAG_EVICT_FIRST = 4  # the weight ring's copies carry an L2 evict-first policy (weights are read once a step)
+FLAG_TABLE_AHEAD = 8  # thread 0 asks L1 for the next queue entry's instruction words before it waits
+KNOWN_FLAGS = FLAG_L2_PREFETCH | FLAG_FENCES | FLAG_EVICT_FIRST | FLAG_TABLE_AHEAD
 U32_MAX = 0xFFFFFFFF
 MAX_INSTRUCTIONS = 1 << 20  # far above any decode step (Qwen3-32B: ~40k); a hostile header is refused before use
 MAX_QUEUES = 1024  # blocks of one cooperative grid: SMs x blocks per SM on any GPU kern targets
@@ -150,7 +152,7 @@ class Table:
             raise TableError(f"{self.num_counters} counters; a table names 1..{MAX_COUNTERS}")
         if self.flags & ~KNOWN_FLAGS or self.flags < 0:
             raise TableError(f"flags 0x{self.flags:x}: this version knows 0x{KNOWN_FLAGS:x} (FLAG_L2_PREFETCH, "
-                             "FLAG_FENCES)")
+                             "FLAG_FENCES, FLAG_EVICT_FIRST, FLAG_TABLE_AHEAD)")
         signallers = [0] * self.num_counters
         last_signal = [-1] * self.num_counters
         for i, ins in enumerate(self.instrs):

@@ -21,7 +21,7 @@ from ..config import Qwen3Config
 from ..jsonio import manifest_digest
 from ..manifest import build_manifest
 from ..options import BuildOptions
-from .isa import FLAG_FENCES, FLAG_L2_PREFETCH, INSTR_WORDS, NO_COUNTER, Instr, Op
+from .isa import FLAG_EVICT_FIRST, FLAG_FENCES, FLAG_L2_PREFETCH, FLAG_TABLE_AHEAD, INSTR_WORDS, NO_COUNTER, Instr, Op
 from .schedule import Schedule, build_schedule
 
 ENTRY = "kern_persistent_decode"
@@ -126,14 +126,17 @@ def build_persistent_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: BuildOptio
                               splits: int | None = None, timeout_ns: int = DEFAULT_TIMEOUT_NS,
                               config_digest: str = "", stages: int | None = None, l2_prefetch: bool = False,
                               ablate: frozenset[Op] = frozenset(), row_quantum: int = 8, counter_stride: int = 1,
-                              fences: bool = False, attn: str = "split",
-                              row_split: str = "auto") -> tuple[dict[str, Any], Schedule]:
+                              fences: bool = False, attn: str = "split", row_split: str = "auto",
+                              evict_first: bool = False,
+                              table_ahead: bool = False) -> tuple[dict[str, Any], Schedule]:
     """(the manifest object with its digest, the schedule it packs). `opts` are today's builder options; the
     decode-related ones are forced to what the persistent path replaces (gemv v2, argmax sampler, one row).
     `num_queues`: the grid, one block per SM of the target GPU (H200: 132); `splits`: attention context splits
     (None: schedule.default_splits); `timeout_ns`: the bound of one counter wait; `stages`: the weight ring's
     steps per warp (None: ring_stages' default); `l2_prefetch`, `fences`: the table's FLAG_L2_PREFETCH and
-    FLAG_FENCES (both off by default: measured slower, docs/perf.md).
+    FLAG_FENCES (both off by default: measured slower, docs/perf.md); `evict_first`, `table_ahead`: the table's
+    FLAG_EVICT_FIRST (the weight ring's copies evict-first in L2) and FLAG_TABLE_AHEAD (the next instruction's
+    words asked of L1 before the wait).
     `ablate`: instruction classes turned into NOPs (their waits and signals kept): a timing experiment whose decode
     outputs are meaningless, named in meta.persistent.ablated. `row_quantum`: projection tiles are multiples of it
     (schedule.build_schedule). `attn`: "split" (ROPE, ATTN_PARTIAL, ATTN_REDUCE, the default) or "fused"
@@ -164,7 +167,8 @@ def build_persistent_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: BuildOptio
     sched = dataclasses.replace(sched, table=dataclasses.replace(
         sched.table, instrs=tuple(respaced(i) for i in sched.table.instrs),
         num_counters=sched.table.num_counters * counter_stride,
-        flags=(FLAG_L2_PREFETCH if l2_prefetch else 0) | (FLAG_FENCES if fences else 0)))
+        flags=(FLAG_L2_PREFETCH if l2_prefetch else 0) | (FLAG_FENCES if fences else 0)
+        | (FLAG_EVICT_FIRST if evict_first else 0) | (FLAG_TABLE_AHEAD if table_ahead else 0)))
     table = sched.table.pack()
     group = cfg.q_heads // cfg.kv_heads
     decode = m["programs"]["decode"]["calls"]
@@ -202,7 +206,8 @@ def build_persistent_manifest(cfg: Qwen3Config, abi: KernelAbi, opts: BuildOptio
                                "instr_words": INSTR_WORDS, "table_sha256": hashlib.sha256(table).hexdigest(),
                                "timeout_ns": timeout_ns, "ring_stages": stages, "l2_prefetch": l2_prefetch,
                                "row_quantum": row_quantum, "counter_stride": counter_stride,
-                               "fences": fences, "attn": attn, "row_split": row_split}
+                               "fences": fences, "attn": attn, "row_split": row_split,
+                               "evict_first": evict_first, "table_ahead": table_ahead}
     if ablate:
         m["meta"]["persistent"]["ablated"] = sorted(o.name for o in ablate)
     m.pop("digest", None)
