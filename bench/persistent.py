@@ -34,16 +34,15 @@ ROOT = Path(__file__).resolve().parents[1]
 HBM_BYTES_PER_S = 4.3e12  # bench/decode.py's floor rate
 SHAPES = ("qwen3-1.7b", "qwen3-4b", "qwen3-8b")
 # gen_persistent options of each variant (its defaults: the split attention, the row split where it streams fewer
-# steps, a 4-stage ring)
+# steps, a 4-stage ring, the ring's copies evict-first in L2, no table-ahead prefetch)
 VARIANTS: dict[str, list[str]] = {
     "split": [],
     "fused": ["--attn", "fused"],
     "split-rowsplit": ["--row-split", "always"],
     "fused-rowsplit": ["--attn", "fused", "--row-split", "always"],
-    "split-evict": ["--evict-first"],
+    "split-noevict": ["--no-evict-first"],
+    "fused-noevict": ["--attn", "fused", "--no-evict-first"],
     "split-ahead": ["--table-ahead"],
-    "split-hints": ["--evict-first", "--table-ahead"],
-    "fused-hints": ["--attn", "fused", "--evict-first", "--table-ahead"],
 }
 GRAPH_PEER = "kern (graph)"  # bench/decode.py's label of the pipelined graph replay
 TARGETS_MS = {"qwen3-4b": 2.00, "qwen3-1.7b": 0.88, "qwen3-8b": 3.95}  # issue 28, bs = 1, ctx 128

@@ -4,7 +4,7 @@ docs/persistent.md): today's manifest with the decode body replaced by one coope
 
     uv run --frozen python -m tools.gen_persistent --config tests/data/configs/Qwen3-4B.json \\
         --out /tmp/qwen3-4b-persistent.json [--sms 132] [--splits N] [--name NAME] [--algos PINS | --pick-pins GPU]
-        [--stages N] [--l2-prefetch] [--fences] [--evict-first] [--table-ahead] [--counter-stride N]
+        [--stages N] [--l2-prefetch] [--fences] [--no-evict-first] [--table-ahead] [--counter-stride N]
         [--row-quantum N] [--ablate CLASS,...]
         [--attn split|fused] [--row-split auto|always|never]
 
@@ -56,8 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--counter-stride", type=int, default=1, help="u32 words between counters (32: a line each)")
     parser.add_argument("--fences", action="store_true", help="set the table's FLAG_FENCES")
     parser.add_argument("--l2-prefetch", action="store_true", help="set the table's FLAG_L2_PREFETCH")
-    parser.add_argument("--evict-first", action="store_true",
-                        help="set the table's FLAG_EVICT_FIRST (the weight ring's copies evict-first in L2)")
+    parser.add_argument("--evict-first", action=argparse.BooleanOptionalAction, default=True,
+                        help="the table's FLAG_EVICT_FIRST: the weight ring's copies evict-first in L2 (default on)")
     parser.add_argument("--table-ahead", action="store_true",
                         help="set the table's FLAG_TABLE_AHEAD (the next instruction's words asked of L1 early)")
     parser.add_argument("--attn", choices=ATTN_MODES, default="split",

@@ -198,9 +198,11 @@ def test_too_little_shared_memory_for_a_two_step_ring_is_a_launch_fault(runtime_
 
 
 def test_an_unknown_table_flag_is_a_table_fault(runtime_of) -> None:
+    from kern_run.models.qwen3.persistent.isa import KNOWN_FLAGS
     from kern_runtime import DeviceFaultError
 
-    rt = runtime_of(manifest(dataclasses.replace(argmax_table(None), flags=4)))
+    assert KNOWN_FLAGS + 1 == 16  # the first bit past the known flags (a bit the kernel knows would not fault)
+    rt = runtime_of(manifest(dataclasses.replace(argmax_table(None), flags=KNOWN_FLAGS + 1)))
     rt.issue("step", {"tokens": 1}, eager=True)
     with pytest.raises(DeviceFaultError) as info:
         rt.synchronize()

@@ -64,6 +64,7 @@ def test_it_verifies_and_the_decode_program_is_one_cooperative_launch(built) -> 
     # the default 4-stage ring (4 x 16 KiB) after the scratch, at 1.7B / 4B / 8B
     assert shared_bytes(cfg) == scratch_bytes(cfg) + 4 * 16384 and m["meta"]["persistent"]["ring_stages"] == 4
     assert not m["meta"]["persistent"]["l2_prefetch"] and not m["meta"]["persistent"]["fences"]
+    assert m["meta"]["persistent"]["evict_first"] and not m["meta"]["persistent"]["table_ahead"]
     assert tuple(size for _, size in launch.params) == PARAM_SIZES
     assert m["modules"]["persistent_decode"] == json.loads((ROOT / "kernels" / "kernels.json").read_text())[
         "modules"]["persistent_decode"]["sha256"]
@@ -183,13 +184,14 @@ def test_the_flags_and_the_ablations_are_table_data(abi: KernelAbi) -> None:
                                                ablate=frozenset({Op.ROPE, Op.O_PROJ}))
     table = unpack(base64.b64decode(base["buffers"]["persist_table"]["init"]["base64"]))
     table_off = unpack(base64.b64decode(off["buffers"]["persist_table"]["init"]["base64"]))
-    assert table.flags == FLAG_L2_PREFETCH | FLAG_FENCES and table_off.flags == 0
-    hinted, _ = build_persistent_manifest(cfg, abi, BuildOptions(name="x"), num_queues=16, evict_first=True,
-                                          table_ahead=True)
+    assert table.flags == FLAG_L2_PREFETCH | FLAG_FENCES | FLAG_EVICT_FIRST and table_off.flags == FLAG_EVICT_FIRST
+    hinted, _ = build_persistent_manifest(cfg, abi, BuildOptions(name="x"), num_queues=16, table_ahead=True)
+    plain, _ = build_persistent_manifest(cfg, abi, BuildOptions(name="x"), num_queues=16, evict_first=False)
     assert unpack(base64.b64decode(hinted["buffers"]["persist_table"]["init"]["base64"])).flags == \
-        FLAG_EVICT_FIRST | FLAG_TABLE_AHEAD
+        FLAG_EVICT_FIRST | FLAG_TABLE_AHEAD  # evict-first by default
+    assert unpack(base64.b64decode(plain["buffers"]["persist_table"]["init"]["base64"])).flags == 0
     assert hinted["meta"]["persistent"]["evict_first"] and hinted["meta"]["persistent"]["table_ahead"]
-    assert not base["meta"]["persistent"]["evict_first"] and not base["meta"]["persistent"]["table_ahead"]
+    assert not plain["meta"]["persistent"]["evict_first"] and not base["meta"]["persistent"]["table_ahead"]
     assert table_off == sched_off.table and off["meta"]["persistent"]["ablated"] == ["O_PROJ", "ROPE"]
     assert "ablated" not in base["meta"]["persistent"] and off["digest"] != base["digest"]
     # every ROPE and O_PROJ is a NOP with its wait and signal kept; every other instruction is unchanged
@@ -228,10 +230,10 @@ def test_gen_persistent_takes_the_ring_the_flag_and_ablations(tmp_path: Path, ca
 
     out = tmp_path / "p.json"
     args = ["--config", str(CONFIGS / "Qwen3-1.7B.json"), "--out", str(out), "--sms", "8"]
-    assert gen_persistent.main([*args, "--stages", "3", "--fences", "--evict-first", "--ablate", "rope, down"]) == 0
+    assert gen_persistent.main([*args, "--stages", "3", "--fences", "--no-evict-first", "--ablate", "rope, down"]) == 0
     meta = load_manifest(out).meta["persistent"]
     assert meta["ring_stages"] == 3 and meta["fences"] is True and meta["l2_prefetch"] is False
-    assert meta["evict_first"] is True and meta["table_ahead"] is False
+    assert meta["evict_first"] is False and meta["table_ahead"] is False
     assert list(meta["ablated"]) == ["DOWN", "ROPE"]
     assert "a 3-stage ring, ablated rope, down" in capsys.readouterr().out
     out.unlink()
