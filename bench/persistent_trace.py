@@ -132,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--l2-prefetch", action="store_true")
     p.add_argument("--counter-stride", type=int, default=1)
     p.add_argument("--fences", action="store_true")
+    p.add_argument("--evict-first", action=argparse.BooleanOptionalAction, default=True,
+                   help="the ring's copies evict-first in L2 (gen_persistent --[no-]evict-first)")
     p.add_argument("--attn", choices=ATTN_MODES, default="split", help="the attention (gen_persistent --attn)")
     p.add_argument("--row-split", choices=ROW_SPLITS, default="auto",
                    help="O_PROJ / DOWN's row split (gen_persistent --row-split)")
@@ -157,7 +159,8 @@ def main(argv: list[str] | None = None) -> int:
         return cfg, *build_persistent_manifest(cfg, read_kernel_abi(kernels), BuildOptions(name="ptrace"),
                                                num_queues=args.sms, stages=args.stages, l2_prefetch=args.l2_prefetch,
                                                counter_stride=args.counter_stride, fences=args.fences,
-                                               attn=args.attn, row_split=args.row_split)
+                                               attn=args.attn, row_split=args.row_split,
+                                               evict_first=args.evict_first)
 
     if args.twice and args.attn == "fused":
         print("persistent_trace: --twice runs ROPE, ATTN_PARTIAL and ATTN_REDUCE twice; --attn fused has none of them "
