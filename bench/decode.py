@@ -675,8 +675,9 @@ def main(argv: list[str] | None = None) -> int:
             notes.append(f"{peer}: {status[:300]}")
         results += got
 
-    cfg = json.loads((args.ckpt / "config.json").read_text())
-    kv_bytes_per_token = 2 * cfg["num_key_value_heads"] * cfg.get("head_dim", 128) * 2 * cfg["num_hidden_layers"]
+    from bench.decode_batch import kv_bytes_per_token as kv_of
+
+    kv_bytes_per_token = kv_of(json.loads((args.ckpt / "config.json").read_text()))
     wbytes = checkpoint_bytes(args.ckpt)
     floor_ms = 1e3 * wbytes / HBM_BYTES_PER_S
     summary = {"floor_ms_weights": floor_ms, "checkpoint_bytes": wbytes, "contexts": args.contexts,

@@ -30,8 +30,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.decode import HBM_BYTES_PER_S  # the floor rate: 4.3 TB/s
+
 ROOT = Path(__file__).resolve().parents[1]
-HBM_BYTES_PER_S = 4.3e12  # bench/decode.py's floor rate
 SHAPES = ("qwen3-1.7b", "qwen3-4b", "qwen3-8b")
 # gen_persistent options of each variant (its defaults: the split attention, the row split where it streams fewer
 # steps, a 4-stage ring, the ring's copies evict-first in L2, no table-ahead prefetch)
@@ -107,9 +108,9 @@ def _graph_row(r: dict[str, Any]) -> bool:
 
 def table(summaries: dict[str, dict[str, Any]], variants: list[str], contexts: list[int]) -> tuple[list[dict], str]:
     """(rows, text) from each shape's bench/decode.py summary (results rows carry `variant` = the manifest's stem:
-    "v2" or a variant name; `ms_per_token` per `ctx`; only the pipelined graph rows count, `_graph_row`). A row per (shape, ctx): the floor (the checkpoint's weights
-    plus ctx tokens of K/V, at 4.3 TB/s), each manifest's ms/token, the best persistent variant against v2, and
-    issue 28's target at ctx 128."""
+    "v2" or a variant name; `ms_per_token` per `ctx`; only the pipelined graph rows count, `_graph_row`). A row per
+    (shape, ctx): the floor (the checkpoint's weights plus ctx tokens of K/V, at 4.3 TB/s), each manifest's
+    ms/token, the best persistent variant against v2, and issue 28's target at ctx 128."""
     rows: list[dict[str, Any]] = []
     for shape, summary in summaries.items():
         kv_per_token = summary.get("kv_bytes_per_token", 0)
@@ -142,6 +143,8 @@ def table(summaries: dict[str, dict[str, Any]], variants: list[str], contexts: l
 def main(argv: list[str] | None = None) -> int:
     from kern_run.models.qwen3 import ManifestBuildError
     from kern_run.models.qwen3.jsonio import read_json_file
+
+    from bench.decode_batch import kv_bytes_per_token
 
     try:
         args = parse(sys.argv[1:] if argv is None else list(argv))
@@ -177,9 +180,7 @@ def main(argv: list[str] | None = None) -> int:
             d.mkdir()
             config = ckpt / "config.json"
             try:  # refused in one note (a FIFO, a directory, past 64 MiB, not JSON), as the builders refuse it
-                cfg = read_json_file(config)[0]
-                kv_bytes_per_token = (2 * cfg["num_key_value_heads"] * cfg.get("head_dim", 128) * 2
-                                      * cfg["num_hidden_layers"])
+                kv_per_token = kv_bytes_per_token(read_json_file(config)[0])
             except (ManifestBuildError, KeyError, TypeError, AttributeError) as exc:
                 notes.append(f"{shape}: {config}: {exc}")
                 continue
@@ -200,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
                   "--json", str(bench_json)], notes, f"{shape} bench/decode.py", remaining)
             if bench_json.is_file():
                 summary = json.loads(bench_json.read_text())  # bench/decode.py's, written in our temp directory
-                summary["kv_bytes_per_token"] = kv_bytes_per_token
+                summary["kv_bytes_per_token"] = kv_per_token
                 summaries[shape] = summary
                 notes += [f"{shape}: {n}" for n in summary.get("notes", [])]
     rows, text = table(summaries, args.variants, args.contexts)

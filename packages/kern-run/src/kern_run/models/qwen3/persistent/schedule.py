@@ -3,8 +3,8 @@
 `build_schedule(cfg, num_queues)` computes, in the order of today's decode program (programs.decode_gemv_calls,
 gemv v2): per layer QKV tiles, the attention, O_PROJ, GATE_UP and DOWN tiles; then LM_HEAD tiles and the ARGMAX.
 The attention is ROPE per kv head, ATTN_PARTIAL per (kv head, split) and ATTN_REDUCE per kv head (`attn="split"`,
-the default, the path measured on the H200) or ATTN per (kv head, context split) (`attn="fused"`: rope, partial
-and reduce in one instruction, isa.Op.ATTN; checked on the CPU emulator, not yet run on a GPU). Each phase
+the default) or ATTN per (kv head, context split) (`attn="fused"`: rope, partial and reduce in one instruction,
+isa.Op.ATTN; measured on the H200 slower than the split chain at 4B and 8B, docs/perf.md). Each phase
 signals its own counter (ROPE and ATTN_PARTIAL one per kv head) and waits on the one before it with the target
 "every instruction that signals it". Projection tiles are `row_quantum`-row multiples (single rows in an O_PROJ /
 DOWN phase that takes the row split) sized so one phase makes at most `num_queues` tiles.
@@ -125,7 +125,7 @@ def build_schedule(cfg: Qwen3Config, num_queues: int, *, row_quantum: int = 8, s
                    ctx_tokens: int = 128, attn: str = "split", row_split: str = "auto") -> Schedule:
     """The decode step's table for `cfg` over `num_queues` kernel blocks (one per SM on the target GPU).
     `splits`: attention context splits per kv head (None: default_splits); `ctx_tokens`: the context the attention
-    instructions are costed at; `attn`: "fused" (ATTN) or "split" (ROPE, ATTN_PARTIAL, ATTN_REDUCE). Raises
+    instructions are costed at; `attn`: "fused" (ATTN) or "split" (ROPE, ATTN_PARTIAL, ATTN_REDUCE);
     `row_split`: O_PROJ and DOWN split each row across the warps (their `arg` ARG_ROW_SPLIT, 1-row tiles) "auto"
     where row_split_steps counts strictly fewer ring steps a warp (4B: both; 1.7B, 8B: neither, as measured:
     docs/perf.md), "always" wherever the kernel can, or "never". Raises ValueError for num_queues, row_quantum,
