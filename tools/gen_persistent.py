@@ -11,7 +11,8 @@ docs/persistent.md): today's manifest with the decode body replaced by one coope
 `--pick-pins GPU`: the prefill's batch-invariant cuBLASLt pins as `kern run --weights` finds or picks them on that
 CUDA device (kern_run.pins_cache.ensure_pins: the cache, the committed pins, else picked now), so a shape no committed
 pins file covers (8B) prefills chunk-invariantly too. `--sms`: the target GPU's multiprocessor count (the grid: one
-block per SM; the H200 has 132). Then time it against today's manifest in one run: `bench/decode.py --only kern --variants manifests/qwen3-4b.json,/tmp/...json`.
+block per SM; the H200 has 132). Then time it against today's manifest in one run: `bench/decode.py --only kern
+--variants manifests/qwen3-4b.json,/tmp/...json`.
 Exit 0 on success, 2 with one line on stderr for a config, pins file, option or kernels.json the builder refuses,
 or an --out it cannot write whole (a directory, a FIFO or device, a missing parent: nothing is written then).
 """
@@ -62,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="set the table's FLAG_TABLE_AHEAD (the next instruction's words asked of L1 early)")
     parser.add_argument("--attn", choices=ATTN_MODES, default="split",
                         help="the attention as ROPE, ATTN_PARTIAL and ATTN_REDUCE (split, the default) or as one "
-                             "ATTN instruction per kv head and split (fused; not yet run on a GPU)")
+                             "ATTN instruction per kv head and split (fused; slower on the H200 at 4B and 8B)")
     parser.add_argument("--row-split", choices=ROW_SPLITS, default="auto",
                         help="O_PROJ / DOWN rows split across the warps: where it streams fewer ring steps (auto), "
                              "wherever the kernel can (always), or never")
